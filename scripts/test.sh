@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds InferScale and runs its test suite (the README's test command).
+# Installs what it needs first (scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+cd build
+ctest --output-on-failure -LE gpu -j"$(nproc)" "$@"

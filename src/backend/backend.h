@@ -1,0 +1,117 @@
+/*
+ * backend: the interface every compute backend implements.
+ *
+ * The engine orchestrates a forward pass as a sequence of ops; a backend
+ * owns the memory those ops read and write (host memory for the CPU, device
+ * memory for CUDA) and the representation of weights. The CPU backend is the
+ * reference: every other backend is tested against it op by op.
+ *
+ * Conventions shared by all ops:
+ *   - activations are row-major f32 [T][n] in backend memory, one row per
+ *     token of the batch;
+ *   - weights are matrices W[rows][cols] (GGUF ne[1] x ne[0]) used as
+ *     y = x W^T, or vectors (norm gains, biases);
+ *   - the KV cache storage of layer l is K_l, V_l:
+ *     [n_blocks][n_kv_heads][block_size][head_dim], addressed by slot
+ *     (block * block_size + offset) as kv/kv_cache.h hands them out.
+ */
+#ifndef IS_BACKEND_BACKEND_H
+#define IS_BACKEND_BACKEND_H
+
+#include "inferscale.h"
+#include "gguf/gguf.h"
+
+typedef struct backend backend;
+typedef struct backend_weight backend_weight;
+
+typedef enum rope_layout {
+    ROPE_LAYOUT_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
+    ROPE_LAYOUT_NEOX = 1, /* rotate halves (x[i], x[i + d/2]): qwen2, neox */
+} rope_layout;
+
+typedef struct rope_params {
+    rope_layout layout;
+    int32_t n_rot;             /* dims rotated per head (<= head_dim) */
+    float freq_base;           /* theta base */
+    float freq_scale;          /* linear position scale (1 = none) */
+    const float *freq_factors; /* [n_rot/2] llama-3 style divisors, or NULL; host memory */
+} rope_params;
+
+/* Where each token of a batch attends: its sequence's block table, and the
+ * positions it may see. A token at position p of its sequence sees
+ * positions [0, p] (causal) restricted by its segment: segment 0 is
+ * visible to all; a token in segment s > 0 sees segment 0 and s only, and
+ * only tokens whose segment is 0 or its own. seg is NULL for plain causal
+ * attention. Host memory, read by the backend. */
+typedef struct attn_batch {
+    int32_t n_tokens;
+    const int32_t *pos;           /* [T] position of each token in its sequence */
+    const int32_t *seq_of_token;  /* [T] index into block_tables */
+    int32_t n_seqs;
+    const int32_t *const *block_tables; /* [n_seqs] -> block ids */
+    const int32_t *seq_len;       /* [n_seqs] positions readable (after this batch's writes) */
+    const int32_t *const *seq_segments; /* [n_seqs] -> [seq_len] segment of each position, or NULL entries */
+} attn_batch;
+
+typedef struct backend_ops {
+    const char *name;
+    void (*free)(backend *be);
+
+    /* Memory. */
+    is_status (*alloc)(backend *be, size_t bytes, void **out);
+    void (*release)(backend *be, void *ptr);
+    void (*upload)(backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(backend *be, void *dst, const void *src, size_t bytes);
+
+    /* Weights from a GGUF tensor of any readable type. */
+    is_status (*weight_create)(backend *be, const gguf_tensor *t, backend_weight **out);
+    void (*weight_free)(backend *be, backend_weight *w);
+
+    /* out[T][cols] = rows tokens[t] of emb (tokens in host memory). */
+    void (*get_rows)(backend *be, float *out, const backend_weight *emb, const int32_t *tokens,
+                     int32_t T);
+    /* out[T][n] = x / rms(x) * g. */
+    void (*rmsnorm)(backend *be, float *out, const float *x, const backend_weight *g, int32_t T,
+                    int32_t n, float eps);
+    /* y[T][rows] = x[T][cols] W^T (+ bias). */
+    void (*matmul)(backend *be, float *y, const float *x, const backend_weight *w,
+                   const backend_weight *bias, int32_t T);
+    /* In place on x[T][n_heads][head_dim]; pos in host memory. */
+    void (*rope)(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
+                 int32_t head_dim, const rope_params *rp);
+    /* Writes k, v [T][n_kv_heads*head_dim] into the slots (host memory). */
+    void (*kv_store)(backend *be, float *k_cache, float *v_cache, const float *k, const float *v,
+                     const int32_t *slots, int32_t T, int32_t n_kv_heads, int32_t head_dim,
+                     int32_t block_size);
+    /* out[T][n_heads*head_dim] = softmax(q K^T / sqrt(d) + mask) V. */
+    void (*attention)(backend *be, float *out, const float *q, const float *k_cache,
+                      const float *v_cache, const attn_batch *b, int32_t n_heads,
+                      int32_t n_kv_heads, int32_t head_dim, int32_t block_size);
+    /* out[T][n] = silu(gate) * up. */
+    void (*swiglu)(backend *be, float *out, const float *gate, const float *up, int64_t n);
+    /* x[n] += y[n]. */
+    void (*add)(backend *be, float *x, const float *y, int64_t n);
+    /* Waits for queued work (no-op on the CPU). */
+    void (*sync)(backend *be);
+} backend_ops;
+
+struct backend {
+    const backend_ops *ops;
+    void *ctx;
+};
+
+typedef struct backend_weight_info {
+    int64_t rows, cols; /* vectors have rows == 1 */
+} backend_weight_info;
+
+/* Every backend's weight handle starts with this, so the engine can read
+ * shapes without knowing the representation. */
+struct backend_weight {
+    backend_weight_info shape;
+};
+
+/* The CPU backend: f32 everywhere, OpenBLAS for matrix products, n_threads
+ * for the other ops (0 = all cores). */
+is_status backend_cpu_create(int32_t n_threads, backend **out);
+
+#endif

@@ -1,0 +1,386 @@
+/*
+ * cpu_backend: the reference backend. f32 weights and activations in host
+ * memory, OpenBLAS for the matrix products (it runs its own threads), OpenMP
+ * across the two cores for attention and the element-wise ops.
+ *
+ * Attention reads the KV cache through each sequence's block table: for a
+ * sequence and a KV head it gathers the keys and values of the positions the
+ * batch's queries can see into contiguous scratch, then (for prefill chunks)
+ * computes scores with one GEMM, masks and normalises them, and multiplies by
+ * V with a second GEMM. Single-token queries (decode) use direct loops,
+ * where a GEMM call would cost more than it saves.
+ */
+#include "backend/backend.h"
+
+#include "core/status.h"
+#include "core/vmath.h"
+#include "gguf/tensor_type.h"
+#include "model/quant.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_weight {
+    backend_weight base; /* shape; must stay first */
+    float *data;         /* [rows][cols] */
+} cpu_weight;
+
+typedef struct cpu_ctx {
+    int32_t n_threads;
+} cpu_ctx;
+
+static is_status cpu_alloc(backend *be, size_t bytes, void **out) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return is_error_set(IS_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes", bytes);
+    *out = p;
+    return IS_OK;
+}
+
+static void cpu_release(backend *be, void *ptr) { free(ptr); }
+
+static void cpu_copy(backend *be, void *dst, const void *src, size_t bytes) {
+    memcpy(dst, src, bytes);
+}
+
+static is_status cpu_weight_create(backend *be, const gguf_tensor *t, backend_weight **out) {
+    if (t->n_dims > 2 || t->ne[2] != 1 || t->ne[3] != 1)
+        return is_error_set(IS_ERR_UNSUPPORTED, "cpu backend: tensor '%s' has %u dims",
+                            t->name, t->n_dims);
+    if (!quant_can_dequantize(t->type))
+        return is_error_set(IS_ERR_UNSUPPORTED, "cpu backend: tensor '%s' has unsupported type %u",
+                            t->name, t->type);
+    cpu_weight *w = calloc(1, sizeof *w);
+    if (!w) return is_error_set(IS_ERR_NOMEM, "cpu backend: out of memory");
+    w->base.shape.cols = t->ne[0];
+    w->base.shape.rows = t->ne[1];
+    int64_t n = t->ne[0] * t->ne[1];
+    is_status st = cpu_alloc(be, (size_t)n * sizeof(float), (void **)&w->data);
+    if (st != IS_OK) {
+        free(w);
+        return st;
+    }
+    /* Rows are independent blocks of the file: dequantise them in parallel. */
+    size_t row_bytes = tensor_type_row_bytes(t->type, t->ne[0]);
+    int64_t rows = t->ne[1];
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *src = (const uint8_t *)t->data + (size_t)r * row_bytes;
+        if (quant_dequantize(t->type, src, w->data + r * t->ne[0], t->ne[0]) != IS_OK) failed = 1;
+    }
+    if (failed) {
+        free(w->data);
+        free(w);
+        return is_error_set(IS_ERR_FORMAT, "cpu backend: cannot dequantise tensor '%s'", t->name);
+    }
+    *out = &w->base;
+    return IS_OK;
+}
+
+static void cpu_weight_free(backend *be, backend_weight *bw) {
+    if (!bw) return;
+    cpu_weight *w = (cpu_weight *)bw;
+    free(w->data);
+    free(w);
+}
+
+static const float *wdata(const backend_weight *bw) { return ((const cpu_weight *)bw)->data; }
+
+static void cpu_get_rows(backend *be, float *out, const backend_weight *emb, const int32_t *tokens,
+                         int32_t T) {
+    int64_t cols = emb->shape.cols;
+    for (int32_t t = 0; t < T; t++) {
+        IS_ASSERT(tokens[t] >= 0 && tokens[t] < emb->shape.rows);
+        memcpy(out + (int64_t)t * cols, wdata(emb) + (int64_t)tokens[t] * cols,
+               (size_t)cols * sizeof(float));
+    }
+}
+
+static void cpu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g,
+                        int32_t T, int32_t n, float eps) {
+    const float *gw = wdata(g);
+#pragma omp parallel for schedule(static) if (T > 8)
+    for (int32_t t = 0; t < T; t++) {
+        const float *xr = x + (int64_t)t * n;
+        float *o = out + (int64_t)t * n;
+        float ss = 0.0f;
+        for (int32_t i = 0; i < n; i++) ss += xr[i] * xr[i];
+        float scale = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int32_t i = 0; i < n; i++) o[i] = xr[i] * scale * gw[i];
+    }
+}
+
+static void cpu_matmul(backend *be, float *y, const float *x, const backend_weight *w,
+                       const backend_weight *bias, int32_t T) {
+    int64_t rows = w->shape.rows, cols = w->shape.cols;
+    if (T == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)rows, (blasint)cols, 1.0f, wdata(w),
+                    (blasint)cols, x, 1, 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (blasint)rows, (blasint)cols,
+                    1.0f, x, (blasint)cols, wdata(w), (blasint)cols, 0.0f, y, (blasint)rows);
+    if (bias) {
+        const float *b = wdata(bias);
+        for (int32_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < rows; i++) y[(int64_t)t * rows + i] += b[i];
+    }
+}
+
+/* Inverse frequencies computed the way the reference implementations do
+ * (f32 power, then f32 reciprocal), so angles at long range agree. */
+static void rope_inv_freq(const rope_params *rp, float *inv) {
+    for (int32_t i = 0; i < rp->n_rot / 2; i++) {
+        inv[i] = 1.0f / powf(rp->freq_base, (float)(2 * i) / (float)rp->n_rot);
+        if (rp->freq_factors) inv[i] /= rp->freq_factors[i];
+    }
+}
+
+static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
+                     int32_t head_dim, const rope_params *rp) {
+    int32_t half = rp->n_rot / 2;
+    float inv[512];
+    IS_ASSERT(half <= 512);
+    rope_inv_freq(rp, inv);
+#pragma omp parallel for schedule(static) if (T > 4)
+    for (int32_t t = 0; t < T; t++) {
+        float c[512], s[512];
+        float p = (float)pos[t] * rp->freq_scale;
+        for (int32_t i = 0; i < half; i++) {
+            float theta = p * inv[i];
+            c[i] = cosf(theta);
+            s[i] = sinf(theta);
+        }
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *v = x + ((int64_t)t * n_heads + h) * head_dim;
+            if (rp->layout == ROPE_LAYOUT_NORM) {
+                for (int32_t i = 0; i < half; i++) {
+                    float a = v[2 * i], b = v[2 * i + 1];
+                    v[2 * i] = a * c[i] - b * s[i];
+                    v[2 * i + 1] = a * s[i] + b * c[i];
+                }
+            } else {
+                for (int32_t i = 0; i < half; i++) {
+                    float a = v[i], b = v[i + half];
+                    v[i] = a * c[i] - b * s[i];
+                    v[i + half] = a * s[i] + b * c[i];
+                }
+            }
+        }
+    }
+}
+
+static void cpu_kv_store(backend *be, float *k_cache, float *v_cache, const float *k,
+                         const float *v, const int32_t *slots, int32_t T, int32_t n_kv_heads,
+                         int32_t head_dim, int32_t block_size) {
+    for (int32_t t = 0; t < T; t++) {
+        int32_t block = slots[t] / block_size, off = slots[t] % block_size;
+        for (int32_t h = 0; h < n_kv_heads; h++) {
+            size_t dst = (((size_t)block * n_kv_heads + h) * block_size + off) * head_dim;
+            size_t src = ((size_t)t * n_kv_heads + h) * head_dim;
+            memcpy(k_cache + dst, k + src, (size_t)head_dim * sizeof(float));
+            memcpy(v_cache + dst, v + src, (size_t)head_dim * sizeof(float));
+        }
+    }
+}
+
+/* May query token at position qp (segment qs) see key position kp (segment ks)? */
+static inline bool attn_visible(int32_t qp, int32_t kp, const int32_t *seg) {
+    if (kp > qp) return false;
+    if (!seg) return true;
+    int32_t qs = seg[qp], ks = seg[kp];
+    return ks == 0 || ks == qs;
+}
+
+/* Copies positions [0, n) of one KV head of a sequence into dst[n][head_dim]. */
+static void gather_head(float *dst, const float *cache, const int32_t *blocks, int32_t n,
+                        int32_t h, int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
+    for (int32_t p0 = 0; p0 < n; p0 += block_size) {
+        int32_t cnt = n - p0 < block_size ? n - p0 : block_size;
+        const float *src =
+            cache + (((size_t)blocks[p0 / block_size] * n_kv_heads + h) * block_size) * head_dim;
+        memcpy(dst + (size_t)p0 * head_dim, src, (size_t)cnt * head_dim * sizeof(float));
+    }
+}
+
+/* Softmax of row[0..n) in place over the visible entries (others get 0). */
+static void masked_softmax(float *row, int32_t n, int32_t qp, const int32_t *seg, float scale) {
+    float mx = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+        if (attn_visible(qp, j, seg)) {
+            row[j] *= scale;
+            if (row[j] > mx) mx = row[j];
+        } else {
+            row[j] = -INFINITY;
+        }
+    }
+    float sum = vmath_exp_sub_sum(row, n, mx);
+    float inv = 1.0f / sum;
+    for (int32_t j = 0; j < n; j++) row[j] *= inv;
+}
+
+/* Tokens of one sequence that are consecutive in the batch form a run; a
+ * run is processed as a unit (its keys are gathered once). */
+static void cpu_attention(backend *be, float *out, const float *q, const float *k_cache,
+                          const float *v_cache, const attn_batch *b, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
+    int32_t n_rep = n_heads / n_kv_heads;
+    float scale = 1.0f / sqrtf((float)head_dim);
+    int32_t q_stride = n_heads * head_dim;
+
+    for (int32_t t0 = 0; t0 < b->n_tokens;) {
+        int32_t s = b->seq_of_token[t0];
+        int32_t t1 = t0 + 1;
+        while (t1 < b->n_tokens && b->seq_of_token[t1] == s) t1++;
+        int32_t run = t1 - t0;
+        int32_t n_keys = 0;
+        for (int32_t t = t0; t < t1; t++)
+            if (b->pos[t] + 1 > n_keys) n_keys = b->pos[t] + 1;
+        IS_ASSERT(n_keys <= b->seq_len[s]);
+        const int32_t *blocks = b->block_tables[s];
+        const int32_t *seg = b->seq_segments ? b->seq_segments[s] : NULL;
+
+        if (run < 8) {
+            /* Decode-sized: direct loops over (token, head). */
+#pragma omp parallel
+            {
+                float *scores = malloc((size_t)n_keys * sizeof(float));
+#pragma omp for collapse(2) schedule(static)
+                for (int32_t t = t0; t < t1; t++) {
+                    for (int32_t h = 0; h < n_heads; h++) {
+                        int32_t kh = h / n_rep;
+                        const float *qv = q + (size_t)t * q_stride + (size_t)h * head_dim;
+                        int32_t qp = b->pos[t];
+                        for (int32_t j = 0; j < n_keys; j++) {
+                            const float *kv = k_cache + (((size_t)blocks[j / block_size] *
+                                                              n_kv_heads + kh) * block_size +
+                                                         j % block_size) * head_dim;
+                            float d = 0.0f;
+                            for (int32_t i = 0; i < head_dim; i++) d += qv[i] * kv[i];
+                            scores[j] = d;
+                        }
+                        masked_softmax(scores, n_keys, qp, seg, scale);
+                        float *o = out + (size_t)t * q_stride + (size_t)h * head_dim;
+                        memset(o, 0, (size_t)head_dim * sizeof(float));
+                        for (int32_t j = 0; j < n_keys; j++) {
+                            float pj = scores[j];
+                            if (pj == 0.0f) continue;
+                            const float *vv = v_cache + (((size_t)blocks[j / block_size] *
+                                                              n_kv_heads + kh) * block_size +
+                                                         j % block_size) * head_dim;
+                            for (int32_t i = 0; i < head_dim; i++) o[i] += pj * vv[i];
+                        }
+                    }
+                }
+                free(scores);
+            }
+            t0 = t1;
+            continue;
+        }
+
+        /* Prefill-sized: per KV head, gather K and V, then two GEMMs over
+         * query chunks. Rows of S are ordered (token, rep head). */
+        const int32_t chunk = 128;
+        float *kbuf = malloc((size_t)n_keys * head_dim * sizeof(float));
+        float *vbuf = malloc((size_t)n_keys * head_dim * sizeof(float));
+        float *qbuf = malloc((size_t)chunk * n_rep * head_dim * sizeof(float));
+        float *obuf = malloc((size_t)chunk * n_rep * head_dim * sizeof(float));
+        float *sbuf = malloc((size_t)chunk * n_rep * n_keys * sizeof(float));
+        IS_ASSERT(kbuf && vbuf && qbuf && obuf && sbuf);
+        for (int32_t kh = 0; kh < n_kv_heads; kh++) {
+            gather_head(kbuf, k_cache, blocks, n_keys, kh, n_kv_heads, head_dim, block_size);
+            gather_head(vbuf, v_cache, blocks, n_keys, kh, n_kv_heads, head_dim, block_size);
+            for (int32_t c0 = t0; c0 < t1; c0 += chunk) {
+                int32_t cn = t1 - c0 < chunk ? t1 - c0 : chunk;
+                int32_t ck = 0; /* keys this chunk can see */
+                for (int32_t t = c0; t < c0 + cn; t++)
+                    if (b->pos[t] + 1 > ck) ck = b->pos[t] + 1;
+                int32_t m = cn * n_rep;
+                for (int32_t t = 0; t < cn; t++)
+                    for (int32_t r = 0; r < n_rep; r++)
+                        memcpy(qbuf + ((size_t)t * n_rep + r) * head_dim,
+                               q + (size_t)(c0 + t) * q_stride + (size_t)(kh * n_rep + r) * head_dim,
+                               (size_t)head_dim * sizeof(float));
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, ck, head_dim, 1.0f, qbuf,
+                            head_dim, kbuf, head_dim, 0.0f, sbuf, ck);
+#pragma omp parallel for schedule(static)
+                for (int32_t row = 0; row < m; row++)
+                    masked_softmax(sbuf + (size_t)row * ck, ck, b->pos[c0 + row / n_rep], seg,
+                                   scale);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, head_dim, ck, 1.0f,
+                            sbuf, ck, vbuf, head_dim, 0.0f, obuf, head_dim);
+                for (int32_t t = 0; t < cn; t++)
+                    for (int32_t r = 0; r < n_rep; r++)
+                        memcpy(out + (size_t)(c0 + t) * q_stride + (size_t)(kh * n_rep + r) * head_dim,
+                               obuf + ((size_t)t * n_rep + r) * head_dim,
+                               (size_t)head_dim * sizeof(float));
+            }
+        }
+        free(kbuf);
+        free(vbuf);
+        free(qbuf);
+        free(obuf);
+        free(sbuf);
+        t0 = t1;
+    }
+}
+
+static void cpu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void cpu_add(backend *be, float *x, const float *y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_sync(backend *be) {}
+
+static void cpu_free(backend *be) {
+    if (!be) return;
+    free(be->ctx);
+    free(be);
+}
+
+static const backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .weight_create = cpu_weight_create,
+    .weight_free = cpu_weight_free,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .sync = cpu_sync,
+};
+
+is_status backend_cpu_create(int32_t n_threads, backend **out) {
+    backend *be = calloc(1, sizeof *be);
+    cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        return is_error_set(IS_ERR_NOMEM, "cpu backend: out of memory");
+    }
+    if (n_threads > 0) {
+        omp_set_num_threads(n_threads);
+        openblas_set_num_threads(n_threads);
+    }
+    ctx->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    be->ops = &cpu_ops;
+    be->ctx = ctx;
+    *out = be;
+    return IS_OK;
+}

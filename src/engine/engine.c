@@ -1,0 +1,306 @@
+#include "engine/engine.h"
+
+#include "core/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct seq_state {
+    int32_t *segments; /* [cap] segment of each position, NULL while unused */
+    int32_t cap;
+} seq_state;
+
+struct engine {
+    model *m;
+    backend *be;
+    engine_params p;
+    kv_cache *kv;
+    float **k_cache, **v_cache; /* [n_layers] -> [n_blocks][n_kv_heads][block_size][head_dim] */
+    seq_state *seqs;            /* [max_seqs] */
+
+    /* Activation scratch for one chunk of up to max_batch tokens. */
+    float *x;      /* [B][dim] residual stream */
+    float *xb;     /* [B][dim] normed input / attention projection output */
+    float *q;      /* [B][n_heads*head_dim] */
+    float *k, *v;  /* [B][n_kv_heads*head_dim] */
+    float *att;    /* [B][n_heads*head_dim] attention output */
+    float *hg, *hu; /* [B][ffn_dim] gate, up */
+    float *logits; /* [B][n_vocab] */
+    int32_t *pos, *slots, *seq_idx; /* [B] host */
+};
+
+engine_params engine_default_params(void) {
+    engine_params p = {
+        .n_ctx = 0, .max_seqs = 8, .n_blocks = 0, .block_size = 16, .max_batch = 512,
+    };
+    return p;
+}
+
+static is_status alloc_f32(engine *e, float **out, size_t n) {
+    return e->be->ops->alloc(e->be, n * sizeof(float), (void **)out);
+}
+
+is_status engine_create(model *m, engine_params p, engine **out) {
+    const model_config *c = &m->cfg;
+    if (p.n_ctx <= 0) p.n_ctx = c->n_ctx_train;
+    if (p.block_size <= 0 || p.max_seqs <= 0 || p.max_batch <= 0 || p.n_blocks < 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "engine: sizes must be positive");
+    if (p.n_blocks == 0) {
+        int64_t per_seq = (p.n_ctx + p.block_size - 1) / p.block_size;
+        int64_t nb = per_seq * p.max_seqs;
+        p.n_blocks = (int32_t)(nb > (1 << 20) ? (1 << 20) : nb);
+    }
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return is_error_set(IS_ERR_NOMEM, "engine: out of memory");
+    e->m = m;
+    e->be = m->be;
+    e->p = p;
+    kv_cache_params kp = {
+        .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+        .block_size = p.block_size, .n_blocks = p.n_blocks, .max_seqs = p.max_seqs,
+    };
+    is_status st = kv_cache_create(kp, &e->kv);
+    if (st != IS_OK) goto fail;
+    e->k_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    e->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
+    e->seqs = calloc((size_t)p.max_seqs, sizeof *e->seqs);
+    e->pos = malloc((size_t)p.max_batch * sizeof(int32_t));
+    e->slots = malloc((size_t)p.max_batch * sizeof(int32_t));
+    e->seq_idx = malloc((size_t)p.max_batch * sizeof(int32_t));
+    if (!e->k_cache || !e->v_cache || !e->seqs || !e->pos || !e->slots || !e->seq_idx) {
+        st = is_error_set(IS_ERR_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+    size_t layer_elems = (size_t)p.n_blocks * p.block_size * c->n_kv_heads * c->head_dim;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        if ((st = alloc_f32(e, &e->k_cache[l], layer_elems)) != IS_OK ||
+            (st = alloc_f32(e, &e->v_cache[l], layer_elems)) != IS_OK)
+            goto fail;
+    }
+    size_t B = (size_t)p.max_batch;
+    size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    if ((st = alloc_f32(e, &e->x, B * c->dim)) || (st = alloc_f32(e, &e->xb, B * c->dim)) ||
+        (st = alloc_f32(e, &e->q, B * q_dim)) || (st = alloc_f32(e, &e->k, B * kv_dim)) ||
+        (st = alloc_f32(e, &e->v, B * kv_dim)) || (st = alloc_f32(e, &e->att, B * q_dim)) ||
+        (st = alloc_f32(e, &e->hg, B * c->ffn_dim)) ||
+        (st = alloc_f32(e, &e->hu, B * c->ffn_dim)) ||
+        (st = alloc_f32(e, &e->logits, B * c->n_vocab)))
+        goto fail;
+    *out = e;
+    return IS_OK;
+fail:
+    engine_free(e);
+    return st;
+}
+
+void engine_free(engine *e) {
+    if (!e) return;
+    backend *be = e->be;
+    int32_t n_layers = e->m->cfg.n_layers;
+    for (int32_t l = 0; e->k_cache && l < n_layers; l++) be->ops->release(be, e->k_cache[l]);
+    for (int32_t l = 0; e->v_cache && l < n_layers; l++) be->ops->release(be, e->v_cache[l]);
+    free(e->k_cache);
+    free(e->v_cache);
+    if (e->seqs)
+        for (int32_t i = 0; i < e->p.max_seqs; i++) free(e->seqs[i].segments);
+    free(e->seqs);
+    float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->hg, e->hu, e->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->ops->release(be, bufs[i]);
+    free(e->pos);
+    free(e->slots);
+    free(e->seq_idx);
+    kv_cache_free(e->kv);
+    free(e);
+}
+
+const model *engine_model(const engine *e) { return e->m; }
+kv_cache *engine_kv(engine *e) { return e->kv; }
+int32_t engine_n_ctx(const engine *e) { return e->p.n_ctx; }
+
+is_status engine_seq_open(engine *e, int32_t *seq) {
+    is_status st = kv_seq_create(e->kv, seq);
+    if (st == IS_OK) {
+        free(e->seqs[*seq].segments);
+        e->seqs[*seq].segments = NULL;
+        e->seqs[*seq].cap = 0;
+    }
+    return st;
+}
+
+void engine_seq_close(engine *e, int32_t seq) { kv_seq_free(e->kv, seq); }
+
+/* Records segment ids for positions [from, from+n) of a sequence. A
+ * sequence that never had segments keeps NULL (plain causal attention);
+ * once it has them, unspecified positions are segment 0. */
+static is_status seq_set_segments(engine *e, int32_t seq, int32_t from, const int32_t *seg,
+                                  int32_t n) {
+    seq_state *s = &e->seqs[seq];
+    if (!seg && !s->segments) return IS_OK;
+    int32_t need = from + n;
+    if (need > s->cap) {
+        int32_t cap = s->cap ? s->cap : 256;
+        while (cap < need) cap *= 2;
+        int32_t *p = realloc(s->segments, (size_t)cap * sizeof *p);
+        if (!p) return is_error_set(IS_ERR_NOMEM, "engine: out of memory");
+        memset(p + s->cap, 0, (size_t)(cap - s->cap) * sizeof *p);
+        s->segments = p;
+        s->cap = cap;
+    }
+    for (int32_t i = 0; i < n; i++) s->segments[from + i] = seg ? seg[i] : 0;
+    return IS_OK;
+}
+
+/* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
+ * already reserved. Writes logits of selected tokens, returns how many. */
+static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
+                             const int32_t *base_len, float *logits_out) {
+    const model *m = e->m;
+    const model_config *c = &m->cfg;
+    backend *be = e->be;
+    const backend_ops *op = be->ops;
+    int32_t q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
+
+    /* Positions: tokens of a sequence follow each other in batch order. */
+    int32_t uniq[64], n_uniq = 0; /* sequences present in this chunk */
+    const int32_t *tables[64];
+    int32_t lens[64];
+    const int32_t *segs[64];
+    bool any_seg = false;
+    int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* tokens before t0+i */
+    for (int32_t t = 0; t < t0; t++) seen[b->seq[t]]++;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = b->seq[t0 + i];
+        e->pos[i] = base_len[s] + seen[s]++;
+        e->slots[i] = kv_cache_slot(e->kv, s, e->pos[i]);
+        int32_t u = 0;
+        while (u < n_uniq && uniq[u] != s) u++;
+        if (u == n_uniq) {
+            IS_ASSERT(n_uniq < 64);
+            uniq[n_uniq++] = s;
+        }
+        e->seq_idx[i] = u;
+    }
+    for (int32_t u = 0; u < n_uniq; u++) {
+        int32_t nb;
+        tables[u] = kv_seq_blocks(e->kv, uniq[u], &nb);
+        lens[u] = base_len[uniq[u]] + seen[uniq[u]];
+        segs[u] = e->seqs[uniq[u]].segments;
+        if (segs[u]) any_seg = true;
+    }
+    free(seen);
+    attn_batch ab = {
+        .n_tokens = n, .pos = e->pos, .seq_of_token = e->seq_idx, .n_seqs = n_uniq,
+        .block_tables = tables, .seq_len = lens, .seq_segments = any_seg ? segs : NULL,
+    };
+
+    op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
+        op->matmul(be, e->q, e->xb, L->wq, L->bq, n);
+        op->matmul(be, e->k, e->xb, L->wk, L->bk, n);
+        op->matmul(be, e->v, e->xb, L->wv, L->bv, n);
+        op->rope(be, e->q, e->pos, n, c->n_heads, c->head_dim, &c->rope);
+        op->rope(be, e->k, e->pos, n, c->n_kv_heads, c->head_dim, &c->rope);
+        op->kv_store(be, e->k_cache[l], e->v_cache[l], e->k, e->v, e->slots, n, c->n_kv_heads,
+                     c->head_dim, e->p.block_size);
+        op->attention(be, e->att, e->q, e->k_cache[l], e->v_cache[l], &ab, c->n_heads,
+                      c->n_kv_heads, c->head_dim, e->p.block_size);
+        op->matmul(be, e->xb, e->att, L->wo, NULL, n);
+        op->add(be, e->x, e->xb, (int64_t)n * c->dim);
+        op->rmsnorm(be, e->xb, e->x, L->ffn_norm, n, c->dim, c->rms_eps);
+        op->matmul(be, e->hg, e->xb, L->w_gate, NULL, n);
+        op->matmul(be, e->hu, e->xb, L->w_up, NULL, n);
+        op->swiglu(be, e->hg, e->hg, e->hu, (int64_t)n * c->ffn_dim);
+        op->matmul(be, e->xb, e->hg, L->w_down, NULL, n);
+        op->add(be, e->x, e->xb, (int64_t)n * c->dim);
+        (void)q_dim;
+        (void)kv_dim;
+    }
+
+    /* Output head only for the selected rows: gather them to the front. */
+    int32_t n_out = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = t0 + i;
+        bool want = b->want_logits ? b->want_logits[t] : (t == b->n_tokens - 1);
+        if (!want) continue;
+        if (n_out != i)
+            memcpy(e->x + (size_t)n_out * c->dim, e->x + (size_t)i * c->dim,
+                   (size_t)c->dim * sizeof(float));
+        n_out++;
+    }
+    if (n_out > 0) {
+        op->rmsnorm(be, e->xb, e->x, m->output_norm, n_out, c->dim, c->rms_eps);
+        op->matmul(be, e->logits, e->xb, m->output, NULL, n_out);
+        op->download(be, logits_out, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
+    }
+    op->sync(be);
+    return n_out;
+}
+
+is_status engine_decode(engine *e, const engine_batch *b, float *logits) {
+    const model_config *c = &e->m->cfg;
+    if (b->n_tokens <= 0) return is_error_set(IS_ERR_INVALID_ARG, "engine: empty batch");
+    int32_t max_seqs = e->p.max_seqs;
+    int32_t *base_len = calloc((size_t)max_seqs, sizeof *base_len);
+    int32_t *add = calloc((size_t)max_seqs, sizeof *add);
+    if (!base_len || !add) {
+        free(base_len);
+        free(add);
+        return is_error_set(IS_ERR_NOMEM, "engine: out of memory");
+    }
+    is_status st = IS_OK;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        int32_t s = b->seq[t];
+        if (s < 0 || s >= max_seqs) {
+            st = is_error_set(IS_ERR_INVALID_ARG, "engine: sequence id %d out of range", s);
+            goto out;
+        }
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->n_vocab) {
+            st = is_error_set(IS_ERR_INVALID_ARG, "engine: token id %d out of range [0, %d)",
+                              b->tokens[t], c->n_vocab);
+            goto out;
+        }
+        add[s]++;
+    }
+    /* Reserve all KV slots first so a failure leaves every sequence as it was. */
+    int32_t grown = 0;
+    for (int32_t s = 0; s < max_seqs; s++) {
+        if (!add[s]) continue;
+        base_len[s] = kv_seq_length(e->kv, s);
+        if (base_len[s] + add[s] > e->p.n_ctx) {
+            st = is_error_set(IS_ERR_CONTEXT_FULL,
+                              "engine: sequence %d would hold %d tokens, past the context of %d",
+                              s, base_len[s] + add[s], e->p.n_ctx);
+            break;
+        }
+        if ((st = kv_seq_grow(e->kv, s, add[s])) != IS_OK) break;
+        grown = s + 1;
+    }
+    if (st == IS_OK) {
+        /* Segments are recorded per sequence, in batch order. */
+        int32_t *seen = calloc((size_t)max_seqs, sizeof *seen);
+        for (int32_t t = 0; t < b->n_tokens && st == IS_OK; t++) {
+            int32_t s = b->seq[t];
+            st = seq_set_segments(e, s, base_len[s] + seen[s]++, b->segment ? &b->segment[t] : NULL, 1);
+        }
+        free(seen);
+    }
+    if (st != IS_OK) {
+        for (int32_t s = 0; s < grown; s++)
+            if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
+        goto out;
+    }
+    float *dst = logits;
+    for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
+        int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
+        int32_t n_out = forward_chunk(e, b, t0, n, base_len, dst);
+        dst += (size_t)n_out * c->n_vocab;
+    }
+out:
+    free(base_len);
+    free(add);
+    return st;
+}
