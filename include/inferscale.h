@@ -66,7 +66,10 @@ int32_t is_model_n_ctx_train(const is_model *m);
 
 /* ---- tokens ------------------------------------------------------------ */
 
-/* Tokenises `len` bytes (any bytes; invalid UTF-8 is encoded byte-wise).
+/* Tokenises `len` bytes. Any bytes are accepted: each invalid UTF-8 sequence
+ * is read as U+FFFD, as Python's decode(errors="replace") does.
+ * add_bos: prepend BOS if the model wants one (not after is_chat_render,
+ * whose text already holds it where the template wants it).
  * parse_special: text like "<|im_end|>" becomes its control token. The ids
  * are malloc'd into *out (free() them). */
 is_status is_tokenize(const is_model *m, const char *text, size_t len, bool add_bos,

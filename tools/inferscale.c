@@ -211,7 +211,7 @@ static int cmd_generate(int argc, char **argv) {
         if ((st = is_chat_render(m, msgs, nm, true, &text)) != IS_OK) goto done;
     }
     const char *prompt = o.chat ? text : o.prompt;
-    if ((st = is_tokenize(m, prompt, strlen(prompt), true, o.chat, &toks, &n)) != IS_OK) goto done;
+    if ((st = is_tokenize(m, prompt, strlen(prompt), !o.chat, o.chat, &toks, &n)) != IS_OK) goto done;
     is_session_params sp = is_session_default_params();
     sp.n_ctx = o.n_ctx;
     if ((st = is_session_create(m, sp, &s)) != IS_OK) goto done;
@@ -321,7 +321,7 @@ static int cmd_chat(int argc, char **argv) {
         int32_t *toks = NULL;
         size_t nt = 0;
         is_status st = is_chat_render(m, msgs, n, true, &text);
-        if (st == IS_OK) st = is_tokenize(m, text, strlen(text), true, true, &toks, &nt);
+        if (st == IS_OK) st = is_tokenize(m, text, strlen(text), false, true, &toks, &nt);
         free(text);
         /* Collect the reply to keep it in the conversation. */
         reply_buf rep = {0};
