@@ -38,11 +38,12 @@ typedef struct rope_params {
 } rope_params;
 
 /* Where each token of a batch attends: its sequence's block table, and the
- * positions it may see. A token at position p of its sequence sees
- * positions [0, p] (causal) restricted by its segment: segment 0 is
- * visible to all; a token in segment s > 0 sees segment 0 and s only, and
- * only tokens whose segment is 0 or its own. seg is NULL for plain causal
- * attention. Host memory, read by the backend. */
+ * slots it may see. A token in slot p of its sequence sees slots [0, p]
+ * (causal), restricted by segments when the sequence has them:
+ *   segment 0   shared (serving prefix, query): seen by every later token;
+ *   segment s>0 fact s: seen by segment 0 and by fact s's own tokens;
+ *   segment -s  fact s's encoding context: seen by fact s's tokens only.
+ * This is the segment-masked reference for memory injection. Host memory. */
 typedef struct attn_batch {
     int32_t n_tokens;
     const int32_t *pos;           /* [T] position of each token in its sequence */
@@ -51,6 +52,11 @@ typedef struct attn_batch {
     const int32_t *const *block_tables; /* [n_seqs] -> block ids */
     const int32_t *seq_len;       /* [n_seqs] positions readable (after this batch's writes) */
     const int32_t *const *seq_segments; /* [n_seqs] -> [seq_len] segment of each position, or NULL entries */
+    /* For the reference only: queries rotated to the position they had at
+     * encoding time, used when scoring segment-0 keys, so each fact sees the
+     * serving prefix at the distance it saw it when encoded. [T][n_heads*head_dim]
+     * in backend memory, or NULL. */
+    const float *q_prefix;
 } attn_batch;
 
 typedef struct backend_ops {
@@ -62,6 +68,8 @@ typedef struct backend_ops {
     void (*release)(backend *be, void *ptr);
     void (*upload)(backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(backend *be, void *dst, const void *src, size_t bytes);
+    /* Copy within backend memory. */
+    void (*copy)(backend *be, void *dst, const void *src, size_t bytes);
 
     /* Weights from a GGUF tensor of any readable type. */
     is_status (*weight_create)(backend *be, const gguf_tensor *t, backend_weight **out);

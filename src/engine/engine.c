@@ -27,7 +27,8 @@ struct engine {
     float *att;    /* [B][n_heads*head_dim] attention output */
     float *hg, *hu; /* [B][ffn_dim] gate, up */
     float *logits; /* [B][n_vocab] */
-    int32_t *pos, *slots, *seq_idx; /* [B] host */
+    float *q2;     /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
+    int32_t *pos, *rpos, *rpos2, *slots, *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
 };
 
 engine_params engine_default_params(void) {
@@ -66,9 +67,11 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     e->v_cache = calloc((size_t)c->n_layers, sizeof(float *));
     e->seqs = calloc((size_t)p.max_seqs, sizeof *e->seqs);
     e->pos = malloc((size_t)p.max_batch * sizeof(int32_t));
+    e->rpos = malloc((size_t)p.max_batch * sizeof(int32_t));
+    e->rpos2 = malloc((size_t)p.max_batch * sizeof(int32_t));
     e->slots = malloc((size_t)p.max_batch * sizeof(int32_t));
     e->seq_idx = malloc((size_t)p.max_batch * sizeof(int32_t));
-    if (!e->k_cache || !e->v_cache || !e->seqs || !e->pos || !e->slots || !e->seq_idx) {
+    if (!e->k_cache || !e->v_cache || !e->seqs || !e->pos || !e->rpos || !e->rpos2 || !e->slots || !e->seq_idx) {
         st = is_error_set(IS_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -85,6 +88,7 @@ is_status engine_create(model *m, engine_params p, engine **out) {
         (st = alloc_f32(e, &e->v, B * kv_dim)) || (st = alloc_f32(e, &e->att, B * q_dim)) ||
         (st = alloc_f32(e, &e->hg, B * c->ffn_dim)) ||
         (st = alloc_f32(e, &e->hu, B * c->ffn_dim)) ||
+        (st = alloc_f32(e, &e->q2, B * q_dim)) ||
         (st = alloc_f32(e, &e->logits, B * c->n_vocab)))
         goto fail;
     *out = e;
@@ -105,10 +109,12 @@ void engine_free(engine *e) {
     if (e->seqs)
         for (int32_t i = 0; i < e->p.max_seqs; i++) free(e->seqs[i].segments);
     free(e->seqs);
-    float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->hg, e->hu, e->logits};
+    float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->hg, e->hu, e->q2, e->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->release(be, bufs[i]);
     free(e->pos);
+    free(e->rpos);
+    free(e->rpos2);
     free(e->slots);
     free(e->seq_idx);
     kv_cache_free(e->kv);
@@ -130,6 +136,42 @@ is_status engine_seq_open(engine *e, int32_t *seq) {
 }
 
 void engine_seq_close(engine *e, int32_t seq) { kv_seq_free(e->kv, seq); }
+
+static is_status seq_set_segments(engine *e, int32_t seq, int32_t from, const int32_t *seg,
+                                  int32_t n);
+
+is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
+    const model_config *c = &e->m->cfg;
+    int32_t bs = e->p.block_size;
+    if (n < 0 || n > kv_seq_length(e->kv, src))
+        return is_error_set(IS_ERR_INVALID_ARG, "fork: %d positions of a sequence of %d", n,
+                            kv_seq_length(e->kv, src));
+    int32_t shared = n / bs * bs, tail = n - shared;
+    is_status st = kv_seq_share_prefix(e->kv, dst, src, shared);
+    if (st != IS_OK) return st;
+    if (tail > 0) {
+        if ((st = kv_seq_grow(e->kv, dst, tail)) != IS_OK) {
+            kv_seq_truncate(e->kv, dst, 0);
+            return st;
+        }
+        int32_t sb = kv_cache_slot(e->kv, src, shared) / bs, db = kv_cache_slot(e->kv, dst, shared) / bs;
+        size_t rows = (size_t)tail * c->head_dim * sizeof(float);
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            for (int32_t h = 0; h < c->n_kv_heads; h++) {
+                size_t so = (((size_t)sb * c->n_kv_heads + h) * bs) * c->head_dim;
+                size_t d0 = (((size_t)db * c->n_kv_heads + h) * bs) * c->head_dim;
+                e->be->ops->copy(e->be, e->k_cache[l] + d0, e->k_cache[l] + so, rows);
+                e->be->ops->copy(e->be, e->v_cache[l] + d0, e->v_cache[l] + so, rows);
+            }
+        }
+    }
+    const seq_state *ss = &e->seqs[src];
+    if (ss->segments && (st = seq_set_segments(e, dst, 0, ss->segments, n)) != IS_OK) {
+        kv_seq_truncate(e->kv, dst, 0);
+        return st;
+    }
+    return IS_OK;
+}
 
 /* Records segment ids for positions [from, from+n) of a sequence. A
  * sequence that never had segments keeps NULL (plain causal attention);
@@ -173,6 +215,8 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     for (int32_t i = 0; i < n; i++) {
         int32_t s = b->seq[t0 + i];
         e->pos[i] = base_len[s] + seen[s]++;
+        e->rpos[i] = b->pos ? b->pos[t0 + i] : e->pos[i];
+        e->rpos2[i] = e->rpos[i] - (b->prefix_shift ? b->prefix_shift[t0 + i] : 0);
         e->slots[i] = kv_cache_slot(e->kv, s, e->pos[i]);
         int32_t u = 0;
         while (u < n_uniq && uniq[u] != s) u++;
@@ -190,10 +234,21 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         if (segs[u]) any_seg = true;
     }
     free(seen);
+    bool shifted = false;
+    for (int32_t i = 0; i < n; i++)
+        if (e->rpos2[i] != e->rpos[i]) shifted = true;
     attn_batch ab = {
         .n_tokens = n, .pos = e->pos, .seq_of_token = e->seq_idx, .n_seqs = n_uniq,
         .block_tables = tables, .seq_len = lens, .seq_segments = any_seg ? segs : NULL,
+        .q_prefix = shifted ? e->q2 : NULL,
     };
+    /* Captured rows of this chunk: batch tokens [cap0, cap1). */
+    const engine_kv_capture *cap = b->capture;
+    int32_t cap0 = 0, cap1 = 0;
+    if (cap) {
+        cap0 = cap->first > t0 ? cap->first : t0;
+        cap1 = cap->first + cap->n < t0 + n ? cap->first + cap->n : t0 + n;
+    }
 
     op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -202,8 +257,18 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->matmul(be, e->q, e->xb, L->wq, L->bq, n);
         op->matmul(be, e->k, e->xb, L->wk, L->bk, n);
         op->matmul(be, e->v, e->xb, L->wv, L->bv, n);
-        op->rope(be, e->q, e->pos, n, c->n_heads, c->head_dim, &c->rope);
-        op->rope(be, e->k, e->pos, n, c->n_kv_heads, c->head_dim, &c->rope);
+        for (int32_t t = cap0; t < cap1; t++) {
+            size_t dst = ((size_t)l * cap->n + (t - cap->first)) * kv_dim;
+            size_t src = (size_t)(t - t0) * kv_dim;
+            op->download(be, cap->k + dst, e->k + src, (size_t)kv_dim * sizeof(float));
+            op->download(be, cap->v + dst, e->v + src, (size_t)kv_dim * sizeof(float));
+        }
+        if (shifted) {
+            op->copy(be, e->q2, e->q, (size_t)n * q_dim * sizeof(float));
+            op->rope(be, e->q2, e->rpos2, n, c->n_heads, c->head_dim, &c->rope);
+        }
+        op->rope(be, e->q, e->rpos, n, c->n_heads, c->head_dim, &c->rope);
+        op->rope(be, e->k, e->rpos, n, c->n_kv_heads, c->head_dim, &c->rope);
         op->kv_store(be, e->k_cache[l], e->v_cache[l], e->k, e->v, e->slots, n, c->n_kv_heads,
                      c->head_dim, e->p.block_size);
         op->attention(be, e->att, e->q, e->k_cache[l], e->v_cache[l], &ab, c->n_heads,
@@ -216,8 +281,6 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->swiglu(be, e->hg, e->hg, e->hu, (int64_t)n * c->ffn_dim);
         op->matmul(be, e->xb, e->hg, L->w_down, NULL, n);
         op->add(be, e->x, e->xb, (int64_t)n * c->dim);
-        (void)q_dim;
-        (void)kv_dim;
     }
 
     /* Output head only for the selected rows: gather them to the front. */
@@ -303,4 +366,76 @@ out:
     free(base_len);
     free(add);
     return st;
+}
+
+/* Chunked RoPE + injection. Facts are staged through the activation
+ * scratch a chunk of max_batch tokens at a time: for each layer the stored
+ * pre-RoPE keys are uploaded, rotated to their serving positions by the
+ * backend's rope op (the same op prefill uses, so the rotation is the one a
+ * prefill at that position would apply) and scattered with kv_store. */
+is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts) {
+    const model_config *c = &e->m->cfg;
+    backend *be = e->be;
+    const backend_ops *op = be->ops;
+    int64_t total = 0;
+    for (int32_t f = 0; f < n_facts; f++) {
+        if (facts[f].n_tokens <= 0)
+            return is_error_set(IS_ERR_INVALID_ARG, "inject: fact %d has no tokens", f);
+        total += facts[f].n_tokens;
+    }
+    if (total == 0) return IS_OK;
+    int32_t base = kv_seq_length(e->kv, seq);
+    if (base + total > e->p.n_ctx)
+        return is_error_set(IS_ERR_CONTEXT_FULL,
+                            "inject: %lld memory tokens after %d would pass the context of %d",
+                            (long long)total, base, e->p.n_ctx);
+    is_status st = kv_seq_grow(e->kv, seq, (int32_t)total);
+    if (st != IS_OK) return st;
+    if ((st = seq_set_segments(e, seq, base, NULL, (int32_t)total)) != IS_OK) {
+        kv_seq_truncate(e->kv, seq, base);
+        return st;
+    }
+    int32_t kv_dim = c->n_kv_heads * c->head_dim;
+    size_t row = (size_t)kv_dim * sizeof(float);
+    int32_t f = 0, j = 0; /* fact and token where the next chunk starts */
+    for (int64_t t0 = 0; t0 < total; t0 += e->p.max_batch) {
+        int32_t n = total - t0 < e->p.max_batch ? (int32_t)(total - t0) : e->p.max_batch;
+        for (int32_t i = 0; i < n; i++) {
+            e->rpos[i] = base + (int32_t)t0 + i;
+            e->slots[i] = kv_cache_slot(e->kv, seq, e->rpos[i]);
+        }
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            /* Stage this chunk's rows, one contiguous run per fact. */
+            int32_t ff = f, jj = j;
+            for (int32_t i = 0; i < n;) {
+                int32_t run = facts[ff].n_tokens - jj;
+                if (run > n - i) run = n - i;
+                size_t src = ((size_t)l * facts[ff].n_tokens + jj) * kv_dim;
+                op->upload(be, e->k + (size_t)i * kv_dim, facts[ff].k + src, run * row);
+                op->upload(be, e->v + (size_t)i * kv_dim, facts[ff].v + src, run * row);
+                i += run;
+                jj += run;
+                if (jj == facts[ff].n_tokens) {
+                    ff++;
+                    jj = 0;
+                }
+            }
+            op->rope(be, e->k, e->rpos, n, c->n_kv_heads, c->head_dim, &c->rope);
+            op->kv_store(be, e->k_cache[l], e->v_cache[l], e->k, e->v, e->slots, n, c->n_kv_heads,
+                         c->head_dim, e->p.block_size);
+        }
+        /* Advance (f, j) past this chunk. */
+        for (int32_t left = n; left > 0;) {
+            int32_t run = facts[f].n_tokens - j;
+            if (run > left) run = left;
+            left -= run;
+            j += run;
+            if (j == facts[f].n_tokens) {
+                f++;
+                j = 0;
+            }
+        }
+    }
+    op->sync(be);
+    return IS_OK;
 }

@@ -42,12 +42,31 @@ int32_t engine_n_ctx(const engine *e);
 is_status engine_seq_open(engine *e, int32_t *seq);
 void engine_seq_close(engine *e, int32_t seq);
 
+/* Makes the empty sequence `dst` start with the first n positions of `src`:
+ * whole blocks are shared by reference (never copied); the positions of a
+ * trailing partial block are copied into a block of dst's own, so later
+ * writes never touch src. On failure dst stays empty. */
+is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n);
+
+/* Keys (before RoPE) and values of a range of batch tokens, copied out
+ * during the forward pass: how a fact's KV is captured at encoding time. */
+typedef struct engine_kv_capture {
+    int32_t first;  /* first batch token captured */
+    int32_t n;      /* tokens captured */
+    float *k;       /* [n_layers][n][n_kv_heads*head_dim] host memory, pre-RoPE */
+    float *v;       /* [n_layers][n][n_kv_heads*head_dim] host memory */
+} engine_kv_capture;
+
 typedef struct engine_batch {
     int32_t n_tokens;
     const int32_t *tokens;      /* [n] token ids */
     const int32_t *seq;         /* [n] sequence of each token */
-    const int32_t *segment;     /* [n] segment ids for masked attention, or NULL */
     const bool *want_logits;    /* [n] which tokens produce logits; NULL = the last token only */
+    /* Optional, for the segment-masked reference and for encoding: */
+    const int32_t *segment;     /* [n] segment ids (backend.h attn_batch), or NULL */
+    const int32_t *pos;         /* [n] RoPE positions, or NULL = the slot index */
+    const int32_t *prefix_shift; /* [n] the token scores segment-0 keys as if at pos - shift, or NULL */
+    engine_kv_capture *capture; /* or NULL */
 } engine_batch;
 
 /* Runs the batch. Tokens are appended in order to their sequences. Logits of
@@ -56,5 +75,21 @@ typedef struct engine_batch {
  * n_ctx or the pool runs out, IS_ERR_INVALID_ARG for bad ids) every sequence
  * is left at its previous length. */
 is_status engine_decode(engine *e, const engine_batch *b, float *logits);
+
+/* One fact to inject: its pre-RoPE keys and values for every layer, as
+ * f32, [n_layers][n_tokens][n_kv_heads*head_dim] in host memory. */
+typedef struct engine_fact {
+    int32_t n_tokens;
+    const int32_t *tokens; /* [n_tokens] for the record in the session */
+    const float *k;
+    const float *v;
+} engine_fact;
+
+/* Chunked RoPE + injection: appends the facts, in order, as one contiguous
+ * segment at the end of `seq`; each stored key is rotated to its position
+ * there and keys and values are written through the block table. No
+ * attention runs. On failure (IS_ERR_CONTEXT_FULL) the sequence is
+ * unchanged. */
+is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts);
 
 #endif

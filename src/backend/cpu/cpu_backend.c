@@ -147,12 +147,16 @@ static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32
     rope_inv_freq(rp, inv);
 #pragma omp parallel for schedule(static) if (T > 4)
     for (int32_t t = 0; t < T; t++) {
+        /* The angle is formed in double: in f32, p * inv rounds to within
+         * |theta| * 6e-8, about 2e-4 rad at position 3000, which is enough
+         * to make a fact's keys depend on where it was encoded (the
+         * position-invariance test sees 2e-5 relative in f32, 1e-7 here). */
         float c[512], s[512];
-        float p = (float)pos[t] * rp->freq_scale;
+        double p = (double)pos[t] * (double)rp->freq_scale;
         for (int32_t i = 0; i < half; i++) {
-            float theta = p * inv[i];
-            c[i] = cosf(theta);
-            s[i] = sinf(theta);
+            double theta = p * (double)inv[i];
+            c[i] = (float)cos(theta);
+            s[i] = (float)sin(theta);
         }
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + ((int64_t)t * n_heads + h) * head_dim;
@@ -187,12 +191,14 @@ static void cpu_kv_store(backend *be, float *k_cache, float *v_cache, const floa
     }
 }
 
-/* May query token at position qp (segment qs) see key position kp (segment ks)? */
+/* May the query in slot qp see the key in slot kp? (segments: backend.h) */
 static inline bool attn_visible(int32_t qp, int32_t kp, const int32_t *seg) {
     if (kp > qp) return false;
     if (!seg) return true;
     int32_t qs = seg[qp], ks = seg[kp];
-    return ks == 0 || ks == qs;
+    if (ks == 0) return true;
+    if (ks > 0) return qs == 0 || qs == ks || qs == -ks;
+    return qs == ks || qs == -ks;
 }
 
 /* Copies positions [0, n) of one KV head of a sequence into dst[n][head_dim]. */
@@ -243,7 +249,7 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
         const int32_t *blocks = b->block_tables[s];
         const int32_t *seg = b->seq_segments ? b->seq_segments[s] : NULL;
 
-        if (run < 8) {
+        if (run < 8 || b->q_prefix) {
             /* Decode-sized: direct loops over (token, head). */
 #pragma omp parallel
             {
@@ -253,13 +259,17 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                     for (int32_t h = 0; h < n_heads; h++) {
                         int32_t kh = h / n_rep;
                         const float *qv = q + (size_t)t * q_stride + (size_t)h * head_dim;
+                        const float *qpre = b->q_prefix ? b->q_prefix + (size_t)t * q_stride +
+                                                              (size_t)h * head_dim
+                                                        : qv;
                         int32_t qp = b->pos[t];
                         for (int32_t j = 0; j < n_keys; j++) {
+                            const float *qj = (seg && seg[j] == 0) ? qpre : qv;
                             const float *kv = k_cache + (((size_t)blocks[j / block_size] *
                                                               n_kv_heads + kh) * block_size +
                                                          j % block_size) * head_dim;
                             float d = 0.0f;
-                            for (int32_t i = 0; i < head_dim; i++) d += qv[i] * kv[i];
+                            for (int32_t i = 0; i < head_dim; i++) d += qj[i] * kv[i];
                             scores[j] = d;
                         }
                         masked_softmax(scores, n_keys, qp, seg, scale);
@@ -353,6 +363,7 @@ static const backend_ops cpu_ops = {
     .release = cpu_release,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
     .weight_create = cpu_weight_create,
     .weight_free = cpu_weight_free,
     .get_rows = cpu_get_rows,

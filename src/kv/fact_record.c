@@ -1,0 +1,573 @@
+/*
+ * fact_record: encoding, validation and parsing of fact-KV records (byte
+ * layout in fact_record.h), and the XXH64 hash they are checked with.
+ */
+#include "kv/fact_record.h"
+
+#include "core/status.h"
+#include "model/model.h"
+#include "model/quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fact records are little-endian and copied as-is: a big-endian host needs byte swaps here"
+#endif
+
+/* ---- XXH64 ---------------------------------------------------------------------
+ * xxHash64 as specified in xxHash's doc/xxhash_spec.md, in streaming form so
+ * the checksum can skip its own field. Checked against Python's `xxhash`
+ * package by tests/kv/test_fact_record.c. */
+
+#define XXH_P1 0x9E3779B185EBCA87ull
+#define XXH_P2 0xC2B2AE3D27D4EB4Full
+#define XXH_P3 0x165667B19E3779F9ull
+#define XXH_P4 0x85EBCA77C2B2AE63ull
+#define XXH_P5 0x27D4EB2F165667C5ull
+
+typedef struct xxh64_state {
+    uint64_t v[4];      /* the four lane accumulators */
+    uint64_t total_len; /* bytes fed so far */
+    uint8_t mem[32];    /* a partial stripe */
+    uint32_t mem_size;  /* bytes of mem in use, < 32 */
+} xxh64_state;
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t read64(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+static inline uint32_t read32(const uint8_t *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+}
+
+static inline uint64_t xxh_round(uint64_t acc, uint64_t input) {
+    acc += input * XXH_P2;
+    acc = rotl64(acc, 31);
+    return acc * XXH_P1;
+}
+
+static inline uint64_t xxh_merge(uint64_t acc, uint64_t val) {
+    acc ^= xxh_round(0, val);
+    return acc * XXH_P1 + XXH_P4;
+}
+
+static void xxh64_init(xxh64_state *s, uint64_t seed) {
+    memset(s, 0, sizeof *s);
+    s->v[0] = seed + XXH_P1 + XXH_P2;
+    s->v[1] = seed + XXH_P2;
+    s->v[2] = seed;
+    s->v[3] = seed - XXH_P1;
+}
+
+static void xxh64_stripe(xxh64_state *s, const uint8_t *p) {
+    s->v[0] = xxh_round(s->v[0], read64(p));
+    s->v[1] = xxh_round(s->v[1], read64(p + 8));
+    s->v[2] = xxh_round(s->v[2], read64(p + 16));
+    s->v[3] = xxh_round(s->v[3], read64(p + 24));
+}
+
+static void xxh64_update(xxh64_state *s, const void *data, size_t n) {
+    const uint8_t *p = data;
+    s->total_len += n;
+    if (s->mem_size + n < 32) {
+        if (n) memcpy(s->mem + s->mem_size, p, n);
+        s->mem_size += (uint32_t)n;
+        return;
+    }
+    if (s->mem_size) {
+        size_t fill = 32 - s->mem_size;
+        memcpy(s->mem + s->mem_size, p, fill);
+        xxh64_stripe(s, s->mem);
+        p += fill;
+        n -= fill;
+        s->mem_size = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) xxh64_stripe(s, p);
+    if (n) memcpy(s->mem, p, n);
+    s->mem_size = (uint32_t)n;
+}
+
+static uint64_t xxh64_digest(const xxh64_state *s) {
+    uint64_t h;
+    if (s->total_len >= 32) {
+        h = rotl64(s->v[0], 1) + rotl64(s->v[1], 7) + rotl64(s->v[2], 12) + rotl64(s->v[3], 18);
+        for (int i = 0; i < 4; i++) h = xxh_merge(h, s->v[i]);
+    } else {
+        h = s->v[2] + XXH_P5; /* v[2] holds the seed */
+    }
+    h += s->total_len;
+    const uint8_t *p = s->mem;
+    uint32_t n = s->mem_size;
+    for (; n >= 8; p += 8, n -= 8) {
+        h ^= xxh_round(0, read64(p));
+        h = rotl64(h, 27) * XXH_P1 + XXH_P4;
+    }
+    if (n >= 4) {
+        h ^= (uint64_t)read32(p) * XXH_P1;
+        h = rotl64(h, 23) * XXH_P2 + XXH_P3;
+        p += 4;
+        n -= 4;
+    }
+    for (; n > 0; p++, n--) {
+        h ^= *p * XXH_P5;
+        h = rotl64(h, 11) * XXH_P1;
+    }
+    h ^= h >> 33;
+    h *= XXH_P2;
+    h ^= h >> 29;
+    h *= XXH_P3;
+    h ^= h >> 32;
+    return h;
+}
+
+static uint64_t xxh64(const void *data, size_t n) {
+    xxh64_state s;
+    xxh64_init(&s, 0);
+    xxh64_update(&s, data, n);
+    return xxh64_digest(&s);
+}
+
+uint64_t fact_text_hash(const char *text, size_t len) {
+    return xxh64(len ? text : "", len);
+}
+
+uint64_t fact_rope_factors_hash(const float *factors, int32_t n) {
+    if (!factors || n <= 0) return 0;
+    return xxh64(factors, (size_t)n * sizeof(float));
+}
+
+/* ---- dtypes and shapes ------------------------------------------------------------ */
+
+size_t kv_dtype_size(kv_dtype dtype) {
+    switch (dtype) {
+    case KV_DTYPE_F32: return 4;
+    case KV_DTYPE_F16: return 2;
+    case KV_DTYPE_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *kv_dtype_name(kv_dtype dtype) {
+    switch (dtype) {
+    case KV_DTYPE_F32: return "f32";
+    case KV_DTYPE_F16: return "f16";
+    case KV_DTYPE_BF16: return "bf16";
+    }
+    return "invalid";
+}
+
+size_t fact_kv_row_elems(const fact_kv_meta *meta) {
+    return (size_t)meta->n_kv_heads * (size_t)meta->head_dim;
+}
+
+/* Fits in 64 bits for any meta within the limits: 2^12 * 2^20 * 2^12 * 2^13
+ * * 4 = 2^59. */
+size_t fact_kv_bytes(const fact_kv_meta *meta) {
+    return (size_t)meta->n_layers * (size_t)meta->n_tokens * fact_kv_row_elems(meta) *
+           kv_dtype_size(meta->dtype);
+}
+
+const void *fact_kv_row(const fact_kv_meta *meta, const void *base, int32_t layer, int32_t token) {
+    IS_ASSERT(layer >= 0 && layer < meta->n_layers && token >= 0 && token < meta->n_tokens);
+    size_t row = fact_kv_row_elems(meta) * kv_dtype_size(meta->dtype);
+    return (const uint8_t *)base + ((size_t)layer * (size_t)meta->n_tokens + (size_t)token) * row;
+}
+
+void fact_kv_to_f32(kv_dtype dtype, const void *src, float *dst, size_t n) {
+    const uint8_t *s = src;
+    switch (dtype) {
+    case KV_DTYPE_F32:
+        if (n) memcpy(dst, src, n * sizeof(float));
+        return;
+    case KV_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = quant_f16_to_f32(h);
+        }
+        return;
+    case KV_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t b;
+            memcpy(&b, s + 2 * i, 2);
+            dst[i] = quant_bf16_to_f32(b);
+        }
+        return;
+    }
+    IS_ASSERT(!"fact_kv_to_f32: invalid dtype");
+}
+
+void fact_kv_from_f32(kv_dtype dtype, const float *src, void *dst, size_t n) {
+    uint8_t *d = dst;
+    switch (dtype) {
+    case KV_DTYPE_F32:
+        if (n) memcpy(dst, src, n * sizeof(float));
+        return;
+    case KV_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = quant_f32_to_f16(src[i]);
+            memcpy(d + 2 * i, &h, 2);
+        }
+        return;
+    case KV_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t b = quant_f32_to_bf16(src[i]);
+            memcpy(d + 2 * i, &b, 2);
+        }
+        return;
+    }
+    IS_ASSERT(!"fact_kv_from_f32: invalid dtype");
+}
+
+/* ---- metadata ------------------------------------------------------------------------ */
+
+void fact_meta_for_model(const struct model *m, kv_dtype dtype, fact_kv_meta *out) {
+    const model_config *c = &m->cfg;
+    memset(out, 0, sizeof *out);
+    memcpy(out->model_fingerprint, m->fingerprint, sizeof out->model_fingerprint);
+    out->model_fingerprint[16] = '\0';
+    out->dtype = dtype;
+    out->n_layers = c->n_layers;
+    out->n_kv_heads = c->n_kv_heads;
+    out->head_dim = c->head_dim;
+    out->rope_layout = (int32_t)c->rope.layout;
+    out->rope_n_rot = c->rope.n_rot;
+    out->rope_freq_base = c->rope.freq_base;
+    out->rope_freq_scale = c->rope.freq_scale;
+    out->rope_factors_hash = fact_rope_factors_hash(c->rope.freq_factors, c->rope.n_rot / 2);
+}
+
+static bool is_lower_hex(char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'); }
+
+/* The limits of the byte layout; returns NULL if `m` is within them, else
+ * a description of the first field that is not. `fp` is the fingerprint's 16
+ * characters (not necessarily NUL-terminated). */
+static const char *meta_problem(const fact_kv_meta *m, const char *fp, char *why, size_t cap) {
+    for (int i = 0; i < 16; i++)
+        if (!is_lower_hex(fp[i])) {
+            snprintf(why, cap, "model fingerprint character %d is not a lowercase hex digit", i);
+            return why;
+        }
+#define RANGE(field, lo, hi)                                                                  \
+    if (m->field < (lo) || m->field > (hi)) {                                                 \
+        snprintf(why, cap, #field " is %lld, must be in [%lld, %lld]", (long long)m->field,   \
+                 (long long)(lo), (long long)(hi));                                          \
+        return why;                                                                           \
+    }
+    RANGE(dtype, 0, 2)
+    RANGE(n_layers, 1, FACT_MAX_LAYERS)
+    RANGE(n_kv_heads, 1, FACT_MAX_KV_HEADS)
+    RANGE(head_dim, 1, FACT_MAX_HEAD_DIM)
+    RANGE(n_tokens, 1, FACT_MAX_TOKENS)
+    RANGE(rope_layout, 0, 1)
+    RANGE(rope_n_rot, 0, m->head_dim)
+    RANGE(window, -1, INT32_MAX)
+#undef RANGE
+    if (m->rope_n_rot % 2 != 0) {
+        snprintf(why, cap, "rope_n_rot is %d, must be even", m->rope_n_rot);
+        return why;
+    }
+    if (!isfinite(m->rope_freq_base) || !(m->rope_freq_base > 0)) {
+        snprintf(why, cap, "rope_freq_base is %g, must be finite and > 0", m->rope_freq_base);
+        return why;
+    }
+    if (!isfinite(m->rope_freq_scale) || !(m->rope_freq_scale > 0)) {
+        snprintf(why, cap, "rope_freq_scale is %g, must be finite and > 0", m->rope_freq_scale);
+        return why;
+    }
+    return NULL;
+}
+
+is_status fact_meta_validate(const fact_kv_meta *meta) {
+    if (!meta) return is_error_set(IS_ERR_INVALID_ARG, "fact record: meta is NULL");
+    char why[160];
+    if (strnlen(meta->model_fingerprint, sizeof meta->model_fingerprint) != 16)
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "fact record: model fingerprint must be 16 hex digits");
+    if (meta_problem(meta, meta->model_fingerprint, why, sizeof why))
+        return is_error_set(IS_ERR_INVALID_ARG, "fact record: %s", why);
+    return IS_OK;
+}
+
+is_status fact_meta_check(const fact_kv_meta *r, const fact_kv_meta *e) {
+    if (!r || !e) return is_error_set(IS_ERR_INVALID_ARG, "fact record: meta is NULL");
+    if (strncmp(r->model_fingerprint, e->model_fingerprint, 16) != 0)
+        return is_error_set(IS_ERR_MISMATCH,
+                            "fact record was made by model %.16s, serving model is %.16s",
+                            r->model_fingerprint, e->model_fingerprint);
+    if (r->dtype != e->dtype)
+        return is_error_set(IS_ERR_MISMATCH, "fact record dtype is %s, expected %s",
+                            kv_dtype_name(r->dtype), kv_dtype_name(e->dtype));
+#define SAME_INT(field, what)                                                              \
+    if (r->field != e->field)                                                              \
+        return is_error_set(IS_ERR_MISMATCH, "fact record has " what " %lld, serving model has %lld", \
+                            (long long)r->field, (long long)e->field);
+    SAME_INT(n_layers, "n_layers")
+    SAME_INT(n_kv_heads, "n_kv_heads")
+    SAME_INT(head_dim, "head_dim")
+    SAME_INT(rope_layout, "RoPE layout")
+    SAME_INT(rope_n_rot, "RoPE n_rot")
+#undef SAME_INT
+    if (r->rope_freq_base != e->rope_freq_base)
+        return is_error_set(IS_ERR_MISMATCH,
+                            "fact record has RoPE freq_base %.9g, serving model has %.9g",
+                            r->rope_freq_base, e->rope_freq_base);
+    if (r->rope_freq_scale != e->rope_freq_scale)
+        return is_error_set(IS_ERR_MISMATCH,
+                            "fact record has RoPE freq_scale %.9g, serving model has %.9g",
+                            r->rope_freq_scale, e->rope_freq_scale);
+    if (r->rope_factors_hash != e->rope_factors_hash)
+        return is_error_set(IS_ERR_MISMATCH,
+                            "fact record has RoPE frequency factors %016llx, serving model has %016llx",
+                            (unsigned long long)r->rope_factors_hash,
+                            (unsigned long long)e->rope_factors_hash);
+    return IS_OK;
+}
+
+/* ---- layout ---------------------------------------------------------------------------- */
+
+enum {
+    OFF_MAGIC = 0,
+    OFF_VERSION = 4,
+    OFF_HEADER_BYTES = 8,
+    OFF_DTYPE = 12,
+    OFF_FINGERPRINT = 16,
+    OFF_N_LAYERS = 32,
+    OFF_N_KV_HEADS = 36,
+    OFF_HEAD_DIM = 40,
+    OFF_N_TOKENS = 44,
+    OFF_ROPE_LAYOUT = 48,
+    OFF_ROPE_N_ROT = 52,
+    OFF_ROPE_BASE = 56,
+    OFF_ROPE_SCALE = 60,
+    OFF_ROPE_FACTORS = 64,
+    OFF_WINDOW = 72,
+    OFF_RESERVED0 = 76,
+    OFF_TEXT_HASH = 80,
+    OFF_TOTAL_BYTES = 88,
+    OFF_RESERVED1 = 96,
+    OFF_CHECKSUM = 120,
+};
+
+static const uint8_t record_magic[4] = {'I', 'F', 'K', 'V'};
+
+/* Where the sections lie inside a record. */
+typedef struct record_layout {
+    size_t tokens_off, tokens_bytes;
+    size_t k_off, v_off, kv_bytes;
+    size_t total;
+} record_layout;
+
+static size_t pad64(size_t n) {
+    return (n + (FACT_RECORD_ALIGN - 1)) & ~(size_t)(FACT_RECORD_ALIGN - 1);
+}
+
+/* For a meta within the limits nothing here can overflow (see fact_kv_bytes). */
+static record_layout layout_of(const fact_kv_meta *m) {
+    record_layout l;
+    l.tokens_off = FACT_RECORD_HEADER_BYTES;
+    l.tokens_bytes = (size_t)m->n_tokens * sizeof(int32_t);
+    l.kv_bytes = fact_kv_bytes(m);
+    l.k_off = l.tokens_off + pad64(l.tokens_bytes);
+    l.v_off = l.k_off + pad64(l.kv_bytes);
+    l.total = l.v_off + pad64(l.kv_bytes);
+    return l;
+}
+
+/* The checksum: XXH64 of the header before the checksum field, then the
+ * whole payload (padding included). */
+static uint64_t record_checksum(const uint8_t *rec, size_t total) {
+    xxh64_state s;
+    xxh64_init(&s, 0);
+    xxh64_update(&s, rec, OFF_CHECKSUM);
+    xxh64_update(&s, rec + FACT_RECORD_HEADER_BYTES, total - FACT_RECORD_HEADER_BYTES);
+    return xxh64_digest(&s);
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static void putf(uint8_t *p, float v) { memcpy(p, &v, 4); }
+static int32_t get_i32(const uint8_t *p) { return (int32_t)read32(p); }
+static float get_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* ---- encoding -------------------------------------------------------------------------- */
+
+is_status fact_record_size(const fact_kv_meta *meta, size_t *len) {
+    is_status st = fact_meta_validate(meta);
+    if (st != IS_OK) return st;
+    if (!len) return is_error_set(IS_ERR_INVALID_ARG, "fact record: len is NULL");
+    *len = layout_of(meta).total;
+    return IS_OK;
+}
+
+is_status fact_record_encode_into(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
+                                  const void *v, void *buf, size_t len) {
+    is_status st = fact_meta_validate(meta);
+    if (st != IS_OK) return st;
+    if (!tokens || !k || !v || !buf)
+        return is_error_set(IS_ERR_INVALID_ARG, "fact record: NULL tokens, k, v or buffer");
+    record_layout l = layout_of(meta);
+    if (len != l.total)
+        return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is %zu bytes, record needs %zu",
+                            len, l.total);
+    for (int32_t i = 0; i < meta->n_tokens; i++)
+        if (tokens[i] < 0)
+            return is_error_set(IS_ERR_INVALID_ARG, "fact record: token %d has negative id %d", i,
+                                tokens[i]);
+
+    uint8_t *b = buf;
+    memset(b, 0, FACT_RECORD_HEADER_BYTES);
+    memcpy(b + OFF_MAGIC, record_magic, 4);
+    put32(b + OFF_VERSION, FACT_RECORD_VERSION);
+    put32(b + OFF_HEADER_BYTES, FACT_RECORD_HEADER_BYTES);
+    put32(b + OFF_DTYPE, (uint32_t)meta->dtype);
+    memcpy(b + OFF_FINGERPRINT, meta->model_fingerprint, 16);
+    put32(b + OFF_N_LAYERS, (uint32_t)meta->n_layers);
+    put32(b + OFF_N_KV_HEADS, (uint32_t)meta->n_kv_heads);
+    put32(b + OFF_HEAD_DIM, (uint32_t)meta->head_dim);
+    put32(b + OFF_N_TOKENS, (uint32_t)meta->n_tokens);
+    put32(b + OFF_ROPE_LAYOUT, (uint32_t)meta->rope_layout);
+    put32(b + OFF_ROPE_N_ROT, (uint32_t)meta->rope_n_rot);
+    putf(b + OFF_ROPE_BASE, meta->rope_freq_base);
+    putf(b + OFF_ROPE_SCALE, meta->rope_freq_scale);
+    put64(b + OFF_ROPE_FACTORS, meta->rope_factors_hash);
+    put32(b + OFF_WINDOW, (uint32_t)meta->window);
+    put64(b + OFF_TEXT_HASH, meta->text_hash);
+    put64(b + OFF_TOTAL_BYTES, (uint64_t)l.total);
+
+    /* Sections, each followed by zero padding up to the next one. */
+    memcpy(b + l.tokens_off, tokens, l.tokens_bytes);
+    memset(b + l.tokens_off + l.tokens_bytes, 0, l.k_off - l.tokens_off - l.tokens_bytes);
+    memcpy(b + l.k_off, k, l.kv_bytes);
+    memset(b + l.k_off + l.kv_bytes, 0, l.v_off - l.k_off - l.kv_bytes);
+    memcpy(b + l.v_off, v, l.kv_bytes);
+    memset(b + l.v_off + l.kv_bytes, 0, l.total - l.v_off - l.kv_bytes);
+
+    put64(b + OFF_CHECKSUM, record_checksum(b, l.total));
+    return IS_OK;
+}
+
+is_status fact_record_encode(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
+                             const void *v, void **buf, size_t *len) {
+    if (!buf || !len) return is_error_set(IS_ERR_INVALID_ARG, "fact record: NULL output");
+    size_t total;
+    is_status st = fact_record_size(meta, &total);
+    if (st != IS_OK) return st;
+    /* total is a multiple of FACT_RECORD_ALIGN, as aligned_alloc wants. */
+    void *b = aligned_alloc(FACT_RECORD_ALIGN, total);
+    if (!b) return is_error_set(IS_ERR_NOMEM, "fact record: out of memory (%zu bytes)", total);
+    st = fact_record_encode_into(meta, tokens, k, v, b, total);
+    if (st != IS_OK) {
+        free(b);
+        return st;
+    }
+    *buf = b;
+    *len = total;
+    return IS_OK;
+}
+
+/* ---- parsing ----------------------------------------------------------------------------- */
+
+static bool all_zero(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) return false;
+    return true;
+}
+
+is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
+                            const int32_t **tokens, const void **k, const void **v) {
+    if (!buf && len > 0) return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is NULL");
+    if ((uintptr_t)buf % 4 != 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is not 4-byte aligned");
+    const uint8_t *b = buf;
+    if (len < FACT_RECORD_HEADER_BYTES)
+        return is_error_set(IS_ERR_FORMAT,
+                            "fact record: %zu bytes, shorter than the %d-byte header (truncated)",
+                            len, FACT_RECORD_HEADER_BYTES);
+    if (memcmp(b + OFF_MAGIC, record_magic, 4) != 0)
+        return is_error_set(IS_ERR_FORMAT, "fact record: bad magic (not a fact-KV record)");
+    uint32_t version = read32(b + OFF_VERSION);
+    if (version != FACT_RECORD_VERSION)
+        return is_error_set(IS_ERR_FORMAT,
+                            "fact record: version %u, this build reads version %d only", version,
+                            FACT_RECORD_VERSION);
+    uint32_t header_bytes = read32(b + OFF_HEADER_BYTES);
+    if (header_bytes != FACT_RECORD_HEADER_BYTES)
+        return is_error_set(IS_ERR_FORMAT, "fact record: header_bytes is %u, version 1 has %d",
+                            header_bytes, FACT_RECORD_HEADER_BYTES);
+
+    fact_kv_meta m;
+    memset(&m, 0, sizeof m);
+    memcpy(m.model_fingerprint, b + OFF_FINGERPRINT, 16);
+    m.model_fingerprint[16] = '\0';
+    uint32_t dtype = read32(b + OFF_DTYPE);
+    /* Out-of-range values are kept out of the enum until checked. */
+    m.dtype = dtype <= 2 ? (kv_dtype)dtype : (kv_dtype)3;
+    m.n_layers = get_i32(b + OFF_N_LAYERS);
+    m.n_kv_heads = get_i32(b + OFF_N_KV_HEADS);
+    m.head_dim = get_i32(b + OFF_HEAD_DIM);
+    m.n_tokens = get_i32(b + OFF_N_TOKENS);
+    m.rope_layout = get_i32(b + OFF_ROPE_LAYOUT);
+    m.rope_n_rot = get_i32(b + OFF_ROPE_N_ROT);
+    m.rope_freq_base = get_f32(b + OFF_ROPE_BASE);
+    m.rope_freq_scale = get_f32(b + OFF_ROPE_SCALE);
+    m.rope_factors_hash = read64(b + OFF_ROPE_FACTORS);
+    m.window = get_i32(b + OFF_WINDOW);
+    m.text_hash = read64(b + OFF_TEXT_HASH);
+
+    char why[160];
+    if (dtype > 2)
+        return is_error_set(IS_ERR_FORMAT, "fact record: dtype %u is none of f32, f16, bf16",
+                            dtype);
+    if (meta_problem(&m, (const char *)b + OFF_FINGERPRINT, why, sizeof why))
+        return is_error_set(IS_ERR_FORMAT, "fact record: %s", why);
+    if (!all_zero(b + OFF_RESERVED0, 4) || !all_zero(b + OFF_RESERVED1, OFF_CHECKSUM - OFF_RESERVED1))
+        return is_error_set(IS_ERR_FORMAT, "fact record: reserved header bytes are not zero");
+
+    /* The fields are within the limits, so the layout's arithmetic cannot
+     * overflow; the record must be exactly as long as they say. */
+    record_layout l = layout_of(&m);
+    uint64_t total_field = read64(b + OFF_TOTAL_BYTES);
+    if (total_field != (uint64_t)l.total)
+        return is_error_set(IS_ERR_FORMAT,
+                            "fact record: total_bytes is %llu, the shapes make %zu bytes",
+                            (unsigned long long)total_field, l.total);
+    if (len != l.total)
+        return is_error_set(IS_ERR_FORMAT, "fact record: %zu bytes, the header says %zu (%s)", len,
+                            l.total, len < l.total ? "truncated" : "trailing bytes");
+    uint64_t sum = read64(b + OFF_CHECKSUM), want = record_checksum(b, l.total);
+    if (sum != want)
+        return is_error_set(IS_ERR_FORMAT,
+                            "fact record: checksum mismatch (stored %016llx, computed %016llx): "
+                            "the record is corrupt",
+                            (unsigned long long)sum, (unsigned long long)want);
+    /* Past the checksum only a faulty writer can get here, but the promise
+     * holds for any bytes. */
+    if (!all_zero(b + l.tokens_off + l.tokens_bytes, l.k_off - l.tokens_off - l.tokens_bytes) ||
+        !all_zero(b + l.k_off + l.kv_bytes, l.v_off - l.k_off - l.kv_bytes) ||
+        !all_zero(b + l.v_off + l.kv_bytes, l.total - l.v_off - l.kv_bytes))
+        return is_error_set(IS_ERR_FORMAT, "fact record: section padding is not zero");
+    const int32_t *tok = (const int32_t *)(b + l.tokens_off);
+    for (int32_t i = 0; i < m.n_tokens; i++)
+        if (tok[i] < 0)
+            return is_error_set(IS_ERR_FORMAT, "fact record: token %d has negative id %d", i,
+                                tok[i]);
+
+    if (meta_out) *meta_out = m;
+    if (tokens) *tokens = tok;
+    if (k) *k = b + l.k_off;
+    if (v) *v = b + l.v_off;
+    return IS_OK;
+}

@@ -1,0 +1,582 @@
+/*
+ * record_store: fact-KV records on disk with an LRU cache in front (see
+ * record_store.h for the directory layout, crash safety and threading).
+ *
+ * Bookkeeping: every record in memory is an rs_entry, reachable from the
+ * cache (a hash table by id plus an LRU list) while `cached`, and alive
+ * while it is cached or held (refs > 0). Whoever drops the last of the two
+ * frees it. All of that is guarded by the store's mutex; file I/O is done
+ * outside it, except the rename/unlink that changes what an id names, which
+ * happens under the mutex together with the cache update, so the cache and
+ * the directory change in the same order.
+ */
+#include "kv/record_store.h"
+
+#include "core/status.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define RS_EXT ".fkv"
+#define RS_TMP_MARK ".fkv.tmp."
+/* "<id>.fkv.tmp.<pid>.<counter>" fits easily. */
+#define RS_NAME_CAP (RECORD_STORE_ID_MAX + 64)
+
+typedef struct rs_entry rs_entry;
+struct rs_entry {
+    fact_kv kv;             /* what callers get; first, so a fact_kv* is an rs_entry* */
+    record_store *store;    /* owner, checked on release */
+    char id[RECORD_STORE_ID_MAX + 1];
+    void *base;             /* the record's bytes: a mapping or an aligned malloc */
+    size_t len;             /* bytes at base */
+    bool mapped;            /* munmap (true) or free (false) */
+    int32_t refs;           /* holders that have not released it */
+    bool cached;            /* linked into the table and the LRU list */
+    rs_entry *prev, *next;  /* LRU list, most recent at head */
+    rs_entry *hnext;        /* hash chain */
+};
+
+struct record_store {
+    pthread_mutex_t mu;
+    char *dir;              /* as given, for messages */
+    int dir_fd;             /* the directory; every file op is relative to it */
+    int lock_fd;            /* <dir>/.lock, flock()ed */
+    size_t cache_cap;       /* bytes */
+    rs_entry **buckets;     /* [n_buckets] hash chains of cached entries */
+    size_t n_buckets;       /* power of two */
+    rs_entry *lru_head, *lru_tail;
+    record_store_stats stats;
+    uint64_t generation;    /* bumped whenever an id's file changes */
+    uint64_t tmp_counter;   /* makes temporary names unique within the process */
+    record_store_fault_fn fault;
+    void *fault_user;
+};
+
+/* ---- ids and names ---------------------------------------------------------------- */
+
+bool record_store_id_valid(const char *id) {
+    if (!id) return false;
+    size_t n = 0;
+    for (; id[n]; n++) {
+        char c = id[n];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '_' || c == '-';
+        if (!ok || n >= RECORD_STORE_ID_MAX) return false;
+    }
+    return n > 0;
+}
+
+static is_status check_id(const char *id) {
+    if (record_store_id_valid(id)) return IS_OK;
+    return is_error_set(IS_ERR_INVALID_ARG,
+                        "record store: invalid fact id '%.80s' (1-64 characters of "
+                        "[A-Za-z0-9_-])",
+                        id ? id : "(null)");
+}
+
+static void final_name(char *buf, const char *id) { snprintf(buf, RS_NAME_CAP, "%s" RS_EXT, id); }
+
+/* FNV-1a: ids are short. */
+static size_t id_hash(const char *id) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *id; id++) h = (h ^ (uint8_t)*id) * 0x100000001b3ull;
+    return (size_t)h;
+}
+
+/* ---- entries and the cache (caller holds s->mu) ----------------------------------- */
+
+static void entry_destroy(rs_entry *e) {
+    if (e->mapped)
+        munmap(e->base, e->len);
+    else
+        free(e->base);
+    free(e);
+}
+
+static rs_entry *cache_find(record_store *s, const char *id) {
+    for (rs_entry *e = s->buckets[id_hash(id) & (s->n_buckets - 1)]; e; e = e->hnext)
+        if (strcmp(e->id, id) == 0) return e;
+    return NULL;
+}
+
+static void lru_unlink(record_store *s, rs_entry *e) {
+    if (e->prev) e->prev->next = e->next; else s->lru_head = e->next;
+    if (e->next) e->next->prev = e->prev; else s->lru_tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void lru_push_front(record_store *s, rs_entry *e) {
+    e->prev = NULL;
+    e->next = s->lru_head;
+    if (s->lru_head) s->lru_head->prev = e; else s->lru_tail = e;
+    s->lru_head = e;
+}
+
+/* Takes e out of the cache; frees it unless someone holds it. */
+static void cache_drop(record_store *s, rs_entry *e) {
+    IS_ASSERT(e->cached);
+    rs_entry **pp = &s->buckets[id_hash(e->id) & (s->n_buckets - 1)];
+    while (*pp != e) pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    e->hnext = NULL;
+    lru_unlink(s, e);
+    e->cached = false;
+    s->stats.bytes_cached -= e->len;
+    s->stats.n_cached--;
+    if (e->refs == 0) entry_destroy(e);
+}
+
+/* Doubles the table when it gets crowded; on allocation failure the chains
+ * just grow longer. */
+static void cache_maybe_grow(record_store *s) {
+    if (s->stats.n_cached < s->n_buckets) return;
+    size_t n = s->n_buckets * 2;
+    rs_entry **b = calloc(n, sizeof *b);
+    if (!b) return;
+    for (size_t i = 0; i < s->n_buckets; i++)
+        for (rs_entry *e = s->buckets[i], *next; e; e = next) {
+            next = e->hnext;
+            size_t j = id_hash(e->id) & (n - 1);
+            e->hnext = b[j];
+            b[j] = e;
+        }
+    free(s->buckets);
+    s->buckets = b;
+    s->n_buckets = n;
+}
+
+/* Puts e (not cached, id not in the cache) into the cache if it fits, then
+ * evicts least recently used records until the cache is within bounds. */
+static void cache_insert(record_store *s, rs_entry *e) {
+    if (e->len > s->cache_cap) return;
+    cache_maybe_grow(s);
+    size_t j = id_hash(e->id) & (s->n_buckets - 1);
+    e->hnext = s->buckets[j];
+    s->buckets[j] = e;
+    lru_push_front(s, e);
+    e->cached = true;
+    s->stats.bytes_cached += e->len;
+    s->stats.n_cached++;
+    while (s->stats.bytes_cached > s->cache_cap) {
+        IS_ASSERT(s->lru_tail && s->lru_tail != e);
+        cache_drop(s, s->lru_tail);
+        s->stats.evictions++;
+    }
+}
+
+/* Makes an entry for the record in base[len] (parsed again here, so a
+ * record in memory is always one that passed every check). On failure
+ * base is left to the caller. */
+static is_status entry_create(record_store *s, const char *id, void *base, size_t len,
+                              bool mapped, rs_entry **out) {
+    rs_entry *e = calloc(1, sizeof *e);
+    if (!e) return is_error_set(IS_ERR_NOMEM, "record store: out of memory");
+    is_status st = fact_record_parse(base, len, &e->kv.meta, &e->kv.tokens, &e->kv.k, &e->kv.v);
+    if (st != IS_OK) {
+        free(e);
+        return st;
+    }
+    snprintf(e->id, sizeof e->id, "%s", id);
+    e->base = base;
+    e->len = len;
+    e->mapped = mapped;
+    e->store = s;
+    *out = e;
+    return IS_OK;
+}
+
+/* ---- open / close ----------------------------------------------------------------- */
+
+/* mkdir -p */
+static is_status make_dirs(const char *dir) {
+    size_t n = strlen(dir);
+    char *p = malloc(n + 1);
+    if (!p) return is_error_set(IS_ERR_NOMEM, "record store: out of memory");
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != '\0') continue;
+        char saved = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            int err = errno;
+            is_status st = is_error_set(IS_ERR_IO, "record store: cannot create directory %s: %s",
+                                        p, strerror(err));
+            free(p);
+            return st;
+        }
+        p[i] = saved;
+    }
+    free(p);
+    return IS_OK;
+}
+
+/* Removes the temporary files a crashed or failed writer left behind. We
+ * hold the directory's lock, so no writer of ours is running. */
+static is_status remove_stale_tmp(record_store *s) {
+    int fd = dup(s->dir_fd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return is_error_set(IS_ERR_IO, "record store: cannot list %s: %s", s->dir, strerror(err));
+    }
+    rewinddir(d);
+    bool removed = false;
+    is_status st = IS_OK;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!strstr(de->d_name, RS_TMP_MARK)) continue;
+        if (unlinkat(s->dir_fd, de->d_name, 0) != 0 && errno != ENOENT) {
+            st = is_error_set(IS_ERR_IO, "record store: cannot remove stale %s/%s: %s", s->dir,
+                              de->d_name, strerror(errno));
+            break;
+        }
+        removed = true;
+    }
+    closedir(d);
+    if (st == IS_OK && removed) fsync(s->dir_fd);
+    return st;
+}
+
+is_status record_store_open(const char *dir, size_t cache_bytes, record_store **out) {
+    if (!dir || !dir[0] || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "record store: empty directory name");
+    is_status st = make_dirs(dir);
+    if (st != IS_OK) return st;
+    record_store *s = calloc(1, sizeof *s);
+    if (!s) return is_error_set(IS_ERR_NOMEM, "record store: out of memory");
+    s->dir_fd = s->lock_fd = -1;
+    s->cache_cap = cache_bytes;
+    s->n_buckets = 64;
+    s->dir = strdup(dir);
+    s->buckets = calloc(s->n_buckets, sizeof *s->buckets);
+    if (!s->dir || !s->buckets) {
+        st = is_error_set(IS_ERR_NOMEM, "record store: out of memory");
+        goto fail;
+    }
+    s->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (s->dir_fd < 0) {
+        st = is_error_set(IS_ERR_IO, "record store: cannot open directory %s: %s", dir,
+                          strerror(errno));
+        goto fail;
+    }
+    s->lock_fd = openat(s->dir_fd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s->lock_fd < 0) {
+        st = is_error_set(IS_ERR_IO, "record store: cannot create %s/.lock: %s", dir,
+                          strerror(errno));
+        goto fail;
+    }
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        st = is_error_set(IS_ERR_IO, "record store: %s is %s", dir,
+                          errno == EWOULDBLOCK ? "already open (its .lock is held)"
+                                               : strerror(errno));
+        goto fail;
+    }
+    if ((st = remove_stale_tmp(s)) != IS_OK) goto fail;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        st = is_error_set(IS_ERR_INTERNAL, "record store: pthread_mutex_init failed");
+        goto fail;
+    }
+    *out = s;
+    return IS_OK;
+fail:
+    if (s->lock_fd >= 0) close(s->lock_fd);
+    if (s->dir_fd >= 0) close(s->dir_fd);
+    free(s->buckets);
+    free(s->dir);
+    free(s);
+    return st;
+}
+
+void record_store_close(record_store *s) {
+    if (!s) return;
+    IS_ASSERT(s->stats.n_held == 0); /* a record is still held by someone */
+    while (s->lru_head) cache_drop(s, s->lru_head);
+    pthread_mutex_destroy(&s->mu);
+    close(s->lock_fd); /* releases the flock */
+    close(s->dir_fd);
+    free(s->buckets);
+    free(s->dir);
+    free(s);
+}
+
+void record_store_set_fault_hook(record_store *s, record_store_fault_fn fn, void *user_data) {
+    pthread_mutex_lock(&s->mu);
+    s->fault = fn;
+    s->fault_user = user_data;
+    pthread_mutex_unlock(&s->mu);
+}
+
+record_store_stats record_store_get_stats(record_store *s) {
+    pthread_mutex_lock(&s->mu);
+    record_store_stats st = s->stats;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+/* ---- put ----------------------------------------------------------------------------- */
+
+/* True if the hook lets the step run; an injected failure leaves errno 0. */
+static bool step_ok(record_store_fault_fn fault, void *user, record_store_step step) {
+    if (!fault || fault(step, user)) return true;
+    errno = 0;
+    return false;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *meta,
+                           const int32_t *tokens, const void *k, const void *v) {
+    is_status st = check_id(id);
+    if (st != IS_OK) return st;
+    void *buf;
+    size_t len;
+    if ((st = fact_record_encode(meta, tokens, k, v, &buf, &len)) != IS_OK) return st;
+    rs_entry *e;
+    if ((st = entry_create(s, id, buf, len, false, &e)) != IS_OK) {
+        free(buf);
+        return st;
+    }
+
+    pthread_mutex_lock(&s->mu);
+    uint64_t counter = s->tmp_counter++;
+    record_store_fault_fn fault = s->fault;
+    void *fault_user = s->fault_user;
+    pthread_mutex_unlock(&s->mu);
+
+    char tmp[RS_NAME_CAP], name[RS_NAME_CAP];
+    snprintf(tmp, sizeof tmp, "%s" RS_TMP_MARK "%ld.%llu", id, (long)getpid(),
+             (unsigned long long)counter);
+    final_name(name, id);
+    const char *what = "create";
+    int fd = -1;
+    size_t half = len / 2;
+    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_CREATE) ||
+        (fd = openat(s->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0)
+        goto io_fail;
+    what = "write";
+    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE) || write_all(fd, buf, half) != 0 ||
+        !step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE_REST) ||
+        write_all(fd, (const uint8_t *)buf + half, len - half) != 0)
+        goto io_fail;
+    what = "fsync";
+    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_FSYNC) || fsync(fd) != 0) goto io_fail;
+    what = "close";
+    int rc = close(fd);
+    fd = -1;
+    if (rc != 0) goto io_fail;
+
+    /* The rename and the cache update happen together under the mutex, so
+     * concurrent puts and deletes of one id leave cache and disk agreeing. */
+    pthread_mutex_lock(&s->mu);
+    what = "rename";
+    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_RENAME) ||
+        renameat(s->dir_fd, tmp, s->dir_fd, name) != 0) {
+        int err = errno;
+        pthread_mutex_unlock(&s->mu);
+        errno = err;
+        goto io_fail;
+    }
+    s->generation++;
+    rs_entry *old = cache_find(s, id);
+    if (old) cache_drop(s, old);
+    cache_insert(s, e);
+    if (!e->cached) entry_destroy(e); /* too large for the cache */
+    pthread_mutex_unlock(&s->mu);
+
+    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_DIR_FSYNC) || fsync(s->dir_fd) != 0)
+        return is_error_set(IS_ERR_IO,
+                            "record store: fsync of directory %s failed after writing %s: the "
+                            "record may not survive a crash",
+                            s->dir, name);
+    return IS_OK;
+
+io_fail: {
+    int err = errno;
+    if (fd >= 0) close(fd);
+    unlinkat(s->dir_fd, tmp, 0);
+    entry_destroy(e);
+    return is_error_set(IS_ERR_IO, "record store: %s of %s/%s failed: %s", what, s->dir, tmp,
+                        err ? strerror(err) : "injected fault");
+}
+}
+
+/* ---- get / release --------------------------------------------------------------------- */
+
+/* Reads and checks <id>.fkv into a new, uncached entry. */
+static is_status load_file(record_store *s, const char *id, rs_entry **out) {
+    char name[RS_NAME_CAP];
+    final_name(name, id);
+    int fd = openat(s->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id,
+                                s->dir);
+        return is_error_set(IS_ERR_IO, "record store: cannot open %s/%s: %s", s->dir, name,
+                            strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int err = errno;
+        close(fd);
+        return is_error_set(IS_ERR_IO, "record store: cannot stat %s/%s: %s", s->dir, name,
+                            strerror(err));
+    }
+    if (sb.st_size <= 0) {
+        close(fd);
+        return is_error_set(IS_ERR_FORMAT, "record store: %s/%s is empty (truncated record)",
+                            s->dir, name);
+    }
+    size_t len = (size_t)sb.st_size;
+    void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd);
+    if (base == MAP_FAILED)
+        return is_error_set(IS_ERR_IO, "record store: cannot map %s/%s: %s", s->dir, name,
+                            strerror(err));
+    is_status st = entry_create(s, id, base, len, true, out);
+    if (st != IS_OK) {
+        munmap(base, len);
+        if (st == IS_ERR_FORMAT) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", is_error_last());
+            return is_error_set(st, "record store: %s/%s: %s", s->dir, name, why);
+        }
+        return st;
+    }
+    return IS_OK;
+}
+
+static is_status check_expected(const rs_entry *e, const fact_kv_meta *expected) {
+    if (!expected) return IS_OK;
+    is_status st = fact_meta_check(&e->kv.meta, expected);
+    if (st != IS_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", is_error_last());
+        return is_error_set(st, "record store: fact '%s' refused: %s", e->id, why);
+    }
+    return IS_OK;
+}
+
+is_status record_store_get(record_store *s, const char *id, const fact_kv_meta *expected,
+                           const fact_kv **out) {
+    is_status st = check_id(id);
+    if (st != IS_OK) return st;
+    if (!out) return is_error_set(IS_ERR_INVALID_ARG, "record store: out is NULL");
+
+    pthread_mutex_lock(&s->mu);
+    rs_entry *e = cache_find(s, id);
+    if (e) {
+        s->stats.hits++;
+        if ((st = check_expected(e, expected)) == IS_OK) {
+            e->refs++;
+            s->stats.n_held++;
+            lru_unlink(s, e);
+            lru_push_front(s, e);
+            *out = &e->kv;
+        }
+        pthread_mutex_unlock(&s->mu);
+        return st;
+    }
+    s->stats.misses++;
+    uint64_t gen = s->generation;
+    pthread_mutex_unlock(&s->mu);
+
+    /* Disk I/O and the checksum pass run without the mutex. */
+    if ((st = load_file(s, id, &e)) != IS_OK) return st;
+    if ((st = check_expected(e, expected)) != IS_OK) {
+        entry_destroy(e);
+        return st;
+    }
+
+    pthread_mutex_lock(&s->mu);
+    rs_entry *now = cache_find(s, id);
+    if (now && s->generation == gen) {
+        /* Another get loaded the same file meanwhile: share its copy. */
+        entry_destroy(e);
+        e = now;
+        lru_unlink(s, e);
+        lru_push_front(s, e);
+    } else if (!now && s->generation == gen) {
+        cache_insert(s, e);
+    }
+    /* Otherwise a put or delete changed the directory while we read: the
+     * caller still gets what the file held when the get started, but it is
+     * not cached, since it may be stale. */
+    e->refs++;
+    s->stats.n_held++;
+    *out = &e->kv;
+    pthread_mutex_unlock(&s->mu);
+    return IS_OK;
+}
+
+void record_store_release(record_store *s, const fact_kv *kv) {
+    if (!kv) return;
+    rs_entry *e = (rs_entry *)kv; /* kv is the entry's first member */
+    pthread_mutex_lock(&s->mu);
+    IS_ASSERT(e->store == s); /* released to the store it came from */
+    IS_ASSERT(e->refs > 0);
+    e->refs--;
+    s->stats.n_held--;
+    bool destroy = e->refs == 0 && !e->cached;
+    pthread_mutex_unlock(&s->mu);
+    if (destroy) entry_destroy(e);
+}
+
+/* ---- delete / contains ------------------------------------------------------------------ */
+
+is_status record_store_delete(record_store *s, const char *id) {
+    is_status st = check_id(id);
+    if (st != IS_OK) return st;
+    char name[RS_NAME_CAP];
+    final_name(name, id);
+    pthread_mutex_lock(&s->mu);
+    s->generation++;
+    rs_entry *e = cache_find(s, id);
+    if (e) cache_drop(s, e);
+    int rc = unlinkat(s->dir_fd, name, 0);
+    int err = errno;
+    pthread_mutex_unlock(&s->mu);
+    if (rc != 0) {
+        if (err == ENOENT)
+            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id,
+                                s->dir);
+        return is_error_set(IS_ERR_IO, "record store: cannot remove %s/%s: %s", s->dir, name,
+                            strerror(err));
+    }
+    if (fsync(s->dir_fd) != 0)
+        return is_error_set(IS_ERR_IO, "record store: fsync of directory %s failed: %s", s->dir,
+                            strerror(errno));
+    return IS_OK;
+}
+
+bool record_store_contains(record_store *s, const char *id) {
+    if (!record_store_id_valid(id)) return false;
+    pthread_mutex_lock(&s->mu);
+    bool found = cache_find(s, id) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (found) return true;
+    char name[RS_NAME_CAP];
+    final_name(name, id);
+    return faccessat(s->dir_fd, name, F_OK, 0) == 0;
+}

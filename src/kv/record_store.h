@@ -1,0 +1,132 @@
+/*
+ * record_store: fact-KV records on disk, one file per fact, with a bounded
+ * in-memory cache in front.
+ *
+ * A fact is encoded once and read at every request that retrieves it, so
+ * records are kept on disk (they outlive the process and can outnumber
+ * memory) and the hot ones in memory. Layout of the directory:
+ *
+ *   <dir>/<id>.fkv                 one record (fact_record.h), complete
+ *   <dir>/<id>.fkv.tmp.<pid>.<n>   a record being written (only during a put)
+ *   <dir>/.lock                    flock()ed while a store is open
+ *
+ * Ids are 1-64 characters of [A-Za-z0-9_-], so they never name a path
+ * outside the directory and never collide with temporary names.
+ *
+ * Crash safety: a put writes the whole record to a temporary name, fsyncs
+ * it, renames it over <id>.fkv and fsyncs the directory, so after a crash
+ * at any moment <id>.fkv holds either the old record or the new one, never a
+ * mix. Leftover temporary files are removed by the next record_store_open().
+ * A record file is never modified in place, which is what makes reading it
+ * through mmap safe (a file truncated behind our back by another program
+ * would raise SIGBUS on access: don't edit the directory by hand while a
+ * store is open). Every load verifies the record's checksum, so a damaged
+ * file is refused (IS_ERR_FORMAT naming it) and touches nothing else.
+ *
+ * Cache: records read from disk (memory-mapped) or just put (the encoded
+ * buffer) are kept in an LRU list bounded by `cache_bytes`; a record larger
+ * than the bound is served but not kept. Records handed out by
+ * record_store_get() are reference counted: eviction, overwrite and delete
+ * only unlink them from the cache, and the memory goes when the last holder
+ * calls record_store_release(). A held record keeps the content it had when
+ * it was got, even if the fact is overwritten or deleted meanwhile.
+ *
+ * Threads: every function may be called from any thread at once; one mutex
+ * guards the store's bookkeeping, and disk reads and writes happen outside
+ * it. Handed-out records are immutable and may be read from any thread
+ * until released. One process opens a directory at a time (the .lock file;
+ * a second open, in this process or another, fails with IS_ERR_IO).
+ */
+#ifndef IS_KV_RECORD_STORE_H
+#define IS_KV_RECORD_STORE_H
+
+#include "kv/fact_record.h"
+
+#include <stdbool.h>
+
+typedef struct record_store record_store;
+
+#define RECORD_STORE_ID_MAX 64
+
+typedef struct record_store_stats {
+    uint64_t hits;         /* gets served from the memory cache */
+    uint64_t misses;       /* gets that went to disk (whatever the outcome) */
+    uint64_t evictions;    /* records dropped from the cache to make room */
+    size_t bytes_cached;   /* bytes of the records in the cache */
+    size_t n_cached;       /* records in the cache */
+    size_t n_held;         /* records handed out and not yet released */
+} record_store_stats;
+
+/* Opens (creating it, and its parents, if missing) the store in `dir` with a
+ * cache of at most `cache_bytes` (0: no caching), takes the directory's
+ * lock and removes leftover temporary files. IS_ERR_INVALID_ARG (NULL or
+ * empty dir), IS_ERR_IO (cannot create or open the directory, or it is
+ * locked by another open store), IS_ERR_NOMEM. *out unchanged on failure. */
+is_status record_store_open(const char *dir, size_t cache_bytes, record_store **out);
+
+/* Closes the store and releases the directory's lock. Every record got
+ * from it must have been released (asserted: a held record would point into
+ * freed memory), and no other call on `s` may be running or follow. NULL is
+ * a no-op. */
+void record_store_close(record_store *s);
+
+/* True if `id` is a valid fact id: 1-64 characters of [A-Za-z0-9_-]. */
+bool record_store_id_valid(const char *id);
+
+/* Encodes a record (fact_record_encode) and stores it under `id`,
+ * replacing any record of that id atomically. The new record enters the
+ * cache. IS_ERR_INVALID_ARG (bad id, meta or pointers, message says which),
+ * IS_ERR_IO (create, write, fsync or rename failed: the previous record of
+ * `id`, if any, is still there and no temporary file is left; or, rarely,
+ * the directory fsync after the rename failed: the new record is in place
+ * but may not survive a crash), IS_ERR_NOMEM. The cache always agrees with
+ * the disk: it is unchanged by a put that fails before the rename. */
+is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *meta,
+                           const int32_t *tokens, const void *k, const void *v);
+
+/* Looks `id` up (cache, then disk) and, if `expected` is not NULL, checks
+ * the record against it with fact_meta_check(). On IS_OK *out is a record
+ * the caller must hand back with record_store_release(). Failures:
+ * IS_ERR_INVALID_ARG (bad id), IS_ERR_NOT_FOUND (no such record),
+ * IS_ERR_FORMAT (the file is corrupt or truncated; the message names it),
+ * IS_ERR_MISMATCH (made for another model, dtype or RoPE setting),
+ * IS_ERR_IO, IS_ERR_NOMEM. A bad record is never returned, never cached,
+ * and nothing else in the store is touched; *out is unchanged on failure. */
+is_status record_store_get(record_store *s, const char *id, const fact_kv_meta *expected,
+                           const fact_kv **out);
+
+/* Hands back a record got from record_store_get() on `s`. NULL is a no-op. */
+void record_store_release(record_store *s, const fact_kv *kv);
+
+/* Removes the record of `id` from disk and cache (holders keep their copy).
+ * IS_ERR_INVALID_ARG (bad id), IS_ERR_NOT_FOUND (no such file), IS_ERR_IO. */
+is_status record_store_delete(record_store *s, const char *id);
+
+/* True if a record of `id` is cached or its file exists (a get may still
+ * refuse it as corrupt). False for an invalid id. */
+bool record_store_contains(record_store *s, const char *id);
+
+/* A snapshot of the counters. */
+record_store_stats record_store_get_stats(record_store *s);
+
+/* ---- fault injection (tests) ------------------------------------------------
+ * A put goes through these system calls in order; the hook, if set, is
+ * called just before each and may return false to make that call fail (the
+ * put then cleans up and returns IS_ERR_IO), or never return at all (a
+ * test's child process calls _exit() there to simulate a crash). */
+typedef enum record_store_step {
+    RECORD_STORE_STEP_CREATE = 0,     /* create the temporary file */
+    RECORD_STORE_STEP_WRITE = 1,      /* write the first half of the record */
+    RECORD_STORE_STEP_WRITE_REST = 2, /* write the second half */
+    RECORD_STORE_STEP_FSYNC = 3,      /* fsync the temporary file */
+    RECORD_STORE_STEP_RENAME = 4,     /* rename it over <id>.fkv */
+    RECORD_STORE_STEP_DIR_FSYNC = 5,  /* fsync the directory */
+    RECORD_STORE_STEP_COUNT_ = 6,
+} record_store_step;
+
+typedef bool (*record_store_fault_fn)(record_store_step step, void *user_data);
+
+/* Sets (or with NULL clears) the hook for later puts on `s`. */
+void record_store_set_fault_hook(record_store *s, record_store_fault_fn fn, void *user_data);
+
+#endif

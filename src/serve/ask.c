@@ -1,0 +1,285 @@
+#include "serve/ask.h"
+
+#include "core/status.h"
+#include "engine/sampler.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct ask_ctx {
+    engine *e;
+    record_store *store;
+    kv_dtype dtype;
+    memory_prompt *mp;
+    int32_t prefix_seq; /* holds the serving prefix for every request to fork */
+    int32_t n_prefix;
+    float *logits;      /* [n_vocab] */
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+const char *ask_mode_name(ask_mode m) {
+    switch (m) {
+    case ASK_MODE_KV: return "kv";
+    case ASK_MODE_PROMPT: return "prompt";
+    case ASK_MODE_OFF: return "off";
+    }
+    return "?";
+}
+
+bool ask_mode_parse(const char *s, ask_mode *out) {
+    for (int m = 0; m < 3; m++) {
+        if (strcmp(s, ask_mode_name((ask_mode)m)) == 0) {
+            *out = (ask_mode)m;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Feeds tokens to a sequence in one batch; logits of the last token. */
+static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n, engine_kv_capture *cap) {
+    int32_t *seqs = malloc((size_t)(n ? n : 1) * sizeof *seqs);
+    if (!seqs) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < n; i++) seqs[i] = seq;
+    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap};
+    is_status st = engine_decode(a->e, &b, a->logits);
+    free(seqs);
+    return st;
+}
+
+is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out) {
+    ask_ctx *a = calloc(1, sizeof *a);
+    if (!a) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    a->e = e;
+    a->store = store;
+    a->dtype = dtype;
+    a->prefix_seq = -1;
+    const model *m = engine_model(e);
+    a->logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
+    is_status st = a->logits ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK) st = memory_prompt_create(m, NULL, &a->mp);
+    if (st == IS_OK) st = engine_seq_open(e, &a->prefix_seq);
+    if (st == IS_OK) {
+        const int32_t *pre = memory_prompt_prefix(a->mp, &a->n_prefix);
+        st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL);
+    }
+    if (st != IS_OK) {
+        ask_ctx_free(a);
+        return st;
+    }
+    *out = a;
+    return IS_OK;
+}
+
+void ask_ctx_free(ask_ctx *a) {
+    if (!a) return;
+    if (a->prefix_seq >= 0) engine_seq_close(a->e, a->prefix_seq);
+    memory_prompt_free(a->mp);
+    free(a->logits);
+    free(a);
+}
+
+const memory_prompt *ask_ctx_prompt(const ask_ctx *a) { return a->mp; }
+
+is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *encoded) {
+    const model *m = engine_model(a->e);
+    fact_kv_meta want;
+    fact_meta_for_model(m, a->dtype, &want);
+    uint64_t text_hash = fact_text_hash(f->text, strlen(f->text));
+    *encoded = false;
+    int32_t n_turns = window < 0 ? 0 : (window < f->n_context ? window : f->n_context);
+    int32_t meta_window = window < 0 ? -1 : n_turns;
+    if (record_store_contains(a->store, f->id)) {
+        const fact_kv *kv = NULL;
+        if (record_store_get(a->store, f->id, &want, &kv) == IS_OK) {
+            bool same = kv->meta.text_hash == text_hash && kv->meta.window == meta_window;
+            record_store_release(a->store, kv);
+            if (same) return IS_OK;
+        }
+        /* Stale, corrupt or from another model: encode again over it. */
+    }
+    int32_t *fact = NULL, *ctx = NULL, n_fact = 0, n_ctx = 0;
+    is_status st = memory_prompt_fact(a->mp, f->text, &fact, &n_fact);
+    if (st == IS_OK)
+        st = memory_prompt_context(a->mp, f->context + (f->n_context - n_turns), n_turns, &ctx, &n_ctx);
+    if (st == IS_OK && n_fact == 0) st = is_error_set(IS_ERR_INVALID_ARG, "fact '%s' has no tokens", f->id);
+    int32_t n_pre = window < 0 ? 0 : a->n_prefix;
+    int32_t seq = -1;
+    float *k = NULL, *v = NULL;
+    void *kd = NULL, *vd = NULL;
+    size_t elems = (size_t)m->cfg.n_layers * n_fact * m->cfg.n_kv_heads * m->cfg.head_dim;
+    if (st == IS_OK) {
+        k = malloc(elems * sizeof(float));
+        v = malloc(elems * sizeof(float));
+        if (!k || !v) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    if (st == IS_OK) st = engine_seq_open(a->e, &seq);
+    /* The serving prefix is shared from the cached sequence, not recomputed. */
+    if (st == IS_OK && n_pre > 0) st = engine_seq_fork(a->e, seq, a->prefix_seq, n_pre);
+    if (st == IS_OK) {
+        int32_t n = n_ctx + n_fact;
+        int32_t *toks = malloc((size_t)n * sizeof *toks);
+        if (!toks) {
+            st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        } else {
+            if (n_ctx) memcpy(toks, ctx, (size_t)n_ctx * sizeof *toks);
+            memcpy(toks + n_ctx, fact, (size_t)n_fact * sizeof *toks);
+            engine_kv_capture cap = {.first = n_ctx, .n = n_fact, .k = k, .v = v};
+            st = feed(a, seq, toks, n, &cap);
+            free(toks);
+        }
+    }
+    if (seq >= 0) engine_seq_close(a->e, seq);
+    if (st == IS_OK) {
+        fact_kv_meta meta = want;
+        meta.n_tokens = n_fact;
+        meta.window = meta_window;
+        meta.text_hash = text_hash;
+        const void *kp = k, *vp = v;
+        if (a->dtype != KV_DTYPE_F32) {
+            kd = malloc(elems * kv_dtype_size(a->dtype));
+            vd = malloc(elems * kv_dtype_size(a->dtype));
+            if (!kd || !vd) {
+                st = is_error_set(IS_ERR_NOMEM, "out of memory");
+            } else {
+                fact_kv_from_f32(a->dtype, k, kd, elems);
+                fact_kv_from_f32(a->dtype, v, vd, elems);
+                kp = kd;
+                vp = vd;
+            }
+        }
+        if (st == IS_OK) st = record_store_put(a->store, f->id, &meta, fact, kp, vp);
+        if (st == IS_OK) *encoded = true;
+    }
+    free(fact);
+    free(ctx);
+    free(k);
+    free(v);
+    free(kd);
+    free(vd);
+    return st;
+}
+
+/* Fetches the records of a kv request as f32 engine facts. */
+static is_status fetch_facts(ask_ctx *a, const ask_request *r, const fact_kv **held,
+                             engine_fact *facts, float **bufs) {
+    const model *m = engine_model(a->e);
+    fact_kv_meta want;
+    fact_meta_for_model(m, a->dtype, &want);
+    for (int32_t i = 0; i < r->n_facts; i++) {
+        is_status st = record_store_get(a->store, r->fact_ids[i], &want, &held[i]);
+        if (st != IS_OK) return st;
+        const fact_kv *kv = held[i];
+        size_t elems = (size_t)m->cfg.n_layers * kv->meta.n_tokens * m->cfg.n_kv_heads * m->cfg.head_dim;
+        const float *k = kv->k, *v = kv->v;
+        if (kv->meta.dtype != KV_DTYPE_F32) {
+            bufs[i] = malloc(2 * elems * sizeof(float));
+            if (!bufs[i]) return is_error_set(IS_ERR_NOMEM, "out of memory");
+            fact_kv_to_f32(kv->meta.dtype, kv->k, bufs[i], elems);
+            fact_kv_to_f32(kv->meta.dtype, kv->v, bufs[i] + elems, elems);
+            k = bufs[i];
+            v = bufs[i] + elems;
+        }
+        facts[i] = (engine_fact){kv->meta.n_tokens, kv->tokens, k, v};
+    }
+    return IS_OK;
+}
+
+is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, ask_timing *t) {
+    const model *m = engine_model(a->e);
+    ask_timing tm = {0};
+    double t0 = now_ms();
+    int32_t n = r->mode == ASK_MODE_OFF ? 0 : r->n_facts;
+    const fact_kv **held = calloc((size_t)(n ? n : 1), sizeof *held);
+    engine_fact *facts = calloc((size_t)(n ? n : 1), sizeof *facts);
+    float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
+    int32_t *suffix = NULL, n_suffix = 0, *mem = NULL, n_mem = 0;
+    int32_t seq = -1;
+    sampler *smp = NULL;
+    is_status st = held && facts && bufs ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK) st = memory_prompt_suffix(a->mp, r->query, &suffix, &n_suffix);
+    sampler_params sp = {.temperature = r->temperature, .top_k = r->top_k, .top_p = r->top_p, .seed = r->seed};
+    if (st == IS_OK) st = sampler_create(sp, m->cfg.n_vocab, &smp);
+    if (st == IS_OK && r->mode == ASK_MODE_KV) st = fetch_facts(a, r, held, facts, bufs);
+    if (st == IS_OK && r->mode == ASK_MODE_PROMPT) {
+        /* The memory segment as tokens, laid out exactly as kv mode injects it. */
+        for (int32_t i = 0; i < n && st == IS_OK; i++) {
+            int32_t *ft, nf;
+            st = memory_prompt_fact(a->mp, r->fact_texts[i], &ft, &nf);
+            if (st != IS_OK) break;
+            int32_t *grown = realloc(mem, (size_t)(n_mem + nf) * sizeof *mem);
+            if (!grown) {
+                free(ft);
+                st = is_error_set(IS_ERR_NOMEM, "out of memory");
+                break;
+            }
+            mem = grown;
+            memcpy(mem + n_mem, ft, (size_t)nf * sizeof *mem);
+            n_mem += nf;
+            free(ft);
+        }
+    }
+    double t1 = now_ms();
+    tm.fetch_ms = t1 - t0;
+    if (st == IS_OK) st = engine_seq_open(a->e, &seq);
+    if (st == IS_OK) st = engine_seq_fork(a->e, seq, a->prefix_seq, a->n_prefix);
+    if (st == IS_OK && r->mode == ASK_MODE_KV) {
+        st = engine_inject(a->e, seq, facts, n);
+        for (int32_t i = 0; i < n; i++) tm.n_memory_tokens += facts[i].n_tokens;
+    }
+    double t2 = now_ms();
+    tm.inject_ms = t2 - t1;
+    if (st == IS_OK) {
+        /* Prompt mode prefills memory and suffix in one pass, as a prompt would be. */
+        int32_t total = n_mem + n_suffix;
+        int32_t *toks = malloc((size_t)total * sizeof *toks);
+        if (!toks) {
+            st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        } else {
+            if (n_mem) memcpy(toks, mem, (size_t)n_mem * sizeof *toks);
+            memcpy(toks + n_mem, suffix, (size_t)n_suffix * sizeof *toks);
+            st = feed(a, seq, toks, total, NULL);
+            free(toks);
+            if (r->mode == ASK_MODE_PROMPT) tm.n_memory_tokens = n_mem;
+            tm.n_prefilled = total;
+        }
+    }
+    /* The records are no longer needed once their KV is in the cache. */
+    for (int32_t i = 0; i < n; i++) {
+        if (held[i]) record_store_release(a->store, held[i]);
+        free(bufs[i]);
+    }
+    double t3 = now_ms();
+    tm.prefill_ms = t3 - t2;
+    if (st == IS_OK) {
+        const tokenizer *tok = m->tok;
+        for (int32_t i = 0; i < r->max_tokens; i++) {
+            int32_t next = sampler_sample(smp, a->logits);
+            if (i == 0) tm.ttft_ms = now_ms() - t0;
+            if (tokenizer_is_eog(tok, next)) break;
+            tm.n_generated++;
+            char piece[256];
+            size_t pl = tokenizer_token_to_piece(tok, next, false, piece, sizeof piece);
+            if (cb && !cb(piece, pl < sizeof piece ? pl : sizeof piece, ud)) break;
+            if (i + 1 == r->max_tokens) break;
+            if (kv_seq_length(engine_kv(a->e), seq) >= engine_n_ctx(a->e)) break;
+            if ((st = feed(a, seq, &next, 1, NULL)) != IS_OK) break;
+        }
+        tm.decode_ms = now_ms() - t0 - tm.ttft_ms;
+    }
+    if (seq >= 0) engine_seq_close(a->e, seq);
+    sampler_free(smp);
+    free(held);
+    free(facts);
+    free(bufs);
+    free(suffix);
+    free(mem);
+    if (t) *t = tm;
+    return st;
+}

@@ -1,0 +1,81 @@
+/*
+ * ask: one question answered with memory, the request path of DESIGN.md
+ * minus retrieval (the caller picks the facts):
+ *
+ *   kv:     fork the cached serving prefix -> fetch the facts' KV records ->
+ *           inject them (chunked RoPE + scatter) -> prefill the suffix ->
+ *           first token -> decode;
+ *   prompt: fork the cached serving prefix -> prefill the facts' tokens and
+ *           the suffix -> first token -> decode;
+ *   off:    no memory segment at all.
+ *
+ * The two memory modes share the layout of serve/memory_prompt.h, the
+ * same tokens at the same positions. Facts are encoded once, offline, with
+ * context-window encoding (ask_encode_fact) and stored in the record store.
+ */
+#ifndef IS_SERVE_ASK_H
+#define IS_SERVE_ASK_H
+
+#include "engine/engine.h"
+#include "kv/record_store.h"
+#include "serve/memory_prompt.h"
+
+typedef enum ask_mode { ASK_MODE_KV = 0, ASK_MODE_PROMPT = 1, ASK_MODE_OFF = 2 } ask_mode;
+
+const char *ask_mode_name(ask_mode m);
+/* Parses "kv", "prompt", "off"; false for anything else. */
+bool ask_mode_parse(const char *s, ask_mode *out);
+
+typedef struct ask_ctx ask_ctx;
+
+/* Borrows the engine (needs max_seqs >= 2: the cached prefix plus one
+ * request) and the record store. Prefills the serving prefix once. */
+is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out);
+void ask_ctx_free(ask_ctx *a);
+
+const memory_prompt *ask_ctx_prompt(const ask_ctx *a);
+
+/* A fact to encode: its text and the conversation turns before it. */
+typedef struct ask_fact {
+    const char *id;              /* record store id */
+    const char *text;
+    const char *const *context;  /* turns before the fact, oldest first */
+    int32_t n_context;
+} ask_fact;
+
+/* Encodes the fact with the last `window` turns of its context as encoding
+ * context (window < 0: no context at all, not even the serving prefix: the
+ * ablation) and writes its record. Skips the work and returns IS_OK with
+ * *encoded = false when a record for the same model, dtype, window and text
+ * is already stored. */
+is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *encoded);
+
+typedef struct ask_timing {
+    double fetch_ms;    /* records from the store (kv) */
+    double inject_ms;   /* fork + rotate + scatter (kv) */
+    double prefill_ms;  /* the forward pass up to the first token's logits */
+    double ttft_ms;     /* from the call to the first sampled token */
+    double decode_ms;   /* the rest */
+    int32_t n_memory_tokens;
+    int32_t n_prefilled;  /* tokens that went through the forward pass before the first token */
+    int32_t n_generated;
+} ask_timing;
+
+typedef bool (*ask_text_cb)(const char *text, size_t len, void *user_data);
+
+typedef struct ask_request {
+    ask_mode mode;
+    const char *query;
+    const char *const *fact_ids;  /* kv: record ids */
+    const char *const *fact_texts; /* prompt: texts (same order) */
+    int32_t n_facts;
+    int32_t max_tokens;
+    float temperature; int32_t top_k; float top_p; uint64_t seed;
+} ask_request;
+
+/* Answers a request. In kv mode every record must exist and match the
+ * serving model (IS_ERR_NOT_FOUND / IS_ERR_MISMATCH / IS_ERR_FORMAT
+ * otherwise, before anything is generated). */
+is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *user_data, ask_timing *t);
+
+#endif

@@ -1,0 +1,627 @@
+/* Record store: put/get/delete/overwrite, the cache under pressure with
+ * records held, reopening, refusals, corrupted and half-written files, and
+ * crashes or failures injected at every step of a put. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "core/status.h"
+#include "kv/record_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+enum { NL = 2, NH = 2, HD = 8, NT = 4, NELEM = NL * NT * NH * HD };
+
+/* A record whose every value derives from `version`, so content identifies it. */
+typedef struct rec {
+    fact_kv_meta m;
+    int32_t tokens[NT];
+    float k[NELEM], v[NELEM];
+} rec;
+
+static void rec_make(rec *r, int version) {
+    memset(r, 0, sizeof *r);
+    strcpy(r->m.model_fingerprint, "00112233aabbccdd");
+    r->m.dtype = KV_DTYPE_F32;
+    r->m.n_layers = NL;
+    r->m.n_kv_heads = NH;
+    r->m.head_dim = HD;
+    r->m.n_tokens = NT;
+    r->m.rope_n_rot = HD;
+    r->m.rope_freq_base = 10000.0f;
+    r->m.rope_freq_scale = 1.0f;
+    r->m.window = 0;
+    r->m.text_hash = (uint64_t)version * 977;
+    for (int i = 0; i < NT; i++) r->tokens[i] = version * 10 + i;
+    for (int i = 0; i < NELEM; i++) {
+        r->k[i] = (float)version + (float)i / 1024.0f;
+        r->v[i] = -(float)version - (float)i / 512.0f;
+    }
+}
+
+static size_t rec_bytes(void) {
+    rec r;
+    rec_make(&r, 0);
+    size_t n;
+    assert_int_equal(fact_record_size(&r.m, &n), IS_OK);
+    return n;
+}
+
+static void put_version(record_store *s, const char *id, int version) {
+    rec r;
+    rec_make(&r, version);
+    assert_int_equal(record_store_put(s, id, &r.m, r.tokens, r.k, r.v), IS_OK);
+}
+
+/* Asserts kv is exactly record `version`. */
+static void assert_is_version(const fact_kv *kv, int version) {
+    rec r;
+    rec_make(&r, version);
+    assert_int_equal(kv->meta.n_tokens, NT);
+    assert_true(kv->meta.text_hash == r.m.text_hash);
+    assert_memory_equal(kv->tokens, r.tokens, sizeof r.tokens);
+    assert_memory_equal(kv->k, r.k, sizeof r.k);
+    assert_memory_equal(kv->v, r.v, sizeof r.v);
+}
+
+static void assert_get_version(record_store *s, const char *id, int version) {
+    const fact_kv *kv = NULL;
+    is_status st = record_store_get(s, id, NULL, &kv);
+    if (st != IS_OK) fail_msg("get %s: %s", id, is_error_last());
+    assert_is_version(kv, version);
+    record_store_release(s, kv);
+}
+
+static char *make_tmp_dir(void) {
+    char *d = strdup("/tmp/is_record_store_XXXXXX");
+    assert_non_null(mkdtemp(d));
+    return d;
+}
+
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char path[512];
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* Files in dir whose name contains `part`. */
+static int count_files(const char *dir, const char *part) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (strstr(de->d_name, part)) n++;
+    closedir(d);
+    return n;
+}
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static void *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *b = malloc(*n);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+/* ---- basic operations ------------------------------------------------------------- */
+
+static void test_put_get_delete(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    const fact_kv *kv = (const fact_kv *)0x1;
+    assert_int_equal(record_store_get(s, "alice-1", NULL, &kv), IS_ERR_NOT_FOUND);
+    assert_ptr_equal(kv, (const fact_kv *)0x1);
+    assert_false(record_store_contains(s, "alice-1"));
+
+    put_version(s, "alice-1", 1);
+    put_version(s, "bob_2", 2);
+    assert_true(record_store_contains(s, "alice-1"));
+    assert_get_version(s, "alice-1", 1);
+    assert_get_version(s, "bob_2", 2);
+
+    assert_int_equal(record_store_delete(s, "alice-1"), IS_OK);
+    assert_false(record_store_contains(s, "alice-1"));
+    assert_int_equal(record_store_get(s, "alice-1", NULL, &kv), IS_ERR_NOT_FOUND);
+    assert_int_equal(record_store_delete(s, "alice-1"), IS_ERR_NOT_FOUND);
+    assert_get_version(s, "bob_2", 2); /* the neighbour is untouched */
+
+    char path[512];
+    snprintf(path, sizeof path, "%s/bob_2.fkv", dir);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal((size_t)sb.st_size, rec_bytes());
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+static void test_invalid_ids(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    rec r;
+    rec_make(&r, 1);
+    const char *bad[] = {"", "a/b", "..", "a.b", "x y", "caf\xc3\xa9", "../etc/passwd", "a.fkv"};
+    const fact_kv *kv;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_false(record_store_id_valid(bad[i]));
+        assert_int_equal(record_store_put(s, bad[i], &r.m, r.tokens, r.k, r.v), IS_ERR_INVALID_ARG);
+        assert_int_equal(record_store_get(s, bad[i], NULL, &kv), IS_ERR_INVALID_ARG);
+        assert_int_equal(record_store_delete(s, bad[i]), IS_ERR_INVALID_ARG);
+        assert_false(record_store_contains(s, bad[i]));
+    }
+    assert_int_equal(record_store_put(s, NULL, &r.m, r.tokens, r.k, r.v), IS_ERR_INVALID_ARG);
+    char id[66];
+    memset(id, 'a', 65);
+    id[65] = '\0';
+    assert_int_equal(record_store_put(s, id, &r.m, r.tokens, r.k, r.v), IS_ERR_INVALID_ARG);
+    id[64] = '\0'; /* 64 characters is the longest valid id */
+    assert_int_equal(record_store_put(s, id, &r.m, r.tokens, r.k, r.v), IS_OK);
+    assert_get_version(s, id, 1);
+    /* A bad meta is refused before anything touches the disk. */
+    r.m.n_layers = 0;
+    assert_int_equal(record_store_put(s, "ok", &r.m, r.tokens, r.k, r.v), IS_ERR_INVALID_ARG);
+    assert_false(record_store_contains(s, "ok"));
+    assert_int_equal(count_files(dir, ".tmp."), 0);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+static void test_overwrite_keeps_held_copy(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    put_version(s, "f", 1);
+    const fact_kv *old;
+    assert_int_equal(record_store_get(s, "f", NULL, &old), IS_OK);
+    put_version(s, "f", 2);
+    assert_get_version(s, "f", 2);
+    assert_is_version(old, 1); /* still valid and unchanged */
+    assert_int_equal(record_store_delete(s, "f"), IS_OK);
+    assert_is_version(old, 1);
+    assert_int_equal(record_store_get_stats(s).n_held, 1);
+    record_store_release(s, old);
+    assert_int_equal(record_store_get_stats(s).n_held, 0);
+    assert_int_equal(record_store_get_stats(s).n_cached, 0);
+    assert_int_equal(record_store_get_stats(s).bytes_cached, 0);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+static void test_reopen_sees_data(void **state) {
+    char *dir = make_tmp_dir();
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s/nested/store", dir); /* created with parents */
+    record_store *s;
+    assert_int_equal(record_store_open(sub, 1 << 20, &s), IS_OK);
+    put_version(s, "a", 1);
+    put_version(s, "b", 2);
+    put_version(s, "a", 3);
+    /* A second open of an open store is refused. */
+    record_store *s2 = (record_store *)0x1;
+    assert_int_equal(record_store_open(sub, 1 << 20, &s2), IS_ERR_IO);
+    assert_ptr_equal(s2, (record_store *)0x1);
+    record_store_close(s);
+
+    assert_int_equal(record_store_open(sub, 1 << 20, &s), IS_OK);
+    assert_get_version(s, "a", 3);
+    assert_get_version(s, "b", 2);
+    assert_get_version(s, "a", 3);
+    record_store_stats st = record_store_get_stats(s);
+    assert_int_equal(st.misses, 2); /* first reads came from disk */
+    assert_int_equal(st.hits, 1);
+    assert_int_equal(st.n_cached, 2);
+    assert_int_equal(st.bytes_cached, 2 * rec_bytes());
+    record_store_close(s);
+    snprintf(sub, sizeof sub, "%s/nested/store", dir);
+    remove_tree(sub);
+    snprintf(sub, sizeof sub, "%s/nested", dir);
+    rmdir(sub);
+    remove_tree(dir);
+    free(dir);
+}
+
+/* ---- the cache --------------------------------------------------------------------------- */
+
+static void test_eviction_with_records_held(void **state) {
+    char *dir = make_tmp_dir();
+    size_t rb = rec_bytes();
+    record_store *s;
+    /* Room for two and a half records. */
+    assert_int_equal(record_store_open(dir, rb * 5 / 2, &s), IS_OK);
+    char id[16];
+    for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "r%d", i);
+        put_version(s, id, i);
+    }
+    record_store_stats st = record_store_get_stats(s);
+    assert_int_equal(st.n_cached, 2);
+    assert_int_equal(st.bytes_cached, 2 * rb);
+    assert_int_equal(st.evictions, 4);
+
+    /* Hold all six: four come from disk, two from the cache; the cache
+     * keeps evicting while every record stays readable. */
+    const fact_kv *held[6];
+    for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "r%d", i);
+        assert_int_equal(record_store_get(s, id, NULL, &held[i]), IS_OK);
+        assert_true(record_store_get_stats(s).bytes_cached <= rb * 5 / 2);
+    }
+    st = record_store_get_stats(s);
+    assert_int_equal(st.n_held, 6);
+    assert_int_equal(st.hits, 0); /* r4, r5 were evicted by the reads of r0.. r3 */
+    assert_int_equal(st.misses, 6);
+    for (int i = 0; i < 6; i++) assert_is_version(held[i], i);
+    /* Least recently used goes first: r4, r5 are the cached pair now; a get
+     * of r4 then r0 evicts r5. */
+    const fact_kv *again;
+    assert_int_equal(record_store_get(s, "r4", NULL, &again), IS_OK);
+    record_store_release(s, again);
+    assert_int_equal(record_store_get_stats(s).hits, 1);
+    assert_int_equal(record_store_get(s, "r0", NULL, &again), IS_OK);
+    record_store_release(s, again);
+    assert_int_equal(record_store_get(s, "r4", NULL, &again), IS_OK);
+    record_store_release(s, again);
+    assert_int_equal(record_store_get_stats(s).hits, 2);
+    for (int i = 0; i < 6; i++) {
+        assert_is_version(held[i], i);
+        record_store_release(s, held[i]);
+    }
+    assert_int_equal(record_store_get_stats(s).n_held, 0);
+    record_store_close(s);
+
+    /* No cache at all: everything is read from disk every time. */
+    assert_int_equal(record_store_open(dir, 0, &s), IS_OK);
+    assert_get_version(s, "r1", 1);
+    assert_get_version(s, "r1", 1);
+    st = record_store_get_stats(s);
+    assert_int_equal(st.hits, 0);
+    assert_int_equal(st.misses, 2);
+    assert_int_equal(st.n_cached, 0);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+/* ---- refusals ----------------------------------------------------------------------------- */
+
+static void test_get_refuses_other_model(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    put_version(s, "f", 1);
+    rec r;
+    rec_make(&r, 1);
+    fact_kv_meta other = r.m;
+    strcpy(other.model_fingerprint, "ffffffffffffffff");
+    const fact_kv *kv = (const fact_kv *)0x1;
+    for (int pass = 0; pass < 2; pass++) { /* from the cache, then from disk */
+        assert_int_equal(record_store_get(s, "f", &other, &kv), IS_ERR_MISMATCH);
+        assert_non_null(strstr(is_error_last(), "ffffffffffffffff"));
+        assert_non_null(strstr(is_error_last(), "00112233aabbccdd"));
+        assert_ptr_equal(kv, (const fact_kv *)0x1);
+        fact_kv_meta dt = r.m;
+        dt.dtype = KV_DTYPE_F16;
+        assert_int_equal(record_store_get(s, "f", &dt, &kv), IS_ERR_MISMATCH);
+        fact_kv_meta base = r.m;
+        base.rope_freq_base = 500000.0f;
+        assert_int_equal(record_store_get(s, "f", &base, &kv), IS_ERR_MISMATCH);
+        assert_int_equal(record_store_get_stats(s).n_held, 0);
+        record_store_close(s);
+        assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    }
+    /* The record itself is fine for the model it was made for. */
+    fact_kv_meta same = r.m;
+    same.n_tokens = 99; /* not compared */
+    assert_int_equal(record_store_get(s, "f", &same, &kv), IS_OK);
+    assert_is_version(kv, 1);
+    record_store_release(s, kv);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+static void test_corrupt_file_refused_neighbours_load(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    put_version(s, "a", 1);
+    put_version(s, "b", 2);
+    put_version(s, "c", 3);
+    record_store_close(s);
+
+    char path[512];
+    snprintf(path, sizeof path, "%s/b.fkv", dir);
+    size_t n;
+    uint8_t *bytes = read_file(path, &n);
+    bytes[n / 2] ^= 0x10;
+    write_file(path, bytes, n);
+
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    const fact_kv *kv = (const fact_kv *)0x1;
+    for (int i = 0; i < 2; i++) { /* refused every time, never cached */
+        assert_int_equal(record_store_get(s, "b", NULL, &kv), IS_ERR_FORMAT);
+        assert_non_null(strstr(is_error_last(), "b.fkv"));
+        assert_non_null(strstr(is_error_last(), "checksum"));
+        assert_ptr_equal(kv, (const fact_kv *)0x1);
+    }
+    assert_get_version(s, "a", 1);
+    assert_get_version(s, "c", 3);
+    record_store_stats st = record_store_get_stats(s);
+    assert_int_equal(st.n_cached, 2);
+    assert_int_equal(st.n_held, 0);
+    /* The damaged file is left as it is (for inspection), and can be
+     * replaced by a new put. */
+    size_t n2;
+    uint8_t *after = read_file(path, &n2);
+    assert_int_equal(n2, n);
+    assert_memory_equal(after, bytes, n);
+    free(after);
+    put_version(s, "b", 4);
+    assert_get_version(s, "b", 4);
+    record_store_close(s);
+    free(bytes);
+    remove_tree(dir);
+    free(dir);
+}
+
+/* ---- crashes --------------------------------------------------------------------------------- */
+
+static void test_leftover_tmp_and_half_written_file(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    put_version(s, "whole", 1);
+    record_store_close(s);
+
+    char path[512];
+    snprintf(path, sizeof path, "%s/whole.fkv", dir);
+    size_t n;
+    uint8_t *bytes = read_file(path, &n);
+    /* A writer that died mid-write left a temporary file ... */
+    snprintf(path, sizeof path, "%s/whole.fkv.tmp.4242.7", dir);
+    write_file(path, bytes, n / 3);
+    snprintf(path, sizeof path, "%s/other.fkv.tmp.4242.8", dir);
+    write_file(path, bytes, n);
+    /* ... and a file system without rename atomicity (or a hand copy) left
+     * a final file cut short, and an empty one. */
+    snprintf(path, sizeof path, "%s/half.fkv", dir);
+    write_file(path, bytes, n / 2);
+    snprintf(path, sizeof path, "%s/empty.fkv", dir);
+    write_file(path, bytes, 0);
+    assert_int_equal(count_files(dir, ".tmp."), 2);
+
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    assert_int_equal(count_files(dir, ".tmp."), 0);
+    assert_false(record_store_contains(s, "other")); /* a temporary file is no record */
+    const fact_kv *kv;
+    assert_int_equal(record_store_get(s, "other", NULL, &kv), IS_ERR_NOT_FOUND);
+    assert_int_equal(record_store_get(s, "half", NULL, &kv), IS_ERR_FORMAT);
+    assert_non_null(strstr(is_error_last(), "half.fkv"));
+    assert_non_null(strstr(is_error_last(), "truncated"));
+    assert_int_equal(record_store_get(s, "empty", NULL, &kv), IS_ERR_FORMAT);
+    assert_non_null(strstr(is_error_last(), "empty.fkv"));
+    assert_get_version(s, "whole", 1);
+    record_store_close(s);
+    free(bytes);
+    remove_tree(dir);
+    free(dir);
+}
+
+typedef struct fault_plan {
+    record_store_step at;
+    bool crash; /* _exit() there, else make the step fail */
+} fault_plan;
+
+static bool fault_hook(record_store_step step, void *user) {
+    fault_plan *p = user;
+    if (step != p->at) return true;
+    if (p->crash) _exit(0);
+    return false;
+}
+
+/* A child process dies at each step of a put, over an existing record and
+ * over a missing one; the next open finds the old record or the new one,
+ * whole, and no temporary file. */
+static void test_crash_at_every_step(void **state) {
+    for (int at = 0; at < RECORD_STORE_STEP_COUNT_; at++) {
+        char *dir = make_tmp_dir();
+        record_store *s;
+        assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+        put_version(s, "x", 1);
+        record_store_close(s);
+
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            record_store *c;
+            if (record_store_open(dir, 1 << 20, &c) != IS_OK) _exit(2);
+            fault_plan plan = {(record_store_step)at, true};
+            record_store_set_fault_hook(c, fault_hook, &plan);
+            rec r;
+            rec_make(&r, 2);
+            record_store_put(c, "x", &r.m, r.tokens, r.k, r.v);
+            rec_make(&r, 3);
+            record_store_put(c, "y", &r.m, r.tokens, r.k, r.v);
+            _exit(3); /* the hook should have ended us */
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+        /* Before the rename the old record stands; after it, the new. */
+        bool renamed = at > RECORD_STORE_STEP_RENAME;
+        assert_int_equal(count_files(dir, ".tmp."), at == RECORD_STORE_STEP_CREATE || renamed ? 0 : 1);
+
+        assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+        assert_int_equal(count_files(dir, ".tmp."), 0);
+        assert_get_version(s, "x", renamed ? 2 : 1);
+        const fact_kv *kv;
+        assert_int_equal(record_store_get(s, "y", NULL, &kv), IS_ERR_NOT_FOUND);
+        record_store_close(s);
+        remove_tree(dir);
+        free(dir);
+    }
+}
+
+/* Each step failing (as a full disk or an I/O error would): the put says
+ * IS_ERR_IO and leaves the old record, the cache and no temporary file. */
+static void test_failure_at_every_step(void **state) {
+    for (int at = 0; at < RECORD_STORE_STEP_COUNT_; at++) {
+        char *dir = make_tmp_dir();
+        record_store *s;
+        assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+        put_version(s, "x", 1);
+        const fact_kv *held;
+        assert_int_equal(record_store_get(s, "x", NULL, &held), IS_OK);
+        fault_plan plan = {(record_store_step)at, false};
+        record_store_set_fault_hook(s, fault_hook, &plan);
+        rec r;
+        rec_make(&r, 2);
+        assert_int_equal(record_store_put(s, "x", &r.m, r.tokens, r.k, r.v), IS_ERR_IO);
+        assert_non_null(strstr(is_error_last(), "record store"));
+        rec_make(&r, 3);
+        assert_int_equal(record_store_put(s, "fresh", &r.m, r.tokens, r.k, r.v), IS_ERR_IO);
+        record_store_set_fault_hook(s, NULL, NULL);
+        assert_int_equal(count_files(dir, ".tmp."), 0);
+        bool renamed = at == RECORD_STORE_STEP_DIR_FSYNC;
+        /* The cache agrees with the disk, before and after a reopen. */
+        for (int pass = 0; pass < 2; pass++) {
+            assert_get_version(s, "x", renamed ? 2 : 1);
+            if (renamed) {
+                assert_get_version(s, "fresh", 3);
+            } else {
+                const fact_kv *kv;
+                assert_int_equal(record_store_get(s, "fresh", NULL, &kv), IS_ERR_NOT_FOUND);
+            }
+            if (pass == 0) {
+                assert_is_version(held, 1);
+                record_store_release(s, held);
+                record_store_close(s);
+                assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+            }
+        }
+        record_store_close(s);
+        remove_tree(dir);
+        free(dir);
+    }
+}
+
+/* ---- threads --------------------------------------------------------------------------------- */
+
+typedef struct worker {
+    record_store *s;
+    int seed;
+    int bad; /* records that were not one of the versions put */
+} worker;
+
+/* Readers and writers on a few ids at once: every get gives a whole record
+ * of some version; the cache stays within bounds (checked by ASan/TSan runs
+ * and by the stats afterwards). */
+static void *worker_run(void *arg) {
+    worker *w = arg;
+    uint32_t x = (uint32_t)w->seed * 2654435761u + 1;
+    char id[8];
+    for (int i = 0; i < 400; i++) {
+        x = x * 1664525u + 1013904223u;
+        snprintf(id, sizeof id, "t%u", (x >> 8) % 4);
+        int op = (int)((x >> 16) % 8);
+        if (op == 0) {
+            rec r;
+            rec_make(&r, (int)((x >> 20) % 5));
+            if (record_store_put(w->s, id, &r.m, r.tokens, r.k, r.v) != IS_OK) w->bad++;
+        } else if (op == 1) {
+            is_status st = record_store_delete(w->s, id);
+            if (st != IS_OK && st != IS_ERR_NOT_FOUND) w->bad++;
+        } else {
+            const fact_kv *kv;
+            is_status st = record_store_get(w->s, id, NULL, &kv);
+            if (st == IS_OK) {
+                int version = kv->tokens[0] / 10;
+                rec r;
+                rec_make(&r, version);
+                if (memcmp(kv->k, r.k, sizeof r.k) || memcmp(kv->v, r.v, sizeof r.v)) w->bad++;
+                record_store_release(w->s, kv);
+            } else if (st != IS_ERR_NOT_FOUND) {
+                w->bad++;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, rec_bytes() * 3, &s), IS_OK);
+    enum { NW = 4 };
+    pthread_t th[NW];
+    worker w[NW];
+    for (int i = 0; i < NW; i++) {
+        w[i] = (worker){.s = s, .seed = i + 1};
+        assert_int_equal(pthread_create(&th[i], NULL, worker_run, &w[i]), 0);
+    }
+    for (int i = 0; i < NW; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].bad, 0);
+    }
+    record_store_stats st = record_store_get_stats(s);
+    assert_int_equal(st.n_held, 0);
+    assert_true(st.bytes_cached <= rec_bytes() * 3);
+    assert_true(st.hits + st.misses > 0);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_put_get_delete),
+        cmocka_unit_test(test_invalid_ids),
+        cmocka_unit_test(test_overwrite_keeps_held_copy),
+        cmocka_unit_test(test_reopen_sees_data),
+        cmocka_unit_test(test_eviction_with_records_held),
+        cmocka_unit_test(test_get_refuses_other_model),
+        cmocka_unit_test(test_corrupt_file_refused_neighbours_load),
+        cmocka_unit_test(test_leftover_tmp_and_half_written_file),
+        cmocka_unit_test(test_crash_at_every_step),
+        cmocka_unit_test(test_failure_at_every_step),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
