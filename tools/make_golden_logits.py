@@ -391,7 +391,10 @@ def main():
         log(f"prompt {name}: {len(ids)} tokens")
     assert len(prompts[3][2]) > 2000, "long prompt must exceed 2000 tokens"
     if os.access(LLAMA_TOKENIZE, os.X_OK):
-        same = {name: llama_cpp_tokens(args.model, text) == ids for name, text, ids in prompts}
+        try:
+            same = {name: llama_cpp_tokens(args.model, text) == ids for name, text, ids in prompts}
+        except (OSError, subprocess.CalledProcessError, ValueError, IndexError) as e:
+            same = f"llama-tokenize failed: {e}"
         log(f"token ids identical to llama.cpp's llama-tokenize: {same}")
         checks["tokens_match_llama_cpp"] = same
     else:

@@ -30,6 +30,9 @@ typedef struct cpu_weight {
 
 typedef struct cpu_ctx {
     int32_t n_threads;
+    float *rope_cs;        /* [rope_n_pos][n_rot/2][cos, sin] */
+    int32_t rope_n_pos;    /* positions in the table */
+    rope_params rope_key;  /* parameters the table was built for */
 } cpu_ctx;
 
 static is_status cpu_alloc(backend *be, size_t bytes, void **out) {
@@ -139,38 +142,70 @@ static void rope_inv_freq(const rope_params *rp, float *inv) {
     }
 }
 
-static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
-                     int32_t head_dim, const rope_params *rp) {
+/* cos/sin of every (position, pair) seen so far, grown on demand: the
+ * angles depend only on the position, so the 2 x layers rotations of a
+ * batch (and every injection) share one table instead of calling sincos
+ * per layer.
+ *
+ * The angle is formed in double: in f32, p * inv rounds to within
+ * |theta| * 6e-8, about 2e-4 rad at position 3000, which is enough to make a
+ * fact's keys depend on where it was encoded (the position-invariance test
+ * sees 2e-5 relative in f32, 1e-7 here). */
+static const float *rope_table(cpu_ctx *ctx, const rope_params *rp, int32_t max_pos) {
     int32_t half = rp->n_rot / 2;
+    bool same = ctx->rope_cs && ctx->rope_key.layout == rp->layout &&
+                ctx->rope_key.n_rot == rp->n_rot && ctx->rope_key.freq_base == rp->freq_base &&
+                ctx->rope_key.freq_scale == rp->freq_scale &&
+                ctx->rope_key.freq_factors == rp->freq_factors;
+    if (same && max_pos < ctx->rope_n_pos) return ctx->rope_cs;
+    int32_t from = same ? ctx->rope_n_pos : 0;
+    int32_t n = max_pos + 1 > 2 * ctx->rope_n_pos ? max_pos + 1 : 2 * ctx->rope_n_pos;
+    if (n < 4096) n = 4096;
+    float *cs = realloc(ctx->rope_cs, (size_t)n * half * 2 * sizeof(float));
+    IS_ASSERT(cs);
     float inv[512];
     IS_ASSERT(half <= 512);
     rope_inv_freq(rp, inv);
+#pragma omp parallel for schedule(static)
+    for (int32_t p = from; p < n; p++) {
+        double pp = (double)p * (double)rp->freq_scale;
+        for (int32_t i = 0; i < half; i++) {
+            double theta = pp * (double)inv[i];
+            cs[((size_t)p * half + i) * 2] = (float)cos(theta);
+            cs[((size_t)p * half + i) * 2 + 1] = (float)sin(theta);
+        }
+    }
+    ctx->rope_cs = cs;
+    ctx->rope_n_pos = n;
+    ctx->rope_key = *rp;
+    return cs;
+}
+
+static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
+                     int32_t head_dim, const rope_params *rp) {
+    int32_t half = rp->n_rot / 2;
+    int32_t max_pos = 0;
+    for (int32_t t = 0; t < T; t++) {
+        IS_ASSERT(pos[t] >= 0);
+        if (pos[t] > max_pos) max_pos = pos[t];
+    }
+    const float *table = rope_table(be->ctx, rp, max_pos);
 #pragma omp parallel for schedule(static) if (T > 4)
     for (int32_t t = 0; t < T; t++) {
-        /* The angle is formed in double: in f32, p * inv rounds to within
-         * |theta| * 6e-8, about 2e-4 rad at position 3000, which is enough
-         * to make a fact's keys depend on where it was encoded (the
-         * position-invariance test sees 2e-5 relative in f32, 1e-7 here). */
-        float c[512], s[512];
-        double p = (double)pos[t] * (double)rp->freq_scale;
-        for (int32_t i = 0; i < half; i++) {
-            double theta = p * (double)inv[i];
-            c[i] = (float)cos(theta);
-            s[i] = (float)sin(theta);
-        }
+        const float *cs = table + (size_t)pos[t] * half * 2;
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + ((int64_t)t * n_heads + h) * head_dim;
             if (rp->layout == ROPE_LAYOUT_NORM) {
                 for (int32_t i = 0; i < half; i++) {
-                    float a = v[2 * i], b = v[2 * i + 1];
-                    v[2 * i] = a * c[i] - b * s[i];
-                    v[2 * i + 1] = a * s[i] + b * c[i];
+                    float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+                    v[2 * i] = a * c - b * s;
+                    v[2 * i + 1] = a * s + b * c;
                 }
             } else {
                 for (int32_t i = 0; i < half; i++) {
-                    float a = v[i], b = v[i + half];
-                    v[i] = a * c[i] - b * s[i];
-                    v[i + half] = a * s[i] + b * c[i];
+                    float a = v[i], b = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+                    v[i] = a * c - b * s;
+                    v[i + half] = a * s + b * c;
                 }
             }
         }
@@ -352,6 +387,7 @@ static void cpu_sync(backend *be) {}
 
 static void cpu_free(backend *be) {
     if (!be) return;
+    free(((cpu_ctx *)be->ctx)->rope_cs);
     free(be->ctx);
     free(be);
 }

@@ -1,0 +1,360 @@
+/*
+ * inferscale ask: answer one question with a set of facts as memory.
+ *
+ *   inferscale ask -m MODEL --facts FILE --query TEXT [--k N] [--mode kv|prompt|off]
+ *                  [--window W] [--data DIR]
+ *
+ * FILE holds one JSON object per line: {"text": "...", "id": "...",
+ * "context": ["earlier turn", ...]} (id and context optional). Facts missing
+ * from the record store under DIR/kv are encoded first (with their last W
+ * context turns); then the k facts most relevant to the query are retrieved
+ * (dense + BM25 with the embedding model when it is installed, BM25 alone
+ * otherwise), and the answer is generated in the chosen mode. The time to
+ * first token is printed split into retrieval, record fetch, injection and
+ * prefill.
+ */
+#include "cli.h"
+
+#include "core/status.h"
+#include "kv/fact_record.h"
+#include "memory/embedder.h"
+#include "memory/index.h"
+#include "serve/ask.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+
+typedef struct fact_line {
+    char id[72];
+    char *text;
+    char **context;
+    int32_t n_context;
+} fact_line;
+
+static void facts_free(fact_line *f, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        free(f[i].text);
+        for (int32_t j = 0; j < f[i].n_context; j++) free(f[i].context[j]);
+        free(f[i].context);
+    }
+    free(f);
+}
+
+/* Reads the JSON-lines facts file. Errors name the line. */
+static int facts_load(const char *path, fact_line **out, int32_t *n_out) {
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+        fprintf(stderr, "error: cannot open facts file '%s': %s\n", path, strerror(errno));
+        return 1;
+    }
+    fact_line *facts = NULL;
+    int32_t n = 0, cap = 0, lineno = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    int rc = 0;
+    while (getline(&line, &lcap, fp) >= 0) {
+        lineno++;
+        char *p = line;
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == '\n' || *p == '\0' || *p == '#') continue;
+        cJSON *j = cJSON_Parse(p);
+        const cJSON *text = cJSON_GetObjectItem(j, "text");
+        if (!cJSON_IsObject(j) || !cJSON_IsString(text) || !text->valuestring[0]) {
+            fprintf(stderr, "error: %s:%d: expected a JSON object with a non-empty \"text\"\n", path,
+                    lineno);
+            cJSON_Delete(j);
+            rc = 1;
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            facts = realloc(facts, (size_t)cap * sizeof *facts);
+        }
+        fact_line *f = &facts[n];
+        memset(f, 0, sizeof *f);
+        f->text = strdup(text->valuestring);
+        const cJSON *id = cJSON_GetObjectItem(j, "id");
+        if (cJSON_IsString(id)) {
+            if (!record_store_id_valid(id->valuestring)) {
+                fprintf(stderr, "error: %s:%d: id must be 1-64 characters of [A-Za-z0-9_-]\n", path,
+                        lineno);
+                free(f->text);
+                cJSON_Delete(j);
+                rc = 1;
+                break;
+            }
+            snprintf(f->id, sizeof f->id, "%s", id->valuestring);
+        } else {
+            /* Content-addressed: the same text keeps the same record. */
+            snprintf(f->id, sizeof f->id, "f%016llx",
+                     (unsigned long long)fact_text_hash(f->text, strlen(f->text)));
+        }
+        const cJSON *ctx = cJSON_GetObjectItem(j, "context"), *turn;
+        if (cJSON_IsArray(ctx)) {
+            f->context = calloc((size_t)cJSON_GetArraySize(ctx) + 1, sizeof(char *));
+            cJSON_ArrayForEach(turn, ctx) {
+                if (cJSON_IsString(turn)) f->context[f->n_context++] = strdup(turn->valuestring);
+            }
+        }
+        n++;
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(fp);
+    if (rc == 0 && n == 0) {
+        fprintf(stderr, "error: facts file '%s' holds no facts\n", path);
+        rc = 1;
+    }
+    if (rc) {
+        facts_free(facts, n);
+        return rc;
+    }
+    *out = facts;
+    *n_out = n;
+    return 0;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static bool print_piece(const char *t, size_t l, void *ud) {
+    fwrite(t, 1, l, stdout);
+    fflush(stdout);
+    return true;
+}
+
+static void ask_usage(FILE *f) {
+    fprintf(f,
+            "usage: inferscale ask --facts FILE --query TEXT [options]\n\n"
+            "Answers a question with facts as memory: injected as KV (kv), pasted as text\n"
+            "(prompt), or not at all (off). Facts not yet in the record store are encoded first.\n\n"
+            "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
+            "      --facts FILE     JSON lines: {\"text\": ..., \"id\": ..., \"context\": [turns]}\n"
+            "  -q, --query TEXT     the question\n"
+            "  -k, --k N            facts to retrieve (default 5)\n"
+            "      --mode MODE      kv | prompt | off (default kv)\n"
+            "  -w, --window W       context turns encoded with each fact (default 0; -1: no\n"
+            "                       context at all, not even the serving prefix)\n"
+            "      --data DIR       where records are stored (default ./inferscale-data)\n"
+            "      --kv-dtype T     record precision: f32 | f16 | bf16 (default f32)\n"
+            "      --embedder DIR   sentence-embedding model (default %s if present;\n"
+            "                       'none' for BM25 retrieval only)\n"
+            "  -n, --max-tokens N   tokens to generate (default 128)\n"
+            "      --temp T         temperature, 0 = greedy (default 0)\n"
+            "      --seed S         sampling seed (default 0)\n"
+            "  -t, --threads N      CPU threads (default: all cores)\n"
+            "  -h, --help           this help\n",
+            CLI_DEFAULT_MODEL, DEFAULT_EMBEDDER);
+}
+
+int cmd_ask(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},  {"facts", required_argument, 0, 'F'},
+        {"query", required_argument, 0, 'q'},  {"k", required_argument, 0, 'k'},
+        {"mode", required_argument, 0, 'M'},   {"window", required_argument, 0, 'w'},
+        {"data", required_argument, 0, 'D'},   {"kv-dtype", required_argument, 0, 'd'},
+        {"embedder", required_argument, 0, 'E'}, {"max-tokens", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, 'T'},   {"seed", required_argument, 0, 'S'},
+        {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model_path = cli_default_model(), *facts_path = NULL, *query = NULL;
+    const char *data = "inferscale-data", *emb_dir = NULL;
+    int32_t k = 5, window = 0, max_tokens = 128, threads = 0;
+    float temp = 0.0f;
+    uint64_t seed = 0;
+    ask_mode mode = ASK_MODE_KV;
+    kv_dtype dtype = KV_DTYPE_F32;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:q:k:w:n:t:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'F': facts_path = optarg; break;
+        case 'q': query = optarg; break;
+        case 'k': if (!cli_parse_int(optarg, "--k", 0, 100000, &k)) return 1; break;
+        case 'w': if (!cli_parse_int(optarg, "--window", -1, 1000, &window)) return 1; break;
+        case 'n': if (!cli_parse_int(optarg, "--max-tokens", 0, 1 << 20, &max_tokens)) return 1; break;
+        case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &threads)) return 1; break;
+        case 'T': if (!cli_parse_float(optarg, "--temp", 0.0f, 100.0f, &temp)) return 1; break;
+        case 'S': {
+            int32_t s32;
+            if (!cli_parse_int(optarg, "--seed", 0, INT32_MAX, &s32)) return 1;
+            seed = (uint64_t)s32;
+            break;
+        }
+        case 'M':
+            if (!ask_mode_parse(optarg, &mode)) {
+                fprintf(stderr, "error: --mode must be kv, prompt or off, got '%s'\n", optarg);
+                return 1;
+            }
+            break;
+        case 'd':
+            if (strcmp(optarg, "f32") == 0) dtype = KV_DTYPE_F32;
+            else if (strcmp(optarg, "f16") == 0) dtype = KV_DTYPE_F16;
+            else if (strcmp(optarg, "bf16") == 0) dtype = KV_DTYPE_BF16;
+            else {
+                fprintf(stderr, "error: --kv-dtype must be f32, f16 or bf16, got '%s'\n", optarg);
+                return 1;
+            }
+            break;
+        case 'D': data = optarg; break;
+        case 'E': emb_dir = optarg; break;
+        case 'h': ask_usage(stdout); return 0;
+        default: ask_usage(stderr); return 1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale ask --help')\n", argv[optind]);
+        return 1;
+    }
+    if (!facts_path || !query) {
+        fprintf(stderr, "error: ask needs --facts FILE and --query TEXT (see 'inferscale ask --help')\n");
+        return 1;
+    }
+    if (!*query) {
+        fprintf(stderr, "error: --query must not be empty\n");
+        return 1;
+    }
+    fact_line *facts = NULL;
+    int32_t n_facts = 0;
+    if (facts_load(facts_path, &facts, &n_facts)) return 1;
+
+    int rc = 1;
+    backend *be = NULL;
+    model *m = NULL;
+    engine *e = NULL;
+    record_store *store = NULL;
+    ask_ctx *ac = NULL;
+    embedder *emb = NULL;
+    mem_index *ix = NULL;
+    float *vecs = NULL;
+    mem_hit *hits = NULL;
+    const char **ids = NULL, **texts = NULL;
+    char kvdir[4096];
+    is_status st;
+
+    if ((st = backend_cpu_create(threads, &be)) != IS_OK) goto fail;
+    if ((st = model_load(model_path, be, &m)) != IS_OK) {
+        fprintf(stderr, "error: cannot load model '%s': %s\n", model_path, is_error_last());
+        goto out;
+    }
+    engine_params ep = engine_default_params();
+    ep.max_seqs = 3;
+    ep.n_ctx = m->cfg.n_ctx_train;
+    if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail;
+    if (mkdir(data, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "error: cannot create data directory '%s': %s\n", data, strerror(errno));
+        goto out;
+    }
+    snprintf(kvdir, sizeof kvdir, "%s/kv", data);
+    if ((st = record_store_open(kvdir, (size_t)256 << 20, &store)) != IS_OK) goto fail;
+    if ((st = ask_ctx_create(e, store, dtype, &ac)) != IS_OK) goto fail;
+
+    /* Encode what the store lacks. */
+    int32_t encoded = 0;
+    double te0 = now_ms();
+    for (int32_t i = 0; i < n_facts; i++) {
+        ask_fact af = {facts[i].id, facts[i].text, (const char *const *)facts[i].context,
+                       facts[i].n_context};
+        bool did;
+        if ((st = ask_encode_fact(ac, &af, window, &did)) != IS_OK) goto fail;
+        encoded += did;
+        cli_progress("encoding facts", i + 1, n_facts, te0);
+    }
+    if (encoded)
+        fprintf(stderr, "encoded %d facts (w=%d) in %.1f s; %d already stored\n", encoded, window,
+                (now_ms() - te0) / 1e3, n_facts - encoded);
+
+    /* Index the facts; embeddings only when the embedding model is installed. */
+    struct stat sb;
+    const char *edir = emb_dir ? emb_dir : DEFAULT_EMBEDDER;
+    bool use_emb = strcmp(edir, "none") != 0 && stat(edir, &sb) == 0;
+    if (emb_dir && strcmp(emb_dir, "none") != 0 && !use_emb) {
+        fprintf(stderr, "error: embedding model '%s' not found\n", emb_dir);
+        goto out;
+    }
+    if (use_emb && (st = embedder_load(edir, &emb)) != IS_OK) goto fail;
+    int32_t dim = emb ? embedder_dim(emb) : 1;
+    if ((st = mem_index_create(dim, &ix)) != IS_OK) goto fail;
+    vecs = calloc((size_t)(n_facts + 1) * dim, sizeof(float));
+    if (emb) {
+        const char **all = malloc((size_t)n_facts * sizeof *all);
+        for (int32_t i = 0; i < n_facts; i++) all[i] = facts[i].text;
+        st = embedder_embed(emb, all, n_facts, vecs);
+        free(all);
+        if (st != IS_OK) goto fail;
+    } else {
+        for (int32_t i = 0; i < n_facts; i++) vecs[i] = 1.0f; /* BM25 ranks; dense unused */
+    }
+    for (int32_t i = 0; i < n_facts; i++) {
+        mem_doc d = {.id = facts[i].id, .tenant = "local", .user = "local", .text = facts[i].text,
+                     .embedding = vecs + (size_t)i * dim};
+        if ((st = mem_index_upsert(ix, &d)) != IS_OK) goto fail;
+    }
+
+    /* Retrieval: the first part of time-to-first-token. */
+    double t0 = now_ms();
+    int32_t kk = k < n_facts ? k : n_facts;
+    hits = calloc((size_t)(kk ? kk : 1), sizeof *hits);
+    int32_t n_hits = 0;
+    if (mode != ASK_MODE_OFF && kk > 0) {
+        float *qv = vecs + (size_t)n_facts * dim;
+        if (emb && (st = embedder_embed(emb, &query, 1, qv)) != IS_OK) goto fail;
+        mem_filter flt = {.tenant = "local", .user = "local"};
+        st = mem_index_search(ix, &flt, emb ? qv : NULL, query, kk,
+                              emb ? MEM_SEARCH_HYBRID : MEM_SEARCH_BM25, hits, &n_hits);
+        if (st != IS_OK) goto fail;
+    }
+    double retrieval_ms = now_ms() - t0;
+    ids = malloc((size_t)(n_hits + 1) * sizeof *ids);
+    texts = malloc((size_t)(n_hits + 1) * sizeof *texts);
+    for (int32_t i = 0; i < n_hits; i++) {
+        ids[i] = hits[i].id;
+        for (int32_t j = 0; j < n_facts; j++)
+            if (strcmp(facts[j].id, hits[i].id) == 0) texts[i] = facts[j].text;
+    }
+    ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts,
+                       .n_facts = n_hits, .max_tokens = max_tokens, .temperature = temp,
+                       .top_k = 40, .top_p = 0.95f, .seed = seed};
+    ask_timing tm;
+    if ((st = ask_run(ac, &req, print_piece, NULL, &tm)) != IS_OK) goto fail;
+    printf("\n");
+    fprintf(stderr,
+            "\nmode %s, %d facts (%d memory tokens), %s retrieval\n"
+            "TTFT %.1f ms = retrieval %.1f + fetch %.1f + injection %.1f + prefill %.1f "
+            "(%d tokens) + sampling\n"
+            "decode: %d tokens in %.1f ms\n",
+            ask_mode_name(mode), n_hits, tm.n_memory_tokens, emb ? "hybrid" : "bm25",
+            retrieval_ms + tm.ttft_ms, retrieval_ms, tm.fetch_ms, tm.inject_ms, tm.prefill_ms,
+            tm.n_prefilled, tm.n_generated, tm.decode_ms);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "error: %s\n", is_error_last());
+out:
+    free(ids);
+    free(texts);
+    free(hits);
+    free(vecs);
+    mem_index_free(ix);
+    embedder_free(emb);
+    ask_ctx_free(ac);
+    if (store) record_store_close(store);
+    engine_free(e);
+    model_free(m);
+    if (be) be->ops->free(be);
+    facts_free(facts, n_facts);
+    return rc;
+}
