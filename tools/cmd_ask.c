@@ -19,6 +19,7 @@
 #include "kv/fact_record.h"
 #include "memory/embedder.h"
 #include "memory/index.h"
+#include "memory/locomo.h"
 #include "serve/ask.h"
 
 #include <cjson/cJSON.h>
@@ -122,6 +123,30 @@ static int facts_load(const char *path, fact_line **out, int32_t *n_out) {
     return 0;
 }
 
+/* Facts from a LoCoMo conversation: its observations, each with the turns
+ * before its evidence turn as context. */
+static int facts_from_locomo(const char *path, fact_line **out, int32_t *n_out) {
+    locomo_conv *c;
+    if (locomo_load(path, &c) != IS_OK) {
+        fprintf(stderr, "error: %s\n", is_error_last());
+        return 1;
+    }
+    fact_line *facts = calloc((size_t)c->n_facts, sizeof *facts);
+    const char *turns[64];
+    for (int32_t i = 0; i < c->n_facts; i++) {
+        snprintf(facts[i].id, sizeof facts[i].id, "%s-%d", c->name, i);
+        facts[i].text = strdup(c->facts[i].text);
+        int32_t nt = locomo_fact_context(c, &c->facts[i], 64, turns);
+        facts[i].context = calloc((size_t)nt + 1, sizeof(char *));
+        for (int32_t j = 0; j < nt; j++) facts[i].context[j] = strdup(turns[j]);
+        facts[i].n_context = nt;
+    }
+    *out = facts;
+    *n_out = c->n_facts;
+    locomo_free(c);
+    return 0;
+}
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -141,6 +166,7 @@ static void ask_usage(FILE *f) {
             "(prompt), or not at all (off). Facts not yet in the record store are encoded first.\n\n"
             "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
             "      --facts FILE     JSON lines: {\"text\": ..., \"id\": ..., \"context\": [turns]}\n"
+            "      --locomo FILE    or: the observations of a LoCoMo conversation as facts\n"
             "  -q, --query TEXT     the question\n"
             "  -k, --k N            facts to retrieve (default 5)\n"
             "      --mode MODE      kv | prompt | off (default kv)\n"
@@ -165,11 +191,12 @@ int cmd_ask(int argc, char **argv) {
         {"mode", required_argument, 0, 'M'},   {"window", required_argument, 0, 'w'},
         {"data", required_argument, 0, 'D'},   {"kv-dtype", required_argument, 0, 'd'},
         {"embedder", required_argument, 0, 'E'}, {"max-tokens", required_argument, 0, 'n'},
+        {"locomo", required_argument, 0, 'L'},
         {"temp", required_argument, 0, 'T'},   {"seed", required_argument, 0, 'S'},
         {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    const char *model_path = cli_default_model(), *facts_path = NULL, *query = NULL;
+    const char *model_path = cli_default_model(), *facts_path = NULL, *query = NULL, *locomo = NULL;
     const char *data = "inferscale-data", *emb_dir = NULL;
     int32_t k = 5, window = 0, max_tokens = 128, threads = 0;
     float temp = 0.0f;
@@ -182,6 +209,7 @@ int cmd_ask(int argc, char **argv) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'F': facts_path = optarg; break;
+        case 'L': locomo = optarg; break;
         case 'q': query = optarg; break;
         case 'k': if (!cli_parse_int(optarg, "--k", 0, 100000, &k)) return 1; break;
         case 'w': if (!cli_parse_int(optarg, "--window", -1, 1000, &window)) return 1; break;
@@ -219,8 +247,9 @@ int cmd_ask(int argc, char **argv) {
         fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale ask --help')\n", argv[optind]);
         return 1;
     }
-    if (!facts_path || !query) {
-        fprintf(stderr, "error: ask needs --facts FILE and --query TEXT (see 'inferscale ask --help')\n");
+    if ((!facts_path == !locomo) || !query) {
+        fprintf(stderr, "error: ask needs --query TEXT and one of --facts FILE or --locomo FILE "
+                        "(see 'inferscale ask --help')\n");
         return 1;
     }
     if (!*query) {
@@ -229,7 +258,8 @@ int cmd_ask(int argc, char **argv) {
     }
     fact_line *facts = NULL;
     int32_t n_facts = 0;
-    if (facts_load(facts_path, &facts, &n_facts)) return 1;
+    if (facts_path ? facts_load(facts_path, &facts, &n_facts) : facts_from_locomo(locomo, &facts, &n_facts))
+        return 1;
 
     int rc = 1;
     backend *be = NULL;

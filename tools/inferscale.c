@@ -191,6 +191,11 @@ static int cmd_generate(int argc, char **argv) {
     is_session_params sp = is_session_default_params();
     sp.n_ctx = o.n_ctx;
     if ((st = is_session_create(m, sp, &s)) != IS_OK) goto done;
+    int32_t n_ctx = o.n_ctx > 0 ? o.n_ctx : is_model_n_ctx_train(m);
+    if ((int64_t)n > n_ctx) {
+        fprintf(stderr, "error: prompt of %zu tokens is longer than the context of %d\n", n, n_ctx);
+        goto done_quiet;
+    }
     if (!o.chat) print_text(o.prompt, strlen(o.prompt), NULL);
     is_gen_stats stats;
     if ((st = is_session_generate(s, toks, n, o.gen, print_text, NULL, &stats)) != IS_OK) goto done;
@@ -205,6 +210,7 @@ static int cmd_generate(int argc, char **argv) {
     rc = 0;
 done:
     if (rc) fprintf(stderr, "error: %s\n", is_error_last());
+done_quiet:
     is_session_free(s);
     free(toks);
     free(text);
