@@ -184,26 +184,29 @@ static const float *rope_table(cpu_ctx *ctx, const rope_params *rp, int32_t max_
 static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
                      int32_t head_dim, const rope_params *rp) {
     int32_t half = rp->n_rot / 2;
+    /* Negative positions (the segment-masked reference places a fact's
+     * context before the prefix) use cos(-a) = cos a, sin(-a) = -sin a. */
     int32_t max_pos = 0;
     for (int32_t t = 0; t < T; t++) {
-        IS_ASSERT(pos[t] >= 0);
-        if (pos[t] > max_pos) max_pos = pos[t];
+        int32_t ap = pos[t] < 0 ? -pos[t] : pos[t];
+        if (ap > max_pos) max_pos = ap;
     }
     const float *table = rope_table(be->ctx, rp, max_pos);
 #pragma omp parallel for schedule(static) if (T > 4)
     for (int32_t t = 0; t < T; t++) {
-        const float *cs = table + (size_t)pos[t] * half * 2;
+        const float *cs = table + (size_t)(pos[t] < 0 ? -pos[t] : pos[t]) * half * 2;
+        float sgn = pos[t] < 0 ? -1.0f : 1.0f;
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + ((int64_t)t * n_heads + h) * head_dim;
             if (rp->layout == ROPE_LAYOUT_NORM) {
                 for (int32_t i = 0; i < half; i++) {
-                    float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+                    float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], s = sgn * cs[2 * i + 1];
                     v[2 * i] = a * c - b * s;
                     v[2 * i + 1] = a * s + b * c;
                 }
             } else {
                 for (int32_t i = 0; i < half; i++) {
-                    float a = v[i], b = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+                    float a = v[i], b = v[i + half], c = cs[2 * i], s = sgn * cs[2 * i + 1];
                     v[i] = a * c - b * s;
                     v[i + half] = a * s + b * c;
                 }
