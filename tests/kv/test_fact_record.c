@@ -112,7 +112,8 @@ static void save_seed(const char *name, const void *rec, size_t size) {
 /* ---- XXH64 ------------------------------------------------------------------- */
 
 /* Expected values from the reference xxHash implementation through Python's
- * `xxhash` package 4.1.0: xxhash.xxh64_intdigest(data) (seed 0). */
+ * `xxhash` package 4.1.0: xxhash.xxh64_intdigest(data) (seed 0), printed by
+ * tools/make_xxh64_golden.py. */
 static void test_xxh64_reference_vectors(void **state) {
     assert_true(fact_text_hash(NULL, 0) == 0xef46db3751d8e999ull);
     assert_true(fact_text_hash("a", 1) == 0xd24ec4f1a98c6e5bull);
