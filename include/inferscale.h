@@ -53,8 +53,11 @@ typedef struct is_model_params {
 is_model_params is_model_default_params(void);
 
 /* Loads a GGUF model. IS_ERR_IO (missing file), IS_ERR_FORMAT (corrupt or
- * truncated file), IS_ERR_UNSUPPORTED (architecture or tensor type). *out is
- * unchanged on failure. */
+ * truncated file), IS_ERR_UNSUPPORTED (architecture or tensor type, or a
+ * backend this build or machine lacks). *out is unchanged on failure.
+ * backend "cuda" exists in builds with the CUDA backend (CMake option
+ * IS_CUDA, on where nvcc is found; IS_HAVE_CUDA is then defined) and runs on
+ * GPU 0, which must be sm_90 (H100/H200) for the default build. */
 is_status is_model_load(const char *path, is_model_params params, is_model **out);
 void is_model_free(is_model *m);
 

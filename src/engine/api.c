@@ -9,6 +9,9 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/chat.h"
+#ifdef IS_HAVE_CUDA
+#include "backend_cuda.h"
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,14 +36,32 @@ is_model_params is_model_default_params(void) {
     return p;
 }
 
+/* The CUDA backend on device 0, in builds that have it (IS_HAVE_CUDA). */
+static bool cuda_built(void) {
+#ifdef IS_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+static is_status cuda_create(backend **out) {
+#ifdef IS_HAVE_CUDA
+    return backend_cuda_create(0, out);
+#else
+    return is_error_set(IS_ERR_UNSUPPORTED, "backend 'cuda' is not available in this build");
+#endif
+}
+
 is_status is_model_load(const char *path, is_model_params params, is_model **out) {
     if (!path) return is_error_set(IS_ERR_INVALID_ARG, "no model path given");
-    if (params.backend && strcmp(params.backend, "cpu") != 0)
+    bool cuda = cuda_built() && params.backend && strcmp(params.backend, "cuda") == 0;
+    if (params.backend && strcmp(params.backend, "cpu") != 0 && !cuda)
         return is_error_set(IS_ERR_UNSUPPORTED, "backend '%s' is not available in this build",
                             params.backend);
     is_model *im = calloc(1, sizeof *im);
     if (!im) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    is_status st = backend_cpu_create(params.n_threads, &im->be);
+    is_status st = cuda ? cuda_create(&im->be) : backend_cpu_create(params.n_threads, &im->be);
     if (st == IS_OK) st = model_load(path, im->be, &im->m);
     if (st != IS_OK) {
         if (im->be) im->be->ops->free(im->be);

@@ -290,8 +290,8 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         bool want = b->want_logits ? b->want_logits[t] : (t == b->n_tokens - 1);
         if (!want) continue;
         if (n_out != i)
-            memcpy(e->x + (size_t)n_out * c->dim, e->x + (size_t)i * c->dim,
-                   (size_t)c->dim * sizeof(float));
+            op->copy(be, e->x + (size_t)n_out * c->dim, e->x + (size_t)i * c->dim,
+                     (size_t)c->dim * sizeof(float));
         n_out++;
     }
     if (n_out > 0) {

@@ -1,0 +1,642 @@
+/*
+ * backend_cuda: the backend_ops table of the CUDA backend, its device
+ * memory, weights and the per-call staging of host arrays (see
+ * backend_cuda.h for the representation and the error model). The kernels
+ * live in one .cu/.cuh pair per family; this file only launches them.
+ */
+extern "C" {
+#include "backend/backend.h"
+#include "core/status.h"
+#include "gguf/tensor_type.h"
+#include "model/quant.h"
+}
+#include "backend_cuda.h"
+#include "weights_host.h"
+
+#include "attention.cuh"
+#include "common.cuh"
+#include "elementwise.cuh"
+#include "kv.cuh"
+#include "norm.cuh"
+#include "rope.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cuda_weight {
+    backend_weight base; /* shape; must stay first */
+    bool bf16;           /* matrix in bf16, else f32 vector */
+    void *data;          /* device [rows][cols] */
+} cuda_weight;
+
+/* A device buffer that receives a host array per call, and a host copy of
+ * what it holds, so an identical array is not sent again. */
+typedef struct dev_stage {
+    void *dev;
+    size_t cap;
+    void *held; /* host copy of dev's first held_n bytes */
+    size_t held_cap, held_n;
+    bool valid;
+} dev_stage;
+
+#define ROPE_MAX_HALF 512
+
+typedef struct cuda_ctx {
+    int32_t device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    is_status err;      /* first failure of an op, sticky */
+    char err_msg[512];
+
+    cuda_matmul_precision precision;
+    __nv_bfloat16 *xbf; /* matmul input in bf16 ([2][T][cols] when split) */
+    size_t xbf_cap;     /* elements */
+    float *ypart;       /* split products before their sum: [2][T][rows] */
+    size_t ypart_cap;   /* elements */
+    dev_stage st_tokens, st_rope, st_slots, st_attn;
+    int32_t *pack;      /* host: attention metadata being packed */
+    size_t pack_cap;    /* elements */
+
+    /* cos/sin table, the CPU reference's: [rope_n_pos][n_rot/2][cos, sin]. */
+    float *rope_host;
+    float *rope_dev;
+    int32_t rope_n_pos;
+    int32_t rope_n_rot;
+    float rope_base, rope_scale;
+    bool rope_has_factors;
+    float rope_factors[ROPE_MAX_HALF];
+} cuda_ctx;
+
+static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
+
+/* Records the first failure of an op; later ones are consequences. */
+static void op_note(cuda_ctx *c, is_status st) {
+    if (st == IS_OK || c->err != IS_OK) return;
+    c->err = st;
+    snprintf(c->err_msg, sizeof c->err_msg, "%s", is_error_last());
+    fprintf(stderr, "cuda backend: %s (further ops are skipped)\n", c->err_msg);
+}
+
+/* False once an op has failed: the stream's state is unknown from there. */
+static bool op_begin(cuda_ctx *c) {
+    if (c->err != IS_OK) return false;
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e != cudaSuccess) {
+        op_note(c, cuda_status_from(e, "cudaSetDevice", __FILE__, __LINE__));
+        return false;
+    }
+    return true;
+}
+
+/* ---- staging of host arrays ---------------------------------------------- */
+
+static is_status stage_upload(cuda_ctx *c, dev_stage *st, const void *src, size_t n,
+                              const void **dev_out) {
+    if (st->valid && st->held_n == n && memcmp(st->held, src, n) == 0) {
+        *dev_out = st->dev;
+        return IS_OK;
+    }
+    st->valid = false;
+    if (n > st->cap) {
+        size_t cap = n > 2 * st->cap ? n : 2 * st->cap;
+        if (cap < 4096) cap = 4096;
+        /* Queued kernels may still read the old buffer. */
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        CUDA_CHECK(cudaFree(st->dev));
+        st->dev = NULL;
+        st->cap = 0;
+        CUDA_CHECK(cudaMalloc(&st->dev, cap));
+        st->cap = cap;
+    }
+    if (n > st->held_cap) {
+        void *p = realloc(st->held, st->cap);
+        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+        st->held = p;
+        st->held_cap = st->cap;
+    }
+    /* From pageable memory the copy is staged before the call returns, so
+     * the caller may reuse src at once; it runs after the queued kernels. */
+    CUDA_CHECK(cudaMemcpyAsync(st->dev, src, n, cudaMemcpyHostToDevice, c->stream));
+    memcpy(st->held, src, n);
+    st->held_n = n;
+    st->valid = true;
+    *dev_out = st->dev;
+    return IS_OK;
+}
+
+static void stage_free(dev_stage *st) {
+    cudaFree(st->dev);
+    free(st->held);
+    memset(st, 0, sizeof *st);
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static is_status cu_alloc(backend *be, size_t bytes, void **out) {
+    cuda_ctx *c = ctx_of(be);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return is_error_set(e == cudaErrorMemoryAllocation ? IS_ERR_NOMEM : IS_ERR_INTERNAL,
+                            "cuda backend: cannot allocate %zu bytes: %s", bytes,
+                            cudaGetErrorString(e));
+    }
+    *out = p;
+    return IS_OK;
+}
+
+static void cu_release(backend *be, void *ptr) {
+    if (!ptr) return;
+    cuda_ctx *c = ctx_of(be);
+    /* cudaFree waits for the device; queued kernels may still use ptr. */
+    cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaFree", __FILE__, __LINE__));
+}
+
+static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_ctx *c = ctx_of(be);
+    if (!bytes || !op_begin(c)) return;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(upload)", __FILE__, __LINE__));
+}
+
+static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_ctx *c = ctx_of(be);
+    if (!bytes || !op_begin(c)) return;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "download", __FILE__, __LINE__));
+}
+
+static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_ctx *c = ctx_of(be);
+    if (!bytes || !op_begin(c)) return;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
+    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
+}
+
+/* ---- weights --------------------------------------------------------------- */
+
+static is_status weight_upload(cuda_ctx *c, cuda_weight *w, const gguf_tensor *t) {
+    const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
+    const size_t bytes = (size_t)(rows * cols) * (w->bf16 ? 2 : 4);
+    void *host = malloc(bytes ? bytes : 1);
+    if (!host) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory for '%s'", t->name);
+    is_status st = w->bf16 ? cuda_host_weight_bf16(t, (uint16_t *)host)
+                           : cuda_host_weight_f32(t, (float *)host);
+    if (st == IS_OK) {
+        cudaError_t e = cudaMalloc(&w->data, bytes ? bytes : 256);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(w->data, host, bytes, cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            st = is_error_set(e == cudaErrorMemoryAllocation ? IS_ERR_NOMEM : IS_ERR_INTERNAL,
+                              "cuda backend: cannot place tensor '%s' (%zu bytes): %s", t->name,
+                              bytes, cudaGetErrorString(e));
+        }
+    }
+    free(host);
+    return st;
+}
+
+static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_weight **out) {
+    cuda_ctx *c = ctx_of(be);
+    if (t->n_dims > 2 || t->ne[2] != 1 || t->ne[3] != 1)
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: tensor '%s' has %u dims", t->name,
+                            t->n_dims);
+    if (!quant_can_dequantize(t->type))
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "cuda backend: tensor '%s' has unsupported type %u", t->name, t->type);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
+    if (!w) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+    w->base.shape.cols = t->ne[0];
+    w->base.shape.rows = t->ne[1];
+    w->bf16 = t->ne[1] > 1; /* vectors (norm gains, biases) stay f32 */
+    is_status st = weight_upload(c, w, t);
+    if (st != IS_OK) {
+        cudaFree(w->data);
+        free(w);
+        return st;
+    }
+    *out = &w->base;
+    return IS_OK;
+}
+
+static void cu_weight_free(backend *be, backend_weight *bw) {
+    if (!bw) return;
+    cuda_weight *w = (cuda_weight *)bw;
+    cudaFree(w->data);
+    free(w);
+}
+
+/* ---- ops --------------------------------------------------------------------- */
+
+static is_status get_rows_impl(cuda_ctx *c, float *out, const cuda_weight *emb,
+                               const int32_t *tokens, int32_t T) {
+    if (T <= 0) return IS_OK;
+    for (int32_t t = 0; t < T; t++) IS_ASSERT(tokens[t] >= 0 && tokens[t] < emb->base.shape.rows);
+    const void *dtok;
+    is_status st = stage_upload(c, &c->st_tokens, tokens, (size_t)T * sizeof(int32_t), &dtok);
+    if (st != IS_OK) return st;
+    return cuda_get_rows(c->stream, out, emb->data, emb->bf16, emb->base.shape.cols,
+                         (const int32_t *)dtok, T);
+}
+
+static void cu_get_rows(backend *be, float *out, const backend_weight *emb, const int32_t *tokens,
+                        int32_t T) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_note(c, get_rows_impl(c, out, (const cuda_weight *)emb, tokens, T));
+}
+
+static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g, int32_t T,
+                       int32_t n, float eps) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    const cuda_weight *gw = (const cuda_weight *)g;
+    IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
+    op_note(c, cuda_rmsnorm(c->stream, out, x, (const float *)gw->data, T, n, eps));
+}
+
+/* Makes *buf hold at least n elements of `size` bytes. Queued work may
+ * still read the old buffer, so growing waits for the stream. */
+static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n, size_t size) {
+    if (n <= *cap) return IS_OK;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaFree(*buf));
+    *buf = NULL;
+    *cap = 0;
+    CUDA_CHECK(cudaMalloc(buf, n * size));
+    *cap = n;
+    return IS_OK;
+}
+
+static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_weight *w,
+                             const cuda_weight *bias, int32_t T) {
+    if (T <= 0) return IS_OK;
+    const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
+    const float one = 1.0f, zero = 0.0f;
+    const float *bias_data = NULL;
+    if (bias) {
+        IS_ASSERT(!bias->bf16 && bias->base.shape.cols == rows);
+        bias_data = (const float *)bias->data;
+    }
+    if (!w->bf16) {
+        CUBLAS_CHECK(cublasSgemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, T, (int)cols,
+                                 &one, (const float *)w->data, (int)cols, x, (int)cols, &zero, y,
+                                 (int)rows));
+        return bias ? cuda_add_bias(c->stream, y, bias_data, T, rows) : IS_OK;
+    }
+    const bool split = c->precision == CUDA_MATMUL_BF16X2;
+    const int32_t n_cols = split ? 2 * T : T; /* GEMM columns: input rows, hi then lo */
+    const size_t in_n = (size_t)n_cols * (size_t)cols;
+    is_status st = scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, in_n, sizeof(__nv_bfloat16));
+    if (st != IS_OK) return st;
+    st = split ? cuda_f32_to_bf16_split(c->stream, c->xbf, x, (int64_t)T * cols)
+               : cuda_f32_to_bf16(c->stream, c->xbf, x, (int64_t)T * cols);
+    if (st != IS_OK) return st;
+    float *out = y;
+    if (split) {
+        st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
+                             sizeof(float));
+        if (st != IS_OK) return st;
+        out = c->ypart;
+    }
+    /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
+    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
+                              &one, w->data, CUDA_R_16BF, (int)cols, c->xbf, CUDA_R_16BF,
+                              (int)cols, &zero, out, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    if (split) return cuda_sum_halves(c->stream, y, c->ypart, bias_data, T, rows);
+    return bias ? cuda_add_bias(c->stream, y, bias_data, T, rows) : IS_OK;
+}
+
+static void cu_matmul(backend *be, float *y, const float *x, const backend_weight *w,
+                      const backend_weight *bias, int32_t T) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_note(c, matmul_impl(c, y, x, (const cuda_weight *)w, (const cuda_weight *)bias, T));
+}
+
+/* Makes the cos/sin table cover positions [0, max_pos], built as the CPU
+ * reference builds its own (cpu_backend.c, rope_table): f32 inverse
+ * frequencies, angle and cos/sin in double, rounded to f32. */
+static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos) {
+    const int32_t half = rp->n_rot / 2;
+    IS_ASSERT(half > 0 && half <= ROPE_MAX_HALF);
+    bool same = c->rope_host && c->rope_n_rot == rp->n_rot && c->rope_base == rp->freq_base &&
+                c->rope_scale == rp->freq_scale && c->rope_has_factors == (rp->freq_factors != NULL);
+    if (same && rp->freq_factors)
+        same = memcmp(c->rope_factors, rp->freq_factors, (size_t)half * sizeof(float)) == 0;
+    if (same && max_pos < c->rope_n_pos) return IS_OK;
+    const int32_t from = same ? c->rope_n_pos : 0;
+    int32_t n = max_pos + 1 > 2 * c->rope_n_pos ? max_pos + 1 : 2 * c->rope_n_pos;
+    if (n < 4096) n = 4096;
+    const size_t bytes = (size_t)n * half * 2 * sizeof(float);
+    float *cs = (float *)realloc(c->rope_host, bytes);
+    if (!cs) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory (rope table)");
+    c->rope_host = cs;
+    c->rope_n_pos = 0; /* invalid until rebuilt and uploaded */
+    float inv[ROPE_MAX_HALF];
+    for (int32_t i = 0; i < half; i++) {
+        inv[i] = 1.0f / powf(rp->freq_base, (float)(2 * i) / (float)rp->n_rot);
+        if (rp->freq_factors) inv[i] /= rp->freq_factors[i];
+    }
+    for (int32_t p = from; p < n; p++) {
+        double pp = (double)p * (double)rp->freq_scale;
+        for (int32_t i = 0; i < half; i++) {
+            double theta = pp * (double)inv[i];
+            cs[((size_t)p * half + i) * 2] = (float)cos(theta);
+            cs[((size_t)p * half + i) * 2 + 1] = (float)sin(theta);
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* queued ropes may read the old table */
+    CUDA_CHECK(cudaFree(c->rope_dev));
+    c->rope_dev = NULL;
+    CUDA_CHECK(cudaMalloc(&c->rope_dev, bytes));
+    CUDA_CHECK(cudaMemcpyAsync(c->rope_dev, cs, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    c->rope_n_pos = n;
+    c->rope_n_rot = rp->n_rot;
+    c->rope_base = rp->freq_base;
+    c->rope_scale = rp->freq_scale;
+    c->rope_has_factors = rp->freq_factors != NULL;
+    if (rp->freq_factors) memcpy(c->rope_factors, rp->freq_factors, (size_t)half * sizeof(float));
+    return IS_OK;
+}
+
+static is_status rope_impl(cuda_ctx *c, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
+                           int32_t head_dim, const rope_params *rp) {
+    if (T <= 0) return IS_OK;
+    IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= head_dim);
+    int32_t max_pos = 0;
+    for (int32_t t = 0; t < T; t++) {
+        IS_ASSERT(pos[t] != INT32_MIN);
+        int32_t ap = pos[t] < 0 ? -pos[t] : pos[t];
+        if (ap > max_pos) max_pos = ap;
+    }
+    is_status st = rope_table(c, rp, max_pos);
+    if (st != IS_OK) return st;
+    const void *dpos;
+    if ((st = stage_upload(c, &c->st_rope, pos, (size_t)T * sizeof(int32_t), &dpos)) != IS_OK)
+        return st;
+    return cuda_rope(c->stream, x, (const int32_t *)dpos, T, n_heads, head_dim, rp->n_rot,
+                     rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev);
+}
+
+static void cu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
+                    int32_t head_dim, const rope_params *rp) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_note(c, rope_impl(c, x, pos, T, n_heads, head_dim, rp));
+}
+
+static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float *k, const float *v,
+                        const int32_t *slots, int32_t T, int32_t n_kv_heads, int32_t head_dim,
+                        int32_t block_size) {
+    cuda_ctx *c = ctx_of(be);
+    if (T <= 0 || !op_begin(c)) return;
+    for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
+    const void *dslots;
+    is_status st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
+    if (st == IS_OK)
+        st = cuda_kv_store(c->stream, k_cache, v_cache, k, v, (const int32_t *)dslots, T,
+                           n_kv_heads, head_dim, block_size);
+    op_note(c, st);
+}
+
+/* Packs the host attn_batch into one int32 array ([pos T][seq T][bt_off S]
+ * [seg_off S][block tables][segment ids]), uploads it and points `m` into
+ * the device copy. */
+static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
+                           cuda_attn_meta *m) {
+    const int32_t T = b->n_tokens, S = b->n_seqs;
+    size_t n = 2 * (size_t)T + 2 * (size_t)S;
+    for (int32_t s = 0; s < S; s++) {
+        n += (size_t)(b->seq_len[s] + block_size - 1) / block_size;
+        if (b->seq_segments && b->seq_segments[s]) n += (size_t)b->seq_len[s];
+    }
+    if (n > c->pack_cap) {
+        size_t cap = n > 2 * c->pack_cap ? n : 2 * c->pack_cap;
+        int32_t *p = (int32_t *)realloc(c->pack, cap * sizeof(int32_t));
+        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+        c->pack = p;
+        c->pack_cap = cap;
+    }
+    int32_t *pk = c->pack;
+    memcpy(pk, b->pos, (size_t)T * sizeof(int32_t));
+    memcpy(pk + T, b->seq_of_token, (size_t)T * sizeof(int32_t));
+    size_t at = 2 * (size_t)T + 2 * (size_t)S;
+    for (int32_t s = 0; s < S; s++) {
+        int32_t nb = (b->seq_len[s] + block_size - 1) / block_size;
+        pk[2 * T + s] = (int32_t)at;
+        memcpy(pk + at, b->block_tables[s], (size_t)nb * sizeof(int32_t));
+        at += (size_t)nb;
+    }
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t *seg = b->seq_segments ? b->seq_segments[s] : NULL;
+        pk[2 * T + S + s] = seg ? (int32_t)at : -1;
+        if (seg) {
+            memcpy(pk + at, seg, (size_t)b->seq_len[s] * sizeof(int32_t));
+            at += (size_t)b->seq_len[s];
+        }
+    }
+    IS_ASSERT(at == n && n < (size_t)INT32_MAX);
+    const void *dev;
+    is_status st = stage_upload(c, &c->st_attn, pk, n * sizeof(int32_t), &dev);
+    if (st != IS_OK) return st;
+    const int32_t *d = (const int32_t *)dev;
+    m->pos = d;
+    m->seq_of_token = d + T;
+    m->bt_off = d + 2 * T;
+    m->seg_off = d + 2 * T + S;
+    m->flat = d;
+    return IS_OK;
+}
+
+static void cu_attention(backend *be, float *out, const float *q, const float *k_cache,
+                         const float *v_cache, const attn_batch *b, int32_t n_heads,
+                         int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
+    cuda_ctx *c = ctx_of(be);
+    if (b->n_tokens <= 0 || !op_begin(c)) return;
+    /* The CPU reference's preconditions, checked on the host arrays. */
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        int32_t s = b->seq_of_token[t];
+        IS_ASSERT(s >= 0 && s < b->n_seqs);
+        IS_ASSERT(b->pos[t] >= 0 && b->pos[t] + 1 <= b->seq_len[s]);
+    }
+    cuda_attn_meta m;
+    is_status st = attn_meta(c, b, block_size, &m);
+    if (st == IS_OK)
+        st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
+                            n_heads, n_kv_heads, head_dim, block_size);
+    op_note(c, st);
+}
+
+static void cu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_note(c, cuda_swiglu(c->stream, out, gate, up, n));
+}
+
+static void cu_add(backend *be, float *x, const float *y, int64_t n) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_note(c, cuda_add(c->stream, x, y, n));
+}
+
+static void cu_sync(backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
+}
+
+static void ctx_destroy(cuda_ctx *c) {
+    if (!c) return;
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    stage_free(&c->st_tokens);
+    stage_free(&c->st_rope);
+    stage_free(&c->st_slots);
+    stage_free(&c->st_attn);
+    cudaFree(c->xbf);
+    cudaFree(c->ypart);
+    cudaFree(c->rope_dev);
+    free(c->rope_host);
+    free(c->pack);
+    if (c->cublas) cublasDestroy(c->cublas);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static void cu_free(backend *be) {
+    if (!be) return;
+    ctx_destroy(ctx_of(be));
+    free(be);
+}
+
+static const backend_ops cuda_ops = {
+    /* .name = */ "cuda",
+    /* .free = */ cu_free,
+    /* .alloc = */ cu_alloc,
+    /* .release = */ cu_release,
+    /* .upload = */ cu_upload,
+    /* .download = */ cu_download,
+    /* .copy = */ cu_copy,
+    /* .weight_create = */ cu_weight_create,
+    /* .weight_free = */ cu_weight_free,
+    /* .get_rows = */ cu_get_rows,
+    /* .rmsnorm = */ cu_rmsnorm,
+    /* .matmul = */ cu_matmul,
+    /* .rope = */ cu_rope,
+    /* .kv_store = */ cu_kv_store,
+    /* .attention = */ cu_attention,
+    /* .swiglu = */ cu_swiglu,
+    /* .add = */ cu_add,
+    /* .sync = */ cu_sync,
+};
+
+/* ---- creation -------------------------------------------------------------- */
+
+/* A kernel whose attributes say whether this build has code for a device. */
+static __global__ void probe_kernel(void) {}
+
+/* IS_OK if `device` exists and can run this build's kernels. */
+static is_status device_usable(int32_t device) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: no usable CUDA driver or device (%s)",
+                            cudaGetErrorString(e));
+    }
+    if (device < 0 || device >= n)
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: no device %d (%d present)", device, n);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (prop.major < 8) /* bf16 matrix products */
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: device %d (%s) is sm_%d%d, need sm_80+",
+                            device, prop.name, prop.major, prop.minor);
+    CUDA_CHECK(cudaSetDevice(device));
+    cudaFuncAttributes attr;
+    e = cudaFuncGetAttributes(&attr, probe_kernel);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "cuda backend: this build has no code for device %d (%s, sm_%d%d): %s",
+                            device, prop.name, prop.major, prop.minor, cudaGetErrorString(e));
+    }
+    return IS_OK;
+}
+
+extern "C" bool backend_cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    for (int d = 0; d < n; d++)
+        if (device_usable(d) == IS_OK) return true;
+    is_error_clear();
+    return false;
+}
+
+extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
+    is_status st = device_usable(device);
+    if (st != IS_OK) return st;
+    backend *be = (backend *)calloc(1, sizeof *be);
+    cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+    }
+    c->device = device;
+    c->err = IS_OK;
+    c->precision = CUDA_MATMUL_BF16X2;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        st = cuda_status_from(e, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+        c->stream = NULL;
+    }
+    if (st == IS_OK) {
+        cublasStatus_t bs = cublasCreate(&c->cublas);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            c->cublas = NULL;
+            st = cublas_status_from(bs, "cublasCreate", __FILE__, __LINE__);
+        } else if ((bs = cublasSetStream(c->cublas, c->stream)) != CUBLAS_STATUS_SUCCESS) {
+            st = cublas_status_from(bs, "cublasSetStream", __FILE__, __LINE__);
+        }
+    }
+    if (st != IS_OK) {
+        ctx_destroy(c);
+        free(be);
+        return st;
+    }
+    be->ops = &cuda_ops;
+    be->ctx = c;
+    *out = be;
+    return IS_OK;
+}
+
+extern "C" void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p) {
+    ctx_of(be)->precision = p;
+}
+
+extern "C" is_status backend_cuda_check(backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    if (c->err == IS_OK) {
+        cudaError_t e = cudaSetDevice(c->device);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
+    }
+    if (c->err != IS_OK) return is_error_set(c->err, "%s", c->err_msg);
+    return IS_OK;
+}

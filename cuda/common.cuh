@@ -1,0 +1,56 @@
+/*
+ * common: what every source of the CUDA backend shares: the checks that turn
+ * a failed CUDA or cuBLAS call into an is_status with a message (never
+ * exit()), and the launch check that follows every kernel launch.
+ *
+ * Launchers (the host functions each kernel family exports) return
+ * is_status; the backend's ops, whose interface returns void, record the
+ * first failure in their context (backend_cuda_check reads it).
+ */
+#ifndef IS_CUDA_COMMON_CUH
+#define IS_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/status.h"
+}
+
+/* Records "cuda: <expr> failed at file:line: <reason>" and returns the
+ * status that names the failure: IS_ERR_NOMEM for an allocation,
+ * IS_ERR_UNSUPPORTED for a missing device, driver or kernel image,
+ * IS_ERR_INTERNAL otherwise. */
+is_status cuda_status_from(cudaError_t err, const char *expr, const char *file, int line);
+is_status cublas_status_from(cublasStatus_t st, const char *expr, const char *file, int line);
+
+/* In a function returning is_status: returns the failure of `call`. */
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t cuda_check_err_ = (call);                                                      \
+        if (cuda_check_err_ != cudaSuccess)                                                        \
+            return cuda_status_from(cuda_check_err_, #call, __FILE__, __LINE__);                   \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                         \
+    do {                                                                                           \
+        cublasStatus_t cublas_check_st_ = (call);                                                  \
+        if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                             \
+            return cublas_status_from(cublas_check_st_, #call, __FILE__, __LINE__);                \
+    } while (0)
+
+/* After a launch: a bad configuration shows up here, a fault in the kernel
+ * at the next synchronising call. */
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+/* Blocks of `threads` covering n items, capped (grid-stride loops do the rest). */
+static inline unsigned cuda_blocks_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535 * 8) b = 65535 * 8;
+    return (unsigned)b;
+}
+
+#endif

@@ -1,0 +1,123 @@
+/*
+ * elementwise: one-pass kernels (see elementwise.cuh).
+ */
+#include "elementwise.cuh"
+
+static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        /* expf, not __expf: the CPU reference uses expf too. */
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static __global__ void add_kernel(float *x, const float *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+static __global__ void add_bias_kernel(float *y, const float *bias, int64_t rows, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % rows];
+}
+
+static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+static __global__ void f32_to_bf16_split_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = src[i];
+        const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+        dst[i] = hi;
+        dst[n + i] = __float2bfloat16_rn(x - __bfloat162float(hi)); /* x - hi is exact */
+    }
+}
+
+static __global__ void sum_halves_kernel(float *y, const float *part, const float *bias,
+                                         int64_t rows, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = part[i] + part[n + i];
+        if (bias) v += bias[i % rows];
+        y[i] = v;
+    }
+}
+
+template <typename T> static __device__ __forceinline__ float widen(T v);
+template <> __device__ __forceinline__ float widen<float>(float v) { return v; }
+template <> __device__ __forceinline__ float widen<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+
+/* One block per token. */
+template <typename T>
+static __global__ void get_rows_kernel(float *out, const T *emb, int64_t cols,
+                                       const int32_t *tokens) {
+    const T *src = emb + (int64_t)tokens[blockIdx.x] * cols;
+    float *dst = out + (int64_t)blockIdx.x * cols;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = widen(src[i]);
+}
+
+is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n) {
+    if (n <= 0) return IS_OK;
+    swiglu_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_add(cudaStream_t s, float *x, const float *y, int64_t n) {
+    if (n <= 0) return IS_OK;
+    add_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_add_bias(cudaStream_t s, float *y, const float *bias, int32_t T, int64_t rows) {
+    int64_t n = (int64_t)T * rows;
+    if (n <= 0) return IS_OK;
+    add_bias_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(y, bias, rows, n);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_f32_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n) {
+    if (n <= 0) return IS_OK;
+    f32_to_bf16_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(dst, src, n);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_f32_to_bf16_split(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n) {
+    if (n <= 0) return IS_OK;
+    f32_to_bf16_split_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(dst, src, n);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const float *bias,
+                          int32_t T, int64_t rows) {
+    int64_t n = (int64_t)T * rows;
+    if (n <= 0) return IS_OK;
+    sum_halves_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(y, part, bias, rows, n);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf16, int64_t cols,
+                        const int32_t *tokens, int32_t T) {
+    if (T <= 0) return IS_OK;
+    int threads = cols >= 256 ? 256 : 64;
+    if (emb_bf16)
+        get_rows_kernel<<<T, threads, 0, s>>>(out, (const __nv_bfloat16 *)emb, cols, tokens);
+    else
+        get_rows_kernel<<<T, threads, 0, s>>>(out, (const float *)emb, cols, tokens);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}

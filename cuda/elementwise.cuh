@@ -1,0 +1,38 @@
+/*
+ * elementwise: the ops that touch each element once (SwiGLU, residual add,
+ * bias add, f32 -> bf16 conversion of matmul inputs, embedding rows).
+ * Memory-bound: one pass, coalesced, grid-stride.
+ */
+#ifndef IS_CUDA_ELEMENTWISE_CUH
+#define IS_CUDA_ELEMENTWISE_CUH
+
+#include "common.cuh"
+
+/* out[i] = silu(gate[i]) * up[i], i < n (out may alias gate or up). */
+is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n);
+
+/* x[i] += y[i], i < n. */
+is_status cuda_add(cudaStream_t s, float *x, const float *y, int64_t n);
+
+/* y[t][i] += bias[i] for t < T, i < rows. */
+is_status cuda_add_bias(cudaStream_t s, float *y, const float *bias, int32_t T, int64_t rows);
+
+/* dst[i] = bf16(src[i]) rounded to nearest even, i < n. */
+is_status cuda_f32_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n);
+
+/* The activation split of the accurate matmul: hi[i] = bf16(src[i]) and
+ * lo[i] = bf16(src[i] - hi[i]) (both to nearest even), so hi + lo carries
+ * about 16 significant bits; dst = [hi: n][lo: n]. */
+is_status cuda_f32_to_bf16_split(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n);
+
+/* y[t][i] = part[t][i] + part[T + t][i] (+ bias[i] when bias is not NULL),
+ * t < T, i < rows: the two halves of a split product summed. */
+is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const float *bias,
+                          int32_t T, int64_t rows);
+
+/* out[t][cols] = row tokens[t] of emb ([rows][cols], bf16 when emb_bf16,
+ * else f32), widened to f32; tokens in device memory, already checked. */
+is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf16, int64_t cols,
+                        const int32_t *tokens, int32_t T);
+
+#endif

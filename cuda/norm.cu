@@ -1,0 +1,36 @@
+/*
+ * norm: RMSNorm, one block per row (see norm.cuh).
+ */
+#include "norm.cuh"
+
+#define NORM_THREADS 256
+
+static __global__ void rmsnorm_kernel(float *out, const float *x, const float *g, int32_t n,
+                                      float eps) {
+    __shared__ float partial[NORM_THREADS / 32];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *o = out + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) ss += xr[i] * xr[i];
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (threadIdx.x == 0) partial[0] = ss;
+    }
+    __syncthreads();
+    float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
+    /* Every thread has read partial[0] before any writes out (out may alias x,
+     * but each element is read and written by the same thread). */
+    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = xr[i] * scale * g[i];
+}
+
+is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, int32_t T,
+                       int32_t n, float eps) {
+    if (T <= 0 || n <= 0) return IS_OK;
+    rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, g, n, eps);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}

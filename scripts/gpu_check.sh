@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend on a GPU machine (the device tool's H200) and checks
+# it, in one call: configure with -DIS_CUDA=ON, build the CUDA library and its
+# tests, run `ctest -L gpu`, then compute-sanitizer (memcheck, and racecheck
+# on the ops test) where it is installed. Logs go to $OUT (the device tool's
+# folder that comes back; ./gpu-out elsewhere); the last lines printed are a
+# summary table. Exit status: 0 when every step that ran passed.
+#
+# What that machine lacks is prepared here first by scripts/gpu_prepare.sh:
+# the -dev packages (.gpudeps/deps.tar.xz, unpacked into build-gpu/deps, with
+# pkg-config pointed at it) and the default model in two parts
+# (.gpumodel_a/, .gpumodel_b/, reassembled into models/ and checked by
+# sha256). Without the model its tests skip; everything else still runs.
+#
+# Usage: scripts/gpu_check.sh            (build dir build-gpu)
+#        IS_GPU_SANITIZE=0 scripts/gpu_check.sh   (skip compute-sanitizer)
+#        IS_GPU_SANITIZE_TIMEOUT=120 ...          (seconds per sanitizer run)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT=${OUT:-$REPO/gpu-out}
+mkdir -p "$OUT"
+BUILD=$REPO/build-gpu
+exec > >(tee "$OUT/gpu_check.log") 2>&1
+
+declare -A RESULT
+ORDER=()
+note() { RESULT[$1]=$2; ORDER+=("$1"); }
+section() { echo; echo "=== $* ($(date +%T))"; }
+
+section machine
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1 | head -3
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+nvcc --version 2>&1 | tail -2
+grep -E '^(PRETTY_NAME)=' /etc/os-release 2>/dev/null
+echo "cores: $(nproc)"
+for t in gcc g++ cmake ninja make pkg-config compute-sanitizer; do
+  printf '  %-18s %s\n' "$t" "$(command -v $t || echo missing)"
+done
+
+section dependencies
+MODS="libpcre2-8 openblas libcjson libutf8proc sqlite3 cmocka"
+PKGCFG=$(command -v pkg-config || true)
+have_mods() {
+  [ -n "$PKGCFG" ] || return 1
+  PKG_CONFIG_PATH="/usr/lib/x86_64-linux-gnu/openblas-openmp/pkgconfig:${PKG_CONFIG_PATH:-}" \
+    "$PKGCFG" --exists $MODS
+}
+CMAKE_EXTRA=()
+if have_mods; then
+  echo "system pkg-config finds: $MODS"
+elif [ -f .gpudeps/deps.tar.xz ]; then
+  ROOT=$BUILD/deps # outside .gpudeps, which travels
+  rm -rf "$ROOT" && mkdir -p "$ROOT"
+  tar -xJf .gpudeps/deps.tar.xz -C "$ROOT"
+  # The .pc files name /usr: point them at the private root.
+  find "$ROOT" -name '*.pc' -exec sed -i "s#/usr#$ROOT/usr#g" {} +
+  LIBDIR=$ROOT/usr/lib/x86_64-linux-gnu
+  export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$LIBDIR/openblas-openmp/pkgconfig:$ROOT/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
+  # Runtime libraries the system lacks (libgfortran for OpenBLAS, ...), and
+  # only those, go on LD_LIBRARY_PATH; the build's RUNPATH finds the rest.
+  mkdir -p "$ROOT/ldlib"
+  SYSLIBS=$( (ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null) | awk 'NR > 1 {print $1}')
+  for f in "$LIBDIR"/*.so.* "$LIBDIR"/openblas-openmp/*.so.*; do
+    n=$(basename "$f")
+    grep -qxF "$n" <<< "$SYSLIBS" || ln -sf "$f" "$ROOT/ldlib/$n"
+  done
+  export LD_LIBRARY_PATH="$ROOT/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "private libraries: $(ls "$ROOT/ldlib" | tr '\n' ' ')"
+  if [ -z "$PKGCFG" ]; then
+    PKGCFG=$ROOT/usr/bin/pkgconf
+    CMAKE_EXTRA+=("-DPKG_CONFIG_EXECUTABLE=$PKGCFG")
+  fi
+  if have_mods; then echo "found in .gpudeps: $MODS"; else echo "still missing: $MODS"; fi
+else
+  echo "missing -dev packages and no .gpudeps/deps.tar.xz (run scripts/gpu_prepare.sh here)"
+fi
+
+section model
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$MODEL" ] && [ -d .gpumodel_a ] && [ -d .gpumodel_b ]; then
+  mkdir -p models
+  cat .gpumodel_a/part.* .gpumodel_b/part.* > "$MODEL.part"
+  if [ "$(sha256sum "$MODEL.part" | cut -d' ' -f1)" = "$(cat .gpumodel_b/sha256)" ]; then
+    mv "$MODEL.part" "$MODEL"
+    echo "reassembled $MODEL"
+  else
+    rm -f "$MODEL.part"
+    echo "model parts do not match their sha256: the model tests will skip"
+  fi
+fi
+[ -f "$MODEL" ] && ls -la "$MODEL" || echo "no $MODEL: the default-model tests skip"
+
+section configure
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DIS_CUDA=ON \
+    "${CMAKE_EXTRA[@]}" > "$OUT/cmake.log" 2>&1; then
+  note configure ok
+else
+  note configure FAILED
+  tail -30 "$OUT/cmake.log"
+fi
+
+if [ "${RESULT[configure]}" = ok ]; then
+  section build
+  start=$(date +%s)
+  if cmake --build "$BUILD" -j "$(nproc)" --target inferscale_cuda test_cuda_ops test_cuda_model \
+      > "$OUT/build.log" 2>&1; then
+    note build "ok ($(( $(date +%s) - start )) s, $(grep -c 'warning' "$OUT/build.log") warning lines)"
+  else
+    note build FAILED
+    grep -E 'error|Error' "$OUT/build.log" | head -30
+  fi
+fi
+
+if [[ "${RESULT[build]:-}" == ok* ]]; then
+  section "ctest -L gpu"
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 400 -V) > "$OUT/ctest.log" 2>&1
+  rc=$?
+  grep -E 'rel err|SKIPPED|FAILED|PASSED|error|differ|identical|ratio|seed|Test +#|tests passed' \
+    "$OUT/ctest.log" | head -150
+  [ $rc -eq 0 ] && note "ctest -L gpu" ok || note "ctest -L gpu" "FAILED (rc $rc)"
+
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ "${IS_GPU_SANITIZE:-1}" = 1 ] && [ -n "$SAN" ]; then
+    for tool in memcheck racecheck; do
+      section "compute-sanitizer --tool $tool test_cuda_ops"
+      IS_CUDA_TEST_NO_OOM=1 timeout "${IS_GPU_SANITIZE_TIMEOUT:-300}" "$SAN" --tool $tool \
+        --error-exitcode 97 --print-limit 20 \
+        "$BUILD/tests/cuda/test_cuda_ops" > "$OUT/$tool.log" 2>&1
+      rc=$?
+      tail -4 "$OUT/$tool.log"
+      # racecheck flags cuBLAS's own Hopper GEMM kernels (nvjet_*, which
+      # synchronise through the async proxy it does not follow); seen on the
+      # first device run, 2 reports of 320 hazards each. Ours must be clean.
+      ours=$(grep -E 'Race reported|Invalid|ERROR SUMMARY: [1-9]' "$OUT/$tool.log" | grep -vc nvjet_)
+      if [ $rc -eq 97 ] && [ "$tool" = racecheck ] && [ "$ours" -eq 0 ]; then
+        rc=0
+        echo "(racecheck: reports only inside cuBLAS's nvjet kernels)"
+      fi
+      case $rc in
+        0) note "$tool" "ok ($(grep -cE '^\[  SKIPPED' "$OUT/$tool.log") skipped)" ;;
+        97) note "$tool" "ERRORS (see $tool.log)" ;;
+        124) note "$tool" "timed out (${IS_GPU_SANITIZE_TIMEOUT:-300} s)" ;;
+        *) note "$tool" "test failed under the sanitizer (rc $rc)" ;;
+      esac
+    done
+  else
+    note compute-sanitizer "not run"
+  fi
+fi
+
+section summary
+status=0
+for k in "${ORDER[@]}"; do
+  printf '  %-24s %s\n' "$k" "${RESULT[$k]}"
+  case "${RESULT[$k]}" in ok*|"not run") ;; *) status=1 ;; esac
+done
+exit $status

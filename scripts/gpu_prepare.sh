@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Prepares, on a development machine, what scripts/gpu_check.sh needs on the
+# GPU machine that its repository copy does not carry (issue 6):
+#   .gpudeps/deps.tar.xz   the Debian -dev packages the build links against
+#                          (that machine has nvcc and cuBLAS but none of
+#                          them, and no network), unpacked there into a
+#                          private folder, never into /;
+#   .gpumodel_a/, .gpumodel_b/
+#                          the default model in two parts, since one device
+#                          call carries at most 64 MiB (repository included).
+# All three folders are added to .git/info/exclude: they travel only when a
+# call names them in `carry`, and stay on the warm machine between calls.
+#
+# Then, with the device tool (device time is counted from the first call):
+#   call 1: carry [".gpumodel_a"], command "true"
+#   call 2: carry [".gpumodel_b", ".gpudeps"], command "bash scripts/gpu_check.sh"
+# (without the model: one call, carry [".gpudeps"]; the model tests skip).
+#
+# Usage: scripts/gpu_prepare.sh [--no-model]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for d in .gpudeps .gpumodel_a .gpumodel_b; do
+  grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
+done
+
+# The packages of scripts/setup.sh that the build needs, with their runtime
+# libraries, and pkgconf in case that machine has no pkg-config.
+PKGS="pkgconf pkgconf-bin libpkgconf3 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0
+libpcre2-posix3 libopenblas-openmp-dev libopenblas0-openmp libgfortran5 libquadmath0 libcjson-dev
+libcjson1 libutf8proc-dev libutf8proc2 libsqlite3-dev libsqlite3-0 libcmocka-dev libcmocka0"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/debs" "$tmp/root"
+(cd "$tmp/debs" && apt-get download $PKGS >/dev/null 2>&1) || {
+  echo "gpu_prepare: apt-get download failed (run apt-get update first?)" >&2; exit 1; }
+for f in "$tmp"/debs/*.deb; do dpkg -x "$f" "$tmp/root"; done
+# Static libraries and documentation are not needed there; they would only
+# take room in the 64 MiB a call carries.
+find "$tmp/root" -name '*.a' -delete
+rm -rf "$tmp/root/usr/share/doc" "$tmp/root/usr/share/man" "$tmp/root/usr/share/lintian"
+mkdir -p .gpudeps
+tar -cJf .gpudeps/deps.tar.xz -C "$tmp/root" .
+echo "gpu_prepare: .gpudeps/deps.tar.xz ($(du -h .gpudeps/deps.tar.xz | cut -f1))"
+
+[ "${1:-}" = "--no-model" ] && exit 0
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$MODEL" ] || { echo "gpu_prepare: $MODEL is missing (scripts/setup.sh fetches it)" >&2; exit 1; }
+rm -rf .gpumodel_a .gpumodel_b
+mkdir -p .gpumodel_a .gpumodel_b
+split -b 52M -d -a 2 "$MODEL" "$tmp/part."
+mv "$tmp/part.00" .gpumodel_a/
+mv "$tmp"/part.0[1-9] .gpumodel_b/
+sha256sum "$MODEL" | cut -d' ' -f1 > .gpumodel_b/sha256
+echo "gpu_prepare: model split into .gpumodel_a ($(du -sh .gpumodel_a | cut -f1)) and .gpumodel_b ($(du -sh .gpumodel_b | cut -f1))"

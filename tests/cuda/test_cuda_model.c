@@ -1,0 +1,434 @@
+/*
+ * The whole forward pass on the CUDA backend against the CPU reference, at
+ * the bf16 tolerance of issue 6: relative L2 error of the logits (over all
+ * compared positions) <= 1e-2, and the same argmax on >= 99% of positions,
+ * in the default matmul precision (CUDA_MATMUL_BF16X2); the faster
+ * CUDA_MATMUL_BF16 is held to 1.5e-2 on the default model.
+ *
+ *  - default model (SmolLM2-135M, Q4_1): a 256-token prefill with logits at
+ *    every position, then 64 decode steps through the paged KV cache, each
+ *    feeding the next token of the same text (320 positions);
+ *  - tiny random-weight models (the .gguf files of tests/golden/tiny, where present:
+ *    qwen2 with biases and NeoX RoPE, llama-3.1 frequency factors,
+ *    head_dim != dim / n_heads): 200-token prefill + 40 decode steps of
+ *    random tokens (same argmax on 95% only: see ARGMAX_MIN_RANDOM);
+ *  - memory injection on the GPU: facts encoded (pre-RoPE KV captured),
+ *    injected and the query prefilled on the CUDA backend, against the
+ *    segment-masked reference prefill on the CUDA backend and on the CPU.
+ *
+ * Each part skips cleanly without a usable GPU or without its model file.
+ * Batches ask for logits at every position or at the first only: the
+ * engine gathers other selections with a host memcpy on backend memory,
+ * which device memory does not allow (see the report of this test's commit).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend_cuda.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "serve/memory_prompt.h"
+
+#define REL_TOL 1e-2      /* issue 6's bar, for the default precision */
+#define REL_TOL_BF16 1.5e-2 /* CUDA_MATMUL_BF16 (see test_default_model) */
+#define ARGMAX_MIN 0.99
+/* Random-weight models (vocabulary 320) have near-ties: top-2 margins down
+ * to 1e-4 of the logits. A simulation of this rounding on them
+ * (cuda/NOTES.md) kept the argmax at 98.3% to 100% of positions, so they
+ * are held to 95%; the 99% bar applies to the real model. */
+#define ARGMAX_MIN_RANDOM 0.95
+
+static backend *g_cpu, *g_gpu;
+static model *g_mc, *g_mg; /* the default model on each backend */
+
+static const char *TEXT =
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. From the top he could "
+    "see the fishing boats returning to the harbour, their lamps swaying on the dark water. His "
+    "daughter, who was learning to read, liked to count the boats aloud and write the number in a "
+    "small blue notebook. On stormy nights the keeper stayed awake until dawn, polishing the great "
+    "lens and listening to the wind hammer the windows. In spring the town held a festival for the "
+    "sailors, with music, bread and smoked fish, and the keeper's daughter read a poem she had "
+    "written about the light that never sleeps.";
+
+static void gpu_ok(void) {
+    is_status st = backend_cuda_check(g_gpu);
+    if (st != IS_OK) fprintf(stderr, "cuda: %s\n", is_error_last());
+    assert_int_equal(st, IS_OK);
+}
+
+static bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int setup(void **state) {
+    if (!backend_cuda_available()) {
+        printf("no usable CUDA device: every test skips\n");
+        return 0;
+    }
+    if (backend_cpu_create(0, &g_cpu) != IS_OK) return -1;
+    if (backend_cuda_create(0, &g_gpu) != IS_OK) {
+        fprintf(stderr, "backend_cuda_create: %s\n", is_error_last());
+        return -1;
+    }
+    if (!file_exists(IS_DEFAULT_MODEL)) {
+        printf("%s is absent: the default-model tests skip\n", IS_DEFAULT_MODEL);
+        return 0;
+    }
+    if (model_load(IS_DEFAULT_MODEL, g_cpu, &g_mc) != IS_OK ||
+        model_load(IS_DEFAULT_MODEL, g_gpu, &g_mg) != IS_OK) {
+        fprintf(stderr, "model_load: %s\n", is_error_last());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    model_free(g_mc);
+    model_free(g_mg);
+    if (g_gpu) g_gpu->ops->free(g_gpu);
+    if (g_cpu) g_cpu->ops->free(g_cpu);
+    return 0;
+}
+
+static engine *make_engine(model *m, int32_t n_ctx) {
+    engine_params ep = engine_default_params();
+    ep.n_ctx = n_ctx;
+    ep.max_seqs = 4;
+    engine *e = NULL;
+    is_status st = engine_create(m, ep, &e);
+    if (st != IS_OK) fprintf(stderr, "engine_create: %s\n", is_error_last());
+    assert_int_equal(st, IS_OK);
+    return e;
+}
+
+typedef struct agreement {
+    double rel;      /* |gpu - cpu| / |cpu| over all positions */
+    double worst;    /* the largest per-position relative error */
+    double same;     /* fraction of positions with the same argmax */
+} agreement;
+
+static agreement compare_logits(const float *gpu, const float *cpu, int32_t n_pos, int32_t V) {
+    agreement a = {0, 0, 0};
+    double num = 0, den = 0;
+    int32_t same = 0;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *g = gpu + (size_t)p * V, *c = cpu + (size_t)p * V;
+        double pn = 0, pd = 0;
+        for (int32_t i = 0; i < V; i++) {
+            double d = isfinite(g[i]) ? (double)g[i] - c[i] : INFINITY;
+            pn += d * d;
+            pd += (double)c[i] * c[i];
+        }
+        num += pn;
+        den += pd;
+        double r = sqrt(pn / pd);
+        if (!(r <= a.worst)) a.worst = r;
+        if (sampler_argmax(g, V) == sampler_argmax(c, V)) same++;
+    }
+    a.rel = sqrt(num / den);
+    a.same = (double)same / n_pos;
+    return a;
+}
+
+static void expect_agreement(const char *what, agreement a, int32_t n_pos, double tol,
+                             double argmax_min) {
+    printf("  %-44s %4d positions: rel err %.3e (worst position %.3e), same argmax %.2f%%\n",
+           what, n_pos, a.rel, a.worst, 100.0 * a.same);
+    if (!(a.rel <= tol)) fail_msg("%s: relative error %.3e > %.1e", what, a.rel, tol);
+    if (!(a.same >= argmax_min))
+        fail_msg("%s: same argmax on %.2f%% < %.0f%%", what, 100.0 * a.same, 100.0 * argmax_min);
+}
+
+/* Logits of tokens[0..n_prefill) from one prefill, then of each further
+ * token from a decode step: out[n_prefill + n_decode][V]. */
+static void run_stream(model *m, const int32_t *tokens, int32_t n_prefill, int32_t n_decode,
+                       float *out) {
+    const int32_t V = m->cfg.n_vocab;
+    engine *e = make_engine(m, 1024);
+    int32_t seq;
+    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+    int32_t *seqs = malloc((size_t)n_prefill * sizeof *seqs);
+    bool *want = malloc((size_t)n_prefill);
+    for (int32_t i = 0; i < n_prefill; i++) {
+        seqs[i] = seq;
+        want[i] = true;
+    }
+    engine_batch b = {.n_tokens = n_prefill, .tokens = tokens, .seq = seqs, .want_logits = want};
+    assert_int_equal(engine_decode(e, &b, out), IS_OK);
+    for (int32_t i = 0; i < n_decode; i++) {
+        engine_batch d = {.n_tokens = 1, .tokens = tokens + n_prefill + i, .seq = &seq};
+        assert_int_equal(engine_decode(e, &d, out + (size_t)(n_prefill + i) * V), IS_OK);
+    }
+    free(seqs);
+    free(want);
+    engine_free(e);
+}
+
+static void compare_stream(const char *what, model *mc, model *mg, const int32_t *tokens,
+                           int32_t n_prefill, int32_t n_decode, double tol, double argmax_min) {
+    const int32_t V = mc->cfg.n_vocab, n = n_prefill + n_decode;
+    float *lc = malloc((size_t)n * V * sizeof(float)), *lg = malloc((size_t)n * V * sizeof(float));
+    assert_non_null(lc);
+    assert_non_null(lg);
+    for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = NAN;
+    run_stream(mc, tokens, n_prefill, n_decode, lc);
+    run_stream(mg, tokens, n_prefill, n_decode, lg);
+    gpu_ok();
+    expect_agreement(what, compare_logits(lg, lc, n, V), n, tol, argmax_min);
+    free(lc);
+    free(lg);
+}
+
+static void test_default_model(void **state) {
+    if (!g_mg) skip();
+    int32_t *toks;
+    size_t n;
+    assert_int_equal(tokenizer_encode(g_mc->tok, TEXT, strlen(TEXT), true, false, &toks, &n), IS_OK);
+    const int32_t n_prefill = 256, n_decode = 64, total = n_prefill + n_decode;
+    int32_t *stream = malloc((size_t)total * sizeof *stream);
+    for (int32_t i = 0; i < total; i++) stream[i] = toks[(size_t)i % n]; /* the text, repeated */
+    compare_stream("SmolLM2-135M Q4_1, 256 prefill + 64 decode", g_mc, g_mg, stream, n_prefill,
+                   n_decode, REL_TOL, ARGMAX_MIN);
+    /* The faster rounding (bf16 inputs): simulated at 9.8e-3 on this text
+     * (cuda/NOTES.md), so its bound is looser than the default's. */
+    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16);
+    compare_stream("  the same with CUDA_MATMUL_BF16", g_mc, g_mg, stream, n_prefill, n_decode,
+                   REL_TOL_BF16, ARGMAX_MIN);
+    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    free(stream);
+    free(toks);
+}
+
+static void test_tiny_models(void **state) {
+    if (!g_gpu) skip();
+    const char *dir_path = IS_GOLDEN_DIR "/tiny";
+    DIR *dir = opendir(dir_path);
+    if (!dir) {
+        printf("%s is absent: skipping\n", dir_path);
+        skip();
+    }
+    int n_models = 0;
+    uint64_t rng = 7;
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL) {
+        size_t len = strlen(de->d_name);
+        if (len < 6 || strcmp(de->d_name + len - 5, ".gguf") != 0) continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir_path, de->d_name);
+        model *mc = NULL, *mg = NULL;
+        assert_int_equal(model_load(path, g_cpu, &mc), IS_OK);
+        is_status st = model_load(path, g_gpu, &mg);
+        if (st != IS_OK) fprintf(stderr, "model_load(%s) on cuda: %s\n", path, is_error_last());
+        assert_int_equal(st, IS_OK);
+        const int32_t n_prefill = 200, n_decode = 40, V = mc->cfg.n_vocab;
+        int32_t toks[240];
+        for (int32_t i = 0; i < n_prefill + n_decode; i++) {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            toks[i] = (int32_t)(rng % (uint64_t)V);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "tiny %s", de->d_name);
+        compare_stream(what, mc, mg, toks, n_prefill, n_decode, REL_TOL, ARGMAX_MIN_RANDOM);
+        model_free(mc);
+        model_free(mg);
+        n_models++;
+    }
+    closedir(dir);
+    if (n_models == 0) skip();
+}
+
+/* ---- injection ------------------------------------------------------------------ */
+
+static const char *FACTS[] = {
+    "Caroline went to an LGBTQ support group on 7 May 2023.",
+    "Melanie painted a sunrise over a lake last year.",
+    "Caroline moved from Sweden four years ago.",
+    "Melanie plays the clarinet and started as a child.",
+};
+static const char *TURNS[] = {
+    "Caroline: I have been thinking a lot about family lately.",
+    "Melanie: The kids and I went hiking again this weekend.",
+};
+
+typedef struct encoded {
+    int32_t *ctx, n_ctx; /* context tokens */
+    int32_t *toks, n;    /* fact tokens */
+    float *k, *v;        /* [n_layers][n][kv_dim] pre-RoPE */
+} encoded;
+
+/* want_logits for a batch whose logits are not needed: token 0 only, the
+ * one selection (with "all") that the engine never gathers by memcpy. */
+static bool *first_only(int32_t n) {
+    bool *w = calloc((size_t)n, 1);
+    w[0] = true;
+    return w;
+}
+
+/* Encodes a fact after the serving prefix and w context turns on `m`'s
+ * engine, capturing its pre-RoPE keys and values. */
+static void encode(engine *e, const model *m, const memory_prompt *mp, const char *text, int w,
+                   encoded *out) {
+    memset(out, 0, sizeof *out);
+    assert_int_equal(memory_prompt_fact(mp, text, &out->toks, &out->n), IS_OK);
+    assert_int_equal(memory_prompt_context(mp, TURNS, w, &out->ctx, &out->n_ctx), IS_OK);
+    int32_t np;
+    const int32_t *pre = memory_prompt_prefix(mp, &np);
+    int32_t total = np + out->n_ctx + out->n;
+    int32_t *toks = malloc((size_t)total * sizeof *toks), *seqs = malloc((size_t)total * sizeof *seqs);
+    memcpy(toks, pre, (size_t)np * sizeof *toks);
+    if (out->n_ctx) memcpy(toks + np, out->ctx, (size_t)out->n_ctx * sizeof *toks);
+    memcpy(toks + np + out->n_ctx, out->toks, (size_t)out->n * sizeof *toks);
+    size_t sz = (size_t)m->cfg.n_layers * out->n * m->cfg.n_kv_heads * m->cfg.head_dim;
+    out->k = malloc(sz * sizeof(float));
+    out->v = malloc(sz * sizeof(float));
+    engine_kv_capture cap = {.first = np + out->n_ctx, .n = out->n, .k = out->k, .v = out->v};
+    int32_t seq;
+    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+    for (int32_t i = 0; i < total; i++) seqs[i] = seq;
+    float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
+    bool *want = first_only(total);
+    engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .want_logits = want,
+                      .capture = &cap};
+    assert_int_equal(engine_decode(e, &b, logits), IS_OK);
+    engine_seq_close(e, seq);
+    free(want);
+    free(logits);
+    free(toks);
+    free(seqs);
+}
+
+static void encoded_free(encoded *x) {
+    free(x->ctx);
+    free(x->toks);
+    free(x->k);
+    free(x->v);
+}
+
+/* Suffix logits [ns][V] after injecting the facts (encoded on m's backend). */
+static void run_injection(model *m, const memory_prompt *mp, int n_facts, int w, const char *query,
+                          float *out, int32_t *ns_out) {
+    engine *e = make_engine(m, 2048);
+    encoded enc[4];
+    engine_fact facts[4];
+    for (int i = 0; i < n_facts; i++) {
+        encode(e, m, mp, FACTS[i], w, &enc[i]);
+        facts[i] = (engine_fact){enc[i].n, enc[i].toks, enc[i].k, enc[i].v};
+    }
+    int32_t np, *suf, ns;
+    const int32_t *pre = memory_prompt_prefix(mp, &np);
+    assert_int_equal(memory_prompt_suffix(mp, query, &suf, &ns), IS_OK);
+    int32_t seq, sq[1024];
+    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+    for (int i = 0; i < 1024; i++) sq[i] = seq;
+    bool *want = first_only(np), all[1024];
+    for (int i = 0; i < 1024; i++) all[i] = true;
+    engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = sq, .want_logits = want};
+    assert_int_equal(engine_decode(e, &bp, out), IS_OK);
+    assert_int_equal(engine_inject(e, seq, facts, n_facts), IS_OK);
+    engine_batch bs = {.n_tokens = ns, .tokens = suf, .seq = sq, .want_logits = all};
+    assert_int_equal(engine_decode(e, &bs, out), IS_OK);
+    *ns_out = ns;
+    for (int i = 0; i < n_facts; i++) encoded_free(&enc[i]);
+    free(want);
+    free(suf);
+    engine_free(e);
+}
+
+/* Suffix logits [ns][V] of the segment-masked reference prefill: facts at
+ * their serving positions, each after its context, seeing the prefix at
+ * the distance they had when encoded (see tests/engine/test_inject.c). */
+static void run_reference(model *m, const memory_prompt *mp, int n_facts, int w, const char *query,
+                          float *out) {
+    engine *e = make_engine(m, 2048);
+    const int32_t V = m->cfg.n_vocab;
+    int32_t np, *suf, ns;
+    const int32_t *pre = memory_prompt_prefix(mp, &np);
+    assert_int_equal(memory_prompt_suffix(mp, query, &suf, &ns), IS_OK);
+    int32_t toks[1024], seg[1024], pos[1024], shift[1024], sq[1024];
+    bool want[1024];
+    int32_t t = 0, s_i = np;
+    for (int32_t i = 0; i < np; i++, t++) {
+        toks[t] = pre[i]; seg[t] = 0; pos[t] = i; shift[t] = 0;
+    }
+    for (int f = 0; f < n_facts; f++) {
+        int32_t *ft, nf, *ct, nc;
+        assert_int_equal(memory_prompt_fact(mp, FACTS[f], &ft, &nf), IS_OK);
+        assert_int_equal(memory_prompt_context(mp, TURNS, w, &ct, &nc), IS_OK);
+        int32_t delta = s_i - nc - np;
+        for (int32_t j = 0; j < nc; j++, t++) {
+            toks[t] = ct[j]; seg[t] = -(f + 1); pos[t] = s_i - nc + j; shift[t] = delta;
+        }
+        for (int32_t j = 0; j < nf; j++, t++) {
+            toks[t] = ft[j]; seg[t] = f + 1; pos[t] = s_i + j; shift[t] = delta;
+        }
+        s_i += nf;
+        free(ft);
+        free(ct);
+    }
+    for (int32_t j = 0; j < ns; j++, t++) {
+        toks[t] = suf[j]; seg[t] = 0; pos[t] = s_i + j; shift[t] = 0;
+    }
+    assert_true(t <= 1024);
+    int32_t seq;
+    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+    for (int32_t i = 0; i < t; i++) {
+        sq[i] = seq;
+        want[i] = true;
+    }
+    float *all = malloc((size_t)t * V * sizeof(float));
+    engine_batch b = {.n_tokens = t, .tokens = toks, .seq = sq, .want_logits = want,
+                      .segment = seg, .pos = pos, .prefix_shift = shift};
+    assert_int_equal(engine_decode(e, &b, all), IS_OK);
+    memcpy(out, all + (size_t)(t - ns) * V, (size_t)ns * V * sizeof(float));
+    free(all);
+    free(suf);
+    engine_free(e);
+}
+
+static void test_injection_on_gpu(void **state) {
+    if (!g_mg) skip();
+    const int32_t V = g_mg->cfg.n_vocab;
+    memory_prompt *mp;
+    assert_int_equal(memory_prompt_create(g_mg, NULL, &mp), IS_OK);
+    const char *query = "Where did Caroline move from, and what does Melanie play?";
+    float *inj = malloc((size_t)256 * V * sizeof(float)), *ref = malloc((size_t)256 * V * sizeof(float));
+    float *cref = malloc((size_t)256 * V * sizeof(float));
+    for (int w = 0; w <= 2; w += 2) {
+        int32_t ns;
+        run_injection(g_mg, mp, 4, w, query, inj, &ns);
+        run_reference(g_mg, mp, 4, w, query, ref);
+        run_reference(g_mc, mp, 4, w, query, cref);
+        gpu_ok();
+        char what[96];
+        snprintf(what, sizeof what, "inject (GPU) vs masked ref (GPU), w=%d", w);
+        expect_agreement(what, compare_logits(inj, ref, ns, V), ns, REL_TOL, ARGMAX_MIN);
+        snprintf(what, sizeof what, "inject (GPU) vs masked ref (CPU), w=%d", w);
+        expect_agreement(what, compare_logits(inj, cref, ns, V), ns, REL_TOL, ARGMAX_MIN);
+    }
+    free(inj);
+    free(ref);
+    free(cref);
+    memory_prompt_free(mp);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_model),
+        cmocka_unit_test(test_tiny_models),
+        cmocka_unit_test(test_injection_on_gpu),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

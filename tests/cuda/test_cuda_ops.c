@@ -1,0 +1,673 @@
+/*
+ * The CUDA backend against the CPU reference, op by op (as llama.cpp's
+ * test-backend-ops does): random inputs, the same op on both backends, and
+ * the relative L2 error |gpu - cpu| / |cpu| within a tolerance per op:
+ *
+ *   0 (exact)  memory round trips, kv_store, add; weights and get_rows
+ *              against the CPU's f32 values rounded to bf16 (what the GPU
+ *              keeps for matrices) or unrounded (f32 vectors);
+ *   1e-6       rope, swiglu: f32 on both, only a fused multiply-add or the
+ *              last ulp of expf differs;
+ *   1e-5       rmsnorm (the CPU sums 4096 squares in order: about 1e-6 of
+ *              rounding in the scale), attention (online softmax against
+ *              two passes);
+ *   matmul     1e-2 against the CPU's f32 product (the GPU rounds weights
+ *              to bf16 and inputs to bf16 or hi + lo bf16, both precisions
+ *              tested), and 1e-4 against a double product of the operands
+ *              as the GPU rounds them (1e-5 for f32 vectors), which pins
+ *              layout and accumulation down far more tightly than the bf16
+ *              tolerance could while leaving room for how the tensor cores
+ *              round their f32 sums.
+ *
+ * Outputs are poisoned with NaN before each op, so an element the GPU never
+ * writes fails; NaN anywhere fails. Inputs are fresh random draws for each
+ * case (seed IS_TEST_SEED, default 1, printed). Every test skips cleanly when
+ * backend_cuda_available() is false.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend_cuda.h"
+#include "core/status.h"
+#include "gguf/tensor_type.h"
+#include "model/quant.h"
+
+static backend *g_cpu, *g_gpu;
+static uint64_t g_rng;
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static uint64_t rng_next(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* Uniform in [-1, 1). */
+static float frand(void) { return (float)((double)(rng_next() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+
+static int32_t irand(int32_t n) { return (int32_t)(rng_next() % (uint64_t)n); }
+
+static float *rand_f32(size_t n, float scale) {
+    float *x = malloc(n * sizeof *x);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
+    return x;
+}
+
+static float bf16_round(float x) { return quant_bf16_to_f32(quant_f32_to_bf16(x)); }
+
+/* Copies n floats of host data into new memory of `be`. */
+static float *put(backend *be, const float *h, size_t n) {
+    float *d = NULL;
+    assert_int_equal(be->ops->alloc(be, n * sizeof(float), (void **)&d), IS_OK);
+    be->ops->upload(be, d, h, n * sizeof(float));
+    return d;
+}
+
+/* New memory of `be` holding n NaNs. */
+static float *poisoned(backend *be, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = put(be, h, n);
+    free(h);
+    return d;
+}
+
+/* Downloads n floats of `be` memory into new host memory and frees d. */
+static float *take(backend *be, float *d, size_t n) {
+    float *h = malloc(n * sizeof *h);
+    assert_non_null(h);
+    be->ops->download(be, h, d, n * sizeof(float));
+    be->ops->release(be, d);
+    return h;
+}
+
+static void gpu_ok(void) {
+    is_status st = backend_cuda_check(g_gpu);
+    if (st != IS_OK) fprintf(stderr, "cuda: %s\n", is_error_last());
+    assert_int_equal(st, IS_OK);
+}
+
+/* |a - ref| / |ref| in double; infinite if a holds a NaN or an infinity. */
+static double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void expect_close(const char *what, const float *gpu, const float *cpu, size_t n,
+                         double tol) {
+    double err = rel_l2(gpu, cpu, n);
+    printf("  %-44s rel err %.3e (tolerance %.0e)\n", what, err, tol);
+    if (!(err <= tol)) fail_msg("%s: relative error %.3e > %.0e", what, err, tol);
+}
+
+#define SKIP_WITHOUT_GPU()                                                                         \
+    do {                                                                                           \
+        if (!g_gpu) skip();                                                                        \
+    } while (0)
+
+/* ---- weights ------------------------------------------------------------------ */
+
+typedef struct test_weight {
+    gguf_tensor t;   /* describes data; the CPU weight may keep pointing at it */
+    void *data;      /* packed rows of t.type */
+    float *values;   /* [rows][cols] what quant_dequantize makes of data */
+    backend_weight *cpu, *gpu;
+} test_weight;
+
+/* Offsets of the f16 scale fields in a block of `type` (ggml layouts), so
+ * random blocks get finite, moderate scales instead of random bit patterns. */
+static int f16_fields(uint32_t type, int offs[2]) {
+    switch (type) {
+    case TENSOR_TYPE_Q4_0:
+    case TENSOR_TYPE_Q5_0:
+    case TENSOR_TYPE_Q8_0: offs[0] = 0; return 1;
+    case TENSOR_TYPE_Q4_1:
+    case TENSOR_TYPE_Q5_1:
+    case TENSOR_TYPE_Q4_K:
+    case TENSOR_TYPE_Q5_K: offs[0] = 0; offs[1] = 2; return 2;
+    case TENSOR_TYPE_Q6_K: offs[0] = 208; return 1;
+    default: return 0;
+    }
+}
+
+/* A random [rows][cols] tensor of `type` (n_dims 1 when rows == 1), created
+ * on both backends. */
+static void weight_make(test_weight *w, uint32_t type, int64_t cols, int64_t rows, float scale) {
+    memset(w, 0, sizeof *w);
+    const tensor_type_info *ti = tensor_type_get(type);
+    assert_non_null(ti);
+    size_t row_bytes = tensor_type_row_bytes(type, cols);
+    assert_true(row_bytes > 0);
+    size_t bytes = row_bytes * (size_t)rows;
+    uint8_t *d = malloc(bytes);
+    assert_non_null(d);
+    if (type == TENSOR_TYPE_F32 || type == TENSOR_TYPE_F16 || type == TENSOR_TYPE_BF16) {
+        for (int64_t i = 0; i < rows * cols; i++) {
+            float v = frand() * scale;
+            if (type == TENSOR_TYPE_F32) memcpy(d + 4 * i, &v, 4);
+            else {
+                uint16_t h = type == TENSOR_TYPE_F16 ? quant_f32_to_f16(v) : quant_f32_to_bf16(v);
+                memcpy(d + 2 * i, &h, 2);
+            }
+        }
+    } else {
+        for (size_t i = 0; i < bytes; i++) d[i] = (uint8_t)rng_next();
+        int offs[2];
+        int nf = f16_fields(type, offs);
+        assert_true(nf > 0);
+        size_t n_blocks = bytes / ti->block_bytes;
+        for (size_t b = 0; b < n_blocks; b++)
+            for (int f = 0; f < nf; f++) {
+                /* scale d in [scale/64, scale/16); a min of either sign */
+                float v = f == 0 ? scale * (0.5f + 0.5f * fabsf(frand())) / 32.0f
+                                 : scale * frand() / 8.0f;
+                uint16_t h = quant_f32_to_f16(v);
+                memcpy(d + b * ti->block_bytes + offs[f], &h, 2);
+            }
+    }
+    w->data = d;
+    w->t.name = "test";
+    w->t.n_dims = rows == 1 ? 1 : 2;
+    w->t.ne[0] = cols;
+    w->t.ne[1] = rows;
+    w->t.ne[2] = w->t.ne[3] = 1;
+    w->t.type = type;
+    w->t.data = d;
+    w->t.nbytes = bytes;
+    w->t.n_elements = rows * cols;
+    w->values = malloc((size_t)(rows * cols) * sizeof(float));
+    assert_non_null(w->values);
+    for (int64_t r = 0; r < rows; r++)
+        assert_int_equal(quant_dequantize(type, d + r * row_bytes, w->values + r * cols, cols), IS_OK);
+    assert_int_equal(g_cpu->ops->weight_create(g_cpu, &w->t, &w->cpu), IS_OK);
+    is_status st = g_gpu->ops->weight_create(g_gpu, &w->t, &w->gpu);
+    if (st != IS_OK) fprintf(stderr, "weight_create: %s\n", is_error_last());
+    assert_int_equal(st, IS_OK);
+    assert_int_equal(w->gpu->shape.rows, rows);
+    assert_int_equal(w->gpu->shape.cols, cols);
+}
+
+static void weight_drop(test_weight *w) {
+    g_cpu->ops->weight_free(g_cpu, w->cpu);
+    g_gpu->ops->weight_free(g_gpu, w->gpu);
+    free(w->data);
+    free(w->values);
+}
+
+/* ---- setup ------------------------------------------------------------------ */
+
+static int setup(void **state) {
+    const char *seed = getenv("IS_TEST_SEED");
+    g_rng = seed ? strtoull(seed, NULL, 10) : 1;
+    if (g_rng == 0) g_rng = 1;
+    printf("seed %llu\n", (unsigned long long)g_rng);
+    if (!backend_cuda_available()) {
+        printf("no usable CUDA device: every test skips\n");
+        return 0;
+    }
+    if (backend_cpu_create(0, &g_cpu) != IS_OK) return -1;
+    if (backend_cuda_create(0, &g_gpu) != IS_OK) {
+        fprintf(stderr, "backend_cuda_create: %s\n", is_error_last());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    if (g_gpu) g_gpu->ops->free(g_gpu);
+    if (g_cpu) g_cpu->ops->free(g_cpu);
+    return 0;
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+static void test_create_errors(void **state) {
+    SKIP_WITHOUT_GPU();
+    backend *b = (backend *)&b; /* must stay unchanged */
+    assert_int_equal(backend_cuda_create(4096, &b), IS_ERR_UNSUPPORTED);
+    assert_ptr_equal(b, (backend *)&b);
+    /* compute-sanitizer reports the refused allocation as an API error, so
+     * scripts/gpu_check.sh sets IS_CUDA_TEST_NO_OOM under the sanitizer. */
+    if (getenv("IS_CUDA_TEST_NO_OOM")) return;
+    void *p = &p;
+    assert_int_equal(g_gpu->ops->alloc(g_gpu, (size_t)1 << 52, &p), IS_ERR_NOMEM);
+    assert_ptr_equal(p, &p);
+    gpu_ok(); /* a refused allocation leaves the backend usable */
+}
+
+static void test_memory(void **state) {
+    SKIP_WITHOUT_GPU();
+    const size_t sizes[] = {1, 3, 1000, (size_t)1 << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        uint8_t *h = malloc(n), *back = malloc(n + 8);
+        for (size_t i = 0; i < n; i++) h[i] = (uint8_t)rng_next();
+        uint8_t *a, *b;
+        assert_int_equal(g_gpu->ops->alloc(g_gpu, n, (void **)&a), IS_OK);
+        assert_int_equal(g_gpu->ops->alloc(g_gpu, n + 8, (void **)&b), IS_OK);
+        g_gpu->ops->upload(g_gpu, a, h, n);
+        g_gpu->ops->copy(g_gpu, b + 5, a, n); /* unaligned destination */
+        g_gpu->ops->upload(g_gpu, a, back, 0); /* zero bytes: no-op */
+        g_gpu->ops->download(g_gpu, back, b + 5, n);
+        assert_memory_equal(back, h, n);
+        g_gpu->ops->release(g_gpu, a);
+        g_gpu->ops->release(g_gpu, b);
+        free(h);
+        free(back);
+    }
+    g_gpu->ops->release(g_gpu, NULL);
+    gpu_ok();
+}
+
+/* Every type the CPU reads: the GPU's rows (through get_rows) are the CPU's
+ * values rounded to bf16, bit for bit; vectors stay f32. */
+static void test_weight_types(void **state) {
+    SKIP_WITHOUT_GPU();
+    const uint32_t types[] = {TENSOR_TYPE_F32,  TENSOR_TYPE_F16,  TENSOR_TYPE_BF16,
+                              TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q4_1,
+                              TENSOR_TYPE_Q5_0, TENSOR_TYPE_Q5_1, TENSOR_TYPE_Q4_K,
+                              TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        for (int vec = 0; vec <= 1; vec++) {
+            const int64_t cols = 512, rows = vec ? 1 : 33;
+            test_weight w;
+            weight_make(&w, types[k], cols, rows, 2.0f);
+            int32_t tokens[40];
+            const int32_t T = 40;
+            for (int32_t t = 0; t < T; t++) tokens[t] = irand((int32_t)rows);
+            float *dc = poisoned(g_cpu, (size_t)T * cols), *dg = poisoned(g_gpu, (size_t)T * cols);
+            g_cpu->ops->get_rows(g_cpu, dc, w.cpu, tokens, T);
+            g_gpu->ops->get_rows(g_gpu, dg, w.gpu, tokens, T);
+            float *c = take(g_cpu, dc, (size_t)T * cols), *g = take(g_gpu, dg, (size_t)T * cols);
+            gpu_ok();
+            size_t bad = 0;
+            for (size_t i = 0; i < (size_t)T * cols; i++) {
+                float want = vec ? c[i] : bf16_round(c[i]);
+                if (memcmp(&want, &g[i], sizeof want) != 0) bad++;
+            }
+            printf("  weights %-5s %s: %zu of %lld values differ from the CPU's%s\n",
+                   tensor_type_get(types[k])->name, vec ? "vector" : "matrix", bad,
+                   (long long)T * cols, vec ? "" : " rounded to bf16");
+            assert_int_equal(bad, 0);
+            free(c);
+            free(g);
+            weight_drop(&w);
+        }
+    }
+}
+
+static void test_weight_refusals(void **state) {
+    SKIP_WITHOUT_GPU();
+    uint8_t data[256] = {0};
+    gguf_tensor t = {.name = "bad", .n_dims = 2, .ne = {256, 1, 1, 1}, .type = TENSOR_TYPE_Q2_K,
+                     .data = data, .nbytes = sizeof data, .n_elements = 256};
+    backend_weight *w = (backend_weight *)&w;
+    assert_int_equal(g_gpu->ops->weight_create(g_gpu, &t, &w), IS_ERR_UNSUPPORTED);
+    t.type = TENSOR_TYPE_F32;
+    t.n_dims = 3;
+    t.ne[0] = 4;
+    t.ne[1] = 4;
+    t.ne[2] = 4;
+    assert_int_equal(g_gpu->ops->weight_create(g_gpu, &t, &w), IS_ERR_UNSUPPORTED);
+    assert_ptr_equal(w, (backend_weight *)&w);
+    gpu_ok();
+}
+
+static void test_rmsnorm(void **state) {
+    SKIP_WITHOUT_GPU();
+    const int32_t shapes[][2] = {{1, 576}, {37, 4096}, {5, 24}, {3, 100}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int32_t T = shapes[k][0], n = shapes[k][1];
+        test_weight g;
+        weight_make(&g, TENSOR_TYPE_F32, n, 1, 1.5f);
+        float *x = rand_f32((size_t)T * n, 3.0f);
+        for (int inplace = 0; inplace <= 1; inplace++) {
+            float *xc = put(g_cpu, x, (size_t)T * n), *xg = put(g_gpu, x, (size_t)T * n);
+            float *oc = inplace ? xc : poisoned(g_cpu, (size_t)T * n);
+            float *og = inplace ? xg : poisoned(g_gpu, (size_t)T * n);
+            g_cpu->ops->rmsnorm(g_cpu, oc, xc, g.cpu, T, n, 1e-5f);
+            g_gpu->ops->rmsnorm(g_gpu, og, xg, g.gpu, T, n, 1e-5f);
+            float *c = take(g_cpu, oc, (size_t)T * n), *r = take(g_gpu, og, (size_t)T * n);
+            if (!inplace) {
+                g_cpu->ops->release(g_cpu, xc);
+                g_gpu->ops->release(g_gpu, xg);
+            }
+            gpu_ok();
+            char what[64];
+            snprintf(what, sizeof what, "rmsnorm T=%d n=%d%s", T, n, inplace ? " in place" : "");
+            expect_close(what, r, c, (size_t)T * n, 1e-5);
+            free(c);
+            free(r);
+        }
+        free(x);
+        weight_drop(&g);
+    }
+}
+
+/* What the GPU makes of an input value under each precision: bf16(x), or
+ * bf16(x) + bf16(x - bf16(x)). */
+static double gpu_input(float x, cuda_matmul_precision p) {
+    float hi = bf16_round(x);
+    return p == CUDA_MATMUL_BF16 ? hi : (double)hi + bf16_round(x - hi);
+}
+
+/* y = x W^T (+ bias) on both backends, and the double product of the
+ * operands as the GPU rounds them, which it computes up to f32
+ * accumulation. Returns the error against the CPU. */
+static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols, bool with_bias,
+                           cuda_matmul_precision prec) {
+    test_weight w, b;
+    weight_make(&w, type, cols, rows, 1.0f);
+    if (with_bias) weight_make(&b, TENSOR_TYPE_F32, rows, 1, 1.0f);
+    float *x = rand_f32((size_t)T * cols, 1.0f);
+    float *xc = put(g_cpu, x, (size_t)T * cols), *xg = put(g_gpu, x, (size_t)T * cols);
+    float *yc = poisoned(g_cpu, (size_t)T * rows), *yg = poisoned(g_gpu, (size_t)T * rows);
+    backend_cuda_set_matmul_precision(g_gpu, prec);
+    g_cpu->ops->matmul(g_cpu, yc, xc, w.cpu, with_bias ? b.cpu : NULL, T);
+    g_gpu->ops->matmul(g_gpu, yg, xg, w.gpu, with_bias ? b.gpu : NULL, T);
+    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    float *c = take(g_cpu, yc, (size_t)T * rows), *g = take(g_gpu, yg, (size_t)T * rows);
+    g_cpu->ops->release(g_cpu, xc);
+    g_gpu->ops->release(g_gpu, xg);
+    gpu_ok();
+
+    const bool bf16 = rows > 1; /* vectors stay f32 on the GPU, and so do their inputs */
+    float *ref = malloc((size_t)T * rows * sizeof *ref);
+    for (int32_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0;
+            for (int64_t i = 0; i < cols; i++) {
+                float xv = x[(size_t)t * cols + i], wv = w.values[(size_t)r * cols + i];
+                s += bf16 ? gpu_input(xv, prec) * bf16_round(wv) : (double)xv * wv;
+            }
+            if (with_bias) s += b.values[r];
+            ref[(size_t)t * rows + r] = (float)s;
+        }
+    char what[96];
+    snprintf(what, sizeof what, "matmul %s %s T=%d %lldx%lld%s vs CPU",
+             prec == CUDA_MATMUL_BF16 ? "bf16  " : "bf16x2", tensor_type_get(type)->name, T,
+             (long long)rows, (long long)cols, with_bias ? " +bias" : "");
+    double err = rel_l2(g, c, (size_t)T * rows);
+    expect_close(what, g, c, (size_t)T * rows, bf16 ? 1e-2 : 1e-5);
+    snprintf(what, sizeof what, "  ... vs double on the GPU's operands");
+    expect_close(what, g, ref, (size_t)T * rows, bf16 ? 1e-4 : 1e-5);
+    free(ref);
+    free(c);
+    free(g);
+    free(x);
+    weight_drop(&w);
+    if (with_bias) weight_drop(&b);
+    return err;
+}
+
+static void test_matmul(void **state) {
+    SKIP_WITHOUT_GPU();
+    for (int p = 0; p <= 1; p++) {
+        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+        check_matmul(TENSOR_TYPE_F32, 1, 576, 576, false, prec);
+        check_matmul(TENSOR_TYPE_F32, 7, 1536, 576, true, prec);
+        check_matmul(TENSOR_TYPE_Q4_1, 3, 192, 576, false, prec); /* the CPU's quantised kernel */
+        check_matmul(TENSOR_TYPE_Q8_0, 64, 576, 1536, false, prec); /* sgemm on the CPU */
+        check_matmul(TENSOR_TYPE_Q4_K, 300, 320, 512, true, prec);
+        check_matmul(TENSOR_TYPE_F32, 5, 49, 96, true, prec);     /* odd sizes */
+        check_matmul(TENSOR_TYPE_F32, 300, 49, 96, false, prec);  /* scratch grows */
+        check_matmul(TENSOR_TYPE_F32, 5, 1, 576, false, prec);    /* a vector: f32 on the GPU */
+    }
+    /* The split input removes the activations' rounding: on the same
+     * problem size it must come out closer to the f32 product. */
+    double e2 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16X2);
+    double e1 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16);
+    printf("  bf16x2 / bf16 error ratio %.2f\n", e2 / e1);
+    assert_true(e2 < 0.9 * e1);
+}
+
+typedef struct rope_case {
+    rope_layout layout;
+    int32_t head_dim, n_rot, n_heads;
+    float base, scale;
+    bool factors;
+} rope_case;
+
+static void test_rope(void **state) {
+    SKIP_WITHOUT_GPU();
+    const rope_case cases[] = {
+        {ROPE_LAYOUT_NORM, 64, 64, 9, 10000.0f, 1.0f, false},
+        {ROPE_LAYOUT_NEOX, 128, 128, 4, 1000000.0f, 0.25f, false},
+        {ROPE_LAYOUT_NORM, 64, 32, 3, 500000.0f, 1.0f, true}, /* partial, llama-3 factors */
+        {ROPE_LAYOUT_NEOX, 24, 16, 5, 10000.0f, 1.0f, true},
+        {ROPE_LAYOUT_NORM, 64, 64, 9, 10000.0f, 1.0f, false}, /* the first again: table rebuilt */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const rope_case *rc = &cases[k];
+        float factors[128];
+        for (int32_t i = 0; i < rc->n_rot / 2; i++) factors[i] = 1.0f + 7.0f * fabsf(frand());
+        rope_params rp = {.layout = rc->layout, .n_rot = rc->n_rot, .freq_base = rc->base,
+                          .freq_scale = rc->scale, .freq_factors = rc->factors ? factors : NULL};
+        const int32_t T = 13;
+        int32_t pos[13] = {0, 1, 2, 17, -1, -300, 4095, 4096, 9000, 123, 77, 3000, -4100};
+        for (int32_t t = 9; t < T - 1; t++) pos[t] = irand(6000) - 1000;
+        const size_t n = (size_t)T * rc->n_heads * rc->head_dim;
+        float *x = rand_f32(n, 2.0f);
+        float *xc = put(g_cpu, x, n), *xg = put(g_gpu, x, n);
+        g_cpu->ops->rope(g_cpu, xc, pos, T, rc->n_heads, rc->head_dim, &rp);
+        g_gpu->ops->rope(g_gpu, xg, pos, T, rc->n_heads, rc->head_dim, &rp);
+        float *c = take(g_cpu, xc, n), *g = take(g_gpu, xg, n);
+        gpu_ok();
+        char what[96];
+        snprintf(what, sizeof what, "rope %s d=%d n_rot=%d%s", rc->layout ? "neox" : "norm",
+                 rc->head_dim, rc->n_rot, rc->factors ? " factors" : "");
+        expect_close(what, g, c, n, 1e-6);
+        free(x);
+        free(c);
+        free(g);
+    }
+}
+
+static void test_kv_store(void **state) {
+    SKIP_WITHOUT_GPU();
+    const int32_t n_blocks = 20, bs = 16, n_kv = 3, hd = 64, T = 37;
+    const size_t cache_n = (size_t)n_blocks * n_kv * bs * hd, row_n = (size_t)T * n_kv * hd;
+    int32_t perm[320];
+    for (int32_t i = 0; i < n_blocks * bs; i++) perm[i] = i;
+    for (int32_t i = n_blocks * bs - 1; i > 0; i--) {
+        int32_t j = irand(i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    float *kc0 = rand_f32(cache_n, 1.0f), *vc0 = rand_f32(cache_n, 1.0f);
+    float *k = rand_f32(row_n, 1.0f), *v = rand_f32(row_n, 1.0f);
+    float *kcc = put(g_cpu, kc0, cache_n), *vcc = put(g_cpu, vc0, cache_n);
+    float *kcg = put(g_gpu, kc0, cache_n), *vcg = put(g_gpu, vc0, cache_n);
+    float *kc = put(g_cpu, k, row_n), *vc = put(g_cpu, v, row_n);
+    float *kg = put(g_gpu, k, row_n), *vg = put(g_gpu, v, row_n);
+    g_cpu->ops->kv_store(g_cpu, kcc, vcc, kc, vc, perm, T, n_kv, hd, bs);
+    g_gpu->ops->kv_store(g_gpu, kcg, vcg, kg, vg, perm, T, n_kv, hd, bs);
+    float *a = take(g_cpu, kcc, cache_n), *b = take(g_gpu, kcg, cache_n);
+    float *c = take(g_cpu, vcc, cache_n), *d = take(g_gpu, vcg, cache_n);
+    gpu_ok();
+    assert_memory_equal(a, b, cache_n * sizeof(float));
+    assert_memory_equal(c, d, cache_n * sizeof(float));
+    assert_memory_not_equal(a, kc0, cache_n * sizeof(float)); /* something was written */
+    printf("  kv_store: %d rows scattered, caches identical\n", T);
+    g_cpu->ops->release(g_cpu, kc);
+    g_cpu->ops->release(g_cpu, vc);
+    g_gpu->ops->release(g_gpu, kg);
+    g_gpu->ops->release(g_gpu, vg);
+    free(a); free(b); free(c); free(d);
+    free(kc0); free(vc0); free(k); free(v);
+}
+
+/* One attention scenario: sequences with their lengths and the positions
+ * their query tokens take in the batch. */
+typedef struct attn_case {
+    const char *name;
+    int32_t n_heads, n_kv_heads, head_dim, block_size;
+    int32_t n_seqs;
+    int32_t seq_len[4];
+    int32_t q_from[4], q_n[4]; /* queries of seq s: positions q_from .. q_from + q_n - 1 */
+    bool segments[4];          /* does seq s have segment ids */
+    bool q_prefix;
+    bool interleave;           /* alternate sequences token by token in the batch */
+} attn_case;
+
+/* A segment layout as the masked reference uses it: prefix (0), then facts
+ * each preceded by its context (-f, then f), then the query (0). */
+static void make_segments(int32_t *seg, int32_t n) {
+    int32_t p = 0, f = 0;
+    int32_t pre = 3 + irand(8);
+    while (p < n && p < pre) seg[p++] = 0;
+    while (p < n - 4) {
+        f++;
+        int32_t nc = irand(5), nf = 2 + irand(7);
+        for (int32_t i = 0; i < nc && p < n - 4; i++) seg[p++] = -f;
+        for (int32_t i = 0; i < nf && p < n - 4; i++) seg[p++] = f;
+    }
+    while (p < n) seg[p++] = 0;
+}
+
+static void check_attention(const attn_case *ac) {
+    const int32_t H = ac->n_heads, KH = ac->n_kv_heads, hd = ac->head_dim, bs = ac->block_size;
+    const int32_t S = ac->n_seqs;
+    /* Blocks: each sequence gets a random subset of a shuffled pool. */
+    int32_t n_blocks = 3;
+    for (int32_t s = 0; s < S; s++) n_blocks += (ac->seq_len[s] + bs - 1) / bs;
+    int32_t *perm = malloc((size_t)n_blocks * sizeof *perm);
+    for (int32_t i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int32_t i = n_blocks - 1; i > 0; i--) {
+        int32_t j = irand(i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    const int32_t *tables[4];
+    int32_t *segs[4] = {NULL, NULL, NULL, NULL};
+    bool any_seg = false;
+    for (int32_t s = 0, at = 0; s < S; s++) {
+        tables[s] = perm + at;
+        at += (ac->seq_len[s] + bs - 1) / bs;
+        if (ac->segments[s]) {
+            segs[s] = malloc((size_t)ac->seq_len[s] * sizeof(int32_t));
+            make_segments(segs[s], ac->seq_len[s]);
+            any_seg = true;
+        }
+    }
+    /* Batch order: runs per sequence, or interleaved. */
+    int32_t T = 0;
+    for (int32_t s = 0; s < S; s++) T += ac->q_n[s];
+    int32_t *pos = malloc((size_t)T * sizeof *pos), *sot = malloc((size_t)T * sizeof *sot);
+    int32_t next[4] = {0, 0, 0, 0};
+    for (int32_t t = 0, s = 0; t < T;) {
+        if (!ac->interleave) {
+            while (next[s] == ac->q_n[s]) s++;
+        } else {
+            while (next[s] == ac->q_n[s]) s = (s + 1) % S;
+        }
+        pos[t] = ac->q_from[s] + next[s]++;
+        sot[t++] = s;
+        if (ac->interleave) s = (s + 1) % S;
+    }
+    const int32_t *const *seg_ptrs = any_seg ? (const int32_t *const *)segs : NULL;
+
+    const size_t cache_n = (size_t)n_blocks * KH * bs * hd, q_n = (size_t)T * H * hd;
+    float *kh = rand_f32(cache_n, 1.0f), *vh = rand_f32(cache_n, 1.0f);
+    float *qh = rand_f32(q_n, 1.0f), *qph = rand_f32(q_n, 1.0f);
+    float *out[2];
+    backend *bes[2] = {g_cpu, g_gpu};
+    for (int i = 0; i < 2; i++) {
+        backend *be = bes[i];
+        float *k = put(be, kh, cache_n), *v = put(be, vh, cache_n), *q = put(be, qh, q_n);
+        float *qp = ac->q_prefix ? put(be, qph, q_n) : NULL;
+        float *o = poisoned(be, q_n);
+        attn_batch b = {.n_tokens = T, .pos = pos, .seq_of_token = sot, .n_seqs = S,
+                        .block_tables = tables, .seq_len = ac->seq_len,
+                        .seq_segments = seg_ptrs, .q_prefix = qp};
+        be->ops->attention(be, o, q, k, v, &b, H, KH, hd, bs);
+        out[i] = take(be, o, q_n);
+        be->ops->release(be, k);
+        be->ops->release(be, v);
+        be->ops->release(be, q);
+        if (qp) be->ops->release(be, qp);
+    }
+    gpu_ok();
+    char what[96];
+    snprintf(what, sizeof what, "attention %s (T=%d)", ac->name, T);
+    expect_close(what, out[1], out[0], q_n, 1e-5);
+    free(out[0]);
+    free(out[1]);
+    free(kh); free(vh); free(qh); free(qph);
+    free(pos); free(sot); free(perm);
+    for (int32_t s = 0; s < S; s++) free(segs[s]);
+}
+
+static void test_attention(void **state) {
+    SKIP_WITHOUT_GPU();
+    const attn_case cases[] = {
+        {"prefill", 9, 3, 64, 16, 1, {50}, {0}, {50}, {false}, false, false},
+        {"chunk after 100", 9, 3, 64, 16, 1, {120}, {100}, {20}, {false}, false, false},
+        {"decode, 4 sequences", 32, 8, 128, 16, 4, {1, 17, 250, 1000}, {0, 16, 249, 999},
+         {1, 1, 1, 1}, {false}, false, false},
+        {"mixed batch, d=24", 4, 2, 24, 8, 3, {30, 71, 52}, {0, 70, 40}, {30, 1, 12},
+         {false}, false, false},
+        {"interleaved", 6, 2, 64, 16, 3, {40, 33, 9}, {30, 31, 0}, {10, 2, 9}, {false}, false,
+         true},
+        {"segments", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, false, false},
+        {"segments + q_prefix", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, true, false},
+        {"segments on one of two, d=256", 8, 8, 256, 32, 2, {90, 45}, {80, 0}, {10, 45},
+         {true, false}, true, false},
+        {"d=18 (scalar loads)", 2, 1, 18, 16, 1, {40}, {0}, {40}, {false}, false, false},
+        {"long prefill", 4, 1, 128, 16, 1, {600}, {0}, {600}, {true}, false, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) check_attention(&cases[k]);
+}
+
+static void test_swiglu_add(void **state) {
+    SKIP_WITHOUT_GPU();
+    const int64_t n = 100003;
+    float *gate = rand_f32((size_t)n, 6.0f), *up = rand_f32((size_t)n, 2.0f);
+    float *out[2], *sum[2];
+    backend *bes[2] = {g_cpu, g_gpu};
+    for (int i = 0; i < 2; i++) {
+        backend *be = bes[i];
+        float *g = put(be, gate, (size_t)n), *u = put(be, up, (size_t)n);
+        be->ops->swiglu(be, g, g, u, n); /* in place, as the engine calls it */
+        out[i] = take(be, g, (size_t)n);
+        float *x = put(be, gate, (size_t)n);
+        be->ops->add(be, x, u, n);
+        sum[i] = take(be, x, (size_t)n);
+        be->ops->release(be, u);
+    }
+    gpu_ok();
+    expect_close("swiglu n=100003 in place", out[1], out[0], (size_t)n, 1e-6);
+    expect_close("add n=100003", sum[1], sum[0], (size_t)n, 0.0);
+    free(out[0]); free(out[1]); free(sum[0]); free(sum[1]);
+    free(gate); free(up);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_errors),  cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_weight_types),   cmocka_unit_test(test_weight_refusals),
+        cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rope),           cmocka_unit_test(test_kv_store),
+        cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
