@@ -1,0 +1,197 @@
+/*
+ * store: the fact store, the durable part of the memory layer. One SQLite
+ * database (WAL journal, foreign keys on, synchronous=FULL, busy timeout)
+ * holds every tenant's users, their facts and the history of every change,
+ * with the semantics of Mem0's memory API (add, get, get all with filters,
+ * update, delete, delete all, history).
+ *
+ * Schema (version 1, PRAGMA user_version):
+ *
+ *   meta     (key PK, value)                      store-wide settings (the
+ *                                                 embedding model and dim)
+ *   tenants  (id PK, created_at)
+ *   users    (tenant -> tenants, user_id, created_at; PK (tenant, user_id))
+ *   facts    (id PK: uuid4 text, tenant, user_id -> users, agent_id, run_id,
+ *             text, metadata: canonical flat JSON object or NULL,
+ *             created_at, updated_at: unix ms, source: where the fact came
+ *             from ("locomo:26:D1:3") or NULL, hash: 16 hex digits of
+ *             fact_text_hash(text), embedding: f32[dim] blob, context: JSON
+ *             array of the turns it is encoded with, kv_window: w, kv_record:
+ *             its record id in the record store or NULL, version: 1 at add,
+ *             +1 per update)
+ *   history  (id INTEGER PK, fact_id, tenant, user_id, event ADD | UPDATE |
+ *             DELETE, old_text, new_text, at)
+ *
+ * History rows are not tied to facts by a foreign key: a deleted fact keeps
+ * its history (old_text holds what was deleted).
+ *
+ * Isolation: every function that reads or changes a fact takes its tenant
+ * and user, and the SQL matches all three of id, tenant and user_id, so a
+ * fact of another tenant or user behaves exactly as one that does not exist
+ * (IS_ERR_NOT_FOUND), whatever its id.
+ *
+ * Atomicity: each mutating function is one transaction (the fact row and
+ * its history row commit together or not at all). With synchronous=FULL a
+ * commit is durable when the function returns, which the memory service
+ * relies on to delete an old KV record only after the row that replaced it
+ * is safe.
+ *
+ * Threads: a mem_store holds one connection and a mutex; every function
+ * takes it, so calls from several threads are serialised and a transaction
+ * is never interleaved with another thread's statements.
+ */
+#ifndef IS_MEMORY_STORE_H
+#define IS_MEMORY_STORE_H
+
+#include "inferscale.h"
+#include "memory/index.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct mem_store mem_store;
+
+#define MEM_STORE_SCHEMA_VERSION 1
+
+/* One fact as stored. Strings are owned (mem_fact_clear frees them). */
+typedef struct mem_fact {
+    char id[MEM_ID_MAX + 1];
+    char *tenant;
+    char *user;
+    char *agent_id;   /* NULL if none */
+    char *run_id;     /* NULL if none */
+    char *text;
+    char *metadata;   /* canonical JSON object (cJSON unformatted), NULL if none */
+    char *source;     /* NULL if none */
+    char hash[17];    /* 16 lowercase hex digits of fact_text_hash(text) */
+    int64_t created_at; /* unix ms */
+    int64_t updated_at; /* unix ms */
+    float *embedding; /* [dim], NULL when not asked for */
+    int32_t dim;
+    char **context;   /* [n_context] turns the KV is encoded with, oldest first */
+    int32_t n_context;
+    int32_t kv_window; /* w given at encoding (-1: no context at all) */
+    char *kv_record;  /* record store id, NULL when the fact has no KV record */
+    int32_t version;  /* 1 at add, +1 per update */
+} mem_fact;
+
+typedef enum mem_event { MEM_EVENT_ADD = 0, MEM_EVENT_UPDATE = 1, MEM_EVENT_DELETE = 2 } mem_event;
+
+/* "ADD", "UPDATE", "DELETE". */
+const char *mem_event_name(mem_event e);
+
+typedef struct mem_history {
+    int64_t id;       /* increasing with time */
+    char fact_id[MEM_ID_MAX + 1];
+    mem_event event;
+    char *old_text;   /* NULL for ADD */
+    char *new_text;   /* NULL for DELETE */
+    int64_t at;       /* unix ms */
+} mem_history;
+
+/* Frees the strings and embedding of f and zeroes it. NULL is a no-op. */
+void mem_fact_clear(mem_fact *f);
+/* Clears n facts and frees the array. */
+void mem_facts_free(mem_fact *f, int32_t n);
+void mem_history_free(mem_history *h, int32_t n);
+
+/* Hex of fact_text_hash(text) into out[17]. */
+void mem_text_hash_hex(const char *text, char out[17]);
+
+/* Checks and canonicalises metadata: NULL or "" is none (*out = NULL);
+ * otherwise a JSON object whose values are scalars (string, number, bool,
+ * null), rewritten unformatted into *out (free() it). IS_ERR_INVALID_ARG
+ * (message says why), IS_ERR_NOMEM; *out unchanged on failure. */
+is_status mem_metadata_canonical(const char *json, char **out);
+
+/* Opens (creating it and its schema if missing) the database at `path`.
+ * IS_ERR_INVALID_ARG (NULL path), IS_ERR_IO (cannot open, or SQLite
+ * refuses: message names the file), IS_ERR_FORMAT (not a fact store, or a
+ * newer schema version). *out unchanged on failure. */
+is_status mem_store_open(const char *path, mem_store **out);
+/* NULL is a no-op. */
+void mem_store_close(mem_store *s);
+
+/* Store-wide settings. get: IS_ERR_NOT_FOUND when unset; *value (free()
+ * it) unchanged on failure. */
+is_status mem_store_meta_get(mem_store *s, const char *key, char **value);
+is_status mem_store_meta_set(mem_store *s, const char *key, const char *value);
+
+/* Inserts a new fact and its ADD history row in one transaction, creating
+ * its tenant and user rows if needed. Required: id, tenant, user, text,
+ * hash, embedding (dim > 0), version >= 1; created_at/updated_at are taken
+ * as given (0: now). metadata must be canonical (mem_metadata_canonical).
+ * IS_ERR_INVALID_ARG (missing field, or the id exists already: a fact id is
+ * unique across tenants), IS_ERR_IO. Nothing is written on failure. */
+is_status mem_store_insert(mem_store *s, const mem_fact *f);
+
+/* The fact `id` of (tenant, user) into *out (clear it with mem_fact_clear),
+ * with its embedding when with_embedding. IS_ERR_NOT_FOUND when no fact of
+ * that id belongs to that tenant and user. *out is zeroed on failure. */
+is_status mem_store_get(mem_store *s, const char *tenant, const char *user, const char *id,
+                        bool with_embedding, mem_fact *out);
+
+/* The facts of f->tenant and f->user (both required) that match the
+ * optional agent_id, run_id and metadata equality filters (semantics of
+ * mem_filter in index.h), oldest first (created_at, then id). *out (free
+ * with mem_facts_free; NULL when *n is 0). IS_ERR_INVALID_ARG, IS_ERR_IO,
+ * IS_ERR_NOMEM; outputs unchanged on failure. */
+is_status mem_store_list(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
+                         int32_t *n);
+
+/* Replaces the fact's text, metadata, hash, embedding, context, kv_window,
+ * kv_record and version with f's (updated_at = now) if the stored row of
+ * (f->id, f->tenant, f->user) still has version `expected_version`, and adds
+ * an UPDATE history row (old text -> new text), in one transaction.
+ * IS_ERR_NOT_FOUND (no such fact for that tenant and user), IS_ERR_MISMATCH
+ * (the version moved on: a concurrent update), IS_ERR_INVALID_ARG, IS_ERR_IO.
+ * Nothing changes on failure. */
+is_status mem_store_update(mem_store *s, const mem_fact *f, int32_t expected_version);
+
+/* Sets the KV record of fact `id` if its version is still `version`, with
+ * no history (the record is derived data). IS_ERR_NOT_FOUND otherwise. */
+is_status mem_store_set_kv(mem_store *s, const char *id, int32_t version, const char *kv_record);
+
+/* Deletes the fact and adds a DELETE history row (old_text = its text), in
+ * one transaction. The deleted row goes to *old when old is non-NULL (for
+ * its KV record id). IS_ERR_NOT_FOUND (as mem_store_get), IS_ERR_IO. */
+is_status mem_store_delete(mem_store *s, const char *tenant, const char *user, const char *id,
+                           mem_fact *old);
+
+/* Deletes every fact mem_store_list(f) would return, each with a DELETE
+ * history row, in one transaction; the deleted rows (no embeddings) go to
+ * *deleted / *n (mem_facts_free). On failure nothing is deleted. */
+is_status mem_store_delete_all(mem_store *s, const mem_filter *f, mem_fact **deleted, int32_t *n);
+
+/* History of fact `id` of (tenant, user), oldest first. A fact deleted
+ * since still has its history; an id never seen under that tenant and user
+ * gives IS_ERR_NOT_FOUND. */
+is_status mem_store_history(mem_store *s, const char *tenant, const char *user, const char *id,
+                            mem_history **out, int32_t *n);
+
+/* The id of a fact of (tenant, user) with this source and content hash
+ * into id_out. IS_ERR_NOT_FOUND if none. Used to make imports resumable. */
+is_status mem_store_find_source(mem_store *s, const char *tenant, const char *user,
+                                const char *source, const char *hash,
+                                char id_out[MEM_ID_MAX + 1]);
+
+/* Number of facts (all tenants). */
+int64_t mem_store_count(mem_store *s);
+
+/* Calls fn on every fact of every tenant (with embeddings when asked), in
+ * id order; stops early and returns fn's status if it is not IS_OK. The
+ * fact passed is only valid during the call. The store's mutex is held
+ * throughout: fn must not call back into the store. */
+typedef is_status (*mem_store_fact_fn)(const mem_fact *f, void *user_data);
+is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn,
+                            void *user_data);
+
+/* ---- fault injection (tests) ------------------------------------------------
+ * Called inside every mutating transaction after its statements ran and
+ * just before COMMIT; a test's child process _exit()s there to simulate a
+ * crash with an uncommitted transaction in the WAL. Returning false makes
+ * the transaction roll back (the function then returns IS_ERR_IO). */
+typedef bool (*mem_store_fault_fn)(void *user_data);
+void mem_store_set_fault_hook(mem_store *s, mem_store_fault_fn fn, void *user_data);
+
+#endif

@@ -1,0 +1,745 @@
+/*
+ * test_memory: the memory service facade (memory/memory.h): store +
+ * embedding + index + KV records kept in agreement.
+ *
+ * Most tests use a fake embedder (hashed bag of words, so lexical overlap
+ * decides the dense ranking too) and a fake encoder that writes small but
+ * valid KV records carrying the text hash and the context length it was
+ * given; the last test uses the real MiniLM embedder when it is installed.
+ *
+ *   - add, get, get_all, update (text, metadata), delete, delete_all,
+ *     history, each followed by memory_check (rows, records, index agree):
+ *     a new text gets a new record id and the old record is gone; search
+ *     sees the new text and never the deleted fact;
+ *   - isolation: the same user id and the same text under two tenants; get,
+ *     search, update, delete and history under A never see or touch B's;
+ *   - search filters (agent_id, run_id, metadata);
+ *   - failures leave nothing: an encoder error, a record-store write error,
+ *     a failed commit; bad input (invalid UTF-8, empty text, nested
+ *     metadata) is refused before anything is written;
+ *   - reconciliation at open: orphan records deleted, a missing record
+ *     listed and re-encoded by memory_encode_missing; no encoder: facts
+ *     without KV, an update drops the stale record;
+ *   - a second open of the same directory fails; another embedding model is
+ *     refused;
+ *   - the LoCoMo importer on conversation 26: facts = observations, per
+ *     speaker, with source refs, metadata and context windows; a second
+ *     import adds 0; an interrupted import (facts removed) resumes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/status.h"
+#include "kv/fact_record.h"
+#include "memory/memory.h"
+
+#define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
+#define EMBEDDER_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
+
+static char g_dir[256];
+
+static int setup(void **state) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/is_test_memory_XXXXXX");
+    return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ---- fakes --------------------------------------------------------------------- */
+
+#define FAKE_DIM 64
+
+/* Hashed bag of lowercased words, L2-normalised. */
+static is_status fake_embed(void *ud, const char *const *texts, int32_t n, float *out) {
+    for (int32_t i = 0; i < n; i++) {
+        float *e = out + (size_t)i * FAKE_DIM;
+        memset(e, 0, FAKE_DIM * sizeof(float));
+        const char *p = texts[i];
+        while (*p) {
+            while (*p && !isalnum((unsigned char)*p)) p++;
+            uint32_t h = 2166136261u;
+            int len = 0;
+            while (*p && isalnum((unsigned char)*p)) {
+                h = (h ^ (uint32_t)tolower((unsigned char)*p++)) * 16777619u;
+                len++;
+            }
+            if (len) e[h % FAKE_DIM] += 1.0f;
+        }
+        double n2 = 0;
+        for (int j = 0; j < FAKE_DIM; j++) n2 += (double)e[j] * e[j];
+        if (n2 == 0) e[0] = 1.0f, n2 = 1;
+        for (int j = 0; j < FAKE_DIM; j++) e[j] = (float)(e[j] / sqrt(n2));
+    }
+    return IS_OK;
+}
+
+typedef struct fake_encoder {
+    int32_t calls;
+    int32_t fail_at; /* call number that fails (1-based), 0: never */
+} fake_encoder;
+
+/* A valid record: tokens = {n_context used, window}, text hash of the text. */
+static is_status fake_encode(void *ud, record_store *rs, const memory_encode_job *job) {
+    fake_encoder *fe = ud;
+    fe->calls++;
+    if (fe->fail_at && fe->calls == fe->fail_at)
+        return is_error_set(IS_ERR_INTERNAL, "fake encoder: injected failure");
+    fact_kv_meta m;
+    memset(&m, 0, sizeof m);
+    memcpy(m.model_fingerprint, "fa4efa4efa4efa4e", 17);
+    m.dtype = KV_DTYPE_F32;
+    m.n_layers = 1;
+    m.n_kv_heads = 1;
+    m.head_dim = 4;
+    m.n_tokens = 2;
+    m.rope_n_rot = 4;
+    m.rope_freq_base = 10000.0f;
+    m.rope_freq_scale = 1.0f;
+    m.window = job->window < -1 ? -1 : job->window;
+    m.text_hash = fact_text_hash(job->text, strlen(job->text));
+    int32_t used = job->window < 0 ? 0 : (job->window < job->n_context ? job->window : job->n_context);
+    int32_t tokens[2] = {used, job->window};
+    float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8] = {8, 7, 6, 5, 4, 3, 2, 1};
+    return record_store_put(rs, job->record_id, &m, tokens, k, v);
+}
+
+static memory *open_fake(fake_encoder *fe, memory_open_report *rep) {
+    memory_params p = memory_default_params();
+    p.embed = fake_embed;
+    p.embed_dim = FAKE_DIM;
+    p.embed_name = "fake-bow";
+    p.kv_window = 2;
+    memory *m = NULL;
+    is_status st = memory_open(g_dir, &p, &m, rep);
+    if (st != IS_OK) fail_msg("memory_open: %s", is_error_last());
+    if (fe) memory_set_encoder(m, fake_encode, fe);
+    return m;
+}
+
+static void check_ok(memory *m, bool require_kv) {
+    is_status st = memory_check(m, require_kv);
+    if (st != IS_OK) fail_msg("memory_check: %s", is_error_last());
+}
+
+static char *kv_path(const char *rid) {
+    static char p[512];
+    snprintf(p, sizeof p, "%s/kv/%s.fkv", g_dir, rid);
+    return p;
+}
+
+static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
+
+static int32_t count_kv_files(void) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "ls '%s/kv' | grep -c '\\.fkv$'", g_dir);
+    FILE *f = popen(cmd, "r");
+    int n = 0;
+    if (fscanf(f, "%d", &n) != 1) n = -1;
+    pclose(f);
+    return n;
+}
+
+static is_status add(memory *m, const char *tenant, const char *user, const char *text,
+                     const char *meta, char id[MEMORY_ID_SIZE]) {
+    memory_add_req r = {.tenant = tenant, .user = user, .text = text, .metadata_json = meta,
+                        .window = MEMORY_WINDOW_DEFAULT};
+    return memory_add(m, &r, id);
+}
+
+/* Ids of a search, best first. */
+static int32_t search_ids(memory *m, const mem_filter *f, const char *q, int32_t k,
+                          char ids[][MEMORY_ID_SIZE]) {
+    memory_hit *h;
+    int32_t n;
+    assert_int_equal(memory_search(m, f, q, k, &h, &n), IS_OK);
+    for (int32_t i = 0; i < n; i++) {
+        snprintf(ids[i], MEMORY_ID_SIZE, "%s", h[i].fact.id);
+        assert_non_null(h[i].fact.text);
+        assert_string_equal(h[i].fact.tenant, f->tenant);
+        assert_string_equal(h[i].fact.user, f->user);
+    }
+    memory_hits_free(h, n);
+    return n;
+}
+
+/* ---- tests ----------------------------------------------------------------------- */
+
+static void test_crud_history_search(void **state) {
+    fake_encoder fe = {0};
+    memory *m = open_fake(&fe, NULL);
+    char a[MEMORY_ID_SIZE], b[MEMORY_ID_SIZE], c[MEMORY_ID_SIZE];
+    const char *ctx[] = {"Bob: where do you eat?", "Alice: at the sushi bar", "Bob: nice"};
+    memory_add_req r = {.tenant = "acme", .user = "alice", .agent_id = "planner",
+                        .text = "Alice eats sushi every Friday.",
+                        .metadata_json = "{\"topic\": \"food\"}", .source = "chat:1",
+                        .context = ctx, .n_context = 3, .window = MEMORY_WINDOW_DEFAULT};
+    assert_int_equal(memory_add(m, &r, a), IS_OK);
+    assert_int_equal(strlen(a), 36);
+    assert_int_equal(a[14], '4'); /* uuid version 4 */
+    assert_int_equal(add(m, "acme", "alice", "Alice works as a nurse in Boston.", NULL, b), IS_OK);
+    assert_int_equal(add(m, "acme", "alice", "Alice has a dog named Rex.", "{\"topic\":\"pets\"}", c),
+                     IS_OK);
+    assert_int_equal(fe.calls, 3);
+    check_ok(m, true);
+
+    mem_fact f;
+    assert_int_equal(memory_get(m, "acme", "alice", a, &f), IS_OK);
+    assert_string_equal(f.text, "Alice eats sushi every Friday.");
+    assert_string_equal(f.agent_id, "planner");
+    assert_string_equal(f.metadata, "{\"topic\":\"food\"}");
+    assert_string_equal(f.source, "chat:1");
+    assert_int_equal(f.kv_window, 2);
+    assert_int_equal(f.n_context, 2); /* the last 2 turns: window 2 */
+    assert_string_equal(f.context[0], ctx[1]);
+    assert_string_equal(f.context[1], ctx[2]);
+    char rid_a1[80];
+    snprintf(rid_a1, sizeof rid_a1, "%s", f.kv_record);
+    assert_true(file_exists(kv_path(rid_a1)));
+    mem_fact_clear(&f);
+    /* The record was encoded with those 2 turns. */
+    const fact_kv *kv;
+    assert_int_equal(record_store_get(memory_record_store(m), rid_a1, NULL, &kv), IS_OK);
+    assert_int_equal(kv->tokens[0], 2);
+    record_store_release(memory_record_store(m), kv);
+
+    mem_filter fa = {.tenant = "acme", .user = "alice"};
+    char ids[8][MEMORY_ID_SIZE];
+    assert_int_equal(search_ids(m, &fa, "Where does Alice eat sushi?", 3, ids), 3);
+    assert_string_equal(ids[0], a);
+    assert_int_equal(search_ids(m, &fa, "nurse in Boston", 1, ids), 1);
+    assert_string_equal(ids[0], b);
+
+    /* Update the text: new embedding, new record, old record gone. */
+    assert_int_equal(memory_update(m, "acme", "alice", a, "Alice now eats ramen on Fridays.", NULL),
+                     IS_OK);
+    assert_int_equal(fe.calls, 4);
+    assert_false(file_exists(kv_path(rid_a1)));
+    assert_int_equal(memory_get(m, "acme", "alice", a, &f), IS_OK);
+    assert_string_equal(f.text, "Alice now eats ramen on Fridays.");
+    assert_string_equal(f.metadata, "{\"topic\":\"food\"}"); /* kept */
+    assert_int_equal(f.version, 2);
+    assert_string_not_equal(f.kv_record, rid_a1);
+    assert_true(file_exists(kv_path(f.kv_record)));
+    assert_int_equal(f.n_context, 2); /* context kept for re-encoding */
+    mem_fact_clear(&f);
+    check_ok(m, true);
+    assert_int_equal(search_ids(m, &fa, "ramen", 1, ids), 1);
+    assert_string_equal(ids[0], a);
+
+    /* Metadata-only update: no re-encoding, same record. */
+    assert_int_equal(memory_update(m, "acme", "alice", a, NULL, "{\"topic\":\"food\",\"v\":2}"),
+                     IS_OK);
+    assert_int_equal(fe.calls, 4);
+    const char *mk[] = {"v"}, *mv[] = {"2"};
+    mem_filter fv = {.tenant = "acme", .user = "alice", .meta_keys = mk, .meta_values = mv,
+                     .n_meta = 1};
+    assert_int_equal(search_ids(m, &fv, "Alice", 5, ids), 1);
+    assert_string_equal(ids[0], a);
+    /* Same text again: nothing to re-encode either. */
+    assert_int_equal(memory_update(m, "acme", "alice", a, "Alice now eats ramen on Fridays.", NULL),
+                     IS_OK);
+    assert_int_equal(fe.calls, 4);
+    check_ok(m, true);
+
+    /* Delete: row, record and index entry go; history keeps the text. */
+    assert_int_equal(memory_get(m, "acme", "alice", b, &f), IS_OK);
+    char rid_b[80];
+    snprintf(rid_b, sizeof rid_b, "%s", f.kv_record);
+    mem_fact_clear(&f);
+    assert_int_equal(memory_delete(m, "acme", "alice", b), IS_OK);
+    assert_false(file_exists(kv_path(rid_b)));
+    assert_int_equal(memory_get(m, "acme", "alice", b, &f), IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_delete(m, "acme", "alice", b), IS_ERR_NOT_FOUND);
+    int32_t n = search_ids(m, &fa, "nurse in Boston", 5, ids);
+    for (int32_t i = 0; i < n; i++) assert_string_not_equal(ids[i], b);
+    check_ok(m, true);
+
+    mem_history *h;
+    int32_t nh;
+    assert_int_equal(memory_history(m, "acme", "alice", a, &h, &nh), IS_OK);
+    assert_int_equal(nh, 4);
+    assert_int_equal(h[0].event, MEM_EVENT_ADD);
+    assert_int_equal(h[1].event, MEM_EVENT_UPDATE);
+    assert_string_equal(h[1].old_text, "Alice eats sushi every Friday.");
+    assert_string_equal(h[1].new_text, "Alice now eats ramen on Fridays.");
+    mem_history_free(h, nh);
+    assert_int_equal(memory_history(m, "acme", "alice", b, &h, &nh), IS_OK);
+    assert_int_equal(nh, 2);
+    assert_int_equal(h[1].event, MEM_EVENT_DELETE);
+    assert_string_equal(h[1].old_text, "Alice works as a nurse in Boston.");
+    mem_history_free(h, nh);
+
+    /* get_all with filters; delete_all by filter. */
+    mem_fact *all;
+    int32_t na;
+    mem_filter fp = {.tenant = "acme", .user = "alice", .agent_id = "planner"};
+    assert_int_equal(memory_get_all(m, &fp, &all, &na), IS_OK);
+    assert_int_equal(na, 1);
+    assert_string_equal(all[0].id, a);
+    mem_facts_free(all, na);
+    int32_t nd = -1;
+    assert_int_equal(memory_delete_all(m, &fp, &nd), IS_OK);
+    assert_int_equal(nd, 1);
+    assert_int_equal(memory_get_all(m, &fa, &all, &na), IS_OK);
+    assert_int_equal(na, 1);
+    assert_string_equal(all[0].id, c);
+    mem_facts_free(all, na);
+    assert_int_equal(count_kv_files(), 1);
+    check_ok(m, true);
+
+    /* Everything survives a reopen (index rebuilt from the rows). */
+    memory_close(m);
+    memory_open_report rep;
+    m = open_fake(&fe, &rep);
+    assert_int_equal(rep.n_facts, 1);
+    assert_int_equal(rep.n_orphans, 0);
+    assert_int_equal(rep.n_missing_kv, 0);
+    assert_int_equal(search_ids(m, &fa, "dog named Rex", 5, ids), 1);
+    assert_string_equal(ids[0], c);
+    check_ok(m, true);
+    memory_close(m);
+}
+
+static void test_isolation(void **state) {
+    fake_encoder fe = {0};
+    memory *m = open_fake(&fe, NULL);
+    char ia[MEMORY_ID_SIZE], ib[MEMORY_ID_SIZE], ic[MEMORY_ID_SIZE];
+    const char *text = "Alice's door code is 4321.";
+    assert_int_equal(add(m, "tenant-a", "alice", text, "{\"k\":\"v\"}", ia), IS_OK);
+    assert_int_equal(add(m, "tenant-b", "alice", text, "{\"k\":\"v\"}", ib), IS_OK);
+    assert_int_equal(add(m, "tenant-a", "bob", text, "{\"k\":\"v\"}", ic), IS_OK);
+
+    /* Search: each partition returns its own fact only, whatever the query and filters. */
+    const char *mk[] = {"k"}, *mv[] = {"v"};
+    const char *tenants[] = {"tenant-a", "tenant-b", "tenant-a"};
+    const char *users[] = {"alice", "alice", "bob"};
+    const char *owns[] = {ia, ib, ic};
+    for (int t = 0; t < 3; t++) {
+        mem_filter f = {.tenant = tenants[t], .user = users[t], .meta_keys = mk, .meta_values = mv,
+                        .n_meta = 1};
+        char ids[8][MEMORY_ID_SIZE];
+        assert_int_equal(search_ids(m, &f, text, 10, ids), 1);
+        assert_string_equal(ids[0], owns[t]);
+        mem_fact *all;
+        int32_t na;
+        assert_int_equal(memory_get_all(m, &f, &all, &na), IS_OK);
+        assert_int_equal(na, 1);
+        assert_string_equal(all[0].id, owns[t]);
+        mem_facts_free(all, na);
+    }
+    mem_filter none = {.tenant = "tenant-c", .user = "alice"};
+    char ids[8][MEMORY_ID_SIZE];
+    assert_int_equal(search_ids(m, &none, text, 10, ids), 0);
+
+    /* Under tenant A, B's fact does not exist. */
+    mem_fact f;
+    assert_int_equal(memory_get(m, "tenant-a", "alice", ib, &f), IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_get(m, "tenant-b", "bob", ic, &f), IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_update(m, "tenant-a", "alice", ib, "hijacked", NULL), IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_delete(m, "tenant-a", "alice", ib), IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_delete(m, "tenant-a", "bob", ia), IS_ERR_NOT_FOUND);
+    mem_history *h;
+    int32_t nh;
+    assert_int_equal(memory_history(m, "tenant-a", "alice", ib, &h, &nh), IS_ERR_NOT_FOUND);
+    mem_filter fa = {.tenant = "tenant-a", .user = "alice"};
+    int32_t nd;
+    assert_int_equal(memory_delete_all(m, &fa, &nd), IS_OK);
+    assert_int_equal(nd, 1);
+    /* B's and bob's facts are intact, with their records. */
+    assert_int_equal(memory_get(m, "tenant-b", "alice", ib, &f), IS_OK);
+    assert_string_equal(f.text, text);
+    assert_int_equal(f.version, 1);
+    assert_true(file_exists(kv_path(f.kv_record)));
+    mem_fact_clear(&f);
+    assert_int_equal(memory_get(m, "tenant-a", "bob", ic, &f), IS_OK);
+    mem_fact_clear(&f);
+    check_ok(m, true);
+    memory_close(m);
+}
+
+static void test_search_filters(void **state) {
+    memory *m = open_fake(NULL, NULL);
+    struct {
+        const char *agent, *run, *meta, *text;
+    } rows[] = {
+        {"a1", "r1", "{\"topic\":\"food\",\"n\":1}", "likes apples"},
+        {"a1", "r2", "{\"topic\":\"food\",\"n\":2}", "likes apples and pears"},
+        {"a2", "r1", "{\"topic\":\"work\"}", "likes apples at work"},
+        {NULL, NULL, NULL, "likes apples a lot"},
+    };
+    char ids[4][MEMORY_ID_SIZE];
+    for (int i = 0; i < 4; i++) {
+        memory_add_req r = {.tenant = "t", .user = "u", .agent_id = rows[i].agent,
+                            .run_id = rows[i].run, .text = rows[i].text,
+                            .metadata_json = rows[i].meta, .window = MEMORY_WINDOW_DEFAULT};
+        assert_int_equal(memory_add(m, &r, ids[i]), IS_OK);
+    }
+    char got[8][MEMORY_ID_SIZE];
+    mem_filter f1 = {.tenant = "t", .user = "u", .agent_id = "a1"};
+    assert_int_equal(search_ids(m, &f1, "apples", 10, got), 2);
+    mem_filter f2 = {.tenant = "t", .user = "u", .run_id = "r1"};
+    assert_int_equal(search_ids(m, &f2, "apples", 10, got), 2);
+    mem_filter f3 = {.tenant = "t", .user = "u", .agent_id = "a1", .run_id = "r1"};
+    assert_int_equal(search_ids(m, &f3, "apples", 10, got), 1);
+    assert_string_equal(got[0], ids[0]);
+    const char *mk[] = {"n"}, *mv[] = {"2"};
+    mem_filter f4 = {.tenant = "t", .user = "u", .meta_keys = mk, .meta_values = mv, .n_meta = 1};
+    assert_int_equal(search_ids(m, &f4, "apples", 10, got), 1);
+    assert_string_equal(got[0], ids[1]);
+    mem_filter f5 = {.tenant = "t", .user = "u"};
+    assert_int_equal(search_ids(m, &f5, "apples", 10, got), 4);
+    assert_int_equal(search_ids(m, &f5, "apples", 2, got), 2);
+    assert_int_equal(search_ids(m, &f5, "apples", 0, got), 0);
+    memory_hit *h;
+    int32_t n;
+    assert_int_equal(memory_search(m, &f5, "", 3, &h, &n), IS_ERR_INVALID_ARG);
+    mem_filter nouser = {.tenant = "t"};
+    assert_int_equal(memory_search(m, &nouser, "apples", 3, &h, &n), IS_ERR_INVALID_ARG);
+    /* No encoder: facts have no KV, and that is consistent. */
+    check_ok(m, false);
+    assert_int_equal(count_kv_files(), 0);
+    memory_close(m);
+}
+
+static bool fail_rename(record_store_step s, void *ud) { return s != RECORD_STORE_STEP_RENAME; }
+static bool fail_commit(void *ud) { return false; }
+
+static void expect_empty(memory *m) {
+    mem_fact *all;
+    int32_t na;
+    mem_filter f = {.tenant = "t", .user = "u"};
+    assert_int_equal(memory_get_all(m, &f, &all, &na), IS_OK);
+    assert_int_equal(na, 0);
+    free(all);
+    assert_int_equal(count_kv_files(), 0);
+    char ids[2][MEMORY_ID_SIZE];
+    assert_int_equal(search_ids(m, &f, "anything at all", 5, ids), 0);
+    check_ok(m, true);
+}
+
+static void test_failures_leave_nothing(void **state) {
+    fake_encoder fe = {.fail_at = 1};
+    memory *m = open_fake(&fe, NULL);
+    char id[MEMORY_ID_SIZE];
+    /* Encoder fails. */
+    assert_int_equal(add(m, "t", "u", "anything at all", NULL, id), IS_ERR_INTERNAL);
+    expect_empty(m);
+    /* The record store's rename fails. */
+    record_store_set_fault_hook(memory_record_store(m), fail_rename, NULL);
+    assert_int_equal(add(m, "t", "u", "anything at all", NULL, id), IS_ERR_IO);
+    record_store_set_fault_hook(memory_record_store(m), NULL, NULL);
+    expect_empty(m);
+    /* The commit fails after the record was written: the record goes. */
+    mem_store_set_fault_hook(memory_fact_store(m), fail_commit, NULL);
+    assert_int_equal(add(m, "t", "u", "anything at all", NULL, id), IS_ERR_IO);
+    mem_store_set_fault_hook(memory_fact_store(m), NULL, NULL);
+    expect_empty(m);
+    /* Bad input: refused before the encoder is called. */
+    int32_t calls = fe.calls;
+    assert_int_equal(add(m, "t", "u", "bad \xff\xfe utf-8", NULL, id), IS_ERR_INVALID_ARG);
+    assert_int_equal(add(m, "t", "u", "overlong \xc0\xaf", NULL, id), IS_ERR_INVALID_ARG);
+    assert_int_equal(add(m, "t", "u", "", NULL, id), IS_ERR_INVALID_ARG);
+    assert_int_equal(add(m, "t", "", "text", NULL, id), IS_ERR_INVALID_ARG);
+    assert_int_equal(add(m, "", "u", "text", NULL, id), IS_ERR_INVALID_ARG);
+    assert_int_equal(add(m, "t", "u", "text", "{\"a\":{\"b\":1}}", id), IS_ERR_INVALID_ARG);
+    assert_int_equal(add(m, "t", "u", "text", "[]", id), IS_ERR_INVALID_ARG);
+    assert_int_equal(fe.calls, calls);
+    expect_empty(m);
+
+    /* An update whose encoding fails leaves the old version whole. */
+    assert_int_equal(add(m, "t", "u", "version one", NULL, id), IS_OK);
+    mem_fact f;
+    assert_int_equal(memory_get(m, "t", "u", id, &f), IS_OK);
+    char rid[80];
+    snprintf(rid, sizeof rid, "%s", f.kv_record);
+    mem_fact_clear(&f);
+    fe.fail_at = fe.calls + 1;
+    assert_int_equal(memory_update(m, "t", "u", id, "version two", NULL), IS_ERR_INTERNAL);
+    mem_store_set_fault_hook(memory_fact_store(m), fail_commit, NULL);
+    assert_int_equal(memory_update(m, "t", "u", id, "version two", NULL), IS_ERR_IO);
+    mem_store_set_fault_hook(memory_fact_store(m), NULL, NULL);
+    assert_int_equal(memory_update(m, "t", "u", id, "bad \xff", NULL), IS_ERR_INVALID_ARG);
+    assert_int_equal(memory_update(m, "t", "u", id, NULL, "{\"x\":[1]}"), IS_ERR_INVALID_ARG);
+    assert_int_equal(memory_get(m, "t", "u", id, &f), IS_OK);
+    assert_string_equal(f.text, "version one");
+    assert_string_equal(f.kv_record, rid);
+    assert_int_equal(f.version, 1);
+    mem_fact_clear(&f);
+    assert_int_equal(count_kv_files(), 1);
+    check_ok(m, true);
+    /* A delete whose commit fails keeps everything. */
+    mem_store_set_fault_hook(memory_fact_store(m), fail_commit, NULL);
+    assert_int_equal(memory_delete(m, "t", "u", id), IS_ERR_IO);
+    mem_store_set_fault_hook(memory_fact_store(m), NULL, NULL);
+    assert_true(file_exists(kv_path(rid)));
+    check_ok(m, true);
+    memory_close(m);
+}
+
+static void test_reconcile(void **state) {
+    fake_encoder fe = {0};
+    memory *m = open_fake(&fe, NULL);
+    char ids[5][MEMORY_ID_SIZE];
+    for (int i = 0; i < 5; i++) {
+        char text[64];
+        snprintf(text, sizeof text, "fact number %d about things", i);
+        assert_int_equal(add(m, "t", "u", text, NULL, ids[i]), IS_OK);
+    }
+    /* Orphans, as a crash leaves them: records with no row. */
+    memory_encode_job orphan1 = {"0f0f0f0f-dead-4bad-8bad-000000000001-v1", "lost fact", NULL, 0, 0};
+    memory_encode_job orphan2 = {"00000000-0000-4000-8000-000000000002-v3", "lost update", NULL, 0, 0};
+    assert_int_equal(fake_encode(&fe, memory_record_store(m), &orphan1), IS_OK);
+    assert_int_equal(fake_encode(&fe, memory_record_store(m), &orphan2), IS_OK);
+    /* And a missing record: fact 2's file removed behind our back. */
+    mem_fact f;
+    assert_int_equal(memory_get(m, "t", "u", ids[2], &f), IS_OK);
+    char rid2[80];
+    snprintf(rid2, sizeof rid2, "%s", f.kv_record);
+    mem_fact_clear(&f);
+    assert_int_equal(memory_check(m, true), IS_ERR_INTERNAL); /* the checker sees the orphans */
+    memory_close(m);
+    assert_int_equal(unlink(kv_path(rid2)), 0);
+    assert_int_equal(count_kv_files(), 6);
+
+    memory_open_report rep;
+    m = open_fake(NULL, &rep);
+    assert_int_equal(rep.n_facts, 5);
+    assert_int_equal(rep.n_orphans, 2);
+    assert_int_equal(rep.n_missing_kv, 1);
+    assert_int_equal(count_kv_files(), 4);
+    check_ok(m, false);
+    assert_int_equal(memory_check(m, true), IS_ERR_INTERNAL); /* fact 2 lacks its record */
+    /* Without an encoder, missing KV cannot be re-encoded. */
+    assert_int_equal(memory_encode_missing(m, NULL, NULL, NULL), IS_ERR_INVALID_ARG);
+    memory_set_encoder(m, fake_encode, &fe);
+    int64_t n_enc = -1;
+    assert_int_equal(memory_encode_missing(m, NULL, NULL, &n_enc), IS_OK);
+    assert_int_equal(n_enc, 1);
+    assert_true(file_exists(kv_path(rid2)));
+    check_ok(m, true);
+
+    /* No encoder: an update drops the record that described the old text. */
+    memory_set_encoder(m, NULL, NULL);
+    assert_int_equal(memory_update(m, "t", "u", ids[0], "fact zero, rewritten", NULL), IS_OK);
+    assert_int_equal(memory_get(m, "t", "u", ids[0], &f), IS_OK);
+    assert_null(f.kv_record);
+    mem_fact_clear(&f);
+    char id_new[MEMORY_ID_SIZE];
+    assert_int_equal(add(m, "t", "u", "added without a model", NULL, id_new), IS_OK);
+    assert_int_equal(count_kv_files(), 4);
+    check_ok(m, false);
+    memory_close(m);
+    m = open_fake(NULL, &rep);
+    assert_int_equal(rep.n_missing_kv, 2);
+    assert_int_equal(rep.n_orphans, 0);
+    memory_set_encoder(m, fake_encode, &fe);
+    assert_int_equal(memory_encode_missing(m, NULL, NULL, &n_enc), IS_OK);
+    assert_int_equal(n_enc, 2);
+    check_ok(m, true);
+    memory_close(m);
+    m = open_fake(NULL, &rep);
+    assert_int_equal(rep.n_missing_kv, 0);
+    assert_int_equal(rep.n_facts, 6);
+    memory_close(m);
+}
+
+static void test_open_refusals(void **state) {
+    memory *m = open_fake(NULL, NULL);
+    char id[MEMORY_ID_SIZE];
+    assert_int_equal(add(m, "t", "u", "a fact", NULL, id), IS_OK);
+    /* A second open of the same directory: the record store's lock. */
+    memory_params p = memory_default_params();
+    p.embed = fake_embed;
+    p.embed_dim = FAKE_DIM;
+    p.embed_name = "fake-bow";
+    memory *m2 = NULL;
+    assert_int_equal(memory_open(g_dir, &p, &m2, NULL), IS_ERR_IO);
+    assert_null(m2);
+    memory_close(m);
+    /* Another embedding model (name or dimension) would make the stored vectors meaningless. */
+    p.embed_name = "another-model";
+    assert_int_equal(memory_open(g_dir, &p, &m2, NULL), IS_ERR_MISMATCH);
+    p.embed_name = "fake-bow";
+    p.embed_dim = 32;
+    assert_int_equal(memory_open(g_dir, &p, &m2, NULL), IS_ERR_MISMATCH);
+    memory_params none = memory_default_params();
+    assert_int_equal(memory_open(g_dir, &none, &m2, NULL), IS_ERR_MISMATCH);
+    assert_null(m2);
+    /* The failed opens released the lock: the right one works. */
+    m = open_fake(NULL, NULL);
+    memory_close(m);
+    assert_int_equal(memory_open(NULL, &p, &m2, NULL), IS_ERR_INVALID_ARG);
+}
+
+/* ---- LoCoMo importer ---------------------------------------------------------------- */
+
+static void test_locomo_import(void **state) {
+    locomo_conv *c = NULL;
+    if (locomo_load(LOCOMO_26, &c) != IS_OK) skip();
+    fake_encoder fe = {0};
+    memory *m = open_fake(&fe, NULL);
+    memory_locomo_opts o = {.tenant = "demo", .window = 3, .batch = 16};
+    memory_import_stats st = {0};
+    assert_int_equal(memory_import_locomo(m, c, &o, &st), IS_OK);
+    assert_int_equal(st.added, c->n_facts);
+    assert_int_equal(st.skipped, 0);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.first_error[0], '\0');
+    assert_int_equal(c->n_facts, 184); /* the data set's README count for this file */
+    assert_int_equal(fe.calls, c->n_facts);
+
+    /* Per speaker: as many facts as that speaker's observations. */
+    const char *speakers[2] = {c->speaker_a, c->speaker_b};
+    int32_t total = 0;
+    for (int s = 0; s < 2; s++) {
+        int32_t want = 0;
+        for (int32_t i = 0; i < c->n_facts; i++) want += strcmp(c->facts[i].speaker, speakers[s]) == 0;
+        char user[256];
+        memory_locomo_user(c, speakers[s], false, user, sizeof user);
+        mem_filter f = {.tenant = "demo", .user = user};
+        mem_fact *all;
+        int32_t na;
+        assert_int_equal(memory_get_all(m, &f, &all, &na), IS_OK);
+        assert_int_equal(na, want);
+        total += na;
+        /* Each fact: its source ref, metadata, and the w turns before its evidence turn. */
+        for (int32_t i = 0; i < na; i++) {
+            const locomo_fact *lf = NULL;
+            for (int32_t j = 0; j < c->n_facts && !lf; j++) {
+                char src[256];
+                snprintf(src, sizeof src, "locomo:%s:%s", c->name, c->facts[j].dia_id);
+                if (strcmp(c->facts[j].text, all[i].text) == 0 && strcmp(src, all[i].source) == 0)
+                    lf = &c->facts[j];
+            }
+            assert_non_null(lf);
+            assert_string_equal(lf->speaker, speakers[s]);
+            const char *turns[8];
+            int32_t nt = locomo_fact_context(c, lf, 3, turns);
+            assert_int_equal(all[i].n_context, nt);
+            for (int32_t t = 0; t < nt; t++) assert_string_equal(all[i].context[t], turns[t]);
+            assert_int_equal(all[i].kv_window, 3);
+            assert_non_null(strstr(all[i].metadata, "\"dia_id\":\""));
+        }
+        mem_facts_free(all, na);
+    }
+    assert_int_equal(total, c->n_facts);
+    char user_a[256];
+    memory_locomo_user(c, c->speaker_a, false, user_a, sizeof user_a);
+    assert_string_equal(user_a, "26-caroline");
+    check_ok(m, true);
+
+    /* Again: nothing added. */
+    memory_import_stats st2 = {0};
+    assert_int_equal(memory_import_locomo(m, c, &o, &st2), IS_OK);
+    assert_int_equal(st2.added, 0);
+    assert_int_equal(st2.skipped, c->n_facts);
+    assert_int_equal(fe.calls, c->n_facts);
+
+    /* An interrupted import: the last 50 facts never made it; a re-run adds exactly them. */
+    mem_filter fa = {.tenant = "demo", .user = user_a};
+    mem_fact *all;
+    int32_t na;
+    assert_int_equal(memory_get_all(m, &fa, &all, &na), IS_OK);
+    int32_t removed = 0;
+    for (int32_t i = na - 1; i >= 0 && removed < 50; i--, removed++)
+        assert_int_equal(memory_delete(m, "demo", user_a, all[i].id), IS_OK);
+    mem_facts_free(all, na);
+    memory_close(m);
+    m = open_fake(&fe, NULL);
+    memory_import_stats st3 = {0};
+    assert_int_equal(memory_import_locomo(m, c, &o, &st3), IS_OK);
+    assert_int_equal(st3.added, 50);
+    assert_int_equal(st3.skipped, c->n_facts - 50);
+    assert_int_equal(mem_store_count(memory_fact_store(m)), c->n_facts);
+    check_ok(m, true);
+
+    memory_close(m);
+    locomo_free(c);
+}
+
+/* ---- real embedder ----------------------------------------------------------------- */
+
+static void test_real_embedder(void **state) {
+    struct stat sb;
+    if (stat(EMBEDDER_DIR "/model.safetensors", &sb) != 0) skip();
+    embedder *e = NULL;
+    assert_int_equal(embedder_load(EMBEDDER_DIR, &e), IS_OK);
+    memory_params p = memory_default_params();
+    p.embedder = e;
+    p.embed_name = "all-MiniLM-L6-v2";
+    memory *m = NULL;
+    assert_int_equal(memory_open(g_dir, &p, &m, NULL), IS_OK);
+    const char *facts[] = {
+        "Melanie ran a charity race for mental health last Saturday.",
+        "Caroline is researching adoption agencies.",
+        "Melanie painted a sunrise over a lake.",
+        "Caroline moved from Sweden four years ago.",
+    };
+    char ids[4][MEMORY_ID_SIZE];
+    memory_add_req r[4];
+    for (int i = 0; i < 4; i++)
+        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = facts[i],
+                                .window = MEMORY_WINDOW_DEFAULT};
+    is_status sts[4];
+    assert_int_equal(memory_add_batch(m, r, 4, ids, sts), IS_OK);
+    mem_filter f = {.tenant = "t", .user = "u"};
+    memory_hit *h;
+    int32_t n;
+    /* The query shares no word with the right fact but "Caroline": meaning
+     * decides the dense ranking. (The fused order may tie: RRF of ranks
+     * (1, 2) equals that of (2, 1), and ties go by the random ids.) */
+    const char *queries[2] = {"Where did Caroline live before?", "What kind of art does Melanie make?"};
+    const int want[2] = {3, 2};
+    for (int q = 0; q < 2; q++) {
+        assert_int_equal(memory_search(m, &f, queries[q], 4, &h, &n), IS_OK);
+        assert_int_equal(n, 4);
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (h[i].dense > h[best].dense) best = i;
+        assert_string_equal(h[best].fact.id, ids[want[q]]);
+        assert_true(h[best].dense > 0.3f);
+        memory_hits_free(h, n);
+    }
+    /* Stored embeddings are the model's: equal to embedding the text now. */
+    mem_fact g;
+    assert_int_equal(mem_store_get(memory_fact_store(m), "t", "u", ids[1], true, &g), IS_OK);
+    float v[384];
+    assert_int_equal(embedder_dim(e), 384);
+    assert_int_equal(embedder_embed(e, &facts[1], 1, v), IS_OK);
+    double dot = 0;
+    for (int j = 0; j < 384; j++) dot += (double)v[j] * g.embedding[j];
+    assert_true(dot > 0.9999);
+    mem_fact_clear(&g);
+    check_ok(m, false);
+    memory_close(m);
+    embedder_free(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_crud_history_search, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_isolation, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_search_filters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failures_leave_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_open_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_locomo_import, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_real_embedder, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
