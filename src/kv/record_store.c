@@ -352,7 +352,7 @@ is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *
     void *buf;
     size_t len;
     if ((st = fact_record_encode(meta, tokens, k, v, &buf, &len)) != IS_OK) return st;
-    rs_entry *e;
+    rs_entry *e = NULL; /* set by entry_create; NULL only on its failure path */
     if ((st = entry_create(s, id, buf, len, false, &e)) != IS_OK) {
         free(buf);
         return st;
