@@ -1,0 +1,312 @@
+/*
+ * extract: the extraction prompt, the generation call, and the lenient-but-
+ * validating parser of the model's JSON reply (see the header).
+ */
+#include "memory/extract.h"
+
+#include "core/status.h"
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+static const char k_system_prompt[] =
+    "You keep the long-term memory of a personal assistant. From the conversation you are "
+    "given, write down the facts about the user that are worth remembering in later "
+    "conversations: personal details, preferences and dislikes, plans and goals, people and "
+    "pets in their life, work, places, health, hobbies and important events. Write each fact "
+    "as one short sentence of its own. Use only what the user says or confirms; skip greetings, "
+    "small talk and general knowledge.\n"
+    "Reply with a JSON object and nothing else, in this form:\n"
+    "{\"facts\": [\"first fact\", \"second fact\"]}\n"
+    "If there is nothing worth remembering, reply {\"facts\": []}.\n\n"
+    "Example 1\n"
+    "Input:\n"
+    "user: Hi! How's it going?\n"
+    "Output: {\"facts\": []}\n\n"
+    "Example 2\n"
+    "Input:\n"
+    "user: I'm Priya. I work as a nurse in Leeds and I'm training for a half marathon in May.\n"
+    "assistant: That's great, good luck with the training!\n"
+    "Output: {\"facts\": [\"Name is Priya\", \"Works as a nurse in Leeds\", \"Is training for a "
+    "half marathon in May\"]}\n\n"
+    "Example 3\n"
+    "Input:\n"
+    "user: Can you suggest a dinner? I'm vegetarian and I really don't like mushrooms.\n"
+    "Output: {\"facts\": [\"Is vegetarian\", \"Does not like mushrooms\"]}";
+
+/* The start of the assistant's reply, written for it. */
+static const char k_reply_start[] = "{\"facts\": [";
+
+const char *extract_system_prompt(void) { return k_system_prompt; }
+
+extract_params extract_default_params(void) {
+    return (extract_params){.max_tokens = 512, .today = NULL};
+}
+
+void extract_facts_free(char **facts, int32_t n_facts) {
+    if (!facts) return;
+    for (int32_t i = 0; i < n_facts; i++) free(facts[i]);
+    free(facts);
+}
+
+/* ---- finding the object ------------------------------------------------ */
+
+/* Finds the first balanced {...} in a byte stream fed in pieces. Quotes
+ * only count inside the object: prose before it may hold stray ones. */
+typedef struct obj_scan {
+    int32_t depth;
+    bool in_str, esc;
+    int64_t start; /* offset of the first '{', or -1 */
+    int64_t end;   /* offset just past its matching '}', or -1 */
+    size_t pos;    /* bytes scanned so far */
+} obj_scan;
+
+static void scan_init(obj_scan *sc) {
+    memset(sc, 0, sizeof *sc);
+    sc->start = sc->end = -1;
+}
+
+/* Scans buf[sc->pos .. len). Stops once the object is complete. */
+static void scan_feed(obj_scan *sc, const char *buf, size_t len) {
+    for (; sc->pos < len && sc->end < 0; sc->pos++) {
+        char ch = buf[sc->pos];
+        if (sc->start < 0) {
+            if (ch == '{') {
+                sc->start = (int64_t)sc->pos;
+                sc->depth = 1;
+            }
+            continue;
+        }
+        if (sc->in_str) {
+            if (sc->esc) sc->esc = false;
+            else if (ch == '\\') sc->esc = true;
+            else if (ch == '"') sc->in_str = false;
+            continue;
+        }
+        if (ch == '"') sc->in_str = true;
+        else if (ch == '{') sc->depth++;
+        else if (ch == '}' && --sc->depth == 0) sc->end = (int64_t)sc->pos + 1;
+    }
+}
+
+/* The start of the reply, printable, for messages. */
+static void snippet(const char *reply, size_t len, char *out, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 4 < cap; i++) {
+        unsigned char c = (unsigned char)reply[i];
+        out[o++] = c < 0x20 || c == 0x7f ? ' ' : (char)c;
+    }
+    if (len > 0 && o + 4 >= cap) {
+        /* Do not end inside a UTF-8 sequence. */
+        while (o > 0 && ((unsigned char)out[o - 1] & 0xC0) == 0x80) o--;
+        if (o > 0 && ((unsigned char)out[o - 1] & 0xC0) == 0xC0) o--;
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = 0;
+}
+
+static bool valid_utf8(const char *s, size_t n) {
+    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
+    size_t i = 0;
+    while (i < n) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t r = utf8proc_iterate(p + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (r <= 0) return false;
+        i += (size_t)r;
+    }
+    return true;
+}
+
+static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n_facts) {
+    if ((!reply && len) || !facts || !n_facts)
+        return is_error_set(IS_ERR_INVALID_ARG, "extract_parse: NULL argument");
+    char snip[96];
+    snippet(reply ? reply : "", len, snip, sizeof snip);
+    obj_scan sc;
+    scan_init(&sc);
+    if (len) scan_feed(&sc, reply, len);
+    if (sc.start < 0) return is_error_set(IS_ERR_FORMAT, "extract: the reply holds no JSON object: \"%s\"", snip);
+    if (sc.end < 0)
+        return is_error_set(IS_ERR_FORMAT, "extract: the reply's JSON object is not closed (cut short?): \"%s\"", snip);
+    cJSON *root = cJSON_ParseWithLength(reply + sc.start, (size_t)(sc.end - sc.start));
+    if (!root) return is_error_set(IS_ERR_FORMAT, "extract: the reply's object is not valid JSON: \"%s\"", snip);
+    is_status st = IS_OK;
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "facts"), *it;
+    char **out = NULL;
+    int32_t n = 0;
+    if (!cJSON_IsObject(root) || !cJSON_IsArray(arr)) {
+        st = is_error_set(IS_ERR_FORMAT, "extract: the reply has no \"facts\" array: \"%s\"", snip);
+        goto done;
+    }
+    int32_t count = cJSON_GetArraySize(arr);
+    if (count > EXTRACT_MAX_FACTS) {
+        st = is_error_set(IS_ERR_FORMAT, "extract: the reply lists %d facts, more than %d", count, EXTRACT_MAX_FACTS);
+        goto done;
+    }
+    out = calloc((size_t)(count ? count : 1), sizeof *out);
+    if (!out) {
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    int32_t idx = 0;
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsString(it)) {
+            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not a string: \"%s\"", idx, snip);
+            goto done;
+        }
+        const char *s = it->valuestring;
+        size_t l = strlen(s);
+        while (l > 0 && is_ws(*s)) s++, l--;
+        while (l > 0 && is_ws(s[l - 1])) l--;
+        if (l == 0) {
+            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is empty", idx);
+            goto done;
+        }
+        if (l > EXTRACT_MAX_FACT_BYTES) {
+            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply has %zu bytes, more than %d", idx, l,
+                              EXTRACT_MAX_FACT_BYTES);
+            goto done;
+        }
+        if (!valid_utf8(s, l)) {
+            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not valid UTF-8", idx);
+            goto done;
+        }
+        bool dup = false;
+        for (int32_t j = 0; j < n && !dup; j++) dup = strlen(out[j]) == l && memcmp(out[j], s, l) == 0;
+        idx++;
+        if (dup) continue;
+        if (!(out[n] = strndup(s, l))) {
+            st = is_error_set(IS_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        n++;
+    }
+done:
+    cJSON_Delete(root);
+    if (st != IS_OK) {
+        extract_facts_free(out, n);
+        return st;
+    }
+    *facts = out;
+    *n_facts = n;
+    return IS_OK;
+}
+
+/* ---- asking the model -------------------------------------------------- */
+
+typedef struct reply_acc {
+    char *buf;
+    size_t len, cap;
+    obj_scan sc;
+    bool nomem;
+} reply_acc;
+
+/* Collects the reply and stops generation when the first object closes. */
+static bool on_text(const char *t, size_t l, void *ud) {
+    reply_acc *r = ud;
+    if (r->len + l + 1 > r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 1024;
+        while (cap < r->len + l + 1) cap *= 2;
+        char *nb = realloc(r->buf, cap);
+        if (!nb) {
+            r->nomem = true;
+            return false;
+        }
+        r->buf = nb;
+        r->cap = cap;
+    }
+    memcpy(r->buf + r->len, t, l);
+    r->len += l;
+    r->buf[r->len] = 0;
+    scan_feed(&r->sc, r->buf, r->len);
+    return r->sc.end < 0;
+}
+
+/* "Input:\nrole: content\n..." (system messages left out). */
+static is_status build_input(const is_chat_message *msgs, size_t n, const extract_params *p, char **out) {
+    size_t cap = 64 + (p->today ? strlen(p->today) + 32 : 0);
+    for (size_t i = 0; i < n; i++) {
+        if (!msgs[i].role || !msgs[i].content)
+            return is_error_set(IS_ERR_INVALID_ARG, "extract: message %zu has no role or content", i);
+        if (strcmp(msgs[i].role, "user") != 0 && strcmp(msgs[i].role, "assistant") != 0 &&
+            strcmp(msgs[i].role, "system") != 0)
+            return is_error_set(IS_ERR_INVALID_ARG, "extract: message %zu has role '%s' (user, assistant or system)",
+                                i, msgs[i].role);
+        cap += strlen(msgs[i].role) + strlen(msgs[i].content) + 4;
+    }
+    char *s = malloc(cap);
+    if (!s) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    size_t o = 0;
+    if (p->today) o += (size_t)snprintf(s + o, cap - o, "Today's date: %s\n", p->today);
+    o += (size_t)snprintf(s + o, cap - o, "Input:\n");
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(msgs[i].role, "system") == 0) continue;
+        o += (size_t)snprintf(s + o, cap - o, "%s: %s\n", msgs[i].role, msgs[i].content);
+    }
+    *out = s;
+    return IS_OK;
+}
+
+is_status extract_facts(is_model *m, is_session *s, const is_chat_message *msgs, size_t n_msgs,
+                        const extract_params *p, char ***facts, int32_t *n_facts) {
+    if (!m || !msgs || !facts || !n_facts) return is_error_set(IS_ERR_INVALID_ARG, "extract_facts: NULL argument");
+    if (n_msgs == 0) return is_error_set(IS_ERR_INVALID_ARG, "extract_facts: no messages");
+    extract_params prm = p ? *p : extract_default_params();
+    if (prm.max_tokens <= 0) return is_error_set(IS_ERR_INVALID_ARG, "extract_facts: max_tokens must be > 0");
+    char *input = NULL, *text = NULL;
+    int32_t *toks = NULL;
+    size_t n_toks = 0;
+    is_session *own = NULL;
+    reply_acc r = {0};
+    scan_init(&r.sc);
+    is_status st = build_input(msgs, n_msgs, &prm, &input);
+    if (st == IS_OK) {
+        is_chat_message chat[2] = {{"system", k_system_prompt}, {"user", input}};
+        st = is_chat_render(m, chat, 2, true, &text);
+    }
+    if (st == IS_OK) {
+        /* The reply is begun for the model: small models given the opening
+         * of the object continue it far more often than they produce one. */
+        size_t tl = strlen(text), pl = strlen(k_reply_start);
+        char *primed = realloc(text, tl + pl + 1);
+        if (!primed) {
+            st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        } else {
+            text = primed;
+            memcpy(text + tl, k_reply_start, pl + 1);
+            on_text(k_reply_start, pl, &r);
+            if (r.nomem) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (st == IS_OK) st = is_tokenize(m, text, strlen(text), false, true, &toks, &n_toks);
+    if (st == IS_OK && !s) {
+        st = is_session_create(m, is_session_default_params(), &own);
+        s = own;
+    }
+    if (st == IS_OK) {
+        is_gen_params gp = is_gen_default_params();
+        gp.max_tokens = prm.max_tokens;
+        gp.temperature = 0.0f;
+        gp.top_k = 0;
+        gp.top_p = 1.0f;
+        gp.stop = NULL;
+        gp.n_stop = 0;
+        is_gen_stats stats;
+        st = is_session_generate(s, toks, n_toks, gp, on_text, &r, &stats);
+        if (st == IS_OK && r.nomem) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    if (st == IS_OK) st = extract_parse(r.buf, r.len, facts, n_facts);
+    is_session_free(own);
+    free(r.buf);
+    free(toks);
+    free(text);
+    free(input);
+    return st;
+}

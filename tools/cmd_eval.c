@@ -1,0 +1,636 @@
+/*
+ * inferscale eval locomo: answer LoCoMo's questions with retrieved memory
+ * in several modes and score the answers as LoCoMo does.
+ *
+ *   inferscale eval locomo [--data-dir DIR] [--conv 26,30,...] [--k 20]
+ *                          [--modes prompt,kv0,kv20] [--limit N] [--out FILE.csv]
+ *
+ * For each conversation: its observations become the facts of one user
+ * (both speakers' facts, since questions do not say whose memory to
+ * search), embedded and indexed; each question retrieves k facts (hybrid
+ * dense + BM25), whose evidence turns give recall@k; the retrieved facts'
+ * KV records are encoded for each kv window that is asked for (kvW: W
+ * context turns; records persist in --store, so a rerun encodes nothing);
+ * then every mode answers greedily from the same k facts. Answers are
+ * scored with src/eval/locomo_eval.h (LoCoMo's F1 / exact match), and kv
+ * and off answers are compared with the prompt-mode answer.
+ *
+ * Writes one CSV row per (question, mode) and prints a markdown table by
+ * category (also written next to the CSV as FILE.md).
+ */
+#include "cli.h"
+
+#include "core/status.h"
+#include "eval/locomo_eval.h"
+#include "kv/fact_record.h"
+#include "memory/embedder.h"
+#include "memory/index.h"
+#include "memory/locomo.h"
+#include "serve/ask.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define EVAL_DEFAULT_DATA "../shared/data/locomo"
+#define EVAL_DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+#define EVAL_DEFAULT_STORE "inferscale-data/locomo-eval"
+#define EVAL_INSTRUCTION " Answer in a few words."
+#define EVAL_MAX_MODES 8
+#define EVAL_MAX_CONVS 64
+
+typedef struct eval_mode {
+    ask_mode mode;
+    int32_t window; /* kv modes: encoding context turns */
+    char name[16];
+} eval_mode;
+
+typedef struct eval_opts {
+    const char *data_dir, *model, *embedder, *store, *out, *instruction;
+    char *convs[EVAL_MAX_CONVS];
+    int32_t n_convs;
+    eval_mode modes[EVAL_MAX_MODES];
+    int32_t n_modes;
+    int32_t k, limit, max_tokens, threads;
+    kv_dtype dtype;
+} eval_opts;
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void eval_usage(FILE *f) {
+    fprintf(f,
+            "usage: inferscale eval locomo [options]\n\n"
+            "Answers LoCoMo's questions with k retrieved facts in each mode and reports LoCoMo's\n"
+            "F1 and exact match, recall@k of the evidence turns, kv-vs-prompt agreement and TTFT\n"
+            "by category (1-4; 5, adversarial, separately).\n\n"
+            "      --data-dir DIR   LoCoMo conversations, one JSON file each (default %s)\n"
+            "      --conv LIST      conversations by name, e.g. 26,30 (default: all in DIR)\n"
+            "  -k, --k N            facts retrieved per question (default 20)\n"
+            "      --modes LIST     of prompt, off, kvW (W context turns encoded with each fact,\n"
+            "                       -1: no context at all) (default prompt,kv0,kv20)\n"
+            "      --limit N        only the first N questions of each conversation (default all)\n"
+            "      --out FILE       CSV, one row per (question, mode); the table goes to FILE.md\n"
+            "                       (default locomo-eval.csv)\n"
+            "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
+            "      --embedder DIR   sentence-embedding model (default %s)\n"
+            "      --store DIR      where fact KV records are kept between runs (default %s)\n"
+            "      --kv-dtype T     record precision: f32 | f16 | bf16 (default f32)\n"
+            "  -n, --max-tokens N   answer length limit in tokens (default 32)\n"
+            "      --instruction T  appended to each question (default \"%s\")\n"
+            "  -t, --threads N      CPU threads (default: all cores)\n"
+            "  -h, --help           this help\n",
+            EVAL_DEFAULT_DATA, CLI_DEFAULT_MODEL, EVAL_DEFAULT_EMBEDDER, EVAL_DEFAULT_STORE,
+            EVAL_INSTRUCTION + 1);
+}
+
+static bool parse_modes(const char *s, eval_opts *o) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_modes = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->n_modes == EVAL_MAX_MODES) {
+            fprintf(stderr, "error: at most %d modes\n", EVAL_MAX_MODES);
+            return false;
+        }
+        eval_mode *m = &o->modes[o->n_modes];
+        if (strcmp(t, "prompt") == 0) {
+            *m = (eval_mode){ASK_MODE_PROMPT, 0, "prompt"};
+        } else if (strcmp(t, "off") == 0) {
+            *m = (eval_mode){ASK_MODE_OFF, 0, "off"};
+        } else if (strncmp(t, "kv", 2) == 0 && t[2]) {
+            int32_t w;
+            if (!cli_parse_int(t + 2, "the window of a kv mode", -1, 1000, &w)) return false;
+            *m = (eval_mode){ASK_MODE_KV, w, ""};
+            snprintf(m->name, sizeof m->name, "kv%d", w);
+        } else {
+            fprintf(stderr, "error: --modes: '%s' is not prompt, off or kvW (e.g. kv0, kv20)\n", t);
+            return false;
+        }
+        for (int32_t i = 0; i < o->n_modes; i++) {
+            if (strcmp(o->modes[i].name, m->name) == 0) {
+                fprintf(stderr, "error: --modes: '%s' given twice\n", t);
+                return false;
+            }
+        }
+        o->n_modes++;
+    }
+    if (o->n_modes == 0) {
+        fprintf(stderr, "error: --modes is empty\n");
+        return false;
+    }
+    return true;
+}
+
+static bool parse_convs(const char *s, eval_opts *o) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->n_convs == EVAL_MAX_CONVS) {
+            fprintf(stderr, "error: at most %d conversations\n", EVAL_MAX_CONVS);
+            return false;
+        }
+        o->convs[o->n_convs++] = strdup(t);
+    }
+    return o->n_convs > 0;
+}
+
+static int cmp_cstr(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.json of the data directory, by name. */
+static bool list_convs(eval_opts *o) {
+    DIR *d = opendir(o->data_dir);
+    if (!d) {
+        fprintf(stderr, "error: cannot open data directory '%s': %s\n", o->data_dir, strerror(errno));
+        return false;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)) && o->n_convs < EVAL_MAX_CONVS) {
+        size_t l = strlen(de->d_name);
+        if (l > 5 && strcmp(de->d_name + l - 5, ".json") == 0) o->convs[o->n_convs++] = strndup(de->d_name, l - 5);
+    }
+    closedir(d);
+    qsort(o->convs, (size_t)o->n_convs, sizeof *o->convs, cmp_cstr);
+    if (o->n_convs == 0) fprintf(stderr, "error: no .json files in '%s'\n", o->data_dir);
+    return o->n_convs > 0;
+}
+
+/* ---- answers ----------------------------------------------------------- */
+
+typedef struct answer_buf {
+    char s[2048];
+    size_t n;
+} answer_buf;
+
+/* Keeps the answer's first line: a short answer is done at its first line
+ * break (once some text has come), which saves decoding the rambling that
+ * small models add. The same rule applies to every mode. */
+static bool collect_answer(const char *t, size_t l, void *ud) {
+    answer_buf *b = ud;
+    for (size_t i = 0; i < l; i++) {
+        bool blank = true;
+        for (size_t j = 0; j < b->n && blank; j++) blank = b->s[j] == ' ' || b->s[j] == '\n';
+        if (t[i] == '\n' && !blank) return false;
+        if (b->n + 1 < sizeof b->s) b->s[b->n++] = t[i];
+    }
+    b->s[b->n] = 0;
+    return true;
+}
+
+static void trim(char *s) {
+    size_t n = strlen(s), i = 0;
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) s[--n] = 0;
+    while (s[i] == ' ' || s[i] == '\n' || s[i] == '\t') i++;
+    memmove(s, s + i, n - i + 1);
+}
+
+/* RFC 4180 field. */
+static void csv_field(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* Per mode and category (index 0 unused, 1-5). */
+typedef struct eval_tables {
+    locomo_eval_acc acc[EVAL_MAX_MODES][6];
+} eval_tables;
+
+typedef struct q_result {
+    char answer[2048];
+    ask_timing tm;
+} q_result;
+
+/* ---- one conversation -------------------------------------------------- */
+
+typedef struct eval_env {
+    const eval_opts *o;
+    ask_ctx *ask;
+    embedder *emb;
+    FILE *csv;
+    eval_tables *tab;
+    int prompt_mode; /* index of prompt mode in o->modes, -1 if absent */
+} eval_env;
+
+static void fact_id(char *buf, size_t cap, const char *conv, int32_t i) {
+    snprintf(buf, cap, "%s-%d", conv, i);
+}
+
+static void record_id(char *buf, size_t cap, const char *conv, int32_t i, int32_t w) {
+    snprintf(buf, cap, "%s-%d-w%d", conv, i, w);
+}
+
+static is_status eval_conv(eval_env *env, const char *name, double *t_encode, double *t_answer) {
+    const eval_opts *o = env->o;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.json", o->data_dir, name);
+    locomo_conv *c = NULL;
+    is_status st = locomo_load(path, &c);
+    if (st != IS_OK) return st;
+
+    int32_t nf = c->n_facts, dim = embedder_dim(env->emb);
+    int32_t nq = c->n_questions;
+    if (o->limit > 0 && nq > o->limit) nq = o->limit;
+    int32_t k = o->k < nf ? o->k : nf;
+    mem_index *ix = NULL;
+    float *vecs = malloc((size_t)(nf + 1) * dim * sizeof(float));
+    const char **texts = malloc((size_t)(nf ? nf : 1) * sizeof *texts);
+    int32_t *hit_fact = malloc((size_t)(nq ? nq : 1) * (k ? k : 1) * sizeof *hit_fact);
+    int32_t *n_hits = calloc((size_t)(nq ? nq : 1), sizeof *n_hits);
+    double *recall = calloc((size_t)(nq ? nq : 1), sizeof *recall), *retr_ms = calloc((size_t)(nq ? nq : 1), sizeof(double));
+    bool *needed = calloc((size_t)(nf ? nf : 1), sizeof *needed);
+    mem_hit *hits = calloc((size_t)(k ? k : 1), sizeof *hits);
+    const char **ev_ids = malloc((size_t)(k ? k : 1) * sizeof *ev_ids); /* evidence turns of the hits */
+    q_result *res = calloc((size_t)o->n_modes, sizeof *res);
+    if (!vecs || !texts || !hit_fact || !n_hits || !recall || !retr_ms || !needed || !hits || !ev_ids || !res) {
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+
+    /* Index: one user per conversation, both speakers' facts. */
+    for (int32_t i = 0; i < nf; i++) texts[i] = c->facts[i].text;
+    if (nf > 0 && (st = embedder_embed(env->emb, texts, nf, vecs)) != IS_OK) goto done;
+    if ((st = mem_index_create(dim, &ix)) != IS_OK) goto done;
+    for (int32_t i = 0; i < nf; i++) {
+        char id[MEM_ID_MAX + 1];
+        fact_id(id, sizeof id, c->name, i);
+        mem_doc d = {.id = id, .tenant = "locomo", .user = c->name, .text = texts[i],
+                     .embedding = vecs + (size_t)i * dim};
+        if ((st = mem_index_upsert(ix, &d)) != IS_OK) goto done;
+    }
+
+    /* Retrieval for every question first: it tells which records to encode. */
+    mem_filter flt = {.tenant = "locomo", .user = c->name};
+    for (int32_t q = 0; q < nq; q++) {
+        const locomo_question *lq = &c->questions[q];
+        double t0 = now_ms();
+        float *qv = vecs + (size_t)nf * dim;
+        const char *qt = lq->question;
+        int32_t nh = 0;
+        if (k > 0) {
+            if ((st = embedder_embed(env->emb, &qt, 1, qv)) != IS_OK) goto done;
+            if ((st = mem_index_search(ix, &flt, qv, qt, k, MEM_SEARCH_HYBRID, hits, &nh)) != IS_OK) goto done;
+        }
+        retr_ms[q] = now_ms() - t0;
+        int32_t n_ev = 0;
+        for (int32_t h = 0; h < nh; h++) {
+            const char *dash = strrchr(hits[h].id, '-');
+            int32_t fi = dash ? atoi(dash + 1) : -1;
+            IS_ASSERT(fi >= 0 && fi < nf);
+            hit_fact[(size_t)q * k + h] = fi;
+            needed[fi] = true;
+            ev_ids[n_ev++] = c->facts[fi].dia_id;
+        }
+        n_hits[q] = nh;
+        recall[q] = locomo_eval_recall((const char *const *)lq->evidence, lq->n_evidence, ev_ids, n_ev);
+    }
+
+    /* Encode the retrieved facts' records for each kv window. */
+    int32_t n_needed = 0;
+    for (int32_t i = 0; i < nf; i++) n_needed += needed[i];
+    double te = now_ms();
+    for (int32_t m = 0; m < o->n_modes; m++) {
+        if (o->modes[m].mode != ASK_MODE_KV) continue;
+        int32_t w = o->modes[m].window, done_n = 0, encoded = 0;
+        char what[64];
+        snprintf(what, sizeof what, "conv %s: encoding w=%d", c->name, w);
+        double t0 = now_ms();
+        const char *ctx[1024];
+        for (int32_t i = 0; i < nf; i++) {
+            if (!needed[i]) continue;
+            char rid[72];
+            record_id(rid, sizeof rid, c->name, i, w);
+            int32_t n_ctx = locomo_fact_context(c, &c->facts[i], w > 1024 ? 1024 : (w < 0 ? 0 : w), ctx);
+            ask_fact af = {rid, c->facts[i].text, ctx, n_ctx};
+            bool did;
+            if ((st = ask_encode_fact(env->ask, &af, w, &did)) != IS_OK) goto done;
+            encoded += did;
+            cli_progress(what, ++done_n, n_needed, t0);
+        }
+        fprintf(stderr, "conv %s: w=%d: %d of %d retrieved facts encoded (%.1f s), %d already stored\n",
+                c->name, w, encoded, n_needed, (now_ms() - t0) / 1e3, n_needed - encoded);
+    }
+    *t_encode += now_ms() - te;
+
+    /* Answer every question in every mode from the same facts. */
+    double ta = now_ms();
+    char what[64];
+    snprintf(what, sizeof what, "conv %s: answering", c->name);
+    const char **ids = malloc((size_t)(k ? k : 1) * sizeof *ids), **ftexts = malloc((size_t)(k ? k : 1) * sizeof *ftexts);
+    char(*rids)[72] = malloc((size_t)(k ? k : 1) * sizeof *rids);
+    if (!ids || !ftexts || !rids) {
+        free(ids);
+        free(ftexts);
+        free(rids);
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int32_t q = 0; q < nq && st == IS_OK; q++) {
+        const locomo_question *lq = &c->questions[q];
+        size_t ql = strlen(lq->question) + strlen(o->instruction) + 1;
+        char *query = malloc(ql);
+        if (!query) {
+            st = is_error_set(IS_ERR_NOMEM, "out of memory");
+            break;
+        }
+        snprintf(query, ql, "%s%s", lq->question, o->instruction);
+        for (int32_t m = 0; m < o->n_modes && st == IS_OK; m++) {
+            const eval_mode *em = &o->modes[m];
+            for (int32_t h = 0; h < n_hits[q]; h++) {
+                int32_t fi = hit_fact[(size_t)q * k + h];
+                record_id(rids[h], sizeof rids[h], c->name, fi, em->window);
+                ids[h] = rids[h];
+                ftexts[h] = c->facts[fi].text;
+            }
+            answer_buf ab = {.n = 0};
+            ab.s[0] = 0;
+            ask_request req = {.mode = em->mode, .query = query, .fact_ids = ids, .fact_texts = ftexts,
+                               .n_facts = n_hits[q], .max_tokens = o->max_tokens, .temperature = 0.0f,
+                               .top_k = 0, .top_p = 1.0f, .seed = 0};
+            st = ask_run(env->ask, &req, collect_answer, &ab, &res[m].tm);
+            snprintf(res[m].answer, sizeof res[m].answer, "%s", ab.s);
+            trim(res[m].answer);
+            cli_progress(what, (int64_t)q * o->n_modes + m + 1, (int64_t)nq * o->n_modes, ta);
+        }
+        free(query);
+        if (st != IS_OK) break;
+        /* Score, compare with prompt mode, write rows. */
+        char *norm_prompt = NULL;
+        if (env->prompt_mode >= 0 && (st = locomo_eval_normalize(res[env->prompt_mode].answer, &norm_prompt)) != IS_OK)
+            break;
+        for (int32_t m = 0; m < o->n_modes && st == IS_OK; m++) {
+            locomo_eval_result r = {.recall = recall[q], .ttft_ms = res[m].tm.ttft_ms, .agree = -1};
+            bool em;
+            if ((st = locomo_eval_score(res[m].answer, lq->answer, lq->category, &r.f1)) != IS_OK) break;
+            if ((st = locomo_eval_exact(res[m].answer, lq->answer, lq->category, &em)) != IS_OK) break;
+            r.em = em;
+            if (norm_prompt && m != env->prompt_mode) {
+                char *nm;
+                if ((st = locomo_eval_normalize(res[m].answer, &nm)) != IS_OK) break;
+                r.agree = strcmp(nm, norm_prompt) == 0;
+                free(nm);
+                if ((st = locomo_eval_f1(res[m].answer, res[env->prompt_mode].answer, &r.f1_vs_prompt)) != IS_OK) break;
+            }
+            if (lq->category >= 1 && lq->category <= 5) locomo_eval_acc_add(&env->tab->acc[m][lq->category], &r);
+            if (env->csv) {
+                fprintf(env->csv, "%s,%d,%d,%s,%.6f,%d,%.6f,", c->name, q, lq->category, o->modes[m].name, r.f1,
+                        (int)r.em, r.recall);
+                if (r.agree >= 0) fprintf(env->csv, "%d,%.6f,", (int)r.agree, r.f1_vs_prompt);
+                else fprintf(env->csv, ",,");
+                fprintf(env->csv, "%.2f,%.2f,%.2f,%d,%d,", res[m].tm.ttft_ms, retr_ms[q], res[m].tm.prefill_ms,
+                        res[m].tm.n_memory_tokens, res[m].tm.n_generated);
+                csv_field(env->csv, res[m].answer);
+                fputc(',', env->csv);
+                csv_field(env->csv, lq->answer);
+                fputc(',', env->csv);
+                csv_field(env->csv, lq->question);
+                fputc('\n', env->csv);
+            }
+        }
+        free(norm_prompt);
+        if (env->csv) fflush(env->csv);
+    }
+    free(ids);
+    free(ftexts);
+    free(rids);
+    *t_answer += now_ms() - ta;
+
+done:
+    mem_index_free(ix);
+    free(vecs);
+    free(texts);
+    free(hit_fact);
+    free(n_hits);
+    free(recall);
+    free(retr_ms);
+    free(needed);
+    free(hits);
+    free(ev_ids);
+    free(res);
+    locomo_free(c);
+    return st;
+}
+
+/* ---- the table --------------------------------------------------------- */
+
+static void fmt_val(char *buf, size_t cap, double v) {
+    if (v < 0) snprintf(buf, cap, "-");
+    else snprintf(buf, cap, "%.3f", v);
+}
+
+static void print_table(FILE *f, const eval_opts *o, const eval_tables *t, int prompt_mode) {
+    static const char *const cat_names[] = {"", "1 multi-hop", "2 temporal", "3 open-domain", "4 single-hop",
+                                            "5 adversarial"};
+    fprintf(f, "| mode | category | n | F1 | EM | recall@%d | agree w/ prompt | F1 vs prompt | TTFT ms* |\n", o->k);
+    fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int32_t m = 0; m < o->n_modes; m++) {
+        locomo_eval_acc all = {0};
+        for (int cat = 1; cat <= 6; cat++) {
+            const locomo_eval_acc *a;
+            const char *label;
+            if (cat <= 4) {
+                a = &t->acc[m][cat];
+                label = cat_names[cat];
+                all.n += a->n;
+                all.f1 += a->f1;
+                all.em += a->em;
+                all.recall += a->recall;
+                all.ttft_ms += a->ttft_ms;
+                all.n_agree += a->n_agree;
+                all.agree += a->agree;
+                all.f1_vs_prompt += a->f1_vs_prompt;
+            } else if (cat == 5) {
+                a = &all;
+                label = "**1-4 all**";
+            } else {
+                a = &t->acc[m][5];
+                label = cat_names[5];
+            }
+            if (a->n == 0) continue;
+            locomo_eval_result r = locomo_eval_acc_mean(a);
+            char agree[16], f1p[16];
+            fmt_val(agree, sizeof agree, r.agree);
+            fmt_val(f1p, sizeof f1p, r.f1_vs_prompt);
+            fprintf(f, "| %s | %s | %lld | %.3f | %.3f | %.3f | %s | %s | %.0f |\n", o->modes[m].name, label,
+                    (long long)a->n, r.f1, r.em, r.recall, agree, f1p, r.ttft_ms);
+        }
+    }
+    fprintf(f, "\n*TTFT: from the request (facts chosen) to the first answer token: record fetch, "
+               "injection and prefill; retrieval, the same for every mode, is not included (CSV: "
+               "retrieval_ms).\n");
+    (void)prompt_mode;
+}
+
+/* ---- main -------------------------------------------------------------- */
+
+int cmd_eval(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        eval_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    if (strcmp(argv[1], "locomo") != 0) {
+        fprintf(stderr, "error: unknown benchmark '%s' (only 'locomo'; see 'inferscale eval --help')\n", argv[1]);
+        return 1;
+    }
+    argc--;
+    argv++;
+    static const struct option longopts[] = {
+        {"data-dir", required_argument, 0, 'D'}, {"conv", required_argument, 0, 'C'},
+        {"k", required_argument, 0, 'k'},        {"modes", required_argument, 0, 'M'},
+        {"limit", required_argument, 0, 'l'},    {"out", required_argument, 0, 'o'},
+        {"model", required_argument, 0, 'm'},    {"embedder", required_argument, 0, 'E'},
+        {"store", required_argument, 0, 'S'},    {"kv-dtype", required_argument, 0, 'd'},
+        {"max-tokens", required_argument, 0, 'n'}, {"instruction", required_argument, 0, 'I'},
+        {"threads", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    eval_opts o = {.data_dir = EVAL_DEFAULT_DATA, .model = cli_default_model(),
+                   .embedder = EVAL_DEFAULT_EMBEDDER, .store = EVAL_DEFAULT_STORE,
+                   .out = "locomo-eval.csv", .instruction = EVAL_INSTRUCTION,
+                   .k = 20, .limit = 0, .max_tokens = 32, .threads = 0, .dtype = KV_DTYPE_F32};
+    parse_modes("prompt,kv0,kv20", &o);
+    const char *conv_arg = NULL;
+    int c, rc = 1;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "k:m:n:t:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'D': o.data_dir = optarg; break;
+        case 'C': conv_arg = optarg; break;
+        case 'k': if (!cli_parse_int(optarg, "--k", 0, 1000, &o.k)) return 1; break;
+        case 'M': if (!parse_modes(optarg, &o)) return 1; break;
+        case 'l': if (!cli_parse_int(optarg, "--limit", 0, INT32_MAX, &o.limit)) return 1; break;
+        case 'o': o.out = optarg; break;
+        case 'm': o.model = optarg; break;
+        case 'E': o.embedder = optarg; break;
+        case 'S': o.store = optarg; break;
+        case 'I': o.instruction = optarg; break;
+        case 'n': if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1; break;
+        case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &o.threads)) return 1; break;
+        case 'd':
+            if (strcmp(optarg, "f32") == 0) o.dtype = KV_DTYPE_F32;
+            else if (strcmp(optarg, "f16") == 0) o.dtype = KV_DTYPE_F16;
+            else if (strcmp(optarg, "bf16") == 0) o.dtype = KV_DTYPE_BF16;
+            else {
+                fprintf(stderr, "error: --kv-dtype must be f32, f16 or bf16, got '%s'\n", optarg);
+                return 1;
+            }
+            break;
+        case 'h': eval_usage(stdout); return 0;
+        default: eval_usage(stderr); return 1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale eval --help')\n", argv[optind]);
+        return 1;
+    }
+    if (conv_arg ? !parse_convs(conv_arg, &o) : !list_convs(&o)) {
+        if (conv_arg) fprintf(stderr, "error: --conv is empty\n");
+        return 1;
+    }
+
+    backend *be = NULL;
+    model *m = NULL;
+    engine *e = NULL;
+    record_store *store = NULL;
+    ask_ctx *ac = NULL;
+    embedder *emb = NULL;
+    FILE *csv = NULL, *md = NULL;
+    eval_tables *tab = calloc(1, sizeof *tab);
+    is_status st;
+    double t_start = now_ms(), t_encode = 0, t_answer = 0;
+    char mdpath[4096];
+
+    if (!tab) {
+        fprintf(stderr, "error: out of memory\n");
+        goto out;
+    }
+    if ((st = backend_cpu_create(o.threads, &be)) != IS_OK) goto fail;
+    if ((st = model_load(o.model, be, &m)) != IS_OK) {
+        fprintf(stderr, "error: cannot load model '%s': %s\n", o.model, is_error_last());
+        goto out;
+    }
+    engine_params ep = engine_default_params();
+    ep.max_seqs = 3;
+    ep.n_ctx = m->cfg.n_ctx_train < 4096 ? m->cfg.n_ctx_train : 4096;
+    if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail;
+    {
+        /* mkdir -p of the store's parent and the store. */
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", o.store);
+        for (char *p = tmp + 1; *p; p++) {
+            if (*p != '/') continue;
+            *p = 0;
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "error: cannot create store directory '%s': %s\n", o.store, strerror(errno));
+            goto out;
+        }
+    }
+    if ((st = record_store_open(o.store, (size_t)512 << 20, &store)) != IS_OK) goto fail;
+    if ((st = ask_ctx_create(e, store, o.dtype, &ac)) != IS_OK) goto fail;
+    if ((st = embedder_load(o.embedder, &emb)) != IS_OK) {
+        fprintf(stderr, "error: cannot load embedding model '%s': %s\n", o.embedder, is_error_last());
+        goto out;
+    }
+    csv = fopen(o.out, "w");
+    if (!csv) {
+        fprintf(stderr, "error: cannot write '%s': %s\n", o.out, strerror(errno));
+        goto out;
+    }
+    fprintf(csv, "conv,question,category,mode,f1,em,recall,agree_prompt,f1_vs_prompt,ttft_ms,retrieval_ms,"
+                 "prefill_ms,memory_tokens,generated_tokens,answer,gold,question_text\n");
+    eval_env env = {.o = &o, .ask = ac, .emb = emb, .csv = csv, .tab = tab, .prompt_mode = -1};
+    for (int32_t i = 0; i < o.n_modes; i++)
+        if (o.modes[i].mode == ASK_MODE_PROMPT) env.prompt_mode = i;
+    for (int32_t i = 0; i < o.n_convs; i++) {
+        if ((st = eval_conv(&env, o.convs[i], &t_encode, &t_answer)) != IS_OK) goto fail;
+    }
+
+    double total_s = (now_ms() - t_start) / 1e3;
+    char scope[64];
+    if (o.limit) snprintf(scope, sizeof scope, "the first %d questions", o.limit);
+    else snprintf(scope, sizeof scope, "all questions");
+    printf("LoCoMo: %d conversation(s), %s of each, k = %d, model %s\n\n", o.n_convs, scope, o.k, o.model);
+    print_table(stdout, &o, tab, env.prompt_mode);
+    printf("\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3, t_answer / 1e3);
+    snprintf(mdpath, sizeof mdpath, "%s.md", o.out);
+    md = fopen(mdpath, "w");
+    if (md) {
+        fprintf(md, "LoCoMo: %d conversation(s), %s of each, k = %d, model %s\n\n", o.n_convs, scope, o.k, o.model);
+        print_table(md, &o, tab, env.prompt_mode);
+        fprintf(md, "\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3,
+                t_answer / 1e3);
+    }
+    fprintf(stderr, "wrote %s and %s\n", o.out, mdpath);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "error: %s\n", is_error_last());
+out:
+    if (csv) fclose(csv);
+    if (md) fclose(md);
+    embedder_free(emb);
+    ask_ctx_free(ac);
+    if (store) record_store_close(store);
+    engine_free(e);
+    model_free(m);
+    if (be) be->ops->free(be);
+    free(tab);
+    for (int32_t i = 0; i < o.n_convs; i++) free(o.convs[i]);
+    return rc;
+}
