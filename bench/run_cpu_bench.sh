@@ -19,13 +19,18 @@
 #           -p 128,512,2048 -n 0 -r R      (prefill, ppN)
 #           -p 0 -n 128 -r R               (decode tg128 from an empty context)
 #       as JSON, and takes the median of its per-repetition samples. llama-bench runs with its
-#       defaults otherwise (f16 KV cache, flash attention auto, weight repacking on).
+#       defaults otherwise (f16 KV cache, flash attention auto, weight repacking on). It is built
+#       without AMX (scripts/build_llamacpp.sh says why: llama.cpp's AMX path crashes here).
+#       On a shared, busy machine llama.cpp's spinning worker threads lose far more than ours
+#       (decode can drop 50x): only compare numbers taken on an idle machine (see WAIT_IDLE_S).
 #   (c) prints the machine, the llama.cpp commit, and one markdown table per phase with the ratio
 #       InferScale / llama.cpp (> 1 means we are faster).
 #
 # Usage: bench/run_cpu_bench.sh [MODEL.gguf]
 #   env: THREADS (2), REPS (5), PROMPTS (128,512,2048), DECODE (128), SKIP_INFERSCALE=1,
-#        SKIP_LLAMACPP=1, OUT_DIR (build-bench/results) where raw outputs are kept.
+#        SKIP_LLAMACPP=1, OUT_DIR (build-bench/results) where raw outputs are kept,
+#        WAIT_IDLE_S=N: before each side's run, wait up to N s until no other process uses >20%
+#        of a CPU (three samples in a row), for machines shared with other work.
 # Takes ~2-4 minutes on 2 cores once both sides are built (llama.cpp's build: ~10 min, once).
 set -euo pipefail
 
@@ -52,6 +57,18 @@ LC_TG="$OUT_DIR/llamacpp_decode.json"
 rm -f "$LC_PP" "$LC_TG"
 IS_NOTE=""
 LC_NOTE=""
+wait_idle() {
+    local limit="${WAIT_IDLE_S:-0}" quiet=0 start=$SECONDS busy
+    [ "$limit" -gt 0 ] || return 0
+    while [ $((SECONDS - start)) -lt "$limit" ]; do
+        busy="$(top -bn1 | sed -n '8,20p' | awk '$9 > 20 { print $12 }' | tr '\n' ' ')"
+        if [ -z "$busy" ]; then quiet=$((quiet + 1)); else quiet=0; fi
+        [ "$quiet" -ge 3 ] && return 0
+        sleep 5
+    done
+    echo "note: machine still busy after ${limit}s (${busy:-?}); measuring anyway" >&2
+}
+
 # Throughput on 2 cores is only meaningful on an otherwise idle machine: keep the load average.
 LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -67,6 +84,7 @@ else
         BIN="$(find "$BUILD" -type f -name bench_engine -perm -u+x | head -1)"
         # shellcheck disable=SC2206
         ARGS=(${INFERSCALE_BENCH_ARGS:--m "$MODEL" -t "$THREADS" -r "$REPS" -p "$PROMPTS" -n "$DECODE"})
+        wait_idle
         echo "== $BIN ${ARGS[*]}" >&2
         if "$BIN" "${ARGS[@]}" > "$OUT_DIR/inferscale.out" 2> "$OUT_DIR/inferscale.err"; then
             grep -E '^inferscale,(prefill|decode),[0-9]+,[0-9.eE+-]+$' "$OUT_DIR/inferscale.out" > "$IS_CSV" || true
@@ -88,6 +106,7 @@ else
         echo "== llama-bench missing; building it (scripts/build_llamacpp.sh, ~10 min)" >&2
         "$ROOT/scripts/build_llamacpp.sh" >&2
     fi
+    wait_idle
     echo "== llama-bench prefill: -t $THREADS -p $PROMPTS -n 0 -r $REPS" >&2
     "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p "$PROMPTS" -n 0 -r "$REPS" -o json > "$LC_PP" 2> "$OUT_DIR/llamacpp_prefill.err" \
         || LC_NOTE="llama-bench prefill failed: see $OUT_DIR/llamacpp_prefill.err"
