@@ -33,6 +33,8 @@ typedef enum is_status {
     IS_ERR_NOT_FOUND = -7,    /* a key, tensor, id or file is missing */
     IS_ERR_MISMATCH = -8,     /* data made for another model or setting */
     IS_ERR_INTERNAL = -9,     /* a dependency failed in a way we did not expect */
+    IS_ERR_BUSY = -10,        /* a queue or limit is full: try again later */
+    IS_ERR_CANCELLED = -11,   /* stopped on request (client gone, shutdown) */
 } is_status;
 
 /* A constant English name for `st`. */

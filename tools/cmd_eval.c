@@ -51,12 +51,14 @@ typedef struct eval_mode {
 } eval_mode;
 
 typedef struct eval_opts {
-    const char *data_dir, *model, *embedder, *store, *out, *instruction;
+    const char *data_dir, *model, *embedder, *store, *out, *instruction, *backend;
+    const char *save_retrieval, *load_retrieval;
     char *convs[EVAL_MAX_CONVS];
     int32_t n_convs;
     eval_mode modes[EVAL_MAX_MODES];
     int32_t n_modes;
     int32_t k, limit, max_tokens, threads;
+    bool retrieve_only;
     kv_dtype dtype;
 } eval_opts;
 
@@ -87,6 +89,13 @@ static void eval_usage(FILE *f) {
             "  -n, --max-tokens N   answer length limit in tokens (default 32)\n"
             "      --instruction T  appended to each question (default \"%s\")\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
+            "      --backend B      cpu | cuda (default cpu)\n"
+            "      --save-retrieval FILE  write each question's retrieved facts (for --load-retrieval)\n"
+            "      --retrieve-only  only retrieve (and --save-retrieval): recall@k by category, no\n"
+            "                       model run\n"
+            "      --load-retrieval FILE  take the retrieved facts from FILE instead of embedding\n"
+            "                       and searching (no embedding model needed): the same retrieval\n"
+            "                       can then be answered on another machine or backend\n"
             "  -h, --help           this help\n",
             EVAL_DEFAULT_DATA, CLI_DEFAULT_MODEL, EVAL_DEFAULT_EMBEDDER, EVAL_DEFAULT_STORE,
             EVAL_INSTRUCTION + 1);
@@ -214,6 +223,85 @@ typedef struct q_result {
     ask_timing tm;
 } q_result;
 
+/* ---- retrieval cache ---------------------------------------------------- */
+
+/* Retrieval depends only on the texts, the embedder and k, so it can be done
+ * once (here, with the embedding model) and the answering done elsewhere
+ * (a GPU machine that has no embedding model). One line per question:
+ *   conv <TAB> question <TAB> k <TAB> retrieval_ms <TAB> fact,fact,...
+ * with the facts' indices in the conversation, best first. */
+typedef struct retrieval_entry {
+    char conv[64];
+    int32_t q, k, n;
+    double ms;
+    int32_t *facts;
+} retrieval_entry;
+
+typedef struct retrieval_cache {
+    retrieval_entry *e;
+    int32_t n;
+} retrieval_cache;
+
+static void retrieval_cache_free(retrieval_cache *c) {
+    for (int32_t i = 0; i < c->n; i++) free(c->e[i].facts);
+    free(c->e);
+    c->e = NULL;
+    c->n = 0;
+}
+
+static bool retrieval_cache_load(const char *path, retrieval_cache *c) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "error: cannot read '%s': %s\n", path, strerror(errno));
+        return false;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int64_t lineno = 0;
+    bool ok = true;
+    while (ok && getline(&line, &cap, f) > 0) {
+        lineno++;
+        retrieval_entry r = {0};
+        int used = 0;
+        if (sscanf(line, "%63[^\t]\t%d\t%d\t%lf\t%n", r.conv, &r.q, &r.k, &r.ms, &used) != 4 || r.q < 0 ||
+            r.k < 0 || r.k > 1000) {
+            fprintf(stderr, "error: %s:%lld: not a retrieval line\n", path, (long long)lineno);
+            ok = false;
+            break;
+        }
+        r.facts = malloc((size_t)(r.k ? r.k : 1) * sizeof *r.facts);
+        retrieval_entry *grown = realloc(c->e, (size_t)(c->n + 1) * sizeof *grown);
+        if (!r.facts || !grown) {
+            free(r.facts);
+            if (grown) c->e = grown;
+            fprintf(stderr, "error: out of memory\n");
+            ok = false;
+            break;
+        }
+        c->e = grown;
+        for (char *p = line + used, *end; *p && *p != '\n'; p = end + (*end == ',')) {
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || r.n == r.k) {
+                fprintf(stderr, "error: %s:%lld: bad fact list\n", path, (long long)lineno);
+                ok = false;
+                break;
+            }
+            r.facts[r.n++] = (int32_t)v;
+        }
+        c->e[c->n++] = r;
+    }
+    free(line);
+    fclose(f);
+    if (!ok) retrieval_cache_free(c);
+    return ok;
+}
+
+static const retrieval_entry *retrieval_cache_find(const retrieval_cache *c, const char *conv, int32_t q) {
+    for (int32_t i = 0; i < c->n; i++)
+        if (c->e[i].q == q && strcmp(c->e[i].conv, conv) == 0) return &c->e[i];
+    return NULL;
+}
+
 /* ---- one conversation -------------------------------------------------- */
 
 typedef struct eval_env {
@@ -221,6 +309,8 @@ typedef struct eval_env {
     ask_ctx *ask;
     embedder *emb;
     FILE *csv;
+    FILE *save_retrieval;
+    const retrieval_cache *load_retrieval;
     eval_tables *tab;
     int prompt_mode; /* index of prompt mode in o->modes, -1 if absent */
 } eval_env;
@@ -241,7 +331,7 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     is_status st = locomo_load(path, &c);
     if (st != IS_OK) return st;
 
-    int32_t nf = c->n_facts, dim = embedder_dim(env->emb);
+    int32_t nf = c->n_facts, dim = env->emb ? embedder_dim(env->emb) : 1;
     int32_t nq = c->n_questions;
     if (o->limit > 0 && nq > o->limit) nq = o->limit;
     int32_t k = o->k < nf ? o->k : nf;
@@ -262,40 +352,79 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
 
     /* Index: one user per conversation, both speakers' facts. */
     for (int32_t i = 0; i < nf; i++) texts[i] = c->facts[i].text;
-    if (nf > 0 && (st = embedder_embed(env->emb, texts, nf, vecs)) != IS_OK) goto done;
-    if ((st = mem_index_create(dim, &ix)) != IS_OK) goto done;
-    for (int32_t i = 0; i < nf; i++) {
-        char id[MEM_ID_MAX + 1];
-        fact_id(id, sizeof id, c->name, i);
-        mem_doc d = {.id = id, .tenant = "locomo", .user = c->name, .text = texts[i],
-                     .embedding = vecs + (size_t)i * dim};
-        if ((st = mem_index_upsert(ix, &d)) != IS_OK) goto done;
+    if (!env->load_retrieval) {
+        if (nf > 0 && (st = embedder_embed(env->emb, texts, nf, vecs)) != IS_OK) goto done;
+        if ((st = mem_index_create(dim, &ix)) != IS_OK) goto done;
+        for (int32_t i = 0; i < nf; i++) {
+            char id[MEM_ID_MAX + 1];
+            fact_id(id, sizeof id, c->name, i);
+            mem_doc d = {.id = id, .tenant = "locomo", .user = c->name, .text = texts[i],
+                         .embedding = vecs + (size_t)i * dim};
+            if ((st = mem_index_upsert(ix, &d)) != IS_OK) goto done;
+        }
     }
 
     /* Retrieval for every question first: it tells which records to encode. */
     mem_filter flt = {.tenant = "locomo", .user = c->name};
     for (int32_t q = 0; q < nq; q++) {
         const locomo_question *lq = &c->questions[q];
-        double t0 = now_ms();
-        float *qv = vecs + (size_t)nf * dim;
-        const char *qt = lq->question;
         int32_t nh = 0;
-        if (k > 0) {
-            if ((st = embedder_embed(env->emb, &qt, 1, qv)) != IS_OK) goto done;
-            if ((st = mem_index_search(ix, &flt, qv, qt, k, MEM_SEARCH_HYBRID, hits, &nh)) != IS_OK) goto done;
+        if (env->load_retrieval) {
+            const retrieval_entry *r = retrieval_cache_find(env->load_retrieval, c->name, q);
+            if (!r || r->k != o->k) {
+                st = is_error_set(IS_ERR_NOT_FOUND,
+                                  "--load-retrieval: no entry for conversation %s question %d with k = %d",
+                                  c->name, q, o->k);
+                goto done;
+            }
+            for (int32_t h = 0; h < r->n && h < k; h++) {
+                if (r->facts[h] >= nf) {
+                    st = is_error_set(IS_ERR_FORMAT, "--load-retrieval: conversation %s has no fact %d",
+                                      c->name, r->facts[h]);
+                    goto done;
+                }
+                hit_fact[(size_t)q * k + nh++] = r->facts[h];
+            }
+            retr_ms[q] = r->ms;
+        } else {
+            double t0 = now_ms();
+            float *qv = vecs + (size_t)nf * dim;
+            const char *qt = lq->question;
+            if (k > 0) {
+                if ((st = embedder_embed(env->emb, &qt, 1, qv)) != IS_OK) goto done;
+                if ((st = mem_index_search(ix, &flt, qv, qt, k, MEM_SEARCH_HYBRID, hits, &nh)) != IS_OK) goto done;
+            }
+            retr_ms[q] = now_ms() - t0;
+            for (int32_t h = 0; h < nh; h++) {
+                const char *dash = strrchr(hits[h].id, '-');
+                int32_t fi = dash ? atoi(dash + 1) : -1;
+                IS_ASSERT(fi >= 0 && fi < nf);
+                hit_fact[(size_t)q * k + h] = fi;
+            }
         }
-        retr_ms[q] = now_ms() - t0;
         int32_t n_ev = 0;
         for (int32_t h = 0; h < nh; h++) {
-            const char *dash = strrchr(hits[h].id, '-');
-            int32_t fi = dash ? atoi(dash + 1) : -1;
-            IS_ASSERT(fi >= 0 && fi < nf);
-            hit_fact[(size_t)q * k + h] = fi;
+            int32_t fi = hit_fact[(size_t)q * k + h];
             needed[fi] = true;
             ev_ids[n_ev++] = c->facts[fi].dia_id;
         }
         n_hits[q] = nh;
         recall[q] = locomo_eval_recall((const char *const *)lq->evidence, lq->n_evidence, ev_ids, n_ev);
+        if (env->save_retrieval) {
+            fprintf(env->save_retrieval, "%s\t%d\t%d\t%.3f\t", c->name, q, o->k, retr_ms[q]);
+            for (int32_t h = 0; h < nh; h++)
+                fprintf(env->save_retrieval, h ? ",%d" : "%d", hit_fact[(size_t)q * k + h]);
+            fputc('\n', env->save_retrieval);
+        }
+    }
+
+    if (o->retrieve_only) {
+        for (int32_t q = 0; q < nq; q++) {
+            int cat = c->questions[q].category;
+            locomo_eval_result r = {.recall = recall[q], .agree = -1};
+            if (cat >= 1 && cat <= 5) locomo_eval_acc_add(&env->tab->acc[0][cat], &r);
+        }
+        goto done;
     }
 
     /* Encode the retrieved facts' records for each kv window. */
@@ -474,6 +603,54 @@ static void print_table(FILE *f, const eval_opts *o, const eval_tables *t, int p
     (void)prompt_mode;
 }
 
+/* The model, its engine, the record store and the ask context. */
+static bool eval_open_model(const eval_opts *o, backend *be, model **m_out, engine **e_out,
+                            record_store **store_out, ask_ctx **ac_out) {
+    is_status st;
+    model *m = NULL;
+    engine *e = NULL;
+    record_store *store = NULL;
+    ask_ctx *ac = NULL;
+    if ((st = model_load(o->model, be, &m)) != IS_OK) {
+        fprintf(stderr, "error: cannot load model '%s': %s\n", o->model, is_error_last());
+        goto out_;
+    }
+    engine_params ep = engine_default_params();
+    ep.max_seqs = 3;
+    ep.n_ctx = m->cfg.n_ctx_train < 4096 ? m->cfg.n_ctx_train : 4096;
+    if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail_;
+    {
+        /* mkdir -p of the store's parent and the store. */
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s", o->store);
+        for (char *p = tmp + 1; *p; p++) {
+            if (*p != '/') continue;
+            *p = 0;
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "error: cannot create store directory '%s': %s\n", o->store, strerror(errno));
+            goto out_;
+        }
+    }
+    if ((st = record_store_open(o->store, (size_t)512 << 20, &store)) != IS_OK) goto fail_;
+    if ((st = ask_ctx_create(e, store, o->dtype, &ac)) != IS_OK) goto fail_;
+    *m_out = m;
+    *e_out = e;
+    *store_out = store;
+    *ac_out = ac;
+    return true;
+fail_:
+    fprintf(stderr, "error: %s\n", is_error_last());
+out_:
+    ask_ctx_free(ac);
+    if (store) record_store_close(store);
+    engine_free(e);
+    model_free(m);
+    return false;
+}
+
 /* ---- main -------------------------------------------------------------- */
 
 int cmd_eval(int argc, char **argv) {
@@ -495,12 +672,15 @@ int cmd_eval(int argc, char **argv) {
         {"store", required_argument, 0, 'S'},    {"kv-dtype", required_argument, 0, 'd'},
         {"max-tokens", required_argument, 0, 'n'}, {"instruction", required_argument, 0, 'I'},
         {"threads", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
+        {"backend", required_argument, 0, 'B'},  {"save-retrieval", required_argument, 0, 'R'},
+        {"load-retrieval", required_argument, 0, 'L'}, {"retrieve-only", no_argument, 0, 'r'},
         {0, 0, 0, 0},
     };
     eval_opts o = {.data_dir = EVAL_DEFAULT_DATA, .model = cli_default_model(),
                    .embedder = EVAL_DEFAULT_EMBEDDER, .store = EVAL_DEFAULT_STORE,
                    .out = "locomo-eval.csv", .instruction = EVAL_INSTRUCTION,
-                   .k = 20, .limit = 0, .max_tokens = 32, .threads = 0, .dtype = KV_DTYPE_F32};
+                   .k = 20, .limit = 0, .max_tokens = 32, .threads = 0, .dtype = KV_DTYPE_F32,
+                   .backend = "cpu"};
     parse_modes("prompt,kv0,kv20", &o);
     const char *conv_arg = NULL;
     int c, rc = 1;
@@ -515,6 +695,10 @@ int cmd_eval(int argc, char **argv) {
         case 'o': o.out = optarg; break;
         case 'm': o.model = optarg; break;
         case 'E': o.embedder = optarg; break;
+        case 'B': o.backend = optarg; break;
+        case 'R': o.save_retrieval = optarg; break;
+        case 'L': o.load_retrieval = optarg; break;
+        case 'r': o.retrieve_only = true; break;
         case 'S': o.store = optarg; break;
         case 'I': o.instruction = optarg; break;
         case 'n': if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1; break;
@@ -547,7 +731,8 @@ int cmd_eval(int argc, char **argv) {
     record_store *store = NULL;
     ask_ctx *ac = NULL;
     embedder *emb = NULL;
-    FILE *csv = NULL, *md = NULL;
+    FILE *csv = NULL, *md = NULL, *save_r = NULL;
+    retrieval_cache rcache = {0};
     eval_tables *tab = calloc(1, sizeof *tab);
     is_status st;
     double t_start = now_ms(), t_encode = 0, t_answer = 0;
@@ -557,33 +742,22 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "error: out of memory\n");
         goto out;
     }
-    if ((st = backend_cpu_create(o.threads, &be)) != IS_OK) goto fail;
-    if ((st = model_load(o.model, be, &m)) != IS_OK) {
-        fprintf(stderr, "error: cannot load model '%s': %s\n", o.model, is_error_last());
+    if (o.load_retrieval && !retrieval_cache_load(o.load_retrieval, &rcache)) goto out;
+    if (o.save_retrieval && !(save_r = fopen(o.save_retrieval, "w"))) {
+        fprintf(stderr, "error: cannot write '%s': %s\n", o.save_retrieval, strerror(errno));
         goto out;
     }
-    engine_params ep = engine_default_params();
-    ep.max_seqs = 3;
-    ep.n_ctx = m->cfg.n_ctx_train < 4096 ? m->cfg.n_ctx_train : 4096;
-    if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail;
-    {
-        /* mkdir -p of the store's parent and the store. */
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s", o.store);
-        for (char *p = tmp + 1; *p; p++) {
-            if (*p != '/') continue;
-            *p = 0;
-            mkdir(tmp, 0755);
-            *p = '/';
-        }
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-            fprintf(stderr, "error: cannot create store directory '%s': %s\n", o.store, strerror(errno));
+    if (o.retrieve_only) {
+        if (o.load_retrieval) {
+            fprintf(stderr, "error: --retrieve-only and --load-retrieval exclude each other\n");
             goto out;
         }
+        o.modes[0] = (eval_mode){ASK_MODE_OFF, 0, "retrieval"};
+        o.n_modes = 1;
     }
-    if ((st = record_store_open(o.store, (size_t)512 << 20, &store)) != IS_OK) goto fail;
-    if ((st = ask_ctx_create(e, store, o.dtype, &ac)) != IS_OK) goto fail;
-    if ((st = embedder_load(o.embedder, &emb)) != IS_OK) {
+    if (!o.retrieve_only && (st = backend_create(o.backend, o.threads, &be)) != IS_OK) goto fail;
+    if (!o.retrieve_only && !eval_open_model(&o, be, &m, &e, &store, &ac)) goto out;
+    if (!o.load_retrieval && (st = embedder_load(o.embedder, &emb)) != IS_OK) {
         fprintf(stderr, "error: cannot load embedding model '%s': %s\n", o.embedder, is_error_last());
         goto out;
     }
@@ -594,7 +768,8 @@ int cmd_eval(int argc, char **argv) {
     }
     fprintf(csv, "conv,question,category,mode,f1,em,recall,agree_prompt,f1_vs_prompt,ttft_ms,retrieval_ms,"
                  "prefill_ms,memory_tokens,generated_tokens,answer,gold,question_text\n");
-    eval_env env = {.o = &o, .ask = ac, .emb = emb, .csv = csv, .tab = tab, .prompt_mode = -1};
+    eval_env env = {.o = &o, .ask = ac, .emb = emb, .csv = csv, .tab = tab, .prompt_mode = -1,
+                    .save_retrieval = save_r, .load_retrieval = o.load_retrieval ? &rcache : NULL};
     for (int32_t i = 0; i < o.n_modes; i++)
         if (o.modes[i].mode == ASK_MODE_PROMPT) env.prompt_mode = i;
     for (int32_t i = 0; i < o.n_convs; i++) {
@@ -605,13 +780,15 @@ int cmd_eval(int argc, char **argv) {
     char scope[64];
     if (o.limit) snprintf(scope, sizeof scope, "the first %d questions", o.limit);
     else snprintf(scope, sizeof scope, "all questions");
-    printf("LoCoMo: %d conversation(s), %s of each, k = %d, model %s\n\n", o.n_convs, scope, o.k, o.model);
+    printf("LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs, scope, o.k,
+           o.model, o.backend);
     print_table(stdout, &o, tab, env.prompt_mode);
     printf("\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3, t_answer / 1e3);
     snprintf(mdpath, sizeof mdpath, "%s.md", o.out);
     md = fopen(mdpath, "w");
     if (md) {
-        fprintf(md, "LoCoMo: %d conversation(s), %s of each, k = %d, model %s\n\n", o.n_convs, scope, o.k, o.model);
+        fprintf(md, "LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs, scope,
+                o.k, o.model, o.backend);
         print_table(md, &o, tab, env.prompt_mode);
         fprintf(md, "\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3,
                 t_answer / 1e3);
@@ -624,6 +801,8 @@ fail:
 out:
     if (csv) fclose(csv);
     if (md) fclose(md);
+    if (save_r) fclose(save_r);
+    retrieval_cache_free(&rcache);
     embedder_free(emb);
     ask_ctx_free(ac);
     if (store) record_store_close(store);

@@ -122,4 +122,11 @@ struct backend_weight {
  * for the other ops (0 = all cores). */
 is_status backend_cpu_create(int32_t n_threads, backend **out);
 
+/* A backend by name: "cpu" (NULL too) or "cuda" (device 0, in builds with
+ * the CUDA backend; IS_ERR_UNSUPPORTED otherwise or for any other name).
+ * n_threads applies to the CPU. */
+is_status backend_create(const char *name, int32_t n_threads, backend **out);
+/* Whether backend_create(name) can succeed in this build. */
+bool backend_available(const char *name);
+
 #endif

@@ -17,6 +17,8 @@ const char *is_status_to_string(is_status st) {
     case IS_ERR_NOT_FOUND: return "not found";
     case IS_ERR_MISMATCH: return "mismatch";
     case IS_ERR_INTERNAL: return "internal error";
+    case IS_ERR_BUSY: return "busy";
+    case IS_ERR_CANCELLED: return "cancelled";
     }
     return "unknown status";
 }

@@ -1,0 +1,177 @@
+/*
+ * scheduler: continuous batching on one engine thread (DESIGN.md, serving).
+ *
+ * One thread owns the engine (and so the model and the KV cache). Other
+ * threads (HTTP handlers) submit requests and encode jobs into a queue and
+ * are answered through callbacks; they never touch the engine and never
+ * wait for it while holding anything it needs.
+ *
+ * Each step of the engine thread:
+ *   1. takes cancellations (a cancelled request frees its blocks at once);
+ *   2. admits queued requests, oldest first, while a running slot is free
+ *      and the KV pool has blocks for the request's whole prompt plus its
+ *      max_tokens (admission stops, and requests wait in the queue, when
+ *      blocks run short; a request that could never fit fails at submit
+ *      with IS_ERR_CONTEXT_FULL);
+ *      an admitted request forks the cached serving prefix (memory modes),
+ *      fetches its facts' KV records and injects them (kv mode);
+ *   3. builds one engine batch: one token for every request that is
+ *      decoding, plus prompt chunks (at most prefill_chunk tokens of one
+ *      request, at most step_tokens in all) of requests still prefilling,
+ *      so a long prompt never stalls the others' decoding;
+ *   4. runs the batch, samples for every request whose prompt is complete,
+ *      emits text (stop strings held back), finishes requests (EOG, length,
+ *      stop string, context end) and frees their sequences at once;
+ *   5. when no request is running, runs one queued encode job.
+ *
+ * Prompt layout. A request with memory (mode kv or prompt) is laid out as
+ * serve/memory_prompt.h describes: [serving prefix][facts][suffix], where
+ * the suffix holds the client's messages rendered with the chat template
+ * (a client system message becomes a system turn after the memory one).
+ * In kv mode, facts whose KV record is ready are injected; facts without
+ * one yet (kv_record NULL or not in the record store) are prefilled as
+ * text after the injected ones, so a fact is usable the moment it is
+ * stored. A request with mode off renders the messages alone.
+ *
+ * Callbacks run on the engine thread: they must return quickly and must
+ * not call back into the scheduler except sched_cancel.
+ */
+#ifndef IS_SERVE_SCHEDULER_H
+#define IS_SERVE_SCHEDULER_H
+
+#include "engine/engine.h"
+#include "inferscale.h"
+#include "kv/fact_record.h"
+#include "memory/memory.h"
+#include "model/chat.h"
+#include "serve/ask.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct sched sched;
+
+typedef struct sched_params {
+    int32_t max_running;   /* requests in the running batch at once (default 32) */
+    int32_t max_queued;    /* waiting requests beyond which submit refuses (default 256) */
+    int32_t step_tokens;   /* most tokens in one engine step (default 256) */
+    int32_t prefill_chunk; /* most prompt tokens of one request per step (default 128) */
+    kv_dtype record_dtype; /* dtype of the KV records the encode jobs write (default f16) */
+} sched_params;
+
+sched_params sched_default_params(void);
+
+/* Starts the engine thread. Borrows the engine (its max_seqs bounds
+ * max_running + 1: one sequence holds the serving prefix) and the memory
+ * service (records are read from and encode jobs write into its record
+ * store; may be NULL: then only mode off is accepted). Prefills the
+ * serving prefix before returning. */
+is_status sched_create(engine *e, memory *mem, const sched_params *p, sched **out);
+
+/* Stops the engine thread: requests still queued or running end with an
+ * ERROR event (IS_ERR_CANCELLED, "server shutting down"); queued encode
+ * jobs are dropped (the facts stay without
+ * KV and are encoded at the next start, see memory_encode_missing). */
+void sched_free(sched *s);
+
+/* A fact chosen for a request (by the caller's retrieval). */
+typedef struct sched_fact {
+    const char *text;      /* always set: used as text when no KV is ready */
+    const char *kv_record; /* record store id, or NULL */
+} sched_fact;
+
+typedef struct sched_request {
+    const chat_message *messages; /* the client's conversation, at least one */
+    int32_t n_messages;
+    ask_mode mode;                /* kv, prompt, off */
+    const sched_fact *facts;      /* copied at submit */
+    int32_t n_facts;
+    int32_t max_tokens;           /* > 0 */
+    float temperature;            /* 0 = greedy */
+    float top_p;                  /* (0, 1] */
+    int32_t top_k;                /* 0 = off */
+    uint64_t seed;                /* 0 = random */
+    const char *const *stop;      /* stop strings (copied), or NULL */
+    int32_t n_stop;
+} sched_request;
+
+typedef enum sched_event_kind {
+    SCHED_EV_TEXT = 0,  /* text: the next piece of the answer */
+    SCHED_EV_DONE = 1,  /* finished normally: finish reason and usage set */
+    SCHED_EV_ERROR = 2, /* failed: status and message set; nothing follows */
+} sched_event_kind;
+
+typedef struct sched_usage {
+    int32_t prompt_tokens;    /* every token of the laid-out prompt, memory included */
+    int32_t prefilled_tokens; /* tokens that went through the forward pass */
+    int32_t cached_tokens;    /* serving-prefix tokens shared from the cache */
+    int32_t injected_tokens;  /* memory tokens injected as KV */
+    int32_t memory_tokens;    /* memory tokens in all (injected + prefilled as text) */
+    int32_t completion_tokens;
+    double queue_ms;          /* submit -> admitted */
+    double ttft_ms;           /* submit -> first token sampled */
+    double total_ms;          /* submit -> done */
+} sched_usage;
+
+typedef struct sched_event {
+    sched_event_kind kind;
+    const char *text;          /* TEXT: not NUL-terminated */
+    size_t len;
+    is_finish_reason finish;   /* DONE */
+    sched_usage usage;         /* DONE (and ERROR, as far as it got) */
+    is_status status;          /* ERROR */
+    const char *message;       /* ERROR */
+} sched_event;
+
+typedef void (*sched_event_fn)(const sched_event *ev, void *user_data);
+
+typedef struct sched_handle sched_handle;
+
+/* Queues a request; everything it points to is copied. Events then arrive
+ * on the engine thread, ending with exactly one DONE or ERROR. Fails at
+ * once, with no event, for: IS_ERR_INVALID_ARG (bad parameters, messages
+ * the chat template cannot render, mode kv/prompt without a memory
+ * service), IS_ERR_CONTEXT_FULL (the prompt plus max_tokens can never fit
+ * the context or the pool), IS_ERR_BUSY when max_queued requests
+ * already wait. *h is the caller's
+ * until sched_release. */
+is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void *user_data,
+                       sched_handle **h);
+
+/* Asks the request to stop (client gone). Its blocks are freed at the next
+ * step; a DONE with IS_FINISH_ABORT follows (unless it already ended).
+ * Safe from any thread, also from inside its callback. */
+void sched_cancel(sched_handle *h);
+
+/* Gives the handle back; call after the last event (or after a cancel's
+ * final event). */
+void sched_release(sched_handle *h);
+
+/* Queues the KV encoding of a stored fact that has no record yet (HTTP
+ * add returns before it). The engine thread runs it with
+ * memory_encode_one() when no request is running. Never blocks. */
+is_status sched_encode(sched *s, const char *tenant, const char *user, const char *fact_id);
+
+/* Queues memory_encode_missing(): facts left without KV by a previous run. */
+is_status sched_encode_missing(sched *s);
+
+/* A snapshot for /metrics and /health. */
+typedef struct sched_stats {
+    int32_t queued;            /* requests waiting */
+    int32_t running;           /* requests in the batch */
+    int32_t encode_queued;     /* encode jobs waiting */
+    int32_t kv_blocks_used;
+    int32_t kv_blocks_free;
+    int64_t steps;             /* engine steps run */
+    int64_t tokens_prefilled;  /* tokens through the forward pass, prompt side */
+    int64_t tokens_generated;
+    int64_t last_batch_tokens; /* tokens in the latest step */
+    int64_t facts_kv_hits;     /* facts injected from a ready record */
+    int64_t facts_kv_misses;   /* facts of kv requests prefilled as text (no record yet) */
+    int64_t facts_encoded;
+    int64_t encode_failures;
+} sched_stats;
+
+void sched_get_stats(sched *s, sched_stats *out);
+
+#endif
