@@ -38,12 +38,27 @@ cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DIS_CUDA=ON "${CM
 cmake --build "$BUILD" -j "$(nproc)" --target inferscale-cli > "$OUT/build.log" 2>&1 \
   || { grep -E 'error' "$OUT/build.log" | head -30; exit 1; }
 
-section "eval locomo (k = 20 and 50 in parallel)"
-for k in 20 50; do
+# Jobs "K:CONV" (default: every conversation at k = 20 and 50), one process
+# each: the small model leaves the GPU mostly idle between launches, so
+# parallel processes (through MPS where it starts) finish sooner than one.
+JOBS=${IS_EVAL_JOBS:-}
+if [ -z "$JOBS" ]; then
+  for k in 20 50; do for f in .evaldata/locomo/*.json; do JOBS+="$k:$(basename "$f" .json) "; done; done
+fi
+command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS started"
+section "eval locomo: $JOBS"
+mkdir -p "$OUT/eval"
+pids=()
+for job in $JOBS; do
+  k=${job%%:*} conv=${job#*:}
   timeout "${IS_EVAL_TIMEOUT:-500}" "$BUILD/tools/inferscale" eval locomo --backend cuda \
-    --data-dir .evaldata/locomo --load-retrieval ".evaldata/retr_k$k.tsv" --k "$k" \
-    --kv-dtype f16 --store "/tmp/locomo-store-k$k" --out "$OUT/locomo_k$k.csv" -t 4 \
-    > "$OUT/locomo_k$k.log" 2>&1 &
+    --data-dir .evaldata/locomo --conv "$conv" --load-retrieval ".evaldata/retr_k$k.tsv" --k "$k" \
+    --kv-dtype f16 --store "/tmp/locomo-store-k$k-$conv" --out "$OUT/eval/locomo_k${k}_$conv.csv" -t 2 \
+    > "$OUT/eval/locomo_k${k}_$conv.log" 2>&1 &
+  pids+=($!)
 done
-wait
-for k in 20 50; do echo "--- k = $k"; tail -25 "$OUT/locomo_k$k.log"; done
+wait "${pids[@]}"
+echo quit | nvidia-cuda-mps-control 2>/dev/null
+for f in "$OUT"/eval/*.log; do echo "--- $f"; grep -E "^time:|error" "$f"; done
+# At most 8 files come back: one archive.
+tar -czf "$OUT/eval.tar.gz" -C "$OUT" eval && rm -rf "$OUT/eval"
