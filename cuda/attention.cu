@@ -3,6 +3,7 @@
  * attention.cuh for the plan and what is left).
  */
 #include "attention.cuh"
+#include "kv.cuh"
 
 #include <math.h>
 
@@ -27,10 +28,10 @@ static __device__ __forceinline__ bool seg_visible(int32_t qs, int32_t ks) {
 }
 
 /* Each lane keeps NI of the head's dimensions (lane + 32 i): head_dim <= 32 NI. */
-template <int NI>
+template <int NI, typename CT>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32)
-    attn_kernel(float *out, const float *q, const float *q_prefix, const float *k_cache,
-                const float *v_cache, cuda_attn_meta meta, int32_t n_heads, int32_t n_kv_heads,
+    attn_kernel(float *out, const float *q, const float *q_prefix, const CT *k_cache,
+                const CT *v_cache, cuda_attn_meta meta, int32_t n_heads, int32_t n_kv_heads,
                 int32_t head_dim, int32_t block_size, float scale, bool vec4) {
     __shared__ __align__(16) float sq[CUDA_ATTN_MAX_HEAD_DIM];  /* query */
     __shared__ __align__(16) float sqp[CUDA_ATTN_MAX_HEAD_DIM]; /* query for segment-0 keys */
@@ -69,14 +70,14 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
                 if (ks == 0) qs = sqp;
             }
             if (vis) {
-                const float *kr =
+                const CT *kr =
                     k_cache +
                     (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size + j % block_size) *
                         head_dim;
                 float d = 0.0f;
-                if (vec4) {
+                if (vec4) { /* f32 caches only */
                     for (int32_t i = 0; i < head_dim; i += 4) {
-                        float4 kv = *reinterpret_cast<const float4 *>(kr + i);
+                        float4 kv = *reinterpret_cast<const float4 *>((const float *)kr + i);
                         float4 qv = *reinterpret_cast<const float4 *>(qs + i);
                         d += qv.x * kv.x;
                         d += qv.y * kv.y;
@@ -84,7 +85,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
                         d += qv.w * kv.w;
                     }
                 } else {
-                    for (int32_t i = 0; i < head_dim; i++) d += qs[i] * kr[i];
+                    for (int32_t i = 0; i < head_dim; i++) d += qs[i] * kv_load(kr + i);
                 }
                 sc = d * scale;
             }
@@ -103,14 +104,14 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
             const float pk = __shfl_sync(FULL_MASK, p, k);
             if (pk == 0.0f) continue;
             const int32_t jj = c0 + k;
-            const float *vr =
+            const CT *vr =
                 v_cache +
                 (((int64_t)bt[jj / block_size] * n_kv_heads + kh) * block_size + jj % block_size) *
                     head_dim;
 #pragma unroll
             for (int i = 0; i < NI; i++) {
                 const int32_t d = lane + 32 * i;
-                if (d < head_dim) acc[i] += pk * vr[d];
+                if (d < head_dim) acc[i] += pk * kv_load(vr + d);
             }
         }
         m = mn;
@@ -147,10 +148,32 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
     }
 }
 
+template <typename CT>
+static void attn_launch(cudaStream_t s, float *out, const float *q, const float *q_prefix,
+                        const CT *k_cache, const CT *v_cache, cuda_attn_meta meta, int32_t T,
+                        int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                        bool vec4) {
+    const float scale = 1.0f / sqrtf((float)head_dim);
+    dim3 grid((unsigned)n_heads, (unsigned)T);
+    const int threads = ATTN_WARPS * 32;
+    if (head_dim <= 64)
+        attn_kernel<2, CT><<<grid, threads, 0, s>>>(out, q, q_prefix, k_cache, v_cache, meta,
+                                                    n_heads, n_kv_heads, head_dim, block_size,
+                                                    scale, vec4);
+    else if (head_dim <= 128)
+        attn_kernel<4, CT><<<grid, threads, 0, s>>>(out, q, q_prefix, k_cache, v_cache, meta,
+                                                    n_heads, n_kv_heads, head_dim, block_size,
+                                                    scale, vec4);
+    else
+        attn_kernel<8, CT><<<grid, threads, 0, s>>>(out, q, q_prefix, k_cache, v_cache, meta,
+                                                    n_heads, n_kv_heads, head_dim, block_size,
+                                                    scale, vec4);
+}
+
 is_status cuda_attention(cudaStream_t s, float *out, const float *q, const float *q_prefix,
-                         const float *k_cache, const float *v_cache, cuda_attn_meta meta,
+                         const void *k_cache, const void *v_cache, cuda_attn_meta meta,
                          int32_t T, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                         int32_t block_size) {
+                         int32_t block_size, bool bf16) {
     if (T <= 0) return IS_OK;
     if (head_dim <= 0 || head_dim > CUDA_ATTN_MAX_HEAD_DIM)
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda attention: head_dim %d (at most %d)",
@@ -158,19 +181,15 @@ is_status cuda_attention(cudaStream_t s, float *out, const float *q, const float
     if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
         return is_error_set(IS_ERR_INVALID_ARG, "cuda attention: %d heads over %d KV heads",
                             n_heads, n_kv_heads);
-    const bool vec4 = head_dim % 4 == 0 && ((uintptr_t)k_cache & 15) == 0;
-    const float scale = 1.0f / sqrtf((float)head_dim);
-    dim3 grid((unsigned)n_heads, (unsigned)T);
-    const int threads = ATTN_WARPS * 32;
-    if (head_dim <= 64)
-        attn_kernel<2><<<grid, threads, 0, s>>>(out, q, q_prefix, k_cache, v_cache, meta, n_heads,
-                                                n_kv_heads, head_dim, block_size, scale, vec4);
-    else if (head_dim <= 128)
-        attn_kernel<4><<<grid, threads, 0, s>>>(out, q, q_prefix, k_cache, v_cache, meta, n_heads,
-                                                n_kv_heads, head_dim, block_size, scale, vec4);
-    else
-        attn_kernel<8><<<grid, threads, 0, s>>>(out, q, q_prefix, k_cache, v_cache, meta, n_heads,
-                                                n_kv_heads, head_dim, block_size, scale, vec4);
+    if (bf16) {
+        attn_launch(s, out, q, q_prefix, (const __nv_bfloat16 *)k_cache,
+                    (const __nv_bfloat16 *)v_cache, meta, T, n_heads, n_kv_heads, head_dim,
+                    block_size, false);
+    } else {
+        const bool vec4 = head_dim % 4 == 0 && ((uintptr_t)k_cache & 15) == 0;
+        attn_launch(s, out, q, q_prefix, (const float *)k_cache, (const float *)v_cache, meta, T,
+                    n_heads, n_kv_heads, head_dim, block_size, vec4);
+    }
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

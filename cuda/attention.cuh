@@ -11,9 +11,9 @@
  * the score, then the chunk's values with the head's dimensions spread over
  * the lanes) with an online softmax, and the four partial results are merged
  * at the end. Keys and values are read through the block table straight
- * from the cache. Not done yet: FlashAttention-style tiling that shares a
- * K/V tile among the queries of a chunk and the heads of a KV group, and a
- * split over keys for long decodes (flash-decoding).
+ * from the cache. It is the exact path (f32 caches, segment masks, q_prefix);
+ * plain causal batches over a bf16 cache take the tiled tensor-core kernel
+ * of flash.cuh instead.
  */
 #ifndef IS_CUDA_ATTENTION_CUH
 #define IS_CUDA_ATTENTION_CUH
@@ -33,12 +33,13 @@ typedef struct cuda_attn_meta {
 /* Largest head_dim the kernel takes. */
 #define CUDA_ATTN_MAX_HEAD_DIM 256
 
-/* out[T][n_heads*head_dim] = softmax(q K^T / sqrt(head_dim) + mask) V.
- * q, q_prefix (or NULL): [T][n_heads*head_dim]; caches as in kv.cuh.
- * IS_ERR_UNSUPPORTED when head_dim > CUDA_ATTN_MAX_HEAD_DIM. */
+/* out[T][n_heads*head_dim] = softmax(q K^T / sqrt(head_dim) + mask) V, in
+ * f32 arithmetic. q, q_prefix (or NULL): [T][n_heads*head_dim]; caches as in
+ * kv.cuh (bf16 or f32). IS_ERR_UNSUPPORTED when head_dim >
+ * CUDA_ATTN_MAX_HEAD_DIM. */
 is_status cuda_attention(cudaStream_t s, float *out, const float *q, const float *q_prefix,
-                         const float *k_cache, const float *v_cache, cuda_attn_meta meta,
+                         const void *k_cache, const void *v_cache, cuda_attn_meta meta,
                          int32_t T, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                         int32_t block_size);
+                         int32_t block_size, bool bf16);
 
 #endif

@@ -13,8 +13,10 @@ extern "C" {
 #include "backend_cuda.h"
 #include "weights_host.h"
 
+#include "arena.cuh"
 #include "attention.cuh"
 #include "common.cuh"
+#include "flash.cuh"
 #include "elementwise.cuh"
 #include "kv.cuh"
 #include "norm.cuh"
@@ -51,8 +53,28 @@ typedef struct cuda_ctx {
     char err_msg[512];
 
     cuda_matmul_precision precision;
+    bool kv_bf16;       /* KV cache element type (engines created after a change) */
+    bool flash;         /* tiled attention over a bf16 cache */
+    bool legacy;        /* the backend as first built (backend_cuda_set_legacy) */
+    int32_t n_sms;
     __nv_bfloat16 *xbf; /* matmul input in bf16 ([2][T][cols] when split) */
     size_t xbf_cap;     /* elements */
+    /* What xbf holds: the conversion of src[0, n) (split or not); valid
+     * until an op writes memory overlapping src (touch). Q, K and V read the
+     * same normed rows, gate and up too: converted once instead of 3 and 2
+     * times. */
+    const float *xbf_src;
+    size_t xbf_n;
+    bool xbf_split, xbf_valid;
+    dev_stage st_tiles, st_inject, st_caches;
+    int32_t *tiles;     /* host: flash query tiles being built, [n][4] */
+    size_t tiles_cap;   /* tiles */
+    float *partial;     /* flash split partial results */
+    size_t partial_cap; /* floats */
+    cuda_arena *arena;
+    size_t arena_bytes; /* requested capacity (0 = default) */
+    float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
+    size_t inj_rows_cap; /* floats */
     float *ypart;       /* split products before their sum: [2][T][rows] */
     size_t ypart_cap;   /* elements */
     dev_stage st_tokens, st_rope, st_slots, st_attn;
@@ -70,6 +92,14 @@ typedef struct cuda_ctx {
 } cuda_ctx;
 
 static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
+
+/* An op is about to write [p, p + bytes): the cached matmul input
+ * conversion is stale if it overlaps. */
+static void touch(cuda_ctx *c, const void *p, size_t bytes) {
+    if (!c->xbf_valid) return;
+    const char *a = (const char *)p, *b = (const char *)c->xbf_src;
+    if (a < b + c->xbf_n * sizeof(float) && b < a + bytes) c->xbf_valid = false;
+}
 
 /* Records the first failure of an op; later ones are consequences. */
 static void op_note(cuda_ctx *c, is_status st) {
@@ -145,6 +175,7 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
                             "cuda backend: cannot allocate %zu bytes: %s", bytes,
                             cudaGetErrorString(e));
     }
+    c->xbf_valid = false; /* the address may have held the converted rows' source */
     *out = p;
     return IS_OK;
 }
@@ -152,6 +183,7 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
 static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
+    c->xbf_valid = false;
     /* cudaFree waits for the device; queued kernels may still use ptr. */
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaFree", __FILE__, __LINE__));
@@ -160,6 +192,7 @@ static void cu_release(backend *be, void *ptr) {
 static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     if (!bytes || !op_begin(c)) return;
+    touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(upload)", __FILE__, __LINE__));
 }
@@ -175,6 +208,7 @@ static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
 static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     if (!bytes || !op_begin(c)) return;
+    touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
 }
@@ -252,6 +286,7 @@ static void cu_get_rows(backend *be, float *out, const backend_weight *emb, cons
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    touch(c, out, (size_t)T * ((const cuda_weight *)emb)->base.shape.cols * sizeof(float));
     op_note(c, get_rows_impl(c, out, (const cuda_weight *)emb, tokens, T));
 }
 
@@ -261,6 +296,7 @@ static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_we
     if (!op_begin(c)) return;
     const cuda_weight *gw = (const cuda_weight *)g;
     IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
+    touch(c, out, (size_t)T * n * sizeof(float));
     op_note(c, cuda_rmsnorm(c->stream, out, x, (const float *)gw->data, T, n, eps));
 }
 
@@ -282,6 +318,7 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
     if (T <= 0) return IS_OK;
     const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
     const float one = 1.0f, zero = 0.0f;
+    touch(c, y, (size_t)T * (size_t)rows * sizeof(float)); /* y never overlaps x */
     const float *bias_data = NULL;
     if (bias) {
         IS_ASSERT(!bias->bf16 && bias->base.shape.cols == rows);
@@ -296,11 +333,22 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
     const bool split = c->precision == CUDA_MATMUL_BF16X2;
     const int32_t n_cols = split ? 2 * T : T; /* GEMM columns: input rows, hi then lo */
     const size_t in_n = (size_t)n_cols * (size_t)cols;
-    is_status st = scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, in_n, sizeof(__nv_bfloat16));
-    if (st != IS_OK) return st;
-    st = split ? cuda_f32_to_bf16_split(c->stream, c->xbf, x, (int64_t)T * cols)
-               : cuda_f32_to_bf16(c->stream, c->xbf, x, (int64_t)T * cols);
-    if (st != IS_OK) return st;
+    const size_t x_n = (size_t)T * (size_t)cols;
+    is_status st = IS_OK;
+    if (!(c->xbf_valid && !c->legacy && c->xbf_src == x && c->xbf_n == x_n &&
+          c->xbf_split == split)) {
+        c->xbf_valid = false;
+        st = scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, in_n, sizeof(__nv_bfloat16));
+        if (st != IS_OK) return st;
+        st = split ? cuda_f32_to_bf16_split(c->stream, c->xbf, x, (int64_t)x_n)
+                   : cuda_f32_to_bf16(c->stream, c->xbf, x, (int64_t)x_n);
+        if (st != IS_OK) return st;
+        c->xbf_src = x;
+        c->xbf_n = x_n;
+        c->xbf_split = split;
+        c->xbf_valid = true;
+    }
+
     float *out = y;
     if (split) {
         st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
@@ -394,6 +442,7 @@ static void cu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_
                     int32_t head_dim, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    touch(c, x, (size_t)T * n_heads * head_dim * sizeof(float));
     op_note(c, rope_impl(c, x, pos, T, n_heads, head_dim, rp));
 }
 
@@ -407,7 +456,7 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
     is_status st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
     if (st == IS_OK)
         st = cuda_kv_store(c->stream, k_cache, v_cache, k, v, (const int32_t *)dslots, T,
-                           n_kv_heads, head_dim, block_size);
+                           n_kv_heads, head_dim, block_size, c->kv_bf16);
     op_note(c, st);
 }
 
@@ -460,6 +509,70 @@ static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
     return IS_OK;
 }
 
+/* Plain causal batches over a bf16 cache take the tiled kernel. */
+static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, int32_t n_kv_heads,
+                      int32_t head_dim) {
+    if (!c->kv_bf16 || !c->flash || c->legacy || b->q_prefix) return false;
+    if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads)) return false;
+    if (b->seq_segments)
+        for (int32_t s = 0; s < b->n_seqs; s++)
+            if (b->seq_segments[s]) return false;
+    return true;
+}
+
+/* Query tiles: runs of batch tokens of one sequence at consecutive
+ * positions, cut every cuda_flash_tile_tokens; keys split over several
+ * blocks when the tiles alone would not fill the multiprocessors twice. */
+static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float *k_cache,
+                            const float *v_cache, const attn_batch *b, const cuda_attn_meta &m,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            int32_t block_size) {
+    const int32_t T = b->n_tokens, per_tile = cuda_flash_tile_tokens(n_heads, n_kv_heads);
+    if ((size_t)T > c->tiles_cap) {
+        int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * 4 * sizeof(int32_t));
+        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+        c->tiles = p;
+        c->tiles_cap = (size_t)T;
+    }
+    int32_t n_tiles = 0, max_kt = 0;
+    for (int32_t t = 0; t < T;) {
+        int32_t n = 1;
+        while (t + n < T && n < per_tile && b->seq_of_token[t + n] == b->seq_of_token[t] &&
+               b->pos[t + n] == b->pos[t] + n)
+            n++;
+        int32_t *tl = c->tiles + 4 * n_tiles++;
+        tl[0] = t;
+        tl[1] = n;
+        tl[2] = b->seq_of_token[t];
+        tl[3] = b->pos[t];
+        const int32_t kt = (b->pos[t] + n + FLASH_BN - 1) / FLASH_BN;
+        if (kt > max_kt) max_kt = kt;
+        t += n;
+    }
+    const int32_t blocks = n_tiles * n_kv_heads, want = 2 * c->n_sms;
+    int32_t splits = 1;
+    if (blocks < want) {
+        splits = (want + blocks - 1) / blocks;
+        if (splits > max_kt) splits = max_kt;
+        if (splits > 64) splits = 64;
+        if (splits < 1) splits = 1;
+    }
+    const void *dtiles;
+    is_status st = stage_upload(c, &c->st_tiles, c->tiles, (size_t)n_tiles * 4 * sizeof(int32_t),
+                                &dtiles);
+    if (st != IS_OK) return st;
+    if (splits > 1) {
+        st = scratch_reserve(c, (void **)&c->partial, &c->partial_cap,
+                             cuda_flash_partial_floats(n_tiles, n_kv_heads, splits, head_dim),
+                             sizeof(float));
+        if (st != IS_OK) return st;
+    }
+    return cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
+                                (const __nv_bfloat16 *)v_cache, m.flat, m.bt_off,
+                                (const int32_t *)dtiles, n_tiles, splits, c->partial, n_heads,
+                                n_kv_heads, head_dim, block_size);
+}
+
 static void cu_attention(backend *be, float *out, const float *q, const float *k_cache,
                          const float *v_cache, const attn_batch *b, int32_t n_heads,
                          int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
@@ -471,23 +584,29 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
         IS_ASSERT(s >= 0 && s < b->n_seqs);
         IS_ASSERT(b->pos[t] >= 0 && b->pos[t] + 1 <= b->seq_len[s]);
     }
+    touch(c, out, (size_t)b->n_tokens * n_heads * head_dim * sizeof(float));
     cuda_attn_meta m;
     is_status st = attn_meta(c, b, block_size, &m);
-    if (st == IS_OK)
+    if (st == IS_OK && use_flash(c, b, n_heads, n_kv_heads, head_dim))
+        st = flash_impl(c, out, q, k_cache, v_cache, b, m, n_heads, n_kv_heads, head_dim,
+                        block_size);
+    else if (st == IS_OK)
         st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
-                            n_heads, n_kv_heads, head_dim, block_size);
+                            n_heads, n_kv_heads, head_dim, block_size, c->kv_bf16);
     op_note(c, st);
 }
 
 static void cu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    touch(c, out, (size_t)n * sizeof(float));
     op_note(c, cuda_swiglu(c->stream, out, gate, up, n));
 }
 
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    touch(c, x, (size_t)n * sizeof(float));
     op_note(c, cuda_add(c->stream, x, y, n));
 }
 
@@ -498,6 +617,109 @@ static void cu_sync(backend *be) {
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
 }
 
+static size_t cu_kv_elem_size(backend *be) { return ctx_of(be)->kv_bf16 ? 2 : 4; }
+
+#define ARENA_DEFAULT_BYTES ((size_t)2 << 30)
+
+/* An f32 cache keeps the records' f32 values (the CPU reference's): each
+ * layer's rows are uploaded and go through the rope and kv_store kernels,
+ * as the engine's own staging does; the arena (bf16) is not used. */
+static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
+                            const backend_inject *in, int32_t total) {
+    const int32_t kv_dim = in->n_kv_heads * in->head_dim;
+    const size_t n = (size_t)total * kv_dim;
+    is_status st = scratch_reserve(c, (void **)&c->inj_rows, &c->inj_rows_cap, 2 * n, sizeof(float));
+    if (st != IS_OK) return st;
+    int32_t *pos = (int32_t *)malloc((size_t)total * sizeof *pos);
+    if (!pos) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+    for (int32_t i = 0; i < total; i++) pos[i] = in->pos0 + i;
+    float *k = c->inj_rows, *v = c->inj_rows + n;
+    for (int32_t l = 0; l < in->n_layers && st == IS_OK; l++) {
+        size_t at = 0;
+        for (int32_t f = 0; f < in->n_facts && st == IS_OK; f++) {
+            const backend_fact *bf = &in->facts[f];
+            const size_t rows = (size_t)bf->n_tokens * kv_dim, src = (size_t)l * rows;
+            cudaError_t e = cudaMemcpyAsync(k + at, bf->k + src, rows * sizeof(float),
+                                            cudaMemcpyHostToDevice, c->stream);
+            if (e == cudaSuccess)
+                e = cudaMemcpyAsync(v + at, bf->v + src, rows * sizeof(float),
+                                    cudaMemcpyHostToDevice, c->stream);
+            if (e != cudaSuccess) st = cuda_status_from(e, "cudaMemcpyAsync(inject)", __FILE__, __LINE__);
+            at += rows;
+        }
+        if (st == IS_OK) st = rope_impl(c, k, pos, total, in->n_kv_heads, in->head_dim, in->rope);
+        if (st == IS_OK) {
+            const void *dslots;
+            st = stage_upload(c, &c->st_slots, in->slots, (size_t)total * sizeof(int32_t), &dslots);
+            if (st == IS_OK)
+                st = cuda_kv_store(c->stream, k_cache[l], v_cache[l], k, v, (const int32_t *)dslots,
+                                   total, in->n_kv_heads, in->head_dim, in->block_size, false);
+        }
+    }
+    free(pos);
+    return st;
+}
+
+static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
+                             const backend_inject *in) {
+    const int32_t kv_dim = in->n_kv_heads * in->head_dim;
+    int64_t total = 0;
+    for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
+    if (total <= 0) return IS_OK;
+    if (total > INT32_MAX / 2) return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: too many tokens");
+    const rope_params *rp = in->rope;
+    IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
+    if (!c->kv_bf16) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
+    if (!cuda_arena_matches(c->arena, in->n_layers, kv_dim)) {
+        cuda_arena_free(c->arena);
+        c->arena = NULL;
+        size_t bytes = c->arena_bytes;
+        if (bytes == 0) {
+            size_t free_b = 0, total_b = 0;
+            CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+            bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
+        }
+        is_status st = cuda_arena_create(bytes, in->n_layers, kv_dim, &c->arena);
+        if (st != IS_OK) return st;
+    }
+    /* Host pack: [pages T][slots T], then the caches' addresses. */
+    size_t need = 2 * (size_t)total;
+    if (need > c->pack_cap) {
+        int32_t *p = (int32_t *)realloc(c->pack, need * sizeof(int32_t));
+        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+        c->pack = p;
+        c->pack_cap = need;
+    }
+    is_status st = cuda_arena_place(c->arena, c->stream, in->facts, in->n_facts, c->pack);
+    if (st != IS_OK) return st;
+    memcpy(c->pack + total, in->slots, (size_t)total * sizeof(int32_t));
+    if ((st = rope_table(c, rp, in->pos0 + (int32_t)total - 1)) != IS_OK) return st;
+    const void *dpack, *dcaches;
+    if ((st = stage_upload(c, &c->st_inject, c->pack, need * sizeof(int32_t), &dpack)) != IS_OK)
+        return st;
+    void **caches = (void **)malloc(2 * (size_t)in->n_layers * sizeof(void *));
+    if (!caches) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+    for (int32_t l = 0; l < in->n_layers; l++) {
+        caches[l] = k_cache[l];
+        caches[in->n_layers + l] = v_cache[l];
+    }
+    st = stage_upload(c, &c->st_caches, caches, 2 * (size_t)in->n_layers * sizeof(void *), &dcaches);
+    free(caches);
+    if (st != IS_OK) return st;
+    const int32_t *dp = (const int32_t *)dpack;
+    return cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), dp, dp + total,
+                       (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
+                       in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
+                       c->kv_bf16);
+}
+
+static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
+                      const backend_inject *in) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_note(c, inject_impl(c, k_cache, v_cache, in));
+}
+
 static void ctx_destroy(cuda_ctx *c) {
     if (!c) return;
     cudaSetDevice(c->device);
@@ -506,6 +728,13 @@ static void ctx_destroy(cuda_ctx *c) {
     stage_free(&c->st_rope);
     stage_free(&c->st_slots);
     stage_free(&c->st_attn);
+    stage_free(&c->st_tiles);
+    stage_free(&c->st_inject);
+    stage_free(&c->st_caches);
+    cudaFree(c->partial);
+    cudaFree(c->inj_rows);
+    free(c->tiles);
+    cuda_arena_free(c->arena);
     cudaFree(c->xbf);
     cudaFree(c->ypart);
     cudaFree(c->rope_dev);
@@ -541,6 +770,16 @@ static const backend_ops cuda_ops = {
     /* .swiglu = */ cu_swiglu,
     /* .add = */ cu_add,
     /* .sync = */ cu_sync,
+    /* .kv_elem_size = */ cu_kv_elem_size,
+    /* .inject = */ cu_inject,
+};
+
+/* backend_cuda_set_legacy: the engine stages facts itself, f32 cache. */
+static const backend_ops cuda_ops_legacy = {
+    "cuda",         cu_free,     cu_alloc,   cu_release, cu_upload,   cu_download,
+    cu_copy,        cu_weight_create,        cu_weight_free,         cu_get_rows,
+    cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
+    cu_add,         cu_sync,     NULL,       NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -601,6 +840,16 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->device = device;
     c->err = IS_OK;
     c->precision = CUDA_MATMUL_BF16X2;
+    c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
+    c->flash = true;
+    c->n_sms = 132;
+    {
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+            sms > 0)
+            c->n_sms = sms;
+        cudaGetLastError();
+    }
     cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         st = cuda_status_from(e, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
@@ -628,6 +877,38 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
 
 extern "C" void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p) {
     ctx_of(be)->precision = p;
+}
+
+extern "C" void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t) {
+    ctx_of(be)->kv_bf16 = t == CUDA_KV_BF16;
+}
+
+extern "C" void backend_cuda_set_flash(backend *be, bool on) { ctx_of(be)->flash = on; }
+
+extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
+    cuda_ctx *c = ctx_of(be);
+    c->legacy = on;
+    c->kv_bf16 = false;
+    c->flash = !on;
+    c->xbf_valid = false;
+    be->ops = on ? &cuda_ops_legacy : &cuda_ops;
+}
+
+extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
+    cuda_ctx *c = ctx_of(be);
+    if (c->arena) {
+        cudaSetDevice(c->device);
+        cudaStreamSynchronize(c->stream); /* queued injections may read it */
+        cuda_arena_free(c->arena);
+        c->arena = NULL;
+    }
+    c->arena_bytes = bytes;
+}
+
+extern "C" void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out) {
+    cuda_ctx *c = ctx_of(be);
+    memset(out, 0, sizeof *out);
+    if (c->arena) cuda_arena_get_stats(c->arena, out);
 }
 
 extern "C" is_status backend_cuda_check(backend *be) {

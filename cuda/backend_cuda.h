@@ -5,8 +5,10 @@
  *
  * Representation: matrices in bf16 [rows][cols] (any GGUF type the CPU side
  * reads is dequantised on the host and rounded to nearest even), vectors
- * (norm gains, biases) in f32; activations and the KV cache in f32 device
- * memory, as the interface passes f32 pointers. Matrix products convert the
+ * (norm gains, biases) in f32; activations in f32 device memory, as the
+ * interface passes f32 pointers; the KV cache in f32 or bf16 (see
+ * backend_cuda_set_kv_dtype; with bf16, injected facts live in a device
+ * arena, bf16 too). Matrix products convert the
  * input rows to bf16 and call cuBLAS (bf16 operands, f32 accumulation and
  * output); by default each input row goes in as two bf16 rows, hi + lo
  * (CUDA_MATMUL_BF16X2, see below). The other ops are kernels of this
@@ -65,6 +67,48 @@ typedef enum cuda_matmul_precision {
 
 /* Sets the rounding of later matrix products. `be` must be a CUDA backend. */
 void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p);
+
+/* The KV cache's element type, for engines created afterwards (the engine
+ * sizes its cache by it; an engine must not outlive a change):
+ *   CUDA_KV_F32 (default): the CPU reference's type; attention in f32
+ *     throughout (the per-(token, head) kernel); injected facts keep their
+ *     f32 values (uploaded per call, as the engine's own staging does);
+ *   CUDA_KV_BF16 (the serving configuration): half the bytes; plain causal
+ *     batches run the tiled tensor-core attention (flash.cuh) where the
+ *     shape allows it; facts are injected in one launch from the GPU fact-KV
+ *     arena (bf16). Faster by 1.6-13x on the 8B shape (BENCHMARKS.md), less
+ *     exact: on SmolLM2-135M the logits move from 4.8e-3 to 7.7e-3 of the
+ *     CPU's (issue 6's bar is 1e-2), and injection lands at 6.7e-3 of the
+ *     GPU's masked reference but 1.08e-2 of the CPU's (cuda/NOTES.md, run
+ *     4), which is why it is not the default. */
+typedef enum cuda_kv_dtype {
+    CUDA_KV_F32 = 0,
+    CUDA_KV_BF16 = 1,
+} cuda_kv_dtype;
+void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t);
+
+/* Tiled attention over a bf16 cache (default on); off: the per-(token,
+ * head) kernel of attention.cuh on every batch. */
+void backend_cuda_set_flash(backend *be, bool on);
+
+/* The backend as first built (issue 6's "before", kept for measuring):
+ * f32 KV cache, per-(token, head) attention, no inject op (the engine
+ * uploads facts layer by layer), matmul inputs converted on every call.
+ * Off restores the defaults (f32 cache). Set before creating engines. */
+void backend_cuda_set_legacy(backend *be, bool on);
+
+/* Capacity of the GPU fact-KV arena (arena.cuh), taken when the first
+ * facts are injected (default 2 GiB, or half the free memory if less);
+ * changing it drops the arena and what it holds. */
+void backend_cuda_set_arena_bytes(backend *be, size_t bytes);
+
+typedef struct cuda_arena_stats {
+    int64_t hits, misses, evictions; /* facts found resident, filled, dropped */
+    int64_t bytes_uploaded;          /* host -> device for fills */
+    int64_t records, pages_used, pages_total, page_bytes;
+} cuda_arena_stats;
+/* Zeros when no arena exists yet. */
+void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out);
 
 /* Waits for the backend's queued work and returns IS_OK, or the first
  * failure recorded by any op so far (its message set again for this

@@ -1,31 +1,127 @@
 /*
- * kv: scatter of K and V rows into the paged cache (see kv.cuh). One block
- * per (token, KV head); threads copy the head's elements.
+ * kv: scatter of K and V rows into the paged cache, injection of facts from
+ * the arena, and the arena's fill (see kv.cuh).
  */
 #include "kv.cuh"
 
-static __global__ void kv_store_kernel(float *k_cache, float *v_cache, const float *k,
-                                       const float *v, const int32_t *slots, int32_t n_kv_heads,
-                                       int32_t head_dim, int32_t block_size) {
+/* One block per (token, KV head); threads copy the head's elements. */
+template <typename CT>
+static __global__ void kv_store_kernel(CT *k_cache, CT *v_cache, const float *k, const float *v,
+                                       const int32_t *slots, int32_t n_kv_heads, int32_t head_dim,
+                                       int32_t block_size) {
     int32_t t = blockIdx.x, h = blockIdx.y;
     int32_t slot = slots[t];
     int64_t block = slot / block_size, off = slot % block_size;
     int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim;
     int64_t src = ((int64_t)t * n_kv_heads + h) * head_dim;
     for (int32_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        k_cache[dst + i] = k[src + i];
-        v_cache[dst + i] = v[src + i];
+        kv_put(k_cache + dst + i, k[src + i]);
+        kv_put(v_cache + dst + i, v[src + i]);
     }
 }
 
-is_status cuda_kv_store(cudaStream_t s, float *k_cache, float *v_cache, const float *k,
+is_status cuda_kv_store(cudaStream_t s, void *k_cache, void *v_cache, const float *k,
                         const float *v, const int32_t *slots, int32_t T, int32_t n_kv_heads,
-                        int32_t head_dim, int32_t block_size) {
+                        int32_t head_dim, int32_t block_size, bool bf16) {
     if (T <= 0 || n_kv_heads <= 0) return IS_OK;
     dim3 grid((unsigned)T, (unsigned)n_kv_heads);
     int threads = head_dim >= 128 ? 128 : (head_dim + 31) / 32 * 32;
-    kv_store_kernel<<<grid, threads, 0, s>>>(k_cache, v_cache, k, v, slots, n_kv_heads, head_dim,
-                                             block_size);
+    if (bf16)
+        kv_store_kernel<<<grid, threads, 0, s>>>((__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
+                                                 k, v, slots, n_kv_heads, head_dim, block_size);
+    else
+        kv_store_kernel<<<grid, threads, 0, s>>>((float *)k_cache, (float *)v_cache, k, v, slots,
+                                                 n_kv_heads, head_dim, block_size);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+/* One block per (token, layer); thread e takes element e of the token's
+ * kv_dim keys (rotated with its pair partner, as rope_kernel rotates: the
+ * same table, the same expressions) and values. */
+template <typename CT>
+static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *arena,
+                                     const int32_t *pages, const int32_t *slots, int32_t pos0,
+                                     int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                                     int32_t block_size, int32_t n_rot, bool neox,
+                                     const float *cs) {
+    const int32_t i = blockIdx.x, l = blockIdx.y;
+    const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
+    const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
+    const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
+    CT *kc = (CT *)caches[l], *vc = (CT *)caches[n_layers + l];
+    const int32_t slot = slots[i];
+    const int64_t block = slot / block_size, off = slot % block_size;
+    for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
+        const int32_t h = e / head_dim, d = e % head_dim;
+        const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
+        const __nv_bfloat16 *x = kr + (int64_t)h * head_dim;
+        float out;
+        if (d >= n_rot) {
+            out = __bfloat162float(x[d]);
+        } else {
+            /* The pair (i0, i1) this element belongs to, and which of the two it is. */
+            int32_t pi, i0, i1;
+            if (neox) {
+                pi = d < half ? d : d - half;
+                i0 = pi;
+                i1 = pi + half;
+            } else {
+                pi = d / 2;
+                i0 = 2 * pi;
+                i1 = 2 * pi + 1;
+            }
+            const float *ce = cs + ((int64_t)p * half + pi) * 2;
+            const float c = ce[0], sn = ce[1];
+            const float a = __bfloat162float(x[i0]), b = __bfloat162float(x[i1]);
+            out = d == i0 ? a * c - b * sn : a * sn + b * c;
+        }
+        kv_put(kc + dst, out);
+        kv_put(vc + dst, __bfloat162float(vr[e]));
+    }
+}
+
+is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
+                      const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
+                      int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                      int32_t n_rot, bool neox, const float *cs, bool bf16) {
+    if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
+    dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
+    const int32_t kv_dim = n_kv_heads * head_dim;
+    int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
+    if (bf16)
+        inject_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0,
+                                                              n_layers, n_kv_heads, head_dim,
+                                                              block_size, n_rot, neox, cs);
+    else
+        inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0, n_layers,
+                                                      n_kv_heads, head_dim, block_size, n_rot,
+                                                      neox, cs);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+/* One block per (token, layer). */
+static __global__ void arena_fill_kernel(__nv_bfloat16 *arena, const int32_t *pages,
+                                         const float *k, const float *v, int32_t n_tokens,
+                                         int32_t n_layers, int32_t kv_dim) {
+    const int32_t j = blockIdx.x, l = blockIdx.y;
+    __nv_bfloat16 *kd = arena + (int64_t)pages[j] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
+    __nv_bfloat16 *vd = kd + (int64_t)n_layers * kv_dim;
+    const int64_t src = ((int64_t)l * n_tokens + j) * kv_dim;
+    for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
+        kd[e] = __float2bfloat16_rn(k[src + e]);
+        vd[e] = __float2bfloat16_rn(v[src + e]);
+    }
+}
+
+is_status cuda_arena_fill(cudaStream_t s, __nv_bfloat16 *arena, const int32_t *pages,
+                          const float *k, const float *v, int32_t n_tokens, int32_t n_layers,
+                          int32_t kv_dim) {
+    if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
+    dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
+    int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
+    arena_fill_kernel<<<grid, threads, 0, s>>>(arena, pages, k, v, n_tokens, n_layers, kv_dim);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

@@ -1,17 +1,48 @@
 /*
- * kv: writes a batch's keys and values into the paged KV cache
- * ([n_blocks][n_kv_heads][block_size][head_dim] per layer, f32 like the CPU
- * reference; a bf16 cache is a later step) at the slots the KV bookkeeping
- * handed out (slot = block * block_size + offset).
+ * kv: writes into the paged KV cache ([n_blocks][n_kv_heads][block_size]
+ * [head_dim] per layer, addressed by slot = block * block_size + offset):
+ * a batch's keys and values (kv_store), and the facts of a memory segment
+ * (inject, from the fact-KV arena), in f32 (the CPU reference's type) or
+ * bf16 (the serving cache, half the bytes).
+ *
+ * The fact-KV arena (arena.cuh) keeps records in pages of one token each:
+ * page p holds that token's pre-RoPE keys for every layer, then its values,
+ * bf16 [2][n_layers][kv_dim] (kv_dim = n_kv_heads * head_dim).
  */
 #ifndef IS_CUDA_KV_CUH
 #define IS_CUDA_KV_CUH
 
 #include "common.cuh"
 
-/* k, v: [T][n_kv_heads*head_dim]; slots: [T] device. */
-is_status cuda_kv_store(cudaStream_t s, float *k_cache, float *v_cache, const float *k,
+static __device__ __forceinline__ float kv_load(const float *p) { return *p; }
+static __device__ __forceinline__ float kv_load(const __nv_bfloat16 *p) {
+    return __bfloat162float(*p);
+}
+static __device__ __forceinline__ void kv_put(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void kv_put(__nv_bfloat16 *p, float v) {
+    *p = __float2bfloat16_rn(v);
+}
+
+/* k, v: [T][n_kv_heads*head_dim] f32; slots: [T] device; caches bf16 when
+ * bf16, else f32. */
+is_status cuda_kv_store(cudaStream_t s, void *k_cache, void *v_cache, const float *k,
                         const float *v, const int32_t *slots, int32_t T, int32_t n_kv_heads,
-                        int32_t head_dim, int32_t block_size);
+                        int32_t head_dim, int32_t block_size, bool bf16);
+
+/* Chunked RoPE + scatter, every layer and every token in one launch: token i
+ * (page pages[i], slot slots[i], position pos0 + i) of the memory segment
+ * has its arena keys rotated (cos/sin table cs as cuda_rope's) and written
+ * with its values into layer l's caches, caches[l] (keys) and
+ * caches[n_layers + l] (values) (device array of device pointers). */
+is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
+                      const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
+                      int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                      int32_t n_rot, bool neox, const float *cs, bool bf16);
+
+/* Fills arena pages from a staged record: k, v f32 [n_layers][n_tokens][kv_dim]
+ * (device), token j into page pages[j] (device). */
+is_status cuda_arena_fill(cudaStream_t s, __nv_bfloat16 *arena, const int32_t *pages,
+                          const float *k, const float *v, int32_t n_tokens, int32_t n_layers,
+                          int32_t kv_dim);
 
 #endif

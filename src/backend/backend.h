@@ -13,7 +13,8 @@
  *     y = x W^T, or vectors (norm gains, biases);
  *   - the KV cache storage of layer l is K_l, V_l:
  *     [n_blocks][n_kv_heads][block_size][head_dim], addressed by slot
- *     (block * block_size + offset) as kv/kv_cache.h hands them out.
+ *     (block * block_size + offset) as kv/kv_cache.h hands them out; its
+ *     elements are f32 unless the backend says otherwise (kv_elem_size).
  */
 #ifndef IS_BACKEND_BACKEND_H
 #define IS_BACKEND_BACKEND_H
@@ -59,6 +60,28 @@ typedef struct attn_batch {
     const float *q_prefix;
 } attn_batch;
 
+/* One fact for the optional inject op: its stored pre-RoPE keys and values,
+ * f32 [n_layers][n_tokens][n_kv_heads*head_dim] in host memory. A nonzero
+ * id names the content (the same id always means the same values), so a
+ * backend may keep the record resident and skip reading k and v. */
+typedef struct backend_fact {
+    uint64_t id;
+    int32_t n_tokens;
+    const float *k, *v;
+} backend_fact;
+
+/* What the inject op writes: the facts' tokens, in order, at positions
+ * pos0, pos0 + 1, ... of one sequence, token i into slots[i] (host memory)
+ * of every layer's cache; keys rotated to their position by `rope`. */
+typedef struct backend_inject {
+    int32_t n_layers, n_kv_heads, head_dim, block_size;
+    const backend_fact *facts;
+    int32_t n_facts;
+    int32_t pos0;
+    const int32_t *slots;
+    const rope_params *rope;
+} backend_inject;
+
 typedef struct backend_ops {
     const char *name;
     void (*free)(backend *be);
@@ -101,6 +124,17 @@ typedef struct backend_ops {
     void (*add)(backend *be, float *x, const float *y, int64_t n);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(backend *be);
+
+    /* Optional (NULL = 4: f32). Bytes per element of the KV cache storage
+     * the engine allocates; the storage is opaque to the engine (only
+     * kv_store, attention and inject interpret it; the engine copies rows
+     * of it with copy). */
+    size_t (*kv_elem_size)(backend *be);
+    /* Optional (NULL = the engine uploads each layer's rows and applies
+     * rope and kv_store): chunked RoPE + scatter of facts into the caches
+     * of every layer (k_cache[l], v_cache[l]) in one call. */
+    void (*inject)(backend *be, float *const *k_cache, float *const *v_cache,
+                   const backend_inject *in);
 } backend_ops;
 
 struct backend {

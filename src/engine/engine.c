@@ -17,7 +17,11 @@ struct engine {
     engine_params p;
     kv_cache *kv;
     float **k_cache, **v_cache; /* [n_layers] -> [n_blocks][n_kv_heads][block_size][head_dim] */
+    size_t kv_esize;            /* bytes per cache element (backend's kv_elem_size) */
     seq_state *seqs;            /* [max_seqs] */
+    /* Sequences present in one forward chunk, [max_seqs] each. */
+    int32_t *u_seq, *u_len;
+    const int32_t **u_table, **u_seg;
 
     /* Activation scratch for one chunk of up to max_batch tokens. */
     float *x;      /* [B][dim] residual stream */
@@ -71,14 +75,20 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     e->rpos2 = malloc((size_t)p.max_batch * sizeof(int32_t));
     e->slots = malloc((size_t)p.max_batch * sizeof(int32_t));
     e->seq_idx = malloc((size_t)p.max_batch * sizeof(int32_t));
-    if (!e->k_cache || !e->v_cache || !e->seqs || !e->pos || !e->rpos || !e->rpos2 || !e->slots || !e->seq_idx) {
+    e->u_seq = malloc((size_t)p.max_seqs * sizeof(int32_t));
+    e->u_len = malloc((size_t)p.max_seqs * sizeof(int32_t));
+    e->u_table = malloc((size_t)p.max_seqs * sizeof(int32_t *));
+    e->u_seg = malloc((size_t)p.max_seqs * sizeof(int32_t *));
+    if (!e->k_cache || !e->v_cache || !e->seqs || !e->pos || !e->rpos || !e->rpos2 || !e->slots ||
+        !e->seq_idx || !e->u_seq || !e->u_len || !e->u_table || !e->u_seg) {
         st = is_error_set(IS_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
-    size_t layer_elems = (size_t)p.n_blocks * p.block_size * c->n_kv_heads * c->head_dim;
+    e->kv_esize = e->be->ops->kv_elem_size ? e->be->ops->kv_elem_size(e->be) : sizeof(float);
+    size_t layer_bytes = (size_t)p.n_blocks * p.block_size * c->n_kv_heads * c->head_dim * e->kv_esize;
     for (int32_t l = 0; l < c->n_layers; l++) {
-        if ((st = alloc_f32(e, &e->k_cache[l], layer_elems)) != IS_OK ||
-            (st = alloc_f32(e, &e->v_cache[l], layer_elems)) != IS_OK)
+        if ((st = e->be->ops->alloc(e->be, layer_bytes, (void **)&e->k_cache[l])) != IS_OK ||
+            (st = e->be->ops->alloc(e->be, layer_bytes, (void **)&e->v_cache[l])) != IS_OK)
             goto fail;
     }
     size_t B = (size_t)p.max_batch;
@@ -117,6 +127,10 @@ void engine_free(engine *e) {
     free(e->rpos2);
     free(e->slots);
     free(e->seq_idx);
+    free(e->u_seq);
+    free(e->u_len);
+    free(e->u_table);
+    free(e->u_seg);
     kv_cache_free(e->kv);
     free(e);
 }
@@ -155,14 +169,16 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
             return st;
         }
         int32_t sb = kv_cache_slot(e->kv, src, shared) / bs, db = kv_cache_slot(e->kv, dst, shared) / bs;
-        size_t rows = (size_t)tail * c->head_dim * sizeof(float);
+        /* The trailing block is copied whole, every head and row: one copy
+         * per layer and cache instead of one per head (a GPU pays ~5 us per
+         * copy call: 512 of them were 2.5 ms of an 8B fork). Rows past the
+         * tail lie beyond dst's length: written before anything reads them.
+         * Byte offsets: the cache's element type is the backend's. */
+        const size_t blk = (size_t)c->n_kv_heads * bs * c->head_dim * e->kv_esize;
         for (int32_t l = 0; l < c->n_layers; l++) {
-            for (int32_t h = 0; h < c->n_kv_heads; h++) {
-                size_t so = (((size_t)sb * c->n_kv_heads + h) * bs) * c->head_dim;
-                size_t d0 = (((size_t)db * c->n_kv_heads + h) * bs) * c->head_dim;
-                e->be->ops->copy(e->be, e->k_cache[l] + d0, e->k_cache[l] + so, rows);
-                e->be->ops->copy(e->be, e->v_cache[l] + d0, e->v_cache[l] + so, rows);
-            }
+            char *kc = (char *)e->k_cache[l], *vc = (char *)e->v_cache[l];
+            e->be->ops->copy(e->be, kc + (size_t)db * blk, kc + (size_t)sb * blk, blk);
+            e->be->ops->copy(e->be, vc + (size_t)db * blk, vc + (size_t)sb * blk, blk);
         }
     }
     const seq_state *ss = &e->seqs[src];
@@ -205,10 +221,10 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     int32_t q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
 
     /* Positions: tokens of a sequence follow each other in batch order. */
-    int32_t uniq[64], n_uniq = 0; /* sequences present in this chunk */
-    const int32_t *tables[64];
-    int32_t lens[64];
-    const int32_t *segs[64];
+    int32_t *uniq = e->u_seq, n_uniq = 0; /* sequences present in this chunk */
+    const int32_t **tables = e->u_table;
+    int32_t *lens = e->u_len;
+    const int32_t **segs = e->u_seg;
     bool any_seg = false;
     int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* tokens before t0+i */
     for (int32_t t = 0; t < t0; t++) seen[b->seq[t]]++;
@@ -221,7 +237,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         int32_t u = 0;
         while (u < n_uniq && uniq[u] != s) u++;
         if (u == n_uniq) {
-            IS_ASSERT(n_uniq < 64);
+            IS_ASSERT(n_uniq < e->p.max_seqs);
             uniq[n_uniq++] = s;
         }
         e->seq_idx[i] = u;
@@ -368,12 +384,19 @@ out:
     return st;
 }
 
-/* Chunked RoPE + injection. Facts are staged through the activation
- * scratch a chunk of max_batch tokens at a time: for each layer the stored
- * pre-RoPE keys are uploaded, rotated to their serving positions by the
- * backend's rope op (the same op prefill uses, so the rotation is the one a
- * prefill at that position would apply) and scattered with kv_store. */
+/* Chunked RoPE + injection. A backend with an inject op does it in one
+ * call for every layer (the CUDA backend: one launch from its fact-KV
+ * arena). Otherwise facts are staged through the activation scratch a chunk
+ * of max_batch tokens at a time: for each layer the stored pre-RoPE keys
+ * are uploaded, rotated to their serving positions by the backend's rope op
+ * (the same op prefill uses, so the rotation is the one a prefill at that
+ * position would apply) and scattered with kv_store. */
 is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts) {
+    return engine_inject_ids(e, seq, facts, NULL, n_facts);
+}
+
+is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
+                            const uint64_t *cache_ids, int32_t n_facts) {
     const model_config *c = &e->m->cfg;
     backend *be = e->be;
     const backend_ops *op = be->ops;
@@ -394,6 +417,30 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
     if ((st = seq_set_segments(e, seq, base, NULL, (int32_t)total)) != IS_OK) {
         kv_seq_truncate(e->kv, seq, base);
         return st;
+    }
+    if (op->inject) {
+        /* The backend does every layer at once (and may hold the records). */
+        backend_fact *bf = malloc((size_t)n_facts * sizeof *bf);
+        int32_t *slots = malloc((size_t)total * sizeof *slots);
+        if (!bf || !slots) {
+            free(bf);
+            free(slots);
+            kv_seq_truncate(e->kv, seq, base);
+            return is_error_set(IS_ERR_NOMEM, "inject: out of memory");
+        }
+        for (int32_t i = 0; i < n_facts; i++)
+            bf[i] = (backend_fact){cache_ids ? cache_ids[i] : 0, facts[i].n_tokens, facts[i].k,
+                                   facts[i].v};
+        for (int64_t i = 0; i < total; i++) slots[i] = kv_cache_slot(e->kv, seq, base + (int32_t)i);
+        backend_inject in = {
+            .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+            .block_size = e->p.block_size, .facts = bf, .n_facts = n_facts, .pos0 = base,
+            .slots = slots, .rope = &c->rope,
+        };
+        op->inject(be, e->k_cache, e->v_cache, &in);
+        free(bf);
+        free(slots);
+        return IS_OK;
     }
     int32_t kv_dim = c->n_kv_heads * c->head_dim;
     size_t row = (size_t)kv_dim * sizeof(float);

@@ -92,4 +92,11 @@ typedef struct engine_fact {
  * unchanged. */
 is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts);
 
+/* The same, with a cache id per fact (or NULL): a nonzero id names that
+ * fact's content (same id, same k and v, for this model), so a backend may
+ * keep the record resident (the CUDA backend's fact-KV arena) and skip
+ * reading k and v; 0 means read them this time. */
+is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
+                            const uint64_t *cache_ids, int32_t n_facts);
+
 #endif

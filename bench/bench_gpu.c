@@ -1,0 +1,518 @@
+/*
+ * bench_gpu: TTFT vs the number of memory facts k in the `prompt` and `kv`
+ * modes, and throughput vs concurrent users, on any model (the speed work
+ * uses a random-weight Llama-3.1-8B-shaped GGUF; latency does not depend on
+ * weight values), for one or several configurations of the backend in the
+ * same process, so "before" and "after" are measured side by side.
+ *
+ *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
+ *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
+ *             [-P 60] [-F 25] [-Q 30] [-o CSV]
+ *
+ * Layout (DESIGN.md, issue 6): a serving prefix of P tokens (60), k facts of
+ * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
+ * random (the facts' KV stands for records encoded earlier).
+ *   prompt: fork the cached prefix, prefill the k*F fact tokens + the query;
+ *   kv:     fork the cached prefix, inject the k facts' stored KV (chunked
+ *           RoPE + scatter), prefill the query;
+ *   kv cold: the same with facts never seen (the GPU arena misses and fills
+ *           from host memory: the host tier).
+ * TTFT runs from the fork to the first token's logits on the host (argmax
+ * taken). Medians of REPS runs after one warm-up, modes alternated.
+ *
+ * Throughput at k = K (50): U users, each with its own K facts (ids unique
+ * per user; their contents drawn from a pool of host records), one batch:
+ * every user's sequence is forked from the prefix, kv mode injects each
+ * user's facts, then ONE engine_decode prefills every user's suffix (facts +
+ * query in prompt mode, the query in kv mode) with continuous-batching
+ * style mixed sequences; requests/s = U / wall time of the batch, median of
+ * up to 3 runs (kv after an untimed run that fills the arena).
+ *
+ * Configurations (-c for TTFT, -t for throughput; cuda only):
+ *   legacy  the CUDA backend as first built (f32 KV, per-(token, head)
+ *           attention, facts uploaded layer by layer, bf16x2 matmul inputs);
+ *   bf16x2  the current backend in its serving configuration (bf16 KV cache,
+ *           tiled attention, one-launch injection from the GPU arena),
+ *           matmul inputs split hi + lo (the default precision);
+ *   bf16    the same with matmul inputs in bf16 (the precision PyTorch's
+ *           bf16 models run at).
+ * Logits of the first configuration's kv and prompt runs at the largest k
+ * are kept, and every later configuration prints its relative error and
+ * argmax agreement against them (same inputs, same weights).
+ */
+#include "backend/backend.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+#ifdef IS_HAVE_CUDA
+#include "backend_cuda.h"
+#endif
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    if (n <= 0) return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static uint64_t rng_next(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+static int parse_list(const char *s, int *out, int max) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    int n = 0;
+    for (char *t = strtok(buf, ","); t && n < max; t = strtok(NULL, ",")) out[n++] = atoi(t);
+    return n;
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_gpu: %s: %s\n", what, is_error_last());
+    exit(1);
+}
+
+#define CHECK(call, what)                                                                          \
+    do {                                                                                           \
+        if ((call) != IS_OK) die(what);                                                            \
+    } while (0)
+
+typedef struct bench {
+    backend *be;
+    const char *be_name;
+    model *m;
+    engine *e;
+    int32_t P, F, Q, V;
+    int32_t *prefix;       /* [P] */
+    int32_t prefix_seq;
+    int32_t n_pool;        /* distinct host records */
+    float **pool_k, **pool_v; /* [n_pool] -> [n_layers][F][kv_dim] */
+    int32_t *fact_tokens;  /* [F] (the same for every fact: only the KV matters) */
+    float *logits;         /* [n_vocab] */
+    int32_t *tok, *seq;    /* batch scratch */
+    int32_t cap;
+} bench;
+
+static void bench_backend_check(bench *b, const char *what) {
+#ifdef IS_HAVE_CUDA
+    if (strcmp(b->be_name, "cuda") == 0 && backend_cuda_check(b->be) != IS_OK) die(what);
+#else
+    (void)b;
+    (void)what;
+#endif
+}
+
+static void batch_reserve(bench *b, int32_t n) {
+    if (n <= b->cap) return;
+    b->tok = realloc(b->tok, (size_t)n * sizeof *b->tok);
+    b->seq = realloc(b->seq, (size_t)n * sizeof *b->seq);
+    if (!b->tok || !b->seq) {
+        fprintf(stderr, "bench_gpu: out of memory\n");
+        exit(1);
+    }
+    b->cap = n;
+}
+
+static void random_tokens(bench *b, int32_t *t, int32_t n) {
+    for (int32_t i = 0; i < n; i++) t[i] = (int32_t)(rng_next() % (uint64_t)(b->V - 1));
+}
+
+/* Creates the engine and the cached serving prefix. */
+static void bench_engine(bench *b, int32_t max_seqs, int32_t max_tokens_per_seq, int32_t total_tokens) {
+    engine_params ep = engine_default_params();
+    ep.n_ctx = max_tokens_per_seq;
+    ep.max_seqs = max_seqs;
+    ep.block_size = 16;
+    ep.max_batch = 4096;
+    ep.n_blocks = total_tokens / ep.block_size + 2 * max_seqs + 16;
+    CHECK(engine_create(b->m, ep, &b->e), "engine_create");
+    CHECK(engine_seq_open(b->e, &b->prefix_seq), "seq_open");
+    batch_reserve(b, b->P);
+    for (int32_t i = 0; i < b->P; i++) b->seq[i] = b->prefix_seq;
+    engine_batch eb = {.n_tokens = b->P, .tokens = b->prefix, .seq = b->seq};
+    CHECK(engine_decode(b->e, &eb, b->logits), "prefix prefill");
+}
+
+static void fact_list(bench *b, int32_t k, uint64_t id_base, int32_t pool_off, engine_fact *f,
+                      uint64_t *ids) {
+    for (int32_t i = 0; i < k; i++) {
+        int32_t p = (pool_off + i) % b->n_pool;
+        f[i] = (engine_fact){b->F, b->fact_tokens, b->pool_k[p], b->pool_v[p]};
+        ids[i] = id_base + (uint64_t)i;
+    }
+}
+
+typedef struct ttft_parts {
+    double total, fork, inject, prefill;
+} ttft_parts;
+
+/* One request; mode 0 prompt, 1 kv. Logits of the first token in b->logits. */
+static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, int32_t pool_off,
+                              const int32_t *suffix) {
+    ttft_parts t = {0};
+    engine_fact *f = malloc((size_t)(k > 0 ? k : 1) * sizeof *f);
+    uint64_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof *ids);
+    fact_list(b, k, id_base, pool_off, f, ids);
+    const int32_t n = mode == 0 ? k * b->F + b->Q : b->Q;
+    const int32_t *toks = mode == 0 ? suffix : suffix + k * b->F;
+    double t0 = now_ms();
+    int32_t s;
+    CHECK(engine_seq_open(b->e, &s), "seq_open");
+    CHECK(engine_seq_fork(b->e, s, b->prefix_seq, b->P), "fork");
+    double t1 = now_ms(), t2 = t1;
+    if (mode == 1) {
+        CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
+        b->be->ops->sync(b->be); /* for the breakdown only */
+        t2 = now_ms();
+    }
+    batch_reserve(b, n);
+    for (int32_t i = 0; i < n; i++) b->seq[i] = s;
+    engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq};
+    CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
+    (void)sampler_argmax(b->logits, b->V);
+    double t3 = now_ms();
+    engine_seq_close(b->e, s);
+    bench_backend_check(b, "request");
+    t.total = t3 - t0;
+    t.fork = t1 - t0;
+    t.inject = t2 - t1;
+    t.prefill = t3 - t2;
+    free(f);
+    free(ids);
+    return t;
+}
+
+typedef struct ref_logits {
+    bool have;
+    float *prompt, *kv;
+} ref_logits;
+
+static void compare_ref(const char *what, const float *a, const float *ref, int32_t V) {
+    double num = 0, den = 0;
+    for (int32_t i = 0; i < V; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    printf("  %s: rel err %.3e vs the first configuration, argmax %s\n", what, sqrt(num / den),
+           sampler_argmax(a, V) == sampler_argmax(ref, V) ? "same" : "DIFFERENT");
+}
+
+/* Returns the number of rows written to csv. */
+static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps, bool cold,
+                     FILE *csv, ref_logits *ref) {
+    int32_t k_max = 0;
+    for (int i = 0; i < n_k; i++)
+        if (ks[i] > k_max) k_max = ks[i];
+    int32_t *suffix = malloc((size_t)(k_max * b->F + b->Q) * sizeof *suffix);
+    g_rng = 0x9E3779B97F4A7C15ull; /* the same tokens for every configuration */
+    random_tokens(b, suffix, k_max * b->F + b->Q);
+    printf("\n### TTFT, %s (%s), medians of %d runs, ms\n\n", cfg, b->be_name, reps);
+    printf("| k | prompt tokens | prompt TTFT | kv TTFT | kv: fork | inject | prefill |%s prompt / kv |\n",
+           cold ? " kv cold TTFT |" : "");
+    printf("|---:|---:|---:|---:|---:|---:|---:|%s---:|\n", cold ? "---:|" : "");
+    double *pr = malloc(sizeof(double) * reps), *kv = malloc(sizeof(double) * reps);
+    double *fo = malloc(sizeof(double) * reps), *in = malloc(sizeof(double) * reps);
+    double *pf = malloc(sizeof(double) * reps), *kc = malloc(sizeof(double) * reps);
+    static uint64_t cold_base = 1ull << 40;
+    for (int ki = 0; ki < n_k; ki++) {
+        const int32_t k = ks[ki];
+        for (int r = -1; r < reps; r++) {
+            ttft_parts p = one_request(b, 0, k, 0, 0, suffix + (k_max - k) * b->F);
+            ttft_parts q = one_request(b, 1, k, 1, 0, suffix + (k_max - k) * b->F);
+            ttft_parts c = {0};
+            if (cold) {
+                c = one_request(b, 1, k, cold_base, 0, suffix + (k_max - k) * b->F);
+                cold_base += (uint64_t)k;
+            }
+            if (r < 0) continue;
+            pr[r] = p.total;
+            kv[r] = q.total;
+            fo[r] = q.fork;
+            in[r] = q.inject;
+            pf[r] = q.prefill;
+            kc[r] = c.total;
+        }
+        if (k == k_max && ref) { /* logits of the last kv run (cold runs inject the same values) */
+            one_request(b, 0, k, 0, 0, suffix);
+            float *pl = malloc((size_t)b->V * sizeof(float));
+            memcpy(pl, b->logits, (size_t)b->V * sizeof(float));
+            one_request(b, 1, k, 1, 0, suffix);
+            if (!ref->have) {
+                ref->prompt = pl;
+                ref->kv = malloc((size_t)b->V * sizeof(float));
+                memcpy(ref->kv, b->logits, (size_t)b->V * sizeof(float));
+                ref->have = true;
+            } else {
+                char what[96];
+                snprintf(what, sizeof what, "%s, k=%d, prompt-mode logits", cfg, k);
+                compare_ref(what, pl, ref->prompt, b->V);
+                snprintf(what, sizeof what, "%s, k=%d, kv-mode logits", cfg, k);
+                compare_ref(what, b->logits, ref->kv, b->V);
+                free(pl);
+            }
+        }
+        double mp = median(pr, reps), mk = median(kv, reps), mf = median(fo, reps),
+               mi = median(in, reps), mpf = median(pf, reps), mc = cold ? median(kc, reps) : NAN;
+        if (cold)
+            printf("| %d | %d | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.1fx |\n", k,
+                   k * b->F + b->Q, mp, mk, mf, mi, mpf, mc, mp / mk);
+        else
+            printf("| %d | %d | %.2f | %.2f | %.3f | %.3f | %.2f | %.1fx |\n", k, k * b->F + b->Q,
+                   mp, mk, mf, mi, mpf, mp / mk);
+        fflush(stdout);
+        if (csv)
+            fprintf(csv, "ttft,%s,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", cfg, k, k * b->F + b->Q,
+                    mp, mk, mf, mi, mpf, mc);
+    }
+    free(pr); free(kv); free(fo); free(in); free(pf); free(kc);
+    free(suffix);
+}
+
+/* One batch of U users; returns wall ms. */
+static double one_batch(bench *b, int mode, int32_t U, int32_t K, uint64_t id_base) {
+    const int32_t per = mode == 0 ? K * b->F + b->Q : b->Q;
+    const int32_t n = U * per;
+    batch_reserve(b, n);
+    int32_t *seqs = malloc((size_t)U * sizeof *seqs);
+    engine_fact *f = malloc((size_t)K * sizeof *f);
+    uint64_t *ids = malloc((size_t)K * sizeof *ids);
+    int32_t *toks = malloc((size_t)n * sizeof *toks);
+    random_tokens(b, toks, n);
+    bool *want = calloc((size_t)n, 1);
+    for (int32_t u = 0; u < U; u++) want[(size_t)u * per + per - 1] = true;
+    float *logits = malloc((size_t)U * b->V * sizeof(float));
+    if (!seqs || !f || !ids || !toks || !want || !logits) {
+        fprintf(stderr, "bench_gpu: out of memory\n");
+        exit(1);
+    }
+    double t0 = now_ms();
+    for (int32_t u = 0; u < U; u++) {
+        CHECK(engine_seq_open(b->e, &seqs[u]), "seq_open");
+        CHECK(engine_seq_fork(b->e, seqs[u], b->prefix_seq, b->P), "fork");
+        if (mode == 1) {
+            fact_list(b, K, id_base + (uint64_t)u * 4096, u * K, f, ids);
+            CHECK(engine_inject_ids(b->e, seqs[u], f, ids, K), "inject");
+        }
+    }
+    for (int32_t u = 0; u < U; u++)
+        for (int32_t i = 0; i < per; i++) b->seq[(size_t)u * per + i] = seqs[u];
+    engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq, .want_logits = want};
+    CHECK(engine_decode(b->e, &eb, logits), "batch prefill");
+    for (int32_t u = 0; u < U; u++) (void)sampler_argmax(logits + (size_t)u * b->V, b->V);
+    double t1 = now_ms();
+    for (int32_t u = 0; u < U; u++) engine_seq_close(b->e, seqs[u]);
+    bench_backend_check(b, "batch");
+    free(seqs); free(f); free(ids); free(toks); free(want); free(logits);
+    return t1 - t0;
+}
+
+static void run_throughput(bench *b, const char *cfg, const int *users, int n_u, int32_t K,
+                           FILE *csv) {
+    printf("\n### Throughput at k = %d, %s (%s): requests/s (median batch time, ms)\n\n", K, cfg,
+           b->be_name);
+    printf("| users | prompt req/s | prompt batch ms | kv req/s | kv batch ms | kv / prompt |\n");
+    printf("|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n_u; i++) {
+        const int32_t U = users[i];
+        double ms[2];
+        for (int mode = 1; mode >= 0; mode--) {
+            const uint64_t id_base = (uint64_t)1 << 50; /* the same ids every run: the arena warms */
+            if (mode == 1 || U <= 10) one_batch(b, mode, U, K, id_base); /* warm-up / fill */
+            double t[3], spent = 0;
+            int n = 0;
+            while (n < 3 && (n == 0 || spent < 4000.0)) {
+                t[n] = one_batch(b, mode, U, K, id_base);
+                spent += t[n++];
+            }
+            ms[mode] = median(t, n);
+        }
+        printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1fx |\n", U, 1e3 * U / ms[0], ms[0],
+               1e3 * U / ms[1], ms[1], ms[0] / ms[1]);
+        fflush(stdout);
+        if (csv)
+            fprintf(csv, "throughput,%s,%d,%d,%.4f,%.4f,%.4f,%.4f\n", cfg, K, U, ms[0], ms[1],
+                    1e3 * U / ms[0], 1e3 * U / ms[1]);
+    }
+}
+
+static bool has(const char *list, const char *name) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ","))
+        if (strcmp(t, name) == 0) return true;
+    return false;
+}
+
+int main(int argc, char **argv) {
+    const char *model_path = NULL, *be_name = "cuda", *csv_path = NULL;
+    const char *cfg_ttft = "legacy,bf16x2,bf16", *cfg_tp = "legacy,bf16";
+    char ks_arg[128] = "5,10,20,50,100", us_arg[128] = "1,10,50,100", lus_arg[128] = "";
+    int reps = 7, K = 50, threads = 0;
+    double arena_gb = 24;
+    bench b = {0};
+    b.P = 60;
+    b.F = 25;
+    b.Q = 30;
+    int c;
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:h")) != -1) {
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'b': be_name = optarg; break;
+        case 'k': snprintf(ks_arg, sizeof ks_arg, "%s", optarg); break;
+        case 'u': snprintf(us_arg, sizeof us_arg, "%s", optarg); break;
+        case 'U': snprintf(lus_arg, sizeof lus_arg, "%s", optarg); break;
+        case 'K': K = atoi(optarg); break;
+        case 'r': reps = atoi(optarg); break;
+        case 'c': cfg_ttft = optarg; break;
+        case 't': cfg_tp = optarg; break;
+        case 'A': arena_gb = atof(optarg); break;
+        case 'P': b.P = atoi(optarg); break;
+        case 'F': b.F = atoi(optarg); break;
+        case 'Q': b.Q = atoi(optarg); break;
+        case 'o': csv_path = optarg; break;
+        case 'T': threads = atoi(optarg); break;
+        default:
+            fprintf(stderr,
+                    "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
+                    "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
+                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV]\n"
+                    "configs: legacy, bf16x2, bf16 (cuda); ignored on cpu\n");
+            return c == 'h' ? 0 : 1;
+        }
+    }
+    if (!model_path) {
+        fprintf(stderr, "bench_gpu: -m MODEL is required\n");
+        return 1;
+    }
+    if (reps < 1) reps = 1;
+    int ks[16], us[16], lus[16];
+    int n_k = parse_list(ks_arg, ks, 16), n_u = parse_list(us_arg, us, 16);
+    int n_lu = lus_arg[0] ? parse_list(lus_arg, lus, 16) : 0; /* users for legacy (-U) */
+    if (!lus_arg[0]) {
+        memcpy(lus, us, sizeof us);
+        n_lu = n_u;
+    }
+    int k_max = 0, u_max = 0;
+    for (int i = 0; i < n_k; i++) k_max = ks[i] > k_max ? ks[i] : k_max;
+    for (int i = 0; i < n_u; i++) u_max = us[i] > u_max ? us[i] : u_max;
+
+    b.be_name = be_name;
+    CHECK(backend_create(be_name, threads, &b.be), "backend");
+    double t0 = now_ms();
+    CHECK(model_load(model_path, b.be, &b.m), "model_load");
+    const model_config *mc = &b.m->cfg;
+    b.V = mc->n_vocab;
+    printf("model %s: %s, %d layers, dim %d, %d/%d heads of %d, vocab %d; loaded on %s in %.1f s\n",
+           model_path, mc->arch, mc->n_layers, mc->dim, mc->n_heads, mc->n_kv_heads, mc->head_dim,
+           mc->n_vocab, be_name, (now_ms() - t0) / 1e3);
+    printf("layout: prefix %d tokens, facts of %d tokens, query %d tokens\n", b.P, b.F, b.Q);
+
+    b.logits = malloc((size_t)b.V * sizeof(float));
+    b.prefix = malloc((size_t)b.P * sizeof(int32_t));
+    b.fact_tokens = malloc((size_t)b.F * sizeof(int32_t));
+    random_tokens(&b, b.prefix, b.P);
+    random_tokens(&b, b.fact_tokens, b.F);
+    /* Host records: enough for k_max distinct facts; throughput reuses them
+     * under other ids (the arena sees distinct records either way). */
+    const size_t rec_n = (size_t)mc->n_layers * b.F * mc->n_kv_heads * mc->head_dim;
+    b.n_pool = k_max > 0 ? k_max : 1;
+    if (b.n_pool < 64) b.n_pool = 64;
+    b.pool_k = calloc((size_t)b.n_pool, sizeof(float *));
+    b.pool_v = calloc((size_t)b.n_pool, sizeof(float *));
+    for (int32_t p = 0; p < b.n_pool; p++) {
+        b.pool_k[p] = malloc(rec_n * sizeof(float));
+        b.pool_v[p] = malloc(rec_n * sizeof(float));
+        if (!b.pool_k[p] || !b.pool_v[p]) {
+            fprintf(stderr, "bench_gpu: out of memory for fact records\n");
+            return 1;
+        }
+        /* Keys and values of the scale real ones have after the projections. */
+        for (size_t i = 0; i < rec_n; i++) {
+            b.pool_k[p][i] = ((float)(rng_next() >> 40) / (float)(1 << 24) - 0.5f) * 4.0f;
+            b.pool_v[p][i] = ((float)(rng_next() >> 40) / (float)(1 << 24) - 0.5f) * 0.5f;
+        }
+    }
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv)
+        fprintf(csv, "# ttft,config,k,prompt_tokens,prompt_ms,kv_ms,kv_fork_ms,kv_inject_ms,"
+                     "kv_prefill_ms,kv_cold_ms\n"
+                     "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n");
+
+    const bool cuda = strcmp(be_name, "cuda") == 0;
+    const char *all[3] = {"legacy", "bf16x2", "bf16"};
+    ref_logits ref = {0};
+    for (int ci = 0; ci < (cuda ? 3 : 1); ci++) {
+        const char *cfg = cuda ? all[ci] : "cpu";
+        bool do_ttft = !cuda || has(cfg_ttft, cfg), do_tp = !cuda || has(cfg_tp, cfg);
+        if (!do_ttft && !do_tp) continue;
+#ifdef IS_HAVE_CUDA
+        if (cuda) {
+            backend_cuda_set_legacy(b.be, ci == 0);
+            if (ci > 0) backend_cuda_set_kv_dtype(b.be, CUDA_KV_BF16); /* the serving configuration */
+            backend_cuda_set_matmul_precision(b.be, ci == 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
+            backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));
+        }
+#endif
+        const int32_t per_seq = b.P + k_max * b.F + b.Q + 16;
+        if (do_ttft) {
+            bench_engine(&b, 4, per_seq, 4 * per_seq);
+            run_ttft(&b, cfg, ks, n_k, reps, cuda && ci > 0, csv, &ref);
+            engine_free(b.e);
+            b.e = NULL;
+        }
+        const int *cu = cuda && ci == 0 ? lus : us;
+        const int ncu = cuda && ci == 0 ? n_lu : n_u;
+        if (do_tp && ncu > 0) {
+            const int32_t tp_seq = b.P + K * b.F + b.Q + 16;
+            bench_engine(&b, u_max + 2, tp_seq, (u_max + 1) * tp_seq);
+            run_throughput(&b, cfg, cu, ncu, K, csv);
+            engine_free(b.e);
+            b.e = NULL;
+        }
+#ifdef IS_HAVE_CUDA
+        if (cuda) {
+            cuda_arena_stats st;
+            backend_cuda_arena_stats(b.be, &st);
+            if (st.pages_total)
+                printf("\narena (%s): %lld hits, %lld misses, %lld evictions, %.2f GB uploaded, "
+                       "%lld records in %lld of %lld pages (%lld bytes each)\n",
+                       cfg, (long long)st.hits, (long long)st.misses, (long long)st.evictions,
+                       st.bytes_uploaded / 1e9, (long long)st.records, (long long)st.pages_used,
+                       (long long)st.pages_total, (long long)st.page_bytes);
+        }
+#endif
+    }
+    if (csv) fclose(csv);
+    for (int32_t p = 0; p < b.n_pool; p++) {
+        free(b.pool_k[p]);
+        free(b.pool_v[p]);
+    }
+    free(b.pool_k); free(b.pool_v); free(b.prefix); free(b.fact_tokens); free(b.logits);
+    free(b.tok); free(b.seq); free(ref.prompt); free(ref.kv);
+    model_free(b.m);
+    b.be->ops->free(b.be);
+    return 0;
+}

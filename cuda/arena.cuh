@@ -1,0 +1,46 @@
+/*
+ * arena: the GPU fact-KV arena. Fact records (pre-RoPE keys and values of
+ * every layer) resident in device memory as bf16, so injecting a fact that
+ * is already there moves nothing across PCIe; an LRU over the records makes
+ * room, and a miss fills the record from the host copy the caller passed.
+ *
+ * Storage is one device allocation of pages, one token per page (kv.cuh:
+ * [2][n_layers][kv_dim] bf16), so records of any length share it without
+ * fragmentation and the injection kernel finds each token's page directly.
+ * Records are named by the caller's 64-bit id (backend_fact.id: same id,
+ * same content); id 0 means "do not keep": its pages are used for this call
+ * only. Records used by the current call are never evicted by it.
+ *
+ * Host-side bookkeeping only; every device operation is queued on the
+ * caller's stream, so pages freed here are rewritten only after the work
+ * already queued has read them.
+ */
+#ifndef IS_CUDA_ARENA_CUH
+#define IS_CUDA_ARENA_CUH
+
+#include "common.cuh"
+
+extern "C" {
+#include "backend/backend.h"
+}
+#include "backend_cuda.h"
+
+typedef struct cuda_arena cuda_arena;
+
+/* An arena of at most max_bytes for records of this shape (the device
+ * memory is taken at once). IS_ERR_NOMEM when not even one page fits. */
+is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t kv_dim, cuda_arena **out);
+void cuda_arena_free(cuda_arena *a);
+
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t kv_dim);
+const __nv_bfloat16 *cuda_arena_data(const cuda_arena *a);
+
+/* Makes every fact resident (filling misses from the host on stream s) and
+ * writes the page of each token, in order, to pages[sum of n_tokens].
+ * IS_ERR_NOMEM when this call's facts alone do not fit. */
+is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
+                           int32_t n_facts, int32_t *pages);
+
+void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out);
+
+#endif
