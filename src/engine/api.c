@@ -8,10 +8,8 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/textout.h"
 #include "model/chat.h"
-#ifdef IS_HAVE_CUDA
-#include "backend_cuda.h"
-#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -36,32 +34,14 @@ is_model_params is_model_default_params(void) {
     return p;
 }
 
-/* The CUDA backend on device 0, in builds that have it (IS_HAVE_CUDA). */
-static bool cuda_built(void) {
-#ifdef IS_HAVE_CUDA
-    return true;
-#else
-    return false;
-#endif
-}
-
-static is_status cuda_create(backend **out) {
-#ifdef IS_HAVE_CUDA
-    return backend_cuda_create(0, out);
-#else
-    return is_error_set(IS_ERR_UNSUPPORTED, "backend 'cuda' is not available in this build");
-#endif
-}
-
 is_status is_model_load(const char *path, is_model_params params, is_model **out) {
     if (!path) return is_error_set(IS_ERR_INVALID_ARG, "no model path given");
-    bool cuda = cuda_built() && params.backend && strcmp(params.backend, "cuda") == 0;
-    if (params.backend && strcmp(params.backend, "cpu") != 0 && !cuda)
+    if (!backend_available(params.backend))
         return is_error_set(IS_ERR_UNSUPPORTED, "backend '%s' is not available in this build",
                             params.backend);
     is_model *im = calloc(1, sizeof *im);
     if (!im) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    is_status st = cuda ? cuda_create(&im->be) : backend_cpu_create(params.n_threads, &im->be);
+    is_status st = backend_create(params.backend, params.n_threads, &im->be);
     if (st == IS_OK) st = model_load(path, im->be, &im->m);
     if (st != IS_OK) {
         if (im->be) im->be->ops->free(im->be);
@@ -175,29 +155,6 @@ static is_status session_feed(is_session *s, const int32_t *toks, int32_t n) {
     return IS_OK;
 }
 
-/* Stop-string handling: text is emitted only once it cannot be the start of
- * a stop string, so a stop string never reaches the callback. */
-typedef struct text_out {
-    char *buf;
-    size_t len, cap;
-    size_t emitted; /* bytes of buf already given to the callback */
-} text_out;
-
-static size_t held_back(const text_out *o, const is_gen_params *p) {
-    size_t hold = 0;
-    for (size_t i = 0; i < p->n_stop; i++) {
-        size_t sl = strlen(p->stop[i]);
-        /* Longest suffix of the pending text that is a proper prefix of the stop string. */
-        for (size_t k = sl > 1 ? sl - 1 : 0; k > hold; k--) {
-            if (k <= o->len - o->emitted && memcmp(o->buf + o->len - k, p->stop[i], k) == 0) {
-                hold = k;
-                break;
-            }
-        }
-    }
-    return hold;
-}
-
 is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_prompt,
                               is_gen_params p, is_text_cb cb, void *ud, is_gen_stats *stats) {
     const model_config *c = &s->model->m->cfg;
@@ -236,7 +193,8 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
     double t1 = now_ms();
     st_out.prefill_ms = t1 - t0;
 
-    text_out o = {0};
+    textout o;
+    textout_init(&o, p.stop, p.n_stop);
     st_out.finish = IS_FINISH_LENGTH;
     for (int32_t i = 0; i < p.max_tokens; i++) {
         int32_t tok = sampler_sample(smp, s->logits);
@@ -248,50 +206,31 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
         char piece[256];
         size_t pl = tokenizer_token_to_piece(s->model->m->tok, tok, false, piece, sizeof piece);
         if (pl > sizeof piece) pl = sizeof piece;
-        if (o.len + pl + 1 > o.cap) {
-            size_t cap = o.cap ? o.cap * 2 : 1024;
-            while (cap < o.len + pl + 1) cap *= 2;
-            char *nb = realloc(o.buf, cap);
-            if (!nb) {
-                st = is_error_set(IS_ERR_NOMEM, "out of memory");
-                break;
-            }
-            o.buf = nb;
-            o.cap = cap;
-        }
-        memcpy(o.buf + o.len, piece, pl);
-        o.len += pl;
-        o.buf[o.len] = '\0';
+        bool stopped;
+        if ((st = textout_push(&o, piece, pl, &stopped)) != IS_OK) break;
+        size_t n;
+        const char *ready = textout_take(&o, &n);
         /* A completed stop string ends generation before it is emitted. */
-        size_t stop_at = (size_t)-1;
-        for (size_t k = 0; k < p.n_stop; k++) {
-            const char *hit = strstr(o.buf + (o.emitted > 256 ? o.emitted - 256 : 0), p.stop[k]);
-            if (hit && (size_t)(hit - o.buf) < stop_at) stop_at = (size_t)(hit - o.buf);
-        }
-        if (stop_at != (size_t)-1) {
-            if (cb && stop_at > o.emitted) cb(o.buf + o.emitted, stop_at - o.emitted, ud);
-            o.emitted = stop_at;
+        if (stopped) {
+            if (cb && n) cb(ready, n, ud);
             st_out.finish = IS_FINISH_STOP;
             break;
         }
-        size_t ready = o.len - held_back(&o, &p);
-        if (cb && ready > o.emitted) {
-            if (!cb(o.buf + o.emitted, ready - o.emitted, ud)) {
-                o.emitted = ready;
-                st_out.finish = IS_FINISH_ABORT;
-                break;
-            }
-            o.emitted = ready;
+        if (cb && n && !cb(ready, n, ud)) {
+            st_out.finish = IS_FINISH_ABORT;
+            break;
         }
         if (i + 1 == p.max_tokens) break;
         if (s->n_tokens >= n_ctx) break; /* context full: stop as if by length */
         if ((st = session_feed(s, &tok, 1)) != IS_OK) break;
     }
-    if (st == IS_OK && st_out.finish != IS_FINISH_STOP && st_out.finish != IS_FINISH_ABORT && cb &&
-        o.len > o.emitted)
-        cb(o.buf + o.emitted, o.len - o.emitted, ud);
+    if (st == IS_OK && st_out.finish != IS_FINISH_STOP && st_out.finish != IS_FINISH_ABORT && cb) {
+        size_t n;
+        const char *rest = textout_flush(&o, &n);
+        if (n) cb(rest, n, ud);
+    }
     st_out.decode_ms = now_ms() - t1;
-    free(o.buf);
+    textout_free(&o);
     sampler_free(smp);
     if (stats) *stats = st_out;
     return st;

@@ -560,14 +560,9 @@ is_status memory_delete_all(memory *m, const mem_filter *f, int32_t *n_deleted) 
 
 /* ---- missing KV --------------------------------------------------------------------- */
 
-typedef struct key3 {
-    char id[MEM_ID_MAX + 1];
-    char *tenant, *user;
-} key3;
-
 typedef struct missing_scan {
     memory *m;
-    key3 *keys;
+    memory_fact_ref *keys;
     int64_t n, cap;
 } missing_scan;
 
@@ -576,12 +571,12 @@ static is_status missing_row(const mem_fact *f, void *ud) {
     if (f->kv_record && record_store_contains(s->m->rs, f->kv_record)) return IS_OK;
     if (s->n == s->cap) {
         int64_t nc = s->cap ? s->cap * 2 : 64;
-        key3 *nk = realloc(s->keys, (size_t)nc * sizeof *nk);
+        memory_fact_ref *nk = realloc(s->keys, (size_t)nc * sizeof *nk);
         if (!nk) return is_error_set(IS_ERR_NOMEM, "out of memory");
         s->keys = nk;
         s->cap = nc;
     }
-    key3 *k = &s->keys[s->n];
+    memory_fact_ref *k = &s->keys[s->n];
     snprintf(k->id, sizeof k->id, "%s", f->id);
     k->tenant = strdup(f->tenant);
     k->user = strdup(f->user);
@@ -592,6 +587,46 @@ static is_status missing_row(const mem_fact *f, void *ud) {
     }
     s->n++;
     return IS_OK;
+}
+
+void memory_fact_refs_free(memory_fact_ref *r, int64_t n) {
+    for (int64_t i = 0; r && i < n; i++) {
+        free(r[i].tenant);
+        free(r[i].user);
+    }
+    free(r);
+}
+
+is_status memory_list_missing(memory *m, memory_fact_ref **out, int64_t *n) {
+    if (!m || !out || !n) return is_error_set(IS_ERR_INVALID_ARG, "memory_list_missing: NULL argument");
+    missing_scan s = {.m = m};
+    is_status st = mem_store_foreach(m->store, false, missing_row, &s);
+    if (st != IS_OK) {
+        memory_fact_refs_free(s.keys, s.n);
+        return st;
+    }
+    *out = s.keys;
+    *n = s.n;
+    return IS_OK;
+}
+
+/* Encodes the KV record of row f, which has none, and makes the row point
+ * to it. Called with the writer lock held, so the row cannot change
+ * between the read and the commit; the commit is still conditional on
+ * f's version (mem_store_set_kv), the same rule as everywhere else. */
+static is_status encode_row(memory *m, const mem_fact *f, memory_encode_fn fn, void *ud) {
+    char rid[RECORD_STORE_ID_MAX + 1];
+    /* A row naming a record that is gone gets it back under that name;
+     * otherwise a new record, then the row points to it. */
+    if (f->kv_record) snprintf(rid, sizeof rid, "%s", f->kv_record);
+    else record_id(f->id, f->version, rid);
+    memory_encode_job job = {rid, f->text, (const char *const *)f->context, f->n_context,
+                             f->kv_window};
+    is_status st = fn(ud, m->rs, &job);
+    if (st == IS_OK) step(m, MEMORY_STEP_KV_WRITTEN);
+    if (st == IS_OK && !f->kv_record) st = mem_store_set_kv(m->store, f->id, f->version, rid);
+    if (st != IS_OK) record_drop(m, f->kv_record ? NULL : rid);
+    return st;
 }
 
 is_status memory_encode_missing(memory *m, memory_progress_fn progress, void *ud,
@@ -608,29 +643,41 @@ is_status memory_encode_missing(memory *m, memory_progress_fn progress, void *ud
         if ((st = mem_store_get(m->store, s.keys[i].tenant, s.keys[i].user, s.keys[i].id, false,
                                 &f)) != IS_OK)
             break;
-        char rid[RECORD_STORE_ID_MAX + 1];
-        /* A row naming a record that is gone gets it back under that name;
-         * otherwise a new record, then the row points to it. */
-        if (f.kv_record) snprintf(rid, sizeof rid, "%s", f.kv_record);
-        else record_id(f.id, f.version, rid);
-        memory_encode_job job = {rid, f.text, (const char *const *)f.context, f.n_context,
-                                 f.kv_window};
-        st = m->encode(m->encode_ud, m->rs, &job);
-        if (st == IS_OK) step(m, MEMORY_STEP_KV_WRITTEN);
-        if (st == IS_OK && !f.kv_record) st = mem_store_set_kv(m->store, f.id, f.version, rid);
-        if (st != IS_OK) record_drop(m, f.kv_record ? NULL : rid);
+        st = encode_row(m, &f, m->encode, m->encode_ud);
         mem_fact_clear(&f);
         if (st != IS_OK) break;
         done++;
         if (progress) progress(done, s.n, ud);
     }
-    for (int64_t i = 0; i < s.n; i++) {
-        free(s.keys[i].tenant);
-        free(s.keys[i].user);
-    }
-    free(s.keys);
+    memory_fact_refs_free(s.keys, s.n);
     pthread_mutex_unlock(&m->write_mu);
     if (n_encoded) *n_encoded = done;
+    return st;
+}
+
+is_status memory_encode_one(memory *m, const char *tenant, const char *user, const char *id,
+                            memory_encode_fn fn, void *ud, bool *encoded) {
+    if (encoded) *encoded = false;
+    if (!m || !tenant || !user || !id)
+        return is_error_set(IS_ERR_INVALID_ARG, "memory_encode_one: needs tenant, user and id");
+    pthread_mutex_lock(&m->write_mu);
+    if (!fn) {
+        fn = m->encode;
+        ud = m->encode_ud;
+    }
+    mem_fact f = {0};
+    is_status st = fn ? IS_OK
+                      : is_error_set(IS_ERR_INVALID_ARG,
+                                     "memory: no KV encoder given or set (a model is needed)");
+    /* Read under the lock: an update or delete queued before us is seen,
+     * one after us waits for our commit. */
+    if (st == IS_OK) st = mem_store_get(m->store, tenant, user, id, false, &f);
+    if (st == IS_OK && !(f.kv_record && record_store_contains(m->rs, f.kv_record))) {
+        st = encode_row(m, &f, fn, ud);
+        if (st == IS_OK && encoded) *encoded = true;
+    }
+    mem_fact_clear(&f);
+    pthread_mutex_unlock(&m->write_mu);
     return st;
 }
 

@@ -199,6 +199,35 @@ typedef void (*memory_progress_fn)(int64_t done, int64_t total, void *user_data)
 is_status memory_encode_missing(memory *m, memory_progress_fn progress, void *user_data,
                                 int64_t *n_encoded);
 
+/* Encodes the KV record of one stored fact that has none (added while no
+ * encoder was set, e.g. by the HTTP server, which queues this on its
+ * engine thread), with fn/user_data (NULL: the encoder set). The row is
+ * read, encoded and made to point to the new record under the writer lock,
+ * with the same order as an add (record written, then the row updated in
+ * one commit, conditional on the version read), so a fact updated or
+ * deleted before the call is encoded in its current text or not at all,
+ * and one changed after waits for it. *encoded (may be NULL) is false when
+ * the fact already had its record. IS_ERR_NOT_FOUND (no such fact for
+ * this tenant and user: deleted meanwhile), IS_ERR_INVALID_ARG (no
+ * encoder), the encoder's status (no record is left behind). The encoder
+ * runs on the calling thread while the writer lock is held: it must not
+ * wait for another thread that may be writing to this service. */
+is_status memory_encode_one(memory *m, const char *tenant, const char *user, const char *id,
+                            memory_encode_fn fn, void *user_data, bool *encoded);
+
+/* A fact's key. */
+typedef struct memory_fact_ref {
+    char id[MEMORY_ID_SIZE];
+    char *tenant;
+    char *user;
+} memory_fact_ref;
+
+/* The facts that have no KV record now (what memory_encode_missing would
+ * encode), for a caller that encodes them one at a time with
+ * memory_encode_one (memory_fact_refs_free). */
+is_status memory_list_missing(memory *m, memory_fact_ref **out, int64_t *n);
+void memory_fact_refs_free(memory_fact_ref *r, int64_t n);
+
 /* ---- reads --------------------------------------------------------------------- */
 
 /* One fact (no embedding) into *out (mem_fact_clear it). IS_ERR_NOT_FOUND. */

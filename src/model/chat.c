@@ -72,8 +72,9 @@ static size_t py_space_len(const unsigned char *s, size_t n) {
     return 0;
 }
 
-/* Appends s with leading and trailing whitespace removed (Jinja's trim). */
-static void sb_trimmed(sbuf *b, const char *s) {
+/* s with leading and trailing whitespace removed (Jinja's trim): the
+ * bytes [*start, *start + return value). */
+static size_t trim_span(const char *s, size_t *start) {
     const unsigned char *u = (const unsigned char *)s;
     size_t n = strlen(s), i = 0, k;
     while ((k = py_space_len(u + i, n - i)) > 0) i += k;
@@ -86,7 +87,13 @@ static void sb_trimmed(sbuf *b, const char *s) {
         while (j < n && (u[j] & 0xC0) == 0x80) j++; /* rest of the character */
         end = j;
     }
-    sb_add(b, s + i, end - i);
+    *start = i;
+    return end - i;
+}
+
+static void sb_trimmed(sbuf *b, const char *s) {
+    size_t i, n = trim_span(s, &i);
+    sb_add(b, s + i, n);
 }
 
 /* ---- template inspection -------------------------------------------------------- */
@@ -327,4 +334,10 @@ is_status chat_render(chat_template_kind kind, const gguf_ctx *g_or_null, const 
     }
     *out = b.p;
     return IS_OK;
+}
+
+size_t chat_content_span(chat_template_kind kind, const char *content, size_t *start) {
+    if (kind == CHAT_TEMPLATE_LLAMA3) return trim_span(content, start);
+    *start = 0;
+    return strlen(content);
 }

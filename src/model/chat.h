@@ -66,4 +66,11 @@ is_status chat_render(chat_template_kind kind, const gguf_ctx *g_or_null,
                       const chat_message *msgs, size_t n, bool add_assistant,
                       char **out);
 
+/* The part of a message's content that `kind` writes into the rendered
+ * text: bytes [*start, *start + return value) of content. All of it, except
+ * LLAMA3, whose template trims whitespace (Python str.strip()). Lets a
+ * caller render a conversation with placeholders for the contents and
+ * tokenise the contents on their own (serve/memory_prompt.c). */
+size_t chat_content_span(chat_template_kind kind, const char *content, size_t *start);
+
 #endif

@@ -87,6 +87,21 @@ void ask_ctx_free(ask_ctx *a) {
 
 const memory_prompt *ask_ctx_prompt(const ask_ctx *a) { return a->mp; }
 
+int32_t ask_ctx_prefix_seq(const ask_ctx *a, int32_t *n_prefix) {
+    if (n_prefix) *n_prefix = a->n_prefix;
+    return a->prefix_seq;
+}
+
+is_status ask_memory_encoder(void *ud, record_store *store, const memory_encode_job *job) {
+    ask_ctx *a = ud;
+    if (store != a->store)
+        return is_error_set(IS_ERR_INVALID_ARG, "ask encoder: the memory's record store is not "
+                                                "the one this ask context writes to");
+    ask_fact af = {job->record_id, job->text, job->context, job->n_context};
+    bool did;
+    return ask_encode_fact(a, &af, job->window, &did);
+}
+
 is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *encoded) {
     const model *m = engine_model(a->e);
     fact_kv_meta want;
@@ -166,27 +181,35 @@ is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *e
     return st;
 }
 
-/* Fetches the records of a kv request as f32 engine facts. */
-static is_status fetch_facts(ask_ctx *a, const ask_request *r, const fact_kv **held,
-                             engine_fact *facts, float **bufs) {
+is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, engine_fact *out,
+                           float **buf) {
     const model *m = engine_model(a->e);
     fact_kv_meta want;
     fact_meta_for_model(m, a->dtype, &want);
+    *buf = NULL;
+    is_status st = record_store_get(a->store, id, &want, held);
+    if (st != IS_OK) return st;
+    const fact_kv *kv = *held;
+    size_t elems = (size_t)m->cfg.n_layers * kv->meta.n_tokens * m->cfg.n_kv_heads * m->cfg.head_dim;
+    const float *k = kv->k, *v = kv->v;
+    if (kv->meta.dtype != KV_DTYPE_F32) {
+        *buf = malloc(2 * elems * sizeof(float));
+        if (!*buf) return is_error_set(IS_ERR_NOMEM, "out of memory");
+        fact_kv_to_f32(kv->meta.dtype, kv->k, *buf, elems);
+        fact_kv_to_f32(kv->meta.dtype, kv->v, *buf + elems, elems);
+        k = *buf;
+        v = *buf + elems;
+    }
+    *out = (engine_fact){.n_tokens = kv->meta.n_tokens, .tokens = kv->tokens, .k = k, .v = v};
+    return IS_OK;
+}
+
+/* Fetches the records of a kv request as f32 engine facts. */
+static is_status fetch_facts(ask_ctx *a, const ask_request *r, const fact_kv **held,
+                             engine_fact *facts, float **bufs) {
     for (int32_t i = 0; i < r->n_facts; i++) {
-        is_status st = record_store_get(a->store, r->fact_ids[i], &want, &held[i]);
+        is_status st = ask_fetch_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i]);
         if (st != IS_OK) return st;
-        const fact_kv *kv = held[i];
-        size_t elems = (size_t)m->cfg.n_layers * kv->meta.n_tokens * m->cfg.n_kv_heads * m->cfg.head_dim;
-        const float *k = kv->k, *v = kv->v;
-        if (kv->meta.dtype != KV_DTYPE_F32) {
-            bufs[i] = malloc(2 * elems * sizeof(float));
-            if (!bufs[i]) return is_error_set(IS_ERR_NOMEM, "out of memory");
-            fact_kv_to_f32(kv->meta.dtype, kv->k, bufs[i], elems);
-            fact_kv_to_f32(kv->meta.dtype, kv->v, bufs[i] + elems, elems);
-            k = bufs[i];
-            v = bufs[i] + elems;
-        }
-        facts[i] = (engine_fact){kv->meta.n_tokens, kv->tokens, k, v};
     }
     return IS_OK;
 }

@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "kv/record_store.h"
+#include "memory/memory.h"
 #include "serve/memory_prompt.h"
 
 typedef enum ask_mode { ASK_MODE_KV = 0, ASK_MODE_PROMPT = 1, ASK_MODE_OFF = 2 } ask_mode;
@@ -35,6 +36,10 @@ void ask_ctx_free(ask_ctx *a);
 
 const memory_prompt *ask_ctx_prompt(const ask_ctx *a);
 
+/* The sequence holding the serving prefix (for callers that fork it, like
+ * the scheduler) and its length into *n_prefix. */
+int32_t ask_ctx_prefix_seq(const ask_ctx *a, int32_t *n_prefix);
+
 /* A fact to encode: its text and the conversation turns before it. */
 typedef struct ask_fact {
     const char *id;              /* record store id */
@@ -49,6 +54,17 @@ typedef struct ask_fact {
  * *encoded = false when a record for the same model, dtype, window and text
  * is already stored. */
 is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *encoded);
+
+/* A memory_encode_fn over ask_encode_fact: user_data is an ask_ctx whose
+ * record store is `store` (the memory service's). */
+is_status ask_memory_encoder(void *user_data, record_store *store, const memory_encode_job *job);
+
+/* The record `id` as an engine fact in f32 (converted into *buf, which the
+ * caller frees, when stored in another dtype), checked against the serving
+ * model and the ask_ctx's dtype. Hand *held back with record_store_release
+ * once the fact is injected. Errors as record_store_get. */
+is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, engine_fact *out,
+                           float **buf);
 
 typedef struct ask_timing {
     double fetch_ms;    /* records from the store (kv) */

@@ -18,6 +18,7 @@
 #ifndef IS_SERVE_MEMORY_PROMPT_H
 #define IS_SERVE_MEMORY_PROMPT_H
 
+#include "model/chat.h"
 #include "model/model.h"
 
 typedef struct memory_prompt memory_prompt;
@@ -44,5 +45,28 @@ is_status memory_prompt_context(const memory_prompt *p, const char *const *turns
 /* Tokens after the memory segment: end of the system message, the query as
  * the user's message, and the assistant header. */
 is_status memory_prompt_suffix(const memory_prompt *p, const char *query, int32_t **toks, int32_t *n);
+
+/* Tokens after the memory segment for a conversation (the client's
+ * messages, oldest first): the end of the memory system message, each
+ * message as its own turn (a client system message becomes a system turn
+ * after the memory one; Mistral, whose template keeps one system message,
+ * gets it appended to the memory one instead), then the assistant header.
+ * The template is rendered with placeholders for the contents: its text is
+ * tokenised with control tokens recognised, each content on its own
+ * without, so "<|im_end|>" typed by a user stays text. For one user
+ * message this equals memory_prompt_suffix(). Roles must be system, user
+ * or assistant. IS_ERR_INVALID_ARG (no messages, NULL fields, another
+ * role, an order the template refuses), IS_ERR_UNSUPPORTED (a template
+ * that renders the serving prefix differently or drops a message),
+ * IS_ERR_NOMEM. *toks is malloc'd. */
+is_status memory_prompt_chat_suffix(const memory_prompt *p, const chat_message *msgs, int32_t n,
+                                    int32_t **toks, int32_t *n_toks);
+
+/* The whole prompt of a conversation with no memory (mode off): the
+ * messages rendered with the chat template alone (its default system
+ * prompt included where it has one), then the assistant header; same
+ * tokenisation rule and errors as memory_prompt_chat_suffix(). */
+is_status memory_prompt_chat_plain(const memory_prompt *p, const chat_message *msgs, int32_t n,
+                                   int32_t **toks, int32_t *n_toks);
 
 #endif

@@ -22,19 +22,28 @@
  *   4. runs the batch, samples for every request whose prompt is complete,
  *      emits text (stop strings held back), finishes requests (EOG, length,
  *      stop string, context end) and frees their sequences at once;
- *   5. when no request is running, runs one queued encode job.
+ *   5. when no request is running, runs one queued encode job (also
+ *      between steps once a job has waited SCHED_ENCODE_EVERY steps).
+ *
+ * Admission reserves: a running request may still need the blocks for
+ * the rest of its prompt and max_tokens; a new one is admitted only if the
+ * free blocks minus every running request's outstanding need cover its
+ * own, so a running request never runs out of KV mid-answer.
  *
  * Prompt layout. A request with memory (mode kv or prompt) is laid out as
  * serve/memory_prompt.h describes: [serving prefix][facts][suffix], where
  * the suffix holds the client's messages rendered with the chat template
  * (a client system message becomes a system turn after the memory one).
  * In kv mode, facts whose KV record is ready are injected; facts without
- * one yet (kv_record NULL or not in the record store) are prefilled as
- * text after the injected ones, so a fact is usable the moment it is
- * stored. A request with mode off renders the messages alone.
+ * one yet (kv_record NULL or not in the record store, or a record that
+ * cannot be used: see sched_submit) are prefilled as text after the
+ * injected ones, so a fact is usable the moment it is stored. A request
+ * with mode off renders the messages alone (no memory segment, no shared
+ * prefix; memory_prompt_chat_plain).
  *
  * Callbacks run on the engine thread: they must return quickly and must
- * not call back into the scheduler except sched_cancel.
+ * not call back into the scheduler except sched_cancel, sched_release (of
+ * their own handle, after its last event) and sched_get_stats.
  */
 #ifndef IS_SERVE_SCHEDULER_H
 #define IS_SERVE_SCHEDULER_H
@@ -56,22 +65,31 @@ typedef struct sched_params {
     int32_t max_queued;    /* waiting requests beyond which submit refuses (default 256) */
     int32_t step_tokens;   /* most tokens in one engine step (default 256) */
     int32_t prefill_chunk; /* most prompt tokens of one request per step (default 128) */
-    kv_dtype record_dtype; /* dtype of the KV records the encode jobs write (default f16) */
+    kv_dtype record_dtype; /* dtype of the KV records the encode jobs write and the kv
+                              requests read; a record of another dtype is a miss (default f16) */
 } sched_params;
 
 sched_params sched_default_params(void);
 
 /* Starts the engine thread. Borrows the engine (its max_seqs bounds
- * max_running + 1: one sequence holds the serving prefix) and the memory
- * service (records are read from and encode jobs write into its record
- * store; may be NULL: then only mode off is accepted). Prefills the
- * serving prefix before returning. */
+ * max_running + 1: one sequence holds the serving prefix; max_running is
+ * also capped at step_tokens and at 64, the most sequences one engine
+ * batch may mix) and the memory service (records are read from and encode
+ * jobs write into its record store; may be NULL: then only mode off is
+ * accepted). Both must outlive the scheduler and nothing else may use the
+ * engine meanwhile. Prefills the serving prefix before returning.
+ * IS_ERR_INVALID_ARG (a parameter <= 0, max_seqs < 2), IS_ERR_NOMEM, the
+ * prefill's errors. An encode job needs a free sequence: with every
+ * sequence in use it waits, and once it has waited, admission holds back
+ * a sequence for it. */
 is_status sched_create(engine *e, memory *mem, const sched_params *p, sched **out);
 
 /* Stops the engine thread: requests still queued or running end with an
  * ERROR event (IS_ERR_CANCELLED, "server shutting down"); queued encode
  * jobs are dropped (the facts stay without
- * KV and are encoded at the next start, see memory_encode_missing). */
+ * KV and are encoded at the next start, see memory_encode_missing).
+ * Submits racing with it are refused (IS_ERR_CANCELLED, no event); no
+ * call on `s` may follow it, but handles may still be released after. */
 void sched_free(sched *s);
 
 /* A fact chosen for a request (by the caller's retrieval). */
@@ -84,15 +102,15 @@ typedef struct sched_request {
     const chat_message *messages; /* the client's conversation, at least one */
     int32_t n_messages;
     ask_mode mode;                /* kv, prompt, off */
-    const sched_fact *facts;      /* copied at submit */
+    const sched_fact *facts;      /* copied at submit (ignored in mode off) */
     int32_t n_facts;
     int32_t max_tokens;           /* > 0 */
     float temperature;            /* 0 = greedy */
     float top_p;                  /* (0, 1] */
     int32_t top_k;                /* 0 = off */
     uint64_t seed;                /* 0 = random */
-    const char *const *stop;      /* stop strings (copied), or NULL */
-    int32_t n_stop;
+    const char *const *stop;      /* stop strings (copied, non-empty), or NULL */
+    int32_t n_stop;               /* at most SCHED_MAX_STOP */
 } sched_request;
 
 typedef enum sched_event_kind {
@@ -125,16 +143,28 @@ typedef struct sched_event {
 
 typedef void (*sched_event_fn)(const sched_event *ev, void *user_data);
 
+#define SCHED_ENCODE_EVERY 8 /* steps an encode job waits at most for an idle engine */
+#define SCHED_MAX_STOP 16     /* stop strings per request */
+#define SCHED_MAX_FACTS 1024  /* facts per request */
+
 typedef struct sched_handle sched_handle;
 
-/* Queues a request; everything it points to is copied. Events then arrive
+/* Queues a request; everything it points to is copied. The prompt is laid
+ * out and tokenised here, on the caller's thread. Events then arrive
  * on the engine thread, ending with exactly one DONE or ERROR. Fails at
- * once, with no event, for: IS_ERR_INVALID_ARG (bad parameters, messages
- * the chat template cannot render, mode kv/prompt without a memory
- * service), IS_ERR_CONTEXT_FULL (the prompt plus max_tokens can never fit
- * the context or the pool), IS_ERR_BUSY when max_queued requests
- * already wait. *h is the caller's
- * until sched_release. */
+ * once, with no event, for: IS_ERR_INVALID_ARG (bad parameters: no
+ * messages, a role other than system/user/assistant, max_tokens <= 0,
+ * temperature < 0, top_p outside (0, 1], top_k < 0, an empty stop string,
+ * a fact with no text; messages the chat template cannot render; mode
+ * kv/prompt without a memory service), IS_ERR_CONTEXT_FULL (the prompt
+ * plus max_tokens can never fit the context or the pool), IS_ERR_BUSY when
+ * max_queued requests already wait, IS_ERR_CANCELLED when the scheduler is
+ * shutting down. *h is the caller's until sched_release.
+ *
+ * In kv mode a fact whose record cannot be used (none named, missing,
+ * made for another model or dtype, corrupt, or encoded from another text
+ * than the fact's) is prefilled as text and counted as a miss; the request
+ * never fails for it. */
 is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void *user_data,
                        sched_handle **h);
 
@@ -144,15 +174,26 @@ is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void
 void sched_cancel(sched_handle *h);
 
 /* Gives the handle back; call after the last event (or after a cancel's
- * final event). */
+ * final event), also from inside that event's callback. A handle released
+ * before its last event cancels the request and gets no more events:
+ * called from another thread while one of its callbacks runs, release
+ * waits for that callback to return, so user_data may be freed after it
+ * (and so must not be called holding a lock the callback takes;
+ * sched_cancel takes no lock a callback could be holding). */
 void sched_release(sched_handle *h);
 
 /* Queues the KV encoding of a stored fact that has no record yet (HTTP
  * add returns before it). The engine thread runs it with
- * memory_encode_one() when no request is running. Never blocks. */
+ * memory_encode_one() when no request is running, or between steps once
+ * it has waited SCHED_ENCODE_EVERY steps, so a steady stream of requests does
+ * not starve it. A fact deleted meanwhile is skipped; one updated is
+ * encoded in its new text. Never blocks. IS_ERR_INVALID_ARG (no memory
+ * service, NULL or empty ids), IS_ERR_NOMEM, IS_ERR_CANCELLED (shutting
+ * down). */
 is_status sched_encode(sched *s, const char *tenant, const char *user, const char *fact_id);
 
-/* Queues memory_encode_missing(): facts left without KV by a previous run. */
+/* Queues the encoding of every fact without KV (memory_list_missing():
+ * facts left without KV by a previous run), as one encode job per fact. */
 is_status sched_encode_missing(sched *s);
 
 /* A snapshot for /metrics and /health. */
@@ -170,6 +211,8 @@ typedef struct sched_stats {
     int64_t facts_kv_misses;   /* facts of kv requests prefilled as text (no record yet) */
     int64_t facts_encoded;
     int64_t encode_failures;
+    int64_t requests_done;     /* DONE events (finished or cancelled) */
+    int64_t requests_failed;   /* ERROR events */
 } sched_stats;
 
 void sched_get_stats(sched *s, sched_stats *out);

@@ -20,6 +20,10 @@
  *   - reconciliation at open: orphan records deleted, a missing record
  *     listed and re-encoded by memory_encode_missing; no encoder: facts
  *     without KV, an update drops the stale record;
+ *   - memory_encode_one (the HTTP server's deferred encoding): one fact at
+ *     a time, in its current text, not for a deleted fact or another
+ *     tenant's, nothing left by a failing encoder, and an update that
+ *     lands while the encoder runs waits for it and drops its record;
  *   - a second open of the same directory fails; another embedding model is
  *     refused;
  *   - the LoCoMo importer on conversation 26: facts = observations, per
@@ -34,6 +38,7 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -558,6 +563,133 @@ static void test_reconcile(void **state) {
     memory_close(m);
 }
 
+/* An encoder that takes its time, so another thread's write lands while
+ * it runs (the write must wait for its commit). */
+typedef struct slow_encoder {
+    fake_encoder fe;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool started;
+} slow_encoder;
+
+static is_status slow_encode(void *ud, record_store *rs, const memory_encode_job *job) {
+    slow_encoder *se = ud;
+    pthread_mutex_lock(&se->mu);
+    se->started = true;
+    pthread_cond_broadcast(&se->cv);
+    pthread_mutex_unlock(&se->mu);
+    usleep(100 * 1000);
+    return fake_encode(&se->fe, rs, job);
+}
+
+typedef struct encode_one_arg {
+    memory *m;
+    const char *id;
+    slow_encoder *se;
+    is_status st;
+    bool did;
+} encode_one_arg;
+
+static void *encode_one_thread(void *ud) {
+    encode_one_arg *a = ud;
+    a->st = memory_encode_one(a->m, "t", "u", a->id, slow_encode, a->se, &a->did);
+    return NULL;
+}
+
+static void test_encode_one(void **state) {
+    memory *m = open_fake(NULL, NULL); /* facts stored without KV, as the HTTP add does */
+    fake_encoder fe = {0};
+    char a[MEMORY_ID_SIZE], b[MEMORY_ID_SIZE], c[MEMORY_ID_SIZE], d[MEMORY_ID_SIZE];
+    assert_int_equal(add(m, "t", "u", "alice likes green tea", NULL, a), IS_OK);
+    assert_int_equal(add(m, "t", "u", "bob keeps two cats", NULL, b), IS_OK);
+    assert_int_equal(add(m, "t", "u", "carol moved to Lyon", NULL, c), IS_OK);
+    assert_int_equal(add(m, "t", "u", "dave runs on Sundays", NULL, d), IS_OK);
+    memory_fact_ref *refs;
+    int64_t n;
+    assert_int_equal(memory_list_missing(m, &refs, &n), IS_OK);
+    assert_int_equal(n, 4);
+    memory_fact_refs_free(refs, n);
+    assert_int_equal(count_kv_files(), 0);
+
+    /* No encoder given and none set. */
+    bool did = true;
+    assert_int_equal(memory_encode_one(m, "t", "u", a, NULL, NULL, &did), IS_ERR_INVALID_ARG);
+    assert_false(did);
+
+    /* Encoded once: record written, row points to it, checker agrees. */
+    assert_int_equal(memory_encode_one(m, "t", "u", a, fake_encode, &fe, &did), IS_OK);
+    assert_true(did);
+    assert_int_equal(fe.calls, 1);
+    mem_fact f;
+    assert_int_equal(memory_get(m, "t", "u", a, &f), IS_OK);
+    assert_non_null(f.kv_record);
+    assert_true(file_exists(kv_path(f.kv_record)));
+    mem_fact_clear(&f);
+    assert_int_equal(memory_encode_one(m, "t", "u", a, fake_encode, &fe, &did), IS_OK);
+    assert_false(did);
+    assert_int_equal(fe.calls, 1);
+
+    /* Another tenant or user: not found, nothing encoded. */
+    assert_int_equal(memory_encode_one(m, "other", "u", b, fake_encode, &fe, &did), IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_encode_one(m, "t", "someone", b, fake_encode, &fe, &did), IS_ERR_NOT_FOUND);
+    assert_int_equal(fe.calls, 1);
+
+    /* Updated before the job runs: encoded in its current text (the
+     * checker compares the record's text hash with the row's). */
+    assert_int_equal(memory_update(m, "t", "u", b, "bob keeps three cats", NULL), IS_OK);
+    assert_int_equal(memory_encode_one(m, "t", "u", b, fake_encode, &fe, &did), IS_OK);
+    assert_true(did);
+    assert_int_equal(memory_get(m, "t", "u", b, &f), IS_OK);
+    assert_int_equal(f.version, 2);
+    assert_non_null(strstr(f.kv_record, "-v2"));
+    mem_fact_clear(&f);
+
+    /* Deleted before the job runs: not found, no record. */
+    int32_t files = count_kv_files();
+    assert_int_equal(memory_delete(m, "t", "u", c), IS_OK);
+    assert_int_equal(memory_encode_one(m, "t", "u", c, fake_encode, &fe, &did), IS_ERR_NOT_FOUND);
+    assert_int_equal(count_kv_files(), files);
+
+    /* An encoder failure leaves no record and the fact still missing. */
+    fe.fail_at = fe.calls + 1;
+    assert_int_equal(memory_encode_one(m, "t", "u", d, fake_encode, &fe, &did), IS_ERR_INTERNAL);
+    assert_false(did);
+    assert_int_equal(count_kv_files(), files);
+    assert_int_equal(memory_list_missing(m, &refs, &n), IS_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(refs[0].id, d);
+    memory_fact_refs_free(refs, n);
+    check_ok(m, false);
+
+    /* Updated while the encoder runs: the update waits for the encoding's
+     * commit, then replaces the text and drops the record that described
+     * the old one; no stale record survives. */
+    slow_encoder se = {.fe = {0}, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    encode_one_arg arg = {.m = m, .id = d, .se = &se};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, encode_one_thread, &arg), 0);
+    pthread_mutex_lock(&se.mu);
+    while (!se.started) pthread_cond_wait(&se.cv, &se.mu);
+    pthread_mutex_unlock(&se.mu);
+    assert_int_equal(memory_update(m, "t", "u", d, "dave runs on Saturdays", NULL), IS_OK);
+    pthread_join(th, NULL);
+    assert_int_equal(arg.st, IS_OK);
+    assert_true(arg.did);
+    assert_int_equal(memory_get(m, "t", "u", d, &f), IS_OK);
+    assert_string_equal(f.text, "dave runs on Saturdays");
+    assert_null(f.kv_record);
+    mem_fact_clear(&f);
+    assert_int_equal(count_kv_files(), files);
+    check_ok(m, false);
+    assert_int_equal(memory_encode_one(m, "t", "u", d, fake_encode, &fe, &did), IS_OK);
+    assert_true(did);
+    check_ok(m, true);
+    assert_int_equal(memory_list_missing(m, &refs, &n), IS_OK);
+    assert_int_equal(n, 0);
+    memory_fact_refs_free(refs, n);
+    memory_close(m);
+}
+
 static void test_open_refusals(void **state) {
     memory *m = open_fake(NULL, NULL);
     char id[MEMORY_ID_SIZE];
@@ -737,6 +869,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_search_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failures_leave_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_encode_one, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_locomo_import, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_embedder, setup, teardown),

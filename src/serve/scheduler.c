@@ -1,0 +1,962 @@
+/*
+ * scheduler: continuous batching on one engine thread (see scheduler.h).
+ *
+ * Threads and locks. s->mu guards the request queue, the encode-job
+ * queue, the stop flag and the stats; the engine thread holds it only to
+ * move things in and out of those, never while it computes or calls back.
+ * A handle has two locks of its own, so that it can outlive the scheduler
+ * (a caller may release after sched_free): h->mu guards its reference
+ * count and whether it ended; h->cb_mu (recursive) is held while one of
+ * its events is delivered, which is what lets sched_release from another
+ * thread wait for a running callback, and a callback release its own
+ * handle. Lock order: h->mu before s->mu; the engine thread never takes a
+ * handle's h->mu while holding s->mu. Cancellation is an atomic flag the
+ * engine thread reads at every step.
+ *
+ * Everything that touches the engine, the KV cache or the samplers runs on
+ * the engine thread.
+ */
+#include "serve/scheduler.h"
+
+#include "core/status.h"
+#include "engine/sampler.h"
+#include "engine/textout.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
+
+typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
+
+/* A fact as the request keeps it: record id, the hash of its text (a
+ * record encoded from another text is not used) and its text's tokens. */
+typedef struct req_fact {
+    char *record;
+    uint64_t text_hash;
+    int32_t *toks;
+    int32_t n_toks;
+} req_fact;
+
+struct sched_handle {
+    sched *s; /* valid until the request ended */
+    sched_event_fn fn;
+    void *ud;
+    pthread_mutex_t mu;    /* refs, ended */
+    pthread_mutex_t cb_mu; /* held while delivering; recursive */
+    int refs;              /* the caller's and the scheduler's */
+    bool ended;            /* terminal event sent (or never will be) */
+    bool released;         /* under cb_mu: no more events */
+    atomic_bool cancelled;
+    sched_handle *next;    /* queue link (s->mu) */
+
+    /* The request, fixed at submit. */
+    ask_mode mode;
+    req_fact *facts;
+    int32_t n_facts;
+    int32_t *suffix; /* after the memory segment (memory modes), the whole prompt (off) */
+    int32_t n_suffix;
+    int32_t est_prompt; /* prompt tokens, facts as text */
+    int32_t max_tokens;
+    sampler_params sp;
+    char **stop;
+    int32_t n_stop;
+    double t_submit;
+
+    /* Engine thread. */
+    req_state state;
+    int32_t seq;
+    int32_t *prompt; /* tokens still to prefill after fork + inject (owned) */
+    int32_t n_prompt, n_fed, chunk;
+    int32_t reserve;       /* blocks the sequence will own at most */
+    int32_t shared_blocks; /* prefix blocks shared by reference, not owned */
+    sampler *smp;
+    textout out;
+    bool out_init;
+    int32_t next_tok;
+    int32_t n_gen;
+    sched_usage usage;
+};
+
+typedef enum job_kind { JOB_ONE = 0, JOB_MISSING = 1 } job_kind;
+
+typedef struct sched_job {
+    job_kind kind;
+    char *tenant, *user, *id;
+    struct sched_job *next;
+} sched_job;
+
+struct sched {
+    engine *e;
+    memory *mem;
+    sched_params p;
+    int32_t max_running;
+    int32_t n_vocab, n_ctx, block_size, n_blocks;
+    ask_ctx *ask; /* the serving prefix, its layout and the encoder */
+    int32_t prefix_seq, n_prefix, prefix_blocks;
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    sched_handle *q_head, *q_tail;
+    int32_t n_queued;
+    sched_job *j_head, *j_tail;
+    int32_t n_jobs;
+    sched_stats st;
+
+    /* Engine thread. */
+    sched_handle **run;
+    int32_t n_run;
+    int32_t *b_tok, *b_seq;
+    bool *b_want;
+    sched_handle **rows; /* owner of each logits row */
+    float *logits;       /* [max_running][n_vocab] */
+    int64_t steps_waited; /* steps since an encode job could have run */
+    bool encode_starved;  /* a job waits for a sequence: hold admission */
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+sched_params sched_default_params(void) {
+    sched_params p = {
+        .max_running = 32, .max_queued = 256, .step_tokens = 256, .prefill_chunk = 128,
+        .record_dtype = KV_DTYPE_F16,
+    };
+    return p;
+}
+
+static int32_t blocks_for(int32_t positions, int32_t bs) { return (positions + bs - 1) / bs; }
+
+/* ---- handles ----------------------------------------------------------------------- */
+
+static void handle_destroy(sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++) {
+        free(h->facts[i].record);
+        free(h->facts[i].toks);
+    }
+    free(h->facts);
+    free(h->suffix);
+    for (int32_t i = 0; i < h->n_stop; i++) free(h->stop[i]);
+    free(h->stop);
+    free(h->prompt);
+    sampler_free(h->smp);
+    if (h->out_init) textout_free(&h->out);
+    pthread_mutex_destroy(&h->mu);
+    pthread_mutex_destroy(&h->cb_mu);
+    free(h);
+}
+
+static void handle_unref(sched_handle *h) {
+    pthread_mutex_lock(&h->mu);
+    bool last = --h->refs == 0;
+    pthread_mutex_unlock(&h->mu);
+    if (last) handle_destroy(h);
+}
+
+static void deliver(sched_handle *h, const sched_event *ev) {
+    pthread_mutex_lock(&h->cb_mu);
+    if (!h->released && h->fn) h->fn(ev, h->ud);
+    pthread_mutex_unlock(&h->cb_mu);
+}
+
+/* ---- stats ---------------------------------------------------------------------------- */
+
+/* Publishes the pool and batch figures; called before any event that a
+ * reader might use to look at them (a cancel's DONE: blocks already back). */
+static void publish(sched *s, int64_t done, int64_t failed) {
+    int32_t free_blocks = kv_cache_free_blocks(engine_kv(s->e)), running = 0;
+    for (int32_t i = 0; i < s->n_run; i++) running += s->run[i]->state != RS_ENDED;
+    pthread_mutex_lock(&s->mu);
+    s->st.kv_blocks_free = free_blocks;
+    s->st.kv_blocks_used = s->n_blocks - free_blocks;
+    s->st.running = running;
+    s->st.requests_done += done;
+    s->st.requests_failed += failed;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- ending a request ------------------------------------------------------------------ */
+
+/* Frees what the request holds on the engine side (at once: blocks go
+ * back to the pool before the terminal event). */
+static void release_engine_side(sched *s, sched_handle *h) {
+    if (h->seq >= 0) engine_seq_close(s->e, h->seq);
+    h->seq = -1;
+    h->state = RS_ENDED;
+}
+
+/* Sends the terminal event. The scheduler's reference is dropped by
+ * compact_run for a running request (the run list still points to it),
+ * by the caller for a queued one. */
+static void finish(sched *s, sched_handle *h, const sched_event *ev) {
+    release_engine_side(s, h);
+    publish(s, ev->kind == SCHED_EV_DONE, ev->kind != SCHED_EV_DONE);
+    deliver(h, ev);
+    pthread_mutex_lock(&h->mu);
+    h->ended = true;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void finish_done(sched *s, sched_handle *h, is_finish_reason why) {
+    h->usage.completion_tokens = h->n_gen;
+    h->usage.total_ms = now_ms() - h->t_submit;
+    sched_event ev = {.kind = SCHED_EV_DONE, .finish = why, .usage = h->usage};
+    finish(s, h, &ev);
+}
+
+static void finish_error(sched *s, sched_handle *h, is_status st, const char *msg) {
+    h->usage.completion_tokens = h->n_gen;
+    h->usage.total_ms = now_ms() - h->t_submit;
+    sched_event ev = {.kind = SCHED_EV_ERROR, .status = st, .message = msg, .usage = h->usage};
+    finish(s, h, &ev);
+}
+
+/* Drops ended requests from the run list (and the scheduler's reference
+ * to them), keeping admission order. */
+static void compact_run(sched *s) {
+    int32_t k = 0;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        if (s->run[i]->state != RS_ENDED) s->run[k++] = s->run[i];
+        else handle_unref(s->run[i]);
+    }
+    s->n_run = k;
+}
+
+/* ---- encode jobs ----------------------------------------------------------------------- */
+
+static void job_free(sched_job *j) {
+    if (!j) return;
+    free(j->tenant);
+    free(j->user);
+    free(j->id);
+    free(j);
+}
+
+static is_status job_push(sched *s, sched_job *j, bool front) {
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        job_free(j);
+        return is_error_set(IS_ERR_CANCELLED, "scheduler: shutting down");
+    }
+    if (front) {
+        j->next = s->j_head;
+        s->j_head = j;
+        if (!s->j_tail) s->j_tail = j;
+    } else {
+        j->next = NULL;
+        if (s->j_tail) s->j_tail->next = j;
+        else s->j_head = j;
+        s->j_tail = j;
+    }
+    s->n_jobs++;
+    s->st.encode_queued = s->n_jobs;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return IS_OK;
+}
+
+static sched_job *job_pop(sched *s) {
+    pthread_mutex_lock(&s->mu);
+    sched_job *j = s->j_head;
+    if (j) {
+        s->j_head = j->next;
+        if (!s->j_head) s->j_tail = NULL;
+        s->n_jobs--;
+        s->st.encode_queued = s->n_jobs;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return j;
+}
+
+static sched_job *job_new(job_kind kind, const char *tenant, const char *user, const char *id) {
+    sched_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->kind = kind;
+    if (kind == JOB_ONE) {
+        j->tenant = strdup(tenant);
+        j->user = strdup(user);
+        j->id = strdup(id);
+        if (!j->tenant || !j->user || !j->id) {
+            job_free(j);
+            return NULL;
+        }
+    }
+    return j;
+}
+
+/* Runs the next encode job. idle: no request is running, so a shortage of
+ * sequences or blocks is final; otherwise the job goes back to the front
+ * and admission holds back until it can run. */
+static void run_job(sched *s, bool idle) {
+    sched_job *j = job_pop(s);
+    if (!j) return;
+    if (j->kind == JOB_MISSING) {
+        memory_fact_ref *refs = NULL;
+        int64_t n = 0;
+        if (memory_list_missing(s->mem, &refs, &n) == IS_OK) {
+            for (int64_t i = 0; i < n; i++) {
+                sched_job *one = job_new(JOB_ONE, refs[i].tenant, refs[i].user, refs[i].id);
+                if (!one || job_push(s, one, false) != IS_OK) break;
+            }
+            memory_fact_refs_free(refs, n);
+        } else {
+            pthread_mutex_lock(&s->mu);
+            s->st.encode_failures++;
+            pthread_mutex_unlock(&s->mu);
+        }
+        job_free(j);
+        s->steps_waited = 0;
+        return;
+    }
+    bool did = false;
+    is_status st = memory_encode_one(s->mem, j->tenant, j->user, j->id, ask_memory_encoder, s->ask, &did);
+    if (st == IS_ERR_CONTEXT_FULL && !idle) {
+        /* No free sequence or blocks while requests run: wait for them. */
+        s->encode_starved = true;
+        job_push(s, j, true);
+        return;
+    }
+    s->encode_starved = false;
+    s->steps_waited = 0;
+    pthread_mutex_lock(&s->mu);
+    if (st == IS_OK && did) s->st.facts_encoded++;
+    else if (st != IS_OK && st != IS_ERR_NOT_FOUND) s->st.encode_failures++; /* not found: deleted */
+    pthread_mutex_unlock(&s->mu);
+    job_free(j);
+}
+
+/* ---- admission -------------------------------------------------------------------------- */
+
+/* Blocks the running requests may still take: reserved minus owned. */
+static int32_t outstanding_blocks(sched *s) {
+    int32_t out = 0;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        sched_handle *h = s->run[i];
+        int32_t nb = 0;
+        kv_seq_blocks(engine_kv(s->e), h->seq, &nb);
+        int32_t owned = nb - h->shared_blocks;
+        if (h->reserve > owned) out += h->reserve - owned;
+    }
+    return out;
+}
+
+/* Blocks a request needs: all its positions, less the prefix's full
+ * blocks that it shares. */
+static void reserve_for(const sched *s, sched_handle *h, int32_t prompt_len) {
+    int32_t positions = prompt_len + h->max_tokens;
+    if (positions > s->n_ctx) positions = s->n_ctx;
+    h->shared_blocks = h->mode == ASK_MODE_OFF ? 0 : s->n_prefix / s->block_size;
+    h->reserve = blocks_for(positions, s->block_size) - h->shared_blocks;
+}
+
+static is_status append_toks(int32_t **dst, int32_t *n, const int32_t *src, int32_t k) {
+    if (k == 0) return IS_OK;
+    int32_t *g = realloc(*dst, (size_t)(*n + k) * sizeof *g);
+    if (!g) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    memcpy(g + *n, src, (size_t)k * sizeof *g);
+    *dst = g;
+    *n += k;
+    return IS_OK;
+}
+
+/* Starts an admitted request: sampler, sequence, prefix fork, records
+ * fetched and injected (kv), the tokens left to prefill. */
+static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t *misses) {
+    h->usage.queue_ms = now_ms() - h->t_submit;
+    textout_init(&h->out, (const char *const *)h->stop, (size_t)h->n_stop);
+    h->out_init = true;
+    is_status st = sampler_create(h->sp, s->n_vocab, &h->smp);
+    if (st == IS_OK) st = engine_seq_open(s->e, &h->seq);
+    if (st != IS_OK) return st;
+    if (h->mode == ASK_MODE_OFF) {
+        st = append_toks(&h->prompt, &h->n_prompt, h->suffix, h->n_suffix);
+        if (st == IS_OK && h->n_prompt == 0) st = is_error_set(IS_ERR_INVALID_ARG, "empty prompt");
+        h->usage.prompt_tokens = h->n_prompt;
+        return st;
+    }
+    if ((st = engine_seq_fork(s->e, h->seq, s->prefix_seq, s->n_prefix)) != IS_OK) return st;
+    h->usage.cached_tokens = s->n_prefix;
+    int32_t n = h->n_facts;
+    engine_fact *inj = calloc((size_t)(n ? n : 1), sizeof *inj);
+    const fact_kv **held = calloc((size_t)(n ? n : 1), sizeof *held);
+    float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
+    if (!inj || !held || !bufs) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    int32_t n_inj = 0, n_text_tokens = 0;
+    for (int32_t i = 0; st == IS_OK && i < n; i++) {
+        req_fact *f = &h->facts[i];
+        bool ok = false;
+        if (h->mode == ASK_MODE_KV && f->record) {
+            is_status fs = ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
+            /* A record made from another text (the fact changed since) is stale. */
+            ok = fs == IS_OK && held[n_inj]->meta.text_hash == f->text_hash;
+            if (fs == IS_ERR_NOMEM) st = fs;
+            if (ok) {
+                n_inj++;
+            } else {
+                if (held[n_inj]) record_store_release(memory_record_store(s->mem), held[n_inj]);
+                free(bufs[n_inj]);
+                held[n_inj] = NULL;
+                bufs[n_inj] = NULL;
+            }
+        }
+        if (h->mode == ASK_MODE_KV) {
+            if (ok) (*hits)++;
+            else (*misses)++;
+        }
+        if (!ok && st == IS_OK) {
+            /* Prefilled as text after the injected facts. */
+            st = append_toks(&h->prompt, &h->n_prompt, f->toks, f->n_toks);
+            n_text_tokens += f->n_toks;
+        }
+    }
+    if (st == IS_OK && n_inj > 0) st = engine_inject(s->e, h->seq, inj, n_inj);
+    for (int32_t i = 0; i < n_inj; i++) h->usage.injected_tokens += inj[i].n_tokens;
+    for (int32_t i = 0; i < n; i++) {
+        if (held && held[i]) record_store_release(memory_record_store(s->mem), held[i]);
+        if (bufs) free(bufs[i]);
+    }
+    free(inj);
+    free(held);
+    free(bufs);
+    if (st == IS_OK) st = append_toks(&h->prompt, &h->n_prompt, h->suffix, h->n_suffix);
+    /* Logits come from the last prompt token, so there must be one. */
+    if (st == IS_OK && h->n_prompt == 0) st = is_error_set(IS_ERR_INVALID_ARG, "empty prompt");
+    h->usage.memory_tokens = h->usage.injected_tokens + n_text_tokens;
+    h->usage.prompt_tokens = s->n_prefix + h->usage.injected_tokens + h->n_prompt;
+    if (st == IS_OK && h->usage.prompt_tokens + h->max_tokens > s->n_ctx)
+        st = is_error_set(IS_ERR_CONTEXT_FULL, "prompt of %d tokens plus max_tokens %d is past the "
+                                               "context of %d",
+                          (int)h->usage.prompt_tokens, (int)h->max_tokens, (int)s->n_ctx);
+    return st;
+}
+
+/* Cancelled requests: running ones free their blocks, queued ones leave
+ * the queue; each gets its DONE (abort). */
+static void reap_cancelled(sched *s) {
+    bool any = false;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        sched_handle *h = s->run[i];
+        if (!atomic_load(&h->cancelled)) continue;
+        finish_done(s, h, IS_FINISH_ABORT);
+        any = true;
+    }
+    if (any) compact_run(s);
+    sched_handle *gone = NULL, **tail = &gone;
+    pthread_mutex_lock(&s->mu);
+    for (sched_handle **pp = &s->q_head; *pp;) {
+        sched_handle *h = *pp;
+        if (atomic_load(&h->cancelled)) {
+            *pp = h->next;
+            h->next = NULL;
+            *tail = h;
+            tail = &h->next;
+            s->n_queued--;
+        } else {
+            pp = &h->next;
+        }
+    }
+    s->q_tail = NULL;
+    for (sched_handle *h = s->q_head; h; h = h->next) s->q_tail = h;
+    s->st.queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+    while (gone) {
+        sched_handle *h = gone;
+        gone = h->next;
+        finish_done(s, h, IS_FINISH_ABORT);
+        handle_unref(h);
+    }
+}
+
+/* Admits queued requests, oldest first, while a slot and the blocks for
+ * the whole request are there. */
+static void admit(sched *s) {
+    int32_t limit = s->max_running;
+    /* An encode job waiting for a sequence gets the next one that frees. */
+    if (s->encode_starved && s->n_run > 0) return;
+    while (s->n_run < limit) {
+        int32_t avail = kv_cache_free_blocks(engine_kv(s->e)) - outstanding_blocks(s);
+        pthread_mutex_lock(&s->mu);
+        sched_handle *h = s->q_head;
+        bool fits = false;
+        if (h) {
+            reserve_for(s, h, h->est_prompt);
+            fits = h->reserve <= avail;
+            /* Nothing running and still no room: it never will be. */
+            if (fits || s->n_run == 0) {
+                s->q_head = h->next;
+                if (!s->q_head) s->q_tail = NULL;
+                s->n_queued--;
+                s->st.queued = s->n_queued;
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!h) return;
+        if (!fits && s->n_run > 0) return;
+        h->next = NULL;
+        if (!fits) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "the request needs %d KV blocks, %d are free", (int)h->reserve,
+                     (int)avail);
+            finish_error(s, h, IS_ERR_CONTEXT_FULL, msg);
+            handle_unref(h);
+            continue;
+        }
+        int64_t hits = 0, misses = 0;
+        is_status st = start_request(s, h, &hits, &misses);
+        pthread_mutex_lock(&s->mu);
+        s->st.facts_kv_hits += hits;
+        s->st.facts_kv_misses += misses;
+        pthread_mutex_unlock(&s->mu);
+        if (st != IS_OK) {
+            finish_error(s, h, st, is_error_last());
+            handle_unref(h);
+            continue;
+        }
+        /* The reservation from the actual layout (records may differ in
+         * length from their text's tokens in odd cases). */
+        int32_t est = h->reserve;
+        reserve_for(s, h, h->usage.prompt_tokens);
+        if (h->reserve < est) h->reserve = est;
+        h->state = RS_PREFILL;
+        h->n_fed = 0;
+        s->run[s->n_run++] = h;
+        publish(s, 0, 0);
+    }
+}
+
+/* ---- a step -------------------------------------------------------------------------- */
+
+static void emit_text(sched_handle *h, const char *t, size_t n) {
+    if (n == 0) return;
+    sched_event ev = {.kind = SCHED_EV_TEXT, .text = t, .len = n};
+    deliver(h, &ev);
+}
+
+/* What happens to a request once a token has been sampled for it. */
+static void on_token(sched *s, sched_handle *h, int32_t tok, int64_t *generated) {
+    const tokenizer *tk = engine_model(s->e)->tok;
+    if (h->n_gen == 0 && h->usage.ttft_ms == 0) h->usage.ttft_ms = now_ms() - h->t_submit;
+    if (tokenizer_is_eog(tk, tok)) {
+        size_t n;
+        const char *rest = textout_flush(&h->out, &n);
+        emit_text(h, rest, n);
+        finish_done(s, h, IS_FINISH_EOG);
+        return;
+    }
+    h->n_gen++;
+    (*generated)++;
+    char piece[256];
+    size_t pl = tokenizer_token_to_piece(tk, tok, false, piece, sizeof piece);
+    if (pl > sizeof piece) pl = sizeof piece;
+    bool stopped = false;
+    is_status st = textout_push(&h->out, piece, pl, &stopped);
+    if (st != IS_OK) {
+        finish_error(s, h, st, is_error_last());
+        return;
+    }
+    size_t n;
+    const char *ready = textout_take(&h->out, &n);
+    emit_text(h, ready, n);
+    if (stopped) {
+        finish_done(s, h, IS_FINISH_STOP);
+        return;
+    }
+    /* The length limit, or the end of the context (as if by length). */
+    if (h->n_gen >= h->max_tokens || kv_seq_length(engine_kv(s->e), h->seq) >= s->n_ctx) {
+        const char *rest = textout_flush(&h->out, &n);
+        emit_text(h, rest, n);
+        finish_done(s, h, IS_FINISH_LENGTH);
+        return;
+    }
+    h->next_tok = tok;
+    h->state = RS_DECODE;
+}
+
+static void step(sched *s) {
+    int32_t n = 0, n_rows = 0;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        sched_handle *h = s->run[i];
+        h->chunk = 0;
+        if (h->state != RS_DECODE) continue;
+        s->b_tok[n] = h->next_tok;
+        s->b_seq[n] = h->seq;
+        s->b_want[n] = true;
+        s->rows[n_rows++] = h;
+        h->chunk = 1;
+        n++;
+    }
+    /* Prompt chunks fill what the decoding tokens leave, oldest first. */
+    for (int32_t i = 0; i < s->n_run && n < s->p.step_tokens; i++) {
+        sched_handle *h = s->run[i];
+        if (h->state != RS_PREFILL) continue;
+        int32_t left = h->n_prompt - h->n_fed, c = left;
+        if (left <= 0) continue;
+        if (c > s->p.prefill_chunk) c = s->p.prefill_chunk;
+        if (c > s->p.step_tokens - n) c = s->p.step_tokens - n;
+        for (int32_t k = 0; k < c; k++) {
+            s->b_tok[n + k] = h->prompt[h->n_fed + k];
+            s->b_seq[n + k] = h->seq;
+            s->b_want[n + k] = false;
+        }
+        if (c == left) {
+            s->b_want[n + c - 1] = true;
+            s->rows[n_rows++] = h;
+        }
+        h->chunk = c;
+        n += c;
+    }
+    if (n == 0) return;
+    engine_batch b = {.n_tokens = n, .tokens = s->b_tok, .seq = s->b_seq, .want_logits = s->b_want};
+    is_status st = engine_decode(s->e, &b, s->logits);
+    int64_t prefilled = 0, generated = 0;
+    if (st != IS_OK) {
+        /* Nothing was appended; the requests of this batch cannot go on. */
+        char msg[512];
+        snprintf(msg, sizeof msg, "engine step failed: %s", is_error_last());
+        for (int32_t i = 0; i < s->n_run; i++)
+            if (s->run[i]->chunk > 0) finish_error(s, s->run[i], st, msg);
+        compact_run(s);
+        return;
+    }
+    for (int32_t i = 0; i < s->n_run; i++) {
+        sched_handle *h = s->run[i];
+        if (h->state == RS_PREFILL && h->chunk > 0) {
+            h->n_fed += h->chunk;
+            h->usage.prefilled_tokens += h->chunk;
+            prefilled += h->chunk;
+        }
+    }
+    for (int32_t r = 0; r < n_rows; r++) {
+        sched_handle *h = s->rows[r];
+        int32_t tok = sampler_sample(h->smp, s->logits + (size_t)r * s->n_vocab);
+        on_token(s, h, tok, &generated);
+    }
+    compact_run(s);
+    pthread_mutex_lock(&s->mu);
+    s->st.steps++;
+    s->st.tokens_prefilled += prefilled;
+    s->st.tokens_generated += generated;
+    s->st.last_batch_tokens = n;
+    pthread_mutex_unlock(&s->mu);
+    publish(s, 0, 0);
+}
+
+/* ---- the engine thread ---------------------------------------------------------------- */
+
+static void shutdown_all(sched *s) {
+    for (int32_t i = 0; i < s->n_run; i++)
+        finish_error(s, s->run[i], IS_ERR_CANCELLED, "server shutting down");
+    compact_run(s);
+    pthread_mutex_lock(&s->mu);
+    sched_handle *q = s->q_head;
+    s->q_head = s->q_tail = NULL;
+    s->n_queued = 0;
+    s->st.queued = 0;
+    sched_job *j = s->j_head;
+    s->j_head = s->j_tail = NULL;
+    s->n_jobs = 0;
+    s->st.encode_queued = 0;
+    pthread_mutex_unlock(&s->mu);
+    while (q) {
+        sched_handle *h = q;
+        q = h->next;
+        finish_error(s, h, IS_ERR_CANCELLED, "server shutting down");
+        handle_unref(h);
+    }
+    while (j) {
+        sched_job *next = j->next;
+        job_free(j);
+        j = next;
+    }
+}
+
+static void *engine_main(void *arg) {
+    sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && !s->q_head && s->n_run == 0 && !s->j_head) pthread_cond_wait(&s->cv, &s->mu);
+        bool stop = s->stop, jobs = s->j_head != NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        reap_cancelled(s);
+        admit(s);
+        if (s->n_run == 0) {
+            if (jobs) run_job(s, true);
+            continue;
+        }
+        step(s);
+        if (jobs && s->mem) {
+            /* Requests keep coming: a job still gets a turn now and then. */
+            if (++s->steps_waited >= SCHED_ENCODE_EVERY || s->encode_starved) run_job(s, s->n_run == 0);
+        }
+    }
+    shutdown_all(s);
+    return NULL;
+}
+
+/* ---- create / free ----------------------------------------------------------------------- */
+
+is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **out) {
+    if (!e || !out) return is_error_set(IS_ERR_INVALID_ARG, "sched_create: NULL argument");
+    sched_params p = pp ? *pp : sched_default_params();
+    if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
+        (p.record_dtype != KV_DTYPE_F32 && p.record_dtype != KV_DTYPE_F16 &&
+         p.record_dtype != KV_DTYPE_BF16))
+        return is_error_set(IS_ERR_INVALID_ARG, "sched_create: parameters must be positive");
+    kv_cache_params kp = kv_cache_get_params(engine_kv(e));
+    if (kp.max_seqs < 2)
+        return is_error_set(IS_ERR_INVALID_ARG, "sched_create: the engine needs max_seqs >= 2 "
+                                                "(the serving prefix and one request)");
+    sched *s = calloc(1, sizeof *s);
+    if (!s) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    s->e = e;
+    s->mem = mem;
+    s->p = p;
+    s->max_running = p.max_running;
+    if (s->max_running > kp.max_seqs - 1) s->max_running = kp.max_seqs - 1;
+    if (s->max_running > p.step_tokens) s->max_running = p.step_tokens;
+    if (s->max_running > MAX_BATCH_SEQS) s->max_running = MAX_BATCH_SEQS;
+    s->n_vocab = engine_model(e)->cfg.n_vocab;
+    s->n_ctx = engine_n_ctx(e);
+    s->block_size = kp.block_size;
+    s->n_blocks = kp.n_blocks;
+    s->prefix_seq = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->run = calloc((size_t)s->max_running, sizeof *s->run);
+    s->rows = calloc((size_t)s->max_running, sizeof *s->rows);
+    s->b_tok = malloc((size_t)p.step_tokens * sizeof *s->b_tok);
+    s->b_seq = malloc((size_t)p.step_tokens * sizeof *s->b_seq);
+    s->b_want = malloc((size_t)p.step_tokens * sizeof *s->b_want);
+    s->logits = malloc((size_t)s->max_running * s->n_vocab * sizeof *s->logits);
+    is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->logits
+                       ? IS_OK
+                       : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK)
+        st = ask_ctx_create(e, mem ? memory_record_store(mem) : NULL, p.record_dtype, &s->ask);
+    if (st == IS_OK) {
+        s->prefix_seq = ask_ctx_prefix_seq(s->ask, &s->n_prefix);
+        int32_t nb = 0;
+        kv_seq_blocks(engine_kv(e), s->prefix_seq, &nb);
+        s->prefix_blocks = nb;
+    }
+    if (st == IS_OK) {
+        int32_t free_blocks = kv_cache_free_blocks(engine_kv(e));
+        s->st.kv_blocks_free = free_blocks;
+        s->st.kv_blocks_used = s->n_blocks - free_blocks;
+        if (pthread_create(&s->thread, NULL, engine_main, s) != 0)
+            st = is_error_set(IS_ERR_INTERNAL, "sched_create: cannot start the engine thread");
+        else
+            s->thread_started = true;
+    }
+    if (st != IS_OK) {
+        sched_free(s);
+        return st;
+    }
+    *out = s;
+    return IS_OK;
+}
+
+void sched_free(sched *s) {
+    if (!s) return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    ask_ctx_free(s->ask);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->run);
+    free(s->rows);
+    free(s->b_tok);
+    free(s->b_seq);
+    free(s->b_want);
+    free(s->logits);
+    free(s);
+}
+
+/* ---- submit ------------------------------------------------------------------------------- */
+
+static is_status check_request(const sched *s, const sched_request *r) {
+    if (!r->messages || r->n_messages <= 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "request: no messages");
+    if (r->mode != ASK_MODE_KV && r->mode != ASK_MODE_PROMPT && r->mode != ASK_MODE_OFF)
+        return is_error_set(IS_ERR_INVALID_ARG, "request: unknown memory mode %d", (int)r->mode);
+    if (r->mode != ASK_MODE_OFF && !s->mem)
+        return is_error_set(IS_ERR_INVALID_ARG, "request: memory mode '%s' needs a memory service",
+                            ask_mode_name(r->mode));
+    if (r->max_tokens <= 0) return is_error_set(IS_ERR_INVALID_ARG, "request: max_tokens must be > 0");
+    if (!(r->temperature >= 0.0f) || !isfinite(r->temperature))
+        return is_error_set(IS_ERR_INVALID_ARG, "request: temperature must be >= 0");
+    if (!(r->top_p > 0.0f && r->top_p <= 1.0f))
+        return is_error_set(IS_ERR_INVALID_ARG, "request: top_p must be in (0, 1]");
+    if (r->top_k < 0) return is_error_set(IS_ERR_INVALID_ARG, "request: top_k must be >= 0");
+    if (r->n_stop < 0 || r->n_stop > SCHED_MAX_STOP || (r->n_stop > 0 && !r->stop))
+        return is_error_set(IS_ERR_INVALID_ARG, "request: at most %d stop strings", SCHED_MAX_STOP);
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !*r->stop[i])
+            return is_error_set(IS_ERR_INVALID_ARG, "request: stop string %d is empty", (int)i);
+    int32_t nf = r->mode == ASK_MODE_OFF ? 0 : r->n_facts;
+    if (nf < 0 || nf > SCHED_MAX_FACTS || (nf > 0 && !r->facts))
+        return is_error_set(IS_ERR_INVALID_ARG, "request: at most %d facts", SCHED_MAX_FACTS);
+    for (int32_t i = 0; i < nf; i++)
+        if (!r->facts[i].text || !*r->facts[i].text)
+            return is_error_set(IS_ERR_INVALID_ARG, "request: fact %d has no text", (int)i);
+    return IS_OK;
+}
+
+/* Lays out and tokenises the request into h (caller's thread: the
+ * tokenizer and the layout are read-only). */
+static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
+    const memory_prompt *mp = ask_ctx_prompt(s->ask);
+    is_status st = r->mode == ASK_MODE_OFF
+                       ? memory_prompt_chat_plain(mp, r->messages, r->n_messages, &h->suffix, &h->n_suffix)
+                       : memory_prompt_chat_suffix(mp, r->messages, r->n_messages, &h->suffix,
+                                                   &h->n_suffix);
+    if (st != IS_OK) return st;
+    int64_t est = h->n_suffix;
+    int32_t nf = r->mode == ASK_MODE_OFF ? 0 : r->n_facts;
+    if (nf > 0 && !(h->facts = calloc((size_t)nf, sizeof *h->facts)))
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    h->n_facts = nf;
+    for (int32_t i = 0; i < nf; i++) {
+        const sched_fact *f = &r->facts[i];
+        req_fact *rf = &h->facts[i];
+        if (f->kv_record && !(rf->record = strdup(f->kv_record)))
+            return is_error_set(IS_ERR_NOMEM, "out of memory");
+        rf->text_hash = fact_text_hash(f->text, strlen(f->text));
+        if ((st = memory_prompt_fact(mp, f->text, &rf->toks, &rf->n_toks)) != IS_OK) return st;
+        est += rf->n_toks;
+    }
+    if (r->mode != ASK_MODE_OFF) est += s->n_prefix;
+    if (est + r->max_tokens > s->n_ctx)
+        return is_error_set(IS_ERR_CONTEXT_FULL,
+                            "the prompt (%lld tokens) plus max_tokens (%d) is longer than the "
+                            "context of %d tokens",
+                            (long long)est, (int)r->max_tokens, (int)s->n_ctx);
+    h->est_prompt = (int32_t)est;
+    h->max_tokens = r->max_tokens;
+    h->mode = r->mode;
+    reserve_for(s, h, h->est_prompt);
+    /* Every block but the prefix's is there when nothing else runs. */
+    int32_t capacity = s->n_blocks - s->prefix_blocks;
+    if (h->reserve > capacity)
+        return is_error_set(IS_ERR_CONTEXT_FULL,
+                            "the request needs %d KV blocks; the pool has %d for requests",
+                            (int)h->reserve, (int)capacity);
+    if (r->n_stop > 0) {
+        if (!(h->stop = calloc((size_t)r->n_stop, sizeof *h->stop)))
+            return is_error_set(IS_ERR_NOMEM, "out of memory");
+        h->n_stop = r->n_stop;
+        for (int32_t i = 0; i < r->n_stop; i++)
+            if (!(h->stop[i] = strdup(r->stop[i]))) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    h->sp = (sampler_params){.temperature = r->temperature, .top_k = r->top_k, .top_p = r->top_p,
+                             .seed = r->seed};
+    return IS_OK;
+}
+
+is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void *ud,
+                       sched_handle **out) {
+    if (!s || !r || !out) return is_error_set(IS_ERR_INVALID_ARG, "sched_submit: NULL argument");
+    is_status st = check_request(s, r);
+    if (st != IS_OK) return st;
+    sched_handle *h = calloc(1, sizeof *h);
+    if (!h) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    pthread_mutexattr_t ra;
+    pthread_mutexattr_init(&ra);
+    pthread_mutexattr_settype(&ra, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&h->cb_mu, &ra);
+    pthread_mutexattr_destroy(&ra);
+    pthread_mutex_init(&h->mu, NULL);
+    atomic_init(&h->cancelled, false);
+    h->s = s;
+    h->fn = fn;
+    h->ud = ud;
+    h->refs = 2;
+    h->seq = -1;
+    h->t_submit = now_ms();
+    st = prepare(s, r, h);
+    if (st == IS_OK) {
+        pthread_mutex_lock(&s->mu);
+        if (s->stop) {
+            st = is_error_set(IS_ERR_CANCELLED, "scheduler: shutting down");
+        } else if (s->n_queued >= s->p.max_queued) {
+            st = is_error_set(IS_ERR_BUSY, "scheduler: %d requests already wait", (int)s->n_queued);
+        } else {
+            /* Before the engine thread can see it: events may follow at once. */
+            *out = h;
+            if (s->q_tail) s->q_tail->next = h;
+            else s->q_head = h;
+            s->q_tail = h;
+            s->n_queued++;
+            s->st.queued = s->n_queued;
+            pthread_cond_signal(&s->cv);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (st != IS_OK) {
+        handle_destroy(h);
+        return st;
+    }
+    return IS_OK;
+}
+
+void sched_cancel(sched_handle *h) {
+    if (!h) return;
+    atomic_store(&h->cancelled, true);
+    pthread_mutex_lock(&h->mu);
+    if (!h->ended) {
+        /* The request is still the scheduler's, so s is alive: wake it. */
+        pthread_mutex_lock(&h->s->mu);
+        pthread_cond_signal(&h->s->cv);
+        pthread_mutex_unlock(&h->s->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+void sched_release(sched_handle *h) {
+    if (!h) return;
+    pthread_mutex_lock(&h->cb_mu);
+    h->released = true;
+    pthread_mutex_unlock(&h->cb_mu);
+    sched_cancel(h); /* a no-op once it ended */
+    handle_unref(h);
+}
+
+is_status sched_encode(sched *s, const char *tenant, const char *user, const char *fact_id) {
+    if (!s || !tenant || !*tenant || !user || !*user || !fact_id || !*fact_id)
+        return is_error_set(IS_ERR_INVALID_ARG, "sched_encode: needs tenant, user and fact id");
+    if (!s->mem) return is_error_set(IS_ERR_INVALID_ARG, "sched_encode: no memory service");
+    sched_job *j = job_new(JOB_ONE, tenant, user, fact_id);
+    if (!j) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    return job_push(s, j, false);
+}
+
+is_status sched_encode_missing(sched *s) {
+    if (!s) return is_error_set(IS_ERR_INVALID_ARG, "sched_encode_missing: NULL argument");
+    if (!s->mem) return is_error_set(IS_ERR_INVALID_ARG, "sched_encode_missing: no memory service");
+    sched_job *j = job_new(JOB_MISSING, NULL, NULL, NULL);
+    if (!j) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    return job_push(s, j, false);
+}
+
+void sched_get_stats(sched *s, sched_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    pthread_mutex_unlock(&s->mu);
+}
