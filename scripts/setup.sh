@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES="build-essential cmake pkg-config libpcre2-dev libopenblas-openmp-dev libutf8proc-dev \
-libcjson-dev libmicrohttpd-dev libcmocka-dev libsqlite3-dev python3 python3-pip unzip"
+libcjson-dev libmicrohttpd-dev libcurl4-openssl-dev libcmocka-dev libsqlite3-dev python3 python3-pip \
+unzip curl"
 
 missing=""
 for p in $PACKAGES; do
@@ -19,6 +20,15 @@ if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+# The official openai Python client, for tests/serve/test_openai_client.py. Debian 12 has
+# no python3-openai, so it comes from PyPI (--break-system-packages where the system
+# Python is externally managed). The test skips without it: a failure is only a warning.
+if ! python3 -c 'import openai' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check openai 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages openai 2>/dev/null ||
+    echo "setup: warning: could not pip install openai (test_openai_client will skip)" >&2
 fi
 
 [ "${1:-}" = "--no-model" ] && exit 0

@@ -27,5 +27,6 @@ void cli_progress(const char *what, int64_t done, int64_t total, double t0_ms);
 int cmd_ask(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_ingest(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

@@ -40,7 +40,8 @@ static void usage(FILE *f, const char *cmd) {
                 "  chat       interactive chat using the model's chat template\n"
                 "  ask        answer a question with facts as memory (kv, prompt or off)\n"
                 "  ingest     add facts to a memory (LoCoMo conversations, JSON lines)\n"
-                "  eval       score memory modes on a benchmark (eval locomo)\n\n"
+                "  eval       score memory modes on a benchmark (eval locomo)\n"
+                "  serve      HTTP API: OpenAI-compatible chat with memory, Mem0-style memories\n\n"
                 "Run 'inferscale <command> --help' for a command's options.\n");
         return;
     }
@@ -350,6 +351,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "ask") == 0) return cmd_ask(argc - 1, argv + 1);
     if (strcmp(cmd, "ingest") == 0) return cmd_ingest(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0) return cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s' (see 'inferscale --help')\n", cmd);
     return 1;
 }

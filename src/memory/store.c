@@ -855,6 +855,35 @@ is_status mem_store_find_source(mem_store *s, const char *tenant, const char *us
     return st;
 }
 
+is_status mem_store_owner(mem_store *s, const char *tenant, const char *id, char **user) {
+    if (!s || !tenant || !id || !user) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_owner: NULL argument");
+    pthread_mutex_lock(&s->mu);
+    sqlite3_stmt *q;
+    is_status st = prepare(s,
+                           "SELECT user_id FROM facts WHERE id = ? AND tenant = ? "
+                           "UNION ALL SELECT user_id FROM history WHERE fact_id = ? AND tenant = ? "
+                           "LIMIT 1",
+                           &q);
+    if (st == IS_OK) {
+        bind_text(q, 1, id);
+        bind_text(q, 2, tenant);
+        bind_text(q, 3, id);
+        bind_text(q, 4, tenant);
+        int rc = sqlite3_step(q);
+        if (rc == SQLITE_ROW) {
+            *user = strdup((const char *)sqlite3_column_text(q, 0));
+            if (!*user) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        } else if (rc == SQLITE_DONE) {
+            st = is_error_set(IS_ERR_NOT_FOUND, "no memory %s", id);
+        } else {
+            st = sql_err(s, "owner");
+        }
+        sqlite3_finalize(q);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
 int64_t mem_store_count(mem_store *s) {
     pthread_mutex_lock(&s->mu);
     int64_t n = -1;

@@ -178,6 +178,13 @@ is_status mem_store_find_source(mem_store *s, const char *tenant, const char *us
 /* Number of facts (all tenants). */
 int64_t mem_store_count(mem_store *s);
 
+/* The user that fact `id` of `tenant` belongs to, or belonged to if it was
+ * deleted since (its history remembers), into *user (free() it). For APIs
+ * that name a fact by id alone (Mem0's get/update/delete/history): the
+ * caller then goes through the calls above with (tenant, *user, id), so
+ * another tenant's fact stays IS_ERR_NOT_FOUND. */
+is_status mem_store_owner(mem_store *s, const char *tenant, const char *id, char **user);
+
 /* Calls fn on every fact of every tenant (with embeddings when asked), in
  * id order; stops early and returns fn's status if it is not IS_OK. The
  * fact passed is only valid during the call. The store's mutex is held

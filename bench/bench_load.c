@@ -1,0 +1,1126 @@
+/*
+ * bench_load: a bounded load test of the HTTP server (issue 5): C
+ * concurrent loopback clients, each a different user with memory, send a
+ * fixed number of streaming chat completions per memory mode; the table
+ * gives errors, throughput and latency percentiles per (clients, mode).
+ *
+ *   bench_load [--clients 1,10,50,100] [--modes kv,prompt,off] [--requests N]
+ *              [--max-tokens 16] [-k 10] [--facts-per-user 10] [-m MODEL] ...
+ *   (bench_load --help lists every option)
+ *
+ * One program: the whole serving stack (http_app: model, scheduler, memory,
+ * libmicrohttpd) is started in-process on 127.0.0.1 with a port picked by
+ * the kernel and a temporary data directory, and driven over loopback with
+ * libcurl, one thread (and one keep-alive connection) per client. Nothing
+ * but 127.0.0.1 is contacted (proxies are disabled).
+ *
+ * Memory: users load-u000, load-u001, ... each get --facts-per-user LoCoMo
+ * observations (user i: conversation i mod 7, the i/7-th slice of its
+ * facts) through POST /v1/memories/ ({"facts": [...], "infer": false});
+ * the bench then waits until the server has encoded every fact's KV in the
+ * background (polling /metrics: inferscale_facts_encoded_total) and checks
+ * with GET /v1/memories/ that each fact reports kv_ready, so kv mode
+ * measures injection and not the text fallback.
+ *
+ * A run (clients C, mode M): C threads start together, then take request
+ * numbers from a shared counter until --requests are taken (closed loop:
+ * each client sends its next request when its previous answer is
+ * complete). Client t is user t and asks its conversation's LoCoMo
+ * questions in turn (category 5, adversarial, left out), greedy, with
+ * "memory": {"k": K, "mode": M}. Per request: client TTFT (request sent ->
+ * first chunk with non-empty content), end-to-end (-> "[DONE]"), and the
+ * server's own TTFT and token counts from the final usage chunk. An error
+ * is anything but HTTP 200 with a well-formed stream that ends in a usage
+ * chunk and [DONE] (curl failures, timeouts, error events included).
+ * requests/s and tokens/s are over the run's wall time (start -> last
+ * answer). Percentiles are nearest-rank over the successful requests.
+ *
+ * Bounds: --requests per run, --time-limit seconds per run (after it no new
+ * request starts; the ones not started are reported and count as a
+ * failure), --request-timeout per request, --encode-timeout for the KV
+ * encoding wait. Exit status: 0 only if every run completed every request
+ * with zero errors.
+ */
+#include "core/status.h"
+#include "memory/locomo.h"
+#include "serve/http/app.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef IS_SOURCE_DIR
+#define IS_SOURCE_DIR "."
+#endif
+
+#define MAX_LEVELS 16
+#define MAX_CONVS 64
+#define ERR_LEN 200
+
+static const char *k_mode_names[3] = {"kv", "prompt", "off"};
+
+typedef struct opts {
+    const char *model;
+    const char *locomo_dir;
+    const char *embedder;     /* NULL: the repository's default if present, else none */
+    const char *backend;
+    const char *data_dir;     /* NULL: a temporary one, removed at the end */
+    const char *log_path;     /* NULL: no request log */
+    const char *csv_path;
+    int32_t levels[MAX_LEVELS];
+    int n_levels;
+    int modes[3];
+    int n_modes;
+    int32_t requests;         /* per run; 0: max(min_requests, per_client * clients) */
+    int32_t min_requests;
+    int32_t per_client;
+    int32_t max_tokens;
+    int32_t k;
+    int32_t facts_per_user;
+    int32_t users;            /* 0: the largest client count */
+    int32_t threads;
+    int32_t max_running;
+    int32_t kv_mib;
+    int32_t time_limit_s;
+    int32_t request_timeout_s;
+    int32_t encode_timeout_s;
+    bool warmup;
+} opts;
+
+/* ---- time and statistics ------------------------------------------------------------- */
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest rank on a sorted array; NAN when empty. */
+static double pct(const double *sorted, int n, double p) {
+    if (n <= 0) return NAN;
+    int i = (int)ceil(p * n) - 1;
+    if (i < 0) i = 0;
+    if (i >= n) i = n - 1;
+    return sorted[i];
+}
+
+/* ---- HTTP helpers ------------------------------------------------------------------ */
+
+typedef struct buf {
+    char *p;
+    size_t len, cap;
+} buf;
+
+static bool buf_add(buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 4096;
+        while (nc < b->len + n + 1) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) return false;
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return true;
+}
+
+static size_t on_write_buf(char *p, size_t sz, size_t n, void *ud) {
+    return buf_add(ud, p, sz * n) ? sz * n : 0;
+}
+
+/* Loopback only: no proxy from the environment may take the traffic elsewhere. */
+static void curl_common(CURL *c, int timeout_s) {
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_PROXY, "");
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)timeout_s);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
+}
+
+/* One request on a handle of the caller's (NULL: a fresh one). Returns the
+ * HTTP status, or -1 on a transport error (message in out as text). */
+static long http_do(CURL *c, int port, const char *method, const char *path, const char *body,
+                    buf *out) {
+    bool own = c == NULL;
+    if (own && !(c = curl_easy_init())) return -1;
+    char url[512];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    curl_easy_reset(c);
+    curl_common(c, 120);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    struct curl_slist *h = NULL;
+    if (body) {
+        h = curl_slist_append(h, "Content-Type: application/json");
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write_buf);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    CURLcode rc = curl_easy_perform(c);
+    long status = -1;
+    if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    else {
+        out->len = 0;
+        const char *m = curl_easy_strerror(rc);
+        buf_add(out, m, strlen(m));
+    }
+    curl_slist_free_all(h);
+    if (own) curl_easy_cleanup(c);
+    return status;
+}
+
+/* The value of the sample `series` (name with labels, exactly as printed)
+ * in Prometheus text; -1 if absent. */
+static double metric(const char *text, const char *series) {
+    size_t n = strlen(series);
+    for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        if (strncmp(l, series, n) == 0 && l[n] == ' ') return strtod(l + n + 1, NULL);
+    }
+    return -1;
+}
+
+static bool get_metrics(int port, buf *b) {
+    b->len = 0;
+    return http_do(NULL, port, "GET", "/metrics", NULL, b) == 200;
+}
+
+/* ---- users and their memory ----------------------------------------------------------- */
+
+typedef struct conv_info {
+    locomo_conv *c;
+    int32_t *questions; /* indices of questions with an answer (not category 5) */
+    int32_t n_questions;
+} conv_info;
+
+typedef struct user {
+    char id[32];
+    const conv_info *conv;
+    int32_t first_fact, n_facts;
+} user;
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool load_locomo(const char *dir, conv_info *convs, int *n_convs) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "error: cannot open LoCoMo folder '%s': %s\n", dir, strerror(errno));
+        return false;
+    }
+    char *names[MAX_CONVS];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < MAX_CONVS) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && strcmp(e->d_name + l - 5, ".json") == 0) names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    int got = 0;
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        free(names[i]);
+        if (!ok) continue;
+        locomo_conv *c;
+        if (locomo_load(path, &c) != IS_OK) {
+            fprintf(stderr, "error: %s: %s\n", path, is_error_last());
+            ok = false;
+            continue;
+        }
+        conv_info *ci = &convs[got];
+        ci->c = c;
+        ci->questions = malloc(sizeof(int32_t) * (size_t)(c->n_questions ? c->n_questions : 1));
+        ci->n_questions = 0;
+        for (int32_t q = 0; q < c->n_questions; q++)
+            if (c->questions[q].category != 5) ci->questions[ci->n_questions++] = q;
+        if (c->n_facts == 0 || ci->n_questions == 0) {
+            locomo_free(c);
+            free(ci->questions);
+            continue;
+        }
+        got++;
+    }
+    if (ok && got == 0) {
+        fprintf(stderr, "error: no LoCoMo conversation with facts and questions in '%s'\n", dir);
+        ok = false;
+    }
+    *n_convs = got;
+    return ok;
+}
+
+/* The number of facts of `uid` and how many of them have KV ready; false
+ * if the list cannot be had. */
+static bool count_facts(int port, const char *uid, buf *b, int64_t *total, int64_t *ready) {
+    char path[128];
+    snprintf(path, sizeof path, "/v1/memories/?user_id=%s", uid);
+    b->len = 0;
+    long st = http_do(NULL, port, "GET", path, NULL, b);
+    cJSON *r = st == 200 ? cJSON_Parse(b->p) : NULL;
+    cJSON *it, *res = r ? cJSON_GetObjectItem(r, "results") : NULL;
+    if (!cJSON_IsArray(res)) {
+        fprintf(stderr, "error: GET %s: HTTP %ld: %.200s\n", path, st, b->p ? b->p : "");
+        cJSON_Delete(r);
+        return false;
+    }
+    *total = *ready = 0;
+    cJSON_ArrayForEach(it, res) {
+        (*total)++;
+        if (cJSON_IsTrue(cJSON_GetObjectItem(it, "kv_ready"))) (*ready)++;
+    }
+    cJSON_Delete(r);
+    return true;
+}
+
+/* Adds every user's facts (a user of a reused --data folder that already
+ * has exactly its facts is left as it is); returns how many were added,
+ * -1 on an error. */
+static int64_t add_memories(int port, user *users, int32_t n_users) {
+    int64_t added = 0, kept = 0;
+    buf b = {0};
+    for (int32_t u = 0; u < n_users; u++) {
+        int64_t have, ready;
+        if (!count_facts(port, users[u].id, &b, &have, &ready)) goto fail;
+        if (have == users[u].n_facts) {
+            kept++;
+            continue;
+        }
+        if (have != 0) {
+            fprintf(stderr, "error: %s already has %lld facts, not %d (use another --data folder)\n",
+                    users[u].id, (long long)have, users[u].n_facts);
+            goto fail;
+        }
+        const locomo_conv *c = users[u].conv->c;
+        cJSON *o = cJSON_CreateObject();
+        cJSON *facts = cJSON_AddArrayToObject(o, "facts");
+        for (int32_t i = 0; i < users[u].n_facts; i++)
+            cJSON_AddItemToArray(facts, cJSON_CreateString(
+                                            c->facts[(users[u].first_fact + i) % c->n_facts].text));
+        cJSON_AddStringToObject(o, "user_id", users[u].id);
+        cJSON_AddBoolToObject(o, "infer", false);
+        cJSON *md = cJSON_AddObjectToObject(o, "metadata");
+        cJSON_AddStringToObject(md, "source", "locomo");
+        cJSON_AddStringToObject(md, "conversation", c->name);
+        char *body = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        b.len = 0;
+        long st = http_do(NULL, port, "POST", "/v1/memories/", body, &b);
+        free(body);
+        cJSON *r = st == 200 ? cJSON_Parse(b.p) : NULL;
+        cJSON *res = r ? cJSON_GetObjectItem(r, "results") : NULL;
+        int n = cJSON_IsArray(res) ? cJSON_GetArraySize(res) : -1;
+        cJSON_Delete(r);
+        if (n != users[u].n_facts) {
+            fprintf(stderr, "error: adding %s's memories: HTTP %ld, %d of %d stored: %.300s\n",
+                    users[u].id, st, n, users[u].n_facts, b.p ? b.p : "");
+            goto fail;
+        }
+        added += n;
+    }
+    if (kept) fprintf(stderr, "memory: %lld users already had their facts (reused --data)\n",
+                      (long long)kept);
+    free(b.p);
+    return added;
+fail:
+    free(b.p);
+    return -1;
+}
+
+/* Waits until every user's facts report kv_ready. /metrics is polled
+ * (cheap): once `want` facts more than `base` are encoded and no encode
+ * job waits, or every 10 s, the users' lists are checked. */
+static bool wait_encoded(int port, double base_encoded, int64_t want, const user *users,
+                         int32_t n_users, int timeout_s) {
+    double t0 = now_ms(), last_print = 0, last_check = t0;
+    int64_t expect = 0;
+    for (int32_t u = 0; u < n_users; u++) expect += users[u].n_facts;
+    buf b = {0};
+    bool ok = false;
+    for (;;) {
+        if (!get_metrics(port, &b)) {
+            fprintf(stderr, "error: GET /metrics failed\n");
+            break;
+        }
+        double enc = metric(b.p, "inferscale_facts_encoded_total") - base_encoded;
+        double fail = metric(b.p, "inferscale_encode_failures_total");
+        double q = metric(b.p, "inferscale_encode_queue_depth");
+        if (fail > 0) {
+            fprintf(stderr, "error: the server failed to encode %.0f facts' KV\n", fail);
+            break;
+        }
+        double t = now_ms();
+        if ((enc >= (double)want && q == 0) || t - last_check > 10e3) {
+            last_check = t;
+            int64_t total = 0, ready = 0;
+            bool listed = true;
+            for (int32_t u = 0; listed && u < n_users; u++) {
+                int64_t a, r;
+                listed = count_facts(port, users[u].id, &b, &a, &r);
+                total += a;
+                ready += r;
+            }
+            if (!listed) break;
+            if (total != expect) {
+                fprintf(stderr, "error: the users have %lld facts, expected %lld\n",
+                        (long long)total, (long long)expect);
+                break;
+            }
+            if (ready == total) {
+                fprintf(stderr, "memory: %lld facts of %d users, all with KV ready (waited %.1f s)\n",
+                        (long long)total, n_users, (t - t0) / 1e3);
+                ok = true;
+                break;
+            }
+        }
+        if (t - t0 > timeout_s * 1e3) {
+            fprintf(stderr, "error: not every fact's KV was encoded after %d s (--encode-timeout)\n",
+                    timeout_s);
+            break;
+        }
+        if (t - last_print > 5e3) {
+            fprintf(stderr, "  encoding facts' KV: %.0f / %lld (%.0f s)\n", enc, (long long)want,
+                    (t - t0) / 1e3);
+            last_print = t;
+        }
+        usleep(200 * 1000);
+    }
+    free(b.p);
+    return ok;
+}
+
+/* ---- one streaming chat request ------------------------------------------------------ */
+
+typedef struct sample {
+    bool ok;
+    double ttft_ms;     /* client: sent -> first non-empty content */
+    double e2e_ms;      /* client: sent -> stream complete */
+    double srv_ttft_ms; /* usage.ttft_ms */
+    int32_t completion_tokens, memory_tokens, injected_tokens;
+    char err[ERR_LEN];
+} sample;
+
+typedef struct stream_state {
+    CURL *c;
+    double t0;
+    long status;        /* 0 until the first bytes */
+    buf raw;            /* a non-200 body */
+    buf pend;           /* SSE bytes not yet split into events */
+    bool got_content, got_usage, got_done, got_error;
+    sample *s;
+} stream_state;
+
+static void set_err(sample *s, const char *fmt, const char *detail) {
+    if (s->err[0]) return; /* keep the first */
+    snprintf(s->err, ERR_LEN, fmt, detail);
+}
+
+static void on_event(stream_state *st, char *data) {
+    sample *s = st->s;
+    if (st->got_done) {
+        set_err(s, "%s", "data after [DONE]");
+        return;
+    }
+    if (strcmp(data, "[DONE]") == 0) {
+        st->got_done = true;
+        return;
+    }
+    cJSON *o = cJSON_Parse(data);
+    if (!o) {
+        set_err(s, "unparsable chunk: %.120s", data);
+        st->got_error = true;
+        return;
+    }
+    cJSON *e = cJSON_GetObjectItem(o, "error");
+    if (e) {
+        cJSON *m = cJSON_GetObjectItem(e, "message");
+        set_err(s, "error event: %.150s", cJSON_IsString(m) ? m->valuestring : "?");
+        st->got_error = true;
+    }
+    cJSON *ch = cJSON_GetObjectItem(o, "choices");
+    cJSON *c0 = cJSON_IsArray(ch) ? cJSON_GetArrayItem(ch, 0) : NULL;
+    cJSON *delta = c0 ? cJSON_GetObjectItem(c0, "delta") : NULL;
+    cJSON *content = delta ? cJSON_GetObjectItem(delta, "content") : NULL;
+    if (!st->got_content && cJSON_IsString(content) && content->valuestring[0]) {
+        st->got_content = true;
+        s->ttft_ms = now_ms() - st->t0;
+    }
+    cJSON *u = cJSON_GetObjectItem(o, "usage");
+    if (cJSON_IsObject(u)) {
+        cJSON *ct = cJSON_GetObjectItem(u, "completion_tokens");
+        cJSON *mt = cJSON_GetObjectItem(u, "memory_tokens");
+        cJSON *it = cJSON_GetObjectItem(u, "injected_tokens");
+        cJSON *tt = cJSON_GetObjectItem(u, "ttft_ms");
+        if (!cJSON_IsNumber(ct) || !cJSON_IsNumber(tt)) {
+            set_err(s, "%s", "usage chunk without completion_tokens or ttft_ms");
+            st->got_error = true;
+        } else {
+            st->got_usage = true;
+            s->completion_tokens = (int32_t)ct->valuedouble;
+            s->srv_ttft_ms = tt->valuedouble;
+            s->memory_tokens = cJSON_IsNumber(mt) ? (int32_t)mt->valuedouble : 0;
+            s->injected_tokens = cJSON_IsNumber(it) ? (int32_t)it->valuedouble : 0;
+        }
+    }
+    cJSON_Delete(o);
+}
+
+static size_t on_stream(char *p, size_t sz, size_t n, void *ud) {
+    stream_state *st = ud;
+    size_t len = sz * n;
+    if (st->status == 0) curl_easy_getinfo(st->c, CURLINFO_RESPONSE_CODE, &st->status);
+    if (st->status != 200) return buf_add(&st->raw, p, len) ? len : 0;
+    if (!buf_add(&st->pend, p, len)) return 0;
+    /* Events end with a blank line; each of their lines is "data: ...". */
+    char *start = st->pend.p, *end;
+    while ((end = strstr(start, "\n\n"))) {
+        *end = '\0';
+        for (char *line = start; line && *line;) {
+            char *nl = strchr(line, '\n');
+            if (nl) *nl = '\0';
+            if (strncmp(line, "data:", 5) == 0) on_event(st, line + 5 + (line[5] == ' '));
+            line = nl ? nl + 1 : NULL;
+        }
+        start = end + 2;
+    }
+    size_t used = (size_t)(start - st->pend.p);
+    memmove(st->pend.p, start, st->pend.len - used + 1);
+    st->pend.len -= used;
+    return len;
+}
+
+static void chat_once(CURL *c, int port, const char *body, int timeout_s, sample *s) {
+    memset(s, 0, sizeof *s);
+    stream_state st = {.c = c, .s = s};
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", port);
+    curl_easy_reset(c);
+    curl_common(c, timeout_s);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    h = curl_slist_append(h, "Accept: text/event-stream");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_stream);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &st);
+    st.t0 = now_ms();
+    CURLcode rc = curl_easy_perform(c);
+    s->e2e_ms = now_ms() - st.t0;
+    curl_slist_free_all(h);
+    if (rc != CURLE_OK) set_err(s, "curl: %s", curl_easy_strerror(rc));
+    else if (st.status != 200) {
+        char m[ERR_LEN];
+        snprintf(m, sizeof m, "HTTP %ld: %.150s", st.status, st.raw.p ? st.raw.p : "");
+        set_err(s, "%s", m);
+    } else if (!st.got_error && !st.got_done) set_err(s, "%s", "stream ended without [DONE]");
+    else if (!st.got_error && !st.got_usage) set_err(s, "%s", "stream without a usage chunk");
+    else if (!st.got_error && s->completion_tokens > 0 && !st.got_content)
+        set_err(s, "%s", "tokens counted but no content chunk");
+    if (!st.got_content) s->ttft_ms = s->e2e_ms; /* an empty answer: first byte = end */
+    s->ok = s->err[0] == '\0';
+    free(st.raw.p);
+    free(st.pend.p);
+}
+
+/* ---- a run: C clients, one mode ----------------------------------------------------- */
+
+typedef struct run {
+    const opts *o;
+    int port;
+    int mode;
+    const user *users;
+    int32_t clients, n_requests;
+    atomic_int next;
+    double deadline_ms;
+    pthread_mutex_t mu;  /* ready, go: every client starts at once */
+    pthread_cond_t cv;
+    int ready;
+    bool go;
+    sample *samples;   /* by request number */
+    atomic_int taken;
+} run;
+
+typedef struct client_arg {
+    run *r;
+    int32_t t;
+} client_arg;
+
+static char *chat_body(const opts *o, const user *u, int mode, int32_t seq) {
+    const conv_info *ci = u->conv;
+    int32_t user_no = atoi(u->id + 6); /* "load-uNNN" */
+    const locomo_question *q =
+        &ci->c->questions[ci->questions[(user_no * 7 + seq) % ci->n_questions]];
+    cJSON *o_ = cJSON_CreateObject();
+    cJSON_AddStringToObject(o_, "model", "bench");
+    cJSON *msgs = cJSON_AddArrayToObject(o_, "messages");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", q->question);
+    cJSON_AddItemToArray(msgs, m);
+    cJSON_AddNumberToObject(o_, "max_tokens", o->max_tokens);
+    cJSON_AddNumberToObject(o_, "temperature", 0);
+    cJSON_AddBoolToObject(o_, "stream", true);
+    cJSON_AddTrueToObject(cJSON_AddObjectToObject(o_, "stream_options"), "include_usage");
+    cJSON_AddStringToObject(o_, "user", u->id);
+    cJSON *mem = cJSON_AddObjectToObject(o_, "memory");
+    cJSON_AddNumberToObject(mem, "k", o->k);
+    cJSON_AddStringToObject(mem, "mode", k_mode_names[mode]);
+    char *s = cJSON_PrintUnformatted(o_);
+    cJSON_Delete(o_);
+    return s;
+}
+
+static void *client_main(void *arg) {
+    client_arg *a = arg;
+    run *r = a->r;
+    CURL *c = curl_easy_init();
+    pthread_mutex_lock(&r->mu);
+    r->ready++;
+    pthread_cond_broadcast(&r->cv);
+    while (!r->go) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    if (!c) {
+        int i = atomic_fetch_add(&r->next, 1);
+        if (i < r->n_requests) {
+            atomic_fetch_add(&r->taken, 1);
+            snprintf(r->samples[i].err, ERR_LEN, "curl_easy_init failed");
+        }
+        return NULL;
+    }
+    const user *u = &r->users[a->t];
+    for (int32_t seq = 0;; seq++) {
+        if (now_ms() > r->deadline_ms) break;
+        int i = atomic_fetch_add(&r->next, 1);
+        if (i >= r->n_requests) break;
+        atomic_fetch_add(&r->taken, 1);
+        char *body = chat_body(r->o, u, r->mode, seq);
+        if (!body) {
+            snprintf(r->samples[i].err, ERR_LEN, "out of memory");
+            continue;
+        }
+        chat_once(c, r->port, body, r->o->request_timeout_s, &r->samples[i]);
+        free(body);
+    }
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+typedef struct row {
+    int32_t clients;
+    int mode;
+    int32_t requests, done, errors, not_started;
+    double wall_s, rps, tok_s;
+    double ttft50, ttft99, sttft50, sttft99, e2e50, e2e99;
+    double mem_tok, inj_tok, kv_hit;
+    char first_err[ERR_LEN];
+} row;
+
+static bool run_one(const opts *o, int port, const user *users, int32_t clients, int mode,
+                    int32_t n_requests, row *out) {
+    run r;
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    r.port = port;
+    r.mode = mode;
+    r.users = users;
+    r.clients = clients;
+    r.n_requests = n_requests;
+    atomic_init(&r.next, 0);
+    atomic_init(&r.taken, 0);
+    r.samples = calloc((size_t)n_requests, sizeof *r.samples);
+    pthread_t *th = calloc((size_t)clients, sizeof *th);
+    client_arg *args = calloc((size_t)clients, sizeof *args);
+    if (!r.samples || !th || !args) {
+        fprintf(stderr, "error: out of memory\n");
+        free(r.samples);
+        free(th);
+        free(args);
+        return false;
+    }
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+
+    buf mb = {0};
+    double hit0 = 0, miss0 = 0;
+    if (get_metrics(port, &mb)) {
+        hit0 = metric(mb.p, "inferscale_fact_kv_total{result=\"hit\"}");
+        miss0 = metric(mb.p, "inferscale_fact_kv_total{result=\"miss\"}");
+    }
+    int32_t started = 0;
+    for (int32_t t = 0; t < clients; t++) {
+        args[t] = (client_arg){.r = &r, .t = t};
+        if (pthread_create(&th[t], NULL, client_main, &args[t]) != 0) break;
+        started++;
+    }
+    if (started < clients) {
+        fprintf(stderr, "error: could only start %d of %d client threads\n", started, clients);
+        atomic_store(&r.next, n_requests); /* the ones started end at once */
+    }
+    pthread_mutex_lock(&r.mu);
+    while (r.ready < started) pthread_cond_wait(&r.cv, &r.mu);
+    r.deadline_ms = now_ms() + o->time_limit_s * 1e3; /* published by the mutex */
+    r.go = true;
+    pthread_cond_broadcast(&r.cv);
+    pthread_mutex_unlock(&r.mu);
+    double t0 = now_ms();
+    for (int32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    double wall_s = (now_ms() - t0) / 1e3;
+    pthread_mutex_destroy(&r.mu);
+    pthread_cond_destroy(&r.cv);
+
+    double hit1 = hit0, miss1 = miss0;
+    if (get_metrics(port, &mb)) {
+        hit1 = metric(mb.p, "inferscale_fact_kv_total{result=\"hit\"}");
+        miss1 = metric(mb.p, "inferscale_fact_kv_total{result=\"miss\"}");
+    }
+    free(mb.p);
+
+    row w;
+    memset(&w, 0, sizeof w);
+    w.clients = clients;
+    w.mode = mode;
+    w.requests = n_requests;
+    int taken = atomic_load(&r.taken);
+    if (taken > n_requests) taken = n_requests;
+    w.not_started = n_requests - taken;
+    w.wall_s = wall_s;
+    double *ttft = calloc((size_t)n_requests + 1, sizeof(double));
+    double *sttft = calloc((size_t)n_requests + 1, sizeof(double));
+    double *e2e = calloc((size_t)n_requests + 1, sizeof(double));
+    int n_ok = 0;
+    int64_t toks = 0, mem = 0, inj = 0;
+    for (int i = 0; i < n_requests; i++) {
+        sample *s = &r.samples[i];
+        if (i >= taken && !s->ok && !s->err[0]) continue; /* not started */
+        if (!s->ok) {
+            w.errors++;
+            if (!w.first_err[0]) snprintf(w.first_err, ERR_LEN, "%s", s->err[0] ? s->err : "?");
+            continue;
+        }
+        ttft[n_ok] = s->ttft_ms;
+        sttft[n_ok] = s->srv_ttft_ms;
+        e2e[n_ok] = s->e2e_ms;
+        n_ok++;
+        toks += s->completion_tokens;
+        mem += s->memory_tokens;
+        inj += s->injected_tokens;
+    }
+    w.done = n_ok;
+    qsort(ttft, (size_t)n_ok, sizeof(double), cmp_double);
+    qsort(sttft, (size_t)n_ok, sizeof(double), cmp_double);
+    qsort(e2e, (size_t)n_ok, sizeof(double), cmp_double);
+    w.ttft50 = pct(ttft, n_ok, 0.5);
+    w.ttft99 = pct(ttft, n_ok, 0.99);
+    w.sttft50 = pct(sttft, n_ok, 0.5);
+    w.sttft99 = pct(sttft, n_ok, 0.99);
+    w.e2e50 = pct(e2e, n_ok, 0.5);
+    w.e2e99 = pct(e2e, n_ok, 0.99);
+    w.rps = wall_s > 0 ? n_ok / wall_s : 0;
+    w.tok_s = wall_s > 0 ? (double)toks / wall_s : 0;
+    w.mem_tok = n_ok ? (double)mem / n_ok : 0;
+    w.inj_tok = n_ok ? (double)inj / n_ok : 0;
+    double dh = hit1 - hit0, dm = miss1 - miss0;
+    w.kv_hit = dh + dm > 0 ? 100.0 * dh / (dh + dm) : NAN;
+    free(ttft);
+    free(sttft);
+    free(e2e);
+    free(r.samples);
+    free(th);
+    free(args);
+    *out = w;
+    return started == clients;
+}
+
+static void print_header(FILE *f) {
+    fprintf(f, "%7s %-6s %8s %6s %8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %6s\n", "clients", "mode",
+            "requests", "errors", "req/s", "ttft_p50", "ttft_p99", "sttft_p50", "sttft_p99",
+            "e2e_p50", "e2e_p99", "tok/s", "mem_tok", "inj_tok", "kv_hit");
+    fprintf(f, "%7s %-6s %8s %6s %8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %6s\n", "", "", "", "",
+            "", "ms", "ms", "ms", "ms", "ms", "ms", "", "/req", "/req", "%");
+}
+
+static void print_row(FILE *f, const row *w) {
+    char hit[16];
+    if (isnan(w->kv_hit)) snprintf(hit, sizeof hit, "-");
+    else snprintf(hit, sizeof hit, "%.1f", w->kv_hit);
+    fprintf(f, "%7d %-6s %8d %6d %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.1f %6s\n",
+            w->clients, k_mode_names[w->mode], w->requests, w->errors + w->not_started, w->rps,
+            w->ttft50, w->ttft99, w->sttft50, w->sttft99, w->e2e50, w->e2e99, w->tok_s, w->mem_tok,
+            w->inj_tok, hit);
+    fflush(f);
+}
+
+/* ---- options ------------------------------------------------------------------------ */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: bench_load [options]\n\n"
+            "A bounded load test of the HTTP server, started in-process on 127.0.0.1 (a free port,\n"
+            "a temporary data directory): for each client count and memory mode, that many\n"
+            "concurrent loopback clients (each a different user with LoCoMo facts in memory) send\n"
+            "a fixed number of streaming chat completions. Prints errors, requests/s, tokens/s and\n"
+            "TTFT / end-to-end percentiles per (clients, mode). Exit status 0 only with zero errors.\n\n"
+            "  -c, --clients LIST       client counts (default 1,10,50,100)\n"
+            "      --modes LIST         memory modes, of kv,prompt,off (default kv,prompt,off)\n"
+            "  -n, --requests N         requests per (clients, mode) run (default: max(MIN, PER x clients))\n"
+            "      --per-client PER     (default 2)\n"
+            "      --min-requests MIN   (default 20)\n"
+            "      --max-tokens N       max_tokens of each request (default 16; greedy decoding)\n"
+            "  -k, --k K                memory.k: facts retrieved per request (default 10)\n"
+            "      --facts-per-user F   LoCoMo facts stored for each user (default 10)\n"
+            "      --users U            users with memory (default: the largest client count)\n"
+            "  -m, --model PATH         GGUF model (default %s/models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+            "      --locomo DIR         LoCoMo conversations (default %s/../shared/data/locomo)\n"
+            "      --embedder DIR       sentence embedder for retrieval (default models/all-MiniLM-L6-v2\n"
+            "                           of the repository if present; 'none': BM25 only)\n"
+            "      --backend B          cpu | cuda (default cpu)\n"
+            "  -t, --threads N          engine threads (default: all cores)\n"
+            "      --max-running N      requests in the server's running batch (default 32)\n"
+            "      --kv-mem MIB         KV cache pool (default 1024)\n"
+            "      --time-limit S       per run: no request starts after S seconds (default 300)\n"
+            "      --request-timeout S  per request (default 120)\n"
+            "      --encode-timeout S   wait for the facts' KV encoding (default 900)\n"
+            "      --no-warmup          skip the one untimed request per mode before the runs\n"
+            "      --data DIR           memory data directory to use and keep (default: temporary);\n"
+            "                           users that already hold their facts are not loaded again\n"
+            "      --log FILE           the server's request log (default: none)\n"
+            "  -o, --csv FILE           also write the table as CSV\n"
+            "  -h, --help               this help\n",
+            IS_SOURCE_DIR, IS_SOURCE_DIR);
+}
+
+static bool parse_int(const char *s, const char *what, long lo, long hi, int32_t *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s must be an integer in [%ld, %ld], got '%s'\n", what, lo, hi, s);
+        return false;
+    }
+    *out = (int32_t)v;
+    return true;
+}
+
+static bool parse_levels(const char *s, opts *o) {
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s", s);
+    o->n_levels = 0;
+    for (char *sv, *t = strtok_r(tmp, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+        if (o->n_levels == MAX_LEVELS) {
+            fprintf(stderr, "error: at most %d client counts\n", MAX_LEVELS);
+            return false;
+        }
+        if (!parse_int(t, "a client count", 1, 1000, &o->levels[o->n_levels])) return false;
+        o->n_levels++;
+    }
+    if (!o->n_levels) {
+        fprintf(stderr, "error: --clients needs at least one count\n");
+        return false;
+    }
+    return true;
+}
+
+static bool parse_modes(const char *s, opts *o) {
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "%s", s);
+    o->n_modes = 0;
+    for (char *sv, *t = strtok_r(tmp, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+        int m = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(t, k_mode_names[i]) == 0) m = i;
+        if (m < 0 || o->n_modes == 3) {
+            fprintf(stderr, "error: --modes takes kv, prompt and off, got '%s'\n", s);
+            return false;
+        }
+        o->modes[o->n_modes++] = m;
+    }
+    if (!o->n_modes) {
+        fprintf(stderr, "error: --modes needs at least one mode\n");
+        return false;
+    }
+    return true;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    opts o = {
+        .model = IS_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        .locomo_dir = IS_SOURCE_DIR "/../shared/data/locomo",
+        .backend = "cpu",
+        .min_requests = 20, .per_client = 2, .max_tokens = 16, .k = 10, .facts_per_user = 10,
+        .kv_mib = 1024, .time_limit_s = 300, .request_timeout_s = 120, .encode_timeout_s = 900,
+        .warmup = true,
+    };
+    parse_levels("1,10,50,100", &o);
+    parse_modes("kv,prompt,off", &o);
+    static const struct option longopts[] = {
+        {"clients", required_argument, 0, 'c'},     {"modes", required_argument, 0, 'M'},
+        {"requests", required_argument, 0, 'n'},    {"per-client", required_argument, 0, 'P'},
+        {"min-requests", required_argument, 0, 'N'}, {"max-tokens", required_argument, 0, 'x'},
+        {"k", required_argument, 0, 'k'},           {"facts-per-user", required_argument, 0, 'F'},
+        {"users", required_argument, 0, 'U'},       {"model", required_argument, 0, 'm'},
+        {"locomo", required_argument, 0, 'l'},      {"embedder", required_argument, 0, 'E'},
+        {"backend", required_argument, 0, 'B'},     {"threads", required_argument, 0, 't'},
+        {"max-running", required_argument, 0, 'R'}, {"kv-mem", required_argument, 0, 'V'},
+        {"time-limit", required_argument, 0, 'T'},  {"request-timeout", required_argument, 0, 'O'},
+        {"encode-timeout", required_argument, 0, 'e'}, {"no-warmup", no_argument, 0, 'W'},
+        {"data", required_argument, 0, 'D'},        {"log", required_argument, 0, 'L'},
+        {"csv", required_argument, 0, 'o'},         {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int ch;
+    while ((ch = getopt_long(argc, argv, "c:n:k:m:t:o:h", longopts, NULL)) != -1) {
+        bool ok = true;
+        switch (ch) {
+        case 'c': ok = parse_levels(optarg, &o); break;
+        case 'M': ok = parse_modes(optarg, &o); break;
+        case 'n': ok = parse_int(optarg, "--requests", 1, 1000000, &o.requests); break;
+        case 'P': ok = parse_int(optarg, "--per-client", 1, 100000, &o.per_client); break;
+        case 'N': ok = parse_int(optarg, "--min-requests", 1, 1000000, &o.min_requests); break;
+        case 'x': ok = parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens); break;
+        case 'k': ok = parse_int(optarg, "-k", 1, 100, &o.k); break;
+        case 'F': ok = parse_int(optarg, "--facts-per-user", 1, 1000, &o.facts_per_user); break;
+        case 'U': ok = parse_int(optarg, "--users", 1, 100000, &o.users); break;
+        case 'm': o.model = optarg; break;
+        case 'l': o.locomo_dir = optarg; break;
+        case 'E': o.embedder = optarg; break;
+        case 'B': o.backend = optarg; break;
+        case 't': ok = parse_int(optarg, "--threads", 1, 1024, &o.threads); break;
+        case 'R': ok = parse_int(optarg, "--max-running", 1, 4096, &o.max_running); break;
+        case 'V': ok = parse_int(optarg, "--kv-mem", 16, 1 << 20, &o.kv_mib); break;
+        case 'T': ok = parse_int(optarg, "--time-limit", 1, 86400, &o.time_limit_s); break;
+        case 'O': ok = parse_int(optarg, "--request-timeout", 1, 3600, &o.request_timeout_s); break;
+        case 'e': ok = parse_int(optarg, "--encode-timeout", 1, 86400, &o.encode_timeout_s); break;
+        case 'W': o.warmup = false; break;
+        case 'D': o.data_dir = optarg; break;
+        case 'L': o.log_path = optarg; break;
+        case 'o': o.csv_path = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 1;
+        }
+        if (!ok) return 1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "error: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 1;
+    }
+    int32_t max_clients = 0;
+    for (int i = 0; i < o.n_levels; i++)
+        if (o.levels[i] > max_clients) max_clients = o.levels[i];
+    if (!o.users) o.users = max_clients;
+    if (o.users < max_clients) {
+        fprintf(stderr, "error: --users %d is fewer than %d clients (each client is a different "
+                        "user)\n", o.users, max_clients);
+        return 1;
+    }
+    if (o.k > o.facts_per_user)
+        fprintf(stderr, "note: k = %d but each user has only %d facts: every fact is retrieved\n",
+                o.k, o.facts_per_user);
+    struct stat sb;
+    if (stat(o.model, &sb) != 0) {
+        fprintf(stderr, "error: model '%s' not found (scripts/setup.sh installs the default one)\n",
+                o.model);
+        return 1;
+    }
+
+    conv_info convs[MAX_CONVS];
+    int n_convs = 0;
+    if (!load_locomo(o.locomo_dir, convs, &n_convs)) return 1;
+    user *users = calloc((size_t)o.users, sizeof *users);
+    if (!users) return 1;
+    for (int32_t u = 0; u < o.users; u++) {
+        snprintf(users[u].id, sizeof users[u].id, "load-u%03d", u);
+        users[u].conv = &convs[u % n_convs];
+        users[u].first_fact = (u / n_convs) * o.facts_per_user;
+        users[u].n_facts = o.facts_per_user;
+    }
+
+    char tmpdir[] = "/tmp/bench_load_XXXXXX";
+    const char *data = o.data_dir;
+    if (!data) {
+        if (!mkdtemp(tmpdir)) {
+            fprintf(stderr, "error: mkdtemp: %s\n", strerror(errno));
+            return 1;
+        }
+        data = tmpdir;
+    }
+    char embedder[1024];
+    if (o.embedder) snprintf(embedder, sizeof embedder, "%s", o.embedder);
+    else {
+        snprintf(embedder, sizeof embedder, "%s/%s", IS_SOURCE_DIR, HTTP_APP_DEFAULT_EMBEDDER);
+        if (stat(embedder, &sb) != 0) {
+            fprintf(stderr, "warning: %s not found: retrieval is BM25 only\n", embedder);
+            snprintf(embedder, sizeof embedder, "none");
+        }
+    }
+    FILE *logf = NULL;
+    if (o.log_path && !(logf = fopen(o.log_path, "w"))) {
+        fprintf(stderr, "error: cannot open '%s': %s\n", o.log_path, strerror(errno));
+        return 1;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    http_app_params p = http_app_default_params();
+    p.model_path = o.model;
+    p.model_name = "bench";
+    p.backend = o.backend;
+    p.data_dir = data;
+    p.embedder_dir = embedder;
+    p.threads = o.threads;
+    p.kv_bytes = (size_t)o.kv_mib << 20;
+    if (o.max_running) p.sched.max_running = o.max_running;
+    if (p.sched.max_queued < 2 * max_clients) p.sched.max_queued = 2 * max_clients;
+    p.http.host = "127.0.0.1";
+    p.http.port = 0;
+    p.http.no_auth = true;
+    p.http.no_auth_tenant = "bench";
+    /* Every client (plus the bench's own /metrics polls) must be admitted:
+     * a 429 would be an error of the bench's making. */
+    if (p.http.limits.max_in_flight < 2 * max_clients + 8)
+        p.http.limits.max_in_flight = 2 * max_clients + 8;
+    if (p.http.limits.max_connections < 2 * max_clients + 8)
+        p.http.limits.max_connections = 2 * max_clients + 8;
+    if (p.http.limits.parse.max_k < o.k) p.http.limits.parse.max_k = o.k;
+    p.http.log = logf;
+    p.http.quiet = logf == NULL;
+
+    int rc = 1;
+    row *rows = NULL;
+    int n_rows = 0;
+    http_app *app = NULL;
+    double t_all = now_ms();
+    if (http_app_start(&p, &app) != IS_OK) {
+        fprintf(stderr, "error: starting the server: %s\n", is_error_last());
+        goto done;
+    }
+    int port = http_app_port(app);
+    fprintf(stderr, "server: http://127.0.0.1:%d, data %s\n", port, data);
+
+    buf mb = {0};
+    double enc0 = 0;
+    if (get_metrics(port, &mb)) enc0 = metric(mb.p, "inferscale_facts_encoded_total");
+    free(mb.p);
+    if (enc0 < 0) {
+        fprintf(stderr, "error: /metrics has no inferscale_facts_encoded_total\n");
+        goto done;
+    }
+    double t_add = now_ms();
+    int64_t added = add_memories(port, users, o.users);
+    if (added < 0) goto done;
+    fprintf(stderr, "memory: added %lld facts for %d users in %.1f s\n", (long long)added, o.users,
+            (now_ms() - t_add) / 1e3);
+    if (!wait_encoded(port, enc0, added, users, o.users, o.encode_timeout_s)) goto done;
+
+    if (o.warmup) {
+        CURL *c = curl_easy_init();
+        for (int mi = 0; c && mi < o.n_modes; mi++) {
+            char *body = chat_body(&o, &users[0], o.modes[mi], 0);
+            sample s;
+            chat_once(c, port, body, o.request_timeout_s, &s);
+            free(body);
+            if (!s.ok) {
+                fprintf(stderr, "error: warm-up request (%s) failed: %s\n", k_mode_names[o.modes[mi]],
+                        s.err);
+                curl_easy_cleanup(c);
+                goto done;
+            }
+        }
+        if (c) curl_easy_cleanup(c);
+    }
+
+    rows = calloc((size_t)(o.n_levels * o.n_modes), sizeof *rows);
+    if (!rows) goto done;
+    printf("bench_load: model %s, backend %s, %d users x %d facts, k %d, max_tokens %d\n", o.model,
+           o.backend, o.users, o.facts_per_user, o.k, o.max_tokens);
+    print_header(stdout);
+    bool all_ok = true;
+    for (int li = 0; li < o.n_levels; li++) {
+        int32_t c = o.levels[li];
+        int32_t n = o.requests;
+        if (!n) n = c * o.per_client > o.min_requests ? c * o.per_client : o.min_requests;
+        for (int mi = 0; mi < o.n_modes; mi++) {
+            row *w = &rows[n_rows];
+            if (!run_one(&o, port, users, c, o.modes[mi], n, w)) all_ok = false;
+            n_rows++;
+            print_row(stdout, w);
+            if (w->errors || w->not_started) {
+                all_ok = false;
+                if (w->not_started)
+                    fprintf(stderr, "  %d requests not started: --time-limit %d s reached\n",
+                            w->not_started, o.time_limit_s);
+                if (w->errors) fprintf(stderr, "  first error: %s\n", w->first_err);
+            }
+        }
+    }
+    printf("total %.1f s (including start-up, memory load and KV encoding)\n",
+           (now_ms() - t_all) / 1e3);
+    if (o.csv_path) {
+        FILE *f = fopen(o.csv_path, "w");
+        if (!f) {
+            fprintf(stderr, "error: cannot write '%s': %s\n", o.csv_path, strerror(errno));
+            all_ok = false;
+        } else {
+            fprintf(f, "clients,mode,requests,errors,not_started,wall_s,req_per_s,ttft_p50_ms,"
+                       "ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,e2e_p99_ms,"
+                       "tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,kv_hit_pct\n");
+            for (int i = 0; i < n_rows; i++) {
+                const row *w = &rows[i];
+                fprintf(f, "%d,%s,%d,%d,%d,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+                        w->clients, k_mode_names[w->mode], w->requests, w->errors, w->not_started,
+                        w->wall_s, w->rps, w->ttft50, w->ttft99, w->sttft50, w->sttft99, w->e2e50,
+                        w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, w->kv_hit);
+            }
+            fclose(f);
+        }
+    }
+    rc = all_ok ? 0 : 1;
+    if (!all_ok) fprintf(stderr, "bench_load: FAILED (errors or requests not started; see above)\n");
+
+done:
+    http_app_stop(app);
+    curl_global_cleanup();
+    if (logf) fclose(logf);
+    if (!o.data_dir && data == tmpdir) nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    for (int i = 0; i < n_convs; i++) {
+        locomo_free(convs[i].c);
+        free(convs[i].questions);
+    }
+    free(users);
+    free(rows);
+    return rc;
+}

@@ -1,0 +1,161 @@
+#include "serve/http/app.h"
+
+#include "core/status.h"
+#include "memory/embedder.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct http_app {
+    backend *be;
+    model *m;
+    engine *e;
+    embedder *emb;
+    memory *mem;
+    sched *s;
+    auth_keys *keys;
+    http_server *srv;
+    char model_id[256];
+};
+
+http_app_params http_app_default_params(void) {
+    http_app_params p;
+    memset(&p, 0, sizeof p);
+    p.backend = "cpu";
+    p.kv_bytes = (size_t)1 << 30;
+    p.sched = sched_default_params();
+    p.http = http_default_config();
+    return p;
+}
+
+/* The file name without directories and ".gguf". */
+static void model_name(const char *path, char *out, size_t cap) {
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t l = strlen(b);
+    if (l > 5 && strcmp(b + l - 5, ".gguf") == 0) l -= 5;
+    snprintf(out, cap, "%.*s", (int)l, b);
+}
+
+void http_app_stop(http_app *a) {
+    if (!a) return;
+    http_server_stop(a->srv); /* first: its cancelled requests end through the scheduler */
+    sched_free(a->s);
+    memory_close(a->mem);
+    engine_free(a->e);
+    model_free(a->m);
+    if (a->be) a->be->ops->free(a->be);
+    embedder_free(a->emb);
+    auth_keys_free(a->keys);
+    free(a);
+}
+
+is_status http_app_start(const http_app_params *p, http_app **out) {
+    if (!p || !out || !p->data_dir || !*p->data_dir)
+        return is_error_set(IS_ERR_INVALID_ARG, "http_app_start: a data directory is required");
+    FILE *notes = p->notes ? p->notes : stderr;
+    http_app *a = calloc(1, sizeof *a);
+    if (!a) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status st;
+    http_config hc = p->http;
+
+    if (!hc.no_auth) {
+        if (!p->keys_path) {
+            st = is_error_set(IS_ERR_INVALID_ARG, "an API keys file is required (or no-auth for local use)");
+            goto fail;
+        }
+        if ((st = auth_keys_load(p->keys_path, &a->keys)) != IS_OK) goto fail;
+    }
+
+    /* The embedder: its folder name identifies it in the store, as ingest does. */
+    const char *edir = p->embedder_dir;
+    char ename[256] = "none";
+    if (!edir) {
+        struct stat sb;
+        edir = stat(HTTP_APP_DEFAULT_EMBEDDER, &sb) == 0 ? HTTP_APP_DEFAULT_EMBEDDER : "none";
+        if (strcmp(edir, "none") == 0)
+            fprintf(notes, "warning: embedding model %s not found (scripts/fetch_embedder.sh "
+                           "fetches it): memory search is BM25 only\n", HTTP_APP_DEFAULT_EMBEDDER);
+    }
+    if (strcmp(edir, "none") != 0) {
+        if ((st = embedder_load(edir, &a->emb)) != IS_OK) goto fail;
+        if (p->threads > 0) embedder_set_n_threads(a->emb, p->threads);
+        size_t l = strlen(edir);
+        while (l > 1 && edir[l - 1] == '/') l--;
+        size_t b = l;
+        while (b > 0 && edir[b - 1] != '/') b--;
+        snprintf(ename, sizeof ename, "%.*s", (int)(l - b), edir + b);
+    }
+    memory_params mp = memory_default_params();
+    mp.embedder = a->emb;
+    mp.embed_name = ename;
+    mp.kv_window = p->kv_window;
+    memory_open_report rep;
+    if ((st = memory_open(p->data_dir, &mp, &a->mem, &rep)) != IS_OK) goto fail;
+    if (rep.n_orphans)
+        fprintf(notes, "memory: removed %lld KV records of interrupted writes\n", (long long)rep.n_orphans);
+
+    if (p->model_path) {
+        if ((st = backend_create(p->backend ? p->backend : "cpu", p->threads, &a->be)) != IS_OK)
+            goto fail;
+        if ((st = model_load(p->model_path, a->be, &a->m)) != IS_OK) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s", is_error_last());
+            st = is_error_set(st, "cannot load model '%s': %s", p->model_path, msg);
+            goto fail;
+        }
+        const model_config *c = &a->m->cfg;
+        engine_params ep = engine_default_params();
+        ep.n_ctx = p->n_ctx > 0 ? p->n_ctx : c->n_ctx_train;
+        int32_t running = p->sched.max_running > 0 ? p->sched.max_running : 32;
+        ep.max_seqs = running + 1; /* the serving prefix holds one */
+        size_t elem = a->be->ops->kv_elem_size ? a->be->ops->kv_elem_size(a->be) : 4;
+        size_t per_block = 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)c->head_dim *
+                           elem * (size_t)ep.block_size;
+        size_t nb = (p->kv_bytes ? p->kv_bytes : ((size_t)1 << 30)) / per_block;
+        if (nb < 2) nb = 2;
+        if (nb > (1u << 20)) nb = 1u << 20;
+        ep.n_blocks = (int32_t)nb;
+        if ((st = engine_create(a->m, ep, &a->e)) != IS_OK) goto fail;
+        sched_params sp = p->sched;
+        sp.max_running = running;
+        if ((st = sched_create(a->e, a->mem, &sp, &a->s)) != IS_OK) goto fail;
+        if (rep.n_missing_kv > 0) {
+            if (sched_encode_missing(a->s) == IS_OK)
+                fprintf(notes, "memory: %lld facts have no KV record yet: encoding them in the "
+                               "background\n", (long long)rep.n_missing_kv);
+            else
+                fprintf(notes, "warning: could not queue the KV encoding of %lld facts: %s\n",
+                        (long long)rep.n_missing_kv, is_error_last());
+        }
+        if (p->model_name) snprintf(a->model_id, sizeof a->model_id, "%s", p->model_name);
+        else model_name(p->model_path, a->model_id, sizeof a->model_id);
+        hc.tok = a->m->tok;
+        fprintf(notes, "model: %s (%s backend), context %d, KV pool %d blocks of %d tokens\n",
+                a->model_id, a->be->ops->name, ep.n_ctx, ep.n_blocks, ep.block_size);
+    } else {
+        snprintf(a->model_id, sizeof a->model_id, "%s", p->model_name ? p->model_name : "none");
+        hc.tok = NULL;
+    }
+    hc.keys = a->keys;
+    hc.sched = a->s;
+    hc.mem = a->mem;
+    hc.model_id = a->model_id;
+    if ((st = http_server_start(&hc, &a->srv)) != IS_OK) goto fail;
+    fprintf(notes, "memory: %lld facts in %s (search: %s)\n", (long long)rep.n_facts, p->data_dir,
+            a->emb ? "dense + BM25" : "BM25 only");
+    *out = a;
+    return IS_OK;
+fail: {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", is_error_last());
+    http_app_stop(a);
+    return is_error_set(st, "%s", msg);
+}
+}
+
+int http_app_port(const http_app *a) { return a ? http_server_port(a->srv) : 0; }
+http_server *http_app_server(http_app *a) { return a->srv; }
+sched *http_app_sched(http_app *a) { return a->s; }
+memory *http_app_memory(http_app *a) { return a->mem; }

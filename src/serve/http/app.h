@@ -1,0 +1,70 @@
+/*
+ * app: the whole serving stack in one call, as `inferscale serve` runs it
+ * and as tests and benchmarks start it: backend -> model -> engine ->
+ * memory service (with the sentence embedder, no KV encoder) -> scheduler
+ * (which encodes facts' KV in the background; facts left without KV by a
+ * previous run are queued at start) -> HTTP server.
+ *
+ * Starting a server in a test (port 0 picks a free port):
+ *
+ *   http_app_params p = http_app_default_params();
+ *   p.model_path = IS_DEFAULT_MODEL;
+ *   p.data_dir = tmpdir;
+ *   p.http.port = 0;
+ *   p.http.no_auth = true;             // or p.keys_path = "keys.txt"
+ *   http_app *app;
+ *   if (http_app_start(&p, &app) != IS_OK) ...is_error_last()...
+ *   int port = http_app_port(app);     // http://127.0.0.1:<port>/v1/...
+ *   ...
+ *   http_app_stop(app);                // server, scheduler, memory, model
+ *
+ * Without a model (model_path NULL) only the memory routes, /health and
+ * /metrics work; chat answers 503. That is how the memory API can be
+ * tested where the default model is missing.
+ */
+#ifndef IS_SERVE_HTTP_APP_H
+#define IS_SERVE_HTTP_APP_H
+
+#include "serve/http/server.h"
+
+#include <stdio.h>
+
+typedef struct http_app http_app;
+
+#define HTTP_APP_DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+
+typedef struct http_app_params {
+    const char *model_path;   /* GGUF; NULL: no model (memory routes only) */
+    const char *model_name;   /* id in /v1/models (NULL: the file name without .gguf) */
+    const char *backend;      /* "cpu" (default) or "cuda" */
+    const char *data_dir;     /* required: the memory's data directory */
+    const char *embedder_dir; /* NULL: HTTP_APP_DEFAULT_EMBEDDER if present, else BM25 only
+                                 (with a warning); "none": BM25 only */
+    const char *keys_path;    /* API keys file (auth.h); required unless http.no_auth */
+    int32_t threads;          /* CPU threads (0: all cores) */
+    int32_t n_ctx;            /* context per sequence (0: the model's) */
+    size_t kv_bytes;          /* KV cache pool (default 1 GiB) */
+    int32_t kv_window;        /* context turns encoded with each new fact (default 0) */
+    sched_params sched;       /* sched_default_params() */
+    http_config http;         /* host, port, limits, no_auth, log...; keys, sched, mem, tok
+                                 and model_id are set here */
+    FILE *notes;              /* start-up lines and warnings (NULL: stderr) */
+} http_app_params;
+
+http_app_params http_app_default_params(void);
+
+/* Loads and starts everything; on failure everything started is stopped
+ * again and is_error_last() says what failed. */
+is_status http_app_start(const http_app_params *p, http_app **out);
+
+int http_app_port(const http_app *a);
+http_server *http_app_server(http_app *a);
+sched *http_app_sched(http_app *a);   /* NULL without a model */
+memory *http_app_memory(http_app *a);
+
+/* Stops the server (cancelling what runs), then the scheduler, the
+ * memory (closed cleanly: nothing stored is lost) and the model. NULL is
+ * a no-op. */
+void http_app_stop(http_app *a);
+
+#endif

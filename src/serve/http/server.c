@@ -1,0 +1,605 @@
+#include "serve/http/http_internal.h"
+
+#include "core/status.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <limits.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+http_limits http_default_limits(void) {
+    return (http_limits){.max_body_bytes = 1u << 20, .max_prompt_tokens = 4096,
+                         .max_in_flight = 64, .max_connections = 512,
+                         .connection_timeout_s = 120, .max_fact_bytes = 4096,
+                         .extract_max_tokens = 512, .parse = parse_default_limits()};
+}
+
+http_config http_default_config(void) {
+    return (http_config){.host = "127.0.0.1", .port = 8080, .limits = http_default_limits(),
+                         .no_auth_tenant = "default", .model_id = "inferscale"};
+}
+
+double http_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void http_iso_time(int64_t ms, char out[32]) {
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, 32 - n, ".%03dZ", (int)(ms % 1000));
+}
+
+/* ---- responses ----------------------------------------------------------------------- */
+
+static enum MHD_Result queue_buffer(http_req *r, int status, char *buf, size_t len,
+                                    const char *content_type) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(buf);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (status == 405) {
+        const char *allow = r->route == METRICS_ROUTE_CHAT ? "POST" : "GET";
+        if (r->route == METRICS_ROUTE_MEMORIES) allow = "GET, POST, PUT, DELETE";
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    }
+    if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->responded = true;
+    r->status = status;
+    r->bytes_out = len;
+    return ok;
+}
+
+enum MHD_Result http_send_json(http_req *r, int status, cJSON *body) {
+    char *txt = body ? cJSON_PrintUnformatted(body) : NULL;
+    cJSON_Delete(body);
+    if (!txt) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                                  "\"param\":null,\"code\":\"out_of_memory\"}}";
+        txt = strdup(oom);
+        status = 500;
+        if (!txt) return MHD_NO;
+    }
+    size_t n = strlen(txt);
+    /* A trailing newline: friendlier for curl in a terminal. */
+    char *nl = realloc(txt, n + 2);
+    if (nl) {
+        txt = nl;
+        txt[n++] = '\n';
+        txt[n] = '\0';
+    }
+    return queue_buffer(r, status, txt, n, "application/json");
+}
+
+static const char *error_type(int status) {
+    if (status == 429) return "rate_limit_error";
+    if (status >= 500) return "server_error";
+    return "invalid_request_error";
+}
+
+enum MHD_Result http_send_error(http_req *r, int status, const char *param, const char *code,
+                                const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* Messages may quote bytes from below (file names, ...): keep the JSON valid. */
+    char *clean = parse_utf8_sanitize(msg, strlen(msg));
+    cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(e, "message", clean ? clean : "error");
+    cJSON_AddStringToObject(e, "type", error_type(status));
+    if (param && *param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code && *code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    free(clean);
+    snprintf(r->err_code, sizeof r->err_code, "%s", code && *code ? code : "error");
+    return http_send_json(r, status, root);
+}
+
+enum MHD_Result http_send_parse_error(http_req *r, const parse_error *e) {
+    return http_send_error(r, e->status ? e->status : 400, e->param, e->code, "%s", e->message);
+}
+
+enum MHD_Result http_send_status(http_req *r, is_status st, const char *what) {
+    const char *msg = is_error_last();
+    switch (st) {
+    case IS_ERR_INVALID_ARG:
+        return http_send_error(r, 400, NULL, "invalid_value", "%s: %s", what, msg);
+    case IS_ERR_NOT_FOUND:
+        return http_send_error(r, 404, NULL, "not_found", "%s: %s", what, msg);
+    case IS_ERR_CONTEXT_FULL:
+        return http_send_error(r, 400, "messages", "context_length_exceeded", "%s: %s", what, msg);
+    case IS_ERR_BUSY:
+        return http_send_error(r, 503, NULL, "overloaded", "%s: %s", what, msg);
+    case IS_ERR_CANCELLED:
+        return http_send_error(r, 503, NULL, "cancelled", "%s: %s", what, msg);
+    default:
+        return http_send_error(r, 500, NULL, "internal_error", "%s: %s", what, msg);
+    }
+}
+
+bool http_conn_gone(struct MHD_Connection *c) {
+    if (!c) return false;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return true;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+typedef struct args_acc {
+    const char **keys, **values;
+    int32_t n, max;
+} args_acc;
+
+static enum MHD_Result collect_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value) {
+    args_acc *a = cls;
+    if (a->n < a->max) {
+        a->keys[a->n] = key;
+        a->values[a->n] = value;
+    }
+    a->n++;
+    return MHD_YES;
+}
+
+int32_t http_query_args(struct MHD_Connection *c, const char **keys, const char **values,
+                        int32_t max) {
+    args_acc a = {keys, values, 0, max};
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_arg, &a);
+    return a.n;
+}
+
+/* ---- routes -------------------------------------------------------------------------- */
+
+static enum MHD_Result send_health(http_req *r) {
+    http_server *s = r->srv;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", atomic_load(&s->stopping) ? "stopping" : "ok");
+    cJSON_AddStringToObject(o, "model", s->model_id);
+    cJSON_AddBoolToObject(o, "chat", s->cfg.sched != NULL);
+    cJSON_AddBoolToObject(o, "memory", s->cfg.mem != NULL);
+    if (s->cfg.sched) {
+        sched_stats ss;
+        sched_get_stats(s->cfg.sched, &ss);
+        cJSON *j = cJSON_AddObjectToObject(o, "scheduler");
+        cJSON_AddNumberToObject(j, "queued", ss.queued);
+        cJSON_AddNumberToObject(j, "running", ss.running);
+        cJSON_AddNumberToObject(j, "encode_queued", ss.encode_queued);
+        cJSON_AddNumberToObject(j, "kv_blocks_used", ss.kv_blocks_used);
+        cJSON_AddNumberToObject(j, "kv_blocks_free", ss.kv_blocks_free);
+    }
+    if (s->cfg.mem)
+        cJSON_AddNumberToObject(o, "facts", (double)mem_store_count(memory_fact_store(s->cfg.mem)));
+    cJSON_AddNumberToObject(o, "requests_in_flight", atomic_load(&s->in_flight));
+    return http_send_json(r, atomic_load(&s->stopping) ? 503 : 200, o);
+}
+
+static enum MHD_Result send_metrics(http_req *r) {
+    http_server *s = r->srv;
+    sched_stats ss;
+    record_store_stats rs;
+    metrics_live live = {.in_flight = atomic_load(&s->in_flight), .n_facts = -1};
+    if (s->cfg.sched) {
+        sched_get_stats(s->cfg.sched, &ss);
+        live.sched_stats = &ss;
+    }
+    if (s->cfg.mem) {
+        rs = record_store_get_stats(memory_record_store(s->cfg.mem));
+        live.store_stats = &rs;
+        live.n_facts = mem_store_count(memory_fact_store(s->cfg.mem));
+    }
+    size_t len = 0;
+    char *txt = metrics_render(s->met, &live, &len);
+    if (!txt) return http_send_error(r, 500, NULL, "out_of_memory", "out of memory");
+    return queue_buffer(r, 200, txt, len, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static cJSON *model_object(http_server *s) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->created);
+    cJSON_AddStringToObject(m, "owned_by", "inferscale");
+    return m;
+}
+
+static enum MHD_Result send_models(http_req *r, const char *id) {
+    http_server *s = r->srv;
+    if (id && *id) {
+        if (strcmp(id, s->model_id) != 0)
+            return http_send_error(r, 404, "model", "model_not_found", "The model '%.200s' does not exist",
+                                   id);
+        return http_send_json(r, 200, model_object(s));
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    if (s->cfg.sched) cJSON_AddItemToArray(data, model_object(s));
+    return http_send_json(r, 200, o);
+}
+
+/* Classifies the path at the first call; the rest of a memories path goes
+ * to *rest, a model id to *rest for models. */
+static metrics_route classify(const char *path, const char **rest) {
+    *rest = NULL;
+    if (strcmp(path, "/health") == 0 || strcmp(path, "/health/") == 0) return METRICS_ROUTE_HEALTH;
+    if (strcmp(path, "/metrics") == 0 || strcmp(path, "/metrics/") == 0) return METRICS_ROUTE_METRICS;
+    if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/chat/completions/") == 0)
+        return METRICS_ROUTE_CHAT;
+    if (strncmp(path, "/v1/models", 10) == 0 && (path[10] == '\0' || path[10] == '/')) {
+        *rest = path[10] ? path + 11 : "";
+        return METRICS_ROUTE_MODELS;
+    }
+    if (strncmp(path, "/v1/memories", 12) == 0 && (path[12] == '\0' || path[12] == '/')) {
+        *rest = path + 12;
+        if (strcmp(*rest, "/search") == 0 || strcmp(*rest, "/search/") == 0)
+            return METRICS_ROUTE_SEARCH;
+        return METRICS_ROUTE_MEMORIES;
+    }
+    return METRICS_ROUTE_OTHER;
+}
+
+static enum MHD_Result dispatch(http_req *r) {
+    http_server *s = r->srv;
+    const char *rest;
+    metrics_route rt = classify(r->path, &rest);
+    const char *m = r->method;
+    bool get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0, post = strcmp(m, "POST") == 0;
+    switch (rt) {
+    case METRICS_ROUTE_HEALTH:
+        if (!get) return http_send_error(r, 405, NULL, "method_not_allowed", "use GET");
+        return send_health(r);
+    case METRICS_ROUTE_METRICS:
+        if (!get) return http_send_error(r, 405, NULL, "method_not_allowed", "use GET");
+        return send_metrics(r);
+    case METRICS_ROUTE_MODELS:
+        if (!get) return http_send_error(r, 405, NULL, "method_not_allowed", "use GET");
+        if (strchr(rest, '/') && rest[strlen(rest) - 1] != '/')
+            return http_send_error(r, 404, NULL, "not_found", "no route %.200s", r->path);
+        {
+            char id[256];
+            snprintf(id, sizeof id, "%s", rest);
+            size_t l = strlen(id);
+            if (l && id[l - 1] == '/') id[l - 1] = '\0';
+            return send_models(r, id);
+        }
+    case METRICS_ROUTE_CHAT:
+        if (!post) return http_send_error(r, 405, NULL, "method_not_allowed", "use POST");
+        return http_chat(r);
+    case METRICS_ROUTE_SEARCH:
+        if (!post) return http_send_error(r, 405, NULL, "method_not_allowed", "use POST");
+        return http_memories(r, rest);
+    case METRICS_ROUTE_MEMORIES:
+        return http_memories(r, rest);
+    default:
+        (void)s;
+        return http_send_error(r, 404, NULL, "not_found", "no route %.200s %.200s", r->method,
+                               r->path);
+    }
+}
+
+/* ---- MHD callbacks --------------------------------------------------------------------- */
+
+/* Bodies past the limit are still read (and dropped) up to this much, so
+ * the client gets its 413 rather than a reset connection; beyond it the
+ * connection is answered and closed at once. */
+#define DROP_MAX ((size_t)64 << 20)
+
+static void set_early(http_req *r, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void set_early(http_req *r, int status, const char *code, const char *fmt, ...) {
+    if (r->early_status) return; /* the first reason wins */
+    r->early_status = status;
+    snprintf(r->early_code, sizeof r->early_code, "%s", code);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->early_msg, sizeof r->early_msg, fmt, ap);
+    va_end(ap);
+}
+
+static enum MHD_Result send_early(http_req *r) {
+    return http_send_error(r, r->early_status, NULL, r->early_code, "%s", r->early_msg);
+}
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                 const char *method, const char *version, const char *upload,
+                                 size_t *upload_size, void **con_cls) {
+    http_server *s = cls;
+    http_req *r = *con_cls;
+    size_t max_body = s->cfg.limits.max_body_bytes;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        *con_cls = r;
+        r->srv = s;
+        r->conn = conn;
+        r->id = atomic_fetch_add(&s->next_id, 1) + 1;
+        r->t0 = http_now_ms();
+        r->mode = -1;
+        snprintf(r->method, sizeof r->method, "%s", method);
+        snprintf(r->path, sizeof r->path, "%s", url);
+        const char *rest;
+        r->route = classify(url, &rest);
+        r->api = r->route != METRICS_ROUTE_HEALTH && r->route != METRICS_ROUTE_METRICS &&
+                 r->route != METRICS_ROUTE_OTHER;
+        if (r->api) {
+            r->counted = true;
+            int n = atomic_fetch_add(&s->in_flight, 1) + 1;
+            if (n > s->cfg.limits.max_in_flight)
+                set_early(r, 429, "too_many_requests", "more than %d requests in flight; retry later",
+                          s->cfg.limits.max_in_flight);
+            if (atomic_load(&s->stopping))
+                set_early(r, 503, "shutting_down", "the server is shutting down");
+            if (s->cfg.no_auth) {
+                snprintf(r->tenant, sizeof r->tenant, "%s", s->tenant0);
+            } else {
+                const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                            MHD_HTTP_HEADER_AUTHORIZATION);
+                const char *t = auth_tenant(s->cfg.keys, h);
+                if (!t)
+                    set_early(r, 401, "invalid_api_key", "%s",
+                              h ? "Incorrect API key provided"
+                                : "Missing API key: send 'Authorization: Bearer KEY'");
+                else
+                    snprintf(r->tenant, sizeof r->tenant, "%s", t);
+            }
+        }
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        unsigned long long announced = 0;
+        if (cl) {
+            char *end;
+            errno = 0;
+            announced = strtoull(cl, &end, 10);
+            if (errno || end == cl) announced = ULLONG_MAX;
+            if (announced > max_body)
+                set_early(r, 413, "request_too_large", "the request body is larger than %zu bytes",
+                          max_body);
+        }
+        if (r->early_status) {
+            /* Answer now when the client waits for a go-ahead before
+             * sending its body, or when the body is too big to drop. */
+            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+            if ((ex && strcasecmp(ex, "100-continue") == 0) || announced > DROP_MAX)
+                return send_early(r);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->responded) return MHD_YES;
+        if (r->early_status) {
+            r->dropped += n;
+            return r->dropped > DROP_MAX ? send_early(r) : MHD_YES;
+        }
+        if (r->len + n > max_body) {
+            r->dropped = r->len + n;
+            free(r->body);
+            r->body = NULL;
+            r->len = r->cap = 0;
+            set_early(r, 413, "request_too_large", "the request body is larger than %zu bytes", max_body);
+            return MHD_YES;
+        }
+        if (r->len + n + 1 > r->cap) {
+            size_t nc = r->cap ? r->cap : 4096;
+            while (nc < r->len + n + 1) nc *= 2;
+            char *nb = realloc(r->body, nc);
+            if (!nb) {
+                set_early(r, 500, "out_of_memory", "out of memory");
+                r->dropped = r->len + n;
+                return MHD_YES;
+            }
+            r->body = nb;
+            r->cap = nc;
+        }
+        memcpy(r->body + r->len, upload, n);
+        r->len += n;
+        r->body[r->len] = '\0';
+        return MHD_YES;
+    }
+    if (r->responded) return MHD_YES;
+    if (r->early_status) return send_early(r);
+    return dispatch(r);
+}
+
+static void log_request(http_server *s, http_req *r, enum MHD_RequestTerminationCode toe) {
+    if (s->cfg.quiet) return;
+    cJSON *o = cJSON_CreateObject();
+    char ts[32];
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    http_iso_time((int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000, ts);
+    cJSON_AddStringToObject(o, "ts", ts);
+    cJSON_AddNumberToObject(o, "id", (double)r->id);
+    cJSON_AddStringToObject(o, "method", r->method);
+    char *p = parse_utf8_sanitize(r->path, strlen(r->path));
+    cJSON_AddStringToObject(o, "path", p ? p : "");
+    free(p);
+    cJSON_AddNumberToObject(o, "status", r->status);
+    if (r->tenant[0]) cJSON_AddStringToObject(o, "tenant", r->tenant);
+    cJSON_AddNumberToObject(o, "ms", (double)(int64_t)((http_now_ms() - r->t0) * 1000) / 1000);
+    cJSON_AddNumberToObject(o, "bytes_in", (double)(r->len + r->dropped));
+    if (r->bytes_out) cJSON_AddNumberToObject(o, "bytes_out", (double)r->bytes_out);
+    if (r->err_code[0]) cJSON_AddStringToObject(o, "error", r->err_code);
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        cJSON_AddStringToObject(o, "terminated",
+                                toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timeout"
+                                : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown"
+                                : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "client_abort"
+                                                                              : "error");
+    if (r->mode >= 0) {
+        static const char *const modes[] = {"kv", "prompt", "off"};
+        cJSON_AddStringToObject(o, "mode", modes[r->mode]);
+        cJSON_AddNumberToObject(o, "facts", r->n_facts);
+        if (r->user[0]) {
+            char *u = parse_utf8_sanitize(r->user, strlen(r->user));
+            cJSON_AddStringToObject(o, "user", u ? u : "");
+            free(u);
+        }
+        if (r->has_usage) {
+            cJSON_AddNumberToObject(o, "prompt_tokens", r->prompt_tokens);
+            cJSON_AddNumberToObject(o, "injected_tokens", r->injected_tokens);
+            cJSON_AddNumberToObject(o, "completion_tokens", r->completion_tokens);
+            cJSON_AddNumberToObject(o, "ttft_ms", (double)(int64_t)(r->ttft_ms * 1000) / 1000);
+            cJSON_AddStringToObject(o, "finish", r->finish);
+        }
+    }
+    char *line = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!line) return;
+    pthread_mutex_lock(&s->log_mu);
+    fputs(line, s->log);
+    fputc('\n', s->log);
+    fflush(s->log);
+    pthread_mutex_unlock(&s->log_mu);
+    free(line);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    http_server *s = cls;
+    http_req *r = *con_cls;
+    if (!r) return;
+    *con_cls = NULL;
+    if (r->job) chat_job_on_completed(r, toe != MHD_REQUEST_TERMINATED_COMPLETED_OK);
+    if (r->responded || r->status) {
+        metrics_observe_http(s->met, r->route, r->status);
+        log_request(s, r, toe);
+    }
+    if (r->counted) atomic_fetch_sub(&s->in_flight, 1);
+    free(r->body);
+    free(r);
+}
+
+/* ---- start and stop ----------------------------------------------------------------------- */
+
+static is_status bind_listen(const char *host, int port, int *fd_out, int *port_out, bool *v6) {
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, ps, &hints, &res);
+    if (gai != 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "cannot resolve host '%s': %s", host, gai_strerror(gai));
+    int err = 0;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            struct sockaddr_storage ss;
+            socklen_t sl = sizeof ss;
+            getsockname(fd, (struct sockaddr *)&ss, &sl);
+            *port_out = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                                 : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+            *v6 = a->ai_family == AF_INET6;
+            *fd_out = fd;
+            freeaddrinfo(res);
+            return IS_OK;
+        }
+        err = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return is_error_set(IS_ERR_IO, "cannot listen on %s:%d: %s", host, port, strerror(err));
+}
+
+is_status http_server_start(const http_config *c, http_server **out) {
+    if (!c || !out) return is_error_set(IS_ERR_INVALID_ARG, "http_server_start: NULL argument");
+    if (!c->no_auth && (!c->keys || auth_keys_count(c->keys) == 0))
+        return is_error_set(IS_ERR_INVALID_ARG, "no API keys given (a keys file, or no_auth for local use)");
+    if (c->port < 0 || c->port > 65535)
+        return is_error_set(IS_ERR_INVALID_ARG, "port %d is out of range", c->port);
+    const char *t0 = c->no_auth_tenant ? c->no_auth_tenant : "default";
+    if (c->no_auth && !auth_tenant_valid(t0))
+        return is_error_set(IS_ERR_INVALID_ARG, "tenant '%s' is not a valid name", t0);
+    http_server *s = calloc(1, sizeof *s);
+    if (!s) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    s->cfg = *c;
+    s->host = strdup(c->host ? c->host : "127.0.0.1");
+    s->tenant0 = strdup(t0);
+    s->model_id = strdup(c->model_id ? c->model_id : "inferscale");
+    s->log = c->log ? c->log : stderr;
+    s->created = (int64_t)time(NULL);
+    pthread_mutex_init(&s->log_mu, NULL);
+    is_status st;
+    if (!s->host || !s->tenant0 || !s->model_id) {
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (s->cfg.limits.max_in_flight <= 0) s->cfg.limits.max_in_flight = 64;
+    if (s->cfg.limits.max_connections <= 0) s->cfg.limits.max_connections = 512;
+    if (s->cfg.limits.max_body_bytes == 0) s->cfg.limits.max_body_bytes = 1u << 20;
+    if ((st = metrics_create(&s->met)) != IS_OK) goto fail;
+    int fd = -1;
+    bool v6 = false;
+    if ((st = bind_listen(s->host, c->port, &fd, &s->port, &v6)) != IS_OK) goto fail;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    if (v6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_access, s,
+                            MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.limits.max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)(s->cfg.limits.connection_timeout_s > 0
+                                           ? s->cfg.limits.connection_timeout_s : 0),
+                            MHD_OPTION_END);
+    if (!s->d) {
+        close(fd);
+        st = is_error_set(IS_ERR_IO, "cannot start the HTTP daemon on %s:%d", s->host, s->port);
+        goto fail;
+    }
+    *out = s;
+    return IS_OK;
+fail:
+    metrics_free(s->met);
+    free(s->host);
+    free(s->tenant0);
+    free(s->model_id);
+    pthread_mutex_destroy(&s->log_mu);
+    free(s);
+    return st;
+}
+
+int http_server_port(const http_server *s) { return s ? s->port : 0; }
+
+void http_server_stop(http_server *s) {
+    if (!s) return;
+    /* Waiting handlers see the flag within 100 ms, cancel their requests
+     * and finish; then MHD joins their threads. */
+    atomic_store(&s->stopping, true);
+    MHD_stop_daemon(s->d);
+    metrics_free(s->met);
+    free(s->host);
+    free(s->tenant0);
+    free(s->model_id);
+    pthread_mutex_destroy(&s->log_mu);
+    free(s);
+}

@@ -1,0 +1,103 @@
+/*
+ * server: the HTTP API (DESIGN.md, serving), on libmicrohttpd.
+ *
+ *   POST /v1/chat/completions        OpenAI chat (stream: server-sent events)
+ *   GET  /v1/models, /v1/models/{id}
+ *   POST /v1/memories/               add (messages or facts; infer)
+ *   GET  /v1/memories/               list by filters (query string)
+ *   DELETE /v1/memories/             delete by filters (user_id required)
+ *   GET|PUT|DELETE /v1/memories/{id}/
+ *   GET  /v1/memories/{id}/history/
+ *   POST /v1/memories/search/
+ *   GET  /health, /metrics           (no key needed)
+ * (Trailing slashes are optional.)
+ *
+ * Threads: one per connection (MHD_USE_THREAD_PER_CONNECTION), so a
+ * non-streaming chat may block its own connection's thread until its DONE
+ * event, and a streaming one blocks in the response callback until the
+ * scheduler's event callback has text for it. The model is reached only
+ * through the scheduler (serve/scheduler.h); memory through the memory
+ * service (memory/memory.h), both thread-safe. While waiting, a handler
+ * polls its socket: a client that hangs up has its request cancelled
+ * (sched_cancel), so its KV blocks are freed at the scheduler's next step;
+ * the request-completed notification cancels too when a response ends
+ * with an error.
+ *
+ * Tenancy: every API route needs "Authorization: Bearer KEY"; the key's
+ * tenant (serve/http/auth.h) scopes every memory read, write and search
+ * of the request. With no_auth, every request is the tenant no_auth_tenant.
+ *
+ * Errors are OpenAI's shape, {"error": {"message", "type", "param",
+ * "code"}}, with status 400 (malformed or invalid input, prompt past the
+ * context), 401 (no or unknown key), 404 (unknown route, memory or model),
+ * 405, 413 (body over the limit), 429 (too many requests in flight), 500,
+ * 503 (no model loaded, scheduler queue full, shutting down).
+ *
+ * Logging: one JSON line per request (method, path, status, tenant, ms,
+ * bytes, and for chat: mode, facts used, tokens, TTFT), written when the
+ * request completes (after the last byte of a stream).
+ */
+#ifndef IS_SERVE_HTTP_SERVER_H
+#define IS_SERVE_HTTP_SERVER_H
+
+#include "inferscale.h"
+#include "memory/memory.h"
+#include "model/tokenizer.h"
+#include "serve/http/auth.h"
+#include "serve/http/parse.h"
+#include "serve/scheduler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct http_server http_server;
+
+typedef struct http_limits {
+    size_t max_body_bytes;        /* request body; 413 above (default 1 MiB) */
+    int32_t max_prompt_tokens;    /* the client's messages, tokenised; 400 above
+                                     (default 4096; 0: unchecked, the context still is) */
+    int32_t max_in_flight;        /* API requests being served at once; 429 above (default 64) */
+    int32_t max_connections;      /* open connections (default 512) */
+    int32_t connection_timeout_s; /* idle connection timeout (default 120) */
+    int32_t max_fact_bytes;       /* one fact's text (default 4096) */
+    int32_t extract_max_tokens;   /* reply budget of infer=true extraction (default 512) */
+    parse_limits parse;           /* max_tokens, k, top_k, messages (parse.h) */
+} http_limits;
+
+typedef struct http_config {
+    const char *host;             /* address to bind (default "127.0.0.1"; "::1", "0.0.0.0", a name) */
+    int port;                     /* 0: a free port, see http_server_port (default 8080) */
+    http_limits limits;
+    const auth_keys *keys;        /* borrowed; required unless no_auth */
+    bool no_auth;                 /* every request is tenant no_auth_tenant */
+    const char *no_auth_tenant;   /* default "default" */
+    const char *model_id;         /* name in /v1/models and in responses (default "inferscale") */
+    sched *sched;                 /* borrowed; NULL: chat and infer=true answer 503 */
+    memory *mem;                  /* borrowed; NULL: memory routes answer 503 */
+    const tokenizer *tok;         /* borrowed; for max_prompt_tokens (NULL: unchecked) */
+    FILE *log;                    /* request log (NULL: stderr) */
+    bool quiet;                   /* no request log at all */
+} http_config;
+
+http_limits http_default_limits(void);
+http_config http_default_config(void);
+
+/* Binds and starts serving (threads of its own). Borrowed objects must
+ * outlive the server. IS_ERR_INVALID_ARG (bad config: no keys without
+ * no_auth, bad host), IS_ERR_IO (cannot bind: the message says why),
+ * IS_ERR_NOMEM. */
+is_status http_server_start(const http_config *c, http_server **out);
+
+/* The port bound (the one picked when config.port was 0). */
+int http_server_port(const http_server *s);
+
+/* Stops accepting, cancels the requests still running (their clients get
+ * an error event or a closed connection), waits for every connection
+ * thread and frees the server. The scheduler must still be running (the
+ * cancelled requests' final events come from it): free it after this.
+ * NULL is a no-op. */
+void http_server_stop(http_server *s);
+
+#endif

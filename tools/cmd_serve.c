@@ -1,0 +1,241 @@
+/*
+ * inferscale serve: the HTTP API (OpenAI-compatible chat with memory,
+ * Mem0-style memory routes) over one model and one data directory.
+ *
+ *   inferscale serve -m MODEL --data DIR [--host H] [--port P] (--keys FILE | --no-auth)
+ *
+ * Ctrl-C or SIGTERM stop it cleanly: the server stops accepting and
+ * cancels what runs, then the scheduler, the memory (closed, nothing
+ * stored lost) and the model are freed.
+ */
+#include "cli.h"
+
+#include "core/status.h"
+
+#ifdef IS_HAVE_HTTP
+#include "serve/http/app.h"
+#endif
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: inferscale serve --data DIR [options]\n\n"
+            "Serves the model over HTTP: POST /v1/chat/completions (OpenAI; \"user\" names the user\n"
+            "whose memory is used, \"memory\": {\"k\", \"mode\": kv|prompt|off, \"filters\"}), GET /v1/models,\n"
+            "Mem0's /v1/memories/ routes (add, list, get, update, delete, history, search), GET /health\n"
+            "and GET /metrics (Prometheus).\n\n"
+            "  -m, --model PATH        GGUF model (default: $INFERSCALE_MODEL or %s)\n"
+            "      --data DIR          memory data directory (created if missing; see 'ingest')\n"
+            "      --host H            address to listen on (default 127.0.0.1)\n"
+            "      --port P            port (default 8080; 0: any free port)\n"
+            "      --keys FILE         API keys: one 'KEY TENANT' per line, '#' comments; clients send\n"
+            "                          'Authorization: Bearer KEY' and see only their tenant's memories\n"
+            "      --no-auth           no keys: every request is tenant --tenant (local use only)\n"
+            "      --tenant T          the tenant of --no-auth requests (default 'default')\n"
+            "      --model-name NAME   the model's id in the API (default: the file name)\n"
+            "      --embedder DIR      sentence-embedding model (default models/all-MiniLM-L6-v2 if\n"
+            "                          present; 'none': BM25 search only)\n"
+            "      --backend B         cpu | cuda (default cpu)\n"
+            "  -t, --threads N         CPU threads (default: all cores)\n"
+            "  -c, --ctx N             context per request (default: the model's)\n"
+            "      --kv-mem MIB        KV cache pool in MiB (default 1024)\n"
+            "      --kv-dtype T        f16 | bf16 | f32: dtype of the facts' KV records written and\n"
+            "                          read (default f16; records of another dtype are used as text:\n"
+            "                          ingest with the same --kv-dtype, or with --no-kv)\n"
+            "  -w, --window W          context turns encoded with each new fact (default 0)\n"
+            "      --max-running N     requests in the running batch (default 32)\n"
+            "      --max-queued N      requests waiting before 503 (default 256)\n"
+            "limits (over a limit: a 4xx with an OpenAI-style error):\n"
+            "      --max-body BYTES    request body (default 1048576; 413 above)\n"
+            "      --max-prompt N      tokens of a request's messages (default 4096)\n"
+            "      --max-tokens N      largest max_tokens (default 4096; default when absent: 256)\n"
+            "      --max-k N           largest memory.k / top_k (default 100, at most 1024)\n"
+            "      --max-in-flight N   API requests served at once (default 64; 429 above)\n"
+            "      --log FILE          request log, one JSON line per request (default: stderr)\n"
+            "      --quiet             no request log\n"
+            "  -h, --help              this help\n\n"
+            "Example:\n"
+            "  inferscale serve --data mem/ --no-auth &\n"
+            "  curl -s localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\n"
+            "       \"content\":\"What do I like?\"}],\"user\":\"alice\",\"max_tokens\":64}'\n",
+            CLI_DEFAULT_MODEL);
+}
+
+#ifdef IS_HAVE_HTTP
+static bool parse_size(const char *s, const char *what, unsigned long long lo,
+                       unsigned long long hi, unsigned long long *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi || s[0] == '-') {
+        fprintf(stderr, "error: %s must be an integer in [%llu, %llu], got '%s'\n", what, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+int cmd_serve(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},       {"data", required_argument, 0, 'D'},
+        {"host", required_argument, 0, 'H'},        {"port", required_argument, 0, 'P'},
+        {"keys", required_argument, 0, 'K'},        {"no-auth", no_argument, 0, 'N'},
+        {"tenant", required_argument, 0, 'T'},      {"model-name", required_argument, 0, 'M'},
+        {"embedder", required_argument, 0, 'E'},    {"backend", required_argument, 0, 'B'},
+        {"threads", required_argument, 0, 't'},     {"ctx", required_argument, 0, 'c'},
+        {"kv-mem", required_argument, 0, 'V'},      {"window", required_argument, 0, 'w'},
+        {"max-running", required_argument, 0, 'R'}, {"max-queued", required_argument, 0, 'Q'},
+        {"max-body", required_argument, 0, 'b'},    {"max-prompt", required_argument, 0, 'p'},
+        {"max-tokens", required_argument, 0, 'n'},  {"max-k", required_argument, 0, 'k'},
+        {"max-in-flight", required_argument, 0, 'f'}, {"log", required_argument, 0, 'L'},
+        {"quiet", no_argument, 0, 'q'},             {"kv-dtype", required_argument, 0, 'd'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    http_app_params p = http_app_default_params();
+    p.model_path = cli_default_model();
+    const char *log_path = NULL;
+    int32_t iv;
+    unsigned long long uv;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:c:w:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': p.model_path = optarg; break;
+        case 'D': p.data_dir = optarg; break;
+        case 'H': p.http.host = optarg; break;
+        case 'P':
+            if (!cli_parse_int(optarg, "--port", 0, 65535, &iv)) return 1;
+            p.http.port = iv;
+            break;
+        case 'K': p.keys_path = optarg; break;
+        case 'N': p.http.no_auth = true; break;
+        case 'T': p.http.no_auth_tenant = optarg; break;
+        case 'M': p.model_name = optarg; break;
+        case 'E': p.embedder_dir = optarg; break;
+        case 'B': p.backend = optarg; break;
+        case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &p.threads)) return 1; break;
+        case 'c': if (!cli_parse_int(optarg, "--ctx", 16, 1 << 20, &p.n_ctx)) return 1; break;
+        case 'V':
+            if (!parse_size(optarg, "--kv-mem", 1, 1 << 20, &uv)) return 1;
+            p.kv_bytes = (size_t)uv << 20;
+            break;
+        case 'w': if (!cli_parse_int(optarg, "--window", 0, MEMORY_MAX_CONTEXT, &p.kv_window)) return 1; break;
+        case 'R': if (!cli_parse_int(optarg, "--max-running", 1, 4096, &p.sched.max_running)) return 1; break;
+        case 'Q': if (!cli_parse_int(optarg, "--max-queued", 1, 1 << 20, &p.sched.max_queued)) return 1; break;
+        case 'b':
+            if (!parse_size(optarg, "--max-body", 64, 1ULL << 30, &uv)) return 1;
+            p.http.limits.max_body_bytes = (size_t)uv;
+            break;
+        case 'p': if (!cli_parse_int(optarg, "--max-prompt", 0, 1 << 24, &p.http.limits.max_prompt_tokens)) return 1; break;
+        case 'n':
+            if (!cli_parse_int(optarg, "--max-tokens", 1, 1 << 24, &p.http.limits.parse.max_tokens)) return 1;
+            if (p.http.limits.parse.default_max_tokens > p.http.limits.parse.max_tokens)
+                p.http.limits.parse.default_max_tokens = p.http.limits.parse.max_tokens;
+            break;
+        case 'k':
+            if (!cli_parse_int(optarg, "--max-k", 1, SCHED_MAX_FACTS, &p.http.limits.parse.max_k)) return 1;
+            if (p.http.limits.parse.default_k > p.http.limits.parse.max_k)
+                p.http.limits.parse.default_k = p.http.limits.parse.max_k;
+            if (p.http.limits.parse.default_top_k > p.http.limits.parse.max_k)
+                p.http.limits.parse.default_top_k = p.http.limits.parse.max_k;
+            break;
+        case 'f': if (!cli_parse_int(optarg, "--max-in-flight", 1, 1 << 20, &p.http.limits.max_in_flight)) return 1; break;
+        case 'd':
+            if (strcmp(optarg, "f32") == 0) p.sched.record_dtype = KV_DTYPE_F32;
+            else if (strcmp(optarg, "f16") == 0) p.sched.record_dtype = KV_DTYPE_F16;
+            else if (strcmp(optarg, "bf16") == 0) p.sched.record_dtype = KV_DTYPE_BF16;
+            else {
+                fprintf(stderr, "error: --kv-dtype must be f16, bf16 or f32, got '%s'\n", optarg);
+                return 1;
+            }
+            break;
+        case 'L': log_path = optarg; break;
+        case 'q': p.http.quiet = true; break;
+        case 'h': serve_usage(stdout); return 0;
+        default: serve_usage(stderr); return 1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale serve --help')\n", argv[optind]);
+        return 1;
+    }
+    if (!p.data_dir) {
+        fprintf(stderr, "error: serve needs --data DIR (the memory's data directory)\n");
+        return 1;
+    }
+    if (p.http.no_auth && p.keys_path) {
+        fprintf(stderr, "error: --keys and --no-auth exclude each other\n");
+        return 1;
+    }
+    if (!p.http.no_auth && !p.keys_path) {
+        fprintf(stderr, "error: serve needs --keys FILE (API keys), or --no-auth for local use\n");
+        return 1;
+    }
+    if (p.http.no_auth_tenant && !auth_tenant_valid(p.http.no_auth_tenant)) {
+        fprintf(stderr, "error: --tenant must be 1 to %d characters of [A-Za-z0-9_.-]\n", AUTH_TENANT_MAX);
+        return 1;
+    }
+    if (!backend_available(p.backend)) {
+        fprintf(stderr, "error: backend '%s' is not available in this build (cpu%s)\n", p.backend,
+                backend_available("cuda") ? ", cuda" : "");
+        return 1;
+    }
+    FILE *log = NULL;
+    if (log_path) {
+        if (!(log = fopen(log_path, "a"))) {
+            fprintf(stderr, "error: cannot open log file '%s': %s\n", log_path, strerror(errno));
+            return 1;
+        }
+        p.http.log = log;
+    }
+    /* Every thread started from here on inherits the mask, so the signals
+     * reach only the sigwait below. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (p.http.no_auth)
+        fprintf(stderr, "warning: --no-auth: no API key is checked and every request is tenant "
+                        "'%s'; use it only on a machine you trust\n",
+                p.http.no_auth_tenant ? p.http.no_auth_tenant : "default");
+    http_app *app = NULL;
+    if (http_app_start(&p, &app) != IS_OK) {
+        fprintf(stderr, "error: %s\n", is_error_last());
+        if (log) fclose(log);
+        return 1;
+    }
+    const char *h = p.http.host ? p.http.host : "127.0.0.1";
+    fprintf(stderr, "serving on http://%s%s%s:%d (Ctrl-C to stop)\n", strchr(h, ':') ? "[" : "", h,
+            strchr(h, ':') ? "]" : "", http_app_port(app));
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "\n%s: stopping (requests still running are cancelled)\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    http_app_stop(app);
+    fprintf(stderr, "stopped cleanly\n");
+    if (log) fclose(log);
+    return 0;
+}
+#else
+int cmd_serve(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            serve_usage(stdout);
+            return 0;
+        }
+    fprintf(stderr, "error: this build has no HTTP server (libmicrohttpd was not found at configure "
+                    "time: install libmicrohttpd-dev and configure again)\n");
+    return 1;
+}
+#endif
