@@ -475,6 +475,8 @@ int main(int argc, char **argv) {
             backend_cuda_set_matmul_precision(b.be, ci == 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
             backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));
         }
+#else
+        (void)arena_gb; /* the arena exists only in the CUDA backend */
 #endif
         const int32_t per_seq = b.P + k_max * b.F + b.Q + 16;
         if (do_ttft) {

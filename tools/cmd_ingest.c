@@ -55,7 +55,7 @@ static void ingest_usage(FILE *f) {
             "  -m, --model PATH     GGUF model that encodes the KV (default: $INFERSCALE_MODEL or\n"
             "                       %s)\n"
             "      --no-kv          store facts without KV records (encode them later)\n"
-            "      --kv-dtype T     f32 | f16 | bf16 (default f32)\n"
+            "      --kv-dtype T     f16 | bf16 | f32 (default f16, what `serve` reads by default)\n"
             "      --embedder DIR   sentence-embedding model (default %s; 'none': BM25 only)\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
             "locomo:\n"
@@ -192,7 +192,7 @@ int cmd_ingest(int argc, char **argv) {
     ingest_opts o = {.tenant = "local"};
     bool no_kv = false, by_speaker = false;
     int32_t threads = 0;
-    kv_dtype dtype = KV_DTYPE_F32;
+    kv_dtype dtype = KV_DTYPE_F16;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "w:m:t:h", longopts, NULL)) != -1) {

@@ -48,7 +48,7 @@ static void serve_usage(FILE *f) {
             "      --kv-mem MIB        KV cache pool in MiB (default 1024)\n"
             "      --kv-dtype T        f16 | bf16 | f32: dtype of the facts' KV records written and\n"
             "                          read (default f16; records of another dtype are used as text:\n"
-            "                          ingest with the same --kv-dtype, or with --no-kv)\n"
+            "                          ingest, whose default is f16 too, with the same --kv-dtype)\n"
             "  -w, --window W          context turns encoded with each new fact (default 0)\n"
             "      --max-running N     requests in the running batch (default 32)\n"
             "      --max-queued N      requests waiting before 503 (default 256)\n"

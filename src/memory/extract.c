@@ -41,6 +41,8 @@ static const char k_system_prompt[] =
 /* The start of the assistant's reply, written for it. */
 static const char k_reply_start[] = "{\"facts\": [";
 
+const char *extract_reply_start(void) { return k_reply_start; }
+
 const char *extract_system_prompt(void) { return k_system_prompt; }
 
 extract_params extract_default_params(void) {

@@ -52,6 +52,9 @@ extract_params extract_default_params(void);
 
 /* The fixed system prompt (a constant string). */
 const char *extract_system_prompt(void);
+/* The opening the reply is begun with ({"facts": [); a caller that runs
+ * the model itself prefills it and parses it followed by the model's text. */
+const char *extract_reply_start(void);
 
 /* Parses and validates a model reply of `len` bytes (any bytes, not
  * necessarily NUL-terminated) as described above. On success *facts is a

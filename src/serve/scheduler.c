@@ -828,6 +828,22 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
                        : memory_prompt_chat_suffix(mp, r->messages, r->n_messages, &h->suffix,
                                                    &h->n_suffix);
     if (st != IS_OK) return st;
+    if (r->reply_prefix && *r->reply_prefix) {
+        int32_t *rp = NULL, *grown;
+        size_t n_rp = 0;
+        const tokenizer *tok = engine_model(s->e)->tok;
+        st = tokenizer_encode(tok, r->reply_prefix, strlen(r->reply_prefix), false, false, &rp, &n_rp);
+        if (st != IS_OK) return st;
+        grown = realloc(h->suffix, ((size_t)h->n_suffix + n_rp) * sizeof *grown);
+        if (!grown) {
+            free(rp);
+            return is_error_set(IS_ERR_NOMEM, "out of memory");
+        }
+        memcpy(grown + h->n_suffix, rp, n_rp * sizeof *grown);
+        h->suffix = grown;
+        h->n_suffix += (int32_t)n_rp;
+        free(rp);
+    }
     int64_t est = h->n_suffix;
     int32_t nf = r->mode == ASK_MODE_OFF ? 0 : r->n_facts;
     if (nf > 0 && !(h->facts = calloc((size_t)nf, sizeof *h->facts)))

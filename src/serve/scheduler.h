@@ -111,6 +111,11 @@ typedef struct sched_request {
     uint64_t seed;                /* 0 = random */
     const char *const *stop;      /* stop strings (copied, non-empty), or NULL */
     int32_t n_stop;               /* at most SCHED_MAX_STOP */
+    /* Text that begins the assistant's reply (e.g. the opening of a JSON
+     * object the model is to complete), or NULL: prefilled after the
+     * assistant header as plain text (no control tokens) and not emitted;
+     * the events carry only what the model adds. */
+    const char *reply_prefix;
 } sched_request;
 
 typedef enum sched_event_kind {

@@ -159,7 +159,8 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
     sched_request req = {.messages = msgs, .n_messages = 2, .mode = ASK_MODE_OFF,
                          .max_tokens = s->cfg.limits.extract_max_tokens > 0
                                            ? s->cfg.limits.extract_max_tokens : 512,
-                         .temperature = 0.0f, .top_p = 1.0f, .top_k = 0, .seed = 1};
+                         .temperature = 0.0f, .top_p = 1.0f, .top_k = 0, .seed = 1,
+                         .reply_prefix = extract_reply_start()};
     chat_job *job = NULL;
     is_status st = chat_job_submit(s, &req, true, &job);
     free(input);
@@ -183,9 +184,22 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
         chat_job_free(job);
         return false;
     }
+    /* The reply was begun with extract_reply_start(): parse it whole. */
+    const char *start = extract_reply_start();
+    size_t sl = strlen(start);
+    char *whole = malloc(sl + len + 1);
+    if (!whole) {
+        chat_job_free(job);
+        *res = http_send_status(r, is_error_set(IS_ERR_NOMEM, "out of memory"), "fact extraction");
+        return false;
+    }
+    memcpy(whole, start, sl);
+    memcpy(whole + sl, reply, len);
+    whole[sl + len] = '\0';
     char **facts = NULL;
     int32_t nf = 0;
-    st = extract_parse(reply, len, &facts, &nf);
+    st = extract_parse(whole, sl + len, &facts, &nf);
+    free(whole);
     if (st == IS_ERR_FORMAT) {
         char w[700];
         snprintf(w, sizeof w, "the model's extraction reply was not usable, nothing was extracted: %s",
