@@ -47,6 +47,7 @@
 
 #include "core/status.h"
 #include "memory/bm25.h"
+#include "memory/metadata.h"
 #include "memory/strmap.h"
 
 #include <cJSON.h>
@@ -497,30 +498,6 @@ static void mem_prep_free(mem_prep *p) {
     bm25_tokens_free(&p->tokens);
 }
 
-/* The canonical string of a JSON scalar (see mem_doc.metadata_json). */
-static char *mem_json_canonical(const cJSON *v) {
-    if (cJSON_IsString(v)) return strdup(v->valuestring);
-    if (cJSON_IsTrue(v)) return strdup("true");
-    if (cJSON_IsFalse(v)) return strdup("false");
-    if (cJSON_IsNull(v)) return strdup("null");
-    if (cJSON_IsNumber(v)) {
-        char buf[64];
-        double d = v->valuedouble;
-        if (d == 0.0) {
-            snprintf(buf, sizeof buf, "0");
-        } else if (d == floor(d) && fabs(d) < 1e15) {
-            snprintf(buf, sizeof buf, "%.0f", d);
-        } else {
-            for (int prec = 1; prec <= 17; prec++) {
-                snprintf(buf, sizeof buf, "%.*g", prec, d);
-                if (strtod(buf, NULL) == d) break;
-            }
-        }
-        return strdup(buf);
-    }
-    return NULL;
-}
-
 /* Parses metadata into (key, value) string pairs, first of a key kept. */
 static is_status mem_parse_meta(const char *json, mem_prep *p) {
     if (!json || !*json) return IS_OK;
@@ -547,7 +524,7 @@ static is_status mem_parse_meta(const char *json, mem_prep *p) {
         bool dup = false;
         for (int32_t i = 0; i < p->n_meta && !dup; i++) dup = strcmp(p->meta[2 * i], it->string) == 0;
         if (dup) continue;
-        char *k = strdup(it->string), *v = mem_json_canonical(it);
+        char *k = strdup(it->string), *v = metadata_scalar_string(it);
         if (!k || !v) {
             free(k);
             free(v);

@@ -2,6 +2,7 @@
 
 #include "core/status.h"
 #include "kv/fact_record.h"
+#include "memory/metadata.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -78,32 +79,6 @@ void mem_text_hash_hex(const char *text, char out[17]) {
     snprintf(out, 17, "%016llx", (unsigned long long)fact_text_hash(text, text ? strlen(text) : 0));
 }
 
-/* The canonical string of a JSON scalar: the rule of mem_doc.metadata_json
- * in index.h (strings as themselves, numbers in shortest round-trip form,
- * true/false/null), kept identical so get_all and search filter alike. */
-static char *json_scalar_canonical(const cJSON *v) {
-    if (cJSON_IsString(v)) return strdup(v->valuestring);
-    if (cJSON_IsTrue(v)) return strdup("true");
-    if (cJSON_IsFalse(v)) return strdup("false");
-    if (cJSON_IsNull(v)) return strdup("null");
-    if (cJSON_IsNumber(v)) {
-        char buf[64];
-        double d = v->valuedouble;
-        if (d == 0.0) {
-            snprintf(buf, sizeof buf, "0");
-        } else if (d == floor(d) && fabs(d) < 1e15) {
-            snprintf(buf, sizeof buf, "%.0f", d);
-        } else {
-            for (int prec = 1; prec <= 17; prec++) {
-                snprintf(buf, sizeof buf, "%.*g", prec, d);
-                if (strtod(buf, NULL) == d) break;
-            }
-        }
-        return strdup(buf);
-    }
-    return NULL;
-}
-
 is_status mem_metadata_canonical(const char *json, char **out) {
     if (!json || !*json) {
         *out = NULL;
@@ -153,7 +128,7 @@ static bool meta_matches(const char *metadata, const mem_filter *f) {
                 break;
             }
         }
-        char *v = hit ? json_scalar_canonical(hit) : NULL;
+        char *v = hit ? metadata_scalar_string(hit) : NULL;
         ok = v && strcmp(v, f->meta_values[i]) == 0;
         free(v);
     }
