@@ -33,7 +33,7 @@ inc=(-I"$root/include" -I"$root/src" -D_GNU_SOURCE -std=gnu11 $(pkg-config --cfl
 echo "== building $build/fuzz_http_parse with $cc"
 "$cc" "${inc[@]}" -g -O1 -Wall -Wextra -fno-omit-frame-pointer \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    "$root/fuzz/fuzz_http_parse.c" "$root/src/serve/http/parse.c" "$root/src/core/status.c" \
+    "$root/fuzz/fuzz_http_parse.c" "$root/src/serve/http/parse.c" "$root/src/memory/metadata.c" "$root/src/core/status.c" \
     $(pkg-config --libs libcjson) -lm -o "$build/fuzz_http_parse"
 
 echo "== seeds"

@@ -1,5 +1,7 @@
 #include "serve/http/parse.h"
 
+#include "memory/metadata.h"
+
 #include "core/status.h"
 
 #include <cjson/cJSON.h>
@@ -239,31 +241,6 @@ static is_status get_number(const cJSON *obj, const char *name, double lo, doubl
     return IS_OK;
 }
 
-/* The canonical form of a metadata scalar: keep identical to
- * json_scalar_canonical in memory/store.c and the rule of memory/index.h. */
-static char *scalar_canonical(const cJSON *v) {
-    if (cJSON_IsString(v)) return strdup(v->valuestring);
-    if (cJSON_IsTrue(v)) return strdup("true");
-    if (cJSON_IsFalse(v)) return strdup("false");
-    if (cJSON_IsNull(v)) return strdup("null");
-    if (cJSON_IsNumber(v)) {
-        char buf[64];
-        double d = v->valuedouble;
-        if (d == 0.0) {
-            snprintf(buf, sizeof buf, "0");
-        } else if (d == floor(d) && fabs(d) < 1e15) {
-            snprintf(buf, sizeof buf, "%.0f", d);
-        } else {
-            for (int prec = 1; prec <= 17; prec++) {
-                snprintf(buf, sizeof buf, "%.*g", prec, d);
-                if (strtod(buf, NULL) == d) break;
-            }
-        }
-        return strdup(buf);
-    }
-    return NULL;
-}
-
 void parse_filters_free(parse_filters *f) {
     if (!f) return;
     free(f->user_id);
@@ -288,7 +265,7 @@ static is_status add_meta(parse_filters *f, const char *key, const cJSON *v, con
         if (strcmp(f->meta_keys[i], key) == 0)
             return parse_fail(err, 400, where, "invalid_value", "metadata filter '%s' given twice",
                               key);
-    char *k = strdup(key), *val = scalar_canonical(v);
+    char *k = strdup(key), *val = metadata_scalar_string(v);
     if (!k || !val) {
         free(k);
         free(val);
