@@ -68,13 +68,6 @@ static void ingest_usage(FILE *f) {
             CLI_DEFAULT_MODEL, DEFAULT_EMBEDDER);
 }
 
-/* The memory encoder: ask_encode_fact into the memory's record store. */
-static is_status encode_with_ask(void *ud, record_store *store, const memory_encode_job *job) {
-    ask_fact af = {job->record_id, job->text, job->context, job->n_context};
-    bool did;
-    return ask_encode_fact((ask_ctx *)ud, &af, job->window, &did);
-}
-
 typedef struct progress_ctx {
     const char *what;
     double t0;
@@ -296,7 +289,7 @@ int cmd_ingest(int argc, char **argv) {
         ep.n_ctx = m->cfg.n_ctx_train;
         if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail;
         if ((st = ask_ctx_create(e, memory_record_store(mem), dtype, &ac)) != IS_OK) goto fail;
-        memory_set_encoder(mem, encode_with_ask, ac);
+        memory_set_encoder(mem, ask_memory_encoder, ac);
         if (rep.n_missing_kv > 0) {
             progress_ctx pc = {"encoding stored facts", now_ms()};
             int64_t n_enc = 0;

@@ -202,12 +202,6 @@ static bool on_commit(void *ud) {
     return true;
 }
 
-static is_status real_encode(void *ud, record_store *rs, const memory_encode_job *job) {
-    ask_fact af = {job->record_id, job->text, job->context, job->n_context};
-    bool did;
-    return ask_encode_fact((ask_ctx *)ud, &af, job->window, &did);
-}
-
 #define CHILD_FAIL(...)                                                                            \
     do {                                                                                           \
         say("F " __VA_ARGS__);                                                                     \
@@ -250,7 +244,7 @@ static void child_main(const crash_cfg *cfg, int fd) {
         if (engine_create(mdl, ep, &e) != IS_OK ||
             ask_ctx_create(e, memory_record_store(m), KV_DTYPE_F32, &ac) != IS_OK)
             CHILD_FAIL("engine");
-        memory_set_encoder(m, real_encode, ac);
+        memory_set_encoder(m, ask_memory_encoder, ac);
     } else {
         memory_set_encoder(m, fake_encode, NULL);
     }
