@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
+#include "test_util.h"
 #include "engine/sampler.h"
 
 #define GOLDEN IS_GOLDEN_DIR "/logits"
@@ -38,29 +39,11 @@ static model *g_model;
 static golden_prompt g_prompts[8];
 static int g_n_prompts;
 
-static void *read_file(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    ((char *)buf)[n] = 0;
-    fclose(f);
-    *size = (size_t)n;
-    return buf;
-}
-
 static float *read_f32(const char *name, size_t expect) {
     char path[512];
     snprintf(path, sizeof path, GOLDEN "/%s", name);
     size_t n;
-    float *d = read_file(path, &n);
+    float *d = test_read_file(path, &n);
     if (!d || n != expect * sizeof(float)) {
         fprintf(stderr, "golden file %s: expected %zu floats\n", path, expect);
         abort();
@@ -77,7 +60,7 @@ static int setup(void **state) {
         return -1;
     }
     size_t n;
-    char *json = read_file(GOLDEN "/manifest.json", &n);
+    char *json = test_read_file(GOLDEN "/manifest.json", &n);
     if (!json) return -1;
     cJSON *root = cJSON_Parse(json);
     free(json);
@@ -127,18 +110,6 @@ static int32_t argmax(const float *x, int32_t n) {
 }
 
 /* max |a - ref| / (max(ref) - min(ref)) */
-static double rel_range_err(const float *a, const float *ref, int32_t n) {
-    float lo = ref[0], hi = ref[0];
-    double err = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (ref[i] < lo) lo = ref[i];
-        if (ref[i] > hi) hi = ref[i];
-        double d = fabs((double)a[i] - ref[i]);
-        if (d > err) err = d;
-    }
-    return err / (hi - lo);
-}
-
 static engine *make_engine(int32_t max_seqs, int32_t max_batch) {
     engine_params ep = engine_default_params();
     ep.n_ctx = 4096;
@@ -168,7 +139,7 @@ static void test_last_logits_match_reference(void **state) {
         int32_t seq;
         assert_int_equal(engine_seq_open(e, &seq), IS_OK);
         feed(e, seq, g->tokens, g->n_tokens, logits);
-        double err = rel_range_err(logits, g->last, V);
+        double err = test_rel_range_err(logits, g->last, V);
         printf("  %-8s %5d tokens: max |diff| / range = %.2e, argmax %d (ref %d)\n", g->name,
                g->n_tokens, err, argmax(logits, V), argmax(g->last, V));
         assert_true(err <= 1e-3);
@@ -195,7 +166,7 @@ static void test_all_positions_match_reference(void **state) {
         engine_batch b = {.n_tokens = g->n_tokens, .tokens = g->tokens, .seq = s, .want_logits = want};
         assert_int_equal(engine_decode(e, &b, logits), IS_OK);
         for (int32_t t = 0; t < g->n_tokens; t++) {
-            double err = rel_range_err(logits + (size_t)t * V, g->all + (size_t)t * V, V);
+            double err = test_rel_range_err(logits + (size_t)t * V, g->all + (size_t)t * V, V);
             assert_true(err <= 1e-3);
             assert_int_equal(argmax(logits + (size_t)t * V, V), argmax(g->all + (size_t)t * V, V));
         }
@@ -259,7 +230,7 @@ static void test_paged_cache_chunking_and_interleaving(void **state) {
         feed(e2, s1, g->tokens + done, c, chunked);
         done += c;
     }
-    double err = rel_range_err(chunked, one, V);
+    double err = test_rel_range_err(chunked, one, V);
     printf("  chunked vs one prefill: %.2e\n", err);
     assert_true(err <= 1e-4);
     assert_int_equal(argmax(chunked, V), argmax(one, V));
@@ -288,7 +259,7 @@ static void test_paged_cache_chunking_and_interleaving(void **state) {
         engine_batch bt = {.n_tokens = m, .tokens = toks, .seq = seqs, .want_logits = want};
         assert_int_equal(engine_decode(e3, &bt, mixed), IS_OK);
     }
-    err = rel_range_err(mixed, one, V);
+    err = test_rel_range_err(mixed, one, V);
     printf("  interleaved vs one prefill: %.2e\n", err);
     assert_true(err <= 1e-4);
     assert_int_equal(argmax(mixed, V), argmax(one, V));

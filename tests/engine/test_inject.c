@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
+#include "test_util.h"
 #include "engine/sampler.h"
 #include "serve/memory_prompt.h"
 
@@ -154,18 +155,6 @@ static void encoded_free(encoded *x) {
     free(x->v);
 }
 
-static double rel_range_err(const float *a, const float *ref, int32_t n) {
-    float lo = ref[0], hi = ref[0];
-    double err = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (ref[i] < lo) lo = ref[i];
-        if (ref[i] > hi) hi = ref[i];
-        double d = fabs((double)a[i] - ref[i]);
-        if (d > err) err = d;
-    }
-    return err / (hi - lo);
-}
-
 static void test_position_invariance(void **state) {
     SKIP_WITHOUT_MODEL();
     engine *e = make_engine(4096);
@@ -258,7 +247,7 @@ static void check_fact_set(engine *e, const int *idx, int n_facts, int w, const 
 
     double worst = 0;
     for (int32_t j = 0; j < ns; j++) {
-        double err = rel_range_err(inj + (size_t)j * V, ref + (size_t)j * V, V);
+        double err = test_rel_range_err(inj + (size_t)j * V, ref + (size_t)j * V, V);
         if (err > worst) worst = err;
         assert_int_equal(sampler_argmax(inj + (size_t)j * V, V), sampler_argmax(ref + (size_t)j * V, V));
     }
@@ -339,7 +328,7 @@ static void test_single_fact_equals_plain_prefill(void **state) {
     for (int i = 0; i < 512; i++) sq2[i] = s2;
     engine_batch bw = {.n_tokens = total, .tokens = toks, .seq = sq2};
     assert_int_equal(engine_decode(e, &bw, b), IS_OK);
-    double err = rel_range_err(a, b, V);
+    double err = test_rel_range_err(a, b, V);
     printf("  single fact vs plain prefill: %.2e\n", err);
     assert_true(err <= 1e-4);
     assert_int_equal(sampler_argmax(a, V), sampler_argmax(b, V));

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "test_util.h"
 #include "engine/sampler.h"
 
 #define N_GREEDY 16
@@ -56,29 +57,11 @@ static char g_dir[400];
 static tiny_model g_models[MAX_MODELS];
 static int g_n_models;
 
-static void *read_file(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    ((char *)buf)[n] = 0;
-    fclose(f);
-    *size = (size_t)n;
-    return buf;
-}
-
 static float *read_f32(const char *name, size_t expect) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", g_dir, name);
     size_t n = 0;
-    float *d = read_file(path, &n);
+    float *d = test_read_file(path, &n);
     if (!d || n != expect * sizeof(float)) {
         fprintf(stderr, "golden file %s: expected %zu floats, got %zu bytes\n", path, expect, n);
         free(d);
@@ -99,7 +82,7 @@ static int manifest_load(void) {
     char path[1024];
     snprintf(path, sizeof path, "%s/manifest.json", g_dir);
     size_t n;
-    char *json = read_file(path, &n);
+    char *json = test_read_file(path, &n);
     if (!json) {
         fprintf(stderr, "cannot read %s (run tools/make_tiny_models.py)\n", path);
         return -1;
@@ -160,18 +143,6 @@ static int32_t argmax(const float *x, int32_t n) {
 }
 
 /* max |a - ref| / (max(ref) - min(ref)) */
-static double rel_range_err(const float *a, const float *ref, int32_t n) {
-    float lo = ref[0], hi = ref[0];
-    double err = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (ref[i] < lo) lo = ref[i];
-        if (ref[i] > hi) hi = ref[i];
-        double d = fabs((double)a[i] - ref[i]);
-        if (d > err) err = d;
-    }
-    return err / (hi - lo);
-}
-
 static engine *make_engine(model *m, int32_t max_batch) {
     engine_params ep = engine_default_params();
     ep.n_ctx = 1024;
@@ -199,7 +170,7 @@ static void check_all_positions(model *m, const tiny_model *tm, const tiny_promp
     int32_t worst_t = 0, bad_argmax = -1;
     for (int32_t t = 0; t < n; t++) {
         const float *got = logits + (size_t)t * V, *ref = p->all + (size_t)t * V;
-        double err = rel_range_err(got, ref, V);
+        double err = test_rel_range_err(got, ref, V);
         if (err > worst) {
             worst = err;
             worst_t = t;
@@ -231,7 +202,7 @@ static void check_greedy(model *m, const tiny_model *tm, const tiny_prompt *p) {
     for (int32_t t = 0; t < p->n_tokens; t++) seq[t] = s;
     engine_batch b = {.n_tokens = p->n_tokens, .tokens = p->tokens, .seq = seq};
     assert_int_equal(engine_decode(e, &b, logits), IS_OK);
-    double err = rel_range_err(logits, p->all + (size_t)(p->n_tokens - 1) * V, V);
+    double err = test_rel_range_err(logits, p->all + (size_t)(p->n_tokens - 1) * V, V);
     if (err > TOLERANCE)
         fail_msg("%s/%s: chunked prefill's last logits differ by %.2e", tm->name, p->name, err);
     for (int k = 0; k < N_GREEDY; k++) {

@@ -34,27 +34,13 @@
 #include <unistd.h>
 
 #include "memory/embedder.h"
+#include "test_util.h"
 #include "memory/safetensors.h"
 #include "memory/wordpiece.h"
 
 #define MODEL_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
 
 /* ---- helpers --------------------------------------------------------------- */
-
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)sz + 1);
-    assert_non_null(p);
-    assert_int_equal(fread(p, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
-    p[sz] = '\0';
-    if (n) *n = (size_t)sz;
-    return p;
-}
 
 static void write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -66,7 +52,7 @@ static void write_file(const char *path, const void *data, size_t n) {
 static cJSON *load_golden(const char *name) {
     char path[1024];
     snprintf(path, sizeof path, "%s/embed/%s", IS_GOLDEN_DIR, name);
-    char *text = read_file(path, NULL);
+    char *text = test_read_file(path, NULL);
     if (!text) fail_msg("cannot read %s (run tools/make_embedder_golden.py)", path);
     cJSON *j = cJSON_Parse(text);
     free(text);

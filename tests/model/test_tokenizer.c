@@ -34,29 +34,15 @@
 #include <unistd.h>
 
 #include "gguf/gguf.h"
+#include "test_util.h"
 #include "model/tokenizer.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)sz + 1);
-    assert_non_null(p);
-    assert_int_equal(fread(p, 1, (size_t)sz, f), (size_t)sz);
-    fclose(f);
-    p[sz] = '\0';
-    if (n) *n = (size_t)sz;
-    return p;
-}
-
 static cJSON *load_json(const char *name) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", IS_GOLDEN_DIR, name);
-    char *text = read_file(path, NULL);
+    char *text = test_read_file(path, NULL);
     if (!text) fail_msg("cannot read %s (run tools/make_tokenizer_golden.py)", path);
     cJSON *j = cJSON_Parse(text);
     free(text);

@@ -1,0 +1,35 @@
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void *test_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
+        buf = malloc((size_t)size + 1);
+    if (buf && fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (!buf) return NULL;
+    buf[size] = '\0';
+    if (n) *n = (size_t)size;
+    return buf;
+}
+
+double test_rel_range_err(const float *a, const float *ref, int32_t n) {
+    float lo = ref[0], hi = ref[0];
+    double err = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (ref[i] < lo) lo = ref[i];
+        if (ref[i] > hi) hi = ref[i];
+        double d = fabs((double)a[i] - ref[i]);
+        if (d > err) err = d;
+    }
+    return err / (hi - lo);
+}
