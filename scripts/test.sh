@@ -7,4 +7,5 @@ bash scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 cd build
-ctest --output-on-failure -LE gpu -j"$(nproc)" "$@"
+# GPU tests are included: without a device they report "Skipped" (exit 77).
+ctest --output-on-failure -j"$(nproc)" "$@"
