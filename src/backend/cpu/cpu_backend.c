@@ -211,6 +211,28 @@ static const float *rope_table(cpu_ctx *ctx, const rope_params *rp, int32_t max_
     return cs;
 }
 
+/* Rotates one head's vector by the angles cs (cos, sin pairs; sgn -1 for a
+ * negative position), reading src and writing dst (which may be src). The
+ * one rotation both rope and inject use, so the two paths agree bit for bit. */
+static inline void rope_head(float *dst, const float *src, const float *cs, float sgn,
+                             rope_layout layout, int32_t half, int32_t head_dim, int32_t n_rot) {
+    if (layout == ROPE_LAYOUT_NORM) {
+        for (int32_t i = 0; i < half; i++) {
+            float a = src[2 * i], b = src[2 * i + 1], c = cs[2 * i], s = sgn * cs[2 * i + 1];
+            dst[2 * i] = a * c - b * s;
+            dst[2 * i + 1] = a * s + b * c;
+        }
+    } else {
+        for (int32_t i = 0; i < half; i++) {
+            float a = src[i], b = src[i + half], c = cs[2 * i], s = sgn * cs[2 * i + 1];
+            dst[i] = a * c - b * s;
+            dst[i + half] = a * s + b * c;
+        }
+    }
+    if (dst != src && n_rot < head_dim)
+        memcpy(dst + n_rot, src + n_rot, (size_t)(head_dim - n_rot) * sizeof(float));
+}
+
 static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
                      int32_t head_dim, const rope_params *rp) {
     int32_t half = rp->n_rot / 2;
@@ -228,21 +250,50 @@ static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32
         float sgn = pos[t] < 0 ? -1.0f : 1.0f;
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + ((int64_t)t * n_heads + h) * head_dim;
-            if (rp->layout == ROPE_LAYOUT_NORM) {
-                for (int32_t i = 0; i < half; i++) {
-                    float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], s = sgn * cs[2 * i + 1];
-                    v[2 * i] = a * c - b * s;
-                    v[2 * i + 1] = a * s + b * c;
-                }
-            } else {
-                for (int32_t i = 0; i < half; i++) {
-                    float a = v[i], b = v[i + half], c = cs[2 * i], s = sgn * cs[2 * i + 1];
-                    v[i] = a * c - b * s;
-                    v[i + half] = a * s + b * c;
-                }
-            }
+            rope_head(v, v, cs, sgn, rp->layout, half, head_dim, rp->n_rot);
         }
     }
+}
+
+/* Chunked RoPE + scatter in one pass: each stored pre-RoPE key row is
+ * rotated straight from the record into its cache slot and each value row
+ * copied, every (layer, token) independently, so both cores share the work
+ * and nothing is staged (the engine's generic path copies each row into the
+ * activation buffer first, then rotates, then scatters). */
+static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache,
+                       const backend_inject *in) {
+    int64_t total = 0;
+    for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
+    if (total == 0) return;
+    const rope_params *rp = in->rope;
+    int32_t half = rp->n_rot / 2, kv_dim = in->n_kv_heads * in->head_dim;
+    const float *table = rope_table(be->ctx, rp, in->pos0 + (int32_t)total - 1);
+    /* Where each token comes from: its fact and its index in the fact. */
+    int32_t *fact_of = malloc((size_t)total * 2 * sizeof *fact_of);
+    IS_ASSERT(fact_of);
+    int32_t *tok_of = fact_of + total;
+    for (int32_t f = 0, i = 0; f < in->n_facts; f++)
+        for (int32_t j = 0; j < in->facts[f].n_tokens; j++, i++) {
+            fact_of[i] = f;
+            tok_of[i] = j;
+        }
+    int64_t work = (int64_t)in->n_layers * total;
+#pragma omp parallel for schedule(static) if (work > 64)
+    for (int64_t w = 0; w < work; w++) {
+        int32_t l = (int32_t)(w / total), i = (int32_t)(w % total);
+        const backend_fact *fa = &in->facts[fact_of[i]];
+        size_t src = ((size_t)l * fa->n_tokens + tok_of[i]) * kv_dim;
+        const float *cs = table + (size_t)(in->pos0 + i) * half * 2;
+        int32_t block = in->slots[i] / in->block_size, off = in->slots[i] % in->block_size;
+        for (int32_t h = 0; h < in->n_kv_heads; h++) {
+            size_t dst = (((size_t)block * in->n_kv_heads + h) * in->block_size + off) * in->head_dim;
+            const float *ks = fa->k + src + (size_t)h * in->head_dim;
+            rope_head(k_cache[l] + dst, ks, cs, 1.0f, rp->layout, half, in->head_dim, rp->n_rot);
+            memcpy(v_cache[l] + dst, fa->v + src + (size_t)h * in->head_dim,
+                   (size_t)in->head_dim * sizeof(float));
+        }
+    }
+    free(fact_of);
 }
 
 static void cpu_kv_store(backend *be, float *k_cache, float *v_cache, const float *k,
@@ -444,6 +495,7 @@ static const backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .add = cpu_add,
     .sync = cpu_sync,
+    .inject = cpu_inject,
 };
 
 is_status backend_cpu_create(int32_t n_threads, backend **out) {
