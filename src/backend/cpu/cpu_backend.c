@@ -410,20 +410,37 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
             continue;
         }
 
-        /* Prefill-sized: per KV head, gather K and V, then two GEMMs over
-         * query chunks. Rows of S are ordered (token, rep head). */
-        const int32_t chunk = 128;
-        float *kbuf = malloc((size_t)n_keys * head_dim * sizeof(float));
-        float *vbuf = malloc((size_t)n_keys * head_dim * sizeof(float));
-        float *qbuf = malloc((size_t)chunk * n_rep * head_dim * sizeof(float));
-        float *obuf = malloc((size_t)chunk * n_rep * head_dim * sizeof(float));
-        float *sbuf = malloc((size_t)chunk * n_rep * n_keys * sizeof(float));
-        IS_ASSERT(kbuf && vbuf && qbuf && obuf && sbuf);
+        /* Prefill-sized: gather every KV head's keys and values once, then
+         * two GEMMs per (KV head, query chunk). The pairs are spread over
+         * the threads, each GEMM single-threaded inside them: a short query
+         * (the ~30 tokens after injected memory) then keeps every core busy
+         * with whole heads instead of splitting small GEMMs. Rows of S are
+         * ordered (token, rep head). */
+        const int32_t chunk = run <= 64 ? 16 : 128;
+        const int32_t n_chunks = (run + chunk - 1) / chunk;
+        size_t head_elems = (size_t)n_keys * head_dim;
+        float *kall = malloc((size_t)n_kv_heads * head_elems * sizeof(float));
+        float *vall = malloc((size_t)n_kv_heads * head_elems * sizeof(float));
+        IS_ASSERT(kall && vall);
+#pragma omp parallel for schedule(static) if (n_kv_heads > 1)
         for (int32_t kh = 0; kh < n_kv_heads; kh++) {
-            gather_head(kbuf, k_cache, blocks, n_keys, kh, n_kv_heads, head_dim, block_size);
-            gather_head(vbuf, v_cache, blocks, n_keys, kh, n_kv_heads, head_dim, block_size);
-            for (int32_t c0 = t0; c0 < t1; c0 += chunk) {
+            gather_head(kall + kh * head_elems, k_cache, blocks, n_keys, kh, n_kv_heads, head_dim,
+                        block_size);
+            gather_head(vall + kh * head_elems, v_cache, blocks, n_keys, kh, n_kv_heads, head_dim,
+                        block_size);
+        }
+#pragma omp parallel
+        {
+            float *qbuf = malloc((size_t)chunk * n_rep * head_dim * sizeof(float));
+            float *obuf = malloc((size_t)chunk * n_rep * head_dim * sizeof(float));
+            float *sbuf = malloc((size_t)chunk * n_rep * n_keys * sizeof(float));
+            IS_ASSERT(qbuf && obuf && sbuf);
+#pragma omp for schedule(dynamic)
+            for (int32_t item = 0; item < n_kv_heads * n_chunks; item++) {
+                int32_t kh = item / n_chunks;
+                int32_t c0 = t0 + (item % n_chunks) * chunk;
                 int32_t cn = t1 - c0 < chunk ? t1 - c0 : chunk;
+                const float *kbuf = kall + kh * head_elems, *vbuf = vall + kh * head_elems;
                 int32_t ck = 0; /* keys this chunk can see */
                 for (int32_t t = c0; t < c0 + cn; t++)
                     if (b->pos[t] + 1 > ck) ck = b->pos[t] + 1;
@@ -435,7 +452,6 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                                (size_t)head_dim * sizeof(float));
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, ck, head_dim, 1.0f, qbuf,
                             head_dim, kbuf, head_dim, 0.0f, sbuf, ck);
-#pragma omp parallel for schedule(static)
                 for (int32_t row = 0; row < m; row++)
                     masked_softmax(sbuf + (size_t)row * ck, ck, b->pos[c0 + row / n_rep], seg,
                                    scale);
@@ -447,12 +463,12 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                                obuf + ((size_t)t * n_rep + r) * head_dim,
                                (size_t)head_dim * sizeof(float));
             }
+            free(qbuf);
+            free(obuf);
+            free(sbuf);
         }
-        free(kbuf);
-        free(vbuf);
-        free(qbuf);
-        free(obuf);
-        free(sbuf);
+        free(kall);
+        free(vall);
         t0 = t1;
     }
 }
