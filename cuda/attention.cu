@@ -8,17 +8,6 @@
 #include <math.h>
 
 #define ATTN_WARPS 4
-#define FULL_MASK 0xffffffffu
-
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
-    return v;
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
-}
 
 /* May a query of segment qs see a key of segment ks (causality apart)? */
 static __device__ __forceinline__ bool seg_visible(int32_t qs, int32_t ks) {

@@ -53,4 +53,18 @@ static inline unsigned cuda_blocks_for(int64_t n, int threads) {
     return (unsigned)b;
 }
 
+/* Butterfly reductions over the 32 lanes of a warp (every lane gets the
+ * result); the attention kernels' softmax uses them. */
+#define FULL_MASK 0xffffffffu
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
 #endif

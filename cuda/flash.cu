@@ -16,7 +16,6 @@
 using namespace nvcuda;
 
 #define FLASH_THREADS 128
-#define FULL_MASK 0xffffffffu
 
 bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
     if (head_dim != 64 && head_dim != 128) return false;
@@ -36,16 +35,6 @@ template <int D> struct flash_layout {
     static constexpr size_t ROW_BYTES = (size_t)FLASH_BM * 4 * 4;
     static constexpr size_t BYTES = Q_BYTES + 2 * KV_BYTES + S_BYTES + O_BYTES + ROW_BYTES;
 };
-
-static __device__ __forceinline__ float warp_max(float v) {
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
-    return v;
-}
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
-}
 
 template <int D>
 static __global__ void __launch_bounds__(FLASH_THREADS)
