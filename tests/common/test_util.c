@@ -1,4 +1,8 @@
+#define _XOPEN_SOURCE 700
 #include "test_util.h"
+
+#include <ftw.h>
+#include <unistd.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -32,4 +36,14 @@ double test_rel_range_err(const float *a, const float *ref, int32_t n) {
         if (d > err) err = d;
     }
     return err / (hi - lo);
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) == 0 ? 0 : -1;
+}
+
+int test_remove_tree(const char *path) {
+    return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0 ? 0 : -1;
 }

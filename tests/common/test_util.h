@@ -16,4 +16,8 @@ void *test_read_file(const char *path, size_t *n);
  * comparison against a reference uses. */
 double test_rel_range_err(const float *a, const float *ref, int32_t n);
 
+/* Removes a directory and everything below it (links are removed, not
+ * followed). 0 on success, -1 if anything could not be removed. */
+int test_remove_tree(const char *path);
+
 #endif

@@ -274,9 +274,7 @@ static int tmp_setup(void **state) {
 
 static int tmp_teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_remove_tree(g_tmp);
 }
 
 static void write_raw(const char *name, const void *data, size_t n, char *path, size_t cap) {

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "core/status.h"
+#include "test_util.h"
 #include "kv/fact_record.h"
 #include "memory/memory.h"
 
@@ -60,9 +61,7 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_remove_tree(g_dir);
 }
 
 /* ---- fakes --------------------------------------------------------------------- */

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "memory/store.h"
+#include "test_util.h"
 
 static char g_dir[256];
 static char g_path[300];
@@ -45,9 +46,7 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_remove_tree(g_dir);
 }
 
 /* A fact with a 4-float embedding derived from `seed`. */

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "memory/memory.h"
+#include "test_util.h"
 #include "serve/http/app.h"
 
 #define KEY_A "sk-test-tenant-a-0001"
@@ -330,9 +331,7 @@ static int teardown(void **state) {
     http_app_stop(g_app);
     g_app = NULL;
     if (g_logf) fclose(g_logf);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) return -1;
+    if (test_remove_tree(g_dir) != 0) return -1;
     curl_global_cleanup();
     return 0;
 }

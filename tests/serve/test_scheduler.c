@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "core/status.h"
+#include "test_util.h"
 #include "engine/sampler.h"
 #include "serve/scheduler.h"
 
@@ -61,9 +62,7 @@ static int teardown(void **state) {
     model_free(g_model);
     if (g_be) g_be->ops->free(g_be);
     if (g_model) {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-        if (system(cmd) != 0) return -1;
+        if (test_remove_tree(g_dir) != 0) return -1;
     }
     return 0;
 }
