@@ -463,10 +463,6 @@ static ask_mode to_ask_mode(parse_mode m) {
     return m == PARSE_MODE_KV ? ASK_MODE_KV : m == PARSE_MODE_PROMPT ? ASK_MODE_PROMPT : ASK_MODE_OFF;
 }
 
-static const char *mode_name(ask_mode m) {
-    return m == ASK_MODE_KV ? "kv" : m == ASK_MODE_PROMPT ? "prompt" : "off";
-}
-
 /* Tokens of the client's messages (not the template's): what
  * max_prompt_tokens bounds. -1 when they cannot be counted. */
 static int64_t count_tokens(const tokenizer *tok, const parse_chat *c) {
@@ -515,7 +511,7 @@ enum MHD_Result http_chat(http_req *r) {
     if (mode != ASK_MODE_OFF && !c.user) {
         res = http_send_error(r, 400, "user", "missing_field",
                               "memory mode '%s' needs 'user' (the user whose memory to use)",
-                              mode_name(mode));
+                              ask_mode_name(mode));
         goto out;
     }
     if (lim->max_prompt_tokens > 0 && s->cfg.tok) {
@@ -577,7 +573,7 @@ enum MHD_Result http_chat(http_req *r) {
             cJSON_AddStringToObject(meminfo, "note",
                                     "no memories are stored for this user: answered without memory");
         }
-        cJSON_AddStringToObject(meminfo, "mode", mode_name(mode));
+        cJSON_AddStringToObject(meminfo, "mode", ask_mode_name(mode));
         cJSON_AddNumberToObject(meminfo, "k", n_hits);
         cJSON *ids = cJSON_AddArrayToObject(meminfo, "facts");
         int32_t n_ready = 0;
