@@ -7,7 +7,7 @@
  *
  *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
- *             [-P 60] [-F 25] [-Q 30] [-o CSV]
+ *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p]
  *
  * Layout (DESIGN.md, issue 6): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
@@ -112,6 +112,7 @@ typedef struct bench {
     int32_t *fact_tokens;  /* [F] (the same for every fact: only the KV matters) */
     float *logits;         /* [n_vocab] */
     int32_t *tok, *seq;    /* batch scratch */
+    bool no_sync;          /* no sync between inject and prefill (profiling the GPU alone) */
     int32_t cap;
 } bench;
 
@@ -184,7 +185,7 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     double t1 = now_ms(), t2 = t1;
     if (mode == 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
-        b->be->ops->sync(b->be); /* for the breakdown only */
+        if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
         t2 = now_ms();
     }
     batch_reserve(b, n);
@@ -358,6 +359,49 @@ static void run_throughput(bench *b, const char *cfg, const int *users, int n_u,
     }
 }
 
+#ifdef IS_HAVE_CUDA
+/* -p: one request per mode and k with the backend's op profiler on (after
+ * the timed runs, so warm): where the GPU time goes, and how much of the
+ * GPU's span is idle waiting for launches (span - busy). */
+static void run_profile(bench *b, const char *cfg, const int *ks, int n_k) {
+    int32_t k_max = 0;
+    for (int i = 0; i < n_k; i++) k_max = ks[i] > k_max ? ks[i] : k_max;
+    int32_t *suffix = malloc((size_t)(k_max * b->F + b->Q) * sizeof *suffix);
+    g_rng = 0x9E3779B97F4A7C15ull;
+    random_tokens(b, suffix, k_max * b->F + b->Q);
+    printf("\n### Op profile, %s: GPU ms per kind of op (one warm request each)\n\n", cfg);
+    printf("| mode | k | wall | GPU span | GPU busy | ops |");
+    for (int o = 0; o < CUDA_OP_N; o++) printf(" %s |", cuda_op_kind_name((cuda_op_kind)o));
+    printf("\n|---|---:|---:|---:|---:|---:|");
+    for (int o = 0; o < CUDA_OP_N; o++) printf("---:|");
+    printf("\n");
+    for (int ki = 0; ki < n_k; ki++) {
+        for (int mode = 1; mode >= 0; mode--) {
+            const int32_t k = ks[ki];
+            one_request(b, mode, k, 1, 0, suffix + (k_max - k) * b->F); /* warm */
+            /* live: as served; held: the GPU alone (see profile_begin). */
+            for (int held = 0; held < 2; held++) {
+                CHECK(backend_cuda_profile_begin(b->be, held ? 300.0 : 0.0), "profile");
+                b->no_sync = held;
+                one_request(b, mode, k, 1, 0, suffix + (k_max - k) * b->F);
+                b->no_sync = false;
+                cuda_op_profile pr;
+                CHECK(backend_cuda_profile_end(b->be, &pr), "profile");
+                int64_t n_ops = 0;
+                for (int o = 0; o < CUDA_OP_N; o++) n_ops += pr.count[o];
+                printf("| %s%s | %d | %.2f | %.2f | %.2f | %lld |", mode ? "kv" : "prompt",
+                       held ? " (GPU alone)" : "", k, pr.wall_ms, pr.span_ms, pr.busy_ms,
+                       (long long)n_ops);
+                for (int o = 0; o < CUDA_OP_N; o++) printf(" %.3f |", pr.gpu_ms[o]);
+                printf("\n");
+            }
+        }
+    }
+    fflush(stdout);
+    free(suffix);
+}
+#endif
+
 static bool has(const char *list, const char *name) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
@@ -371,13 +415,14 @@ int main(int argc, char **argv) {
     const char *cfg_ttft = "legacy,bf16x2,bf16", *cfg_tp = "legacy,bf16";
     char ks_arg[128] = "5,10,20,50,100", us_arg[128] = "1,10,50,100", lus_arg[128] = "";
     int reps = 7, K = 50, threads = 0;
+    bool profile = false;
     double arena_gb = 24;
     bench b = {0};
     b.P = 60;
     b.F = 25;
     b.Q = 30;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:h")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:ph")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -394,11 +439,13 @@ int main(int argc, char **argv) {
         case 'Q': b.Q = atoi(optarg); break;
         case 'o': csv_path = optarg; break;
         case 'T': threads = atoi(optarg); break;
+        case 'p': profile = true; break;
         default:
             fprintf(stderr,
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
-                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV]\n"
+                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p]\n"
+                    "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
                     "configs: legacy, bf16x2, bf16 (cuda); ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
@@ -482,6 +529,9 @@ int main(int argc, char **argv) {
         if (do_ttft) {
             bench_engine(&b, 4, per_seq, 4 * per_seq);
             run_ttft(&b, cfg, ks, n_k, reps, cuda && ci > 0, csv, &ref);
+#ifdef IS_HAVE_CUDA
+            if (profile && cuda) run_profile(&b, cfg, ks, n_k);
+#endif
             engine_free(b.e);
             b.e = NULL;
         }

@@ -26,6 +26,7 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct cuda_weight {
     backend_weight base; /* shape; must stay first */
@@ -44,6 +45,7 @@ typedef struct dev_stage {
 } dev_stage;
 
 #define ROPE_MAX_HALF 512
+#define PROF_MAX_OPS 16384
 
 typedef struct cuda_ctx {
     int32_t device;
@@ -89,6 +91,15 @@ typedef struct cuda_ctx {
     float rope_base, rope_scale;
     bool rope_has_factors;
     float rope_factors[ROPE_MAX_HALF];
+
+    /* Op profiler (backend_cuda_profile_begin/end): an event pair around
+     * every op while on; read back at the end. */
+    bool prof;
+    cudaEvent_t *prof_ev;  /* [2 * PROF_MAX_OPS] */
+    int32_t prof_n;        /* ops recorded */
+    int32_t prof_dropped;  /* ops past PROF_MAX_OPS */
+    uint8_t prof_kind[PROF_MAX_OPS];
+    double prof_t0;        /* host clock at begin, ms */
 } cuda_ctx;
 
 static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
@@ -119,6 +130,34 @@ static bool op_begin(cuda_ctx *c) {
     }
     return true;
 }
+
+/* ---- op profiler ----------------------------------------------------------- */
+
+static double host_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Brackets one op with events while the profiler is on; declared right
+ * after op_begin so it covers everything the op queues. */
+struct op_span {
+    cuda_ctx *c;
+    int32_t i;
+    op_span(cuda_ctx *ctx, cuda_op_kind kind) : c(ctx), i(-1) {
+        if (!c->prof) return;
+        if (c->prof_n >= PROF_MAX_OPS) {
+            c->prof_dropped++;
+            return;
+        }
+        i = c->prof_n++;
+        c->prof_kind[i] = (uint8_t)kind;
+        cudaEventRecord(c->prof_ev[2 * i], c->stream);
+    }
+    ~op_span() {
+        if (i >= 0) cudaEventRecord(c->prof_ev[2 * i + 1], c->stream);
+    }
+};
 
 /* ---- staging of host arrays ---------------------------------------------- */
 
@@ -192,6 +231,7 @@ static void cu_release(backend *be, void *ptr) {
 static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     if (!bytes || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_UPLOAD);
     touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(upload)", __FILE__, __LINE__));
@@ -200,6 +240,7 @@ static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
 static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     if (!bytes || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_DOWNLOAD);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "download", __FILE__, __LINE__));
@@ -208,6 +249,7 @@ static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
 static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     if (!bytes || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_COPY);
     touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
@@ -286,6 +328,7 @@ static void cu_get_rows(backend *be, float *out, const backend_weight *emb, cons
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_GET_ROWS);
     touch(c, out, (size_t)T * ((const cuda_weight *)emb)->base.shape.cols * sizeof(float));
     op_note(c, get_rows_impl(c, out, (const cuda_weight *)emb, tokens, T));
 }
@@ -294,6 +337,7 @@ static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_we
                        int32_t n, float eps) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_RMSNORM);
     const cuda_weight *gw = (const cuda_weight *)g;
     IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
     touch(c, out, (size_t)T * n * sizeof(float));
@@ -369,6 +413,7 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
                       const backend_weight *bias, int32_t T) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_MATMUL);
     op_note(c, matmul_impl(c, y, x, (const cuda_weight *)w, (const cuda_weight *)bias, T));
 }
 
@@ -442,6 +487,7 @@ static void cu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_
                     int32_t head_dim, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_ROPE);
     touch(c, x, (size_t)T * n_heads * head_dim * sizeof(float));
     op_note(c, rope_impl(c, x, pos, T, n_heads, head_dim, rp));
 }
@@ -451,6 +497,7 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
                         int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_KV_STORE);
     for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dslots;
     is_status st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
@@ -549,10 +596,13 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         if (kt > max_kt) max_kt = kt;
         t += n;
     }
+    /* Two resident blocks a multiprocessor (223 registers a thread): split
+     * so the grid fills one wave without spilling into a second one (run 10
+     * had 272 blocks for 264 slots; cuda/NOTES.md, run 11). */
     const int32_t blocks = n_tiles * n_kv_heads, want = 2 * c->n_sms;
     int32_t splits = 1;
     if (blocks < want) {
-        splits = (want + blocks - 1) / blocks;
+        splits = want / blocks;
         if (splits > max_kt) splits = max_kt;
         if (splits > 64) splits = 64;
         if (splits < 1) splits = 1;
@@ -578,6 +628,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
                          int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
     if (b->n_tokens <= 0 || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_ATTENTION);
     /* The CPU reference's preconditions, checked on the host arrays. */
     for (int32_t t = 0; t < b->n_tokens; t++) {
         int32_t s = b->seq_of_token[t];
@@ -599,6 +650,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
 static void cu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_SWIGLU);
     touch(c, out, (size_t)n * sizeof(float));
     op_note(c, cuda_swiglu(c->stream, out, gate, up, n));
 }
@@ -606,6 +658,7 @@ static void cu_swiglu(backend *be, float *out, const float *gate, const float *u
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_ADD);
     touch(c, x, (size_t)n * sizeof(float));
     op_note(c, cuda_add(c->stream, x, y, n));
 }
@@ -717,6 +770,7 @@ static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                       const backend_inject *in) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_INJECT);
     op_note(c, inject_impl(c, k_cache, v_cache, in));
 }
 
@@ -740,6 +794,10 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
+    if (c->prof_ev) {
+        for (int32_t i = 0; i < 2 * PROF_MAX_OPS; i++) cudaEventDestroy(c->prof_ev[i]);
+        free(c->prof_ev);
+    }
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
@@ -919,5 +977,77 @@ extern "C" is_status backend_cuda_check(backend *be) {
         if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
     }
     if (c->err != IS_OK) return is_error_set(c->err, "%s", c->err_msg);
+    return IS_OK;
+}
+
+/* ---- op profiler --------------------------------------------------------- */
+
+extern "C" const char *cuda_op_kind_name(cuda_op_kind k) {
+    static const char *const names[CUDA_OP_N] = {
+        "upload", "download", "copy", "get_rows", "rmsnorm", "matmul",
+        "rope", "kv_store", "attention", "swiglu", "add", "inject",
+    };
+    return k >= 0 && k < CUDA_OP_N ? names[k] : "?";
+}
+
+/* Keeps the GPU busy for `cycles` clocks: the ops queued meanwhile then run
+ * back to back, so their events time the GPU alone, not the host. */
+static __global__ void hold_kernel(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+extern "C" is_status backend_cuda_profile_begin(backend *be, double hold_ms) {
+    cuda_ctx *c = ctx_of(be);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    if (!c->prof_ev) {
+        cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * PROF_MAX_OPS, sizeof *ev);
+        if (!ev) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory (profiler)");
+        for (int32_t i = 0; i < 2 * PROF_MAX_OPS; i++) {
+            cudaError_t e = cudaEventCreate(&ev[i]);
+            if (e != cudaSuccess) {
+                for (int32_t j = 0; j < i; j++) cudaEventDestroy(ev[j]);
+                free(ev);
+                return cuda_status_from(e, "cudaEventCreate", __FILE__, __LINE__);
+            }
+        }
+        c->prof_ev = ev;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    c->prof_n = 0;
+    c->prof_dropped = 0;
+    c->prof = true;
+    c->prof_t0 = host_ms();
+    if (hold_ms > 0) {
+        int khz = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, c->device));
+        hold_kernel<<<1, 1, 0, c->stream>>>((long long)(hold_ms * khz));
+        CUDA_CHECK_LAUNCH();
+    }
+    return IS_OK;
+}
+
+extern "C" is_status backend_cuda_profile_end(backend *be, cuda_op_profile *out) {
+    cuda_ctx *c = ctx_of(be);
+    memset(out, 0, sizeof *out);
+    if (!c->prof) return is_error_set(IS_ERR_INVALID_ARG, "cuda profiler: not started");
+    c->prof = false;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    out->wall_ms = host_ms() - c->prof_t0;
+    out->dropped = c->prof_dropped;
+    for (int32_t i = 0; i < c->prof_n; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, c->prof_ev[2 * i], c->prof_ev[2 * i + 1]));
+        out->count[c->prof_kind[i]]++;
+        out->gpu_ms[c->prof_kind[i]] += ms;
+        out->busy_ms += ms;
+    }
+    if (c->prof_n > 0) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, c->prof_ev[0], c->prof_ev[2 * c->prof_n - 1]));
+        out->span_ms = ms;
+    }
     return IS_OK;
 }

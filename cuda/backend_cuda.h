@@ -110,6 +110,34 @@ typedef struct cuda_arena_stats {
 /* Zeros when no arena exists yet. */
 void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out);
 
+/* Op profiler, for finding where a forward pass spends its time: between
+ * begin and end every op is bracketed by CUDA events (about a microsecond
+ * each, so timings with it on are slightly pessimistic). end waits for the
+ * stream and sums the GPU time per kind of op; busy_ms / span_ms says how
+ * much of the GPU's span ran ops rather than waiting for the host (launch
+ * overhead). At most 16384 ops per window (more are counted in dropped). */
+typedef enum cuda_op_kind {
+    CUDA_OP_UPLOAD, CUDA_OP_DOWNLOAD, CUDA_OP_COPY, CUDA_OP_GET_ROWS, CUDA_OP_RMSNORM,
+    CUDA_OP_MATMUL, CUDA_OP_ROPE, CUDA_OP_KV_STORE, CUDA_OP_ATTENTION, CUDA_OP_SWIGLU,
+    CUDA_OP_ADD, CUDA_OP_INJECT, CUDA_OP_N
+} cuda_op_kind;
+
+typedef struct cuda_op_profile {
+    int64_t count[CUDA_OP_N];
+    double gpu_ms[CUDA_OP_N];
+    double busy_ms;  /* sum over all ops */
+    double span_ms;  /* GPU time from the first op's start to the last op's end */
+    double wall_ms;  /* host clock from begin to end */
+    int64_t dropped;
+} cuda_op_profile;
+
+const char *cuda_op_kind_name(cuda_op_kind k);
+/* hold_ms > 0: the GPU first spins that long, so the ops queued meanwhile
+ * run back to back and span_ms is the GPU's own time (a host that queues
+ * slower than the GPU runs shows up as span_ms - busy_ms without it). */
+is_status backend_cuda_profile_begin(backend *be, double hold_ms);
+is_status backend_cuda_profile_end(backend *be, cuda_op_profile *out);
+
 /* Waits for the backend's queued work and returns IS_OK, or the first
  * failure recorded by any op so far (its message set again for this
  * thread). `be` must be a CUDA backend. */

@@ -1,19 +1,22 @@
 /*
- * flash: tiled paged attention on the tensor cores (see flash.cuh).
+ * flash: tiled paged attention on the tensor cores (see flash.cuh), in the
+ * FlashAttention-2 arrangement: each warp owns 16 query rows and keeps
+ * everything about them in registers (its Q fragments, the S tile, the P
+ * fragments made from it and the O accumulator); shared memory holds only
+ * the block's K and V tiles, [BN][D+8] bf16 each (the padding puts the 8
+ * rows an ldmatrix reads in distinct banks). D = 128: 34 KiB a block.
  *
- * Shared memory of a block (D = head_dim): Q [BM][D+8] bf16, K and V
- * [BN][D+8] bf16, S [BM][BN+4] f32 whose rows a warp overwrites with its P
- * rows in bf16 (row r of P lies inside S rows <= r, already read), the
- * output accumulator O [BM][D+4] f32, and per-row softmax state. Padding
- * keeps WMMA's 32-byte alignment and spreads rows over the banks. D = 128:
- * 102 KiB, two blocks per multiprocessor.
+ * Fragments are those of mma.sync m16n8k16 (bf16 in, f32 out). With
+ * g = lane / 4 and c = lane % 4, a thread holds rows g and g + 8 of its
+ * warp's 16, and columns 2c, 2c + 1 of each 8-wide tile of S and O; the
+ * accumulator layout of S is the A-operand layout of P once pairs are
+ * packed to bf16, so P never leaves registers. K tiles are read with
+ * ldmatrix (keys are the B operand's columns), V tiles with ldmatrix.trans.
+ * A row's softmax statistics are reduced over the 4 threads of its quad.
  */
 #include "flash.cuh"
 
 #include <math.h>
-#include <mma.h>
-
-using namespace nvcuda;
 
 #define FLASH_THREADS 128
 
@@ -23,18 +26,40 @@ bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) 
     return n_heads / n_kv_heads <= FLASH_BM;
 }
 
-template <int D> struct flash_layout {
-    static constexpr int LDQ = D + 8;        /* bf16 */
-    static constexpr int LDS = FLASH_BN + 4; /* f32 */
-    static constexpr int LDP = FLASH_BN + 8; /* bf16, aliasing S */
-    static constexpr int LDO = D + 4;        /* f32 */
-    static constexpr size_t Q_BYTES = (size_t)FLASH_BM * LDQ * 2;
-    static constexpr size_t KV_BYTES = (size_t)FLASH_BN * LDQ * 2;
-    static constexpr size_t S_BYTES = (size_t)FLASH_BM * LDS * 4;
-    static constexpr size_t O_BYTES = (size_t)FLASH_BM * LDO * 4;
-    static constexpr size_t ROW_BYTES = (size_t)FLASH_BM * 4 * 4;
-    static constexpr size_t BYTES = Q_BYTES + 2 * KV_BYTES + S_BYTES + O_BYTES + ROW_BYTES;
-};
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16 bytes global -> shared without passing through registers; zeros when
+ * !in (src-size 0). */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool in) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src),
+                 "r"(in ? 16 : 0));
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 
 template <int D>
 static __global__ void __launch_bounds__(FLASH_THREADS)
@@ -42,194 +67,274 @@ static __global__ void __launch_bounds__(FLASH_THREADS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *bt_off,
                  const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
                  float scale_log2, int32_t n_splits, float *partial) {
-    using L = flash_layout<D>;
-    extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)(smem + L::Q_BYTES);
-    __nv_bfloat16 *sV = (__nv_bfloat16 *)(smem + L::Q_BYTES + L::KV_BYTES);
-    float *sS = (float *)(smem + L::Q_BYTES + 2 * L::KV_BYTES);
-    float *sO = (float *)(smem + L::Q_BYTES + 2 * L::KV_BYTES + L::S_BYTES);
-    float *sM = (float *)(smem + L::Q_BYTES + 2 * L::KV_BYTES + L::S_BYTES + L::O_BYTES);
-    float *sL = sM + FLASH_BM, *sA = sL + FLASH_BM;
-    int32_t *sPos = (int32_t *)(sA + FLASH_BM);
+    constexpr int LD = D + 8; /* bf16 per smem row */
+    constexpr int NT = FLASH_BN / 8; /* 8-key tiles of S */
+    constexpr int DT = D / 8;        /* 8-wide tiles of O */
+    /* Two stages of K and V tiles: tile kt + 1 is in flight while kt is used. */
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
 
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
     const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1], seq = tiles[4 * tile + 2],
                   pos0 = tiles[4 * tile + 3];
     const int32_t G = n_heads / n_kv_heads;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3;
     const int32_t *bt = flat + bt_off[seq];
     const int64_t q_stride = (int64_t)n_heads * D;
 
-    for (int r = tid; r < FLASH_BM; r += FLASH_THREADS) {
+    /* This thread's two rows (h = 0: row g, h = 1: row g + 8 of the warp's
+     * 16): the query token and head, and the last key it may see (-1: a
+     * padding row past the tile's tokens). */
+    int32_t last[2];
+    const float *qrow[2];
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + g + 8 * h;
         const int32_t ti = r / G;
-        sPos[r] = ti < n ? pos0 + ti : -1;
-        sM[r] = -INFINITY;
-        sL[r] = 0.0f;
+        last[h] = ti < n ? pos0 + ti : -1;
+        qrow[h] = ti < n ? q + (int64_t)(t0 + ti) * q_stride + (int64_t)(kh * G + r % G) * D : NULL;
     }
-    /* Q rows: (token t0 + r / G, head kh * G + r % G), rounded to bf16. */
-    for (int c = tid; c < FLASH_BM * D / 4; c += FLASH_THREADS) {
-        const int r = c / (D / 4), d = (c % (D / 4)) * 4;
-        const int32_t ti = r / G;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (ti < n)
-            v = *reinterpret_cast<const float4 *>(q + (int64_t)(t0 + ti) * q_stride +
-                                                  (int64_t)(kh * G + r % G) * D + d);
-        __nv_bfloat162 *dst = reinterpret_cast<__nv_bfloat162 *>(sQ + r * L::LDQ + d);
-        dst[0] = __floats2bfloat162_rn(v.x, v.y);
-        dst[1] = __floats2bfloat162_rn(v.z, v.w);
-    }
-    for (int i = tid; i < FLASH_BM * D; i += FLASH_THREADS) sO[(i / D) * L::LDO + i % D] = 0.0f;
-
     const int32_t n_keys = pos0 + n; /* the last token sees keys [0, pos0 + n - 1] */
     const int32_t n_kt = (n_keys + FLASH_BN - 1) / FLASH_BN;
     const int32_t per = (n_kt + n_splits - 1) / n_splits;
     const int32_t kt0 = split * per, kt1 = min(n_kt, kt0 + per);
-    __syncthreads();
+    const int32_t warp_last = max(last[0], last[1]); /* per thread; the warp's max below */
+    int32_t wl = warp_last;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) wl = max(wl, __shfl_xor_sync(FULL_MASK, wl, off));
 
-    float *wS = sS + warp * 16 * L::LDS;                 /* this warp's 16 score rows */
-    __nv_bfloat16 *wP = reinterpret_cast<__nv_bfloat16 *>(wS); /* its P rows, in place */
-    for (int32_t kt = kt0; kt < kt1; kt++) {
-        /* K and V tile, 16 bytes a load; keys past the last are zeros. */
-        for (int c = tid; c < FLASH_BN * (D / 8); c += FLASH_THREADS) {
-            const int r = c / (D / 8), d = (c % (D / 8)) * 8;
+    /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
+     * past the last zero-filled); unrolled, so the block-table reads overlap. */
+    auto load_tile = [&](int32_t kt, int st) {
+        __nv_bfloat16 *dK = sKV + (size_t)st * 2 * FLASH_BN * LD, *dV = dK + FLASH_BN * LD;
+#pragma unroll
+        for (int it = 0; it < FLASH_BN * (D / 8) / FLASH_THREADS; it++) {
+            const int i = tid + it * FLASH_THREADS;
+            const int r = i / (D / 8), d = (i % (D / 8)) * 8;
             const int32_t j = kt * FLASH_BN + r;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (j < n_keys) {
-                const int64_t off =
-                    (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size + j % block_size) *
-                        D + d;
-                kv = *reinterpret_cast<const uint4 *>(k_cache + off);
-                vv = *reinterpret_cast<const uint4 *>(v_cache + off);
+            const bool in = j < n_keys;
+            const int64_t off =
+                in ? (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size + j % block_size) *
+                             D + d
+                   : 0;
+            cp_async16(dK + r * LD + d, k_cache + off, in);
+            cp_async16(dV + r * LD + d, v_cache + off, in);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    if (kt0 < kt1) load_tile(kt0, 0);
+    /* (the first tile is in flight while Q is read) */
+    /* Q as A fragments, rounded to bf16: qa[k-step] = rows g / g+8, columns
+     * 16 ks + 2c (+1) and 16 ks + 8 + 2c (+1). */
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float2 lo = make_float2(0.f, 0.f), hi = make_float2(0.f, 0.f);
+            if (qrow[h]) {
+                lo = *reinterpret_cast<const float2 *>(qrow[h] + ks * 16 + 2 * c);
+                hi = *reinterpret_cast<const float2 *>(qrow[h] + ks * 16 + 8 + 2 * c);
             }
-            *reinterpret_cast<uint4 *>(sK + r * L::LDQ + d) = kv;
-            *reinterpret_cast<uint4 *>(sV + r * L::LDQ + d) = vv;
+            qa[ks][h] = pack_bf16(lo.x, lo.y);
+            qa[ks][2 + h] = pack_bf16(hi.x, hi.y);
+        }
+    }
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int32_t kt = kt0; kt < kt1; kt++) {
+        const int st = (kt - kt0) & 1;
+        /* Every warp is done with the other stage (read in the previous
+         * iteration) before it is refilled. */
+        __syncthreads();
+        if (kt + 1 < kt1) {
+            load_tile(kt + 1, st ^ 1);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
         }
         __syncthreads();
+        const __nv_bfloat16 *sK = sKV + (size_t)st * 2 * FLASH_BN * LD, *sV = sK + FLASH_BN * LD;
+        if (kt * FLASH_BN > wl) continue; /* every key of this tile is after the warp's rows */
 
-        /* S = Q K^T for this warp's 16 rows. */
-        {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FLASH_BN / 16];
+        /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
+        float s[NT][4];
 #pragma unroll
-            for (int nb = 0; nb < FLASH_BN / 16; nb++) wmma::fill_fragment(acc[nb], 0.0f);
+        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < D; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-                wmma::load_matrix_sync(a, sQ + warp * 16 * L::LDQ + kk, L::LDQ);
+        for (int ks = 0; ks < D / 16; ks++) {
 #pragma unroll
-                for (int nb = 0; nb < FLASH_BN / 16; nb++) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-                    wmma::load_matrix_sync(b, sK + nb * 16 * L::LDQ + kk, L::LDQ);
-                    wmma::mma_sync(acc[nb], a, b, acc[nb]);
-                }
+            for (int nt = 0; nt < NT; nt += 2) {
+                /* matrices: keys of tile nt x cols 16ks..+7, +8..+15; then tile nt+1 */
+                const int mi = lane >> 3, rr = lane & 7;
+                uint32_t b[4];
+                ldsm_x4(b, sK + ((nt + (mi >> 1)) * 8 + rr) * LD + ks * 16 + (mi & 1) * 8);
+                mma_bf16(s[nt], qa[ks], b[0], b[1]);
+                mma_bf16(s[nt + 1], qa[ks], b[2], b[3]);
             }
-#pragma unroll
-            for (int nb = 0; nb < FLASH_BN / 16; nb++)
-                wmma::store_matrix_sync(wS + nb * 16, acc[nb], L::LDS, wmma::mem_row_major);
         }
-        __syncwarp();
 
-        /* Online softmax, one row at a time across the warp (two keys a lane). */
-        for (int rr = 0; rr < 16; rr++) {
-            const int r = warp * 16 + rr;
-            const int32_t rp = sPos[r];
-            const int32_t j0 = kt * FLASH_BN + lane, j1 = j0 + 32;
-            const float x0 = rp >= 0 && j0 <= rp ? wS[rr * L::LDS + lane] * scale_log2 : -INFINITY;
-            const float x1 =
-                rp >= 0 && j1 <= rp ? wS[rr * L::LDS + lane + 32] * scale_log2 : -INFINITY;
-            const float mx = warp_max(fmaxf(x0, x1)); /* also: every lane has read its scores */
-            const float m_old = sM[r], m_new = fmaxf(m_old, mx);
-            float p0 = 0.0f, p1 = 0.0f, alpha = 1.0f;
-            if (m_new != -INFINITY) {
-                p0 = exp2f(x0 - m_new);
-                p1 = exp2f(x1 - m_new);
-                alpha = exp2f(m_old - m_new);
+        /* Online softmax in the log2 domain; masked keys are -inf. */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1;
+                const int32_t j = kt * FLASH_BN + nt * 8 + 2 * c + (e & 1);
+                const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
+                s[nt][e] = x;
+                mx[h] = fmaxf(mx[h], x);
             }
-            const float sum = warp_sum(p0 + p1);
-            /* P row rr overlaps S rows <= rr, which every lane has read by
-             * now (the shuffles above need each lane's scores); the barrier
-             * makes that ordering explicit (racecheck does not count
-             * shuffles as one: run 4 reported 55 warnings, 0 errors). */
-            __syncwarp();
-            wP[rr * L::LDP + lane] = __float2bfloat16_rn(p0);
-            wP[rr * L::LDP + lane + 32] = __float2bfloat16_rn(p1);
-            if (lane == 0) {
-                sM[r] = m_new;
-                sL[r] = sL[r] * alpha + sum;
-                sA[r] = alpha;
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+            const float m_new = fmaxf(m[h], mx[h]);
+            alpha[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+            m[h] = m_new;
+        }
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = e >> 1;
+                const float p = m[h] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[h]);
+                s[nt][e] = p;
+                rs[h] += p;
             }
+#pragma unroll
+        for (int h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + rs[h]; /* per-thread part of l */
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            o[dt][0] *= alpha[0];
+            o[dt][1] *= alpha[0];
+            o[dt][2] *= alpha[1];
+            o[dt][3] *= alpha[1];
         }
-        __syncwarp();
-        for (int i = lane; i < 16 * D; i += 32) {
-            const int r = warp * 16 + i / D;
-            sO[r * L::LDO + i % D] *= sA[r];
-        }
-        __syncwarp();
 
-        /* O += P V for this warp's rows. */
+        /* O += P V: P's A fragment for keys 16kk..+15 is S tiles 2kk, 2kk+1;
+         * ldmatrix.trans of V gives the B fragments of two 8-wide O tiles. */
 #pragma unroll
-        for (int db = 0; db < D / 16; db++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-            float *op = sO + warp * 16 * L::LDO + db * 16;
-            wmma::load_matrix_sync(o, op, L::LDO, wmma::mem_row_major);
+        for (int kk = 0; kk < FLASH_BN / 16; kk++) {
+            uint32_t pa[4];
+            pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
-            for (int kk = 0; kk < FLASH_BN; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-                wmma::load_matrix_sync(a, wP + kk, L::LDP);
-                wmma::load_matrix_sync(b, sV + kk * L::LDQ + db * 16, L::LDQ);
-                wmma::mma_sync(o, a, b, o);
+            for (int dt = 0; dt < DT; dt += 2) {
+                /* matrices: keys 16kk..+7 and +8..+15 x cols of tile dt; then dt+1 */
+                const int mi = lane >> 3, rr = lane & 7;
+                uint32_t b[4];
+                ldsm_x4_trans(b, sV + (kk * 16 + (mi & 1) * 8 + rr) * LD + (dt + (mi >> 1)) * 8);
+                mma_bf16(o[dt], pa, b[0], b[1]);
+                mma_bf16(o[dt + 1], pa, b[2], b[3]);
             }
-            wmma::store_matrix_sync(op, o, L::LDO, wmma::mem_row_major);
         }
-        __syncthreads(); /* K, V and S are overwritten by the next tile */
     }
-    __syncthreads();
 
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
+        l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
+    }
     if (n_splits == 1) {
-        for (int i = tid; i < FLASH_BM * D; i += FLASH_THREADS) {
-            const int r = i / D, d = i % D;
-            if (sPos[r] < 0) continue;
-            const int32_t ti = r / G;
-            out[(int64_t)(t0 + ti) * q_stride + (int64_t)(kh * G + r % G) * D + d] =
-                sO[r * L::LDO + d] / sL[r];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (last[h] < 0) continue;
+            const int r = warp * 16 + g + 8 * h;
+            float *dst = out + (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
+            const float inv = 1.0f / l[h];
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * c) =
+                    make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
         }
         return;
     }
     float *part = partial + (((int64_t)tile * n_kv_heads + kh) * n_splits + split) * FLASH_BM * (D + 2);
-    for (int i = tid; i < FLASH_BM * D; i += FLASH_THREADS) {
-        const int r = i / D, d = i % D;
-        part[r * (D + 2) + d] = sO[r * L::LDO + d];
-    }
-    for (int r = tid; r < FLASH_BM; r += FLASH_THREADS) {
-        part[r * (D + 2) + D] = sM[r];
-        part[r * (D + 2) + D + 1] = sL[r];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = warp * 16 + g + 8 * h;
+        float *pr = part + r * (D + 2);
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            pr[dt * 8 + 2 * c] = o[dt][2 * h];
+            pr[dt * 8 + 2 * c + 1] = o[dt][2 * h + 1];
+        }
+        if (c == 0) {
+            pr[D] = m[h];
+            pr[D + 1] = l[h];
+        }
     }
 }
 
-/* One block per (tile, KV head): merges the splits' partial softmaxes. */
+/* Blocks per (tile, KV head) over its rows, a warp per row: lanes first
+ * hold the splits' statistics (split z in lane z % 32) to form the row's
+ * weights, then each lane merges 4 (D = 128) or 2 (D = 64) columns over the
+ * splits with independent loads. */
+#define MERGE_THREADS 256
+#define MERGE_MAX_SPLITS 64
+
 template <int D>
-static __global__ void flash_merge_kernel(float *out, const float *partial, const int32_t *tiles,
-                                          int32_t n_heads, int32_t n_kv_heads, int32_t n_splits) {
+static __global__ void __launch_bounds__(MERGE_THREADS)
+    flash_merge_kernel(float *out, const float *partial, const int32_t *tiles, int32_t n_heads,
+                       int32_t n_kv_heads, int32_t n_splits) {
+    constexpr int PER = D / 32; /* columns a lane merges */
+    __shared__ float w_s[MERGE_THREADS / 32][MERGE_MAX_SPLITS];
     const int32_t tile = blockIdx.x, kh = blockIdx.y;
     const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1];
     const int32_t G = n_heads / n_kv_heads;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float *base = partial + ((int64_t)tile * n_kv_heads + kh) * n_splits * FLASH_BM * (D + 2);
     const int64_t split_stride = (int64_t)FLASH_BM * (D + 2);
-    for (int i = threadIdx.x; i < FLASH_BM * D; i += blockDim.x) {
-        const int r = i / D, d = i % D;
-        if (r / G >= n) continue;
-        float mx = -INFINITY;
-        for (int z = 0; z < n_splits; z++) mx = fmaxf(mx, base[z * split_stride + r * (D + 2) + D]);
-        float num = 0.0f, den = 0.0f;
-        for (int z = 0; z < n_splits; z++) {
-            const float *p = base + z * split_stride + r * (D + 2);
-            if (p[D] == -INFINITY) continue;
-            const float w = exp2f(p[D] - mx);
-            num += p[d] * w;
-            den += p[D + 1] * w;
+    float *w = w_s[warp];
+    for (int r = blockIdx.z * (MERGE_THREADS / 32) + warp; r < FLASH_BM && r / G < n;
+         r += gridDim.z * (MERGE_THREADS / 32)) {
+        float mz[2], lz[2], mx = -INFINITY;
+        for (int h = 0; h < 2; h++) {
+            const int z = lane + 32 * h;
+            mz[h] = -INFINITY;
+            lz[h] = 0.0f;
+            if (z < n_splits) {
+                mz[h] = base[z * split_stride + r * (D + 2) + D];
+                lz[h] = base[z * split_stride + r * (D + 2) + D + 1];
+            }
+            mx = fmaxf(mx, mz[h]);
         }
-        out[(int64_t)(t0 + r / G) * n_heads * D + (int64_t)(kh * G + r % G) * D + d] = num / den;
+        mx = warp_max(mx);
+        float den = 0.0f;
+        for (int h = 0; h < 2; h++) {
+            const int z = lane + 32 * h;
+            const float wz = mz[h] == -INFINITY ? 0.0f : exp2f(mz[h] - mx);
+            if (z < n_splits) w[z] = wz;
+            den += lz[h] * wz;
+        }
+        den = warp_sum(den);
+        __syncwarp();
+        float acc[PER];
+#pragma unroll
+        for (int e = 0; e < PER; e++) acc[e] = 0.0f;
+        const float *col = base + r * (D + 2) + lane * PER;
+#pragma unroll 4
+        for (int z = 0; z < n_splits; z++) {
+            const float wz = w[z];
+            if (wz == 0.0f) continue; /* an empty split: its O is 0, its m -inf */
+#pragma unroll
+            for (int e = 0; e < PER; e++) acc[e] += col[z * split_stride + e] * wz;
+        }
+        float *dst = out + (int64_t)(t0 + r / G) * n_heads * D + (int64_t)(kh * G + r % G) * D +
+                     lane * PER;
+        const float inv = 1.0f / den;
+#pragma unroll
+        for (int e = 0; e < PER; e++) dst[e] = acc[e] * inv;
+        __syncwarp(); /* w is rewritten for the next row */
     }
 }
 
@@ -240,7 +345,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               int32_t n_tiles, int32_t n_splits, float *partial, int32_t n_heads,
                               int32_t n_kv_heads, int32_t block_size) {
     static bool attr_set = false; /* per process; the attribute is per function */
-    const size_t smem = flash_layout<D>::BYTES;
+    const size_t smem = (size_t)2 * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
     if (!attr_set) {
         CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
@@ -249,11 +354,13 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     dim3 grid((unsigned)n_tiles, (unsigned)n_kv_heads, (unsigned)n_splits);
     flash_kernel<D><<<grid, FLASH_THREADS, smem, s>>>(out, q, k_cache, v_cache, flat, bt_off, tiles,
-                                                      n_heads, n_kv_heads, block_size, scale_log2,
-                                                      n_splits, partial);
+                                                   n_heads, n_kv_heads, block_size, scale_log2,
+                                                   n_splits, partial);
     CUDA_CHECK_LAUNCH();
     if (n_splits > 1) {
-        flash_merge_kernel<D><<<dim3((unsigned)n_tiles, (unsigned)n_kv_heads), 256, 0, s>>>(
+        flash_merge_kernel<D><<<dim3((unsigned)n_tiles, (unsigned)n_kv_heads,
+                                    FLASH_BM / (MERGE_THREADS / 32)),
+                               MERGE_THREADS, 0, s>>>(
             out, partial, tiles, n_heads, n_kv_heads, n_splits);
         CUDA_CHECK_LAUNCH();
     }
@@ -269,7 +376,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads))
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda flash attention: head_dim %d, %d/%d heads",
                             head_dim, n_heads, n_kv_heads);
-    if (n_splits < 1 || (n_splits > 1 && !partial))
+    if (n_splits < 1 || n_splits > MERGE_MAX_SPLITS || (n_splits > 1 && !partial))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", n_splits);
     if (head_dim == 64)
         return flash_launch<64>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, n_tiles, n_splits,

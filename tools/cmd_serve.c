@@ -46,6 +46,8 @@ static void serve_usage(FILE *f) {
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "  -c, --ctx N             context per request (default: the model's)\n"
             "      --kv-mem MIB        KV cache pool in MiB (default 1024)\n"
+            "      --kv-cache-f32      cuda: keep the KV cache in f32 (exact against the CPU, no GPU\n"
+            "                          fact arena) instead of bf16 (the default: faster, resident facts)\n"
             "      --kv-dtype T        f16 | bf16 | f32: dtype of the facts' KV records written and\n"
             "                          read (default f16; records of another dtype are used as text:\n"
             "                          ingest, whose default is f16 too, with the same --kv-dtype)\n"
@@ -96,6 +98,7 @@ int cmd_serve(int argc, char **argv) {
         {"max-tokens", required_argument, 0, 'n'},  {"max-k", required_argument, 0, 'k'},
         {"max-in-flight", required_argument, 0, 'f'}, {"log", required_argument, 0, 'L'},
         {"quiet", no_argument, 0, 'q'},             {"kv-dtype", required_argument, 0, 'd'},
+        {"kv-cache-f32", no_argument, 0, 'F'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -121,6 +124,7 @@ int cmd_serve(int argc, char **argv) {
         case 'M': p.model_name = optarg; break;
         case 'E': p.embedder_dir = optarg; break;
         case 'B': p.backend = optarg; break;
+        case 'F': p.kv_cache_f32 = true; break;
         case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &p.threads)) return 1; break;
         case 'c': if (!cli_parse_int(optarg, "--ctx", 16, 1 << 20, &p.n_ctx)) return 1; break;
         case 'V':

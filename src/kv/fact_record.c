@@ -571,3 +571,8 @@ is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
     if (v) *v = b + l.v_off;
     return IS_OK;
 }
+
+uint64_t fact_record_content_id(const void *buf) {
+    uint64_t sum = read64((const uint8_t *)buf + OFF_CHECKSUM);
+    return sum ? sum : 1;
+}

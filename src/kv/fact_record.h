@@ -111,6 +111,10 @@ typedef struct fact_kv {
     const int32_t *tokens; /* [n_tokens] the fact's token ids */
     const void *k;         /* [n_layers][n_tokens][n_kv_heads*head_dim] in meta.dtype, pre-RoPE */
     const void *v;         /* [n_layers][n_tokens][n_kv_heads*head_dim] in meta.dtype */
+    /* Names the contents: the record's stored checksum (fact_record_content_id),
+     * or 0 when unknown. A backend may keep a record resident under it
+     * (engine_inject_ids), so it must change whenever any byte does. */
+    uint64_t content_id;
 } fact_kv;
 
 /* ---- dtypes and shapes ------------------------------------------------------ */
@@ -200,5 +204,10 @@ is_status fact_record_encode(const fact_kv_meta *meta, const int32_t *tokens, co
  * Never reads outside buf[len]. */
 is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta, const int32_t **tokens,
                             const void **k, const void **v);
+
+/* The checksum stored in a record that fact_record_parse() accepted: XXH64
+ * over every other byte, so two records with the same id have the same
+ * contents (up to a 2^-64 collision), and never 0 (0 maps to 1). */
+uint64_t fact_record_content_id(const void *buf);
 
 #endif

@@ -185,6 +185,7 @@ static is_status entry_create(record_store *s, const char *id, void *base, size_
         free(e);
         return st;
     }
+    e->kv.content_id = fact_record_content_id(base);
     snprintf(e->id, sizeof e->id, "%s", id);
     e->base = base;
     e->len = len;

@@ -253,7 +253,12 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
     if (st == IS_OK) st = engine_seq_open(a->e, &seq);
     if (st == IS_OK) st = engine_seq_fork(a->e, seq, a->prefix_seq, a->n_prefix);
     if (st == IS_OK && r->mode == ASK_MODE_KV) {
-        st = engine_inject(a->e, seq, facts, n);
+        /* Content ids let a backend keep records resident (the GPU arena). */
+        uint64_t *ids = calloc((size_t)(n ? n : 1), sizeof *ids);
+        if (!ids) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (int32_t i = 0; ids && i < n; i++) ids[i] = held[i] ? held[i]->content_id : 0;
+        if (st == IS_OK) st = engine_inject_ids(a->e, seq, facts, ids, n);
+        free(ids);
         for (int32_t i = 0; i < n; i++) tm.n_memory_tokens += facts[i].n_tokens;
     }
     double t2 = now_ms();

@@ -391,7 +391,8 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     engine_fact *inj = calloc((size_t)(n ? n : 1), sizeof *inj);
     const fact_kv **held = calloc((size_t)(n ? n : 1), sizeof *held);
     float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
-    if (!inj || !held || !bufs) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    uint64_t *ids = calloc((size_t)(n ? n : 1), sizeof *ids); /* content ids: the GPU arena's keys */
+    if (!inj || !held || !bufs || !ids) st = is_error_set(IS_ERR_NOMEM, "out of memory");
     int32_t n_inj = 0, n_text_tokens = 0;
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
         req_fact *f = &h->facts[i];
@@ -402,6 +403,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             ok = fs == IS_OK && held[n_inj]->meta.text_hash == f->text_hash;
             if (fs == IS_ERR_NOMEM) st = fs;
             if (ok) {
+                ids[n_inj] = held[n_inj]->content_id;
                 n_inj++;
             } else {
                 if (held[n_inj]) record_store_release(memory_record_store(s->mem), held[n_inj]);
@@ -420,7 +422,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             n_text_tokens += f->n_toks;
         }
     }
-    if (st == IS_OK && n_inj > 0) st = engine_inject(s->e, h->seq, inj, n_inj);
+    if (st == IS_OK && n_inj > 0) st = engine_inject_ids(s->e, h->seq, inj, ids, n_inj);
     for (int32_t i = 0; i < n_inj; i++) h->usage.injected_tokens += inj[i].n_tokens;
     for (int32_t i = 0; i < n; i++) {
         if (held && held[i]) record_store_release(memory_record_store(s->mem), held[i]);
@@ -429,6 +431,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     free(inj);
     free(held);
     free(bufs);
+    free(ids);
     if (st == IS_OK) st = append_toks(&h->prompt, &h->n_prompt, h->suffix, h->n_suffix);
     /* Logits come from the last prompt token, so there must be one. */
     if (st == IS_OK && h->n_prompt == 0) st = is_error_set(IS_ERR_INVALID_ARG, "empty prompt");

@@ -223,6 +223,36 @@ static void test_overwrite_keeps_held_copy(void **state) {
     free(dir);
 }
 
+/* content_id names the bytes: equal for equal records under any id, new
+ * when a record is overwritten with other values, kept across a reopen. */
+static void test_content_id(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    put_version(s, "a", 1);
+    put_version(s, "b", 1);
+    const fact_kv *a1, *b1, *a2, *b3;
+    assert_int_equal(record_store_get(s, "a", NULL, &a1), IS_OK);
+    assert_int_equal(record_store_get(s, "b", NULL, &b1), IS_OK);
+    assert_true(a1->content_id != 0);
+    assert_true(a1->content_id == b1->content_id);
+    put_version(s, "a", 2);
+    assert_int_equal(record_store_get(s, "a", NULL, &a2), IS_OK);
+    assert_true(a2->content_id != 0 && a2->content_id != a1->content_id);
+    uint64_t b_id = b1->content_id;
+    record_store_release(s, a1);
+    record_store_release(s, b1);
+    record_store_release(s, a2);
+    record_store_close(s);
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    assert_int_equal(record_store_get(s, "b", NULL, &b3), IS_OK);
+    assert_true(b3->content_id == b_id);
+    record_store_release(s, b3);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
 static void test_reopen_sees_data(void **state) {
     char *dir = make_tmp_dir();
     char sub[512];
@@ -614,6 +644,7 @@ int main(void) {
         cmocka_unit_test(test_put_get_delete),
         cmocka_unit_test(test_invalid_ids),
         cmocka_unit_test(test_overwrite_keeps_held_copy),
+        cmocka_unit_test(test_content_id),
         cmocka_unit_test(test_reopen_sees_data),
         cmocka_unit_test(test_eviction_with_records_held),
         cmocka_unit_test(test_get_refuses_other_model),

@@ -2,6 +2,9 @@
 
 #include "core/status.h"
 #include "memory/embedder.h"
+#ifdef IS_HAVE_CUDA
+#include "backend_cuda.h"
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +102,12 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     if (p->model_path) {
         if ((st = backend_create(p->backend ? p->backend : "cpu", p->threads, &a->be)) != IS_OK)
             goto fail;
+#ifdef IS_HAVE_CUDA
+        /* Serving runs the bf16 cache: injected facts stay resident in the
+         * GPU arena (keyed by record content ids) and attention is tiled. */
+        if (strcmp(a->be->ops->name, "cuda") == 0)
+            backend_cuda_set_kv_dtype(a->be, p->kv_cache_f32 ? CUDA_KV_F32 : CUDA_KV_BF16);
+#endif
         if ((st = model_load(p->model_path, a->be, &a->m)) != IS_OK) {
             char msg[600];
             snprintf(msg, sizeof msg, "%s", is_error_last());

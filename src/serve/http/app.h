@@ -44,6 +44,8 @@ typedef struct http_app_params {
     int32_t threads;          /* CPU threads (0: all cores) */
     int32_t n_ctx;            /* context per sequence (0: the model's) */
     size_t kv_bytes;          /* KV cache pool (default 1 GiB) */
+    bool kv_cache_f32;        /* cuda: an f32 KV cache (exact, no GPU fact arena) instead of
+                                 the default bf16 one (tiled attention, fact arena) */
     int32_t kv_window;        /* context turns encoded with each new fact (default 0) */
     sched_params sched;       /* sched_default_params() */
     http_config http;         /* host, port, limits, no_auth, log...; keys, sched, mem, tok
