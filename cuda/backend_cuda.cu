@@ -68,6 +68,10 @@ typedef struct cuda_ctx {
     const float *xbf_src;
     size_t xbf_n;
     bool xbf_split, xbf_valid;
+    /* RMSNorm and SwiGLU write xbf as they write their f32 output, so the
+     * matrix product that reads it skips its conversion pass (off with
+     * IS_CUDA_NO_FUSED_CONVERT=1, for measuring). */
+    bool fuse_convert;
     dev_stage st_tiles, st_inject, st_caches;
     int32_t *tiles;     /* host: flash query tiles being built, [n][4] */
     size_t tiles_cap;   /* tiles */
@@ -255,6 +259,17 @@ static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
 }
 
+static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src,
+                       size_t src_pitch, size_t width, size_t height) {
+    cuda_ctx *c = ctx_of(be);
+    if (!width || !height || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_COPY);
+    touch(c, dst, dst_pitch * (height - 1) + width);
+    cudaError_t e = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
+                                      cudaMemcpyDeviceToDevice, c->stream);
+    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpy2DAsync", __FILE__, __LINE__));
+}
+
 /* ---- weights --------------------------------------------------------------- */
 
 static is_status weight_upload(cuda_ctx *c, cuda_weight *w, const gguf_tensor *t) {
@@ -333,6 +348,31 @@ static void cu_get_rows(backend *be, float *out, const backend_weight *emb, cons
     op_note(c, get_rows_impl(c, out, (const cuda_weight *)emb, tokens, T));
 }
 
+static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n, size_t size);
+
+/* For an op about to write n floats: where to write their bf16 copy as well
+ * (NULL: nowhere), in the layout the next matmul would convert them to.
+ * produced() then records that xbf holds the copy of `out`. */
+static __nv_bfloat16 *bf16_copy_of(cuda_ctx *c, size_t n, bool *split) {
+    *split = c->precision == CUDA_MATMUL_BF16X2;
+    if (!c->fuse_convert || c->legacy) return NULL;
+    c->xbf_valid = false;
+    if (scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, *split ? 2 * n : n,
+                        sizeof(__nv_bfloat16)) != IS_OK) {
+        is_error_clear(); /* the matmul converts, and reports a failure of its own */
+        return NULL;
+    }
+    return c->xbf;
+}
+
+static void produced(cuda_ctx *c, const float *out, size_t n, bool split, is_status st) {
+    if (st != IS_OK) return;
+    c->xbf_src = out;
+    c->xbf_n = n;
+    c->xbf_split = split;
+    c->xbf_valid = true;
+}
+
 static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g, int32_t T,
                        int32_t n, float eps) {
     cuda_ctx *c = ctx_of(be);
@@ -340,8 +380,13 @@ static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_we
     op_span span(c, CUDA_OP_RMSNORM);
     const cuda_weight *gw = (const cuda_weight *)g;
     IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
-    touch(c, out, (size_t)T * n * sizeof(float));
-    op_note(c, cuda_rmsnorm(c->stream, out, x, (const float *)gw->data, T, n, eps));
+    const size_t total = (size_t)T * n;
+    touch(c, out, total * sizeof(float));
+    bool split;
+    __nv_bfloat16 *obf = bf16_copy_of(c, total, &split);
+    is_status st = cuda_rmsnorm(c->stream, out, x, (const float *)gw->data, T, n, eps, obf, split);
+    if (obf) produced(c, out, total, split, st);
+    op_note(c, st);
 }
 
 /* Makes *buf hold at least n elements of `size` bytes. Queued work may
@@ -652,7 +697,11 @@ static void cu_swiglu(backend *be, float *out, const float *gate, const float *u
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_SWIGLU);
     touch(c, out, (size_t)n * sizeof(float));
-    op_note(c, cuda_swiglu(c->stream, out, gate, up, n));
+    bool split;
+    __nv_bfloat16 *obf = bf16_copy_of(c, (size_t)n, &split);
+    is_status st = cuda_swiglu(c->stream, out, gate, up, n, obf, split);
+    if (obf) produced(c, out, (size_t)n, split, st);
+    op_note(c, st);
 }
 
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
@@ -830,6 +879,7 @@ static const backend_ops cuda_ops = {
     /* .sync = */ cu_sync,
     /* .kv_elem_size = */ cu_kv_elem_size,
     /* .inject = */ cu_inject,
+    /* .copy_2d = */ cu_copy_2d,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache. */
@@ -837,7 +887,7 @@ static const backend_ops cuda_ops_legacy = {
     "cuda",         cu_free,     cu_alloc,   cu_release, cu_upload,   cu_download,
     cu_copy,        cu_weight_create,        cu_weight_free,         cu_get_rows,
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
-    cu_add,         cu_sync,     NULL,       NULL,
+    cu_add,         cu_sync,     NULL,       NULL,       NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -900,6 +950,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->precision = CUDA_MATMUL_BF16X2;
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
     c->flash = true;
+    c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
     c->n_sms = 132;
     {
         int sms = 0;

@@ -15,6 +15,11 @@
  * folder, one .cu/.cuh pair per family. Everything runs in order on one stream: ops return before the
  * GPU has finished, download and sync wait for it.
  *
+ * RMSNorm and SwiGLU also write their output's bf16 rows, so the matrix
+ * product that follows skips its conversion pass (IS_CUDA_NO_FUSED_CONVERT=1
+ * in the environment when the backend is created turns this off, to measure
+ * it; results are identical either way).
+ *
  * Host arrays that ops take (token ids, positions, slots, block tables,
  * segment ids) are copied into device scratch on each call; a call whose
  * array equals the previous one's (the same attention metadata for every

@@ -3,12 +3,19 @@
  */
 #include "elementwise.cuh"
 
-static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n) {
+static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n,
+                                     __nv_bfloat16 *obf, bool split) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i];
         /* expf, not __expf: the CPU reference uses expf too. */
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        const float y = g / (1.0f + expf(-g)) * up[i];
+        out[i] = y;
+        if (obf) {
+            const __nv_bfloat16 hi = __float2bfloat16_rn(y);
+            obf[i] = hi;
+            if (split) obf[n + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
+        }
     }
 }
 
@@ -65,9 +72,10 @@ static __global__ void get_rows_kernel(float *out, const T *emb, int64_t cols,
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) dst[i] = widen(src[i]);
 }
 
-is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n) {
+is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
+                      __nv_bfloat16 *obf, bool split) {
     if (n <= 0) return IS_OK;
-    swiglu_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n);
+    swiglu_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, obf, split);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

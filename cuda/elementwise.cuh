@@ -8,8 +8,10 @@
 
 #include "common.cuh"
 
-/* out[i] = silu(gate[i]) * up[i], i < n (out may alias gate or up). */
-is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n);
+/* out[i] = silu(gate[i]) * up[i], i < n (out may alias gate or up); with
+ * obf, also in bf16 as cuda_rmsnorm writes it (split: hi then lo). */
+is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
+                      __nv_bfloat16 *obf, bool split);
 
 /* x[i] += y[i], i < n. */
 is_status cuda_add(cudaStream_t s, float *x, const float *y, int64_t n);

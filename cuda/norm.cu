@@ -6,7 +6,7 @@
 #define NORM_THREADS 256
 
 static __global__ void rmsnorm_kernel(float *out, const float *x, const float *g, int32_t n,
-                                      float eps) {
+                                      float eps, __nv_bfloat16 *obf, int64_t split_off) {
     __shared__ float partial[NORM_THREADS / 32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
@@ -24,13 +24,23 @@ static __global__ void rmsnorm_kernel(float *out, const float *x, const float *g
     float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
     /* Every thread has read partial[0] before any writes out (out may alias x,
      * but each element is read and written by the same thread). */
-    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) o[i] = xr[i] * scale * g[i];
+    __nv_bfloat16 *ob = obf ? obf + (int64_t)blockIdx.x * n : NULL;
+    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) {
+        const float y = xr[i] * scale * g[i];
+        o[i] = y;
+        if (ob) {
+            const __nv_bfloat16 hi = __float2bfloat16_rn(y);
+            ob[i] = hi;
+            if (split_off) ob[split_off + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
+        }
+    }
 }
 
 is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, int32_t T,
-                       int32_t n, float eps) {
+                       int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
     if (T <= 0 || n <= 0) return IS_OK;
-    rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, g, n, eps);
+    rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, g, n, eps, obf,
+                                              obf && split ? (int64_t)T * n : 0);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

@@ -8,8 +8,12 @@
 
 #include "common.cuh"
 
-/* out, x: [T][n] (may alias); g: [n] f32. */
+/* out, x: [T][n] (may alias); g: [n] f32. With obf, the same rows also go
+ * to obf in bf16 (the next matrix product's input, saving its conversion
+ * pass): rounded to nearest even, or when split as hi = bf16(y) in
+ * obf[0, T*n) and lo = bf16(y - hi) in obf[T*n, 2*T*n) (cuda_f32_to_bf16_split's
+ * layout). */
 is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, int32_t T,
-                       int32_t n, float eps);
+                       int32_t n, float eps, __nv_bfloat16 *obf, bool split);
 
 #endif

@@ -135,6 +135,11 @@ typedef struct backend_ops {
      * of every layer (k_cache[l], v_cache[l]) in one call. */
     void (*inject)(backend *be, float *const *k_cache, float *const *v_cache,
                    const backend_inject *in);
+    /* Optional (NULL = one copy per row): height rows of width bytes, row i
+     * from src + i * src_pitch to dst + i * dst_pitch, in one call (a fork
+     * copies one block of every layer's cache: 2 calls instead of 2 per layer). */
+    void (*copy_2d)(backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t width, size_t height);
 } backend_ops;
 
 struct backend {

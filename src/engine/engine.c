@@ -17,6 +17,8 @@ struct engine {
     engine_params p;
     kv_cache *kv;
     float **k_cache, **v_cache; /* [n_layers] -> [n_blocks][n_kv_heads][block_size][head_dim] */
+    void *k_all, *v_all;        /* the layers' caches, one after the other, layer_bytes apart */
+    size_t layer_bytes;
     size_t kv_esize;            /* bytes per cache element (backend's kv_elem_size) */
     seq_state *seqs;            /* [max_seqs] */
     /* Sequences present in one forward chunk, [max_seqs] each. */
@@ -85,11 +87,15 @@ is_status engine_create(model *m, engine_params p, engine **out) {
         goto fail;
     }
     e->kv_esize = e->be->ops->kv_elem_size ? e->be->ops->kv_elem_size(e->be) : sizeof(float);
+    /* One allocation per cache, so a block of every layer is one strided copy. */
     size_t layer_bytes = (size_t)p.n_blocks * p.block_size * c->n_kv_heads * c->head_dim * e->kv_esize;
+    e->layer_bytes = layer_bytes;
+    if ((st = e->be->ops->alloc(e->be, layer_bytes * c->n_layers, &e->k_all)) != IS_OK ||
+        (st = e->be->ops->alloc(e->be, layer_bytes * c->n_layers, &e->v_all)) != IS_OK)
+        goto fail;
     for (int32_t l = 0; l < c->n_layers; l++) {
-        if ((st = e->be->ops->alloc(e->be, layer_bytes, (void **)&e->k_cache[l])) != IS_OK ||
-            (st = e->be->ops->alloc(e->be, layer_bytes, (void **)&e->v_cache[l])) != IS_OK)
-            goto fail;
+        e->k_cache[l] = (float *)((char *)e->k_all + (size_t)l * layer_bytes);
+        e->v_cache[l] = (float *)((char *)e->v_all + (size_t)l * layer_bytes);
     }
     size_t B = (size_t)p.max_batch;
     size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
@@ -111,9 +117,8 @@ fail:
 void engine_free(engine *e) {
     if (!e) return;
     backend *be = e->be;
-    int32_t n_layers = e->m->cfg.n_layers;
-    for (int32_t l = 0; e->k_cache && l < n_layers; l++) be->ops->release(be, e->k_cache[l]);
-    for (int32_t l = 0; e->v_cache && l < n_layers; l++) be->ops->release(be, e->v_cache[l]);
+    if (e->k_all) be->ops->release(be, e->k_all);
+    if (e->v_all) be->ops->release(be, e->v_all);
     free(e->k_cache);
     free(e->v_cache);
     if (e->seqs)
@@ -175,10 +180,19 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
          * tail lie beyond dst's length: written before anything reads them.
          * Byte offsets: the cache's element type is the backend's. */
         const size_t blk = (size_t)c->n_kv_heads * bs * c->head_dim * e->kv_esize;
-        for (int32_t l = 0; l < c->n_layers; l++) {
-            char *kc = (char *)e->k_cache[l], *vc = (char *)e->v_cache[l];
-            e->be->ops->copy(e->be, kc + (size_t)db * blk, kc + (size_t)sb * blk, blk);
-            e->be->ops->copy(e->be, vc + (size_t)db * blk, vc + (size_t)sb * blk, blk);
+        const backend_ops *op = e->be->ops;
+        char *kc = (char *)e->k_all, *vc = (char *)e->v_all;
+        if (op->copy_2d) {
+            op->copy_2d(e->be, kc + (size_t)db * blk, e->layer_bytes, kc + (size_t)sb * blk,
+                        e->layer_bytes, blk, (size_t)c->n_layers);
+            op->copy_2d(e->be, vc + (size_t)db * blk, e->layer_bytes, vc + (size_t)sb * blk,
+                        e->layer_bytes, blk, (size_t)c->n_layers);
+        } else {
+            for (int32_t l = 0; l < c->n_layers; l++) {
+                const size_t lo = (size_t)l * e->layer_bytes;
+                op->copy(e->be, kc + lo + (size_t)db * blk, kc + lo + (size_t)sb * blk, blk);
+                op->copy(e->be, vc + lo + (size_t)db * blk, vc + lo + (size_t)sb * blk, blk);
+            }
         }
     }
     const seq_state *ss = &e->seqs[src];
