@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +35,15 @@ bool cli_parse_float(const char *s, const char *what, float lo, float hi, float 
     }
     *out = v;
     return true;
+}
+
+bool cli_parse_retrieval(const char *s, bool *gpu) {
+    if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0) {
+        *gpu = strcmp(s, "cuda") == 0;
+        return true;
+    }
+    fprintf(stderr, "error: --retrieval must be cpu or cuda, got '%s'\n", s);
+    return false;
 }
 
 static double mono_ms(void) {

@@ -17,6 +17,8 @@ const char *cli_default_model(void);
  * otherwise. */
 bool cli_parse_int(const char *s, const char *what, int64_t lo, int64_t hi, int32_t *out);
 bool cli_parse_float(const char *s, const char *what, float lo, float hi, float *out);
+/* --retrieval: "cpu" or "cuda" (*gpu = true: GPU retrieval, memory/dense_gpu.h). */
+bool cli_parse_retrieval(const char *s, bool *gpu);
 
 /* Progress of long work on stderr with rate and ETA, redrawn in place when
  * stderr is a terminal (at most ~10 times a second) and silent otherwise.

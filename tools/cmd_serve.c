@@ -43,6 +43,9 @@ static void serve_usage(FILE *f) {
             "      --embedder DIR      sentence-embedding model (default models/all-MiniLM-L6-v2 if\n"
             "                          present; 'none': BM25 search only)\n"
             "      --backend B         cpu | cuda (default cpu)\n"
+            "      --retrieval R       cpu | cuda (default cpu): cuda embeds the query and searches each\n"
+            "                          user's facts on GPU 0 (needs the embedder and a CUDA build; searches\n"
+            "                          with agent/run/metadata filters stay on the CPU)\n"
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "  -c, --ctx N             context per request (default: the model's)\n"
             "      --kv-mem MIB        KV cache pool in MiB (default 1024)\n"
@@ -98,7 +101,7 @@ int cmd_serve(int argc, char **argv) {
         {"max-tokens", required_argument, 0, 'n'},  {"max-k", required_argument, 0, 'k'},
         {"max-in-flight", required_argument, 0, 'f'}, {"log", required_argument, 0, 'L'},
         {"quiet", no_argument, 0, 'q'},             {"kv-dtype", required_argument, 0, 'd'},
-        {"kv-cache-f32", no_argument, 0, 'F'},
+        {"kv-cache-f32", no_argument, 0, 'F'},     {"retrieval", required_argument, 0, 'G'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -125,6 +128,7 @@ int cmd_serve(int argc, char **argv) {
         case 'E': p.embedder_dir = optarg; break;
         case 'B': p.backend = optarg; break;
         case 'F': p.kv_cache_f32 = true; break;
+        case 'G': if (!cli_parse_retrieval(optarg, &p.gpu_retrieval)) return 1; break;
         case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &p.threads)) return 1; break;
         case 'c': if (!cli_parse_int(optarg, "--ctx", 16, 1 << 20, &p.n_ctx)) return 1; break;
         case 'V':

@@ -3,6 +3,7 @@
  * configuration, weights, kernels, forward pass, public calls.
  */
 #include "memory/embedder.h"
+#include "memory/embedder_weights.h"
 
 #include "core/status.h"
 #include "core/vmath.h"
@@ -427,6 +428,25 @@ int32_t embedder_max_tokens(const embedder *e) { return e ? e->max_tokens : 0; }
 const wordpiece *embedder_tokenizer(const embedder *e) { return e ? e->wp : NULL; }
 void embedder_set_n_threads(embedder *e, int32_t n) {
     if (e) e->n_threads = n > 0 ? n : 0;
+}
+
+void embedder_get_weights(const embedder *e, embedder_weights *out) {
+    *out = (embedder_weights){
+        .hidden = e->hidden, .n_layers = e->n_layers, .n_heads = e->n_heads, .head_dim = e->head_dim,
+        .inter = e->inter, .n_vocab = e->n_vocab, .max_pos = e->max_pos, .max_tokens = e->max_tokens,
+        .ln_eps = e->ln_eps, .pool_cls = e->pooling == EMBEDDER_POOLING_CLS,
+        .tok_emb = e->tok_emb, .pos_emb = e->pos_emb, .type_emb = e->type_emb,
+        .emb_ln_g = e->emb_ln_g, .emb_ln_b = e->emb_ln_b,
+    };
+}
+
+void embedder_get_layer_weights(const embedder *e, int32_t layer, embedder_layer_weights *out) {
+    IS_ASSERT(layer >= 0 && layer < e->n_layers);
+    const bert_layer *L = &e->layers[layer];
+    *out = (embedder_layer_weights){
+        .wqkv = L->wqkv, .bqkv = L->bqkv, .wo = L->wo, .bo = L->bo, .ln1_g = L->ln1_g, .ln1_b = L->ln1_b,
+        .w1 = L->w1, .b1 = L->b1, .w2 = L->w2, .b2 = L->b2, .ln2_g = L->ln2_g, .ln2_b = L->ln2_b,
+    };
 }
 
 /* ---- kernels ----------------------------------------------------------- */

@@ -889,11 +889,31 @@ static void mem_hit_set(mem_hit *h, const char *id, float score, float dense, fl
     h->bm25_rank = bm25_rank;
 }
 
+/* A dense list computed outside the index (mem_index_search_dense_list). */
+typedef struct mem_ext_dense {
+    const char *const *ids; /* [n] best first */
+    const float *scores;    /* [n] */
+    int32_t n;
+} mem_ext_dense;
+
+/* The external list's documents of partition pi, in its order, into h (at
+ * most h->cap); ids of other partitions or of none (removed since the list
+ * was made) are skipped. */
+static void mem_ext_dense_rows(const mem_index *ix, int32_t pi, const mem_ext_dense *ext, mem_heap *h) {
+    for (int32_t i = 0; i < ext->n && h->n < h->cap; i++) {
+        int64_t v;
+        if (!strmap_get(&ix->ids, ext->ids[i], strlen(ext->ids[i]), &v) || mem_unpack_part(v) != pi) continue;
+        h->c[h->n++] = (mem_cand){ext->scores[i], mem_unpack_row(v)};
+    }
+}
+
 /* The search proper, under the read lock; hits into `hits` ([k]), which is
- * written only once nothing can fail any more. */
-static is_status mem_search_locked(const mem_index *ix, const mem_part *p, const mem_filter *f,
-                                   const mem_query *q, const bm25_tokens *t, int32_t k,
-                                   mem_search_mode mode, mem_hit *hits, int32_t *n_hits) {
+ * written only once nothing can fail any more. With ext, the dense list is
+ * ext's (q is unused) and a hybrid hit outside it gets dense = NAN. */
+static is_status mem_search_locked(const mem_index *ix, int32_t pi, const mem_filter *f,
+                                   const mem_query *q, const mem_ext_dense *ext, const bm25_tokens *t,
+                                   int32_t k, mem_search_mode mode, mem_hit *hits, int32_t *n_hits) {
+    const mem_part *p = ix->part[pi];
     mem_qfilter qf;
     is_status st = mem_resolve_filter(p, f, &qf);
     if (st) return st;
@@ -911,7 +931,8 @@ static is_status mem_search_locked(const mem_index *ix, const mem_part *p, const
     if (mode != MEM_SEARCH_BM25) {
         dh.cap = depth;
         if (!(dh.c = malloc(sizeof *dh.c * depth))) goto nomem;
-        if ((st = mem_dense_topk(ix, p, &qf, q, sc, &dh))) goto done;
+        if (ext) mem_ext_dense_rows(ix, pi, ext, &dh);
+        else if ((st = mem_dense_topk(ix, p, &qf, q, sc, &dh))) goto done;
     }
     if (mode != MEM_SEARCH_DENSE && t->n > 0) {
         bh.cap = depth;
@@ -956,9 +977,9 @@ static is_status mem_search_locked(const mem_index *ix, const mem_part *p, const
         for (int32_t i = 0; i < n; i++) {
             const int32_t r = fu[i].row;
             const float dense =
-                fu[i].dense_rank > 0
-                    ? dh.c[fu[i].dense_rank - 1].score
-                    : mem_dot_f32(p->emb + (size_t)r * ix->stride_f, q->f, ix->stride_f);
+                fu[i].dense_rank > 0 ? dh.c[fu[i].dense_rank - 1].score
+                : ext                ? NAN
+                                     : mem_dot_f32(p->emb + (size_t)r * ix->stride_f, q->f, ix->stride_f);
             mem_hit_set(&hits[i], p->rows[r].id, fu[i].rrf, dense, acc ? acc[r] : 0.0f,
                         fu[i].dense_rank, fu[i].bm25_rank);
         }
@@ -977,9 +998,11 @@ done:
     return st;
 }
 
-is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *query_embedding,
-                           const char *query_text, int32_t k, mem_search_mode mode,
-                           mem_hit *out, int32_t *n_out) {
+/* mem_index_search, with the dense list either computed here from
+ * query_embedding or given (ext). */
+static is_status mem_search(mem_index *ix, const mem_filter *f, const float *query_embedding,
+                            const mem_ext_dense *ext, const char *query_text, int32_t k,
+                            mem_search_mode mode, mem_hit *out, int32_t *n_out) {
     if (!ix || !n_out) return is_error_set(IS_ERR_INVALID_ARG, "index: NULL index or n_out");
     if (!f || !f->tenant || !f->user)
         return is_error_set(IS_ERR_INVALID_ARG, "index: a search needs a tenant and a user");
@@ -991,11 +1014,11 @@ is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *quer
     if (k < 0 || (k > 0 && !out)) return is_error_set(IS_ERR_INVALID_ARG, "index: k = %d", (int)k);
     if (mode != MEM_SEARCH_DENSE && mode != MEM_SEARCH_BM25 && mode != MEM_SEARCH_HYBRID)
         return is_error_set(IS_ERR_INVALID_ARG, "index: search mode %d", (int)mode);
-    if (mode != MEM_SEARCH_BM25 && !query_embedding)
+    if (mode != MEM_SEARCH_BM25 && !query_embedding && !ext)
         return is_error_set(IS_ERR_INVALID_ARG, "index: dense search without a query embedding");
     if (mode == MEM_SEARCH_BM25 && !query_text)
         return is_error_set(IS_ERR_INVALID_ARG, "index: BM25 search without query text");
-    if (mode != MEM_SEARCH_BM25)
+    if (mode != MEM_SEARCH_BM25 && !ext)
         for (int32_t j = 0; j < ix->dim; j++)
             if (!isfinite(query_embedding[j]))
                 return is_error_set(IS_ERR_INVALID_ARG, "index: query[%d] is not finite", (int)j);
@@ -1011,7 +1034,7 @@ is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *quer
     char *key = NULL;
     size_t key_len = 0;
     if (mode != MEM_SEARCH_DENSE && query_text && (st = bm25_tokenize(query_text, &t))) goto out;
-    if (mode != MEM_SEARCH_BM25) {
+    if (mode != MEM_SEARCH_BM25 && !ext) {
         q.f = calloc((size_t)ix->stride_f, sizeof *q.f);
         q.q8 = malloc((size_t)ix->stride_q);
         q.q8abs = malloc((size_t)ix->stride_q);
@@ -1026,7 +1049,7 @@ is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *quer
     pthread_rwlock_rdlock(&ix->lock);
     int64_t pv;
     if (strmap_get(&ix->parts, key, key_len, &pv))
-        st = mem_search_locked(ix, ix->part[pv], f, &q, &t, k, mode, out, &n_hits);
+        st = mem_search_locked(ix, (int32_t)pv, f, &q, ext, &t, k, mode, out, &n_hits);
     pthread_rwlock_unlock(&ix->lock);
     if (st == IS_OK) *n_out = n_hits;
     goto out;
@@ -1037,6 +1060,29 @@ out:
     bm25_tokens_free(&t);
     free(key);
     return st;
+}
+
+is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *query_embedding,
+                           const char *query_text, int32_t k, mem_search_mode mode,
+                           mem_hit *out, int32_t *n_out) {
+    return mem_search(ix, f, query_embedding, NULL, query_text, k, mode, out, n_out);
+}
+
+is_status mem_index_search_dense_list(mem_index *ix, const mem_filter *f, const char *const *dense_ids,
+                                      const float *dense_scores, int32_t n_dense, const char *query_text,
+                                      int32_t k, mem_search_mode mode, mem_hit *out, int32_t *n_out) {
+    if (mode == MEM_SEARCH_BM25 || n_dense < 0 || (n_dense > 0 && (!dense_ids || !dense_scores)))
+        return is_error_set(IS_ERR_INVALID_ARG, "index: bad external dense list (n %d, mode %d)",
+                            (int)n_dense, (int)mode);
+    if (f && (f->agent_id || f->run_id || f->n_meta != 0))
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "index: an external dense list serves unfiltered searches only");
+    for (int32_t i = 0; i < n_dense; i++)
+        if (!dense_ids[i] || !isfinite(dense_scores[i]))
+            return is_error_set(IS_ERR_INVALID_ARG, "index: dense list entry %d is NULL or not finite",
+                                (int)i);
+    const mem_ext_dense ext = {dense_ids, dense_scores, n_dense};
+    return mem_search(ix, f, NULL, &ext, query_text, k, mode, out, n_out);
 }
 
 /* ---- invariants ----------------------------------------------------------- */

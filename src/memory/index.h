@@ -135,6 +135,23 @@ is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *quer
                            const char *query_text, int32_t k, mem_search_mode mode,
                            mem_hit *out, int32_t *n_out);
 
+/* mem_index_search with the dense list computed elsewhere (memory/
+ * dense_gpu.h computes it on the GPU): dense_ids[0..n_dense) with
+ * dense_scores, best first, meant to be the user's top min(depth, size)
+ * documents by dot product in this index's order (score descending, equal
+ * scores by id), depth = k (DENSE) or max(k, MEM_HYBRID_DEPTH) (HYBRID).
+ * The list is taken as is (entries past depth are ignored; ids not in the
+ * user's partition, e.g. removed since, are skipped); BM25 and the RRF
+ * fusion run here exactly as in mem_index_search. A HYBRID hit outside
+ * the list gets dense = NAN (the index has no query embedding to score it
+ * with): the caller fills it in. For unfiltered searches only: an
+ * agent_id, run_id or metadata filter is IS_ERR_INVALID_ARG (the list was
+ * not filtered), as are mode BM25, a NULL or non-finite entry. Otherwise as
+ * mem_index_search. */
+is_status mem_index_search_dense_list(mem_index *ix, const mem_filter *f, const char *const *dense_ids,
+                                      const float *dense_scores, int32_t n_dense, const char *query_text,
+                                      int32_t k, mem_search_mode mode, mem_hit *out, int32_t *n_out);
+
 /* Checks the invariants: the id map agrees with every partition's rows,
  * int8 copies agree with the float rows, BM25 postings agree (bm25_check).
  * Takes the read lock. For asserts and tests. */

@@ -23,6 +23,7 @@ struct memory {
     mem_store *store;
     record_store *rs;
     mem_index *ix;
+    dense_gpu *gpu; /* GPU retrieval, or NULL: the index's dense half on the device */
     /* embedding: emb, else embed(); dense is false for the BM25-only mode */
     embedder *emb;
     memory_embed_fn embed;
@@ -211,6 +212,8 @@ static is_status open_row(const mem_fact *f, void *ud) {
                                            "store's are %d",
                             f->id, (int)f->dim, (int)o->m->dim);
     is_status st = index_put(o->m, f);
+    if (st == IS_OK && o->m->gpu)
+        st = dense_gpu_stage(o->m->gpu, f->tenant, f->user, f->id, f->embedding);
     if (st != IS_OK) return st;
     o->n_facts++;
     if (!record_files_claim(o->files, f->kv_record)) o->n_missing++;
@@ -246,6 +249,9 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
         return is_error_set(IS_ERR_INVALID_ARG, "memory_open: NULL argument");
     if (!p->embedder && p->embed && (p->embed_dim <= 0 || p->embed_dim > 65536))
         return is_error_set(IS_ERR_INVALID_ARG, "memory_open: embed_dim %d", (int)p->embed_dim);
+    if (p->gpu_retrieval && !p->embedder)
+        return is_error_set(IS_ERR_INVALID_ARG, "memory_open: GPU retrieval needs a loaded embedder "
+                                                "(memory_params.embedder): it copies its weights");
     memory *m = calloc(1, sizeof *m);
     if (!m) return is_error_set(IS_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&m->write_mu, NULL);
@@ -274,6 +280,14 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     }
     snprintf(db_path, dl + 16, "%s/memory.db", data_dir);
     snprintf(m->kv_dir, dl + 8, "%s/kv", data_dir);
+    /* First, so that a missing GPU fails before anything is opened. */
+    if (p->gpu_retrieval && (st = dense_gpu_create(p->embedder, p->gpu_device, &m->gpu)) != IS_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", is_error_last());
+        st = is_error_set(st, "memory_open: GPU retrieval was asked for on device %d: %s", (int)p->gpu_device,
+                          msg);
+        goto fail;
+    }
     /* The record store first: its lock makes the directory ours alone, which
      * is what makes deleting orphan records below safe. */
     if ((st = record_store_open(m->kv_dir, p->kv_cache_bytes, &m->rs)) != IS_OK) goto fail;
@@ -283,6 +297,7 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     if ((st = record_files_scan(m->kv_dir, &files)) != IS_OK) goto fail;
     open_scan o = {.m = m, .files = &files};
     if ((st = mem_store_foreach(m->store, true, open_row, &o)) != IS_OK) goto fail;
+    if (m->gpu && (st = dense_gpu_flush(m->gpu)) != IS_OK) goto fail;
     int64_t n_orphans = 0;
     for (int64_t i = 0; i < files.n; i++) {
         if (files.claimed[i]) continue;
@@ -307,6 +322,7 @@ fail:
 
 void memory_close(memory *m) {
     if (!m) return;
+    dense_gpu_free(m->gpu);
     mem_index_free(m->ix);
     mem_store_close(m->store);
     if (m->rs) record_store_close(m->rs);
@@ -397,6 +413,13 @@ static is_status add_write(memory *m, const add_prep *p, const float *emb,
     step(m, MEMORY_STEP_COMMITTED);
     if ((st = index_put(m, &f)) != IS_OK) {
         /* Only out of memory gets here (the fact was checked): undo. */
+        mem_store_delete(m->store, f.tenant, f.user, f.id, NULL);
+        record_drop(m, rid);
+        goto out;
+    }
+    if (m->gpu && (st = dense_gpu_put(m->gpu, f.tenant, f.user, f.id, emb)) != IS_OK) {
+        /* Device memory or a device failure: undo as above. */
+        mem_index_remove(m->ix, f.id);
         mem_store_delete(m->store, f.tenant, f.user, f.id, NULL);
         record_drop(m, rid);
         goto out;
@@ -516,6 +539,7 @@ is_status memory_update(memory *m, const char *tenant, const char *user, const c
     }
     /* Cannot fail for a fact that was indexed before but for memory. */
     st = index_put(m, &nf);
+    if (st == IS_OK && text_changed && m->gpu) st = dense_gpu_put(m->gpu, tenant, user, id, emb);
 out:
     pthread_mutex_unlock(&m->write_mu);
     mem_fact_clear(&old);
@@ -535,6 +559,8 @@ is_status memory_delete(memory *m, const char *tenant, const char *user, const c
             step(m, MEMORY_STEP_KV_DELETED);
         }
         mem_index_remove(m->ix, old.id);
+        is_status gs = m->gpu ? dense_gpu_remove(m->gpu, old.tenant, old.user, old.id) : IS_OK;
+        if (gs != IS_OK && gs != IS_ERR_NOT_FOUND) st = gs;
         mem_fact_clear(&old);
     }
     pthread_mutex_unlock(&m->write_mu);
@@ -550,7 +576,12 @@ is_status memory_delete_all(memory *m, const mem_filter *f, int32_t *n_deleted) 
         step(m, MEMORY_STEP_COMMITTED);
         for (int32_t i = 0; i < n; i++) record_drop(m, rows[i].kv_record);
         if (n) step(m, MEMORY_STEP_KV_DELETED);
-        for (int32_t i = 0; i < n; i++) mem_index_remove(m->ix, rows[i].id);
+        for (int32_t i = 0; i < n; i++) {
+            mem_index_remove(m->ix, rows[i].id);
+            is_status gs = m->gpu ? dense_gpu_remove(m->gpu, rows[i].tenant, rows[i].user, rows[i].id)
+                                  : IS_OK;
+            if (gs != IS_OK && gs != IS_ERR_NOT_FOUND && st == IS_OK) st = gs;
+        }
         if (n_deleted) *n_deleted = n;
     }
     pthread_mutex_unlock(&m->write_mu);
@@ -716,18 +747,39 @@ void memory_hits_free(memory_hit *h, int32_t n) {
 
 is_status memory_search(memory *m, const mem_filter *f, const char *query, int32_t k,
                         memory_hit **out, int32_t *n_out) {
+    return memory_search_mode(m, f, query, k, MEM_SEARCH_HYBRID, out, n_out);
+}
+
+bool memory_gpu_stats(memory *m, dense_gpu_stats *out) {
+    if (!m->gpu) {
+        memset(out, 0, sizeof *out);
+        return false;
+    }
+    dense_gpu_get_stats(m->gpu, out);
+    return true;
+}
+
+is_status memory_search_mode(memory *m, const mem_filter *f, const char *query, int32_t k,
+                             mem_search_mode mode, memory_hit **out, int32_t *n_out) {
     if (!f || !f->tenant || !f->user || !query || !*query || k < 0 || !out || !n_out)
         return is_error_set(IS_ERR_INVALID_ARG,
                             "memory_search: needs tenant, user, a non-empty query and k >= 0");
+    if (mode != MEM_SEARCH_DENSE && mode != MEM_SEARCH_BM25 && mode != MEM_SEARCH_HYBRID)
+        return is_error_set(IS_ERR_INVALID_ARG, "memory_search: mode %d", (int)mode);
+    if (mode == MEM_SEARCH_DENSE && !m->dense)
+        return is_error_set(IS_ERR_INVALID_ARG, "memory_search: dense search needs an embedder");
+    if (!m->dense) mode = MEM_SEARCH_BM25;
     float *qv = malloc((size_t)m->dim * sizeof(float));
     mem_hit *hits = malloc((size_t)(k ? k : 1) * sizeof *hits);
     memory_hit *res = calloc((size_t)(k ? k : 1), sizeof *res);
     int32_t nh = 0, n = 0;
+    bool on_gpu = false;
     is_status st = qv && hits && res ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
-    if (st == IS_OK && m->dense) st = embed_texts(m, &query, 1, qv);
-    if (st == IS_OK && k > 0)
-        st = mem_index_search(m->ix, f, m->dense ? qv : NULL, query, k,
-                              m->dense ? MEM_SEARCH_HYBRID : MEM_SEARCH_BM25, hits, &nh);
+    if (st == IS_OK && k > 0 && m->gpu)
+        st = dense_gpu_search(m->gpu, m->ix, f, query, k, mode, hits, &nh, &on_gpu);
+    if (st == IS_OK && !on_gpu && mode != MEM_SEARCH_BM25) st = embed_texts(m, &query, 1, qv);
+    if (st == IS_OK && !on_gpu && k > 0)
+        st = mem_index_search(m->ix, f, mode != MEM_SEARCH_BM25 ? qv : NULL, query, k, mode, hits, &nh);
     for (int32_t i = 0; st == IS_OK && i < nh; i++) {
         is_status gs = mem_store_get(m->store, f->tenant, f->user, hits[i].id, false, &res[n].fact);
         if (gs == IS_ERR_NOT_FOUND) continue; /* deleted since the search */
@@ -859,6 +911,19 @@ is_status memory_check(memory *m, bool require_kv) {
                 st = is_error_set(IS_ERR_INTERNAL, "check: fact %s is not indexed under its user",
                                   c.rows[r].id);
         i = j;
+    }
+    if (st == IS_OK && m->gpu) {
+        dense_gpu_stats gs;
+        dense_gpu_get_stats(m->gpu, &gs);
+        if (gs.stale_users > 0)
+            st = is_error_set(IS_ERR_INTERNAL, "check: %d users' GPU copies are stale", (int)gs.stale_users);
+        else if (gs.facts != c.n)
+            st = is_error_set(IS_ERR_INTERNAL, "check: %lld facts on the GPU, %lld rows", (long long)gs.facts,
+                              (long long)c.n);
+        for (int64_t r = 0; st == IS_OK && r < c.n; r++)
+            if (!dense_gpu_has(m->gpu, c.rows[r].tenant, c.rows[r].user, c.rows[r].id))
+                st = is_error_set(IS_ERR_INTERNAL, "check: fact %s is not on the GPU under its user",
+                                  c.rows[r].id);
     }
     free(hits);
     mem_facts_free(c.rows, (int32_t)c.n);

@@ -49,6 +49,25 @@
  * set after open because it writes into this service's record store
  * (memory_record_store). With no encoder, facts are stored without KV.
  *
+ * ---- GPU retrieval ------------------------------------------------------------
+ * With memory_params.gpu_retrieval (a build with CUDA, a usable device and
+ * a loaded embedder), the service also keeps every user's fact embeddings
+ * in device memory (memory/dense_gpu.h), filled at open and kept in step by
+ * every add, update and delete. Dense and hybrid searches without an
+ * agent_id, run_id or metadata filter then embed the query on the GPU and
+ * take the user's top-k there: only the query's token ids go up and the
+ * dense list's (row, score) pairs come back (k + 1 of them, or 101 for a
+ * hybrid search with k <= 100), no text or vector. BM25 and the RRF fusion
+ * stay on the CPU, on the same index, so results are those of the CPU path
+ * (same ordering rules; scores within about 1e-6, so facts whose scores are
+ * closer than that may swap). Searches with filters, BM25-only ones, k
+ * (or the hybrid depth) of CUDA_TOPK_MAX (1024) or more, and users whose
+ * device copy failed an update (see memory_gpu_stats) run on the CPU. Facts
+ * are still embedded on the CPU when written (the stored embedding is the
+ * one the device holds). GPU searches are serialised (one mutex, held from
+ * the query's embedding to the end of the fusion); CPU searches still run
+ * in parallel beside them.
+ *
  * ---- Isolation ------------------------------------------------------------------
  * Every call names a tenant and a user; a fact of another tenant or user is
  * never returned, changed or deleted (it behaves as not found), whatever
@@ -66,6 +85,7 @@
 
 #include "inferscale.h"
 #include "kv/record_store.h"
+#include "memory/dense_gpu.h"
 #include "memory/embedder.h"
 #include "memory/index.h"
 #include "memory/locomo.h"
@@ -115,6 +135,14 @@ typedef struct memory_params {
     const char *embed_name;  /* identifies the model in the store (default: "embedder:<dim>" or "none") */
     int32_t kv_window;       /* default w for facts added without one (default 0) */
     size_t kv_cache_bytes;   /* record store cache (default 64 MiB) */
+    /* GPU retrieval (see the top of this file; default off). Needs
+     * `embedder` (IS_ERR_INVALID_ARG with an embed function or none) and a
+     * build with CUDA and a usable device gpu_device: without them
+     * memory_open fails with IS_ERR_UNSUPPORTED, it never falls back to the
+     * CPU silently. Device memory: the embedder's weights (90 MB for
+     * MiniLM) plus 4 * dim bytes a fact (1.5 KB at dim 384). */
+    bool gpu_retrieval;
+    int32_t gpu_device;      /* CUDA device (default 0) */
 } memory_params;
 
 memory_params memory_default_params(void);
@@ -184,7 +212,14 @@ is_status memory_update(memory *m, const char *tenant, const char *user, const c
                         const char *text, const char *metadata_json);
 
 /* Deletes a fact: row (with a DELETE history entry), KV record, index
- * entry. IS_ERR_NOT_FOUND, IS_ERR_IO. */
+ * entry. IS_ERR_NOT_FOUND, IS_ERR_IO.
+ *
+ * With GPU retrieval, add, update, delete and delete_all also change the
+ * user's device copy after the commit. An add that fails there is undone
+ * (its status returned); an update or delete stands and returns the
+ * device's status (IS_ERR_INTERNAL, IS_ERR_NOMEM). After a device failure
+ * the user's searches run on the CPU until the next open (memory_gpu_stats:
+ * stale_users). */
 is_status memory_delete(memory *m, const char *tenant, const char *user, const char *id);
 
 /* Deletes every fact matching the filter (tenant and user required) in one
@@ -261,14 +296,30 @@ typedef struct memory_hit {
  * IS_ERR_INVALID_ARG (no tenant or user, empty query, k < 0), IS_ERR_NOMEM. */
 is_status memory_search(memory *m, const mem_filter *f, const char *query, int32_t k,
                         memory_hit **out, int32_t *n);
+
+/* memory_search with the ranking chosen: MEM_SEARCH_HYBRID is
+ * memory_search (BM25 alone without an embedder); MEM_SEARCH_DENSE, by dot
+ * product alone (score = dense), needs an embedder (IS_ERR_INVALID_ARG
+ * otherwise); MEM_SEARCH_BM25 (score = bm25, dense 0). Dense and hybrid
+ * searches run on the GPU with GPU retrieval (see the top of this file). */
+is_status memory_search_mode(memory *m, const mem_filter *f, const char *query, int32_t k,
+                             mem_search_mode mode, memory_hit **out, int32_t *n);
 void memory_hits_free(memory_hit *h, int32_t n);
+
+/* GPU retrieval's counters into *out (searches served on the GPU, those
+ * it left to the CPU, facts held, users whose device copy is stale); false
+ * (and *out zeroed) when GPU retrieval is off. */
+bool memory_gpu_stats(memory *m, dense_gpu_stats *out);
 
 /* Checks that the index, the rows and the records agree: every row has an
  * embedding of the service's dimension and the hash of its text; its KV
  * record, if present (required when require_kv), loads and carries the hash
  * of the row's text; it has an index entry in its user's partition; the
- * index holds nothing else; no record file lacks a row. IS_OK, else IS_ERR_INTERNAL naming the first disagreement. For tests
- * and asserts; reads every record, so it is slow on big stores. */
+ * index holds nothing else; no record file lacks a row; with GPU retrieval,
+ * the device holds exactly the indexed facts, under their users, and no
+ * user's copy is stale. IS_OK, else IS_ERR_INTERNAL naming the first
+ * disagreement. For tests and asserts; reads every record, so it is slow
+ * on big stores. */
 is_status memory_check(memory *m, bool require_kv);
 
 /* ---- import ------------------------------------------------------------------ */

@@ -18,6 +18,11 @@
  *     another user), remove then search, random churn with the invariant
  *     checker and a final brute-force comparison;
  *   - RRF on a hand example (scores worked out in the comments), ties by id;
+ *   - an external dense list (mem_index_search_dense_list, what GPU
+ *     retrieval hands in): fed the index's own dense list, dense and hybrid
+ *     results equal mem_index_search's (a hybrid hit outside the list has
+ *     dense NAN); ids of another user or of none are skipped; filters, BM25
+ *     mode and bad entries are refused;
  *   - bad arguments give statuses and leave the index unchanged;
  *   - thread-safety smoke test: searches in three threads while a fourth
  *     upserts and removes (run it under -fsanitize=thread too).
@@ -731,6 +736,97 @@ static void test_rrf_tie(void **state) {
     mem_index_free(ix);
 }
 
+/* ---- external dense list ------------------------------------------------------- */
+
+static void test_dense_list(void **state) {
+    (void)state;
+    enum { DIM = 24, N = 300 };
+    static const char *const words[] = {"lion", "tiger", "zebra", "kiwi", "fig", "apple", "pear", "plum"};
+    uint64_t s = 42;
+    mem_index *ix;
+    assert_int_equal(mem_index_create(DIM, &ix), IS_OK);
+    static char ids[N][16], texts[N][64];
+    static float emb[N][DIM];
+    for (int i = 0; i < N; i++) {
+        snprintf(ids[i], sizeof ids[i], "d%03d", (i * 37) % N);
+        int at = 0;
+        for (int w = 0; w < 3; w++)
+            at += snprintf(texts[i] + at, sizeof texts[i] - (size_t)at, "%s%s", w ? " " : "",
+                           words[rng_next(&s) % 8]);
+        if (i % 10 == 3) memcpy(emb[i], emb[i - 1], sizeof emb[i]); /* exact ties */
+        else random_unit(&s, emb[i], DIM);
+        mem_doc d = {.id = ids[i], .tenant = "t", .user = i < 250 ? "u" : "v", .text = texts[i],
+                     .embedding = emb[i]};
+        assert_int_equal(mem_index_upsert(ix, &d), IS_OK);
+    }
+    const mem_filter f = {.tenant = "t", .user = "u"};
+    static mem_hit want[N + 2], got[N + 2], dl[N + 2];
+    const char *dl_ids[N + 2];
+    float dl_scores[N + 2];
+    for (int qi = 0; qi < 6; qi++) {
+        float q[DIM];
+        random_unit(&s, q, DIM);
+        const char *text = words[qi];
+        static const int32_t ks[] = {1, 5, 50, 150};
+        for (int ki = 0; ki < 4; ki++) {
+            const int32_t k = ks[ki];
+            for (int mode = MEM_SEARCH_DENSE; mode <= MEM_SEARCH_HYBRID; mode += 2) {
+                const int32_t depth = mode == MEM_SEARCH_HYBRID && k < MEM_HYBRID_DEPTH ? MEM_HYBRID_DEPTH : k;
+                int32_t nd = 0, nw = 0, ng = 0;
+                assert_int_equal(mem_index_search(ix, &f, q, NULL, depth, MEM_SEARCH_DENSE, dl, &nd), IS_OK);
+                /* An id of another user and one of nobody first: skipped. */
+                dl_ids[0] = ids[260]; /* user v's */
+                dl_scores[0] = 2.0f;
+                dl_ids[1] = "nobody";
+                dl_scores[1] = 2.0f;
+                for (int32_t i = 0; i < nd; i++) {
+                    dl_ids[i + 2] = dl[i].id;
+                    dl_scores[i + 2] = dl[i].score;
+                }
+                assert_int_equal(mem_index_search(ix, &f, q, text, k, mode, want, &nw), IS_OK);
+                assert_int_equal(mem_index_search_dense_list(ix, &f, dl_ids, dl_scores, nd + 2, text, k, mode, got,
+                                                             &ng),
+                                 IS_OK);
+                assert_int_equal(ng, nw);
+                for (int32_t i = 0; i < ng; i++) {
+                    assert_string_equal(got[i].id, want[i].id);
+                    assert_true(got[i].score == want[i].score && got[i].bm25 == want[i].bm25);
+                    assert_int_equal(got[i].dense_rank, want[i].dense_rank);
+                    assert_int_equal(got[i].bm25_rank, want[i].bm25_rank);
+                    if (want[i].dense_rank > 0) assert_true(got[i].dense == want[i].dense);
+                    else assert_true(isnan(got[i].dense));
+                }
+            }
+        }
+    }
+    /* Refused: BM25 mode, filters, bad entries. */
+    const char *one_id[1] = {"d000"};
+    float one_score[1] = {0.5f};
+    mem_hit h[4];
+    int32_t n = -1;
+    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4, MEM_SEARCH_BM25, h, &n),
+                     IS_ERR_INVALID_ARG);
+    const mem_filter fa = {.tenant = "t", .user = "u", .agent_id = "x"};
+    assert_int_equal(mem_index_search_dense_list(ix, &fa, one_id, one_score, 1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+                     IS_ERR_INVALID_ARG);
+    one_score[0] = NAN;
+    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+                     IS_ERR_INVALID_ARG);
+    one_id[0] = NULL;
+    one_score[0] = 0.5f;
+    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search_dense_list(ix, &f, NULL, NULL, -1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(n, -1);
+    /* An empty list: hybrid is BM25's order, dense finds nothing. */
+    assert_int_equal(mem_index_search_dense_list(ix, &f, NULL, NULL, 0, "fig", 4, MEM_SEARCH_HYBRID, h, &n), IS_OK);
+    assert_true(n > 0 && h[0].dense_rank == -1 && h[0].bm25_rank == 1 && isnan(h[0].dense));
+    assert_int_equal(mem_index_search_dense_list(ix, &f, NULL, NULL, 0, "fig", 4, MEM_SEARCH_DENSE, h, &n), IS_OK);
+    assert_int_equal(n, 0);
+    mem_index_free(ix);
+}
+
 /* ---- bad arguments ---------------------------------------------------------- */
 
 static void test_bad_args(void **state) {
@@ -886,6 +982,7 @@ int main(void) {
         cmocka_unit_test(test_churn),
         cmocka_unit_test(test_rrf_hand),
         cmocka_unit_test(test_rrf_tie),
+        cmocka_unit_test(test_dense_list),
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_threads),
     };

@@ -25,7 +25,10 @@
  *     tenant's, nothing left by a failing encoder, and an update that
  *     lands while the encoder runs waits for it and drops its record;
  *   - a second open of the same directory fails; another embedding model is
- *     refused;
+ *     refused; GPU retrieval asked for without a usable GPU (or in a build
+ *     without CUDA) fails with IS_ERR_UNSUPPORTED before anything is opened,
+ *     and without a loaded embedder with IS_ERR_INVALID_ARG
+ *     (tests/cuda/test_memory_gpu.c tests it on a GPU);
  *   - the LoCoMo importer on conversation 26: facts = observations, per
  *     speaker, with source refs, metadata and context windows; a second
  *     import adds 0; an interrupted import (facts removed) resumes.
@@ -46,9 +49,13 @@
 #include <unistd.h>
 
 #include "core/status.h"
+#include "test_bert.h"
 #include "test_util.h"
 #include "kv/fact_record.h"
 #include "memory/memory.h"
+#ifdef IS_HAVE_CUDA
+#include "backend_cuda.h"
+#endif
 
 #define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 #define EMBEDDER_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
@@ -717,6 +724,60 @@ static void test_open_refusals(void **state) {
     assert_int_equal(memory_open(NULL, &p, &m2, NULL), IS_ERR_INVALID_ARG);
 }
 
+/* GPU retrieval where it cannot run: memory_open says so, it does not fall
+ * back to the CPU. Where a GPU is present the open works instead. */
+static void test_gpu_retrieval_refused(void **state) {
+#ifdef IS_HAVE_CUDA
+    const bool gpu = backend_cuda_available();
+#else
+    const bool gpu = false;
+#endif
+    uint64_t rng = 1;
+    assert_int_equal(test_bert_write(g_dir, &test_bert_a, &rng), 0);
+    char edir[512], data[512], db[600];
+    snprintf(edir, sizeof edir, "%s/%s", g_dir, test_bert_a.name);
+    snprintf(data, sizeof data, "%s/data", g_dir);
+    snprintf(db, sizeof db, "%s/memory.db", data);
+    assert_int_equal(mkdir(data, 0755), 0);
+    embedder *e = NULL;
+    assert_int_equal(embedder_load(edir, &e), IS_OK);
+    memory_params p = memory_default_params();
+    p.embedder = e;
+    p.gpu_retrieval = true;
+    memory *m = NULL;
+    is_status st = memory_open(data, &p, &m, NULL);
+    if (gpu) {
+        assert_int_equal(st, IS_OK);
+        dense_gpu_stats gs;
+        assert_true(memory_gpu_stats(m, &gs));
+        memory_close(m);
+        m = NULL;
+    } else {
+        assert_int_equal(st, IS_ERR_UNSUPPORTED);
+        assert_null(m);
+        assert_non_null(strstr(is_error_last(), "GPU retrieval"));
+        assert_false(file_exists(db)); /* refused before anything was opened */
+    }
+    /* A device that does not exist, whatever the machine. */
+    p.gpu_device = 1000;
+    assert_int_equal(memory_open(data, &p, &m, NULL), IS_ERR_UNSUPPORTED);
+    assert_null(m);
+    /* An embed function cannot be copied to a GPU. */
+    memory_params q = memory_default_params();
+    q.embed = fake_embed;
+    q.embed_dim = FAKE_DIM;
+    q.gpu_retrieval = true;
+    assert_int_equal(memory_open(data, &q, &m, NULL), IS_ERR_INVALID_ARG);
+    assert_null(m);
+    /* Asked for nothing, the same directory opens on the CPU. */
+    p.gpu_retrieval = false;
+    assert_int_equal(memory_open(data, &p, &m, NULL), IS_OK);
+    dense_gpu_stats gs;
+    assert_false(memory_gpu_stats(m, &gs));
+    memory_close(m);
+    embedder_free(e);
+}
+
 /* ---- LoCoMo importer ---------------------------------------------------------------- */
 
 static void test_locomo_import(void **state) {
@@ -870,6 +931,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_encode_one, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_retrieval_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_locomo_import, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_embedder, setup, teardown),
     };

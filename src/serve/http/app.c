@@ -94,6 +94,7 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     mp.embedder = a->emb;
     mp.embed_name = ename;
     mp.kv_window = p->kv_window;
+    mp.gpu_retrieval = p->gpu_retrieval;
     memory_open_report rep;
     if ((st = memory_open(p->data_dir, &mp, &a->mem, &rep)) != IS_OK) goto fail;
     if (rep.n_orphans)
@@ -153,7 +154,7 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     hc.model_id = a->model_id;
     if ((st = http_server_start(&hc, &a->srv)) != IS_OK) goto fail;
     fprintf(notes, "memory: %lld facts in %s (search: %s)\n", (long long)rep.n_facts, p->data_dir,
-            a->emb ? "dense + BM25" : "BM25 only");
+            !a->emb ? "BM25 only" : p->gpu_retrieval ? "dense on the GPU + BM25" : "dense + BM25");
     *out = a;
     return IS_OK;
 fail: {

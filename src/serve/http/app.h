@@ -47,6 +47,8 @@ typedef struct http_app_params {
     bool kv_cache_f32;        /* cuda: an f32 KV cache (exact, no GPU fact arena) instead of
                                  the default bf16 one (tiled attention, fact arena) */
     int32_t kv_window;        /* context turns encoded with each new fact (default 0) */
+    bool gpu_retrieval;       /* memory search's query embedding and dense top-k on CUDA device
+                                 0 (memory_params.gpu_retrieval; needs the embedder) */
     sched_params sched;       /* sched_default_params() */
     http_config http;         /* host, port, limits, no_auth, log...; keys, sched, mem, tok
                                  and model_id are set here */

@@ -1,0 +1,335 @@
+/*
+ * bench_retrieval_gpu: one request's retrieval on the CPU and on the GPU,
+ * for one user holding N facts.
+ *
+ *   bench_retrieval_gpu [-e MODEL_DIR] [-n 1000,10000,100000] [-k 50] [-r REPS] [-t THREADS]
+ *                       [-s SEED] [-o CSV]
+ *
+ *   CPU: embedder_embed of a ~30-token query (memory/embedder.h, THREADS
+ *        threads, default all cores), then mem_index_search, dense, top-k
+ *        (memory/index.h: exact, int8 bounds then f32 rescoring, one thread);
+ *   GPU: cuda_embedder_embed_device of the same query into device memory,
+ *        then cuda_fact_matrix_search, top-k (cuda/retrieval_cuda.h);
+ *        "embed" waits for the stream, "search" includes copying the k
+ *        (row, score) pairs back, "request" runs both back to back with one
+ *        wait at the end (the serving path: the query vector stays on the
+ *        device).
+ * Medians of REPS runs (default 50, at least 20) after 5 warm-up runs.
+ *
+ * Facts: with the model (MODEL_DIR, default models/all-MiniLM-L6-v2), the
+ * MiniLM embeddings of synthetic sentences of 8-20 words drawn from a
+ * LoCoMo-like word list, embedded once on the GPU (and checked against the
+ * CPU embedder on a sample): real embeddings cluster, which is what the CPU
+ * index's int8 pruning meets in practice. Without the model, random unit
+ * vectors of 384 floats, and only the search columns are timed.
+ *
+ * PCIe bytes per request, GPU path: up the query's token ids and the two
+ * offsets of its text (4 bytes each), down k rows and k scores (4 bytes
+ * each); kernel arguments aside.
+ *
+ * Prints a markdown table and, for scripts, one CSV line per N:
+ * retrieval,<N>,<k>,<cpu embed ms>,<cpu search ms>,<gpu embed ms>,<gpu search ms>,<gpu request ms>,
+ *   <pcie bytes>,<same top-k> (one line).
+ */
+#include "backend_cuda.h"
+#include "core/status.h"
+#include "memory/embedder.h"
+#include "memory/index.h"
+#include "memory/wordpiece.h"
+#include "retrieval_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WARMUP 5
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng_state = 42;
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rng_unit(void) { return (rng_next() >> 11) * (1.0 / 9007199254740992.0); }
+static float rng_normal(void) {
+    double u = rng_unit(), v = rng_unit();
+    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+static void unit_vector(float *x, int32_t dim) {
+    double ss = 0;
+    for (int32_t d = 0; d < dim; d++) {
+        x[d] = rng_normal();
+        ss += (double)x[d] * x[d];
+    }
+    for (int32_t d = 0; d < dim; d++) x[d] = (float)(x[d] / sqrt(ss));
+}
+
+static void die(const char *what, is_status st) {
+    fprintf(stderr, "bench_retrieval_gpu: %s: %s (%s)\n", what, is_status_to_string(st), is_error_last());
+    exit(1);
+}
+
+static void cuda_die(const char *what, cudaError_t e) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "bench_retrieval_gpu: %s: %s\n", what, cudaGetErrorString(e));
+    exit(1);
+}
+
+static const char *const words[] = {
+    "Caroline", "Melanie", "went", "to", "the", "a", "with", "her", "his", "family", "kids",
+    "adoption", "agency", "painting", "pottery", "class", "camping", "beach", "museum", "concert",
+    "support", "group", "LGBTQ", "community", "mentor", "friends", "hiking", "mountain", "road",
+    "trip", "Grand", "Canyon", "son", "daughter", "birthday", "violin", "guitar", "reading",
+    "running", "charity", "race", "mental", "health", "counseling", "career", "school", "event",
+    "speech", "necklace", "grandmother", "Sweden", "bowl", "art", "show", "library", "books",
+    "dog", "cat", "guinea", "pig", "Oscar", "horse", "riding", "park", "volunteer", "shelter",
+    "last", "week", "year", "month", "Friday", "Saturday", "summer", "2022", "2023", "loves",
+    "enjoys", "plans", "started", "finished", "recently", "is", "and", "in", "of", "for", "on",
+};
+
+/* A sentence of 8-20 words (words cycle with a Zipf-like skew). */
+static char *sentence(void) {
+    const int nw = (int)(sizeof words / sizeof *words);
+    const int len = 8 + (int)(rng_next() % 13);
+    char *s = malloc(400);
+    size_t at = 0;
+    for (int i = 0; i < len; i++) {
+        int w = (int)(pow(rng_unit(), 1.7) * nw);
+        if (w >= nw) w = nw - 1;
+        at += (size_t)snprintf(s + at, 400 - at, "%s%s", i ? " " : "", words[w]);
+    }
+    snprintf(s + at, 400 - at, ".");
+    return s;
+}
+
+static void parse_list(const char *s, int32_t *v, int *n) {
+    *n = 0;
+    for (const char *p = s; *p && *n < 16;) {
+        v[(*n)++] = (int32_t)strtol(p, (char **)&p, 10);
+        if (*p == ',') p++;
+        else break;
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *model_dir = "models/all-MiniLM-L6-v2", *csv = NULL;
+    int32_t sizes[16] = {1000, 10000, 100000};
+    int n_sizes = 3, reps = 50, threads = 0;
+    int32_t k = 50;
+    int opt;
+    while ((opt = getopt(argc, argv, "e:n:k:r:t:s:o:h")) != -1) {
+        switch (opt) {
+        case 'e': model_dir = optarg; break;
+        case 'n': parse_list(optarg, sizes, &n_sizes); break;
+        case 'k': k = atoi(optarg); break;
+        case 'r': reps = atoi(optarg); break;
+        case 't': threads = atoi(optarg); break;
+        case 's': rng_state = strtoull(optarg, NULL, 10); break;
+        case 'o': csv = optarg; break;
+        default:
+            fprintf(stderr, "usage: %s [-e MODEL_DIR] [-n 1000,10000,100000] [-k 50] [-r REPS] [-t THREADS] "
+                            "[-s SEED] [-o CSV]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 20) reps = 20;
+    if (k < 1 || k > CUDA_TOPK_MAX) {
+        fprintf(stderr, "bench_retrieval_gpu: k must be in [1, %d]\n", CUDA_TOPK_MAX);
+        return 2;
+    }
+    if (!backend_cuda_available()) {
+        fprintf(stderr, "bench_retrieval_gpu: no usable CUDA device\n");
+        return 1;
+    }
+    int32_t max_n = 0;
+    for (int i = 0; i < n_sizes; i++)
+        if (sizes[i] > max_n) max_n = sizes[i];
+
+    /* The embedders, when the model is there. */
+    embedder *cpu = NULL;
+    cuda_embedder *gpu = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
+    if (access(path, R_OK) == 0) {
+        is_status st = embedder_load(model_dir, &cpu);
+        if (st != IS_OK) die("embedder_load", st);
+        embedder_set_n_threads(cpu, threads);
+        if ((st = cuda_embedder_create(cpu, 0, &gpu)) != IS_OK) die("cuda_embedder_create", st);
+    } else {
+        printf("no model at %s: random unit facts, search only\n", model_dir);
+    }
+    const int32_t dim = cpu ? embedder_dim(cpu) : 384;
+
+    const char *query = "What did Caroline say about the adoption agency she visited with her kids after the "
+                        "LGBTQ support group meeting in the city last Friday?";
+    int32_t q_tokens = 0;
+    float *qv = malloc((size_t)dim * sizeof(float));
+    if (cpu) {
+        int32_t ids[512];
+        is_status st = wordpiece_encode(embedder_tokenizer(cpu), query, strlen(query), embedder_max_tokens(cpu),
+                                        ids, &q_tokens);
+        if (st != IS_OK) die("tokenise", st);
+        if ((st = embedder_embed(cpu, &query, 1, qv)) != IS_OK) die("embedder_embed", st);
+    } else {
+        unit_vector(qv, dim);
+    }
+
+    /* Facts: max_n of them; the sizes take the first N. */
+    float *facts = malloc((size_t)max_n * (size_t)dim * sizeof(float));
+    double t0 = now_ms();
+    if (gpu) {
+        const int32_t batch = 4096;
+        char **texts = malloc((size_t)batch * sizeof *texts);
+        for (int32_t i0 = 0; i0 < max_n; i0 += batch) {
+            const int32_t m = max_n - i0 < batch ? max_n - i0 : batch;
+            for (int32_t i = 0; i < m; i++) texts[i] = sentence();
+            is_status st = cuda_embedder_embed(gpu, (const char *const *)texts, m, facts + (size_t)i0 * dim);
+            if (st != IS_OK) die("cuda_embedder_embed (facts)", st);
+            if (i0 == 0) { /* the GPU's fact vectors against the CPU's, on a sample */
+                float *c = malloc((size_t)64 * dim * sizeof(float));
+                const int32_t s = m < 64 ? m : 64;
+                if ((st = embedder_embed(cpu, (const char *const *)texts, s, c)) != IS_OK) die("embedder_embed", st);
+                double worst = 1.0;
+                for (int32_t i = 0; i < s; i++) {
+                    double dot = 0;
+                    for (int32_t d = 0; d < dim; d++) dot += (double)c[i * dim + d] * facts[(size_t)i * dim + d];
+                    if (dot < worst) worst = dot;
+                }
+                printf("fact embeddings: GPU vs CPU cosine >= %.7f on %d sentences\n", worst, s);
+                free(c);
+            }
+            for (int32_t i = 0; i < m; i++) free(texts[i]);
+        }
+        free(texts);
+        printf("facts: MiniLM embeddings of %d synthetic sentences (embedded on the GPU in %.0f ms)\n", max_n,
+               now_ms() - t0);
+    } else {
+        for (size_t i = 0; i < (size_t)max_n; i++) {
+            unit_vector(facts + i * dim, dim);
+        }
+        printf("facts: %d random unit vectors of %d floats\n", max_n, dim);
+    }
+
+    float *qdev = NULL;
+    cuda_die("cudaMalloc", cudaMalloc((void **)&qdev, (size_t)dim * sizeof(float)));
+    if (!gpu) cuda_die("cudaMemcpy", cudaMemcpy(qdev, qv, (size_t)dim * sizeof(float), cudaMemcpyHostToDevice));
+    const int64_t pcie = gpu ? (int64_t)(q_tokens + 2) * 4 + (int64_t)k * 8 : (int64_t)k * 8;
+
+    FILE *out = csv ? fopen(csv, "w") : NULL;
+    printf("\nquery: %d tokens; k = %d; medians of %d runs after %d warm-up\n\n", q_tokens, k, reps, WARMUP);
+    printf("| facts N | CPU embed ms | CPU search ms | GPU embed ms | GPU search ms | GPU embed+search ms "
+           "| PCIe bytes/request (GPU) | same top-%d |\n", k);
+    printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    double *tc_e = malloc((size_t)reps * sizeof(double)), *tc_s = malloc((size_t)reps * sizeof(double));
+    double *tg_e = malloc((size_t)reps * sizeof(double)), *tg_s = malloc((size_t)reps * sizeof(double));
+    double *tg_r = malloc((size_t)reps * sizeof(double));
+    char lines[16 * 128]; /* the CSV lines, printed after the table */
+    size_t at = 0;
+    mem_hit *hits = malloc((size_t)k * sizeof *hits);
+    int32_t *idx = malloc((size_t)k * sizeof *idx);
+    float *score = malloc((size_t)k * sizeof *score);
+    for (int si = 0; si < n_sizes; si++) {
+        const int32_t N = sizes[si];
+        mem_index *ix = NULL;
+        is_status st = mem_index_create(dim, &ix);
+        if (st != IS_OK) die("mem_index_create", st);
+        char id[32];
+        for (int32_t i = 0; i < N; i++) {
+            snprintf(id, sizeof id, "%d", i);
+            mem_doc d = {.id = id, .tenant = "bench", .user = "user", .embedding = facts + (size_t)i * dim};
+            if ((st = mem_index_upsert(ix, &d)) != IS_OK) die("mem_index_upsert", st);
+        }
+        cuda_fact_matrix *m = NULL;
+        if ((st = cuda_fact_matrix_create(0, dim, &m)) != IS_OK) die("cuda_fact_matrix_create", st);
+        int32_t *rows = malloc((size_t)N * sizeof *rows);
+        for (int32_t i = 0; i < N; i++) rows[i] = i;
+        if ((st = cuda_fact_matrix_set_rows(m, rows, N, facts)) != IS_OK) die("cuda_fact_matrix_set_rows", st);
+        free(rows);
+        const mem_filter f = {.tenant = "bench", .user = "user"};
+        int32_t nh = 0, ng = 0;
+
+        for (int r = -WARMUP; r < reps; r++) {
+            double a = now_ms();
+            if (cpu && (st = embedder_embed(cpu, &query, 1, qv)) != IS_OK) die("embedder_embed", st);
+            double b = now_ms();
+            if ((st = mem_index_search(ix, &f, qv, NULL, k, MEM_SEARCH_DENSE, hits, &nh)) != IS_OK)
+                die("mem_index_search", st);
+            double c = now_ms();
+            if (gpu) {
+                if ((st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK) die("embed_device", st);
+                cuda_die("sync", cudaStreamSynchronize(cudaStreamPerThread));
+            }
+            double d = now_ms();
+            if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK) die("search", st);
+            double e = now_ms();
+            if (gpu && (st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK) die("embed_device", st);
+            if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK) die("search", st);
+            double g = now_ms();
+            if (r >= 0) {
+                tc_e[r] = b - a;
+                tc_s[r] = c - b;
+                tg_e[r] = d - c;
+                tg_s[r] = e - d;
+                tg_r[r] = g - e;
+            }
+        }
+        /* Agreement: the CPU's hits (ids are rows) against the GPU's rows. */
+        int same = 0;
+        for (int32_t i = 0; i < nh && i < ng; i++)
+            for (int32_t j = 0; j < ng; j++)
+                if (atoi(hits[i].id) == idx[j]) {
+                    same++;
+                    break;
+                }
+        const double ce = cpu ? median(tc_e, reps) : NAN, cs = median(tc_s, reps);
+        const double ge = gpu ? median(tg_e, reps) : NAN, gs = median(tg_s, reps), gr = median(tg_r, reps);
+        printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %lld | %d/%d |\n", N, ce, cs, ge, gs, gr, (long long)pcie,
+               same, nh);
+        at += snprintf(lines + at, sizeof lines - at, "retrieval,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%lld,%d\n", N, k,
+                       ce, cs, ge, gs, gr, (long long)pcie, same);
+        cuda_fact_matrix_free(m);
+        mem_index_free(ix);
+    }
+    printf("\n%s", lines);
+    if (out) {
+        fputs(lines, out);
+        fclose(out);
+    }
+    free(tc_e);
+    free(tc_s);
+    free(tg_e);
+    free(tg_s);
+    free(tg_r);
+    free(hits);
+    free(idx);
+    free(score);
+    cudaFree(qdev);
+    free(facts);
+    free(qv);
+    cuda_embedder_free(gpu);
+    embedder_free(cpu);
+    return 0;
+}
