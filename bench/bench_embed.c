@@ -11,6 +11,7 @@
  * per batch size: embed,<batch>,<threads>,<median embeddings/s>
  */
 #include "memory/embedder.h"
+#include "bench_util.h"
 
 #include <cJSON.h>
 #include <dirent.h>
@@ -24,16 +25,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static const char *const builtin[] = {
@@ -168,7 +159,7 @@ int main(int argc, char **argv) {
             }
             if (r >= 0) t[r] = now_s() - t0;
         }
-        double med = median(t, reps);
+        double med = bench_median(t, reps);
         int calls = (n_texts + bs - 1) / bs;
         printf("| %d | %.1f | %.2f | %.0f |\n", bs, n_texts / med, 1e3 * med / calls, total_tokens / med);
         printf("embed,%d,%d,%.1f\n", bs, threads, n_texts / med);

@@ -10,6 +10,7 @@
  * inferscale,<prefill|decode>,<n>,<median tok/s>
  */
 #include "engine/engine.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,16 +22,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int main(int argc, char **argv) {
@@ -106,7 +97,7 @@ int main(int argc, char **argv) {
         }
         double mn = runs[0], mx = runs[0];
         for (int r = 0; r < reps; r++) { if (runs[r] < mn) mn = runs[r]; if (runs[r] > mx) mx = runs[r]; }
-        double med = median(runs, reps);
+        double med = bench_median(runs, reps);
         printf("| prefill | %d | %.1f | %.1f | %.1f |\n", n, med, mn, mx);
         snprintf(csv + strlen(csv), sizeof csv - strlen(csv), "inferscale,prefill,%d,%.2f\n", n, med);
     }
@@ -129,7 +120,7 @@ int main(int argc, char **argv) {
     }
     double mn = runs[0], mx = runs[0];
     for (int r = 0; r < reps; r++) { if (runs[r] < mn) mn = runs[r]; if (runs[r] > mx) mx = runs[r]; }
-    double med = median(runs, reps);
+    double med = bench_median(runs, reps);
     printf("| decode | %d | %.1f | %.1f | %.1f |\n\n", n_decode, med, mn, mx);
     snprintf(csv + strlen(csv), sizeof csv - strlen(csv), "inferscale,decode,%d,%.2f\n", n_decode, med);
     fputs(csv, stdout);

@@ -48,6 +48,7 @@
 #ifdef IS_HAVE_CUDA
 #include "backend_cuda.h"
 #endif
+#include "bench_util.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -55,23 +56,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    if (n <= 0) return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static uint64_t g_rng = 88172645463325252ull;
 static uint64_t rng_next(void) {
@@ -178,22 +162,22 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     fact_list(b, k, id_base, pool_off, f, ids);
     const int32_t n = mode == 0 ? k * b->F + b->Q : b->Q;
     const int32_t *toks = mode == 0 ? suffix : suffix + k * b->F;
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     int32_t s;
     CHECK(engine_seq_open(b->e, &s), "seq_open");
     CHECK(engine_seq_fork(b->e, s, b->prefix_seq, b->P), "fork");
-    double t1 = now_ms(), t2 = t1;
+    double t1 = bench_now_ms(), t2 = t1;
     if (mode == 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
         if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
-        t2 = now_ms();
+        t2 = bench_now_ms();
     }
     batch_reserve(b, n);
     for (int32_t i = 0; i < n; i++) b->seq[i] = s;
     engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq};
     CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
     (void)sampler_argmax(b->logits, b->V);
-    double t3 = now_ms();
+    double t3 = bench_now_ms();
     engine_seq_close(b->e, s);
     bench_backend_check(b, "request");
     t.total = t3 - t0;
@@ -275,8 +259,8 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
                 free(pl);
             }
         }
-        double mp = median(pr, reps), mk = median(kv, reps), mf = median(fo, reps),
-               mi = median(in, reps), mpf = median(pf, reps), mc = cold ? median(kc, reps) : NAN;
+        double mp = bench_median(pr, reps), mk = bench_median(kv, reps), mf = bench_median(fo, reps),
+               mi = bench_median(in, reps), mpf = bench_median(pf, reps), mc = cold ? bench_median(kc, reps) : NAN;
         if (cold)
             printf("| %d | %d | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.1fx |\n", k,
                    k * b->F + b->Q, mp, mk, mf, mi, mpf, mc, mp / mk);
@@ -309,7 +293,7 @@ static double one_batch(bench *b, int mode, int32_t U, int32_t K, uint64_t id_ba
         fprintf(stderr, "bench_gpu: out of memory\n");
         exit(1);
     }
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     for (int32_t u = 0; u < U; u++) {
         CHECK(engine_seq_open(b->e, &seqs[u]), "seq_open");
         CHECK(engine_seq_fork(b->e, seqs[u], b->prefix_seq, b->P), "fork");
@@ -323,7 +307,7 @@ static double one_batch(bench *b, int mode, int32_t U, int32_t K, uint64_t id_ba
     engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq, .want_logits = want};
     CHECK(engine_decode(b->e, &eb, logits), "batch prefill");
     for (int32_t u = 0; u < U; u++) (void)sampler_argmax(logits + (size_t)u * b->V, b->V);
-    double t1 = now_ms();
+    double t1 = bench_now_ms();
     for (int32_t u = 0; u < U; u++) engine_seq_close(b->e, seqs[u]);
     bench_backend_check(b, "batch");
     free(seqs); free(f); free(ids); free(toks); free(want); free(logits);
@@ -348,7 +332,7 @@ static void run_throughput(bench *b, const char *cfg, const int *users, int n_u,
                 t[n] = one_batch(b, mode, U, K, id_base);
                 spent += t[n++];
             }
-            ms[mode] = median(t, n);
+            ms[mode] = bench_median(t, n);
         }
         printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1fx |\n", U, 1e3 * U / ms[0], ms[0],
                1e3 * U / ms[1], ms[1], ms[0] / ms[1]);
@@ -468,13 +452,13 @@ int main(int argc, char **argv) {
 
     b.be_name = be_name;
     CHECK(backend_create(be_name, threads, &b.be), "backend");
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     CHECK(model_load(model_path, b.be, &b.m), "model_load");
     const model_config *mc = &b.m->cfg;
     b.V = mc->n_vocab;
     printf("model %s: %s, %d layers, dim %d, %d/%d heads of %d, vocab %d; loaded on %s in %.1f s\n",
            model_path, mc->arch, mc->n_layers, mc->dim, mc->n_heads, mc->n_kv_heads, mc->head_dim,
-           mc->n_vocab, be_name, (now_ms() - t0) / 1e3);
+           mc->n_vocab, be_name, (bench_now_ms() - t0) / 1e3);
     printf("layout: prefix %d tokens, facts of %d tokens, query %d tokens\n", b.P, b.F, b.Q);
 
     b.logits = malloc((size_t)b.V * sizeof(float));
@@ -531,6 +515,8 @@ int main(int argc, char **argv) {
             run_ttft(&b, cfg, ks, n_k, reps, cuda && ci > 0, csv, &ref);
 #ifdef IS_HAVE_CUDA
             if (profile && cuda) run_profile(&b, cfg, ks, n_k);
+#else
+            (void)profile; /* the op profiler is the CUDA backend's */
 #endif
             engine_free(b.e);
             b.e = NULL;

@@ -44,6 +44,7 @@
 #include "core/status.h"
 #include "memory/locomo.h"
 #include "serve/http/app.h"
+#include "bench_util.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -103,17 +104,6 @@ typedef struct opts {
 } opts;
 
 /* ---- time and statistics ------------------------------------------------------------- */
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Nearest rank on a sorted array; NAN when empty. */
 static double pct(const double *sorted, int n, double p) {
@@ -358,7 +348,7 @@ fail:
  * job waits, or every 10 s, the users' lists are checked. */
 static bool wait_encoded(int port, double base_encoded, int64_t want, const user *users,
                          int32_t n_users, int timeout_s) {
-    double t0 = now_ms(), last_print = 0, last_check = t0;
+    double t0 = bench_now_ms(), last_print = 0, last_check = t0;
     int64_t expect = 0;
     for (int32_t u = 0; u < n_users; u++) expect += users[u].n_facts;
     buf b = {0};
@@ -375,7 +365,7 @@ static bool wait_encoded(int port, double base_encoded, int64_t want, const user
             fprintf(stderr, "error: the server failed to encode %.0f facts' KV\n", fail);
             break;
         }
-        double t = now_ms();
+        double t = bench_now_ms();
         if ((enc >= (double)want && q == 0) || t - last_check > 10e3) {
             last_check = t;
             int64_t total = 0, ready = 0;
@@ -469,7 +459,7 @@ static void on_event(stream_state *st, char *data) {
     cJSON *content = delta ? cJSON_GetObjectItem(delta, "content") : NULL;
     if (!st->got_content && cJSON_IsString(content) && content->valuestring[0]) {
         st->got_content = true;
-        s->ttft_ms = now_ms() - st->t0;
+        s->ttft_ms = bench_now_ms() - st->t0;
     }
     cJSON *u = cJSON_GetObjectItem(o, "usage");
     if (cJSON_IsObject(u)) {
@@ -530,9 +520,9 @@ static void chat_once(CURL *c, int port, const char *body, int timeout_s, sample
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_stream);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &st);
-    st.t0 = now_ms();
+    st.t0 = bench_now_ms();
     CURLcode rc = curl_easy_perform(c);
-    s->e2e_ms = now_ms() - st.t0;
+    s->e2e_ms = bench_now_ms() - st.t0;
     curl_slist_free_all(h);
     if (rc != CURLE_OK) set_err(s, "curl: %s", curl_easy_strerror(rc));
     else if (st.status != 200) {
@@ -616,7 +606,7 @@ static void *client_main(void *arg) {
     }
     const user *u = &r->users[a->t];
     for (int32_t seq = 0;; seq++) {
-        if (now_ms() > r->deadline_ms) break;
+        if (bench_now_ms() > r->deadline_ms) break;
         int i = atomic_fetch_add(&r->next, 1);
         if (i >= r->n_requests) break;
         atomic_fetch_add(&r->taken, 1);
@@ -685,13 +675,13 @@ static bool run_one(const opts *o, int port, const user *users, int32_t clients,
     }
     pthread_mutex_lock(&r.mu);
     while (r.ready < started) pthread_cond_wait(&r.cv, &r.mu);
-    r.deadline_ms = now_ms() + o->time_limit_s * 1e3; /* published by the mutex */
+    r.deadline_ms = bench_now_ms() + o->time_limit_s * 1e3; /* published by the mutex */
     r.go = true;
     pthread_cond_broadcast(&r.cv);
     pthread_mutex_unlock(&r.mu);
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     for (int32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
-    double wall_s = (now_ms() - t0) / 1e3;
+    double wall_s = (bench_now_ms() - t0) / 1e3;
     pthread_mutex_destroy(&r.mu);
     pthread_cond_destroy(&r.cv);
 
@@ -733,9 +723,9 @@ static bool run_one(const opts *o, int port, const user *users, int32_t clients,
         inj += s->injected_tokens;
     }
     w.done = n_ok;
-    qsort(ttft, (size_t)n_ok, sizeof(double), cmp_double);
-    qsort(sttft, (size_t)n_ok, sizeof(double), cmp_double);
-    qsort(e2e, (size_t)n_ok, sizeof(double), cmp_double);
+    qsort(ttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
+    qsort(sttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
+    qsort(e2e, (size_t)n_ok, sizeof(double), bench_cmp_double);
     w.ttft50 = pct(ttft, n_ok, 0.5);
     w.ttft99 = pct(ttft, n_ok, 0.99);
     w.sttft50 = pct(sttft, n_ok, 0.5);
@@ -1023,7 +1013,7 @@ int main(int argc, char **argv) {
     row *rows = NULL;
     int n_rows = 0;
     http_app *app = NULL;
-    double t_all = now_ms();
+    double t_all = bench_now_ms();
     if (http_app_start(&p, &app) != IS_OK) {
         fprintf(stderr, "error: starting the server: %s\n", is_error_last());
         goto done;
@@ -1039,11 +1029,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: /metrics has no inferscale_facts_encoded_total\n");
         goto done;
     }
-    double t_add = now_ms();
+    double t_add = bench_now_ms();
     int64_t added = add_memories(port, users, o.users);
     if (added < 0) goto done;
     fprintf(stderr, "memory: added %lld facts for %d users in %.1f s\n", (long long)added, o.users,
-            (now_ms() - t_add) / 1e3);
+            (bench_now_ms() - t_add) / 1e3);
     if (!wait_encoded(port, enc0, added, users, o.users, o.encode_timeout_s)) goto done;
 
     if (o.warmup) {
@@ -1088,7 +1078,7 @@ int main(int argc, char **argv) {
         }
     }
     printf("total %.1f s (including start-up, memory load and KV encoding)\n",
-           (now_ms() - t_all) / 1e3);
+           (bench_now_ms() - t_all) / 1e3);
     if (o.csv_path) {
         FILE *f = fopen(o.csv_path, "w");
         if (!f) {

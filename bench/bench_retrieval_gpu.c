@@ -37,6 +37,7 @@
 #include "memory/index.h"
 #include "memory/wordpiece.h"
 #include "retrieval_cuda.h"
+#include "bench_util.h"
 
 #include <cuda_runtime_api.h>
 #include <getopt.h>
@@ -49,39 +50,12 @@
 
 #define WARMUP 5
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static uint64_t rng_state = 42;
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(void) { return (rng_next() >> 11) * (1.0 / 9007199254740992.0); }
-static float rng_normal(void) {
-    double u = rng_unit(), v = rng_unit();
-    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
-}
 
 static void unit_vector(float *x, int32_t dim) {
     double ss = 0;
     for (int32_t d = 0; d < dim; d++) {
-        x[d] = rng_normal();
+        x[d] = bench_normal(&rng_state);
         ss += (double)x[d] * x[d];
     }
     for (int32_t d = 0; d < dim; d++) x[d] = (float)(x[d] / sqrt(ss));
@@ -113,11 +87,11 @@ static const char *const words[] = {
 /* A sentence of 8-20 words (words cycle with a Zipf-like skew). */
 static char *sentence(void) {
     const int nw = (int)(sizeof words / sizeof *words);
-    const int len = 8 + (int)(rng_next() % 13);
+    const int len = 8 + (int)(bench_splitmix(&rng_state) % 13);
     char *s = malloc(400);
     size_t at = 0;
     for (int i = 0; i < len; i++) {
-        int w = (int)(pow(rng_unit(), 1.7) * nw);
+        int w = (int)(pow(bench_unit(&rng_state), 1.7) * nw);
         if (w >= nw) w = nw - 1;
         at += (size_t)snprintf(s + at, 400 - at, "%s%s", i ? " " : "", words[w]);
     }
@@ -199,7 +173,7 @@ int main(int argc, char **argv) {
 
     /* Facts: max_n of them; the sizes take the first N. */
     float *facts = malloc((size_t)max_n * (size_t)dim * sizeof(float));
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     if (gpu) {
         const int32_t batch = 4096;
         char **texts = malloc((size_t)batch * sizeof *texts);
@@ -225,7 +199,7 @@ int main(int argc, char **argv) {
         }
         free(texts);
         printf("facts: MiniLM embeddings of %d synthetic sentences (embedded on the GPU in %.0f ms)\n", max_n,
-               now_ms() - t0);
+               bench_now_ms() - t0);
     } else {
         for (size_t i = 0; i < (size_t)max_n; i++) {
             unit_vector(facts + i * dim, dim);
@@ -272,22 +246,22 @@ int main(int argc, char **argv) {
         int32_t nh = 0, ng = 0;
 
         for (int r = -WARMUP; r < reps; r++) {
-            double a = now_ms();
+            double a = bench_now_ms();
             if (cpu && (st = embedder_embed(cpu, &query, 1, qv)) != IS_OK) die("embedder_embed", st);
-            double b = now_ms();
+            double b = bench_now_ms();
             if ((st = mem_index_search(ix, &f, qv, NULL, k, MEM_SEARCH_DENSE, hits, &nh)) != IS_OK)
                 die("mem_index_search", st);
-            double c = now_ms();
+            double c = bench_now_ms();
             if (gpu) {
                 if ((st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK) die("embed_device", st);
                 cuda_die("sync", cudaStreamSynchronize(cudaStreamPerThread));
             }
-            double d = now_ms();
+            double d = bench_now_ms();
             if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK) die("search", st);
-            double e = now_ms();
+            double e = bench_now_ms();
             if (gpu && (st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK) die("embed_device", st);
             if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK) die("search", st);
-            double g = now_ms();
+            double g = bench_now_ms();
             if (r >= 0) {
                 tc_e[r] = b - a;
                 tc_s[r] = c - b;
@@ -304,8 +278,8 @@ int main(int argc, char **argv) {
                     same++;
                     break;
                 }
-        const double ce = cpu ? median(tc_e, reps) : NAN, cs = median(tc_s, reps);
-        const double ge = gpu ? median(tg_e, reps) : NAN, gs = median(tg_s, reps), gr = median(tg_r, reps);
+        const double ce = cpu ? bench_median(tc_e, reps) : NAN, cs = bench_median(tc_s, reps);
+        const double ge = gpu ? bench_median(tg_e, reps) : NAN, gs = bench_median(tg_s, reps), gr = bench_median(tg_r, reps);
         printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %lld | %d/%d |\n", N, ce, cs, ge, gs, gr, (long long)pcie,
                same, nh);
         at += snprintf(lines + at, sizeof lines - at, "retrieval,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%lld,%d\n", N, k,

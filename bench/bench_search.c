@@ -23,6 +23,7 @@
  */
 #include "memory/index.h"
 #include "memory/strmap.h"
+#include "bench_util.h"
 
 #include <cJSON.h>
 #include <dirent.h>
@@ -47,23 +48,7 @@ static double cpu_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static uint64_t rng_state = 42;
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(void) { return (rng_next() >> 11) * (1.0 / 9007199254740992.0); }
-static float rng_normal(void) {
-    double u = rng_unit(), v = rng_unit();
-    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
-}
 
 static void normalize(float *x, int dim) {
     double n2 = 0;
@@ -192,7 +177,7 @@ static void words_finish(words *ws) {
 }
 
 static const char *words_sample(const words *ws) {
-    double r = rng_unit() * ws->cum[ws->n - 1];
+    double r = bench_unit(&rng_state) * ws->cum[ws->n - 1];
     int lo = 0, hi = ws->n - 1;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
@@ -203,7 +188,7 @@ static const char *words_sample(const words *ws) {
 }
 
 static void make_sentence(const words *ws, int min_w, int max_w, char *out, size_t cap) {
-    int n = min_w + (int)(rng_next() % (uint64_t)(max_w - min_w + 1));
+    int n = min_w + (int)(bench_splitmix(&rng_state) % (uint64_t)(max_w - min_w + 1));
     out[0] = '\0';
     size_t len = 0;
     for (int i = 0; i < n; i++) {
@@ -252,11 +237,11 @@ static stats run_queries(mem_index *ix, int dim, int n_queries, int k, mem_searc
     stats s = {0};
     for (int i = 0; i < n_queries; i++) s.mean += t[i];
     s.mean /= n_queries;
-    qsort(t, (size_t)n_queries, sizeof *t, cmp_double);
+    qsort(t, (size_t)n_queries, sizeof *t, bench_cmp_double);
     s.median = n_queries % 2 ? t[n_queries / 2] : 0.5 * (t[n_queries / 2 - 1] + t[n_queries / 2]);
     int i99 = (int)ceil(0.99 * n_queries) - 1;
     s.p99 = t[i99 < 0 ? 0 : i99];
-    qsort(tc, (size_t)n_queries, sizeof *tc, cmp_double);
+    qsort(tc, (size_t)n_queries, sizeof *tc, bench_cmp_double);
     s.cpu_median = n_queries % 2 ? tc[n_queries / 2] : 0.5 * (tc[n_queries / 2 - 1] + tc[n_queries / 2]);
     free(hits);
     free(t);
@@ -269,10 +254,10 @@ static void make_embeddings(float *e, int n, int dim, const float *centres, int 
     for (int i = 0; i < n; i++) {
         float *x = e + (size_t)i * dim;
         if (centres) {
-            const float *c = centres + (size_t)(rng_next() % (uint64_t)n_centres) * dim;
-            for (int j = 0; j < dim; j++) x[j] = c[j] + 0.06f * rng_normal();
+            const float *c = centres + (size_t)(bench_splitmix(&rng_state) % (uint64_t)n_centres) * dim;
+            for (int j = 0; j < dim; j++) x[j] = c[j] + 0.06f * bench_normal(&rng_state);
         } else {
-            for (int j = 0; j < dim; j++) x[j] = rng_normal();
+            for (int j = 0; j < dim; j++) x[j] = bench_normal(&rng_state);
         }
         normalize(x, dim);
     }

@@ -16,22 +16,13 @@
  */
 #include "memory/locomo.h"
 #include "serve/ask.h"
+#include "bench_util.h"
 
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 int main(int argc, char **argv) {
     const char *model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -140,8 +131,8 @@ int main(int argc, char **argv) {
                 }
             }
         }
-        double mp = median(pr, reps), mk = median(kv, reps);
-        double mf = median(fe, reps), mi = median(in, reps), mpf = median(pf, reps);
+        double mp = bench_median(pr, reps), mk = bench_median(kv, reps);
+        double mf = bench_median(fe, reps), mi = bench_median(in, reps), mpf = bench_median(pf, reps);
         printf("| %d | %d | %.1f | %.1f | %.2f | %.2f | %.1f | %.1fx |\n", k, mem_tokens, mp, mk, mf,
                mi, mpf, mp / mk);
         fflush(stdout);
