@@ -140,6 +140,18 @@ static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
 is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
                            int32_t n_facts, int32_t *pages) {
     a->call++;
+    /* Claim this call's resident records first, so room made for a miss
+     * early in the list never evicts a hit later in it (whose values the
+     * caller may have left out: cuda_arena_holds). */
+    for (int32_t i = 0; i < n_facts; i++) {
+        if (!facts[i].id) continue;
+        auto it = a->by_id.find(facts[i].id);
+        if (it == a->by_id.end()) continue;
+        record &r = a->recs[(size_t)it->second];
+        if (r.n_tokens != facts[i].n_tokens) continue;
+        r.stamp = a->call;
+        a->lru.splice(a->lru.begin(), a->lru, r.lru);
+    }
     std::vector<int32_t> transient; /* records of id 0, dropped after this call */
     is_status st = IS_OK;
     size_t at = 0;
@@ -189,9 +201,17 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
                 transient.push_back(ri);
             }
             a->stats.misses++;
-            st = fill(a, s, f, r.pages);
+            if (!f->k || !f->v)
+                st = is_error_set(IS_ERR_INVALID_ARG,
+                                  "cuda arena: fact %d (id %016llx) is not resident and has no values",
+                                  (int)i, (unsigned long long)f->id);
+            else
+                st = fill(a, s, f, r.pages);
             if (st != IS_OK) {
-                drop_record(a, ri); /* never leave a record that was not filled */
+                /* Never leave a record that was not filled (a transient one
+                 * is dropped here, not again after the loop). */
+                if (!f->id) transient.pop_back();
+                drop_record(a, ri);
                 break;
             }
         }
@@ -202,4 +222,10 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
     }
     for (int32_t ri : transient) drop_record(a, ri);
     return st;
+}
+
+bool cuda_arena_holds(const cuda_arena *a, uint64_t id, int32_t n_tokens) {
+    if (!id) return false;
+    auto it = a->by_id.find(id);
+    return it != a->by_id.end() && a->recs[(size_t)it->second].n_tokens == n_tokens;
 }

@@ -9,7 +9,8 @@
  * fragmentation and the injection kernel finds each token's page directly.
  * Records are named by the caller's 64-bit id (backend_fact.id: same id,
  * same content); id 0 means "do not keep": its pages are used for this call
- * only. Records used by the current call are never evicted by it.
+ * only. Records used by the current call are never evicted by it, the
+ * ones it finds resident included, whatever their place in the call.
  *
  * Host-side bookkeeping only; every device operation is queued on the
  * caller's stream, so pages freed here are rewritten only after the work
@@ -42,5 +43,10 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
                            int32_t n_facts, int32_t *pages);
 
 void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out);
+
+/* Whether the record of this id holds n_tokens tokens here: the next
+ * cuda_arena_place will not read its values (it spares the records of its
+ * own call while making room for the others). */
+bool cuda_arena_holds(const cuda_arena *a, uint64_t id, int32_t n_tokens);
 
 #endif

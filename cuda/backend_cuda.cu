@@ -823,6 +823,12 @@ static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
     op_note(c, inject_impl(c, k_cache, v_cache, in));
 }
 
+/* Resident only where the next inject reads the arena: a bf16 cache. */
+static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
+    const cuda_ctx *c = ctx_of(be);
+    return c->kv_bf16 && !c->legacy && c->arena && cuda_arena_holds(c->arena, id, n_tokens);
+}
+
 static void ctx_destroy(cuda_ctx *c) {
     if (!c) return;
     cudaSetDevice(c->device);
@@ -880,6 +886,7 @@ static const backend_ops cuda_ops = {
     /* .kv_elem_size = */ cu_kv_elem_size,
     /* .inject = */ cu_inject,
     /* .copy_2d = */ cu_copy_2d,
+    /* .fact_resident = */ cu_fact_resident,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache. */
@@ -887,7 +894,7 @@ static const backend_ops cuda_ops_legacy = {
     "cuda",         cu_free,     cu_alloc,   cu_release, cu_upload,   cu_download,
     cu_copy,        cu_weight_create,        cu_weight_free,         cu_get_rows,
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
-    cu_add,         cu_sync,     NULL,       NULL,       NULL,
+    cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */

@@ -63,7 +63,8 @@ typedef struct attn_batch {
 /* One fact for the optional inject op: its stored pre-RoPE keys and values,
  * f32 [n_layers][n_tokens][n_kv_heads*head_dim] in host memory. A nonzero
  * id names the content (the same id always means the same values), so a
- * backend may keep the record resident and skip reading k and v. */
+ * backend may keep the record resident and skip reading k and v (which are
+ * then NULL when fact_resident said so). */
 typedef struct backend_fact {
     uint64_t id;
     int32_t n_tokens;
@@ -140,6 +141,12 @@ typedef struct backend_ops {
      * copies one block of every layer's cache: 2 calls instead of 2 per layer). */
     void (*copy_2d)(backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
                     size_t width, size_t height);
+    /* Optional (NULL = never): whether the next inject call would find the
+     * fact of this id and length resident and not read its k and v. When
+     * true, the caller may pass k = v = NULL for it in that call, provided
+     * no other inject runs in between (the backend keeps a call's resident
+     * facts while it makes room for the call's others). */
+    bool (*fact_resident)(backend *be, uint64_t id, int32_t n_tokens);
 } backend_ops;
 
 struct backend {

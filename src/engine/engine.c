@@ -409,6 +409,11 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
     return engine_inject_ids(e, seq, facts, NULL, n_facts);
 }
 
+bool engine_fact_resident(engine *e, uint64_t cache_id, int32_t n_tokens) {
+    const backend_ops *op = e->be->ops;
+    return cache_id && op->inject && op->fact_resident && op->fact_resident(e->be, cache_id, n_tokens);
+}
+
 is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
                             const uint64_t *cache_ids, int32_t n_facts) {
     const model_config *c = &e->m->cfg;
@@ -418,6 +423,10 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
     for (int32_t f = 0; f < n_facts; f++) {
         if (facts[f].n_tokens <= 0)
             return is_error_set(IS_ERR_INVALID_ARG, "inject: fact %d has no tokens", f);
+        if ((!facts[f].k || !facts[f].v) &&
+            !engine_fact_resident(e, cache_ids ? cache_ids[f] : 0, facts[f].n_tokens))
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "inject: fact %d has no values and the backend does not hold it", f);
         total += facts[f].n_tokens;
     }
     if (total == 0) return IS_OK;

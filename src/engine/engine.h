@@ -99,4 +99,12 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
 is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
                             const uint64_t *cache_ids, int32_t n_facts);
 
+/* Whether the backend holds the fact of this cache id and length, so the
+ * next engine_inject_ids may pass k = v = NULL for it (no other injection
+ * in between): the caller skips fetching or widening its values. Always
+ * false for id 0 and for backends without a resident store (the CPU). A
+ * fact with NULL values that is not resident is refused by
+ * engine_inject_ids (IS_ERR_INVALID_ARG). */
+bool engine_fact_resident(engine *e, uint64_t cache_id, int32_t n_tokens);
+
 #endif

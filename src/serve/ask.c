@@ -192,7 +192,9 @@ is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, eng
     const fact_kv *kv = *held;
     size_t elems = (size_t)m->cfg.n_layers * kv->meta.n_tokens * m->cfg.n_kv_heads * m->cfg.head_dim;
     const float *k = kv->k, *v = kv->v;
-    if (kv->meta.dtype != KV_DTYPE_F32) {
+    if (engine_fact_resident(a->e, kv->content_id, kv->meta.n_tokens)) {
+        k = v = NULL; /* the backend has it: no widening on the request path */
+    } else if (kv->meta.dtype != KV_DTYPE_F32) {
         *buf = malloc(2 * elems * sizeof(float));
         if (!*buf) return is_error_set(IS_ERR_NOMEM, "out of memory");
         fact_kv_to_f32(kv->meta.dtype, kv->k, *buf, elems);

@@ -61,8 +61,12 @@ is_status ask_memory_encoder(void *user_data, record_store *store, const memory_
 
 /* The record `id` as an engine fact in f32 (converted into *buf, which the
  * caller frees, when stored in another dtype), checked against the serving
- * model and the ask_ctx's dtype. Hand *held back with record_store_release
- * once the fact is injected. Errors as record_store_get. */
+ * model and the ask_ctx's dtype. When the backend already holds the record
+ * (engine_fact_resident of its content_id: the GPU arena), k and v are NULL
+ * and nothing is converted; the caller must then inject it, with the
+ * content_id as its cache id, before any other injection. Hand *held back
+ * with record_store_release once the fact is injected. Errors as
+ * record_store_get. */
 is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, engine_fact *out,
                            float **buf);
 

@@ -329,6 +329,10 @@ static void encoded_free(encoded *x) {
     free(x->v);
 }
 
+/* When set, run_injection leaves out the values of the facts the backend
+ * holds (and expects it to hold them all). */
+static bool g_omit_resident;
+
 /* Suffix logits [ns][V] after injecting the facts (encoded on m's backend),
  * with cache ids for the backend's fact-KV arena, or none (NULL). */
 static void run_injection(model *m, const memory_prompt *mp, int n_facts, int w, const char *query,
@@ -336,10 +340,17 @@ static void run_injection(model *m, const memory_prompt *mp, int n_facts, int w,
     engine *e = make_engine(m, 2048);
     encoded enc[4];
     engine_fact facts[4];
+    int n_omitted = 0;
     for (int i = 0; i < n_facts; i++) {
         encode(e, m, mp, FACTS[i], w, &enc[i]);
         facts[i] = (engine_fact){enc[i].n, enc[i].toks, enc[i].k, enc[i].v};
+        /* As the server does: no values for a record the backend holds. */
+        if (g_omit_resident && ids && engine_fact_resident(e, ids[i], enc[i].n)) {
+            facts[i].k = facts[i].v = NULL;
+            n_omitted++;
+        }
     }
+    if (g_omit_resident) assert_int_equal(n_omitted, n_facts);
     int32_t np, *suf, ns;
     const int32_t *pre = memory_prompt_prefix(mp, &np);
     assert_int_equal(memory_prompt_suffix(mp, query, &suf, &ns), IS_OK);
@@ -449,21 +460,27 @@ static void test_injection_on_gpu(void **state) {
         const uint64_t ids[4] = {100 + w, 200 + w, 300 + w, 400 + w};
         cuda_arena_stats a0, a1, a2;
         backend_cuda_arena_stats(g_gpu, &a0);
-        for (int pass = 0; pass < 2; pass++) {
+        cuda_arena_stats a3;
+        for (int pass = 0; pass < 3; pass++) {
             float *again = malloc((size_t)256 * V * sizeof(float));
             int32_t ns2;
+            g_omit_resident = pass == 2; /* the third: resident facts without values */
             run_injection(g_mg, mp, 4, w, query, ids, again, &ns2);
+            g_omit_resident = false;
             gpu_ok();
             assert_int_equal(ns2, ns);
             assert_memory_equal(again, inj16, (size_t)ns * V * sizeof(float));
             free(again);
-            backend_cuda_arena_stats(g_gpu, pass == 0 ? &a1 : &a2);
+            backend_cuda_arena_stats(g_gpu, pass == 0 ? &a1 : pass == 1 ? &a2 : &a3);
         }
+        assert_int_equal(a3.hits - a2.hits, 4);
+        assert_int_equal(a3.bytes_uploaded, a2.bytes_uploaded);
         backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
         assert_int_equal(a1.misses - a0.misses, 4);
         assert_int_equal(a2.hits - a1.hits, 4);
         assert_int_equal(a2.bytes_uploaded, a1.bytes_uploaded);
-        printf("  inject through the arena, w=%d: 4 fills, then 4 hits; logits identical\n", w);
+        printf("  inject through the arena, w=%d: 4 fills, then 4 hits, then 4 hits without values;"
+               " logits identical\n", w);
         free(inj16);
     }
     free(inj);

@@ -840,6 +840,9 @@ static void inject_reference(const inj_shape *sh, const inj_facts *f, int32_t po
     free(pos);
 }
 
+/* When set, inject_on leaves out the values of facts the backend holds. */
+static bool g_omit_resident;
+
 /* Runs the inject op of `be` on caches that start as `init` (cache_n per
  * layer, f32 values) and returns them as f32 host arrays [2][n_layers]. */
 static float **inject_on(backend *be, const inj_shape *sh, const inj_facts *f, int32_t pos0,
@@ -849,7 +852,11 @@ static float **inject_on(backend *be, const inj_shape *sh, const inj_facts *f, i
     for (int32_t i = 0; i < 2 * sh->n_layers; i++)
         dev[i] = bf16 ? put_bf16(be, init, cache_n) : put(be, init, cache_n);
     backend_fact bf[6];
-    for (int32_t i = 0; i < f->n; i++) bf[i] = (backend_fact){f->id[i], f->len[i], f->k[i], f->v[i]};
+    for (int32_t i = 0; i < f->n; i++) {
+        bf[i] = (backend_fact){f->id[i], f->len[i], f->k[i], f->v[i]};
+        /* What a server does: no values for a record the backend holds. */
+        if (g_omit_resident && be->ops->fact_resident(be, f->id[i], f->len[i])) bf[i].k = bf[i].v = NULL;
+    }
     backend_inject in = {.n_layers = sh->n_layers, .n_kv_heads = sh->n_kv, .head_dim = sh->hd,
                          .block_size = sh->bs, .facts = bf, .n_facts = f->n, .pos0 = pos0,
                          .slots = slots, .rope = &sh->rp};
@@ -988,6 +995,25 @@ static void test_arena(void **state) {
     assert_int_equal(st.evictions, 2);
     assert_int_equal(st.hits, 2);
     assert_int_equal(st.misses, 4);
+    /* [C, A] with A's values left out: A is resident (B was used last, A
+     * before it) and C's room must come from B, not from A, although C
+     * comes first in the call. */
+    backend_cuda_set_kv_dtype(be, CUDA_KV_BF16); /* residency is the bf16 cache's */
+    assert_true(be->ops->fact_resident(be, 1000, 17));
+    assert_false(be->ops->fact_resident(be, 1000, 16));
+    assert_false(be->ops->fact_resident(be, 3000, 17));
+    backend_cuda_set_kv_dtype(be, CUDA_KV_F32);
+    assert_false(be->ops->fact_resident(be, 1000, 17)); /* an f32 cache does not use the arena */
+    inj_facts CA = {.n = 2};
+    CA.len[0] = C.len[0]; CA.id[0] = C.id[0]; CA.k[0] = C.k[0]; CA.v[0] = C.v[0];
+    CA.len[1] = A.len[0]; CA.id[1] = A.id[0]; CA.k[1] = A.k[0]; CA.v[1] = A.v[0];
+    g_omit_resident = true;
+    check_inject(be, "arena: C (miss, evicts B) + A (hit, no values)", &sh, &CA, true);
+    g_omit_resident = false;
+    backend_cuda_arena_stats(be, &st);
+    assert_int_equal(st.evictions, 3);
+    assert_int_equal(st.hits, 3);
+    assert_int_equal(st.misses, 5);
     printf("  arena: %lld hits, %lld misses, %lld evictions, %lld of %lld pages used\n",
            (long long)st.hits, (long long)st.misses, (long long)st.evictions,
            (long long)st.pages_used, (long long)st.pages_total);

@@ -379,8 +379,26 @@ static void test_fork_shares_prefix_blocks(void **state) {
     engine_free(e);
 }
 
+/* Values may be left out only for a fact the backend holds; the CPU holds
+ * none, so such an injection is refused and the sequence left as it was. */
+static void test_values_required_unless_resident(void **state) {
+    SKIP_WITHOUT_MODEL();
+    engine *e = make_engine(1024);
+    int32_t seq, toks[3] = {1, 2, 3};
+    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+    const uint64_t id = 0x1234;
+    assert_false(engine_fact_resident(e, id, 3));
+    assert_false(engine_fact_resident(e, 0, 3));
+    engine_fact f = {3, toks, NULL, NULL};
+    assert_int_equal(engine_inject_ids(e, seq, &f, &id, 1), IS_ERR_INVALID_ARG);
+    assert_int_equal(engine_inject(e, seq, &f, 1), IS_ERR_INVALID_ARG);
+    assert_int_equal(kv_seq_length(engine_kv(e), seq), 0);
+    engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_values_required_unless_resident),
         cmocka_unit_test(test_position_invariance),
         cmocka_unit_test(test_single_fact_equals_plain_prefill),
         cmocka_unit_test(test_fork_shares_prefix_blocks),
