@@ -31,20 +31,10 @@ typedef enum embedder_pooling {
     EMBEDDER_POOLING_CLS = 1,  /* the [CLS] token's state */
 } embedder_pooling;
 
-typedef struct bert_layer {
-    float *wqkv;        /* (3*hidden, hidden) owned: query, key, value rows stacked */
-    float *bqkv;        /* (3*hidden) owned */
-    const float *wo;    /* (hidden, hidden) attention output projection */
-    const float *bo;    /* (hidden) */
-    const float *ln1_g; /* (hidden) LayerNorm after attention */
-    const float *ln1_b; /* (hidden) */
-    const float *w1;    /* (inter, hidden) FFN up */
-    const float *b1;    /* (inter) */
-    const float *w2;    /* (hidden, inter) FFN down */
-    const float *b2;    /* (hidden) */
-    const float *ln2_g; /* (hidden) LayerNorm after the FFN */
-    const float *ln2_b; /* (hidden) */
-} bert_layer;
+/* A layer's weights: the view memory/embedder_weights.h gives out. wqkv and
+ * bqkv are owned (the three projections stacked at load); the rest point
+ * into the mapped file or the widened copy. */
+typedef embedder_layer_weights bert_layer;
 
 struct embedder {
     wordpiece *wp;
@@ -360,15 +350,17 @@ static is_status load_weights(embedder *e) {
             (st = get_tensor(e, pre, n[15], H, 0, &L->ln2_b)))
             return st;
         /* One [3H, H] projection instead of three: one sgemm per layer. */
-        L->wqkv = malloc((size_t)(3 * H * H) * sizeof(float));
-        L->bqkv = malloc((size_t)(3 * H) * sizeof(float));
-        if (!L->wqkv || !L->bqkv) return is_error_set(IS_ERR_NOMEM, "embedder: out of memory");
-        memcpy(L->wqkv, q, (size_t)(H * H) * sizeof(float));
-        memcpy(L->wqkv + H * H, k, (size_t)(H * H) * sizeof(float));
-        memcpy(L->wqkv + 2 * H * H, v, (size_t)(H * H) * sizeof(float));
-        memcpy(L->bqkv, bq, (size_t)H * sizeof(float));
-        memcpy(L->bqkv + H, bk, (size_t)H * sizeof(float));
-        memcpy(L->bqkv + 2 * H, bv, (size_t)H * sizeof(float));
+        float *wqkv = malloc((size_t)(3 * H * H) * sizeof(float));
+        float *bqkv = malloc((size_t)(3 * H) * sizeof(float));
+        L->wqkv = wqkv;
+        L->bqkv = bqkv;
+        if (!wqkv || !bqkv) return is_error_set(IS_ERR_NOMEM, "embedder: out of memory");
+        memcpy(wqkv, q, (size_t)(H * H) * sizeof(float));
+        memcpy(wqkv + H * H, k, (size_t)(H * H) * sizeof(float));
+        memcpy(wqkv + 2 * H * H, v, (size_t)(H * H) * sizeof(float));
+        memcpy(bqkv, bq, (size_t)H * sizeof(float));
+        memcpy(bqkv + H, bk, (size_t)H * sizeof(float));
+        memcpy(bqkv + 2 * H, bv, (size_t)H * sizeof(float));
     }
     return IS_OK;
 }
@@ -377,8 +369,8 @@ void embedder_free(embedder *e) {
     if (!e) return;
     if (e->layers) {
         for (int32_t l = 0; l < e->n_layers; l++) {
-            free(e->layers[l].wqkv);
-            free(e->layers[l].bqkv);
+            free((float *)e->layers[l].wqkv); /* owned (see bert_layer) */
+            free((float *)e->layers[l].bqkv);
         }
         free(e->layers);
     }
@@ -442,11 +434,7 @@ void embedder_get_weights(const embedder *e, embedder_weights *out) {
 
 void embedder_get_layer_weights(const embedder *e, int32_t layer, embedder_layer_weights *out) {
     IS_ASSERT(layer >= 0 && layer < e->n_layers);
-    const bert_layer *L = &e->layers[layer];
-    *out = (embedder_layer_weights){
-        .wqkv = L->wqkv, .bqkv = L->bqkv, .wo = L->wo, .bo = L->bo, .ln1_g = L->ln1_g, .ln1_b = L->ln1_b,
-        .w1 = L->w1, .b1 = L->b1, .w2 = L->w2, .b2 = L->b2, .ln2_g = L->ln2_g, .ln2_b = L->ln2_b,
-    };
+    *out = e->layers[layer];
 }
 
 /* ---- kernels ----------------------------------------------------------- */

@@ -1,8 +1,8 @@
 /*
  * embedder_weights: read-only views of a loaded embedder's configuration and
  * f32 weights, for code that runs the same encoder elsewhere (the GPU copy,
- * cuda/embed.cu, uploads them). Internal to the library: the embedder's own
- * forward pass does not use these structs.
+ * cuda/embed.cu, uploads them). Internal to the library; a layer's view is
+ * also the embedder's own representation of the layer (embedder.c).
  *
  * The pointers are the embedder's own arrays (memory-mapped F32 tensors or
  * its converted copies): valid while the embedder lives, never to be
