@@ -72,21 +72,10 @@ static void cuda_die(const char *what, cudaError_t e) {
     exit(1);
 }
 
-static const char *const words[] = {
-    "Caroline", "Melanie", "went", "to", "the", "a", "with", "her", "his", "family", "kids",
-    "adoption", "agency", "painting", "pottery", "class", "camping", "beach", "museum", "concert",
-    "support", "group", "LGBTQ", "community", "mentor", "friends", "hiking", "mountain", "road",
-    "trip", "Grand", "Canyon", "son", "daughter", "birthday", "violin", "guitar", "reading",
-    "running", "charity", "race", "mental", "health", "counseling", "career", "school", "event",
-    "speech", "necklace", "grandmother", "Sweden", "bowl", "art", "show", "library", "books",
-    "dog", "cat", "guinea", "pig", "Oscar", "horse", "riding", "park", "volunteer", "shelter",
-    "last", "week", "year", "month", "Friday", "Saturday", "summer", "2022", "2023", "loves",
-    "enjoys", "plans", "started", "finished", "recently", "is", "and", "in", "of", "for", "on",
-};
-
 /* A sentence of 8-20 words (words cycle with a Zipf-like skew). */
 static char *sentence(void) {
-    const int nw = (int)(sizeof words / sizeof *words);
+    int nw;
+    const char *const *words = bench_vocab(&nw);
     const int len = 8 + (int)(bench_splitmix(&rng_state) % 13);
     char *s = malloc(400);
     size_t at = 0;

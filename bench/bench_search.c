@@ -154,20 +154,9 @@ static int words_load_locomo(words *ws, const char *dir) {
     return files;
 }
 
-static const char *const builtin_words[] = {
-    "Caroline", "Melanie", "went", "to", "the", "a", "with", "her", "his", "family", "kids",
-    "adoption", "agency", "painting", "pottery", "class", "camping", "beach", "museum", "concert",
-    "support", "group", "LGBTQ", "community", "mentor", "friends", "hiking", "mountain", "road",
-    "trip", "Grand", "Canyon", "son", "daughter", "birthday", "violin", "guitar", "reading",
-    "running", "charity", "race", "mental", "health", "counseling", "career", "school", "event",
-    "speech", "necklace", "grandmother", "Sweden", "bowl", "art", "show", "library", "books",
-    "dog", "cat", "guinea", "pig", "Oscar", "horse", "riding", "park", "volunteer", "shelter",
-    "last", "week", "year", "month", "Friday", "Saturday", "summer", "2022", "2023", "loves",
-    "enjoys", "plans", "started", "finished", "recently", "is", "and", "in", "of", "for", "on",
-};
-
 static void words_builtin(words *ws) {
-    int n = (int)(sizeof builtin_words / sizeof *builtin_words);
+    int n;
+    const char *const *builtin_words = bench_vocab(&n);
     for (int i = 0; i < n; i++) /* Zipf-like counts */
         words_add(ws, builtin_words[i], strlen(builtin_words[i]), 100.0 / (1 + i % 30));
 }

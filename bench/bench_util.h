@@ -1,7 +1,8 @@
 /*
  * bench_util: what every benchmark program needs and nothing else: a
- * monotonic clock, the median of repeated runs, and a seeded generator
- * (splitmix64) so runs draw the same data. Header-only: each bench/
+ * monotonic clock, the median of repeated runs, a seeded generator
+ * (splitmix64) so runs draw the same data, and a small vocabulary for
+ * synthetic text. Header-only: each bench/
  * program stays one file plus the library it measures.
  */
 #ifndef IS_BENCH_UTIL_H
@@ -48,6 +49,23 @@ static inline double bench_unit(uint64_t *s) {
 static inline float bench_normal(uint64_t *s) {
     double u = bench_unit(s), v = bench_unit(s);
     return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+/* Words of LoCoMo-like facts, for synthetic text where the data is absent. */
+static inline const char *const *bench_vocab(int *n) {
+    static const char *const words[] = {
+        "Caroline", "Melanie", "went", "to", "the", "a", "with", "her", "his", "family", "kids",
+        "adoption", "agency", "painting", "pottery", "class", "camping", "beach", "museum", "concert",
+        "support", "group", "LGBTQ", "community", "mentor", "friends", "hiking", "mountain", "road",
+        "trip", "Grand", "Canyon", "son", "daughter", "birthday", "violin", "guitar", "reading",
+        "running", "charity", "race", "mental", "health", "counseling", "career", "school", "event",
+        "speech", "necklace", "grandmother", "Sweden", "bowl", "art", "show", "library", "books",
+        "dog", "cat", "guinea", "pig", "Oscar", "horse", "riding", "park", "volunteer", "shelter",
+        "last", "week", "year", "month", "Friday", "Saturday", "summer", "2022", "2023", "loves",
+        "enjoys", "plans", "started", "finished", "recently", "is", "and", "in", "of", "for", "on",
+    };
+    *n = (int)(sizeof words / sizeof *words);
+    return words;
 }
 
 #endif
