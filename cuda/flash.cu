@@ -4,7 +4,8 @@
  * everything about them in registers (its Q fragments, the S tile, the P
  * fragments made from it and the O accumulator); shared memory holds only
  * the block's K and V tiles, [BN][D+8] bf16 each (the padding puts the 8
- * rows an ldmatrix reads in distinct banks). D = 128: 34 KiB a block.
+ * rows an ldmatrix reads in distinct banks), in two stages so the next tile
+ * loads while one is used. D = 128: 68 KiB a block.
  *
  * Fragments are those of mma.sync m16n8k16 (bf16 in, f32 out). With
  * g = lane / 4 and c = lane % 4, a thread holds rows g and g + 8 of its

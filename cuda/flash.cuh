@@ -7,9 +7,10 @@
  * pair of one KV head's group, FLASH_BM / group consecutive tokens of one
  * sequence; so the heads of a GQA group share every K/V tile they read.
  * It walks the sequence's keys in tiles of FLASH_BN through the block table
- * (16-byte loads into shared memory), computes S = Q K^T and O += P V on the
- * tensor cores (WMMA 16x16x16, bf16 operands, f32 accumulation) with an
- * online softmax in f32 between them. Q is rounded to bf16, P too before the
+ * (cp.async 16-byte copies into shared memory, the next tile in flight while
+ * one is used), computes S = Q K^T and O += P V on the tensor cores
+ * (mma.sync m16n8k16, bf16 operands, f32 accumulation, all in registers)
+ * with an online softmax in f32 between them. Q is rounded to bf16, P too before the
  * P V product (as FlashAttention does); softmax statistics stay f32.
  *
  * Few tiles (a short query over a long memory, decode steps) would leave
