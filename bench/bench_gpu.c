@@ -7,7 +7,7 @@
  *
  *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
- *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p]
+ *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-D N]
  *
  * Layout (DESIGN.md, issue 6): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
@@ -36,6 +36,16 @@
  *           matmul inputs split hi + lo (the default precision);
  *   bf16    the same with matmul inputs in bf16 (the precision PyTorch's
  *           bf16 models run at).
+ * A configuration may carry the modifier "+cublas": products of few rows on
+ * cuBLAS instead of the skinny kernel (cuda/skinny.cuh), e.g. -c bf16,bf16+cublas.
+ * -D N (cuda): CUDA graphs off, one graph per forward, and split into
+ * parts (backend_cuda_set_graphs, _set_graph_split) in the same process,
+ * before the configurations above, in the serving configuration (bf16 KV
+ * cache, default matmul precision): a request in kv mode (20 facts, the
+ * Q-token query prefilled: a short prefill, recorded), then N greedy
+ * decode steps (median step time); then 8 such sequences decoding in one
+ * batch. The three alternate within each repetition; medians of REPS.
+ * -c '' -t '' runs this alone.
  * Logits of the first configuration's kv and prompt runs at the largest k
  * are kept, and every later configuration prints its relative error and
  * argmax agreement against them (same inputs, same weights).
@@ -384,6 +394,130 @@ static void run_profile(bench *b, const char *cfg, const int *ks, int n_k) {
     fflush(stdout);
     free(suffix);
 }
+
+/* -D: one round of n_users sequences, each forked from the prefix, given
+ * DECODE_K facts (kv mode, arena ids) and its query prefilled, then n_steps
+ * greedy decode steps of all of them in one batch. Returns the first
+ * sequence's query prefill time and the median step time (ms); the first
+ * sequence's greedy tokens go to tokens[n_steps]. */
+#define DECODE_K 20
+static void decode_round(bench *b, int32_t n_users, int32_t n_steps, const int32_t *query,
+                         double *prefill_ms, double *step_ms, int32_t *tokens) {
+    engine_fact f[DECODE_K];
+    uint64_t ids[DECODE_K];
+    int32_t seqs[16], tok[16];
+    bool want[16];
+    float *logits = malloc((size_t)n_users * b->V * sizeof(float));
+    double *steps = malloc((size_t)(n_steps > 0 ? n_steps : 1) * sizeof(double));
+    if (!logits || !steps || n_users > 16) {
+        fprintf(stderr, "bench_gpu: decode round too large\n");
+        exit(1);
+    }
+    batch_reserve(b, b->Q);
+    for (int32_t u = 0; u < n_users; u++) {
+        CHECK(engine_seq_open(b->e, &seqs[u]), "seq_open");
+        CHECK(engine_seq_fork(b->e, seqs[u], b->prefix_seq, b->P), "fork");
+        fact_list(b, DECODE_K, 1 + (uint64_t)u * 4096, u * DECODE_K, f, ids);
+        CHECK(engine_inject_ids(b->e, seqs[u], f, ids, DECODE_K), "inject");
+        for (int32_t i = 0; i < b->Q; i++) b->seq[i] = seqs[u];
+        engine_batch eb = {.n_tokens = b->Q, .tokens = query, .seq = b->seq};
+        b->be->ops->sync(b->be); /* time the prefill alone */
+        double t0 = bench_now_ms();
+        CHECK(engine_decode(b->e, &eb, logits + (size_t)u * b->V), "query prefill");
+        tok[u] = sampler_argmax(logits + (size_t)u * b->V, b->V);
+        if (u == 0) *prefill_ms = bench_now_ms() - t0;
+        want[u] = true;
+    }
+    for (int32_t t = 0; t < n_steps; t++) {
+        if (tokens) tokens[t] = tok[0];
+        engine_batch eb = {.n_tokens = n_users, .tokens = tok, .seq = seqs, .want_logits = want};
+        double t0 = bench_now_ms();
+        CHECK(engine_decode(b->e, &eb, logits), "decode step");
+        steps[t] = bench_now_ms() - t0; /* the sampling is the same in every mode */
+        for (int32_t u = 0; u < n_users; u++) tok[u] = sampler_argmax(logits + (size_t)u * b->V, b->V);
+    }
+    for (int32_t u = 0; u < n_users; u++) engine_seq_close(b->e, seqs[u]);
+    bench_backend_check(b, "decode");
+    *step_ms = bench_median(steps, n_steps);
+    free(steps);
+    free(logits);
+}
+
+/* -D: graphs off, one graph per forward, and graphs of the default split
+ * (backend_cuda_set_graph_split), alternated within each repetition. */
+static void run_decode(bench *b, const char *model_path, int32_t n_steps, int reps, FILE *csv) {
+    const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
+    const int32_t users[2] = {1, 8};
+    const int32_t per_seq = b->P + DECODE_K * b->F + b->Q + n_steps + 16;
+    backend_cuda_set_legacy(b->be, false);
+    backend_cuda_set_kv_dtype(b->be, CUDA_KV_BF16);
+    bench_engine(b, users[1] + 2, per_seq, (users[1] + 1) * per_seq);
+    int32_t *query = malloc((size_t)b->Q * sizeof *query);
+    int32_t *toks[3];
+    double *pf[3], *st[2][3];
+    for (int g = 0; g < 3; g++) {
+        toks[g] = malloc((size_t)n_steps * sizeof(int32_t));
+        pf[g] = malloc(sizeof(double) * reps);
+        for (int ui = 0; ui < 2; ui++) st[ui][g] = malloc(sizeof(double) * reps);
+    }
+    random_tokens(b, query, b->Q);
+    cuda_graph_stats s0 = {0}, s1;
+    bool same = true;
+    for (int r = -1; r < reps; r++) {
+        for (int ui = 0; ui < 2; ui++) {
+            for (int g = 0; g < 3; g++) { /* off, one graph, split */
+                backend_cuda_set_graphs(b->be, g > 0);
+                backend_cuda_set_graph_split(b->be, g == 1 ? 0 : -1);
+                if (r == 0 && ui == 0 && g == 0) backend_cuda_graph_stats(b->be, &s0);
+                double p = 0, sm = 0;
+                decode_round(b, users[ui], n_steps, query, &p, &sm, ui == 0 ? toks[g] : NULL);
+                if (r < 0) continue;
+                if (ui == 0) pf[g][r] = p;
+                st[ui][g][r] = sm;
+            }
+            for (int g = 1; g < 3 && ui == 0; g++)
+                if (memcmp(toks[0], toks[g], (size_t)n_steps * sizeof(int32_t)) != 0) same = false;
+        }
+    }
+    backend_cuda_graph_stats(b->be, &s1);
+    backend_cuda_set_graphs(b->be, true);
+    backend_cuda_set_graph_split(b->be, -1);
+    printf("\n### CUDA graphs: short prefill and decode (%s, bf16 KV cache), medians of %d, ms\n\n",
+           b->be_name, reps);
+    printf("| model | what | graphs off | one graph | split graphs | off / one | off / split |\n"
+           "|---|---|---:|---:|---:|---:|---:|\n");
+    for (int row = 0; row < 3; row++) {
+        double *const *v = row == 0 ? pf : st[row - 1];
+        const double m0 = bench_median(v[0], reps), m1 = bench_median(v[1], reps),
+                     m2 = bench_median(v[2], reps);
+        char what[96];
+        if (row == 0)
+            snprintf(what, sizeof what, "query prefill, %d tokens after %d facts", b->Q, DECODE_K);
+        else
+            snprintf(what, sizeof what, "decode step, %d sequence%s (%d steps)", users[row - 1],
+                     users[row - 1] > 1 ? "s in one batch" : "", n_steps);
+        printf("| %s | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n", name, what, m0, m1, m2,
+               m0 / m1, m0 / m2);
+        if (csv)
+            fprintf(csv, "graphs,%s,%d,%.4f,%.4f,%.4f\n", row == 0 ? "prefill" : "decode",
+                    row == 0 ? 1 : users[row - 1], m0, m1, m2);
+    }
+    printf("\ngreedy tokens of the three: %s; graphs over the timed runs: %lld forwards recorded, "
+           "%lld launches, %lld instantiated, %lld updated, %lld breaks\n",
+           same ? "same" : "DIFFERENT", (long long)(s1.recorded - s0.recorded),
+           (long long)(s1.launches - s0.launches), (long long)(s1.instantiations - s0.instantiations),
+           (long long)(s1.updates - s0.updates), (long long)(s1.breaks - s0.breaks));
+    fflush(stdout);
+    engine_free(b->e);
+    b->e = NULL;
+    backend_cuda_set_kv_dtype(b->be, CUDA_KV_F32);
+    for (int g = 0; g < 3; g++) {
+        free(pf[g]);
+        free(toks[g]);
+        for (int ui = 0; ui < 2; ui++) free(st[ui][g]);
+    }
+    free(query);
+}
 #endif
 
 static bool has(const char *list, const char *name) {
@@ -400,13 +534,14 @@ int main(int argc, char **argv) {
     char ks_arg[128] = "5,10,20,50,100", us_arg[128] = "1,10,50,100", lus_arg[128] = "";
     int reps = 7, K = 50, threads = 0;
     bool profile = false;
+    int decode_n = 0; /* -D */
     double arena_gb = 24;
     bench b = {0};
     b.P = 60;
     b.F = 25;
     b.Q = 30;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:ph")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:ph")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -424,13 +559,18 @@ int main(int argc, char **argv) {
         case 'o': csv_path = optarg; break;
         case 'T': threads = atoi(optarg); break;
         case 'p': profile = true; break;
+        case 'D': decode_n = atoi(optarg); break;
         default:
             fprintf(stderr,
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
-                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p]\n"
+                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-D N]\n"
                     "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
-                    "configs: legacy, bf16x2, bf16 (cuda); ignored on cpu\n");
+                    "-D N: N decode steps with CUDA graphs off, one graph, split graphs, first\n"
+                    "      (cuda; -c '' -t '' for this alone)\n"
+                    "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
+                    "         +cublas (few-row products on cuBLAS, not cuda/skinny.cuh's kernel),\n"
+                    "         e.g. bf16+cublas; ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -490,21 +630,42 @@ int main(int argc, char **argv) {
     if (csv)
         fprintf(csv, "# ttft,config,k,prompt_tokens,prompt_ms,kv_ms,kv_fork_ms,kv_inject_ms,"
                      "kv_prefill_ms,kv_cold_ms\n"
-                     "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n");
+                     "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n"
+                     "# graphs,prefill|decode,sequences,off_ms,one_graph_ms,split_graphs_ms\n");
 
     const bool cuda = strcmp(be_name, "cuda") == 0;
-    const char *all[3] = {"legacy", "bf16x2", "bf16"};
+#ifdef IS_HAVE_CUDA
+    if (cuda && decode_n > 0) run_decode(&b, model_path, decode_n, reps, csv);
+#endif
+    if (!cuda && decode_n > 0) fprintf(stderr, "bench_gpu: -D needs the cuda backend\n");
+    /* Every configuration named by -c or -t, in that order. */
+    char all_buf[512];
+    const char *all[32];
+    int n_all = 0;
+    snprintf(all_buf, sizeof all_buf, "%s,%s", cfg_ttft, cfg_tp);
+    for (char *t = strtok(all_buf, ","); t && n_all < 32; t = strtok(NULL, ",")) {
+        bool dup = false;
+        for (int i = 0; i < n_all; i++) dup = dup || strcmp(all[i], t) == 0;
+        if (!dup) all[n_all++] = t;
+    }
     ref_logits ref = {0};
-    for (int ci = 0; ci < (cuda ? 3 : 1); ci++) {
+    for (int ci = 0; ci < (cuda ? n_all : 1); ci++) {
         const char *cfg = cuda ? all[ci] : "cpu";
         bool do_ttft = !cuda || has(cfg_ttft, cfg), do_tp = !cuda || has(cfg_tp, cfg);
         if (!do_ttft && !do_tp) continue;
+        const bool legacy = strncmp(cfg, "legacy", 6) == 0;
 #ifdef IS_HAVE_CUDA
         if (cuda) {
-            backend_cuda_set_legacy(b.be, ci == 0);
-            if (ci > 0) backend_cuda_set_kv_dtype(b.be, CUDA_KV_BF16); /* the serving configuration */
-            backend_cuda_set_matmul_precision(b.be, ci == 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
+            const bool bf16 = strncmp(cfg, "bf16+", 5) == 0 || strcmp(cfg, "bf16") == 0;
+            if (!legacy && !bf16 && strncmp(cfg, "bf16x2", 6) != 0) {
+                fprintf(stderr, "bench_gpu: unknown configuration '%s'\n", cfg);
+                return 1;
+            }
+            backend_cuda_set_legacy(b.be, legacy);
+            if (!legacy) backend_cuda_set_kv_dtype(b.be, CUDA_KV_BF16); /* the serving configuration */
+            backend_cuda_set_matmul_precision(b.be, bf16 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
             backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));
+            backend_cuda_set_skinny(b.be, strstr(cfg, "+cublas") == NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */
@@ -512,7 +673,7 @@ int main(int argc, char **argv) {
         const int32_t per_seq = b.P + k_max * b.F + b.Q + 16;
         if (do_ttft) {
             bench_engine(&b, 4, per_seq, 4 * per_seq);
-            run_ttft(&b, cfg, ks, n_k, reps, cuda && ci > 0, csv, &ref);
+            run_ttft(&b, cfg, ks, n_k, reps, cuda && !legacy, csv, &ref);
 #ifdef IS_HAVE_CUDA
             if (profile && cuda) run_profile(&b, cfg, ks, n_k);
 #else
@@ -521,8 +682,8 @@ int main(int argc, char **argv) {
             engine_free(b.e);
             b.e = NULL;
         }
-        const int *cu = cuda && ci == 0 ? lus : us;
-        const int ncu = cuda && ci == 0 ? n_lu : n_u;
+        const int *cu = cuda && legacy ? lus : us;
+        const int ncu = cuda && legacy ? n_lu : n_u;
         if (do_tp && ncu > 0) {
             const int32_t tp_seq = b.P + K * b.F + b.Q + 16;
             bench_engine(&b, u_max + 2, tp_seq, (u_max + 1) * tp_seq);

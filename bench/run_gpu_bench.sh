@@ -19,7 +19,9 @@
 #   call B: carry [".gpumodel_b", ".gpudeps", ".whl"], command "bash bench/run_gpu_bench.sh"
 #
 # Environment: BENCH_ARGS (extra bench_gpu arguments), BENCH_TYPE (f16),
-# HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy.
+# GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS),
+# HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy,
+# DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -81,6 +83,18 @@ if [ -f "$LOG/cmake.log" ] && [ -d build-gpu ]; then
   fi
 fi
 
+# 2b. The skinny products against cuBLAS (GEMM_BENCH=1; GEMM_ARGS, e.g. -s
+# for the whole sweep of cuts), once the GGUF writer has left the GPU.
+if [ "${GEMM_BENCH:-0}" = 1 ]; then
+  if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; GEN_PID=; fi
+  if cmake --build build-gpu -j "$(nproc)" --target bench_gemm_gpu > "$LOG/build_gemm.log" 2>&1; then
+    stamp "bench_gemm_gpu ${GEMM_ARGS:-}"
+    timeout 120 build-gpu/bench/bench_gemm_gpu ${GEMM_ARGS:-} 2>&1 | tee "$LOG/gemm.log" >> "$SUMMARY"
+  else
+    stamp "bench_gemm_gpu build FAILED"; tail -20 "$LOG/build_gemm.log" >> "$SUMMARY"
+  fi
+fi
+
 if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; fi
 stamp "gguf: $(tail -2 "$LOG/gen.log" | tr '\n' ' ')"
 [ -s "$GGUF" ] || { stamp "no GGUF"; exit 1; }
@@ -93,6 +107,21 @@ stamp "bench_gpu ${BENCH_ARGS:-}"
 timeout "${BENCH_TIMEOUT:-330}" build-gpu/bench/bench_gpu -m "$GGUF" -o "$LOG/bench.csv" ${BENCH_ARGS:-} \
   2>&1 | tee "$LOG/bench.log" | tee -a "$SUMMARY"
 stamp "bench_gpu rc ${PIPESTATUS[0]}"
+
+# 3b. CUDA graphs: a short prefill and decode steps, graphs off and on in one
+# process (bench_gpu -D), on the 8B shape and on the default model where
+# present. DECODE_STEPS=0 skips it.
+if [ "${DECODE_STEPS:-128}" != 0 ]; then
+  for m in "$GGUF" "$MODEL"; do
+    [ -s "$m" ] || continue
+    name=$(basename "$m" .gguf)
+    stamp "bench_gpu -D ${DECODE_STEPS:-128} on $name"
+    timeout "${DECODE_TIMEOUT:-150}" build-gpu/bench/bench_gpu -m "$m" -D "${DECODE_STEPS:-128}" \
+      -r "${DECODE_REPS:-5}" -c '' -t '' -o "$LOG/decode_$name.csv" 2>&1 \
+      | tee "$LOG/decode_$name.log" | tee -a "$SUMMARY"
+    stamp "bench_gpu -D rc ${PIPESTATUS[0]}"
+  done
+fi
 
 # 4. The outside reference.
 if [ "${HF:-1}" = 1 ]; then

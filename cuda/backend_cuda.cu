@@ -21,6 +21,7 @@ extern "C" {
 #include "kv.cuh"
 #include "norm.cuh"
 #include "rope.cuh"
+#include "skinny.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +47,28 @@ typedef struct dev_stage {
 
 #define ROPE_MAX_HALF 512
 #define PROF_MAX_OPS 16384
+
+/* One executable graph kept for reuse: captures with the same node count
+ * and key are usually the same kernels with other arguments, which
+ * cudaGraphExecUpdate swaps in far faster than instantiating anew. 32
+ * covers the parts of a forward (GRAPH_SPLIT_DEFAULT: 9 for the 8B shape)
+ * times the shapes a server alternates between (batch sizes, a flash split
+ * more or less, a token array copied or found unchanged). */
+#define GRAPH_CACHE 32
+/* Ops per graph (backend_cuda_set_graph_split): a part is launched as soon
+ * as it is recorded, so the GPU runs it while the host records the next;
+ * one graph for the whole forward would leave the GPU idle while all of it
+ * is recorded (about 4 layers: the GPU waits for one part only). */
+#define GRAPH_SPLIT_DEFAULT 64
+#define GRAPH_PIN_DEFAULT ((size_t)64 << 10) /* first pinned bump buffer */
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's own default on Hopper */
+
+typedef struct graph_slot {
+    cudaGraphExec_t exec; /* NULL: empty */
+    size_t nodes;
+    uint64_t key;
+    uint64_t used; /* graph_clock at the last launch */
+} graph_slot;
 
 typedef struct cuda_ctx {
     int32_t device;
@@ -83,6 +106,14 @@ typedef struct cuda_ctx {
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split products before their sum: [2][T][rows] */
     size_t ypart_cap;   /* elements */
+    /* Products of at most SKINNY_MAX_T rows take cuda/skinny.cuh's kernel
+     * (off with IS_CUDA_SKINNY=0; IS_CUDA_SKINNY_MT / _KC force its cut). */
+    bool skinny;
+    int32_t skinny_mt, skinny_kc;
+    float *sk_partial;  /* its split partial sums */
+    size_t sk_partial_cap; /* floats */
+    int32_t *sk_counters; /* its per-row-tile counters, zero between products */
+    size_t sk_counters_cap;
     dev_stage st_tokens, st_rope, st_slots, st_attn;
     int32_t *pack;      /* host: attention metadata being packed */
     size_t pack_cap;    /* elements */
@@ -104,6 +135,25 @@ typedef struct cuda_ctx {
     int32_t prof_dropped;  /* ops past PROF_MAX_OPS */
     uint8_t prof_kind[PROF_MAX_OPS];
     double prof_t0;        /* host clock at begin, ms */
+
+    /* CUDA graphs (graph_begin/graph_end, backend_cuda_set_graphs): the ops
+     * of one forward are captured on `stream` and launched as one graph. */
+    bool graphs;           /* on (default; IS_CUDA_GRAPHS=0 when created: off) */
+    bool capturing;        /* stream in capture mode: since graph_begin, until graph_end or a break */
+    uint64_t graph_key;    /* hash of what this capture recorded: op kinds, token counts, copies */
+    graph_slot gcache[GRAPH_CACHE]; /* executable graphs, least recently used replaced */
+    uint64_t graph_clock;  /* LRU clock */
+    cudaEvent_t graph_done; /* recorded after each launch: it has read the pinned sources */
+    bool graph_pending;    /* graph_done recorded and not yet waited for */
+    char *pin;             /* pinned host bump buffer: sources of the captured host copies */
+    size_t pin_cap, pin_used;
+    size_t pin_want;       /* capacity to take at the next graph_begin */
+    void *cublas_ws;       /* cuBLAS workspace, fixed so cuBLAS never allocates while capturing */
+    cuda_graph_stats gstats;
+    int32_t graph_split;   /* ops per graph, 0: one graph per forward */
+    int32_t part_ops;      /* ops recorded in the current part */
+    int32_t part_index;    /* parts of this forward launched so far */
+    uint64_t graph_clock0; /* graph_clock when this forward began */
 } cuda_ctx;
 
 static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
@@ -116,8 +166,27 @@ static void touch(cuda_ctx *c, const void *p, size_t bytes) {
     if (a < b + c->xbf_n * sizeof(float) && b < a + bytes) c->xbf_valid = false;
 }
 
+/* ---- CUDA graphs ---------------------------------------------------------- */
+
+/* Folds v into the key of the graph being captured. */
+static void graph_mix(cuda_ctx *c, uint64_t v) {
+    if (c->capturing) c->graph_key = (c->graph_key ^ v) * 1099511628211ull;
+}
+
+/* Ends a capture and drops what it recorded: after a failure the stream
+ * must not stay in capture mode, and the forward is lost anyway. */
+static void graph_abort(cuda_ctx *c) {
+    if (!c->capturing) return;
+    c->capturing = false;
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(c->stream, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError(); /* the failure that brought us here is reported already */
+}
+
 /* Records the first failure of an op; later ones are consequences. */
 static void op_note(cuda_ctx *c, is_status st) {
+    if (st != IS_OK) graph_abort(c);
     if (st == IS_OK || c->err != IS_OK) return;
     c->err = st;
     snprintf(c->err_msg, sizeof c->err_msg, "%s", is_error_last());
@@ -135,6 +204,120 @@ static bool op_begin(cuda_ctx *c) {
     return true;
 }
 
+/* Launches captured graph g of n nodes. keep (a forward or a part of
+ * one): through the cache, updating the entry of the same node count and
+ * key, else the least recently used entry of the same node count (another
+ * batch size is usually the same kernels: cudaGraphExecUpdate takes new
+ * grids, even new kernels) that this forward has not launched, else
+ * instantiating into the least recently used entry; otherwise (a forward
+ * cut short) instantiated, launched once and dropped. */
+static cudaError_t graph_launch(cuda_ctx *c, cudaGraph_t g, size_t n, bool keep) {
+    cudaGraphExec_t once = NULL, exec = NULL;
+    cudaError_t e = cudaSuccess;
+    if (keep) {
+        graph_slot *s = NULL, *same_n = NULL, *lru = &c->gcache[0];
+        for (int32_t i = 0; i < GRAPH_CACHE && !s; i++) {
+            graph_slot *x = &c->gcache[i];
+            if (x->exec && x->nodes == n) {
+                if (x->key == c->graph_key) s = x;
+                else if (x->used <= c->graph_clock0 && (!same_n || x->used < same_n->used))
+                    same_n = x;
+            }
+            if ((x->exec ? x->used : 0) < (lru->exec ? lru->used : 0)) lru = x;
+        }
+        if (!s) s = same_n;
+        if (s) {
+            cudaGraphExecUpdateResultInfo info;
+            if (cudaGraphExecUpdate(s->exec, g, &info) == cudaSuccess) {
+                c->gstats.updates++;
+                s->key = c->graph_key;
+            } else {
+                /* Not the same kernels after all (cuBLAS chose others, say):
+                 * the failure is not sticky, and must not reach the next
+                 * launch check. */
+                cudaGetLastError();
+                cudaGraphExecDestroy(s->exec);
+                s->exec = NULL;
+            }
+        } else {
+            s = lru;
+            if (s->exec) cudaGraphExecDestroy(s->exec); /* freed once any launch of it is done */
+            s->exec = NULL;
+        }
+        if (!s->exec) {
+            if ((e = cudaGraphInstantiate(&s->exec, g, 0)) != cudaSuccess) {
+                s->exec = NULL;
+                return e;
+            }
+            c->gstats.instantiations++;
+            s->nodes = n;
+            s->key = c->graph_key;
+        }
+        s->used = ++c->graph_clock;
+        exec = s->exec;
+    } else {
+        if ((e = cudaGraphInstantiate(&once, g, 0)) != cudaSuccess) return e;
+        c->gstats.instantiations++;
+        exec = once;
+    }
+    e = cudaGraphLaunch(exec, c->stream);
+    if (e == cudaSuccess) {
+        c->gstats.launches++;
+        e = cudaEventRecord(c->graph_done, c->stream);
+        if (e == cudaSuccess) c->graph_pending = true;
+    }
+    if (once) cudaGraphExecDestroy(once);
+    return e;
+}
+
+/* Ends the capture and launches what it recorded (nothing: no launch). */
+static is_status graph_finish(cuda_ctx *c, bool keep) {
+    c->capturing = false;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    size_t n = 0;
+    if (e == cudaSuccess) e = cudaGraphGetNodes(g, NULL, &n);
+    if (e == cudaSuccess && n > 0) e = graph_launch(c, g, n, keep);
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess) return cuda_status_from(e, "CUDA graph", __FILE__, __LINE__);
+    return IS_OK;
+}
+
+/* Called before anything a capture cannot hold: allocating or freeing
+ * memory, waiting for the stream, copying from pageable host memory, the
+ * setters. Launches what the forward has recorded so far, so it runs
+ * before what follows and in order, and leaves the rest of the forward to
+ * run as usual (graph_end then does nothing). */
+static void graph_break(cuda_ctx *c) {
+    if (!c->capturing) return;
+    c->gstats.breaks++;
+    op_note(c, graph_finish(c, false));
+}
+
+#define GRAPH_KEY_SEED 14695981039346656037ull
+
+/* Starts capturing (a forward, or its next part). */
+static is_status graph_capture(cuda_ctx *c) {
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = true;
+    c->part_ops = 0;
+    c->graph_key = GRAPH_KEY_SEED;
+    graph_mix(c, 0x10000 | (uint64_t)c->part_index);
+    return IS_OK;
+}
+
+/* At the start of each op while capturing: past graph_split ops, launches
+ * the part recorded so far (through the cache, like a whole forward) and
+ * records the rest as the next part. */
+static void graph_op(cuda_ctx *c) {
+    if (!c->capturing || c->graph_split <= 0 || c->part_ops++ < c->graph_split) return;
+    is_status st = graph_finish(c, true);
+    c->part_index++;
+    if (st == IS_OK) st = graph_capture(c);
+    op_note(c, st);
+    c->part_ops = 1;
+}
+
 /* ---- op profiler ----------------------------------------------------------- */
 
 static double host_ms(void) {
@@ -149,6 +332,8 @@ struct op_span {
     cuda_ctx *c;
     int32_t i;
     op_span(cuda_ctx *ctx, cuda_op_kind kind) : c(ctx), i(-1) {
+        graph_op(c); /* every op passes here: where graphs are cut, and their key */
+        graph_mix(c, 0x100 | (uint64_t)kind);
         if (!c->prof) return;
         if (c->prof_n >= PROF_MAX_OPS) {
             c->prof_dropped++;
@@ -165,17 +350,39 @@ struct op_span {
 
 /* ---- staging of host arrays ---------------------------------------------- */
 
+/* A captured copy runs when the graph is launched, and only from pinned
+ * memory: src goes into the pinned bump buffer (graph_begin has waited for
+ * the last launch to read it) and the copy reads it there. Returns where to
+ * copy from: src itself when not capturing, or when the buffer is full, in
+ * which case the capture ends here (the next graph_begin takes a bigger one). */
+static const void *pin_copy(cuda_ctx *c, const void *src, size_t n) {
+    if (!c->capturing) return src;
+    const size_t at = (c->pin_used + 15) & ~(size_t)15;
+    if (at + n > c->pin_cap) {
+        size_t want = 2 * (at + n) > 2 * c->pin_cap ? 2 * (at + n) : 2 * c->pin_cap;
+        if (want > c->pin_want) c->pin_want = want;
+        graph_break(c);
+        return src;
+    }
+    memcpy(c->pin + at, src, n);
+    c->pin_used = at + n;
+    return c->pin + at;
+}
+
 static is_status stage_upload(cuda_ctx *c, dev_stage *st, const void *src, size_t n,
                               const void **dev_out) {
     if (st->valid && st->held_n == n && memcmp(st->held, src, n) == 0) {
+        graph_mix(c, 1); /* one copy node fewer: another graph */
         *dev_out = st->dev;
         return IS_OK;
     }
+    graph_mix(c, 2);
     st->valid = false;
     if (n > st->cap) {
         size_t cap = n > 2 * st->cap ? n : 2 * st->cap;
         if (cap < 4096) cap = 4096;
         /* Queued kernels may still read the old buffer. */
+        graph_break(c);
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         CUDA_CHECK(cudaFree(st->dev));
         st->dev = NULL;
@@ -190,8 +397,10 @@ static is_status stage_upload(cuda_ctx *c, dev_stage *st, const void *src, size_
         st->held_cap = st->cap;
     }
     /* From pageable memory the copy is staged before the call returns, so
-     * the caller may reuse src at once; it runs after the queued kernels. */
-    CUDA_CHECK(cudaMemcpyAsync(st->dev, src, n, cudaMemcpyHostToDevice, c->stream));
+     * the caller may reuse src at once; it runs after the queued kernels.
+     * While capturing it reads a pinned copy of src (pin_copy). */
+    const void *from = pin_copy(c, src, n);
+    CUDA_CHECK(cudaMemcpyAsync(st->dev, from, n, cudaMemcpyHostToDevice, c->stream));
     memcpy(st->held, src, n);
     st->held_n = n;
     st->valid = true;
@@ -209,6 +418,7 @@ static void stage_free(dev_stage *st) {
 
 static is_status cu_alloc(backend *be, size_t bytes, void **out) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
@@ -226,6 +436,7 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
 static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     c->xbf_valid = false;
     /* cudaFree waits for the device; queued kernels may still use ptr. */
     cudaError_t e = cudaFree(ptr);
@@ -234,6 +445,7 @@ static void cu_release(backend *be, void *ptr) {
 
 static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c); /* src is pageable, and the caller may reuse it at once */
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_UPLOAD);
     touch(c, dst, bytes);
@@ -243,6 +455,7 @@ static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
 
 static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_DOWNLOAD);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
@@ -303,6 +516,7 @@ static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_wei
     if (!quant_can_dequantize(t->type))
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda backend: tensor '%s' has unsupported type %u", t->name, t->type);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
     if (!w) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -321,6 +535,7 @@ static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_wei
 
 static void cu_weight_free(backend *be, backend_weight *bw) {
     if (!bw) return;
+    graph_break(ctx_of(be));
     cuda_weight *w = (cuda_weight *)bw;
     cudaFree(w->data);
     free(w);
@@ -344,6 +559,7 @@ static void cu_get_rows(backend *be, float *out, const backend_weight *emb, cons
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_GET_ROWS);
+    graph_mix(c, (uint64_t)(uint32_t)T << 8);
     touch(c, out, (size_t)T * ((const cuda_weight *)emb)->base.shape.cols * sizeof(float));
     op_note(c, get_rows_impl(c, out, (const cuda_weight *)emb, tokens, T));
 }
@@ -389,10 +605,29 @@ static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_we
     op_note(c, st);
 }
 
+static void cu_add_rmsnorm(backend *be, float *out, float *x, const float *res,
+                           const backend_weight *g, int32_t T, int32_t n, float eps) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_RMSNORM);
+    const cuda_weight *gw = (const cuda_weight *)g;
+    IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n && x != out && x != res);
+    const size_t total = (size_t)T * n;
+    touch(c, x, total * sizeof(float));
+    touch(c, out, total * sizeof(float));
+    bool split;
+    __nv_bfloat16 *obf = bf16_copy_of(c, total, &split);
+    is_status st = cuda_add_rmsnorm(c->stream, out, x, res, (const float *)gw->data, T, n, eps,
+                                    obf, split);
+    if (obf) produced(c, out, total, split, st);
+    op_note(c, st);
+}
+
 /* Makes *buf hold at least n elements of `size` bytes. Queued work may
  * still read the old buffer, so growing waits for the stream. */
 static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n, size_t size) {
     if (n <= *cap) return IS_OK;
+    graph_break(c); /* a capture ends here: what follows waits and allocates */
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaFree(*buf));
     *buf = NULL;
@@ -400,6 +635,29 @@ static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n,
     CUDA_CHECK(cudaMalloc(buf, n * size));
     *cap = n;
     return IS_OK;
+}
+
+/* A product of few rows: xbf already holds its input. */
+static is_status skinny_impl(cuda_ctx *c, float *y, const cuda_weight *w, const float *bias,
+                             int32_t T, bool split) {
+    const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
+    const skinny_plan p =
+        cuda_skinny_plan(T, rows, cols, split, c->n_sms, c->skinny_mt, c->skinny_kc);
+    const size_t np = cuda_skinny_partial_floats(&p, T, rows, split), nc = cuda_skinny_counters(&p);
+    if (np) {
+        is_status st = scratch_reserve(c, (void **)&c->sk_partial, &c->sk_partial_cap, np,
+                                       sizeof(float));
+        if (st != IS_OK) return st;
+    }
+    if (nc > c->sk_counters_cap) {
+        is_status st = scratch_reserve(c, (void **)&c->sk_counters, &c->sk_counters_cap, nc,
+                                       sizeof(int32_t));
+        if (st != IS_OK) return st;
+        CUDA_CHECK(cudaMemsetAsync(c->sk_counters, 0, c->sk_counters_cap * sizeof(int32_t),
+                                   c->stream));
+    }
+    return cuda_skinny_matmul(c->stream, &p, y, (const __nv_bfloat16 *)w->data, c->xbf, bias, T,
+                              rows, cols, split, c->sk_partial, c->sk_counters);
 }
 
 static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_weight *w,
@@ -438,6 +696,9 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
         c->xbf_valid = true;
     }
 
+    if (c->skinny && !c->legacy && cuda_skinny_supports(T, rows, cols, split))
+        return skinny_impl(c, y, w, bias_data, T, split);
+
     float *out = y;
     if (split) {
         st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
@@ -459,6 +720,7 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_MATMUL);
+    graph_mix(c, (uint64_t)(uint32_t)T << 8);
     op_note(c, matmul_impl(c, y, x, (const cuda_weight *)w, (const cuda_weight *)bias, T));
 }
 
@@ -473,6 +735,7 @@ static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos)
     if (same && rp->freq_factors)
         same = memcmp(c->rope_factors, rp->freq_factors, (size_t)half * sizeof(float)) == 0;
     if (same && max_pos < c->rope_n_pos) return IS_OK;
+    graph_break(c); /* the rebuilt table replaces the old one after a wait */
     const int32_t from = same ? c->rope_n_pos : 0;
     int32_t n = max_pos + 1 > 2 * c->rope_n_pos ? max_pos + 1 : 2 * c->rope_n_pos;
     if (n < 4096) n = 4096;
@@ -714,6 +977,7 @@ static void cu_add(backend *be, float *x, const float *y, int64_t n) {
 
 static void cu_sync(backend *be) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     if (!op_begin(c)) return;
     cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
@@ -818,6 +1082,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
 static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                       const backend_inject *in) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c); /* the arena allocates, waits, copies from pageable memory */
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_INJECT);
     op_note(c, inject_impl(c, k_cache, v_cache, in));
@@ -829,9 +1094,56 @@ static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
     return c->kv_bf16 && !c->legacy && c->arena && cuda_arena_holds(c->arena, id, n_tokens);
 }
 
+/* Not while the profiler times ops one by one, nor for the backend as
+ * first built (the "before" of the benchmarks). */
+static bool cu_graph_begin(backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    if (!c->graphs || c->legacy || c->prof || c->capturing || !op_begin(c)) return false;
+    cudaError_t e = cudaSuccess;
+    if (!c->graph_done) e = cudaEventCreateWithFlags(&c->graph_done, cudaEventDisableTiming);
+    /* The last launch may still be reading the bump buffer. */
+    if (e == cudaSuccess && c->graph_pending) e = cudaEventSynchronize(c->graph_done);
+    if (e != cudaSuccess) {
+        op_note(c, cuda_status_from(e, "graph_begin", __FILE__, __LINE__));
+        return false;
+    }
+    c->graph_pending = false;
+    if (c->pin_want > c->pin_cap) {
+        cudaFreeHost(c->pin);
+        c->pin = NULL;
+        c->pin_cap = 0;
+        e = cudaMallocHost((void **)&c->pin, c->pin_want);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            c->pin = NULL;
+            c->graphs = false; /* the forward runs as usual, and so do the next ones */
+            fprintf(stderr, "cuda backend: cannot pin %zu bytes for CUDA graphs (%s): graphs off\n",
+                    c->pin_want, cudaGetErrorString(e));
+            return false;
+        }
+        c->pin_cap = c->pin_want;
+    }
+    c->pin_used = 0;
+    c->part_index = 0;
+    c->graph_clock0 = c->graph_clock;
+    is_status st = graph_capture(c);
+    if (st != IS_OK) {
+        op_note(c, st);
+        return false;
+    }
+    c->gstats.recorded++;
+    return true;
+}
+
+static void cu_graph_end(backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    if (c->capturing) op_note(c, graph_finish(c, true));
+}
+
 static void ctx_destroy(cuda_ctx *c) {
     if (!c) return;
     cudaSetDevice(c->device);
+    graph_abort(c);
     if (c->stream) cudaStreamSynchronize(c->stream);
     stage_free(&c->st_tokens);
     stage_free(&c->st_rope);
@@ -846,6 +1158,8 @@ static void ctx_destroy(cuda_ctx *c) {
     cuda_arena_free(c->arena);
     cudaFree(c->xbf);
     cudaFree(c->ypart);
+    cudaFree(c->sk_partial);
+    cudaFree(c->sk_counters);
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
@@ -853,7 +1167,12 @@ static void ctx_destroy(cuda_ctx *c) {
         for (int32_t i = 0; i < 2 * PROF_MAX_OPS; i++) cudaEventDestroy(c->prof_ev[i]);
         free(c->prof_ev);
     }
+    for (int32_t i = 0; i < GRAPH_CACHE; i++)
+        if (c->gcache[i].exec) cudaGraphExecDestroy(c->gcache[i].exec);
+    if (c->graph_done) cudaEventDestroy(c->graph_done);
+    cudaFreeHost(c->pin);
     if (c->cublas) cublasDestroy(c->cublas);
+    cudaFree(c->cublas_ws); /* after the handle that uses it */
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -887,14 +1206,19 @@ static const backend_ops cuda_ops = {
     /* .inject = */ cu_inject,
     /* .copy_2d = */ cu_copy_2d,
     /* .fact_resident = */ cu_fact_resident,
+    /* .graph_begin = */ cu_graph_begin,
+    /* .graph_end = */ cu_graph_end,
+    /* .add_rmsnorm = */ cu_add_rmsnorm,
 };
 
-/* backend_cuda_set_legacy: the engine stages facts itself, f32 cache. */
+/* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
+ * graphs. */
 static const backend_ops cuda_ops_legacy = {
     "cuda",         cu_free,     cu_alloc,   cu_release, cu_upload,   cu_download,
     cu_copy,        cu_weight_create,        cu_weight_free,         cu_get_rows,
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
+    NULL,           NULL,       NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -958,6 +1282,23 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
     c->flash = true;
     c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
+    {
+        const char *g = getenv("IS_CUDA_GRAPHS");
+        c->graphs = !(g && strcmp(g, "0") == 0);
+        c->graph_split = GRAPH_SPLIT_DEFAULT;
+        /* The first pinned bump buffer; tests make it tiny, so that a
+         * capture runs out of it midway. */
+        const char *pb = getenv("IS_CUDA_GRAPH_PIN_BYTES");
+        c->pin_want = pb && atol(pb) > 0 ? (size_t)atol(pb) : GRAPH_PIN_DEFAULT;
+    }
+    {
+        const char *v = getenv("IS_CUDA_SKINNY");
+        c->skinny = !(v && !strcmp(v, "0"));
+        v = getenv("IS_CUDA_SKINNY_MT");
+        c->skinny_mt = v ? atoi(v) : 0;
+        v = getenv("IS_CUDA_SKINNY_KC");
+        c->skinny_kc = v ? atoi(v) : 0;
+    }
     c->n_sms = 132;
     {
         int sms = 0;
@@ -980,6 +1321,20 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
             st = cublas_status_from(bs, "cublasSetStream", __FILE__, __LINE__);
         }
     }
+    /* A workspace of its own, so cuBLAS never allocates while a graph is
+     * captured; after cublasSetStream, which resets it to the default. */
+    if (st == IS_OK) {
+        e = cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES);
+        if (e != cudaSuccess) {
+            c->cublas_ws = NULL;
+            st = cuda_status_from(e, "cudaMalloc(cuBLAS workspace)", __FILE__, __LINE__);
+        } else {
+            cublasStatus_t bs = cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES);
+            if (bs != CUBLAS_STATUS_SUCCESS)
+                st = cublas_status_from(bs, "cublasSetWorkspace", __FILE__, __LINE__);
+        }
+    }
+    if (st == IS_OK) st = cuda_skinny_prepare(); /* outside any capture */
     if (st != IS_OK) {
         ctx_destroy(c);
         free(be);
@@ -991,18 +1346,44 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     return IS_OK;
 }
 
+/* The setters end a capture (graph_break): what follows runs as set. */
 extern "C" void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p) {
+    graph_break(ctx_of(be));
     ctx_of(be)->precision = p;
 }
 
 extern "C" void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t) {
+    graph_break(ctx_of(be));
     ctx_of(be)->kv_bf16 = t == CUDA_KV_BF16;
 }
 
-extern "C" void backend_cuda_set_flash(backend *be, bool on) { ctx_of(be)->flash = on; }
+extern "C" void backend_cuda_set_flash(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->flash = on;
+}
+
+extern "C" void backend_cuda_set_skinny(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->skinny = on;
+}
+
+extern "C" void backend_cuda_set_graphs(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->graphs = on;
+}
+
+extern "C" void backend_cuda_set_graph_split(backend *be, int32_t ops) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->graph_split = ops < 0 ? GRAPH_SPLIT_DEFAULT : ops;
+}
+
+extern "C" void backend_cuda_graph_stats(backend *be, cuda_graph_stats *out) {
+    *out = ctx_of(be)->gstats;
+}
 
 extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     c->legacy = on;
     c->kv_bf16 = false;
     c->flash = !on;
@@ -1012,6 +1393,7 @@ extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
 
 extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     if (c->arena) {
         cudaSetDevice(c->device);
         cudaStreamSynchronize(c->stream); /* queued injections may read it */
@@ -1029,6 +1411,7 @@ extern "C" void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out) {
 
 extern "C" is_status backend_cuda_check(backend *be) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     if (c->err == IS_OK) {
         cudaError_t e = cudaSetDevice(c->device);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -1058,6 +1441,7 @@ static __global__ void hold_kernel(long long cycles) {
 
 extern "C" is_status backend_cuda_profile_begin(backend *be, double hold_ms) {
     cuda_ctx *c = ctx_of(be);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (!c->prof_ev) {
         cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * PROF_MAX_OPS, sizeof *ev);

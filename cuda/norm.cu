@@ -5,11 +5,18 @@
 
 #define NORM_THREADS 256
 
-static __global__ void rmsnorm_kernel(float *out, const float *x, const float *g, int32_t n,
-                                      float eps, __nv_bfloat16 *obf, int64_t split_off) {
+/* With res (the fused residual add), x[i] += res[i] first, stored back;
+ * the sum and the norm then read what the add wrote, as separate add and
+ * rmsnorm launches would: the results are the same bits. */
+static __global__ void rmsnorm_kernel(float *out, float *x, const float *res, const float *g,
+                                      int32_t n, float eps, __nv_bfloat16 *obf, int64_t split_off) {
     __shared__ float partial[NORM_THREADS / 32];
-    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
+    if (res) {
+        const float *rr = res + (int64_t)blockIdx.x * n;
+        for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) xr[i] = xr[i] + rr[i];
+    }
     float ss = 0.0f;
     for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) ss += xr[i] * xr[i];
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
@@ -39,7 +46,16 @@ static __global__ void rmsnorm_kernel(float *out, const float *x, const float *g
 is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, int32_t T,
                        int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
     if (T <= 0 || n <= 0) return IS_OK;
-    rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, g, n, eps, obf,
+    rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, (float *)x, NULL, g, n, eps, obf,
+                                              obf && split ? (int64_t)T * n : 0);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *res, const float *g,
+                           int32_t T, int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
+    if (T <= 0 || n <= 0) return IS_OK;
+    rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf,
                                               obf && split ? (int64_t)T * n : 0);
     CUDA_CHECK_LAUNCH();
     return IS_OK;

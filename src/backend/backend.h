@@ -147,6 +147,25 @@ typedef struct backend_ops {
      * no other inject runs in between (the backend keeps a call's resident
      * facts while it makes room for the call's others). */
     bool (*fact_resident)(backend *be, uint64_t id, int32_t n_tokens);
+    /* Optional (NULL = never): the ops called from here until graph_end
+     * form one forward pass, which the backend may record and launch in a
+     * few units instead of op by op (the CUDA backend: CUDA graphs, so a
+     * decode step costs a few launches instead of hundreds). Returns
+     * whether it records; false: the ops run as usual and graph_end must
+     * not be called. Between the two, ops take host arrays as always (read
+     * during the call), and the caller calls no download or sync: a backend
+     * that meets one anyway, or must allocate, launches what it has
+     * recorded and runs the rest as usual. */
+    bool (*graph_begin)(backend *be);
+    /* Launches what is left of the recording since graph_begin returned
+     * true (queued, like any op: download and sync wait for it). */
+    void (*graph_end)(backend *be);
+    /* Optional (NULL = add, then rmsnorm): x[T][n] += res, then out =
+     * x / rms(x) * g, with the same results as the two ops; out may alias
+     * res, not x. A residual add is always followed by the next norm, and
+     * one launch instead of two is 64 fewer a forward of a 32-layer model. */
+    void (*add_rmsnorm)(backend *be, float *out, float *x, const float *res,
+                        const backend_weight *g, int32_t T, int32_t n, float eps);
 } backend_ops;
 
 struct backend {

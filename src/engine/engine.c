@@ -224,6 +224,26 @@ static is_status seq_set_segments(engine *e, int32_t seq, int32_t from, const in
     return IS_OK;
 }
 
+/* Chunks of at most this many tokens are recorded as one unit where the
+ * backend can (graph_begin: a CUDA graph): decode steps and short query
+ * prefills, whose kernels are small enough that launching them one by one
+ * costs as much as running them. Longer prefills are bound by arithmetic,
+ * so recording them would only add the recording's cost. */
+#define ENGINE_GRAPH_MAX_TOKENS 64
+
+/* x += res, then out = rmsnorm(x) * g: the residual add and the norm that
+ * always follows it, fused where the backend can. */
+static void add_norm(backend *be, float *out, float *x, const float *res, const backend_weight *g,
+                     int32_t T, int32_t n, float eps) {
+    const backend_ops *op = be->ops;
+    if (op->add_rmsnorm) {
+        op->add_rmsnorm(be, out, x, res, g, T, n, eps);
+        return;
+    }
+    op->add(be, x, res, (int64_t)T * n);
+    op->rmsnorm(be, out, x, g, T, n, eps);
+}
+
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
@@ -280,10 +300,14 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         cap1 = cap->first + cap->n < t0 + n ? cap->first + cap->n : t0 + n;
     }
 
+    /* Captured rows are downloaded mid-forward: such a chunk runs as usual. */
+    const bool graph = op->graph_begin && n <= ENGINE_GRAPH_MAX_TOKENS && cap0 == cap1 &&
+                       op->graph_begin(be);
     op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
     for (int32_t l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
-        op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
+        /* Later layers' first norm comes with the previous layer's last add. */
+        if (l == 0) op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
         op->matmul(be, e->q, e->xb, L->wq, L->bq, n);
         op->matmul(be, e->k, e->xb, L->wk, L->bk, n);
         op->matmul(be, e->v, e->xb, L->wv, L->bv, n);
@@ -304,13 +328,15 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->attention(be, e->att, e->q, e->k_cache[l], e->v_cache[l], &ab, c->n_heads,
                       c->n_kv_heads, c->head_dim, e->p.block_size);
         op->matmul(be, e->xb, e->att, L->wo, NULL, n);
-        op->add(be, e->x, e->xb, (int64_t)n * c->dim);
-        op->rmsnorm(be, e->xb, e->x, L->ffn_norm, n, c->dim, c->rms_eps);
+        add_norm(be, e->xb, e->x, e->xb, L->ffn_norm, n, c->dim, c->rms_eps);
         op->matmul(be, e->hg, e->xb, L->w_gate, NULL, n);
         op->matmul(be, e->hu, e->xb, L->w_up, NULL, n);
         op->swiglu(be, e->hg, e->hg, e->hu, (int64_t)n * c->ffn_dim);
         op->matmul(be, e->xb, e->hg, L->w_down, NULL, n);
-        op->add(be, e->x, e->xb, (int64_t)n * c->dim);
+        if (l + 1 < c->n_layers)
+            add_norm(be, e->xb, e->x, e->xb, m->layers[l + 1].attn_norm, n, c->dim, c->rms_eps);
+        else
+            op->add(be, e->x, e->xb, (int64_t)n * c->dim); /* the head normalises selected rows */
     }
 
     /* Output head only for the selected rows: gather them to the front. */
@@ -327,8 +353,10 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     if (n_out > 0) {
         op->rmsnorm(be, e->xb, e->x, m->output_norm, n_out, c->dim, c->rms_eps);
         op->matmul(be, e->logits, e->xb, m->output, NULL, n_out);
-        op->download(be, logits_out, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
     }
+    if (graph) op->graph_end(be);
+    if (n_out > 0)
+        op->download(be, logits_out, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
     op->sync(be);
     return n_out;
 }

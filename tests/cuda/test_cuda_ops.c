@@ -380,6 +380,44 @@ static void test_rmsnorm(void **state) {
     }
 }
 
+/* The fused residual add + norm gives the bits the GPU's add and rmsnorm
+ * give one after the other (out aliasing res, as the engine calls it), and
+ * the CPU's within the norm's tolerance. */
+static void test_add_rmsnorm(void **state) {
+    SKIP_WITHOUT_GPU();
+    assert_non_null(g_gpu->ops->add_rmsnorm);
+    const int32_t shapes[][2] = {{1, 576}, {30, 4096}, {3, 100}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int32_t T = shapes[k][0], n = shapes[k][1];
+        const size_t N = (size_t)T * n;
+        test_weight g;
+        weight_make(&g, TENSOR_TYPE_F32, n, 1, 1.5f);
+        float *x = rand_f32(N, 3.0f), *res = rand_f32(N, 1.0f);
+        /* Fused on the GPU. */
+        float *xf = put(g_gpu, x, N), *rf = put(g_gpu, res, N);
+        g_gpu->ops->add_rmsnorm(g_gpu, rf, xf, rf, g.gpu, T, n, 1e-5f);
+        float *fused_x = take(g_gpu, xf, N), *fused_o = take(g_gpu, rf, N);
+        /* The two ops on the GPU, and on the CPU. */
+        float *xs = put(g_gpu, x, N), *rs = put(g_gpu, res, N);
+        g_gpu->ops->add(g_gpu, xs, rs, (int64_t)N);
+        g_gpu->ops->rmsnorm(g_gpu, rs, xs, g.gpu, T, n, 1e-5f);
+        float *sep_x = take(g_gpu, xs, N), *sep_o = take(g_gpu, rs, N);
+        float *xc = put(g_cpu, x, N), *rc = put(g_cpu, res, N);
+        g_cpu->ops->add(g_cpu, xc, rc, (int64_t)N);
+        g_cpu->ops->rmsnorm(g_cpu, rc, xc, g.cpu, T, n, 1e-5f);
+        float *cpu_o = take(g_cpu, rc, N);
+        gpu_ok();
+        assert_memory_equal(fused_x, sep_x, N * sizeof(float));
+        assert_memory_equal(fused_o, sep_o, N * sizeof(float));
+        char what[64];
+        snprintf(what, sizeof what, "add_rmsnorm T=%d n=%d (same bits as add, rmsnorm)", T, n);
+        expect_close(what, fused_o, cpu_o, N, 1e-5);
+        g_cpu->ops->release(g_cpu, xc);
+        free(fused_x); free(fused_o); free(sep_x); free(sep_o); free(cpu_o); free(x); free(res);
+        weight_drop(&g);
+    }
+}
+
 /* What the GPU makes of an input value under each precision: bf16(x), or
  * bf16(x) + bf16(x - bf16(x)). */
 static double gpu_input(float x, cuda_matmul_precision p) {
@@ -448,6 +486,12 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_F32, 5, 49, 96, true, prec);     /* odd sizes */
         check_matmul(TENSOR_TYPE_F32, 300, 49, 96, false, prec);  /* scratch grows */
         check_matmul(TENSOR_TYPE_F32, 5, 1, 576, false, prec);    /* a vector: f32 on the GPU */
+        /* The skinny kernel (T <= 64, cols % 64 == 0): rows that end inside
+         * a 16-row tile, partial sums over many splits (8 row tiles), 33
+         * rows (bf16: 8 column tiles; bf16x2: past its limit, cuBLAS). */
+        check_matmul(TENSOR_TYPE_F32, 5, 49, 128, true, prec);
+        check_matmul(TENSOR_TYPE_F32, 30, 1000, 4096, true, prec);
+        check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
     }
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
@@ -936,17 +980,21 @@ static void check_inject(backend *be, const char *what, const inj_shape *sh, con
 
 static void test_inject(void **state) {
     SKIP_WITHOUT_GPU();
-    const inj_shape shapes[2] = {
+    /* Whole-head rotation into a bf16 cache takes the 16-byte kernel (norm
+     * and neox), the rest the per-element one. */
+    const inj_shape shapes[3] = {
         {3, 2, 64, 16, 10, {ROPE_LAYOUT_NORM, 64, 10000.0f, 1.0f, NULL}},
         {2, 3, 128, 16, 9, {ROPE_LAYOUT_NEOX, 96, 500000.0f, 0.5f, NULL}},
+        {2, 2, 128, 16, 9, {ROPE_LAYOUT_NEOX, 128, 1000000.0f, 1.0f, NULL}},
     };
+    const char *names[3] = {"norm", "neox n_rot 96", "neox"};
     const int32_t lens[4] = {5, 17, 9, 1};
-    for (int s_i = 0; s_i < 2; s_i++) {
+    for (int s_i = 0; s_i < 3; s_i++) {
         for (int bf16 = 0; bf16 <= 1; bf16++) {
             inj_facts f;
             inj_facts_make(&shapes[s_i], &f, 4, lens, 0); /* id 0: not kept */
             char what[96];
-            snprintf(what, sizeof what, "inject %s, %s cache", s_i ? "neox n_rot 96" : "norm",
+            snprintf(what, sizeof what, "inject %s, %s cache", names[s_i],
                      bf16 ? "bf16" : "f32");
             check_inject(g_gpu, what, &shapes[s_i], &f, bf16);
             inj_facts_free(&f);
@@ -1064,7 +1112,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_errors),  cmocka_unit_test(test_memory),
         cmocka_unit_test(test_weight_types),   cmocka_unit_test(test_weight_refusals),
-        cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_add_rmsnorm),
+        cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),           cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
