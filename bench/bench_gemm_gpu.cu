@@ -77,6 +77,10 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs\n", prop.name, n_sms);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
+    if (cuda_skinny_prepare() != IS_OK) {
+        fprintf(stderr, "cuda_skinny_prepare: %s\n", is_error_last());
+        return 1;
+    }
     cublasHandle_t cb;
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, st);
@@ -88,10 +92,7 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     float *partial = NULL, *y = NULL, *yref = NULL, *ypart = NULL;
-    int32_t *counters = NULL;
     CK(cudaMalloc(&partial, ((size_t)32 << 20) * sizeof(float)));
-    CK(cudaMalloc(&counters, 65536 * sizeof(int32_t)));
-    CK(cudaMemset(counters, 0, 65536 * sizeof(int32_t)));
     CK(cudaMalloc(&y, (size_t)64 * 128256 * sizeof(float)));
     CK(cudaMalloc(&yref, (size_t)64 * 128256 * sizeof(float)));
     CK(cudaMalloc(&ypart, (size_t)128 * 128256 * sizeof(float)));
@@ -167,7 +168,7 @@ int main(int argc, char **argv) {
                     const skinny_plan &p = plans[pi];
                     auto run = [&](const __nv_bfloat16 *w) {
                         is_status s = cuda_skinny_matmul(st, &p, y, w, x, NULL, T, sh.rows,
-                                                         sh.cols, split, partial, counters);
+                                                         sh.cols, split, partial);
                         if (s != IS_OK) {
                             fprintf(stderr, "skinny failed: %s\n", is_error_last());
                             exit(1);

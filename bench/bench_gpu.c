@@ -38,13 +38,13 @@
  *           bf16 models run at).
  * A configuration may carry the modifier "+cublas": products of few rows on
  * cuBLAS instead of the skinny kernel (cuda/skinny.cuh), e.g. -c bf16,bf16+cublas.
- * -D N (cuda): CUDA graphs off, one graph per forward, and split into
- * parts (backend_cuda_set_graphs, _set_graph_split) in the same process,
- * before the configurations above, in the serving configuration (bf16 KV
- * cache, default matmul precision): a request in kv mode (20 facts, the
- * Q-token query prefilled: a short prefill, recorded), then N greedy
- * decode steps (median step time); then 8 such sequences decoding in one
- * batch. The three alternate within each repetition; medians of REPS.
+ * -D N (cuda): CUDA graphs off and on, one graph per forward
+ * (backend_cuda_set_graphs), in the same process, before the
+ * configurations above, in the serving configuration (bf16 KV cache,
+ * default matmul precision): a request in kv mode (20 facts, the Q-token
+ * query prefilled: a short prefill, recorded), then N greedy decode steps
+ * (median step time); then 8 such sequences decoding in one batch. The
+ * two alternate within each repetition; medians of REPS.
  * -c '' -t '' runs this alone.
  * Logits of the first configuration's kv and prompt runs at the largest k
  * are kept, and every later configuration prints its relative error and
@@ -443,8 +443,8 @@ static void decode_round(bench *b, int32_t n_users, int32_t n_steps, const int32
     free(logits);
 }
 
-/* -D: graphs off, one graph per forward, and graphs of the default split
- * (backend_cuda_set_graph_split), alternated within each repetition. */
+/* -D: graphs off and on (one graph per forward), alternated within each
+ * repetition. */
 static void run_decode(bench *b, const char *model_path, int32_t n_steps, int reps, FILE *csv) {
     const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
     const int32_t users[2] = {1, 8};
@@ -453,9 +453,9 @@ static void run_decode(bench *b, const char *model_path, int32_t n_steps, int re
     backend_cuda_set_kv_dtype(b->be, CUDA_KV_BF16);
     bench_engine(b, users[1] + 2, per_seq, (users[1] + 1) * per_seq);
     int32_t *query = malloc((size_t)b->Q * sizeof *query);
-    int32_t *toks[3];
-    double *pf[3], *st[2][3];
-    for (int g = 0; g < 3; g++) {
+    int32_t *toks[2];
+    double *pf[2], *st[2][2];
+    for (int g = 0; g < 2; g++) {
         toks[g] = malloc((size_t)n_steps * sizeof(int32_t));
         pf[g] = malloc(sizeof(double) * reps);
         for (int ui = 0; ui < 2; ui++) st[ui][g] = malloc(sizeof(double) * reps);
@@ -465,9 +465,8 @@ static void run_decode(bench *b, const char *model_path, int32_t n_steps, int re
     bool same = true;
     for (int r = -1; r < reps; r++) {
         for (int ui = 0; ui < 2; ui++) {
-            for (int g = 0; g < 3; g++) { /* off, one graph, split */
+            for (int g = 0; g < 2; g++) { /* off, on */
                 backend_cuda_set_graphs(b->be, g > 0);
-                backend_cuda_set_graph_split(b->be, g == 1 ? 0 : -1);
                 if (r == 0 && ui == 0 && g == 0) backend_cuda_graph_stats(b->be, &s0);
                 double p = 0, sm = 0;
                 decode_round(b, users[ui], n_steps, query, &p, &sm, ui == 0 ? toks[g] : NULL);
@@ -475,34 +474,33 @@ static void run_decode(bench *b, const char *model_path, int32_t n_steps, int re
                 if (ui == 0) pf[g][r] = p;
                 st[ui][g][r] = sm;
             }
-            for (int g = 1; g < 3 && ui == 0; g++)
-                if (memcmp(toks[0], toks[g], (size_t)n_steps * sizeof(int32_t)) != 0) same = false;
+            if (ui == 0 && memcmp(toks[0], toks[1], (size_t)n_steps * sizeof(int32_t)) != 0)
+                same = false;
         }
     }
     backend_cuda_graph_stats(b->be, &s1);
-    backend_cuda_set_graphs(b->be, true);
-    backend_cuda_set_graph_split(b->be, -1);
+    /* Back to the setting the backend was created with, for the configurations that follow. */
+    const char *graphs_env = getenv("IS_CUDA_GRAPHS");
+    backend_cuda_set_graphs(b->be, graphs_env && strcmp(graphs_env, "1") == 0);
     printf("\n### CUDA graphs: short prefill and decode (%s, bf16 KV cache), medians of %d, ms\n\n",
            b->be_name, reps);
-    printf("| model | what | graphs off | one graph | split graphs | off / one | off / split |\n"
-           "|---|---|---:|---:|---:|---:|---:|\n");
+    printf("| model | what | graphs off | graphs on | off / on |\n"
+           "|---|---|---:|---:|---:|\n");
     for (int row = 0; row < 3; row++) {
         double *const *v = row == 0 ? pf : st[row - 1];
-        const double m0 = bench_median(v[0], reps), m1 = bench_median(v[1], reps),
-                     m2 = bench_median(v[2], reps);
+        const double m0 = bench_median(v[0], reps), m1 = bench_median(v[1], reps);
         char what[96];
         if (row == 0)
             snprintf(what, sizeof what, "query prefill, %d tokens after %d facts", b->Q, DECODE_K);
         else
             snprintf(what, sizeof what, "decode step, %d sequence%s (%d steps)", users[row - 1],
                      users[row - 1] > 1 ? "s in one batch" : "", n_steps);
-        printf("| %s | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n", name, what, m0, m1, m2,
-               m0 / m1, m0 / m2);
+        printf("| %s | %s | %.3f | %.3f | %.2fx |\n", name, what, m0, m1, m0 / m1);
         if (csv)
-            fprintf(csv, "graphs,%s,%d,%.4f,%.4f,%.4f\n", row == 0 ? "prefill" : "decode",
-                    row == 0 ? 1 : users[row - 1], m0, m1, m2);
+            fprintf(csv, "graphs,%s,%d,%.4f,%.4f\n", row == 0 ? "prefill" : "decode",
+                    row == 0 ? 1 : users[row - 1], m0, m1);
     }
-    printf("\ngreedy tokens of the three: %s; graphs over the timed runs: %lld forwards recorded, "
+    printf("\ngreedy tokens of the two: %s; graphs over the timed runs: %lld forwards recorded, "
            "%lld launches, %lld instantiated, %lld updated, %lld breaks\n",
            same ? "same" : "DIFFERENT", (long long)(s1.recorded - s0.recorded),
            (long long)(s1.launches - s0.launches), (long long)(s1.instantiations - s0.instantiations),
@@ -511,7 +509,7 @@ static void run_decode(bench *b, const char *model_path, int32_t n_steps, int re
     engine_free(b->e);
     b->e = NULL;
     backend_cuda_set_kv_dtype(b->be, CUDA_KV_F32);
-    for (int g = 0; g < 3; g++) {
+    for (int g = 0; g < 2; g++) {
         free(pf[g]);
         free(toks[g]);
         for (int ui = 0; ui < 2; ui++) free(st[ui][g]);
@@ -566,7 +564,7 @@ int main(int argc, char **argv) {
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
                     "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-D N]\n"
                     "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
-                    "-D N: N decode steps with CUDA graphs off, one graph, split graphs, first\n"
+                    "-D N: N decode steps with CUDA graphs off and on, first\n"
                     "      (cuda; -c '' -t '' for this alone)\n"
                     "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
                     "         +cublas (few-row products on cuBLAS, not cuda/skinny.cuh's kernel),\n"
@@ -631,7 +629,7 @@ int main(int argc, char **argv) {
         fprintf(csv, "# ttft,config,k,prompt_tokens,prompt_ms,kv_ms,kv_fork_ms,kv_inject_ms,"
                      "kv_prefill_ms,kv_cold_ms\n"
                      "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n"
-                     "# graphs,prefill|decode,sequences,off_ms,one_graph_ms,split_graphs_ms\n");
+                     "# graphs,prefill|decode,sequences,off_ms,on_ms\n");
 
     const bool cuda = strcmp(be_name, "cuda") == 0;
 #ifdef IS_HAVE_CUDA

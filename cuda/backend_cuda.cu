@@ -50,16 +50,10 @@ typedef struct dev_stage {
 
 /* One executable graph kept for reuse: captures with the same node count
  * and key are usually the same kernels with other arguments, which
- * cudaGraphExecUpdate swaps in far faster than instantiating anew. 32
- * covers the parts of a forward (GRAPH_SPLIT_DEFAULT: 9 for the 8B shape)
- * times the shapes a server alternates between (batch sizes, a flash split
- * more or less, a token array copied or found unchanged). */
-#define GRAPH_CACHE 32
-/* Ops per graph (backend_cuda_set_graph_split): a part is launched as soon
- * as it is recorded, so the GPU runs it while the host records the next;
- * one graph for the whole forward would leave the GPU idle while all of it
- * is recorded (about 4 layers: the GPU waits for one part only). */
-#define GRAPH_SPLIT_DEFAULT 64
+ * cudaGraphExecUpdate swaps in far faster than instantiating anew. 8
+ * covers the shapes a server alternates between (batch sizes, a flash
+ * split more or less, a token array copied or found unchanged). */
+#define GRAPH_CACHE 8
 #define GRAPH_PIN_DEFAULT ((size_t)64 << 10) /* first pinned bump buffer */
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's own default on Hopper */
 
@@ -112,8 +106,6 @@ typedef struct cuda_ctx {
     int32_t skinny_mt, skinny_kc;
     float *sk_partial;  /* its split partial sums */
     size_t sk_partial_cap; /* floats */
-    int32_t *sk_counters; /* its per-row-tile counters, zero between products */
-    size_t sk_counters_cap;
     dev_stage st_tokens, st_rope, st_slots, st_attn;
     int32_t *pack;      /* host: attention metadata being packed */
     size_t pack_cap;    /* elements */
@@ -138,7 +130,7 @@ typedef struct cuda_ctx {
 
     /* CUDA graphs (graph_begin/graph_end, backend_cuda_set_graphs): the ops
      * of one forward are captured on `stream` and launched as one graph. */
-    bool graphs;           /* on (default; IS_CUDA_GRAPHS=0 when created: off) */
+    bool graphs;           /* on (off by default; IS_CUDA_GRAPHS=1 when created: on) */
     bool capturing;        /* stream in capture mode: since graph_begin, until graph_end or a break */
     uint64_t graph_key;    /* hash of what this capture recorded: op kinds, token counts, copies */
     graph_slot gcache[GRAPH_CACHE]; /* executable graphs, least recently used replaced */
@@ -150,10 +142,6 @@ typedef struct cuda_ctx {
     size_t pin_want;       /* capacity to take at the next graph_begin */
     void *cublas_ws;       /* cuBLAS workspace, fixed so cuBLAS never allocates while capturing */
     cuda_graph_stats gstats;
-    int32_t graph_split;   /* ops per graph, 0: one graph per forward */
-    int32_t part_ops;      /* ops recorded in the current part */
-    int32_t part_index;    /* parts of this forward launched so far */
-    uint64_t graph_clock0; /* graph_clock when this forward began */
 } cuda_ctx;
 
 static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
@@ -204,13 +192,13 @@ static bool op_begin(cuda_ctx *c) {
     return true;
 }
 
-/* Launches captured graph g of n nodes. keep (a forward or a part of
- * one): through the cache, updating the entry of the same node count and
- * key, else the least recently used entry of the same node count (another
- * batch size is usually the same kernels: cudaGraphExecUpdate takes new
- * grids, even new kernels) that this forward has not launched, else
- * instantiating into the least recently used entry; otherwise (a forward
- * cut short) instantiated, launched once and dropped. */
+/* Launches captured graph g of n nodes. keep (a whole forward): through
+ * the cache, updating the entry of the same node count and key, else the
+ * least recently used entry of the same node count (another batch size is
+ * usually the same kernels: cudaGraphExecUpdate takes new grids, even new
+ * kernels), else instantiating into the least recently used entry;
+ * otherwise (a forward cut short) instantiated, launched once and
+ * dropped. */
 static cudaError_t graph_launch(cuda_ctx *c, cudaGraph_t g, size_t n, bool keep) {
     cudaGraphExec_t once = NULL, exec = NULL;
     cudaError_t e = cudaSuccess;
@@ -220,8 +208,7 @@ static cudaError_t graph_launch(cuda_ctx *c, cudaGraph_t g, size_t n, bool keep)
             graph_slot *x = &c->gcache[i];
             if (x->exec && x->nodes == n) {
                 if (x->key == c->graph_key) s = x;
-                else if (x->used <= c->graph_clock0 && (!same_n || x->used < same_n->used))
-                    same_n = x;
+                else if (!same_n || x->used < same_n->used) same_n = x;
             }
             if ((x->exec ? x->used : 0) < (lru->exec ? lru->used : 0)) lru = x;
         }
@@ -296,26 +283,12 @@ static void graph_break(cuda_ctx *c) {
 
 #define GRAPH_KEY_SEED 14695981039346656037ull
 
-/* Starts capturing (a forward, or its next part). */
+/* Starts capturing a forward. */
 static is_status graph_capture(cuda_ctx *c) {
     CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     c->capturing = true;
-    c->part_ops = 0;
     c->graph_key = GRAPH_KEY_SEED;
-    graph_mix(c, 0x10000 | (uint64_t)c->part_index);
     return IS_OK;
-}
-
-/* At the start of each op while capturing: past graph_split ops, launches
- * the part recorded so far (through the cache, like a whole forward) and
- * records the rest as the next part. */
-static void graph_op(cuda_ctx *c) {
-    if (!c->capturing || c->graph_split <= 0 || c->part_ops++ < c->graph_split) return;
-    is_status st = graph_finish(c, true);
-    c->part_index++;
-    if (st == IS_OK) st = graph_capture(c);
-    op_note(c, st);
-    c->part_ops = 1;
 }
 
 /* ---- op profiler ----------------------------------------------------------- */
@@ -332,8 +305,7 @@ struct op_span {
     cuda_ctx *c;
     int32_t i;
     op_span(cuda_ctx *ctx, cuda_op_kind kind) : c(ctx), i(-1) {
-        graph_op(c); /* every op passes here: where graphs are cut, and their key */
-        graph_mix(c, 0x100 | (uint64_t)kind);
+        graph_mix(c, 0x100 | (uint64_t)kind); /* every op passes here: its kind keys the graph */
         if (!c->prof) return;
         if (c->prof_n >= PROF_MAX_OPS) {
             c->prof_dropped++;
@@ -643,21 +615,14 @@ static is_status skinny_impl(cuda_ctx *c, float *y, const cuda_weight *w, const 
     const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
     const skinny_plan p =
         cuda_skinny_plan(T, rows, cols, split, c->n_sms, c->skinny_mt, c->skinny_kc);
-    const size_t np = cuda_skinny_partial_floats(&p, T, rows, split), nc = cuda_skinny_counters(&p);
+    const size_t np = cuda_skinny_partial_floats(&p, T, rows, split);
     if (np) {
         is_status st = scratch_reserve(c, (void **)&c->sk_partial, &c->sk_partial_cap, np,
                                        sizeof(float));
         if (st != IS_OK) return st;
     }
-    if (nc > c->sk_counters_cap) {
-        is_status st = scratch_reserve(c, (void **)&c->sk_counters, &c->sk_counters_cap, nc,
-                                       sizeof(int32_t));
-        if (st != IS_OK) return st;
-        CUDA_CHECK(cudaMemsetAsync(c->sk_counters, 0, c->sk_counters_cap * sizeof(int32_t),
-                                   c->stream));
-    }
     return cuda_skinny_matmul(c->stream, &p, y, (const __nv_bfloat16 *)w->data, c->xbf, bias, T,
-                              rows, cols, split, c->sk_partial, c->sk_counters);
+                              rows, cols, split, c->sk_partial);
 }
 
 static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_weight *w,
@@ -1124,8 +1089,6 @@ static bool cu_graph_begin(backend *be) {
         c->pin_cap = c->pin_want;
     }
     c->pin_used = 0;
-    c->part_index = 0;
-    c->graph_clock0 = c->graph_clock;
     is_status st = graph_capture(c);
     if (st != IS_OK) {
         op_note(c, st);
@@ -1159,7 +1122,6 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->xbf);
     cudaFree(c->ypart);
     cudaFree(c->sk_partial);
-    cudaFree(c->sk_counters);
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
@@ -1283,9 +1245,10 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->flash = true;
     c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
     {
+        /* Off by default: one graph per forward measured slower than no
+         * graphs on the 8B shape (bench_gpu -D). */
         const char *g = getenv("IS_CUDA_GRAPHS");
-        c->graphs = !(g && strcmp(g, "0") == 0);
-        c->graph_split = GRAPH_SPLIT_DEFAULT;
+        c->graphs = g && strcmp(g, "1") == 0;
         /* The first pinned bump buffer; tests make it tiny, so that a
          * capture runs out of it midway. */
         const char *pb = getenv("IS_CUDA_GRAPH_PIN_BYTES");
@@ -1370,11 +1333,6 @@ extern "C" void backend_cuda_set_skinny(backend *be, bool on) {
 extern "C" void backend_cuda_set_graphs(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->graphs = on;
-}
-
-extern "C" void backend_cuda_set_graph_split(backend *be, int32_t ops) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->graph_split = ops < 0 ? GRAPH_SPLIT_DEFAULT : ops;
 }
 
 extern "C" void backend_cuda_graph_stats(backend *be, cuda_graph_stats *out) {

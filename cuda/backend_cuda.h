@@ -105,25 +105,20 @@ void backend_cuda_set_skinny(backend *be, bool on);
  * Off restores the defaults (f32 cache). Set before creating engines. */
 void backend_cuda_set_legacy(backend *be, bool on);
 
-/* CUDA graphs (default on; IS_CUDA_GRAPHS=0 in the environment when the
- * backend is created: off). The engine brackets each decode step and short
+/* CUDA graphs (default off: measured slower than no graphs on the 8B
+ * shape; IS_CUDA_GRAPHS=1 in the environment when the backend is created,
+ * or this setter: on). The engine brackets each decode step and short
  * prefill with graph_begin/graph_end (backend.h); the backend captures the
- * forward's kernels and copies on its stream and launches them as graphs
- * (see backend_cuda_set_graph_split), reusing executable graphs of the
- * same shape through cudaGraphExecUpdate (a small cache, least recently
- * used replaced). Host arrays the ops take are copied into pinned memory while capturing, so
+ * forward's kernels and copies on its stream and launches them as one
+ * graph, reusing executable graphs of the same shape through
+ * cudaGraphExecUpdate (a small cache, least recently used replaced). Host
+ * arrays the ops take are copied into pinned memory while capturing, so
  * the graph reads them when it runs. Anything a capture cannot hold
  * (allocating or growing a buffer, waiting, inject, the setters) launches
  * what was recorded so far and runs the rest of the forward as usual (a
  * "break"). Results are the same kernels with the same arguments: bitwise
  * equal to graphs off. Off with the op profiler and in legacy mode. */
 void backend_cuda_set_graphs(backend *be, bool on);
-
-/* Ops per graph (default 64, about 4 layers): each part of a forward is
- * launched as soon as it is recorded, so the GPU runs it while the host
- * records the next instead of waiting for the whole forward to be
- * recorded; 0: one graph per forward; negative: the default. */
-void backend_cuda_set_graph_split(backend *be, int32_t ops);
 
 typedef struct cuda_graph_stats {
     int64_t recorded;       /* forwards captured (graph_begin returned true) */

@@ -45,19 +45,25 @@ skinny_plan cuda_skinny_plan(int32_t T, int64_t rows, int64_t cols, bool split, 
                              int32_t mt, int32_t kc) {
     skinny_plan p;
     const int32_t nt = skinny_nt(T, split);
-    p.mt = mt == 1 || mt == 2 ? mt : 2;
+    /* Two 16-row tiles a warp where that still leaves a row tile for every
+     * other multiprocessor, else one (more tiles, fewer splits). */
+    p.mt = mt == 1 || mt == 2 ? mt : (rows + 127) / 128 >= n_sms / 2 ? 2 : 1;
     p.row_tiles = (int32_t)((rows + 64 * p.mt - 1) / (64 * p.mt));
-    int32_t kc_max = 64;
-    while (skinny_smem(nt, 2 * kc_max, p.mt) <= SK_SMEM_CAP) kc_max *= 2;
+    const int32_t kc_lim =
+        (int32_t)(((SK_SMEM_CAP - SK_RING_BYTES) / (nt * 8 * 2) - SK_PAD) / 64 * 64);
     if (kc > 0) {
         kc = kc / 64 * 64;
-        p.kc = kc < 64 ? 64 : kc > kc_max ? kc_max : kc;
+        p.kc = kc < 64 ? 64 : kc > kc_lim ? kc_lim : kc;
     } else {
-        /* One block a multiprocessor keeps 48 KiB of weight copies in
-         * flight on each; fewer splits mean less partial traffic. */
-        const int64_t want = n_sms;
-        p.kc = kc_max;
-        while (p.kc > 64 && p.row_tiles * ((cols + p.kc - 1) / p.kc) < want) p.kc /= 2;
+        /* About one block a multiprocessor (its ring keeps 48 KiB of
+         * weights in flight), with the partial sums, written and read back,
+         * at most a quarter of the weights' bytes. */
+        int64_t splits = (n_sms + p.row_tiles - 1) / p.row_tiles;
+        const int64_t most = cols / (16 * (int64_t)T);
+        if (splits > most) splits = most;
+        if (splits < 1) splits = 1;
+        p.kc = (int32_t)((cols + splits * 64 - 1) / (splits * 64) * 64);
+        if (p.kc > kc_lim) p.kc = kc_lim;
     }
     if (p.kc > cols) p.kc = (int32_t)cols;
     p.n_splits = (int32_t)((cols + p.kc - 1) / p.kc);
@@ -69,7 +75,6 @@ size_t cuda_skinny_partial_floats(const skinny_plan *p, int32_t T, int64_t rows,
     return p->n_splits > 1 ? (size_t)p->n_splits * T * rows : 0;
 }
 
-size_t cuda_skinny_counters(const skinny_plan *p) { return p->n_splits > 1 ? p->row_tiles : 0; }
 
 static __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
                                                 uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -94,11 +99,9 @@ template <int N> static __device__ __forceinline__ void cp_wait() {
 template <int MT, int S, int NT, bool SPLIT>
 static __global__ void __launch_bounds__(SK_THREADS)
     skinny_kernel(float *y, const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                  int32_t T, int32_t rows, int32_t cols, int32_t kc, float *partial,
-                  int32_t *counters) {
+                  int32_t T, int32_t rows, int32_t cols, int32_t kc, float *partial) {
     constexpr int J = 4 * MT; /* 16-byte chunks a lane takes from each 64-column step */
     extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ bool last;
     const int ld = kc + SK_PAD;
     const int split = blockIdx.y, n_splits = gridDim.y;
     const int k0 = split * kc, klen = min(kc, cols - k0), nkb = klen / 64;
@@ -206,37 +209,37 @@ static __global__ void __launch_bounds__(SK_THREADS)
                 if (n_splits == 1 && bias) v += bias[r];
                 dst[(int64_t)t * rows + r] = v;
             }
-    if (n_splits == 1) return;
+}
 
-    /* The last block of this row tile to finish adds the partials, in
-     * split order (threadFenceReduction's pattern). */
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == n_splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int br = SK_WARPS * 16 * MT;
-    for (int i = threadIdx.x; i < T * br; i += SK_THREADS) {
-        const int t = i / br, r = row_block + i % br;
-        if (r >= rows) continue;
+/* y = the splits' partial sums added in split order (+ bias), every output
+ * on its own thread: one block per row tile adding them all left a tail of
+ * ~30 us at T = 30 with 32 splits (run 17). */
+static __global__ void skinny_reduce(float *y, const float *partial, const float *bias,
+                                     int32_t n_splits, int64_t n, int32_t rows) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
         float v = 0.0f;
-        for (int s = 0; s < n_splits; s++) v += __ldcg(partial + ((int64_t)s * T + t) * rows + r);
-        if (bias) v += bias[r];
-        y[(int64_t)t * rows + r] = v;
+        for (int32_t s = 0; s < n_splits; s++) v += partial[(int64_t)s * n + i];
+        if (bias) v += bias[i % rows];
+        y[i] = v;
     }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
 template <int MT, int S, int NT, bool SPLIT>
 static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
                         const __nv_bfloat16 *x, const float *bias, int32_t T, int64_t rows,
-                        int64_t cols, float *partial, int32_t *counters) {
+                        int64_t cols, float *partial) {
     const size_t smem = skinny_smem(NT, p->kc, MT);
     dim3 grid((unsigned)p->row_tiles, (unsigned)p->n_splits);
     skinny_kernel<MT, S, NT, SPLIT><<<grid, SK_THREADS, smem, s>>>(
-        y, w, x, bias, T, (int32_t)rows, (int32_t)cols, p->kc, partial, counters);
+        y, w, x, bias, T, (int32_t)rows, (int32_t)cols, p->kc, partial);
     CUDA_CHECK_LAUNCH();
+    if (p->n_splits > 1) {
+        const int64_t n = (int64_t)T * rows;
+        skinny_reduce<<<cuda_blocks_for(n, 256), 256, 0, s>>>(y, partial, bias, p->n_splits, n,
+                                                              (int32_t)rows);
+        CUDA_CHECK_LAUNCH();
+    }
     return IS_OK;
 }
 
@@ -245,10 +248,9 @@ static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __
 template <int NT, bool SPLIT>
 static is_status launch_nt(cudaStream_t s, const skinny_plan *p, float *y,
                            const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                           int32_t T, int64_t rows, int64_t cols, float *partial,
-                           int32_t *counters) {
-    if (p->mt == 1) return launch<1, 8, NT, SPLIT>(s, p, y, w, x, bias, T, rows, cols, partial, counters);
-    return launch<2, 4, NT, SPLIT>(s, p, y, w, x, bias, T, rows, cols, partial, counters);
+                           int32_t T, int64_t rows, int64_t cols, float *partial) {
+    if (p->mt == 1) return launch<1, 8, NT, SPLIT>(s, p, y, w, x, bias, T, rows, cols, partial);
+    return launch<2, 4, NT, SPLIT>(s, p, y, w, x, bias, T, rows, cols, partial);
 }
 
 template <int NT, bool SPLIT> static is_status allow_smem_nt(void) {
@@ -272,21 +274,20 @@ is_status cuda_skinny_prepare(void) {
 
 is_status cuda_skinny_matmul(cudaStream_t s, const skinny_plan *p, float *y,
                              const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                             int32_t T, int64_t rows, int64_t cols, bool split, float *partial,
-                             int32_t *counters) {
+                             int32_t T, int64_t rows, int64_t cols, bool split, float *partial) {
     if (!cuda_skinny_supports(T, rows, cols, split) || rows > INT32_MAX)
         return is_error_set(IS_ERR_INVALID_ARG, "cuda skinny: product %d x %lld x %lld not taken",
                             T, (long long)rows, (long long)cols);
     switch (skinny_nt(T, split)) {
-    case 1: return launch_nt<1, false>(s, p, y, w, x, bias, T, rows, cols, partial, counters);
+    case 1: return launch_nt<1, false>(s, p, y, w, x, bias, T, rows, cols, partial);
     case 2:
-        return split ? launch_nt<2, true>(s, p, y, w, x, bias, T, rows, cols, partial, counters)
-                     : launch_nt<2, false>(s, p, y, w, x, bias, T, rows, cols, partial, counters);
+        return split ? launch_nt<2, true>(s, p, y, w, x, bias, T, rows, cols, partial)
+                     : launch_nt<2, false>(s, p, y, w, x, bias, T, rows, cols, partial);
     case 4:
-        return split ? launch_nt<4, true>(s, p, y, w, x, bias, T, rows, cols, partial, counters)
-                     : launch_nt<4, false>(s, p, y, w, x, bias, T, rows, cols, partial, counters);
+        return split ? launch_nt<4, true>(s, p, y, w, x, bias, T, rows, cols, partial)
+                     : launch_nt<4, false>(s, p, y, w, x, bias, T, rows, cols, partial);
     default:
-        return split ? launch_nt<8, true>(s, p, y, w, x, bias, T, rows, cols, partial, counters)
-                     : launch_nt<8, false>(s, p, y, w, x, bias, T, rows, cols, partial, counters);
+        return split ? launch_nt<8, true>(s, p, y, w, x, bias, T, rows, cols, partial)
+                     : launch_nt<8, false>(s, p, y, w, x, bias, T, rows, cols, partial);
     }
 }

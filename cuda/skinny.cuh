@@ -15,9 +15,8 @@
  * ldmatrix, every load coalesced.
  *
  * The cols range of a block is cols / n_splits; with n_splits > 1 each
- * block writes its partial sums and the last block of a row tile to finish
- * (a counter per row tile) adds them in split order, so results do not
- * depend on scheduling.
+ * block writes its partial sums and a second kernel adds them in split
+ * order, so results do not depend on scheduling.
  */
 #ifndef IS_CUDA_SKINNY_CUH
 #define IS_CUDA_SKINNY_CUH
@@ -40,17 +39,14 @@ typedef struct skinny_plan {
  * split), cols a multiple of 64. */
 bool cuda_skinny_supports(int32_t T, int64_t rows, int64_t cols, bool split);
 
-/* The cut for a GPU of n_sms multiprocessors: the largest kc that still
- * gives about target_waves * n_sms blocks (fewer splits: less partial
- * traffic; enough blocks: enough loads in flight). mt, kc > 0 force them
- * (benchmarks). */
+/* The cut for a GPU of n_sms multiprocessors: about one block on each
+ * (enough copies in flight), with the fewest splits that gives (less
+ * partial traffic). mt, kc > 0 force them (benchmarks). */
 skinny_plan cuda_skinny_plan(int32_t T, int64_t rows, int64_t cols, bool split, int32_t n_sms,
                              int32_t mt, int32_t kc);
 
-/* Floats of partial sums and int32 counters the plan needs (counters must
- * be zero on first use; the kernel leaves them zero). */
+/* Floats of partial sums the plan needs. */
 size_t cuda_skinny_partial_floats(const skinny_plan *p, int32_t T, int64_t rows, bool split);
-size_t cuda_skinny_counters(const skinny_plan *p);
 
 /* Lets the kernels take more than 48 KiB of shared memory, on the current
  * device: once, before the first product (not while a stream captures). */
@@ -61,7 +57,6 @@ is_status cuda_skinny_prepare(void);
  * whose two products are summed. */
 is_status cuda_skinny_matmul(cudaStream_t s, const skinny_plan *p, float *y,
                              const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                             int32_t T, int64_t rows, int64_t cols, bool split, float *partial,
-                             int32_t *counters);
+                             int32_t T, int64_t rows, int64_t cols, bool split, float *partial);
 
 #endif

@@ -20,9 +20,8 @@
  *
  * Each part runs with the f32 and the bf16 KV cache (tiled attention), on
  * the tiny random-weight Llama-3.1 model of tests/golden/tiny and, where
- * present, on the default model (SmolLM2-135M); the first two with one
- * graph per forward and with forwards cut into parts (every 7 ops on the
- * tiny model, the default 64 on SmolLM2; backend_cuda_set_graph_split).
+ * present (the first two), on the default model (SmolLM2-135M). Graphs are
+ * off by default: the graph backends turn them on explicitly.
  * Without a usable GPU the program exits 77 (ctest: skipped).
  */
 #include <setjmp.h>
@@ -223,12 +222,11 @@ static int32_t n_forwards(const script *sc) {
     return (sc->together ? 1 : sc->n_seqs) + sc->steps;
 }
 
-/* The script twice on m_on (cold, then warm) with graphs cut every `split`
- * ops (0: one graph per forward), against its run without graphs. */
+/* The script twice on m_on (cold, then warm), one graph per forward,
+ * against its run without graphs. */
 static void check_graphs(const char *name, const char *cache, model *m_on, const script *sc,
-                         const run_out *off, int32_t split) {
+                         const run_out *off) {
     const int32_t V = m_on->cfg.n_vocab, nf = n_forwards(sc);
-    backend_cuda_set_graph_split(g_on, split);
     cuda_graph_stats s0, s1;
     backend_cuda_graph_stats(g_on, &s0);
     run_out cold = run_script(m_on, sc);
@@ -239,18 +237,15 @@ static void check_graphs(const char *name, const char *cache, model *m_on, const
     backend_ok(g_on);
     cuda_graph_stats d_warm = stats_since(g_on, &s1);
 
-    char what[160], how[32];
-    if (split > 0) snprintf(how, sizeof how, "a graph every %d ops", split);
-    else if (split < 0) snprintf(how, sizeof how, "graphs of the default split");
-    else snprintf(how, sizeof how, "one graph");
-    snprintf(what, sizeof what, "%s, %s cache, %s, cold", name, cache, how);
+    char what[160];
+    snprintf(what, sizeof what, "%s, %s cache, one graph, cold", name, cache);
     expect_same(what, &cold, off, V, sc->steps * sc->n_seqs);
     print_stats(what, &d_cold);
-    snprintf(what, sizeof what, "%s, %s cache, %s, warm", name, cache, how);
+    snprintf(what, sizeof what, "%s, %s cache, one graph, warm", name, cache);
     expect_same(what, &warm, off, V, sc->steps * sc->n_seqs);
     print_stats(what, &d_warm);
-    /* Every forward is short: each is recorded, and launched (in parts)
-     * unless a capture broke (then what it recorded before is). */
+    /* Every forward is short: each is recorded, and launched unless a
+     * capture broke (then what it recorded before is). */
     assert_int_equal(d_cold.recorded, nf);
     assert_int_equal(d_warm.recorded, nf);
     assert_true(d_cold.launches >= d_cold.recorded - d_cold.breaks);
@@ -266,15 +261,9 @@ static void check_graphs(const char *name, const char *cache, model *m_on, const
     run_out_free(&warm);
 }
 
-/* Parts of the tiny model cut every SPLIT ops: boundaries inside layers,
- * between any two ops. */
-#define SPLIT 7
-
 /* The script on m_off (graphs off), then on m_on with one graph per
- * forward and with parts of `split` ops (negative: the default), with each
- * KV cache type. */
-static void check_script(const char *name, model *m_off, model *m_on, const script *sc,
-                         int32_t split) {
+ * forward, with each KV cache type. */
+static void check_script(const char *name, model *m_off, model *m_on, const script *sc) {
     for (int kv = 0; kv < 2; kv++) {
         const cuda_kv_dtype dt = kv ? CUDA_KV_BF16 : CUDA_KV_F32;
         backend_cuda_set_kv_dtype(g_off, dt);
@@ -286,8 +275,7 @@ static void check_script(const char *name, model *m_off, model *m_on, const scri
         cuda_graph_stats d_off = stats_since(g_off, &s0);
         assert_int_equal(d_off.recorded, 0); /* graphs off: nothing recorded */
         assert_int_equal(d_off.launches, 0);
-        check_graphs(name, kv ? "bf16" : "f32", m_on, sc, &off, 0);
-        check_graphs(name, kv ? "bf16" : "f32", m_on, sc, &off, split);
+        check_graphs(name, kv ? "bf16" : "f32", m_on, sc, &off);
         run_out_free(&off);
     }
     backend_cuda_set_kv_dtype(g_off, CUDA_KV_F32);
@@ -297,20 +285,17 @@ static void check_script(const char *name, model *m_off, model *m_on, const scri
 static void test_one_sequence(void **state) {
     if (!g_tiny[0] && !g_dflt[0]) skip();
     const script sc = {.n_seqs = 1, .prompt = {20}, .together = true, .steps = 40};
-    if (g_tiny[0])
-        check_script("tiny llama31: 20 prefill + 40 decode", g_tiny[0], g_tiny[1], &sc, SPLIT);
-    if (g_dflt[0])
-        check_script("SmolLM2: 20 prefill + 40 decode", g_dflt[0], g_dflt[1], &sc, -1);
+    if (g_tiny[0]) check_script("tiny llama31: 20 prefill + 40 decode", g_tiny[0], g_tiny[1], &sc);
+    if (g_dflt[0]) check_script("SmolLM2: 20 prefill + 40 decode", g_dflt[0], g_dflt[1], &sc);
 }
 
 static void test_two_sequences(void **state) {
     if (!g_tiny[0] && !g_dflt[0]) skip();
     const script sc = {.n_seqs = 2, .prompt = {20, 17}, .together = true, .steps = 40};
     if (g_tiny[0])
-        check_script("tiny llama31: 2 seqs, 37 prefill + 40x2 decode", g_tiny[0], g_tiny[1], &sc,
-                     SPLIT);
+        check_script("tiny llama31: 2 seqs, 37 prefill + 40x2 decode", g_tiny[0], g_tiny[1], &sc);
     if (g_dflt[0])
-        check_script("SmolLM2: 2 seqs, 37 prefill + 40x2 decode", g_dflt[0], g_dflt[1], &sc, -1);
+        check_script("SmolLM2: 2 seqs, 37 prefill + 40x2 decode", g_dflt[0], g_dflt[1], &sc);
 }
 
 /* Buffers that grow while a forward is being captured: the capture ends
@@ -323,7 +308,6 @@ static void test_growth_mid_capture(void **state) {
         const cuda_kv_dtype dt = kv ? CUDA_KV_BF16 : CUDA_KV_F32;
         backend_cuda_set_kv_dtype(g_off, dt);
         backend_cuda_set_kv_dtype(g_pin, dt);
-        backend_cuda_set_graph_split(g_pin, kv ? 0 : SPLIT);
         cuda_graph_stats s0;
         backend_cuda_graph_stats(g_pin, &s0);
         run_out off = run_script(g_tiny[0], &sc);
@@ -332,8 +316,8 @@ static void test_growth_mid_capture(void **state) {
         backend_ok(g_pin);
         cuda_graph_stats d = stats_since(g_pin, &s0);
         char what[128];
-        snprintf(what, sizeof what, "tiny: 20, 60, 300 prefills + 24x3 decode, %s cache, %s",
-                 kv ? "bf16" : "f32", kv ? "one graph" : "split");
+        snprintf(what, sizeof what, "tiny: 20, 60, 300 prefills + 24x3 decode, %s cache, one graph",
+                 kv ? "bf16" : "f32");
         expect_same(what, &on, &off, V, sc.steps * sc.n_seqs);
         print_stats(what, &d);
         /* The 300-token prefill is long: not recorded. */
