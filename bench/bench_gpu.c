@@ -36,8 +36,8 @@
  *           matmul inputs split hi + lo (the default precision);
  *   bf16    the same with matmul inputs in bf16 (the precision PyTorch's
  *           bf16 models run at).
- * A configuration may carry the modifier "+cublas": products of few rows on
- * cuBLAS instead of the skinny kernel (cuda/skinny.cuh), e.g. -c bf16,bf16+cublas.
+ * A configuration may carry the modifier "+skinny": products of few rows on
+ * the skinny kernel (cuda/skinny.cuh) instead of cuBLAS, e.g. -c bf16,bf16+skinny.
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
  * configurations above, in the serving configuration (bf16 KV cache,
@@ -567,8 +567,8 @@ int main(int argc, char **argv) {
                     "-D N: N decode steps with CUDA graphs off and on, first\n"
                     "      (cuda; -c '' -t '' for this alone)\n"
                     "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
-                    "         +cublas (few-row products on cuBLAS, not cuda/skinny.cuh's kernel),\n"
-                    "         e.g. bf16+cublas; ignored on cpu\n");
+                    "         +skinny (few-row products on cuda/skinny.cuh's kernel, not cuBLAS),\n"
+                    "         e.g. bf16+skinny; ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -663,7 +663,7 @@ int main(int argc, char **argv) {
             if (!legacy) backend_cuda_set_kv_dtype(b.be, CUDA_KV_BF16); /* the serving configuration */
             backend_cuda_set_matmul_precision(b.be, bf16 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
             backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));
-            backend_cuda_set_skinny(b.be, strstr(cfg, "+cublas") == NULL);
+            backend_cuda_set_skinny(b.be, strstr(cfg, "+skinny") != NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

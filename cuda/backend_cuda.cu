@@ -101,7 +101,8 @@ typedef struct cuda_ctx {
     float *ypart;       /* split products before their sum: [2][T][rows] */
     size_t ypart_cap;   /* elements */
     /* Products of at most SKINNY_MAX_T rows take cuda/skinny.cuh's kernel
-     * (off with IS_CUDA_SKINNY=0; IS_CUDA_SKINNY_MT / _KC force its cut). */
+     * when on (IS_CUDA_SKINNY=1: off by default, cuBLAS measured faster on
+     * the 8B shape; IS_CUDA_SKINNY_MT / _KC force its cut). */
     bool skinny;
     int32_t skinny_mt, skinny_kc;
     float *sk_partial;  /* its split partial sums */
@@ -1256,7 +1257,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     }
     {
         const char *v = getenv("IS_CUDA_SKINNY");
-        c->skinny = !(v && !strcmp(v, "0"));
+        c->skinny = v && !strcmp(v, "1");
         v = getenv("IS_CUDA_SKINNY_MT");
         c->skinny_mt = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_SKINNY_KC");

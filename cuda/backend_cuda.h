@@ -95,8 +95,9 @@ void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t);
 /* Tiled attention over a bf16 cache (default on); off: the per-(token,
  * head) kernel of attention.cuh on every batch. */
 void backend_cuda_set_flash(backend *be, bool on);
-/* Products of few rows on the skinny kernel (cuda/skinny.cuh; default on)
- * or on cuBLAS, for measuring one against the other. */
+/* Products of few rows on the skinny kernel (cuda/skinny.cuh) or on cuBLAS
+ * (the default; IS_CUDA_SKINNY=1 at creation turns the kernel on), for
+ * measuring one against the other. */
 void backend_cuda_set_skinny(backend *be, bool on);
 
 /* The backend as first built (issue 6's "before", kept for measuring):

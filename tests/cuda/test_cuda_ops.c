@@ -476,8 +476,12 @@ static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols,
 
 static void test_matmul(void **state) {
     SKIP_WITHOUT_GPU();
-    for (int p = 0; p <= 1; p++) {
-        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+    /* Every case on cuBLAS, then with products of <= 64 rows on the skinny
+     * kernel (cuda/skinny.cuh). */
+    for (int p = 0; p <= 3; p++) {
+        backend_cuda_set_skinny(g_gpu, p >= 2);
+        if (p == 2) printf("  with the skinny kernel:\n");
+        cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul(TENSOR_TYPE_F32, 1, 576, 576, false, prec);
         check_matmul(TENSOR_TYPE_F32, 7, 1536, 576, true, prec);
         check_matmul(TENSOR_TYPE_Q4_1, 3, 192, 576, false, prec); /* the CPU's quantised kernel */
@@ -493,6 +497,7 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_F32, 30, 1000, 4096, true, prec);
         check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
     }
+    backend_cuda_set_skinny(g_gpu, false);
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
     double e2 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16X2);
