@@ -129,11 +129,12 @@ if [ "${HF:-1}" = 1 ]; then
     ${HF_ARGS:-} 2>&1 | grep -vE 'Warning|warn\(' | tee "$LOG/hf.log" | tee -a "$SUMMARY"
   stamp "hf_reference rc ${PIPESTATUS[0]}"
 fi
-# 5. compute-sanitizer on the new kernels' tests (SANITIZE_NEW=1), short.
+# 5. compute-sanitizer on the new kernels' tests (SANITIZE_NEW=1; SANITIZE_TESTS
+# = "tool:test ..." to choose), short.
 if [ "${SANITIZE_NEW:-0}" = 1 ]; then
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  for run in racecheck:test_attention_bf16 memcheck:test_attention_bf16 memcheck:test_inject \
-             racecheck:test_matmul memcheck:test_matmul memcheck:test_add_rmsnorm; do
+  for run in ${SANITIZE_TESTS:-racecheck:test_attention_bf16 memcheck:test_attention_bf16 memcheck:test_inject \
+             racecheck:test_matmul memcheck:test_matmul memcheck:test_add_rmsnorm}; do
     tool=${run%%:*} filt=${run#*:}
     IS_TEST_FILTER=$filt IS_CUDA_TEST_NO_OOM=1 timeout "${SAN_TIMEOUT:-35}" "$SAN" --tool "$tool" \
       --error-exitcode 97 --print-limit 10 build-gpu/tests/cuda/test_cuda_ops > "$LOG/san_${tool}_$filt.log" 2>&1
