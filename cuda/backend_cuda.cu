@@ -100,10 +100,9 @@ typedef struct cuda_ctx {
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split products before their sum: [2][T][rows] */
     size_t ypart_cap;   /* elements */
-    /* Products of at most SKINNY_MAX_T rows take cuda/skinny.cuh's kernel
-     * when on (IS_CUDA_SKINNY=1: off by default, cuBLAS measured faster on
-     * the 8B shape; IS_CUDA_SKINNY_MT / _KC force its cut). */
-    bool skinny;
+    /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
+     * IS_CUDA_SKINNY_MT / _KC force its cut, for measuring). */
+    cuda_skinny_mode skinny;
     int32_t skinny_mt, skinny_kc;
     float *sk_partial;  /* its split partial sums */
     size_t sk_partial_cap; /* floats */
@@ -662,7 +661,12 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
         c->xbf_valid = true;
     }
 
-    if (c->skinny && !c->legacy && cuda_skinny_supports(T, rows, cols, split))
+    /* Up to 8 input rows (one 8-column tile of x, 4 when split) the kernel
+     * reads the weights once with little else to do; past that it is bound
+     * by its own shared-memory reads (cuda/NOTES.md, run 18). */
+    const int32_t few = split ? 4 : 8;
+    if (!c->legacy && cuda_skinny_supports(T, rows, cols, split) &&
+        (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && T <= few)))
         return skinny_impl(c, y, w, bias_data, T, split);
 
     float *out = y;
@@ -1257,7 +1261,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     }
     {
         const char *v = getenv("IS_CUDA_SKINNY");
-        c->skinny = v && !strcmp(v, "1");
+        c->skinny = !v ? CUDA_SKINNY_DECODE : !strcmp(v, "0") ? CUDA_SKINNY_OFF
+                                            : !strcmp(v, "1") ? CUDA_SKINNY_ALL : CUDA_SKINNY_DECODE;
         v = getenv("IS_CUDA_SKINNY_MT");
         c->skinny_mt = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_SKINNY_KC");
@@ -1326,7 +1331,7 @@ extern "C" void backend_cuda_set_flash(backend *be, bool on) {
     ctx_of(be)->flash = on;
 }
 
-extern "C" void backend_cuda_set_skinny(backend *be, bool on) {
+extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
     graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
 }

@@ -95,10 +95,18 @@ void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t);
 /* Tiled attention over a bf16 cache (default on); off: the per-(token,
  * head) kernel of attention.cuh on every batch. */
 void backend_cuda_set_flash(backend *be, bool on);
-/* Products of few rows on the skinny kernel (cuda/skinny.cuh) or on cuBLAS
- * (the default; IS_CUDA_SKINNY=1 at creation turns the kernel on), for
- * measuring one against the other. */
-void backend_cuda_set_skinny(backend *be, bool on);
+/* Which products take the skinny kernel (cuda/skinny.cuh) rather than
+ * cuBLAS. Default CUDA_SKINNY_DECODE: at most 8 rows (decode steps, small
+ * batches), where it measured faster than cuBLAS on the 8B shape (7-14% a
+ * layer); at 30 rows it is slower (0.71x), so CUDA_SKINNY_ALL (every
+ * product of <= SKINNY_MAX_T rows) is for measuring. The environment picks
+ * at creation: IS_CUDA_SKINNY=0 off, =1 all. */
+typedef enum cuda_skinny_mode {
+    CUDA_SKINNY_OFF = 0,
+    CUDA_SKINNY_DECODE = 1,
+    CUDA_SKINNY_ALL = 2,
+} cuda_skinny_mode;
+void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
 
 /* The backend as first built (issue 6's "before", kept for measuring):
  * f32 KV cache, per-(token, head) attention, no inject op (the engine

@@ -55,10 +55,11 @@ skinny_plan cuda_skinny_plan(int32_t T, int64_t rows, int64_t cols, bool split, 
         kc = kc / 64 * 64;
         p.kc = kc < 64 ? 64 : kc > kc_lim ? kc_lim : kc;
     } else {
-        /* About one block a multiprocessor (its ring keeps 48 KiB of
-         * weights in flight), with the partial sums, written and read back,
-         * at most a quarter of the weights' bytes. */
-        int64_t splits = (n_sms + p.row_tiles - 1) / p.row_tiles;
+        /* About two blocks a multiprocessor (each ring keeps 48 KiB of
+         * weights in flight; run 18's sweep at T = 1 was best around 256
+         * blocks), with the partial sums, written and read back, at most a
+         * quarter of the weights' bytes. */
+        int64_t splits = (2 * (int64_t)n_sms + p.row_tiles - 1) / p.row_tiles;
         const int64_t most = cols / (16 * (int64_t)T);
         if (splits > most) splits = most;
         if (splits < 1) splits = 1;

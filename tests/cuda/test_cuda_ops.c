@@ -479,7 +479,7 @@ static void test_matmul(void **state) {
     /* Every case on cuBLAS, then with products of <= 64 rows on the skinny
      * kernel (cuda/skinny.cuh). */
     for (int p = 0; p <= 3; p++) {
-        backend_cuda_set_skinny(g_gpu, p >= 2);
+        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
         if (p == 2) printf("  with the skinny kernel:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul(TENSOR_TYPE_F32, 1, 576, 576, false, prec);
@@ -497,7 +497,7 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_F32, 30, 1000, 4096, true, prec);
         check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
     }
-    backend_cuda_set_skinny(g_gpu, false);
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE);
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
     double e2 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16X2);
