@@ -37,9 +37,9 @@
  *   bf16    the same with matmul inputs in bf16 (the precision PyTorch's
  *           bf16 models run at).
  * A configuration may carry a modifier for the products of few rows:
- * "+skinny" (all of up to 64 rows on cuda/skinny.cuh's kernel) or "+cublas"
- * (none: all on cuBLAS); without one, the default (the kernel up to 8 rows),
- * e.g. -c bf16,bf16+cublas,bf16+skinny.
+ * "+skinny" (all of up to 64 rows on cuda/skinny.cuh's kernel) or "+decode"
+ * (the kernel up to 8 rows); without one, all on cuBLAS (the default),
+ * e.g. -c bf16,bf16+decode,bf16+skinny.
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
  * configurations above, in the serving configuration (bf16 KV cache,
@@ -570,8 +570,8 @@ int main(int argc, char **argv) {
                     "      (cuda; -c '' -t '' for this alone)\n"
                     "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
                     "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
-                    "         +cublas (all on cuBLAS; default: the kernel up to 8 rows),\n"
-                    "         e.g. bf16+cublas; ignored on cpu\n");
+                    "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
+                    "         e.g. bf16+skinny; ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -667,8 +667,8 @@ int main(int argc, char **argv) {
             backend_cuda_set_matmul_precision(b.be, bf16 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
             backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));
             backend_cuda_set_skinny(b.be, strstr(cfg, "+skinny")   ? CUDA_SKINNY_ALL
-                                          : strstr(cfg, "+cublas") ? CUDA_SKINNY_OFF
-                                                                   : CUDA_SKINNY_DECODE);
+                                          : strstr(cfg, "+decode") ? CUDA_SKINNY_DECODE
+                                                                   : CUDA_SKINNY_OFF);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

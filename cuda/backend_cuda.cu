@@ -1261,8 +1261,9 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     }
     {
         const char *v = getenv("IS_CUDA_SKINNY");
-        c->skinny = !v ? CUDA_SKINNY_DECODE : !strcmp(v, "0") ? CUDA_SKINNY_OFF
-                                            : !strcmp(v, "1") ? CUDA_SKINNY_ALL : CUDA_SKINNY_DECODE;
+        c->skinny = v && !strcmp(v, "1")        ? CUDA_SKINNY_ALL
+                    : v && !strcmp(v, "decode") ? CUDA_SKINNY_DECODE
+                                                : CUDA_SKINNY_OFF;
         v = getenv("IS_CUDA_SKINNY_MT");
         c->skinny_mt = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_SKINNY_KC");

@@ -96,11 +96,12 @@ void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t);
  * head) kernel of attention.cuh on every batch. */
 void backend_cuda_set_flash(backend *be, bool on);
 /* Which products take the skinny kernel (cuda/skinny.cuh) rather than
- * cuBLAS. Default CUDA_SKINNY_DECODE: at most 8 rows (decode steps, small
- * batches), where it measured faster than cuBLAS on the 8B shape (7-14% a
- * layer); at 30 rows it is slower (0.71x), so CUDA_SKINNY_ALL (every
- * product of <= SKINNY_MAX_T rows) is for measuring. The environment picks
- * at creation: IS_CUDA_SKINNY=0 off, =1 all. */
+ * cuBLAS. Default CUDA_SKINNY_OFF. CUDA_SKINNY_DECODE: at most 8 rows
+ * (decode steps, small batches), where bench_gemm_gpu measured it 7-14% a
+ * layer faster than cuBLAS on the 8B shape (not yet in a live decode);
+ * CUDA_SKINNY_ALL: every product of <= SKINNY_MAX_T rows (at 30 rows it is
+ * slower, 0.71x). The environment picks at creation: IS_CUDA_SKINNY=decode
+ * or =1 (all). */
 typedef enum cuda_skinny_mode {
     CUDA_SKINNY_OFF = 0,
     CUDA_SKINNY_DECODE = 1,
