@@ -639,7 +639,8 @@ int main(int argc, char **argv) {
     if (cuda && decode_n > 0) run_decode(&b, model_path, decode_n, reps, csv);
 #endif
     if (!cuda && decode_n > 0) fprintf(stderr, "bench_gpu: -D needs the cuda backend\n");
-    /* Every configuration named by -c or -t, in that order. */
+    /* Every configuration named by -c or -t, in that order ("none": an
+     * empty list, which BENCH_ARGS cannot pass as ''). */
     char all_buf[512];
     const char *all[32];
     int n_all = 0;
@@ -647,7 +648,7 @@ int main(int argc, char **argv) {
     for (char *t = strtok(all_buf, ","); t && n_all < 32; t = strtok(NULL, ",")) {
         bool dup = false;
         for (int i = 0; i < n_all; i++) dup = dup || strcmp(all[i], t) == 0;
-        if (!dup) all[n_all++] = t;
+        if (!dup && strcmp(t, "none") != 0) all[n_all++] = t;
     }
     ref_logits ref = {0};
     for (int ci = 0; ci < (cuda ? n_all : 1); ci++) {
