@@ -561,31 +561,17 @@ static void produced(cuda_ctx *c, const float *out, size_t n, bool split, is_sta
     c->xbf_valid = true;
 }
 
-static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g, int32_t T,
-                       int32_t n, float eps) {
+/* RMSNorm, after x += res when res is not NULL (add_rmsnorm). */
+static void norm_op(backend *be, float *out, float *x, const float *res, const backend_weight *g,
+                    int32_t T, int32_t n, float eps) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_RMSNORM);
     const cuda_weight *gw = (const cuda_weight *)g;
     IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
+    IS_ASSERT(!res || (x != out && x != res));
     const size_t total = (size_t)T * n;
-    touch(c, out, total * sizeof(float));
-    bool split;
-    __nv_bfloat16 *obf = bf16_copy_of(c, total, &split);
-    is_status st = cuda_rmsnorm(c->stream, out, x, (const float *)gw->data, T, n, eps, obf, split);
-    if (obf) produced(c, out, total, split, st);
-    op_note(c, st);
-}
-
-static void cu_add_rmsnorm(backend *be, float *out, float *x, const float *res,
-                           const backend_weight *g, int32_t T, int32_t n, float eps) {
-    cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_RMSNORM);
-    const cuda_weight *gw = (const cuda_weight *)g;
-    IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n && x != out && x != res);
-    const size_t total = (size_t)T * n;
-    touch(c, x, total * sizeof(float));
+    if (res) touch(c, x, total * sizeof(float));
     touch(c, out, total * sizeof(float));
     bool split;
     __nv_bfloat16 *obf = bf16_copy_of(c, total, &split);
@@ -593,6 +579,16 @@ static void cu_add_rmsnorm(backend *be, float *out, float *x, const float *res,
                                     obf, split);
     if (obf) produced(c, out, total, split, st);
     op_note(c, st);
+}
+
+static void cu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g, int32_t T,
+                       int32_t n, float eps) {
+    norm_op(be, out, (float *)x, NULL, g, T, n, eps); /* without res, x is only read */
+}
+
+static void cu_add_rmsnorm(backend *be, float *out, float *x, const float *res,
+                           const backend_weight *g, int32_t T, int32_t n, float eps) {
+    norm_op(be, out, x, res, g, T, n, eps);
 }
 
 /* Makes *buf hold at least n elements of `size` bytes. Queued work may
@@ -615,7 +611,7 @@ static is_status skinny_impl(cuda_ctx *c, float *y, const cuda_weight *w, const 
     const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
     const skinny_plan p =
         cuda_skinny_plan(T, rows, cols, split, c->n_sms, c->skinny_mt, c->skinny_kc);
-    const size_t np = cuda_skinny_partial_floats(&p, T, rows, split);
+    const size_t np = cuda_skinny_partial_floats(&p, T, rows);
     if (np) {
         is_status st = scratch_reserve(c, (void **)&c->sk_partial, &c->sk_partial_cap, np,
                                        sizeof(float));

@@ -19,7 +19,7 @@ is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *
 /* x += res, then cuda_rmsnorm(out, x): the residual add and the next norm in
  * one launch (64 launches fewer a forward of a 32-layer model). res and out
  * may alias (each element is read before any is written); x may not alias
- * either. */
+ * either. res NULL: cuda_rmsnorm. */
 is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *res, const float *g,
                            int32_t T, int32_t n, float eps, __nv_bfloat16 *obf, bool split);
 

@@ -22,9 +22,9 @@
 #define SK_SMEM_CAP (200 * 1024)
 #define SK_RING_BYTES (64 * 1024) /* the weight ring of a block's 4 warps */
 
-/* x's columns of the block (nt 8-row tiles) and the weight ring. */
-static size_t skinny_smem(int32_t nt, int32_t kc, int32_t mt) {
-    (void)mt; /* both cuts keep a ring of the same size */
+/* x's columns of the block (nt 8-row tiles) and the weight ring (the same
+ * size for both cuts). */
+static size_t skinny_smem(int32_t nt, int32_t kc) {
     return (size_t)nt * 8 * (kc + SK_PAD) * 2 + SK_RING_BYTES;
 }
 
@@ -71,8 +71,7 @@ skinny_plan cuda_skinny_plan(int32_t T, int64_t rows, int64_t cols, bool split, 
     return p;
 }
 
-size_t cuda_skinny_partial_floats(const skinny_plan *p, int32_t T, int64_t rows, bool split) {
-    (void)split;
+size_t cuda_skinny_partial_floats(const skinny_plan *p, int32_t T, int64_t rows) {
     return p->n_splits > 1 ? (size_t)p->n_splits * T * rows : 0;
 }
 
@@ -230,7 +229,7 @@ template <int MT, int S, int NT, bool SPLIT>
 static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
                         const __nv_bfloat16 *x, const float *bias, int32_t T, int64_t rows,
                         int64_t cols, float *partial) {
-    const size_t smem = skinny_smem(NT, p->kc, MT);
+    const size_t smem = skinny_smem(NT, p->kc);
     dim3 grid((unsigned)p->row_tiles, (unsigned)p->n_splits);
     skinny_kernel<MT, S, NT, SPLIT><<<grid, SK_THREADS, smem, s>>>(
         y, w, x, bias, T, (int32_t)rows, (int32_t)cols, p->kc, partial);

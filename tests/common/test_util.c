@@ -47,3 +47,5 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 int test_remove_tree(const char *path) {
     return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0 ? 0 : -1;
 }
+
+bool test_file_exists(const char *path) { return access(path, F_OK) == 0; }

@@ -6,6 +6,7 @@
 #define IS_TESTS_TEST_UTIL_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* The whole file, NUL-terminated (the NUL is not counted), or NULL when it
@@ -19,5 +20,8 @@ double test_rel_range_err(const float *a, const float *ref, int32_t n);
 /* Removes a directory and everything below it (links are removed, not
  * followed). 0 on success, -1 if anything could not be removed. */
 int test_remove_tree(const char *path);
+
+/* Whether a file (or anything) exists at path. */
+bool test_file_exists(const char *path);
 
 #endif

@@ -34,11 +34,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "backend_cuda.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "test_util.h"
 
 #define TOL 1e-5 /* of a row's logit range */
 #define TINY_MODEL IS_GOLDEN_DIR "/tiny/llama31_f32.gguf"
@@ -50,11 +50,6 @@ static void backend_ok(backend *be) {
     is_status st = backend_cuda_check(be);
     if (st != IS_OK) fprintf(stderr, "cuda: %s\n", is_error_last());
     assert_int_equal(st, IS_OK);
-}
-
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0;
 }
 
 static int setup(void **state) {
@@ -71,11 +66,11 @@ static int setup(void **state) {
     backend_cuda_set_graphs(g_pin, true);
     backend *bes[3] = {g_off, g_on, g_pin};
     for (int i = 0; i < 3; i++) {
-        if (file_exists(TINY_MODEL) && model_load(TINY_MODEL, bes[i], &g_tiny[i]) != IS_OK) {
+        if (test_file_exists(TINY_MODEL) && model_load(TINY_MODEL, bes[i], &g_tiny[i]) != IS_OK) {
             fprintf(stderr, "model_load(%s): %s\n", TINY_MODEL, is_error_last());
             return -1;
         }
-        if (i < 2 && file_exists(IS_DEFAULT_MODEL) &&
+        if (i < 2 && test_file_exists(IS_DEFAULT_MODEL) &&
             model_load(IS_DEFAULT_MODEL, bes[i], &g_dflt[i]) != IS_OK) {
             fprintf(stderr, "model_load(%s): %s\n", IS_DEFAULT_MODEL, is_error_last());
             return -1;

@@ -33,12 +33,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "backend_cuda.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "serve/memory_prompt.h"
+#include "test_util.h"
 
 #define REL_TOL 1e-2      /* issue 6's bar, for the default precision */
 #define REL_TOL_BF16 1.5e-2 /* CUDA_MATMUL_BF16 (see test_default_model) */
@@ -67,11 +67,6 @@ static void gpu_ok(void) {
     assert_int_equal(st, IS_OK);
 }
 
-static bool file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
 static int setup(void **state) {
     if (!backend_cuda_available()) {
         printf("no usable CUDA device: every test skips\n");
@@ -82,7 +77,7 @@ static int setup(void **state) {
         fprintf(stderr, "backend_cuda_create: %s\n", is_error_last());
         return -1;
     }
-    if (!file_exists(IS_DEFAULT_MODEL)) {
+    if (!test_file_exists(IS_DEFAULT_MODEL)) {
         printf("%s is absent: the default-model tests skip\n", IS_DEFAULT_MODEL);
         return 0;
     }

@@ -153,7 +153,6 @@ static char *kv_path(const char *rid) {
     return p;
 }
 
-static bool file_exists(const char *p) { return access(p, F_OK) == 0; }
 
 static int32_t count_kv_files(void) {
     char cmd[400];
@@ -220,7 +219,7 @@ static void test_crud_history_search(void **state) {
     assert_string_equal(f.context[1], ctx[2]);
     char rid_a1[80];
     snprintf(rid_a1, sizeof rid_a1, "%s", f.kv_record);
-    assert_true(file_exists(kv_path(rid_a1)));
+    assert_true(test_file_exists(kv_path(rid_a1)));
     mem_fact_clear(&f);
     /* The record was encoded with those 2 turns. */
     const fact_kv *kv;
@@ -239,13 +238,13 @@ static void test_crud_history_search(void **state) {
     assert_int_equal(memory_update(m, "acme", "alice", a, "Alice now eats ramen on Fridays.", NULL),
                      IS_OK);
     assert_int_equal(fe.calls, 4);
-    assert_false(file_exists(kv_path(rid_a1)));
+    assert_false(test_file_exists(kv_path(rid_a1)));
     assert_int_equal(memory_get(m, "acme", "alice", a, &f), IS_OK);
     assert_string_equal(f.text, "Alice now eats ramen on Fridays.");
     assert_string_equal(f.metadata, "{\"topic\":\"food\"}"); /* kept */
     assert_int_equal(f.version, 2);
     assert_string_not_equal(f.kv_record, rid_a1);
-    assert_true(file_exists(kv_path(f.kv_record)));
+    assert_true(test_file_exists(kv_path(f.kv_record)));
     assert_int_equal(f.n_context, 2); /* context kept for re-encoding */
     mem_fact_clear(&f);
     check_ok(m, true);
@@ -273,7 +272,7 @@ static void test_crud_history_search(void **state) {
     snprintf(rid_b, sizeof rid_b, "%s", f.kv_record);
     mem_fact_clear(&f);
     assert_int_equal(memory_delete(m, "acme", "alice", b), IS_OK);
-    assert_false(file_exists(kv_path(rid_b)));
+    assert_false(test_file_exists(kv_path(rid_b)));
     assert_int_equal(memory_get(m, "acme", "alice", b, &f), IS_ERR_NOT_FOUND);
     assert_int_equal(memory_delete(m, "acme", "alice", b), IS_ERR_NOT_FOUND);
     int32_t n = search_ids(m, &fa, "nurse in Boston", 5, ids);
@@ -375,7 +374,7 @@ static void test_isolation(void **state) {
     assert_int_equal(memory_get(m, "tenant-b", "alice", ib, &f), IS_OK);
     assert_string_equal(f.text, text);
     assert_int_equal(f.version, 1);
-    assert_true(file_exists(kv_path(f.kv_record)));
+    assert_true(test_file_exists(kv_path(f.kv_record)));
     mem_fact_clear(&f);
     assert_int_equal(memory_get(m, "tenant-a", "bob", ic, &f), IS_OK);
     mem_fact_clear(&f);
@@ -497,7 +496,7 @@ static void test_failures_leave_nothing(void **state) {
     mem_store_set_fault_hook(memory_fact_store(m), fail_commit, NULL);
     assert_int_equal(memory_delete(m, "t", "u", id), IS_ERR_IO);
     mem_store_set_fault_hook(memory_fact_store(m), NULL, NULL);
-    assert_true(file_exists(kv_path(rid)));
+    assert_true(test_file_exists(kv_path(rid)));
     check_ok(m, true);
     memory_close(m);
 }
@@ -541,7 +540,7 @@ static void test_reconcile(void **state) {
     int64_t n_enc = -1;
     assert_int_equal(memory_encode_missing(m, NULL, NULL, &n_enc), IS_OK);
     assert_int_equal(n_enc, 1);
-    assert_true(file_exists(kv_path(rid2)));
+    assert_true(test_file_exists(kv_path(rid2)));
     check_ok(m, true);
 
     /* No encoder: an update drops the record that described the old text. */
@@ -629,7 +628,7 @@ static void test_encode_one(void **state) {
     mem_fact f;
     assert_int_equal(memory_get(m, "t", "u", a, &f), IS_OK);
     assert_non_null(f.kv_record);
-    assert_true(file_exists(kv_path(f.kv_record)));
+    assert_true(test_file_exists(kv_path(f.kv_record)));
     mem_fact_clear(&f);
     assert_int_equal(memory_encode_one(m, "t", "u", a, fake_encode, &fe, &did), IS_OK);
     assert_false(did);
@@ -756,7 +755,7 @@ static void test_gpu_retrieval_refused(void **state) {
         assert_int_equal(st, IS_ERR_UNSUPPORTED);
         assert_null(m);
         assert_non_null(strstr(is_error_last(), "GPU retrieval"));
-        assert_false(file_exists(db)); /* refused before anything was opened */
+        assert_false(test_file_exists(db)); /* refused before anything was opened */
     }
     /* A device that does not exist, whatever the machine. */
     p.gpu_device = 1000;
@@ -867,8 +866,7 @@ static void test_locomo_import(void **state) {
 /* ---- real embedder ----------------------------------------------------------------- */
 
 static void test_real_embedder(void **state) {
-    struct stat sb;
-    if (stat(EMBEDDER_DIR "/model.safetensors", &sb) != 0) skip();
+    if (!test_file_exists(EMBEDDER_DIR "/model.safetensors")) skip();
     embedder *e = NULL;
     assert_int_equal(embedder_load(EMBEDDER_DIR, &e), IS_OK);
     memory_params p = memory_default_params();
