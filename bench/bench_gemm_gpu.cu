@@ -6,6 +6,8 @@
  * checks the kernel's result against cuBLAS's (max abs difference over the
  * max |y|). Weights rotate through copies totalling more than the L2
  * cache, so each product reads its weights from memory as in a forward.
+ * The stacked shapes (qkv, gate+up: the backend's matmul_n) against the
+ * separate products, cuBLAS for both.
  *
  * Usage: bench_gemm_gpu [-r reps] [-s]   (-s: the whole cut sweep, else auto only)
  */
@@ -85,8 +87,12 @@ int main(int argc, char **argv) {
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, st);
 
-    const shape shapes[] = {{"q,o", 4096, 4096}, {"k,v", 1024, 4096}, {"gate,up", 14336, 4096},
-                            {"down", 4096, 14336}, {"head", 128256, 4096}};
+    /* qkv and gate+up: the stacked weights the backend multiplies in one
+     * product (matmul_n). */
+    const shape shapes[] = {{"q,o", 4096, 4096},       {"k,v", 1024, 4096},
+                            {"gate,up", 14336, 4096},  {"down", 4096, 14336},
+                            {"head", 128256, 4096},    {"qkv", 6144, 4096},
+                            {"gate+up", 28672, 4096}};
     const int Ts[] = {1, 30};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -102,7 +108,7 @@ int main(int argc, char **argv) {
 
     printf("\n| shape | rows x cols | T | input | kernel | cut (mt, kc, splits) | us (median) | GB/s | "
            "rel diff vs cuBLAS |\n|---|---|---|---|---|---|---|---|---|\n");
-    double layer_cublas[2][2] = {{0}}, layer_skinny[2][2] = {{0}};
+    double layer_cublas[2][2] = {{0}}, layer_skinny[2][2] = {{0}}, layer_stacked[2][2] = {{0}};
     for (const shape &sh : shapes) {
         const size_t wn = (size_t)(sh.rows * sh.cols);
         const size_t wbytes = wn * sizeof(__nv_bfloat16);
@@ -186,10 +192,16 @@ int main(int argc, char **argv) {
                            p.n_splits, t, wbytes / t / 1e3, d / (ymax > 0 ? ymax : 1));
                     if (pi == 0) best = t;
                 }
-                /* One layer: q, k, v, o, gate, up, down. */
-                const double mult = !strcmp(sh.name, "head") ? 0 : !strcmp(sh.name, "down") ? 1 : 2;
+                /* One layer: q, k, v, o, gate, up, down; stacked: qkv, o,
+                 * gate+up, down. */
+                const bool stk = !strcmp(sh.name, "qkv") || !strcmp(sh.name, "gate+up");
+                const double mult = !strcmp(sh.name, "head") || stk ? 0
+                                    : !strcmp(sh.name, "down")      ? 1
+                                                                    : 2;
                 layer_cublas[T == 30][split] += mult * t_cb;
                 layer_skinny[T == 30][split] += mult * best;
+                if (stk || !strcmp(sh.name, "down")) layer_stacked[T == 30][split] += t_cb;
+                if (!strcmp(sh.name, "q,o")) layer_stacked[T == 30][split] += t_cb;
             }
         }
         for (__nv_bfloat16 *w : ws) CK(cudaFree(w));
@@ -201,6 +213,13 @@ int main(int argc, char **argv) {
             printf("| %d | %s | %.1f | %.1f | %.2fx |\n", ti ? 30 : 1, split ? "bf16x2" : "bf16",
                    layer_cublas[ti][split], layer_skinny[ti][split],
                    layer_cublas[ti][split] / layer_skinny[ti][split]);
+    printf("\nThe same on cuBLAS with stacked weights (qkv, o, gate+up, down), us:\n\n| T | input | "
+           "seven products | four stacked | ratio |\n|---|---|---|---|---|\n");
+    for (int ti = 0; ti < 2; ti++)
+        for (int split = 0; split < 2; split++)
+            printf("| %d | %s | %.1f | %.1f | %.2fx |\n", ti ? 30 : 1, split ? "bf16x2" : "bf16",
+                   layer_cublas[ti][split], layer_stacked[ti][split],
+                   layer_cublas[ti][split] / layer_stacked[ti][split]);
     printf("\n(weight reading alone at 4.2 TB/s: 104 us a layer)\n");
     return 0;
 }

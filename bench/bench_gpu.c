@@ -39,7 +39,9 @@
  * A configuration may carry a modifier for the products of few rows:
  * "+skinny" (all of up to 64 rows on cuda/skinny.cuh's kernel) or "+decode"
  * (the kernel up to 8 rows); without one, all on cuBLAS (the default),
- * e.g. -c bf16,bf16+decode,bf16+skinny.
+ * e.g. -c bf16,bf16+decode,bf16+skinny. "+unstacked" runs q, k, v (and
+ * gate, up) as a product each instead of one of their stacked weights
+ * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that.
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
  * configurations above, in the serving configuration (bf16 KV cache,
@@ -571,7 +573,8 @@ int main(int argc, char **argv) {
                     "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
                     "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
-                    "         e.g. bf16+skinny; ignored on cpu\n");
+                    "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
+                    "         product each (not one of stacked weights); ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -670,6 +673,7 @@ int main(int argc, char **argv) {
             backend_cuda_set_skinny(b.be, strstr(cfg, "+skinny")   ? CUDA_SKINNY_ALL
                                           : strstr(cfg, "+decode") ? CUDA_SKINNY_DECODE
                                                                    : CUDA_SKINNY_OFF);
+            backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

@@ -29,10 +29,18 @@ extern "C" {
 #include <string.h>
 #include <time.h>
 
+/* The one allocation of stacked weights (weight_create_stacked), freed
+ * with the last of them. */
+typedef struct cuda_stack {
+    void *data;
+    int32_t refs;
+} cuda_stack;
+
 typedef struct cuda_weight {
     backend_weight base; /* shape; must stay first */
     bool bf16;           /* matrix in bf16, else f32 vector */
     void *data;          /* device [rows][cols] */
+    cuda_stack *stack;   /* NULL: data is the weight's own allocation */
 } cuda_weight;
 
 /* A device buffer that receives a host array per call, and a host copy of
@@ -98,8 +106,11 @@ typedef struct cuda_ctx {
     size_t arena_bytes; /* requested capacity (0 = default) */
     float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
     size_t inj_rows_cap; /* floats */
-    float *ypart;       /* split products before their sum: [2][T][rows] */
+    float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
     size_t ypart_cap;   /* elements */
+    /* Products of stacked weights in one GEMM (matmul_n; default on,
+     * IS_CUDA_STACKED=0 or backend_cuda_set_stacked: one product each). */
+    bool stacked;
     /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
      * IS_CUDA_SKINNY_MT / _KC force its cut, for measuring). */
     cuda_skinny_mode skinny;
@@ -457,15 +468,20 @@ static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src
 
 /* ---- weights --------------------------------------------------------------- */
 
+static size_t weight_bytes(const cuda_weight *w) {
+    return (size_t)(w->base.shape.rows * w->base.shape.cols) * (w->bf16 ? 2 : 4);
+}
+
+/* Converts t on the host and copies it to w->data, allocated here unless
+ * the weight is part of a stack (already placed). */
 static is_status weight_upload(cuda_ctx *c, cuda_weight *w, const gguf_tensor *t) {
-    const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
-    const size_t bytes = (size_t)(rows * cols) * (w->bf16 ? 2 : 4);
+    const size_t bytes = weight_bytes(w);
     void *host = malloc(bytes ? bytes : 1);
     if (!host) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory for '%s'", t->name);
     is_status st = w->bf16 ? cuda_host_weight_bf16(t, (uint16_t *)host)
                            : cuda_host_weight_f32(t, (float *)host);
     if (st == IS_OK) {
-        cudaError_t e = cudaMalloc(&w->data, bytes ? bytes : 256);
+        cudaError_t e = w->stack ? cudaSuccess : cudaMalloc(&w->data, bytes ? bytes : 256);
         if (e == cudaSuccess)
             e = cudaMemcpyAsync(w->data, host, bytes, cudaMemcpyHostToDevice, c->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -480,14 +496,20 @@ static is_status weight_upload(cuda_ctx *c, cuda_weight *w, const gguf_tensor *t
     return st;
 }
 
-static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_weight **out) {
-    cuda_ctx *c = ctx_of(be);
+static is_status weight_check(const gguf_tensor *t) {
     if (t->n_dims > 2 || t->ne[2] != 1 || t->ne[3] != 1)
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: tensor '%s' has %u dims", t->name,
                             t->n_dims);
     if (!quant_can_dequantize(t->type))
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda backend: tensor '%s' has unsupported type %u", t->name, t->type);
+    return IS_OK;
+}
+
+static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_weight **out) {
+    cuda_ctx *c = ctx_of(be);
+    is_status st0 = weight_check(t);
+    if (st0 != IS_OK) return st0;
     graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
@@ -505,12 +527,83 @@ static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_wei
     return IS_OK;
 }
 
+static void weight_release(cuda_weight *w) {
+    if (!w->stack) {
+        cudaFree(w->data);
+    } else if (--w->stack->refs == 0) {
+        cudaFree(w->stack->data);
+        free(w->stack);
+    }
+    free(w);
+}
+
 static void cu_weight_free(backend *be, backend_weight *bw) {
     if (!bw) return;
     graph_break(ctx_of(be));
-    cuda_weight *w = (cuda_weight *)bw;
-    cudaFree(w->data);
-    free(w);
+    weight_release((cuda_weight *)bw);
+}
+
+/* One allocation, the matrices' rows one after the other: matmul_n reads
+ * them with one GEMM, whose output it splits. */
+static is_status cu_weight_create_stacked(backend *be, const gguf_tensor *const *ts, int32_t n,
+                                          backend_weight **out) {
+    cuda_ctx *c = ctx_of(be);
+    if (n <= 0 || n > CUDA_SPLIT_MAX)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda backend: %d stacked weights (1..%d)", n,
+                            CUDA_SPLIT_MAX);
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        is_status st = weight_check(ts[i]);
+        if (st != IS_OK) return st;
+        if (ts[i]->n_dims != 2 || ts[i]->ne[1] < 2 || ts[i]->ne[0] != ts[0]->ne[0])
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "cuda backend: '%s' cannot be stacked with '%s' (widths %lld, %lld)",
+                                ts[i]->name, ts[0]->name, (long long)ts[i]->ne[0],
+                                (long long)ts[0]->ne[0]);
+        total += (size_t)(ts[i]->ne[0] * ts[i]->ne[1]) * 2;
+    }
+    graph_break(c);
+    CUDA_CHECK(cudaSetDevice(c->device));
+    cuda_stack *sk = (cuda_stack *)calloc(1, sizeof *sk);
+    if (!sk) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+    cudaError_t e = cudaMalloc(&sk->data, total);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        free(sk);
+        return is_error_set(e == cudaErrorMemoryAllocation ? IS_ERR_NOMEM : IS_ERR_INTERNAL,
+                            "cuda backend: cannot place %d stacked tensors from '%s' (%zu bytes): %s",
+                            n, ts[0]->name, total, cudaGetErrorString(e));
+    }
+    is_status st = IS_OK;
+    size_t off = 0;
+    int32_t made = 0;
+    cuda_weight *ws[CUDA_SPLIT_MAX];
+    for (; made < n && st == IS_OK; made++) {
+        cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
+        if (!w) {
+            st = is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+            break;
+        }
+        w->base.shape.cols = ts[made]->ne[0];
+        w->base.shape.rows = ts[made]->ne[1];
+        w->bf16 = true;
+        w->data = (char *)sk->data + off;
+        w->stack = sk;
+        sk->refs++;
+        ws[made] = w;
+        off += weight_bytes(w);
+        st = weight_upload(c, w, ts[made]);
+    }
+    if (st != IS_OK) {
+        for (int32_t i = 0; i < made; i++) weight_release(ws[i]); /* the last frees sk */
+        if (made == 0) {
+            cudaFree(sk->data);
+            free(sk);
+        }
+        return st;
+    }
+    for (int32_t i = 0; i < n; i++) out[i] = &ws[i]->base;
+    return IS_OK;
 }
 
 /* ---- ops --------------------------------------------------------------------- */
@@ -621,6 +714,35 @@ static is_status skinny_impl(cuda_ctx *c, float *y, const cuda_weight *w, const 
                               rows, cols, split, c->sk_partial);
 }
 
+/* Makes xbf hold x[T][cols] in bf16 (hi then lo when split), unless it
+ * already does. */
+static is_status input_bf16(cuda_ctx *c, const float *x, int32_t T, int64_t cols, bool split) {
+    const size_t x_n = (size_t)T * (size_t)cols;
+    if (c->xbf_valid && !c->legacy && c->xbf_src == x && c->xbf_n == x_n && c->xbf_split == split)
+        return IS_OK;
+    c->xbf_valid = false;
+    is_status st = scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, split ? 2 * x_n : x_n,
+                                   sizeof(__nv_bfloat16));
+    if (st != IS_OK) return st;
+    st = split ? cuda_f32_to_bf16_split(c->stream, c->xbf, x, (int64_t)x_n)
+               : cuda_f32_to_bf16(c->stream, c->xbf, x, (int64_t)x_n);
+    if (st != IS_OK) return st;
+    c->xbf_src = x;
+    c->xbf_n = x_n;
+    c->xbf_split = split;
+    c->xbf_valid = true;
+    return IS_OK;
+}
+
+/* Up to 8 input rows (one 8-column tile of x, 4 when split) the skinny
+ * kernel reads the weights once with little else to do; past that it is
+ * bound by its own shared-memory reads (cuda/NOTES.md, run 18). */
+static bool use_skinny(const cuda_ctx *c, int32_t T, int64_t rows, int64_t cols, bool split) {
+    const int32_t few = split ? 4 : 8;
+    return !c->legacy && cuda_skinny_supports(T, rows, cols, split) &&
+           (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && T <= few));
+}
+
 static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_weight *w,
                              const cuda_weight *bias, int32_t T) {
     if (T <= 0) return IS_OK;
@@ -640,30 +762,9 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
     }
     const bool split = c->precision == CUDA_MATMUL_BF16X2;
     const int32_t n_cols = split ? 2 * T : T; /* GEMM columns: input rows, hi then lo */
-    const size_t in_n = (size_t)n_cols * (size_t)cols;
-    const size_t x_n = (size_t)T * (size_t)cols;
-    is_status st = IS_OK;
-    if (!(c->xbf_valid && !c->legacy && c->xbf_src == x && c->xbf_n == x_n &&
-          c->xbf_split == split)) {
-        c->xbf_valid = false;
-        st = scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, in_n, sizeof(__nv_bfloat16));
-        if (st != IS_OK) return st;
-        st = split ? cuda_f32_to_bf16_split(c->stream, c->xbf, x, (int64_t)x_n)
-                   : cuda_f32_to_bf16(c->stream, c->xbf, x, (int64_t)x_n);
-        if (st != IS_OK) return st;
-        c->xbf_src = x;
-        c->xbf_n = x_n;
-        c->xbf_split = split;
-        c->xbf_valid = true;
-    }
-
-    /* Up to 8 input rows (one 8-column tile of x, 4 when split) the kernel
-     * reads the weights once with little else to do; past that it is bound
-     * by its own shared-memory reads (cuda/NOTES.md, run 18). */
-    const int32_t few = split ? 4 : 8;
-    if (!c->legacy && cuda_skinny_supports(T, rows, cols, split) &&
-        (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && T <= few)))
-        return skinny_impl(c, y, w, bias_data, T, split);
+    is_status st = input_bf16(c, x, T, cols, split);
+    if (st != IS_OK) return st;
+    if (use_skinny(c, T, rows, cols, split)) return skinny_impl(c, y, w, bias_data, T, split);
 
     float *out = y;
     if (split) {
@@ -688,6 +789,66 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8);
     op_note(c, matmul_impl(c, y, x, (const cuda_weight *)w, (const cuda_weight *)bias, T));
+}
+
+/* Stacked weights (consecutive parts of one allocation, bf16) in one GEMM
+ * into ypart, whose columns one kernel adds up (split halves), biases and
+ * copies to the outputs. Anything else: a product each. Fewer, larger
+ * products keep the memory busier at few rows: a small product's ramp and
+ * tail leave it idle. */
+static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
+                               const cuda_weight *const *ws, const cuda_weight *const *bs,
+                               int32_t n, int32_t T) {
+    if (T <= 0) return IS_OK;
+    const int64_t cols = ws[0]->base.shape.cols;
+    const bool split = c->precision == CUDA_MATMUL_BF16X2;
+    bool one = c->stacked && !c->legacy && n > 1 && n <= CUDA_SPLIT_MAX && ws[0]->stack;
+    int64_t rows = 0;
+    for (int32_t i = 0; i < n && one; i++) {
+        one = ws[i]->stack == ws[0]->stack && ws[i]->base.shape.cols == cols &&
+              ws[i]->data == (const char *)ws[0]->data + (size_t)(rows * cols) * 2 &&
+              !use_skinny(c, T, ws[i]->base.shape.rows, cols, split) &&
+              (!bs[i] || (!bs[i]->bf16 && bs[i]->base.shape.cols == ws[i]->base.shape.rows));
+        rows += ws[i]->base.shape.rows;
+    }
+    if (!one) {
+        for (int32_t i = 0; i < n; i++) {
+            is_status st = matmul_impl(c, ys[i], x, ws[i], bs[i], T);
+            if (st != IS_OK) return st;
+        }
+        return IS_OK;
+    }
+    cuda_split sp;
+    sp.n = n;
+    for (int32_t i = 0; i < n; i++) {
+        touch(c, ys[i], (size_t)T * (size_t)ws[i]->base.shape.rows * sizeof(float));
+        sp.out[i].y = ys[i];
+        sp.out[i].bias = bs[i] ? (const float *)bs[i]->data : NULL;
+        sp.out[i].rows = ws[i]->base.shape.rows;
+    }
+    const int32_t n_cols = split ? 2 * T : T;
+    is_status st = input_bf16(c, x, T, cols, split);
+    if (st == IS_OK)
+        st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
+                             sizeof(float));
+    if (st != IS_OK) return st;
+    const float one_f = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
+                              &one_f, ws[0]->data, CUDA_R_16BF, (int)cols, c->xbf, CUDA_R_16BF,
+                              (int)cols, &zero, c->ypart, CUDA_R_32F, (int)rows,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return cuda_split_columns(c->stream, &sp, c->ypart, rows, T, split);
+}
+
+static void cu_matmul_n(backend *be, float *const *ys, const float *x,
+                        const backend_weight *const *ws, const backend_weight *const *bs, int32_t n,
+                        int32_t T) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_MATMUL);
+    graph_mix(c, (uint64_t)(uint32_t)T << 8 | (uint64_t)n);
+    op_note(c, matmul_n_impl(c, ys, x, (const cuda_weight *const *)ws,
+                             (const cuda_weight *const *)bs, n, T));
 }
 
 /* Makes the cos/sin table cover positions [0, max_pos], built as the CPU
@@ -779,6 +940,41 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
         st = cuda_kv_store(c->stream, k_cache, v_cache, k, v, (const int32_t *)dslots, T,
                            n_kv_heads, head_dim, block_size, c->kv_bf16);
     op_note(c, st);
+}
+
+static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const float *v,
+                                 float *k_cache, float *v_cache, const int32_t *pos,
+                                 const int32_t *slots, int32_t T, int32_t n_heads,
+                                 int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                                 const rope_params *rp) {
+    IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= head_dim);
+    int32_t max_pos = 0;
+    for (int32_t t = 0; t < T; t++) {
+        IS_ASSERT(pos[t] != INT32_MIN && slots[t] >= 0);
+        int32_t ap = pos[t] < 0 ? -pos[t] : pos[t];
+        if (ap > max_pos) max_pos = ap;
+    }
+    is_status st = rope_table(c, rp, max_pos);
+    const void *dpos, *dslots;
+    if (st == IS_OK) st = stage_upload(c, &c->st_rope, pos, (size_t)T * sizeof(int32_t), &dpos);
+    if (st == IS_OK)
+        st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
+    if (st != IS_OK) return st;
+    return cuda_rope_store(c->stream, q, k, v, k_cache, v_cache, (const int32_t *)dpos,
+                           (const int32_t *)dslots, T, n_heads, n_kv_heads, head_dim, block_size,
+                           rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, c->kv_bf16);
+}
+
+static void cu_rope_store(backend *be, float *q, float *k, const float *v, float *k_cache,
+                          float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
+                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                          int32_t block_size, const rope_params *rp) {
+    cuda_ctx *c = ctx_of(be);
+    if (T <= 0 || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_ROPE);
+    touch(c, q, (size_t)T * n_heads * head_dim * sizeof(float));
+    op_note(c, rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
+                               head_dim, block_size, rp));
 }
 
 /* Packs the host attn_batch into one int32 array ([pos T][seq T][bt_off S]
@@ -1172,6 +1368,9 @@ static const backend_ops cuda_ops = {
     /* .graph_begin = */ cu_graph_begin,
     /* .graph_end = */ cu_graph_end,
     /* .add_rmsnorm = */ cu_add_rmsnorm,
+    /* .weight_create_stacked = */ cu_weight_create_stacked,
+    /* .matmul_n = */ cu_matmul_n,
+    /* .rope_store = */ cu_rope_store,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1181,7 +1380,8 @@ static const backend_ops cuda_ops_legacy = {
     cu_copy,        cu_weight_create,        cu_weight_free,         cu_get_rows,
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
-    NULL,           NULL,       NULL,
+    NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
+    NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1245,6 +1445,10 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
     c->flash = true;
     c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
+    {
+        const char *v = getenv("IS_CUDA_STACKED");
+        c->stacked = !(v && strcmp(v, "0") == 0);
+    }
     {
         /* Off by default: one graph per forward measured slower than no
          * graphs on the 8B shape (bench_gpu -D). */
@@ -1331,6 +1535,11 @@ extern "C" void backend_cuda_set_flash(backend *be, bool on) {
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
     graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
+}
+
+extern "C" void backend_cuda_set_stacked(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->stacked = on;
 }
 
 extern "C" void backend_cuda_set_graphs(backend *be, bool on) {

@@ -108,6 +108,10 @@ typedef enum cuda_skinny_mode {
     CUDA_SKINNY_ALL = 2,
 } cuda_skinny_mode;
 void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
+/* Products of stacked weights (q, k, v; gate, up) as one GEMM each
+ * (matmul_n), default on; off: one product per weight, as before. The
+ * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */
+void backend_cuda_set_stacked(backend *be, bool on);
 
 /* The backend as first built (issue 6's "before", kept for measuring):
  * f32 KV cache, per-(token, head) attention, no inject op (the engine

@@ -118,6 +118,30 @@ is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const flo
     return IS_OK;
 }
 
+static __global__ void split_columns_kernel(cuda_split sp, const float *part, int64_t rows,
+                                            int64_t n, bool halves) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / rows;
+        int64_t r = i - t * rows;
+        int32_t j = 0;
+        while (r >= sp.out[j].rows) r -= sp.out[j++].rows;
+        float v = part[i];
+        if (halves) v += part[n + i];
+        if (sp.out[j].bias) v += sp.out[j].bias[r];
+        sp.out[j].y[t * sp.out[j].rows + r] = v;
+    }
+}
+
+is_status cuda_split_columns(cudaStream_t s, const cuda_split *sp, const float *part,
+                             int64_t rows, int32_t T, bool halves) {
+    int64_t n = (int64_t)T * rows;
+    if (n <= 0) return IS_OK;
+    split_columns_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(*sp, part, rows, n, halves);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
 is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf16, int64_t cols,
                         const int32_t *tokens, int32_t T) {
     if (T <= 0) return IS_OK;

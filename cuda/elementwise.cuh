@@ -32,6 +32,26 @@ is_status cuda_f32_to_bf16_split(cudaStream_t s, __nv_bfloat16 *dst, const float
 is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const float *bias,
                           int32_t T, int64_t rows);
 
+/* The outputs of a product of stacked weights: columns [off_i, off_i +
+ * rows_i) of its [T][sum rows] result go to y_i[T][rows_i], off_i the sum
+ * of the rows before. */
+#define CUDA_SPLIT_MAX 4
+typedef struct cuda_split_out {
+    float *y;
+    const float *bias; /* [rows] or NULL */
+    int64_t rows;
+} cuda_split_out;
+typedef struct cuda_split {
+    cuda_split_out out[CUDA_SPLIT_MAX];
+    int32_t n;
+} cuda_split;
+
+/* y_i[t][r] = part[t][off_i + r] (+ part[T + t][off_i + r] when halves: a
+ * split product) (+ bias_i[r]): the same sums, in the same order, as
+ * cuda_sum_halves and cuda_add_bias on separate products. */
+is_status cuda_split_columns(cudaStream_t s, const cuda_split *sp, const float *part,
+                             int64_t rows, int32_t T, bool halves);
+
 /* out[t][cols] = row tokens[t] of emb ([rows][cols], bf16 when emb_bf16,
  * else f32), widened to f32; tokens in device memory, already checked. */
 is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf16, int64_t cols,

@@ -36,6 +36,67 @@ is_status cuda_kv_store(cudaStream_t s, void *k_cache, void *v_cache, const floa
     return IS_OK;
 }
 
+/* One block per token: the queries' pairs rotated in place (as
+ * rope_kernel: thread per pair), then each key element rotated with its
+ * pair partner (as inject_kernel) and stored with its value. */
+template <typename CT>
+static __global__ void rope_store_kernel(float *q, const float *k, const float *v, CT *k_cache,
+                                         CT *v_cache, const int32_t *pos, const int32_t *slots,
+                                         int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                         int32_t block_size, int32_t half, bool neox,
+                                         const float *cs) {
+    const int32_t t = blockIdx.x, p = pos[t];
+    const float *tab = cs + (int64_t)(p < 0 ? -p : p) * half * 2;
+    float *qt = q + (int64_t)t * n_heads * head_dim;
+    for (int32_t k2 = threadIdx.x; k2 < n_heads * half; k2 += blockDim.x) {
+        const int32_t i = k2 % half;
+        float *x = qt + (int64_t)(k2 / half) * head_dim;
+        const float c = tab[2 * i], sn = p < 0 ? -tab[2 * i + 1] : tab[2 * i + 1];
+        const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float a = x[i0], b = x[i1];
+        x[i0] = a * c - b * sn;
+        x[i1] = a * sn + b * c;
+    }
+    const int32_t slot = slots[t];
+    const int64_t block = slot / block_size, off = slot % block_size;
+    const int32_t kv_dim = n_kv_heads * head_dim;
+    const float *kt = k + (int64_t)t * kv_dim, *vt = v + (int64_t)t * kv_dim;
+    for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
+        const int32_t h = e / head_dim, d = e % head_dim;
+        const float *x = kt + (int64_t)h * head_dim;
+        float y = x[d];
+        if (d < 2 * half) {
+            const int32_t i = neox ? (d < half ? d : d - half) : d / 2;
+            const bool first = neox ? d < half : (d & 1) == 0;
+            const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+            const float c = tab[2 * i], sn = p < 0 ? -tab[2 * i + 1] : tab[2 * i + 1];
+            const float a = x[i0], b = x[i1];
+            y = first ? a * c - b * sn : a * sn + b * c;
+        }
+        const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
+        kv_put(k_cache + dst, y);
+        kv_put(v_cache + dst, vt[e]);
+    }
+}
+
+is_status cuda_rope_store(cudaStream_t s, float *q, const float *k, const float *v, void *k_cache,
+                          void *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
+                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                          int32_t n_rot, bool neox, const float *cs, bool bf16) {
+    if (T <= 0) return IS_OK;
+    const int32_t half = n_rot / 2;
+    if (bf16)
+        rope_store_kernel<<<T, 256, 0, s>>>(q, k, v, (__nv_bfloat16 *)k_cache,
+                                            (__nv_bfloat16 *)v_cache, pos, slots, n_heads,
+                                            n_kv_heads, head_dim, block_size, half, neox, cs);
+    else
+        rope_store_kernel<<<T, 256, 0, s>>>(q, k, v, (float *)k_cache, (float *)v_cache, pos, slots,
+                                            n_heads, n_kv_heads, head_dim, block_size, half, neox,
+                                            cs);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
 /* One block per (token, layer); thread e takes element e of the token's
  * kv_dim keys (rotated with its pair partner, as rope_kernel rotates: the
  * same table, the same expressions) and values. */

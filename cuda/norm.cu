@@ -43,6 +43,77 @@ static __global__ void rmsnorm_kernel(float *out, float *x, const float *res, co
     }
 }
 
+/* The same op with the row held in registers: one read of x (and res),
+ * 16-byte accesses. For rows of n % 4 == 0 up to 4 * VPT * NORM_THREADS
+ * floats, 16-byte aligned. The few rows of a query or decode step leave
+ * most of the GPU idle, so what a row costs is its latency: one pass
+ * instead of three. */
+template <int VPT>
+static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res, const float *g,
+                                          int32_t n, float eps, __nv_bfloat16 *obf,
+                                          int64_t split_off) {
+    __shared__ float partial[NORM_THREADS / 32];
+    const int32_t n4 = n >> 2;
+    float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * n);
+    const float4 *rr = res ? (const float4 *)(res + (int64_t)blockIdx.x * n) : NULL;
+    float4 v[VPT];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+        const int32_t i = threadIdx.x + j * NORM_THREADS;
+        if (i < n4) {
+            float4 a = xr[i];
+            if (rr) {
+                const float4 b = rr[i];
+                a.x += b.x;
+                a.y += b.y;
+                a.z += b.z;
+                a.w += b.w;
+                xr[i] = a;
+            }
+            v[j] = a;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (threadIdx.x == 0) partial[0] = ss;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
+    float4 *o = (float4 *)(out + (int64_t)blockIdx.x * n);
+    const float4 *g4 = (const float4 *)g;
+    __nv_bfloat16 *ob = obf ? obf + (int64_t)blockIdx.x * n : NULL;
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+        const int32_t i = threadIdx.x + j * NORM_THREADS;
+        if (i < n4) {
+            const float4 gg = g4[i];
+            const float4 y = make_float4(v[j].x * scale * gg.x, v[j].y * scale * gg.y,
+                                         v[j].z * scale * gg.z, v[j].w * scale * gg.w);
+            o[i] = y;
+            if (ob) {
+                const __nv_bfloat162 h0 = __floats2bfloat162_rn(y.x, y.y);
+                const __nv_bfloat162 h1 = __floats2bfloat162_rn(y.z, y.w);
+                ((__nv_bfloat162 *)ob)[2 * i] = h0;
+                ((__nv_bfloat162 *)ob)[2 * i + 1] = h1;
+                if (split_off) {
+                    __nv_bfloat162 *ol = (__nv_bfloat162 *)(ob + split_off);
+                    ol[2 * i] = __floats2bfloat162_rn(y.x - __low2float(h0), y.y - __high2float(h0));
+                    ol[2 * i + 1] =
+                        __floats2bfloat162_rn(y.z - __low2float(h1), y.w - __high2float(h1));
+                }
+            }
+        }
+    }
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, int32_t T,
                        int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
     /* Without res the kernel only reads x. */
@@ -52,8 +123,20 @@ is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *
 is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *res, const float *g,
                            int32_t T, int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
     if (T <= 0 || n <= 0) return IS_OK;
-    rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf,
-                                              obf && split ? (int64_t)T * n : 0);
+    const int64_t split_off = obf && split ? (int64_t)T * n : 0;
+    const int32_t per = (n / 4 + NORM_THREADS - 1) / NORM_THREADS; /* float4s a thread */
+    const bool vec = n % 4 == 0 && per <= 8 && aligned16(out) && aligned16(x) &&
+                     (!res || aligned16(res)) && aligned16(g) && ((uintptr_t)obf & 7) == 0;
+    if (!vec)
+        rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
+    else if (per <= 1)
+        rmsnorm_vec_kernel<1><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
+    else if (per <= 2)
+        rmsnorm_vec_kernel<2><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
+    else if (per <= 4)
+        rmsnorm_vec_kernel<4><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
+    else
+        rmsnorm_vec_kernel<8><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

@@ -166,6 +166,29 @@ typedef struct backend_ops {
      * one launch instead of two is 64 fewer a forward of a 32-layer model. */
     void (*add_rmsnorm)(backend *be, float *out, float *x, const float *res,
                         const backend_weight *g, int32_t T, int32_t n, float eps);
+    /* Optional (NULL = weight_create for each): n matrices of the same width
+     * (ne[0]) placed as one, rows in order, so that matmul_n can read them
+     * in one product. Each out[i] is a weight of its own to every op and to
+     * weight_free (the storage goes with the last of them). */
+    is_status (*weight_create_stacked)(backend *be, const gguf_tensor *const *ts, int32_t n,
+                                       backend_weight **out);
+    /* Optional (NULL = matmul for each): ys[i][T][rows_i] = x ws[i]^T
+     * (+ bs[i] where not NULL), i < n: products that share their input (the
+     * attention's q, k, v; the FFN's gate and up). A backend reads stacked
+     * weights in one pass; it gives the same results as the n matmuls up
+     * to the order of the sums inside a product. */
+    void (*matmul_n)(backend *be, float *const *ys, const float *x,
+                     const backend_weight *const *ws, const backend_weight *const *bs, int32_t n,
+                     int32_t T);
+    /* Optional (NULL = rope on q, rope on k, kv_store): q[T][n_heads][head_dim]
+     * rotated in place, and k rotated, with v, written into the slots of the
+     * caches, by the same rotation as rope's. k is input only: afterwards it
+     * holds either its rotated or its original rows. One launch instead of
+     * three a layer. pos and slots in host memory. */
+    void (*rope_store)(backend *be, float *q, float *k, const float *v, float *k_cache,
+                       float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
+                       int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                       const rope_params *rp);
 } backend_ops;
 
 struct backend {

@@ -244,6 +244,35 @@ static void add_norm(backend *be, float *out, float *x, const float *res, const 
     op->rmsnorm(be, out, x, g, T, n, eps);
 }
 
+/* Products that share their input, in one call where the backend can
+ * (stacked weights read in one pass). */
+static void matmul_n(backend *be, float *const *ys, const float *x,
+                     const backend_weight *const *ws, const backend_weight *const *bs, int32_t n,
+                     int32_t T) {
+    const backend_ops *op = be->ops;
+    if (op->matmul_n) {
+        op->matmul_n(be, ys, x, ws, bs, n, T);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) op->matmul(be, ys[i], x, ws[i], bs[i], T);
+}
+
+/* Queries and keys rotated, keys and values stored: in one call where the
+ * backend can. */
+static void rope_store(backend *be, engine *e, int32_t l, int32_t n) {
+    const model_config *c = &e->m->cfg;
+    const backend_ops *op = be->ops;
+    if (op->rope_store) {
+        op->rope_store(be, e->q, e->k, e->v, e->k_cache[l], e->v_cache[l], e->rpos, e->slots, n,
+                       c->n_heads, c->n_kv_heads, c->head_dim, e->p.block_size, &c->rope);
+        return;
+    }
+    op->rope(be, e->q, e->rpos, n, c->n_heads, c->head_dim, &c->rope);
+    op->rope(be, e->k, e->rpos, n, c->n_kv_heads, c->head_dim, &c->rope);
+    op->kv_store(be, e->k_cache[l], e->v_cache[l], e->k, e->v, e->slots, n, c->n_kv_heads,
+                 c->head_dim, e->p.block_size);
+}
+
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
@@ -308,9 +337,9 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         const model_layer *L = &m->layers[l];
         /* Later layers' first norm comes with the previous layer's last add. */
         if (l == 0) op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
-        op->matmul(be, e->q, e->xb, L->wq, L->bq, n);
-        op->matmul(be, e->k, e->xb, L->wk, L->bk, n);
-        op->matmul(be, e->v, e->xb, L->wv, L->bv, n);
+        matmul_n(be, (float *const[]){e->q, e->k, e->v}, e->xb,
+                 (const backend_weight *const[]){L->wq, L->wk, L->wv},
+                 (const backend_weight *const[]){L->bq, L->bk, L->bv}, 3, n);
         for (int32_t t = cap0; t < cap1; t++) {
             size_t dst = ((size_t)l * cap->n + (t - cap->first)) * kv_dim;
             size_t src = (size_t)(t - t0) * kv_dim;
@@ -321,16 +350,14 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
             op->copy(be, e->q2, e->q, (size_t)n * q_dim * sizeof(float));
             op->rope(be, e->q2, e->rpos2, n, c->n_heads, c->head_dim, &c->rope);
         }
-        op->rope(be, e->q, e->rpos, n, c->n_heads, c->head_dim, &c->rope);
-        op->rope(be, e->k, e->rpos, n, c->n_kv_heads, c->head_dim, &c->rope);
-        op->kv_store(be, e->k_cache[l], e->v_cache[l], e->k, e->v, e->slots, n, c->n_kv_heads,
-                     c->head_dim, e->p.block_size);
+        rope_store(be, e, l, n);
         op->attention(be, e->att, e->q, e->k_cache[l], e->v_cache[l], &ab, c->n_heads,
                       c->n_kv_heads, c->head_dim, e->p.block_size);
         op->matmul(be, e->xb, e->att, L->wo, NULL, n);
         add_norm(be, e->xb, e->x, e->xb, L->ffn_norm, n, c->dim, c->rms_eps);
-        op->matmul(be, e->hg, e->xb, L->w_gate, NULL, n);
-        op->matmul(be, e->hu, e->xb, L->w_up, NULL, n);
+        matmul_n(be, (float *const[]){e->hg, e->hu}, e->xb,
+                 (const backend_weight *const[]){L->w_gate, L->w_up},
+                 (const backend_weight *const[]){NULL, NULL}, 2, n);
         op->swiglu(be, e->hg, e->hg, e->hu, (int64_t)n * c->ffn_dim);
         op->matmul(be, e->xb, e->hg, L->w_down, NULL, n);
         if (l + 1 < c->n_layers)

@@ -113,16 +113,14 @@ is_status model_config_read(const gguf_ctx *g, model_config *out) {
     return IS_OK;
 }
 
-/* Creates weight `name` on the backend after checking its shape
- * (cols x rows; rows = 1 for vectors). */
-static is_status load_weight(model *m, const char *name, int64_t cols, int64_t rows,
-                             bool optional, backend_weight **out) {
+/* Tensor `name` after checking its shape (cols x rows; rows = 1 for
+ * vectors); *out = NULL for a missing optional one. */
+static is_status find_weight(model *m, const char *name, int64_t cols, int64_t rows,
+                             bool optional, const gguf_tensor **out) {
     const gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    *out = t;
     if (!t) {
-        if (optional) {
-            *out = NULL;
-            return IS_OK;
-        }
+        if (optional) return IS_OK;
         return is_error_set(IS_ERR_FORMAT, "model: tensor '%s' is missing", name);
     }
     int64_t t_rows = t->ne[1] * t->ne[2] * t->ne[3];
@@ -131,7 +129,44 @@ static is_status load_weight(model *m, const char *name, int64_t cols, int64_t r
                             "model: tensor '%s' is %lld x %lld, expected %lld x %lld", name,
                             (long long)t->ne[0], (long long)t_rows, (long long)cols,
                             (long long)rows);
+    return IS_OK;
+}
+
+/* Creates weight `name` on the backend after checking its shape. */
+static is_status load_weight(model *m, const char *name, int64_t cols, int64_t rows,
+                             bool optional, backend_weight **out) {
+    const gguf_tensor *t;
+    *out = NULL;
+    is_status st = find_weight(m, name, cols, rows, optional, &t);
+    if (st != IS_OK || !t) return st;
     return m->be->ops->weight_create(m->be, t, out);
+}
+
+/* Matrices of layer l that share their input (same cols), created stacked
+ * where the backend can, so one product reads them (backend matmul_n). */
+static is_status load_stack(model *m, int32_t l, const char *const *suffix, const int64_t *rows,
+                            int32_t n, int64_t cols, backend_weight **const *out) {
+    const gguf_tensor *ts[4];
+    backend_weight *ws[4];
+    IS_ASSERT(n <= 4);
+    for (int32_t i = 0; i < n; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix[i]);
+        is_status st = find_weight(m, name, cols, rows[i], false, &ts[i]);
+        if (st != IS_OK) return st;
+    }
+    const backend_ops *op = m->be->ops;
+    if (op->weight_create_stacked) {
+        is_status st = op->weight_create_stacked(m->be, ts, n, ws);
+        if (st != IS_OK) return st;
+        for (int32_t i = 0; i < n; i++) *out[i] = ws[i];
+        return IS_OK;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        is_status st = op->weight_create(m->be, ts[i], out[i]);
+        if (st != IS_OK) return st;
+    }
+    return IS_OK;
 }
 
 /* 64-bit hash over metadata and tensor bytes (a multiply-xorshift over
@@ -184,16 +219,19 @@ static is_status load_weights(model *m) {
     snprintf(n, sizeof n, "blk.%d." suffix, l);                                                    \
     if ((st = load_weight(m, n, cols, rows, opt, &L->field)) != IS_OK) return st;
         W(attn_norm, "attn_norm.weight", c->dim, 1, false)
-        W(wq, "attn_q.weight", c->dim, q_dim, false)
-        W(wk, "attn_k.weight", c->dim, kv_dim, false)
-        W(wv, "attn_v.weight", c->dim, kv_dim, false)
+        st = load_stack(m, l, (const char *const[]){"attn_q.weight", "attn_k.weight", "attn_v.weight"},
+                        (const int64_t[]){q_dim, kv_dim, kv_dim}, 3, c->dim,
+                        (backend_weight **const[]){&L->wq, &L->wk, &L->wv});
+        if (st != IS_OK) return st;
         W(bq, "attn_q.bias", q_dim, 1, !c->has_qkv_bias)
         W(bk, "attn_k.bias", kv_dim, 1, !c->has_qkv_bias)
         W(bv, "attn_v.bias", kv_dim, 1, !c->has_qkv_bias)
         W(wo, "attn_output.weight", q_dim, c->dim, false)
         W(ffn_norm, "ffn_norm.weight", c->dim, 1, false)
-        W(w_gate, "ffn_gate.weight", c->dim, c->ffn_dim, false)
-        W(w_up, "ffn_up.weight", c->dim, c->ffn_dim, false)
+        st = load_stack(m, l, (const char *const[]){"ffn_gate.weight", "ffn_up.weight"},
+                        (const int64_t[]){c->ffn_dim, c->ffn_dim}, 2, c->dim,
+                        (backend_weight **const[]){&L->w_gate, &L->w_up});
+        if (st != IS_OK) return st;
         W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, false)
 #undef W
     }

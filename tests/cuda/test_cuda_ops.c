@@ -506,6 +506,109 @@ static void test_matmul(void **state) {
     assert_true(e2 < 0.9 * e1);
 }
 
+/* Products that share their input (backend matmul_n) on weights created
+ * stacked: each output equals the GPU's separate product of the same
+ * weight up to the order of the sums inside the product (cuBLAS may cut a
+ * larger product differently), and the CPU's within the matmul tolerance;
+ * with stacking off (backend_cuda_set_stacked) they are the separate
+ * products exactly. A stacked weight outlives the others' weight_free. */
+static void check_matmul_n(int32_t n, const int64_t *rows, int64_t cols, bool with_bias, int32_t T,
+                           cuda_matmul_precision prec) {
+    test_weight w[4], b[4];
+    const gguf_tensor *ts[4];
+    backend_weight *stk[4];
+    const backend_weight *bg[4];
+    float *yg[4];
+    for (int32_t i = 0; i < n; i++) {
+        weight_make(&w[i], TENSOR_TYPE_Q8_0, cols, rows[i], 1.0f);
+        if (with_bias) weight_make(&b[i], TENSOR_TYPE_F32, rows[i], 1, 1.0f);
+        ts[i] = &w[i].t;
+        bg[i] = with_bias ? b[i].gpu : NULL;
+    }
+    assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, ts, n, stk), IS_OK);
+    float *x = rand_f32((size_t)T * cols, 1.0f);
+    float *xc = put(g_cpu, x, (size_t)T * cols), *xg = put(g_gpu, x, (size_t)T * cols);
+    backend_cuda_set_matmul_precision(g_gpu, prec);
+    for (int stacked = 1; stacked >= 0; stacked--) {
+        backend_cuda_set_stacked(g_gpu, stacked);
+        for (int32_t i = 0; i < n; i++) yg[i] = poisoned(g_gpu, (size_t)T * rows[i]);
+        g_gpu->ops->matmul_n(g_gpu, yg, xg, (const backend_weight *const *)stk, bg, n, T);
+        for (int32_t i = 0; i < n; i++) {
+            const size_t N = (size_t)T * rows[i];
+            float *ys = poisoned(g_gpu, N), *yc = poisoned(g_cpu, N);
+            g_gpu->ops->matmul(g_gpu, ys, xg, w[i].gpu, bg[i], T);
+            g_cpu->ops->matmul(g_cpu, yc, xc, w[i].cpu, with_bias ? b[i].cpu : NULL, T);
+            float *got = take(g_gpu, yg[i], N), *sep = take(g_gpu, ys, N), *cpu = take(g_cpu, yc, N);
+            gpu_ok();
+            char what[128];
+            snprintf(what, sizeof what, "matmul_n %s %d of %d (%lldx%lld) T=%d%s%s vs one product",
+                     prec == CUDA_MATMUL_BF16 ? "bf16  " : "bf16x2", i + 1, n, (long long)rows[i],
+                     (long long)cols, T, with_bias ? " +bias" : "", stacked ? "" : " (unstacked)");
+            if (stacked)
+                expect_close(what, got, sep, N, 1e-5);
+            else
+                assert_memory_equal(got, sep, N * sizeof(float));
+            snprintf(what, sizeof what, "  ... vs CPU");
+            expect_close(what, got, cpu, N, 1e-2);
+            free(got);
+            free(sep);
+            free(cpu);
+        }
+    }
+    backend_cuda_set_stacked(g_gpu, true);
+    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    /* The first stacked weight freed, the last still computes. */
+    g_gpu->ops->weight_free(g_gpu, stk[0]);
+    const size_t N = (size_t)T * rows[n - 1];
+    float *ya = poisoned(g_gpu, N), *yr = poisoned(g_gpu, N);
+    g_gpu->ops->matmul(g_gpu, ya, xg, stk[n - 1], NULL, T);
+    g_gpu->ops->matmul(g_gpu, yr, xg, w[n - 1].gpu, NULL, T);
+    float *ha = take(g_gpu, ya, N), *hr = take(g_gpu, yr, N);
+    gpu_ok();
+    assert_memory_equal(ha, hr, N * sizeof(float));
+    free(ha);
+    free(hr);
+    for (int32_t i = 1; i < n; i++) g_gpu->ops->weight_free(g_gpu, stk[i]);
+    g_cpu->ops->release(g_cpu, xc);
+    g_gpu->ops->release(g_gpu, xg);
+    for (int32_t i = 0; i < n; i++) {
+        weight_drop(&w[i]);
+        if (with_bias) weight_drop(&b[i]);
+    }
+    free(x);
+}
+
+static void test_matmul_n(void **state) {
+    SKIP_WITHOUT_GPU();
+    assert_non_null(g_gpu->ops->matmul_n);
+    assert_non_null(g_gpu->ops->weight_create_stacked);
+    const int64_t qkv[] = {576, 192, 192}, gate_up[] = {1536, 1536}, odd[] = {49, 7};
+    for (int p = 0; p < 2; p++) {
+        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+        check_matmul_n(3, qkv, 576, true, 1, prec);
+        check_matmul_n(3, qkv, 576, false, 30, prec);
+        check_matmul_n(2, gate_up, 576, false, 30, prec);
+        check_matmul_n(2, gate_up, 576, false, 300, prec);
+        check_matmul_n(2, odd, 96, true, 5, prec);
+    }
+    /* Refusals: widths that differ, a vector, too many. */
+    test_weight a, v;
+    weight_make(&a, TENSOR_TYPE_F32, 64, 8, 1.0f);
+    weight_make(&v, TENSOR_TYPE_F32, 64, 1, 1.0f);
+    test_weight c;
+    weight_make(&c, TENSOR_TYPE_F32, 32, 8, 1.0f);
+    backend_weight *out[5];
+    const gguf_tensor *wide[] = {&a.t, &c.t}, *vec[] = {&a.t, &v.t},
+                      *many[] = {&a.t, &a.t, &a.t, &a.t, &a.t};
+    assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, wide, 2, out), IS_ERR_INVALID_ARG);
+    assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, vec, 2, out), IS_ERR_INVALID_ARG);
+    assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, many, 5, out), IS_ERR_INVALID_ARG);
+    weight_drop(&a);
+    weight_drop(&v);
+    weight_drop(&c);
+    gpu_ok();
+}
+
 typedef struct rope_case {
     rope_layout layout;
     int32_t head_dim, n_rot, n_heads;
@@ -826,6 +929,83 @@ static void test_kv_store_bf16(void **state) {
     free(kr); free(vr); free(kc0); free(vc0); free(k); free(v);
 }
 
+/* rope_store (one launch) gives the bits of rope on q, rope on k and
+ * kv_store one after the other, on f32 and bf16 caches, both layouts, a
+ * partial rotation and negative positions. */
+static void test_rope_store(void **state) {
+    SKIP_WITHOUT_GPU();
+    assert_non_null(g_gpu->ops->rope_store);
+    const int32_t n_blocks = 12, bs = 16, n_h = 8, n_kv = 2, hd = 128, T = 45;
+    const size_t cache_n = (size_t)n_blocks * n_kv * bs * hd, q_n = (size_t)T * n_h * hd,
+                 kv_n = (size_t)T * n_kv * hd;
+    int32_t perm[192], pos[45];
+    for (int32_t i = 0; i < n_blocks * bs; i++) perm[i] = i;
+    for (int32_t i = n_blocks * bs - 1; i > 0; i--) {
+        int32_t j = irand(i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    for (int32_t t = 0; t < T; t++) pos[t] = irand(600) - 50;
+    float *q = rand_f32(q_n, 2.0f), *k = rand_f32(kv_n, 2.0f), *v = rand_f32(kv_n, 2.0f);
+    float *cache0 = rand_f32(cache_n, 1.0f);
+    for (int bf = 0; bf <= 1; bf++)
+        for (int layout = 0; layout <= 1; layout++)
+            for (int part = 0; part <= 1; part++) {
+                backend_cuda_set_kv_dtype(g_gpu, bf ? CUDA_KV_BF16 : CUDA_KV_F32);
+                const size_t es = g_gpu->ops->kv_elem_size(g_gpu), cb = cache_n * es;
+                rope_params rp = {.layout = layout ? ROPE_LAYOUT_NEOX : ROPE_LAYOUT_NORM,
+                                  .n_rot = part ? hd / 2 : hd, .freq_base = 10000.0f,
+                                  .freq_scale = 1.0f};
+                void *kc[2], *vc[2];
+                float *qs[2], *ks[2], *vs[2];
+                for (int f = 0; f < 2; f++) {
+                    assert_int_equal(g_gpu->ops->alloc(g_gpu, cb, &kc[f]), IS_OK);
+                    assert_int_equal(g_gpu->ops->alloc(g_gpu, cb, &vc[f]), IS_OK);
+                    g_gpu->ops->upload(g_gpu, kc[f], cache0, cb);
+                    g_gpu->ops->upload(g_gpu, vc[f], cache0, cb);
+                    qs[f] = put(g_gpu, q, q_n);
+                    ks[f] = put(g_gpu, k, kv_n);
+                    vs[f] = put(g_gpu, v, kv_n);
+                }
+                g_gpu->ops->rope(g_gpu, qs[0], pos, T, n_h, hd, &rp);
+                g_gpu->ops->rope(g_gpu, ks[0], pos, T, n_kv, hd, &rp);
+                g_gpu->ops->kv_store(g_gpu, kc[0], vc[0], ks[0], vs[0], perm, T, n_kv, hd, bs);
+                g_gpu->ops->rope_store(g_gpu, qs[1], ks[1], vs[1], kc[1], vc[1], pos, perm, T,
+                                       n_h, n_kv, hd, bs, &rp);
+                char *hk[2], *hv[2];
+                float *hq[2];
+                for (int f = 0; f < 2; f++) {
+                    hk[f] = malloc(cb);
+                    hv[f] = malloc(cb);
+                    g_gpu->ops->download(g_gpu, hk[f], kc[f], cb);
+                    g_gpu->ops->download(g_gpu, hv[f], vc[f], cb);
+                    hq[f] = take(g_gpu, qs[f], q_n);
+                    g_gpu->ops->release(g_gpu, kc[f]);
+                    g_gpu->ops->release(g_gpu, vc[f]);
+                    g_gpu->ops->release(g_gpu, ks[f]);
+                    g_gpu->ops->release(g_gpu, vs[f]);
+                }
+                gpu_ok();
+                assert_memory_equal(hq[0], hq[1], q_n * sizeof(float));
+                assert_memory_equal(hk[0], hk[1], cb);
+                assert_memory_equal(hv[0], hv[1], cb);
+                assert_memory_not_equal(hk[1], cache0, cb); /* keys were written */
+                printf("  rope_store %s cache, %s, n_rot %d: q and caches identical to rope, rope, "
+                       "kv_store\n",
+                       bf ? "bf16" : "f32", layout ? "neox" : "norm", rp.n_rot);
+                for (int f = 0; f < 2; f++) {
+                    free(hk[f]);
+                    free(hv[f]);
+                    free(hq[f]);
+                }
+            }
+    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
+    free(q);
+    free(k);
+    free(v);
+    free(cache0);
+}
+
 /* ---- injection ------------------------------------------------------------------ */
 
 typedef struct inj_shape {
@@ -1118,10 +1298,11 @@ int main(void) {
         cmocka_unit_test(test_create_errors),  cmocka_unit_test(test_memory),
         cmocka_unit_test(test_weight_types),   cmocka_unit_test(test_weight_refusals),
         cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_add_rmsnorm),
-        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul),         cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_rope),           cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
+        cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_inject),         cmocka_unit_test(test_arena),
     };
     /* IS_TEST_FILTER (a cmocka pattern) runs a subset, e.g. one test under
