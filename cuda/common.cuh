@@ -53,6 +53,20 @@ static inline unsigned cuda_blocks_for(int64_t n, int threads) {
     return (unsigned)b;
 }
 
+/* Whether 16-byte (float4, uint4) accesses may start at p. */
+static inline bool cuda_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* The rotation of one RoPE pair (a, b) by the angle whose cosine and sine
+ * are (c, sn), with its roundings pinned (a product rounded, then a fused
+ * multiply-add): rope, rope_store and both inject kernels then give the
+ * same bits, whatever the compiler would contract in each. */
+static __device__ __forceinline__ float rope_first(float a, float b, float c, float sn) {
+    return __fmaf_rn(a, c, -__fmul_rn(b, sn));
+}
+static __device__ __forceinline__ float rope_second(float a, float b, float c, float sn) {
+    return __fmaf_rn(a, sn, __fmul_rn(b, c));
+}
+
 /* Butterfly reductions over the 32 lanes of a warp (every lane gets the
  * result); the attention kernels' softmax uses them. */
 #define FULL_MASK 0xffffffffu

@@ -118,26 +118,77 @@ is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const flo
     return IS_OK;
 }
 
-static __global__ void split_columns_kernel(cuda_split sp, const float *part, int64_t rows,
+/* Block (x, t, j): a stretch of output j's columns of row t. The outputs'
+ * fields are picked with constant indices, so the parameter block is read
+ * in place (a dynamic index would copy it to local memory in every thread). */
+template <bool VEC>
+static __global__ void split_columns_kernel(cuda_split sp, const float *part, int64_t rows_tot,
                                             int64_t n, bool halves) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / rows;
-        int64_t r = i - t * rows;
-        int32_t j = 0;
-        while (r >= sp.out[j].rows) r -= sp.out[j++].rows;
-        float v = part[i];
-        if (halves) v += part[n + i];
-        if (sp.out[j].bias) v += sp.out[j].bias[r];
-        sp.out[j].y[t * sp.out[j].rows + r] = v;
+    const int32_t j = blockIdx.z;
+    const int64_t t = blockIdx.y;
+    float *y = j == 0 ? sp.out[0].y : j == 1 ? sp.out[1].y : j == 2 ? sp.out[2].y : sp.out[3].y;
+    const float *bias = j == 0   ? sp.out[0].bias
+                        : j == 1 ? sp.out[1].bias
+                        : j == 2 ? sp.out[2].bias
+                                 : sp.out[3].bias;
+    const int64_t rows = j == 0   ? sp.out[0].rows
+                         : j == 1 ? sp.out[1].rows
+                         : j == 2 ? sp.out[2].rows
+                                  : sp.out[3].rows;
+    int64_t off = 0;
+    for (int32_t i = 0; i < CUDA_SPLIT_MAX; i++)
+        if (i < j) off += i == 0 ? sp.out[0].rows : i == 1 ? sp.out[1].rows : sp.out[2].rows;
+    const float *src = part + t * rows_tot + off;
+    float *dst = y + t * rows;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    if (VEC) {
+        const float4 *s4 = reinterpret_cast<const float4 *>(src);
+        const float4 *l4 = reinterpret_cast<const float4 *>(src + n);
+        const float4 *b4 = reinterpret_cast<const float4 *>(bias);
+        float4 *d4 = reinterpret_cast<float4 *>(dst);
+        for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows / 4; r += step) {
+            float4 v = s4[r];
+            if (halves) {
+                const float4 lo = l4[r];
+                v = make_float4(v.x + lo.x, v.y + lo.y, v.z + lo.z, v.w + lo.w);
+            }
+            if (bias) {
+                const float4 bb = b4[r];
+                v = make_float4(v.x + bb.x, v.y + bb.y, v.z + bb.z, v.w + bb.w);
+            }
+            d4[r] = v;
+        }
+    } else {
+        for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += step) {
+            float v = src[r];
+            if (halves) v += src[n + r];
+            if (bias) v += bias[r];
+            dst[r] = v;
+        }
     }
 }
 
 is_status cuda_split_columns(cudaStream_t s, const cuda_split *sp, const float *part,
                              int64_t rows, int32_t T, bool halves) {
-    int64_t n = (int64_t)T * rows;
-    if (n <= 0) return IS_OK;
-    split_columns_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(*sp, part, rows, n, halves);
+    const int64_t n = (int64_t)T * rows;
+    if (n <= 0 || sp->n <= 0) return IS_OK;
+    IS_ASSERT(sp->n <= CUDA_SPLIT_MAX && T <= 65535);
+    int64_t max_rows = 0;
+    bool vec = rows % 4 == 0 && cuda_aligned16(part);
+    for (int32_t j = 0; j < sp->n; j++) {
+        const cuda_split_out *o = &sp->out[j];
+        if (o->rows > max_rows) max_rows = o->rows;
+        vec = vec && o->rows % 4 == 0 && cuda_aligned16(o->y) &&
+              (!o->bias || cuda_aligned16(o->bias));
+    }
+    const int64_t per_row = vec ? max_rows / 4 : max_rows;
+    int64_t bx = (per_row + 255) / 256;
+    if (bx > 64) bx = 64;
+    const dim3 grid((unsigned)bx, (unsigned)T, (unsigned)sp->n);
+    if (vec)
+        split_columns_kernel<true><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
+    else
+        split_columns_kernel<false><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

@@ -54,8 +54,8 @@ static __global__ void rope_store_kernel(float *q, const float *k, const float *
         const float c = tab[2 * i], sn = p < 0 ? -tab[2 * i + 1] : tab[2 * i + 1];
         const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float a = x[i0], b = x[i1];
-        x[i0] = a * c - b * sn;
-        x[i1] = a * sn + b * c;
+        x[i0] = rope_first(a, b, c, sn);
+        x[i1] = rope_second(a, b, c, sn);
     }
     const int32_t slot = slots[t];
     const int64_t block = slot / block_size, off = slot % block_size;
@@ -71,7 +71,7 @@ static __global__ void rope_store_kernel(float *q, const float *k, const float *
             const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
             const float c = tab[2 * i], sn = p < 0 ? -tab[2 * i + 1] : tab[2 * i + 1];
             const float a = x[i0], b = x[i1];
-            y = first ? a * c - b * sn : a * sn + b * c;
+            y = first ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
         }
         const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
         kv_put(k_cache + dst, y);
@@ -135,7 +135,7 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
             const float *ce = cs + ((int64_t)p * half + pi) * 2;
             const float c = ce[0], sn = ce[1];
             const float a = __bfloat162float(x[i0]), b = __bfloat162float(x[i1]);
-            out = d == i0 ? a * c - b * sn : a * sn + b * c;
+            out = d == i0 ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
         }
         kv_put(kc + dst, out);
         kv_put(vc + dst, __bfloat162float(vr[e]));
@@ -198,8 +198,8 @@ static __global__ void inject_bf16_kernel(void *const *caches, const __nv_bfloat
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float x0 = a[2 * j], x1 = a[2 * j + 1], co = c[2 * j], sn = c[2 * j + 1];
-                o[2 * j] = x0 * co - x1 * sn;
-                o[2 * j + 1] = x0 * sn + x1 * co;
+                o[2 * j] = rope_first(x0, x1, co, sn);
+                o[2 * j + 1] = rope_second(x0, x1, co, sn);
             }
             *reinterpret_cast<uint4 *>(kc + dst + d) = f32_to_bf16x8(o);
             *reinterpret_cast<uint4 *>(vc + dst + d) = *reinterpret_cast<const uint4 *>(vr + d);
@@ -214,8 +214,8 @@ static __global__ void inject_bf16_kernel(void *const *caches, const __nv_bfloat
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const float co = c[2 * j], sn = c[2 * j + 1];
-                o0[j] = a[j] * co - b[j] * sn;
-                o1[j] = a[j] * sn + b[j] * co;
+                o0[j] = rope_first(a[j], b[j], co, sn);
+                o1[j] = rope_second(a[j], b[j], co, sn);
             }
             *reinterpret_cast<uint4 *>(kc + dst + d) = f32_to_bf16x8(o0);
             *reinterpret_cast<uint4 *>(kc + dst + d + half) = f32_to_bf16x8(o1);

@@ -112,8 +112,6 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
     }
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, int32_t T,
                        int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
     /* Without res the kernel only reads x. */
@@ -125,8 +123,8 @@ is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *re
     if (T <= 0 || n <= 0) return IS_OK;
     const int64_t split_off = obf && split ? (int64_t)T * n : 0;
     const int32_t per = (n / 4 + NORM_THREADS - 1) / NORM_THREADS; /* float4s a thread */
-    const bool vec = n % 4 == 0 && per <= 8 && aligned16(out) && aligned16(x) &&
-                     (!res || aligned16(res)) && aligned16(g) && ((uintptr_t)obf & 7) == 0;
+    const bool vec = n % 4 == 0 && per <= 8 && cuda_aligned16(out) && cuda_aligned16(x) &&
+                     (!res || cuda_aligned16(res)) && cuda_aligned16(g) && ((uintptr_t)obf & 7) == 0;
     if (!vec)
         rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
     else if (per <= 1)

@@ -15,8 +15,8 @@ static __global__ void rope_kernel(float *x, const int32_t *pos, int64_t n_pairs
         float *v = x + th * head_dim;
         int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float a = v[i0], b = v[i1];
-        v[i0] = a * c - b * sn;
-        v[i1] = a * sn + b * c;
+        v[i0] = rope_first(a, b, c, sn);
+        v[i1] = rope_second(a, b, c, sn);
     }
 }
 
