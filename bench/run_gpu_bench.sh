@@ -20,7 +20,8 @@
 #
 # Environment: BENCH_ARGS (extra bench_gpu arguments), BENCH_TYPE (f16),
 # GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS),
-# HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy,
+# HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
+# to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
 # DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +59,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 GGUF=${GGUF:-/tmp/llama31-8b.${BENCH_TYPE:-f16}.gguf}
+# GEN_AFTER_CHECK=1: write it after the checks, not beside them (the tests
+# then have the GPU to themselves).
+gen_gguf() {
 if [ ! -s "$GGUF" ]; then
   ( start=$(date +%s)
     PYTHONUNBUFFERED=1 python3 bench/gen_random_gguf.py --preset llama31-8b --type "${BENCH_TYPE:-f16}" \
@@ -68,6 +72,9 @@ else
   GEN_PID=
   echo "reused $GGUF" > "$LOG/gen.log"
 fi
+}
+GEN_PID=
+[ "${GEN_AFTER_CHECK:-0}" = 1 ] || gen_gguf
 
 # 2. Build and check.
 OUT=$LOG IS_GPU_SANITIZE=${IS_GPU_SANITIZE:-0} timeout "${CHECK_TIMEOUT:-400}" bash scripts/gpu_check.sh \
@@ -77,6 +84,7 @@ sed -n '/=== summary/,$p' "$LOG/check.out" | tee -a "$SUMMARY"
 grep -E 'rel err|identical|arena|inject|FAILED|SKIPPED|PASSED' "$LOG/ctest.log" 2>/dev/null \
   | grep -vE '^\s*$' | head -80 >> "$SUMMARY"
 stamp "gpu_check rc $CHECK_RC"
+[ "${GEN_AFTER_CHECK:-0}" = 1 ] && gen_gguf
 if [ -f "$LOG/cmake.log" ] && [ -d build-gpu ]; then
   if ! cmake --build build-gpu -j "$(nproc)" --target bench_gpu > "$LOG/build_bench.log" 2>&1; then
     stamp "bench_gpu build FAILED"; tail -20 "$LOG/build_bench.log"; exit 1

@@ -795,14 +795,19 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
  * into ypart, whose columns one kernel adds up (split halves), biases and
  * copies to the outputs. Anything else: a product each. Fewer, larger
  * products keep the memory busier at few rows: a small product's ramp and
- * tail leave it idle. */
+ * tail leave it idle (run 21: a 30-token kv request 6.41 -> 6.05 ms). The
+ * split moves 8 bytes a row and output column, which at many rows costs
+ * more than that saves (a 1,280-token prompt 36.0 -> 38.4 ms; crossover
+ * between 155 and 280 rows): past STACKED_MAX_T rows, a product each. */
+#define STACKED_MAX_T 128
 static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
                                const cuda_weight *const *ws, const cuda_weight *const *bs,
                                int32_t n, int32_t T) {
     if (T <= 0) return IS_OK;
     const int64_t cols = ws[0]->base.shape.cols;
     const bool split = c->precision == CUDA_MATMUL_BF16X2;
-    bool one = c->stacked && !c->legacy && n > 1 && n <= CUDA_SPLIT_MAX && ws[0]->stack;
+    bool one = c->stacked && !c->legacy && T <= STACKED_MAX_T && n > 1 && n <= CUDA_SPLIT_MAX &&
+               ws[0]->stack;
     int64_t rows = 0;
     for (int32_t i = 0; i < n && one; i++) {
         one = ws[i]->stack == ws[0]->stack && ws[i]->base.shape.cols == cols &&

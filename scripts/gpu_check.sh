@@ -55,7 +55,7 @@ fi
 
 if [[ "${RESULT[build]:-}" == ok* ]]; then
   section "ctest -L gpu"
-  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 400 -V) > "$OUT/ctest.log" 2>&1
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout ${CTEST_TIMEOUT:-200} -V) > "$OUT/ctest.log" 2>&1
   rc=$?
   grep -E 'rel err|SKIPPED|FAILED|PASSED|error|differ|identical|ratio|seed|Test +#|tests passed' \
     "$OUT/ctest.log" | head -150
