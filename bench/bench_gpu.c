@@ -41,7 +41,9 @@
  * (the kernel up to 8 rows); without one, all on cuBLAS (the default),
  * e.g. -c bf16,bf16+decode,bf16+skinny. "+unstacked" runs q, k, v (and
  * gate, up) as a product each instead of one of their stacked weights
- * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that.
+ * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
+ * "+prefetch" takes the engine's hint to prefetch the attention output's
+ * weights into L2 during attention (backend_cuda_set_prefetch).
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
  * configurations above, in the serving configuration (bf16 KV cache,
@@ -574,7 +576,8 @@ int main(int argc, char **argv) {
                     "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
-                    "         product each (not one of stacked weights); ignored on cpu\n");
+                    "         product each (not one of stacked weights); +prefetch: wo into\n"
+                    "         L2 during attention; ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -674,6 +677,7 @@ int main(int argc, char **argv) {
                                           : strstr(cfg, "+decode") ? CUDA_SKINNY_DECODE
                                                                    : CUDA_SKINNY_OFF);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
+            backend_cuda_set_prefetch(b.be, strstr(cfg, "+prefetch") != NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

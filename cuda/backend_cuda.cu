@@ -75,6 +75,12 @@ typedef struct graph_slot {
 typedef struct cuda_ctx {
     int32_t device;
     cudaStream_t stream;
+    /* Weight prefetches into L2 (the prefetch op) run here, after `side_go`
+     * is reached on `stream`, beside the attention queued there (off by
+     * default; IS_CUDA_PREFETCH=1 or backend_cuda_set_prefetch). */
+    bool prefetch;
+    cudaStream_t side;
+    cudaEvent_t side_go;
     cublasHandle_t cublas;
     is_status err;      /* first failure of an op, sticky */
     char err_msg[512];
@@ -970,6 +976,25 @@ static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const fl
                            rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, c->kv_bf16);
 }
 
+/* Nothing is recorded while capturing (a second stream would fork the
+ * graph) and nothing waits for the prefetch: the product reads the weights
+ * whether they arrived in L2 or not. */
+static is_status prefetch_impl(cuda_ctx *c, const cuda_weight *w) {
+    if (!c->side) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->side_go, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(c->side_go, c->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_go, 0));
+    return cuda_prefetch_l2(c->side, w->data, weight_bytes(w));
+}
+
+static void cu_prefetch(backend *be, const backend_weight *w) {
+    cuda_ctx *c = ctx_of(be);
+    if (!c->prefetch || c->capturing || c->prof || !w || !op_begin(c)) return;
+    op_note(c, prefetch_impl(c, (const cuda_weight *)w));
+}
+
 static void cu_rope_store(backend *be, float *q, float *k, const float *v, float *k_cache,
                           float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
@@ -1334,6 +1359,8 @@ static void ctx_destroy(cuda_ctx *c) {
     for (int32_t i = 0; i < GRAPH_CACHE; i++)
         if (c->gcache[i].exec) cudaGraphExecDestroy(c->gcache[i].exec);
     if (c->graph_done) cudaEventDestroy(c->graph_done);
+    if (c->side_go) cudaEventDestroy(c->side_go);
+    if (c->side) cudaStreamDestroy(c->side);
     cudaFreeHost(c->pin);
     if (c->cublas) cublasDestroy(c->cublas);
     cudaFree(c->cublas_ws); /* after the handle that uses it */
@@ -1376,6 +1403,7 @@ static const backend_ops cuda_ops = {
     /* .weight_create_stacked = */ cu_weight_create_stacked,
     /* .matmul_n = */ cu_matmul_n,
     /* .rope_store = */ cu_rope_store,
+    /* .prefetch = */ cu_prefetch,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1386,7 +1414,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
-    NULL,
+    NULL,           NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1453,6 +1481,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     {
         const char *v = getenv("IS_CUDA_STACKED");
         c->stacked = !(v && strcmp(v, "0") == 0);
+        v = getenv("IS_CUDA_PREFETCH");
+        c->prefetch = v && strcmp(v, "1") == 0;
     }
     {
         /* Off by default: one graph per forward measured slower than no
@@ -1540,6 +1570,10 @@ extern "C" void backend_cuda_set_flash(backend *be, bool on) {
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
     graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
+}
+
+extern "C" void backend_cuda_set_prefetch(backend *be, bool on) {
+    ctx_of(be)->prefetch = on;
 }
 
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {

@@ -112,6 +112,10 @@ void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */
 void backend_cuda_set_stacked(backend *be, bool on);
+/* The prefetch op's hint taken (the attention output's weights read into
+ * L2 on a second stream while attention runs), default off until measured;
+ * IS_CUDA_PREFETCH=1 at creation turns it on. Results are unchanged. */
+void backend_cuda_set_prefetch(backend *be, bool on);
 
 /* The backend as first built (issue 6's "before", kept for measuring):
  * f32 KV cache, per-(token, head) attention, no inject op (the engine

@@ -193,6 +193,29 @@ is_status cuda_split_columns(cudaStream_t s, const cuda_split *sp, const float *
     return IS_OK;
 }
 
+#define PREFETCH_CHUNK 4096
+
+static __global__ void prefetch_l2_kernel(const char *p, size_t bytes) {
+    const size_t step = (size_t)gridDim.x * blockDim.x * PREFETCH_CHUNK;
+    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PREFETCH_CHUNK; off < bytes;
+         off += step) {
+        const size_t left = bytes - off;
+        const uint32_t n = (uint32_t)(left < PREFETCH_CHUNK ? left & ~(size_t)15 : PREFETCH_CHUNK);
+        if (n == 0) continue;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
+                     : "memory");
+    }
+}
+
+is_status cuda_prefetch_l2(cudaStream_t s, const void *p, size_t bytes) {
+    if (bytes < 16 || !cuda_aligned16(p)) return IS_OK; /* a hint: nothing to do */
+    const size_t chunks = (bytes + PREFETCH_CHUNK - 1) / PREFETCH_CHUNK;
+    const unsigned blocks = (unsigned)((chunks + 127) / 128 < 64 ? (chunks + 127) / 128 : 64);
+    prefetch_l2_kernel<<<blocks, 128, 0, s>>>((const char *)p, bytes);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
 is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf16, int64_t cols,
                         const int32_t *tokens, int32_t T) {
     if (T <= 0) return IS_OK;

@@ -52,6 +52,10 @@ typedef struct cuda_split {
 is_status cuda_split_columns(cudaStream_t s, const cuda_split *sp, const float *part,
                              int64_t rows, int32_t T, bool halves);
 
+/* Asks the memory system to bring [p, p + bytes) into L2 (bulk prefetches
+ * of 4 KiB; nothing waits for them). p 16-byte aligned. */
+is_status cuda_prefetch_l2(cudaStream_t s, const void *p, size_t bytes);
+
 /* out[t][cols] = row tokens[t] of emb ([rows][cols], bf16 when emb_bf16,
  * else f32), widened to f32; tokens in device memory, already checked. */
 is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf16, int64_t cols,

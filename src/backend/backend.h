@@ -189,6 +189,11 @@ typedef struct backend_ops {
                        float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                        int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                        const rope_params *rp);
+    /* Optional (NULL = nothing): a hint that w is read soon (the product
+     * after the ops queued next). A backend may start moving it closer
+     * meanwhile; results never change. The CUDA backend prefetches it into
+     * L2 on a second stream while attention runs (the memory is idle then). */
+    void (*prefetch)(backend *be, const backend_weight *w);
 } backend_ops;
 
 struct backend {

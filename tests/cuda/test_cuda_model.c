@@ -213,6 +213,30 @@ static void test_default_model(void **state) {
     compare_stream("  the same, backend as first built", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL, ARGMAX_MIN);
     backend_cuda_set_legacy(g_gpu, false);
+    /* One product per weight instead of one over the stacked q, k, v and
+     * gate, up: the same bar. */
+    backend_cuda_set_stacked(g_gpu, false);
+    compare_stream("  the same, products unstacked", g_mc, g_mg, stream, n_prefill, n_decode,
+                   REL_TOL, ARGMAX_MIN);
+    backend_cuda_set_stacked(g_gpu, true);
+    /* The prefetch hint changes when weights arrive, never what is
+     * computed: bitwise the same logits. */
+    {
+        const int32_t V = g_mg->cfg.n_vocab;
+        const size_t nl = (size_t)total * V;
+        float *off = malloc(nl * sizeof(float)), *on = malloc(nl * sizeof(float));
+        assert_non_null(off);
+        assert_non_null(on);
+        run_stream(g_mg, stream, n_prefill, n_decode, off);
+        backend_cuda_set_prefetch(g_gpu, true);
+        run_stream(g_mg, stream, n_prefill, n_decode, on);
+        backend_cuda_set_prefetch(g_gpu, false);
+        gpu_ok();
+        assert_memory_equal(off, on, nl * sizeof(float));
+        printf("  prefetch on: %d positions of logits bitwise equal to prefetch off\n", total);
+        free(off);
+        free(on);
+    }
     free(stream);
     free(toks);
 }

@@ -557,11 +557,15 @@ static void check_matmul_n(int32_t n, const int64_t *rows, int64_t cols, bool wi
     }
     backend_cuda_set_stacked(g_gpu, true);
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
-    /* The first stacked weight freed, the last still computes. */
+    /* The first stacked weight freed, the last still computes (after a
+     * prefetch hint for it: results unchanged). */
     g_gpu->ops->weight_free(g_gpu, stk[0]);
     const size_t N = (size_t)T * rows[n - 1];
     float *ya = poisoned(g_gpu, N), *yr = poisoned(g_gpu, N);
+    backend_cuda_set_prefetch(g_gpu, true);
+    g_gpu->ops->prefetch(g_gpu, stk[n - 1]);
     g_gpu->ops->matmul(g_gpu, ya, xg, stk[n - 1], NULL, T);
+    backend_cuda_set_prefetch(g_gpu, false);
     g_gpu->ops->matmul(g_gpu, yr, xg, w[n - 1].gpu, NULL, T);
     float *ha = take(g_gpu, ya, N), *hr = take(g_gpu, yr, N);
     gpu_ok();
