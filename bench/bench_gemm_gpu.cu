@@ -57,6 +57,16 @@ static double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+/* A per-layer table, [T = 1, 30][bf16, bf16x2]: a against b and their ratio. */
+static void layer_table(const char *title, const char *cols, const double a[2][2],
+                        const double b[2][2]) {
+    printf("\n%s:\n\n| T | input | %s | ratio |\n|---|---|---|---|---|\n", title, cols);
+    for (int ti = 0; ti < 2; ti++)
+        for (int split = 0; split < 2; split++)
+            printf("| %d | %s | %.1f | %.1f | %.2fx |\n", ti ? 30 : 1, split ? "bf16x2" : "bf16",
+                   a[ti][split], b[ti][split], a[ti][split] / b[ti][split]);
+}
+
 int main(int argc, char **argv) {
     int reps = 20;
     bool sweep = false;
@@ -206,20 +216,10 @@ int main(int argc, char **argv) {
         }
         for (__nv_bfloat16 *w : ws) CK(cudaFree(w));
     }
-    printf("\nOne 8B layer's seven products (auto cut), us:\n\n| T | input | cuBLAS | skinny | "
-           "ratio |\n|---|---|---|---|---|\n");
-    for (int ti = 0; ti < 2; ti++)
-        for (int split = 0; split < 2; split++)
-            printf("| %d | %s | %.1f | %.1f | %.2fx |\n", ti ? 30 : 1, split ? "bf16x2" : "bf16",
-                   layer_cublas[ti][split], layer_skinny[ti][split],
-                   layer_cublas[ti][split] / layer_skinny[ti][split]);
-    printf("\nThe same on cuBLAS with stacked weights (qkv, o, gate+up, down), us:\n\n| T | input | "
-           "seven products | four stacked | ratio |\n|---|---|---|---|---|\n");
-    for (int ti = 0; ti < 2; ti++)
-        for (int split = 0; split < 2; split++)
-            printf("| %d | %s | %.1f | %.1f | %.2fx |\n", ti ? 30 : 1, split ? "bf16x2" : "bf16",
-                   layer_cublas[ti][split], layer_stacked[ti][split],
-                   layer_cublas[ti][split] / layer_stacked[ti][split]);
+    layer_table("One 8B layer's seven products (auto cut), us", "cuBLAS | skinny", layer_cublas,
+                layer_skinny);
+    layer_table("The same on cuBLAS with stacked weights (qkv, o, gate+up, down), us",
+                "seven products | four stacked", layer_cublas, layer_stacked);
     printf("\n(weight reading alone at 4.2 TB/s: 104 us a layer)\n");
     return 0;
 }

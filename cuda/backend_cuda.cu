@@ -910,9 +910,9 @@ static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos)
     return IS_OK;
 }
 
-static is_status rope_impl(cuda_ctx *c, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
-                           int32_t head_dim, const rope_params *rp) {
-    if (T <= 0) return IS_OK;
+/* The table covering every |pos[t]|, and the positions on the device. */
+static is_status rope_prepare(cuda_ctx *c, const rope_params *rp, int32_t head_dim,
+                              const int32_t *pos, int32_t T, const void **dpos) {
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= head_dim);
     int32_t max_pos = 0;
     for (int32_t t = 0; t < T; t++) {
@@ -922,9 +922,15 @@ static is_status rope_impl(cuda_ctx *c, float *x, const int32_t *pos, int32_t T,
     }
     is_status st = rope_table(c, rp, max_pos);
     if (st != IS_OK) return st;
+    return stage_upload(c, &c->st_rope, pos, (size_t)T * sizeof(int32_t), dpos);
+}
+
+static is_status rope_impl(cuda_ctx *c, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
+                           int32_t head_dim, const rope_params *rp) {
+    if (T <= 0) return IS_OK;
     const void *dpos;
-    if ((st = stage_upload(c, &c->st_rope, pos, (size_t)T * sizeof(int32_t), &dpos)) != IS_OK)
-        return st;
+    is_status st = rope_prepare(c, rp, head_dim, pos, T, &dpos);
+    if (st != IS_OK) return st;
     return cuda_rope(c->stream, x, (const int32_t *)dpos, T, n_heads, head_dim, rp->n_rot,
                      rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev);
 }
@@ -958,16 +964,9 @@ static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const fl
                                  const int32_t *slots, int32_t T, int32_t n_heads,
                                  int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                  const rope_params *rp) {
-    IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= head_dim);
-    int32_t max_pos = 0;
-    for (int32_t t = 0; t < T; t++) {
-        IS_ASSERT(pos[t] != INT32_MIN && slots[t] >= 0);
-        int32_t ap = pos[t] < 0 ? -pos[t] : pos[t];
-        if (ap > max_pos) max_pos = ap;
-    }
-    is_status st = rope_table(c, rp, max_pos);
+    for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dpos, *dslots;
-    if (st == IS_OK) st = stage_upload(c, &c->st_rope, pos, (size_t)T * sizeof(int32_t), &dpos);
+    is_status st = rope_prepare(c, rp, head_dim, pos, T, &dpos);
     if (st == IS_OK)
         st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
     if (st != IS_OK) return st;

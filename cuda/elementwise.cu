@@ -135,9 +135,10 @@ static __global__ void split_columns_kernel(cuda_split sp, const float *part, in
                          : j == 1 ? sp.out[1].rows
                          : j == 2 ? sp.out[2].rows
                                   : sp.out[3].rows;
-    int64_t off = 0;
-    for (int32_t i = 0; i < CUDA_SPLIT_MAX; i++)
-        if (i < j) off += i == 0 ? sp.out[0].rows : i == 1 ? sp.out[1].rows : sp.out[2].rows;
+    const int64_t off = j == 0   ? sp.out[0].off
+                        : j == 1 ? sp.out[1].off
+                        : j == 2 ? sp.out[2].off
+                                 : sp.out[3].off;
     const float *src = part + t * rows_tot + off;
     float *dst = y + t * rows;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
@@ -168,15 +169,18 @@ static __global__ void split_columns_kernel(cuda_split sp, const float *part, in
     }
 }
 
-is_status cuda_split_columns(cudaStream_t s, const cuda_split *sp, const float *part,
-                             int64_t rows, int32_t T, bool halves) {
+is_status cuda_split_columns(cudaStream_t s, cuda_split *sp, const float *part, int64_t rows,
+                             int32_t T, bool halves) {
     const int64_t n = (int64_t)T * rows;
     if (n <= 0 || sp->n <= 0) return IS_OK;
     IS_ASSERT(sp->n <= CUDA_SPLIT_MAX && T <= 65535);
     int64_t max_rows = 0;
     bool vec = rows % 4 == 0 && cuda_aligned16(part);
+    int64_t off = 0;
     for (int32_t j = 0; j < sp->n; j++) {
-        const cuda_split_out *o = &sp->out[j];
+        cuda_split_out *o = &sp->out[j];
+        o->off = off;
+        off += o->rows;
         if (o->rows > max_rows) max_rows = o->rows;
         vec = vec && o->rows % 4 == 0 && cuda_aligned16(o->y) &&
               (!o->bias || cuda_aligned16(o->bias));

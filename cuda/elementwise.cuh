@@ -40,6 +40,7 @@ typedef struct cuda_split_out {
     float *y;
     const float *bias; /* [rows] or NULL */
     int64_t rows;
+    int64_t off;       /* set by cuda_split_columns */
 } cuda_split_out;
 typedef struct cuda_split {
     cuda_split_out out[CUDA_SPLIT_MAX];
@@ -49,8 +50,8 @@ typedef struct cuda_split {
 /* y_i[t][r] = part[t][off_i + r] (+ part[T + t][off_i + r] when halves: a
  * split product) (+ bias_i[r]): the same sums, in the same order, as
  * cuda_sum_halves and cuda_add_bias on separate products. */
-is_status cuda_split_columns(cudaStream_t s, const cuda_split *sp, const float *part,
-                             int64_t rows, int32_t T, bool halves);
+is_status cuda_split_columns(cudaStream_t s, cuda_split *sp, const float *part, int64_t rows,
+                             int32_t T, bool halves);
 
 /* Asks the memory system to bring [p, p + bytes) into L2 (bulk prefetches
  * of 4 KiB; nothing waits for them). p 16-byte aligned. */

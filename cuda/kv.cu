@@ -36,6 +36,20 @@ is_status cuda_kv_store(cudaStream_t s, void *k_cache, void *v_cache, const floa
     return IS_OK;
 }
 
+/* Element d of head x rotated with its pair partner by the table row tab
+ * ([half][cos, sin]; neg: a negative position, sin negated): the value
+ * rope_kernel leaves there. Elements past the rotated ones pass through. */
+template <typename T>
+static __device__ __forceinline__ float rope_element(const T *x, int32_t d, int32_t half,
+                                                     bool neox, const float *tab, bool neg) {
+    if (d >= 2 * half) return kv_load(x + d);
+    const int32_t pi = neox ? (d < half ? d : d - half) : d / 2;
+    const int32_t i0 = neox ? pi : 2 * pi, i1 = neox ? pi + half : 2 * pi + 1;
+    const float c = tab[2 * pi], sn = neg ? -tab[2 * pi + 1] : tab[2 * pi + 1];
+    const float a = kv_load(x + i0), b = kv_load(x + i1);
+    return d == i0 ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
+}
+
 /* One block per token: the queries' pairs rotated in place (as
  * rope_kernel: thread per pair), then each key element rotated with its
  * pair partner (as inject_kernel) and stored with its value. */
@@ -63,18 +77,8 @@ static __global__ void rope_store_kernel(float *q, const float *k, const float *
     const float *kt = k + (int64_t)t * kv_dim, *vt = v + (int64_t)t * kv_dim;
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
         const int32_t h = e / head_dim, d = e % head_dim;
-        const float *x = kt + (int64_t)h * head_dim;
-        float y = x[d];
-        if (d < 2 * half) {
-            const int32_t i = neox ? (d < half ? d : d - half) : d / 2;
-            const bool first = neox ? d < half : (d & 1) == 0;
-            const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-            const float c = tab[2 * i], sn = p < 0 ? -tab[2 * i + 1] : tab[2 * i + 1];
-            const float a = x[i0], b = x[i1];
-            y = first ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
-        }
         const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
-        kv_put(k_cache + dst, y);
+        kv_put(k_cache + dst, rope_element(kt + (int64_t)h * head_dim, d, half, neox, tab, p < 0));
         kv_put(v_cache + dst, vt[e]);
     }
 }
@@ -116,28 +120,8 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
         const int32_t h = e / head_dim, d = e % head_dim;
         const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
-        const __nv_bfloat16 *x = kr + (int64_t)h * head_dim;
-        float out;
-        if (d >= n_rot) {
-            out = __bfloat162float(x[d]);
-        } else {
-            /* The pair (i0, i1) this element belongs to, and which of the two it is. */
-            int32_t pi, i0, i1;
-            if (neox) {
-                pi = d < half ? d : d - half;
-                i0 = pi;
-                i1 = pi + half;
-            } else {
-                pi = d / 2;
-                i0 = 2 * pi;
-                i1 = 2 * pi + 1;
-            }
-            const float *ce = cs + ((int64_t)p * half + pi) * 2;
-            const float c = ce[0], sn = ce[1];
-            const float a = __bfloat162float(x[i0]), b = __bfloat162float(x[i1]);
-            out = d == i0 ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
-        }
-        kv_put(kc + dst, out);
+        kv_put(kc + dst, rope_element(kr + (int64_t)h * head_dim, d, half, neox,
+                                      cs + (int64_t)p * half * 2, false));
         kv_put(vc + dst, __bfloat162float(vr[e]));
     }
 }

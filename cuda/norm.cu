@@ -5,6 +5,21 @@
 
 #define NORM_THREADS 256
 
+/* The sum of every thread's ss over the block (NORM_THREADS), returned to
+ * all threads: lanes, then warps through partial[]. */
+static __device__ __forceinline__ float block_sum(float ss, float *partial) {
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (threadIdx.x == 0) partial[0] = ss;
+    }
+    __syncthreads();
+    return partial[0];
+}
+
 /* With res (the fused residual add), x[i] += res[i] first, stored back;
  * the sum and the norm then read what the add wrote, as separate add and
  * rmsnorm launches would: the results are the same bits. */
@@ -19,18 +34,10 @@ static __global__ void rmsnorm_kernel(float *out, float *x, const float *res, co
     }
     float ss = 0.0f;
     for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) ss += xr[i] * xr[i];
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        ss = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        if (threadIdx.x == 0) partial[0] = ss;
-    }
-    __syncthreads();
-    float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
-    /* Every thread has read partial[0] before any writes out (out may alias x,
-     * but each element is read and written by the same thread). */
+    ss = block_sum(ss, partial);
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    /* Every thread has its sum before any writes out (out may alias x, but
+     * each element is read and written by the same thread). */
     __nv_bfloat16 *ob = obf ? obf + (int64_t)blockIdx.x * n : NULL;
     for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) {
         const float y = xr[i] * scale * g[i];
@@ -75,16 +82,8 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
             ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         }
     }
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        ss = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        if (threadIdx.x == 0) partial[0] = ss;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(partial[0] / (float)n + eps);
+    ss = block_sum(ss, partial);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
     float4 *o = (float4 *)(out + (int64_t)blockIdx.x * n);
     const float4 *g4 = (const float4 *)g;
     __nv_bfloat16 *ob = obf ? obf + (int64_t)blockIdx.x * n : NULL;
