@@ -577,7 +577,8 @@ int main(int argc, char **argv) {
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
                     "         product each (not one of stacked weights); +prefetch: wo into\n"
-                    "         L2 during attention; ignored on cpu\n");
+                    "         L2 during attention; +tuned: products of <= 64 rows on the\n"
+                    "         cuBLASLt algorithm timed fastest (cuda/gemm.cuh); ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -678,6 +679,7 @@ int main(int argc, char **argv) {
                                                                    : CUDA_SKINNY_OFF);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
             backend_cuda_set_prefetch(b.be, strstr(cfg, "+prefetch") != NULL);
+            backend_cuda_set_tuned(b.be, strstr(cfg, "+tuned") != NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */
@@ -713,6 +715,13 @@ int main(int argc, char **argv) {
                        cfg, (long long)st.hits, (long long)st.misses, (long long)st.evictions,
                        st.bytes_uploaded / 1e9, (long long)st.records, (long long)st.pages_used,
                        (long long)st.pages_total, (long long)st.page_bytes);
+            cuda_gemm_stats gs;
+            backend_cuda_gemm_stats(b.be, &gs);
+            if (strstr(cfg, "+tuned"))
+                printf("tuned products (%s, all configurations so far): %lld shapes timed (%lld "
+                       "candidates, %.0f ms), %lld products run\n",
+                       cfg, (long long)gs.problems, (long long)gs.candidates, gs.tune_ms,
+                       (long long)gs.calls);
         }
 #endif
     }

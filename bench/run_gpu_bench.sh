@@ -19,7 +19,7 @@
 #   call B: carry [".gpumodel_b", ".gpudeps", ".whl"], command "bash bench/run_gpu_bench.sh"
 #
 # Environment: BENCH_ARGS (extra bench_gpu arguments), BENCH_TYPE (f16),
-# GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS),
+# GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS), ATTN_BENCH=1 (bench_attn_gpu, ATTN_ARGS),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
 # DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5),
@@ -101,6 +101,18 @@ if [ "${GEMM_BENCH:-0}" = 1 ]; then
     timeout 120 build-gpu/bench/bench_gemm_gpu ${GEMM_ARGS:-} 2>&1 | tee "$LOG/gemm.log" >> "$SUMMARY"
   else
     stamp "bench_gemm_gpu build FAILED"; tail -20 "$LOG/build_gemm.log" >> "$SUMMARY"
+  fi
+fi
+
+# 2c. Attention alone at the kv request's shapes, old and new choice of
+# tiles and splits (ATTN_BENCH=1; bench/bench_attn_gpu.cu).
+if [ "${ATTN_BENCH:-0}" = 1 ]; then
+  if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; GEN_PID=; fi
+  if cmake --build build-gpu -j "$(nproc)" --target bench_attn_gpu > "$LOG/build_attn.log" 2>&1; then
+    stamp "bench_attn_gpu ${ATTN_ARGS:-}"
+    timeout 120 build-gpu/bench/bench_attn_gpu ${ATTN_ARGS:-} 2>&1 | tee "$LOG/attn.log" >> "$SUMMARY"
+  else
+    stamp "bench_attn_gpu build FAILED"; tail -20 "$LOG/build_attn.log" >> "$SUMMARY"
   fi
 fi
 

@@ -22,6 +22,7 @@ extern "C" {
 #include "norm.cuh"
 #include "rope.cuh"
 #include "skinny.cuh"
+#include "gemm.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -117,6 +118,11 @@ typedef struct cuda_ctx {
     /* Products of stacked weights in one GEMM (matmul_n; default on,
      * IS_CUDA_STACKED=0 or backend_cuda_set_stacked: one product each). */
     bool stacked;
+    /* bf16 products of few rows on the algorithm timed fastest for their
+     * shape (gemm.cuh; IS_CUDA_TUNED=1 or backend_cuda_set_tuned), created
+     * at the first such product. */
+    bool tuned;
+    cuda_gemm *gemm;
     /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
      * IS_CUDA_SKINNY_MT / _KC force its cut, for measuring). */
     cuda_skinny_mode skinny;
@@ -749,6 +755,31 @@ static bool use_skinny(const cuda_ctx *c, int32_t T, int64_t rows, int64_t cols,
            (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && T <= few));
 }
 
+/* out[n_cols][rows] = W xbf^T, f32: on the tuned algorithm where there is
+ * one (never timed while capturing), else cuBLAS's own choice. */
+static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows, int32_t n_cols,
+                           int64_t cols) {
+    if (c->tuned && !c->legacy && n_cols <= CUDA_GEMM_TUNE_MAX_N &&
+        (c->gemm || !c->capturing)) {
+        if (!c->gemm) {
+            is_status st = cuda_gemm_create(&c->gemm);
+            if (st != IS_OK) return st;
+        }
+        bool ran = false;
+        is_status st = cuda_gemm_bf16(c->gemm, c->stream, out, (const __nv_bfloat16 *)w, c->xbf,
+                                      rows, n_cols, cols, c->cublas_ws, CUBLAS_WORKSPACE_BYTES,
+                                      !c->capturing, &ran);
+        if (st != IS_OK || ran) return st;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
+    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
+                              &one, w, CUDA_R_16BF, (int)cols, c->xbf, CUDA_R_16BF, (int)cols,
+                              &zero, out, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    return IS_OK;
+}
+
 static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_weight *w,
                              const cuda_weight *bias, int32_t T) {
     if (T <= 0) return IS_OK;
@@ -779,11 +810,8 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
         if (st != IS_OK) return st;
         out = c->ypart;
     }
-    /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
-    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
-                              &one, w->data, CUDA_R_16BF, (int)cols, c->xbf, CUDA_R_16BF,
-                              (int)cols, &zero, out, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    st = gemm_bf16(c, out, w->data, rows, n_cols, cols);
+    if (st != IS_OK) return st;
     if (split) return cuda_sum_halves(c->stream, y, c->ypart, bias_data, T, rows);
     return bias ? cuda_add_bias(c->stream, y, bias_data, T, rows) : IS_OK;
 }
@@ -843,11 +871,8 @@ static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
         st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
                              sizeof(float));
     if (st != IS_OK) return st;
-    const float one_f = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
-                              &one_f, ws[0]->data, CUDA_R_16BF, (int)cols, c->xbf, CUDA_R_16BF,
-                              (int)cols, &zero, c->ypart, CUDA_R_32F, (int)rows,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    st = gemm_bf16(c, c->ypart, ws[0]->data, rows, n_cols, cols);
+    if (st != IS_OK) return st;
     return cuda_split_columns(c->stream, &sp, c->ypart, rows, T, split);
 }
 
@@ -875,7 +900,12 @@ static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos)
     if (same && max_pos < c->rope_n_pos) return IS_OK;
     graph_break(c); /* the rebuilt table replaces the old one after a wait */
     const int32_t from = same ? c->rope_n_pos : 0;
-    int32_t n = max_pos + 1 > 2 * c->rope_n_pos ? max_pos + 1 : 2 * c->rope_n_pos;
+    /* Doubling only extends a table of the same parameters: a table rebuilt
+     * for other ones starts from what is asked (doubling there made every
+     * change of parameters double the table, so a process that alternated
+     * them, as the op tests do, spent minutes computing billions of rows). */
+    const int32_t grown = same ? 2 * c->rope_n_pos : 0;
+    int32_t n = max_pos + 1 > grown ? max_pos + 1 : grown;
     if (n < 4096) n = 4096;
     const size_t bytes = (size_t)n * half * 2 * sizeof(float);
     float *cs = (float *)realloc(c->rope_host, bytes);
@@ -1361,8 +1391,9 @@ static void ctx_destroy(cuda_ctx *c) {
     if (c->side_go) cudaEventDestroy(c->side_go);
     if (c->side) cudaStreamDestroy(c->side);
     cudaFreeHost(c->pin);
+    cuda_gemm_free(c->gemm);
     if (c->cublas) cublasDestroy(c->cublas);
-    cudaFree(c->cublas_ws); /* after the handle that uses it */
+    cudaFree(c->cublas_ws); /* after the handles that use it */
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -1482,6 +1513,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->stacked = !(v && strcmp(v, "0") == 0);
         v = getenv("IS_CUDA_PREFETCH");
         c->prefetch = v && strcmp(v, "1") == 0;
+        v = getenv("IS_CUDA_TUNED");
+        c->tuned = v && strcmp(v, "1") == 0;
     }
     {
         /* Off by default: one graph per forward measured slower than no
@@ -1573,6 +1606,15 @@ extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
 
 extern "C" void backend_cuda_set_prefetch(backend *be, bool on) {
     ctx_of(be)->prefetch = on;
+}
+
+extern "C" void backend_cuda_set_tuned(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->tuned = on;
+}
+
+extern "C" void backend_cuda_gemm_stats(backend *be, cuda_gemm_stats *out) {
+    cuda_gemm_stats_get(ctx_of(be)->gemm, out);
 }
 
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {

@@ -477,10 +477,13 @@ static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols,
 static void test_matmul(void **state) {
     SKIP_WITHOUT_GPU();
     /* Every case on cuBLAS, then with products of <= 64 rows on the skinny
-     * kernel (cuda/skinny.cuh). */
-    for (int p = 0; p <= 3; p++) {
-        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+     * kernel (cuda/skinny.cuh), then on the tuned cuBLASLt algorithms
+     * (cuda/gemm.cuh; each shape timed at its first product here). */
+    for (int p = 0; p <= 5; p++) {
+        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+        backend_cuda_set_tuned(g_gpu, p >= 4);
         if (p == 2) printf("  with the skinny kernel:\n");
+        if (p == 4) printf("  with tuned cuBLASLt products:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul(TENSOR_TYPE_F32, 1, 576, 576, false, prec);
         check_matmul(TENSOR_TYPE_F32, 7, 1536, 576, true, prec);
@@ -498,6 +501,12 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
     }
     backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
+    cuda_gemm_stats gs;
+    backend_cuda_gemm_stats(g_gpu, &gs);
+    printf("  tuned: %lld shapes timed, %lld candidates, %lld products on them\n",
+           (long long)gs.problems, (long long)gs.candidates, (long long)gs.calls);
+    assert_true(gs.problems > 0 && gs.calls > 0); /* the tuned path ran */
+    backend_cuda_set_tuned(g_gpu, false);
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
     double e2 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16X2);
@@ -587,14 +596,18 @@ static void test_matmul_n(void **state) {
     assert_non_null(g_gpu->ops->matmul_n);
     assert_non_null(g_gpu->ops->weight_create_stacked);
     const int64_t qkv[] = {576, 192, 192}, gate_up[] = {1536, 1536}, odd[] = {49, 7};
-    for (int p = 0; p < 2; p++) {
-        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+    /* p >= 2: on tuned cuBLASLt algorithms, stacked and separate products
+     * each timed for their own shape. */
+    for (int p = 0; p < 4; p++) {
+        cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+        backend_cuda_set_tuned(g_gpu, p >= 2);
         check_matmul_n(3, qkv, 576, true, 1, prec);
         check_matmul_n(3, qkv, 576, false, 30, prec);
         check_matmul_n(2, gate_up, 576, false, 30, prec);
         check_matmul_n(2, gate_up, 576, false, 300, prec);
         check_matmul_n(2, odd, 96, true, 5, prec);
     }
+    backend_cuda_set_tuned(g_gpu, false);
     /* Refusals: widths that differ, a vector, too many. */
     test_weight a, v;
     weight_make(&a, TENSOR_TYPE_F32, 64, 8, 1.0f);
@@ -653,6 +666,37 @@ static void test_rope(void **state) {
         free(c);
         free(g);
     }
+}
+
+/* Models with other RoPE parameters in turn (the op tests do this; so may a
+ * server that loads several): each switch rebuilds the table at the size
+ * asked for. It once doubled at every switch, so 30 switches asked for
+ * 4096 * 2^30 rows and the process spent minutes (then failed) building it. */
+static void test_rope_table_switches(void **state) {
+    SKIP_WITHOUT_GPU();
+    backend *be;
+    assert_int_equal(backend_cuda_create(0, &be), IS_OK);
+    const rope_params a = {.layout = ROPE_LAYOUT_NORM, .n_rot = 64, .freq_base = 10000.0f,
+                           .freq_scale = 1.0f};
+    const rope_params b = {.layout = ROPE_LAYOUT_NEOX, .n_rot = 64, .freq_base = 500000.0f,
+                           .freq_scale = 1.0f};
+    const int32_t T = 2, pos[2] = {3, 5000};
+    const size_t n = (size_t)T * 2 * 64;
+    float *x = rand_f32(n, 1.0f), *ref = malloc(n * sizeof(float));
+    memcpy(ref, x, n * sizeof(float));
+    g_cpu->ops->rope(g_cpu, ref, pos, T, 2, 64, &b);
+    float *xg = put(be, x, n);
+    for (int i = 0; i < 30; i++) {
+        be->ops->upload(be, xg, x, n * sizeof(float));
+        be->ops->rope(be, xg, pos, T, 2, 64, i % 2 ? &b : &a);
+    }
+    float *g = take(be, xg, n);
+    assert_int_equal(backend_cuda_check(be), IS_OK);
+    expect_close("rope after 30 switches (the last: neox)", g, ref, n, 1e-6);
+    free(x);
+    free(ref);
+    free(g);
+    be->ops->free(be);
 }
 
 static void test_kv_store(void **state) {
@@ -1303,7 +1347,8 @@ int main(void) {
         cmocka_unit_test(test_weight_types),   cmocka_unit_test(test_weight_refusals),
         cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_matmul),         cmocka_unit_test(test_matmul_n),
-        cmocka_unit_test(test_rope),           cmocka_unit_test(test_kv_store),
+        cmocka_unit_test(test_rope),           cmocka_unit_test(test_rope_table_switches),
+        cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
         cmocka_unit_test(test_rope_store),
