@@ -22,8 +22,7 @@
 # GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS), ATTN_BENCH=1 (bench_attn_gpu, ATTN_ARGS),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
-# DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5),
-# NSYS=1 (kernel table under Nsight Systems; NSYS_K, NSYS_ARGS).
+# DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -128,22 +127,6 @@ stamp "bench_gpu ${BENCH_ARGS:-}"
 timeout "${BENCH_TIMEOUT:-330}" build-gpu/bench/bench_gpu -m "$GGUF" -o "$LOG/bench.csv" ${BENCH_ARGS:-} \
   2>&1 | tee "$LOG/bench.log" | tee -a "$SUMMARY"
 stamp "bench_gpu rc ${PIPESTATUS[0]}"
-
-# 3a. Kernel by kernel (NSYS=1, where Nsight Systems is installed): one
-# bench_gpu run per k in NSYS_K under nsys, grouped by bench/nsys_kernels.py.
-if [ "${NSYS:-0}" = 1 ]; then
-  if command -v nsys >/dev/null 2>&1; then
-    for k in ${NSYS_K:-5 50}; do
-      stamp "nsys: bench_gpu -k $k ${NSYS_ARGS:--r 2 -c bf16 -t none}"
-      timeout "${NSYS_TIMEOUT:-120}" nsys profile -q -t cuda -o "$LOG/nsys_k$k" --force-overwrite true \
-        build-gpu/bench/bench_gpu -m "$GGUF" -k "$k" ${NSYS_ARGS:--r 2 -c bf16 -t none} > "$LOG/nsys_k$k.log" 2>&1
-      python3 bench/nsys_kernels.py "$LOG/nsys_k$k.nsys-rep" 2>&1 | tee -a "$SUMMARY" > "$LOG/nsys_k$k.md"
-      rm -f "$LOG/nsys_k$k.nsys-rep" "$LOG/nsys_k$k.sqlite"
-    done
-  else
-    stamp "nsys: not installed here"
-  fi
-fi
 
 # 3b. CUDA graphs: a short prefill and decode steps, graphs off and on in one
 # process (bench_gpu -D), on the 8B shape and on the default model where
