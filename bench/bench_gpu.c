@@ -42,8 +42,8 @@
  * e.g. -c bf16,bf16+decode,bf16+skinny. "+unstacked" runs q, k, v (and
  * gate, up) as a product each instead of one of their stacked weights
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
- * "+prefetch" takes the engine's hint to prefetch the attention output's
- * weights into L2 during attention (backend_cuda_set_prefetch).
+ * "+tuned" runs products of up to 64 rows on the cuBLASLt algorithm timed
+ * fastest for their shape (backend_cuda_set_tuned).
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
  * configurations above, in the serving configuration (bf16 KV cache,
@@ -576,9 +576,9 @@ int main(int argc, char **argv) {
                     "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
-                    "         product each (not one of stacked weights); +prefetch: wo into\n"
-                    "         L2 during attention; +tuned: products of <= 64 rows on the\n"
-                    "         cuBLASLt algorithm timed fastest (cuda/gemm.cuh); ignored on cpu\n");
+                    "         product each (not one of stacked weights); +tuned: products of\n"
+                    "         <= 64 rows on the cuBLASLt algorithm timed fastest\n"
+                    "         (cuda/gemm.cuh); ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -678,7 +678,6 @@ int main(int argc, char **argv) {
                                           : strstr(cfg, "+decode") ? CUDA_SKINNY_DECODE
                                                                    : CUDA_SKINNY_OFF);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
-            backend_cuda_set_prefetch(b.be, strstr(cfg, "+prefetch") != NULL);
             backend_cuda_set_tuned(b.be, strstr(cfg, "+tuned") != NULL);
         }
 #else

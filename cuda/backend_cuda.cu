@@ -76,12 +76,6 @@ typedef struct graph_slot {
 typedef struct cuda_ctx {
     int32_t device;
     cudaStream_t stream;
-    /* Weight prefetches into L2 (the prefetch op) run here, after `side_go`
-     * is reached on `stream`, beside the attention queued there (off by
-     * default; IS_CUDA_PREFETCH=1 or backend_cuda_set_prefetch). */
-    bool prefetch;
-    cudaStream_t side;
-    cudaEvent_t side_go;
     cublasHandle_t cublas;
     is_status err;      /* first failure of an op, sticky */
     char err_msg[512];
@@ -834,23 +828,46 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
  * more than that saves (a 1,280-token prompt 36.0 -> 38.4 ms; crossover
  * between 155 and 280 rows): past STACKED_MAX_T rows, a product each. */
 #define STACKED_MAX_T 128
-static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
-                               const cuda_weight *const *ws, const cuda_weight *const *bs,
-                               int32_t n, int32_t T) {
-    if (T <= 0) return IS_OK;
+
+/* Whether ws[0..n) are consecutive parts of one stacked allocation that one
+ * product at T rows should read (the conditions above); *rows: their sum. */
+static bool stacked_one(const cuda_ctx *c, const cuda_weight *const *ws,
+                        const cuda_weight *const *bs, int32_t n, int32_t T, int64_t *rows) {
     const int64_t cols = ws[0]->base.shape.cols;
     const bool split = c->precision == CUDA_MATMUL_BF16X2;
     bool one = c->stacked && !c->legacy && T <= STACKED_MAX_T && n > 1 && n <= CUDA_SPLIT_MAX &&
                ws[0]->stack;
-    int64_t rows = 0;
+    *rows = 0;
     for (int32_t i = 0; i < n && one; i++) {
         one = ws[i]->stack == ws[0]->stack && ws[i]->base.shape.cols == cols &&
-              ws[i]->data == (const char *)ws[0]->data + (size_t)(rows * cols) * 2 &&
+              ws[i]->data == (const char *)ws[0]->data + (size_t)(*rows * cols) * 2 &&
               !use_skinny(c, T, ws[i]->base.shape.rows, cols, split) &&
-              (!bs[i] || (!bs[i]->bf16 && bs[i]->base.shape.cols == ws[i]->base.shape.rows));
-        rows += ws[i]->base.shape.rows;
+              (!bs || !bs[i] || (!bs[i]->bf16 && bs[i]->base.shape.cols == ws[i]->base.shape.rows));
+        *rows += ws[i]->base.shape.rows;
     }
-    if (!one) {
+    return one;
+}
+
+/* The stacked product into ypart ([2][T][rows] when split). */
+static is_status stacked_product(cuda_ctx *c, const float *x, const cuda_weight *w0, int64_t rows,
+                                 int32_t T) {
+    const int64_t cols = w0->base.shape.cols;
+    const bool split = c->precision == CUDA_MATMUL_BF16X2;
+    const int32_t n_cols = split ? 2 * T : T;
+    is_status st = input_bf16(c, x, T, cols, split);
+    if (st == IS_OK)
+        st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
+                             sizeof(float));
+    if (st != IS_OK) return st;
+    return gemm_bf16(c, c->ypart, w0->data, rows, n_cols, cols);
+}
+
+static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
+                               const cuda_weight *const *ws, const cuda_weight *const *bs,
+                               int32_t n, int32_t T) {
+    if (T <= 0) return IS_OK;
+    int64_t rows;
+    if (!stacked_one(c, ws, bs, n, T, &rows)) {
         for (int32_t i = 0; i < n; i++) {
             is_status st = matmul_impl(c, ys[i], x, ws[i], bs[i], T);
             if (st != IS_OK) return st;
@@ -865,15 +882,10 @@ static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
         sp.out[i].bias = bs[i] ? (const float *)bs[i]->data : NULL;
         sp.out[i].rows = ws[i]->base.shape.rows;
     }
-    const int32_t n_cols = split ? 2 * T : T;
-    is_status st = input_bf16(c, x, T, cols, split);
-    if (st == IS_OK)
-        st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
-                             sizeof(float));
+    is_status st = stacked_product(c, x, ws[0], rows, T);
     if (st != IS_OK) return st;
-    st = gemm_bf16(c, c->ypart, ws[0]->data, rows, n_cols, cols);
-    if (st != IS_OK) return st;
-    return cuda_split_columns(c->stream, &sp, c->ypart, rows, T, split);
+    return cuda_split_columns(c->stream, &sp, c->ypart, rows, T,
+                              c->precision == CUDA_MATMUL_BF16X2);
 }
 
 static void cu_matmul_n(backend *be, float *const *ys, const float *x,
@@ -885,6 +897,49 @@ static void cu_matmul_n(backend *be, float *const *ys, const float *x,
     graph_mix(c, (uint64_t)(uint32_t)T << 8 | (uint64_t)n);
     op_note(c, matmul_n_impl(c, ys, x, (const cuda_weight *const *)ws,
                              (const cuda_weight *const *)bs, n, T));
+}
+
+/* SwiGLU straight from the stacked product of gate and up (no split: one
+ * launch and two passes over [T][2 ffn] floats fewer a layer); otherwise
+ * matmul_n and swiglu. The same bits either way. */
+static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, const float *x,
+                                    const cuda_weight *wg, const cuda_weight *wu, int32_t T) {
+    if (T <= 0) return IS_OK;
+    const cuda_weight *ws[2] = {wg, wu};
+    const int64_t ffn = wg->base.shape.rows;
+    const size_t n = (size_t)T * (size_t)ffn;
+    int64_t rows;
+    is_status st;
+    bool split;
+    if (wu->base.shape.rows == ffn && stacked_one(c, ws, NULL, 2, T, &rows)) {
+        st = stacked_product(c, x, wg, rows, T);
+        if (st != IS_OK) return st;
+        touch(c, out, n * sizeof(float));
+        __nv_bfloat16 *obf = bf16_copy_of(c, n, &split);
+        st = cuda_swiglu_stacked(c->stream, out, c->ypart, ffn, T,
+                                 c->precision == CUDA_MATMUL_BF16X2, obf, split);
+        if (obf) produced(c, out, n, split, st);
+        return st;
+    }
+    float *ys[2] = {out, up_scratch};
+    const cuda_weight *bs[2] = {NULL, NULL};
+    st = matmul_n_impl(c, ys, x, ws, bs, 2, T);
+    if (st != IS_OK) return st;
+    touch(c, out, n * sizeof(float));
+    __nv_bfloat16 *obf = bf16_copy_of(c, n, &split);
+    st = cuda_swiglu(c->stream, out, out, up_scratch, (int64_t)n, obf, split);
+    if (obf) produced(c, out, n, split, st);
+    return st;
+}
+
+static void cu_matmul_swiglu(backend *be, float *out, float *up_scratch, const float *x,
+                             const backend_weight *w_gate, const backend_weight *w_up, int32_t T) {
+    cuda_ctx *c = ctx_of(be);
+    if (!op_begin(c)) return;
+    op_span span(c, CUDA_OP_MATMUL);
+    graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x5);
+    op_note(c, matmul_swiglu_impl(c, out, up_scratch, x, (const cuda_weight *)w_gate,
+                                  (const cuda_weight *)w_up, T));
 }
 
 /* Makes the cos/sin table cover positions [0, max_pos], built as the CPU
@@ -1005,25 +1060,6 @@ static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const fl
                            rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, c->kv_bf16);
 }
 
-/* Nothing is recorded while capturing (a second stream would fork the
- * graph) and nothing waits for the prefetch: the product reads the weights
- * whether they arrived in L2 or not. */
-static is_status prefetch_impl(cuda_ctx *c, const cuda_weight *w) {
-    if (!c->side) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&c->side_go, cudaEventDisableTiming));
-    }
-    CUDA_CHECK(cudaEventRecord(c->side_go, c->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_go, 0));
-    return cuda_prefetch_l2(c->side, w->data, weight_bytes(w));
-}
-
-static void cu_prefetch(backend *be, const backend_weight *w) {
-    cuda_ctx *c = ctx_of(be);
-    if (!c->prefetch || c->capturing || c->prof || !w || !op_begin(c)) return;
-    op_note(c, prefetch_impl(c, (const cuda_weight *)w));
-}
-
 static void cu_rope_store(backend *be, float *q, float *k, const float *v, float *k_cache,
                           float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
@@ -1096,60 +1132,35 @@ static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, i
     return true;
 }
 
-/* Query tiles: runs of batch tokens of one sequence at consecutive
- * positions, cut every cuda_flash_tile_tokens; keys split over several
- * blocks when the tiles alone would not fill the multiprocessors twice. */
+/* Query tiles, block shape and key splits: cuda_flash_plan_batch's (the
+ * choice bench_attn_gpu measures). */
 static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float *k_cache,
                             const float *v_cache, const attn_batch *b, const cuda_attn_meta &m,
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                             int32_t block_size) {
-    const int32_t T = b->n_tokens, per_tile = cuda_flash_tile_tokens(n_heads, n_kv_heads);
+    const int32_t T = b->n_tokens;
     if ((size_t)T > c->tiles_cap) {
         int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * 4 * sizeof(int32_t));
         if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
         c->tiles = p;
         c->tiles_cap = (size_t)T;
     }
-    int32_t n_tiles = 0, max_kt = 0;
-    for (int32_t t = 0; t < T;) {
-        int32_t n = 1;
-        while (t + n < T && n < per_tile && b->seq_of_token[t + n] == b->seq_of_token[t] &&
-               b->pos[t + n] == b->pos[t] + n)
-            n++;
-        int32_t *tl = c->tiles + 4 * n_tiles++;
-        tl[0] = t;
-        tl[1] = n;
-        tl[2] = b->seq_of_token[t];
-        tl[3] = b->pos[t];
-        const int32_t kt = (b->pos[t] + n + FLASH_BN - 1) / FLASH_BN;
-        if (kt > max_kt) max_kt = kt;
-        t += n;
-    }
-    /* Two resident blocks a multiprocessor (223 registers a thread): split
-     * so the grid fills one wave without spilling into a second one (run 10
-     * had 272 blocks for 264 slots; cuda/NOTES.md, run 11). */
-    const int32_t blocks = n_tiles * n_kv_heads, want = 2 * c->n_sms;
-    int32_t splits = 1;
-    if (blocks < want) {
-        splits = want / blocks;
-        if (splits > max_kt) splits = max_kt;
-        if (splits > 64) splits = 64;
-        if (splits < 1) splits = 1;
-    }
+    const cuda_flash_plan plan = cuda_flash_plan_batch(b->seq_of_token, b->pos, T, n_heads,
+                                                       n_kv_heads, head_dim, c->n_sms,
+                                                       CUDA_FLASH_CHOICE_AUTO, c->tiles);
     const void *dtiles;
-    is_status st = stage_upload(c, &c->st_tiles, c->tiles, (size_t)n_tiles * 4 * sizeof(int32_t),
-                                &dtiles);
+    is_status st = stage_upload(c, &c->st_tiles, c->tiles,
+                                (size_t)plan.n_tiles * 4 * sizeof(int32_t), &dtiles);
     if (st != IS_OK) return st;
-    if (splits > 1) {
+    if (plan.splits > 1) {
         st = scratch_reserve(c, (void **)&c->partial, &c->partial_cap,
-                             cuda_flash_partial_floats(n_tiles, n_kv_heads, splits, head_dim),
-                             sizeof(float));
+                             cuda_flash_partial_floats(plan, n_kv_heads, head_dim), sizeof(float));
         if (st != IS_OK) return st;
     }
     return cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
                                 (const __nv_bfloat16 *)v_cache, m.flat, m.bt_off,
-                                (const int32_t *)dtiles, n_tiles, splits, c->partial, n_heads,
-                                n_kv_heads, head_dim, block_size);
+                                (const int32_t *)dtiles, plan, c->partial, n_heads, n_kv_heads,
+                                head_dim, block_size);
 }
 
 static void cu_attention(backend *be, float *out, const float *q, const float *k_cache,
@@ -1388,8 +1399,6 @@ static void ctx_destroy(cuda_ctx *c) {
     for (int32_t i = 0; i < GRAPH_CACHE; i++)
         if (c->gcache[i].exec) cudaGraphExecDestroy(c->gcache[i].exec);
     if (c->graph_done) cudaEventDestroy(c->graph_done);
-    if (c->side_go) cudaEventDestroy(c->side_go);
-    if (c->side) cudaStreamDestroy(c->side);
     cudaFreeHost(c->pin);
     cuda_gemm_free(c->gemm);
     if (c->cublas) cublasDestroy(c->cublas);
@@ -1433,7 +1442,7 @@ static const backend_ops cuda_ops = {
     /* .weight_create_stacked = */ cu_weight_create_stacked,
     /* .matmul_n = */ cu_matmul_n,
     /* .rope_store = */ cu_rope_store,
-    /* .prefetch = */ cu_prefetch,
+    /* .matmul_swiglu = */ cu_matmul_swiglu,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1511,8 +1520,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     {
         const char *v = getenv("IS_CUDA_STACKED");
         c->stacked = !(v && strcmp(v, "0") == 0);
-        v = getenv("IS_CUDA_PREFETCH");
-        c->prefetch = v && strcmp(v, "1") == 0;
         v = getenv("IS_CUDA_TUNED");
         c->tuned = v && strcmp(v, "1") == 0;
     }
@@ -1602,10 +1609,6 @@ extern "C" void backend_cuda_set_flash(backend *be, bool on) {
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
     graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
-}
-
-extern "C" void backend_cuda_set_prefetch(backend *be, bool on) {
-    ctx_of(be)->prefetch = on;
 }
 
 extern "C" void backend_cuda_set_tuned(backend *be, bool on) {

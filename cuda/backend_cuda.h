@@ -112,10 +112,6 @@ void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */
 void backend_cuda_set_stacked(backend *be, bool on);
-/* The prefetch op's hint taken (the attention output's weights read into
- * L2 on a second stream while attention runs), default off until measured;
- * IS_CUDA_PREFETCH=1 at creation turns it on. Results are unchanged. */
-void backend_cuda_set_prefetch(backend *be, bool on);
 /* bf16 products of at most 64 input rows on the cuBLASLt algorithm timed
  * fastest for their shape (cuda/gemm.cuh: the heuristic's candidates timed
  * once per shape, weights out of L2, at the shape's first product outside a

@@ -3,19 +3,43 @@
  */
 #include "elementwise.cuh"
 
+/* Element i of n: silu(g) * u, and its bf16 copy. Both SwiGLU kernels
+ * call it, so they give the same bits. */
+static __device__ __forceinline__ void swiglu_put(float *out, int64_t i, int64_t n, float g,
+                                                  float u, __nv_bfloat16 *obf, bool split) {
+    /* expf, not __expf: the CPU reference uses expf too. */
+    const float y = g / (1.0f + expf(-g)) * u;
+    out[i] = y;
+    if (obf) {
+        const __nv_bfloat16 hi = __float2bfloat16_rn(y);
+        obf[i] = hi;
+        if (split) obf[n + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
+    }
+}
+
 static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n,
                                      __nv_bfloat16 *obf, bool split) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        /* expf, not __expf: the CPU reference uses expf too. */
-        const float y = g / (1.0f + expf(-g)) * up[i];
-        out[i] = y;
-        if (obf) {
-            const __nv_bfloat16 hi = __float2bfloat16_rn(y);
-            obf[i] = hi;
-            if (split) obf[n + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
+         i += (int64_t)gridDim.x * blockDim.x)
+        swiglu_put(out, i, n, gate[i], up[i], obf, split);
+}
+
+/* Block (x, t): a stretch of row t. Gate and up are the two halves of the
+ * stacked product's row, summed with its lo half first where there is one,
+ * as cuda_split_columns sums them. */
+static __global__ void swiglu_stacked_kernel(float *out, const float *part, int32_t rows,
+                                             int32_t T, bool halves, __nv_bfloat16 *obf,
+                                             bool split) {
+    const int32_t t = blockIdx.y;
+    const int64_t n = (int64_t)T * rows, part_n = 2 * n; /* one half of the product */
+    const float *p = part + (int64_t)t * 2 * rows;
+    for (int32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+        float g = p[r], u = p[rows + r];
+        if (halves) {
+            g += p[part_n + r];
+            u += p[part_n + rows + r];
         }
+        swiglu_put(out, (int64_t)t * rows + r, n, g, u, obf, split);
     }
 }
 
@@ -76,6 +100,18 @@ is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float
                       __nv_bfloat16 *obf, bool split) {
     if (n <= 0) return IS_OK;
     swiglu_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, obf, split);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_swiglu_stacked(cudaStream_t s, float *out, const float *part, int64_t rows,
+                              int32_t T, bool halves, __nv_bfloat16 *obf, bool split) {
+    if (T <= 0 || rows <= 0) return IS_OK;
+    IS_ASSERT(T <= 65535 && rows <= INT32_MAX / 2);
+    int64_t bx = (rows + 255) / 256;
+    if (bx > 64) bx = 64;
+    swiglu_stacked_kernel<<<dim3((unsigned)bx, (unsigned)T), 256, 0, s>>>(
+        out, part, (int32_t)rows, T, halves, obf, split);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }
@@ -193,29 +229,6 @@ is_status cuda_split_columns(cudaStream_t s, cuda_split *sp, const float *part, 
         split_columns_kernel<true><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
     else
         split_columns_kernel<false><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
-    CUDA_CHECK_LAUNCH();
-    return IS_OK;
-}
-
-#define PREFETCH_CHUNK 4096
-
-static __global__ void prefetch_l2_kernel(const char *p, size_t bytes) {
-    const size_t step = (size_t)gridDim.x * blockDim.x * PREFETCH_CHUNK;
-    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PREFETCH_CHUNK; off < bytes;
-         off += step) {
-        const size_t left = bytes - off;
-        const uint32_t n = (uint32_t)(left < PREFETCH_CHUNK ? left & ~(size_t)15 : PREFETCH_CHUNK);
-        if (n == 0) continue;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
-                     : "memory");
-    }
-}
-
-is_status cuda_prefetch_l2(cudaStream_t s, const void *p, size_t bytes) {
-    if (bytes < 16 || !cuda_aligned16(p)) return IS_OK; /* a hint: nothing to do */
-    const size_t chunks = (bytes + PREFETCH_CHUNK - 1) / PREFETCH_CHUNK;
-    const unsigned blocks = (unsigned)((chunks + 127) / 128 < 64 ? (chunks + 127) / 128 : 64);
-    prefetch_l2_kernel<<<blocks, 128, 0, s>>>((const char *)p, bytes);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

@@ -13,6 +13,13 @@
 is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
                       __nv_bfloat16 *obf, bool split);
 
+/* The same from a stacked product of gate and up: out[t][r] = silu(g) * u
+ * with g = part[t][r], u = part[t][rows + r] (part [T][2 rows]; halves:
+ * plus the lo half that follows, [2][T][2 rows]), the bits of
+ * cuda_split_columns then cuda_swiglu without the split's write and read. */
+is_status cuda_swiglu_stacked(cudaStream_t s, float *out, const float *part, int64_t rows,
+                              int32_t T, bool halves, __nv_bfloat16 *obf, bool split);
+
 /* x[i] += y[i], i < n. */
 is_status cuda_add(cudaStream_t s, float *x, const float *y, int64_t n);
 
@@ -52,10 +59,6 @@ typedef struct cuda_split {
  * cuda_sum_halves and cuda_add_bias on separate products. */
 is_status cuda_split_columns(cudaStream_t s, cuda_split *sp, const float *part, int64_t rows,
                              int32_t T, bool halves);
-
-/* Asks the memory system to bring [p, p + bytes) into L2 (bulk prefetches
- * of 4 KiB; nothing waits for them). p 16-byte aligned. */
-is_status cuda_prefetch_l2(cudaStream_t s, const void *p, size_t bytes);
 
 /* out[t][cols] = row tokens[t] of emb ([rows][cols], bf16 when emb_bf16,
  * else f32), widened to f32; tokens in device memory, already checked. */

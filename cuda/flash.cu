@@ -4,8 +4,11 @@
  * everything about them in registers (its Q fragments, the S tile, the P
  * fragments made from it and the O accumulator); shared memory holds only
  * the block's K and V tiles, [BN][D+8] bf16 each (the padding puts the 8
- * rows an ldmatrix reads in distinct banks), in two stages so the next tile
- * loads while one is used. D = 128: 68 KiB a block.
+ * rows an ldmatrix reads in distinct banks), in STAGES stages so the next
+ * tiles load while one is used. D = 128: 68 KiB a block of 64 rows (two
+ * stages, two blocks a multiprocessor), 136 KiB one of 128 (four stages;
+ * its 223 registers a thread allow one block anyway, and a split of a
+ * short query has at most a few tiles, all then in flight from the start).
  *
  * Fragments are those of mma.sync m16n8k16 (bf16 in, f32 out). With
  * g = lane / 4 and c = lane % 4, a thread holds rows g and g + 8 of its
@@ -18,8 +21,6 @@
 #include "flash.cuh"
 
 #include <math.h>
-
-#define FLASH_THREADS 128
 
 bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
     if (head_dim != 64 && head_dim != 128) return false;
@@ -62,16 +63,19 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
                  : "r"(a));
 }
 
-template <int D>
-static __global__ void __launch_bounds__(FLASH_THREADS)
+template <int D, int BM, int STAGES>
+static __global__ void __launch_bounds__(BM * 2)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *bt_off,
                  const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
                  float scale_log2, int32_t n_splits, float *partial) {
+    constexpr int THREADS = BM * 2; /* a warp per 16 rows */
     constexpr int LD = D + 8; /* bf16 per smem row */
     constexpr int NT = FLASH_BN / 8; /* 8-key tiles of S */
     constexpr int DT = D / 8;        /* 8-wide tiles of O */
-    /* Two stages of K and V tiles: tile kt + 1 is in flight while kt is used. */
+    constexpr int STAGE = 2 * FLASH_BN * LD; /* bf16 of one stage's K and V */
+    /* STAGES stages of K and V tiles: tiles kt + 1 .. kt + STAGES - 1 are
+     * in flight while kt is used. */
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
 
@@ -105,12 +109,13 @@ static __global__ void __launch_bounds__(FLASH_THREADS)
     for (int off = 16; off > 0; off >>= 1) wl = max(wl, __shfl_xor_sync(FULL_MASK, wl, off));
 
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
-     * past the last zero-filled); unrolled, so the block-table reads overlap. */
+     * past the last zero-filled); unrolled, so the block-table reads overlap.
+     * The caller commits the group. */
     auto load_tile = [&](int32_t kt, int st) {
-        __nv_bfloat16 *dK = sKV + (size_t)st * 2 * FLASH_BN * LD, *dV = dK + FLASH_BN * LD;
+        __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + FLASH_BN * LD;
 #pragma unroll
-        for (int it = 0; it < FLASH_BN * (D / 8) / FLASH_THREADS; it++) {
-            const int i = tid + it * FLASH_THREADS;
+        for (int it = 0; it < FLASH_BN * (D / 8) / THREADS; it++) {
+            const int i = tid + it * THREADS;
             const int r = i / (D / 8), d = (i % (D / 8)) * 8;
             const int32_t j = kt * FLASH_BN + r;
             const bool in = j < n_keys;
@@ -121,10 +126,16 @@ static __global__ void __launch_bounds__(FLASH_THREADS)
             cp_async16(dK + r * LD + d, k_cache + off, in);
             cp_async16(dV + r * LD + d, v_cache + off, in);
         }
-        asm volatile("cp.async.commit_group;\n" ::);
     };
-    if (kt0 < kt1) load_tile(kt0, 0);
-    /* (the first tile is in flight while Q is read) */
+    /* One commit group per tile, empty past kt1, so that before tile kt is
+     * used exactly kt - kt0 + STAGES - 1 groups are committed and waiting
+     * for all but the last STAGES - 2 means tile kt has landed. */
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (kt0 + i < kt1) load_tile(kt0 + i, i);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    /* (the first tiles are in flight while Q is read) */
     /* Q as A fragments, rounded to bf16: qa[k-step] = rows g / g+8, columns
      * 16 ks + 2c (+1) and 16 ks + 8 + 2c (+1). */
     uint32_t qa[D / 16][4];
@@ -147,18 +158,15 @@ static __global__ void __launch_bounds__(FLASH_THREADS)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     for (int32_t kt = kt0; kt < kt1; kt++) {
-        const int st = (kt - kt0) & 1;
-        /* Every warp is done with the other stage (read in the previous
-         * iteration) before it is refilled. */
+        const int st = (kt - kt0) % STAGES;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        /* Every thread's copies of tile kt have landed, and every warp is
+         * done with the stage read in the previous iteration, which is
+         * refilled next. */
         __syncthreads();
-        if (kt + 1 < kt1) {
-            load_tile(kt + 1, st ^ 1);
-            asm volatile("cp.async.wait_group 1;\n" ::);
-        } else {
-            asm volatile("cp.async.wait_group 0;\n" ::);
-        }
-        __syncthreads();
-        const __nv_bfloat16 *sK = sKV + (size_t)st * 2 * FLASH_BN * LD, *sV = sK + FLASH_BN * LD;
+        if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE, *sV = sK + FLASH_BN * LD;
         if (kt * FLASH_BN > wl) continue; /* every key of this tile is after the warp's rows */
 
         /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
@@ -259,9 +267,11 @@ static __global__ void __launch_bounds__(FLASH_THREADS)
         }
         return;
     }
-    float *part = partial + (((int64_t)tile * n_kv_heads + kh) * n_splits + split) * FLASH_BM * (D + 2);
+    /* Padding rows are not written: the merge reads only the tile's rows. */
+    float *part = partial + (((int64_t)tile * n_kv_heads + kh) * n_splits + split) * BM * (D + 2);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
+        if (last[h] < 0) continue;
         const int r = warp * 16 + g + 8 * h;
         float *pr = part + r * (D + 2);
 #pragma unroll
@@ -281,22 +291,21 @@ static __global__ void __launch_bounds__(FLASH_THREADS)
  * weights, then each lane merges 4 (D = 128) or 2 (D = 64) columns over the
  * splits with independent loads. */
 #define MERGE_THREADS 256
-#define MERGE_MAX_SPLITS 64
 
-template <int D>
+template <int D, int BM>
 static __global__ void __launch_bounds__(MERGE_THREADS)
     flash_merge_kernel(float *out, const float *partial, const int32_t *tiles, int32_t n_heads,
                        int32_t n_kv_heads, int32_t n_splits) {
     constexpr int PER = D / 32; /* columns a lane merges */
-    __shared__ float w_s[MERGE_THREADS / 32][MERGE_MAX_SPLITS];
+    __shared__ float w_s[MERGE_THREADS / 32][FLASH_MAX_SPLITS];
     const int32_t tile = blockIdx.x, kh = blockIdx.y;
     const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1];
     const int32_t G = n_heads / n_kv_heads;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float *base = partial + ((int64_t)tile * n_kv_heads + kh) * n_splits * FLASH_BM * (D + 2);
-    const int64_t split_stride = (int64_t)FLASH_BM * (D + 2);
+    const float *base = partial + ((int64_t)tile * n_kv_heads + kh) * n_splits * BM * (D + 2);
+    const int64_t split_stride = (int64_t)BM * (D + 2);
     float *w = w_s[warp];
-    for (int r = blockIdx.z * (MERGE_THREADS / 32) + warp; r < FLASH_BM && r / G < n;
+    for (int r = blockIdx.z * (MERGE_THREADS / 32) + warp; r < BM && r / G < n;
          r += gridDim.z * (MERGE_THREADS / 32)) {
         float mz[2], lz[2], mx = -INFINITY;
         for (int h = 0; h < 2; h++) {
@@ -339,30 +348,31 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     }
 }
 
-template <int D>
+template <int D, int BM>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
-                              int32_t n_tiles, int32_t n_splits, float *partial, int32_t n_heads,
+                              cuda_flash_plan plan, float *partial, int32_t n_heads,
                               int32_t n_kv_heads, int32_t block_size) {
+    constexpr int STAGES = BM == FLASH_BM ? 2 : 4;
     static bool attr_set = false; /* per process; the attribute is per function */
-    const size_t smem = (size_t)2 * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
+    const size_t smem = (size_t)STAGES * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<D, BM, STAGES>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    dim3 grid((unsigned)n_tiles, (unsigned)n_kv_heads, (unsigned)n_splits);
-    flash_kernel<D><<<grid, FLASH_THREADS, smem, s>>>(out, q, k_cache, v_cache, flat, bt_off, tiles,
-                                                   n_heads, n_kv_heads, block_size, scale_log2,
-                                                   n_splits, partial);
+    dim3 grid((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits);
+    flash_kernel<D, BM, STAGES><<<grid, BM * 2, smem, s>>>(
+        out, q, k_cache, v_cache, flat, bt_off, tiles, n_heads, n_kv_heads, block_size, scale_log2,
+        plan.splits, partial);
     CUDA_CHECK_LAUNCH();
-    if (n_splits > 1) {
-        flash_merge_kernel<D><<<dim3((unsigned)n_tiles, (unsigned)n_kv_heads,
-                                    FLASH_BM / (MERGE_THREADS / 32)),
-                               MERGE_THREADS, 0, s>>>(
-            out, partial, tiles, n_heads, n_kv_heads, n_splits);
+    if (plan.splits > 1) {
+        flash_merge_kernel<D, BM><<<dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
+                                         BM / (MERGE_THREADS / 32)),
+                                    MERGE_THREADS, 0, s>>>(out, partial, tiles, n_heads, n_kv_heads,
+                                                           plan.splits);
         CUDA_CHECK_LAUNCH();
     }
     return IS_OK;
@@ -371,17 +381,117 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
-                               int32_t n_tiles, int32_t n_splits, float *partial, int32_t n_heads,
+                               cuda_flash_plan plan, float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
-    if (n_tiles <= 0) return IS_OK;
+    if (plan.n_tiles <= 0) return IS_OK;
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads))
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda flash attention: head_dim %d, %d/%d heads",
                             head_dim, n_heads, n_kv_heads);
-    if (n_splits < 1 || n_splits > MERGE_MAX_SPLITS || (n_splits > 1 && !partial))
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", n_splits);
+    if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS || (plan.splits > 1 && !partial))
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", plan.splits);
+    if (plan.rows != FLASH_BM && plan.rows != FLASH_BM_SHORT)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d rows a block", plan.rows);
+#define FLASH_LAUNCH(D, BM)                                                                        \
+    flash_launch<D, BM>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, n_heads,  \
+                        n_kv_heads, block_size)
     if (head_dim == 64)
-        return flash_launch<64>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, n_tiles, n_splits,
-                                partial, n_heads, n_kv_heads, block_size);
-    return flash_launch<128>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, n_tiles, n_splits,
-                             partial, n_heads, n_kv_heads, block_size);
+        return plan.rows == FLASH_BM ? FLASH_LAUNCH(64, FLASH_BM) : FLASH_LAUNCH(64, FLASH_BM_SHORT);
+    return plan.rows == FLASH_BM ? FLASH_LAUNCH(128, FLASH_BM) : FLASH_LAUNCH(128, FLASH_BM_SHORT);
+#undef FLASH_LAUNCH
+}
+
+/* ---- plan ------------------------------------------------------------------ */
+
+/* The split cost model, in microseconds, fitted to the profile of runs 11-16
+ * (64-row blocks, T = 30 after 215-2590 keys; splits of >= 2/4/8 key tiles
+ * at 1340): a block alone on its multiprocessor pays about 2.5 us a key
+ * tile (the warps' S / softmax / P V chain, which a block's 4-8 warps do not
+ * hide) over about 3 us of fixed latency (tile, block-table, Q and first K/V
+ * loads, one after the other); a second launch for the merge about 3 us;
+ * and partial results cost their bytes twice (written, then read back from
+ * L2). Blocks beyond one wave run in a second one. */
+#define PLAN_TILE_US 2.5
+#define PLAN_FIXED_US 3.0
+#define PLAN_MERGE_US 3.0
+#define PLAN_PART_US_PER_MB 0.5
+
+/* Splits for tiles of up to max_kt key tiles: the cheapest by the model,
+ * counting only splits that all get keys (per first, then splits =
+ * ceil(max_kt / per)); a tie goes to fewer splits. */
+static int32_t plan_splits(int32_t pairs, int32_t max_kt, int64_t rows_total, int32_t head_dim,
+                           int32_t slots) {
+    if (pairs >= slots || max_kt <= 1) return 1; /* the tiles fill the GPU (prefill) */
+    const double part_mb = (double)rows_total * (head_dim + 2) * sizeof(float) / 1e6;
+    int32_t best = 1;
+    double best_us = 0.0;
+    for (int32_t splits = 1; splits <= max_kt && splits <= FLASH_MAX_SPLITS; splits++) {
+        const int32_t per = (max_kt + splits - 1) / splits;
+        if ((splits - 1) * per >= max_kt) continue; /* the last split would be empty */
+        const int64_t waves = ((int64_t)pairs * splits + slots - 1) / slots;
+        double us = (double)waves * (PLAN_FIXED_US + per * PLAN_TILE_US);
+        if (splits > 1) us += PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
+        if (splits == 1 || us < best_us) {
+            best = splits;
+            best_us = us;
+        }
+    }
+    return best;
+}
+
+cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,
+                                      int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                      int32_t n_sms, cuda_flash_choice choice, int32_t *tiles) {
+    const bool legacy = choice == CUDA_FLASH_CHOICE_LEGACY;
+    const int32_t G = n_heads / n_kv_heads;
+    /* Runs: batch tokens of one sequence at consecutive positions. */
+    auto run_at = [&](int32_t t, int32_t cap) {
+        int32_t n = 1;
+        while (t + n < T && n < cap && seq_of_token[t + n] == seq_of_token[t] &&
+               pos[t + n] == pos[t] + n)
+            n++;
+        return n;
+    };
+    /* The short shape when every run fits one block of it but some run does
+     * not fit one of FLASH_BM rows (decode steps keep the small blocks). */
+    int32_t rows = FLASH_BM;
+    if (choice == CUDA_FLASH_CHOICE_AUTO) {
+        int32_t longest = 0;
+        for (int32_t t = 0; t < T;) {
+            const int32_t n = run_at(t, FLASH_BM_SHORT / G + 1);
+            if (n > longest) longest = n;
+            t += n;
+        }
+        if (longest > FLASH_BM / G && longest <= FLASH_BM_SHORT / G) rows = FLASH_BM_SHORT;
+    }
+    cuda_flash_plan plan = {0, rows, 1};
+    int32_t max_kt = 0;
+    int64_t rows_total = 0; /* query rows of all tiles and KV heads */
+    for (int32_t t = 0; t < T;) {
+        const int32_t n = run_at(t, rows / G);
+        int32_t *tl = tiles + 4 * plan.n_tiles++;
+        tl[0] = t;
+        tl[1] = n;
+        tl[2] = seq_of_token[t];
+        tl[3] = pos[t];
+        const int32_t kt = (pos[t] + n + FLASH_BN - 1) / FLASH_BN;
+        if (kt > max_kt) max_kt = kt;
+        rows_total += (int64_t)n * G * n_kv_heads;
+        t += n;
+    }
+    const int32_t pairs = plan.n_tiles * n_kv_heads;
+    if (legacy) {
+        /* Two resident blocks a multiprocessor, one wave (run 11). */
+        const int32_t want = 2 * n_sms;
+        if (pairs < want) {
+            plan.splits = want / pairs;
+            if (plan.splits > max_kt) plan.splits = max_kt;
+            if (plan.splits > FLASH_MAX_SPLITS) plan.splits = FLASH_MAX_SPLITS;
+            if (plan.splits < 1) plan.splits = 1;
+        }
+        return plan;
+    }
+    /* 64-row blocks: two a multiprocessor; 128-row ones: one (registers). */
+    const int32_t slots = n_sms * (rows == FLASH_BM ? 2 : 1);
+    plan.splits = plan_splits(pairs, max_kt, rows_total, head_dim, slots);
+    return plan;
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 
 #define GEMM_CACHE 256      /* problems remembered; past that, the caller's product */
-#define GEMM_CANDIDATES 8   /* heuristic results timed */
+#define GEMM_CANDIDATES 16  /* heuristic results timed */
 #define GEMM_TIMED_RUNS 3   /* after one warm-up; the median decides */
 /* Written before each timed run so the weights come from memory, as in a
  * forward where every product reads weights no other product touched (L2:

@@ -189,11 +189,14 @@ typedef struct backend_ops {
                        float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                        int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                        const rope_params *rp);
-    /* Optional (NULL = nothing): a hint that w is read soon (the product
-     * after the ops queued next). A backend may start moving it closer
-     * meanwhile; results never change. The CUDA backend prefetches it into
-     * L2 on a second stream while attention runs (the memory is idle then). */
-    void (*prefetch)(backend *be, const backend_weight *w);
+    /* Optional (NULL = matmul_n of w_gate and w_up into out and up_scratch,
+     * then swiglu into out): out[T][rows] = silu(x w_gate^T) * (x w_up^T),
+     * the FFN's first half, with the same results as those ops. A backend
+     * that multiplies stacked weights in one product applies the SwiGLU to
+     * that product's output where it lies, and may leave up_scratch
+     * ([T][rows], no bias) unwritten. */
+    void (*matmul_swiglu)(backend *be, float *out, float *up_scratch, const float *x,
+                          const backend_weight *w_gate, const backend_weight *w_up, int32_t T);
 } backend_ops;
 
 struct backend {

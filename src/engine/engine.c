@@ -351,15 +351,18 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
             op->rope(be, e->q2, e->rpos2, n, c->n_heads, c->head_dim, &c->rope);
         }
         rope_store(be, e, l, n);
-        if (op->prefetch) op->prefetch(be, L->wo);
         op->attention(be, e->att, e->q, e->k_cache[l], e->v_cache[l], &ab, c->n_heads,
                       c->n_kv_heads, c->head_dim, e->p.block_size);
         op->matmul(be, e->xb, e->att, L->wo, NULL, n);
         add_norm(be, e->xb, e->x, e->xb, L->ffn_norm, n, c->dim, c->rms_eps);
-        matmul_n(be, (float *const[]){e->hg, e->hu}, e->xb,
-                 (const backend_weight *const[]){L->w_gate, L->w_up},
-                 (const backend_weight *const[]){NULL, NULL}, 2, n);
-        op->swiglu(be, e->hg, e->hg, e->hu, (int64_t)n * c->ffn_dim);
+        if (op->matmul_swiglu) {
+            op->matmul_swiglu(be, e->hg, e->hu, e->xb, L->w_gate, L->w_up, n);
+        } else {
+            matmul_n(be, (float *const[]){e->hg, e->hu}, e->xb,
+                     (const backend_weight *const[]){L->w_gate, L->w_up},
+                     (const backend_weight *const[]){NULL, NULL}, 2, n);
+            op->swiglu(be, e->hg, e->hg, e->hu, (int64_t)n * c->ffn_dim);
+        }
         op->matmul(be, e->xb, e->hg, L->w_down, NULL, n);
         if (l + 1 < c->n_layers)
             add_norm(be, e->xb, e->x, e->xb, m->layers[l + 1].attn_norm, n, c->dim, c->rms_eps);

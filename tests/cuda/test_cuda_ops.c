@@ -566,15 +566,11 @@ static void check_matmul_n(int32_t n, const int64_t *rows, int64_t cols, bool wi
     }
     backend_cuda_set_stacked(g_gpu, true);
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
-    /* The first stacked weight freed, the last still computes (after a
-     * prefetch hint for it: results unchanged). */
+    /* The first stacked weight freed, the last still computes. */
     g_gpu->ops->weight_free(g_gpu, stk[0]);
     const size_t N = (size_t)T * rows[n - 1];
     float *ya = poisoned(g_gpu, N), *yr = poisoned(g_gpu, N);
-    backend_cuda_set_prefetch(g_gpu, true);
-    g_gpu->ops->prefetch(g_gpu, stk[n - 1]);
     g_gpu->ops->matmul(g_gpu, ya, xg, stk[n - 1], NULL, T);
-    backend_cuda_set_prefetch(g_gpu, false);
     g_gpu->ops->matmul(g_gpu, yr, xg, w[n - 1].gpu, NULL, T);
     float *ha = take(g_gpu, ya, N), *hr = take(g_gpu, yr, N);
     gpu_ok();
@@ -624,6 +620,75 @@ static void test_matmul_n(void **state) {
     weight_drop(&v);
     weight_drop(&c);
     gpu_ok();
+}
+
+/* matmul_swiglu (the FFN's gate, up and SwiGLU in one op) against the ops
+ * it replaces on the same backend: bitwise equal, stacked weights or not
+ * (the stacked case reads the product where it lies, without the split),
+ * and the CPU's matmul, matmul, swiglu within the matmul tolerance. */
+static void check_matmul_swiglu(int64_t ffn, int64_t cols, int32_t T, bool stack,
+                                cuda_matmul_precision prec) {
+    test_weight w[2];
+    const gguf_tensor *ts[2];
+    backend_weight *stk[2];
+    for (int i = 0; i < 2; i++) {
+        weight_make(&w[i], TENSOR_TYPE_Q8_0, cols, ffn, 1.0f);
+        ts[i] = &w[i].t;
+    }
+    const backend_weight *wg = w[0].gpu, *wu = w[1].gpu;
+    if (stack) {
+        assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, ts, 2, stk), IS_OK);
+        wg = stk[0];
+        wu = stk[1];
+    }
+    backend_cuda_set_matmul_precision(g_gpu, prec);
+    const size_t N = (size_t)T * ffn;
+    float *x = rand_f32((size_t)T * cols, 1.0f);
+    float *xg = put(g_gpu, x, (size_t)T * cols), *xc = put(g_cpu, x, (size_t)T * cols);
+    float *out = poisoned(g_gpu, N), *scr = poisoned(g_gpu, N);
+    g_gpu->ops->matmul_swiglu(g_gpu, out, scr, xg, wg, wu, T);
+    float *g = poisoned(g_gpu, N), *u = poisoned(g_gpu, N);
+    g_gpu->ops->matmul_n(g_gpu, (float *const[]){g, u}, xg, (const backend_weight *const[]){wg, wu},
+                         (const backend_weight *const[]){NULL, NULL}, 2, T);
+    g_gpu->ops->swiglu(g_gpu, g, g, u, (int64_t)N);
+    float *gc = poisoned(g_cpu, N), *uc = poisoned(g_cpu, N);
+    g_cpu->ops->matmul(g_cpu, gc, xc, w[0].cpu, NULL, T);
+    g_cpu->ops->matmul(g_cpu, uc, xc, w[1].cpu, NULL, T);
+    g_cpu->ops->swiglu(g_cpu, gc, gc, uc, (int64_t)N);
+    float *got = take(g_gpu, out, N), *sep = take(g_gpu, g, N), *cpu = take(g_cpu, gc, N);
+    gpu_ok();
+    char what[128];
+    snprintf(what, sizeof what, "matmul_swiglu %s %lldx%lld T=%d%s: bitwise = matmul_n, swiglu",
+             prec == CUDA_MATMUL_BF16 ? "bf16  " : "bf16x2", (long long)ffn, (long long)cols, T,
+             stack ? " stacked" : "");
+    assert_memory_equal(got, sep, N * sizeof(float));
+    printf("  %s\n", what);
+    expect_close("  ... vs CPU", got, cpu, N, 1e-2);
+    free(got);
+    free(sep);
+    free(cpu);
+    g_gpu->ops->release(g_gpu, scr);
+    g_gpu->ops->release(g_gpu, u);
+    g_cpu->ops->release(g_cpu, uc);
+    g_gpu->ops->release(g_gpu, xg);
+    g_cpu->ops->release(g_cpu, xc);
+    if (stack)
+        for (int i = 0; i < 2; i++) g_gpu->ops->weight_free(g_gpu, stk[i]);
+    for (int i = 0; i < 2; i++) weight_drop(&w[i]);
+    free(x);
+    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+}
+
+static void test_matmul_swiglu(void **state) {
+    SKIP_WITHOUT_GPU();
+    assert_non_null(g_gpu->ops->matmul_swiglu);
+    for (int p = 0; p < 2; p++) {
+        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+        check_matmul_swiglu(1536, 576, 30, true, prec);  /* fused */
+        check_matmul_swiglu(49, 96, 5, true, prec);      /* odd rows, fused */
+        check_matmul_swiglu(1536, 576, 300, true, prec); /* past STACKED_MAX_T: two products */
+        check_matmul_swiglu(1536, 576, 30, false, prec); /* separate weights */
+    }
 }
 
 typedef struct rope_case {
@@ -893,6 +958,22 @@ static const attn_case BF16_CASES[] = {
     {"segments + q_prefix (exact)", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, true, false},
     {"d=24 (exact kernel)", 4, 2, 24, 8, 3, {30, 71, 52}, {0, 70, 40}, {30, 1, 12}, {false},
      false, false},
+    /* The product's shape (cuda_flash_plan_batch's 128-row blocks): a
+     * 30-token query after k = 50 facts of memory; 32 and 33 tokens on
+     * either side of one block's 128 rows (33 falls back to 64-row blocks);
+     * two such queries after different memories in one batch (the shorter
+     * one's tile gets empty splits); a decode step over 2000 keys; a group
+     * of 7 at d = 64 (18 tokens, 126 of 128 rows). */
+    {"query of 30 after 1310 keys, 8B", 32, 8, 128, 16, 1, {1340}, {1310}, {30}, {false},
+     false, false},
+    {"query of 32 after 600", 32, 8, 128, 16, 1, {632}, {600}, {32}, {false}, false, false},
+    {"query of 33 after 600", 32, 8, 128, 16, 1, {633}, {600}, {33}, {false}, false, false},
+    {"two queries of 30 after 590, 1340", 32, 8, 128, 16, 2, {620, 1370}, {590, 1340},
+     {30, 30}, {false}, false, false},
+    {"decode over 2000 keys, 8B", 32, 8, 128, 16, 1, {2000}, {1999}, {1}, {false}, false,
+     false},
+    {"group of 7, d=64, run of 18", 28, 4, 64, 16, 1, {500}, {482}, {18}, {false}, false,
+     false},
 };
 
 /* Attention over a bf16 cache: the tiled kernel where it applies, then the
@@ -1347,6 +1428,7 @@ int main(void) {
         cmocka_unit_test(test_weight_types),   cmocka_unit_test(test_weight_refusals),
         cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_matmul),         cmocka_unit_test(test_matmul_n),
+        cmocka_unit_test(test_matmul_swiglu),
         cmocka_unit_test(test_rope),           cmocka_unit_test(test_rope_table_switches),
         cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
