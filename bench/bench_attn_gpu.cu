@@ -4,11 +4,11 @@
  * 16-token blocks), one layer per launch, for the request shapes of issue 6:
  * a 30-token query after 215 .. 2590 keys of memory (k = 5 .. 100 facts),
  * a 1280-token prefill and a decode step. Each row runs, in the same
- * process on the same cache and queries, three of cuda_flash_plan_batch's
- * choices: the one before device run 23 ("old"), the split cost model
- * alone with 64-row blocks ("splits"), and serving's ("new": 128-row
- * blocks for short runs too), and checks that the outputs agree with the
- * old one's within the bf16 bar (relative L2 <= 1e-2).
+ * process on the same cache and queries, cuda_flash_plan_batch's choice
+ * before device run 23 ("old") and serving's ("new": splits by the cost
+ * model, none empty), checking that the outputs agree within the bf16 bar
+ * (relative L2 <= 1e-2); then the new plan's tiles with fixed numbers of
+ * splits, the sweep the cost model is fitted against.
  *
  * Like a forward, each launch finds its K/V, block table and tiles in
  * memory, not in L2: a read of a buffer larger than L2 runs before it
@@ -165,20 +165,33 @@ int main(int argc, char **argv) {
     printf("\nattention, one layer of the 8B shape (H %d, KV heads %d, d %d, block %d), "
            "median of %d launches; plan = rows a block x splits (blocks)\n\n",
            H, KH, D, BS, reps);
-    printf("| case | T | keys | old plan | old us | splits plan | splits us | new plan | new us | "
-           "old / new | rel err splits, new |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-    const cuda_flash_choice choices[3] = {CUDA_FLASH_CHOICE_LEGACY, CUDA_FLASH_CHOICE_ROWS64,
-                                          CUDA_FLASH_CHOICE_AUTO};
+    printf("| case | T | keys | old plan | old us | new plan | new us | old / new | rel err new |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    /* Variants: the old plan, the new one, then the new one's tiles with
+     * each split count of the sweep (what the cost model chooses among). */
+    const int32_t sweep[] = {1, 2, 4, 8, 16, 32};
+    const int n_sweep = (int)(sizeof sweep / sizeof sweep[0]);
+    std::vector<std::vector<double>> sweep_us((size_t)n_cases);
     int failed = 0;
     for (int ci = 0; ci < n_cases; ci++) {
         const bench_case &bc = cases[ci];
         for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;
-        double us[3];
-        cuda_flash_plan plans[3];
-        for (int variant = 0; variant < 3; variant++) {
-            const cuda_flash_plan plan = cuda_flash_plan_batch(
-                sot.data(), pos.data(), bc.T, H, KH, D, n_sms, choices[variant], tiles.data());
-            plans[variant] = plan;
+        double us[2];
+        cuda_flash_plan plans[2];
+        for (int variant = 0; variant < 2 + n_sweep; variant++) {
+            cuda_flash_plan plan = cuda_flash_plan_batch(
+                sot.data(), pos.data(), bc.T, H, KH, D, n_sms,
+                variant == 0 ? CUDA_FLASH_CHOICE_LEGACY : CUDA_FLASH_CHOICE_AUTO, tiles.data());
+            if (variant >= 2) {
+                const int32_t max_kt = (bc.keys + FLASH_BN - 1) / FLASH_BN;
+                plan.splits = sweep[variant - 2];
+                if (plan.splits > max_kt) { /* more splits than key tiles: not a plan */
+                    sweep_us[(size_t)ci].push_back(-1.0);
+                    continue;
+                }
+            } else {
+                plans[variant] = plan;
+            }
             CK(cudaMemcpyAsync(d_tiles, tiles.data(), (size_t)plan.n_tiles * 4 * sizeof(int32_t),
                                cudaMemcpyHostToDevice, st));
             const size_t need = plan.splits > 1 ? cuda_flash_partial_floats(plan, KH, D) : 0;
@@ -188,7 +201,7 @@ int main(int argc, char **argv) {
                 CK(cudaMalloc(&partial, need * sizeof(float)));
                 partial_cap = need;
             }
-            float *out = outs[variant];
+            float *out = outs[variant < 2 ? variant : 2];
             std::vector<double> v;
             for (int r = -3; r < reps; r++) { /* 3 warm-up launches */
                 flush_l2<<<4 * n_sms, 256, 0, st>>>(flush, flush_n, sink);
@@ -197,7 +210,7 @@ int main(int argc, char **argv) {
                                    cudaMemcpyDeviceToDevice, st));
                 CK(cudaEventRecord(e0, st));
                 if (cuda_flash_attention(st, out, q, kc, vc, d_tables, d_bt_off, d_tiles, plan,
-                                         partial, H, KH, D, BS) != IS_OK) {
+                                         partial, H, KH, D, BS, cuda_bf16_out{}) != IS_OK) {
                     fprintf(stderr, "cuda_flash_attention: %s\n", is_error_last());
                     return 1;
                 }
@@ -207,34 +220,48 @@ int main(int argc, char **argv) {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (r >= 0) v.push_back(1e3 * ms);
             }
-            us[variant] = median(v);
+            if (variant < 2)
+                us[variant] = median(v);
+            else
+                sweep_us[(size_t)ci].push_back(median(v));
         }
-        /* Relative L2 error of each output against the old one's. */
+        /* Relative L2 error of the new output against the old one's. */
         const size_t n = (size_t)bc.T * H * D;
         std::vector<float> ref(n), a(n);
         CK(cudaMemcpy(ref.data(), outs[0], n * sizeof(float), cudaMemcpyDeviceToHost));
-        double rel[3] = {0.0, 0.0, 0.0};
-        bool ok = true;
-        for (int variant = 1; variant < 3; variant++) {
-            CK(cudaMemcpy(a.data(), outs[variant], n * sizeof(float), cudaMemcpyDeviceToHost));
-            double num = 0.0, den = 0.0;
-            for (size_t i = 0; i < n; i++) {
-                const double d = (double)a[i] - ref[i];
-                num += d * d;
-                den += (double)ref[i] * ref[i];
-            }
-            rel[variant] = den > 0.0 ? sqrt(num / den) : sqrt(num);
-            ok = ok && rel[variant] <= 1e-2; /* false for NaN too */
+        CK(cudaMemcpy(a.data(), outs[1], n * sizeof(float), cudaMemcpyDeviceToHost));
+        double num = 0.0, den = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            const double d = (double)a[i] - ref[i];
+            num += d * d;
+            den += (double)ref[i] * ref[i];
         }
+        const double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+        const bool ok = rel <= 1e-2; /* false for NaN too */
         failed += !ok;
-        char pl[3][48];
-        for (int variant = 0; variant < 3; variant++)
+        char pl[2][48];
+        for (int variant = 0; variant < 2; variant++)
             snprintf(pl[variant], sizeof pl[variant], "%d x %d (%d)", plans[variant].rows,
                      plans[variant].splits, plans[variant].n_tiles * KH * plans[variant].splits);
-        printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %s | %.1f | %.2fx | %.1e, %.1e%s |\n",
-               bc.name, bc.T, bc.keys, pl[0], us[0], pl[1], us[1], pl[2], us[2], us[0] / us[2],
-               rel[1], rel[2], ok ? "" : " FAIL");
+        printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %.2fx | %.1e%s |\n", bc.name, bc.T,
+               bc.keys, pl[0], us[0], pl[1], us[1], us[0] / us[1], rel, ok ? "" : " FAIL");
         fflush(stdout);
+    }
+    printf("\nThe new plan's tiles with a fixed number of splits, us (- : more splits than key "
+           "tiles):\n\n| case |");
+    for (int i = 0; i < n_sweep; i++) printf(" %d |", sweep[i]);
+    printf("\n|---|");
+    for (int i = 0; i < n_sweep; i++) printf("---|");
+    printf("\n");
+    for (int ci = 0; ci < n_cases; ci++) {
+        printf("| %s |", cases[ci].name);
+        for (double u : sweep_us[(size_t)ci]) {
+            if (u < 0)
+                printf(" - |");
+            else
+                printf(" %.1f |", u);
+        }
+        printf("\n");
     }
     printf("\n(x 32 layers for a forward's attention; rel err: against the old output, "
            "bar 1e-2)\n");

@@ -7,14 +7,12 @@
  * max |y|). Weights rotate through copies totalling more than the L2
  * cache, so each product reads its weights from memory as in a forward.
  * The stacked shapes (qkv, gate+up: the backend's matmul_n) against the
- * separate products, cuBLAS for both. And cuBLASLt on the algorithm timed
- * fastest for each problem (cuda/gemm.cuh, the backend's "tuned" products).
+ * separate products, cuBLAS for both.
  *
  * Usage: bench_gemm_gpu [-r reps] [-s]   (-s: the whole cut sweep, else auto only)
  */
 #include "common.cuh"
 #include "skinny.cuh"
-#include "gemm.cuh"
 
 #include <algorithm>
 #include <math.h>
@@ -98,14 +96,6 @@ int main(int argc, char **argv) {
     cublasHandle_t cb;
     if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
     cublasSetStream(cb, st);
-    cuda_gemm *tg = NULL;
-    if (cuda_gemm_create(&tg) != IS_OK) {
-        fprintf(stderr, "cuda_gemm_create: %s\n", is_error_last());
-        return 1;
-    }
-    void *lt_ws = NULL;
-    const size_t lt_ws_bytes = (size_t)32 << 20;
-    CK(cudaMalloc(&lt_ws, lt_ws_bytes));
 
     /* qkv and gate+up: the stacked weights the backend multiplies in one
      * product (matmul_n). */
@@ -129,7 +119,6 @@ int main(int argc, char **argv) {
     printf("\n| shape | rows x cols | T | input | kernel | cut (mt, kc, splits) | us (median) | GB/s | "
            "rel diff vs cuBLAS |\n|---|---|---|---|---|---|---|---|---|\n");
     double layer_cublas[2][2] = {{0}}, layer_skinny[2][2] = {{0}}, layer_stacked[2][2] = {{0}};
-    double layer_tuned[2][2] = {{0}}; /* stacked shapes, tuned */
     for (const shape &sh : shapes) {
         const size_t wn = (size_t)(sh.rows * sh.cols);
         const size_t wbytes = wn * sizeof(__nv_bfloat16);
@@ -182,33 +171,6 @@ int main(int argc, char **argv) {
                 double ymax = 0;
                 for (float f : ref) ymax = fmax(ymax, fabs(f));
 
-                /* cuBLASLt, tuned at its first call (a warm-up of time_it). */
-                bool lt_ran = true;
-                auto run_tuned = [&](const __nv_bfloat16 *w) {
-                    float *out = split ? ypart : y;
-                    bool ran = false;
-                    if (cuda_gemm_bf16(tg, st, out, w, x, sh.rows, ncol, sh.cols, lt_ws,
-                                       lt_ws_bytes, true, &ran) != IS_OK) {
-                        fprintf(stderr, "tuned gemm failed: %s\n", is_error_last());
-                        exit(1);
-                    }
-                    lt_ran = lt_ran && ran;
-                    if (split) sum_halves_kernel<<<512, 256, 0, st>>>(y, ypart, yn);
-                };
-                double t_tuned = t_cb;
-                if (ncol <= CUDA_GEMM_TUNE_MAX_N) {
-                    t_tuned = time_it(run_tuned);
-                    run_tuned(ws[0]);
-                    CK(cudaMemcpyAsync(got.data(), y, yn * sizeof(float), cudaMemcpyDeviceToHost, st));
-                    CK(cudaStreamSynchronize(st));
-                    double d = 0;
-                    for (int64_t i = 0; i < yn; i++) d = fmax(d, fabs((double)got[(size_t)i] - ref[(size_t)i]));
-                    printf("| %s | %lld x %lld | %d | %s | cuBLASLt tuned%s | - | %.1f | %.0f | %.2e |\n",
-                           sh.name, (long long)sh.rows, (long long)sh.cols, T,
-                           split ? "bf16x2" : "bf16", lt_ran ? "" : " (fell back)", t_tuned,
-                           wbytes / t_tuned / 1e3, d / (ymax > 0 ? ymax : 1));
-                }
-
                 std::vector<skinny_plan> plans;
                 plans.push_back(cuda_skinny_plan(T, sh.rows, sh.cols, split, n_sms, 0, 0));
                 if (sweep)
@@ -250,8 +212,6 @@ int main(int argc, char **argv) {
                 layer_skinny[T == 30][split] += mult * best;
                 if (stk || !strcmp(sh.name, "down")) layer_stacked[T == 30][split] += t_cb;
                 if (!strcmp(sh.name, "q,o")) layer_stacked[T == 30][split] += t_cb;
-                if (stk || !strcmp(sh.name, "down") || !strcmp(sh.name, "q,o"))
-                    layer_tuned[T == 30][split] += t_tuned;
             }
         }
         for (__nv_bfloat16 *w : ws) CK(cudaFree(w));
@@ -260,13 +220,6 @@ int main(int argc, char **argv) {
                 layer_skinny);
     layer_table("The same on cuBLAS with stacked weights (qkv, o, gate+up, down), us",
                 "seven products | four stacked", layer_cublas, layer_stacked);
-    layer_table("Four stacked products, cuBLAS (default choice) against cuBLASLt tuned, us",
-                "cuBLAS | tuned", layer_stacked, layer_tuned);
-    cuda_gemm_stats gs;
-    cuda_gemm_stats_get(tg, &gs);
-    printf("\ntuning: %lld problems, %lld candidates timed, %.0f ms\n", (long long)gs.problems,
-           (long long)gs.candidates, gs.tune_ms);
-    cuda_gemm_free(tg);
     printf("\n(weight reading alone at 4.2 TB/s: 104 us a layer)\n");
     return 0;
 }

@@ -42,8 +42,7 @@
  * e.g. -c bf16,bf16+decode,bf16+skinny. "+unstacked" runs q, k, v (and
  * gate, up) as a product each instead of one of their stacked weights
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
- * "+tuned" runs products of up to 64 rows on the cuBLASLt algorithm timed
- * fastest for their shape (backend_cuda_set_tuned).
+
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
  * configurations above, in the serving configuration (bf16 KV cache,
@@ -576,9 +575,7 @@ int main(int argc, char **argv) {
                     "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
-                    "         product each (not one of stacked weights); +tuned: products of\n"
-                    "         <= 64 rows on the cuBLASLt algorithm timed fastest\n"
-                    "         (cuda/gemm.cuh); ignored on cpu\n");
+                    "         product each (not one of stacked weights); ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -678,7 +675,6 @@ int main(int argc, char **argv) {
                                           : strstr(cfg, "+decode") ? CUDA_SKINNY_DECODE
                                                                    : CUDA_SKINNY_OFF);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
-            backend_cuda_set_tuned(b.be, strstr(cfg, "+tuned") != NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */
@@ -714,13 +710,6 @@ int main(int argc, char **argv) {
                        cfg, (long long)st.hits, (long long)st.misses, (long long)st.evictions,
                        st.bytes_uploaded / 1e9, (long long)st.records, (long long)st.pages_used,
                        (long long)st.pages_total, (long long)st.page_bytes);
-            cuda_gemm_stats gs;
-            backend_cuda_gemm_stats(b.be, &gs);
-            if (strstr(cfg, "+tuned"))
-                printf("tuned products (%s, all configurations so far): %lld shapes timed (%lld "
-                       "candidates, %.0f ms), %lld products run\n",
-                       cfg, (long long)gs.problems, (long long)gs.candidates, gs.tune_ms,
-                       (long long)gs.calls);
         }
 #endif
     }

@@ -22,7 +22,6 @@ extern "C" {
 #include "norm.cuh"
 #include "rope.cuh"
 #include "skinny.cuh"
-#include "gemm.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -112,11 +111,6 @@ typedef struct cuda_ctx {
     /* Products of stacked weights in one GEMM (matmul_n; default on,
      * IS_CUDA_STACKED=0 or backend_cuda_set_stacked: one product each). */
     bool stacked;
-    /* bf16 products of few rows on the algorithm timed fastest for their
-     * shape (gemm.cuh; IS_CUDA_TUNED=1 or backend_cuda_set_tuned), created
-     * at the first such product. */
-    bool tuned;
-    cuda_gemm *gemm;
     /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
      * IS_CUDA_SKINNY_MT / _KC force its cut, for measuring). */
     cuda_skinny_mode skinny;
@@ -749,22 +743,11 @@ static bool use_skinny(const cuda_ctx *c, int32_t T, int64_t rows, int64_t cols,
            (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && T <= few));
 }
 
-/* out[n_cols][rows] = W xbf^T, f32: on the tuned algorithm where there is
- * one (never timed while capturing), else cuBLAS's own choice. */
+/* out[n_cols][rows] = W xbf^T, f32, on cuBLAS's own choice of algorithm
+ * (timing cuBLASLt's candidates for each shape instead measured no faster:
+ * cuda/NOTES.md, run 23). */
 static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows, int32_t n_cols,
                            int64_t cols) {
-    if (c->tuned && !c->legacy && n_cols <= CUDA_GEMM_TUNE_MAX_N &&
-        (c->gemm || !c->capturing)) {
-        if (!c->gemm) {
-            is_status st = cuda_gemm_create(&c->gemm);
-            if (st != IS_OK) return st;
-        }
-        bool ran = false;
-        is_status st = cuda_gemm_bf16(c->gemm, c->stream, out, (const __nv_bfloat16 *)w, c->xbf,
-                                      rows, n_cols, cols, c->cublas_ws, CUBLAS_WORKSPACE_BYTES,
-                                      !c->capturing, &ran);
-        if (st != IS_OK || ran) return st;
-    }
     const float one = 1.0f, zero = 0.0f;
     /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
     CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
@@ -1060,6 +1043,60 @@ static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const fl
                            rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, c->kv_bf16);
 }
 
+/* The q, k, v products and rope_store: from the stacked product's output
+ * where the weights are stacked (no split: a launch a layer fewer and no
+ * pass over q, k, v), else the two ops. The same bits either way. */
+static is_status matmul_rope_store_impl(cuda_ctx *c, float *q, float *k, float *v, const float *x,
+                                        const cuda_weight *const *ws, const cuda_weight *const *bs,
+                                        float *k_cache, float *v_cache, const int32_t *pos,
+                                        const int32_t *slots, int32_t T, int32_t n_heads,
+                                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                                        const rope_params *rp) {
+    if (T <= 0) return IS_OK;
+    const int64_t q_dim = (int64_t)n_heads * head_dim, kv_dim = (int64_t)n_kv_heads * head_dim;
+    int64_t rows;
+    const bool one = ws[0]->base.shape.rows == q_dim && ws[1]->base.shape.rows == kv_dim &&
+                     ws[2]->base.shape.rows == kv_dim && stacked_one(c, ws, bs, 3, T, &rows);
+    if (!one) {
+        float *ys[3] = {q, k, v};
+        is_status st = matmul_n_impl(c, ys, x, ws, bs, 3, T);
+        if (st != IS_OK) return st;
+        touch(c, q, (size_t)T * q_dim * sizeof(float));
+        return rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
+                               head_dim, block_size, rp);
+    }
+    for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
+    is_status st = stacked_product(c, x, ws[0], rows, T);
+    if (st != IS_OK) return st;
+    const void *dpos, *dslots;
+    st = rope_prepare(c, rp, head_dim, pos, T, &dpos);
+    if (st == IS_OK) st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
+    if (st != IS_OK) return st;
+    touch(c, q, (size_t)T * q_dim * sizeof(float));
+    const float *b[3];
+    for (int i = 0; i < 3; i++) b[i] = bs[i] ? (const float *)bs[i]->data : NULL;
+    return cuda_rope_store_stacked(c->stream, q, c->ypart, T, c->precision == CUDA_MATMUL_BF16X2,
+                                   b[0], b[1], b[2], k_cache, v_cache, (const int32_t *)dpos,
+                                   (const int32_t *)dslots, n_heads, n_kv_heads, head_dim,
+                                   block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX,
+                                   c->rope_dev, c->kv_bf16);
+}
+
+static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, const float *x,
+                                 const backend_weight *const *w, const backend_weight *const *b,
+                                 float *k_cache, float *v_cache, const int32_t *pos,
+                                 const int32_t *slots, int32_t T, int32_t n_heads,
+                                 int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                                 const rope_params *rp) {
+    cuda_ctx *c = ctx_of(be);
+    if (T <= 0 || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_MATMUL);
+    graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x6);
+    op_note(c, matmul_rope_store_impl(c, q, k, v, x, (const cuda_weight *const *)w,
+                                      (const cuda_weight *const *)b, k_cache, v_cache, pos, slots,
+                                      T, n_heads, n_kv_heads, head_dim, block_size, rp));
+}
+
 static void cu_rope_store(backend *be, float *q, float *k, const float *v, float *k_cache,
                           float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
@@ -1157,10 +1194,17 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
                              cuda_flash_partial_floats(plan, n_kv_heads, head_dim), sizeof(float));
         if (st != IS_OK) return st;
     }
-    return cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
-                                (const __nv_bfloat16 *)v_cache, m.flat, m.bt_off,
-                                (const int32_t *)dtiles, plan, c->partial, n_heads, n_kv_heads,
-                                head_dim, block_size);
+    /* The output's bf16 copy too: the attention output product then skips
+     * its conversion (a launch a layer fewer). */
+    const size_t n = (size_t)T * n_heads * head_dim;
+    cuda_bf16_out ob = {NULL, (int64_t)n, false};
+    ob.p = bf16_copy_of(c, n, &ob.split);
+    st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
+                              (const __nv_bfloat16 *)v_cache, m.flat, m.bt_off,
+                              (const int32_t *)dtiles, plan, c->partial, n_heads, n_kv_heads,
+                              head_dim, block_size, ob);
+    if (ob.p) produced(c, out, n, ob.split, st);
+    return st;
 }
 
 static void cu_attention(backend *be, float *out, const float *q, const float *k_cache,
@@ -1400,9 +1444,8 @@ static void ctx_destroy(cuda_ctx *c) {
         if (c->gcache[i].exec) cudaGraphExecDestroy(c->gcache[i].exec);
     if (c->graph_done) cudaEventDestroy(c->graph_done);
     cudaFreeHost(c->pin);
-    cuda_gemm_free(c->gemm);
     if (c->cublas) cublasDestroy(c->cublas);
-    cudaFree(c->cublas_ws); /* after the handles that use it */
+    cudaFree(c->cublas_ws); /* after the handle that uses it */
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -1443,6 +1486,7 @@ static const backend_ops cuda_ops = {
     /* .matmul_n = */ cu_matmul_n,
     /* .rope_store = */ cu_rope_store,
     /* .matmul_swiglu = */ cu_matmul_swiglu,
+    /* .matmul_rope_store = */ cu_matmul_rope_store,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1453,7 +1497,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
-    NULL,           NULL,
+    NULL,           NULL,        NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1520,8 +1564,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     {
         const char *v = getenv("IS_CUDA_STACKED");
         c->stacked = !(v && strcmp(v, "0") == 0);
-        v = getenv("IS_CUDA_TUNED");
-        c->tuned = v && strcmp(v, "1") == 0;
     }
     {
         /* Off by default: one graph per forward measured slower than no
@@ -1609,15 +1651,6 @@ extern "C" void backend_cuda_set_flash(backend *be, bool on) {
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
     graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
-}
-
-extern "C" void backend_cuda_set_tuned(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->tuned = on;
-}
-
-extern "C" void backend_cuda_gemm_stats(backend *be, cuda_gemm_stats *out) {
-    cuda_gemm_stats_get(ctx_of(be)->gemm, out);
 }
 
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {

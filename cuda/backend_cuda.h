@@ -112,20 +112,6 @@ void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */
 void backend_cuda_set_stacked(backend *be, bool on);
-/* bf16 products of at most 64 input rows on the cuBLASLt algorithm timed
- * fastest for their shape (cuda/gemm.cuh: the heuristic's candidates timed
- * once per shape, weights out of L2, at the shape's first product outside a
- * graph capture), default off until measured; IS_CUDA_TUNED=1 at creation
- * turns it on. Results differ from cuBLAS's default choice only in rounding
- * (another summation order). */
-void backend_cuda_set_tuned(backend *be, bool on);
-typedef struct cuda_gemm_stats {
-    int64_t problems;   /* shapes timed */
-    int64_t candidates; /* algorithms timed over all of them */
-    int64_t calls;      /* products run on a chosen algorithm */
-    double tune_ms;     /* host time spent timing */
-} cuda_gemm_stats;
-void backend_cuda_gemm_stats(backend *be, cuda_gemm_stats *out);
 
 /* The backend as first built (issue 6's "before", kept for measuring):
  * f32 KV cache, per-(token, head) attention, no inject op (the engine

@@ -67,6 +67,17 @@ static __device__ __forceinline__ float rope_second(float a, float b, float c, f
     return __fmaf_rn(a, sn, __fmul_rn(b, c));
 }
 
+/* Element i of the bf16 copy of an op's f32 output y[n], as the matrix
+ * products convert their input (cuda_f32_to_bf16 / _split): y rounded to
+ * bf16, and when split the rounded remainder at n + i (y - hi is exact).
+ * An op that writes it lets the next product skip its conversion pass. */
+static __device__ __forceinline__ void bf16_copy_put(__nv_bfloat16 *obf, int64_t n, int64_t i,
+                                                     float y, bool split) {
+    const __nv_bfloat16 hi = __float2bfloat16_rn(y);
+    obf[i] = hi;
+    if (split) obf[n + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
+}
+
 /* Butterfly reductions over the 32 lanes of a warp (every lane gets the
  * result); the attention kernels' softmax uses them. */
 #define FULL_MASK 0xffffffffu

@@ -10,11 +10,7 @@ static __device__ __forceinline__ void swiglu_put(float *out, int64_t i, int64_t
     /* expf, not __expf: the CPU reference uses expf too. */
     const float y = g / (1.0f + expf(-g)) * u;
     out[i] = y;
-    if (obf) {
-        const __nv_bfloat16 hi = __float2bfloat16_rn(y);
-        obf[i] = hi;
-        if (split) obf[n + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
-    }
+    if (obf) bf16_copy_put(obf, n, i, y, split);
 }
 
 static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n,

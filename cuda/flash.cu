@@ -6,9 +6,7 @@
  * the block's K and V tiles, [BN][D+8] bf16 each (the padding puts the 8
  * rows an ldmatrix reads in distinct banks), in STAGES stages so the next
  * tiles load while one is used. D = 128: 68 KiB a block of 64 rows (two
- * stages, two blocks a multiprocessor), 136 KiB one of 128 (four stages;
- * its 223 registers a thread allow one block anyway, and a split of a
- * short query has at most a few tiles, all then in flight from the start).
+ * stages, two blocks a multiprocessor).
  *
  * Fragments are those of mma.sync m16n8k16 (bf16 in, f32 out). With
  * g = lane / 4 and c = lane % 4, a thread holds rows g and g + 8 of its
@@ -68,7 +66,8 @@ static __global__ void __launch_bounds__(BM * 2)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *bt_off,
                  const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
-                 float scale_log2, int32_t n_splits, float *partial) {
+                 float scale_log2, int32_t n_splits, float *partial, __nv_bfloat16 *obf,
+                 int64_t out_n, bool obf_split) {
     constexpr int THREADS = BM * 2; /* a warp per 16 rows */
     constexpr int LD = D + 8; /* bf16 per smem row */
     constexpr int NT = FLASH_BN / 8; /* 8-key tiles of S */
@@ -258,12 +257,18 @@ static __global__ void __launch_bounds__(BM * 2)
         for (int h = 0; h < 2; h++) {
             if (last[h] < 0) continue;
             const int r = warp * 16 + g + 8 * h;
-            float *dst = out + (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
+            const int64_t at = (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D;
+            float *dst = out + at;
             const float inv = 1.0f / l[h];
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * c) =
-                    make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+            for (int dt = 0; dt < DT; dt++) {
+                const float y0 = o[dt][2 * h] * inv, y1 = o[dt][2 * h + 1] * inv;
+                *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * c) = make_float2(y0, y1);
+                if (obf) {
+                    bf16_copy_put(obf, out_n, at + dt * 8 + 2 * c, y0, obf_split);
+                    bf16_copy_put(obf, out_n, at + dt * 8 + 2 * c + 1, y1, obf_split);
+                }
+            }
         }
         return;
     }
@@ -295,7 +300,8 @@ static __global__ void __launch_bounds__(BM * 2)
 template <int D, int BM>
 static __global__ void __launch_bounds__(MERGE_THREADS)
     flash_merge_kernel(float *out, const float *partial, const int32_t *tiles, int32_t n_heads,
-                       int32_t n_kv_heads, int32_t n_splits) {
+                       int32_t n_kv_heads, int32_t n_splits, __nv_bfloat16 *obf, int64_t out_n,
+                       bool split) {
     constexpr int PER = D / 32; /* columns a lane merges */
     __shared__ float w_s[MERGE_THREADS / 32][FLASH_MAX_SPLITS];
     const int32_t tile = blockIdx.x, kh = blockIdx.y;
@@ -339,11 +345,15 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
 #pragma unroll
             for (int e = 0; e < PER; e++) acc[e] += col[z * split_stride + e] * wz;
         }
-        float *dst = out + (int64_t)(t0 + r / G) * n_heads * D + (int64_t)(kh * G + r % G) * D +
-                     lane * PER;
+        const int64_t at = (int64_t)(t0 + r / G) * n_heads * D + (int64_t)(kh * G + r % G) * D +
+                           lane * PER;
         const float inv = 1.0f / den;
 #pragma unroll
-        for (int e = 0; e < PER; e++) dst[e] = acc[e] * inv;
+        for (int e = 0; e < PER; e++) {
+            const float y = acc[e] * inv;
+            out[at + e] = y;
+            if (obf) bf16_copy_put(obf, out_n, at + e, y, split);
+        }
         __syncwarp(); /* w is rewritten for the next row */
     }
 }
@@ -353,8 +363,8 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
                               cuda_flash_plan plan, float *partial, int32_t n_heads,
-                              int32_t n_kv_heads, int32_t block_size) {
-    constexpr int STAGES = BM == FLASH_BM ? 2 : 4;
+                              int32_t n_kv_heads, int32_t block_size, cuda_bf16_out ob) {
+    constexpr int STAGES = 2;
     static bool attr_set = false; /* per process; the attribute is per function */
     const size_t smem = (size_t)STAGES * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
     if (!attr_set) {
@@ -366,13 +376,13 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
     dim3 grid((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits);
     flash_kernel<D, BM, STAGES><<<grid, BM * 2, smem, s>>>(
         out, q, k_cache, v_cache, flat, bt_off, tiles, n_heads, n_kv_heads, block_size, scale_log2,
-        plan.splits, partial);
+        plan.splits, partial, ob.p, ob.n, ob.split);
     CUDA_CHECK_LAUNCH();
     if (plan.splits > 1) {
         flash_merge_kernel<D, BM><<<dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
                                          BM / (MERGE_THREADS / 32)),
                                     MERGE_THREADS, 0, s>>>(out, partial, tiles, n_heads, n_kv_heads,
-                                                           plan.splits);
+                                                           plan.splits, ob.p, ob.n, ob.split);
         CUDA_CHECK_LAUNCH();
     }
     return IS_OK;
@@ -382,21 +392,21 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
                                cuda_flash_plan plan, float *partial, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
+                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                               cuda_bf16_out ob) {
     if (plan.n_tiles <= 0) return IS_OK;
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads))
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda flash attention: head_dim %d, %d/%d heads",
                             head_dim, n_heads, n_kv_heads);
     if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS || (plan.splits > 1 && !partial))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", plan.splits);
-    if (plan.rows != FLASH_BM && plan.rows != FLASH_BM_SHORT)
+    if (plan.rows != FLASH_BM)
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d rows a block", plan.rows);
 #define FLASH_LAUNCH(D, BM)                                                                        \
     flash_launch<D, BM>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, n_heads,  \
-                        n_kv_heads, block_size)
-    if (head_dim == 64)
-        return plan.rows == FLASH_BM ? FLASH_LAUNCH(64, FLASH_BM) : FLASH_LAUNCH(64, FLASH_BM_SHORT);
-    return plan.rows == FLASH_BM ? FLASH_LAUNCH(128, FLASH_BM) : FLASH_LAUNCH(128, FLASH_BM_SHORT);
+                        n_kv_heads, block_size, ob)
+    if (head_dim == 64) return FLASH_LAUNCH(64, FLASH_BM);
+    return FLASH_LAUNCH(128, FLASH_BM);
 #undef FLASH_LAUNCH
 }
 
@@ -451,18 +461,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
             n++;
         return n;
     };
-    /* The short shape when every run fits one block of it but some run does
-     * not fit one of FLASH_BM rows (decode steps keep the small blocks). */
-    int32_t rows = FLASH_BM;
-    if (choice == CUDA_FLASH_CHOICE_AUTO) {
-        int32_t longest = 0;
-        for (int32_t t = 0; t < T;) {
-            const int32_t n = run_at(t, FLASH_BM_SHORT / G + 1);
-            if (n > longest) longest = n;
-            t += n;
-        }
-        if (longest > FLASH_BM / G && longest <= FLASH_BM_SHORT / G) rows = FLASH_BM_SHORT;
-    }
+    const int32_t rows = FLASH_BM;
     cuda_flash_plan plan = {0, rows, 1};
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
@@ -490,8 +489,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         }
         return plan;
     }
-    /* 64-row blocks: two a multiprocessor; 128-row ones: one (registers). */
-    const int32_t slots = n_sms * (rows == FLASH_BM ? 2 : 1);
+    const int32_t slots = 2 * n_sms; /* two 64-row blocks a multiprocessor (registers) */
     plan.splits = plan_splits(pairs, max_kt, rows_total, head_dim, slots);
     return plan;
 }

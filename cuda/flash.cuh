@@ -18,21 +18,19 @@
  * blocks per tile (flash-decoding); each writes an unnormalised partial
  * result and a second kernel merges them.
  *
- * Two block shapes: FLASH_BM rows (4 warps, two K/V stages) for long runs
- * of tokens, as in a prefill; FLASH_BM_SHORT rows (8 warps, four stages)
- * when every run is short (a query after injected memory: 30 tokens x 4
- * heads in one block), so each K/V tile is read once for all the query's
- * rows and a block's few tiles are all in flight at once.
- * cuda_flash_plan_batch cuts the batch and chooses the shape and splits.
+ * cuda_flash_plan_batch cuts the batch into tiles and chooses the splits.
+ * (Blocks of 128 rows, 8 warps, for short queries, so that each K/V tile is
+ * read once for a 30-token query's 120 rows, measured slower at 215 keys
+ * and no faster at 1,340-2,590: device run 23, cuda/NOTES.md. The kernel
+ * stays templated on its rows and stages.)
  */
 #ifndef IS_CUDA_FLASH_CUH
 #define IS_CUDA_FLASH_CUH
 
 #include "common.cuh"
 
-#define FLASH_BM 64        /* query rows per block for long runs: 4 warps x 16 */
-#define FLASH_BM_SHORT 128 /* for short runs: 8 warps x 16 */
-#define FLASH_BN 64        /* keys per tile */
+#define FLASH_BM 64 /* query rows per block: 4 warps x 16 */
+#define FLASH_BN 64 /* keys per tile */
 #define FLASH_MAX_SPLITS 64
 
 /* Whether the kernel takes this shape: head_dim 64 or 128, whole groups. */
@@ -41,18 +39,16 @@ bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 /* How a batch is cut for cuda_flash_attention. */
 typedef struct cuda_flash_plan {
     int32_t n_tiles; /* query tiles */
-    int32_t rows;    /* query rows a block: FLASH_BM or FLASH_BM_SHORT */
+    int32_t rows;    /* query rows a block: FLASH_BM */
     int32_t splits;  /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
 } cuda_flash_plan;
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
  * measurements (bench_attn_gpu). */
 typedef enum cuda_flash_choice {
-    CUDA_FLASH_CHOICE_AUTO = 0, /* serving's: FLASH_BM_SHORT rows for short runs, splits
-                                   by the cost model */
-    CUDA_FLASH_CHOICE_ROWS64,   /* the cost model's splits, FLASH_BM rows always */
-    CUDA_FLASH_CHOICE_LEGACY,   /* before device run 23: FLASH_BM rows, splits filling two
-                                   blocks a multiprocessor (the last ones possibly empty) */
+    CUDA_FLASH_CHOICE_AUTO = 0, /* serving's: splits by the cost model, none empty */
+    CUDA_FLASH_CHOICE_LEGACY,   /* before device run 23: splits filling two blocks a
+                                   multiprocessor (the last ones possibly empty) */
 } cuda_flash_choice;
 
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T]) into query tiles,
@@ -69,7 +65,16 @@ static inline size_t cuda_flash_partial_floats(cuda_flash_plan plan, int32_t n_k
     return (size_t)plan.n_tiles * n_kv_heads * plan.splits * plan.rows * (head_dim + 2);
 }
 
-/* out[T][n_heads*head_dim] for the tokens the tiles cover. tiles: device
+/* Where an op also writes its f32 output's bf16 copy (bf16_copy_put's
+ * layout; p NULL: nowhere): n is the output's element count. */
+typedef struct cuda_bf16_out {
+    __nv_bfloat16 *p;
+    int64_t n;
+    bool split;
+} cuda_bf16_out;
+
+/* out[T][n_heads*head_dim] for the tokens the tiles cover (and its bf16
+ * copy where ob.p is set, for the product that reads it). tiles: device
  * int32 [plan.n_tiles][4] = {first batch token, tokens, sequence, position
  * of the first}, the tokens of a tile consecutive in the batch and in
  * position, at most plan.rows / group of them; block tables of sequence s
@@ -81,6 +86,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
                                cuda_flash_plan plan, float *partial, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size);
+                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                               cuda_bf16_out ob);
 
 #endif

@@ -39,66 +39,132 @@ is_status cuda_kv_store(cudaStream_t s, void *k_cache, void *v_cache, const floa
 /* Element d of head x rotated with its pair partner by the table row tab
  * ([half][cos, sin]; neg: a negative position, sin negated): the value
  * rope_kernel leaves there. Elements past the rotated ones pass through. */
-template <typename T>
-static __device__ __forceinline__ float rope_element(const T *x, int32_t d, int32_t half,
-                                                     bool neox, const float *tab, bool neg) {
-    if (d >= 2 * half) return kv_load(x + d);
+template <typename Load>
+static __device__ __forceinline__ float rope_element(Load x, int32_t d, int32_t half, bool neox,
+                                                     const float *tab, bool neg) {
+    if (d >= 2 * half) return x(d);
     const int32_t pi = neox ? (d < half ? d : d - half) : d / 2;
     const int32_t i0 = neox ? pi : 2 * pi, i1 = neox ? pi + half : 2 * pi + 1;
     const float c = tab[2 * pi], sn = neg ? -tab[2 * pi + 1] : tab[2 * pi + 1];
-    const float a = kv_load(x + i0), b = kv_load(x + i1);
+    const float a = x(i0), b = x(i1);
     return d == i0 ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
 }
 
-/* One block per token: the queries' pairs rotated in place (as
- * rope_kernel: thread per pair), then each key element rotated with its
- * pair partner (as inject_kernel) and stored with its value. */
+/* Where rope_store reads q, k and v: rows of `stride` floats at src (q at
+ * column 0, k at q_off... as below), each value the sum of the row's
+ * element, its lo half at lo_off floats further (0: none) and its bias
+ * (NULL: none), in that order: the sums cuda_split_columns makes, so that
+ * rotating straight from a stacked product gives the bits of split, then
+ * rope_store. The unfused op reads q, k, v themselves (no lo, no bias). */
+typedef struct rs_src {
+    const float *q, *k, *v;
+    int64_t q_stride, kv_stride, lo_off;
+    const float *bq, *bk, *bv;
+} rs_src;
+
+static __device__ __forceinline__ float rs_load(const float *row, int64_t lo_off,
+                                                const float *bias, int32_t col) {
+    float x = row[col];
+    if (lo_off) x += row[lo_off + col];
+    if (bias) x += bias[col];
+    return x;
+}
+
+/* Blocks (token, slice): the first q_blocks slices of a token rotate its
+ * queries' pairs (as rope_kernel: a thread per pair) into q, the others
+ * rotate each key element with its pair partner (as inject_kernel) and
+ * store it with its value, a thread per element. A token's work spread over
+ * several blocks (12 for the 8B shape) instead of one: a 30-token query is
+ * otherwise 30 blocks, too few to keep the memory busy. */
 template <typename CT>
-static __global__ void rope_store_kernel(float *q, const float *k, const float *v, CT *k_cache,
-                                         CT *v_cache, const int32_t *pos, const int32_t *slots,
+static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *v_cache,
+                                         const int32_t *pos, const int32_t *slots,
                                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                          int32_t block_size, int32_t half, bool neox,
-                                         const float *cs) {
+                                         const float *cs, int32_t q_blocks) {
     const int32_t t = blockIdx.x, p = pos[t];
     const float *tab = cs + (int64_t)(p < 0 ? -p : p) * half * 2;
-    float *qt = q + (int64_t)t * n_heads * head_dim;
-    for (int32_t k2 = threadIdx.x; k2 < n_heads * half; k2 += blockDim.x) {
-        const int32_t i = k2 % half;
-        float *x = qt + (int64_t)(k2 / half) * head_dim;
+    if ((int32_t)blockIdx.y < q_blocks) {
+        const int32_t k2 = blockIdx.y * blockDim.x + threadIdx.x;
+        if (k2 >= n_heads * half) return;
+        const int32_t i = k2 % half, hd0 = (k2 / half) * head_dim;
+        const float *row = src.q + (int64_t)t * src.q_stride;
+        float *x = q + (int64_t)t * n_heads * head_dim + hd0;
         const float c = tab[2 * i], sn = p < 0 ? -tab[2 * i + 1] : tab[2 * i + 1];
         const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        const float a = x[i0], b = x[i1];
+        const float a = rs_load(row, src.lo_off, src.bq, hd0 + i0);
+        const float b = rs_load(row, src.lo_off, src.bq, hd0 + i1);
         x[i0] = rope_first(a, b, c, sn);
         x[i1] = rope_second(a, b, c, sn);
+        if (src.q != q && 2 * half < head_dim) /* a partial rotation: the rest passes through */
+            for (int32_t d = 2 * half + i; d < head_dim; d += half)
+                x[d] = rs_load(row, src.lo_off, src.bq, hd0 + d);
+        return;
     }
+    const int32_t kv_dim = n_kv_heads * head_dim;
+    const int32_t e = (blockIdx.y - q_blocks) * blockDim.x + threadIdx.x;
+    if (e >= kv_dim) return;
     const int32_t slot = slots[t];
     const int64_t block = slot / block_size, off = slot % block_size;
-    const int32_t kv_dim = n_kv_heads * head_dim;
-    const float *kt = k + (int64_t)t * kv_dim, *vt = v + (int64_t)t * kv_dim;
-    for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
-        const int32_t h = e / head_dim, d = e % head_dim;
-        const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
-        kv_put(k_cache + dst, rope_element(kt + (int64_t)h * head_dim, d, half, neox, tab, p < 0));
-        kv_put(v_cache + dst, vt[e]);
-    }
+    const float *kt = src.k + (int64_t)t * src.kv_stride, *vt = src.v + (int64_t)t * src.kv_stride;
+    const int32_t h = e / head_dim, d = e % head_dim;
+    const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
+    const int32_t h0 = h * head_dim;
+    kv_put(k_cache + dst,
+           rope_element([=](int32_t i) { return rs_load(kt, src.lo_off, src.bk, h0 + i); }, d,
+                        half, neox, tab, p < 0));
+    kv_put(v_cache + dst, rs_load(vt, src.lo_off, src.bv, e));
+}
+
+#define ROPE_STORE_THREADS 256
+
+static is_status rope_store_launch(cudaStream_t s, float *q, const rs_src &src, void *k_cache,
+                                   void *v_cache, const int32_t *pos, const int32_t *slots,
+                                   int32_t T, int32_t n_heads, int32_t n_kv_heads,
+                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
+                                   const float *cs, bool bf16) {
+    if (T <= 0) return IS_OK;
+    const int32_t half = n_rot / 2;
+    const int32_t q_blocks = (n_heads * half + ROPE_STORE_THREADS - 1) / ROPE_STORE_THREADS;
+    const int32_t kv_blocks = (n_kv_heads * head_dim + ROPE_STORE_THREADS - 1) / ROPE_STORE_THREADS;
+    if (q_blocks + kv_blocks > 65535)
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda rope_store: %d heads of %d too wide",
+                            n_heads, head_dim);
+    const dim3 grid((unsigned)T, (unsigned)(q_blocks + kv_blocks));
+    if (bf16)
+        rope_store_kernel<<<grid, ROPE_STORE_THREADS, 0, s>>>(
+            q, src, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos, slots, n_heads,
+            n_kv_heads, head_dim, block_size, half, neox, cs, q_blocks);
+    else
+        rope_store_kernel<<<grid, ROPE_STORE_THREADS, 0, s>>>(
+            q, src, (float *)k_cache, (float *)v_cache, pos, slots, n_heads, n_kv_heads, head_dim,
+            block_size, half, neox, cs, q_blocks);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
 }
 
 is_status cuda_rope_store(cudaStream_t s, float *q, const float *k, const float *v, void *k_cache,
                           void *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                           int32_t n_rot, bool neox, const float *cs, bool bf16) {
-    if (T <= 0) return IS_OK;
-    const int32_t half = n_rot / 2;
-    if (bf16)
-        rope_store_kernel<<<T, 256, 0, s>>>(q, k, v, (__nv_bfloat16 *)k_cache,
-                                            (__nv_bfloat16 *)v_cache, pos, slots, n_heads,
-                                            n_kv_heads, head_dim, block_size, half, neox, cs);
-    else
-        rope_store_kernel<<<T, 256, 0, s>>>(q, k, v, (float *)k_cache, (float *)v_cache, pos, slots,
-                                            n_heads, n_kv_heads, head_dim, block_size, half, neox,
-                                            cs);
-    CUDA_CHECK_LAUNCH();
-    return IS_OK;
+    const int32_t kv_dim = n_kv_heads * head_dim;
+    const rs_src src = {q, k, v, (int64_t)n_heads * head_dim, kv_dim, 0, NULL, NULL, NULL};
+    return rope_store_launch(s, q, src, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
+                             head_dim, block_size, n_rot, neox, cs, bf16);
+}
+
+is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, int32_t T,
+                                  bool halves, const float *bq, const float *bk, const float *bv,
+                                  void *k_cache, void *v_cache, const int32_t *pos,
+                                  const int32_t *slots, int32_t n_heads, int32_t n_kv_heads,
+                                  int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
+                                  const float *cs, bool bf16) {
+    const int64_t q_dim = (int64_t)n_heads * head_dim, kv_dim = (int64_t)n_kv_heads * head_dim;
+    const int64_t rows = q_dim + 2 * kv_dim;
+    const rs_src src = {part,  part + q_dim, part + q_dim + kv_dim, rows, rows,
+                        halves ? (int64_t)T * rows : 0, bq, bk, bv};
+    return rope_store_launch(s, q, src, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
+                             head_dim, block_size, n_rot, neox, cs, bf16);
 }
 
 /* One block per (token, layer); thread e takes element e of the token's
@@ -120,7 +186,8 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
         const int32_t h = e / head_dim, d = e % head_dim;
         const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
-        kv_put(kc + dst, rope_element(kr + (int64_t)h * head_dim, d, half, neox,
+        const __nv_bfloat16 *kh = kr + (int64_t)h * head_dim;
+        kv_put(kc + dst, rope_element([=](int32_t i) { return kv_load(kh + i); }, d, half, neox,
                                       cs + (int64_t)p * half * 2, false));
         kv_put(vc + dst, __bfloat162float(vr[e]));
     }

@@ -38,6 +38,18 @@ is_status cuda_rope_store(cudaStream_t s, float *q, const float *k, const float 
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                           int32_t n_rot, bool neox, const float *cs, bool bf16);
 
+/* The same from the stacked product of q, k, v's weights: part [T][q_dim +
+ * 2 kv_dim] (halves: its lo half follows, [2][T][...]), each value summed
+ * with its lo half and bias (bq, bk, bv; NULL: none) as cuda_split_columns
+ * sums them, so the bits of split, then cuda_rope_store; the rotated
+ * queries go to q [T][q_dim]. */
+is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, int32_t T,
+                                  bool halves, const float *bq, const float *bk, const float *bv,
+                                  void *k_cache, void *v_cache, const int32_t *pos,
+                                  const int32_t *slots, int32_t n_heads, int32_t n_kv_heads,
+                                  int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
+                                  const float *cs, bool bf16);
+
 /* Chunked RoPE + scatter, every layer and every token in one launch: token i
  * (page pages[i], slot slots[i], position pos0 + i) of the memory segment
  * has its arena keys rotated (cos/sin table cs as cuda_rope's) and written

@@ -63,12 +63,14 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
     const int32_t n4 = n >> 2;
     float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * n);
     const float4 *rr = res ? (const float4 *)(res + (int64_t)blockIdx.x * n) : NULL;
-    float4 v[VPT];
+    const float4 *g4 = (const float4 *)g;
+    float4 v[VPT], gv[VPT];
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < VPT; j++) {
         const int32_t i = threadIdx.x + j * NORM_THREADS;
         if (i < n4) {
+            gv[j] = g4[i]; /* read with the row, not after the sum: one memory round trip */
             float4 a = xr[i];
             if (rr) {
                 const float4 b = rr[i];
@@ -85,13 +87,12 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
     ss = block_sum(ss, partial);
     const float scale = 1.0f / sqrtf(ss / (float)n + eps);
     float4 *o = (float4 *)(out + (int64_t)blockIdx.x * n);
-    const float4 *g4 = (const float4 *)g;
     __nv_bfloat16 *ob = obf ? obf + (int64_t)blockIdx.x * n : NULL;
 #pragma unroll
     for (int j = 0; j < VPT; j++) {
         const int32_t i = threadIdx.x + j * NORM_THREADS;
         if (i < n4) {
-            const float4 gg = g4[i];
+            const float4 gg = gv[j];
             const float4 y = make_float4(v[j].x * scale * gg.x, v[j].y * scale * gg.y,
                                          v[j].z * scale * gg.z, v[j].w * scale * gg.w);
             o[i] = y;

@@ -197,6 +197,18 @@ typedef struct backend_ops {
      * ([T][rows], no bias) unwritten. */
     void (*matmul_swiglu)(backend *be, float *out, float *up_scratch, const float *x,
                           const backend_weight *w_gate, const backend_weight *w_up, int32_t T);
+    /* Optional (NULL = matmul_n of w[0..2], the q, k, v weights, with biases
+     * b[i] where not NULL, then rope_store): the attention's input side in
+     * one op, with the same results as those ops. q holds the rotated
+     * queries after; k and v ([T][n_kv_heads][head_dim]) are scratch a
+     * backend may leave unwritten: one that multiplies stacked weights
+     * rotates and stores straight from the product's output. */
+    void (*matmul_rope_store)(backend *be, float *q, float *k, float *v, const float *x,
+                              const backend_weight *const *w, const backend_weight *const *b,
+                              float *k_cache, float *v_cache, const int32_t *pos,
+                              const int32_t *slots, int32_t T, int32_t n_heads,
+                              int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                              const rope_params *rp);
 } backend_ops;
 
 struct backend {

@@ -337,20 +337,30 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         const model_layer *L = &m->layers[l];
         /* Later layers' first norm comes with the previous layer's last add. */
         if (l == 0) op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
-        matmul_n(be, (float *const[]){e->q, e->k, e->v}, e->xb,
-                 (const backend_weight *const[]){L->wq, L->wk, L->wv},
-                 (const backend_weight *const[]){L->bq, L->bk, L->bv}, 3, n);
-        for (int32_t t = cap0; t < cap1; t++) {
-            size_t dst = ((size_t)l * cap->n + (t - cap->first)) * kv_dim;
-            size_t src = (size_t)(t - t0) * kv_dim;
-            op->download(be, cap->k + dst, e->k + src, (size_t)kv_dim * sizeof(float));
-            op->download(be, cap->v + dst, e->v + src, (size_t)kv_dim * sizeof(float));
+        /* Captured rows read k and v, a shifted prefix q unrotated: then
+         * the products and the rotation run as separate ops. */
+        if (op->matmul_rope_store && cap0 == cap1 && !shifted) {
+            op->matmul_rope_store(be, e->q, e->k, e->v, e->xb,
+                                  (const backend_weight *const[]){L->wq, L->wk, L->wv},
+                                  (const backend_weight *const[]){L->bq, L->bk, L->bv},
+                                  e->k_cache[l], e->v_cache[l], e->rpos, e->slots, n, c->n_heads,
+                                  c->n_kv_heads, c->head_dim, e->p.block_size, &c->rope);
+        } else {
+            matmul_n(be, (float *const[]){e->q, e->k, e->v}, e->xb,
+                     (const backend_weight *const[]){L->wq, L->wk, L->wv},
+                     (const backend_weight *const[]){L->bq, L->bk, L->bv}, 3, n);
+            for (int32_t t = cap0; t < cap1; t++) {
+                size_t dst = ((size_t)l * cap->n + (t - cap->first)) * kv_dim;
+                size_t src = (size_t)(t - t0) * kv_dim;
+                op->download(be, cap->k + dst, e->k + src, (size_t)kv_dim * sizeof(float));
+                op->download(be, cap->v + dst, e->v + src, (size_t)kv_dim * sizeof(float));
+            }
+            if (shifted) {
+                op->copy(be, e->q2, e->q, (size_t)n * q_dim * sizeof(float));
+                op->rope(be, e->q2, e->rpos2, n, c->n_heads, c->head_dim, &c->rope);
+            }
+            rope_store(be, e, l, n);
         }
-        if (shifted) {
-            op->copy(be, e->q2, e->q, (size_t)n * q_dim * sizeof(float));
-            op->rope(be, e->q2, e->rpos2, n, c->n_heads, c->head_dim, &c->rope);
-        }
-        rope_store(be, e, l, n);
         op->attention(be, e->att, e->q, e->k_cache[l], e->v_cache[l], &ab, c->n_heads,
                       c->n_kv_heads, c->head_dim, e->p.block_size);
         op->matmul(be, e->xb, e->att, L->wo, NULL, n);

@@ -477,13 +477,10 @@ static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols,
 static void test_matmul(void **state) {
     SKIP_WITHOUT_GPU();
     /* Every case on cuBLAS, then with products of <= 64 rows on the skinny
-     * kernel (cuda/skinny.cuh), then on the tuned cuBLASLt algorithms
-     * (cuda/gemm.cuh; each shape timed at its first product here). */
-    for (int p = 0; p <= 5; p++) {
-        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
-        backend_cuda_set_tuned(g_gpu, p >= 4);
+     * kernel (cuda/skinny.cuh). */
+    for (int p = 0; p <= 3; p++) {
+        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
         if (p == 2) printf("  with the skinny kernel:\n");
-        if (p == 4) printf("  with tuned cuBLASLt products:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul(TENSOR_TYPE_F32, 1, 576, 576, false, prec);
         check_matmul(TENSOR_TYPE_F32, 7, 1536, 576, true, prec);
@@ -501,12 +498,6 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
     }
     backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
-    cuda_gemm_stats gs;
-    backend_cuda_gemm_stats(g_gpu, &gs);
-    printf("  tuned: %lld shapes timed, %lld candidates, %lld products on them\n",
-           (long long)gs.problems, (long long)gs.candidates, (long long)gs.calls);
-    assert_true(gs.problems > 0 && gs.calls > 0); /* the tuned path ran */
-    backend_cuda_set_tuned(g_gpu, false);
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
     double e2 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16X2);
@@ -592,18 +583,14 @@ static void test_matmul_n(void **state) {
     assert_non_null(g_gpu->ops->matmul_n);
     assert_non_null(g_gpu->ops->weight_create_stacked);
     const int64_t qkv[] = {576, 192, 192}, gate_up[] = {1536, 1536}, odd[] = {49, 7};
-    /* p >= 2: on tuned cuBLASLt algorithms, stacked and separate products
-     * each timed for their own shape. */
-    for (int p = 0; p < 4; p++) {
-        cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
-        backend_cuda_set_tuned(g_gpu, p >= 2);
+    for (int p = 0; p < 2; p++) {
+        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul_n(3, qkv, 576, true, 1, prec);
         check_matmul_n(3, qkv, 576, false, 30, prec);
         check_matmul_n(2, gate_up, 576, false, 30, prec);
         check_matmul_n(2, gate_up, 576, false, 300, prec);
         check_matmul_n(2, odd, 96, true, 5, prec);
     }
-    backend_cuda_set_tuned(g_gpu, false);
     /* Refusals: widths that differ, a vector, too many. */
     test_weight a, v;
     weight_make(&a, TENSOR_TYPE_F32, 64, 8, 1.0f);
@@ -841,6 +828,27 @@ static void *put_bf16(backend *be, const float *h, size_t n) {
 /* mode 0: f32 caches on both backends (exact kernel). mode 1: the GPU reads
  * a bf16 cache, the CPU the same rounded values in f32; the tiled kernel
  * runs where it applies. mode 2: the same with the tiled kernel off. */
+/* The tiled attention also writes its output's bf16 copy, which the next
+ * product reads instead of converting: the product of the output and of a
+ * plain copy of it (converted by the product) must be bitwise equal. */
+static void expect_feeds_matmul(backend *be, float *o, int32_t T, int64_t cols) {
+    test_weight w;
+    weight_make(&w, TENSOR_TYPE_F32, cols, 8, 1.0f);
+    const size_t n = (size_t)T * cols;
+    float *y1 = poisoned(be, (size_t)T * 8), *y2 = poisoned(be, (size_t)T * 8);
+    float *o2 = poisoned(be, n);
+    be->ops->matmul(be, y1, o, w.gpu, NULL, T); /* on the copy the attention wrote */
+    be->ops->copy(be, o2, o, n * sizeof(float));
+    be->ops->matmul(be, y2, o2, w.gpu, NULL, T); /* converted here */
+    float *a = take(be, y1, (size_t)T * 8), *b = take(be, y2, (size_t)T * 8);
+    gpu_ok();
+    assert_memory_equal(a, b, (size_t)T * 8 * sizeof(float));
+    be->ops->release(be, o2);
+    weight_drop(&w);
+    free(a);
+    free(b);
+}
+
 static void check_attention_mode(const attn_case *ac, int mode) {
     const int32_t H = ac->n_heads, KH = ac->n_kv_heads, hd = ac->head_dim, bs = ac->block_size;
     const int32_t S = ac->n_seqs;
@@ -914,6 +922,7 @@ static void check_attention_mode(const attn_case *ac, int mode) {
                         .block_tables = tables, .seq_len = ac->seq_len,
                         .seq_segments = seg_ptrs, .q_prefix = qp};
         be->ops->attention(be, o, q, k, v, &b, H, KH, hd, bs);
+        if (i == 1 && mode == 1) expect_feeds_matmul(be, o, T, (int64_t)H * hd);
         out[i] = take(be, o, q_n);
         be->ops->release(be, k);
         be->ops->release(be, v);
@@ -958,12 +967,11 @@ static const attn_case BF16_CASES[] = {
     {"segments + q_prefix (exact)", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, true, false},
     {"d=24 (exact kernel)", 4, 2, 24, 8, 3, {30, 71, 52}, {0, 70, 40}, {30, 1, 12}, {false},
      false, false},
-    /* The product's shape (cuda_flash_plan_batch's 128-row blocks): a
-     * 30-token query after k = 50 facts of memory; 32 and 33 tokens on
-     * either side of one block's 128 rows (33 falls back to 64-row blocks);
-     * two such queries after different memories in one batch (the shorter
-     * one's tile gets empty splits); a decode step over 2000 keys; a group
-     * of 7 at d = 64 (18 tokens, 126 of 128 rows). */
+    /* The product's shape, split by cuda_flash_plan_batch's cost model: a
+     * 30-token query after k = 50 facts of memory; 32 and 33 tokens (two
+     * and three 16-token tiles); two such queries after different memories
+     * in one batch (the shorter one's tile gets empty splits); a decode
+     * step over 2000 keys; a group of 7 at d = 64 (18 tokens). */
     {"query of 30 after 1310 keys, 8B", 32, 8, 128, 16, 1, {1340}, {1310}, {30}, {false},
      false, false},
     {"query of 32 after 600", 32, 8, 128, 16, 1, {632}, {600}, {32}, {false}, false, false},
@@ -981,9 +989,12 @@ static const attn_case BF16_CASES[] = {
 static void test_attention_bf16(void **state) {
     SKIP_WITHOUT_GPU();
     for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
+        /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
+        backend_cuda_set_matmul_precision(g_gpu, k % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
         check_attention_mode(&BF16_CASES[k], 1);
         check_attention_mode(&BF16_CASES[k], 2);
     }
+    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
 }
 
 static void test_attention(void **state) {
@@ -1133,6 +1144,123 @@ static void test_rope_store(void **state) {
     free(k);
     free(v);
     free(cache0);
+}
+
+/* matmul_rope_store (the q, k, v products, RoPE and the KV store in one
+ * op) against matmul_n then rope_store on the same backend: q and both
+ * caches bitwise equal. Stacked weights take the fused path (rotation
+ * straight from the product, biases and lo halves summed as the split sums
+ * them, partial rotations passed through); unstacked ones, or more rows
+ * than one stacked product takes, the two ops. */
+static void check_matmul_rope_store(int32_t T, bool stack, bool bias, bool bf16_cache,
+                                    rope_layout layout, int32_t n_rot,
+                                    cuda_matmul_precision prec) {
+    const int32_t n_h = 8, n_kv = 2, hd = 128, bs = 16, cols = 512;
+    const int32_t n_blocks = (T + bs - 1) / bs + 2;
+    const int64_t rows[3] = {(int64_t)n_h * hd, (int64_t)n_kv * hd, (int64_t)n_kv * hd};
+    test_weight w[3], b[3];
+    const gguf_tensor *ts[3];
+    backend_weight *stk[3];
+    const backend_weight *wg[3], *bg[3];
+    for (int i = 0; i < 3; i++) {
+        weight_make(&w[i], TENSOR_TYPE_Q8_0, cols, rows[i], 1.0f);
+        if (bias) weight_make(&b[i], TENSOR_TYPE_F32, rows[i], 1, 1.0f);
+        ts[i] = &w[i].t;
+        wg[i] = w[i].gpu;
+        bg[i] = bias ? b[i].gpu : NULL;
+    }
+    if (stack) {
+        assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, ts, 3, stk), IS_OK);
+        for (int i = 0; i < 3; i++) wg[i] = stk[i];
+    }
+    backend_cuda_set_matmul_precision(g_gpu, prec);
+    backend_cuda_set_kv_dtype(g_gpu, bf16_cache ? CUDA_KV_BF16 : CUDA_KV_F32);
+    const size_t cache_n = (size_t)n_blocks * n_kv * bs * hd;
+    const size_t cb = cache_n * g_gpu->ops->kv_elem_size(g_gpu);
+    int32_t *perm = malloc((size_t)n_blocks * bs * sizeof *perm), *pos = malloc((size_t)T * sizeof *pos);
+    for (int32_t i = 0; i < n_blocks * bs; i++) perm[i] = i;
+    for (int32_t i = n_blocks * bs - 1; i > 0; i--) {
+        int32_t j = irand(i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    const int32_t p0 = irand(3000);
+    for (int32_t t = 0; t < T; t++) pos[t] = p0 + t;
+    rope_params rp = {.layout = layout, .n_rot = n_rot, .freq_base = 500000.0f, .freq_scale = 1.0f};
+    float *x = rand_f32((size_t)T * cols, 1.0f), *cache0 = rand_f32(cache_n, 1.0f);
+    float *xg = put(g_gpu, x, (size_t)T * cols);
+    void *kc[2], *vc[2];
+    float *q[2], *k[2], *v[2];
+    for (int f = 0; f < 2; f++) {
+        assert_int_equal(g_gpu->ops->alloc(g_gpu, cb, &kc[f]), IS_OK);
+        assert_int_equal(g_gpu->ops->alloc(g_gpu, cb, &vc[f]), IS_OK);
+        g_gpu->ops->upload(g_gpu, kc[f], cache0, cb);
+        g_gpu->ops->upload(g_gpu, vc[f], cache0, cb);
+        q[f] = poisoned(g_gpu, (size_t)T * rows[0]);
+        k[f] = poisoned(g_gpu, (size_t)T * rows[1]);
+        v[f] = poisoned(g_gpu, (size_t)T * rows[2]);
+    }
+    g_gpu->ops->matmul_n(g_gpu, (float *const[]){q[0], k[0], v[0]}, xg, wg, bg, 3, T);
+    g_gpu->ops->rope_store(g_gpu, q[0], k[0], v[0], kc[0], vc[0], pos, perm, T, n_h, n_kv, hd, bs,
+                           &rp);
+    g_gpu->ops->matmul_rope_store(g_gpu, q[1], k[1], v[1], xg, wg, bg, kc[1], vc[1], pos, perm, T,
+                                  n_h, n_kv, hd, bs, &rp);
+    char *hk[2], *hv[2];
+    float *hq[2];
+    for (int f = 0; f < 2; f++) {
+        hk[f] = malloc(cb);
+        hv[f] = malloc(cb);
+        g_gpu->ops->download(g_gpu, hk[f], kc[f], cb);
+        g_gpu->ops->download(g_gpu, hv[f], vc[f], cb);
+        hq[f] = take(g_gpu, q[f], (size_t)T * rows[0]);
+        g_gpu->ops->release(g_gpu, kc[f]);
+        g_gpu->ops->release(g_gpu, vc[f]);
+        g_gpu->ops->release(g_gpu, k[f]);
+        g_gpu->ops->release(g_gpu, v[f]);
+    }
+    gpu_ok();
+    assert_memory_equal(hq[0], hq[1], (size_t)T * rows[0] * sizeof(float));
+    assert_memory_equal(hk[0], hk[1], cb);
+    assert_memory_equal(hv[0], hv[1], cb);
+    assert_memory_not_equal(hk[1], cache0, cb); /* keys were written */
+    printf("  matmul_rope_store %s T=%d %s%s, %s cache, %s n_rot %d: bitwise = matmul_n, "
+           "rope_store\n",
+           prec == CUDA_MATMUL_BF16 ? "bf16  " : "bf16x2", T, stack ? "stacked" : "separate",
+           bias ? " +bias" : "", bf16_cache ? "bf16" : "f32",
+           layout == ROPE_LAYOUT_NEOX ? "neox" : "norm", n_rot);
+    for (int f = 0; f < 2; f++) {
+        free(hk[f]);
+        free(hv[f]);
+        free(hq[f]);
+    }
+    g_gpu->ops->release(g_gpu, xg);
+    if (stack)
+        for (int i = 0; i < 3; i++) g_gpu->ops->weight_free(g_gpu, stk[i]);
+    for (int i = 0; i < 3; i++) {
+        weight_drop(&w[i]);
+        if (bias) weight_drop(&b[i]);
+    }
+    free(x);
+    free(cache0);
+    free(perm);
+    free(pos);
+    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
+    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+}
+
+static void test_matmul_rope_store(void **state) {
+    SKIP_WITHOUT_GPU();
+    assert_non_null(g_gpu->ops->matmul_rope_store);
+    for (int bf = 0; bf <= 1; bf++)
+        for (int layout = 0; layout <= 1; layout++)
+            for (int part = 0; part <= 1; part++)
+                check_matmul_rope_store(30, true, layout == part, bf,
+                                        layout ? ROPE_LAYOUT_NEOX : ROPE_LAYOUT_NORM,
+                                        part ? 64 : 128,
+                                        bf ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
+    check_matmul_rope_store(30, false, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
+    check_matmul_rope_store(300, true, true, true, ROPE_LAYOUT_NORM, 128, CUDA_MATMUL_BF16);
+    check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
 }
 
 /* ---- injection ------------------------------------------------------------------ */
@@ -1434,6 +1562,7 @@ int main(void) {
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
         cmocka_unit_test(test_rope_store),
+        cmocka_unit_test(test_matmul_rope_store),
         cmocka_unit_test(test_inject),         cmocka_unit_test(test_arena),
     };
     /* IS_TEST_FILTER (a cmocka pattern) runs a subset, e.g. one test under
