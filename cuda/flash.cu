@@ -412,18 +412,20 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 
 /* ---- plan ------------------------------------------------------------------ */
 
-/* The split cost model, in microseconds, fitted to the profile of runs 11-16
- * (64-row blocks, T = 30 after 215-2590 keys; splits of >= 2/4/8 key tiles
- * at 1340): a block alone on its multiprocessor pays about 2.5 us a key
- * tile (the warps' S / softmax / P V chain, which a block's 4-8 warps do not
- * hide) over about 3 us of fixed latency (tile, block-table, Q and first K/V
- * loads, one after the other); a second launch for the merge about 3 us;
- * and partial results cost their bytes twice (written, then read back from
- * L2). Blocks beyond one wave run in a second one. */
-#define PLAN_TILE_US 2.5
-#define PLAN_FIXED_US 3.0
-#define PLAN_MERGE_US 3.0
-#define PLAN_PART_US_PER_MB 0.5
+/* The split cost model, in microseconds, fitted to bench_attn_gpu's sweep
+ * of device run 24 (8B shape, 64-row blocks; T = 30 after 215-2590 keys
+ * and a decode step, 1-32 splits; cuda/NOTES.md): one split alone costs
+ * 5.1 us plus 3.15 us a key tile (the warps' S / softmax / P V chain on
+ * tiles whose loads follow each other, latency that a block's 4 warps do
+ * not hide); splitting adds the merge launch, 4.7 us, and the partial
+ * results, 1.9 us a MB (written, then read back). With these constants
+ * it picks the fastest measured split count in each case of that sweep
+ * but one (T = 30 after 590 keys: 5, between the measured 4 and 8). Blocks
+ * beyond one wave run in a second one. */
+#define PLAN_TILE_US 3.15
+#define PLAN_FIXED_US 5.1
+#define PLAN_MERGE_US 4.7
+#define PLAN_PART_US_PER_MB 1.9
 
 /* Splits for tiles of up to max_kt key tiles: the cheapest by the model,
  * counting only splits that all get keys (per first, then splits =
