@@ -5,8 +5,8 @@
  * fragments made from it and the O accumulator); shared memory holds only
  * the block's K and V tiles, [BN][D+8] bf16 each (the padding puts the 8
  * rows an ldmatrix reads in distinct banks), in STAGES stages so the next
- * tiles load while one is used. D = 128, 64 rows: 68 KiB a block with two
- * stages, 102 KiB with three; two blocks a multiprocessor either way.
+ * tiles load while one is used. D = 128: 68 KiB a block of 64 rows (two
+ * stages, two blocks a multiprocessor).
  *
  * Fragments are those of mma.sync m16n8k16 (bf16 in, f32 out). With
  * g = lane / 4 and c = lane % 4, a thread holds rows g and g + 8 of its
@@ -358,12 +358,13 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     }
 }
 
-template <int D, int BM, int STAGES>
+template <int D, int BM>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
                               cuda_flash_plan plan, float *partial, int32_t n_heads,
                               int32_t n_kv_heads, int32_t block_size, cuda_bf16_out ob) {
+    constexpr int STAGES = 2;
     static bool attr_set = false; /* per process; the attribute is per function */
     const size_t smem = (size_t)STAGES * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
     if (!attr_set) {
@@ -399,14 +400,13 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                             head_dim, n_heads, n_kv_heads);
     if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS || (plan.splits > 1 && !partial))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", plan.splits);
-    if (plan.rows != FLASH_BM || (plan.stages != 2 && plan.stages != 3))
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d rows, %d stages",
-                            plan.rows, plan.stages);
-#define FLASH_LAUNCH(D, ST)                                                                        \
-    flash_launch<D, FLASH_BM, ST>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, \
-                                  n_heads, n_kv_heads, block_size, ob)
-    if (head_dim == 64) return plan.stages == 3 ? FLASH_LAUNCH(64, 3) : FLASH_LAUNCH(64, 2);
-    return plan.stages == 3 ? FLASH_LAUNCH(128, 3) : FLASH_LAUNCH(128, 2);
+    if (plan.rows != FLASH_BM)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d rows a block", plan.rows);
+#define FLASH_LAUNCH(D, BM)                                                                        \
+    flash_launch<D, BM>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, n_heads,  \
+                        n_kv_heads, block_size, ob)
+    if (head_dim == 64) return FLASH_LAUNCH(64, FLASH_BM);
+    return FLASH_LAUNCH(128, FLASH_BM);
 #undef FLASH_LAUNCH
 }
 
@@ -464,10 +464,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         return n;
     };
     const int32_t rows = FLASH_BM;
-    /* Three stages: two tiles in flight while one is used (a split walks its
-     * tiles one after the other, each waiting on its block-table read and
-     * copy; 104 KiB a block at D = 128, still two a multiprocessor). */
-    cuda_flash_plan plan = {0, rows, legacy ? 2 : 3, 1};
+    cuda_flash_plan plan = {0, rows, 1};
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
     for (int32_t t = 0; t < T;) {

@@ -40,16 +40,15 @@ bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 typedef struct cuda_flash_plan {
     int32_t n_tiles; /* query tiles */
     int32_t rows;    /* query rows a block: FLASH_BM */
-    int32_t stages;  /* K/V tiles a block has in flight: 2 or 3 */
     int32_t splits;  /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
 } cuda_flash_plan;
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
  * measurements (bench_attn_gpu). */
 typedef enum cuda_flash_choice {
-    CUDA_FLASH_CHOICE_AUTO = 0, /* serving's: splits by the cost model, none empty, 3 stages */
+    CUDA_FLASH_CHOICE_AUTO = 0, /* serving's: splits by the cost model, none empty */
     CUDA_FLASH_CHOICE_LEGACY,   /* before device run 23: splits filling two blocks a
-                                   multiprocessor (the last ones possibly empty), 2 stages */
+                                   multiprocessor (the last ones possibly empty) */
 } cuda_flash_choice;
 
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T]) into query tiles,
