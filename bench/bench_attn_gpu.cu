@@ -163,10 +163,10 @@ int main(int argc, char **argv) {
                        cudaMemcpyHostToDevice, st));
 
     printf("\nattention, one layer of the 8B shape (H %d, KV heads %d, d %d, block %d), "
-           "median of %d launches; plan = rows a block x splits (blocks)\n\n",
+           "median of %d launches; plan = rows a block x splits, key warps (blocks)\n\n",
            H, KH, D, BS, reps);
-    printf("| case | T | keys | old plan | old us | new plan | new us | old / new | rel err new |\n"
-           "|---|---|---|---|---|---|---|---|---|\n");
+    printf("| case | T | keys | old plan | old us | new plan | new us | new, 1 key warp us | "
+           "old / new | rel err new |\n|---|---|---|---|---|---|---|---|---|---|\n");
     /* Variants: the old plan, the new one, then the new one's tiles with
      * each split count of the sweep (what the cost model chooses among). */
     const int32_t sweep[] = {1, 2, 4, 8, 16, 32};
@@ -176,20 +176,21 @@ int main(int argc, char **argv) {
     for (int ci = 0; ci < n_cases; ci++) {
         const bench_case &bc = cases[ci];
         for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;
-        double us[2];
+        double us[3];
         cuda_flash_plan plans[2];
-        for (int variant = 0; variant < 2 + n_sweep; variant++) {
+        for (int variant = 0; variant < 3 + n_sweep; variant++) {
             cuda_flash_plan plan = cuda_flash_plan_batch(
                 sot.data(), pos.data(), bc.T, H, KH, D, n_sms,
                 variant == 0 ? CUDA_FLASH_CHOICE_LEGACY : CUDA_FLASH_CHOICE_AUTO, tiles.data());
-            if (variant >= 2) {
+            if (variant == 2) plan.key_warps = 1; /* the new splits, one warp a key tile */
+            if (variant >= 3) {
                 const int32_t max_kt = (bc.keys + FLASH_BN - 1) / FLASH_BN;
-                plan.splits = sweep[variant - 2];
+                plan.splits = sweep[variant - 3];
                 if (plan.splits > max_kt) { /* more splits than key tiles: not a plan */
                     sweep_us[(size_t)ci].push_back(-1.0);
                     continue;
                 }
-            } else {
+            } else if (variant < 2) {
                 plans[variant] = plan;
             }
             CK(cudaMemcpyAsync(d_tiles, tiles.data(), (size_t)plan.n_tiles * 4 * sizeof(int32_t),
@@ -220,7 +221,7 @@ int main(int argc, char **argv) {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (r >= 0) v.push_back(1e3 * ms);
             }
-            if (variant < 2)
+            if (variant < 3)
                 us[variant] = median(v);
             else
                 sweep_us[(size_t)ci].push_back(median(v));
@@ -241,13 +242,16 @@ int main(int argc, char **argv) {
         failed += !ok;
         char pl[2][48];
         for (int variant = 0; variant < 2; variant++)
-            snprintf(pl[variant], sizeof pl[variant], "%d x %d (%d)", plans[variant].rows,
-                     plans[variant].splits, plans[variant].n_tiles * KH * plans[variant].splits);
-        printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %.2fx | %.1e%s |\n", bc.name, bc.T,
-               bc.keys, pl[0], us[0], pl[1], us[1], us[0] / us[1], rel, ok ? "" : " FAIL");
+            snprintf(pl[variant], sizeof pl[variant], "%d x %d, %d (%d)", plans[variant].rows,
+                     plans[variant].splits, plans[variant].key_warps,
+                     plans[variant].n_tiles * KH * plans[variant].splits);
+        printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %.1f | %.2fx | %.1e%s |\n", bc.name,
+               bc.T, bc.keys, pl[0], us[0], pl[1], us[1], us[2], us[0] / us[1], rel,
+               ok ? "" : " FAIL");
         fflush(stdout);
     }
-    printf("\nThe new plan's tiles with a fixed number of splits, us (- : more splits than key "
+    printf("\nThe new plan's tiles and key warps with a fixed number of splits, us (- : more "
+           "splits than key "
            "tiles):\n\n| case |");
     for (int i = 0; i < n_sweep; i++) printf(" %d |", sweep[i]);
     printf("\n|---|");

@@ -61,16 +61,19 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
                  : "r"(a));
 }
 
-template <int D, int BM, int STAGES>
-static __global__ void __launch_bounds__(BM * 2)
+template <int D, int BM, int STAGES, int KS>
+static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *bt_off,
                  const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
                  float scale_log2, int32_t n_splits, float *partial, __nv_bfloat16 *obf,
                  int64_t out_n, bool obf_split) {
-    constexpr int THREADS = BM * 2; /* a warp per 16 rows */
+    /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
+     * take a tile's halves for the same rows and merge at the end, so a
+     * tile costs half the chain of dependent steps (see flash.cuh). */
+    constexpr int THREADS = BM * 2 * KS;
     constexpr int LD = D + 8; /* bf16 per smem row */
-    constexpr int NT = FLASH_BN / 8; /* 8-key tiles of S */
+    constexpr int NT = FLASH_BN / 8 / KS; /* 8-key tiles of S a warp takes */
     constexpr int DT = D / 8;        /* 8-wide tiles of O */
     constexpr int STAGE = 2 * FLASH_BN * LD; /* bf16 of one stage's K and V */
     /* STAGES stages of K and V tiles: tiles kt + 1 .. kt + STAGES - 1 are
@@ -82,7 +85,9 @@ static __global__ void __launch_bounds__(BM * 2)
     const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1], seq = tiles[4 * tile + 2],
                   pos0 = tiles[4 * tile + 3];
     const int32_t G = n_heads / n_kv_heads;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int warp = (tid >> 5) % (BM / 16); /* the warp's 16 rows */
+    const int kq = (tid >> 5) / (BM / 16);   /* its part of each key tile */
     const int g = lane >> 2, c = lane & 3;
     const int32_t *bt = flat + bt_off[seq];
     const int64_t q_stride = (int64_t)n_heads * D;
@@ -165,8 +170,12 @@ static __global__ void __launch_bounds__(BM * 2)
         __syncthreads();
         if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
         asm volatile("cp.async.commit_group;\n" ::);
-        const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE, *sV = sK + FLASH_BN * LD;
-        if (kt * FLASH_BN > wl) continue; /* every key of this tile is after the warp's rows */
+        /* This warp's keys of the tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
+        constexpr int KW = FLASH_BN / KS;
+        const int k0 = kq * KW;
+        const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE + k0 * LD,
+                            *sV = sKV + (size_t)st * STAGE + FLASH_BN * LD + k0 * LD;
+        if (kt * FLASH_BN + k0 > wl) continue; /* every key it takes is after the warp's rows */
 
         /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
         float s[NT][4];
@@ -192,7 +201,7 @@ static __global__ void __launch_bounds__(BM * 2)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int h = e >> 1;
-                const int32_t j = kt * FLASH_BN + nt * 8 + 2 * c + (e & 1);
+                const int32_t j = kt * FLASH_BN + k0 + nt * 8 + 2 * c + (e & 1);
                 const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
                 s[nt][e] = x;
                 mx[h] = fmaxf(mx[h], x);
@@ -229,7 +238,7 @@ static __global__ void __launch_bounds__(BM * 2)
         /* O += P V: P's A fragment for keys 16kk..+15 is S tiles 2kk, 2kk+1;
          * ldmatrix.trans of V gives the B fragments of two 8-wide O tiles. */
 #pragma unroll
-        for (int kk = 0; kk < FLASH_BN / 16; kk++) {
+        for (int kk = 0; kk < KW / 16; kk++) {
             uint32_t pa[4];
             pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
             pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
@@ -251,6 +260,42 @@ static __global__ void __launch_bounds__(BM * 2)
     for (int h = 0; h < 2; h++) {
         l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
         l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
+    }
+    if (KS == 2) {
+        /* The second half's warps leave their state in shared memory (the
+         * K/V stages are free once every warp is past the loop); each
+         * first-half warp merges its partner's, which holds the same rows
+         * and columns in the same lanes, then goes on alone. */
+        constexpr int W = DT * 4 + 4; /* floats a lane leaves */
+        float *mo = reinterpret_cast<float *>(smem) + ((size_t)warp * 32 + lane) * W;
+        asm volatile("cp.async.wait_group 0;\n" ::); /* (none is left in flight; cheap) */
+        __syncthreads();
+        if (kq == 1) {
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) mo[dt * 4 + e] = o[dt][e];
+            mo[DT * 4] = m[0];
+            mo[DT * 4 + 1] = m[1];
+            mo[DT * 4 + 2] = l[0];
+            mo[DT * 4 + 3] = l[1];
+        }
+        __syncthreads();
+        if (kq == 1) return;
+        float a0[2], a1[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float m1 = mo[DT * 4 + h], mn = fmaxf(m[h], m1);
+            a0[h] = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - mn);
+            a1[h] = m1 == -INFINITY ? 0.0f : exp2f(m1 - mn);
+            l[h] = l[h] * a0[h] + mo[DT * 4 + 2 + h] * a1[h];
+            m[h] = mn;
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[dt][e] = o[dt][e] * a0[e >> 1] + mo[dt * 4 + e] * a1[e >> 1];
     }
     if (n_splits == 1) {
 #pragma unroll
@@ -358,7 +403,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     }
 }
 
-template <int D, int BM>
+template <int D, int BM, int KS>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
@@ -368,13 +413,13 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
     static bool attr_set = false; /* per process; the attribute is per function */
     const size_t smem = (size_t)STAGES * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<D, BM, STAGES>,
+        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<D, BM, STAGES, KS>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     dim3 grid((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits);
-    flash_kernel<D, BM, STAGES><<<grid, BM * 2, smem, s>>>(
+    flash_kernel<D, BM, STAGES, KS><<<grid, BM * 2 * KS, smem, s>>>(
         out, q, k_cache, v_cache, flat, bt_off, tiles, n_heads, n_kv_heads, block_size, scale_log2,
         plan.splits, partial, ob.p, ob.n, ob.split);
     CUDA_CHECK_LAUNCH();
@@ -400,13 +445,14 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                             head_dim, n_heads, n_kv_heads);
     if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS || (plan.splits > 1 && !partial))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", plan.splits);
-    if (plan.rows != FLASH_BM)
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d rows a block", plan.rows);
-#define FLASH_LAUNCH(D, BM)                                                                        \
-    flash_launch<D, BM>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, n_heads,  \
-                        n_kv_heads, block_size, ob)
-    if (head_dim == 64) return FLASH_LAUNCH(64, FLASH_BM);
-    return FLASH_LAUNCH(128, FLASH_BM);
+    if (plan.rows != FLASH_BM || (plan.key_warps != 1 && plan.key_warps != 2))
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d rows, %d key warps",
+                            plan.rows, plan.key_warps);
+#define FLASH_LAUNCH(D, KS)                                                                        \
+    flash_launch<D, FLASH_BM, KS>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, \
+                                  n_heads, n_kv_heads, block_size, ob)
+    if (head_dim == 64) return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2) : FLASH_LAUNCH(64, 1);
+    return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2) : FLASH_LAUNCH(128, 1);
 #undef FLASH_LAUNCH
 }
 
@@ -426,28 +472,40 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 #define PLAN_FIXED_US 5.1
 #define PLAN_MERGE_US 4.7
 #define PLAN_PART_US_PER_MB 1.9
+/* Two warps a key tile (key_warps 2): each takes half the tile's chain, so
+ * a tile should cost a little over half (not yet measured: a guess, to be
+ * refitted from bench_attn_gpu's sweep), plus their merge in shared
+ * memory; 8 warps of ~220 registers leave one block a multiprocessor. */
+#define PLAN_KW2_TILE 0.55
+#define PLAN_KW2_FIXED_US 1.0
 
-/* Splits for tiles of up to max_kt key tiles: the cheapest by the model,
- * counting only splits that all get keys (per first, then splits =
- * ceil(max_kt / per)); a tie goes to fewer splits. */
-static int32_t plan_splits(int32_t pairs, int32_t max_kt, int64_t rows_total, int32_t head_dim,
-                           int32_t slots) {
-    if (pairs >= slots || max_kt <= 1) return 1; /* the tiles fill the GPU (prefill) */
+/* Splits and key warps for tiles of up to max_kt key tiles: the cheapest by
+ * the model, counting only splits that all get keys (per first, then
+ * splits = ceil(max_kt / per)); a tie goes to fewer splits, one key warp. */
+static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, int64_t rows_total,
+                        int32_t head_dim, int32_t n_sms) {
+    plan->splits = 1;
+    plan->key_warps = 1;
+    if (pairs >= 2 * n_sms || max_kt <= 1) return; /* the tiles fill the GPU (prefill) */
     const double part_mb = (double)rows_total * (head_dim + 2) * sizeof(float) / 1e6;
-    int32_t best = 1;
-    double best_us = 0.0;
-    for (int32_t splits = 1; splits <= max_kt && splits <= FLASH_MAX_SPLITS; splits++) {
-        const int32_t per = (max_kt + splits - 1) / splits;
-        if ((splits - 1) * per >= max_kt) continue; /* the last split would be empty */
-        const int64_t waves = ((int64_t)pairs * splits + slots - 1) / slots;
-        double us = (double)waves * (PLAN_FIXED_US + per * PLAN_TILE_US);
-        if (splits > 1) us += PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
-        if (splits == 1 || us < best_us) {
-            best = splits;
-            best_us = us;
+    double best_us = -1.0;
+    for (int32_t kw = 1; kw <= 2; kw++) {
+        const int32_t slots = kw == 1 ? 2 * n_sms : n_sms;
+        const double tile_us = kw == 1 ? PLAN_TILE_US : PLAN_TILE_US * PLAN_KW2_TILE;
+        const double fixed_us = kw == 1 ? PLAN_FIXED_US : PLAN_FIXED_US + PLAN_KW2_FIXED_US;
+        for (int32_t splits = 1; splits <= max_kt && splits <= FLASH_MAX_SPLITS; splits++) {
+            const int32_t per = (max_kt + splits - 1) / splits;
+            if ((splits - 1) * per >= max_kt) continue; /* the last split would be empty */
+            const int64_t waves = ((int64_t)pairs * splits + slots - 1) / slots;
+            double us = (double)waves * (fixed_us + per * tile_us);
+            if (splits > 1) us += PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
+            if (best_us < 0.0 || us < best_us) {
+                plan->splits = splits;
+                plan->key_warps = kw;
+                best_us = us;
+            }
         }
     }
-    return best;
 }
 
 cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,
@@ -464,7 +522,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         return n;
     };
     const int32_t rows = FLASH_BM;
-    cuda_flash_plan plan = {0, rows, 1};
+    cuda_flash_plan plan = {0, rows, 1, 1};
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
     for (int32_t t = 0; t < T;) {
@@ -491,7 +549,6 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         }
         return plan;
     }
-    const int32_t slots = 2 * n_sms; /* two 64-row blocks a multiprocessor (registers) */
-    plan.splits = plan_splits(pairs, max_kt, rows_total, head_dim, slots);
+    plan_splits(&plan, pairs, max_kt, rows_total, head_dim, n_sms);
     return plan;
 }

@@ -39,7 +39,8 @@ bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 /* How a batch is cut for cuda_flash_attention. */
 typedef struct cuda_flash_plan {
     int32_t n_tiles; /* query tiles */
-    int32_t rows;    /* query rows a block: FLASH_BM */
+    int32_t rows;      /* query rows a block: FLASH_BM */
+    int32_t key_warps; /* warps on each key tile for the same rows: 1 or 2 */
     int32_t splits;  /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
 } cuda_flash_plan;
 
