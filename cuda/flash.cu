@@ -472,10 +472,14 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 #define PLAN_FIXED_US 5.1
 #define PLAN_MERGE_US 4.7
 #define PLAN_PART_US_PER_MB 1.9
-/* Two warps a key tile (key_warps 2): each takes half the tile's chain, so
- * a tile should cost a little over half (not yet measured: a guess, to be
- * refitted from bench_attn_gpu's sweep), plus their merge in shared
- * memory; 8 warps of ~220 registers leave one block a multiprocessor. */
+/* Two warps a key tile (key_warps 2): each takes half the tile's chain,
+ * plus their merge in shared memory; 8 warps of 167 registers leave one
+ * block a multiprocessor. The two constants were guessed before device run
+ * 27; its sweep measured one split at 5.4 + 2.24 us a key tile (0.71 of
+ * one warp's, not 0.55), and the plans they choose were the fastest
+ * measured or within 0.6 us of it in every case (k = 10: one split, 18.8
+ * us, against 18.6 with four). Refitting them would move k = 10 to three
+ * splits, which no run has measured yet, so they stay as run. */
 #define PLAN_KW2_TILE 0.55
 #define PLAN_KW2_FIXED_US 1.0
 
