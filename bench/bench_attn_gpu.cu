@@ -18,6 +18,7 @@
  *
  * Usage: bench_attn_gpu [-r reps]   (default 50)
  */
+#include "bench_cuda.cuh"
 #include "common.cuh"
 #include "flash.cuh"
 
@@ -27,15 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                               \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 #define H 32   /* query heads */
 #define KH 8   /* KV heads */
@@ -80,11 +72,6 @@ struct bench_case {
     int32_t T, keys; /* one sequence: queries at positions keys - T .. keys - 1 */
 };
 
-static double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 int main(int argc, char **argv) {
     int reps = 50;
     for (int i = 1; i < argc; i++) {
@@ -95,13 +82,8 @@ int main(int argc, char **argv) {
         }
     }
     if (reps < 1) reps = 1;
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: nothing to measure\n");
-        return 0;
-    }
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    if (!bench_device(&prop)) return 0;
     const int n_sms = prop.multiProcessorCount;
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, n_sms, prop.l2CacheSize >> 20);
     cudaStream_t st;

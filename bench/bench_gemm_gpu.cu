@@ -11,6 +11,7 @@
  *
  * Usage: bench_gemm_gpu [-r reps] [-s]   (-s: the whole cut sweep, else auto only)
  */
+#include "bench_cuda.cuh"
 #include "common.cuh"
 #include "skinny.cuh"
 
@@ -20,15 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                               \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static __global__ void fill_kernel(__nv_bfloat16 *p, int64_t n, uint64_t seed, float scale) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -52,11 +44,6 @@ struct shape {
     int64_t rows, cols;
 };
 
-static double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 /* A per-layer table, [T = 1, 30][bf16, bf16x2]: a against b and their ratio. */
 static void layer_table(const char *title, const char *cols, const double a[2][2],
                         const double b[2][2]) {
@@ -78,13 +65,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("no CUDA device: nothing to measure\n");
-        return 0;
-    }
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    if (!bench_device(&prop)) return 0;
     const int n_sms = prop.multiProcessorCount;
     printf("device: %s, %d SMs\n", prop.name, n_sms);
     cudaStream_t st;

@@ -91,29 +91,21 @@ if [ -f "$LOG/cmake.log" ] && [ -d build-gpu ]; then
   fi
 fi
 
-# 2b. The skinny products against cuBLAS (GEMM_BENCH=1; GEMM_ARGS, e.g. -s
-# for the whole sweep of cuts), once the GGUF writer has left the GPU.
-if [ "${GEMM_BENCH:-0}" = 1 ]; then
+# 2b. Micro-benchmarks, once the GGUF writer has left the GPU: GEMM_BENCH=1
+# (bench_gemm_gpu: the skinny products against cuBLAS; GEMM_ARGS, e.g. -s for
+# the whole sweep of cuts), ATTN_BENCH=1 (bench_attn_gpu: attention alone at
+# the kv request's shapes, old and new plans, a split sweep; ATTN_ARGS).
+micro_bench() { # target, its arguments, log name
   if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; GEN_PID=; fi
-  if cmake --build build-gpu -j "$(nproc)" --target bench_gemm_gpu > "$LOG/build_gemm.log" 2>&1; then
-    stamp "bench_gemm_gpu ${GEMM_ARGS:-}"
-    timeout 120 build-gpu/bench/bench_gemm_gpu ${GEMM_ARGS:-} 2>&1 | tee "$LOG/gemm.log" >> "$SUMMARY"
+  if cmake --build build-gpu -j "$(nproc)" --target "$1" > "$LOG/build_$3.log" 2>&1; then
+    stamp "$1 $2"
+    timeout 120 "build-gpu/bench/$1" $2 2>&1 | tee "$LOG/$3.log" >> "$SUMMARY"
   else
-    stamp "bench_gemm_gpu build FAILED"; tail -20 "$LOG/build_gemm.log" >> "$SUMMARY"
+    stamp "$1 build FAILED"; tail -20 "$LOG/build_$3.log" >> "$SUMMARY"
   fi
-fi
-
-# 2c. Attention alone at the kv request's shapes, old and new choice of
-# tiles and splits (ATTN_BENCH=1; bench/bench_attn_gpu.cu).
-if [ "${ATTN_BENCH:-0}" = 1 ]; then
-  if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; GEN_PID=; fi
-  if cmake --build build-gpu -j "$(nproc)" --target bench_attn_gpu > "$LOG/build_attn.log" 2>&1; then
-    stamp "bench_attn_gpu ${ATTN_ARGS:-}"
-    timeout 120 build-gpu/bench/bench_attn_gpu ${ATTN_ARGS:-} 2>&1 | tee "$LOG/attn.log" >> "$SUMMARY"
-  else
-    stamp "bench_attn_gpu build FAILED"; tail -20 "$LOG/build_attn.log" >> "$SUMMARY"
-  fi
-fi
+}
+[ "${GEMM_BENCH:-0}" = 1 ] && micro_bench bench_gemm_gpu "${GEMM_ARGS:-}" gemm
+[ "${ATTN_BENCH:-0}" = 1 ] && micro_bench bench_attn_gpu "${ATTN_ARGS:-}" attn
 
 if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; fi
 stamp "gguf: $(tail -2 "$LOG/gen.log" | tr '\n' ' ')"

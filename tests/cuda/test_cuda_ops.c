@@ -1072,6 +1072,37 @@ static void test_kv_store_bf16(void **state) {
 /* rope_store (one launch) gives the bits of rope on q, rope on k and
  * kv_store one after the other, on f32 and bf16 caches, both layouts, a
  * partial rotation and negative positions. */
+/* Two runs of the rope_store family, f = 0 and 1, each into its own q and
+ * caches (freed here, with k and v): q and both caches must be the same
+ * bits, and the keys must have been written. */
+static void expect_same_rope_store(float *const *q, void *const *kc, void *const *vc,
+                                   float *const *k, float *const *v, size_t q_n, size_t cb,
+                                   const float *cache0) {
+    char *hk[2], *hv[2];
+    float *hq[2];
+    for (int f = 0; f < 2; f++) {
+        hk[f] = malloc(cb);
+        hv[f] = malloc(cb);
+        g_gpu->ops->download(g_gpu, hk[f], kc[f], cb);
+        g_gpu->ops->download(g_gpu, hv[f], vc[f], cb);
+        hq[f] = take(g_gpu, q[f], q_n);
+        g_gpu->ops->release(g_gpu, kc[f]);
+        g_gpu->ops->release(g_gpu, vc[f]);
+        g_gpu->ops->release(g_gpu, k[f]);
+        g_gpu->ops->release(g_gpu, v[f]);
+    }
+    gpu_ok();
+    assert_memory_equal(hq[0], hq[1], q_n * sizeof(float));
+    assert_memory_equal(hk[0], hk[1], cb);
+    assert_memory_equal(hv[0], hv[1], cb);
+    assert_memory_not_equal(hk[1], cache0, cb); /* keys were written */
+    for (int f = 0; f < 2; f++) {
+        free(hk[f]);
+        free(hv[f]);
+        free(hq[f]);
+    }
+}
+
 static void test_rope_store(void **state) {
     SKIP_WITHOUT_GPU();
     assert_non_null(g_gpu->ops->rope_store);
@@ -1112,32 +1143,10 @@ static void test_rope_store(void **state) {
                 g_gpu->ops->kv_store(g_gpu, kc[0], vc[0], ks[0], vs[0], perm, T, n_kv, hd, bs);
                 g_gpu->ops->rope_store(g_gpu, qs[1], ks[1], vs[1], kc[1], vc[1], pos, perm, T,
                                        n_h, n_kv, hd, bs, &rp);
-                char *hk[2], *hv[2];
-                float *hq[2];
-                for (int f = 0; f < 2; f++) {
-                    hk[f] = malloc(cb);
-                    hv[f] = malloc(cb);
-                    g_gpu->ops->download(g_gpu, hk[f], kc[f], cb);
-                    g_gpu->ops->download(g_gpu, hv[f], vc[f], cb);
-                    hq[f] = take(g_gpu, qs[f], q_n);
-                    g_gpu->ops->release(g_gpu, kc[f]);
-                    g_gpu->ops->release(g_gpu, vc[f]);
-                    g_gpu->ops->release(g_gpu, ks[f]);
-                    g_gpu->ops->release(g_gpu, vs[f]);
-                }
-                gpu_ok();
-                assert_memory_equal(hq[0], hq[1], q_n * sizeof(float));
-                assert_memory_equal(hk[0], hk[1], cb);
-                assert_memory_equal(hv[0], hv[1], cb);
-                assert_memory_not_equal(hk[1], cache0, cb); /* keys were written */
+                expect_same_rope_store(qs, kc, vc, ks, vs, q_n, cb, cache0);
                 printf("  rope_store %s cache, %s, n_rot %d: q and caches identical to rope, rope, "
                        "kv_store\n",
                        bf ? "bf16" : "f32", layout ? "neox" : "norm", rp.n_rot);
-                for (int f = 0; f < 2; f++) {
-                    free(hk[f]);
-                    free(hv[f]);
-                    free(hq[f]);
-                }
             }
     backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
     free(q);
@@ -1205,34 +1214,12 @@ static void check_matmul_rope_store(int32_t T, bool stack, bool bias, bool bf16_
                            &rp);
     g_gpu->ops->matmul_rope_store(g_gpu, q[1], k[1], v[1], xg, wg, bg, kc[1], vc[1], pos, perm, T,
                                   n_h, n_kv, hd, bs, &rp);
-    char *hk[2], *hv[2];
-    float *hq[2];
-    for (int f = 0; f < 2; f++) {
-        hk[f] = malloc(cb);
-        hv[f] = malloc(cb);
-        g_gpu->ops->download(g_gpu, hk[f], kc[f], cb);
-        g_gpu->ops->download(g_gpu, hv[f], vc[f], cb);
-        hq[f] = take(g_gpu, q[f], (size_t)T * rows[0]);
-        g_gpu->ops->release(g_gpu, kc[f]);
-        g_gpu->ops->release(g_gpu, vc[f]);
-        g_gpu->ops->release(g_gpu, k[f]);
-        g_gpu->ops->release(g_gpu, v[f]);
-    }
-    gpu_ok();
-    assert_memory_equal(hq[0], hq[1], (size_t)T * rows[0] * sizeof(float));
-    assert_memory_equal(hk[0], hk[1], cb);
-    assert_memory_equal(hv[0], hv[1], cb);
-    assert_memory_not_equal(hk[1], cache0, cb); /* keys were written */
+    expect_same_rope_store(q, kc, vc, k, v, (size_t)T * rows[0], cb, cache0);
     printf("  matmul_rope_store %s T=%d %s%s, %s cache, %s n_rot %d: bitwise = matmul_n, "
            "rope_store\n",
            prec == CUDA_MATMUL_BF16 ? "bf16  " : "bf16x2", T, stack ? "stacked" : "separate",
            bias ? " +bias" : "", bf16_cache ? "bf16" : "f32",
            layout == ROPE_LAYOUT_NEOX ? "neox" : "norm", n_rot);
-    for (int f = 0; f < 2; f++) {
-        free(hk[f]);
-        free(hv[f]);
-        free(hq[f]);
-    }
     g_gpu->ops->release(g_gpu, xg);
     if (stack)
         for (int i = 0; i < 3; i++) g_gpu->ops->weight_free(g_gpu, stk[i]);
