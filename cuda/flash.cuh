@@ -18,11 +18,17 @@
  * blocks per tile (flash-decoding); each writes an unnormalised partial
  * result and a second kernel merges them.
  *
- * cuda_flash_plan_batch cuts the batch into tiles and chooses the splits.
- * (Blocks of 128 rows, 8 warps, for short queries, so that each K/V tile is
- * read once for a 30-token query's 120 rows, measured slower at 215 keys
- * and no faster at 1,340-2,590: device run 23, cuda/NOTES.md. The kernel
- * stays templated on its rows and stages.)
+ * A key tile costs a warp a chain of dependent steps (S, softmax, P V:
+ * ~3 us for 64 keys), which more copies in flight do not shorten (device
+ * run 26); so for short queries two warps take each tile's halves for the
+ * same rows (key_warps 2, 8 warps a block) and merge in shared memory at
+ * the end (run 27: 30-token query after 1,340 keys 25.7 -> 24.1 us a layer).
+ *
+ * cuda_flash_plan_batch cuts the batch into tiles and chooses the splits
+ * and key warps by a cost model fitted to measured sweeps. (Blocks of 128
+ * rows, so that each K/V tile is read once for a 30-token query's 120
+ * rows, measured slower at 215 keys and no faster at 1,340-2,590: run 23,
+ * cuda/NOTES.md.)
  */
 #ifndef IS_CUDA_FLASH_CUH
 #define IS_CUDA_FLASH_CUH
@@ -38,10 +44,10 @@ bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 
 /* How a batch is cut for cuda_flash_attention. */
 typedef struct cuda_flash_plan {
-    int32_t n_tiles; /* query tiles */
+    int32_t n_tiles;   /* query tiles */
     int32_t rows;      /* query rows a block: FLASH_BM */
     int32_t key_warps; /* warps on each key tile for the same rows: 1 or 2 */
-    int32_t splits;  /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
+    int32_t splits;    /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
 } cuda_flash_plan;
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
@@ -54,7 +60,7 @@ typedef enum cuda_flash_choice {
 
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T]) into query tiles,
  * written to tiles (host int32 [T][4], the layout cuda_flash_attention
- * reads), and chooses the block shape and the key splits for a GPU of n_sms
+ * reads), and chooses the key splits and key warps for a GPU of n_sms
  * multiprocessors. Deterministic: the same batch gives the same plan. */
 cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,
                                       int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
