@@ -1,12 +1,14 @@
 /*
  * flash: tiled paged attention on the tensor cores (see flash.cuh), in the
- * FlashAttention-2 arrangement: each warp owns 16 query rows and keeps
- * everything about them in registers (its Q fragments, the S tile, the P
- * fragments made from it and the O accumulator); shared memory holds only
- * the block's K and V tiles, [BN][D+8] bf16 each (the padding puts the 8
- * rows an ldmatrix reads in distinct banks), in STAGES stages so the next
- * tiles load while one is used. D = 128: 68 KiB a block of 64 rows (two
- * stages, two blocks a multiprocessor).
+ * FlashAttention-2 arrangement: each warp owns 16 query rows (with two key
+ * warps, the keys of its half of every tile) and keeps everything about
+ * them in registers (its Q fragments, the S tile, the P fragments made from
+ * it and the O accumulator); shared memory holds only the block's K and V
+ * tiles, [BN][D+8] bf16 each (the padding puts the 8 rows an ldmatrix reads
+ * in distinct banks), in STAGES stages so the next tiles load while one is
+ * used, and at the end, with two key warps, the second half's state for
+ * the merge. D = 128: 68 KiB a block of 64 rows (two stages; two blocks a
+ * multiprocessor with one key warp, one with two).
  *
  * Fragments are those of mma.sync m16n8k16 (bf16 in, f32 out). With
  * g = lane / 4 and c = lane % 4, a thread holds rows g and g + 8 of its
