@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
                        cudaMemcpyHostToDevice, st));
 
     printf("\nattention, one layer of the 8B shape (H %d, KV heads %d, d %d, block %d), "
-           "median of %d launches; plan = rows a block x splits, key warps (blocks)\n\n",
+           "median of %d launches; plan = splits, key warps (blocks)\n\n",
            H, KH, D, BS, reps);
     printf("| case | T | keys | old plan | old us | new plan | new us | new, 1 key warp us | "
            "old / new | rel err new |\n|---|---|---|---|---|---|---|---|---|---|\n");
@@ -224,8 +224,8 @@ int main(int argc, char **argv) {
         failed += !ok;
         char pl[2][48];
         for (int variant = 0; variant < 2; variant++)
-            snprintf(pl[variant], sizeof pl[variant], "%d x %d, %d (%d)", plans[variant].rows,
-                     plans[variant].splits, plans[variant].key_warps,
+            snprintf(pl[variant], sizeof pl[variant], "%d, %d (%d)", plans[variant].splits,
+                     plans[variant].key_warps,
                      plans[variant].n_tiles * KH * plans[variant].splits);
         printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %.1f | %.2fx | %.1e%s |\n", bc.name,
                bc.T, bc.keys, pl[0], us[0], pl[1], us[1], us[2], us[0] / us[1], rel,

@@ -892,25 +892,22 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
     const int64_t ffn = wg->base.shape.rows;
     const size_t n = (size_t)T * (size_t)ffn;
     int64_t rows;
+    const bool one = wu->base.shape.rows == ffn && stacked_one(c, ws, NULL, 2, T, &rows);
     is_status st;
-    bool split;
-    if (wu->base.shape.rows == ffn && stacked_one(c, ws, NULL, 2, T, &rows)) {
+    if (one) {
         st = stacked_product(c, x, wg, rows, T);
-        if (st != IS_OK) return st;
-        touch(c, out, n * sizeof(float));
-        __nv_bfloat16 *obf = bf16_copy_of(c, n, &split);
-        st = cuda_swiglu_stacked(c->stream, out, c->ypart, ffn, T,
-                                 c->precision == CUDA_MATMUL_BF16X2, obf, split);
-        if (obf) produced(c, out, n, split, st);
-        return st;
+    } else {
+        float *ys[2] = {out, up_scratch};
+        const cuda_weight *bs[2] = {NULL, NULL};
+        st = matmul_n_impl(c, ys, x, ws, bs, 2, T);
     }
-    float *ys[2] = {out, up_scratch};
-    const cuda_weight *bs[2] = {NULL, NULL};
-    st = matmul_n_impl(c, ys, x, ws, bs, 2, T);
     if (st != IS_OK) return st;
     touch(c, out, n * sizeof(float));
+    bool split;
     __nv_bfloat16 *obf = bf16_copy_of(c, n, &split);
-    st = cuda_swiglu(c->stream, out, out, up_scratch, (int64_t)n, obf, split);
+    st = one ? cuda_swiglu_stacked(c->stream, out, c->ypart, ffn, T,
+                                   c->precision == CUDA_MATMUL_BF16X2, obf, split)
+             : cuda_swiglu(c->stream, out, out, up_scratch, (int64_t)n, obf, split);
     if (obf) produced(c, out, n, split, st);
     return st;
 }
@@ -1027,16 +1024,24 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
     op_note(c, st);
 }
 
+/* rope_prepare, and the slots (checked) on the device: what both
+ * rope_store ops need before their launch. */
+static is_status rope_store_prepare(cuda_ctx *c, const rope_params *rp, int32_t head_dim,
+                                    const int32_t *pos, const int32_t *slots, int32_t T,
+                                    const void **dpos, const void **dslots) {
+    for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
+    is_status st = rope_prepare(c, rp, head_dim, pos, T, dpos);
+    if (st != IS_OK) return st;
+    return stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), dslots);
+}
+
 static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const float *v,
                                  float *k_cache, float *v_cache, const int32_t *pos,
                                  const int32_t *slots, int32_t T, int32_t n_heads,
                                  int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                  const rope_params *rp) {
-    for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dpos, *dslots;
-    is_status st = rope_prepare(c, rp, head_dim, pos, T, &dpos);
-    if (st == IS_OK)
-        st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
+    is_status st = rope_store_prepare(c, rp, head_dim, pos, slots, T, &dpos, &dslots);
     if (st != IS_OK) return st;
     return cuda_rope_store(c->stream, q, k, v, k_cache, v_cache, (const int32_t *)dpos,
                            (const int32_t *)dslots, T, n_heads, n_kv_heads, head_dim, block_size,
@@ -1058,19 +1063,15 @@ static is_status matmul_rope_store_impl(cuda_ctx *c, float *q, float *k, float *
     const bool one = ws[0]->base.shape.rows == q_dim && ws[1]->base.shape.rows == kv_dim &&
                      ws[2]->base.shape.rows == kv_dim && stacked_one(c, ws, bs, 3, T, &rows);
     if (!one) {
-        float *ys[3] = {q, k, v};
+        float *ys[3] = {q, k, v}; /* matmul_n_impl marks them written */
         is_status st = matmul_n_impl(c, ys, x, ws, bs, 3, T);
         if (st != IS_OK) return st;
-        touch(c, q, (size_t)T * q_dim * sizeof(float));
         return rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
                                head_dim, block_size, rp);
     }
-    for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     is_status st = stacked_product(c, x, ws[0], rows, T);
-    if (st != IS_OK) return st;
     const void *dpos, *dslots;
-    st = rope_prepare(c, rp, head_dim, pos, T, &dpos);
-    if (st == IS_OK) st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
+    if (st == IS_OK) st = rope_store_prepare(c, rp, head_dim, pos, slots, T, &dpos, &dslots);
     if (st != IS_OK) return st;
     touch(c, q, (size_t)T * q_dim * sizeof(float));
     const float *b[3];

@@ -60,10 +60,7 @@ static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, 
 static __global__ void f32_to_bf16_split_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = src[i];
-        const __nv_bfloat16 hi = __float2bfloat16_rn(x);
-        dst[i] = hi;
-        dst[n + i] = __float2bfloat16_rn(x - __bfloat162float(hi)); /* x - hi is exact */
+        bf16_copy_put(dst, n, i, src[i], true);
     }
 }
 

@@ -447,9 +447,9 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                             head_dim, n_heads, n_kv_heads);
     if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS || (plan.splits > 1 && !partial))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", plan.splits);
-    if (plan.rows != FLASH_BM || (plan.key_warps != 1 && plan.key_warps != 2))
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d rows, %d key warps",
-                            plan.rows, plan.key_warps);
+    if (plan.key_warps != 1 && plan.key_warps != 2)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d key warps",
+                            plan.key_warps);
 #define FLASH_LAUNCH(D, KS)                                                                        \
     flash_launch<D, FLASH_BM, KS>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, \
                                   n_heads, n_kv_heads, block_size, ob)
@@ -519,20 +519,15 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
                                       int32_t n_sms, cuda_flash_choice choice, int32_t *tiles) {
     const bool legacy = choice == CUDA_FLASH_CHOICE_LEGACY;
     const int32_t G = n_heads / n_kv_heads;
-    /* Runs: batch tokens of one sequence at consecutive positions. */
-    auto run_at = [&](int32_t t, int32_t cap) {
-        int32_t n = 1;
-        while (t + n < T && n < cap && seq_of_token[t + n] == seq_of_token[t] &&
-               pos[t + n] == pos[t] + n)
-            n++;
-        return n;
-    };
-    const int32_t rows = FLASH_BM;
-    cuda_flash_plan plan = {0, rows, 1, 1};
+    cuda_flash_plan plan = {0, 1, 1};
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
     for (int32_t t = 0; t < T;) {
-        const int32_t n = run_at(t, rows / G);
+        /* A tile: batch tokens of one sequence at consecutive positions. */
+        int32_t n = 1;
+        while (t + n < T && n < FLASH_BM / G && seq_of_token[t + n] == seq_of_token[t] &&
+               pos[t + n] == pos[t] + n)
+            n++;
         int32_t *tl = tiles + 4 * plan.n_tiles++;
         tl[0] = t;
         tl[1] = n;

@@ -44,8 +44,7 @@ bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
 
 /* How a batch is cut for cuda_flash_attention. */
 typedef struct cuda_flash_plan {
-    int32_t n_tiles;   /* query tiles */
-    int32_t rows;      /* query rows a block: FLASH_BM */
+    int32_t n_tiles;   /* query tiles of up to FLASH_BM rows */
     int32_t key_warps; /* warps on each key tile for the same rows: 1 or 2 */
     int32_t splits;    /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
 } cuda_flash_plan;
@@ -69,7 +68,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
 /* Floats of the partial results for plan.splits > 1. */
 static inline size_t cuda_flash_partial_floats(cuda_flash_plan plan, int32_t n_kv_heads,
                                                int32_t head_dim) {
-    return (size_t)plan.n_tiles * n_kv_heads * plan.splits * plan.rows * (head_dim + 2);
+    return (size_t)plan.n_tiles * n_kv_heads * plan.splits * FLASH_BM * (head_dim + 2);
 }
 
 /* Where an op also writes its f32 output's bf16 copy (bf16_copy_put's
@@ -84,7 +83,7 @@ typedef struct cuda_bf16_out {
  * copy where ob.p is set, for the product that reads it). tiles: device
  * int32 [plan.n_tiles][4] = {first batch token, tokens, sequence, position
  * of the first}, the tokens of a tile consecutive in the batch and in
- * position, at most plan.rows / group of them; block tables of sequence s
+ * position, at most FLASH_BM / group of them; block tables of sequence s
  * at flat + bt_off[s] (cuda_attn_meta's). partial:
  * cuda_flash_partial_floats of scratch when plan.splits > 1.
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,

@@ -50,12 +50,12 @@ static __device__ __forceinline__ float rope_element(Load x, int32_t d, int32_t 
     return d == i0 ? rope_first(a, b, c, sn) : rope_second(a, b, c, sn);
 }
 
-/* Where rope_store reads q, k and v: rows of `stride` floats at src (q at
- * column 0, k at q_off... as below), each value the sum of the row's
- * element, its lo half at lo_off floats further (0: none) and its bias
- * (NULL: none), in that order: the sums cuda_split_columns makes, so that
- * rotating straight from a stacked product gives the bits of split, then
- * rope_store. The unfused op reads q, k, v themselves (no lo, no bias). */
+/* Where rope_store reads q, k and v: token t's row at t * q_stride (q) or
+ * t * kv_stride (k, v) floats from each pointer, each value the sum of the
+ * row's element, its lo half at lo_off floats further (0: none) and its
+ * bias (NULL: none), in that order: the sums cuda_split_columns makes, so
+ * that rotating straight from a stacked product gives the bits of split,
+ * then rope_store. The unfused op reads q, k, v themselves (no lo, no bias). */
 typedef struct rs_src {
     const float *q, *k, *v;
     int64_t q_stride, kv_stride, lo_off;

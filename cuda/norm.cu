@@ -42,11 +42,7 @@ static __global__ void rmsnorm_kernel(float *out, float *x, const float *res, co
     for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) {
         const float y = xr[i] * scale * g[i];
         o[i] = y;
-        if (ob) {
-            const __nv_bfloat16 hi = __float2bfloat16_rn(y);
-            ob[i] = hi;
-            if (split_off) ob[split_off + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
-        }
+        if (ob) bf16_copy_put(ob, split_off, i, y, split_off != 0);
     }
 }
 
