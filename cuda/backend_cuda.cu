@@ -82,6 +82,7 @@ typedef struct cuda_ctx {
     cuda_matmul_precision precision;
     bool kv_bf16;       /* KV cache element type (engines created after a change) */
     bool flash;         /* tiled attention over a bf16 cache */
+    bool flash_clusters; /* its key splits merged in clusters */
     bool legacy;        /* the backend as first built (backend_cuda_set_legacy) */
     int32_t n_sms;
     __nv_bfloat16 *xbf; /* matmul input in bf16 ([2][T][cols] when split) */
@@ -1183,14 +1184,16 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         c->tiles = p;
         c->tiles_cap = (size_t)T;
     }
-    const cuda_flash_plan plan = cuda_flash_plan_batch(b->seq_of_token, b->pos, T, n_heads,
-                                                       n_kv_heads, head_dim, c->n_sms,
-                                                       CUDA_FLASH_CHOICE_AUTO, c->tiles);
+    const bool clusters =
+        c->flash_clusters && cuda_flash_clusters_fit(head_dim, 1) && cuda_flash_clusters_fit(head_dim, 2);
+    const cuda_flash_plan plan = cuda_flash_plan_batch(
+        b->seq_of_token, b->pos, T, n_heads, n_kv_heads, head_dim, c->n_sms,
+        clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->tiles);
     const void *dtiles;
     is_status st = stage_upload(c, &c->st_tiles, c->tiles,
                                 (size_t)plan.n_tiles * 4 * sizeof(int32_t), &dtiles);
     if (st != IS_OK) return st;
-    if (plan.splits > 1) {
+    if (cuda_flash_partial_floats(plan, n_kv_heads, head_dim) > 0) {
         st = scratch_reserve(c, (void **)&c->partial, &c->partial_cap,
                              cuda_flash_partial_floats(plan, n_kv_heads, head_dim), sizeof(float));
         if (st != IS_OK) return st;
@@ -1561,6 +1564,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->precision = CUDA_MATMUL_BF16X2;
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
     c->flash = true;
+    c->flash_clusters = true;
     c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
     {
         const char *v = getenv("IS_CUDA_STACKED");
@@ -1647,6 +1651,11 @@ extern "C" void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t) {
 extern "C" void backend_cuda_set_flash(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->flash = on;
+}
+
+extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->flash_clusters = on;
 }
 
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {

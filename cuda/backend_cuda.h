@@ -95,6 +95,10 @@ void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t);
 /* Tiled attention over a bf16 cache (default on); off: the per-(token,
  * head) kernel of attention.cuh on every batch. */
 void backend_cuda_set_flash(backend *be, bool on);
+/* Key splits of the tiled attention merged inside thread-block clusters
+ * (default on, where the GPU fits them); off: always by a second kernel
+ * over partial results in global memory (as before device run 28). */
+void backend_cuda_set_flash_clusters(backend *be, bool on);
 /* Which products take the skinny kernel (cuda/skinny.cuh) rather than
  * cuBLAS. Default CUDA_SKINNY_OFF. CUDA_SKINNY_DECODE: at most 8 rows
  * (decode steps, small batches), where bench_gemm_gpu measured it 7-14% a

@@ -20,7 +20,10 @@
  */
 #include "flash.cuh"
 
+#include <cooperative_groups.h>
 #include <math.h>
+
+namespace cg = cooperative_groups;
 
 bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
     if (head_dim != 64 && head_dim != 128) return false;
@@ -68,8 +71,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *bt_off,
                  const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
-                 float scale_log2, int32_t n_splits, float *partial, __nv_bfloat16 *obf,
-                 int64_t out_n, bool obf_split) {
+                 float scale_log2, int32_t n_splits, bool cluster, float *partial,
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
@@ -114,20 +117,32 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) wl = max(wl, __shfl_xor_sync(FULL_MASK, wl, off));
 
+    /* The pages of a tile's keys are read from the block table one tile
+     * before its copies are issued (pg): a copy's address waits on that
+     * read, and waiting there each tile put a global round trip in every
+     * iteration's chain. ITS copies a thread a tile, of key rows r_of(it). */
+    constexpr int ITS = FLASH_BN * (D / 8) / THREADS;
+    int32_t pg[ITS];
+    auto fetch_pages = [&](int32_t kt) {
+#pragma unroll
+        for (int it = 0; it < ITS; it++) {
+            const int32_t j = kt * FLASH_BN + (tid + it * THREADS) / (D / 8);
+            pg[it] = kt < kt1 && j < n_keys ? bt[j / block_size] : -1;
+        }
+    };
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
-     * past the last zero-filled); unrolled, so the block-table reads overlap.
-     * The caller commits the group. */
+     * past the last zero-filled), from the pages fetch_pages(kt) read. The
+     * caller commits the group. */
     auto load_tile = [&](int32_t kt, int st) {
         __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + FLASH_BN * LD;
 #pragma unroll
-        for (int it = 0; it < FLASH_BN * (D / 8) / THREADS; it++) {
+        for (int it = 0; it < ITS; it++) {
             const int i = tid + it * THREADS;
             const int r = i / (D / 8), d = (i % (D / 8)) * 8;
             const int32_t j = kt * FLASH_BN + r;
-            const bool in = j < n_keys;
+            const bool in = pg[it] >= 0;
             const int64_t off =
-                in ? (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size + j % block_size) *
-                             D + d
+                in ? (((int64_t)pg[it] * n_kv_heads + kh) * block_size + j % block_size) * D + d
                    : 0;
             cp_async16(dK + r * LD + d, k_cache + off, in);
             cp_async16(dV + r * LD + d, v_cache + off, in);
@@ -138,9 +153,11 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * for all but the last STAGES - 2 means tile kt has landed. */
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
+        fetch_pages(kt0 + i);
         if (kt0 + i < kt1) load_tile(kt0 + i, i);
         asm volatile("cp.async.commit_group;\n" ::);
     }
+    fetch_pages(kt0 + STAGES - 1);
     /* (the first tiles are in flight while Q is read) */
     /* Q as A fragments, rounded to bf16: qa[k-step] = rows g / g+8, columns
      * 16 ks + 2c (+1) and 16 ks + 8 + 2c (+1). */
@@ -172,6 +189,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         __syncthreads();
         if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
         asm volatile("cp.async.commit_group;\n" ::);
+        fetch_pages(kt + STAGES); /* read now, used next iteration */
         /* This warp's keys of the tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
         constexpr int KW = FLASH_BN / KS;
         const int k0 = kq * KW;
@@ -263,14 +281,21 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
         l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
     }
+    /* Past the loop the K/V stages are free: the key warps' merge uses
+     * their first KS_BYTES, a cluster's merge the rows after them. */
+    constexpr int W = DT * 4 + 4; /* floats a lane of a second key warp leaves */
+    constexpr size_t KS_BYTES = (size_t)(BM / 16) * 32 * W * sizeof(float);
+    constexpr int PLD = D + 4; /* floats a row of a cluster's partials (16-byte rows) */
+    static_assert(KS_BYTES + (size_t)BM * PLD * sizeof(float) <=
+                      (size_t)STAGES * STAGE * sizeof(__nv_bfloat16),
+                  "flash: merge buffers exceed the K/V stages");
+    asm volatile("cp.async.wait_group 0;\n" ::); /* (none is left in flight; cheap) */
     if (KS == 2) {
-        /* The second half's warps leave their state in shared memory (the
-         * K/V stages are free once every warp is past the loop); each
+        /* The second half's warps leave their state in shared memory; each
          * first-half warp merges its partner's, which holds the same rows
-         * and columns in the same lanes, then goes on alone. */
-        constexpr int W = DT * 4 + 4; /* floats a lane leaves */
+         * and columns in the same lanes, then goes on alone (the others
+         * stay for a cluster's barriers). */
         float *mo = reinterpret_cast<float *>(smem) + ((size_t)warp * 32 + lane) * W;
-        asm volatile("cp.async.wait_group 0;\n" ::); /* (none is left in flight; cheap) */
         __syncthreads();
         if (kq == 1) {
 #pragma unroll
@@ -283,23 +308,25 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             mo[DT * 4 + 3] = l[1];
         }
         __syncthreads();
-        if (kq == 1) return;
-        float a0[2], a1[2];
+        if (kq == 0) {
+            float a0[2], a1[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float m1 = mo[DT * 4 + h], mn = fmaxf(m[h], m1);
-            a0[h] = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - mn);
-            a1[h] = m1 == -INFINITY ? 0.0f : exp2f(m1 - mn);
-            l[h] = l[h] * a0[h] + mo[DT * 4 + 2 + h] * a1[h];
-            m[h] = mn;
+            for (int h = 0; h < 2; h++) {
+                const float m1 = mo[DT * 4 + h], mn = fmaxf(m[h], m1);
+                a0[h] = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - mn);
+                a1[h] = m1 == -INFINITY ? 0.0f : exp2f(m1 - mn);
+                l[h] = l[h] * a0[h] + mo[DT * 4 + 2 + h] * a1[h];
+                m[h] = mn;
+            }
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    o[dt][e] = o[dt][e] * a0[e >> 1] + mo[dt * 4 + e] * a1[e >> 1];
         }
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[dt][e] = o[dt][e] * a0[e >> 1] + mo[dt * 4 + e] * a1[e >> 1];
     }
     if (n_splits == 1) {
+        if (kq != 0) return;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             if (last[h] < 0) continue;
@@ -319,6 +346,72 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         }
         return;
     }
+    if (cluster) {
+        /* The splits of this (tile, KV head) are one thread-block cluster:
+         * each leaves its unnormalised rows in shared memory, then merges
+         * its share of the rows from all of them (distributed shared
+         * memory), in split order whichever block does it. */
+        float *mine = reinterpret_cast<float *>(smem + KS_BYTES);
+        if (kq == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float *pr = mine + (warp * 16 + g + 8 * h) * PLD;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<float2 *>(pr + dt * 8 + 2 * c) =
+                        make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
+                if (c == 0) {
+                    pr[D] = m[h];
+                    pr[D + 1] = l[h];
+                }
+            }
+        }
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync(); /* every block's rows written */
+        const int32_t rows = n * G, per_rows = (rows + n_splits - 1) / n_splits;
+        const int32_t r0 = split * per_rows, r1 = min(rows, r0 + per_rows);
+        constexpr int CH = D / 4; /* float4 chunks a row */
+        for (int32_t u = tid; u < (r1 - r0) * CH; u += THREADS) {
+            const int32_t r = r0 + u / CH, ch = u % CH;
+            float mz[FLASH_CLUSTER_MAX], mx = -INFINITY;
+#pragma unroll
+            for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
+                mz[z] = -INFINITY;
+                if (z < n_splits) {
+                    mz[z] = cl.map_shared_rank(mine, z)[r * PLD + D];
+                    mx = fmaxf(mx, mz[z]);
+                }
+            }
+            float den = 0.0f;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
+                if (z >= n_splits || mz[z] == -INFINITY) continue; /* an empty split */
+                const float *pz = cl.map_shared_rank(mine, z) + r * PLD;
+                const float wz = exp2f(mz[z] - mx);
+                den += pz[D + 1] * wz;
+                const float4 v = *reinterpret_cast<const float4 *>(pz + ch * 4);
+                acc.x += v.x * wz;
+                acc.y += v.y * wz;
+                acc.z += v.z * wz;
+                acc.w += v.w * wz;
+            }
+            const float inv = 1.0f / den;
+            const float4 y = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+            const int64_t at =
+                (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D + ch * 4;
+            *reinterpret_cast<float4 *>(out + at) = y;
+            if (obf) {
+                bf16_copy_put(obf, out_n, at, y.x, obf_split);
+                bf16_copy_put(obf, out_n, at + 1, y.y, obf_split);
+                bf16_copy_put(obf, out_n, at + 2, y.z, obf_split);
+                bf16_copy_put(obf, out_n, at + 3, y.w, obf_split);
+            }
+        }
+        cl.sync(); /* no block leaves while another reads its rows */
+        return;
+    }
+    if (kq != 0) return;
     /* Padding rows are not written: the merge reads only the tile's rows. */
     float *part = partial + (((int64_t)tile * n_kv_heads + kh) * n_splits + split) * BM * (D + 2);
 #pragma unroll
@@ -405,31 +498,96 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     }
 }
 
-template <int D, int BM, int KS>
+#define FLASH_STAGES 2 /* K/V tiles in shared memory: one used, the next in flight */
+
+/* The kernel's shared memory, and the attribute that lets it take more
+ * than 48 KiB, set once a process (the attribute is per function). */
+template <int D, int KS>
+static is_status flash_prepare(size_t *smem) {
+    static bool attr_set = false;
+    *smem = (size_t)FLASH_STAGES * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
+    if (!attr_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));
+        attr_set = true;
+    }
+    return IS_OK;
+}
+
+/* Whether clusters of FLASH_CLUSTER_MAX blocks of this kernel can be
+ * resident (asked once). */
+template <int D, int KS>
+static bool cluster_fits(void) {
+    static int fits = -1;
+    if (fits < 0) {
+        size_t smem;
+        if (flash_prepare<D, KS>(&smem) != IS_OK) {
+            is_error_clear();
+            return false;
+        }
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = FLASH_CLUSTER_MAX;
+        cfg.gridDim = dim3(1, 1, FLASH_CLUSTER_MAX);
+        cfg.blockDim = dim3(FLASH_BM * 2 * KS);
+        cfg.dynamicSmemBytes = smem;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        fits = cudaOccupancyMaxActiveClusters(&n, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>,
+                                              &cfg) == cudaSuccess &&
+               n > 0;
+        cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
+    }
+    return fits == 1;
+}
+
+bool cuda_flash_clusters_fit(int32_t head_dim, int32_t key_warps) {
+    if (head_dim == 64) return key_warps == 2 ? cluster_fits<64, 2>() : cluster_fits<64, 1>();
+    if (head_dim == 128) return key_warps == 2 ? cluster_fits<128, 2>() : cluster_fits<128, 1>();
+    return false;
+}
+
+template <int D, int KS>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
                               cuda_flash_plan plan, float *partial, int32_t n_heads,
                               int32_t n_kv_heads, int32_t block_size, cuda_bf16_out ob) {
-    constexpr int STAGES = 2;
-    static bool attr_set = false; /* per process; the attribute is per function */
-    const size_t smem = (size_t)STAGES * 2 * FLASH_BN * (D + 8) * sizeof(__nv_bfloat16);
-    if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<D, BM, STAGES, KS>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
-    }
+    size_t smem;
+    is_status st = flash_prepare<D, KS>(&smem);
+    if (st != IS_OK) return st;
+    const bool cluster = plan.splits > 1 && plan.cluster;
+    if (cluster && !cluster_fits<D, KS>())
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "cuda flash attention: clusters of %d blocks do not fit this GPU",
+                            FLASH_CLUSTER_MAX);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    dim3 grid((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits);
-    flash_kernel<D, BM, STAGES, KS><<<grid, BM * 2 * KS, smem, s>>>(
-        out, q, k_cache, v_cache, flat, bt_off, tiles, n_heads, n_kv_heads, block_size, scale_log2,
-        plan.splits, partial, ob.p, ob.n, ob.split);
-    CUDA_CHECK_LAUNCH();
-    if (plan.splits > 1) {
-        flash_merge_kernel<D, BM><<<dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
-                                         BM / (MERGE_THREADS / 32)),
-                                    MERGE_THREADS, 0, s>>>(out, partial, tiles, n_heads, n_kv_heads,
-                                                           plan.splits, ob.p, ob.n, ob.split);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = (unsigned)plan.splits;
+    cfg.gridDim = dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits);
+    cfg.blockDim = dim3(FLASH_BM * 2 * KS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = cluster ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>, out, q,
+                                  k_cache, v_cache, flat, bt_off, tiles, n_heads, n_kv_heads,
+                                  block_size, scale_log2, plan.splits, cluster, partial, ob.p,
+                                  ob.n, ob.split));
+    if (plan.splits > 1 && !cluster) {
+        flash_merge_kernel<D, FLASH_BM><<<dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
+                                               FLASH_BM / (MERGE_THREADS / 32)),
+                                          MERGE_THREADS, 0, s>>>(out, partial, tiles, n_heads,
+                                                                 n_kv_heads, plan.splits, ob.p,
+                                                                 ob.n, ob.split);
         CUDA_CHECK_LAUNCH();
     }
     return IS_OK;
@@ -445,13 +603,15 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads))
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda flash attention: head_dim %d, %d/%d heads",
                             head_dim, n_heads, n_kv_heads);
-    if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS || (plan.splits > 1 && !partial))
+    if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS ||
+        (plan.splits > 1 && !plan.cluster && !partial) ||
+        (plan.cluster && plan.splits > FLASH_CLUSTER_MAX))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", plan.splits);
     if (plan.key_warps != 1 && plan.key_warps != 2)
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d key warps",
                             plan.key_warps);
 #define FLASH_LAUNCH(D, KS)                                                                        \
-    flash_launch<D, FLASH_BM, KS>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, \
+    flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, \
                                   n_heads, n_kv_heads, block_size, ob)
     if (head_dim == 64) return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2) : FLASH_LAUNCH(64, 1);
     return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2) : FLASH_LAUNCH(128, 1);
@@ -484,14 +644,20 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
  * splits, which no run has measured yet, so they stay as run. */
 #define PLAN_KW2_TILE 0.55
 #define PLAN_KW2_FIXED_US 1.0
+/* Splits merged in a cluster instead of by the second kernel: no launch,
+ * no global partials, a share of the rows merged from the blocks' shared
+ * memory by each. Guessed before device run 28 measured it. */
+#define PLAN_CLUSTER_US 1.0
 
-/* Splits and key warps for tiles of up to max_kt key tiles: the cheapest by
- * the model, counting only splits that all get keys (per first, then
- * splits = ceil(max_kt / per)); a tie goes to fewer splits, one key warp. */
+/* Splits, key warps and merge for tiles of up to max_kt key tiles: the
+ * cheapest by the model, counting only splits that all get keys (per
+ * first, then splits = ceil(max_kt / per)); a tie goes to fewer splits,
+ * one key warp, the merge kernel. */
 static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, int64_t rows_total,
-                        int32_t head_dim, int32_t n_sms) {
+                        int32_t head_dim, int32_t n_sms, bool clusters) {
     plan->splits = 1;
     plan->key_warps = 1;
+    plan->cluster = 0;
     if (pairs >= 2 * n_sms || max_kt <= 1) return; /* the tiles fill the GPU (prefill) */
     const double part_mb = (double)rows_total * (head_dim + 2) * sizeof(float) / 1e6;
     double best_us = -1.0;
@@ -503,12 +669,18 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
             const int32_t per = (max_kt + splits - 1) / splits;
             if ((splits - 1) * per >= max_kt) continue; /* the last split would be empty */
             const int64_t waves = ((int64_t)pairs * splits + slots - 1) / slots;
-            double us = (double)waves * (fixed_us + per * tile_us);
-            if (splits > 1) us += PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
-            if (best_us < 0.0 || us < best_us) {
-                plan->splits = splits;
-                plan->key_warps = kw;
-                best_us = us;
+            const int32_t cl_max = clusters && splits > 1 && splits <= FLASH_CLUSTER_MAX;
+            for (int32_t cl = 0; cl <= cl_max; cl++) {
+                double us = (double)waves * (fixed_us + per * tile_us);
+                if (splits > 1)
+                    us += cl ? PLAN_CLUSTER_US
+                             : PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
+                if (best_us < 0.0 || us < best_us) {
+                    plan->splits = splits;
+                    plan->key_warps = kw;
+                    plan->cluster = cl;
+                    best_us = us;
+                }
             }
         }
     }
@@ -519,7 +691,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
                                       int32_t n_sms, cuda_flash_choice choice, int32_t *tiles) {
     const bool legacy = choice == CUDA_FLASH_CHOICE_LEGACY;
     const int32_t G = n_heads / n_kv_heads;
-    cuda_flash_plan plan = {0, 1, 1};
+    cuda_flash_plan plan = {0, 1, 1, 0};
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
     for (int32_t t = 0; t < T;) {
@@ -550,6 +722,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         }
         return plan;
     }
-    plan_splits(&plan, pairs, max_kt, rows_total, head_dim, n_sms);
+    plan_splits(&plan, pairs, max_kt, rows_total, head_dim, n_sms,
+                choice != CUDA_FLASH_CHOICE_NO_CLUSTER);
     return plan;
 }

@@ -15,8 +15,11 @@
  *
  * Few tiles (a short query over a long memory, decode steps) would leave
  * most multiprocessors idle, so the keys are then split over n_splits
- * blocks per tile (flash-decoding); each writes an unnormalised partial
- * result and a second kernel merges them.
+ * blocks per tile (flash-decoding). Up to FLASH_CLUSTER_MAX splits are one
+ * thread-block cluster: each leaves its unnormalised rows in shared memory
+ * and merges a share of the rows from all of them through distributed
+ * shared memory, with no second launch; more splits write their partial
+ * results to global memory and a second kernel merges them.
  *
  * A key tile costs a warp a chain of dependent steps (S, softmax, P V:
  * ~3 us for 64 keys), which more copies in flight do not shorten (device
@@ -38,6 +41,7 @@
 #define FLASH_BM 64 /* query rows per block: 4 warps x 16 */
 #define FLASH_BN 64 /* keys per tile */
 #define FLASH_MAX_SPLITS 64
+#define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 
 /* Whether the kernel takes this shape: head_dim 64 or 128, whole groups. */
 bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
@@ -47,6 +51,7 @@ typedef struct cuda_flash_plan {
     int32_t n_tiles;   /* query tiles of up to FLASH_BM rows */
     int32_t key_warps; /* warps on each key tile for the same rows: 1 or 2 */
     int32_t splits;    /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
+    int32_t cluster;   /* 1: the splits (<= FLASH_CLUSTER_MAX) merge as one cluster */
 } cuda_flash_plan;
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
@@ -55,7 +60,12 @@ typedef enum cuda_flash_choice {
     CUDA_FLASH_CHOICE_AUTO = 0, /* serving's: splits by the cost model, none empty */
     CUDA_FLASH_CHOICE_LEGACY,   /* before device run 23: splits filling two blocks a
                                    multiprocessor (the last ones possibly empty) */
+    CUDA_FLASH_CHOICE_NO_CLUSTER, /* AUTO's model without cluster merges (before run 28) */
 } cuda_flash_choice;
+
+/* Whether clusters of FLASH_CLUSTER_MAX blocks of the kernel for this head
+ * size and key warps fit on the current GPU (asked once each). */
+bool cuda_flash_clusters_fit(int32_t head_dim, int32_t key_warps);
 
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T]) into query tiles,
  * written to tiles (host int32 [T][4], the layout cuda_flash_attention
@@ -65,9 +75,11 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
                                       int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                       int32_t n_sms, cuda_flash_choice choice, int32_t *tiles);
 
-/* Floats of the partial results for plan.splits > 1. */
+/* Floats of the partial results in global memory (splits merged by the
+ * second kernel; none otherwise). */
 static inline size_t cuda_flash_partial_floats(cuda_flash_plan plan, int32_t n_kv_heads,
                                                int32_t head_dim) {
+    if (plan.splits <= 1 || plan.cluster) return 0;
     return (size_t)plan.n_tiles * n_kv_heads * plan.splits * FLASH_BM * (head_dim + 2);
 }
 
@@ -85,7 +97,7 @@ typedef struct cuda_bf16_out {
  * of the first}, the tokens of a tile consecutive in the batch and in
  * position, at most FLASH_BM / group of them; block tables of sequence s
  * at flat + bt_off[s] (cuda_attn_meta's). partial:
- * cuda_flash_partial_floats of scratch when plan.splits > 1.
+ * cuda_flash_partial_floats of scratch (NULL when that is 0).
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,
  * IS_ERR_INVALID_ARG for a plan it cannot run; nothing is launched then. */
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,

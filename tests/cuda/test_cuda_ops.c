@@ -988,12 +988,19 @@ static const attn_case BF16_CASES[] = {
  * exact kernel on the same cache. */
 static void test_attention_bf16(void **state) {
     SKIP_WITHOUT_GPU();
-    for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
-        /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
-        backend_cuda_set_matmul_precision(g_gpu, k % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
-        check_attention_mode(&BF16_CASES[k], 1);
-        check_attention_mode(&BF16_CASES[k], 2);
+    /* Key splits merged in clusters (the default) and by the second kernel. */
+    for (int clusters = 1; clusters >= 0; clusters--) {
+        backend_cuda_set_flash_clusters(g_gpu, clusters);
+        print_message("key splits merged %s\n", clusters ? "in clusters" : "by a second kernel");
+        for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
+            /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
+            backend_cuda_set_matmul_precision(g_gpu,
+                                              k % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
+            check_attention_mode(&BF16_CASES[k], 1);
+            check_attention_mode(&BF16_CASES[k], 2);
+        }
     }
+    backend_cuda_set_flash_clusters(g_gpu, true);
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
 }
 
