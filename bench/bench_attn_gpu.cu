@@ -152,10 +152,21 @@ int main(int argc, char **argv) {
            "old / new | rel err new |\n|---|---|---|---|---|---|---|---|---|---|\n");
     /* Variants: the old plan, the new one, then the new one's tiles with
      * each split count of the sweep (what the cost model chooses among). */
-    /* Splits merged by the second kernel, then (c) in clusters. */
-    const int32_t sweep[] = {1, 2, 4, 8, 16, 32, 2, 4, 8};
-    const bool sweep_cluster[] = {false, false, false, false, false, false, true, true, true};
-    const int n_sweep = (int)(sizeof sweep / sizeof sweep[0]);
+    /* Splits merged by the second kernel, then (c) in clusters; with one
+     * key warp, then two. */
+    const int32_t sweep_splits[] = {1, 2, 4, 8, 16, 32, 2, 4, 8};
+    const bool sweep_cl[] = {false, false, false, false, false, false, true, true, true};
+    const int n_per_kw = (int)(sizeof sweep_splits / sizeof sweep_splits[0]);
+    const int n_sweep = 2 * n_per_kw;
+    printf("clusters resident at once (cudaOccupancyMaxActiveClusters), size 2..%d:",
+           FLASH_CLUSTER_MAX);
+    for (int kw = 1; kw <= 2; kw++) {
+        printf(" %d key warp%s:", kw, kw > 1 ? "s" : "");
+        for (int32_t z = 2; z <= FLASH_CLUSTER_MAX; z++)
+            printf(" %d", cuda_flash_max_clusters(D, kw, z));
+        printf(";");
+    }
+    printf("\n");
     std::vector<std::vector<double>> sweep_us((size_t)n_cases);
     int failed = 0;
     for (int ci = 0; ci < n_cases; ci++) {
@@ -174,9 +185,12 @@ int main(int argc, char **argv) {
             if (variant == 2) plan.key_warps = 1; /* the new splits, one warp a key tile */
             if (variant >= 3) {
                 const int32_t max_kt = (bc.keys + FLASH_BN - 1) / FLASH_BN;
-                plan.splits = sweep[variant - 3];
-                plan.cluster = sweep_cluster[variant - 3];
-                if (plan.splits > max_kt) { /* more splits than key tiles: not a plan */
+                const int v = variant - 3;
+                plan.splits = sweep_splits[v % n_per_kw];
+                plan.cluster = sweep_cl[v % n_per_kw];
+                plan.key_warps = 1 + v / n_per_kw;
+                if (plan.splits > max_kt || /* more splits than key tiles: not a plan */
+                    (plan.cluster && cuda_flash_max_clusters(D, plan.key_warps, plan.splits) <= 0)) {
                     sweep_us[(size_t)ci].push_back(-1.0);
                     continue;
                 }
@@ -245,22 +259,26 @@ int main(int argc, char **argv) {
                ok ? "" : sweep_bad ? " FAIL (a sweep variant)" : " FAIL");
         fflush(stdout);
     }
-    printf("\nThe new plan's tiles and key warps with a fixed number of splits, us (- : more "
-           "splits than key "
-           "tiles):\n\n| case |");
-    for (int i = 0; i < n_sweep; i++) printf(" %d%s |", sweep[i], sweep_cluster[i] ? "c" : "");
-    printf("\n|---|");
-    for (int i = 0; i < n_sweep; i++) printf("---|");
-    printf("\n");
-    for (int ci = 0; ci < n_cases; ci++) {
-        printf("| %s |", cases[ci].name);
-        for (double u : sweep_us[(size_t)ci]) {
-            if (u < 0)
-                printf(" - |");
-            else
-                printf(" %.1f |", u);
-        }
+    for (int kw = 1; kw <= 2; kw++) {
+        printf("\nThe new plan's tiles with %d key warp%s and a fixed number of splits, us (- : "
+               "more splits than key tiles, or clusters that do not fit):\n\n| case |",
+               kw, kw > 1 ? "s" : "");
+        for (int i = 0; i < n_per_kw; i++)
+            printf(" %d%s |", sweep_splits[i], sweep_cl[i] ? "c" : "");
+        printf("\n|---|");
+        for (int i = 0; i < n_per_kw; i++) printf("---|");
         printf("\n");
+        for (int ci = 0; ci < n_cases; ci++) {
+            printf("| %s |", cases[ci].name);
+            for (int i = 0; i < n_per_kw; i++) {
+                const double u = sweep_us[(size_t)ci][(size_t)((kw - 1) * n_per_kw + i)];
+                if (u < 0)
+                    printf(" - |");
+                else
+                    printf(" %.1f |", u);
+            }
+            printf("\n");
+        }
     }
     printf("\n(x 32 layers for a forward's attention; rel err: against the old output, "
            "bar 1e-2)\n");

@@ -1184,11 +1184,9 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         c->tiles = p;
         c->tiles_cap = (size_t)T;
     }
-    const bool clusters =
-        c->flash_clusters && cuda_flash_clusters_fit(head_dim, 1) && cuda_flash_clusters_fit(head_dim, 2);
     const cuda_flash_plan plan = cuda_flash_plan_batch(
         b->seq_of_token, b->pos, T, n_heads, n_kv_heads, head_dim, c->n_sms,
-        clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->tiles);
+        c->flash_clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->tiles);
     const void *dtiles;
     is_status st = stage_upload(c, &c->st_tiles, c->tiles,
                                 (size_t)plan.n_tiles * 4 * sizeof(int32_t), &dtiles);

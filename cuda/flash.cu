@@ -117,32 +117,22 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) wl = max(wl, __shfl_xor_sync(FULL_MASK, wl, off));
 
-    /* The pages of a tile's keys are read from the block table one tile
-     * before its copies are issued (pg): a copy's address waits on that
-     * read, and waiting there each tile put a global round trip in every
-     * iteration's chain. ITS copies a thread a tile, of key rows r_of(it). */
-    constexpr int ITS = FLASH_BN * (D / 8) / THREADS;
-    int32_t pg[ITS];
-    auto fetch_pages = [&](int32_t kt) {
-#pragma unroll
-        for (int it = 0; it < ITS; it++) {
-            const int32_t j = kt * FLASH_BN + (tid + it * THREADS) / (D / 8);
-            pg[it] = kt < kt1 && j < n_keys ? bt[j / block_size] : -1;
-        }
-    };
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
-     * past the last zero-filled), from the pages fetch_pages(kt) read. The
-     * caller commits the group. */
+     * past the last zero-filled); unrolled, so the block-table reads overlap.
+     * (Reading the pages a tile ahead, so that no copy waits on its
+     * block-table read, measured slower: run 28.) The caller commits the
+     * group. */
     auto load_tile = [&](int32_t kt, int st) {
         __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + FLASH_BN * LD;
 #pragma unroll
-        for (int it = 0; it < ITS; it++) {
+        for (int it = 0; it < FLASH_BN * (D / 8) / THREADS; it++) {
             const int i = tid + it * THREADS;
             const int r = i / (D / 8), d = (i % (D / 8)) * 8;
             const int32_t j = kt * FLASH_BN + r;
-            const bool in = pg[it] >= 0;
+            const bool in = j < n_keys;
             const int64_t off =
-                in ? (((int64_t)pg[it] * n_kv_heads + kh) * block_size + j % block_size) * D + d
+                in ? (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size + j % block_size) *
+                             D + d
                    : 0;
             cp_async16(dK + r * LD + d, k_cache + off, in);
             cp_async16(dV + r * LD + d, v_cache + off, in);
@@ -153,11 +143,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * for all but the last STAGES - 2 means tile kt has landed. */
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
-        fetch_pages(kt0 + i);
         if (kt0 + i < kt1) load_tile(kt0 + i, i);
         asm volatile("cp.async.commit_group;\n" ::);
     }
-    fetch_pages(kt0 + STAGES - 1);
     /* (the first tiles are in flight while Q is read) */
     /* Q as A fragments, rounded to bf16: qa[k-step] = rows g / g+8, columns
      * 16 ks + 2c (+1) and 16 ks + 8 + 2c (+1). */
@@ -189,7 +177,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         __syncthreads();
         if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
         asm volatile("cp.async.commit_group;\n" ::);
-        fetch_pages(kt + STAGES); /* read now, used next iteration */
         /* This warp's keys of the tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
         constexpr int KW = FLASH_BN / KS;
         const int k0 = kq * KW;
@@ -352,6 +339,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
          * its share of the rows from all of them (distributed shared
          * memory), in split order whichever block does it. */
         float *mine = reinterpret_cast<float *>(smem + KS_BYTES);
+        __syncthreads(); /* every warp is done with the K/V stages these rows overwrite */
         if (kq == 0) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -514,41 +502,48 @@ static is_status flash_prepare(size_t *smem) {
     return IS_OK;
 }
 
-/* Whether clusters of FLASH_CLUSTER_MAX blocks of this kernel can be
- * resident (asked once). */
+/* How many clusters of `size` blocks of this kernel the GPU holds at
+ * once (0: none; asked once a size). The plan counts its waves by it: with
+ * one block a multiprocessor (two key warps) a cluster needs that many
+ * free multiprocessors in one GPC. */
 template <int D, int KS>
-static bool cluster_fits(void) {
-    static int fits = -1;
-    if (fits < 0) {
+static int32_t max_clusters(int32_t size) {
+    static int32_t n_of[FLASH_CLUSTER_MAX + 1];
+    static bool asked[FLASH_CLUSTER_MAX + 1];
+    if (size < 2 || size > FLASH_CLUSTER_MAX) return 0;
+    if (!asked[size]) {
+        asked[size] = true;
         size_t smem;
         if (flash_prepare<D, KS>(&smem) != IS_OK) {
             is_error_clear();
-            return false;
+            return 0;
         }
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeClusterDimension;
         at[0].val.clusterDim.x = 1;
         at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = FLASH_CLUSTER_MAX;
-        cfg.gridDim = dim3(1, 1, FLASH_CLUSTER_MAX);
+        at[0].val.clusterDim.z = (unsigned)size;
+        cfg.gridDim = dim3(1, 1, (unsigned)size);
         cfg.blockDim = dim3(FLASH_BM * 2 * KS);
         cfg.dynamicSmemBytes = smem;
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int n = 0;
-        fits = cudaOccupancyMaxActiveClusters(&n, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>,
-                                              &cfg) == cudaSuccess &&
-               n > 0;
+        if (cudaOccupancyMaxActiveClusters(&n, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>, &cfg) !=
+            cudaSuccess)
+            n = 0;
         cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
+        n_of[size] = n;
     }
-    return fits == 1;
+    return n_of[size];
 }
 
-bool cuda_flash_clusters_fit(int32_t head_dim, int32_t key_warps) {
-    if (head_dim == 64) return key_warps == 2 ? cluster_fits<64, 2>() : cluster_fits<64, 1>();
-    if (head_dim == 128) return key_warps == 2 ? cluster_fits<128, 2>() : cluster_fits<128, 1>();
-    return false;
+int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size) {
+    if (head_dim == 64) return key_warps == 2 ? max_clusters<64, 2>(size) : max_clusters<64, 1>(size);
+    if (head_dim == 128)
+        return key_warps == 2 ? max_clusters<128, 2>(size) : max_clusters<128, 1>(size);
+    return 0;
 }
 
 template <int D, int KS>
@@ -561,10 +556,10 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
     is_status st = flash_prepare<D, KS>(&smem);
     if (st != IS_OK) return st;
     const bool cluster = plan.splits > 1 && plan.cluster;
-    if (cluster && !cluster_fits<D, KS>())
+    if (cluster && max_clusters<D, KS>(plan.splits) <= 0)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
-                            FLASH_CLUSTER_MAX);
+                            plan.splits);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
@@ -646,8 +641,9 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 #define PLAN_KW2_FIXED_US 1.0
 /* Splits merged in a cluster instead of by the second kernel: no launch,
  * no global partials, a share of the rows merged from the blocks' shared
- * memory by each. Guessed before device run 28 measured it. */
-#define PLAN_CLUSTER_US 1.0
+ * memory by each; 2.2-3.4 us over one split's time in run 28's sweep (a
+ * kernel whose copies waited one tile longer; 2.5 taken). */
+#define PLAN_CLUSTER_US 2.5
 
 /* Splits, key warps and merge for tiles of up to max_kt key tiles: the
  * cheapest by the model, counting only splits that all get keys (per
@@ -668,9 +664,11 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
         for (int32_t splits = 1; splits <= max_kt && splits <= FLASH_MAX_SPLITS; splits++) {
             const int32_t per = (max_kt + splits - 1) / splits;
             if ((splits - 1) * per >= max_kt) continue; /* the last split would be empty */
-            const int64_t waves = ((int64_t)pairs * splits + slots - 1) / slots;
-            const int32_t cl_max = clusters && splits > 1 && splits <= FLASH_CLUSTER_MAX;
-            for (int32_t cl = 0; cl <= cl_max; cl++) {
+            const int32_t cl_slots =
+                clusters && splits > 1 ? cuda_flash_max_clusters(head_dim, kw, splits) : 0;
+            for (int32_t cl = 0; cl <= (cl_slots > 0); cl++) {
+                const int64_t waves = cl ? ((int64_t)pairs + cl_slots - 1) / cl_slots
+                                         : ((int64_t)pairs * splits + slots - 1) / slots;
                 double us = (double)waves * (fixed_us + per * tile_us);
                 if (splits > 1)
                     us += cl ? PLAN_CLUSTER_US

@@ -63,14 +63,16 @@ typedef enum cuda_flash_choice {
     CUDA_FLASH_CHOICE_NO_CLUSTER, /* AUTO's model without cluster merges (before run 28) */
 } cuda_flash_choice;
 
-/* Whether clusters of FLASH_CLUSTER_MAX blocks of the kernel for this head
- * size and key warps fit on the current GPU (asked once each). */
-bool cuda_flash_clusters_fit(int32_t head_dim, int32_t key_warps);
+/* How many clusters of `size` (2..FLASH_CLUSTER_MAX) blocks of the kernel
+ * for this head size and key warps the current GPU holds at once (0:
+ * none); asked of the runtime once each. */
+int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size);
 
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T]) into query tiles,
  * written to tiles (host int32 [T][4], the layout cuda_flash_attention
- * reads), and chooses the key splits and key warps for a GPU of n_sms
- * multiprocessors. Deterministic: the same batch gives the same plan. */
+ * reads), and chooses the key splits, key warps and merge for a GPU of
+ * n_sms multiprocessors (the current device's cluster occupancy, for a
+ * cluster merge). Deterministic: the same batch gives the same plan. */
 cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,
                                       int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                       int32_t n_sms, cuda_flash_choice choice, int32_t *tiles);
