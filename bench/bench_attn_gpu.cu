@@ -17,7 +17,9 @@
  * before attention, so it is in L2 there). Times are medians of the launches'
  * event spans (flash kernel and merge together).
  *
- * Usage: bench_attn_gpu [-r reps]   (default 50)
+ * Usage: bench_attn_gpu [-r reps] [-T]   (default 50 reps)
+ * -T: one more launch of the new plan a case with cuda_flash_set_trace's
+ * phase timestamps, summarised per phase (where a block's time goes).
  */
 #include "bench_cuda.cuh"
 #include "common.cuh"
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <vector>
 
 #define H 32   /* query heads */
@@ -73,12 +76,56 @@ struct bench_case {
     int32_t T, keys; /* one sequence: queries at positions keys - T .. keys - 1 */
 };
 
+static __global__ void empty_kernel(void) {}
+
+/* One traced launch's phases (cuda_flash_set_trace), medians over blocks,
+ * in us at the SM clock (clock_khz), and its span by the global timer. */
+static std::string trace_summary(const std::vector<unsigned long long> &t, size_t blocks,
+                                 double clock_khz, bool cluster) {
+    std::vector<double> skew, pro, wait, comp, tiles, tail, sync, merge, end, life;
+    unsigned long long t0 = ~0ull, t1 = 0;
+    for (size_t b = 0; b < blocks; b++) {
+        const unsigned long long *r = &t[b * FLASH_TRACE_SLOTS];
+        t0 = std::min(t0, r[FLASH_TRACE_ENTRY_NS]);
+        t1 = std::max(t1, r[FLASH_TRACE_EXIT_NS]);
+    }
+    const double us_per_cycle = 1e3 / clock_khz;
+    for (size_t b = 0; b < blocks; b++) {
+        const unsigned long long *r = &t[b * FLASH_TRACE_SLOTS];
+        skew.push_back((r[FLASH_TRACE_ENTRY_NS] - t0) * 1e-3);
+        life.push_back((r[FLASH_TRACE_EXIT_NS] - r[FLASH_TRACE_ENTRY_NS]) * 1e-3);
+        pro.push_back((r[FLASH_TRACE_PROLOGUE] - r[FLASH_TRACE_ENTRY]) * us_per_cycle);
+        wait.push_back(r[FLASH_TRACE_WAIT] * us_per_cycle);
+        comp.push_back(r[FLASH_TRACE_COMPUTE] * us_per_cycle);
+        tiles.push_back((double)r[FLASH_TRACE_TILES]);
+        tail.push_back((r[FLASH_TRACE_KS_MERGE] - r[FLASH_TRACE_LOOP]) * us_per_cycle);
+        if (cluster) {
+            sync.push_back((r[FLASH_TRACE_CLUSTER_SYNC] - r[FLASH_TRACE_KS_MERGE]) * us_per_cycle);
+            merge.push_back((r[FLASH_TRACE_MERGED] - r[FLASH_TRACE_CLUSTER_SYNC]) * us_per_cycle);
+            end.push_back((r[FLASH_TRACE_END] - r[FLASH_TRACE_MERGED]) * us_per_cycle);
+        }
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "| %.1f | %.2f / %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %s | %s | %.2f |",
+             (t1 - t0) * 1e-3, median(skew), *std::max_element(skew.begin(), skew.end()),
+             median(pro), median(tiles), median(wait), median(comp), median(tail),
+             cluster ? std::to_string(median(sync)).substr(0, 4).c_str() : "-",
+             cluster ? std::to_string(median(merge)).substr(0, 4).c_str() : "-",
+             cluster ? std::to_string(median(end)).substr(0, 4).c_str() : "-", median(life));
+    return buf;
+}
+
 int main(int argc, char **argv) {
     int reps = 50;
+    bool trace = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-T")) trace = true;
         else {
-            fprintf(stderr, "usage: %s [-r reps]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-r reps] [-T]\n"
+                            "-T: after the tables, the new plan's phases in one traced launch "
+                            "a case\n", argv[0]);
             return 2;
         }
     }
@@ -168,6 +215,10 @@ int main(int argc, char **argv) {
     }
     printf("\n");
     std::vector<std::vector<double>> sweep_us((size_t)n_cases);
+    std::vector<std::string> traces((size_t)n_cases);
+    int clock_khz_i = 0;
+    CK(cudaDeviceGetAttribute(&clock_khz_i, cudaDevAttrClockRate, 0));
+    const double clock_khz = clock_khz_i > 0 ? clock_khz_i : 1.98e6;
     int failed = 0;
     for (int ci = 0; ci < n_cases; ci++) {
         const bench_case &bc = cases[ci];
@@ -229,6 +280,26 @@ int main(int argc, char **argv) {
                 us[variant] = median(v);
             else
                 sweep_us[(size_t)ci].push_back(median(v));
+            if (trace && variant == 1) {
+                const size_t blocks = (size_t)plan.n_tiles * KH * plan.splits;
+                unsigned long long *d_trace;
+                CK(cudaMalloc(&d_trace, blocks * FLASH_TRACE_SLOTS * sizeof(unsigned long long)));
+                flush_l2<<<4 * n_sms, 256, 0, st>>>(flush, flush_n, sink);
+                CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, st));
+                CK(cudaStreamSynchronize(st));
+                if (cuda_flash_set_trace(d_trace) != IS_OK ||
+                    cuda_flash_attention(st, out, q, kc, vc, d_tables, d_bt_off, d_tiles, plan,
+                                         partial, H, KH, D, BS, cuda_bf16_out{}) != IS_OK ||
+                    cuda_flash_set_trace(NULL) != IS_OK) {
+                    fprintf(stderr, "traced launch: %s\n", is_error_last());
+                    return 1;
+                }
+                std::vector<unsigned long long> t(blocks * FLASH_TRACE_SLOTS);
+                CK(cudaMemcpy(t.data(), d_trace, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
+                CK(cudaFree(d_trace));
+                traces[(size_t)ci] = trace_summary(t, blocks, clock_khz, plan.splits > 1 && plan.cluster);
+            }
             /* Relative L2 error of each variant's output against the old
              * plan's (the new plan's is the table's; the sweep's must pass
              * the bar too, or the row fails). */
@@ -279,6 +350,29 @@ int main(int argc, char **argv) {
             }
             printf("\n");
         }
+    }
+    if (trace) {
+        /* The floor under every row: an empty kernel timed the same way. */
+        std::vector<double> v;
+        for (int r = -3; r < reps; r++) {
+            flush_l2<<<4 * n_sms, 256, 0, st>>>(flush, flush_n, sink);
+            CK(cudaEventRecord(e0, st));
+            empty_kernel<<<1, 32, 0, st>>>();
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0.0f;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (r >= 0) v.push_back(1e3 * ms);
+        }
+        printf("\nOne traced launch of the new plan a case (medians over blocks, us; SM clock "
+               "%.0f MHz; the compute part ends when its last mma issues, so the next wait "
+               "holds the rest). Empty kernel timed as the rows: %.1f us.\n\n"
+               "| case | span | start skew median / max | prologue | tiles | waiting | "
+               "computing | key-warp merge | cluster sync | cluster merge | last sync | "
+               "block life |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+               clock_khz / 1e3, median(v));
+        for (int ci = 0; ci < n_cases; ci++)
+            printf("| %s %s\n", cases[ci].name, traces[(size_t)ci].c_str());
     }
     printf("\n(x 32 layers for a forward's attention; rel err: against the old output, "
            "bar 1e-2)\n");

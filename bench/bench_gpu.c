@@ -42,6 +42,8 @@
  * e.g. -c bf16,bf16+decode,bf16+skinny. "+unstacked" runs q, k, v (and
  * gate, up) as a product each instead of one of their stacked weights
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
+ * "+nocluster" merges the attention's key splits by a second kernel, not
+ * inside clusters (backend_cuda_set_flash_clusters: before device run 28);
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -575,7 +577,8 @@ int main(int argc, char **argv) {
                     "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
-                    "         product each (not one of stacked weights); ignored on cpu\n");
+                    "         product each (not one of stacked weights); +nocluster:\n"
+                    "         attention key splits merged by a second kernel; ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -675,6 +678,7 @@ int main(int argc, char **argv) {
                                           : strstr(cfg, "+decode") ? CUDA_SKINNY_DECODE
                                                                    : CUDA_SKINNY_OFF);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
+            backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

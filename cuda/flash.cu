@@ -66,6 +66,17 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
                  : "r"(a));
 }
 
+/* Phase timestamps (cuda_flash_set_trace; NULL: none): thread 0 of each
+ * block writes FLASH_TRACE_SLOTS values at trace + block * SLOTS, block =
+ * (split * gridDim.y + kv head) * gridDim.x + tile. */
+static __device__ unsigned long long *g_flash_trace;
+
+static __device__ __forceinline__ unsigned long long global_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 template <int D, int BM, int STAGES, int KS>
 static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
@@ -86,6 +97,17 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
 
+    unsigned long long *const tr =
+        g_flash_trace && threadIdx.x == 0
+            ? g_flash_trace +
+                  (((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) *
+                      FLASH_TRACE_SLOTS
+            : nullptr;
+    if (tr) {
+        tr[FLASH_TRACE_ENTRY_NS] = global_ns();
+        tr[FLASH_TRACE_ENTRY] = clock64();
+        tr[FLASH_TRACE_WAIT] = tr[FLASH_TRACE_COMPUTE] = tr[FLASH_TRACE_TILES] = 0;
+    }
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
     const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1], seq = tiles[4 * tile + 2],
                   pos0 = tiles[4 * tile + 3];
@@ -166,15 +188,23 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     float o[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    if (tr) tr[FLASH_TRACE_PROLOGUE] = clock64();
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     for (int32_t kt = kt0; kt < kt1; kt++) {
         const int st = (kt - kt0) % STAGES;
+        unsigned long long t_top = tr ? clock64() : 0;
         asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         /* Every thread's copies of tile kt have landed, and every warp is
          * done with the stage read in the previous iteration, which is
          * refilled next. */
         __syncthreads();
+        if (tr) {
+            const unsigned long long t = clock64();
+            tr[FLASH_TRACE_WAIT] += t - t_top;
+            tr[FLASH_TRACE_TILES] += 1;
+            t_top = t;
+        }
         if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
         asm volatile("cp.async.commit_group;\n" ::);
         /* This warp's keys of the tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
@@ -261,6 +291,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                 mma_bf16(o[dt + 1], pa, b[2], b[3]);
             }
         }
+        if (tr) tr[FLASH_TRACE_COMPUTE] += clock64() - t_top;
     }
 
 #pragma unroll
@@ -268,6 +299,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
         l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
     }
+    if (tr) tr[FLASH_TRACE_LOOP] = clock64();
     /* Past the loop the K/V stages are free: the key warps' merge uses
      * their first KS_BYTES, a cluster's merge the rows after them. */
     constexpr int W = DT * 4 + 4; /* floats a lane of a second key warp leaves */
@@ -312,7 +344,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                     o[dt][e] = o[dt][e] * a0[e >> 1] + mo[dt * 4 + e] * a1[e >> 1];
         }
     }
+    if (tr) tr[FLASH_TRACE_KS_MERGE] = clock64();
     if (n_splits == 1) {
+        if (tr) tr[FLASH_TRACE_EXIT_NS] = global_ns();
         if (kq != 0) return;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -356,6 +390,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         }
         cg::cluster_group cl = cg::this_cluster();
         cl.sync(); /* every block's rows written */
+        if (tr) tr[FLASH_TRACE_CLUSTER_SYNC] = clock64();
         const int32_t rows = n * G, per_rows = (rows + n_splits - 1) / n_splits;
         const int32_t r0 = split * per_rows, r1 = min(rows, r0 + per_rows);
         constexpr int CH = D / 4; /* float4 chunks a row */
@@ -396,9 +431,15 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                 bf16_copy_put(obf, out_n, at + 3, y.w, obf_split);
             }
         }
+        if (tr) tr[FLASH_TRACE_MERGED] = clock64();
         cl.sync(); /* no block leaves while another reads its rows */
+        if (tr) {
+            tr[FLASH_TRACE_END] = clock64();
+            tr[FLASH_TRACE_EXIT_NS] = global_ns();
+        }
         return;
     }
+    if (tr) tr[FLASH_TRACE_EXIT_NS] = global_ns();
     if (kq != 0) return;
     /* Padding rows are not written: the merge reads only the tile's rows. */
     float *part = partial + (((int64_t)tile * n_kv_heads + kh) * n_splits + split) * BM * (D + 2);
@@ -484,6 +525,11 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
         }
         __syncwarp(); /* w is rewritten for the next row */
     }
+}
+
+is_status cuda_flash_set_trace(unsigned long long *trace) {
+    CUDA_CHECK(cudaMemcpyToSymbol(g_flash_trace, &trace, sizeof trace));
+    return IS_OK;
 }
 
 #define FLASH_STAGES 2 /* K/V tiles in shared memory: one used, the next in flight */
@@ -615,35 +661,31 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 
 /* ---- plan ------------------------------------------------------------------ */
 
-/* The split cost model, in microseconds, fitted to bench_attn_gpu's sweep
- * of device run 24 (8B shape, 64-row blocks; T = 30 after 215-2590 keys
- * and a decode step, 1-32 splits; cuda/NOTES.md): one split alone costs
- * 5.1 us plus 3.15 us a key tile (the warps' S / softmax / P V chain on
- * tiles whose loads follow each other, latency that a block's 4 warps do
- * not hide); splitting adds the merge launch, 4.7 us, and the partial
- * results, 1.9 us a MB (written, then read back). With these constants
- * it picks the fastest measured split count in each case of that sweep
- * but one (T = 30 after 590 keys: 5, between the measured 4 and 8). Blocks
- * beyond one wave run in a second one. */
-#define PLAN_TILE_US 3.15
-#define PLAN_FIXED_US 5.1
+/* The split cost model, in microseconds, fitted to bench_attn_gpu's sweeps
+ * (8B shape, 64-row blocks; T = 30 after 215-2590 keys and a decode step;
+ * cuda/NOTES.md). One split alone, least squares over run 29's one-split
+ * columns: 4.8 us plus 3.26 us a key tile with one key warp (the warps'
+ * S / softmax / P V chain on tiles whose loads follow each other, latency
+ * that a block's 4 warps do not hide), 5.6 + 2.23 with two (each takes
+ * half a tile's chain, then their merge in shared memory; 8 warps a block,
+ * one block a multiprocessor). Splitting adds either the merge kernel's
+ * launch, 4.7 us, and the partial results, 1.9 us a MB (written, then read
+ * back; run 24's fit, within 1.5 us of run 29's sweep), or a cluster
+ * merge: 3.8 us with two key warps, 5.5 with one (run 29's 4c columns; its
+ * waves counted by the clusters resident at once). Blocks beyond one wave
+ * run in a second one. On run 29's sweep it picks, for the 30-token query
+ * after 215 .. 2590 keys, the fastest measured plan or one not measured
+ * (6c) that then ran fastest; for a decode step it prefers the merge
+ * kernel's 21 splits (16.8 us) to 8c with two key warps (13.6): a 4-row
+ * tile's fixed cost is lower than the model's. */
+#define PLAN_TILE_US 3.26
+#define PLAN_FIXED_US 4.8
 #define PLAN_MERGE_US 4.7
 #define PLAN_PART_US_PER_MB 1.9
-/* Two warps a key tile (key_warps 2): each takes half the tile's chain,
- * plus their merge in shared memory; 8 warps of 167 registers leave one
- * block a multiprocessor. The two constants were guessed before device run
- * 27; its sweep measured one split at 5.4 + 2.24 us a key tile (0.71 of
- * one warp's, not 0.55), and the plans they choose were the fastest
- * measured or within 0.6 us of it in every case (k = 10: one split, 18.8
- * us, against 18.6 with four). Refitting them would move k = 10 to three
- * splits, which no run has measured yet, so they stay as run. */
-#define PLAN_KW2_TILE 0.55
-#define PLAN_KW2_FIXED_US 1.0
-/* Splits merged in a cluster instead of by the second kernel: no launch,
- * no global partials, a share of the rows merged from the blocks' shared
- * memory by each; 2.2-3.4 us over one split's time in run 28's sweep (a
- * kernel whose copies waited one tile longer; 2.5 taken). */
-#define PLAN_CLUSTER_US 2.5
+#define PLAN_KW2_TILE 0.684
+#define PLAN_KW2_FIXED_US 0.8
+#define PLAN_CLUSTER_US 5.5
+#define PLAN_KW2_CLUSTER_US 3.8
 
 /* Splits, key warps and merge for tiles of up to max_kt key tiles: the
  * cheapest by the model, counting only splits that all get keys (per
@@ -671,7 +713,7 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
                                          : ((int64_t)pairs * splits + slots - 1) / slots;
                 double us = (double)waves * (fixed_us + per * tile_us);
                 if (splits > 1)
-                    us += cl ? PLAN_CLUSTER_US
+                    us += cl ? (kw == 1 ? PLAN_CLUSTER_US : PLAN_KW2_CLUSTER_US)
                              : PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
                 if (best_us < 0.0 || us < best_us) {
                     plan->splits = splits;

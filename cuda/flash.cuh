@@ -77,6 +77,28 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
                                       int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                       int32_t n_sms, cuda_flash_choice choice, int32_t *tiles);
 
+/* Phase timestamps for bench_attn_gpu -T: from the next launch on, thread
+ * 0 of each block writes FLASH_TRACE_SLOTS values (SM clock cycles, or
+ * ns of the global timer for *_NS) at trace + block * FLASH_TRACE_SLOTS,
+ * block = (split * n_kv_heads + kv head) * n_tiles + tile; NULL stops.
+ * Serving never sets it (one global load a block when unset). */
+enum {
+    FLASH_TRACE_ENTRY_NS,     /* global timer at entry */
+    FLASH_TRACE_ENTRY,        /* clock at entry */
+    FLASH_TRACE_PROLOGUE,     /* first copies issued, Q read */
+    FLASH_TRACE_WAIT,         /* sum over tiles: waiting for a tile and the barrier */
+    FLASH_TRACE_COMPUTE,      /* sum over tiles: the rest of an iteration */
+    FLASH_TRACE_TILES,        /* key tiles walked */
+    FLASH_TRACE_LOOP,         /* after the loop (l reduced) */
+    FLASH_TRACE_KS_MERGE,     /* after the key warps' merge */
+    FLASH_TRACE_CLUSTER_SYNC, /* cluster merge: all rows written */
+    FLASH_TRACE_MERGED,       /* cluster merge: this block's rows merged */
+    FLASH_TRACE_END,          /* cluster merge: after the last barrier */
+    FLASH_TRACE_EXIT_NS,      /* global timer before the output is written */
+    FLASH_TRACE_SLOTS
+};
+is_status cuda_flash_set_trace(unsigned long long *trace);
+
 /* Floats of the partial results in global memory (splits merged by the
  * second kernel; none otherwise). */
 static inline size_t cuda_flash_partial_floats(cuda_flash_plan plan, int32_t n_kv_heads,
