@@ -173,11 +173,10 @@ int main(int argc, char **argv) {
     CK(cudaMemsetAsync(flush, 0, flush_n * sizeof(float4), st));
     CK(cudaMalloc(&sink, sizeof(float)));
     size_t partial_cap = 0;
-    int32_t *d_tables = NULL, *d_tiles = NULL, *d_bt_off = NULL;
+    int32_t *d_tables = NULL, *d_tiles = NULL;
+    const int32_t bt_off[1] = {0}; /* one sequence, its table first in d_tables */
     CK(cudaMalloc(&d_tables, (size_t)pool * sizeof(int32_t)));
     CK(cudaMalloc(&d_tiles, (size_t)max_T * 4 * sizeof(int32_t)));
-    CK(cudaMalloc(&d_bt_off, sizeof(int32_t)));
-    CK(cudaMemsetAsync(d_bt_off, 0, sizeof(int32_t), st));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -231,7 +230,7 @@ int main(int argc, char **argv) {
         bool sweep_bad = false;
         for (int variant = 0; variant < 3 + n_sweep; variant++) {
             cuda_flash_plan plan = cuda_flash_plan_batch(
-                sot.data(), pos.data(), bc.T, H, KH, D, n_sms,
+                sot.data(), pos.data(), bc.T, bt_off, H, KH, D, n_sms,
                 variant == 0 ? CUDA_FLASH_CHOICE_LEGACY : CUDA_FLASH_CHOICE_AUTO, tiles.data());
             if (variant == 2) plan.key_warps = 1; /* the new splits, one warp a key tile */
             if (variant >= 3) {
@@ -265,7 +264,7 @@ int main(int argc, char **argv) {
                 CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float),
                                    cudaMemcpyDeviceToDevice, st));
                 CK(cudaEventRecord(e0, st));
-                if (cuda_flash_attention(st, out, q, kc, vc, d_tables, d_bt_off, d_tiles, plan,
+                if (cuda_flash_attention(st, out, q, kc, vc, d_tables, d_tiles, plan,
                                          partial, H, KH, D, BS, cuda_bf16_out{}) != IS_OK) {
                     fprintf(stderr, "cuda_flash_attention: %s\n", is_error_last());
                     return 1;
@@ -289,7 +288,7 @@ int main(int argc, char **argv) {
                                    cudaMemcpyDeviceToDevice, st));
                 CK(cudaStreamSynchronize(st));
                 if (cuda_flash_set_trace(d_trace) != IS_OK ||
-                    cuda_flash_attention(st, out, q, kc, vc, d_tables, d_bt_off, d_tiles, plan,
+                    cuda_flash_attention(st, out, q, kc, vc, d_tables, d_tiles, plan,
                                          partial, H, KH, D, BS, cuda_bf16_out{}) != IS_OK ||
                     cuda_flash_set_trace(NULL) != IS_OK) {
                     fprintf(stderr, "traced launch: %s\n", is_error_last());
@@ -386,7 +385,6 @@ int main(int argc, char **argv) {
     cudaFree(sink);
     cudaFree(d_tables);
     cudaFree(d_tiles);
-    cudaFree(d_bt_off);
     cudaStreamDestroy(st);
     return failed ? 1 : 0;
 }

@@ -1184,8 +1184,9 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         c->tiles = p;
         c->tiles_cap = (size_t)T;
     }
+    /* c->pack holds attn_meta's host copy: bt_off at 2T (offsets into flat). */
     const cuda_flash_plan plan = cuda_flash_plan_batch(
-        b->seq_of_token, b->pos, T, n_heads, n_kv_heads, head_dim, c->n_sms,
+        b->seq_of_token, b->pos, T, c->pack + 2 * (size_t)T, n_heads, n_kv_heads, head_dim, c->n_sms,
         c->flash_clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->tiles);
     const void *dtiles;
     is_status st = stage_upload(c, &c->st_tiles, c->tiles,
@@ -1202,8 +1203,8 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     cuda_bf16_out ob = {NULL, (int64_t)n, false};
     ob.p = bf16_copy_of(c, n, &ob.split);
     st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
-                              (const __nv_bfloat16 *)v_cache, m.flat, m.bt_off,
-                              (const int32_t *)dtiles, plan, c->partial, n_heads, n_kv_heads,
+                              (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
+                              plan, c->partial, n_heads, n_kv_heads,
                               head_dim, block_size, ob);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;

@@ -80,8 +80,7 @@ static __device__ __forceinline__ unsigned long long global_ns(void) {
 template <int D, int BM, int STAGES, int KS>
 static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
-                 const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *bt_off,
-                 const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
+                 const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
                  float scale_log2, int32_t n_splits, bool cluster, float *partial,
                  __nv_bfloat16 *obf, int64_t out_n, bool obf_split) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
@@ -109,14 +108,14 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         tr[FLASH_TRACE_WAIT] = tr[FLASH_TRACE_COMPUTE] = tr[FLASH_TRACE_TILES] = 0;
     }
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
-    const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1], seq = tiles[4 * tile + 2],
+    const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1], bt_at = tiles[4 * tile + 2],
                   pos0 = tiles[4 * tile + 3];
     const int32_t G = n_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = (tid >> 5) % (BM / 16); /* the warp's 16 rows */
     const int kq = (tid >> 5) / (BM / 16);   /* its part of each key tile */
     const int g = lane >> 2, c = lane & 3;
-    const int32_t *bt = flat + bt_off[seq];
+    const int32_t *bt = flat + bt_at;
     const int64_t q_stride = (int64_t)n_heads * D;
 
     /* This thread's two rows (h = 0: row g, h = 1: row g + 8 of the warp's
@@ -160,6 +159,21 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             cp_async16(dV + r * LD + d, v_cache + off, in);
         }
     };
+    /* Q's reads are issued first, so that they are in flight while the
+     * first copies wait on their block-table reads (the prologue was 3.2-3.6
+     * us of dependent global reads in run 30's trace). */
+    float2 qlo[D / 16][2], qhi[D / 16][2];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            qlo[ks][h] = qhi[ks][h] = make_float2(0.f, 0.f);
+            if (qrow[h]) {
+                qlo[ks][h] = *reinterpret_cast<const float2 *>(qrow[h] + ks * 16 + 2 * c);
+                qhi[ks][h] = *reinterpret_cast<const float2 *>(qrow[h] + ks * 16 + 8 + 2 * c);
+            }
+        }
+    }
     /* One commit group per tile, empty past kt1, so that before tile kt is
      * used exactly kt - kt0 + STAGES - 1 groups are committed and waiting
      * for all but the last STAGES - 2 means tile kt has landed. */
@@ -168,7 +182,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         if (kt0 + i < kt1) load_tile(kt0 + i, i);
         asm volatile("cp.async.commit_group;\n" ::);
     }
-    /* (the first tiles are in flight while Q is read) */
     /* Q as A fragments, rounded to bf16: qa[k-step] = rows g / g+8, columns
      * 16 ks + 2c (+1) and 16 ks + 8 + 2c (+1). */
     uint32_t qa[D / 16][4];
@@ -176,13 +189,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     for (int ks = 0; ks < D / 16; ks++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float2 lo = make_float2(0.f, 0.f), hi = make_float2(0.f, 0.f);
-            if (qrow[h]) {
-                lo = *reinterpret_cast<const float2 *>(qrow[h] + ks * 16 + 2 * c);
-                hi = *reinterpret_cast<const float2 *>(qrow[h] + ks * 16 + 8 + 2 * c);
-            }
-            qa[ks][h] = pack_bf16(lo.x, lo.y);
-            qa[ks][2 + h] = pack_bf16(hi.x, hi.y);
+            qa[ks][h] = pack_bf16(qlo[ks][h].x, qlo[ks][h].y);
+            qa[ks][2 + h] = pack_bf16(qhi[ks][h].x, qhi[ks][h].y);
         }
     }
     float o[DT][4];
@@ -393,33 +401,55 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         if (tr) tr[FLASH_TRACE_CLUSTER_SYNC] = clock64();
         const int32_t rows = n * G, per_rows = (rows + n_splits - 1) / n_splits;
         const int32_t r0 = split * per_rows, r1 = min(rows, r0 + per_rows);
-        constexpr int CH = D / 4; /* float4 chunks a row */
-        for (int32_t u = tid; u < (r1 - r0) * CH; u += THREADS) {
-            const int32_t r = r0 + u / CH, ch = u % CH;
-            float mz[FLASH_CLUSTER_MAX], mx = -INFINITY;
+        /* First each of this block's rows gets its splits' weights and
+         * 1 / denominator, once (thread per row; the first KS_BYTES are
+         * free again: the key warps' merge is done), then every thread
+         * sums float4 chunks with them, the remote loads of a chunk all
+         * independent (run 30's trace: 2.2-2.5 us when each chunk read the
+         * statistics itself). */
+        constexpr int WS = FLASH_CLUSTER_MAX + 1; /* floats a row: weights, then 1 / den */
+        static_assert((size_t)BM * WS * sizeof(float) <= KS_BYTES, "flash: merge weights");
+        float *wrow = reinterpret_cast<float *>(smem);
+        for (int32_t r = r0 + tid; r < r1; r += THREADS) {
+            float mz[FLASH_CLUSTER_MAX], lz[FLASH_CLUSTER_MAX], mx = -INFINITY;
 #pragma unroll
             for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
                 mz[z] = -INFINITY;
+                lz[z] = 0.0f;
                 if (z < n_splits) {
-                    mz[z] = cl.map_shared_rank(mine, z)[r * PLD + D];
+                    const float *pz = cl.map_shared_rank(mine, z) + r * PLD;
+                    mz[z] = pz[D];
+                    lz[z] = pz[D + 1];
                     mx = fmaxf(mx, mz[z]);
                 }
             }
             float den = 0.0f;
+            float *w = wrow + (r - r0) * WS;
+#pragma unroll
+            for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
+                const float wz = mz[z] == -INFINITY ? 0.0f : exp2f(mz[z] - mx); /* empty: 0 */
+                den += lz[z] * wz;
+                w[z] = wz;
+            }
+            w[FLASH_CLUSTER_MAX] = 1.0f / den;
+        }
+        __syncthreads();
+        constexpr int CH = D / 4; /* float4 chunks a row */
+        for (int32_t u = tid; u < (r1 - r0) * CH; u += THREADS) {
+            const int32_t r = r0 + u / CH, ch = u % CH;
+            const float *w = wrow + (r - r0) * WS;
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
             for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
-                if (z >= n_splits || mz[z] == -INFINITY) continue; /* an empty split */
-                const float *pz = cl.map_shared_rank(mine, z) + r * PLD;
-                const float wz = exp2f(mz[z] - mx);
-                den += pz[D + 1] * wz;
-                const float4 v = *reinterpret_cast<const float4 *>(pz + ch * 4);
-                acc.x += v.x * wz;
-                acc.y += v.y * wz;
-                acc.z += v.z * wz;
-                acc.w += v.w * wz;
+                if (z >= n_splits) break;
+                const float4 v =
+                    *reinterpret_cast<const float4 *>(cl.map_shared_rank(mine, z) + r * PLD + ch * 4);
+                acc.x += v.x * w[z];
+                acc.y += v.y * w[z];
+                acc.z += v.z * w[z];
+                acc.w += v.w * w[z];
             }
-            const float inv = 1.0f / den;
+            const float inv = w[FLASH_CLUSTER_MAX];
             const float4 y = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
             const int64_t at =
                 (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D + ch * 4;
@@ -595,9 +625,9 @@ int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t siz
 template <int D, int KS>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
-                              const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
-                              cuda_flash_plan plan, float *partial, int32_t n_heads,
-                              int32_t n_kv_heads, int32_t block_size, cuda_bf16_out ob) {
+                              const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
+                              float *partial, int32_t n_heads, int32_t n_kv_heads,
+                              int32_t block_size, cuda_bf16_out ob) {
     size_t smem;
     is_status st = flash_prepare<D, KS>(&smem);
     if (st != IS_OK) return st;
@@ -620,7 +650,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
     cfg.attrs = at;
     cfg.numAttrs = cluster ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>, out, q,
-                                  k_cache, v_cache, flat, bt_off, tiles, n_heads, n_kv_heads,
+                                  k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                                   block_size, scale_log2, plan.splits, cluster, partial, ob.p,
                                   ob.n, ob.split));
     if (plan.splits > 1 && !cluster) {
@@ -636,8 +666,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
 
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
-                               const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
-                               cuda_flash_plan plan, float *partial, int32_t n_heads,
+                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan, float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob) {
     if (plan.n_tiles <= 0) return IS_OK;
@@ -652,7 +681,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d key warps",
                             plan.key_warps);
 #define FLASH_LAUNCH(D, KS)                                                                        \
-    flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, bt_off, tiles, plan, partial, \
+    flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, \
                                   n_heads, n_kv_heads, block_size, ob)
     if (head_dim == 64) return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2) : FLASH_LAUNCH(64, 1);
     return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2) : FLASH_LAUNCH(128, 1);
@@ -727,8 +756,9 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
 }
 
 cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,
-                                      int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                      int32_t n_sms, cuda_flash_choice choice, int32_t *tiles) {
+                                      const int32_t *bt_off, int32_t n_heads, int32_t n_kv_heads,
+                                      int32_t head_dim, int32_t n_sms, cuda_flash_choice choice,
+                                      int32_t *tiles) {
     const bool legacy = choice == CUDA_FLASH_CHOICE_LEGACY;
     const int32_t G = n_heads / n_kv_heads;
     cuda_flash_plan plan = {0, 1, 1, 0};
@@ -743,7 +773,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         int32_t *tl = tiles + 4 * plan.n_tiles++;
         tl[0] = t;
         tl[1] = n;
-        tl[2] = seq_of_token[t];
+        tl[2] = bt_off[seq_of_token[t]];
         tl[3] = pos[t];
         const int32_t kt = (pos[t] + n + FLASH_BN - 1) / FLASH_BN;
         if (kt > max_kt) max_kt = kt;

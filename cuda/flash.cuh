@@ -68,14 +68,17 @@ typedef enum cuda_flash_choice {
  * none); asked of the runtime once each. */
 int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size);
 
-/* Cuts a batch (host arrays: seq_of_token[T], pos[T]) into query tiles,
+/* Cuts a batch (host arrays: seq_of_token[T], pos[T], and where each
+ * sequence's block table starts in cuda_flash_attention's `flat`,
+ * bt_off[sequence]) into query tiles,
  * written to tiles (host int32 [T][4], the layout cuda_flash_attention
  * reads), and chooses the key splits, key warps and merge for a GPU of
  * n_sms multiprocessors (the current device's cluster occupancy, for a
  * cluster merge). Deterministic: the same batch gives the same plan. */
 cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,
-                                      int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                      int32_t n_sms, cuda_flash_choice choice, int32_t *tiles);
+                                      const int32_t *bt_off, int32_t n_heads, int32_t n_kv_heads,
+                                      int32_t head_dim, int32_t n_sms, cuda_flash_choice choice,
+                                      int32_t *tiles);
 
 /* Phase timestamps for bench_attn_gpu -T: from the next launch on, thread
  * 0 of each block writes FLASH_TRACE_SLOTS values (SM clock cycles, or
@@ -117,17 +120,17 @@ typedef struct cuda_bf16_out {
 
 /* out[T][n_heads*head_dim] for the tokens the tiles cover (and its bf16
  * copy where ob.p is set, for the product that reads it). tiles: device
- * int32 [plan.n_tiles][4] = {first batch token, tokens, sequence, position
- * of the first}, the tokens of a tile consecutive in the batch and in
- * position, at most FLASH_BM / group of them; block tables of sequence s
- * at flat + bt_off[s] (cuda_attn_meta's). partial:
+ * int32 [plan.n_tiles][4] = {first batch token, tokens, where the
+ * sequence's block table starts in flat, position of the first}
+ * (cuda_flash_plan_batch's), the tokens of a tile consecutive in the
+ * batch and in position, at most FLASH_BM / group of them. partial:
  * cuda_flash_partial_floats of scratch (NULL when that is 0).
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,
  * IS_ERR_INVALID_ARG for a plan it cannot run; nothing is launched then. */
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
-                               const int32_t *flat, const int32_t *bt_off, const int32_t *tiles,
-                               cuda_flash_plan plan, float *partial, int32_t n_heads,
+                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
+                               float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob);
 
