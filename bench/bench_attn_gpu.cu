@@ -297,7 +297,8 @@ int main(int argc, char **argv) {
                 std::vector<unsigned long long> t(blocks * FLASH_TRACE_SLOTS);
                 CK(cudaMemcpy(t.data(), d_trace, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
                 CK(cudaFree(d_trace));
-                traces[(size_t)ci] = trace_summary(t, blocks, clock_khz, plan.splits > 1 && plan.cluster);
+                traces[(size_t)ci] =
+                    trace_summary(t, blocks, clock_khz, plan.splits > 1 && plan.cluster);
             }
             /* Relative L2 error of each variant's output against the old
              * plan's (the new plan's is the table's; the sweep's must pass

@@ -80,8 +80,9 @@ static __device__ __forceinline__ unsigned long long global_ns(void) {
 template <int D, int BM, int STAGES, int KS>
 static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
-                 const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles, int32_t n_heads, int32_t n_kv_heads, int32_t block_size,
-                 float scale_log2, int32_t n_splits, bool cluster, float *partial,
+                 const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
+                 int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
+                 int32_t n_splits, bool cluster, float *partial,
                  __nv_bfloat16 *obf, int64_t out_n, bool obf_split) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
@@ -442,8 +443,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
             for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
                 if (z >= n_splits) break;
-                const float4 v =
-                    *reinterpret_cast<const float4 *>(cl.map_shared_rank(mine, z) + r * PLD + ch * 4);
+                const float *pz = cl.map_shared_rank(mine, z) + r * PLD;
+                const float4 v = *reinterpret_cast<const float4 *>(pz + ch * 4);
                 acc.x += v.x * w[z];
                 acc.y += v.y * w[z];
                 acc.z += v.z * w[z];
@@ -616,7 +617,8 @@ static int32_t max_clusters(int32_t size) {
 }
 
 int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size) {
-    if (head_dim == 64) return key_warps == 2 ? max_clusters<64, 2>(size) : max_clusters<64, 1>(size);
+    if (head_dim == 64)
+        return key_warps == 2 ? max_clusters<64, 2>(size) : max_clusters<64, 1>(size);
     if (head_dim == 128)
         return key_warps == 2 ? max_clusters<128, 2>(size) : max_clusters<128, 1>(size);
     return 0;
@@ -666,7 +668,8 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
 
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
-                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan, float *partial, int32_t n_heads,
+                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
+                               float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob) {
     if (plan.n_tiles <= 0) return IS_OK;

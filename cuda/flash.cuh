@@ -23,7 +23,8 @@
  *
  * A key tile costs a warp a chain of dependent steps (S, softmax, P V:
  * ~3 us for 64 keys), which more copies in flight do not shorten (device
- * run 26); so for short queries two warps take each tile's halves for the
+ * run 26; run 30's phase trace: ~2 us computing a tile, ~0 waiting for
+ * it); so for short queries two warps take each tile's halves for the
  * same rows (key_warps 2, 8 warps a block) and merge in shared memory at
  * the end (run 27: 30-token query after 1,340 keys 25.7 -> 24.1 us a layer).
  *
