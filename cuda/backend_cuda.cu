@@ -206,10 +206,11 @@ static void op_note(cuda_ctx *c, is_status st) {
     fprintf(stderr, "cuda backend: %s (further ops are skipped)\n", c->err_msg);
 }
 
-/* False once an op has failed: the stream's state is unknown from there. */
-/* For the ops a forward runs between an injection and its layers'
- * attention (products, norms, RoPE and KV stores of the query's own slots,
- * elementwise ops): they may run while the injection does. */
+/* False once an op has failed: the stream's state is unknown from there.
+ * For the ops a forward runs between an injection and its layers'
+ * attention (products, norms, RoPE, elementwise ops; the KV stores and the
+ * attention then wait for their layer's group): they may run while the
+ * injection does. */
 static bool op_begin_beside_inject(cuda_ctx *c) {
     if (c->err != IS_OK) return false;
     cudaError_t e = cudaSetDevice(c->device);
@@ -1454,7 +1455,8 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     for (int32_t g = 0; g < INJECT_GROUPS; g++) {
         const int32_t l0 = g * per < L ? g * per : L, l1 = l0 + per < L ? l0 + per : L;
         if ((st = INJECT_LAYERS(c->side, l0, l1)) != IS_OK) break;
-        CUDA_CHECK(cudaEventRecord(c->inj_done[g], c->side)); /* empty groups too: the last is the end */
+        /* empty groups too: the last one's event is the end */
+        CUDA_CHECK(cudaEventRecord(c->inj_done[g], c->side));
     }
 #undef INJECT_LAYERS
     /* Pending even after a failure: the next op then still waits for what
