@@ -20,8 +20,8 @@
  * TTFT runs from the fork to the first token's logits on the host (argmax
  * taken). Medians of REPS runs after one warm-up, modes alternated. The kv
  * TTFT comes from runs as served; its breakdown (fork, inject, prefill)
- * from runs that wait for the injection before the prefill (which also
- * keeps the injection from running beside the forward), made alongside.
+ * from runs that wait for the injection before the prefill, made
+ * alongside (before device run 33 the kv TTFT included that wait).
  *
  * Throughput at k = K (50): U users, each with its own K facts (ids unique
  * per user; their contents drawn from a pool of host records), one batch:
@@ -47,8 +47,6 @@
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
  * "+nocluster" merges the attention's key splits by a second kernel, not
  * inside clusters (backend_cuda_set_flash_clusters: before device run 28);
- * "+noverlap" injects before the forward instead of beside it
- * (backend_cuda_set_inject_overlap: before device run 33);
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -587,8 +585,7 @@ int main(int argc, char **argv) {
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
                     "         product each (not one of stacked weights); +nocluster:\n"
-                    "         attention key splits merged by a second kernel; +noverlap:\n"
-                    "         facts injected before the forward, not beside it; ignored on cpu\n");
+                    "         attention key splits merged by a second kernel; ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -689,7 +686,6 @@ int main(int argc, char **argv) {
                                                                    : CUDA_SKINNY_OFF);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
-            backend_cuda_set_inject_overlap(b.be, strstr(cfg, "+noverlap") == NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

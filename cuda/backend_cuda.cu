@@ -62,7 +62,6 @@ typedef struct dev_stage {
  * covers the shapes a server alternates between (batch sizes, a flash
  * split more or less, a token array copied or found unchanged). */
 #define GRAPH_CACHE 8
-#define INJECT_GROUPS 4 /* launches an overlapped injection is cut into, by layer */
 #define GRAPH_PIN_DEFAULT ((size_t)64 << 10) /* first pinned bump buffer */
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's own default on Hopper */
 
@@ -106,18 +105,6 @@ typedef struct cuda_ctx {
     size_t partial_cap; /* floats */
     cuda_arena *arena;
     size_t arena_bytes; /* requested capacity (0 = default) */
-    /* Injection beside the forward (backend_cuda_set_inject_overlap): the
-     * layers' injections run on `side` in INJECT_GROUPS launches, each
-     * followed by inj_done[g]; the forward's products and norms go on
-     * meanwhile, a layer's attention waits for its group's event, and any
-     * other op joins them all first (inject_join). */
-    bool inject_overlap;
-    cudaStream_t side;
-    cudaEvent_t inj_start, inj_done[INJECT_GROUPS];
-    bool inj_pending;           /* events recorded that c->stream has not waited for */
-    int32_t inj_layers;         /* layers of the pending injection */
-    const void **inj_kc;        /* their key caches (host), to find an attention's layer */
-    size_t inj_kc_cap;
     float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
@@ -206,12 +193,8 @@ static void op_note(cuda_ctx *c, is_status st) {
     fprintf(stderr, "cuda backend: %s (further ops are skipped)\n", c->err_msg);
 }
 
-/* False once an op has failed: the stream's state is unknown from there.
- * For the ops a forward runs between an injection and its layers'
- * attention (products, norms, RoPE, elementwise ops; the KV stores and the
- * attention then wait for their layer's group): they may run while the
- * injection does. */
-static bool op_begin_beside_inject(cuda_ctx *c) {
+/* False once an op has failed: the stream's state is unknown from there. */
+static bool op_begin(cuda_ctx *c) {
     if (c->err != IS_OK) return false;
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) {
@@ -219,37 +202,6 @@ static bool op_begin_beside_inject(cuda_ctx *c) {
         return false;
     }
     return true;
-}
-
-/* c->stream waits for the whole pending injection. */
-static void inject_join(cuda_ctx *c) {
-    if (!c->inj_pending) return;
-    c->inj_pending = false;
-    cudaError_t e = cudaStreamWaitEvent(c->stream, c->inj_done[INJECT_GROUPS - 1], 0);
-    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamWaitEvent", __FILE__, __LINE__));
-}
-
-/* Every other op: after a pending injection. */
-static bool op_begin(cuda_ctx *c) {
-    if (!op_begin_beside_inject(c)) return false;
-    inject_join(c);
-    return c->err == IS_OK;
-}
-
-/* An attention over k_cache: after the injection of its layer's group (all
- * of it when k_cache is none of the injected layers'). */
-static void inject_wait_layer(cuda_ctx *c, const void *k_cache) {
-    if (!c->inj_pending) return;
-    int32_t l = 0;
-    while (l < c->inj_layers && c->inj_kc[l] != k_cache) l++;
-    const int32_t per = (c->inj_layers + INJECT_GROUPS - 1) / INJECT_GROUPS;
-    const int32_t g = l < c->inj_layers ? l / per : INJECT_GROUPS - 1;
-    if (g == INJECT_GROUPS - 1) {
-        inject_join(c);
-        return;
-    }
-    cudaError_t e = cudaStreamWaitEvent(c->stream, c->inj_done[g], 0);
-    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamWaitEvent", __FILE__, __LINE__));
 }
 
 /* Launches captured graph g of n nodes. keep (a whole forward): through
@@ -671,7 +623,7 @@ static is_status get_rows_impl(cuda_ctx *c, float *out, const cuda_weight *emb,
 static void cu_get_rows(backend *be, float *out, const backend_weight *emb, const int32_t *tokens,
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_GET_ROWS);
     graph_mix(c, (uint64_t)(uint32_t)T << 8);
     touch(c, out, (size_t)T * ((const cuda_weight *)emb)->base.shape.cols * sizeof(float));
@@ -707,7 +659,7 @@ static void produced(cuda_ctx *c, const float *out, size_t n, bool split, is_sta
 static void norm_op(backend *be, float *out, float *x, const float *res, const backend_weight *g,
                     int32_t T, int32_t n, float eps) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_RMSNORM);
     const cuda_weight *gw = (const cuda_weight *)g;
     IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
@@ -845,7 +797,7 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
 static void cu_matmul(backend *be, float *y, const float *x, const backend_weight *w,
                       const backend_weight *bias, int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8);
     op_note(c, matmul_impl(c, y, x, (const cuda_weight *)w, (const cuda_weight *)bias, T));
@@ -924,7 +876,7 @@ static void cu_matmul_n(backend *be, float *const *ys, const float *x,
                         const backend_weight *const *ws, const backend_weight *const *bs, int32_t n,
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8 | (uint64_t)n);
     op_note(c, matmul_n_impl(c, ys, x, (const cuda_weight *const *)ws,
@@ -964,7 +916,7 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
 static void cu_matmul_swiglu(backend *be, float *out, float *up_scratch, const float *x,
                              const backend_weight *w_gate, const backend_weight *w_up, int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x5);
     op_note(c, matmul_swiglu_impl(c, out, up_scratch, x, (const cuda_weight *)w_gate,
@@ -1009,7 +961,6 @@ static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos)
             cs[((size_t)p * half + i) * 2 + 1] = (float)sin(theta);
         }
     }
-    inject_join(c); /* an injection beside the forward may read the old table too */
     CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* queued ropes may read the old table */
     CUDA_CHECK(cudaFree(c->rope_dev));
     c->rope_dev = NULL;
@@ -1053,7 +1004,7 @@ static is_status rope_impl(cuda_ctx *c, float *x, const int32_t *pos, int32_t T,
 static void cu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
                     int32_t head_dim, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_ROPE);
     touch(c, x, (size_t)T * n_heads * head_dim * sizeof(float));
     op_note(c, rope_impl(c, x, pos, T, n_heads, head_dim, rp));
@@ -1063,8 +1014,7 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
                         const int32_t *slots, int32_t T, int32_t n_kv_heads, int32_t head_dim,
                         int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
-    if (T <= 0 || !op_begin_beside_inject(c)) return;
-    inject_wait_layer(c, k_cache); /* as rope_store_prepare */
+    if (T <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_KV_STORE);
     for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dslots;
@@ -1078,13 +1028,9 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
 /* rope_prepare, and the slots (checked) on the device: what both
  * rope_store ops need before their launch. */
 static is_status rope_store_prepare(cuda_ctx *c, const rope_params *rp, int32_t head_dim,
-                                    const float *k_cache, const int32_t *pos,
-                                    const int32_t *slots, int32_t T, const void **dpos,
-                                    const void **dslots) {
+                                    const int32_t *pos, const int32_t *slots, int32_t T,
+                                    const void **dpos, const void **dslots) {
     for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
-    /* Not before the injection into this layer's cache is done: a slot
-     * written here may have been injected into for a sequence since gone. */
-    inject_wait_layer(c, k_cache);
     is_status st = rope_prepare(c, rp, head_dim, pos, T, dpos);
     if (st != IS_OK) return st;
     return stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), dslots);
@@ -1096,7 +1042,7 @@ static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const fl
                                  int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                  const rope_params *rp) {
     const void *dpos, *dslots;
-    is_status st = rope_store_prepare(c, rp, head_dim, k_cache, pos, slots, T, &dpos, &dslots);
+    is_status st = rope_store_prepare(c, rp, head_dim, pos, slots, T, &dpos, &dslots);
     if (st != IS_OK) return st;
     return cuda_rope_store(c->stream, q, k, v, k_cache, v_cache, (const int32_t *)dpos,
                            (const int32_t *)dslots, T, n_heads, n_kv_heads, head_dim, block_size,
@@ -1126,8 +1072,7 @@ static is_status matmul_rope_store_impl(cuda_ctx *c, float *q, float *k, float *
     }
     is_status st = stacked_product(c, x, ws[0], rows, T);
     const void *dpos, *dslots;
-    if (st == IS_OK)
-        st = rope_store_prepare(c, rp, head_dim, k_cache, pos, slots, T, &dpos, &dslots);
+    if (st == IS_OK) st = rope_store_prepare(c, rp, head_dim, pos, slots, T, &dpos, &dslots);
     if (st != IS_OK) return st;
     touch(c, q, (size_t)T * q_dim * sizeof(float));
     const float *b[3];
@@ -1146,7 +1091,7 @@ static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, cons
                                  int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                  const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
-    if (T <= 0 || !op_begin_beside_inject(c)) return;
+    if (T <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x6);
     op_note(c, matmul_rope_store_impl(c, q, k, v, x, (const cuda_weight *const *)w,
@@ -1159,7 +1104,7 @@ static void cu_rope_store(backend *be, float *q, float *k, const float *v, float
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                           int32_t block_size, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
-    if (T <= 0 || !op_begin_beside_inject(c)) return;
+    if (T <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_ROPE);
     touch(c, q, (size_t)T * n_heads * head_dim * sizeof(float));
     op_note(c, rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
@@ -1269,8 +1214,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
                          const float *v_cache, const attn_batch *b, int32_t n_heads,
                          int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
-    if (b->n_tokens <= 0 || !op_begin_beside_inject(c)) return;
-    inject_wait_layer(c, k_cache);
+    if (b->n_tokens <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_ATTENTION);
     /* The CPU reference's preconditions, checked on the host arrays. */
     for (int32_t t = 0; t < b->n_tokens; t++) {
@@ -1292,7 +1236,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
 
 static void cu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_SWIGLU);
     touch(c, out, (size_t)n * sizeof(float));
     bool split;
@@ -1304,7 +1248,7 @@ static void cu_swiglu(backend *be, float *out, const float *gate, const float *u
 
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin_beside_inject(c)) return;
+    if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_ADD);
     touch(c, x, (size_t)n * sizeof(float));
     op_note(c, cuda_add(c->stream, x, y, n));
@@ -1361,36 +1305,6 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
     return st;
 }
 
-/* The side stream and events, made on first use, and the injected layers'
- * key caches (to find an attention's layer). */
-static is_status inject_side_ready(cuda_ctx *c, float *const *k_cache, int32_t n_layers) {
-    if (!c->side) {
-        cudaStream_t side = NULL;
-        cudaEvent_t ev[INJECT_GROUPS + 1] = {};
-        cudaError_t e = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
-        for (int32_t i = 0; i <= INJECT_GROUPS && e == cudaSuccess; i++)
-            e = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
-        if (e != cudaSuccess) { /* all or nothing */
-            for (int32_t i = 0; i <= INJECT_GROUPS; i++)
-                if (ev[i]) cudaEventDestroy(ev[i]);
-            if (side) cudaStreamDestroy(side);
-            return cuda_status_from(e, "inject side stream", __FILE__, __LINE__);
-        }
-        c->side = side;
-        c->inj_start = ev[INJECT_GROUPS];
-        for (int32_t g = 0; g < INJECT_GROUPS; g++) c->inj_done[g] = ev[g];
-    }
-    if ((size_t)n_layers > c->inj_kc_cap) {
-        const void **p = (const void **)realloc(c->inj_kc, (size_t)n_layers * sizeof *p);
-        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
-        c->inj_kc = p;
-        c->inj_kc_cap = (size_t)n_layers;
-    }
-    for (int32_t l = 0; l < n_layers; l++) c->inj_kc[l] = k_cache[l];
-    c->inj_layers = n_layers;
-    return IS_OK;
-}
-
 static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
                              const backend_inject *in) {
     const int32_t kv_dim = in->n_kv_heads * in->head_dim;
@@ -1438,31 +1352,10 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     free(caches);
     if (st != IS_OK) return st;
     const int32_t *dp = (const int32_t *)dpack;
-    const int32_t L = in->n_layers;
-#define INJECT_LAYERS(stream, l0, l1)                                                              \
-    cuda_inject(stream, (void *const *)dcaches, cuda_arena_data(c->arena), dp, dp + total,        \
-                (int32_t)total, in->pos0, l0, l1, L, in->n_kv_heads, in->head_dim,                 \
-                in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,           \
-                c->kv_bf16)
-    /* The op profiler times ops one by one on c->stream: no overlap there. */
-    if (!c->inject_overlap || c->prof || (st = inject_side_ready(c, k_cache, L)) != IS_OK) {
-        if (st != IS_OK) is_error_clear(); /* no side stream: inject in line */
-        return INJECT_LAYERS(c->stream, 0, L);
-    }
-    CUDA_CHECK(cudaEventRecord(c->inj_start, c->stream)); /* the arena and staging are done */
-    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->inj_start, 0));
-    const int32_t per = (L + INJECT_GROUPS - 1) / INJECT_GROUPS;
-    for (int32_t g = 0; g < INJECT_GROUPS; g++) {
-        const int32_t l0 = g * per < L ? g * per : L, l1 = l0 + per < L ? l0 + per : L;
-        if ((st = INJECT_LAYERS(c->side, l0, l1)) != IS_OK) break;
-        /* empty groups too: the last one's event is the end */
-        CUDA_CHECK(cudaEventRecord(c->inj_done[g], c->side));
-    }
-#undef INJECT_LAYERS
-    /* Pending even after a failure: the next op then still waits for what
-     * was launched. */
-    c->inj_pending = true;
-    return st;
+    return cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), dp, dp + total,
+                       (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
+                       in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
+                       c->kv_bf16);
 }
 
 static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
@@ -1528,14 +1421,7 @@ static void ctx_destroy(cuda_ctx *c) {
     if (!c) return;
     cudaSetDevice(c->device);
     graph_abort(c);
-    if (c->side) cudaStreamSynchronize(c->side);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->side) {
-        cudaStreamDestroy(c->side);
-        cudaEventDestroy(c->inj_start);
-        for (int32_t g = 0; g < INJECT_GROUPS; g++) cudaEventDestroy(c->inj_done[g]);
-    }
-    free(c->inj_kc);
     stage_free(&c->st_tokens);
     stage_free(&c->st_rope);
     stage_free(&c->st_slots);
@@ -1678,10 +1564,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
     c->flash = true;
     c->flash_clusters = true;
-    {
-        const char *v = getenv("IS_CUDA_INJECT_OVERLAP");
-        c->inject_overlap = !(v && strcmp(v, "0") == 0);
-    }
     c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
     {
         const char *v = getenv("IS_CUDA_STACKED");
@@ -1768,13 +1650,6 @@ extern "C" void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t) {
 extern "C" void backend_cuda_set_flash(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->flash = on;
-}
-
-extern "C" void backend_cuda_set_inject_overlap(backend *be, bool on) {
-    cuda_ctx *c = ctx_of(be);
-    graph_break(c);
-    inject_join(c);
-    c->inject_overlap = on;
 }
 
 extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {

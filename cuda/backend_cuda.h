@@ -99,12 +99,6 @@ void backend_cuda_set_flash(backend *be, bool on);
  * (default on, where the GPU fits them); off: always by a second kernel
  * over partial results in global memory (as before device run 28). */
 void backend_cuda_set_flash_clusters(backend *be, bool on);
-/* Fact injection beside the forward (default on; IS_CUDA_INJECT_OVERLAP=0
- * at creation turns it off): the injection runs on a second stream in four
- * launches by layer, while the forward's products and norms go on, and a
- * layer's attention waits only for its own group; every other op waits
- * for all of it. Off: the injection runs in line before the forward. */
-void backend_cuda_set_inject_overlap(backend *be, bool on);
 /* Which products take the skinny kernel (cuda/skinny.cuh) rather than
  * cuBLAS. Default CUDA_SKINNY_OFF. CUDA_SKINNY_DECODE: at most 8 rows
  * (decode steps, small batches), where bench_gemm_gpu measured it 7-14% a

@@ -173,10 +173,10 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
 template <typename CT>
 static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *arena,
                                      const int32_t *pages, const int32_t *slots, int32_t pos0,
-                                     int32_t l0, int32_t n_layers, int32_t n_kv_heads,
-                                     int32_t head_dim, int32_t block_size, int32_t n_rot,
-                                     bool neox, const float *cs) {
-    const int32_t i = blockIdx.x, l = l0 + (int32_t)blockIdx.y;
+                                     int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                                     int32_t block_size, int32_t n_rot, bool neox,
+                                     const float *cs) {
+    const int32_t i = blockIdx.x, l = blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
     const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
     const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
@@ -219,17 +219,17 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
 
 static __global__ void inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena,
                                           const int32_t *pages, const int32_t *slots,
-                                          int32_t pos0, int32_t n_tokens, int32_t l0, int32_t l1,
-                                          int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                                          int32_t pos0, int32_t n_tokens, int32_t n_layers,
+                                          int32_t n_kv_heads, int32_t head_dim,
                                           int32_t block_size, bool neox, const float *cs) {
     const int32_t kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
     const int32_t per_head = neox ? head_dim / 16 : head_dim / 8, units = n_kv_heads * per_head;
-    const int64_t total = (int64_t)(l1 - l0) * n_tokens * units;
+    const int64_t total = (int64_t)n_layers * n_tokens * units;
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int32_t u = (int32_t)(idx % units);
         const int64_t r = idx / units;
-        const int32_t i = (int32_t)(r % n_tokens), l = l0 + (int32_t)(r / n_tokens);
+        const int32_t i = (int32_t)(r % n_tokens), l = (int32_t)(r / n_tokens);
         const int32_t h = u / per_head, d = (u % per_head) * 8;
         const __nv_bfloat16 *kr =
             arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim + h * head_dim;
@@ -279,30 +279,28 @@ static __global__ void inject_bf16_kernel(void *const *caches, const __nv_bfloat
 
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
-                      int32_t l0, int32_t l1, int32_t n_layers, int32_t n_kv_heads,
-                      int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
-                      const float *cs, bool bf16) {
-    if (n_tokens <= 0 || l1 <= l0) return IS_OK;
+                      int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                      int32_t n_rot, bool neox, const float *cs, bool bf16) {
+    if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
     if (bf16 && n_rot == head_dim && head_dim % 16 == 0) {
-        const int64_t units =
-            (int64_t)(l1 - l0) * n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
+        const int64_t units = (int64_t)n_layers * n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
         inject_bf16_kernel<<<cuda_blocks_for(units, 256), 256, 0, s>>>(
-            caches, arena, pages, slots, pos0, n_tokens, l0, l1, n_layers, n_kv_heads, head_dim,
+            caches, arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads, head_dim,
             block_size, neox, cs);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
-    dim3 grid((unsigned)n_tokens, (unsigned)(l1 - l0));
+    dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
     const int32_t kv_dim = n_kv_heads * head_dim;
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
     if (bf16)
         inject_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0,
-                                                              l0, n_layers, n_kv_heads, head_dim,
+                                                              n_layers, n_kv_heads, head_dim,
                                                               block_size, n_rot, neox, cs);
     else
-        inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0, l0,
-                                                      n_layers, n_kv_heads, head_dim, block_size,
-                                                      n_rot, neox, cs);
+        inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0, n_layers,
+                                                      n_kv_heads, head_dim, block_size, n_rot,
+                                                      neox, cs);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }
