@@ -1162,9 +1162,9 @@ static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
 
 /* Plain causal batches over a bf16 cache take the tiled kernel. */
 static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, int32_t n_kv_heads,
-                      int32_t head_dim) {
+                      int32_t head_dim, int32_t block_size) {
     if (!c->kv_bf16 || !c->flash || c->legacy || b->q_prefix) return false;
-    if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads)) return false;
+    if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size)) return false;
     if (b->seq_segments)
         for (int32_t s = 0; s < b->n_seqs; s++)
             if (b->seq_segments[s]) return false;
@@ -1225,7 +1225,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
     touch(c, out, (size_t)b->n_tokens * n_heads * head_dim * sizeof(float));
     cuda_attn_meta m;
     is_status st = attn_meta(c, b, block_size, &m);
-    if (st == IS_OK && use_flash(c, b, n_heads, n_kv_heads, head_dim))
+    if (st == IS_OK && use_flash(c, b, n_heads, n_kv_heads, head_dim, block_size))
         st = flash_impl(c, out, q, k_cache, v_cache, b, m, n_heads, n_kv_heads, head_dim,
                         block_size);
     else if (st == IS_OK)

@@ -25,8 +25,10 @@
 
 namespace cg = cooperative_groups;
 
-bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads) {
+bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads,
+                         int32_t block_size) {
     if (head_dim != 64 && head_dim != 128) return false;
+    if (block_size <= 0 || (block_size & (block_size - 1)) != 0) return false;
     if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return false;
     return n_heads / n_kv_heads <= FLASH_BM;
 }
@@ -144,6 +146,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * (Reading the pages a tile ahead, so that no copy waits on its
      * block-table read, measured slower: run 28.) The caller commits the
      * group. */
+    /* The block size is a power of two (cuda_flash_supports): a key's page
+     * and slot by shift and mask (divisions were ~20 instructions a copy). */
+    const int bs_shift = __ffs(block_size) - 1;
     auto load_tile = [&](int32_t kt, int st) {
         __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + FLASH_BN * LD;
 #pragma unroll
@@ -152,10 +157,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             const int r = i / (D / 8), d = (i % (D / 8)) * 8;
             const int32_t j = kt * FLASH_BN + r;
             const bool in = j < n_keys;
+            const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
             const int64_t off =
-                in ? (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size + j % block_size) *
-                             D + d
-                   : 0;
+                in ? (((int64_t)bt[page] * n_kv_heads + kh) * block_size + slot) * D + d : 0;
             cp_async16(dK + r * LD + d, k_cache + off, in);
             cp_async16(dV + r * LD + d, v_cache + off, in);
         }
@@ -240,18 +244,31 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             }
         }
 
-        /* Online softmax in the log2 domain; masked keys are -inf. */
+        /* Online softmax in the log2 domain; masked keys are -inf. Only a
+         * tile that reaches past a row's last key needs the mask (the same
+         * values either way; the per-element test was ~50 instructions). */
         float mx[2] = {-INFINITY, -INFINITY};
+        if (kt * FLASH_BN + k0 + KW - 1 <= min(last[0], last[1])) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int h = e >> 1;
-                const int32_t j = kt * FLASH_BN + k0 + nt * 8 + 2 * c + (e & 1);
-                const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
-                s[nt][e] = x;
-                mx[h] = fmaxf(mx[h], x);
-            }
+                for (int e = 0; e < 4; e++) {
+                    const float x = s[nt][e] * scale_log2;
+                    s[nt][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int h = e >> 1;
+                    const int32_t j = kt * FLASH_BN + k0 + nt * 8 + 2 * c + (e & 1);
+                    const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
+                    s[nt][e] = x;
+                    mx[h] = fmaxf(mx[h], x);
+                }
+        }
         float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -673,9 +690,10 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob) {
     if (plan.n_tiles <= 0) return IS_OK;
-    if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads))
-        return is_error_set(IS_ERR_UNSUPPORTED, "cuda flash attention: head_dim %d, %d/%d heads",
-                            head_dim, n_heads, n_kv_heads);
+    if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size))
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "cuda flash attention: head_dim %d, %d/%d heads, blocks of %d",
+                            head_dim, n_heads, n_kv_heads, block_size);
     if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS ||
         (plan.splits > 1 && !plan.cluster && !partial) ||
         (plan.cluster && plan.splits > FLASH_CLUSTER_MAX))

@@ -47,8 +47,10 @@
 #define FLASH_MAX_SPLITS 64
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 
-/* Whether the kernel takes this shape: head_dim 64 or 128, whole groups. */
-bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads);
+/* Whether the kernel takes this shape: head_dim 64 or 128, whole groups,
+ * cache blocks of a power of two tokens (the engine's default is 16). */
+bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads,
+                         int32_t block_size);
 
 /* How a batch is cut for cuda_flash_attention. */
 typedef struct cuda_flash_plan {

@@ -933,7 +933,8 @@ static void check_attention_mode(const attn_case *ac, int mode) {
     backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
     backend_cuda_set_flash(g_gpu, true);
     /* Where the tiled kernel runs (cu_attention's rule). */
-    bool tiled = mode == 1 && (hd == 64 || hd == 128) && !ac->q_prefix && !any_seg;
+    bool tiled = mode == 1 && (hd == 64 || hd == 128) && (bs & (bs - 1)) == 0 && !ac->q_prefix &&
+                 !any_seg;
     char what[96];
     snprintf(what, sizeof what, "attention %s%s (T=%d)", ac->name,
              mode == 0 ? "" : tiled ? " [bf16, tiled]" : " [bf16, exact]", T);
@@ -982,6 +983,9 @@ static const attn_case BF16_CASES[] = {
      false},
     {"group of 7, d=64, run of 18", 28, 4, 64, 16, 1, {500}, {482}, {18}, {false}, false,
      false},
+    /* Blocks of 24 tokens (not a power of two): the exact kernel. */
+    {"query after memory, blocks of 24 (exact kernel)", 32, 8, 128, 24, 1, {700}, {670}, {30},
+     {false}, false, false},
 };
 
 /* Attention over a bf16 cache: the tiled kernel where it applies, then the
