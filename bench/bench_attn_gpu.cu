@@ -105,14 +105,21 @@ static std::string trace_summary(const std::vector<unsigned long long> &t, size_
             end.push_back((r[FLASH_TRACE_END] - r[FLASH_TRACE_MERGED]) * us_per_cycle);
         }
     }
+    /* The cluster columns: "-" where the launch merged no cluster. */
+    char cl[3][16];
+    std::vector<double> *cv[3] = {&sync, &merge, &end};
+    for (int i = 0; i < 3; i++) {
+        if (cluster)
+            snprintf(cl[i], sizeof cl[i], "%.2f", median(*cv[i]));
+        else
+            snprintf(cl[i], sizeof cl[i], "-");
+    }
     char buf[512];
     snprintf(buf, sizeof buf,
              "| %.1f | %.2f / %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %s | %s | %.2f |",
              (t1 - t0) * 1e-3, median(skew), *std::max_element(skew.begin(), skew.end()),
-             median(pro), median(tiles), median(wait), median(comp), median(tail),
-             cluster ? std::to_string(median(sync)).substr(0, 4).c_str() : "-",
-             cluster ? std::to_string(median(merge)).substr(0, 4).c_str() : "-",
-             cluster ? std::to_string(median(end)).substr(0, 4).c_str() : "-", median(life));
+             median(pro), median(tiles), median(wait), median(comp), median(tail), cl[0], cl[1],
+             cl[2], median(life));
     return buf;
 }
 
