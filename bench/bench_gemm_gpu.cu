@@ -1,26 +1,31 @@
 /*
  * bench_gemm_gpu: the skinny products (cuda/skinny.cuh) against cuBLAS
- * (cublasGemmEx, as the backend called it before) on the matrix shapes of
- * the Llama-3.1-8B layer, for the token counts of a decode step (1) and of a
- * query prefill (30), bf16 inputs and split bf16x2 inputs. Every timing also
- * checks the kernel's result against cuBLAS's (max abs difference over the
- * max |y|). Weights rotate through copies totalling more than the L2
- * cache, so each product reads its weights from memory as in a forward.
- * The stacked shapes (qkv, gate+up: the backend's matmul_n) against the
- * separate products, cuBLAS for both.
+ * (cublasGemmEx, as the backend calls it) on the matrix shapes of the
+ * Llama-3.1-8B layer, for the input rows of a decode step (1) and of a query
+ * prefill (30), bf16.
  *
- * Usage: bench_gemm_gpu [-r reps] [-s]   (-s: the whole cut sweep, else auto only)
+ *  1. Each product alone: medians of events around it, weights rotating
+ *     through copies totalling more than the L2 cache (read from memory, as
+ *     in a forward); every kernel's result checked against cuBLAS's (max abs
+ *     difference over max |y|). -s adds the sweep of column ranges 1..8.
+ *  2. Layers in sequence: a layer's four stacked products (qkv, o, gate+up,
+ *     down) with a small kernel between them that turns one product's output
+ *     into the next one's bf16 input (as RMSNorm, attention and SwiGLU do in
+ *     a forward, and like them letting a dependent launch start early), 8
+ *     layers of distinct weights back to back: cuBLAS, skinny, skinny as
+ *     programmatic dependent launches (PDL). This is where a product's ramp
+ *     and tail show: alone, each is timed with them.
+ *
+ * Usage: bench_gemm_gpu [-r reps] [-s] [-P]
+ *   -P: profile mode for ncu: each stacked product once at 30 rows, cuBLAS
+ *       then skinny, nothing else.
  */
 #include "bench_cuda.cuh"
 #include "common.cuh"
 #include "skinny.cuh"
 
-#include <algorithm>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <vector>
 
 static __global__ void fill_kernel(__nv_bfloat16 *p, int64_t n, uint64_t seed, float scale) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -33,10 +38,13 @@ static __global__ void fill_kernel(__nv_bfloat16 *p, int64_t n, uint64_t seed, f
     }
 }
 
-static __global__ void sum_halves_kernel(float *y, const float *part, int64_t n) {
+/* The op between two products: the next input in bf16 from the last
+ * output (n floats, wrapping over the m it has). */
+static __global__ void between_kernel(__nv_bfloat16 *x, const float *y, int64_t n, int64_t m) {
+    pdl_trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = part[i] + part[n + i];
+        x[i] = __float2bfloat16_rn(y[i % m] * 0.01f);
 }
 
 struct shape {
@@ -44,164 +52,243 @@ struct shape {
     int64_t rows, cols;
 };
 
-/* A per-layer table, [T = 1, 30][bf16, bf16x2]: a against b and their ratio. */
-static void layer_table(const char *title, const char *cols, const double a[2][2],
-                        const double b[2][2]) {
-    printf("\n%s:\n\n| T | input | %s | ratio |\n|---|---|---|---|---|\n", title, cols);
-    for (int ti = 0; ti < 2; ti++)
-        for (int split = 0; split < 2; split++)
-            printf("| %d | %s | %.1f | %.1f | %.2fx |\n", ti ? 30 : 1, split ? "bf16x2" : "bf16",
-                   a[ti][split], b[ti][split], a[ti][split] / b[ti][split]);
+static const shape k_shapes[] = {{"qkv", 6144, 4096},     {"o", 4096, 4096},
+                                 {"gate+up", 28672, 4096}, {"down", 4096, 14336},
+                                 {"k,v", 1024, 4096},      {"head", 128256, 4096}};
+/* The layer's four stacked products, in forward order. */
+static const int k_layer[] = {0, 1, 2, 3};
+
+struct bench {
+    cudaStream_t st;
+    cublasHandle_t cb;
+    float *y, *yref;
+    __nv_bfloat16 *x;
+};
+
+static void run_cublas(bench &b, float *out, const __nv_bfloat16 *w, const shape &sh, int n) {
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasGemmEx(b.cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)sh.rows, n, (int)sh.cols, &one, w,
+                     CUDA_R_16BF, (int)sh.cols, b.x, CUDA_R_16BF, (int)sh.cols, &zero, out,
+                     CUDA_R_32F, (int)sh.rows, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasGemmEx failed\n");
+        exit(1);
+    }
+}
+
+static void run_skinny(bench &b, float *out, const __nv_bfloat16 *w, const shape &sh, int n,
+                       const skinny_plan &p, bool pdl) {
+    if (cuda_skinny_gemm(b.st, &p, out, w, b.x, n, sh.rows, sh.cols, pdl) != IS_OK) {
+        fprintf(stderr, "skinny failed: %s\n", is_error_last());
+        exit(1);
+    }
+}
+
+/* Copies of a shape's weights totalling more than the L2 cache. */
+static std::vector<__nv_bfloat16 *> weight_copies(bench &b, const shape &sh, int min_copies,
+                                                  uint64_t seed) {
+    const size_t wn = (size_t)(sh.rows * sh.cols);
+    int copies = (int)((400ull << 20) / (wn * 2)) + 1;
+    if (copies > 16) copies = 16;
+    if (copies < min_copies) copies = min_copies;
+    std::vector<__nv_bfloat16 *> ws((size_t)copies);
+    for (int i = 0; i < copies; i++) {
+        CK(cudaMalloc(&ws[(size_t)i], wn * 2));
+        fill_kernel<<<4096, 256, 0, b.st>>>(ws[(size_t)i], (int64_t)wn, seed + i,
+                                            1.0f / sqrtf((float)sh.cols));
+    }
+    CK(cudaGetLastError());
+    return ws;
+}
+
+static void free_copies(std::vector<__nv_bfloat16 *> &ws) {
+    for (__nv_bfloat16 *w : ws) CK(cudaFree(w));
+    ws.clear();
+}
+
+static double max_rel_diff(bench &b, const float *got_d, const float *ref_d, int64_t n) {
+    std::vector<float> ref((size_t)n), got((size_t)n);
+    CK(cudaMemcpyAsync(ref.data(), ref_d, n * sizeof(float), cudaMemcpyDeviceToHost, b.st));
+    CK(cudaMemcpyAsync(got.data(), got_d, n * sizeof(float), cudaMemcpyDeviceToHost, b.st));
+    CK(cudaStreamSynchronize(b.st));
+    double d = 0, ymax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ymax = fmax(ymax, fabs(ref[(size_t)i]));
+        d = fmax(d, fabs((double)got[(size_t)i] - ref[(size_t)i]));
+    }
+    return d / (ymax > 0 ? ymax : 1);
 }
 
 int main(int argc, char **argv) {
     int reps = 20;
-    bool sweep = false;
+    bool sweep = false, profile = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s")) sweep = true;
+        else if (!strcmp(argv[i], "-P")) profile = true;
         else {
-            fprintf(stderr, "usage: %s [-r reps] [-s]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-r reps] [-s] [-P]\n"
+                            "  -r  timed runs a median is taken of (20)\n"
+                            "  -s  also sweep the skinny kernel's column ranges 1..8\n"
+                            "  -P  each stacked product once at 30 rows (for ncu)\n",
+                    argv[0]);
             return 2;
         }
     }
+    if (reps < 1) reps = 1;
     cudaDeviceProp prop;
     if (!bench_device(&prop)) return 0;
-    const int n_sms = prop.multiProcessorCount;
-    printf("device: %s, %d SMs\n", prop.name, n_sms);
-    cudaStream_t st;
-    CK(cudaStreamCreate(&st));
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    bench b;
+    CK(cudaStreamCreate(&b.st));
     if (cuda_skinny_prepare() != IS_OK) {
         fprintf(stderr, "cuda_skinny_prepare: %s\n", is_error_last());
         return 1;
     }
-    cublasHandle_t cb;
-    if (cublasCreate(&cb) != CUBLAS_STATUS_SUCCESS) return 1;
-    cublasSetStream(cb, st);
-
-    /* qkv and gate+up: the stacked weights the backend multiplies in one
-     * product (matmul_n). */
-    const shape shapes[] = {{"q,o", 4096, 4096},       {"k,v", 1024, 4096},
-                            {"gate,up", 14336, 4096},  {"down", 4096, 14336},
-                            {"head", 128256, 4096},    {"qkv", 6144, 4096},
-                            {"gate+up", 28672, 4096}};
-    const int Ts[] = {1, 30};
+    if (cublasCreate(&b.cb) != CUBLAS_STATUS_SUCCESS) return 1;
+    cublasSetStream(b.cb, b.st);
+    const int64_t y_max = (int64_t)64 * 128256;
+    CK(cudaMalloc(&b.y, y_max * sizeof(float)));
+    CK(cudaMalloc(&b.yref, y_max * sizeof(float)));
+    CK(cudaMalloc(&b.x, (size_t)64 * 14336 * sizeof(__nv_bfloat16)));
+    fill_kernel<<<1024, 256, 0, b.st>>>(b.x, (int64_t)64 * 14336, 7, 1.0f);
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    float *partial = NULL, *y = NULL, *yref = NULL, *ypart = NULL;
-    CK(cudaMalloc(&partial, ((size_t)32 << 20) * sizeof(float)));
-    CK(cudaMalloc(&y, (size_t)64 * 128256 * sizeof(float)));
-    CK(cudaMalloc(&yref, (size_t)64 * 128256 * sizeof(float)));
-    CK(cudaMalloc(&ypart, (size_t)128 * 128256 * sizeof(float)));
-    __nv_bfloat16 *x = NULL;
-    CK(cudaMalloc(&x, (size_t)128 * 14336 * sizeof(__nv_bfloat16)));
-    fill_kernel<<<1024, 256, 0, st>>>(x, (int64_t)128 * 14336, 7, 1.0f);
 
-    printf("\n| shape | rows x cols | T | input | kernel | cut (mt, kc, splits) | us (median) | GB/s | "
-           "rel diff vs cuBLAS |\n|---|---|---|---|---|---|---|---|---|\n");
-    double layer_cublas[2][2] = {{0}}, layer_skinny[2][2] = {{0}}, layer_stacked[2][2] = {{0}};
-    for (const shape &sh : shapes) {
-        const size_t wn = (size_t)(sh.rows * sh.cols);
-        const size_t wbytes = wn * sizeof(__nv_bfloat16);
-        int copies = (int)((400ull << 20) / wbytes) + 1;
-        if (copies > 16) copies = 16;
-        if (copies < 2) copies = 2;
-        std::vector<__nv_bfloat16 *> ws((size_t)copies);
-        for (int i = 0; i < copies; i++) {
-            CK(cudaMalloc(&ws[(size_t)i], wbytes));
-            fill_kernel<<<4096, 256, 0, st>>>(ws[(size_t)i], (int64_t)wn, 100 + i,
-                                              1.0f / sqrtf((float)sh.cols));
+    if (profile) {
+        for (int li : k_layer) {
+            const shape &sh = k_shapes[li];
+            std::vector<__nv_bfloat16 *> ws = weight_copies(b, sh, 1, 100);
+            run_cublas(b, b.yref, ws[0], sh, 30);
+            run_skinny(b, b.y, ws[0], sh, 30, cuda_skinny_plan(30, sh.rows, sh.cols, 0), false);
+            CK(cudaStreamSynchronize(b.st));
+            printf("%s: rel diff %.2e\n", sh.name, max_rel_diff(b, b.y, b.yref, 30 * sh.rows));
+            free_copies(ws);
         }
-        for (int T : Ts) {
-            if (!strcmp(sh.name, "head") && T != 1) continue;
-            for (int split = 0; split < 2; split++) {
-                const int ncol = split ? 2 * T : T;
-                const int64_t yn = (int64_t)T * sh.rows;
-                const float one = 1.0f, zero = 0.0f;
-                auto run_cublas = [&](const __nv_bfloat16 *w) {
-                    float *out = split ? ypart : yref;
-                    cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)sh.rows, ncol, (int)sh.cols,
-                                 &one, w, CUDA_R_16BF, (int)sh.cols, x, CUDA_R_16BF, (int)sh.cols,
-                                 &zero, out, CUDA_R_32F, (int)sh.rows, CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT);
-                    if (split) sum_halves_kernel<<<512, 256, 0, st>>>(yref, ypart, yn);
-                };
-                auto time_it = [&](auto &&fn) {
-                    std::vector<double> v;
-                    for (int r = 0; r < 3; r++) fn(ws[(size_t)r % copies]);
-                    for (int r = 0; r < reps; r++) {
-                        CK(cudaEventRecord(e0, st));
-                        fn(ws[(size_t)(r + 3) % copies]);
-                        CK(cudaEventRecord(e1, st));
-                        CK(cudaEventSynchronize(e1));
-                        float ms = 0;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
-                        v.push_back(ms * 1e3);
-                    }
-                    return median(v);
-                };
-                const double t_cb = time_it(run_cublas);
-                printf("| %s | %lld x %lld | %d | %s | cuBLAS | - | %.1f | %.0f | - |\n", sh.name,
-                       (long long)sh.rows, (long long)sh.cols, T, split ? "bf16x2" : "bf16", t_cb,
-                       wbytes / t_cb / 1e3);
-                /* The reference once more on copy 0, for the checks. */
-                run_cublas(ws[0]);
-                std::vector<float> ref((size_t)yn), got((size_t)yn);
-                CK(cudaMemcpyAsync(ref.data(), yref, yn * sizeof(float), cudaMemcpyDeviceToHost, st));
-                CK(cudaStreamSynchronize(st));
-                double ymax = 0;
-                for (float f : ref) ymax = fmax(ymax, fabs(f));
+        return 0;
+    }
 
-                std::vector<skinny_plan> plans;
-                plans.push_back(cuda_skinny_plan(T, sh.rows, sh.cols, split, n_sms, 0, 0));
-                if (sweep)
-                    for (int mt = 1; mt <= 2; mt++)
-                        for (int kc = 128; kc <= 8192; kc *= 2) {
-                            skinny_plan p = cuda_skinny_plan(T, sh.rows, sh.cols, split, n_sms, mt, kc);
-                            if (p.kc == kc) plans.push_back(p);
-                        }
-                double best = 1e30;
-                for (size_t pi = 0; pi < plans.size(); pi++) {
-                    const skinny_plan &p = plans[pi];
-                    auto run = [&](const __nv_bfloat16 *w) {
-                        is_status s = cuda_skinny_matmul(st, &p, y, w, x, NULL, T, sh.rows,
-                                                         sh.cols, split, partial);
-                        if (s != IS_OK) {
-                            fprintf(stderr, "skinny failed: %s\n", is_error_last());
-                            exit(1);
-                        }
-                    };
-                    const double t = time_it(run);
-                    run(ws[0]);
-                    CK(cudaMemcpyAsync(got.data(), y, yn * sizeof(float), cudaMemcpyDeviceToHost, st));
-                    CK(cudaStreamSynchronize(st));
-                    double d = 0;
-                    for (int64_t i = 0; i < yn; i++) d = fmax(d, fabs((double)got[(size_t)i] - ref[(size_t)i]));
-                    printf("| %s | %lld x %lld | %d | %s | skinny%s | %d, %d, %d | %.1f | %.0f | %.2e |\n",
-                           sh.name, (long long)sh.rows, (long long)sh.cols, T,
-                           split ? "bf16x2" : "bf16", pi == 0 ? " (auto)" : "", p.mt, p.kc,
-                           p.n_splits, t, wbytes / t / 1e3, d / (ymax > 0 ? ymax : 1));
-                    if (pi == 0) best = t;
-                }
-                /* One layer: q, k, v, o, gate, up, down; stacked: qkv, o,
-                 * gate+up, down. */
-                const bool stk = !strcmp(sh.name, "qkv") || !strcmp(sh.name, "gate+up");
-                const double mult = !strcmp(sh.name, "head") || stk ? 0
-                                    : !strcmp(sh.name, "down")      ? 1
-                                                                    : 2;
-                layer_cublas[T == 30][split] += mult * t_cb;
-                layer_skinny[T == 30][split] += mult * best;
-                if (stk || !strcmp(sh.name, "down")) layer_stacked[T == 30][split] += t_cb;
-                if (!strcmp(sh.name, "q,o")) layer_stacked[T == 30][split] += t_cb;
+    /* 1. Each product alone. */
+    auto time_it = [&](auto &&fn, const std::vector<__nv_bfloat16 *> &ws) {
+        std::vector<double> v;
+        const size_t nc = ws.size();
+        for (int r = 0; r < 3; r++) fn(ws[(size_t)r % nc]);
+        for (int r = 0; r < reps; r++) {
+            CK(cudaEventRecord(e0, b.st));
+            fn(ws[(size_t)(r + 3) % nc]);
+            CK(cudaEventRecord(e1, b.st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            v.push_back(ms * 1e3);
+        }
+        CK(cudaGetLastError());
+        return median(v);
+    };
+    printf("\nEach product alone (weights from memory), us, medians of %d:\n\n"
+           "| shape | rows x cols | n | kernel | ranges (kc) | us | TB/s | rel diff vs cuBLAS |\n"
+           "|---|---|---|---|---|---|---|---|\n",
+           reps);
+    const int ns[] = {1, 30};
+    double layer[2][2] = {{0}}; /* [n = 1, 30][cuBLAS, skinny auto] */
+    for (size_t si = 0; si < sizeof k_shapes / sizeof k_shapes[0]; si++) {
+        const shape &sh = k_shapes[si];
+        std::vector<__nv_bfloat16 *> ws = weight_copies(b, sh, 2, 100);
+        const double gb = (double)sh.rows * sh.cols * 2 / 1e9;
+        for (int ni = 0; ni < 2; ni++) {
+            const int n = ns[ni];
+            if (!strcmp(sh.name, "head") && n != 1) continue;
+            const double t_cb =
+                time_it([&](const __nv_bfloat16 *w) { run_cublas(b, b.yref, w, sh, n); }, ws);
+            printf("| %s | %lld x %lld | %d | cuBLAS | - | %.1f | %.2f | - |\n", sh.name,
+                   (long long)sh.rows, (long long)sh.cols, n, t_cb, gb * 1e3 / t_cb);
+            run_cublas(b, b.yref, ws[0], sh, n);
+            std::vector<skinny_plan> plans = {cuda_skinny_plan(n, sh.rows, sh.cols, 0)};
+            if (sweep)
+                for (int s = 1; s <= SKINNY_MAX_SPLITS; s++)
+                    plans.push_back(cuda_skinny_plan(n, sh.rows, sh.cols, s));
+            double t_auto = 0;
+            for (size_t pi = 0; pi < plans.size(); pi++) {
+                const skinny_plan &p = plans[pi];
+                const double t = time_it(
+                    [&](const __nv_bfloat16 *w) { run_skinny(b, b.y, w, sh, n, p, false); }, ws);
+                run_skinny(b, b.y, ws[0], sh, n, p, false);
+                printf("| %s | %lld x %lld | %d | skinny%s | %d (%d) | %.1f | %.2f | %.2e |\n",
+                       sh.name, (long long)sh.rows, (long long)sh.cols, n,
+                       pi == 0 ? " (auto)" : "", p.splits, p.kc, t, gb * 1e3 / t,
+                       max_rel_diff(b, b.y, b.yref, (int64_t)n * sh.rows));
+                if (pi == 0) t_auto = t;
+            }
+            if (si < 4) {
+                layer[ni][0] += t_cb;
+                layer[ni][1] += t_auto;
             }
         }
-        for (__nv_bfloat16 *w : ws) CK(cudaFree(w));
+        free_copies(ws);
     }
-    layer_table("One 8B layer's seven products (auto cut), us", "cuBLAS | skinny", layer_cublas,
-                layer_skinny);
-    layer_table("The same on cuBLAS with stacked weights (qkv, o, gate+up, down), us",
-                "seven products | four stacked", layer_cublas, layer_stacked);
-    printf("\n(weight reading alone at 4.2 TB/s: 104 us a layer)\n");
+    printf("\nA layer's four stacked products, each alone (sum of the medians), us:\n\n"
+           "| n | cuBLAS | skinny | cuBLAS / skinny |\n|---|---|---|---|\n");
+    for (int ni = 0; ni < 2; ni++)
+        printf("| %d | %.1f | %.1f | %.2fx |\n", ns[ni], layer[ni][0], layer[ni][1],
+               layer[ni][0] / layer[ni][1]);
+
+    /* 2. Layers in sequence. */
+    const int n_layers = 8;
+    std::vector<__nv_bfloat16 *> lw[4];
+    for (int j = 0; j < 4; j++) {
+        lw[j].resize(n_layers);
+        const shape &sh = k_shapes[k_layer[j]];
+        for (int l = 0; l < n_layers; l++) {
+            CK(cudaMalloc(&lw[j][(size_t)l], (size_t)(sh.rows * sh.cols) * 2));
+            fill_kernel<<<4096, 256, 0, b.st>>>(lw[j][(size_t)l], sh.rows * sh.cols,
+                                                1000 + 16 * j + l, 1.0f / sqrtf((float)sh.cols));
+        }
+    }
+    CK(cudaGetLastError());
+    const char *kinds[] = {"cuBLAS", "skinny", "skinny + PDL"};
+    double layer_gb = 0;
+    for (int j = 0; j < 4; j++)
+        layer_gb += (double)k_shapes[k_layer[j]].rows * k_shapes[k_layer[j]].cols * 2 / 1e9;
+    printf("\n%d layers' stacked products in sequence (%.1f GB of weights), a kernel between "
+           "products, us a layer, medians of %d:\n\n| n | kernel | us a layer | TB/s | vs cuBLAS |\n"
+           "|---|---|---|---|---|\n",
+           n_layers, n_layers * layer_gb, reps);
+    for (int ni = 0; ni < 2; ni++) {
+        const int n = ns[ni];
+        double t_cublas = 0;
+        for (int kind = 0; kind < 3; kind++) {
+            auto seq = [&]() {
+                for (int l = 0; l < n_layers; l++)
+                    for (int j = 0; j < 4; j++) {
+                        const shape &sh = k_shapes[k_layer[j]];
+                        const int64_t next_cols = k_shapes[k_layer[(j + 1) % 4]].cols;
+                        if (kind == 0) run_cublas(b, b.y, lw[j][(size_t)l], sh, n);
+                        else
+                            run_skinny(b, b.y, lw[j][(size_t)l], sh, n,
+                                       cuda_skinny_plan(n, sh.rows, sh.cols, 0), kind == 2);
+                        between_kernel<<<64, 256, 0, b.st>>>(b.x, b.y, (int64_t)n * next_cols,
+                                                             (int64_t)n * sh.rows);
+                    }
+            };
+            std::vector<double> v;
+            seq();
+            for (int r = 0; r < reps; r++) {
+                CK(cudaEventRecord(e0, b.st));
+                seq();
+                CK(cudaEventRecord(e1, b.st));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                v.push_back(ms * 1e3 / n_layers);
+            }
+            CK(cudaGetLastError());
+            const double t = median(v);
+            if (kind == 0) t_cublas = t;
+            printf("| %d | %s | %.1f | %.2f | %.2fx |\n", n, kinds[kind], t, layer_gb * 1e3 / t,
+                   t_cublas / t);
+        }
+    }
+    printf("\n(weight reading alone at 4.2 TB/s: %.0f us a layer)\n", layer_gb / 4.2 * 1e3);
     return 0;
 }

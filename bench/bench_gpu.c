@@ -47,6 +47,8 @@
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
  * "+nocluster" merges the attention's key splits by a second kernel, not
  * inside clusters (backend_cuda_set_flash_clusters: before device run 28);
+ * "+nopdl" launches the skinny kernel without programmatic dependent launch
+ * (backend_cuda_set_pdl);
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -585,7 +587,9 @@ int main(int argc, char **argv) {
                     "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
                     "         product each (not one of stacked weights); +nocluster:\n"
-                    "         attention key splits merged by a second kernel; ignored on cpu\n");
+                    "         attention key splits merged by a second kernel; +nopdl: the\n"
+                    "         skinny kernel launched without programmatic dependent launch;\n"
+                    "         ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -686,6 +690,7 @@ int main(int argc, char **argv) {
                                                                    : CUDA_SKINNY_OFF);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
+            backend_cuda_set_pdl(b.be, strstr(cfg, "+nopdl") == NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

@@ -20,6 +20,7 @@
 #
 # Environment: BENCH_ARGS (extra bench_gpu arguments), BENCH_TYPE (f16),
 # GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS), ATTN_BENCH=1 (bench_attn_gpu, ATTN_ARGS),
+# NCU=1 (Nsight Compute on bench_gemm_gpu -P; NCU_KERNELS, NCU_TIMEOUT),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
 # DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5).
@@ -106,6 +107,24 @@ micro_bench() { # target, its arguments, log name
 }
 [ "${GEMM_BENCH:-0}" = 1 ] && micro_bench bench_gemm_gpu "${GEMM_ARGS:-}" gemm
 [ "${ATTN_BENCH:-0}" = 1 ] && micro_bench bench_attn_gpu "${ATTN_ARGS:-}" attn
+
+# 2c. Nsight Compute on the products (NCU=1): bench_gemm_gpu -P (each stacked
+# product of a layer once at 30 rows, cuBLAS and skinny), the kernels whose
+# names match NCU_KERNELS; clocks left alone (METHOD.md).
+if [ "${NCU:-0}" = 1 ]; then
+  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU_BIN" ] && cmake --build build-gpu -j "$(nproc)" --target bench_gemm_gpu > "$LOG/build_ncu.log" 2>&1; then
+    stamp "ncu on bench_gemm_gpu -P"
+    timeout "${NCU_TIMEOUT:-150}" "$NCU_BIN" --clock-control none --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      -k "regex:${NCU_KERNELS:-skinny|nvjet|gemm|xmma|sm90}" build-gpu/bench/bench_gemm_gpu -P > "$LOG/ncu.log" 2>&1
+    stamp "ncu rc $?"
+    grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Grid Size|Block Size|Waves Per SM|Compute \(SM\) Throughput|L1/TEX Hit|L2 Hit|Warp Cycles Per Issued|Cluster Size|rel diff" \
+      "$LOG/ncu.log" >> "$SUMMARY"
+  else
+    stamp "ncu: not found or bench_gemm_gpu not built"
+  fi
+fi
 
 if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; fi
 stamp "gguf: $(tail -2 "$LOG/gen.log" | tr '\n' ' ')"

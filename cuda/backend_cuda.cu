@@ -113,11 +113,12 @@ typedef struct cuda_ctx {
      * IS_CUDA_STACKED=0 or backend_cuda_set_stacked: one product each). */
     bool stacked;
     /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
-     * IS_CUDA_SKINNY_MT / _KC force its cut, for measuring). */
+     * skinny_splits > 0 forces its column ranges: backend_cuda_set_skinny_splits,
+     * IS_CUDA_SKINNY_SPLITS), and whether it is launched as a programmatic
+     * dependent of the op before (backend_cuda_set_pdl, IS_CUDA_PDL=0: off). */
     cuda_skinny_mode skinny;
-    int32_t skinny_mt, skinny_kc;
-    float *sk_partial;  /* its split partial sums */
-    size_t sk_partial_cap; /* floats */
+    int32_t skinny_splits;
+    bool pdl;
     dev_stage st_tokens, st_rope, st_slots, st_attn;
     int32_t *pack;      /* host: attention metadata being packed */
     size_t pack_cap;    /* elements */
@@ -699,22 +700,6 @@ static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n,
     return IS_OK;
 }
 
-/* A product of few rows: xbf already holds its input. */
-static is_status skinny_impl(cuda_ctx *c, float *y, const cuda_weight *w, const float *bias,
-                             int32_t T, bool split) {
-    const int64_t rows = w->base.shape.rows, cols = w->base.shape.cols;
-    const skinny_plan p =
-        cuda_skinny_plan(T, rows, cols, split, c->n_sms, c->skinny_mt, c->skinny_kc);
-    const size_t np = cuda_skinny_partial_floats(&p, T, rows);
-    if (np) {
-        is_status st = scratch_reserve(c, (void **)&c->sk_partial, &c->sk_partial_cap, np,
-                                       sizeof(float));
-        if (st != IS_OK) return st;
-    }
-    return cuda_skinny_matmul(c->stream, &p, y, (const __nv_bfloat16 *)w->data, c->xbf, bias, T,
-                              rows, cols, split, c->sk_partial);
-}
-
 /* Makes xbf hold x[T][cols] in bf16 (hi then lo when split), unless it
  * already does. */
 static is_status input_bf16(cuda_ctx *c, const float *x, int32_t T, int64_t cols, bool split) {
@@ -735,20 +720,25 @@ static is_status input_bf16(cuda_ctx *c, const float *x, int32_t T, int64_t cols
     return IS_OK;
 }
 
-/* Up to 8 input rows (one 8-column tile of x, 4 when split) the skinny
- * kernel reads the weights once with little else to do; past that it is
- * bound by its own shared-memory reads (cuda/NOTES.md, run 18). */
-static bool use_skinny(const cuda_ctx *c, int32_t T, int64_t rows, int64_t cols, bool split) {
-    const int32_t few = split ? 4 : 8;
-    return !c->legacy && cuda_skinny_supports(T, rows, cols, split) &&
-           (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && T <= few));
+/* Whether a product of n_cols GEMM columns (input rows; twice them when
+ * split) takes the skinny kernel: every one it supports (CUDA_SKINNY_ALL),
+ * or those of a decode step or small batch (CUDA_SKINNY_DECODE: <= 8). */
+static bool use_skinny(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols) {
+    return !c->legacy && cuda_skinny_supports(n_cols, rows, cols) &&
+           (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && n_cols <= 8));
 }
 
-/* out[n_cols][rows] = W xbf^T, f32, on cuBLAS's own choice of algorithm
- * (timing cuBLASLt's candidates for each shape instead measured no faster:
- * cuda/NOTES.md, run 23). */
+/* out[n_cols][rows] = W xbf^T, f32: on the skinny kernel where use_skinny
+ * says, else on cuBLAS's own choice of algorithm (timing cuBLASLt's
+ * candidates for each shape instead measured no faster: cuda/NOTES.md,
+ * run 23). */
 static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows, int32_t n_cols,
                            int64_t cols) {
+    if (use_skinny(c, n_cols, rows, cols)) {
+        const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
+        return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xbf, n_cols,
+                                rows, cols, c->pdl);
+    }
     const float one = 1.0f, zero = 0.0f;
     /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
     CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
@@ -779,8 +769,6 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
     const int32_t n_cols = split ? 2 * T : T; /* GEMM columns: input rows, hi then lo */
     is_status st = input_bf16(c, x, T, cols, split);
     if (st != IS_OK) return st;
-    if (use_skinny(c, T, rows, cols, split)) return skinny_impl(c, y, w, bias_data, T, split);
-
     float *out = y;
     if (split) {
         st = scratch_reserve(c, (void **)&c->ypart, &c->ypart_cap, (size_t)n_cols * (size_t)rows,
@@ -818,14 +806,12 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
 static bool stacked_one(const cuda_ctx *c, const cuda_weight *const *ws,
                         const cuda_weight *const *bs, int32_t n, int32_t T, int64_t *rows) {
     const int64_t cols = ws[0]->base.shape.cols;
-    const bool split = c->precision == CUDA_MATMUL_BF16X2;
     bool one = c->stacked && !c->legacy && T <= STACKED_MAX_T && n > 1 && n <= CUDA_SPLIT_MAX &&
                ws[0]->stack;
     *rows = 0;
     for (int32_t i = 0; i < n && one; i++) {
         one = ws[i]->stack == ws[0]->stack && ws[i]->base.shape.cols == cols &&
               ws[i]->data == (const char *)ws[0]->data + (size_t)(*rows * cols) * 2 &&
-              !use_skinny(c, T, ws[i]->base.shape.rows, cols, split) &&
               (!bs || !bs[i] || (!bs[i]->bf16 && bs[i]->base.shape.cols == ws[i]->base.shape.rows));
         *rows += ws[i]->base.shape.rows;
     }
@@ -1435,7 +1421,6 @@ static void ctx_destroy(cuda_ctx *c) {
     cuda_arena_free(c->arena);
     cudaFree(c->xbf);
     cudaFree(c->ypart);
-    cudaFree(c->sk_partial);
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
@@ -1584,10 +1569,10 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->skinny = v && !strcmp(v, "1")        ? CUDA_SKINNY_ALL
                     : v && !strcmp(v, "decode") ? CUDA_SKINNY_DECODE
                                                 : CUDA_SKINNY_OFF;
-        v = getenv("IS_CUDA_SKINNY_MT");
-        c->skinny_mt = v ? atoi(v) : 0;
-        v = getenv("IS_CUDA_SKINNY_KC");
-        c->skinny_kc = v ? atoi(v) : 0;
+        v = getenv("IS_CUDA_SKINNY_SPLITS");
+        c->skinny_splits = v ? atoi(v) : 0;
+        v = getenv("IS_CUDA_PDL");
+        c->pdl = !(v && !strcmp(v, "0"));
     }
     c->n_sms = 132;
     {
@@ -1660,6 +1645,16 @@ extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
     graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
+}
+
+extern "C" void backend_cuda_set_skinny_splits(backend *be, int32_t splits) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->skinny_splits = splits > 0 ? splits : 0;
+}
+
+extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->pdl = on;
 }
 
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {

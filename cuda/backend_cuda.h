@@ -99,19 +99,26 @@ void backend_cuda_set_flash(backend *be, bool on);
  * (default on, where the GPU fits them); off: always by a second kernel
  * over partial results in global memory (as before device run 28). */
 void backend_cuda_set_flash_clusters(backend *be, bool on);
-/* Which products take the skinny kernel (cuda/skinny.cuh) rather than
- * cuBLAS. Default CUDA_SKINNY_OFF. CUDA_SKINNY_DECODE: at most 8 rows
- * (decode steps, small batches), where bench_gemm_gpu measured it 7-14% a
- * layer faster than cuBLAS on the 8B shape, a live decode step 0.91-1.02x;
- * CUDA_SKINNY_ALL: every product of <= SKINNY_MAX_T rows (at 30 rows it is
- * slower, 0.71x). The environment picks at creation: IS_CUDA_SKINNY=decode
- * or =1 (all). */
+/* Which products take the skinny kernel (cuda/skinny.cuh: weights streamed
+ * into tensor-core fragments, column ranges summed inside a cluster) rather
+ * than cuBLAS. Default CUDA_SKINNY_OFF. CUDA_SKINNY_DECODE: at most 8 GEMM
+ * columns (decode steps, small batches); CUDA_SKINNY_ALL: every product of
+ * <= SKINNY_MAX_N columns (input rows, twice them with bf16x2 inputs) whose
+ * weights have a multiple of 64 columns. The environment picks at creation:
+ * IS_CUDA_SKINNY=decode or =1 (all). */
 typedef enum cuda_skinny_mode {
     CUDA_SKINNY_OFF = 0,
     CUDA_SKINNY_DECODE = 1,
     CUDA_SKINNY_ALL = 2,
 } cuda_skinny_mode;
 void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
+/* Forces the skinny kernel's column ranges (1-8; 0: its plan chooses), for
+ * tests and benchmarks. IS_CUDA_SKINNY_SPLITS at creation. */
+void backend_cuda_set_skinny_splits(backend *be, int32_t splits);
+/* Launches the skinny kernel as a programmatic dependent of the op before
+ * it (default on; IS_CUDA_PDL=0 at creation turns it off): it reads its
+ * first weights while that op ends. */
+void backend_cuda_set_pdl(backend *be, bool on);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */

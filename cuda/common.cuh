@@ -78,6 +78,25 @@ static __device__ __forceinline__ void bf16_copy_put(__nv_bfloat16 *obf, int64_t
     if (split) obf[n + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
 }
 
+/* Programmatic dependent launch (sm_90). A kernel launched with
+ * cudaLaunchAttributeProgrammaticStreamSerialization may start before the
+ * stream's previous kernel has ended; pdl_wait() returns once that kernel
+ * has finished and its writes are visible (at once for a kernel launched
+ * without the attribute), so nothing it wrote may be read before. A kernel
+ * that calls pdl_trigger() lets such a successor start as soon as all its
+ * blocks have called it (otherwise: as they exit); its own work is
+ * unaffected, since the successor still waits for it to end. */
+static __device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /* Butterfly reductions over the 32 lanes of a warp (every lane gets the
  * result); the attention kernels' softmax uses them. */
 #define FULL_MASK 0xffffffffu

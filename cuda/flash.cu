@@ -98,6 +98,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * in flight while kt is used. */
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
+    pdl_trigger(); /* the output product may start reading its weights */
 
     unsigned long long *const tr =
         g_flash_trace && threadIdx.x == 0
@@ -521,6 +522,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
                        bool split) {
     constexpr int PER = D / 32; /* columns a lane merges */
     __shared__ float w_s[MERGE_THREADS / 32][FLASH_MAX_SPLITS];
+    pdl_trigger();
     const int32_t tile = blockIdx.x, kh = blockIdx.y;
     const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1];
     const int32_t G = n_heads / n_kv_heads;

@@ -26,6 +26,7 @@ static __device__ __forceinline__ float block_sum(float ss, float *partial) {
 static __global__ void rmsnorm_kernel(float *out, float *x, const float *res, const float *g,
                                       int32_t n, float eps, __nv_bfloat16 *obf, int64_t split_off) {
     __shared__ float partial[NORM_THREADS / 32];
+    pdl_trigger(); /* the product after a norm may start reading its weights */
     float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
     if (res) {
@@ -56,6 +57,7 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
                                           int32_t n, float eps, __nv_bfloat16 *obf,
                                           int64_t split_off) {
     __shared__ float partial[NORM_THREADS / 32];
+    pdl_trigger();
     const int32_t n4 = n >> 2;
     float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * n);
     const float4 *rr = res ? (const float4 *)(res + (int64_t)blockIdx.x * n) : NULL;

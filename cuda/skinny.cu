@@ -4,77 +4,39 @@
  * Fragments are those of mma.sync m16n8k16 with W as the A operand (16
  * weight rows) and x^T as the B operand (8 input rows as columns). With
  * g = lane / 4 and c = lane % 4, a lane loads, for weight rows g and g + 8
- * of each of its 16-row tiles, the 8 columns [64 i + 8 c, +8) and
- * [64 i + 32 + 8 c, +8) of each 64-column step i. Each 16-byte load holds
- * the lane's A elements of two mma k-steps, in the order the fragment wants
- * them once the mma's logical k is read as a permutation of the physical
- * columns; the B fragments read the same columns of x from shared memory.
- * Four lanes read 64 contiguous bytes of a row: whole 32-byte sectors.
+ * of its warp's 16, the 8 columns [64 i + 8 c, +8) and [64 i + 32 + 8 c, +8)
+ * of each 64-column step i. Each 16-byte load holds the lane's A elements
+ * of two mma k-steps, in the order the fragment wants them once the mma's
+ * logical k is read as a permutation of the physical columns; the B
+ * fragments read the same columns of x. Four lanes read 64 contiguous bytes
+ * of a row, two loads a whole 128-byte line.
  */
 #include "skinny.cuh"
 
-#define SK_WARPS 4
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
+#define SK_WARPS (SKINNY_BLOCK_ROWS / 16)
 #define SK_THREADS (32 * SK_WARPS)
-/* bf16 of padding per shared row of x: a row pitch of 64 modulo 128 bytes
- * puts the 8 lanes of a 16-byte load phase (2 rows x 4 lanes) in distinct
- * banks. */
-#define SK_PAD 32
-#define SK_SMEM_CAP (200 * 1024)
-#define SK_RING_BYTES (64 * 1024) /* the weight ring of a block's 4 warps */
+/* 64-column steps of its rows a warp holds in registers: two in flight
+ * while the third is multiplied (6 KiB a warp, ~100 KiB a multiprocessor
+ * at two blocks). */
+#define SK_STAGES 3
+/* Floats a token's row of the block's sums takes: 128 + 4 puts the 32
+ * lanes' stores (8 rows x 4 token pairs) in distinct banks. */
+#define SK_RED_LD (SKINNY_BLOCK_ROWS + 4)
+/* Columns a range has at least (4 steps: the pipeline's depth and more). */
+#define SK_MIN_RANGE 256
 
-/* x's columns of the block (nt 8-row tiles) and the weight ring (the same
- * size for both cuts). */
-static size_t skinny_smem(int32_t nt, int32_t kc) {
-    return (size_t)nt * 8 * (kc + SK_PAD) * 2 + SK_RING_BYTES;
+bool cuda_skinny_supports(int32_t n, int64_t rows, int64_t cols) {
+    return n >= 1 && n <= SKINNY_MAX_N && rows >= 1 && rows <= INT32_MAX && cols >= 64 &&
+           cols % 64 == 0 && cols <= INT32_MAX;
 }
 
-bool cuda_skinny_supports(int32_t T, int64_t rows, int64_t cols, bool split) {
-    if (T <= 0 || rows <= 0 || cols <= 0 || cols % 64 != 0 || cols > INT32_MAX) return false;
-    return split ? T <= SKINNY_MAX_T / 2 : T <= SKINNY_MAX_T;
-}
-
-/* 8-column tiles of x the kernel holds: a power of two; split inputs pair a
- * tile of hi rows with the tile of the same tokens' lo rows. */
-static int32_t skinny_nt(int32_t T, bool split) {
-    int32_t n = (T + 7) / 8, p = 1;
-    while (p < n) p *= 2;
-    return split ? 2 * p : p;
-}
-
-skinny_plan cuda_skinny_plan(int32_t T, int64_t rows, int64_t cols, bool split, int32_t n_sms,
-                             int32_t mt, int32_t kc) {
-    skinny_plan p;
-    const int32_t nt = skinny_nt(T, split);
-    /* Two 16-row tiles a warp where that still leaves a row tile for every
-     * other multiprocessor, else one (more tiles, fewer splits). */
-    p.mt = mt == 1 || mt == 2 ? mt : (rows + 127) / 128 >= n_sms / 2 ? 2 : 1;
-    p.row_tiles = (int32_t)((rows + 64 * p.mt - 1) / (64 * p.mt));
-    const int32_t kc_lim =
-        (int32_t)(((SK_SMEM_CAP - SK_RING_BYTES) / (nt * 8 * 2) - SK_PAD) / 64 * 64);
-    if (kc > 0) {
-        kc = kc / 64 * 64;
-        p.kc = kc < 64 ? 64 : kc > kc_lim ? kc_lim : kc;
-    } else {
-        /* About two blocks a multiprocessor (each ring keeps 48 KiB of
-         * weights in flight; run 18's sweep at T = 1 was best around 256
-         * blocks), with the partial sums, written and read back, at most a
-         * quarter of the weights' bytes. */
-        int64_t splits = (2 * (int64_t)n_sms + p.row_tiles - 1) / p.row_tiles;
-        const int64_t most = cols / (16 * (int64_t)T);
-        if (splits > most) splits = most;
-        if (splits < 1) splits = 1;
-        p.kc = (int32_t)((cols + splits * 64 - 1) / (splits * 64) * 64);
-        if (p.kc > kc_lim) p.kc = kc_lim;
-    }
-    if (p.kc > cols) p.kc = (int32_t)cols;
-    p.n_splits = (int32_t)((cols + p.kc - 1) / p.kc);
-    return p;
-}
-
-size_t cuda_skinny_partial_floats(const skinny_plan *p, int32_t T, int64_t rows) {
-    return p->n_splits > 1 ? (size_t)p->n_splits * T * rows : 0;
-}
-
+/* 8-row tiles of x the kernel holds (a power of two), and its index among
+ * the instantiations. */
+static int nt_index(int32_t n) { return n <= 8 ? 0 : n <= 16 ? 1 : n <= 32 ? 2 : 3; }
 
 static __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
                                                 uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -84,210 +46,223 @@ static __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* 16 bytes global -> shared, not through registers nor L1. */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(a), "l"(src));
+/* 16 bytes of weights, read once: not kept in L1; the next 128 bytes of the
+ * row are asked of memory with them. volatile keeps the first loads ahead
+ * of pdl_wait(). */
+static __device__ __forceinline__ uint4 ld_weights(const __nv_bfloat16 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
 }
 
-static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N> static __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+/* Step i of a warp's rows: row g's two chunks, then row g + 8's. */
+static __device__ __forceinline__ void load_step(uint4 *a, const __nv_bfloat16 *w_lo,
+                                                 const __nv_bfloat16 *w_hi, int i) {
+    a[0] = ld_weights(w_lo + 64 * i);
+    a[1] = ld_weights(w_lo + 64 * i + 32);
+    a[2] = ld_weights(w_hi + 64 * i);
+    a[3] = ld_weights(w_hi + 64 * i + 32);
 }
 
-template <int MT, int S, int NT, bool SPLIT>
-static __global__ void __launch_bounds__(SK_THREADS)
-    skinny_kernel(float *y, const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                  int32_t T, int32_t rows, int32_t cols, int32_t kc, float *partial) {
-    constexpr int J = 4 * MT; /* 16-byte chunks a lane takes from each 64-column step */
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int ld = kc + SK_PAD;
-    const int split = blockIdx.y, n_splits = gridDim.y;
-    const int k0 = split * kc, klen = min(kc, cols - k0), nkb = klen / 64;
+template <int NT>
+static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
+    skinny_kernel(float *y, const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 *x,
+                  int32_t n, int32_t rows, int32_t cols, int32_t kc) {
+    /* This block's sums, [token][row]: read by the cluster's blocks. */
+    __shared__ __align__(16) float red[NT * 8][SK_RED_LD];
+    pdl_trigger();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    const int row_block = blockIdx.x * (SK_WARPS * 16 * MT);
-    const int row0 = row_block + warp * 16 * MT;
-    __nv_bfloat16 *const sx = reinterpret_cast<__nv_bfloat16 *>(smem);
-    /* The weight ring: S steps of this warp's rows, each lane's chunks
-     * side by side ([stage][chunk][lane]): a lane reads back only what it
-     * copied itself, so no barrier orders the ring, and reads are
-     * conflict-free. */
-    uint4 *const ring = reinterpret_cast<uint4 *>(smem + (size_t)NT * 8 * ld * 2) +
-                        (size_t)warp * S * J * 32 + lane;
+    const int split = blockIdx.y, n_splits = gridDim.y;
+    const int k0 = split * kc, steps = min(kc, cols - k0) / 64;
+    const int row_block = blockIdx.x * SKINNY_BLOCK_ROWS;
+    /* Rows past the end read the last row and are not written. */
+    const int r_lo = row_block + warp * 16 + g;
+    const __nv_bfloat16 *w_lo = w + (int64_t)min(r_lo, rows - 1) * cols + k0 + 8 * c;
+    const __nv_bfloat16 *w_hi = w + (int64_t)min(r_lo + 8, rows - 1) * cols + k0 + 8 * c;
 
-    /* Rows past the end read the last row and are not written. Chunk j:
-     * tile m = j / 4, row g + 8 (j / 2 % 2), columns 8c (+32 when j odd). */
-    const __nv_bfloat16 *wp[MT][2];
+    /* The weights do not depend on the kernel before: its first steps go
+     * out before waiting for it. */
+    uint4 a[SK_STAGES][4];
 #pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            wp[m][h] = w + (int64_t)min(row0 + 16 * m + 8 * h + g, rows - 1) * cols + k0 + 8 * c;
-    auto issue = [&](int i) {
-        uint4 *dst = ring + (size_t)(i % S) * J * 32;
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int half = 0; half < 2; half++)
-                    cp_async16(dst + (4 * m + 2 * h + half) * 32, wp[m][h] + 64 * i + 32 * half);
-    };
-    /* The first S - 1 steps go out before x's trip to shared memory. */
-#pragma unroll
-    for (int i = 0; i < S - 1; i++) {
-        if (i < nkb) issue(i);
-        cp_commit();
-    }
+    for (int d = 0; d < SK_STAGES; d++)
+        if (d < steps) load_step(a[d], w_lo, w_hi, d);
+    pdl_wait();
 
-    const int chunks = klen / 8;
-    for (int i = threadIdx.x; i < NT * 8 * chunks; i += SK_THREADS) {
-        const int r = i / chunks, ch = i % chunks;
-        const int tok = SPLIT ? (r / 16) * 8 + r % 8 : r;
-        const bool lo = SPLIT && ((r / 8) & 1);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (tok < T)
-            v = __ldg(reinterpret_cast<const uint4 *>(x + (int64_t)(lo ? T + tok : tok) * cols +
-                                                      k0) + ch);
-        *reinterpret_cast<uint4 *>(sx + r * ld + ch * 8) = v;
-    }
-    __syncthreads();
+    /* x rows past n repeat the last (their sums are never written). */
+    const __nv_bfloat16 *xr[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) xr[t] = x + (int64_t)min(8 * t + g, n - 1) * cols + k0 + 8 * c;
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[t][e] = 0.0f;
 
-    float acc[MT][NT][4];
+    for (int i0 = 0; i0 < steps; i0 += SK_STAGES) {
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+        for (int d = 0; d < SK_STAGES; d++) {
+            const int i = i0 + d;
+            if (i >= steps) break;
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+            for (int half = 0; half < 2; half++) {
+                uint4 b[NT];
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][n][e] = 0.0f;
-
-    const __nv_bfloat16 *sxl = sx + g * ld + 8 * c;
-    for (int i = 0; i < nkb; i++) {
-        cp_wait<S - 2>(); /* step i has landed (groups complete in order) */
-        uint4 a[J];
-        const uint4 *src = ring + (size_t)(i % S) * J * 32;
+                for (int t = 0; t < NT; t++)
+                    b[t] = *reinterpret_cast<const uint4 *>(xr[t] + 64 * i + 32 * half);
+                const uint4 r0 = a[d][half], r1 = a[d][2 + half];
 #pragma unroll
-        for (int j = 0; j < J; j++) a[j] = src[j * 32];
-        /* Its slot is free again only now that it is in registers; step
-         * i + S - 1 reuses the slot of step i - 1, read last iteration. */
-        if (i + S - 1 < nkb) issue(i + S - 1);
-        cp_commit();
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            uint4 b[NT];
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-                b[n] = *reinterpret_cast<const uint4 *>(sxl + n * 8 * ld + 64 * i + 32 * half);
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const uint4 r0 = a[4 * m + half], r1 = a[4 * m + 2 + half];
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    mma_bf16(acc[m][n], r0.x, r1.x, r0.y, r1.y, b[n].x, b[n].y);
-                    mma_bf16(acc[m][n], r0.z, r1.z, r0.w, r1.w, b[n].z, b[n].w);
+                for (int t = 0; t < NT; t++) {
+                    mma_bf16(acc[t], r0.x, r1.x, r0.y, r1.y, b[t].x, b[t].y);
+                    mma_bf16(acc[t], r0.z, r1.z, r0.w, r1.w, b[t].z, b[t].w);
                 }
             }
+            /* The stage is free once multiplied: step i + SK_STAGES. */
+            if (i + SK_STAGES < steps) load_step(a[d], w_lo, w_hi, i + SK_STAGES);
         }
     }
-    cp_wait<0>();
 
-    /* Accumulator element e of tile (m, n): weight row 16 m + g + 8 (e / 2),
-     * x column 8 n + 2 c + e % 2; split: tiles 2p (hi) and 2p + 1 (lo) hold
-     * the same tokens. */
-    float *dst = n_splits > 1 ? partial + (int64_t)split * T * rows : y;
-    constexpr int NTOK = SPLIT ? NT / 2 : NT;
+    /* Accumulator element e of tile t: weight row g + 8 (e / 2) of the
+     * warp's 16, x row 8 t + 2 c + e % 2. */
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int n = 0; n < NTOK; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = row0 + 16 * m + g + 8 * (e / 2), t = 8 * n + 2 * c + e % 2;
-                if (r >= rows || t >= T) continue;
-                float v = SPLIT ? acc[m][2 * n][e] + acc[m][2 * n + 1][e] : acc[m][n][e];
-                if (n_splits == 1 && bias) v += bias[r];
-                dst[(int64_t)t * rows + r] = v;
-            }
-}
+        for (int e = 0; e < 4; e++)
+            red[8 * t + 2 * c + e % 2][warp * 16 + g + 8 * (e / 2)] = acc[t][e];
 
-/* y = the splits' partial sums added in split order (+ bias), every output
- * on its own thread: one block per row tile adding them all left a tail of
- * ~30 us at T = 30 with 32 splits (run 17). */
-static __global__ void skinny_reduce(float *y, const float *partial, const float *bias,
-                                     int32_t n_splits, int64_t n, int32_t rows) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float v = 0.0f;
-        for (int32_t s = 0; s < n_splits; s++) v += partial[(int64_t)s * n + i];
-        if (bias) v += bias[i % rows];
-        y[i] = v;
+    /* The ranges' sums: block `split` of the cluster adds its share of the
+     * rows over all ranges, in range order, and writes them. */
+    const int share = (SKINNY_BLOCK_ROWS + n_splits - 1) / n_splits;
+    const int rb0 = split * share, nr = min(SKINNY_BLOCK_ROWS, rb0 + share) - rb0;
+    if (n_splits == 1) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < n * SKINNY_BLOCK_ROWS; i += SK_THREADS) {
+            const int t = i / SKINNY_BLOCK_ROWS, r = i % SKINNY_BLOCK_ROWS;
+            if (row_block + r < rows) y[(int64_t)t * rows + row_block + r] = red[t][r];
+        }
+        return;
     }
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync(); /* every range's sums are in place */
+    if (nr > 0)
+        for (int i = threadIdx.x; i < n * nr; i += SK_THREADS) {
+            const int t = i / nr, r = rb0 + i % nr;
+            float v = 0.0f;
+            for (int s = 0; s < n_splits; s++) v += *cl.map_shared_rank(&red[t][r], s);
+            if (row_block + r < rows) y[(int64_t)t * rows + row_block + r] = v;
+        }
+    cl.sync(); /* no block leaves while another reads its sums */
 }
 
-template <int MT, int S, int NT, bool SPLIT>
-static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
-                        const __nv_bfloat16 *x, const float *bias, int32_t T, int64_t rows,
-                        int64_t cols, float *partial) {
-    const size_t smem = skinny_smem(NT, p->kc);
-    dim3 grid((unsigned)p->row_tiles, (unsigned)p->n_splits);
-    skinny_kernel<MT, S, NT, SPLIT><<<grid, SK_THREADS, smem, s>>>(
-        y, w, x, bias, T, (int32_t)rows, (int32_t)cols, p->kc, partial);
-    CUDA_CHECK_LAUNCH();
-    if (p->n_splits > 1) {
-        const int64_t n = (int64_t)T * rows;
-        skinny_reduce<<<cuda_blocks_for(n, 256), 256, 0, s>>>(y, partial, bias, p->n_splits, n,
-                                                              (int32_t)rows);
-        CUDA_CHECK_LAUNCH();
+/* What fits on the current device, asked once (blocks of NT = 1, 2, 4, 8;
+ * 0: the launch would not fit). */
+static int32_t g_clusters[4][SKINNY_MAX_SPLITS + 1];
+static bool g_asked;
+
+template <int NT> static cudaError_t ask_fit(int32_t *out) {
+    int dev = 0, n_sms = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_kernel<NT>, SK_THREADS, 0);
+    if (e != cudaSuccess) return e;
+    out[1] = per_sm * n_sms;
+    for (int s = 2; s <= SKINNY_MAX_SPLITS; s++) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1;
+        at[0].val.clusterDim.y = (unsigned)s;
+        at[0].val.clusterDim.z = 1;
+        cfg.gridDim = dim3(1, (unsigned)s);
+        cfg.blockDim = dim3(SK_THREADS);
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int nc = 0;
+        if (cudaOccupancyMaxActiveClusters(&nc, skinny_kernel<NT>, &cfg) != cudaSuccess) nc = 0;
+        cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
+        out[s] = nc;
     }
-    return IS_OK;
-}
-
-/* Two 16-row tiles a warp and four steps in flight, or one tile and eight:
- * the same 64 KiB ring either way. */
-template <int NT, bool SPLIT>
-static is_status launch_nt(cudaStream_t s, const skinny_plan *p, float *y,
-                           const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                           int32_t T, int64_t rows, int64_t cols, float *partial) {
-    if (p->mt == 1) return launch<1, 8, NT, SPLIT>(s, p, y, w, x, bias, T, rows, cols, partial);
-    return launch<2, 4, NT, SPLIT>(s, p, y, w, x, bias, T, rows, cols, partial);
-}
-
-template <int NT, bool SPLIT> static is_status allow_smem_nt(void) {
-    CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<1, 8, NT, SPLIT>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, SK_SMEM_CAP));
-    CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<2, 4, NT, SPLIT>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, SK_SMEM_CAP));
-    return IS_OK;
+    return cudaSuccess;
 }
 
 is_status cuda_skinny_prepare(void) {
-    is_status st = allow_smem_nt<1, false>();
-    if (st == IS_OK) st = allow_smem_nt<2, false>();
-    if (st == IS_OK) st = allow_smem_nt<4, false>();
-    if (st == IS_OK) st = allow_smem_nt<8, false>();
-    if (st == IS_OK) st = allow_smem_nt<2, true>();
-    if (st == IS_OK) st = allow_smem_nt<4, true>();
-    if (st == IS_OK) st = allow_smem_nt<8, true>();
-    return st;
+    if (g_asked) return IS_OK;
+    CUDA_CHECK(ask_fit<1>(g_clusters[0]));
+    CUDA_CHECK(ask_fit<2>(g_clusters[1]));
+    CUDA_CHECK(ask_fit<4>(g_clusters[2]));
+    CUDA_CHECK(ask_fit<8>(g_clusters[3]));
+    g_asked = true;
+    return IS_OK;
 }
 
-is_status cuda_skinny_matmul(cudaStream_t s, const skinny_plan *p, float *y,
-                             const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                             int32_t T, int64_t rows, int64_t cols, bool split, float *partial) {
-    if (!cuda_skinny_supports(T, rows, cols, split) || rows > INT32_MAX)
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda skinny: product %d x %lld x %lld not taken",
-                            T, (long long)rows, (long long)cols);
-    switch (skinny_nt(T, split)) {
-    case 1: return launch_nt<1, false>(s, p, y, w, x, bias, T, rows, cols, partial);
-    case 2:
-        return split ? launch_nt<2, true>(s, p, y, w, x, bias, T, rows, cols, partial)
-                     : launch_nt<2, false>(s, p, y, w, x, bias, T, rows, cols, partial);
-    case 4:
-        return split ? launch_nt<4, true>(s, p, y, w, x, bias, T, rows, cols, partial)
-                     : launch_nt<4, false>(s, p, y, w, x, bias, T, rows, cols, partial);
-    default:
-        return split ? launch_nt<8, true>(s, p, y, w, x, bias, T, rows, cols, partial)
-                     : launch_nt<8, false>(s, p, y, w, x, bias, T, rows, cols, partial);
+skinny_plan cuda_skinny_plan(int32_t n, int64_t rows, int64_t cols, int32_t splits) {
+    skinny_plan p;
+    p.row_blocks = (int32_t)((rows + SKINNY_BLOCK_ROWS - 1) / SKINNY_BLOCK_ROWS);
+    const int64_t steps = cols / 64;
+    int64_t s = 1;
+    if (splits > 0) {
+        s = splits < SKINNY_MAX_SPLITS ? splits : SKINNY_MAX_SPLITS;
+    } else if (g_asked) {
+        /* The most ranges that keep every block resident at once: a small
+         * product then has a block on (nearly) every multiprocessor, a
+         * large one (rows alone fill the GPU) one range and no cluster. */
+        const int32_t *fit = g_clusters[nt_index(n)];
+        for (int64_t c = SKINNY_MAX_SPLITS; c >= 2; c--)
+            if (cols / c >= SK_MIN_RANGE && p.row_blocks <= fit[c]) {
+                s = c;
+                break;
+            }
+    }
+    if (s > steps) s = steps;
+    p.kc = (int32_t)((steps + s - 1) / s * 64);
+    p.splits = (int32_t)((cols + p.kc - 1) / p.kc);
+    return p;
+}
+
+template <int NT>
+static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
+                        const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols, bool pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (p->splits > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1;
+        at[na].val.clusterDim.y = (unsigned)p->splits;
+        at[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.gridDim = dim3((unsigned)p->row_blocks, (unsigned)p->splits);
+    cfg.blockDim = dim3(SK_THREADS);
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_kernel<NT>, y, w, x, n, (int32_t)rows,
+                                  (int32_t)cols, p->kc));
+    return IS_OK;
+}
+
+is_status cuda_skinny_gemm(cudaStream_t s, const skinny_plan *p, float *y,
+                           const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
+                           int64_t rows, int64_t cols, bool pdl) {
+    if (!cuda_skinny_supports(n, rows, cols) || p->splits < 1 ||
+        p->splits > SKINNY_MAX_SPLITS || p->kc % 64 != 0 ||
+        (int64_t)p->kc * (p->splits - 1) >= cols || (int64_t)p->kc * p->splits < cols ||
+        (int64_t)p->row_blocks * SKINNY_BLOCK_ROWS < rows)
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "cuda skinny: product %d x %lld x %lld not taken (plan %d x %d, %d)",
+                            n, (long long)rows, (long long)cols, p->row_blocks, p->splits, p->kc);
+    switch (nt_index(n)) {
+    case 0: return launch<1>(s, p, y, w, x, n, rows, cols, pdl);
+    case 1: return launch<2>(s, p, y, w, x, n, rows, cols, pdl);
+    case 2: return launch<4>(s, p, y, w, x, n, rows, cols, pdl);
+    default: return launch<8>(s, p, y, w, x, n, rows, cols, pdl);
     }
 }

@@ -1,64 +1,66 @@
 /*
  * skinny: matrix products with few input rows (decode steps, short query
- * prefills: T <= 64), where the product is bound by reading the weights
- * once, y[T][rows] = x[T][cols] W^T with W bf16 [rows][cols].
+ * prefills: n <= 64), where the product is bound by reading the weights
+ * once: y[n][rows] = x[n][cols] W^T, W bf16 [rows][cols], x bf16, y f32
+ * (the layout cuBLAS writes for the backend).
  *
- * cuBLAS reaches about 70% of the copy bandwidth on these shapes (5.4 ms
- * against 3.8 ms of weight reading for a 30-token request on the 8B shape,
- * cuda/NOTES.md run 12). This kernel streams W straight into tensor-core
- * fragments: a warp owns 16 * MT rows of W and one range of cols, copies
- * its next 64-column steps into a shared ring with cp.async (3 or 7 in
- * flight) and reads x from shared memory, where its block (4 warps, 64 * MT
- * rows) placed the range once. The dot products are permutation-invariant
- * in k, so each lane takes 8 contiguous columns and the x fragments follow
- * the same permutation: no shuffles, no ldmatrix, every load coalesced.
- * Measured (runs 18-19): 7-14% faster than cuBLAS a layer at T = 1 in
- * isolation, 0.71x at T = 30, 0.91-1.02x in a live 8B decode step; so it is
- * opt-in (backend_cuda_set_skinny).
- *
- * The cols range of a block is cols / n_splits; with n_splits > 1 each
- * block writes its partial sums and a second kernel adds them in split
- * order, so results do not depend on scheduling.
+ * cuBLAS reaches 1.4-3.6 TB/s on these shapes at n = 30 (a small product's
+ * ramp and tail, ~10-16 us each, are most of its excess over the weights'
+ * 4.2 TB/s: cuda/NOTES.md runs 16-23). This kernel:
+ *  - streams W straight from memory into tensor-core fragments: a block of
+ *    8 warps owns 128 weight rows (16 a warp) over one range of columns,
+ *    each warp keeping SK_STAGES 64-column steps of its rows in registers
+ *    (16-byte loads that skip L1); x comes through L1, read alike by the
+ *    block's 8 warps;
+ *  - cuts the columns into up to 8 ranges whose blocks form a thread-block
+ *    cluster and add their partial sums through distributed shared memory,
+ *    in range order (deterministic; no partials in global memory, no second
+ *    launch); the cut is chosen so the grid is about one wave;
+ *  - with programmatic dependent launch (PDL), issues its first weight
+ *    loads before waiting for the kernel that writes x, so a product's ramp
+ *    overlaps the end of the op before it.
+ * The dot products are permutation-invariant in k, so each lane takes 8
+ * contiguous columns and x's fragments follow the same permutation: no
+ * shuffles, no ldmatrix, every load coalesced.
  */
 #ifndef IS_CUDA_SKINNY_CUH
 #define IS_CUDA_SKINNY_CUH
 
 #include "common.cuh"
 
-/* Largest T the kernel takes (split inputs: half of it). */
-#define SKINNY_MAX_T 64
+/* Largest n the kernel takes. */
+#define SKINNY_MAX_N 64
+/* Weight rows a block owns, and the most column ranges (cluster size). */
+#define SKINNY_BLOCK_ROWS 128
+#define SKINNY_MAX_SPLITS 8
 
-/* How a product is cut: rows per warp (16 * mt), columns per block (kc,
- * a multiple of 64), and so the number of splits. */
+/* How a product is cut: row blocks of 128 rows, column ranges of kc
+ * columns (a multiple of 64), splits = ceil(cols / kc) ranges. */
 typedef struct skinny_plan {
-    int32_t mt;       /* 1 or 2 */
+    int32_t row_blocks;
+    int32_t splits;
     int32_t kc;
-    int32_t n_splits; /* ceil(cols / kc) */
-    int32_t row_tiles;
 } skinny_plan;
 
-/* Whether the kernel takes this product: T rows of x (2T columns when
- * split), cols a multiple of 64. */
-bool cuda_skinny_supports(int32_t T, int64_t rows, int64_t cols, bool split);
+/* Whether the kernel takes this product: 1 <= n <= 64 input rows, cols a
+ * multiple of 64. */
+bool cuda_skinny_supports(int32_t n, int64_t rows, int64_t cols);
 
-/* The cut for a GPU of n_sms multiprocessors: about one block on each
- * (enough copies in flight), with the fewest splits that gives (less
- * partial traffic). mt, kc > 0 force them (benchmarks). */
-skinny_plan cuda_skinny_plan(int32_t T, int64_t rows, int64_t cols, bool split, int32_t n_sms,
-                             int32_t mt, int32_t kc);
+/* The cut on the current device: the most ranges (<= 8, each of at least
+ * 256 columns) that keep the grid within the clusters resident at once, one
+ * range where the row blocks alone fill the GPU. splits > 0 forces the
+ * number of ranges (tests, benchmarks). */
+skinny_plan cuda_skinny_plan(int32_t n, int64_t rows, int64_t cols, int32_t splits);
 
-/* Floats of partial sums the plan needs. */
-size_t cuda_skinny_partial_floats(const skinny_plan *p, int32_t T, int64_t rows);
-
-/* Lets the kernels take more than 48 KiB of shared memory, on the current
- * device: once, before the first product (not while a stream captures). */
+/* Asks the device once how many blocks and clusters of the kernel fit (not
+ * while a stream captures); the plan reads the answers. */
 is_status cuda_skinny_prepare(void);
 
-/* y[T][rows] = x W^T (+ bias[rows] if not NULL). x bf16 [T][cols], or with
- * split [hi: T][cols] then [lo: T][cols] (cuda_f32_to_bf16_split's layout),
- * whose two products are summed. */
-is_status cuda_skinny_matmul(cudaStream_t s, const skinny_plan *p, float *y,
-                             const __nv_bfloat16 *w, const __nv_bfloat16 *x, const float *bias,
-                             int32_t T, int64_t rows, int64_t cols, bool split, float *partial);
+/* y[n][rows] = x W^T. pdl: launched as a programmatic dependent of the
+ * stream's previous kernel (its weights are read before that kernel ends;
+ * x after). */
+is_status cuda_skinny_gemm(cudaStream_t s, const skinny_plan *p, float *y,
+                           const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
+                           int64_t rows, int64_t cols, bool pdl);
 
 #endif

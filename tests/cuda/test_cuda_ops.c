@@ -490,13 +490,27 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_F32, 5, 49, 96, true, prec);     /* odd sizes */
         check_matmul(TENSOR_TYPE_F32, 300, 49, 96, false, prec);  /* scratch grows */
         check_matmul(TENSOR_TYPE_F32, 5, 1, 576, false, prec);    /* a vector: f32 on the GPU */
-        /* The skinny kernel (T <= 64, cols % 64 == 0): rows that end inside
-         * a 16-row tile, partial sums over many splits (8 row tiles), 33
-         * rows (bf16: 8 column tiles; bf16x2: past its limit, cuBLAS). */
+        /* The skinny kernel (GEMM columns <= 64, cols % 64 == 0): rows
+         * that end inside a block of 128, column ranges summed in a
+         * cluster (its plan: 8 ranges of 512 at 1000 x 4096), 33 rows
+         * (bf16: 8 tiles of x; bf16x2: 66 columns, past its limit: cuBLAS). */
         check_matmul(TENSOR_TYPE_F32, 5, 49, 128, true, prec);
         check_matmul(TENSOR_TYPE_F32, 30, 1000, 4096, true, prec);
         check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
     }
+    /* Every number of column ranges, forced: ranges of unequal length
+     * (576 columns = 9 steps of 64 in 5 ranges of 2, 2, 2, 2, 1 at 8),
+     * every tile count of x (1, 17, 30, 64 rows). */
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_ALL);
+    for (int32_t splits = 1; splits <= 8; splits++) {
+        printf("  skinny kernel, %d column range%s forced:\n", splits, splits > 1 ? "s" : "");
+        backend_cuda_set_skinny_splits(g_gpu, splits);
+        check_matmul(TENSOR_TYPE_F32, 1, 300, 576, false, CUDA_MATMUL_BF16);
+        check_matmul(TENSOR_TYPE_F32, 17, 130, 1024, true, CUDA_MATMUL_BF16);
+        check_matmul(TENSOR_TYPE_F32, 30, 257, 2048, false, CUDA_MATMUL_BF16);
+        check_matmul(TENSOR_TYPE_F32, 64, 64, 512, false, CUDA_MATMUL_BF16);
+    }
+    backend_cuda_set_skinny_splits(g_gpu, 0);
     backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
@@ -583,14 +597,18 @@ static void test_matmul_n(void **state) {
     assert_non_null(g_gpu->ops->matmul_n);
     assert_non_null(g_gpu->ops->weight_create_stacked);
     const int64_t qkv[] = {576, 192, 192}, gate_up[] = {1536, 1536}, odd[] = {49, 7};
-    for (int p = 0; p < 2; p++) {
-        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+    /* On cuBLAS, then with products of <= 64 columns on the skinny kernel. */
+    for (int p = 0; p < 4; p++) {
+        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+        if (p == 2) printf("  with the skinny kernel:\n");
+        cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul_n(3, qkv, 576, true, 1, prec);
         check_matmul_n(3, qkv, 576, false, 30, prec);
         check_matmul_n(2, gate_up, 576, false, 30, prec);
         check_matmul_n(2, gate_up, 576, false, 300, prec);
         check_matmul_n(2, odd, 96, true, 5, prec);
     }
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
     /* Refusals: widths that differ, a vector, too many. */
     test_weight a, v;
     weight_make(&a, TENSOR_TYPE_F32, 64, 8, 1.0f);
@@ -669,13 +687,16 @@ static void check_matmul_swiglu(int64_t ffn, int64_t cols, int32_t T, bool stack
 static void test_matmul_swiglu(void **state) {
     SKIP_WITHOUT_GPU();
     assert_non_null(g_gpu->ops->matmul_swiglu);
-    for (int p = 0; p < 2; p++) {
-        cuda_matmul_precision prec = p ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
+    for (int p = 0; p < 4; p++) {
+        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+        if (p == 2) printf("  with the skinny kernel:\n");
+        cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul_swiglu(1536, 576, 30, true, prec);  /* fused */
         check_matmul_swiglu(49, 96, 5, true, prec);      /* odd rows, fused */
         check_matmul_swiglu(1536, 576, 300, true, prec); /* past STACKED_MAX_T: two products */
         check_matmul_swiglu(1536, 576, 30, false, prec); /* separate weights */
     }
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
 }
 
 typedef struct rope_case {
@@ -1259,6 +1280,13 @@ static void test_matmul_rope_store(void **state) {
     check_matmul_rope_store(30, false, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(300, true, true, true, ROPE_LAYOUT_NORM, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
+    /* The products on the skinny kernel (30 rows; 1 row, bf16x2: 2 columns). */
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_ALL);
+    printf("  with the skinny kernel:\n");
+    check_matmul_rope_store(30, true, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
+    check_matmul_rope_store(30, false, false, false, ROPE_LAYOUT_NORM, 64, CUDA_MATMUL_BF16);
+    check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
 }
 
 /* ---- injection ------------------------------------------------------------------ */
