@@ -9,12 +9,12 @@
  *     in a forward); every kernel's result checked against cuBLAS's (max abs
  *     difference over max |y|). -s adds the sweep of column ranges 1..8.
  *  2. Layers in sequence: a layer's four stacked products (qkv, o, gate+up,
- *     down) with a small kernel between them that turns one product's output
- *     into the next one's bf16 input (as RMSNorm, attention and SwiGLU do in
- *     a forward, and like them letting a dependent launch start early), 8
- *     layers of distinct weights back to back: cuBLAS, skinny, skinny as
- *     programmatic dependent launches (PDL). This is where a product's ramp
- *     and tail show: alone, each is timed with them.
+ *     down), 8 layers of distinct weights, with or without a small kernel
+ *     between products that turns one product's output into the next one's
+ *     bf16 input (as RMSNorm, attention and SwiGLU do in a forward): cuBLAS
+ *     and skinny, each op launched as usual or as a programmatic dependent
+ *     (PDL) of the one before. This is where a product's ramp and tail, and
+ *     the boundaries between kernels, show: alone, each is timed with them.
  *
  * Usage: bench_gemm_gpu [-r reps] [-s] [-P]
  *   -P: profile mode for ncu: each stacked product once at 30 rows, cuBLAS
@@ -38,14 +38,28 @@ static __global__ void fill_kernel(__nv_bfloat16 *p, int64_t n, uint64_t seed, f
     }
 }
 
+/* Lets a programmatic dependent of this kernel start now, not as this
+ * kernel's blocks exit (the backend never does: see common.cuh). */
+static __device__ __forceinline__ void trigger_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /* The op between two products: the next input in bf16 from the last
- * output (n floats, wrapping over the m it has). */
+ * output (n values; n <= m, the floats it has, on the 8B layer). MODE 1: an
+ * ordinary kernel; 2: launched as a programmatic dependent (it waits first,
+ * as the backend's ops do); 3: letting a dependent launch start at once. */
+enum { BETWEEN_NONE, BETWEEN_PLAIN, BETWEEN_DEPENDENT, BETWEEN_TRIGGER };
+template <int MODE>
 static __global__ void between_kernel(__nv_bfloat16 *x, const float *y, int64_t n, int64_t m) {
-    pdl_trigger();
+    if (MODE == BETWEEN_DEPENDENT) pdl_wait();
+    if (MODE == BETWEEN_TRIGGER) trigger_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        x[i] = __float2bfloat16_rn(y[i % m] * 0.01f);
+        x[i] = __float2bfloat16_rn(i < m ? y[i] * 0.01f : 0.0f);
 }
+
 
 struct shape {
     const char *name;
@@ -64,6 +78,16 @@ struct bench {
     float *y, *yref;
     __nv_bfloat16 *x;
 };
+
+static void run_between(bench &b, int mode, int64_t n, int64_t m) {
+    const dim3 grid(cuda_blocks_for(n, 256)), block(256);
+    if (mode == BETWEEN_PLAIN) between_kernel<BETWEEN_PLAIN><<<grid, block, 0, b.st>>>(b.x, b.y, n, m);
+    if (mode == BETWEEN_TRIGGER)
+        between_kernel<BETWEEN_TRIGGER><<<grid, block, 0, b.st>>>(b.x, b.y, n, m);
+    if (mode == BETWEEN_DEPENDENT)
+        CK(cuda_launch_dependent(between_kernel<BETWEEN_DEPENDENT>, grid, block, 0, b.st, b.x,
+                                 (const float *)b.y, n, m));
+}
 
 static void run_cublas(bench &b, float *out, const __nv_bfloat16 *w, const shape &sh, int n) {
     const float one = 1.0f, zero = 0.0f;
@@ -246,29 +270,45 @@ int main(int argc, char **argv) {
         }
     }
     CK(cudaGetLastError());
-    const char *kinds[] = {"cuBLAS", "skinny", "skinny + PDL"};
+    /* The products' kernel, whether it is launched as a dependent (PDL),
+     * and the op between products. */
+    struct seq_kind {
+        const char *name;
+        bool skinny, pdl;
+        int between;
+    };
+    const seq_kind kinds[] = {
+        {"cuBLAS, op between", false, false, BETWEEN_PLAIN},
+        {"cuBLAS, op between as a dependent", false, false, BETWEEN_DEPENDENT},
+        {"skinny, op between", true, false, BETWEEN_PLAIN},
+        {"skinny + PDL, op between as a dependent", true, true, BETWEEN_DEPENDENT},
+        {"skinny + PDL, op between triggering at once", true, true, BETWEEN_TRIGGER},
+        {"cuBLAS, back to back", false, false, BETWEEN_NONE},
+        {"skinny, back to back", true, false, BETWEEN_NONE},
+        {"skinny + PDL, back to back", true, true, BETWEEN_NONE}};
+    const int n_kinds = (int)(sizeof kinds / sizeof kinds[0]);
     double layer_gb = 0;
     for (int j = 0; j < 4; j++)
         layer_gb += (double)k_shapes[k_layer[j]].rows * k_shapes[k_layer[j]].cols * 2 / 1e9;
     printf("\n%d layers' stacked products in sequence (%.1f GB of weights), a kernel between "
-           "products, us a layer, medians of %d:\n\n| n | kernel | us a layer | TB/s | vs cuBLAS |\n"
+           "products unless back to back, us a layer, medians of %d:\n\n| n | kernel | us a layer | TB/s | vs cuBLAS |\n"
            "|---|---|---|---|---|\n",
            n_layers, n_layers * layer_gb, reps);
     for (int ni = 0; ni < 2; ni++) {
         const int n = ns[ni];
         double t_cublas = 0;
-        for (int kind = 0; kind < 3; kind++) {
+        for (int kind = 0; kind < n_kinds; kind++) {
+            const seq_kind &k = kinds[kind];
             auto seq = [&]() {
                 for (int l = 0; l < n_layers; l++)
                     for (int j = 0; j < 4; j++) {
                         const shape &sh = k_shapes[k_layer[j]];
                         const int64_t next_cols = k_shapes[k_layer[(j + 1) % 4]].cols;
-                        if (kind == 0) run_cublas(b, b.y, lw[j][(size_t)l], sh, n);
+                        if (!k.skinny) run_cublas(b, b.y, lw[j][(size_t)l], sh, n);
                         else
                             run_skinny(b, b.y, lw[j][(size_t)l], sh, n,
-                                       cuda_skinny_plan(n, sh.rows, sh.cols, 0), kind == 2);
-                        between_kernel<<<64, 256, 0, b.st>>>(b.x, b.y, (int64_t)n * next_cols,
-                                                             (int64_t)n * sh.rows);
+                                       cuda_skinny_plan(n, sh.rows, sh.cols, 0), k.pdl);
+                        run_between(b, k.between, (int64_t)n * next_cols, (int64_t)n * sh.rows);
                     }
             };
             std::vector<double> v;
@@ -285,7 +325,7 @@ int main(int argc, char **argv) {
             CK(cudaGetLastError());
             const double t = median(v);
             if (kind == 0) t_cublas = t;
-            printf("| %d | %s | %.1f | %.2f | %.2fx |\n", n, kinds[kind], t, layer_gb * 1e3 / t,
+            printf("| %d | %s | %.1f | %.2f | %.2fx |\n", n, k.name, t, layer_gb * 1e3 / t,
                    t_cublas / t);
         }
     }

@@ -21,6 +21,7 @@
 # Environment: BENCH_ARGS (extra bench_gpu arguments), BENCH_TYPE (f16),
 # GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS), ATTN_BENCH=1 (bench_attn_gpu, ATTN_ARGS),
 # NCU=1 (Nsight Compute on bench_gemm_gpu -P; NCU_KERNELS, NCU_TIMEOUT),
+# BENCH=0 to stop after the checks and micro-benchmarks (no GGUF, no bench_gpu),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
 # DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5).
@@ -75,7 +76,7 @@ else
 fi
 }
 GEN_PID=
-[ "${GEN_AFTER_CHECK:-0}" = 1 ] || gen_gguf
+[ "${GEN_AFTER_CHECK:-0}" = 1 ] || [ "${BENCH:-1}" = 0 ] || gen_gguf
 
 # 2. Build and check.
 OUT=$LOG IS_GPU_SANITIZE=${IS_GPU_SANITIZE:-0} timeout "${CHECK_TIMEOUT:-400}" bash scripts/gpu_check.sh \
@@ -85,7 +86,7 @@ sed -n '/=== summary/,$p' "$LOG/check.out" | tee -a "$SUMMARY"
 grep -E 'rel err|identical|arena|inject|FAILED|SKIPPED|PASSED' "$LOG/ctest.log" 2>/dev/null \
   | grep -vE '^\s*$' | head -80 >> "$SUMMARY"
 stamp "gpu_check rc $CHECK_RC"
-[ "${GEN_AFTER_CHECK:-0}" = 1 ] && gen_gguf
+[ "${GEN_AFTER_CHECK:-0}" = 1 ] && [ "${BENCH:-1}" != 0 ] && gen_gguf
 if [ -f "$LOG/cmake.log" ] && [ -d build-gpu ]; then
   if ! cmake --build build-gpu -j "$(nproc)" --target bench_gpu > "$LOG/build_bench.log" 2>&1; then
     stamp "bench_gpu build FAILED"; tail -20 "$LOG/build_bench.log"; exit 1
@@ -126,6 +127,7 @@ if [ "${NCU:-0}" = 1 ]; then
   fi
 fi
 
+if [ "${BENCH:-1}" = 0 ]; then stamp "BENCH=0: no GGUF, no bench_gpu"; exit 0; fi
 if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; fi
 stamp "gguf: $(tail -2 "$LOG/gen.log" | tr '\n' ' ')"
 [ -s "$GGUF" ] || { stamp "no GGUF"; exit 1; }

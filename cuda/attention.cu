@@ -26,7 +26,6 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
     __shared__ __align__(16) float sqp[CUDA_ATTN_MAX_HEAD_DIM]; /* query for segment-0 keys */
     __shared__ float sacc[ATTN_WARPS][CUDA_ATTN_MAX_HEAD_DIM];
     __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS];
-    pdl_trigger(); /* the output product may start reading its weights */
 
     const int32_t h = blockIdx.x, t = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

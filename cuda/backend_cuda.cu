@@ -114,11 +114,9 @@ typedef struct cuda_ctx {
     bool stacked;
     /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
      * skinny_splits > 0 forces its column ranges: backend_cuda_set_skinny_splits,
-     * IS_CUDA_SKINNY_SPLITS), and whether it is launched as a programmatic
-     * dependent of the op before (backend_cuda_set_pdl, IS_CUDA_PDL=0: off). */
+     * IS_CUDA_SKINNY_SPLITS). */
     cuda_skinny_mode skinny;
     int32_t skinny_splits;
-    bool pdl;
     dev_stage st_tokens, st_rope, st_slots, st_attn;
     int32_t *pack;      /* host: attention metadata being packed */
     size_t pack_cap;    /* elements */
@@ -737,7 +735,7 @@ static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows,
     if (use_skinny(c, n_cols, rows, cols)) {
         const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
         return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xbf, n_cols,
-                                rows, cols, c->pdl);
+                                rows, cols, cuda_pdl_on());
     }
     const float one = 1.0f, zero = 0.0f;
     /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
@@ -1572,7 +1570,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         v = getenv("IS_CUDA_SKINNY_SPLITS");
         c->skinny_splits = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_PDL");
-        c->pdl = !(v && !strcmp(v, "0"));
+        if (v && !strcmp(v, "0")) cuda_pdl_set(false);
     }
     c->n_sms = 132;
     {
@@ -1654,7 +1652,7 @@ extern "C" void backend_cuda_set_skinny_splits(backend *be, int32_t splits) {
 
 extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
     graph_break(ctx_of(be));
-    ctx_of(be)->pdl = on;
+    cuda_pdl_set(on);
 }
 
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {

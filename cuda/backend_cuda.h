@@ -115,9 +115,11 @@ void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
 /* Forces the skinny kernel's column ranges (1-8; 0: its plan chooses), for
  * tests and benchmarks. IS_CUDA_SKINNY_SPLITS at creation. */
 void backend_cuda_set_skinny_splits(backend *be, int32_t splits);
-/* Launches the skinny kernel as a programmatic dependent of the op before
- * it (default on; IS_CUDA_PDL=0 at creation turns it off): it reads its
- * first weights while that op ends. */
+/* Launches the kernels that may (RMSNorm, RoPE + KV store, attention,
+ * SwiGLU, the skinny products) as programmatic dependents of the kernel
+ * before them, so each starts as the last one's blocks exit (default on;
+ * IS_CUDA_PDL=0 at creation turns it off). Process-wide: it sets the launch
+ * policy of every backend of the process. */
 void backend_cuda_set_pdl(backend *be, bool on);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The

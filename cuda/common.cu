@@ -3,6 +3,11 @@
  */
 #include "common.cuh"
 
+static bool g_pdl = true;
+
+void cuda_pdl_set(bool on) { g_pdl = on; }
+bool cuda_pdl_on(void) { return g_pdl; }
+
 is_status cuda_status_from(cudaError_t err, const char *expr, const char *file, int line) {
     is_status st = IS_ERR_INTERNAL;
     switch (err) {

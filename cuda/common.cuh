@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <utility>
 
 extern "C" {
 #include "core/status.h"
@@ -78,23 +79,46 @@ static __device__ __forceinline__ void bf16_copy_put(__nv_bfloat16 *obf, int64_t
     if (split) obf[n + i] = __float2bfloat16_rn(y - __bfloat162float(hi));
 }
 
-/* Programmatic dependent launch (sm_90). A kernel launched with
- * cudaLaunchAttributeProgrammaticStreamSerialization may start before the
- * stream's previous kernel has ended; pdl_wait() returns once that kernel
- * has finished and its writes are visible (at once for a kernel launched
- * without the attribute), so nothing it wrote may be read before. A kernel
- * that calls pdl_trigger() lets such a successor start as soon as all its
- * blocks have called it (otherwise: as they exit); its own work is
- * unaffected, since the successor still waits for it to end. */
+/* Programmatic dependent launch (PDL, sm_90). A kernel launched by
+ * cuda_launch_dependent may start while the stream's previous kernel is
+ * still ending (its blocks exiting, its writes being flushed), which hides
+ * the launch of the next op behind the end of the last. Such a kernel must
+ * call pdl_wait() before anything else, in every block: it returns once the
+ * previous kernel has finished and its writes are visible, and since every
+ * such kernel waits, a kernel's end implies that of all before it. No
+ * kernel triggers its dependents early: with the trigger at the start of
+ * the op before a product, products in sequence measured 5-10% slower
+ * (cuda/NOTES.md, run 35); so a dependent starts as the previous kernel's
+ * blocks exit. */
 static __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
-static __device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+
+/* Whether cuda_launch_dependent launches as a programmatic dependent
+ * (process-wide; default on; the backend's backend_cuda_set_pdl and
+ * IS_CUDA_PDL=0 turn it off: then every launch is an ordinary one). */
+void cuda_pdl_set(bool on);
+bool cuda_pdl_on(void);
+
+/* kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of
+ * the stream's previous kernel where cuda_pdl_on(). Only for kernels that
+ * begin with pdl_wait(). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cuda_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                                size_t smem, cudaStream_t s, Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = cuda_pdl_on() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 /* Butterfly reductions over the 32 lanes of a warp (every lane gets the

@@ -15,7 +15,6 @@ static __device__ __forceinline__ void swiglu_put(float *out, int64_t i, int64_t
 
 static __global__ void swiglu_kernel(float *out, const float *gate, const float *up, int64_t n,
                                      __nv_bfloat16 *obf, bool split) {
-    pdl_trigger(); /* the down product may start reading its weights */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         swiglu_put(out, i, n, gate[i], up[i], obf, split);
@@ -27,7 +26,7 @@ static __global__ void swiglu_kernel(float *out, const float *gate, const float 
 static __global__ void swiglu_stacked_kernel(float *out, const float *part, int32_t rows,
                                              int32_t T, bool halves, __nv_bfloat16 *obf,
                                              bool split) {
-    pdl_trigger();
+    pdl_wait(); /* launched as a dependent: nothing before this */
     const int32_t t = blockIdx.y;
     const int64_t n = (int64_t)T * rows, part_n = 2 * n; /* one half of the product */
     const float *p = part + (int64_t)t * 2 * rows;
@@ -54,14 +53,12 @@ static __global__ void add_bias_kernel(float *y, const float *bias, int64_t rows
 }
 
 static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
-    pdl_trigger(); /* a product's input: it may start reading its weights */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 static __global__ void f32_to_bf16_split_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
-    pdl_trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         bf16_copy_put(dst, n, i, src[i], true);
@@ -107,9 +104,9 @@ is_status cuda_swiglu_stacked(cudaStream_t s, float *out, const float *part, int
     IS_ASSERT(T <= 65535 && rows <= INT32_MAX / 2);
     int64_t bx = (rows + 255) / 256;
     if (bx > 64) bx = 64;
-    swiglu_stacked_kernel<<<dim3((unsigned)bx, (unsigned)T), 256, 0, s>>>(
-        out, part, (int32_t)rows, T, halves, obf, split);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cuda_launch_dependent(swiglu_stacked_kernel, dim3((unsigned)bx, (unsigned)T),
+                                     dim3(256), 0, s, out, part, (int32_t)rows, T, halves, obf,
+                                     split));
     return IS_OK;
 }
 

@@ -98,7 +98,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * in flight while kt is used. */
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
-    pdl_trigger(); /* the output product may start reading its weights */
+    pdl_wait(); /* launched as a dependent: nothing before this */
 
     unsigned long long *const tr =
         g_flash_trace && threadIdx.x == 0
@@ -522,7 +522,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
                        bool split) {
     constexpr int PER = D / 32; /* columns a lane merges */
     __shared__ float w_s[MERGE_THREADS / 32][FLASH_MAX_SPLITS];
-    pdl_trigger();
+    pdl_wait();
     const int32_t tile = blockIdx.x, kh = blockIdx.y;
     const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1];
     const int32_t G = n_heads / n_kv_heads;
@@ -659,28 +659,36 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                             plan.splits);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = (unsigned)plan.splits;
+    cudaLaunchAttribute at[2];
+    unsigned na = 0;
+    if (cluster) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1;
+        at[na].val.clusterDim.y = 1;
+        at[na].val.clusterDim.z = (unsigned)plan.splits;
+        na++;
+    }
+    if (cuda_pdl_on()) { /* the kernel begins with pdl_wait() */
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
     cfg.gridDim = dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits);
     cfg.blockDim = dim3(FLASH_BM * 2 * KS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = at;
-    cfg.numAttrs = cluster ? 1 : 0;
+    cfg.numAttrs = na;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>, out, q,
                                   k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                                   block_size, scale_log2, plan.splits, cluster, partial, ob.p,
                                   ob.n, ob.split));
     if (plan.splits > 1 && !cluster) {
-        flash_merge_kernel<D, FLASH_BM><<<dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
-                                               FLASH_BM / (MERGE_THREADS / 32)),
-                                          MERGE_THREADS, 0, s>>>(out, partial, tiles, n_heads,
-                                                                 n_kv_heads, plan.splits, ob.p,
-                                                                 ob.n, ob.split);
-        CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cuda_launch_dependent(
+            flash_merge_kernel<D, FLASH_BM>,
+            dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads, FLASH_BM / (MERGE_THREADS / 32)),
+            dim3(MERGE_THREADS), 0, s, out, (const float *)partial, tiles, n_heads, n_kv_heads,
+            plan.splits, ob.p, ob.n, ob.split));
     }
     return IS_OK;
 }

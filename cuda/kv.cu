@@ -82,6 +82,7 @@ static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *
                                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                          int32_t block_size, int32_t half, bool neox,
                                          const float *cs, int32_t q_blocks) {
+    pdl_wait(); /* launched as a dependent: nothing before this */
     const int32_t t = blockIdx.x, p = pos[t];
     const float *tab = cs + (int64_t)(p < 0 ? -p : p) * half * 2;
     if ((int32_t)blockIdx.y < q_blocks) {
@@ -132,14 +133,16 @@ static is_status rope_store_launch(cudaStream_t s, float *q, const rs_src &src, 
                             n_heads, head_dim);
     const dim3 grid((unsigned)T, (unsigned)(q_blocks + kv_blocks));
     if (bf16)
-        rope_store_kernel<<<grid, ROPE_STORE_THREADS, 0, s>>>(
-            q, src, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos, slots, n_heads,
-            n_kv_heads, head_dim, block_size, half, neox, cs, q_blocks);
+        CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<__nv_bfloat16>, grid,
+                                         dim3(ROPE_STORE_THREADS), 0, s, q, src,
+                                         (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos,
+                                         slots, n_heads, n_kv_heads, head_dim, block_size, half,
+                                         neox, cs, q_blocks));
     else
-        rope_store_kernel<<<grid, ROPE_STORE_THREADS, 0, s>>>(
-            q, src, (float *)k_cache, (float *)v_cache, pos, slots, n_heads, n_kv_heads, head_dim,
-            block_size, half, neox, cs, q_blocks);
-    CUDA_CHECK_LAUNCH();
+        CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<float>, grid, dim3(ROPE_STORE_THREADS),
+                                         0, s, q, src, (float *)k_cache, (float *)v_cache, pos,
+                                         slots, n_heads, n_kv_heads, head_dim, block_size, half,
+                                         neox, cs, q_blocks));
     return IS_OK;
 }
 

@@ -26,7 +26,7 @@ static __device__ __forceinline__ float block_sum(float ss, float *partial) {
 static __global__ void rmsnorm_kernel(float *out, float *x, const float *res, const float *g,
                                       int32_t n, float eps, __nv_bfloat16 *obf, int64_t split_off) {
     __shared__ float partial[NORM_THREADS / 32];
-    pdl_trigger(); /* the product after a norm may start reading its weights */
+    pdl_wait(); /* launched as a dependent: nothing before this */
     float *xr = x + (int64_t)blockIdx.x * n;
     float *o = out + (int64_t)blockIdx.x * n;
     if (res) {
@@ -57,7 +57,7 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
                                           int32_t n, float eps, __nv_bfloat16 *obf,
                                           int64_t split_off) {
     __shared__ float partial[NORM_THREADS / 32];
-    pdl_trigger();
+    pdl_wait();
     const int32_t n4 = n >> 2;
     float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * n);
     const float4 *rr = res ? (const float4 *)(res + (int64_t)blockIdx.x * n) : NULL;
@@ -123,16 +123,13 @@ is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *re
     const int32_t per = (n / 4 + NORM_THREADS - 1) / NORM_THREADS; /* float4s a thread */
     const bool vec = n % 4 == 0 && per <= 8 && cuda_aligned16(out) && cuda_aligned16(x) &&
                      (!res || cuda_aligned16(res)) && cuda_aligned16(g) && ((uintptr_t)obf & 7) == 0;
-    if (!vec)
-        rmsnorm_kernel<<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
-    else if (per <= 1)
-        rmsnorm_vec_kernel<1><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
-    else if (per <= 2)
-        rmsnorm_vec_kernel<2><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
-    else if (per <= 4)
-        rmsnorm_vec_kernel<4><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
-    else
-        rmsnorm_vec_kernel<8><<<T, NORM_THREADS, 0, s>>>(out, x, res, g, n, eps, obf, split_off);
-    CUDA_CHECK_LAUNCH();
+    void (*k)(float *, float *, const float *, const float *, int32_t, float, __nv_bfloat16 *,
+              int64_t) = !vec       ? rmsnorm_kernel
+                         : per <= 1 ? rmsnorm_vec_kernel<1>
+                         : per <= 2 ? rmsnorm_vec_kernel<2>
+                         : per <= 4 ? rmsnorm_vec_kernel<4>
+                                    : rmsnorm_vec_kernel<8>;
+    CUDA_CHECK(cuda_launch_dependent(k, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, out, x, res,
+                                     g, n, eps, obf, split_off));
     return IS_OK;
 }

@@ -19,15 +19,22 @@ namespace cg = cooperative_groups;
 
 #define SK_WARPS (SKINNY_BLOCK_ROWS / 16)
 #define SK_THREADS (32 * SK_WARPS)
-/* 64-column steps of its rows a warp holds in registers: two in flight
- * while the third is multiplied (6 KiB a warp, ~100 KiB a multiprocessor
- * at two blocks). */
-#define SK_STAGES 3
+/* x comes into shared memory a chunk of SK_CHUNK columns at a time (two
+ * buffers: the next chunk's copies fly while this one is read), and each
+ * warp keeps SK_CHUNK / 64 steps of its weight rows in registers, so a
+ * chunk's steps index them with constants: 4 steps of 2 KiB a warp in
+ * flight (16-byte loads that skip L1, 256-byte L2 prefetch). */
+#define SK_CHUNK 256
+#define SK_STAGES (SK_CHUNK / 64)
+/* bf16 a row of x takes in shared memory: a pitch of 64 modulo 128 bytes
+ * puts the 8 lanes of a 16-byte load phase (2 rows x 4 lanes) in distinct
+ * banks. */
+#define SK_XLD (SK_CHUNK + 32)
 /* Floats a token's row of the block's sums takes: 128 + 4 puts the 32
  * lanes' stores (8 rows x 4 token pairs) in distinct banks. */
 #define SK_RED_LD (SKINNY_BLOCK_ROWS + 4)
-/* Columns a range has at least (4 steps: the pipeline's depth and more). */
-#define SK_MIN_RANGE 256
+/* Columns a range has at least (one chunk). */
+#define SK_MIN_RANGE SK_CHUNK
 
 bool cuda_skinny_supports(int32_t n, int64_t rows, int64_t cols) {
     return n >= 1 && n <= SKINNY_MAX_N && rows >= 1 && rows <= INT32_MAX && cols >= 64 &&
@@ -37,6 +44,9 @@ bool cuda_skinny_supports(int32_t n, int64_t rows, int64_t cols) {
 /* 8-row tiles of x the kernel holds (a power of two), and its index among
  * the instantiations. */
 static int nt_index(int32_t n) { return n <= 8 ? 0 : n <= 16 ? 1 : n <= 32 ? 2 : 3; }
+
+/* Dynamic shared memory of the kernel for NT tiles of x: two chunks. */
+static size_t x_smem(int nt) { return (size_t)2 * nt * 8 * SK_XLD * 2; }
 
 static __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
                                                 uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -57,6 +67,18 @@ static __device__ __forceinline__ uint4 ld_weights(const __nv_bfloat16 *p) {
     return v;
 }
 
+/* 16 bytes global -> shared, not through registers nor L1. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+static __device__ __forceinline__ void cp_wait_all_but_one() {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
 /* Step i of a warp's rows: row g's two chunks, then row g + 8's. */
 static __device__ __forceinline__ void load_step(uint4 *a, const __nv_bfloat16 *w_lo,
                                                  const __nv_bfloat16 *w_hi, int i) {
@@ -72,45 +94,63 @@ static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
                   int32_t n, int32_t rows, int32_t cols, int32_t kc) {
     /* This block's sums, [token][row]: read by the cluster's blocks. */
     __shared__ __align__(16) float red[NT * 8][SK_RED_LD];
-    pdl_trigger();
+    extern __shared__ __align__(16) __nv_bfloat16 xs[]; /* [2][NT * 8][SK_XLD] */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int split = blockIdx.y, n_splits = gridDim.y;
-    const int k0 = split * kc, steps = min(kc, cols - k0) / 64;
+    const int k0 = split * kc, klen = min(kc, cols - k0), steps = klen / 64;
     const int row_block = blockIdx.x * SKINNY_BLOCK_ROWS;
     /* Rows past the end read the last row and are not written. */
     const int r_lo = row_block + warp * 16 + g;
     const __nv_bfloat16 *w_lo = w + (int64_t)min(r_lo, rows - 1) * cols + k0 + 8 * c;
     const __nv_bfloat16 *w_hi = w + (int64_t)min(r_lo + 8, rows - 1) * cols + k0 + 8 * c;
 
-    /* The weights do not depend on the kernel before: its first steps go
-     * out before waiting for it. */
+    /* The weights do not depend on the kernel before: the first chunk's
+     * steps go out before waiting for it. */
     uint4 a[SK_STAGES][4];
 #pragma unroll
     for (int d = 0; d < SK_STAGES; d++)
         if (d < steps) load_step(a[d], w_lo, w_hi, d);
     pdl_wait();
 
-    /* x rows past n repeat the last (their sums are never written). */
-    const __nv_bfloat16 *xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) xr[t] = x + (int64_t)min(8 * t + g, n - 1) * cols + k0 + 8 * c;
+    /* Chunk j of x (rows past n repeat the last; their sums are never
+     * written) into buffer j % 2, as one cp.async group. */
+    const int n_chunks = (klen + SK_CHUNK - 1) / SK_CHUNK;
+    auto load_x = [&](int j) {
+        __nv_bfloat16 *dst = xs + (size_t)(j & 1) * NT * 8 * SK_XLD;
+        const int c0 = j * SK_CHUNK, len = min(SK_CHUNK, klen - c0);
+        for (int i = threadIdx.x; i < NT * 8 * (SK_CHUNK / 8); i += SK_THREADS) {
+            const int r = i / (SK_CHUNK / 8), ch = i % (SK_CHUNK / 8);
+            if (8 * ch < len)
+                cp_async16(dst + r * SK_XLD + 8 * ch,
+                           x + (int64_t)min(r, n - 1) * cols + k0 + c0 + 8 * ch);
+        }
+        cp_commit();
+    };
+    load_x(0);
+
     float acc[NT][4];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[t][e] = 0.0f;
 
-    for (int i0 = 0; i0 < steps; i0 += SK_STAGES) {
+    for (int j = 0; j < n_chunks; j++) {
+        if (j + 1 < n_chunks) load_x(j + 1);
+        else cp_commit(); /* an empty group: the wait below counts the same */
+        cp_wait_all_but_one(); /* this thread's copies of chunk j have landed */
+        __syncthreads();       /* and everyone's */
+        const __nv_bfloat16 *xb = xs + (size_t)(j & 1) * NT * 8 * SK_XLD + g * SK_XLD + 8 * c;
 #pragma unroll
         for (int d = 0; d < SK_STAGES; d++) {
-            const int i = i0 + d;
+            const int i = j * SK_STAGES + d;
             if (i >= steps) break;
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 uint4 b[NT];
 #pragma unroll
                 for (int t = 0; t < NT; t++)
-                    b[t] = *reinterpret_cast<const uint4 *>(xr[t] + 64 * i + 32 * half);
+                    b[t] = *reinterpret_cast<const uint4 *>(xb + t * 8 * SK_XLD + 64 * d +
+                                                            32 * half);
                 const uint4 r0 = a[d][half], r1 = a[d][2 + half];
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
@@ -118,9 +158,10 @@ static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
                     mma_bf16(acc[t], r0.z, r1.z, r0.w, r1.w, b[t].z, b[t].w);
                 }
             }
-            /* The stage is free once multiplied: step i + SK_STAGES. */
+            /* The stage is free once multiplied: the next chunk's step. */
             if (i + SK_STAGES < steps) load_step(a[d], w_lo, w_hi, i + SK_STAGES);
         }
+        __syncthreads(); /* buffer j % 2 is read; chunk j + 2 may overwrite it */
     }
 
     /* Accumulator element e of tile t: weight row g + 8 (e / 2) of the
@@ -165,7 +206,11 @@ template <int NT> static cudaError_t ask_fit(int32_t *out) {
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_kernel<NT>, SK_THREADS, 0);
+        e = cudaFuncSetAttribute(skinny_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)x_smem(NT));
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_kernel<NT>, SK_THREADS,
+                                                          x_smem(NT));
     if (e != cudaSuccess) return e;
     out[1] = per_sm * n_sms;
     for (int s = 2; s <= SKINNY_MAX_SPLITS; s++) {
@@ -177,6 +222,7 @@ template <int NT> static cudaError_t ask_fit(int32_t *out) {
         at[0].val.clusterDim.z = 1;
         cfg.gridDim = dim3(1, (unsigned)s);
         cfg.blockDim = dim3(SK_THREADS);
+        cfg.dynamicSmemBytes = x_smem(NT);
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int nc = 0;
@@ -241,6 +287,7 @@ static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __
     }
     cfg.gridDim = dim3((unsigned)p->row_blocks, (unsigned)p->splits);
     cfg.blockDim = dim3(SK_THREADS);
+    cfg.dynamicSmemBytes = x_smem(NT);
     cfg.stream = s;
     cfg.attrs = at;
     cfg.numAttrs = na;
