@@ -196,23 +196,16 @@ static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
     cl.sync(); /* no block leaves while another reads its sums */
 }
 
-/* What fits on the current device, asked once (blocks of NT = 1, 2, 4, 8;
- * 0: the launch would not fit). */
+/* Clusters of s blocks that fit on the current device at once, asked once
+ * for each NT (1, 2, 4, 8) and s = 2..8 (0: such a launch would not fit). */
 static int32_t g_clusters[4][SKINNY_MAX_SPLITS + 1];
 static bool g_asked;
 
 template <int NT> static cudaError_t ask_fit(int32_t *out) {
-    int dev = 0, n_sms = 0, per_sm = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(skinny_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)x_smem(NT));
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_kernel<NT>, SK_THREADS,
-                                                          x_smem(NT));
+    /* Past 48 KiB of dynamic shared memory (NT = 8) a kernel must say so. */
+    cudaError_t e = cudaFuncSetAttribute(
+        skinny_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)x_smem(NT));
     if (e != cudaSuccess) return e;
-    out[1] = per_sm * n_sms;
     for (int s = 2; s <= SKINNY_MAX_SPLITS; s++) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[1];

@@ -4,14 +4,15 @@
  * once: y[n][rows] = x[n][cols] W^T, W bf16 [rows][cols], x bf16, y f32
  * (the layout cuBLAS writes for the backend).
  *
- * cuBLAS reaches 1.4-3.6 TB/s on these shapes at n = 30 (a small product's
- * ramp and tail, ~10-16 us each, are most of its excess over the weights'
- * 4.2 TB/s: cuda/NOTES.md runs 16-23). This kernel:
+ * The backend's products use it only when asked (backend_cuda_set_skinny):
+ * inside the kernel it is 13-29% slower than cuBLAS's nvjet kernels at 30
+ * rows on the 8B layer's shapes, and a layer's products in sequence run at
+ * 0.93-1.04x of cuBLAS's speed (cuda/NOTES.md runs 34-36). This kernel:
  *  - streams W straight from memory into tensor-core fragments: a block of
  *    8 warps owns 128 weight rows (16 a warp) over one range of columns,
- *    each warp keeping SK_STAGES 64-column steps of its rows in registers
- *    (16-byte loads that skip L1); x comes through L1, read alike by the
- *    block's 8 warps;
+ *    each warp keeping 4 64-column steps of its rows in registers (16-byte
+ *    loads that skip L1, 256-byte L2 prefetch); x comes into shared memory
+ *    by chunks of 256 columns, read alike by the block's 8 warps;
  *  - cuts the columns into up to 8 ranges whose blocks form a thread-block
  *    cluster and add their partial sums through distributed shared memory,
  *    in range order (deterministic; no partials in global memory, no second

@@ -15,6 +15,7 @@
 # Usage: scripts/gpu_check.sh            (build dir build-gpu)
 #        IS_GPU_SANITIZE=0 scripts/gpu_check.sh   (skip compute-sanitizer)
 #        IS_GPU_SANITIZE_TIMEOUT=120 ...          (seconds per sanitizer run)
+#        IS_GPU_CTEST=0 scripts/gpu_check.sh      (build only: for benchmark-only calls)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -53,7 +54,9 @@ if [ "${RESULT[configure]}" = ok ]; then
   fi
 fi
 
-if [[ "${RESULT[build]:-}" == ok* ]]; then
+if [[ "${RESULT[build]:-}" == ok* ]] && [ "${IS_GPU_CTEST:-1}" = 0 ]; then
+  note "ctest -L gpu" "not run (IS_GPU_CTEST=0)"
+elif [[ "${RESULT[build]:-}" == ok* ]]; then
   section "ctest -L gpu"
   (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout ${CTEST_TIMEOUT:-200} -V) > "$OUT/ctest.log" 2>&1
   rc=$?
