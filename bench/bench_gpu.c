@@ -40,9 +40,10 @@
  *   bf16    the same with matmul inputs in bf16 (the precision PyTorch's
  *           bf16 models run at).
  * A configuration may carry a modifier for the products of few rows:
- * "+skinny" (all of up to 64 rows on cuda/skinny.cuh's kernel) or "+decode"
- * (the kernel up to 8 rows); without one, all on cuBLAS (the default),
- * e.g. -c bf16,bf16+decode,bf16+skinny. "+unstacked" runs q, k, v (and
+ * "+skinny" (all of up to 64 rows on cuda/skinny.cuh's kernel) or
+ * "+noskinny" (all on cuBLAS); without one, the backend's default (the
+ * kernel for up to 8 GEMM columns, so a 30-token query's products are on
+ * cuBLAS either way), e.g. -c bf16,bf16+noskinny,bf16+skinny. "+unstacked" runs q, k, v (and
  * gate, up) as a product each instead of one of their stacked weights
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
  * "+nocluster" merges the attention's key splits by a second kernel, not
@@ -584,7 +585,7 @@ int main(int argc, char **argv) {
                     "      (cuda; -c '' -t '' for this alone)\n"
                     "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
                     "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
-                    "         +decode (the kernel up to 8 rows; default: all on cuBLAS),\n"
+                    "         +noskinny (all on cuBLAS; default: the kernel up to 8 rows),\n"
                     "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
                     "         product each (not one of stacked weights); +nocluster:\n"
                     "         attention key splits merged by a second kernel; +nopdl: the\n"
@@ -685,9 +686,9 @@ int main(int argc, char **argv) {
             if (!legacy) backend_cuda_set_kv_dtype(b.be, CUDA_KV_BF16); /* the serving configuration */
             backend_cuda_set_matmul_precision(b.be, bf16 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
             backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));
-            backend_cuda_set_skinny(b.be, strstr(cfg, "+skinny")   ? CUDA_SKINNY_ALL
-                                          : strstr(cfg, "+decode") ? CUDA_SKINNY_DECODE
-                                                                   : CUDA_SKINNY_OFF);
+            backend_cuda_set_skinny(b.be, strstr(cfg, "+noskinny") ? CUDA_SKINNY_OFF
+                                          : strstr(cfg, "+skinny")  ? CUDA_SKINNY_ALL
+                                                                    : CUDA_SKINNY_DECODE);
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
             backend_cuda_set_pdl(b.be, strstr(cfg, "+nopdl") == NULL);

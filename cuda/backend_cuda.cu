@@ -719,8 +719,9 @@ static is_status input_bf16(cuda_ctx *c, const float *x, int32_t T, int64_t cols
 }
 
 /* Whether a product of n_cols GEMM columns (input rows; twice them when
- * split) takes the skinny kernel: every one it supports (CUDA_SKINNY_ALL),
- * or those of a decode step or small batch (CUDA_SKINNY_DECODE: <= 8). */
+ * split) may take the skinny kernel: every one it supports (CUDA_SKINNY_ALL),
+ * or those of a decode step or small batch (CUDA_SKINNY_DECODE, the
+ * default: <= 8); gemm_bf16 then takes it where its plan is one wave. */
 static bool use_skinny(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols) {
     return !c->legacy && cuda_skinny_supports(n_cols, rows, cols) &&
            (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && n_cols <= 8));
@@ -734,8 +735,9 @@ static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows,
                            int64_t cols) {
     if (use_skinny(c, n_cols, rows, cols)) {
         const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
-        return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xbf, n_cols,
-                                rows, cols, cuda_pdl_on());
+        if (cuda_skinny_one_wave(&p, n_cols))
+            return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xbf, n_cols,
+                                    rows, cols, cuda_pdl_on());
     }
     const float one = 1.0f, zero = 0.0f;
     /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
@@ -1564,9 +1566,9 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     }
     {
         const char *v = getenv("IS_CUDA_SKINNY");
-        c->skinny = v && !strcmp(v, "1")        ? CUDA_SKINNY_ALL
-                    : v && !strcmp(v, "decode") ? CUDA_SKINNY_DECODE
-                                                : CUDA_SKINNY_OFF;
+        c->skinny = v && !strcmp(v, "1")   ? CUDA_SKINNY_ALL
+                    : v && !strcmp(v, "0") ? CUDA_SKINNY_OFF
+                                           : CUDA_SKINNY_DECODE;
         v = getenv("IS_CUDA_SKINNY_SPLITS");
         c->skinny_splits = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_PDL");

@@ -101,11 +101,14 @@ void backend_cuda_set_flash(backend *be, bool on);
 void backend_cuda_set_flash_clusters(backend *be, bool on);
 /* Which products take the skinny kernel (cuda/skinny.cuh: weights streamed
  * into tensor-core fragments, column ranges summed inside a cluster) rather
- * than cuBLAS. Default CUDA_SKINNY_OFF. CUDA_SKINNY_DECODE: at most 8 GEMM
- * columns (decode steps, small batches); CUDA_SKINNY_ALL: every product of
- * <= SKINNY_MAX_N columns (input rows, twice them with bf16x2 inputs) whose
- * weights have a multiple of 64 columns. The environment picks at creation:
- * IS_CUDA_SKINNY=decode or =1 (all). */
+ * than cuBLAS, among those whose weights have a multiple of 64 columns and
+ * whose plan is one wave of blocks (so not the 8B head). Default
+ * CUDA_SKINNY_DECODE: at most 8 GEMM columns (decode steps of up to 8
+ * sequences, 4 with bf16x2 inputs; a one-sequence 8B decode step measured
+ * 2.2% faster than on cuBLAS, cuda/NOTES.md run 38); CUDA_SKINNY_ALL: every
+ * product of <= SKINNY_MAX_N columns (input rows, twice them with bf16x2
+ * inputs; at 30 rows slower than cuBLAS); CUDA_SKINNY_OFF: none. The
+ * environment picks at creation: IS_CUDA_SKINNY=0 (off), =1 (all). */
 typedef enum cuda_skinny_mode {
     CUDA_SKINNY_OFF = 0,
     CUDA_SKINNY_DECODE = 1,

@@ -196,16 +196,24 @@ static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
     cl.sync(); /* no block leaves while another reads its sums */
 }
 
-/* Clusters of s blocks that fit on the current device at once, asked once
- * for each NT (1, 2, 4, 8) and s = 2..8 (0: such a launch would not fit). */
-static int32_t g_clusters[4][SKINNY_MAX_SPLITS + 1];
+/* What fits on the current device at once, asked once for each NT (1, 2,
+ * 4, 8): [1] blocks, [s] clusters of s blocks for s = 2..8 (0: such a
+ * launch would not fit). */
+static int32_t g_fit[4][SKINNY_MAX_SPLITS + 1];
 static bool g_asked;
 
 template <int NT> static cudaError_t ask_fit(int32_t *out) {
     /* Past 48 KiB of dynamic shared memory (NT = 8) a kernel must say so. */
     cudaError_t e = cudaFuncSetAttribute(
         skinny_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)x_smem(NT));
+    int dev = 0, n_sms = 0, per_sm = 0;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skinny_kernel<NT>, SK_THREADS,
+                                                          x_smem(NT));
     if (e != cudaSuccess) return e;
+    out[1] = per_sm * n_sms;
     for (int s = 2; s <= SKINNY_MAX_SPLITS; s++) {
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at[1];
@@ -228,10 +236,10 @@ template <int NT> static cudaError_t ask_fit(int32_t *out) {
 
 is_status cuda_skinny_prepare(void) {
     if (g_asked) return IS_OK;
-    CUDA_CHECK(ask_fit<1>(g_clusters[0]));
-    CUDA_CHECK(ask_fit<2>(g_clusters[1]));
-    CUDA_CHECK(ask_fit<4>(g_clusters[2]));
-    CUDA_CHECK(ask_fit<8>(g_clusters[3]));
+    CUDA_CHECK(ask_fit<1>(g_fit[0]));
+    CUDA_CHECK(ask_fit<2>(g_fit[1]));
+    CUDA_CHECK(ask_fit<4>(g_fit[2]));
+    CUDA_CHECK(ask_fit<8>(g_fit[3]));
     g_asked = true;
     return IS_OK;
 }
@@ -247,7 +255,7 @@ skinny_plan cuda_skinny_plan(int32_t n, int64_t rows, int64_t cols, int32_t spli
         /* The most ranges that keep every block resident at once: a small
          * product then has a block on (nearly) every multiprocessor, a
          * large one (rows alone fill the GPU) one range and no cluster. */
-        const int32_t *fit = g_clusters[nt_index(n)];
+        const int32_t *fit = g_fit[nt_index(n)];
         for (int64_t c = SKINNY_MAX_SPLITS; c >= 2; c--)
             if (cols / c >= SK_MIN_RANGE && p.row_blocks <= fit[c]) {
                 s = c;
@@ -258,6 +266,12 @@ skinny_plan cuda_skinny_plan(int32_t n, int64_t rows, int64_t cols, int32_t spli
     p.kc = (int32_t)((steps + s - 1) / s * 64);
     p.splits = (int32_t)((cols + p.kc - 1) / p.kc);
     return p;
+}
+
+bool cuda_skinny_one_wave(const skinny_plan *p, int32_t n) {
+    if (!g_asked || p->splits < 1 || p->splits > SKINNY_MAX_SPLITS) return false;
+    const int32_t fit = g_fit[nt_index(n)][p->splits];
+    return fit > 0 && p->row_blocks <= fit;
 }
 
 template <int NT>

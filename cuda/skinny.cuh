@@ -57,6 +57,11 @@ skinny_plan cuda_skinny_plan(int32_t n, int64_t rows, int64_t cols, int32_t spli
  * while a stream captures); the plan reads the answers. */
 is_status cuda_skinny_prepare(void);
 
+/* Whether every block (or cluster) of the plan is resident at once: the
+ * kernel is built for one wave, and past it loses to cuBLAS (the 8B head,
+ * 128256 rows at one row: 1002 blocks, 1-6% slower; runs 34-35). */
+bool cuda_skinny_one_wave(const skinny_plan *p, int32_t n);
+
 /* y[n][rows] = x W^T. pdl: launched as a programmatic dependent of the
  * stream's previous kernel (its weights are read before that kernel ends;
  * x after). */

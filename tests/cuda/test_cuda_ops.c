@@ -511,7 +511,7 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_F32, 64, 64, 512, false, CUDA_MATMUL_BF16);
     }
     backend_cuda_set_skinny_splits(g_gpu, 0);
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
     double e2 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16X2);
@@ -608,7 +608,7 @@ static void test_matmul_n(void **state) {
         check_matmul_n(2, gate_up, 576, false, 300, prec);
         check_matmul_n(2, odd, 96, true, 5, prec);
     }
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
     /* Refusals: widths that differ, a vector, too many. */
     test_weight a, v;
     weight_make(&a, TENSOR_TYPE_F32, 64, 8, 1.0f);
@@ -696,7 +696,7 @@ static void test_matmul_swiglu(void **state) {
         check_matmul_swiglu(1536, 576, 300, true, prec); /* past STACKED_MAX_T: two products */
         check_matmul_swiglu(1536, 576, 30, false, prec); /* separate weights */
     }
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
 }
 
 typedef struct rope_case {
@@ -1286,7 +1286,7 @@ static void test_matmul_rope_store(void **state) {
     check_matmul_rope_store(30, true, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(30, false, false, false, ROPE_LAYOUT_NORM, 64, CUDA_MATMUL_BF16);
     check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
+    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
 }
 
 /* ---- injection ------------------------------------------------------------------ */
