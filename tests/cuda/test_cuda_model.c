@@ -256,6 +256,26 @@ static void test_tiny_models(void **state) {
         char what[96];
         snprintf(what, sizeof what, "tiny %s", de->d_name);
         compare_stream(what, mc, mg, toks, n_prefill, n_decode, REL_TOL, ARGMAX_MIN_RANDOM);
+        /* Decode steps on cuBLAS instead of the skinny kernel: the same bar. */
+        backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
+        compare_stream("  the same, every product on cuBLAS", mc, mg, toks, n_prefill, n_decode,
+                       REL_TOL, ARGMAX_MIN_RANDOM);
+        backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE);
+        /* Kernels launched as programmatic dependents or not: the same
+         * kernels on the same arguments, so the same bits. */
+        const size_t nl = (size_t)(n_prefill + n_decode) * V;
+        float *with = malloc(nl * sizeof(float)), *without = malloc(nl * sizeof(float));
+        assert_non_null(with);
+        assert_non_null(without);
+        run_stream(mg, toks, n_prefill, n_decode, with);
+        backend_cuda_set_pdl(g_gpu, false);
+        run_stream(mg, toks, n_prefill, n_decode, without);
+        backend_cuda_set_pdl(g_gpu, true);
+        gpu_ok();
+        assert_memory_equal(with, without, nl * sizeof(float));
+        printf("  the same with and without programmatic dependent launch: bitwise\n");
+        free(with);
+        free(without);
         model_free(mc);
         model_free(mg);
         n_models++;
