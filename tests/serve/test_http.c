@@ -1264,6 +1264,9 @@ static void test_log_and_clean_stop(void **state) {
     resp_free(&r);
     r = request("GET", "/v1/memories/?user_id=erin", KEY_B, NULL);
     int n_erin_b = cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results"));
+    if (n_erin_b != 2) /* seen once in CI (0 results), not reproduced: say what came back */
+        fprintf(stderr, "erin (tenant b): status %ld, curl rc %d, body: %.400s\n", r.status,
+                r.curl_rc, r.body ? r.body : "(none)");
     resp_free(&r);
     assert_int_equal(n_erin_b, 2);
     http_app_stop(g_app); /* waits for every connection: all lines are written */
