@@ -102,23 +102,60 @@ static __device__ __forceinline__ void pdl_wait() {
 void cuda_pdl_set(bool on);
 bool cuda_pdl_on(void);
 
+/* A launch's configuration: grid, block, dynamic shared memory, stream,
+ * thread-block cluster (1 x 1 x 1: none) and whether the kernel is a
+ * programmatic dependent (it must then begin with pdl_wait()). Filled in
+ * place (cfg points at its own attributes); cudaLaunchKernelEx and
+ * cudaOccupancyMaxActiveClusters read cfg. */
+struct cuda_launch_cfg {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at[2];
+};
+
+static inline void cuda_launch_cfg_init(cuda_launch_cfg *l, dim3 grid, dim3 block, size_t smem,
+                                        cudaStream_t s, dim3 cluster, bool pdl) {
+    l->cfg = cudaLaunchConfig_t{};
+    l->cfg.gridDim = grid;
+    l->cfg.blockDim = block;
+    l->cfg.dynamicSmemBytes = smem;
+    l->cfg.stream = s;
+    unsigned na = 0;
+    if (cluster.x * cluster.y * cluster.z > 1) {
+        l->at[na].id = cudaLaunchAttributeClusterDimension;
+        l->at[na].val.clusterDim.x = cluster.x;
+        l->at[na].val.clusterDim.y = cluster.y;
+        l->at[na].val.clusterDim.z = cluster.z;
+        na++;
+    }
+    if (pdl) {
+        l->at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        l->at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    l->cfg.attrs = l->at;
+    l->cfg.numAttrs = na;
+}
+
+/* kernel<<<grid, block, smem, s>>>(args...) in clusters of `cluster`
+ * blocks, as a programmatic dependent of the stream's previous kernel where
+ * pdl. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cuda_launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                         size_t smem, cudaStream_t s, dim3 cluster, bool pdl,
+                                         Args &&...args) {
+    cuda_launch_cfg l;
+    cuda_launch_cfg_init(&l, grid, block, smem, s, cluster, pdl);
+    return cudaLaunchKernelEx(&l.cfg, kernel, std::forward<Args>(args)...);
+}
+
 /* kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of
  * the stream's previous kernel where cuda_pdl_on(). Only for kernels that
  * begin with pdl_wait(). */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t cuda_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                                 size_t smem, cudaStream_t s, Args &&...args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = at;
-    cfg.numAttrs = cuda_pdl_on() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    return cuda_launch_ex(kernel, grid, block, smem, s, dim3(1, 1, 1), cuda_pdl_on(),
+                          std::forward<Args>(args)...);
 }
 
 /* Butterfly reductions over the 32 lanes of a warp (every lane gets the

@@ -614,20 +614,12 @@ static int32_t max_clusters(int32_t size) {
             is_error_clear();
             return 0;
         }
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 1;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = (unsigned)size;
-        cfg.gridDim = dim3(1, 1, (unsigned)size);
-        cfg.blockDim = dim3(FLASH_BM * 2 * KS);
-        cfg.dynamicSmemBytes = smem;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cuda_launch_cfg l;
+        cuda_launch_cfg_init(&l, dim3(1, 1, (unsigned)size), dim3(FLASH_BM * 2 * KS), smem, 0,
+                             dim3(1, 1, (unsigned)size), false);
         int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>, &cfg) !=
-            cudaSuccess)
+        if (cudaOccupancyMaxActiveClusters(&n, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>,
+                                           &l.cfg) != cudaSuccess)
             n = 0;
         cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
         n_of[size] = n;
@@ -658,31 +650,15 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
                             plan.splits);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    unsigned na = 0;
-    if (cluster) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = 1;
-        at[na].val.clusterDim.y = 1;
-        at[na].val.clusterDim.z = (unsigned)plan.splits;
-        na++;
-    }
-    if (cuda_pdl_on()) { /* the kernel begins with pdl_wait() */
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-    }
-    cfg.gridDim = dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits);
-    cfg.blockDim = dim3(FLASH_BM * 2 * KS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = at;
-    cfg.numAttrs = na;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>, out, q,
-                                  k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
-                                  block_size, scale_log2, plan.splits, cluster, partial, ob.p,
-                                  ob.n, ob.split));
+    /* The kernel begins with pdl_wait(). */
+    CUDA_CHECK(cuda_launch_ex(flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>,
+                              dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
+                                   (unsigned)plan.splits),
+                              dim3(FLASH_BM * 2 * KS), smem, s,
+                              dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
+                              out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
+                              block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
+                              ob.split));
     if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,

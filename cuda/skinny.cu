@@ -215,19 +215,11 @@ template <int NT> static cudaError_t ask_fit(int32_t *out) {
     if (e != cudaSuccess) return e;
     out[1] = per_sm * n_sms;
     for (int s = 2; s <= SKINNY_MAX_SPLITS; s++) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 1;
-        at[0].val.clusterDim.y = (unsigned)s;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3(1, (unsigned)s);
-        cfg.blockDim = dim3(SK_THREADS);
-        cfg.dynamicSmemBytes = x_smem(NT);
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cuda_launch_cfg l;
+        cuda_launch_cfg_init(&l, dim3(1, (unsigned)s), dim3(SK_THREADS), x_smem(NT), 0,
+                             dim3(1, (unsigned)s, 1), false);
         int nc = 0;
-        if (cudaOccupancyMaxActiveClusters(&nc, skinny_kernel<NT>, &cfg) != cudaSuccess) nc = 0;
+        if (cudaOccupancyMaxActiveClusters(&nc, skinny_kernel<NT>, &l.cfg) != cudaSuccess) nc = 0;
         cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
         out[s] = nc;
     }
@@ -277,29 +269,9 @@ bool cuda_skinny_one_wave(const skinny_plan *p, int32_t n) {
 template <int NT>
 static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
                         const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols, bool pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    unsigned na = 0;
-    if (p->splits > 1) {
-        at[na].id = cudaLaunchAttributeClusterDimension;
-        at[na].val.clusterDim.x = 1;
-        at[na].val.clusterDim.y = (unsigned)p->splits;
-        at[na].val.clusterDim.z = 1;
-        na++;
-    }
-    if (pdl) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-    }
-    cfg.gridDim = dim3((unsigned)p->row_blocks, (unsigned)p->splits);
-    cfg.blockDim = dim3(SK_THREADS);
-    cfg.dynamicSmemBytes = x_smem(NT);
-    cfg.stream = s;
-    cfg.attrs = at;
-    cfg.numAttrs = na;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_kernel<NT>, y, w, x, n, (int32_t)rows,
-                                  (int32_t)cols, p->kc));
+    CUDA_CHECK(cuda_launch_ex(skinny_kernel<NT>, dim3((unsigned)p->row_blocks, (unsigned)p->splits),
+                              dim3(SK_THREADS), x_smem(NT), s, dim3(1, (unsigned)p->splits, 1),
+                              pdl, y, w, x, n, (int32_t)rows, (int32_t)cols, p->kc));
     return IS_OK;
 }
 
