@@ -15,13 +15,22 @@
  *     and skinny, each op launched as usual or as a programmatic dependent
  *     (PDL) of the one before. This is where a product's ramp and tail, and
  *     the boundaries between kernels, show: alone, each is timed with them.
+ *  3. A product after a gap: a kernel that holds 96 multiprocessors for
+ *     about as long as a 30-token query's attention and reads no memory,
+ *     then the product (cuBLAS, 30 rows), with the product's weights (up to
+ *     a cap) asked into L2 during the gap or not: by cuda_prefetch_l2 (the
+ *     backend's), by bulk prefetches of other sizes, by one prefetch a
+ *     128-byte line. Says whether a product reads its weights faster from
+ *     L2 than from memory, and how much of them the gap can bring.
  *
- * Usage: bench_gemm_gpu [-r reps] [-s] [-P]
+ * Usage: bench_gemm_gpu [-r reps] [-s] [-P] [-g]
+ *   -g: only section 3.
  *   -P: profile mode for ncu: each stacked product once at 30 rows, cuBLAS
  *       then skinny, nothing else.
  */
 #include "bench_cuda.cuh"
 #include "common.cuh"
+#include "elementwise.cuh"
 #include "skinny.cuh"
 
 #include <math.h>
@@ -60,6 +69,33 @@ static __global__ void between_kernel(__nv_bfloat16 *x, const float *y, int64_t 
         x[i] = __float2bfloat16_rn(i < m ? y[i] * 0.01f : 0.0f);
 }
 
+/* The gap: each block spins `cycles` clocks and touches no memory. */
+static __global__ void spin_kernel(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+/* Bulk prefetches of `chunk` bytes (a multiple of 16), grid-stride. */
+static __global__ void prefetch_bulk_kernel(const char *p, size_t bytes, uint32_t chunk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const size_t step = (size_t)gridDim.x * blockDim.x * chunk;
+    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * chunk; off < bytes;
+         off += step) {
+        const size_t left = bytes - off;
+        const uint32_t n = (uint32_t)(left < chunk ? left : chunk);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
+                     : "memory");
+    }
+#endif
+}
+
+/* One prefetch.global.L2 a 128-byte line. */
+static __global__ void prefetch_lines_kernel(const char *p, size_t bytes) {
+    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 128; off < bytes;
+         off += (size_t)gridDim.x * blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + off));
+}
 
 struct shape {
     const char *name;
@@ -143,18 +179,83 @@ static double max_rel_diff(bench &b, const float *got_d, const float *ref_d, int
     return d / (ymax > 0 ? ymax : 1);
 }
 
+/* 3. A product after a gap, its weights prefetched into L2 or not. */
+static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_t e0,
+                      cudaEvent_t e1) {
+    int khz = 0;
+    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+    const double gap_us = 15.0;
+    const long long cycles = (long long)(gap_us * khz / 1e3);
+    const int n = 30;
+    enum { PF_NONE, PF_BACKEND, PF_BULK4K, PF_BULK64K, PF_LINES, PF_N };
+    const char *pf_name[PF_N] = {"none", "cuda_prefetch_l2 (8 KiB)", "bulk 4 KiB, 132 blocks",
+                                 "bulk 64 KiB, 4 blocks", "lines, 132 x 256 threads"};
+    const size_t caps[] = {(size_t)16 << 20, (size_t)40 << 20};
+    auto timed = [&](auto &&fn) {
+        std::vector<double> v;
+        for (int r = 0; r < 3; r++) fn(r);
+        for (int r = 0; r < reps; r++) {
+            CK(cudaEventRecord(e0, b.st));
+            fn(r + 3);
+            CK(cudaEventRecord(e1, b.st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            v.push_back(ms * 1e3);
+        }
+        CK(cudaGetLastError());
+        return median(v);
+    };
+    const double t_gap = timed([&](int) { spin_kernel<<<96, 256, 0, b.st>>>(cycles); });
+    printf("\nA product (cuBLAS, %d rows) after a gap of %.1f us (96 blocks spinning), its "
+           "weights' first CAP bytes prefetched into L2 at the gap's start or not; L2 %d MiB; "
+           "us, medians of %d:\n\n| shape | MB | prefetch | cap MB | gap + product | product "
+           "after the gap | vs none |\n|---|---|---|---|---|---|---|\n",
+           n, t_gap, prop.l2CacheSize >> 20, reps);
+    for (int li : k_layer) {
+        const shape &sh = k_shapes[li];
+        std::vector<__nv_bfloat16 *> ws = weight_copies(b, sh, 2, 300);
+        const size_t wbytes = (size_t)(sh.rows * sh.cols) * 2;
+        double t_none = 0;
+        for (int pf = 0; pf < PF_N; pf++)
+            for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
+                if (pf == PF_NONE && ci > 0) continue;
+                const size_t cap = wbytes < caps[ci] ? wbytes : caps[ci];
+                if (ci > 0 && cap == (wbytes < caps[0] ? wbytes : caps[0])) continue;
+                const double t = timed([&](int r) {
+                    const __nv_bfloat16 *w = ws[(size_t)r % ws.size()];
+                    const char *p = (const char *)w;
+                    if (pf == PF_BACKEND) CK(cuda_prefetch_l2(b.st, w, cap) == IS_OK ? cudaSuccess : cudaErrorUnknown);
+                    if (pf == PF_BULK4K) prefetch_bulk_kernel<<<132, 128, 0, b.st>>>(p, cap, 4096);
+                    if (pf == PF_BULK64K) prefetch_bulk_kernel<<<4, 128, 0, b.st>>>(p, cap, 65536);
+                    if (pf == PF_LINES) prefetch_lines_kernel<<<132, 256, 0, b.st>>>(p, cap);
+                    spin_kernel<<<96, 256, 0, b.st>>>(cycles);
+                    run_cublas(b, b.yref, w, sh, n);
+                });
+                if (pf == PF_NONE) t_none = t;
+                printf("| %s | %.1f | %s | %.0f | %.1f | %.1f | %+.1f |\n", sh.name, wbytes / 1e6,
+                       pf_name[pf], pf == PF_NONE ? 0.0 : cap / 1048576.0, t, t - t_gap,
+                       t - t_none);
+            }
+        free_copies(ws);
+    }
+}
+
 int main(int argc, char **argv) {
     int reps = 20;
-    bool sweep = false, profile = false;
+    bool sweep = false, profile = false, gap_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s")) sweep = true;
         else if (!strcmp(argv[i], "-P")) profile = true;
+        else if (!strcmp(argv[i], "-g")) gap_only = true;
         else {
-            fprintf(stderr, "usage: %s [-r reps] [-s] [-P]\n"
+            fprintf(stderr, "usage: %s [-r reps] [-s] [-P] [-g]\n"
                             "  -r  timed runs a median is taken of (20)\n"
                             "  -s  also sweep the skinny kernel's column ranges 1..8\n"
-                            "  -P  each stacked product once at 30 rows (for ncu)\n",
+                            "  -P  each stacked product once at 30 rows (for ncu)\n"
+                            "  -g  only the products after a gap, with and without\n"
+                            "      their weights prefetched into L2\n",
                     argv[0]);
             return 2;
         }
@@ -180,6 +281,10 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
 
+    if (gap_only) {
+        gap_bench(b, prop, reps, e0, e1);
+        return 0;
+    }
     if (profile) {
         for (int li : k_layer) {
             const shape &sh = k_shapes[li];
@@ -330,5 +435,7 @@ int main(int argc, char **argv) {
         }
     }
     printf("\n(weight reading alone at 4.2 TB/s: %.0f us a layer)\n", layer_gb / 4.2 * 1e3);
+    for (int j = 0; j < 4; j++) free_copies(lw[j]);
+    gap_bench(b, prop, reps, e0, e1);
     return 0;
 }

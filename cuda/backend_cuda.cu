@@ -112,6 +112,8 @@ typedef struct cuda_ctx {
     /* Products of stacked weights in one GEMM (matmul_n; default on,
      * IS_CUDA_STACKED=0 or backend_cuda_set_stacked: one product each). */
     bool stacked;
+    /* The prefetch op's hint taken (backend_cuda_set_prefetch, IS_CUDA_PREFETCH). */
+    bool prefetch;
     /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
      * skinny_splits > 0 forces its column ranges: backend_cuda_set_skinny_splits,
      * IS_CUDA_SKINNY_SPLITS). */
@@ -1232,6 +1234,19 @@ static void cu_swiglu(backend *be, float *out, const float *gate, const float *u
     op_note(c, st);
 }
 
+/* A weight's first PREFETCH_MAX bytes at most: what L2 (50 MiB on the
+ * H200) holds beside the attention's keys and values. */
+#define PREFETCH_MAX ((size_t)40 << 20)
+
+static void cu_prefetch(backend *be, const backend_weight *w) {
+    cuda_ctx *c = ctx_of(be);
+    if (!c->prefetch || !w || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_PREFETCH);
+    const cuda_weight *cw = (const cuda_weight *)w;
+    const size_t n = weight_bytes(cw);
+    op_note(c, cuda_prefetch_l2(c->stream, cw->data, n < PREFETCH_MAX ? n : PREFETCH_MAX));
+}
+
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
@@ -1475,6 +1490,7 @@ static const backend_ops cuda_ops = {
     /* .rope_store = */ cu_rope_store,
     /* .matmul_swiglu = */ cu_matmul_swiglu,
     /* .matmul_rope_store = */ cu_matmul_rope_store,
+    /* .prefetch = */ cu_prefetch,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1485,7 +1501,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
-    NULL,           NULL,        NULL,
+    NULL,           NULL,        NULL,       NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1573,6 +1589,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->skinny_splits = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_PDL");
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
+        v = getenv("IS_CUDA_PREFETCH");
+        c->prefetch = v && !strcmp(v, "1");
     }
     c->n_sms = 132;
     {
@@ -1657,6 +1675,11 @@ extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
     cuda_pdl_set(on);
 }
 
+extern "C" void backend_cuda_set_prefetch(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->prefetch = on;
+}
+
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->stacked = on;
@@ -1716,7 +1739,7 @@ extern "C" is_status backend_cuda_check(backend *be) {
 extern "C" const char *cuda_op_kind_name(cuda_op_kind k) {
     static const char *const names[CUDA_OP_N] = {
         "upload", "download", "copy", "get_rows", "rmsnorm", "matmul",
-        "rope", "kv_store", "attention", "swiglu", "add", "inject",
+        "rope", "kv_store", "attention", "swiglu", "add", "inject", "prefetch",
     };
     return k >= 0 && k < CUDA_OP_N ? names[k] : "?";
 }

@@ -274,6 +274,13 @@ static void test_tiny_models(void **state) {
         gpu_ok();
         assert_memory_equal(with, without, nl * sizeof(float));
         printf("  the same with and without programmatic dependent launch: bitwise\n");
+        /* The L2 prefetch of wo is a hint: the same bits with it. */
+        backend_cuda_set_prefetch(g_gpu, true);
+        run_stream(mg, toks, n_prefill, n_decode, without);
+        backend_cuda_set_prefetch(g_gpu, false);
+        gpu_ok();
+        assert_memory_equal(with, without, nl * sizeof(float));
+        printf("  the same with wo prefetched into L2 during the attention: bitwise\n");
         free(with);
         free(without);
         model_free(mc);
