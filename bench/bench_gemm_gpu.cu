@@ -18,10 +18,13 @@
  *  3. A product after a gap: a kernel that holds 96 multiprocessors for
  *     about as long as a 30-token query's attention and reads no memory,
  *     then the product (cuBLAS, 30 rows), with the product's weights (up to
- *     a cap) asked into L2 during the gap or not: by cuda_prefetch_l2 (the
- *     backend's), by bulk prefetches of other sizes, by one prefetch a
- *     128-byte line. Says whether a product reads its weights faster from
- *     L2 than from memory, and how much of them the gap can bring.
+ *     a cap) asked into L2 at the gap's start or not: in line, by
+ *     cuda_prefetch_l2 (the backend's), by bulk prefetches of 4 KiB, by one
+ *     prefetch a 128-byte line; by cuda_prefetch_l2 on a second stream,
+ *     beside the gap; or the weights read by the same product just before
+ *     (untimed: as much of them in L2 as it holds). Says whether a product
+ *     reads its weights faster from L2 than from memory, and whether a
+ *     prefetch can bring them there without costing the time it saves.
  *
  * Usage: bench_gemm_gpu [-r reps] [-s] [-P] [-g]
  *   -g: only section 3.
@@ -187,14 +190,23 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
     const double gap_us = 15.0;
     const long long cycles = (long long)(gap_us * khz / 1e3);
     const int n = 30;
-    enum { PF_NONE, PF_BACKEND, PF_BULK4K, PF_BULK64K, PF_LINES, PF_N };
-    const char *pf_name[PF_N] = {"none", "cuda_prefetch_l2 (8 KiB)", "bulk 4 KiB, 132 blocks",
-                                 "bulk 64 KiB, 4 blocks", "lines, 132 x 256 threads"};
+    enum { PF_NONE, PF_BACKEND, PF_BULK4K, PF_LINES, PF_SIDE, PF_WARM, PF_N };
+    const char *pf_name[PF_N] = {"none",
+                                 "cuda_prefetch_l2 (8 KiB) in line",
+                                 "bulk 4 KiB, 132 blocks, in line",
+                                 "lines, 132 x 256 threads, in line",
+                                 "cuda_prefetch_l2 on a second stream",
+                                 "none; the same weights just read (untimed)"};
+    cudaStream_t side;
+    cudaEvent_t go;
+    CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
     const size_t caps[] = {(size_t)16 << 20, (size_t)40 << 20};
-    auto timed = [&](auto &&fn) {
+    auto timed = [&](auto &&fn, auto &&before) {
         std::vector<double> v;
         for (int r = 0; r < 3; r++) fn(r);
         for (int r = 0; r < reps; r++) {
+            before(r + 3);
             CK(cudaEventRecord(e0, b.st));
             fn(r + 3);
             CK(cudaEventRecord(e1, b.st));
@@ -206,7 +218,8 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
         CK(cudaGetLastError());
         return median(v);
     };
-    const double t_gap = timed([&](int) { spin_kernel<<<96, 256, 0, b.st>>>(cycles); });
+    auto nothing = [](int) {};
+    const double t_gap = timed([&](int) { spin_kernel<<<96, 256, 0, b.st>>>(cycles); }, nothing);
     printf("\nA product (cuBLAS, %d rows) after a gap of %.1f us (96 blocks spinning), its "
            "weights' first CAP bytes prefetched into L2 at the gap's start or not; L2 %d MiB; "
            "us, medians of %d:\n\n| shape | MB | prefetch | cap MB | gap + product | product "
@@ -219,7 +232,7 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
         double t_none = 0;
         for (int pf = 0; pf < PF_N; pf++)
             for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
-                if (pf == PF_NONE && ci > 0) continue;
+                if ((pf == PF_NONE || pf == PF_WARM) && ci > 0) continue;
                 const size_t cap = wbytes < caps[ci] ? wbytes : caps[ci];
                 if (ci > 0 && cap == (wbytes < caps[0] ? wbytes : caps[0])) continue;
                 const double t = timed([&](int r) {
@@ -227,10 +240,16 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
                     const char *p = (const char *)w;
                     if (pf == PF_BACKEND) CK(cuda_prefetch_l2(b.st, w, cap) == IS_OK ? cudaSuccess : cudaErrorUnknown);
                     if (pf == PF_BULK4K) prefetch_bulk_kernel<<<132, 128, 0, b.st>>>(p, cap, 4096);
-                    if (pf == PF_BULK64K) prefetch_bulk_kernel<<<4, 128, 0, b.st>>>(p, cap, 65536);
                     if (pf == PF_LINES) prefetch_lines_kernel<<<132, 256, 0, b.st>>>(p, cap);
+                    if (pf == PF_SIDE) {
+                        CK(cudaEventRecord(go, b.st));
+                        CK(cudaStreamWaitEvent(side, go, 0));
+                        CK(cuda_prefetch_l2(side, w, cap) == IS_OK ? cudaSuccess : cudaErrorUnknown);
+                    }
                     spin_kernel<<<96, 256, 0, b.st>>>(cycles);
                     run_cublas(b, b.yref, w, sh, n);
+                }, [&](int r) {
+                    if (pf == PF_WARM) run_cublas(b, b.y, ws[(size_t)r % ws.size()], sh, n);
                 });
                 if (pf == PF_NONE) t_none = t;
                 printf("| %s | %.1f | %s | %.0f | %.1f | %.1f | %+.1f |\n", sh.name, wbytes / 1e6,
@@ -239,6 +258,9 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
             }
         free_copies(ws);
     }
+    CK(cudaStreamSynchronize(side));
+    CK(cudaStreamDestroy(side));
+    CK(cudaEventDestroy(go));
 }
 
 int main(int argc, char **argv) {

@@ -124,11 +124,17 @@ void backend_cuda_set_skinny_splits(backend *be, int32_t splits);
  * IS_CUDA_PDL=0 at creation turns it off). Process-wide: it sets the launch
  * policy of every backend of the process. */
 void backend_cuda_set_pdl(backend *be, bool on);
-/* The prefetch op's hint taken: while a layer's attention runs, its wo
- * (up to 40 MiB of it, within L2) is read into L2 by a short kernel
- * queued before the attention (cuda_prefetch_l2). IS_CUDA_PREFETCH at
- * creation: 1 on, 0 off. */
-void backend_cuda_set_prefetch(backend *be, bool on);
+/* The prefetch op's hint (a layer's wo, up to 40 MiB of it, read into L2
+ * while the attention runs): not taken (default), taken by a short kernel
+ * queued in line before the attention (cuda_prefetch_l2), or by that kernel
+ * on a second stream beside the attention (not while a graph records).
+ * IS_CUDA_PREFETCH at creation: 0, 1 (in line), 2 (beside). */
+typedef enum cuda_prefetch_mode {
+    CUDA_PREFETCH_OFF,
+    CUDA_PREFETCH_INLINE,
+    CUDA_PREFETCH_BESIDE,
+} cuda_prefetch_mode;
+void backend_cuda_set_prefetch(backend *be, cuda_prefetch_mode mode);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */
