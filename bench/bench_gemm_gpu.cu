@@ -19,9 +19,10 @@
  *     about as long as a 30-token query's attention and reads no memory,
  *     then the product (cuBLAS, 30 rows), with the product's weights (up to
  *     a cap) asked into L2 at the gap's start or not: in line, by
- *     cuda_prefetch_l2 (the backend's), by bulk prefetches of 4 KiB, by one
- *     prefetch a 128-byte line; by cuda_prefetch_l2 on a second stream,
- *     beside the gap; or the weights read by the same product just before
+ *     cuda_prefetch_l2 (the backend's: plain loads), by bulk prefetches of 4
+ *     KiB, by one prefetch a 128-byte line; on a second stream, beside the
+ *     gap, by cuda_prefetch_l2 or bulk prefetches of 8 KiB (the backend's
+ *     first kernel); or the weights read by the same product just before
  *     (untimed: as much of them in L2 as it holds). Says whether a product
  *     reads its weights faster from L2 than from memory, and whether a
  *     prefetch can bring them there without costing the time it saves.
@@ -190,12 +191,13 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
     const double gap_us = 15.0;
     const long long cycles = (long long)(gap_us * khz / 1e3);
     const int n = 30;
-    enum { PF_NONE, PF_BACKEND, PF_BULK4K, PF_LINES, PF_SIDE, PF_WARM, PF_N };
+    enum { PF_NONE, PF_BACKEND, PF_BULK4K, PF_LINES, PF_SIDE, PF_BULK_SIDE, PF_WARM, PF_N };
     const char *pf_name[PF_N] = {"none",
-                                 "cuda_prefetch_l2 (8 KiB) in line",
+                                 "cuda_prefetch_l2 (loads, 64 blocks) in line",
                                  "bulk 4 KiB, 132 blocks, in line",
                                  "lines, 132 x 256 threads, in line",
-                                 "cuda_prefetch_l2 on a second stream",
+                                 "cuda_prefetch_l2 (loads) on a second stream",
+                                 "bulk 8 KiB, 32 blocks, on a second stream",
                                  "none; the same weights just read (untimed)"};
     cudaStream_t side;
     cudaEvent_t go;
@@ -241,10 +243,14 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
                     if (pf == PF_BACKEND) CK(cuda_prefetch_l2(b.st, w, cap) == IS_OK ? cudaSuccess : cudaErrorUnknown);
                     if (pf == PF_BULK4K) prefetch_bulk_kernel<<<132, 128, 0, b.st>>>(p, cap, 4096);
                     if (pf == PF_LINES) prefetch_lines_kernel<<<132, 256, 0, b.st>>>(p, cap);
-                    if (pf == PF_SIDE) {
+                    if (pf == PF_SIDE || pf == PF_BULK_SIDE) {
                         CK(cudaEventRecord(go, b.st));
                         CK(cudaStreamWaitEvent(side, go, 0));
-                        CK(cuda_prefetch_l2(side, w, cap) == IS_OK ? cudaSuccess : cudaErrorUnknown);
+                        if (pf == PF_SIDE)
+                            CK(cuda_prefetch_l2(side, w, cap) == IS_OK ? cudaSuccess
+                                                                       : cudaErrorUnknown);
+                        else
+                            prefetch_bulk_kernel<<<32, 128, 0, side>>>(p, cap, 8192);
                     }
                     spin_kernel<<<96, 256, 0, b.st>>>(cycles);
                     run_cublas(b, b.yref, w, sh, n);

@@ -239,30 +239,40 @@ is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf
     return IS_OK;
 }
 
-/* 8 KiB a prefetch: 4096 instructions for the 8B shape's 32 MiB wo, a few
- * for each of a few dozen blocks, all issued within a microsecond. */
-#define PREFETCH_CHUNK 8192
-#define PREFETCH_THREADS 128
+/* Weights read into L2 by plain loads (L2 only, normal priority), 8 in
+ * flight a thread: bulk prefetch instructions (cp.async.bulk.prefetch.L2,
+ * prefetch.global.L2) left the next product slower, not faster, while the
+ * same product reading the weights a second time runs from L2 in half the
+ * time (bench_gemm_gpu -g, device runs 40-41). The xor keeps the loads;
+ * the sink is written only if it comes out as a fixed word. */
+#define L2_FILL_THREADS 256
+#define L2_FILL_BLOCKS 64
+#define L2_FILL_UNROLL 8
 
-static __global__ void prefetch_l2_kernel(const char *p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const size_t step = (size_t)gridDim.x * blockDim.x * PREFETCH_CHUNK;
-    for (size_t off = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PREFETCH_CHUNK;
-         off < bytes; off += step) {
-        const size_t left = bytes - off;
-        const uint32_t n = (uint32_t)(left < PREFETCH_CHUNK ? left : PREFETCH_CHUNK);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(n)
-                     : "memory");
+__device__ volatile unsigned g_l2_fill_sink; /* external, so the loads stay */
+
+static __global__ void l2_fill_kernel(const uint4 *p, int64_t n16) {
+    unsigned acc = 0;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16;
+         i += step * L2_FILL_UNROLL) {
+        uint4 v[L2_FILL_UNROLL];
+#pragma unroll
+        for (int u = 0; u < L2_FILL_UNROLL; u++)
+            v[u] = i + u * step < n16 ? __ldcg(p + i + u * step) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < L2_FILL_UNROLL; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
-#endif
-    pdl_wait(); /* after the prefetches: they read nothing a kernel writes */
+    if (acc == 0x9E3779B9u) g_l2_fill_sink = acc;
+    pdl_wait(); /* after the loads: they read nothing a kernel writes */
 }
 
 is_status cuda_prefetch_l2(cudaStream_t s, const void *p, size_t bytes) {
-    bytes &= ~(size_t)15;
-    if (bytes == 0 || !cuda_aligned16(p)) return IS_OK; /* a hint: nothing to ask */
-    const size_t chunks = (bytes + PREFETCH_CHUNK - 1) / PREFETCH_CHUNK;
-    CUDA_CHECK(cuda_launch_dependent(prefetch_l2_kernel, dim3(cuda_blocks_for((int64_t)chunks, PREFETCH_THREADS)),
-                                     dim3(PREFETCH_THREADS), 0, s, (const char *)p, bytes));
+    const int64_t n16 = (int64_t)(bytes / 16);
+    if (n16 == 0 || !cuda_aligned16(p)) return IS_OK; /* a hint: nothing to ask */
+    const unsigned blocks = cuda_blocks_for(n16, L2_FILL_THREADS);
+    CUDA_CHECK(cuda_launch_dependent(l2_fill_kernel,
+                                     dim3(blocks < L2_FILL_BLOCKS ? blocks : L2_FILL_BLOCKS),
+                                     dim3(L2_FILL_THREADS), 0, s, (const uint4 *)p, n16));
     return IS_OK;
 }
