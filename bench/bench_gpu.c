@@ -49,10 +49,7 @@
  * "+nocluster" merges the attention's key splits by a second kernel, not
  * inside clusters (backend_cuda_set_flash_clusters: before device run 28);
  * "+nopdl" launches the skinny kernel without programmatic dependent launch
- * (backend_cuda_set_pdl); "+prefetch" / "+prefetchside" / "+noprefetch"
- * read each layer's wo into L2 during its attention, in line or from a
- * second stream, or not (backend_cuda_set_prefetch; without any, the
- * backend's default);
+ * (backend_cuda_set_pdl);
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -593,8 +590,6 @@ int main(int argc, char **argv) {
                     "         product each (not one of stacked weights); +nocluster:\n"
                     "         attention key splits merged by a second kernel; +nopdl: the\n"
                     "         skinny kernel launched without programmatic dependent launch;\n"
-                    "         +prefetch / +prefetchside / +noprefetch: wo read into L2\n"
-                    "         during the attention (in line, from a second stream) or not;\n"
                     "         ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
@@ -697,10 +692,6 @@ int main(int argc, char **argv) {
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
             backend_cuda_set_pdl(b.be, strstr(cfg, "+nopdl") == NULL);
-            if (strstr(cfg, "+prefetch"))
-                backend_cuda_set_prefetch(b.be, strstr(cfg, "+prefetchside") ? CUDA_PREFETCH_BESIDE
-                                                                            : CUDA_PREFETCH_INLINE);
-            if (strstr(cfg, "+noprefetch")) backend_cuda_set_prefetch(b.be, CUDA_PREFETCH_OFF);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

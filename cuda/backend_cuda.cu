@@ -112,11 +112,6 @@ typedef struct cuda_ctx {
     /* Products of stacked weights in one GEMM (matmul_n; default on,
      * IS_CUDA_STACKED=0 or backend_cuda_set_stacked: one product each). */
     bool stacked;
-    /* The prefetch op's hint taken (backend_cuda_set_prefetch,
-     * IS_CUDA_PREFETCH); beside: on `side` once `side_go` is reached. */
-    cuda_prefetch_mode prefetch;
-    cudaStream_t side;
-    cudaEvent_t side_go;
     /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
      * skinny_splits > 0 forces its column ranges: backend_cuda_set_skinny_splits,
      * IS_CUDA_SKINNY_SPLITS). */
@@ -1237,33 +1232,6 @@ static void cu_swiglu(backend *be, float *out, const float *gate, const float *u
     op_note(c, st);
 }
 
-/* A weight's first PREFETCH_MAX bytes at most: what L2 (50 MiB on the
- * H200) holds beside the attention's keys and values. */
-#define PREFETCH_MAX ((size_t)40 << 20)
-
-/* Beside: nothing waits for the second stream (the product reads the
- * weights whether they arrived in L2 or not), and nothing goes there while
- * a graph records (a fork would have to join before the capture ends). */
-static is_status prefetch_impl(cuda_ctx *c, const cuda_weight *w) {
-    const size_t n = weight_bytes(w), bytes = n < PREFETCH_MAX ? n : PREFETCH_MAX;
-    if (c->prefetch == CUDA_PREFETCH_INLINE) return cuda_prefetch_l2(c->stream, w->data, bytes);
-    if (!c->side) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&c->side_go, cudaEventDisableTiming));
-    }
-    CUDA_CHECK(cudaEventRecord(c->side_go, c->stream));
-    CUDA_CHECK(cudaStreamWaitEvent(c->side, c->side_go, 0));
-    return cuda_prefetch_l2(c->side, w->data, bytes);
-}
-
-static void cu_prefetch(backend *be, const backend_weight *w) {
-    cuda_ctx *c = ctx_of(be);
-    if (c->prefetch == CUDA_PREFETCH_OFF || !w || !op_begin(c)) return;
-    if (c->prefetch == CUDA_PREFETCH_BESIDE && (c->capturing || c->prof)) return;
-    op_span span(c, CUDA_OP_PREFETCH);
-    op_note(c, prefetch_impl(c, (const cuda_weight *)w));
-}
-
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
@@ -1440,11 +1408,6 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaSetDevice(c->device);
     graph_abort(c);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->side) {
-        cudaStreamSynchronize(c->side);
-        cudaStreamDestroy(c->side);
-        cudaEventDestroy(c->side_go);
-    }
     stage_free(&c->st_tokens);
     stage_free(&c->st_rope);
     stage_free(&c->st_slots);
@@ -1512,7 +1475,6 @@ static const backend_ops cuda_ops = {
     /* .rope_store = */ cu_rope_store,
     /* .matmul_swiglu = */ cu_matmul_swiglu,
     /* .matmul_rope_store = */ cu_matmul_rope_store,
-    /* .prefetch = */ cu_prefetch,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1523,7 +1485,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
-    NULL,           NULL,        NULL,       NULL,
+    NULL,           NULL,        NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1611,10 +1573,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->skinny_splits = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_PDL");
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
-        v = getenv("IS_CUDA_PREFETCH");
-        c->prefetch = v && !strcmp(v, "1")   ? CUDA_PREFETCH_INLINE
-                      : v && !strcmp(v, "2") ? CUDA_PREFETCH_BESIDE
-                                             : CUDA_PREFETCH_OFF;
     }
     c->n_sms = 132;
     {
@@ -1699,11 +1657,6 @@ extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
     cuda_pdl_set(on);
 }
 
-extern "C" void backend_cuda_set_prefetch(backend *be, cuda_prefetch_mode mode) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->prefetch = mode;
-}
-
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->stacked = on;
@@ -1763,7 +1716,7 @@ extern "C" is_status backend_cuda_check(backend *be) {
 extern "C" const char *cuda_op_kind_name(cuda_op_kind k) {
     static const char *const names[CUDA_OP_N] = {
         "upload", "download", "copy", "get_rows", "rmsnorm", "matmul",
-        "rope", "kv_store", "attention", "swiglu", "add", "inject", "prefetch",
+        "rope", "kv_store", "attention", "swiglu", "add", "inject",
     };
     return k >= 0 && k < CUDA_OP_N ? names[k] : "?";
 }

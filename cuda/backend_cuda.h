@@ -124,17 +124,6 @@ void backend_cuda_set_skinny_splits(backend *be, int32_t splits);
  * IS_CUDA_PDL=0 at creation turns it off). Process-wide: it sets the launch
  * policy of every backend of the process. */
 void backend_cuda_set_pdl(backend *be, bool on);
-/* The prefetch op's hint (a layer's wo, up to 40 MiB of it, read into L2
- * while the attention runs): not taken (default), taken by a short kernel
- * queued in line before the attention (cuda_prefetch_l2), or by that kernel
- * on a second stream beside the attention (not while a graph records).
- * IS_CUDA_PREFETCH at creation: 0, 1 (in line), 2 (beside). */
-typedef enum cuda_prefetch_mode {
-    CUDA_PREFETCH_OFF,
-    CUDA_PREFETCH_INLINE,
-    CUDA_PREFETCH_BESIDE,
-} cuda_prefetch_mode;
-void backend_cuda_set_prefetch(backend *be, cuda_prefetch_mode mode);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */
@@ -193,7 +182,7 @@ void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out);
 typedef enum cuda_op_kind {
     CUDA_OP_UPLOAD, CUDA_OP_DOWNLOAD, CUDA_OP_COPY, CUDA_OP_GET_ROWS, CUDA_OP_RMSNORM,
     CUDA_OP_MATMUL, CUDA_OP_ROPE, CUDA_OP_KV_STORE, CUDA_OP_ATTENTION, CUDA_OP_SWIGLU,
-    CUDA_OP_ADD, CUDA_OP_INJECT, CUDA_OP_PREFETCH, CUDA_OP_N
+    CUDA_OP_ADD, CUDA_OP_INJECT, CUDA_OP_N
 } cuda_op_kind;
 
 typedef struct cuda_op_profile {

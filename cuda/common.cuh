@@ -83,8 +83,7 @@ static __device__ __forceinline__ void bf16_copy_put(__nv_bfloat16 *obf, int64_t
  * cuda_launch_dependent may start while the stream's previous kernel is
  * still ending (its blocks exiting, its writes being flushed), which hides
  * the launch of the next op behind the end of the last. Such a kernel must
- * call pdl_wait() in every block before it touches memory that a kernel
- * writes (only the L2 prefetch of weights comes before it): it returns once the
+ * call pdl_wait() before anything else, in every block: it returns once the
  * previous kernel has finished and its writes are visible, and since every
  * such kernel waits, a kernel's end implies that of all before it. No
  * kernel triggers its dependents early: with the trigger at the start of

@@ -60,15 +60,6 @@ typedef struct cuda_split {
 is_status cuda_split_columns(cudaStream_t s, cuda_split *sp, const float *part, int64_t rows,
                              int32_t T, bool halves);
 
-/* Reads [p, p + bytes) into L2 (a hint: it changes no value, only when a
- * later read arrives) with 64 blocks of plain loads. For the weights of the
- * next product while a latency-bound op runs (the attention), when memory
- * would otherwise sit idle. Launched as a programmatic dependent that loads
- * before its pdl_wait: weights are written by no kernel, and the kernel
- * still ends after the one before it, as every dependent must. p 16-byte
- * aligned (else nothing is read); a tail of bytes % 16 is left out. */
-is_status cuda_prefetch_l2(cudaStream_t s, const void *p, size_t bytes);
-
 /* out[t][cols] = row tokens[t] of emb ([rows][cols], bf16 when emb_bf16,
  * else f32), widened to f32; tokens in device memory, already checked. */
 is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf16, int64_t cols,

@@ -209,11 +209,6 @@ typedef struct backend_ops {
                               const int32_t *slots, int32_t T, int32_t n_heads,
                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                               const rope_params *rp);
-    /* Optional (NULL = nothing): a hint that the next product reads w and
-     * that the ops queued before it are short of memory traffic (the
-     * attention), so a backend may start reading w meanwhile. Changes no
-     * value. */
-    void (*prefetch)(backend *be, const backend_weight *w);
 } backend_ops;
 
 struct backend {

@@ -361,7 +361,6 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
             }
             rope_store(be, e, l, n);
         }
-        if (op->prefetch) op->prefetch(be, L->wo);
         op->attention(be, e->att, e->q, e->k_cache[l], e->v_cache[l], &ab, c->n_heads,
                       c->n_kv_heads, c->head_dim, e->p.block_size);
         op->matmul(be, e->xb, e->att, L->wo, NULL, n);

@@ -274,16 +274,6 @@ static void test_tiny_models(void **state) {
         gpu_ok();
         assert_memory_equal(with, without, nl * sizeof(float));
         printf("  the same with and without programmatic dependent launch: bitwise\n");
-        /* The L2 prefetch of wo is a hint: the same bits with it. */
-        for (int mode = CUDA_PREFETCH_INLINE; mode <= CUDA_PREFETCH_BESIDE; mode++) {
-            backend_cuda_set_prefetch(g_gpu, (cuda_prefetch_mode)mode);
-            run_stream(mg, toks, n_prefill, n_decode, without);
-            backend_cuda_set_prefetch(g_gpu, CUDA_PREFETCH_OFF);
-            gpu_ok();
-            assert_memory_equal(with, without, nl * sizeof(float));
-            printf("  the same with wo prefetched into L2 (%s): bitwise\n",
-                   mode == CUDA_PREFETCH_INLINE ? "in line" : "beside");
-        }
         free(with);
         free(without);
         model_free(mc);

@@ -474,43 +474,6 @@ static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols,
     return err;
 }
 
-/* The L2 prefetch is a hint: a product after it gives the same bits as
- * without, on weights whose bytes are not a multiple of 16 (7 x 9 bf16),
- * smaller than one prefetch and larger than the op's 40 MiB cap. */
-static void check_prefetch(int32_t T, int64_t rows, int64_t cols, cuda_prefetch_mode mode) {
-    test_weight w;
-    weight_make(&w, TENSOR_TYPE_F32, cols, rows, 1.0f);
-    float *x = rand_f32((size_t)T * cols, 1.0f);
-    float *xg = put(g_gpu, x, (size_t)T * cols);
-    float *ya = poisoned(g_gpu, (size_t)T * rows), *yb = poisoned(g_gpu, (size_t)T * rows);
-    g_gpu->ops->matmul(g_gpu, ya, xg, w.gpu, NULL, T);
-    backend_cuda_set_prefetch(g_gpu, mode);
-    g_gpu->ops->prefetch(g_gpu, w.gpu);
-    g_gpu->ops->matmul(g_gpu, yb, xg, w.gpu, NULL, T);
-    backend_cuda_set_prefetch(g_gpu, CUDA_PREFETCH_OFF);
-    float *a = take(g_gpu, ya, (size_t)T * rows), *b = take(g_gpu, yb, (size_t)T * rows);
-    g_gpu->ops->release(g_gpu, xg);
-    gpu_ok();
-    assert_memory_equal(a, b, (size_t)T * rows * sizeof(float));
-    printf("  matmul T=%d %lldx%lld after a prefetch of its weights (%s): bitwise\n", T,
-           (long long)rows, (long long)cols, mode == CUDA_PREFETCH_INLINE ? "in line" : "beside");
-    free(a);
-    free(b);
-    free(x);
-    weight_drop(&w);
-}
-
-static void test_prefetch(void **state) {
-    SKIP_WITHOUT_GPU();
-    assert_non_null(g_gpu->ops->prefetch);
-    for (int mode = CUDA_PREFETCH_INLINE; mode <= CUDA_PREFETCH_BESIDE; mode++) {
-        check_prefetch(3, 7, 9, (cuda_prefetch_mode)mode);
-        check_prefetch(30, 1000, 4096, (cuda_prefetch_mode)mode);
-        check_prefetch(30, 5200, 4096, (cuda_prefetch_mode)mode); /* 42.6 MB: past the cap */
-    }
-    (void)state;
-}
-
 static void test_matmul(void **state) {
     SKIP_WITHOUT_GPU();
     /* Every case on cuBLAS, then with products of <= 64 rows on the skinny
@@ -1619,7 +1582,6 @@ int main(void) {
         cmocka_unit_test(test_weight_types),   cmocka_unit_test(test_weight_refusals),
         cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_matmul),         cmocka_unit_test(test_matmul_n),
-        cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_matmul_swiglu),
         cmocka_unit_test(test_rope),           cmocka_unit_test(test_rope_table_switches),
         cmocka_unit_test(test_kv_store),
