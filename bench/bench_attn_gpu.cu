@@ -183,12 +183,12 @@ int main(int argc, char **argv) {
     int32_t *d_tables = NULL, *d_tiles = NULL;
     const int32_t bt_off[1] = {0}; /* one sequence, its table first in d_tables */
     CK(cudaMalloc(&d_tables, (size_t)pool * sizeof(int32_t)));
-    CK(cudaMalloc(&d_tiles, (size_t)max_T * 4 * sizeof(int32_t)));
+    CK(cudaMalloc(&d_tiles, (size_t)max_T * FLASH_TILE_INTS * sizeof(int32_t)));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
 
-    std::vector<int32_t> perm(pool), pos(max_T), sot(max_T, 0), tiles((size_t)max_T * 4);
+    std::vector<int32_t> perm(pool), pos(max_T), sot(max_T, 0), tiles((size_t)max_T * FLASH_TILE_INTS);
     for (int32_t i = 0; i < pool; i++) perm[i] = i;
     uint64_t rng = 12345;
     for (int32_t i = pool - 1; i > 0; i--) {
@@ -254,7 +254,8 @@ int main(int argc, char **argv) {
             } else if (variant < 2) {
                 plans[variant] = plan;
             }
-            CK(cudaMemcpyAsync(d_tiles, tiles.data(), (size_t)plan.n_tiles * 4 * sizeof(int32_t),
+            CK(cudaMemcpyAsync(d_tiles, tiles.data(),
+                               (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t),
                                cudaMemcpyHostToDevice, st));
             const size_t need = plan.splits > 1 ? cuda_flash_partial_floats(plan, KH, D) : 0;
             if (need > partial_cap) {

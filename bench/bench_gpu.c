@@ -49,7 +49,8 @@
  * "+nocluster" merges the attention's key splits by a second kernel, not
  * inside clusters (backend_cuda_set_flash_clusters: before device run 28);
  * "+nopdl" launches the skinny kernel without programmatic dependent launch
- * (backend_cuda_set_pdl);
+ * (backend_cuda_set_pdl); "+early" starts each attention before the kernel
+ * that writes its queries ends (backend_cuda_set_pdl_early);
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -590,6 +591,7 @@ int main(int argc, char **argv) {
                     "         product each (not one of stacked weights); +nocluster:\n"
                     "         attention key splits merged by a second kernel; +nopdl: the\n"
                     "         skinny kernel launched without programmatic dependent launch;\n"
+                    "         +early: the attention started before the RoPE + KV store ends;\n"
                     "         ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
@@ -692,6 +694,7 @@ int main(int argc, char **argv) {
             backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
             backend_cuda_set_pdl(b.be, strstr(cfg, "+nopdl") == NULL);
+            backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") != NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

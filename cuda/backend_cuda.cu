@@ -99,7 +99,7 @@ typedef struct cuda_ctx {
      * IS_CUDA_NO_FUSED_CONVERT=1, for measuring). */
     bool fuse_convert;
     dev_stage st_tiles, st_inject, st_caches;
-    int32_t *tiles;     /* host: flash query tiles being built, [n][4] */
+    int32_t *tiles;     /* host: flash query tiles being built, [n][FLASH_TILE_INTS] */
     size_t tiles_cap;   /* tiles */
     float *partial;     /* flash split partial results */
     size_t partial_cap; /* floats */
@@ -1165,7 +1165,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
                             int32_t block_size) {
     const int32_t T = b->n_tokens;
     if ((size_t)T > c->tiles_cap) {
-        int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * 4 * sizeof(int32_t));
+        int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * FLASH_TILE_INTS * sizeof(int32_t));
         if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
         c->tiles = p;
         c->tiles_cap = (size_t)T;
@@ -1176,7 +1176,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         c->flash_clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->tiles);
     const void *dtiles;
     is_status st = stage_upload(c, &c->st_tiles, c->tiles,
-                                (size_t)plan.n_tiles * 4 * sizeof(int32_t), &dtiles);
+                                (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t), &dtiles);
     if (st != IS_OK) return st;
     if (cuda_flash_partial_floats(plan, n_kv_heads, head_dim) > 0) {
         st = scratch_reserve(c, (void **)&c->partial, &c->partial_cap,
@@ -1573,6 +1573,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->skinny_splits = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_PDL");
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
+        v = getenv("IS_CUDA_PDL_EARLY");
+        if (v) cuda_pdl_early_set(!strcmp(v, "1"));
     }
     c->n_sms = 132;
     {
@@ -1655,6 +1657,11 @@ extern "C" void backend_cuda_set_skinny_splits(backend *be, int32_t splits) {
 extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
     graph_break(ctx_of(be));
     cuda_pdl_set(on);
+}
+
+extern "C" void backend_cuda_set_pdl_early(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    cuda_pdl_early_set(on);
 }
 
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {

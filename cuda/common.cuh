@@ -83,13 +83,15 @@ static __device__ __forceinline__ void bf16_copy_put(__nv_bfloat16 *obf, int64_t
  * cuda_launch_dependent may start while the stream's previous kernel is
  * still ending (its blocks exiting, its writes being flushed), which hides
  * the launch of the next op behind the end of the last. Such a kernel must
- * call pdl_wait() before anything else, in every block: it returns once the
+ * call pdl_wait() before anything else, in every block (the attention, when
+ * early, first copies keys no kernel of this forward writes): it returns once the
  * previous kernel has finished and its writes are visible, and since every
  * such kernel waits, a kernel's end implies that of all before it. No
  * kernel triggers its dependents early: with the trigger at the start of
  * the op before a product, products in sequence measured 5-10% slower
  * (cuda/NOTES.md, run 35); so a dependent starts as the previous kernel's
- * blocks exit. */
+ * blocks exit; the one exception, opt-in (cuda_pdl_early_on), is the RoPE
+ * + KV store kernel before the attention. */
 static __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -101,6 +103,15 @@ static __device__ __forceinline__ void pdl_wait() {
  * IS_CUDA_PDL=0 turn it off: then every launch is an ordinary one). */
 void cuda_pdl_set(bool on);
 bool cuda_pdl_on(void);
+
+/* Whether, with PDL on, the attention starts before the kernel that writes
+ * its queries ends (process-wide; default off until measured; the
+ * backend's backend_cuda_set_pdl_early, IS_CUDA_PDL_EARLY=1): the RoPE + KV
+ * store kernel lets its dependent launch as soon as all its blocks run,
+ * and the attention copies the key tiles written before the forward
+ * (prefix, injected facts) before its pdl_wait. */
+void cuda_pdl_early_set(bool on);
+bool cuda_pdl_early_on(void);
 
 /* A launch's configuration: grid, block, dynamic shared memory, stream,
  * thread-block cluster (1 x 1 x 1: none) and whether the kernel is a

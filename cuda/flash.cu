@@ -22,6 +22,7 @@
 
 #include <cooperative_groups.h>
 #include <math.h>
+#include <stdlib.h>
 
 namespace cg = cooperative_groups;
 
@@ -85,7 +86,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split) {
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
@@ -98,7 +99,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * in flight while kt is used. */
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
-    pdl_wait(); /* launched as a dependent: nothing before this */
+    /* Launched as a dependent: nothing before the wait, except, when early,
+     * the copies of key tiles written before this forward (below). */
+    if (!early) pdl_wait();
 
     unsigned long long *const tr =
         g_flash_trace && threadIdx.x == 0
@@ -112,8 +115,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         tr[FLASH_TRACE_WAIT] = tr[FLASH_TRACE_COMPUTE] = tr[FLASH_TRACE_TILES] = 0;
     }
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
-    const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1], bt_at = tiles[4 * tile + 2],
-                  pos0 = tiles[4 * tile + 3];
+    const int32_t *tl = tiles + FLASH_TILE_INTS * tile;
+    const int32_t t0 = tl[0], n = tl[1], bt_at = tl[2], pos0 = tl[3], old_keys = tl[4];
     const int32_t G = n_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = (tid >> 5) % (BM / 16); /* the warp's 16 rows */
@@ -165,9 +168,24 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             cp_async16(dV + r * LD + d, v_cache + off, in);
         }
     };
-    /* Q's reads are issued first, so that they are in flight while the
-     * first copies wait on their block-table reads (the prologue was 3.2-3.6
-     * us of dependent global reads in run 30's trace). */
+    /* One commit group per tile, empty past kt1, so that before tile kt is
+     * used exactly kt - kt0 + STAGES - 1 groups are committed and waiting
+     * for all but the last STAGES - 2 means tile kt has landed. Early: the
+     * first tiles whose keys all precede the sequence's first position in
+     * the batch (written before this forward, not by the kernel before)
+     * are copied before the wait, while that kernel ends. */
+    int pre = 0;
+    if (early) {
+        for (; pre < STAGES - 1 && kt0 + pre < kt1 && (kt0 + pre + 1) * FLASH_BN <= old_keys;
+             pre++) {
+            load_tile(kt0 + pre, pre);
+            asm volatile("cp.async.commit_group;\n" ::);
+        }
+        pdl_wait(); /* Q and the query's own keys: the kernel before wrote them */
+    }
+    /* Q's reads are issued before the other copies, so that they are in
+     * flight while those wait on their block-table reads (the prologue was
+     * 3.2-3.6 us of dependent global reads in run 30's trace). */
     float2 qlo[D / 16][2], qhi[D / 16][2];
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
@@ -180,11 +198,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             }
         }
     }
-    /* One commit group per tile, empty past kt1, so that before tile kt is
-     * used exactly kt - kt0 + STAGES - 1 groups are committed and waiting
-     * for all but the last STAGES - 2 means tile kt has landed. */
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
+    for (int i = pre; i < STAGES - 1; i++) {
         if (kt0 + i < kt1) load_tile(kt0 + i, i);
         asm volatile("cp.async.commit_group;\n" ::);
     }
@@ -524,7 +538,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
     __shared__ float w_s[MERGE_THREADS / 32][FLASH_MAX_SPLITS];
     pdl_wait();
     const int32_t tile = blockIdx.x, kh = blockIdx.y;
-    const int32_t t0 = tiles[4 * tile], n = tiles[4 * tile + 1];
+    const int32_t t0 = tiles[FLASH_TILE_INTS * tile], n = tiles[FLASH_TILE_INTS * tile + 1];
     const int32_t G = n_heads / n_kv_heads;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float *base = partial + ((int64_t)tile * n_kv_heads + kh) * n_splits * BM * (D + 2);
@@ -650,7 +664,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
                             plan.splits);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    /* The kernel begins with pdl_wait(). */
+    /* The kernel begins with pdl_wait() (early: after its first copies). */
     CUDA_CHECK(cuda_launch_ex(flash_kernel<D, FLASH_BM, FLASH_STAGES, KS>,
                               dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
                                    (unsigned)plan.splits),
@@ -658,7 +672,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
                               out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                               block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
-                              ob.split));
+                              ob.split, cuda_pdl_on() && cuda_pdl_early_on()));
     if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,
@@ -771,22 +785,35 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
     cuda_flash_plan plan = {0, 1, 1, 0};
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
+    /* Each sequence's first position in the batch; without the scratch, 0:
+     * no key counts as written before. */
+    int32_t n_seqs = 0;
+    for (int32_t t = 0; t < T; t++)
+        if (seq_of_token[t] + 1 > n_seqs) n_seqs = seq_of_token[t] + 1;
+    int32_t *first = (int32_t *)malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof(int32_t));
+    if (first) {
+        for (int32_t i = 0; i < n_seqs; i++) first[i] = INT32_MAX;
+        for (int32_t t = 0; t < T; t++)
+            if (pos[t] < first[seq_of_token[t]]) first[seq_of_token[t]] = pos[t];
+    }
     for (int32_t t = 0; t < T;) {
         /* A tile: batch tokens of one sequence at consecutive positions. */
         int32_t n = 1;
         while (t + n < T && n < FLASH_BM / G && seq_of_token[t + n] == seq_of_token[t] &&
                pos[t + n] == pos[t] + n)
             n++;
-        int32_t *tl = tiles + 4 * plan.n_tiles++;
+        int32_t *tl = tiles + FLASH_TILE_INTS * plan.n_tiles++;
         tl[0] = t;
         tl[1] = n;
         tl[2] = bt_off[seq_of_token[t]];
         tl[3] = pos[t];
+        tl[4] = first ? first[seq_of_token[t]] : 0;
         const int32_t kt = (pos[t] + n + FLASH_BN - 1) / FLASH_BN;
         if (kt > max_kt) max_kt = kt;
         rows_total += (int64_t)n * G * n_kv_heads;
         t += n;
     }
+    free(first);
     const int32_t pairs = plan.n_tiles * n_kv_heads;
     if (legacy) {
         /* Two resident blocks a multiprocessor, one wave (run 11). */

@@ -46,6 +46,11 @@
 #define FLASH_BN 64 /* keys per tile */
 #define FLASH_MAX_SPLITS 64
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
+/* A query tile, as cuda_flash_plan_batch writes it: first batch token,
+ * tokens, where its sequence's block table starts in `flat`, position of
+ * its first token, and the sequence's first position in the batch (keys
+ * before it were written before this forward: see cuda_pdl_early_on). */
+#define FLASH_TILE_INTS 5
 
 /* Whether the kernel takes this shape: head_dim 64 or 128, whole groups,
  * cache blocks of a power of two tokens (the engine's default is 16). */
@@ -77,8 +82,8 @@ int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t siz
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T], and where each
  * sequence's block table starts in cuda_flash_attention's `flat`,
  * bt_off[sequence]) into query tiles,
- * written to tiles (host int32 [T][4], the layout cuda_flash_attention
- * reads), and chooses the key splits, key warps and merge for a GPU of
+ * written to tiles (host int32 [T][FLASH_TILE_INTS], the layout
+ * cuda_flash_attention reads), and chooses the key splits, key warps and merge for a GPU of
  * n_sms multiprocessors (the current device's cluster occupancy, for a
  * cluster merge). Deterministic: the same batch gives the same plan. */
 cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,

@@ -81,8 +81,13 @@ static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *
                                          const int32_t *pos, const int32_t *slots,
                                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                          int32_t block_size, int32_t half, bool neox,
-                                         const float *cs, int32_t q_blocks) {
+                                         const float *cs, int32_t q_blocks, bool trigger) {
     pdl_wait(); /* launched as a dependent: nothing before this */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* The attention may launch now: it waits for this kernel's end before
+     * it reads what this kernel writes (cuda_pdl_early_on). */
+    if (trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
     const int32_t t = blockIdx.x, p = pos[t];
     const float *tab = cs + (int64_t)(p < 0 ? -p : p) * half * 2;
     if ((int32_t)blockIdx.y < q_blocks) {
@@ -132,17 +137,18 @@ static is_status rope_store_launch(cudaStream_t s, float *q, const rs_src &src, 
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda rope_store: %d heads of %d too wide",
                             n_heads, head_dim);
     const dim3 grid((unsigned)T, (unsigned)(q_blocks + kv_blocks));
+    const bool trigger = cuda_pdl_on() && cuda_pdl_early_on();
     if (bf16)
         CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<__nv_bfloat16>, grid,
                                          dim3(ROPE_STORE_THREADS), 0, s, q, src,
                                          (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos,
                                          slots, n_heads, n_kv_heads, head_dim, block_size, half,
-                                         neox, cs, q_blocks));
+                                         neox, cs, q_blocks, trigger));
     else
         CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<float>, grid, dim3(ROPE_STORE_THREADS),
                                          0, s, q, src, (float *)k_cache, (float *)v_cache, pos,
                                          slots, n_heads, n_kv_heads, head_dim, block_size, half,
-                                         neox, cs, q_blocks));
+                                         neox, cs, q_blocks, trigger));
     return IS_OK;
 }
 

@@ -148,8 +148,10 @@ static void expect_agreement(const char *what, agreement a, int32_t n_pos, doubl
 
 /* Logits of tokens[0..n_prefill) from one prefill, then of each further
  * token from a decode step: out[n_prefill + n_decode][V]. */
-static void run_stream(model *m, const int32_t *tokens, int32_t n_prefill, int32_t n_decode,
-                       float *out) {
+/* The prefill in chunks of at most `chunk` tokens (0: one), then the
+ * decode steps; logits of every position into out. */
+static void run_stream_chunked(model *m, const int32_t *tokens, int32_t n_prefill,
+                               int32_t n_decode, float *out, int32_t chunk) {
     const int32_t V = m->cfg.n_vocab;
     engine *e = make_engine(m, 1024);
     int32_t seq;
@@ -160,8 +162,12 @@ static void run_stream(model *m, const int32_t *tokens, int32_t n_prefill, int32
         seqs[i] = seq;
         want[i] = true;
     }
-    engine_batch b = {.n_tokens = n_prefill, .tokens = tokens, .seq = seqs, .want_logits = want};
-    assert_int_equal(engine_decode(e, &b, out), IS_OK);
+    if (chunk <= 0) chunk = n_prefill;
+    for (int32_t t = 0; t < n_prefill; t += chunk) {
+        const int32_t n = n_prefill - t < chunk ? n_prefill - t : chunk;
+        engine_batch b = {.n_tokens = n, .tokens = tokens + t, .seq = seqs, .want_logits = want};
+        assert_int_equal(engine_decode(e, &b, out + (size_t)t * V), IS_OK);
+    }
     for (int32_t i = 0; i < n_decode; i++) {
         engine_batch d = {.n_tokens = 1, .tokens = tokens + n_prefill + i, .seq = &seq};
         assert_int_equal(engine_decode(e, &d, out + (size_t)(n_prefill + i) * V), IS_OK);
@@ -169,6 +175,11 @@ static void run_stream(model *m, const int32_t *tokens, int32_t n_prefill, int32
     free(seqs);
     free(want);
     engine_free(e);
+}
+
+static void run_stream(model *m, const int32_t *tokens, int32_t n_prefill, int32_t n_decode,
+                       float *out) {
+    run_stream_chunked(m, tokens, n_prefill, n_decode, out, 0);
 }
 
 static void compare_stream(const char *what, model *mc, model *mg, const int32_t *tokens,
@@ -209,6 +220,24 @@ static void test_default_model(void **state) {
     backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
     compare_stream("  the same with the bf16 KV cache", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL, ARGMAX_MIN);
+    /* The attention started early (its first key tiles, those written
+     * before the forward, copied before its wait): the same bits, with the
+     * prefill in chunks of 100 so that later chunks have such tiles. */
+    {
+        const size_t nl = (size_t)total * g_mg->cfg.n_vocab;
+        float *a = malloc(nl * sizeof(float)), *b = malloc(nl * sizeof(float));
+        assert_non_null(a);
+        assert_non_null(b);
+        run_stream_chunked(g_mg, stream, n_prefill, n_decode, a, 100);
+        backend_cuda_set_pdl_early(g_gpu, true);
+        run_stream_chunked(g_mg, stream, n_prefill, n_decode, b, 100);
+        backend_cuda_set_pdl_early(g_gpu, false);
+        gpu_ok();
+        assert_memory_equal(a, b, nl * sizeof(float));
+        printf("    prefill in chunks of 100, the attention started early: bitwise\n");
+        free(a);
+        free(b);
+    }
     backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
     backend_cuda_set_legacy(g_gpu, true);
     compare_stream("  the same, backend as first built", g_mc, g_mg, stream, n_prefill, n_decode,
