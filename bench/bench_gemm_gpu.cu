@@ -209,14 +209,17 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
     const double gap_us = 15.0;
     const long long cycles = (long long)(gap_us * khz / 1e3);
     const int n = 30;
-    enum { PF_NONE, PF_LOADS, PF_BULK4K, PF_LINES, PF_SIDE, PF_BULK_SIDE, PF_WARM, PF_N };
+    enum { PF_NONE, PF_LOADS, PF_BULK4K, PF_LINES, PF_SIDE, PF_SIDE_WIDE, PF_BULK_SIDE, PF_WARM,
+           PF_WARM_OTHER, PF_N };
     const char *pf_name[PF_N] = {"none",
                                  "loads, 64 x 256 threads, in line",
                                  "bulk 4 KiB, 132 blocks, in line",
                                  "lines, 132 x 256 threads, in line",
                                  "loads, 64 x 256 threads, on a second stream",
+                                 "loads, 132 x 512 threads, on a second stream",
                                  "bulk 8 KiB, 32 blocks, on a second stream",
-                                 "none; the same weights just read (untimed)"};
+                                 "none; the same weights just read (untimed)",
+                                 "none; the same weights just read by the skinny kernel, 1 row"};
     cudaStream_t side;
     cudaEvent_t go;
     CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
@@ -252,7 +255,7 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
         double t_none = 0;
         for (int pf = 0; pf < PF_N; pf++)
             for (size_t ci = 0; ci < sizeof caps / sizeof caps[0]; ci++) {
-                if ((pf == PF_NONE || pf == PF_WARM) && ci > 0) continue;
+                if ((pf == PF_NONE || pf == PF_WARM || pf == PF_WARM_OTHER) && ci > 0) continue;
                 const size_t cap = wbytes < caps[ci] ? wbytes : caps[ci];
                 if (ci > 0 && cap == (wbytes < caps[0] ? wbytes : caps[0])) continue;
                 const double t = timed([&](int r) {
@@ -262,12 +265,15 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
                         load_l2_kernel<<<64, 256, 0, b.st>>>((const uint4 *)w, (int64_t)(cap / 16));
                     if (pf == PF_BULK4K) prefetch_bulk_kernel<<<132, 128, 0, b.st>>>(p, cap, 4096);
                     if (pf == PF_LINES) prefetch_lines_kernel<<<132, 256, 0, b.st>>>(p, cap);
-                    if (pf == PF_SIDE || pf == PF_BULK_SIDE) {
+                    if (pf == PF_SIDE || pf == PF_SIDE_WIDE || pf == PF_BULK_SIDE) {
                         CK(cudaEventRecord(go, b.st));
                         CK(cudaStreamWaitEvent(side, go, 0));
                         if (pf == PF_SIDE)
                             load_l2_kernel<<<64, 256, 0, side>>>((const uint4 *)w,
                                                                  (int64_t)(cap / 16));
+                        else if (pf == PF_SIDE_WIDE)
+                            load_l2_kernel<<<132, 512, 0, side>>>((const uint4 *)w,
+                                                                  (int64_t)(cap / 16));
                         else
                             prefetch_bulk_kernel<<<32, 128, 0, side>>>(p, cap, 8192);
                     }
@@ -275,6 +281,9 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
                     run_cublas(b, b.yref, w, sh, n);
                 }, [&](int r) {
                     if (pf == PF_WARM) run_cublas(b, b.y, ws[(size_t)r % ws.size()], sh, n);
+                    if (pf == PF_WARM_OTHER)
+                        run_skinny(b, b.y, ws[(size_t)r % ws.size()], sh, 1,
+                                   cuda_skinny_plan(1, sh.rows, sh.cols, 0), false);
                 });
                 if (pf == PF_NONE) t_none = t;
                 printf("| %s | %.1f | %s | %.0f | %.1f | %.1f | %+.1f |\n", sh.name, wbytes / 1e6,
