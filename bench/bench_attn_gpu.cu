@@ -273,7 +273,7 @@ int main(int argc, char **argv) {
                                    cudaMemcpyDeviceToDevice, st));
                 CK(cudaEventRecord(e0, st));
                 if (cuda_flash_attention(st, out, q, kc, vc, d_tables, d_tiles, plan,
-                                         partial, H, KH, D, BS, cuda_bf16_out{}) != IS_OK) {
+                                         partial, H, KH, D, BS, cuda_bf16_out{}, false) != IS_OK) {
                     fprintf(stderr, "cuda_flash_attention: %s\n", is_error_last());
                     return 1;
                 }
@@ -297,7 +297,7 @@ int main(int argc, char **argv) {
                 CK(cudaStreamSynchronize(st));
                 if (cuda_flash_set_trace(d_trace) != IS_OK ||
                     cuda_flash_attention(st, out, q, kc, vc, d_tables, d_tiles, plan,
-                                         partial, H, KH, D, BS, cuda_bf16_out{}) != IS_OK ||
+                                         partial, H, KH, D, BS, cuda_bf16_out{}, false) != IS_OK ||
                     cuda_flash_set_trace(NULL) != IS_OK) {
                     fprintf(stderr, "traced launch: %s\n", is_error_last());
                     return 1;

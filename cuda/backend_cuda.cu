@@ -99,6 +99,10 @@ typedef struct cuda_ctx {
      * IS_CUDA_NO_FUSED_CONVERT=1, for measuring). */
     bool fuse_convert;
     dev_stage st_tiles, st_inject, st_caches;
+    /* The last op was a RoPE + KV store, whose kernel writes only the keys
+     * of the batch's own tokens: an attention right after it may copy older
+     * key tiles before its wait (cuda_pdl_early_on). Every op clears it. */
+    bool after_store;
     int32_t *tiles;     /* host: flash query tiles being built, [n][FLASH_TILE_INTS] */
     size_t tiles_cap;   /* tiles */
     float *partial;     /* flash split partial results */
@@ -194,6 +198,7 @@ static void op_note(cuda_ctx *c, is_status st) {
 
 /* False once an op has failed: the stream's state is unknown from there. */
 static bool op_begin(cuda_ctx *c) {
+    c->after_store = false;
     if (c->err != IS_OK) return false;
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) {
@@ -1080,9 +1085,11 @@ static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, cons
     if (T <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x6);
-    op_note(c, matmul_rope_store_impl(c, q, k, v, x, (const cuda_weight *const *)w,
-                                      (const cuda_weight *const *)b, k_cache, v_cache, pos, slots,
-                                      T, n_heads, n_kv_heads, head_dim, block_size, rp));
+    const is_status st = matmul_rope_store_impl(
+        c, q, k, v, x, (const cuda_weight *const *)w, (const cuda_weight *const *)b, k_cache,
+        v_cache, pos, slots, T, n_heads, n_kv_heads, head_dim, block_size, rp);
+    op_note(c, st);
+    c->after_store = st == IS_OK;
 }
 
 static void cu_rope_store(backend *be, float *q, float *k, const float *v, float *k_cache,
@@ -1093,8 +1100,10 @@ static void cu_rope_store(backend *be, float *q, float *k, const float *v, float
     if (T <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_ROPE);
     touch(c, q, (size_t)T * n_heads * head_dim * sizeof(float));
-    op_note(c, rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
-                               head_dim, block_size, rp));
+    const is_status st = rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads,
+                                         n_kv_heads, head_dim, block_size, rp);
+    op_note(c, st);
+    c->after_store = st == IS_OK;
 }
 
 /* Packs the host attn_batch into one int32 array ([pos T][seq T][bt_off S]
@@ -1162,7 +1171,7 @@ static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, i
 static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float *k_cache,
                             const float *v_cache, const attn_batch *b, const cuda_attn_meta &m,
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            int32_t block_size) {
+                            int32_t block_size, bool early) {
     const int32_t T = b->n_tokens;
     if ((size_t)T > c->tiles_cap) {
         int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * FLASH_TILE_INTS * sizeof(int32_t));
@@ -1191,7 +1200,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
                               (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
                               plan, c->partial, n_heads, n_kv_heads,
-                              head_dim, block_size, ob);
+                              head_dim, block_size, ob, early);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
 }
@@ -1200,6 +1209,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
                          const float *v_cache, const attn_batch *b, int32_t n_heads,
                          int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
+    const bool after_store = c->after_store;
     if (b->n_tokens <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_ATTENTION);
     /* The CPU reference's preconditions, checked on the host arrays. */
@@ -1213,7 +1223,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
     is_status st = attn_meta(c, b, block_size, &m);
     if (st == IS_OK && use_flash(c, b, n_heads, n_kv_heads, head_dim, block_size))
         st = flash_impl(c, out, q, k_cache, v_cache, b, m, n_heads, n_kv_heads, head_dim,
-                        block_size);
+                        block_size, after_store && cuda_pdl_on() && cuda_pdl_early_on());
     else if (st == IS_OK)
         st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
                             n_heads, n_kv_heads, head_dim, block_size, c->kv_bf16);

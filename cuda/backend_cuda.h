@@ -124,10 +124,11 @@ void backend_cuda_set_skinny_splits(backend *be, int32_t splits);
  * IS_CUDA_PDL=0 at creation turns it off). Process-wide: it sets the launch
  * policy of every backend of the process. */
 void backend_cuda_set_pdl(backend *be, bool on);
-/* With PDL on, the attention starts before the RoPE + KV store kernel that
- * writes its queries ends, and copies the key tiles written before the
- * forward ahead of its wait (default off; IS_CUDA_PDL_EARLY=1 at creation
- * turns it on). Process-wide, as backend_cuda_set_pdl. */
+/* With PDL on, an attention op right after a RoPE + KV store op starts
+ * before the store's kernel ends, and copies the key tiles written before
+ * the forward ahead of its wait (default off: a trade within 2% on the 8B
+ * shape; IS_CUDA_PDL_EARLY=1 at creation turns it on). Process-wide, as
+ * backend_cuda_set_pdl. */
 void backend_cuda_set_pdl_early(backend *be, bool on);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The

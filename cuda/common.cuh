@@ -105,11 +105,11 @@ void cuda_pdl_set(bool on);
 bool cuda_pdl_on(void);
 
 /* Whether, with PDL on, the attention starts before the kernel that writes
- * its queries ends (process-wide; default off until measured; the
- * backend's backend_cuda_set_pdl_early, IS_CUDA_PDL_EARLY=1): the RoPE + KV
- * store kernel lets its dependent launch as soon as all its blocks run,
- * and the attention copies the key tiles written before the forward
- * (prefix, injected facts) before its pdl_wait. */
+ * its queries ends (process-wide; off by default, measured a trade within
+ * 2%; the backend's backend_cuda_set_pdl_early, IS_CUDA_PDL_EARLY=1): the
+ * RoPE + KV store kernel lets its dependent launch as soon as all its
+ * blocks run, and an attention right after it copies the key tiles written
+ * before the forward (prefix, injected facts) before its pdl_wait. */
 void cuda_pdl_early_set(bool on);
 bool cuda_pdl_early_on(void);
 

@@ -131,11 +131,13 @@ typedef struct cuda_bf16_out {
 
 /* out[T][n_heads*head_dim] for the tokens the tiles cover (and its bf16
  * copy where ob.p is set, for the product that reads it). tiles: device
- * int32 [plan.n_tiles][4] = {first batch token, tokens, where the
- * sequence's block table starts in flat, position of the first}
- * (cuda_flash_plan_batch's), the tokens of a tile consecutive in the
- * batch and in position, at most FLASH_BM / group of them. partial:
- * cuda_flash_partial_floats of scratch (NULL when that is 0).
+ * int32 [plan.n_tiles][FLASH_TILE_INTS] (cuda_flash_plan_batch's), the
+ * tokens of a tile consecutive in the batch and in position, at most
+ * FLASH_BM / group of them. partial: cuda_flash_partial_floats of scratch
+ * (NULL when that is 0). early: the kernel before this one in the stream
+ * wrote no key before each sequence's first position in the batch (the
+ * RoPE + KV store of the batch's tokens), so the kernel, launched as its
+ * dependent, copies the tiles of such keys before it waits for it.
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,
  * IS_ERR_INVALID_ARG for a plan it cannot run; nothing is launched then. */
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
@@ -143,6 +145,6 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob);
+                               cuda_bf16_out ob, bool early);
 
 #endif
