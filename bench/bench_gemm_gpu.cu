@@ -28,14 +28,20 @@
  *     (device runs 40-42: it runs faster after its own read, and slower
  *     after every prefetch; the backend has none).
  *
- * Usage: bench_gemm_gpu [-r reps] [-s] [-P] [-g]
- *   -g: only section 3.
+ *  4. (-w only) The experimental TMA + wgmma kernel (cuda/wgmma_gemm.cuh)
+ *     against cuBLAS at 30 rows: its result (max difference over max |y|),
+ *     each product alone, and a layer's products in sequence with a small
+ *     op between them launched as a dependent, the kernel as one too.
+ *
+ * Usage: bench_gemm_gpu [-r reps] [-s] [-P] [-g] [-w]
+ *   -g: only section 3; -w: only section 4.
  *   -P: profile mode for ncu: each stacked product once at 30 rows, cuBLAS
  *       then skinny, nothing else.
  */
 #include "bench_cuda.cuh"
 #include "common.cuh"
 #include "skinny.cuh"
+#include "wgmma_gemm.cuh"
 
 #include <math.h>
 #include <string.h>
@@ -195,6 +201,7 @@ static double max_rel_diff(bench &b, const float *got_d, const float *ref_d, int
     CK(cudaStreamSynchronize(b.st));
     double d = 0, ymax = 0;
     for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(got[(size_t)i])) return INFINITY; /* fmax would skip a NaN */
         ymax = fmax(ymax, fabs(ref[(size_t)i]));
         d = fmax(d, fabs((double)got[(size_t)i] - ref[(size_t)i]));
     }
@@ -297,21 +304,102 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
     CK(cudaEventDestroy(go));
 }
 
+static void run_wgmma(bench &b, float *out, const __nv_bfloat16 *w, const shape &sh, int n,
+                      bool pdl) {
+    if (cuda_wgmma_gemm(b.st, out, w, b.x, n, sh.rows, sh.cols, pdl) != IS_OK) {
+        fprintf(stderr, "wgmma gemm failed: %s\n", is_error_last());
+        exit(1);
+    }
+}
+
+/* 4. The experimental TMA + wgmma kernel against cuBLAS. */
+static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
+    const int n = 30;
+    auto timed = [&](auto &&fn) {
+        std::vector<double> v;
+        for (int r = 0; r < 3; r++) fn(r);
+        for (int r = 0; r < reps; r++) {
+            CK(cudaEventRecord(e0, b.st));
+            fn(r + 3);
+            CK(cudaEventRecord(e1, b.st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            v.push_back(ms * 1e3);
+        }
+        CK(cudaGetLastError());
+        return median(v);
+    };
+    printf("\nThe TMA + wgmma kernel against cuBLAS, %d rows, each product alone (weights from "
+           "memory), us, medians of %d:\n\n| shape | cuBLAS | wgmma | rel diff vs cuBLAS |\n"
+           "|---|---|---|---|\n",
+           n, reps);
+    for (int li : k_layer) {
+        const shape &sh = k_shapes[li];
+        std::vector<__nv_bfloat16 *> ws = weight_copies(b, sh, 2, 500);
+        run_cublas(b, b.yref, ws[0], sh, n);
+        CK(cudaMemsetAsync(b.y, 0xff, (size_t)n * sh.rows * sizeof(float), b.st)); /* NaNs */
+        run_wgmma(b, b.y, ws[0], sh, n, false);
+        CK(cudaStreamSynchronize(b.st));
+        const double diff = max_rel_diff(b, b.y, b.yref, (int64_t)n * sh.rows);
+        const double tc = timed([&](int r) { run_cublas(b, b.yref, ws[(size_t)r % ws.size()], sh, n); });
+        const double tw = timed([&](int r) { run_wgmma(b, b.y, ws[(size_t)r % ws.size()], sh, n, false); });
+        printf("| %s | %.1f | %.1f | %.2e |\n", sh.name, tc, tw, diff);
+        free_copies(ws);
+    }
+    /* A layer's products in sequence, a small op between them launched as
+     * a dependent; the wgmma kernel as a dependent too (its weights read
+     * before its wait). */
+    const int n_layers = 8;
+    std::vector<__nv_bfloat16 *> lw[4];
+    for (int j = 0; j < 4; j++) {
+        const shape &sh = k_shapes[k_layer[j]];
+        for (int l = 0; l < n_layers; l++) {
+            __nv_bfloat16 *p;
+            CK(cudaMalloc(&p, (size_t)(sh.rows * sh.cols) * 2));
+            fill_kernel<<<4096, 256, 0, b.st>>>(p, sh.rows * sh.cols, 2000 + 16 * j + l,
+                                                1.0f / sqrtf((float)sh.cols));
+            lw[j].push_back(p);
+        }
+    }
+    printf("\n%d layers' products in sequence, a small op between them as a dependent, us a "
+           "layer, medians of %d:\n\n| kernel | us a layer |\n|---|---|\n",
+           n_layers, reps);
+    for (int kind = 0; kind < 3; kind++) {
+        auto seq = [&](int) {
+            for (int l = 0; l < n_layers; l++)
+                for (int j = 0; j < 4; j++) {
+                    const shape &sh = k_shapes[k_layer[j]];
+                    const int64_t next_cols = k_shapes[k_layer[(j + 1) % 4]].cols;
+                    if (kind == 0) run_cublas(b, b.y, lw[j][(size_t)l], sh, n);
+                    else run_wgmma(b, b.y, lw[j][(size_t)l], sh, n, kind == 2);
+                    run_between(b, BETWEEN_DEPENDENT, (int64_t)n * next_cols, (int64_t)n * sh.rows);
+                }
+        };
+        const double t = timed(seq) / n_layers;
+        printf("| %s | %.1f |\n",
+               kind == 0 ? "cuBLAS" : kind == 1 ? "wgmma" : "wgmma as a dependent (PDL)", t);
+    }
+    for (int j = 0; j < 4; j++) free_copies(lw[j]);
+}
+
 int main(int argc, char **argv) {
     int reps = 20;
-    bool sweep = false, profile = false, gap_only = false;
+    bool sweep = false, profile = false, gap_only = false, wgmma_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s")) sweep = true;
         else if (!strcmp(argv[i], "-P")) profile = true;
         else if (!strcmp(argv[i], "-g")) gap_only = true;
+        else if (!strcmp(argv[i], "-w")) wgmma_only = true;
         else {
-            fprintf(stderr, "usage: %s [-r reps] [-s] [-P] [-g]\n"
+            fprintf(stderr, "usage: %s [-r reps] [-s] [-P] [-g] [-w]\n"
                             "  -r  timed runs a median is taken of (20)\n"
                             "  -s  also sweep the skinny kernel's column ranges 1..8\n"
                             "  -P  each stacked product once at 30 rows (for ncu)\n"
                             "  -g  only the products after a gap, with and without\n"
-                            "      their weights prefetched into L2\n",
+                            "      their weights prefetched into L2\n"
+                            "  -w  only the experimental TMA + wgmma kernel against cuBLAS\n",
                     argv[0]);
             return 2;
         }
@@ -339,6 +427,10 @@ int main(int argc, char **argv) {
 
     if (gap_only) {
         gap_bench(b, prop, reps, e0, e1);
+        return 0;
+    }
+    if (wgmma_only) {
+        wgmma_bench(b, reps, e0, e1);
         return 0;
     }
     if (profile) {

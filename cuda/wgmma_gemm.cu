@@ -1,0 +1,292 @@
+/*
+ * wgmma_gemm: EXPERIMENTAL, not yet run on a GPU (see wgmma_gemm.cuh).
+ */
+#include "wgmma_gemm.cuh"
+
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+namespace cg = cooperative_groups;
+
+#define WG_THREADS 160 /* one consumer warpgroup (warps 0-3), one producer warp */
+#define WG_BK 64       /* columns a stage: 128 bytes of bf16, the swizzle's row */
+#define WG_PLD 36      /* floats a row of a block's partial sums (16-byte rows) */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+/* A box of the 2-D tensor map at (c0 = column, c1 = row) into shared memory
+ * at dst, counted on bar. */
+static __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int32_t c0,
+                                                int32_t c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+/* A K-major operand in shared memory with the 128-byte swizzle: rows of 128
+ * bytes, 8-row groups 1024 bytes apart. */
+static __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+/* d[64 x 32] += A[64 x 16] B[16 x 32]^T, A and B K-major in shared memory. */
+static __device__ __forceinline__ void wgmma_m64n32k16(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %18, 0;\n" /* accumulate into d */
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "%16, %17, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "n"(1));
+}
+#endif
+
+/* Block (row block, column range): BM = 64 MB weight rows, column tiles
+ * [kt0, kt1) of the range, STAGES stages of W and x tiles. */
+template <int MB, int STAGES>
+static __global__ void __launch_bounds__(WG_THREADS)
+    wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
+                      float *y, int32_t n, int32_t rows, int32_t kt_total, int32_t splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int BM = 64 * MB;
+    constexpr uint32_t W_BYTES = BM * 128, X_BYTES = WGMMA_MAX_N * 128;
+    constexpr uint32_t STAGE_BYTES = W_BYTES + X_BYTES;
+    extern __shared__ unsigned char smem_raw[];
+    /* The swizzle wants 1024-byte aligned tiles. */
+    const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+    unsigned char *const sm = smem_raw + (base - raw);
+    const uint32_t full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int32_t row0 = blockIdx.x * BM, split = blockIdx.y;
+    const int32_t kt0 = (int32_t)((int64_t)split * kt_total / splits);
+    const int32_t kt1 = (int32_t)((int64_t)(split + 1) * kt_total / splits);
+    const int32_t nkt = kt1 - kt0;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 4); /* a consumer warp each */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    float acc[MB][16];
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+        for (int e = 0; e < 16; e++) acc[mb][e] = 0.0f;
+
+    if (warp == 4) {
+        if (lane == 0) {
+            /* The weights of the first stages before the wait (no kernel
+             * writes them), x after it. */
+            const int32_t pre = nkt < STAGES ? nkt : STAGES;
+            for (int32_t i = 0; i < pre; i++) {
+                mbar_expect_tx(full0 + 8 * i, STAGE_BYTES);
+                tma_load(base + i * STAGE_BYTES, &tw, (kt0 + i) * WG_BK, row0, full0 + 8 * i);
+            }
+            pdl_wait();
+            for (int32_t i = 0; i < pre; i++)
+                tma_load(base + i * STAGE_BYTES + W_BYTES, &tx, (kt0 + i) * WG_BK, 0,
+                         full0 + 8 * i);
+            for (int32_t i = pre; i < nkt; i++) {
+                const int s = i % STAGES;
+                mbar_wait(empty0 + 8 * s, (uint32_t)((i / STAGES - 1) & 1));
+                mbar_expect_tx(full0 + 8 * s, STAGE_BYTES);
+                tma_load(base + s * STAGE_BYTES, &tw, (kt0 + i) * WG_BK, row0, full0 + 8 * s);
+                tma_load(base + s * STAGE_BYTES + W_BYTES, &tx, (kt0 + i) * WG_BK, 0,
+                         full0 + 8 * s);
+            }
+        }
+    } else {
+        for (int32_t i = 0; i < nkt; i++) {
+            const int s = i % STAGES;
+            mbar_wait(full0 + 8 * s, (uint32_t)((i / STAGES) & 1));
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            const uint32_t wa = base + s * STAGE_BYTES, xa = wa + W_BYTES;
+#pragma unroll
+            for (int ks = 0; ks < WG_BK / 16; ks++)
+#pragma unroll
+                for (int mb = 0; mb < MB; mb++)
+                    wgmma_m64n32k16(acc[mb], desc_sw128(wa + mb * 64 * 128 + ks * 32),
+                                    desc_sw128(xa + ks * 32));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        }
+        pdl_wait(); /* before writing y: the kernel before may still read it */
+    }
+
+    /* acc[mb][4j + e]: weight row 64 mb + 16 warp + lane / 4 (+ 8 for e >=
+     * 2), input row 8 j + 2 (lane % 4) (+ 1 for odd e). */
+    if (splits == 1) {
+        if (warp < 4) {
+#pragma unroll
+            for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+                for (int e = 0; e < 16; e++) {
+                    const int32_t r = row0 + mb * 64 + 16 * warp + lane / 4 + (e & 2 ? 8 : 0);
+                    const int32_t t = 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
+                    if (t < n) y[(int64_t)t * rows + r] = acc[mb][e];
+                }
+        }
+        return;
+    }
+    /* Column ranges: each block leaves its sums in shared memory (the ring
+     * is free: every stage was consumed), then sums its share of the rows
+     * over the cluster's blocks in range order. */
+    float *part = reinterpret_cast<float *>(sm);
+    __syncthreads();
+    if (warp < 4) {
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                const int32_t r = mb * 64 + 16 * warp + lane / 4 + (e & 2 ? 8 : 0);
+                const int32_t t = 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
+                part[r * WG_PLD + t] = acc[mb][e];
+            }
+    }
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    const int32_t rank = (int32_t)cl.block_rank();
+    const int32_t r0 = rank * BM / splits, r1 = (rank + 1) * BM / splits, nr = r1 - r0;
+    for (int32_t u = tid; u < nr * (WGMMA_MAX_N / 4); u += WG_THREADS) {
+        const int32_t r = r0 + u % nr, c4 = u / nr;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int32_t z = 0; z < splits; z++) {
+            const float4 v =
+                *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, z) + r * WG_PLD + 4 * c4);
+            a.x += v.x;
+            a.y += v.y;
+            a.z += v.z;
+            a.w += v.w;
+        }
+        const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (4 * c4 + e < n) y[(int64_t)(4 * c4 + e) * rows + row0 + r] = av[e];
+    }
+    cl.sync(); /* no block leaves while another reads its sums */
+#endif
+}
+
+/* ---- host ------------------------------------------------------------------ */
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        cudaGetLastError();
+    }
+    return fn;
+}
+
+/* A row-major bf16 matrix [outer][inner] read in boxes of box_outer rows of
+ * WG_BK columns, 128-byte swizzle; rows past outer read as zeros. */
+static is_status tensor_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer,
+                            uint32_t box_outer) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+    if (!fn) return is_error_set(IS_ERR_UNSUPPORTED, "cuda wgmma gemm: no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer};
+    const cuuint64_t strides[1] = {(cuuint64_t)inner * 2};
+    const cuuint32_t box[2] = {WG_BK, box_outer}, estr[2] = {1, 1};
+    const CUresult r = fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims,
+                          strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return is_error_set(IS_ERR_INTERNAL, "cuda wgmma gemm: cuTensorMapEncodeTiled failed (%d)",
+                            (int)r);
+    return IS_OK;
+}
+
+bool cuda_wgmma_supports(int32_t n, int64_t rows, int64_t cols) {
+    return n >= 1 && n <= WGMMA_MAX_N && rows > 0 && rows % 128 == 0 && rows <= INT32_MAX &&
+           cols > 0 && cols % WG_BK == 0;
+}
+
+template <int MB, int STAGES>
+static is_status wgmma_launch(cudaStream_t s, float *y, const CUtensorMap &tw,
+                              const CUtensorMap &tx, int32_t n, int64_t rows, int64_t cols,
+                              int32_t n_sms, bool pdl) {
+    constexpr int BM = 64 * MB;
+    constexpr size_t smem = (size_t)STAGES * (BM * 128 + WGMMA_MAX_N * 128) + 16 * STAGES + 1024;
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<MB, STAGES>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    const int32_t row_blocks = (int32_t)(rows / BM), kt_total = (int32_t)(cols / WG_BK);
+    /* Column ranges while the grid stays within one wave and each range
+     * keeps at least 4 stages of columns. */
+    int32_t splits = 1;
+    while (splits < 8 && row_blocks * (splits + 1) <= n_sms && kt_total / (splits + 1) >= 4)
+        splits++;
+    CUDA_CHECK(cuda_launch_ex(wgmma_gemm_kernel<MB, STAGES>,
+                              dim3((unsigned)row_blocks, (unsigned)splits), dim3(WG_THREADS), smem,
+                              s, dim3(1, (unsigned)splits, 1), pdl, tw, tx, y, n, (int32_t)rows,
+                              kt_total, splits));
+    return IS_OK;
+}
+
+is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
+                          const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols,
+                          bool pdl) {
+    if (!cuda_wgmma_supports(n, rows, cols) || !cuda_aligned16(w) || !cuda_aligned16(x))
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: n %d, %lld x %lld", n,
+                            (long long)rows, (long long)cols);
+    static int32_t n_sms = 0;
+    if (n_sms == 0) {
+        int v = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+        n_sms = v > 0 ? v : 132;
+    }
+    /* 256 rows a block where 128 would take more than one wave. */
+    const bool wide = rows / 128 > n_sms && rows % 256 == 0;
+    CUtensorMap tw, tx;
+    is_status st = tensor_map(&tw, w, cols, rows, wide ? 256 : 128);
+    if (st == IS_OK) st = tensor_map(&tx, x, cols, n, WGMMA_MAX_N);
+    if (st != IS_OK) return st;
+    return wide ? wgmma_launch<4, 5>(s, y, tw, tx, n, rows, cols, n_sms, pdl)
+                : wgmma_launch<2, 6>(s, y, tw, tx, n, rows, cols, n_sms, pdl);
+}
