@@ -145,8 +145,8 @@ static __global__ void __launch_bounds__(WG_THREADS)
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             if (lane == 0) mbar_arrive(empty0 + 8 * s);
         }
-        pdl_wait(); /* before writing y: the kernel before may still read it */
     }
+    pdl_wait(); /* every thread, before writing y: the kernel before may still read it */
 
     /* acc[mb][4j + e]: weight row 64 mb + 16 warp + lane / 4 (+ 8 for e >=
      * 2), input row 8 j + 2 (lane % 4) (+ 1 for odd e). */
