@@ -208,6 +208,33 @@ static double max_rel_diff(bench &b, const float *got_d, const float *ref_d, int
     return d / (ymax > 0 ? ymax : 1);
 }
 
+/* Median over reps calls of fn(i), i = 3, 4, ... (after fn(0..2) untimed),
+ * us from events around each; before(i) runs first, outside the events. */
+struct bench_timer {
+    bench &b;
+    int reps;
+    cudaEvent_t e0, e1;
+    template <typename F, typename B> double median_us(F &&fn, B &&before) const {
+        std::vector<double> v;
+        for (int r = 0; r < 3; r++) fn(r);
+        for (int r = 0; r < reps; r++) {
+            before(r + 3);
+            CK(cudaEventRecord(e0, b.st));
+            fn(r + 3);
+            CK(cudaEventRecord(e1, b.st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            v.push_back(ms * 1e3);
+        }
+        CK(cudaGetLastError());
+        return median(v);
+    }
+    template <typename F> double median_us(F &&fn) const {
+        return median_us(fn, [](int) {});
+    }
+};
+
 /* 3. A product after a gap, its weights prefetched into L2 or not. */
 static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_t e0,
                       cudaEvent_t e1) {
@@ -232,24 +259,8 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
     CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
     const size_t caps[] = {(size_t)16 << 20, (size_t)40 << 20};
-    auto timed = [&](auto &&fn, auto &&before) {
-        std::vector<double> v;
-        for (int r = 0; r < 3; r++) fn(r);
-        for (int r = 0; r < reps; r++) {
-            before(r + 3);
-            CK(cudaEventRecord(e0, b.st));
-            fn(r + 3);
-            CK(cudaEventRecord(e1, b.st));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            v.push_back(ms * 1e3);
-        }
-        CK(cudaGetLastError());
-        return median(v);
-    };
-    auto nothing = [](int) {};
-    const double t_gap = timed([&](int) { spin_kernel<<<96, 256, 0, b.st>>>(cycles); }, nothing);
+    const bench_timer timer{b, reps, e0, e1};
+    const double t_gap = timer.median_us([&](int) { spin_kernel<<<96, 256, 0, b.st>>>(cycles); });
     printf("\nA product (cuBLAS, %d rows) after a gap of %.1f us (96 blocks spinning), its "
            "weights' first CAP bytes prefetched into L2 at the gap's start or not; L2 %d MiB; "
            "us, medians of %d:\n\n| shape | MB | prefetch | cap MB | gap + product | product "
@@ -265,7 +276,7 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
                 if ((pf == PF_NONE || pf == PF_WARM || pf == PF_WARM_OTHER) && ci > 0) continue;
                 const size_t cap = wbytes < caps[ci] ? wbytes : caps[ci];
                 if (ci > 0 && cap == (wbytes < caps[0] ? wbytes : caps[0])) continue;
-                const double t = timed([&](int r) {
+                const double t = timer.median_us([&](int r) {
                     const __nv_bfloat16 *w = ws[(size_t)r % ws.size()];
                     const char *p = (const char *)w;
                     if (pf == PF_LOADS)
@@ -315,21 +326,7 @@ static void run_wgmma(bench &b, float *out, const __nv_bfloat16 *w, const shape 
 /* 4. The experimental TMA + wgmma kernel against cuBLAS. */
 static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
     const int n = 30;
-    auto timed = [&](auto &&fn) {
-        std::vector<double> v;
-        for (int r = 0; r < 3; r++) fn(r);
-        for (int r = 0; r < reps; r++) {
-            CK(cudaEventRecord(e0, b.st));
-            fn(r + 3);
-            CK(cudaEventRecord(e1, b.st));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            v.push_back(ms * 1e3);
-        }
-        CK(cudaGetLastError());
-        return median(v);
-    };
+    const bench_timer timer{b, reps, e0, e1};
     printf("\nThe TMA + wgmma kernel against cuBLAS, %d rows, each product alone (weights from "
            "memory), us, medians of %d:\n\n| shape | cuBLAS | wgmma | rel diff vs cuBLAS |\n"
            "|---|---|---|---|\n",
@@ -342,8 +339,10 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
         run_wgmma(b, b.y, ws[0], sh, n, false);
         CK(cudaStreamSynchronize(b.st));
         const double diff = max_rel_diff(b, b.y, b.yref, (int64_t)n * sh.rows);
-        const double tc = timed([&](int r) { run_cublas(b, b.yref, ws[(size_t)r % ws.size()], sh, n); });
-        const double tw = timed([&](int r) { run_wgmma(b, b.y, ws[(size_t)r % ws.size()], sh, n, false); });
+        const double tc = timer.median_us(
+            [&](int r) { run_cublas(b, b.yref, ws[(size_t)r % ws.size()], sh, n); });
+        const double tw = timer.median_us(
+            [&](int r) { run_wgmma(b, b.y, ws[(size_t)r % ws.size()], sh, n, false); });
         printf("| %s | %.1f | %.1f | %.2e |\n", sh.name, tc, tw, diff);
         free_copies(ws);
     }
@@ -376,7 +375,7 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
                     run_between(b, BETWEEN_DEPENDENT, (int64_t)n * next_cols, (int64_t)n * sh.rows);
                 }
         };
-        const double t = timed(seq) / n_layers;
+        const double t = timer.median_us(seq) / n_layers;
         printf("| %s | %.1f |\n",
                kind == 0 ? "cuBLAS" : kind == 1 ? "wgmma" : "wgmma as a dependent (PDL)", t);
     }
@@ -447,21 +446,10 @@ int main(int argc, char **argv) {
     }
 
     /* 1. Each product alone. */
+    const bench_timer timer{b, reps, e0, e1};
+    /* Weights rotating through the copies (read from memory). */
     auto time_it = [&](auto &&fn, const std::vector<__nv_bfloat16 *> &ws) {
-        std::vector<double> v;
-        const size_t nc = ws.size();
-        for (int r = 0; r < 3; r++) fn(ws[(size_t)r % nc]);
-        for (int r = 0; r < reps; r++) {
-            CK(cudaEventRecord(e0, b.st));
-            fn(ws[(size_t)(r + 3) % nc]);
-            CK(cudaEventRecord(e1, b.st));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            v.push_back(ms * 1e3);
-        }
-        CK(cudaGetLastError());
-        return median(v);
+        return timer.median_us([&](int i) { fn(ws[(size_t)i % ws.size()]); });
     };
     printf("\nEach product alone (weights from memory), us, medians of %d:\n\n"
            "| shape | rows x cols | n | kernel | ranges (kc) | us | TB/s | rel diff vs cuBLAS |\n"
