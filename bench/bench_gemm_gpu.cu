@@ -28,10 +28,16 @@
  *     (device runs 40-42: it runs faster after its own read, and slower
  *     after every prefetch; the backend has none).
  *
- *  4. (-w only) The experimental TMA + wgmma kernel (cuda/wgmma_gemm.cuh)
- *     against cuBLAS at 30 rows: its result (max difference over max |y|),
- *     each product alone, and a layer's products in sequence with a small
- *     op between them launched as a dependent, the kernel as one too.
+ *  4. (-w only) The TMA + wgmma kernel (cuda/wgmma_gemm.cuh) against cuBLAS
+ *     at 30 rows: every block shape that fits one wave, each product 8
+ *     times in sequence (plain and as dependents), its result against
+ *     cuBLAS's (max difference over max |y|, NaN-filled output); then a
+ *     layer's products in sequence with a small op between them launched as
+ *     a dependent: cuBLAS, the kernel's default and fastest shapes, plain and
+ *     as dependents, and with the ops letting their dependents launch at
+ *     their start (so that a product streams its first weights while the
+ *     op before it runs), on the fastest shapes and on the fastest of those
+ *     that hold one block an SM.
  *
  * Usage: bench_gemm_gpu [-r reps] [-s] [-P] [-g] [-w]
  *   -g: only section 3; -w: only section 4.
@@ -68,12 +74,13 @@ static __device__ __forceinline__ void trigger_dependents() {
 /* The op between two products: the next input in bf16 from the last
  * output (n values; n <= m, the floats it has, on the 8B layer). MODE 1: an
  * ordinary kernel; 2: launched as a programmatic dependent (it waits first,
- * as the backend's ops do); 3: letting a dependent launch start at once. */
-enum { BETWEEN_NONE, BETWEEN_PLAIN, BETWEEN_DEPENDENT, BETWEEN_TRIGGER };
+ * as the backend's ops do); 3: letting a dependent launch start at once;
+ * 4: both (a dependent that lets the next dependent launch at once). */
+enum { BETWEEN_NONE, BETWEEN_PLAIN, BETWEEN_DEPENDENT, BETWEEN_TRIGGER, BETWEEN_CHAIN };
 template <int MODE>
 static __global__ void between_kernel(__nv_bfloat16 *x, const float *y, int64_t n, int64_t m) {
-    if (MODE == BETWEEN_DEPENDENT) pdl_wait();
-    if (MODE == BETWEEN_TRIGGER) trigger_dependents();
+    if (MODE == BETWEEN_TRIGGER || MODE == BETWEEN_CHAIN) trigger_dependents();
+    if (MODE == BETWEEN_DEPENDENT || MODE == BETWEEN_CHAIN) pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         x[i] = __float2bfloat16_rn(i < m ? y[i] * 0.01f : 0.0f);
@@ -150,6 +157,9 @@ static void run_between(bench &b, int mode, int64_t n, int64_t m) {
         between_kernel<BETWEEN_TRIGGER><<<grid, block, 0, b.st>>>(b.x, b.y, n, m);
     if (mode == BETWEEN_DEPENDENT)
         CK(cuda_launch_dependent(between_kernel<BETWEEN_DEPENDENT>, grid, block, 0, b.st, b.x,
+                                 (const float *)b.y, n, m));
+    if (mode == BETWEEN_CHAIN)
+        CK(cuda_launch_dependent(between_kernel<BETWEEN_CHAIN>, grid, block, 0, b.st, b.x,
                                  (const float *)b.y, n, m));
 }
 
@@ -316,34 +326,83 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
 }
 
 static void run_wgmma(bench &b, float *out, const __nv_bfloat16 *w, const shape &sh, int n,
-                      bool pdl) {
-    if (cuda_wgmma_gemm(b.st, out, w, b.x, n, sh.rows, sh.cols, pdl) != IS_OK) {
+                      bool pdl, const cuda_wgmma_cfg *cfg = NULL, bool trigger = false) {
+    if (cuda_wgmma_gemm(b.st, out, w, b.x, n, sh.rows, sh.cols, pdl, trigger, cfg) != IS_OK) {
         fprintf(stderr, "wgmma gemm failed: %s\n", is_error_last());
         exit(1);
     }
 }
 
-/* 4. The experimental TMA + wgmma kernel against cuBLAS. */
+/* 4. The TMA + wgmma kernel against cuBLAS. */
 static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
-    const int n = 30;
+    const int n = 30, seq = 8;
     const bench_timer timer{b, reps, e0, e1};
-    printf("\nThe TMA + wgmma kernel against cuBLAS, %d rows, each product alone (weights from "
-           "memory), us, medians of %d:\n\n| shape | cuBLAS | wgmma | rel diff vs cuBLAS |\n"
-           "|---|---|---|---|\n",
-           n, reps);
-    for (int li : k_layer) {
-        const shape &sh = k_shapes[li];
+    int n_sms = 0, n_var = 0;
+    CK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, 0));
+    const cuda_wgmma_cfg *var = cuda_wgmma_variants(&n_var);
+    /* The best block shape of each product, and the best of those that
+     * hold one block an SM, for the layers below. */
+    cuda_wgmma_cfg best[4], best_one[4];
+    printf("\nThe TMA + wgmma kernel against cuBLAS, %d rows, each product %d times in sequence "
+           "(distinct weights, from memory), us a product, medians of %d; every block shape "
+           "that fits one wave (mb x 64 weight rows a block, stages, column ranges), the fastest "
+           "8 and the default:\n\n| shape | kernel | mb | stages | splits | us | as a "
+           "dependent (PDL) | rel diff vs cuBLAS |\n|---|---|---|---|---|---|---|---|\n",
+           n, seq, reps);
+    for (int j = 0; j < 4; j++) {
+        const shape &sh = k_shapes[k_layer[j]];
         std::vector<__nv_bfloat16 *> ws = weight_copies(b, sh, 2, 500);
+        auto in_seq = [&](auto &&one) {
+            return timer.median_us([&](int) {
+                       for (int i = 0; i < seq; i++) one(ws[(size_t)i % ws.size()]);
+                   }) / seq;
+        };
         run_cublas(b, b.yref, ws[0], sh, n);
-        CK(cudaMemsetAsync(b.y, 0xff, (size_t)n * sh.rows * sizeof(float), b.st)); /* NaNs */
+        const double tc = in_seq([&](const __nv_bfloat16 *w) { run_cublas(b, b.y, w, sh, n); });
+        printf("| %s | cuBLAS | | | | %.1f | | |\n", sh.name, tc);
+        struct row {
+            cuda_wgmma_cfg c;
+            double t, t_pdl, diff;
+        };
+        std::vector<row> rows;
+        const int64_t kt_total = sh.cols / 64;
+        for (int v = 0; v < n_var; v++)
+            for (int sp = 1; sp <= 8; sp++) {
+                const cuda_wgmma_cfg c = {var[v].mb, var[v].stages, sp};
+                const int64_t bm = 64 * c.mb;
+                const int64_t per_sm = cuda_wgmma_blocks_per_sm(c.mb, c.stages);
+                if (sh.rows % bm || sh.rows / bm * sp > n_sms * per_sm || kt_total / sp < 2)
+                    continue;
+                CK(cudaMemsetAsync(b.y, 0xff, (size_t)n * sh.rows * sizeof(float), b.st));
+                run_wgmma(b, b.y, ws[0], sh, n, false, &c);
+                CK(cudaStreamSynchronize(b.st));
+                row r = {c, 0, 0, max_rel_diff(b, b.y, b.yref, (int64_t)n * sh.rows)};
+                r.t = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, false, &c); });
+                r.t_pdl = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, true, &c); });
+                rows.push_back(r);
+            }
+        std::sort(rows.begin(), rows.end(), [](const row &a, const row &c) { return a.t < c.t; });
+        best[j] = best_one[j] = cuda_wgmma_cfg{0, 0, 0};
+        if (!rows.empty()) best[j] = rows[0].c;
+        for (const row &r : rows)
+            if (cuda_wgmma_blocks_per_sm(r.c.mb, r.c.stages) == 1) {
+                best_one[j] = r.c;
+                break;
+            }
+        double worst_diff = 0;
+        for (const row &r : rows) worst_diff = fmax(worst_diff, r.diff);
+        for (size_t i = 0; i < rows.size() && i < 8; i++)
+            printf("| %s | wgmma | %d | %d | %d | %.1f | %.1f | %.2e |\n", sh.name, rows[i].c.mb,
+                   rows[i].c.stages, rows[i].c.splits, rows[i].t, rows[i].t_pdl, rows[i].diff);
+        CK(cudaMemsetAsync(b.y, 0xff, (size_t)n * sh.rows * sizeof(float), b.st));
         run_wgmma(b, b.y, ws[0], sh, n, false);
         CK(cudaStreamSynchronize(b.st));
-        const double diff = max_rel_diff(b, b.y, b.yref, (int64_t)n * sh.rows);
-        const double tc = timer.median_us(
-            [&](int r) { run_cublas(b, b.yref, ws[(size_t)r % ws.size()], sh, n); });
-        const double tw = timer.median_us(
-            [&](int r) { run_wgmma(b, b.y, ws[(size_t)r % ws.size()], sh, n, false); });
-        printf("| %s | %.1f | %.1f | %.2e |\n", sh.name, tc, tw, diff);
+        const double dd = max_rel_diff(b, b.y, b.yref, (int64_t)n * sh.rows);
+        const double td = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, false); });
+        const double tdp = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, true); });
+        printf("| %s | wgmma, default | | | | %.1f | %.1f | %.2e |\n", sh.name, td, tdp, dd);
+        printf("| %s | (%zu block shapes, largest rel diff %.2e) | | | | | | |\n", sh.name,
+               rows.size(), worst_diff);
         free_copies(ws);
     }
     /* A layer's products in sequence, a small op between them launched as
@@ -364,20 +423,30 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
     printf("\n%d layers' products in sequence, a small op between them as a dependent, us a "
            "layer, medians of %d:\n\n| kernel | us a layer |\n|---|---|\n",
            n_layers, reps);
-    for (int kind = 0; kind < 3; kind++) {
-        auto seq = [&](int) {
+    const char *kind_name[] = {
+        "cuBLAS", "wgmma", "wgmma as a dependent (PDL)", "wgmma, each product's fastest shape",
+        "wgmma, each product's fastest shape, as a dependent (PDL)",
+        "the same, the op between letting the next product launch at its start",
+        "the same, each product letting the op after it launch at its start too",
+        "wgmma, each product's fastest shape of one block an SM, as a dependent (PDL)",
+        "the same, the ops between and the products letting the next launch at their start"};
+    for (int kind = 0; kind < 9; kind++) {
+        auto layers = [&](int) {
             for (int l = 0; l < n_layers; l++)
                 for (int j = 0; j < 4; j++) {
                     const shape &sh = k_shapes[k_layer[j]];
                     const int64_t next_cols = k_shapes[k_layer[(j + 1) % 4]].cols;
                     if (kind == 0) run_cublas(b, b.y, lw[j][(size_t)l], sh, n);
-                    else run_wgmma(b, b.y, lw[j][(size_t)l], sh, n, kind == 2);
-                    run_between(b, BETWEEN_DEPENDENT, (int64_t)n * next_cols, (int64_t)n * sh.rows);
+                    else
+                        run_wgmma(b, b.y, lw[j][(size_t)l], sh, n, kind == 2 || kind >= 4,
+                                  kind >= 7 ? &best_one[j] : kind >= 3 ? &best[j] : NULL,
+                                  kind == 6 || kind == 8);
+                    run_between(b, kind == 5 || kind == 6 || kind == 8 ? BETWEEN_CHAIN
+                                                                       : BETWEEN_DEPENDENT,
+                                (int64_t)n * next_cols, (int64_t)n * sh.rows);
                 }
         };
-        const double t = timer.median_us(seq) / n_layers;
-        printf("| %s | %.1f |\n",
-               kind == 0 ? "cuBLAS" : kind == 1 ? "wgmma" : "wgmma as a dependent (PDL)", t);
+        printf("| %s | %.1f |\n", kind_name[kind], timer.median_us(layers) / n_layers);
     }
     for (int j = 0; j < 4; j++) free_copies(lw[j]);
 }
@@ -398,7 +467,7 @@ int main(int argc, char **argv) {
                             "  -P  each stacked product once at 30 rows (for ncu)\n"
                             "  -g  only the products after a gap, with and without\n"
                             "      their weights prefetched into L2\n"
-                            "  -w  only the experimental TMA + wgmma kernel against cuBLAS\n",
+                            "  -w  only the TMA + wgmma kernel against cuBLAS\n",
                     argv[0]);
             return 2;
         }

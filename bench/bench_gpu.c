@@ -41,16 +41,18 @@
  *           bf16 models run at).
  * A configuration may carry a modifier for the products of few rows:
  * "+skinny" (all of up to 64 rows on cuda/skinny.cuh's kernel) or
- * "+noskinny" (all on cuBLAS); without one, the backend's default (the
+ * "+noskinny" (none on it); without one, the backend's default (the
  * kernel for up to 8 GEMM columns, so a 30-token query's products are on
- * cuBLAS either way), e.g. -c bf16,bf16+noskinny,bf16+skinny. "+unstacked" runs q, k, v (and
+ * the wgmma kernel either way), e.g. -c bf16,bf16+noskinny,bf16+skinny. "+unstacked" runs q, k, v (and
  * gate, up) as a product each instead of one of their stacked weights
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
  * "+nocluster" merges the attention's key splits by a second kernel, not
  * inside clusters (backend_cuda_set_flash_clusters: before device run 28);
  * "+nopdl" launches the skinny kernel without programmatic dependent launch
  * (backend_cuda_set_pdl); "+early" starts each attention before the kernel
- * that writes its queries ends (backend_cuda_set_pdl_early);
+ * that writes its queries ends (backend_cuda_set_pdl_early); "+nowgmma"
+ * runs the products of 9-32 rows on cuBLAS instead of cuda/wgmma_gemm.cuh's
+ * kernel (backend_cuda_set_wgmma: the "before" of device run 49);
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -592,6 +594,8 @@ int main(int argc, char **argv) {
                     "         attention key splits merged by a second kernel; +nopdl: the\n"
                     "         skinny kernel launched without programmatic dependent launch;\n"
                     "         +early: the attention started before the RoPE + KV store ends;\n"
+                    "         +nowgmma: products of 9-32 rows on cuBLAS, not on\n"
+                    "         cuda/wgmma_gemm.cuh's kernel (the default);\n"
                     "         ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
@@ -695,6 +699,7 @@ int main(int argc, char **argv) {
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
             backend_cuda_set_pdl(b.be, strstr(cfg, "+nopdl") == NULL);
             backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") != NULL);
+            backend_cuda_set_wgmma(b.be, strstr(cfg, "+nowgmma") == NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

@@ -22,6 +22,7 @@ extern "C" {
 #include "norm.cuh"
 #include "rope.cuh"
 #include "skinny.cuh"
+#include "wgmma_gemm.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -121,6 +122,9 @@ typedef struct cuda_ctx {
      * IS_CUDA_SKINNY_SPLITS). */
     cuda_skinny_mode skinny;
     int32_t skinny_splits;
+    /* Products of up to 32 GEMM columns that the skinny kernel does not take
+     * on cuda/wgmma_gemm.cuh's kernel (backend_cuda_set_wgmma, IS_CUDA_WGMMA). */
+    bool wgmma;
     dev_stage st_tokens, st_rope, st_slots, st_attn;
     int32_t *pack;      /* host: attention metadata being packed */
     size_t pack_cap;    /* elements */
@@ -744,6 +748,10 @@ static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows,
             return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xbf, n_cols,
                                     rows, cols, cuda_pdl_on());
     }
+    if (c->wgmma && !c->legacy && cuda_wgmma_supports(n_cols, rows, cols) && cuda_aligned16(w) &&
+        cuda_aligned16(c->xbf))
+        return cuda_wgmma_gemm(c->stream, out, (const __nv_bfloat16 *)w, c->xbf, n_cols, rows,
+                               cols, cuda_pdl_on(), false, NULL);
     const float one = 1.0f, zero = 0.0f;
     /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
     CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
@@ -1581,6 +1589,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
                                            : CUDA_SKINNY_DECODE;
         v = getenv("IS_CUDA_SKINNY_SPLITS");
         c->skinny_splits = v ? atoi(v) : 0;
+        v = getenv("IS_CUDA_WGMMA");
+        c->wgmma = !(v && !strcmp(v, "0"));
         v = getenv("IS_CUDA_PDL");
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
         v = getenv("IS_CUDA_PDL_EARLY");
@@ -1622,6 +1632,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         }
     }
     if (st == IS_OK) st = cuda_skinny_prepare(); /* outside any capture */
+    if (st == IS_OK) st = cuda_wgmma_prepare();
     if (st != IS_OK) {
         ctx_destroy(c);
         free(be);
@@ -1662,6 +1673,11 @@ extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
 extern "C" void backend_cuda_set_skinny_splits(backend *be, int32_t splits) {
     graph_break(ctx_of(be));
     ctx_of(be)->skinny_splits = splits > 0 ? splits : 0;
+}
+
+extern "C" void backend_cuda_set_wgmma(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->wgmma = on;
 }
 
 extern "C" void backend_cuda_set_pdl(backend *be, bool on) {

@@ -118,6 +118,14 @@ void backend_cuda_set_skinny(backend *be, cuda_skinny_mode mode);
 /* Forces the skinny kernel's column ranges (1-8; 0: its plan chooses), for
  * tests and benchmarks. IS_CUDA_SKINNY_SPLITS at creation. */
 void backend_cuda_set_skinny_splits(backend *be, int32_t splits);
+/* Products of up to 32 GEMM columns (input rows; twice them with bf16x2
+ * inputs) that the skinny kernel does not take, on cuda/wgmma_gemm.cuh's
+ * kernel (TMA + wgmma, weights streamed before its programmatic wait)
+ * instead of cuBLAS, where it takes the shape (columns a multiple of 64; at
+ * most 256 weight rows an SM, so not the 8B head) and the GPU is a Hopper.
+ * Default on (a 30-token query's TTFT on the 8B shape 0.0-0.3 ms faster,
+ * cuda/NOTES.md run 49); IS_CUDA_WGMMA=0 at creation turns it off. */
+void backend_cuda_set_wgmma(backend *be, bool on);
 /* Launches the kernels that may (RMSNorm, RoPE + KV store, attention,
  * SwiGLU, the skinny products) as programmatic dependents of the kernel
  * before them, so each starts as the last one's blocks exit (default on;

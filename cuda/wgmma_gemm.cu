@@ -1,5 +1,5 @@
 /*
- * wgmma_gemm: EXPERIMENTAL, not yet run on a GPU (see wgmma_gemm.cuh).
+ * wgmma_gemm: TMA + wgmma products of few rows (see wgmma_gemm.cuh).
  */
 #include "wgmma_gemm.cuh"
 
@@ -76,8 +76,12 @@ static __device__ __forceinline__ void wgmma_m64n32k16(float *d, uint64_t da, ui
 template <int MB, int STAGES>
 static __global__ void __launch_bounds__(WG_THREADS)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
-                      float *y, int32_t n, int32_t rows, int32_t kt_total, int32_t splits) {
+                      float *y, int32_t n, int32_t rows, int32_t kt_total, int32_t splits,
+                      int32_t trigger) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* Lets the next kernel (a dependent) launch now: it waits for this one
+     * to finish before reading what this one writes. */
+    if (trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     constexpr int BM = 64 * MB;
     constexpr uint32_t W_BYTES = BM * 128, X_BYTES = WGMMA_MAX_N * 128;
     constexpr uint32_t STAGE_BYTES = W_BYTES + X_BYTES;
@@ -239,54 +243,139 @@ static is_status tensor_map(CUtensorMap *m, const void *p, int64_t inner, int64_
     return IS_OK;
 }
 
-bool cuda_wgmma_supports(int32_t n, int64_t rows, int64_t cols) {
-    return n >= 1 && n <= WGMMA_MAX_N && rows > 0 && rows % 128 == 0 && rows <= INT32_MAX &&
-           cols > 0 && cols % WG_BK == 0;
+/* Whether this device runs the sm_90a kernels (Hopper only). */
+static bool kernels_load(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        cudaFuncAttributes a;
+        ok = cudaFuncGetAttributes(&a, wgmma_gemm_kernel<1, 8>) == cudaSuccess;
+        cudaGetLastError();
+    }
+    return ok == 1;
+}
+
+/* The shared memory a block of this shape takes. */
+static size_t wgmma_smem(int32_t mb, int32_t stages) {
+    return (size_t)stages * (64 * mb * 128 + WGMMA_MAX_N * 128) + 16 * (size_t)stages + 1024;
 }
 
 template <int MB, int STAGES>
 static is_status wgmma_launch(cudaStream_t s, float *y, const CUtensorMap &tw,
                               const CUtensorMap &tx, int32_t n, int64_t rows, int64_t cols,
-                              int32_t n_sms, bool pdl) {
-    constexpr int BM = 64 * MB;
-    constexpr size_t smem = (size_t)STAGES * (BM * 128 + WGMMA_MAX_N * 128) + 16 * STAGES + 1024;
-    static bool attr = false;
-    if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<MB, STAGES>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr = true;
-    }
-    const int32_t row_blocks = (int32_t)(rows / BM), kt_total = (int32_t)(cols / WG_BK);
-    /* Column ranges while the grid stays within one wave and each range
-     * keeps at least 4 stages of columns. */
-    int32_t splits = 1;
-    while (splits < 8 && row_blocks * (splits + 1) <= n_sms && kt_total / (splits + 1) >= 4)
-        splits++;
+                              int32_t splits, bool pdl, bool trigger) {
+    const size_t smem = wgmma_smem(MB, STAGES);
+    const int32_t row_blocks = (int32_t)(rows / (64 * MB)), kt_total = (int32_t)(cols / WG_BK);
     CUDA_CHECK(cuda_launch_ex(wgmma_gemm_kernel<MB, STAGES>,
                               dim3((unsigned)row_blocks, (unsigned)splits), dim3(WG_THREADS), smem,
                               s, dim3(1, (unsigned)splits, 1), pdl, tw, tx, y, n, (int32_t)rows,
-                              kt_total, splits));
+                              kt_total, splits, (int32_t)trigger));
     return IS_OK;
+}
+
+int32_t cuda_wgmma_blocks_per_sm(int32_t mb, int32_t stages) {
+    return wgmma_smem(mb, stages) <= 114 * 1024 ? 2 : 1;
+}
+
+/* Every (mb, stages) compiled: one block an SM with the most stages, two
+ * an SM (under 114 KiB each), and the defaults. */
+#define WGMMA_VARIANTS(X) X(1, 8) X(1, 16) X(2, 5) X(2, 6) X(2, 10) X(4, 3) X(4, 5) X(4, 6)
+
+static const cuda_wgmma_cfg k_variants[] = {
+#define X(MB_, ST_) {MB_, ST_, 0},
+    WGMMA_VARIANTS(X)
+#undef X
+};
+
+is_status cuda_wgmma_prepare(void) {
+    static bool done = false;
+    if (done || !kernels_load()) return IS_OK;
+#define X(MB_, ST_)                                                                                \
+    CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<MB_, ST_>,                                   \
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,                   \
+                                    (int)wgmma_smem(MB_, ST_)));
+    WGMMA_VARIANTS(X)
+#undef X
+    done = true;
+    return IS_OK;
+}
+
+const cuda_wgmma_cfg *cuda_wgmma_variants(int *count) {
+    *count = (int)(sizeof k_variants / sizeof k_variants[0]);
+    return k_variants;
+}
+
+static int32_t sm_count(void) {
+    static int32_t n_sms = 0;
+    if (n_sms == 0) {
+        int v = 0;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) v = 0;
+        cudaGetLastError();
+        n_sms = v > 0 ? v : 132;
+    }
+    return n_sms;
+}
+
+/* Column ranges for row_blocks blocks while the grid stays one block an SM
+ * and each range keeps at least 4 stages of columns. */
+static int32_t default_splits(int64_t row_blocks, int64_t kt_total) {
+    int32_t splits = 1;
+    while (splits < 8 && row_blocks * (splits + 1) <= sm_count() && kt_total / (splits + 1) >= 4)
+        splits++;
+    return splits;
+}
+
+/* The default block shape, the fastest of device run 48's sweep on each of
+ * the 8B layer's products at 30 rows: the smallest block of weight rows
+ * (64, 128, 256) whose row blocks are at most one an SM, with the stages
+ * that let two blocks share an SM (the next kernel's may start beside),
+ * and default_splits. mb 0: none fits (more than 256 rows an SM). */
+static cuda_wgmma_cfg default_cfg(int64_t rows, int64_t cols) {
+    static const cuda_wgmma_cfg shapes[] = {{1, 8, 0}, {2, 5, 0}, {4, 3, 0}};
+    for (cuda_wgmma_cfg c : shapes) {
+        const int64_t bm = 64 * (int64_t)c.mb;
+        if (rows % bm != 0 || rows / bm > sm_count()) continue;
+        c.splits = default_splits(rows / bm, cols / WG_BK);
+        return c;
+    }
+    return cuda_wgmma_cfg{0, 0, 0};
+}
+
+bool cuda_wgmma_supports(int32_t n, int64_t rows, int64_t cols) {
+    return n >= 1 && n <= WGMMA_MAX_N && rows > 0 && rows <= INT32_MAX && cols > 0 &&
+           cols % WG_BK == 0 && default_cfg(rows, cols).mb != 0 && encode_fn() && kernels_load();
 }
 
 is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
                           const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols,
-                          bool pdl) {
-    if (!cuda_wgmma_supports(n, rows, cols) || !cuda_aligned16(w) || !cuda_aligned16(x))
+                          bool pdl, bool trigger, const cuda_wgmma_cfg *cfg) {
+    if (n < 1 || n > WGMMA_MAX_N || rows <= 0 || rows > INT32_MAX || cols <= 0 ||
+        cols % WG_BK != 0 || !cuda_aligned16(w) || !cuda_aligned16(x))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: n %d, %lld x %lld", n,
                             (long long)rows, (long long)cols);
-    static int32_t n_sms = 0;
-    if (n_sms == 0) {
-        int v = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
-        n_sms = v > 0 ? v : 132;
-    }
-    /* 256 rows a block where 128 would take more than one wave. */
-    const bool wide = rows / 128 > n_sms && rows % 256 == 0;
+    const int64_t kt_total = cols / WG_BK;
+    cuda_wgmma_cfg c = cfg ? *cfg : default_cfg(rows, cols);
+    if (c.mb == 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: %lld rows take no block shape",
+                            (long long)rows);
+    const int64_t bm = 64 * (int64_t)c.mb;
+    if (rows % bm != 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: %lld rows in blocks of %lld",
+                            (long long)rows, (long long)bm);
+    if (c.splits == 0) c.splits = default_splits(rows / bm, kt_total);
+    is_status st = cuda_wgmma_prepare();
+    if (st != IS_OK) return st;
+    if (c.splits < 1 || c.splits > 8 || c.splits > kt_total)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: %d column ranges of %lld",
+                            c.splits, (long long)kt_total);
     CUtensorMap tw, tx;
-    is_status st = tensor_map(&tw, w, cols, rows, wide ? 256 : 128);
+    st = tensor_map(&tw, w, cols, rows, (uint32_t)bm);
     if (st == IS_OK) st = tensor_map(&tx, x, cols, n, WGMMA_MAX_N);
     if (st != IS_OK) return st;
-    return wide ? wgmma_launch<4, 5>(s, y, tw, tx, n, rows, cols, n_sms, pdl)
-                : wgmma_launch<2, 6>(s, y, tw, tx, n, rows, cols, n_sms, pdl);
+#define X(MB_, ST_)                                                                                \
+    if (c.mb == MB_ && c.stages == ST_)                                                            \
+        return wgmma_launch<MB_, ST_>(s, y, tw, tx, n, rows, cols, c.splits, pdl, trigger);
+    WGMMA_VARIANTS(X)
+#undef X
+    return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: no kernel for %d x 64 rows, %d stages",
+                        c.mb, c.stages);
 }

@@ -1,21 +1,20 @@
 /*
- * wgmma_gemm: EXPERIMENTAL, not used by the backend; bench_gemm_gpu -w is
- * its only caller. Written (2026-12-03, seventh session) after the device
- * ran out; it has not run on a GPU: the next session's first call must
- * check it against cuBLAS (bench_gemm_gpu -w prints the relative
- * difference) before anything else.
+ * wgmma_gemm: the backend's products of up to 32 GEMM columns that the
+ * skinny kernel does not take (backend_cuda_set_wgmma, default on), e.g. a
+ * 30-token query's on the 8B shape; bench_gemm_gpu -w measures it.
  *
  * Why: on the 8B shape a 30-token query's layer is ~170 us, of which the
  * four cuBLAS products are ~126 us back to back against 104 us of weight
- * reading; the rest is the attention and four small kernels during which
- * the memory is idle, and cuBLAS's kernels cannot start reading their
- * weights before the op before them ends (cuda/NOTES.md runs 35-45). A
- * product kernel of our own, launched as a programmatic dependent, can:
- * weights do not depend on the kernel before.
+ * reading; cuBLAS's kernels cannot start reading their weights before the
+ * op before them ends (cuda/NOTES.md runs 35-45). This kernel, launched as
+ * a programmatic dependent, can: weights do not depend on the kernel
+ * before. Measured (runs 47-49): as fast as cuBLAS inside with its
+ * default block shapes, ~5 us a layer faster as dependents, a 30-token
+ * query's TTFT 0.0-0.3 ms faster.
  *
  * y[n][rows] = x[n][cols] W^T, W bf16 [rows][cols], x bf16 [n][cols]
  * (n <= 32), y f32: the layout cuBLAS writes for the backend.
- *  - A block owns 128 or 256 weight rows over a range of columns; one
+ *  - A block owns 64, 128 or 256 weight rows over a range of columns; one
  *    producer thread streams 64-column tiles of W and x into a ring of
  *    shared-memory stages with TMA (128-byte swizzle; x's rows past n come
  *    in as zeros), a warpgroup multiplies each stage with wgmma
@@ -33,15 +32,36 @@
 
 #define WGMMA_MAX_N 32
 
-/* Whether the kernel takes this product: 1 <= n <= 32, rows a multiple of
- * 128, cols a multiple of 64, W, x 16-byte aligned with cols * 2 bytes a
- * row a multiple of 16. */
+/* Whether the kernel takes this product on this device with its default
+ * block shape: an sm_90a GPU, 1 <= n <= 32, cols a multiple of 64, rows a
+ * multiple of 64 (128, 256) at most 64 (128, 256) an SM. W and x must be
+ * 16-byte aligned. */
 bool cuda_wgmma_supports(int32_t n, int64_t rows, int64_t cols);
 
+/* Sets the kernels' shared-memory limits (once; call it outside any stream
+ * capture: cuda_wgmma_gemm calls it too). */
+is_status cuda_wgmma_prepare(void);
+
+/* A block's shape: mb (64 mb weight rows a block: 1, 2 or 4), stages in its
+ * shared-memory ring, splits (column ranges, 1..8, a cluster). Zeros take
+ * the default choice. */
+struct cuda_wgmma_cfg {
+    int32_t mb, stages, splits;
+};
+
+/* How many blocks of this shape an SM holds (by shared memory: 1 or 2). */
+int32_t cuda_wgmma_blocks_per_sm(int32_t mb, int32_t stages);
+
+/* The (mb, stages) pairs compiled in, for sweeps: *count of them. */
+const cuda_wgmma_cfg *cuda_wgmma_variants(int *count);
+
 /* y[n][rows] = x W^T (see above). pdl: launched as a programmatic
- * dependent of the stream's previous kernel. */
+ * dependent of the stream's previous kernel. trigger: lets the next kernel,
+ * if a dependent, launch as soon as all this one's blocks run (so that a
+ * product after it can stream its weights in early). cfg: NULL for the
+ * default. */
 is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
                           const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols,
-                          bool pdl);
+                          bool pdl, bool trigger, const cuda_wgmma_cfg *cfg);
 
 #endif

@@ -182,19 +182,27 @@ static void run_stream(model *m, const int32_t *tokens, int32_t n_prefill, int32
     run_stream_chunked(m, tokens, n_prefill, n_decode, out, 0);
 }
 
-static void compare_stream(const char *what, model *mc, model *mg, const int32_t *tokens,
-                           int32_t n_prefill, int32_t n_decode, double tol, double argmax_min) {
+/* The GPU's logits against the CPU's, the GPU's prefill in chunks of at
+ * most `chunk` tokens (0: one), the CPU's in one. */
+static void compare_stream_chunked(const char *what, model *mc, model *mg, const int32_t *tokens,
+                                   int32_t n_prefill, int32_t n_decode, int32_t chunk, double tol,
+                                   double argmax_min) {
     const int32_t V = mc->cfg.n_vocab, n = n_prefill + n_decode;
     float *lc = malloc((size_t)n * V * sizeof(float)), *lg = malloc((size_t)n * V * sizeof(float));
     assert_non_null(lc);
     assert_non_null(lg);
     for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = NAN;
     run_stream(mc, tokens, n_prefill, n_decode, lc);
-    run_stream(mg, tokens, n_prefill, n_decode, lg);
+    run_stream_chunked(mg, tokens, n_prefill, n_decode, lg, chunk);
     gpu_ok();
     expect_agreement(what, compare_logits(lg, lc, n, V), n, tol, argmax_min);
     free(lc);
     free(lg);
+}
+
+static void compare_stream(const char *what, model *mc, model *mg, const int32_t *tokens,
+                           int32_t n_prefill, int32_t n_decode, double tol, double argmax_min) {
+    compare_stream_chunked(what, mc, mg, tokens, n_prefill, n_decode, 0, tol, argmax_min);
 }
 
 
@@ -213,7 +221,14 @@ static void test_default_model(void **state) {
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16);
     compare_stream("  the same with CUDA_MATMUL_BF16", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL_BF16, ARGMAX_MIN);
+    /* The prefill in chunks of a 30-token query (bf16 inputs: 30 GEMM
+     * columns) and of 16 tokens (bf16x2: 32), whose products are on the
+     * wgmma kernel (cuda/wgmma_gemm.cuh), the head excepted: the same bars. */
+    compare_stream_chunked("  the same, prefill in chunks of 30 (wgmma)", g_mc, g_mg, stream,
+                           n_prefill, n_decode, 30, REL_TOL_BF16, ARGMAX_MIN);
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    compare_stream_chunked("  bf16x2, prefill in chunks of 16 (wgmma)", g_mc, g_mg, stream,
+                           n_prefill, n_decode, 16, REL_TOL, ARGMAX_MIN);
     /* The bf16 KV cache (tiled attention: 7.7e-3 on the device, run 4), and
      * the backend as first built (the "before" of the benchmarks), both
      * held to the same bar. */
@@ -285,10 +300,16 @@ static void test_tiny_models(void **state) {
         char what[96];
         snprintf(what, sizeof what, "tiny %s", de->d_name);
         compare_stream(what, mc, mg, toks, n_prefill, n_decode, REL_TOL, ARGMAX_MIN_RANDOM);
-        /* Decode steps on cuBLAS instead of the skinny kernel: the same bar. */
+        /* Every product on cuBLAS (no skinny, no wgmma kernel): the same bar. */
         backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
+        backend_cuda_set_wgmma(g_gpu, false);
         compare_stream("  the same, every product on cuBLAS", mc, mg, toks, n_prefill, n_decode,
                        REL_TOL, ARGMAX_MIN_RANDOM);
+        /* Decode steps on the wgmma kernel (cuda/wgmma_gemm.cuh) where it
+         * takes the shape: the same bar. */
+        backend_cuda_set_wgmma(g_gpu, true);
+        compare_stream("  the same, decode products on the wgmma kernel", mc, mg, toks, n_prefill,
+                       n_decode, REL_TOL, ARGMAX_MIN_RANDOM);
         backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE);
         /* Kernels launched as programmatic dependents or not: the same
          * kernels on the same arguments, so the same bits. */

@@ -477,10 +477,13 @@ static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols,
 static void test_matmul(void **state) {
     SKIP_WITHOUT_GPU();
     /* Every case on cuBLAS, then with products of <= 64 rows on the skinny
-     * kernel (cuda/skinny.cuh). */
-    for (int p = 0; p <= 3; p++) {
-        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+     * kernel (cuda/skinny.cuh), then with those of <= 32 on the wgmma
+     * kernel (cuda/wgmma_gemm.cuh; on cuBLAS where it does not take them). */
+    for (int p = 0; p <= 5; p++) {
+        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+        backend_cuda_set_wgmma(g_gpu, p >= 4);
         if (p == 2) printf("  with the skinny kernel:\n");
+        if (p == 4) printf("  with the wgmma kernel:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul(TENSOR_TYPE_F32, 1, 576, 576, false, prec);
         check_matmul(TENSOR_TYPE_F32, 7, 1536, 576, true, prec);
@@ -497,7 +500,14 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_F32, 5, 49, 128, true, prec);
         check_matmul(TENSOR_TYPE_F32, 30, 1000, 4096, true, prec);
         check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
+        /* The wgmma kernel's block shapes: 64 rows a block in 8 column
+         * ranges of 8 and 9 stages (65 of 64 columns); 128 (134 blocks of
+         * 64 would be more than one an SM); 256; a partial tile of x. */
+        check_matmul(TENSOR_TYPE_F32, 30, 320, 4160, false, prec);
+        check_matmul(TENSOR_TYPE_Q8_0, 16, 8576, 1024, true, prec);
+        check_matmul(TENSOR_TYPE_F32, 32, 17920, 512, false, prec);
     }
+    backend_cuda_set_wgmma(g_gpu, true); /* the default */
     /* Every number of column ranges, forced: ranges of unequal length
      * (576 columns = 9 steps of 64 in 5 ranges of 2, 2, 2, 2, 1 at 8),
      * every tile count of x (1, 17, 30, 64 rows). */
@@ -598,9 +608,11 @@ static void test_matmul_n(void **state) {
     assert_non_null(g_gpu->ops->weight_create_stacked);
     const int64_t qkv[] = {576, 192, 192}, gate_up[] = {1536, 1536}, odd[] = {49, 7};
     /* On cuBLAS, then with products of <= 64 columns on the skinny kernel. */
-    for (int p = 0; p < 4; p++) {
-        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+    for (int p = 0; p < 6; p++) {
+        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+        backend_cuda_set_wgmma(g_gpu, p >= 4);
         if (p == 2) printf("  with the skinny kernel:\n");
+        if (p == 4) printf("  with the wgmma kernel:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul_n(3, qkv, 576, true, 1, prec);
         check_matmul_n(3, qkv, 576, false, 30, prec);
@@ -608,6 +620,7 @@ static void test_matmul_n(void **state) {
         check_matmul_n(2, gate_up, 576, false, 300, prec);
         check_matmul_n(2, odd, 96, true, 5, prec);
     }
+    backend_cuda_set_wgmma(g_gpu, true);
     backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
     /* Refusals: widths that differ, a vector, too many. */
     test_weight a, v;
@@ -687,15 +700,18 @@ static void check_matmul_swiglu(int64_t ffn, int64_t cols, int32_t T, bool stack
 static void test_matmul_swiglu(void **state) {
     SKIP_WITHOUT_GPU();
     assert_non_null(g_gpu->ops->matmul_swiglu);
-    for (int p = 0; p < 4; p++) {
-        backend_cuda_set_skinny(g_gpu, p >= 2 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+    for (int p = 0; p < 6; p++) {
+        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
+        backend_cuda_set_wgmma(g_gpu, p >= 4);
         if (p == 2) printf("  with the skinny kernel:\n");
+        if (p == 4) printf("  with the wgmma kernel:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul_swiglu(1536, 576, 30, true, prec);  /* fused */
         check_matmul_swiglu(49, 96, 5, true, prec);      /* odd rows, fused */
         check_matmul_swiglu(1536, 576, 300, true, prec); /* past STACKED_MAX_T: two products */
         check_matmul_swiglu(1536, 576, 30, false, prec); /* separate weights */
     }
+    backend_cuda_set_wgmma(g_gpu, true);
     backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
 }
 
@@ -1294,6 +1310,12 @@ static void test_matmul_rope_store(void **state) {
     check_matmul_rope_store(30, false, false, false, ROPE_LAYOUT_NORM, 64, CUDA_MATMUL_BF16);
     check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
     backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
+    /* On cuBLAS (30 rows). */
+    backend_cuda_set_wgmma(g_gpu, false);
+    printf("  with the wgmma kernel off:\n");
+    check_matmul_rope_store(30, true, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
+    check_matmul_rope_store(30, false, false, false, ROPE_LAYOUT_NORM, 64, CUDA_MATMUL_BF16);
+    backend_cuda_set_wgmma(g_gpu, true);
 }
 
 /* ---- injection ------------------------------------------------------------------ */
