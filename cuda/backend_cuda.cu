@@ -66,6 +66,17 @@ typedef struct dev_stage {
 #define GRAPH_PIN_DEFAULT ((size_t)64 << 10) /* first pinned bump buffer */
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's own default on Hopper */
 
+/* A matmul input in bf16 ([2][T][cols] when split) and what it holds: the
+ * conversion of src[0, n) (split or not); valid until an op writes memory
+ * overlapping src (touch). */
+typedef struct bf16_input {
+    __nv_bfloat16 *buf;
+    size_t cap; /* elements */
+    const float *src;
+    size_t n;
+    bool split, valid;
+} bf16_input;
+
 typedef struct graph_slot {
     cudaGraphExec_t exec; /* NULL: empty */
     size_t nodes;
@@ -86,15 +97,13 @@ typedef struct cuda_ctx {
     bool flash_clusters; /* its key splits merged in clusters */
     bool legacy;        /* the backend as first built (backend_cuda_set_legacy) */
     int32_t n_sms;
-    __nv_bfloat16 *xbf; /* matmul input in bf16 ([2][T][cols] when split) */
-    size_t xbf_cap;     /* elements */
-    /* What xbf holds: the conversion of src[0, n) (split or not); valid
-     * until an op writes memory overlapping src (touch). Q, K and V read the
-     * same normed rows, gate and up too: converted once instead of 3 and 2
-     * times. */
-    const float *xbf_src;
-    size_t xbf_n;
-    bool xbf_split, xbf_valid;
+    /* Matmul inputs in bf16. xbf: conversions, and the copies RMSNorm and
+     * SwiGLU write beside their f32 output; gbf: the copy the fused gate/up
+     * product + SwiGLU writes (it cannot write xbf, which it reads). Q, K
+     * and V read the same normed rows, gate and up too: converted once
+     * instead of 3 and 2 times. xin: the one the next product reads. */
+    bf16_input xbf, gbf;
+    const __nv_bfloat16 *xin;
     /* RMSNorm and SwiGLU write xbf as they write their f32 output, so the
      * matrix product that reads it skips its conversion pass (off with
      * IS_CUDA_NO_FUSED_CONVERT=1, for measuring). */
@@ -168,9 +177,17 @@ static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
 /* An op is about to write [p, p + bytes): the cached matmul input
  * conversion is stale if it overlaps. */
 static void touch(cuda_ctx *c, const void *p, size_t bytes) {
-    if (!c->xbf_valid) return;
-    const char *a = (const char *)p, *b = (const char *)c->xbf_src;
-    if (a < b + c->xbf_n * sizeof(float) && b < a + bytes) c->xbf_valid = false;
+    for (bf16_input *in : {&c->xbf, &c->gbf}) {
+        if (!in->valid) continue;
+        const char *a = (const char *)p, *b = (const char *)in->src;
+        if (a < b + in->n * sizeof(float) && b < a + bytes) in->valid = false;
+    }
+}
+
+/* Memory may have been freed or reused: no bf16 input is known valid. */
+static void inputs_stale(cuda_ctx *c) {
+    c->xbf.valid = false;
+    c->gbf.valid = false;
 }
 
 /* ---- CUDA graphs ---------------------------------------------------------- */
@@ -420,7 +437,7 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
                             "cuda backend: cannot allocate %zu bytes: %s", bytes,
                             cudaGetErrorString(e));
     }
-    c->xbf_valid = false; /* the address may have held the converted rows' source */
+    inputs_stale(c); /* the address may have held the converted rows' source */
     *out = p;
     return IS_OK;
 }
@@ -429,7 +446,7 @@ static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
     graph_break(c);
-    c->xbf_valid = false;
+    inputs_stale(c);
     /* cudaFree waits for the device; queued kernels may still use ptr. */
     cudaError_t e = cudaFree(ptr);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaFree", __FILE__, __LINE__));
@@ -646,21 +663,26 @@ static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n,
 static __nv_bfloat16 *bf16_copy_of(cuda_ctx *c, size_t n, bool *split) {
     *split = c->precision == CUDA_MATMUL_BF16X2;
     if (!c->fuse_convert || c->legacy) return NULL;
-    c->xbf_valid = false;
-    if (scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, *split ? 2 * n : n,
+    c->xbf.valid = false;
+    if (scratch_reserve(c, (void **)&c->xbf.buf, &c->xbf.cap, *split ? 2 * n : n,
                         sizeof(__nv_bfloat16)) != IS_OK) {
         is_error_clear(); /* the matmul converts, and reports a failure of its own */
         return NULL;
     }
-    return c->xbf;
+    return c->xbf.buf;
+}
+
+/* Records that in (xbf or gbf) holds the bf16 copy of out[0, n). */
+static void produced_in(bf16_input *in, const float *out, size_t n, bool split, is_status st) {
+    if (st != IS_OK) return;
+    in->src = out;
+    in->n = n;
+    in->split = split;
+    in->valid = true;
 }
 
 static void produced(cuda_ctx *c, const float *out, size_t n, bool split, is_status st) {
-    if (st != IS_OK) return;
-    c->xbf_src = out;
-    c->xbf_n = n;
-    c->xbf_split = split;
-    c->xbf_valid = true;
+    produced_in(&c->xbf, out, n, split, st);
 }
 
 /* RMSNorm, after x += res when res is not NULL (add_rmsnorm). */
@@ -707,23 +729,24 @@ static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n,
     return IS_OK;
 }
 
-/* Makes xbf hold x[T][cols] in bf16 (hi then lo when split), unless it
+/* Makes xin hold x[T][cols] in bf16 (hi then lo when split): xbf, unless it
  * already does. */
 static is_status input_bf16(cuda_ctx *c, const float *x, int32_t T, int64_t cols, bool split) {
     const size_t x_n = (size_t)T * (size_t)cols;
-    if (c->xbf_valid && !c->legacy && c->xbf_src == x && c->xbf_n == x_n && c->xbf_split == split)
-        return IS_OK;
-    c->xbf_valid = false;
-    is_status st = scratch_reserve(c, (void **)&c->xbf, &c->xbf_cap, split ? 2 * x_n : x_n,
+    for (bf16_input *in : {&c->gbf, &c->xbf})
+        if (in->valid && !c->legacy && in->src == x && in->n == x_n && in->split == split) {
+            c->xin = in->buf;
+            return IS_OK;
+        }
+    c->xbf.valid = false;
+    is_status st = scratch_reserve(c, (void **)&c->xbf.buf, &c->xbf.cap, split ? 2 * x_n : x_n,
                                    sizeof(__nv_bfloat16));
     if (st != IS_OK) return st;
-    st = split ? cuda_f32_to_bf16_split(c->stream, c->xbf, x, (int64_t)x_n)
-               : cuda_f32_to_bf16(c->stream, c->xbf, x, (int64_t)x_n);
+    st = split ? cuda_f32_to_bf16_split(c->stream, c->xbf.buf, x, (int64_t)x_n)
+               : cuda_f32_to_bf16(c->stream, c->xbf.buf, x, (int64_t)x_n);
     if (st != IS_OK) return st;
-    c->xbf_src = x;
-    c->xbf_n = x_n;
-    c->xbf_split = split;
-    c->xbf_valid = true;
+    produced_in(&c->xbf, x, x_n, split, IS_OK);
+    c->xin = c->xbf.buf;
     return IS_OK;
 }
 
@@ -736,7 +759,7 @@ static bool use_skinny(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t 
            (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && n_cols <= 8));
 }
 
-/* out[n_cols][rows] = W xbf^T, f32: on the skinny kernel where use_skinny
+/* out[n_cols][rows] = W xin^T, f32: on the skinny kernel where use_skinny
  * says, else on cuBLAS's own choice of algorithm (timing cuBLASLt's
  * candidates for each shape instead measured no faster: cuda/NOTES.md,
  * run 23). */
@@ -745,17 +768,17 @@ static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows,
     if (use_skinny(c, n_cols, rows, cols)) {
         const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
         if (cuda_skinny_one_wave(&p, n_cols))
-            return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xbf, n_cols,
+            return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xin, n_cols,
                                     rows, cols, cuda_pdl_on());
     }
     if (c->wgmma && !c->legacy && cuda_wgmma_supports(n_cols, rows, cols) && cuda_aligned16(w) &&
-        cuda_aligned16(c->xbf))
-        return cuda_wgmma_gemm(c->stream, out, (const __nv_bfloat16 *)w, c->xbf, n_cols, rows,
+        cuda_aligned16(c->xin))
+        return cuda_wgmma_gemm(c->stream, out, (const __nv_bfloat16 *)w, c->xin, n_cols, rows,
                                cols, cuda_pdl_on(), false, NULL);
     const float one = 1.0f, zero = 0.0f;
     /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
     CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
-                              &one, w, CUDA_R_16BF, (int)cols, c->xbf, CUDA_R_16BF, (int)cols,
+                              &one, w, CUDA_R_16BF, (int)cols, c->xin, CUDA_R_16BF, (int)cols,
                               &zero, out, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
     return IS_OK;
@@ -883,8 +906,9 @@ static void cu_matmul_n(backend *be, float *const *ys, const float *x,
 }
 
 /* SwiGLU straight from the stacked product of gate and up (no split: one
- * launch and two passes over [T][2 ffn] floats fewer a layer); otherwise
- * matmul_n and swiglu. The same bits either way. */
+ * launch and two passes over [T][2 ffn] floats fewer a layer), or in the
+ * product's kernel (bf16 inputs of at most 32 rows on the wgmma kernel);
+ * otherwise matmul_n and swiglu. The same bits every way. */
 static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, const float *x,
                                     const cuda_weight *wg, const cuda_weight *wu, int32_t T) {
     if (T <= 0) return IS_OK;
@@ -894,6 +918,24 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
     int64_t rows;
     const bool one = wu->base.shape.rows == ffn && stacked_one(c, ws, NULL, 2, T, &rows);
     is_status st;
+    const int64_t cols = wg->base.shape.cols;
+    /* bf16 inputs of at most 32 rows: the product and SwiGLU in one kernel
+     * (cuda_wgmma_swiglu: the same bits as the two below). */
+    if (one && c->wgmma && c->fuse_convert && c->precision == CUDA_MATMUL_BF16 &&
+        cuda_wgmma_swiglu_supports(T, ffn, cols) && cuda_aligned16(wg->data)) {
+        st = input_bf16(c, x, T, cols, false);
+        if (st != IS_OK) return st;
+        if (c->xin != c->gbf.buf) {
+            c->gbf.valid = false;
+            st = scratch_reserve(c, (void **)&c->gbf.buf, &c->gbf.cap, n, sizeof(__nv_bfloat16));
+            if (st != IS_OK) return st;
+            touch(c, out, n * sizeof(float));
+            st = cuda_wgmma_swiglu(c->stream, out, c->gbf.buf, (const __nv_bfloat16 *)wg->data,
+                                   c->xin, T, ffn, cols, cuda_pdl_on());
+            produced_in(&c->gbf, out, n, false, st);
+            return st;
+        }
+    }
     if (one) {
         st = stacked_product(c, x, wg, rows, T);
     } else {
@@ -1437,7 +1479,8 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->inj_rows);
     free(c->tiles);
     cuda_arena_free(c->arena);
-    cudaFree(c->xbf);
+    cudaFree(c->xbf.buf);
+    cudaFree(c->gbf.buf);
     cudaFree(c->ypart);
     cudaFree(c->rope_dev);
     free(c->rope_host);
@@ -1710,7 +1753,7 @@ extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
     c->legacy = on;
     c->kv_bf16 = false;
     c->flash = !on;
-    c->xbf_valid = false;
+    inputs_stale(c);
     be->ops = on ? &cuda_ops_legacy : &cuda_ops;
 }
 

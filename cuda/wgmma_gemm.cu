@@ -71,13 +71,26 @@ static __device__ __forceinline__ void wgmma_m64n32k16(float *d, uint64_t da, ui
 }
 #endif
 
+/* y = g / (1 + e^-g) u, as cuda_swiglu's kernels compute it (expf, not
+ * __expf: the CPU reference uses expf too), and its bf16 copy. */
+static __device__ __forceinline__ void glu_put(float *y, __nv_bfloat16 *obf, int64_t i, float g,
+                                               float u) {
+    const float v = g / (1.0f + expf(-g)) * u;
+    y[i] = v;
+    bf16_copy_put(obf, 0, i, v, false);
+}
+
 /* Block (row block, column range): BM = 64 MB weight rows, column tiles
- * [kt0, kt1) of the range, STAGES stages of W and x tiles. */
+ * [kt0, kt1) of the range, STAGES stages of W and x tiles.
+ * glu > 0 (MB = 2): W stacks gate [glu rows] over up [glu rows]; a block
+ * takes 64 gate rows as its first tile and the same 64 up rows as its
+ * second, and writes y[n][glu] = SwiGLU(gate, up) and its bf16 copy obf
+ * instead of the product. */
 template <int MB, int STAGES>
 static __global__ void __launch_bounds__(WG_THREADS)
     wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
                       float *y, int32_t n, int32_t rows, int32_t kt_total, int32_t splits,
-                      int32_t trigger) {
+                      int32_t trigger, int32_t glu, __nv_bfloat16 *obf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* Lets the next kernel (a dependent) launch now: it waits for this one
      * to finish before reading what this one writes. */
@@ -91,7 +104,7 @@ static __global__ void __launch_bounds__(WG_THREADS)
     unsigned char *const sm = smem_raw + (base - raw);
     const uint32_t full0 = base + STAGES * STAGE_BYTES, empty0 = full0 + 8 * STAGES;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int32_t row0 = blockIdx.x * BM, split = blockIdx.y;
+    const int32_t row0 = blockIdx.x * (glu ? 64 : BM), split = blockIdx.y;
     const int32_t kt0 = (int32_t)((int64_t)split * kt_total / splits);
     const int32_t kt1 = (int32_t)((int64_t)(split + 1) * kt_total / splits);
     const int32_t nkt = kt1 - kt0;
@@ -111,6 +124,12 @@ static __global__ void __launch_bounds__(WG_THREADS)
 #pragma unroll
         for (int e = 0; e < 16; e++) acc[mb][e] = 0.0f;
 
+    /* A stage's weights: one box of BM rows, or with glu two of 64. */
+    auto load_w = [&](uint32_t dst, int32_t kt, uint32_t bar) {
+        tma_load(dst, &tw, kt * WG_BK, row0, bar);
+        if (glu) tma_load(dst + 64 * 128, &tw, kt * WG_BK, glu + row0, bar);
+    };
+
     if (warp == 4) {
         if (lane == 0) {
             /* The weights of the first stages before the wait (no kernel
@@ -118,7 +137,7 @@ static __global__ void __launch_bounds__(WG_THREADS)
             const int32_t pre = nkt < STAGES ? nkt : STAGES;
             for (int32_t i = 0; i < pre; i++) {
                 mbar_expect_tx(full0 + 8 * i, STAGE_BYTES);
-                tma_load(base + i * STAGE_BYTES, &tw, (kt0 + i) * WG_BK, row0, full0 + 8 * i);
+                load_w(base + i * STAGE_BYTES, kt0 + i, full0 + 8 * i);
             }
             pdl_wait();
             for (int32_t i = 0; i < pre; i++)
@@ -128,7 +147,7 @@ static __global__ void __launch_bounds__(WG_THREADS)
                 const int s = i % STAGES;
                 mbar_wait(empty0 + 8 * s, (uint32_t)((i / STAGES - 1) & 1));
                 mbar_expect_tx(full0 + 8 * s, STAGE_BYTES);
-                tma_load(base + s * STAGE_BYTES, &tw, (kt0 + i) * WG_BK, row0, full0 + 8 * s);
+                load_w(base + s * STAGE_BYTES, kt0 + i, full0 + 8 * s);
                 tma_load(base + s * STAGE_BYTES + W_BYTES, &tx, (kt0 + i) * WG_BK, 0,
                          full0 + 8 * s);
             }
@@ -155,7 +174,14 @@ static __global__ void __launch_bounds__(WG_THREADS)
     /* acc[mb][4j + e]: weight row 64 mb + 16 warp + lane / 4 (+ 8 for e >=
      * 2), input row 8 j + 2 (lane % 4) (+ 1 for odd e). */
     if (splits == 1) {
-        if (warp < 4) {
+        if (warp < 4 && glu) {
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                const int32_t r = row0 + 16 * warp + lane / 4 + (e & 2 ? 8 : 0);
+                const int32_t t = 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
+                if (t < n) glu_put(y, obf, (int64_t)t * glu + r, acc[0][e], acc[MB - 1][e]);
+            }
+        } else if (warp < 4) {
 #pragma unroll
             for (int mb = 0; mb < MB; mb++)
 #pragma unroll
@@ -185,9 +211,8 @@ static __global__ void __launch_bounds__(WG_THREADS)
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();
     const int32_t rank = (int32_t)cl.block_rank();
-    const int32_t r0 = rank * BM / splits, r1 = (rank + 1) * BM / splits, nr = r1 - r0;
-    for (int32_t u = tid; u < nr * (WGMMA_MAX_N / 4); u += WG_THREADS) {
-        const int32_t r = r0 + u % nr, c4 = u / nr;
+    /* Four columns of tile row r summed over the cluster in range order. */
+    auto sum_ranks = [&](int32_t r, int32_t c4) {
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int32_t z = 0; z < splits; z++) {
             const float4 v =
@@ -197,10 +222,27 @@ static __global__ void __launch_bounds__(WG_THREADS)
             a.z += v.z;
             a.w += v.w;
         }
+        return a;
+    };
+    /* With glu the shares are of the 64 gate rows, each with its up row. */
+    const int32_t share = glu ? 64 : BM;
+    const int32_t r0 = rank * share / splits, r1 = (rank + 1) * share / splits, nr = r1 - r0;
+    for (int32_t u = tid; u < nr * (WGMMA_MAX_N / 4); u += WG_THREADS) {
+        const int32_t r = r0 + u % nr, c4 = u / nr;
+        const float4 a = sum_ranks(r, c4);
         const float av[4] = {a.x, a.y, a.z, a.w};
+        if (glu) {
+            const float4 b = sum_ranks(r + 64, c4);
+            const float bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (4 * c4 + e < n) y[(int64_t)(4 * c4 + e) * rows + row0 + r] = av[e];
+            for (int e = 0; e < 4; e++)
+                if (4 * c4 + e < n)
+                    glu_put(y, obf, (int64_t)(4 * c4 + e) * glu + row0 + r, av[e], bv[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (4 * c4 + e < n) y[(int64_t)(4 * c4 + e) * rows + row0 + r] = av[e];
+        }
     }
     cl.sync(); /* no block leaves while another reads its sums */
 #endif
@@ -262,13 +304,15 @@ static size_t wgmma_smem(int32_t mb, int32_t stages) {
 template <int MB, int STAGES>
 static is_status wgmma_launch(cudaStream_t s, float *y, const CUtensorMap &tw,
                               const CUtensorMap &tx, int32_t n, int64_t rows, int64_t cols,
-                              int32_t splits, bool pdl, bool trigger) {
+                              int32_t splits, bool pdl, bool trigger, int32_t glu = 0,
+                              __nv_bfloat16 *obf = NULL) {
     const size_t smem = wgmma_smem(MB, STAGES);
-    const int32_t row_blocks = (int32_t)(rows / (64 * MB)), kt_total = (int32_t)(cols / WG_BK);
+    const int32_t row_blocks = (int32_t)(glu ? glu / 64 : rows / (64 * MB));
+    const int32_t kt_total = (int32_t)(cols / WG_BK);
     CUDA_CHECK(cuda_launch_ex(wgmma_gemm_kernel<MB, STAGES>,
                               dim3((unsigned)row_blocks, (unsigned)splits), dim3(WG_THREADS), smem,
                               s, dim3(1, (unsigned)splits, 1), pdl, tw, tx, y, n, (int32_t)rows,
-                              kt_total, splits, (int32_t)trigger));
+                              kt_total, splits, (int32_t)trigger, glu, obf));
     return IS_OK;
 }
 
@@ -378,4 +422,28 @@ is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
 #undef X
     return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: no kernel for %d x 64 rows, %d stages",
                         c.mb, c.stages);
+}
+
+bool cuda_wgmma_swiglu_supports(int32_t n, int64_t ffn, int64_t cols) {
+    return n >= 1 && n <= WGMMA_MAX_N && ffn > 0 && ffn % 64 == 0 && ffn <= INT32_MAX / 2 &&
+           ffn / 64 <= 2 * (int64_t)sm_count() && cols > 0 && cols % WG_BK == 0 &&
+           default_cfg(2 * ffn, cols).mb != 0 && encode_fn() && kernels_load();
+}
+
+is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf,
+                            const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
+                            int64_t ffn, int64_t cols, bool pdl) {
+    if (!cuda_wgmma_swiglu_supports(n, ffn, cols) || !cuda_aligned16(w) || !cuda_aligned16(x))
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma swiglu: n %d, ffn %lld, cols %lld", n,
+                            (long long)ffn, (long long)cols);
+    is_status st = cuda_wgmma_prepare();
+    if (st != IS_OK) return st;
+    /* The column ranges of the stacked product on its own, so that each
+     * gate and up value is the same sum as there (the same bits). */
+    const int32_t splits = default_cfg(2 * ffn, cols).splits;
+    CUtensorMap tw, tx;
+    st = tensor_map(&tw, w, cols, 2 * ffn, 64);
+    if (st == IS_OK) st = tensor_map(&tx, x, cols, n, WGMMA_MAX_N);
+    if (st != IS_OK) return st;
+    return wgmma_launch<2, 5>(s, y, tw, tx, n, ffn, cols, splits, pdl, false, (int32_t)ffn, obf);
 }

@@ -64,4 +64,17 @@ is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
                           const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols,
                           bool pdl, bool trigger, const cuda_wgmma_cfg *cfg);
 
+/* The gate and up product and SwiGLU in one kernel: w stacks gate
+ * [ffn][cols] over up [ffn][cols]; y[n][ffn] = silu(x gate^T) * (x up^T)
+ * and obf its bf16 copy (cuda_f32_to_bf16's rounding; obf must not be x).
+ * Each gate and up value is the same sum as cuda_wgmma_gemm's on the
+ * stacked weights (the same column ranges), so the results are the bits of
+ * that product followed by cuda_swiglu_stacked. A block takes 64 gate rows
+ * and their 64 up rows (two boxes a stage). Takes: 1 <= n <= 32, ffn a
+ * multiple of 64 with at most two blocks an SM, cols a multiple of 64. */
+bool cuda_wgmma_swiglu_supports(int32_t n, int64_t ffn, int64_t cols);
+is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf,
+                            const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
+                            int64_t ffn, int64_t cols, bool pdl);
+
 #endif

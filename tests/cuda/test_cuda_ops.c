@@ -710,6 +710,11 @@ static void test_matmul_swiglu(void **state) {
         check_matmul_swiglu(49, 96, 5, true, prec);      /* odd rows, fused */
         check_matmul_swiglu(1536, 576, 300, true, prec); /* past STACKED_MAX_T: two products */
         check_matmul_swiglu(1536, 576, 30, false, prec); /* separate weights */
+        /* With the wgmma kernel and bf16 inputs the fused ones above run
+         * gate, up and SwiGLU in one kernel (in two column ranges at 1536 x
+         * 576); here in one range, 128 blocks, and a partial tile of x. */
+        check_matmul_swiglu(8192, 512, 30, true, prec);
+        check_matmul_swiglu(1536, 576, 7, true, prec);
     }
     backend_cuda_set_wgmma(g_gpu, true);
     backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
