@@ -759,20 +759,32 @@ static bool use_skinny(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t 
            (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && n_cols <= 8));
 }
 
-/* out[n_cols][rows] = W xin^T, f32: on the skinny kernel where use_skinny
- * says, else on cuBLAS's own choice of algorithm (timing cuBLASLt's
- * candidates for each shape instead measured no faster: cuda/NOTES.md,
- * run 23). */
-static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows, int32_t n_cols,
-                           int64_t cols) {
+typedef enum product_kernel { ON_CUBLAS, ON_SKINNY, ON_WGMMA } product_kernel;
+
+/* Which kernel a bf16 product of n_cols GEMM columns takes: the skinny one
+ * where use_skinny says and its plan is one wave, else the wgmma one where
+ * it is on and takes the shape, else cuBLAS's own choice of algorithm
+ * (timing cuBLASLt's candidates for each shape instead measured no faster:
+ * cuda/NOTES.md, run 23). */
+static product_kernel product_on(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols) {
     if (use_skinny(c, n_cols, rows, cols)) {
         const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
-        if (cuda_skinny_one_wave(&p, n_cols))
-            return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xin, n_cols,
-                                    rows, cols, cuda_pdl_on());
+        if (cuda_skinny_one_wave(&p, n_cols)) return ON_SKINNY;
     }
-    if (c->wgmma && !c->legacy && cuda_wgmma_supports(n_cols, rows, cols) && cuda_aligned16(w) &&
-        cuda_aligned16(c->xin))
+    if (c->wgmma && !c->legacy && cuda_wgmma_supports(n_cols, rows, cols)) return ON_WGMMA;
+    return ON_CUBLAS;
+}
+
+/* out[n_cols][rows] = W xin^T, f32, on the kernel product_on chooses. */
+static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows, int32_t n_cols,
+                           int64_t cols) {
+    const product_kernel k = product_on(c, n_cols, rows, cols);
+    if (k == ON_SKINNY) {
+        const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
+        return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xin, n_cols,
+                                rows, cols, cuda_pdl_on());
+    }
+    if (k == ON_WGMMA && cuda_aligned16(w) && cuda_aligned16(c->xin))
         return cuda_wgmma_gemm(c->stream, out, (const __nv_bfloat16 *)w, c->xin, n_cols, rows,
                                cols, cuda_pdl_on(), false, NULL);
     const float one = 1.0f, zero = 0.0f;
@@ -919,10 +931,12 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
     const bool one = wu->base.shape.rows == ffn && stacked_one(c, ws, NULL, 2, T, &rows);
     is_status st;
     const int64_t cols = wg->base.shape.cols;
-    /* bf16 inputs of at most 32 rows: the product and SwiGLU in one kernel
-     * (cuda_wgmma_swiglu: the same bits as the two below). */
-    if (one && c->wgmma && c->fuse_convert && c->precision == CUDA_MATMUL_BF16 &&
-        cuda_wgmma_swiglu_supports(T, ffn, cols) && cuda_aligned16(wg->data)) {
+    /* bf16 inputs where the stacked product would be on the wgmma kernel
+     * (not a decode step's, on the skinny one): the product and SwiGLU in
+     * one kernel (cuda_wgmma_swiglu: the same bits as the two below). */
+    if (one && c->fuse_convert && c->precision == CUDA_MATMUL_BF16 &&
+        product_on(c, T, rows, cols) == ON_WGMMA && cuda_wgmma_swiglu_supports(T, ffn, cols) &&
+        cuda_aligned16(wg->data)) {
         st = input_bf16(c, x, T, cols, false);
         if (st != IS_OK) return st;
         if (c->xin != c->gbf.buf) {
