@@ -762,13 +762,15 @@ static bool use_skinny(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t 
 typedef enum product_kernel { ON_CUBLAS, ON_SKINNY, ON_WGMMA } product_kernel;
 
 /* Which kernel a bf16 product of n_cols GEMM columns takes: the skinny one
- * where use_skinny says and its plan is one wave, else the wgmma one where
- * it is on and takes the shape, else cuBLAS's own choice of algorithm
- * (timing cuBLASLt's candidates for each shape instead measured no faster:
- * cuda/NOTES.md, run 23). */
-static product_kernel product_on(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols) {
+ * where use_skinny says and its plan (*plan, where not NULL) is one wave,
+ * else the wgmma one where it is on and takes the shape, else cuBLAS's own
+ * choice of algorithm (timing cuBLASLt's candidates for each shape instead
+ * measured no faster: cuda/NOTES.md, run 23). */
+static product_kernel product_on(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols,
+                                 skinny_plan *plan) {
     if (use_skinny(c, n_cols, rows, cols)) {
         const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
+        if (plan) *plan = p;
         if (cuda_skinny_one_wave(&p, n_cols)) return ON_SKINNY;
     }
     if (c->wgmma && !c->legacy && cuda_wgmma_supports(n_cols, rows, cols)) return ON_WGMMA;
@@ -778,12 +780,11 @@ static product_kernel product_on(const cuda_ctx *c, int32_t n_cols, int64_t rows
 /* out[n_cols][rows] = W xin^T, f32, on the kernel product_on chooses. */
 static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows, int32_t n_cols,
                            int64_t cols) {
-    const product_kernel k = product_on(c, n_cols, rows, cols);
-    if (k == ON_SKINNY) {
-        const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
+    skinny_plan p;
+    const product_kernel k = product_on(c, n_cols, rows, cols, &p);
+    if (k == ON_SKINNY)
         return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xin, n_cols,
                                 rows, cols, cuda_pdl_on());
-    }
     if (k == ON_WGMMA && cuda_aligned16(w) && cuda_aligned16(c->xin))
         return cuda_wgmma_gemm(c->stream, out, (const __nv_bfloat16 *)w, c->xin, n_cols, rows,
                                cols, cuda_pdl_on(), false, NULL);
@@ -935,7 +936,7 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
      * (not a decode step's, on the skinny one): the product and SwiGLU in
      * one kernel (cuda_wgmma_swiglu: the same bits as the two below). */
     if (one && c->fuse_convert && c->precision == CUDA_MATMUL_BF16 &&
-        product_on(c, T, rows, cols) == ON_WGMMA && cuda_wgmma_swiglu_supports(T, ffn, cols) &&
+        product_on(c, T, rows, cols, NULL) == ON_WGMMA && cuda_wgmma_swiglu_supports(T, ffn, cols) &&
         cuda_aligned16(wg->data)) {
         st = input_bf16(c, x, T, cols, false);
         if (st != IS_OK) return st;

@@ -98,6 +98,16 @@ static __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+/* Lets the stream's next kernel, if a programmatic dependent, launch now
+ * rather than as this kernel's blocks exit (it still waits, in pdl_wait, for
+ * this kernel's end before reading what this one writes). Only the opt-in
+ * early attention start uses it (see above); benchmarks measure it. */
+static __device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /* Whether cuda_launch_dependent launches as a programmatic dependent
  * (process-wide; default on; the backend's backend_cuda_set_pdl and
  * IS_CUDA_PDL=0 turn it off: then every launch is an ordinary one). */

@@ -83,11 +83,7 @@ static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *
                                          int32_t block_size, int32_t half, bool neox,
                                          const float *cs, int32_t q_blocks, bool trigger) {
     pdl_wait(); /* launched as a dependent: nothing before this */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* The attention may launch now: it waits for this kernel's end before
-     * it reads what this kernel writes (cuda_pdl_early_on). */
-    if (trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+    if (trigger) pdl_trigger(); /* the attention may launch now (cuda_pdl_early_on) */
     const int32_t t = blockIdx.x, p = pos[t];
     const float *tab = cs + (int64_t)(p < 0 ? -p : p) * half * 2;
     if ((int32_t)blockIdx.y < q_blocks) {
