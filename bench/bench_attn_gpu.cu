@@ -6,10 +6,12 @@
  * a 1280-token prefill and a decode step. Each row runs, in the same
  * process on the same cache and queries, cuda_flash_plan_batch's choice
  * before device run 23 ("old") and serving's ("new": splits by the cost
- * model, none empty), checking that the outputs agree within the bf16 bar
- * (relative L2 <= 1e-2); then the new plan's tiles with fixed numbers of
- * splits, merged by the second kernel or in clusters ("c"), the sweep the
- * cost model is fitted against.
+ * model, none empty, on the wgmma engine where the GPU runs it), the new
+ * plan on the mma.sync engine ("new, mma.sync"), checking that the outputs
+ * agree within the bf16 bar (relative L2 <= 1e-2); then the new plan's tiles
+ * with fixed numbers of splits, merged by the second kernel or in clusters
+ * ("c"), with one and two key warps, on each engine: the sweep the cost
+ * model is fitted against.
  *
  * Like a forward, each launch finds its K/V, block table and tiles in
  * memory, not in L2: a read of a buffer larger than L2 runs before it
@@ -201,8 +203,11 @@ int main(int argc, char **argv) {
     printf("\nattention, one layer of the 8B shape (H %d, KV heads %d, d %d, block %d), "
            "median of %d launches; plan = splits, key warps (blocks)\n\n",
            H, KH, D, BS, reps);
+    const bool wg_ok = cuda_flash_wgmma_supports(D);
+    printf("wgmma engine: %s\n\n", wg_ok ? "yes" : "no (this GPU runs no sm_90a code)");
     printf("| case | T | keys | old plan | old us | new plan | new us | new, 1 key warp us | "
-           "old / new | rel err new |\n|---|---|---|---|---|---|---|---|---|---|\n");
+           "new, mma.sync us | old / new | rel err new |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n");
     /* Variants: the old plan, the new one, then the new one's tiles with
      * each split count of the sweep (what the cost model chooses among). */
     /* Splits merged by the second kernel, then (c) in clusters; with one
@@ -210,15 +215,17 @@ int main(int argc, char **argv) {
     const int32_t sweep_splits[] = {1, 2, 4, 8, 16, 32, 2, 4, 8};
     const bool sweep_cl[] = {false, false, false, false, false, false, true, true, true};
     const int n_per_kw = (int)(sizeof sweep_splits / sizeof sweep_splits[0]);
-    const int n_sweep = 2 * n_per_kw;
+    /* Each split count with 1 and 2 key warps on mma.sync, then on wgmma. */
+    const int n_sweep = 4 * n_per_kw;
     printf("clusters resident at once (cudaOccupancyMaxActiveClusters), size 2..%d:",
            FLASH_CLUSTER_MAX);
-    for (int kw = 1; kw <= 2; kw++) {
-        printf(" %d key warp%s:", kw, kw > 1 ? "s" : "");
-        for (int32_t z = 2; z <= FLASH_CLUSTER_MAX; z++)
-            printf(" %d", cuda_flash_max_clusters(D, kw, z));
-        printf(";");
-    }
+    for (int wg = 0; wg <= (int)wg_ok; wg++)
+        for (int kw = 1; kw <= 2; kw++) {
+            printf(" %s, %d key warp%s:", wg ? "wgmma" : "mma.sync", kw, kw > 1 ? "s" : "");
+            for (int32_t z = 2; z <= FLASH_CLUSTER_MAX; z++)
+                printf(" %d", cuda_flash_max_clusters(D, kw, z, wg));
+            printf(";");
+        }
     printf("\n");
     std::vector<std::vector<double>> sweep_us((size_t)n_cases);
     std::vector<std::string> traces((size_t)n_cases);
@@ -229,25 +236,30 @@ int main(int argc, char **argv) {
     for (int ci = 0; ci < n_cases; ci++) {
         const bench_case &bc = cases[ci];
         for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;
-        double us[3];
+        double us[4];
         cuda_flash_plan plans[2];
         const size_t n = (size_t)bc.T * H * D;
         std::vector<float> ref(n), a(n);
         double rel = 0.0;
         bool sweep_bad = false;
-        for (int variant = 0; variant < 3 + n_sweep; variant++) {
+        for (int variant = 0; variant < 4 + n_sweep; variant++) {
+            /* 0 old, 1 new, 2 new with one key warp, 3 new on mma.sync, then the sweep */
             cuda_flash_plan plan = cuda_flash_plan_batch(
                 sot.data(), pos.data(), bc.T, bt_off, H, KH, D, n_sms,
-                variant == 0 ? CUDA_FLASH_CHOICE_LEGACY : CUDA_FLASH_CHOICE_AUTO, tiles.data());
+                variant == 0 ? CUDA_FLASH_CHOICE_LEGACY : CUDA_FLASH_CHOICE_AUTO, variant != 3,
+                tiles.data());
             if (variant == 2) plan.key_warps = 1; /* the new splits, one warp a key tile */
-            if (variant >= 3) {
+            if (variant >= 4) {
                 const int32_t max_kt = (bc.keys + FLASH_BN - 1) / FLASH_BN;
-                const int v = variant - 3;
+                const int v = variant - 4;
                 plan.splits = sweep_splits[v % n_per_kw];
                 plan.cluster = sweep_cl[v % n_per_kw];
-                plan.key_warps = 1 + v / n_per_kw;
+                plan.key_warps = 1 + (v / n_per_kw) % 2;
+                plan.wgmma = v / (2 * n_per_kw);
                 if (plan.splits > max_kt || /* more splits than key tiles: not a plan */
-                    (plan.cluster && cuda_flash_max_clusters(D, plan.key_warps, plan.splits) <= 0)) {
+                    (plan.wgmma && !wg_ok) ||
+                    (plan.cluster &&
+                     cuda_flash_max_clusters(D, plan.key_warps, plan.splits, plan.wgmma) <= 0)) {
                     sweep_us[(size_t)ci].push_back(-1.0);
                     continue;
                 }
@@ -283,7 +295,7 @@ int main(int argc, char **argv) {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (r >= 0) v.push_back(1e3 * ms);
             }
-            if (variant < 3)
+            if (variant < 4)
                 us[variant] = median(v);
             else
                 sweep_us[(size_t)ci].push_back(median(v));
@@ -333,15 +345,18 @@ int main(int argc, char **argv) {
             snprintf(pl[variant], sizeof pl[variant], "%d%s, %d (%d)", plans[variant].splits,
                      plans[variant].cluster ? "c" : "", plans[variant].key_warps,
                      plans[variant].n_tiles * KH * plans[variant].splits);
-        printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %.1f | %.2fx | %.1e%s |\n", bc.name,
-               bc.T, bc.keys, pl[0], us[0], pl[1], us[1], us[2], us[0] / us[1], rel,
+        printf("| %s | %d | %d | %s | %.1f | %s%s | %.1f | %.1f | %.1f | %.2fx | %.1e%s |\n",
+               bc.name, bc.T, bc.keys, pl[0], us[0], pl[1], plans[1].wgmma ? " wg" : "", us[1],
+               us[2], us[3], us[0] / us[1], rel,
                ok ? "" : sweep_bad ? " FAIL (a sweep variant)" : " FAIL");
         fflush(stdout);
     }
-    for (int kw = 1; kw <= 2; kw++) {
-        printf("\nThe new plan's tiles with %d key warp%s and a fixed number of splits, us (- : "
-               "more splits than key tiles, or clusters that do not fit):\n\n| case |",
-               kw, kw > 1 ? "s" : "");
+    for (int combo = 0; combo < 4; combo++) {
+        const int kw = 1 + combo % 2;
+        printf("\nThe new plan's tiles on %s with %d key warp%s and a fixed number of splits, us "
+               "(- : more splits than key tiles, clusters that do not fit, or no such engine "
+               "here):\n\n| case |",
+               combo / 2 ? "wgmma" : "mma.sync", kw, kw > 1 ? "s" : "");
         for (int i = 0; i < n_per_kw; i++)
             printf(" %d%s |", sweep_splits[i], sweep_cl[i] ? "c" : "");
         printf("\n|---|");
@@ -350,7 +365,7 @@ int main(int argc, char **argv) {
         for (int ci = 0; ci < n_cases; ci++) {
             printf("| %s |", cases[ci].name);
             for (int i = 0; i < n_per_kw; i++) {
-                const double u = sweep_us[(size_t)ci][(size_t)((kw - 1) * n_per_kw + i)];
+                const double u = sweep_us[(size_t)ci][(size_t)(combo * n_per_kw + i)];
                 if (u < 0)
                     printf(" - |");
                 else

@@ -53,6 +53,8 @@
  * that writes its queries ends (backend_cuda_set_pdl_early); "+nowgmma"
  * runs the products of 9-32 rows on cuBLAS instead of cuda/wgmma_gemm.cuh's
  * kernel (backend_cuda_set_wgmma: the "before" of device run 49);
+ * "+mmasync" runs the tiled attention on mma.sync instead of wgmma
+ * (backend_cuda_set_flash_wgmma: the "before" of device run 54);
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -596,6 +598,8 @@ int main(int argc, char **argv) {
                     "         +early: the attention started before the RoPE + KV store ends;\n"
                     "         +nowgmma: products of 9-32 rows on cuBLAS, not on\n"
                     "         cuda/wgmma_gemm.cuh's kernel (the default);\n"
+                    "         +mmasync: the attention's products on mma.sync, not\n"
+                    "         wgmma (the default on an sm_90a GPU);\n"
                     "         ignored on cpu\n");
             return c == 'h' ? 0 : 1;
         }
@@ -700,6 +704,7 @@ int main(int argc, char **argv) {
             backend_cuda_set_pdl(b.be, strstr(cfg, "+nopdl") == NULL);
             backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") != NULL);
             backend_cuda_set_wgmma(b.be, strstr(cfg, "+nowgmma") == NULL);
+            backend_cuda_set_flash_wgmma(b.be, strstr(cfg, "+mmasync") == NULL);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

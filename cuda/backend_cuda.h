@@ -99,6 +99,10 @@ void backend_cuda_set_flash(backend *be, bool on);
  * (default on, where the GPU fits them); off: always by a second kernel
  * over partial results in global memory (as before device run 28). */
 void backend_cuda_set_flash_clusters(backend *be, bool on);
+/* The tiled attention's S = Q K^T and O += P V on wgmma (default on, where
+ * the GPU runs sm_90a code: cuda/flash_wgmma.cu; IS_CUDA_FLASH_WGMMA=0
+ * off); off: on mma.sync, as before device run 54. */
+void backend_cuda_set_flash_wgmma(backend *be, bool on);
 /* Which products take the skinny kernel (cuda/skinny.cuh: weights streamed
  * into tensor-core fragments, column ranges summed inside a cluster) rather
  * than cuBLAS, among those whose weights have a multiple of 64 columns and

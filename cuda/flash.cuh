@@ -63,7 +63,11 @@ typedef struct cuda_flash_plan {
     int32_t key_warps; /* warps on each key tile for the same rows: 1 or 2 */
     int32_t splits;    /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
     int32_t cluster;   /* 1: the splits (<= FLASH_CLUSTER_MAX) merge as one cluster */
+    int32_t wgmma;     /* 1: S and P V on wgmma (cuda_flash_wgmma_supports), else mma.sync */
 } cuda_flash_plan;
+
+/* Whether this GPU runs the wgmma engine (sm_90a: Hopper) for this head size. */
+bool cuda_flash_wgmma_supports(int32_t head_dim);
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
  * measurements (bench_attn_gpu). */
@@ -75,9 +79,9 @@ typedef enum cuda_flash_choice {
 } cuda_flash_choice;
 
 /* How many clusters of `size` (2..FLASH_CLUSTER_MAX) blocks of the kernel
- * for this head size and key warps the current GPU holds at once (0:
- * none); asked of the runtime once each. */
-int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size);
+ * for this head size, key warps and engine the current GPU holds at once
+ * (0: none); asked of the runtime once each. */
+int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size, bool wgmma);
 
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T], and where each
  * sequence's block table starts in cuda_flash_attention's `flat`,
@@ -85,11 +89,13 @@ int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t siz
  * written to tiles (host int32 [T][FLASH_TILE_INTS], the layout
  * cuda_flash_attention reads), and chooses the key splits, key warps and merge for a GPU of
  * n_sms multiprocessors (the current device's cluster occupancy, for a
- * cluster merge). Deterministic: the same batch gives the same plan. */
+ * cluster merge), on the wgmma engine where wgmma and the GPU takes it
+ * (not for CUDA_FLASH_CHOICE_LEGACY). Deterministic: the same batch gives
+ * the same plan. */
 cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t *pos, int32_t T,
                                       const int32_t *bt_off, int32_t n_heads, int32_t n_kv_heads,
                                       int32_t head_dim, int32_t n_sms, cuda_flash_choice choice,
-                                      int32_t *tiles);
+                                      bool wgmma, int32_t *tiles);
 
 /* Phase timestamps for bench_attn_gpu -T: from the next launch on, thread
  * 0 of each block writes FLASH_TRACE_SLOTS values (SM clock cycles, or

@@ -1037,13 +1037,18 @@ static void test_attention_bf16(void **state) {
     /* Key splits merged in clusters (the default) and by the second kernel;
      * then with the early start asked for, which an attention must not take
      * here: the keys it reads were written by the op just before it, not by
-     * a RoPE + KV store of the batch's own tokens. */
-    for (int pass = 0; pass < 3; pass++) {
-        const bool clusters = pass != 1;
+     * a RoPE + KV store of the batch's own tokens. The first three passes on
+     * the default engine (wgmma where the GPU runs it), then both merges on
+     * mma.sync. */
+    for (int pass = 0; pass < 5; pass++) {
+        const bool clusters = pass != 1 && pass != 4;
         backend_cuda_set_flash_clusters(g_gpu, clusters);
         backend_cuda_set_pdl_early(g_gpu, pass == 2);
-        print_message("key splits merged %s%s\n", clusters ? "in clusters" : "by a second kernel",
-                      pass == 2 ? ", the early start asked for" : "");
+        backend_cuda_set_flash_wgmma(g_gpu, pass < 3);
+        print_message("key splits merged %s%s, %s\n",
+                      clusters ? "in clusters" : "by a second kernel",
+                      pass == 2 ? ", the early start asked for" : "",
+                      pass >= 3 ? "mma.sync" : "the default engine (wgmma on an sm_90a GPU)");
         for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
             /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
             backend_cuda_set_matmul_precision(g_gpu,
@@ -1054,6 +1059,7 @@ static void test_attention_bf16(void **state) {
     }
     backend_cuda_set_flash_clusters(g_gpu, true);
     backend_cuda_set_pdl_early(g_gpu, false);
+    backend_cuda_set_flash_wgmma(g_gpu, true);
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
 }
 

@@ -31,7 +31,7 @@ static std::vector<tile> plan_tiles(const std::vector<int32_t> &seq, const std::
     std::vector<int32_t> raw((size_t)T * FLASH_TILE_INTS, -1);
     const cuda_flash_plan p = cuda_flash_plan_batch(seq.data(), pos.data(), T, bt_off.data(), n_heads,
                                                     n_kv_heads, 128, 132, CUDA_FLASH_CHOICE_AUTO,
-                                                    raw.data());
+                                                    true, raw.data());
     std::vector<tile> out;
     for (int32_t i = 0; i < p.n_tiles; i++) {
         const int32_t *r = raw.data() + (size_t)i * FLASH_TILE_INTS;

@@ -1,0 +1,42 @@
+/*
+ * flash_wgmma: the tiled attention's wgmma engine (flash_kernel.cuh with
+ * WG), in the sm_90a library beside wgmma_gemm.cu: wgmma is an
+ * architecture-specific instruction. flash.cu launches what this returns.
+ *
+ * Why (cuda/NOTES.md, after run 33 and run 37): on mma.sync a key tile
+ * costs a warp ~830 instructions (64 HMMA, 32 LDSM and the softmax between)
+ * and ~1.75 us, most of it the chain of dependent steps, so a 30-token
+ * query's attention grows by ~7.5 us a layer from k = 5 to k = 50 (three
+ * more tiles a block). wgmma issues a warpgroup's 64 x 64 S tile in 8
+ * instructions and its P V in 4, from the same register fragments.
+ */
+#include "flash_kernel.cuh"
+
+/* Whether this GPU runs sm_90a code (a Hopper); asked once. */
+static bool kernels_load(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        cudaFuncAttributes a;
+        ok = cudaFuncGetAttributes(&a, flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true>) ==
+             cudaSuccess;
+        cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
+    }
+    return ok == 1;
+}
+
+flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps) {
+    if (!kernels_load()) return NULL;
+    if (head_dim == 64)
+        return key_warps == 2 ? flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true>
+                              : flash_kernel<64, FLASH_BM, FLASH_STAGES, 1, true>;
+    if (head_dim == 128)
+        return key_warps == 2 ? flash_kernel<128, FLASH_BM, FLASH_STAGES, 2, true>
+                              : flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true>;
+    return NULL;
+}
+
+is_status cuda_flash_wgmma_set_trace(unsigned long long *trace) {
+    if (!kernels_load()) return IS_OK; /* nothing of this engine runs here */
+    CUDA_CHECK(cudaMemcpyToSymbol(g_flash_trace, &trace, sizeof trace));
+    return IS_OK;
+}
