@@ -163,16 +163,18 @@ if [ "${HF:-1}" = 1 ]; then
   stamp "hf_reference rc ${PIPESTATUS[0]}"
 fi
 # 5. compute-sanitizer on the new kernels' tests (SANITIZE_NEW=1; SANITIZE_TESTS
-# = "tool:test ..." to choose), short.
+# = "tool:test ..." to choose: a test of test_cuda_ops, or @binary for a whole
+# test program of tests/cuda, e.g. memcheck:@test_flash_engines), short.
 if [ "${SANITIZE_NEW:-0}" = 1 ]; then
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   for run in ${SANITIZE_TESTS:-racecheck:test_attention_bf16 memcheck:test_attention_bf16 memcheck:test_inject \
              racecheck:test_matmul memcheck:test_matmul memcheck:test_add_rmsnorm}; do
-    tool=${run%%:*} filt=${run#*:}
+    tool=${run%%:*} filt=${run#*:} bin=test_cuda_ops
+    case $filt in @*) bin=${filt#@} filt=; ;; esac
     IS_TEST_FILTER=$filt IS_CUDA_TEST_NO_OOM=1 timeout "${SAN_TIMEOUT:-35}" "$SAN" --tool "$tool" \
-      --error-exitcode 97 --print-limit 10 build-gpu/tests/cuda/test_cuda_ops > "$LOG/san_${tool}_$filt.log" 2>&1
+      --error-exitcode 97 --print-limit 10 "build-gpu/tests/cuda/$bin" > "$LOG/san_${tool}_${filt:-$bin}.log" 2>&1
     rc=$?
-    stamp "$tool $filt: rc $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$LOG/san_${tool}_$filt.log" | tr '\n' ' ')"
+    stamp "$tool ${filt:-$bin}: rc $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$LOG/san_${tool}_${filt:-$bin}.log" | tr '\n' ' ')"
   done
 fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$SUMMARY" 2>&1

@@ -100,7 +100,7 @@ is_status cuda_flash_set_trace(unsigned long long *trace) {
 }
 
 bool cuda_flash_wgmma_supports(int32_t head_dim) {
-    return (head_dim == 64 || head_dim == 128) && cuda_flash_wgmma_kernel(head_dim, 1) != NULL;
+    return cuda_flash_wgmma_kernel(head_dim, 1) != NULL;
 }
 
 /* The kernel of this head size, key warps and engine, its shared memory,
@@ -240,9 +240,11 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
  * (6c) that then ran fastest; for a decode step it prefers the merge
  * kernel's 21 splits (16.8 us) to 8c with two key warps (13.6): a 4-row
  * tile's fixed cost is lower than the model's. The wgmma engine's key tile
- * costs PLAN_WG_TILE of the mma.sync engine's (a guess before run 54's
- * sweep; see cuda/NOTES.md). */
-#define PLAN_WG_TILE 0.35
+ * costs PLAN_WG_TILE of the mma.sync engine's: run 54's sweep, one split
+ * from 590 to 2590 keys, 0.90 of it with one key warp, 0.78 with two; with
+ * 0.85 the plans are mma.sync's (4c, 2 at k = 5; 6c, 2 at k = 50). (A first
+ * guess of 0.35 chose one split at k = 5: 14.6 us against 4c's 12.4.) */
+#define PLAN_WG_TILE 0.85
 #define PLAN_TILE_US 3.26
 #define PLAN_FIXED_US 4.8
 #define PLAN_MERGE_US 4.7

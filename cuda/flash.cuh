@@ -66,7 +66,8 @@ typedef struct cuda_flash_plan {
     int32_t wgmma;     /* 1: S and P V on wgmma (cuda_flash_wgmma_supports), else mma.sync */
 } cuda_flash_plan;
 
-/* Whether this GPU runs the wgmma engine (sm_90a: Hopper) for this head size. */
+/* Whether this GPU runs the wgmma engine (sm_90a: Hopper) for this head
+ * size (128 only: cuda/flash_wgmma.cu says why). */
 bool cuda_flash_wgmma_supports(int32_t head_dim);
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B

@@ -107,6 +107,22 @@ static __device__ __forceinline__ void wg_commit_wait() {
 #endif
 }
 
+/* The compiler sees wgmma as an ordinary asm statement that writes its
+ * accumulators and reads its A registers at once; the instruction does both
+ * asynchronously, until wgmma.wait_group. These empty statements tie the
+ * registers to points before the issue and after the wait, so that no
+ * accumulator is read (or A register reused) in between, as CUTLASS's
+ * warpgroup_fence_operand does. (They were not the cause of run 54's wrong
+ * D = 64 results: see flash_wgmma.cu.) */
+template <int N>
+static __device__ __forceinline__ void wg_pin(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+static __device__ __forceinline__ void wg_pin(uint32_t *a) {
+    asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3])::"memory");
+}
+
 #define WG_R4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_R16(i) WG_R4(i), WG_R4(i + 4), WG_R4(i + 8), WG_R4(i + 12)
 /* d[64 x N] += A[64 x 16] B[16 x N], A in registers (a: this thread's 4
@@ -356,6 +372,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         if constexpr (WG) {
             /* S = Q K^T: 16 columns a step, 64 of them to a swizzled chunk. */
             const uint32_t kb = (uint32_t)__cvta_generic_to_shared(sKV + (size_t)st * STAGE);
+            wg_pin<NT * 4>(&s[0][0]);
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++)
@@ -363,6 +380,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                               desc_sw128(kb + (ks >> 2) * FLASH_SWZ_CHUNK + k0 * 128 + (ks & 3) * 32,
                                          16, 1024));
             wg_commit_wait();
+            wg_pin<NT * 4>(&s[0][0]);
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) wg_pin(qa[ks]);
         } else {
             /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
 #pragma unroll
@@ -447,12 +467,16 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             }
             const uint32_t vb =
                 (uint32_t)__cvta_generic_to_shared(sKV + (size_t)st * STAGE + FLASH_BN * LD);
+            wg_pin<DT * 4>(&o[0][0]);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < KW / 16; kk++)
                 wg_mma<D, 1>(&o[0][0], pa[kk],
                              desc_sw128(vb + (k0 + 16 * kk) * 128, FLASH_SWZ_CHUNK, 1024));
             wg_commit_wait();
+            wg_pin<DT * 4>(&o[0][0]);
+#pragma unroll
+            for (int kk = 0; kk < KW / 16; kk++) wg_pin(pa[kk]);
         } else {
 #pragma unroll
             for (int kk = 0; kk < KW / 16; kk++) {

@@ -1038,7 +1038,7 @@ static void test_attention_bf16(void **state) {
      * then with the early start asked for, which an attention must not take
      * here: the keys it reads were written by the op just before it, not by
      * a RoPE + KV store of the batch's own tokens. The first three passes on
-     * the default engine (wgmma where the GPU runs it), then both merges on
+     * the default engine (wgmma where it applies), then both merges on
      * mma.sync. */
     for (int pass = 0; pass < 5; pass++) {
         const bool clusters = pass != 1 && pass != 4;
@@ -1048,7 +1048,8 @@ static void test_attention_bf16(void **state) {
         print_message("key splits merged %s%s, %s\n",
                       clusters ? "in clusters" : "by a second kernel",
                       pass == 2 ? ", the early start asked for" : "",
-                      pass >= 3 ? "mma.sync" : "the default engine (wgmma on an sm_90a GPU)");
+                      pass >= 3 ? "mma.sync"
+                                : "the default engine (wgmma for head_dim 128 on sm_90a)");
         for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
             /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
             backend_cuda_set_matmul_precision(g_gpu,
