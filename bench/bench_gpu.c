@@ -54,7 +54,12 @@
  * runs the products of 9-32 rows on cuBLAS instead of cuda/wgmma_gemm.cuh's
  * kernel (backend_cuda_set_wgmma: the "before" of device run 49);
  * "+mmasync" runs the tiled attention on mma.sync instead of wgmma
- * (backend_cuda_set_flash_wgmma: the "before" of device run 54);
+ * (backend_cuda_set_flash_wgmma: the "before" of device run 54).
+ * A switch that the backend also reads from the environment (IS_CUDA_PDL,
+ * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED: "0" turns it off;
+ * IS_CUDA_PDL_EARLY: "1" on) keeps that setting in every configuration
+ * that names no modifier for it (run 59's IS_CUDA_PDL=0 was overridden
+ * before this rule, cuda/NOTES.md).
 
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
@@ -540,6 +545,15 @@ static void run_decode(bench *b, const char *model_path, int32_t n_steps, int re
 }
 #endif
 
+/* A backend switch's setting where the configuration names no modifier:
+ * the environment's, as the backend reads it at creation (on unless "0",
+ * or with on_value "1", off unless "1"). */
+static bool env_switch(const char *name, const char *on_value) {
+    const char *v = getenv(name);
+    if (!strcmp(on_value, "1")) return v && !strcmp(v, "1");
+    return !(v && !strcmp(v, "0"));
+}
+
 static bool has(const char *list, const char *name) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
@@ -600,7 +614,9 @@ int main(int argc, char **argv) {
                     "         cuda/wgmma_gemm.cuh's kernel (the default);\n"
                     "         +mmasync: the attention's products on mma.sync, not\n"
                     "         wgmma (the default on an sm_90a GPU);\n"
-                    "         ignored on cpu\n");
+                    "         ignored on cpu; IS_CUDA_PDL, IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA,\n"
+                    "         IS_CUDA_STACKED (=0) and IS_CUDA_PDL_EARLY (=1) hold in every\n"
+                    "         configuration that names no modifier for them\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -699,12 +715,15 @@ int main(int argc, char **argv) {
             backend_cuda_set_skinny(b.be, strstr(cfg, "+noskinny") ? CUDA_SKINNY_OFF
                                           : strstr(cfg, "+skinny")  ? CUDA_SKINNY_ALL
                                                                     : CUDA_SKINNY_DECODE);
-            backend_cuda_set_stacked(b.be, strstr(cfg, "+unstacked") == NULL);
+            backend_cuda_set_stacked(b.be, !strstr(cfg, "+unstacked") &&
+                                               env_switch("IS_CUDA_STACKED", "0"));
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
-            backend_cuda_set_pdl(b.be, strstr(cfg, "+nopdl") == NULL);
-            backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") != NULL);
-            backend_cuda_set_wgmma(b.be, strstr(cfg, "+nowgmma") == NULL);
-            backend_cuda_set_flash_wgmma(b.be, strstr(cfg, "+mmasync") == NULL);
+            backend_cuda_set_pdl(b.be, !strstr(cfg, "+nopdl") && env_switch("IS_CUDA_PDL", "0"));
+            backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") ||
+                                                 env_switch("IS_CUDA_PDL_EARLY", "1"));
+            backend_cuda_set_wgmma(b.be, !strstr(cfg, "+nowgmma") && env_switch("IS_CUDA_WGMMA", "0"));
+            backend_cuda_set_flash_wgmma(b.be, !strstr(cfg, "+mmasync") &&
+                                                   env_switch("IS_CUDA_FLASH_WGMMA", "0"));
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

@@ -9,8 +9,9 @@
  * It walks the sequence's keys in tiles of FLASH_BN through the block table
  * (cp.async 16-byte copies into shared memory, the next tile in flight while
  * one is used), computes S = Q K^T and O += P V on the tensor cores
- * (mma.sync m16n8k16, bf16 operands, f32 accumulation, all in registers)
- * with an online softmax in f32 between them. Q is rounded to bf16, P too
+ * (bf16 operands, f32 accumulation in registers; mma.sync m16n8k16, or
+ * wgmma for head_dim 128 on an sm_90a GPU: plan.wgmma, bitwise the same
+ * result) with an online softmax in f32 between them. Q is rounded to bf16, P too
  * before the P V product (as FlashAttention does); softmax statistics stay
  * f32.
  *
