@@ -109,6 +109,7 @@ bool cuda_flash_wgmma_supports(int32_t head_dim) {
 template <int D, int KS>
 static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
     static bool attr_set[2];
+    *smem = 0;
     *fn = wg ? cuda_flash_wgmma_kernel(D, KS) : flash_kernel<D, FLASH_BM, FLASH_STAGES, KS, false>;
     if (!*fn)
         return is_error_set(IS_ERR_UNSUPPORTED,
@@ -134,8 +135,8 @@ static int32_t max_clusters(bool wg, int32_t size) {
     if (size < 2 || size > FLASH_CLUSTER_MAX) return 0;
     if (!asked[wg][size]) {
         asked[wg][size] = true;
-        flash_fn fn;
-        size_t smem;
+        flash_fn fn = NULL;
+        size_t smem = 0;
         if (flash_prepare<D, KS>(wg, &fn, &smem) != IS_OK) {
             is_error_clear();
             return 0;
@@ -149,6 +150,37 @@ static int32_t max_clusters(bool wg, int32_t size) {
         n_of[wg][size] = n;
     }
     return n_of[wg][size];
+}
+
+/* Blocks of this kernel an SM holds (by registers and shared memory; 0
+ * where the runtime cannot say, e.g. without a GPU); asked once. */
+template <int D, int KS>
+static int32_t blocks_per_sm(bool wg) {
+    static int32_t n_of[2];
+    static bool asked[2];
+    if (!asked[wg]) {
+        asked[wg] = true;
+        flash_fn fn = NULL;
+        size_t smem = 0;
+        int n = 0;
+        if (flash_prepare<D, KS>(wg, &fn, &smem) != IS_OK) {
+            is_error_clear();
+        } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, FLASH_BM * 2 * KS,
+                                                                 smem) != cudaSuccess) {
+            n = 0;
+        }
+        cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
+        n_of[wg] = n;
+    }
+    return n_of[wg];
+}
+
+static int32_t flash_blocks_per_sm(int32_t head_dim, int32_t key_warps, bool wgmma) {
+    if (head_dim == 64)
+        return key_warps == 2 ? blocks_per_sm<64, 2>(wgmma) : blocks_per_sm<64, 1>(wgmma);
+    if (head_dim == 128)
+        return key_warps == 2 ? blocks_per_sm<128, 2>(wgmma) : blocks_per_sm<128, 1>(wgmma);
+    return 0;
 }
 
 int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size, bool wgmma) {
@@ -167,8 +199,8 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                               float *partial, int32_t n_heads, int32_t n_kv_heads,
                               int32_t block_size, cuda_bf16_out ob, bool early) {
-    flash_fn fn;
-    size_t smem;
+    flash_fn fn = NULL;
+    size_t smem = 0;
     is_status st = flash_prepare<D, KS>(plan.wgmma != 0, &fn, &smem);
     if (st != IS_OK) return st;
     const bool cluster = plan.splits > 1 && plan.cluster;
@@ -268,7 +300,10 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
     const double part_mb = (double)rows_total * (head_dim + 2) * sizeof(float) / 1e6;
     double best_us = -1.0;
     for (int32_t kw = 1; kw <= 2; kw++) {
-        const int32_t slots = kw == 1 ? 2 * n_sms : n_sms;
+        /* Blocks resident at once: the runtime's count, else (no GPU) two an
+         * SM with one key warp and one with two, as on mma.sync at D = 128. */
+        const int32_t per_sm = flash_blocks_per_sm(head_dim, kw, wg);
+        const int32_t slots = (per_sm > 0 ? per_sm : kw == 1 ? 2 : 1) * n_sms;
         const double tile_us =
             (kw == 1 ? PLAN_TILE_US : PLAN_TILE_US * PLAN_KW2_TILE) * (wg ? PLAN_WG_TILE : 1.0);
         const double fixed_us = kw == 1 ? PLAN_FIXED_US : PLAN_FIXED_US + PLAN_KW2_FIXED_US;

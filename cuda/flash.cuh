@@ -10,8 +10,7 @@
  * (cp.async 16-byte copies into shared memory, the next tile in flight while
  * one is used), computes S = Q K^T and O += P V on the tensor cores
  * (bf16 operands, f32 accumulation in registers; mma.sync m16n8k16, or
- * wgmma for head_dim 128 on an sm_90a GPU: plan.wgmma, bitwise the same
- * result) with an online softmax in f32 between them. Q is rounded to bf16, P too
+ * wgmma on an sm_90a GPU: plan.wgmma, bitwise the same result) with an online softmax in f32 between them. Q is rounded to bf16, P too
  * before the P V product (as FlashAttention does); softmax statistics stay
  * f32.
  *
@@ -68,7 +67,7 @@ typedef struct cuda_flash_plan {
 } cuda_flash_plan;
 
 /* Whether this GPU runs the wgmma engine (sm_90a: Hopper) for this head
- * size (128 only: cuda/flash_wgmma.cu says why). */
+ * size (64 or 128). */
 bool cuda_flash_wgmma_supports(int32_t head_dim);
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B

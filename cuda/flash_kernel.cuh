@@ -67,10 +67,11 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
  * groups 1024 bytes apart, the 16-byte unit u of row r at unit u ^ (r % 8)
  * (TMA's CU_TENSOR_MAP_SWIZZLE_128B, written here by cp.async). K is then
  * S = Q K^T's K-major B operand (columns contiguous) and V is O += P V's
- * N-major B operand (the same rows, transposed by the instruction). Q and P
- * come from registers in the mma.sync A-fragment layout, which is
- * wgmma's register layout for A, and S and O are wgmma's accumulators in the
- * layout of mma.sync's, so the softmax and the merges are shared. */
+ * N-major B operand (the same rows, transposed by the instruction). Q's tile
+ * is S's A operand, stored the same way once a block; P comes from
+ * registers in the mma.sync A-fragment layout, which is wgmma's register
+ * layout for A, and S and O are wgmma's accumulators in the layout of
+ * mma.sync's, so the softmax and the merges are shared. */
 #define FLASH_SWZ_CHUNK (FLASH_BN * 128) /* bytes of one 64-column chunk of a tile */
 
 /* The byte offset of 16-byte unit u (0 .. D / 8 - 1) of key row r in a tile. */
@@ -161,15 +162,42 @@ static __device__ __forceinline__ void wg_mma(float *d, const uint32_t *a, uint6
     __trap(); /* the WG engine is built for sm_90a only (flash_wgmma.cu) */
 #endif
 }
+/* d[64 x N] += A[64 x 16] B[16 x N], A and B K-major by descriptor. */
+template <int N>
+static __device__ __forceinline__ void wg_mma_ss(float *d, uint64_t da, uint64_t db) {
+#ifdef FLASH_WG_ASM
+    if constexpr (N == 32) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                     "%16, %17, p, 1, 1, 0, 0;\n}\n"
+                     : WG_R16(0)
+                     : "l"(da), "l"(db));
+    } else {
+        static_assert(N == 64, "wg_mma_ss: N is 32 or 64");
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                     "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : WG_R16(0), WG_R16(16)
+                     : "l"(da), "l"(db));
+    }
+#else
+    __trap(); /* the WG engine is built for sm_90a only (flash_wgmma.cu) */
+#endif
+}
 #undef WG_R16
 #undef WG_R4
 
 /* The kernel's dynamic shared memory: the K/V stages (WG: unpadded,
- * swizzled, plus 1024 bytes to align them), or what the merges after the
- * loop take in them, whichever is more. */
+ * swizzled, then Q's tile, plus 1024 bytes to align them), or what the
+ * merges after the loop take in them, whichever is more. */
 template <int D, int BM, int STAGES, int KS, bool WG>
 __host__ __device__ constexpr size_t flash_smem_bytes() {
-    constexpr size_t stages = (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2;
+    /* WG: the stages, then Q's tile */
+    constexpr size_t stages =
+        (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
     constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
     return (stages > merges ? stages : merges) + (WG ? 1024 : 0);
@@ -332,6 +360,30 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             qa[ks][2 + h] = pack_bf16(qhi[ks][h].x, qhi[ks][h].y);
         }
     }
+    /* WG: Q's tile, [BM rows][D] bf16 swizzled as the K tiles, after the
+     * stages: S's A operand from shared memory. (From registers, as qa, ptxas
+     * gave the D = 64 one-key-part kernel's P fragments the registers of qa
+     * while the key loop still needed them: its SASS read P as Q from the
+     * second tile on, run 56; the PTX keeps them apart.) The first key
+     * tile's fence and barrier publish it to the async proxy. */
+    const uint32_t qsb = (uint32_t)__cvta_generic_to_shared(sKV + (size_t)STAGES * STAGE);
+    if constexpr (WG) {
+        if (kq == 0) {
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = warp * 16 + g + 8 * h;
+#pragma unroll
+                    for (int half = 0; half < 2; half++) {
+                        const int col = ks * 16 + half * 8 + 2 * c; /* its unit: col / 8 */
+                        const uint32_t at = swz_offset(r, col / 8) + (col % 8) * 2;
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qsb + at),
+                                     "r"(qa[ks][2 * half + h]));
+                    }
+                }
+        }
+    }
     float o[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
@@ -376,13 +428,12 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++)
-                wg_mma<KW, 0>(&s[0][0], qa[ks],
+                wg_mma_ss<KW>(&s[0][0],
+                              desc_sw128(qsb + (ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32, 16, 1024),
                               desc_sw128(kb + (ks >> 2) * FLASH_SWZ_CHUNK + k0 * 128 + (ks & 3) * 32,
                                          16, 1024));
             wg_commit_wait();
             wg_pin<NT * 4>(&s[0][0]);
-#pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) wg_pin(qa[ks]);
         } else {
             /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
 #pragma unroll

@@ -27,17 +27,15 @@ static bool kernels_load(void) {
     return ok == 1;
 }
 
-/* head_dim 128 only. The D = 64 instantiation with one key part gave wrong
- * outputs on every block that walked more than one key tile (run 54,
- * test_flash_engines: its first tile bitwise equal to mma.sync's, the later
- * ones not), while D = 64 with two key parts and every D = 128 plan were
- * bitwise equal; the PTX of the failing one shows the same descriptors and
- * stage addresses as the others. Not found why; D = 64 (SmolLM2) stays on
- * mma.sync until it is. */
 flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps) {
-    if (head_dim != 128 || !kernels_load()) return NULL;
-    return key_warps == 2 ? flash_kernel<128, FLASH_BM, FLASH_STAGES, 2, true>
-                          : flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true>;
+    if (!kernels_load()) return NULL;
+    if (head_dim == 64)
+        return key_warps == 2 ? flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true>
+                              : flash_kernel<64, FLASH_BM, FLASH_STAGES, 1, true>;
+    if (head_dim == 128)
+        return key_warps == 2 ? flash_kernel<128, FLASH_BM, FLASH_STAGES, 2, true>
+                              : flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true>;
+    return NULL;
 }
 
 is_status cuda_flash_wgmma_set_trace(unsigned long long *trace) {

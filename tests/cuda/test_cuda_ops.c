@@ -1049,7 +1049,7 @@ static void test_attention_bf16(void **state) {
                       clusters ? "in clusters" : "by a second kernel",
                       pass == 2 ? ", the early start asked for" : "",
                       pass >= 3 ? "mma.sync"
-                                : "the default engine (wgmma for head_dim 128 on sm_90a)");
+                                : "the default engine (wgmma on an sm_90a GPU)");
         for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
             /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
             backend_cuda_set_matmul_precision(g_gpu,
