@@ -200,7 +200,15 @@ __host__ __device__ constexpr size_t flash_smem_bytes() {
         (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
     constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
-    return (stages > merges ? stages : merges) + (WG ? 1024 : 0);
+    constexpr size_t need = (stages > merges ? stages : merges) + (WG ? 1024 : 0);
+    /* Two key parts: one block an SM, which registers alone no longer
+     * ensure on the wgmma engine (128 a thread since Q's tile moved to shared
+     * memory). Two of them on one SM made a short query's attention slower
+     * (run 60: the plan's 7 splits in a cluster 20.4 us a layer at k = 50,
+     * against 6 at one block an SM 18.5 in run 58): its key tiles are chains
+     * of latency, which a second block on the SM lengthens. */
+    constexpr size_t one_an_sm = 120 * 1024;
+    return KS == 2 && need < one_an_sm ? one_an_sm : need;
 }
 
 /* Phase timestamps (cuda_flash_set_trace; NULL: none): thread 0 of each
