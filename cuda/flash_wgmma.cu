@@ -9,9 +9,10 @@
  * query's attention grows by ~7.5 us a layer from k = 5 to k = 50 (three
  * more tiles a block). wgmma issues a warpgroup's 64 x 64 S tile in 8
  * instructions and its P V in 4, from the same register fragments.
- * Measured (run 54): a key tile ~10% (one key part) to ~22% (two) faster
- * than on mma.sync; the chain around the products (the tile's copies and
- * their block-table reads, the softmax, the barrier) is most of a tile now.
+ * Measured (runs 54-61): a key tile ~10% (one key part) to ~22% (two)
+ * faster than on mma.sync; the chain around the products (the tile's copies
+ * and their block-table reads, the softmax, the barrier) is most of a tile
+ * now. A 30-token query after 1,340 keys: 17.7 us a layer against 19.4.
  */
 #include "flash_kernel.cuh"
 
