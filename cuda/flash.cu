@@ -8,7 +8,8 @@
  * in distinct banks), in STAGES stages so the next tiles load while one is
  * used, and at the end, with two key warps, the second half's state for
  * the merge. D = 128: 68 KiB a block of 64 rows (two stages; two blocks a
- * multiprocessor with one key warp, one with two).
+ * multiprocessor with one key warp; with two, 120 KiB are reserved so that
+ * it stays one: flash_smem_bytes).
  *
  * The kernel itself is in flash_kernel.cuh, shared with flash_wgmma.cu's
  * wgmma engine; this file holds the mma.sync engine's instantiations, the

@@ -114,7 +114,7 @@ static __device__ __forceinline__ void wg_commit_wait() {
  * registers to points before the issue and after the wait, so that no
  * accumulator is read (or A register reused) in between, as CUTLASS's
  * warpgroup_fence_operand does. (They were not the cause of run 54's wrong
- * D = 64 results: see flash_wgmma.cu.) */
+ * D = 64 results: Q's tile in the kernel below says what was.) */
 template <int N>
 static __device__ __forceinline__ void wg_pin(float *d) {
 #pragma unroll
@@ -127,36 +127,29 @@ static __device__ __forceinline__ void wg_pin(uint32_t *a) {
 #define WG_R4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_R16(i) WG_R4(i), WG_R4(i + 4), WG_R4(i + 8), WG_R4(i + 12)
 /* d[64 x N] += A[64 x 16] B[16 x N], A in registers (a: this thread's 4
- * words of the warpgroup's fragment), B by descriptor; TRANS: B N-major. */
-template <int N, int TRANS>
-static __device__ __forceinline__ void wg_mma(float *d, const uint32_t *a, uint64_t db) {
+ * words of the warpgroup's fragment), B N-major by descriptor: P V. */
+template <int N>
+static __device__ __forceinline__ void wg_mma_rs(float *d, const uint32_t *a, uint64_t db) {
 #ifdef FLASH_WG_ASM
-    if constexpr (N == 32) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-                     "{%16,%17,%18,%19}, %20, p, 1, 1, %21;\n}\n"
-                     : WG_R16(0)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TRANS));
-    } else if constexpr (N == 64) {
+    if constexpr (N == 64) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-                     "{%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
+                     "{%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
                      : WG_R16(0), WG_R16(16)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TRANS));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
     } else {
-        static_assert(N == 128, "wg_mma: N is 32, 64 or 128");
+        static_assert(N == 128, "wg_mma_rs: N is the head size, 64 or 128");
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
                      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
                      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
                      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                     "{%64,%65,%66,%67}, %68, p, 1, 1, %69;\n}\n"
+                     "{%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
                      : WG_R16(0), WG_R16(16), WG_R16(32), WG_R16(48)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TRANS));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
     }
 #else
     __trap(); /* the WG engine is built for sm_90a only (flash_wgmma.cu) */
@@ -530,7 +523,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < KW / 16; kk++)
-                wg_mma<D, 1>(&o[0][0], pa[kk],
+                wg_mma_rs<D>(&o[0][0], pa[kk],
                              desc_sw128(vb + (k0 + 16 * kk) * 128, FLASH_SWZ_CHUNK, 1024));
             wg_commit_wait();
             wg_pin<DT * 4>(&o[0][0]);
