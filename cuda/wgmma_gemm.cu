@@ -346,11 +346,15 @@ const cuda_wgmma_cfg *cuda_wgmma_variants(int *count) {
     return k_variants;
 }
 
+/* The current device's SMs, asked once (as skinny.cu's plan does: a process
+ * serves from one kind of GPU). */
 static int32_t sm_count(void) {
     static int32_t n_sms = 0;
     if (n_sms == 0) {
-        int v = 0;
-        if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) v = 0;
+        int v = 0, dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            v = 0;
         cudaGetLastError();
         n_sms = v > 0 ? v : 132;
     }
