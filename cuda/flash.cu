@@ -125,73 +125,50 @@ static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
     return IS_OK;
 }
 
-/* How many clusters of `size` blocks of this kernel the GPU holds at
- * once (0: none; asked once a size). The plan counts its waves by it: with
- * one block a multiprocessor (two key warps) a cluster needs that many
- * free multiprocessors in one GPC. */
+/* What the GPU holds of this kernel at once, asked once each (0: none, or
+ * the runtime cannot say, e.g. without a GPU): size 0, blocks an SM (by
+ * registers and shared memory); 2..FLASH_CLUSTER_MAX, clusters of that many
+ * blocks. The plan counts its waves by them: with one block a
+ * multiprocessor (two key warps) a cluster needs that many free
+ * multiprocessors in one GPC. */
 template <int D, int KS>
-static int32_t max_clusters(bool wg, int32_t size) {
+static int32_t resident(bool wg, int32_t size) {
     static int32_t n_of[2][FLASH_CLUSTER_MAX + 1];
     static bool asked[2][FLASH_CLUSTER_MAX + 1];
-    if (size < 2 || size > FLASH_CLUSTER_MAX) return 0;
+    if (size == 1 || size < 0 || size > FLASH_CLUSTER_MAX) return 0;
     if (!asked[wg][size]) {
         asked[wg][size] = true;
         flash_fn fn = NULL;
         size_t smem = 0;
+        int n = 0;
         if (flash_prepare<D, KS>(wg, &fn, &smem) != IS_OK) {
             is_error_clear();
-            return 0;
+        } else if (size == 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, FLASH_BM * 2 * KS, smem) !=
+                cudaSuccess)
+                n = 0;
+        } else {
+            cuda_launch_cfg l;
+            cuda_launch_cfg_init(&l, dim3(1, 1, (unsigned)size), dim3(FLASH_BM * 2 * KS), smem, 0,
+                                 dim3(1, 1, (unsigned)size), false);
+            if (cudaOccupancyMaxActiveClusters(&n, fn, &l.cfg) != cudaSuccess) n = 0;
         }
-        cuda_launch_cfg l;
-        cuda_launch_cfg_init(&l, dim3(1, 1, (unsigned)size), dim3(FLASH_BM * 2 * KS), smem, 0,
-                             dim3(1, 1, (unsigned)size), false);
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, fn, &l.cfg) != cudaSuccess) n = 0;
         cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
         n_of[wg][size] = n;
     }
     return n_of[wg][size];
 }
 
-/* Blocks of this kernel an SM holds (by registers and shared memory; 0
- * where the runtime cannot say, e.g. without a GPU); asked once. */
-template <int D, int KS>
-static int32_t blocks_per_sm(bool wg) {
-    static int32_t n_of[2];
-    static bool asked[2];
-    if (!asked[wg]) {
-        asked[wg] = true;
-        flash_fn fn = NULL;
-        size_t smem = 0;
-        int n = 0;
-        if (flash_prepare<D, KS>(wg, &fn, &smem) != IS_OK) {
-            is_error_clear();
-        } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, FLASH_BM * 2 * KS,
-                                                                 smem) != cudaSuccess) {
-            n = 0;
-        }
-        cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
-        n_of[wg] = n;
-    }
-    return n_of[wg];
-}
-
-static int32_t flash_blocks_per_sm(int32_t head_dim, int32_t key_warps, bool wgmma) {
+static int32_t flash_resident(int32_t head_dim, int32_t key_warps, bool wgmma, int32_t size) {
     if (head_dim == 64)
-        return key_warps == 2 ? blocks_per_sm<64, 2>(wgmma) : blocks_per_sm<64, 1>(wgmma);
+        return key_warps == 2 ? resident<64, 2>(wgmma, size) : resident<64, 1>(wgmma, size);
     if (head_dim == 128)
-        return key_warps == 2 ? blocks_per_sm<128, 2>(wgmma) : blocks_per_sm<128, 1>(wgmma);
+        return key_warps == 2 ? resident<128, 2>(wgmma, size) : resident<128, 1>(wgmma, size);
     return 0;
 }
 
 int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size, bool wgmma) {
-    if (head_dim == 64)
-        return key_warps == 2 ? max_clusters<64, 2>(wgmma, size)
-                              : max_clusters<64, 1>(wgmma, size);
-    if (head_dim == 128)
-        return key_warps == 2 ? max_clusters<128, 2>(wgmma, size)
-                              : max_clusters<128, 1>(wgmma, size);
-    return 0;
+    return size >= 2 ? flash_resident(head_dim, key_warps, wgmma, size) : 0;
 }
 
 template <int D, int KS>
@@ -205,7 +182,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
     is_status st = flash_prepare<D, KS>(plan.wgmma != 0, &fn, &smem);
     if (st != IS_OK) return st;
     const bool cluster = plan.splits > 1 && plan.cluster;
-    if (cluster && max_clusters<D, KS>(plan.wgmma != 0, plan.splits) <= 0)
+    if (cluster && resident<D, KS>(plan.wgmma != 0, plan.splits) <= 0)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
                             plan.splits);
@@ -303,7 +280,7 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
     for (int32_t kw = 1; kw <= 2; kw++) {
         /* Blocks resident at once: the runtime's count, else (no GPU) two an
          * SM with one key warp and one with two, as on mma.sync at D = 128. */
-        const int32_t per_sm = flash_blocks_per_sm(head_dim, kw, wg);
+        const int32_t per_sm = flash_resident(head_dim, kw, wg, 0);
         const int32_t slots = (per_sm > 0 ? per_sm : kw == 1 ? 2 : 1) * n_sms;
         const double tile_us =
             (kw == 1 ? PLAN_TILE_US : PLAN_TILE_US * PLAN_KW2_TILE) * (wg ? PLAN_WG_TILE : 1.0);

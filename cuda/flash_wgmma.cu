@@ -15,21 +15,10 @@
  * now. A 30-token query after 1,340 keys: 17.7 us a layer against 19.4.
  */
 #include "flash_kernel.cuh"
-
-/* Whether this GPU runs sm_90a code (a Hopper); asked once. */
-static bool kernels_load(void) {
-    static int ok = -1;
-    if (ok < 0) {
-        cudaFuncAttributes a;
-        ok = cudaFuncGetAttributes(&a, flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true>) ==
-             cudaSuccess;
-        cudaGetLastError(); /* a refusal is an answer, not an error for the next check */
-    }
-    return ok == 1;
-}
+#include "wgmma_gemm.cuh"
 
 flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps) {
-    if (!kernels_load()) return NULL;
+    if (!cuda_sm90a_runs()) return NULL;
     if (head_dim == 64)
         return key_warps == 2 ? flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true>
                               : flash_kernel<64, FLASH_BM, FLASH_STAGES, 1, true>;
@@ -40,7 +29,7 @@ flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps) {
 }
 
 is_status cuda_flash_wgmma_set_trace(unsigned long long *trace) {
-    if (!kernels_load()) return IS_OK; /* nothing of this engine runs here */
+    if (!cuda_sm90a_runs()) return IS_OK; /* nothing of this engine runs here */
     CUDA_CHECK(cudaMemcpyToSymbol(g_flash_trace, &trace, sizeof trace));
     return IS_OK;
 }

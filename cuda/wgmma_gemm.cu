@@ -283,8 +283,7 @@ static is_status tensor_map(CUtensorMap *m, const void *p, int64_t inner, int64_
     return IS_OK;
 }
 
-/* Whether this device runs the sm_90a kernels (Hopper only). */
-static bool kernels_load(void) {
+bool cuda_sm90a_runs(void) {
     static int ok = -1;
     if (ok < 0) {
         cudaFuncAttributes a;
@@ -330,7 +329,7 @@ static const cuda_wgmma_cfg k_variants[] = {
 
 is_status cuda_wgmma_prepare(void) {
     static bool done = false;
-    if (done || !kernels_load()) return IS_OK;
+    if (done || !cuda_sm90a_runs()) return IS_OK;
 #define X(MB_, ST_)                                                                                \
     CUDA_CHECK(cudaFuncSetAttribute(wgmma_gemm_kernel<MB_, ST_>,                                   \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                   \
@@ -388,7 +387,7 @@ static cuda_wgmma_cfg default_cfg(int64_t rows, int64_t cols) {
 
 bool cuda_wgmma_supports(int32_t n, int64_t rows, int64_t cols) {
     return n >= 1 && n <= WGMMA_MAX_N && rows > 0 && rows <= INT32_MAX && cols > 0 &&
-           cols % WG_BK == 0 && default_cfg(rows, cols).mb != 0 && encode_fn() && kernels_load();
+           cols % WG_BK == 0 && default_cfg(rows, cols).mb != 0 && encode_fn() && cuda_sm90a_runs();
 }
 
 is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
@@ -429,7 +428,7 @@ is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
 bool cuda_wgmma_swiglu_supports(int32_t n, int64_t ffn, int64_t cols) {
     return n >= 1 && n <= WGMMA_MAX_N && ffn > 0 && ffn % 64 == 0 && ffn <= INT32_MAX / 2 &&
            ffn / 64 <= 2 * (int64_t)sm_count() && cols > 0 && cols % WG_BK == 0 &&
-           default_cfg(2 * ffn, cols).mb != 0 && encode_fn() && kernels_load();
+           default_cfg(2 * ffn, cols).mb != 0 && encode_fn() && cuda_sm90a_runs();
 }
 
 is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf,

@@ -32,6 +32,10 @@
 
 #define WGMMA_MAX_N 32
 
+/* Whether this GPU runs the sm_90a library's kernels (a Hopper; asked once:
+ * whether one of them loads). flash_wgmma.cu asks it too. */
+bool cuda_sm90a_runs(void);
+
 /* Whether the kernel takes this product on this device with its default
  * block shape: an sm_90a GPU, 1 <= n <= 32, cols a multiple of 64, rows a
  * multiple of 64 (128, 256) at most 64 (128, 256) an SM. W and x must be
