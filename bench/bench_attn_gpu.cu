@@ -391,7 +391,7 @@ int main(int argc, char **argv) {
                "%.0f MHz; the compute part ends when its last mma issues, so the next wait "
                "holds the rest). Empty kernel timed as the rows: %.1f us.\n\n"
                "| case | span | start skew median / max | prologue | tiles | waiting | "
-               "computing | key-warp merge | cluster sync | cluster merge | last sync | "
+               "computing | key-warp merge | cluster sync | cluster merge (reads) | output + last sync | "
                "block life |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                clock_khz / 1e3, median(v));
         for (int ci = 0; ci < n_cases; ci++)

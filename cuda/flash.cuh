@@ -113,8 +113,8 @@ enum {
     FLASH_TRACE_LOOP,         /* after the loop (l reduced) */
     FLASH_TRACE_KS_MERGE,     /* after the key warps' merge */
     FLASH_TRACE_CLUSTER_SYNC, /* cluster merge: all rows written */
-    FLASH_TRACE_MERGED,       /* cluster merge: this block's rows merged */
-    FLASH_TRACE_END,          /* cluster merge: after the last barrier */
+    FLASH_TRACE_MERGED,       /* cluster merge: the other blocks' rows read and summed */
+    FLASH_TRACE_END,          /* cluster merge: output written, after the last barrier */
     FLASH_TRACE_EXIT_NS,      /* global timer before the output is written */
     FLASH_TRACE_SLOTS
 };

@@ -101,11 +101,19 @@ static __device__ __forceinline__ void wg_fence_proxy() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
-static __device__ __forceinline__ void wg_commit_wait() {
+static __device__ __forceinline__ void wg_commit() {
 #ifdef FLASH_WG_ASM
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void wg_wait() {
+#ifdef FLASH_WG_ASM
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
+}
+static __device__ __forceinline__ void wg_commit_wait() {
+    wg_commit();
+    wg_wait();
 }
 
 /* The compiler sees wgmma as an ordinary asm statement that writes its
@@ -183,17 +191,29 @@ static __device__ __forceinline__ void wg_mma_ss(float *d, uint64_t da, uint64_t
 #undef WG_R16
 #undef WG_R4
 
-/* The kernel's dynamic shared memory: the K/V stages (WG: unpadded,
- * swizzled, then Q's tile, plus 1024 bytes to align them), or what the
- * merges after the loop take in them, whichever is more. */
-template <int D, int BM, int STAGES, int KS, bool WG>
-__host__ __device__ constexpr size_t flash_smem_bytes() {
-    /* WG: the stages, then Q's tile */
+/* Block-table entries a block reads into shared memory before its loop
+ * (the pages of its keys; past them its copies read the table itself):
+ * with 16-token pages, 4,096 keys a block. */
+#define FLASH_PAGES 256
+
+/* The bytes at the start of the kernel's dynamic shared memory that the
+ * K/V stages (WG: unpadded, swizzled, then Q's tile) or, after the loop,
+ * the merges take, whichever is more; the page table follows them. */
+template <int D, int BM, int STAGES, bool WG>
+__host__ __device__ constexpr size_t flash_smem_region() {
     constexpr size_t stages =
         (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
     constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
-    constexpr size_t need = (stages > merges ? stages : merges) + (WG ? 1024 : 0);
+    return stages > merges ? stages : merges;
+}
+
+/* The kernel's dynamic shared memory: that region, the page table, and for
+ * WG 1024 bytes to align the stages. */
+template <int D, int BM, int STAGES, int KS, bool WG>
+__host__ __device__ constexpr size_t flash_smem_bytes() {
+    constexpr size_t need = flash_smem_region<D, BM, STAGES, WG>() +
+                            FLASH_PAGES * sizeof(int32_t) + (WG ? 1024 : 0);
     /* Two key parts: one block an SM, which registers alone no longer
      * ensure on the wgmma engine (128 a thread since Q's tile moved to shared
      * memory). Two of them on one SM made a short query's attention slower
@@ -241,9 +261,12 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         WG ? smem_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 1023u)) & 1023u)
            : smem_raw;
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
-    /* Launched as a dependent: nothing before the wait, except, when early,
-     * the copies of key tiles written before this forward (below). */
-    if (!early) pdl_wait();
+    int32_t *const spage =
+        reinterpret_cast<int32_t *>(smem + flash_smem_region<D, BM, STAGES, WG>());
+    /* Launched as a dependent, the kernel reads before its wait only what
+     * the host uploaded before the kernel before it ran (the tiles and the
+     * block table: that kernel began after those copies ended), and, when
+     * early, copies key tiles written before this forward (below). */
 
     unsigned long long *const tr =
         g_flash_trace && threadIdx.x == 0
@@ -287,14 +310,23 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) wl = max(wl, __shfl_xor_sync(FULL_MASK, wl, off));
 
-    /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
-     * past the last zero-filled); unrolled, so the block-table reads overlap.
-     * (Reading the pages a tile ahead, so that no copy waits on its
-     * block-table read, measured slower: run 28.) The caller commits the
-     * group. */
     /* The block size is a power of two (cuda_flash_supports): a key's page
      * and slot by shift and mask (divisions were ~20 instructions a copy). */
     const int bs_shift = __ffs(block_size) - 1;
+    /* The block's pages (its first FLASH_PAGES), read once into shared
+     * memory, so that a tile's copies do not wait on block-table reads: in
+     * run 61's trace those were an L2 round trip on every tile's critical
+     * path. (Reading them a tile ahead into registers measured slower on
+     * mma.sync with fewer registers to spare: run 28.) */
+    const int32_t pg0 = (kt0 * FLASH_BN) >> bs_shift;
+    const int32_t n_pg =
+        kt1 > kt0 ? ((min(kt1 * FLASH_BN, n_keys) - 1) >> bs_shift) - pg0 + 1 : 0;
+    for (int32_t i = tid; i < min(n_pg, FLASH_PAGES); i += THREADS) spage[i] = bt[pg0 + i];
+    __syncthreads();
+    if (!early) pdl_wait();
+
+    /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
+     * past the last zero-filled). The caller commits the group. */
     auto load_tile = [&](int32_t kt, int st) {
         __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + FLASH_BN * LD;
 #pragma unroll
@@ -304,8 +336,12 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             const int32_t j = kt * FLASH_BN + r;
             const bool in = j < n_keys;
             const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
+            const int32_t pi = page - pg0;
             const int64_t off =
-                in ? (((int64_t)bt[page] * n_kv_heads + kh) * block_size + slot) * D + d : 0;
+                in ? (((int64_t)(pi < FLASH_PAGES ? spage[pi] : bt[page]) * n_kv_heads + kh) *
+                          block_size +
+                      slot) * D + d
+                   : 0;
             if constexpr (WG) {
                 const uint32_t at = swz_offset(r, d / 8);
                 cp_async16(reinterpret_cast<unsigned char *>(dK) + at, k_cache + off, in);
@@ -408,8 +444,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             tr[FLASH_TRACE_TILES] += 1;
             t_top = t;
         }
-        if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
-        asm volatile("cp.async.commit_group;\n" ::);
         /* This warp's keys of the tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
         constexpr int KW = FLASH_BN / KS;
         const int k0 = kq * KW;
@@ -417,25 +451,34 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                             *sV = sKV + (size_t)st * STAGE + FLASH_BN * LD + k0 * LD;
         /* Every key it takes is after the warp's rows (WG: the warpgroup's,
          * which must all issue its instructions; the tile's last row's). */
-        if (kt * FLASH_BN + k0 > (WG ? pos0 + n - 1 : wl)) continue;
-
+        const bool past = kt * FLASH_BN + k0 > (WG ? pos0 + n - 1 : wl);
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
         if constexpr (WG) {
-            /* S = Q K^T: 16 columns a step, 64 of them to a swizzled chunk. */
+            /* S = Q K^T: 16 columns a step, 64 of them to a swizzled chunk;
+             * issued before the next tile's copies, which it runs beside.
+             * (Also where the warpgroup's keys are past its rows, and then
+             * not used: under a branch ptxas serialises the wgmma.) */
             const uint32_t kb = (uint32_t)__cvta_generic_to_shared(sKV + (size_t)st * STAGE);
             wg_pin<NT * 4>(&s[0][0]);
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++)
-                wg_mma_ss<KW>(&s[0][0],
-                              desc_sw128(qsb + (ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32, 16, 1024),
-                              desc_sw128(kb + (ks >> 2) * FLASH_SWZ_CHUNK + k0 * 128 + (ks & 3) * 32,
-                                         16, 1024));
-            wg_commit_wait();
+                wg_mma_ss<KW>(
+                    &s[0][0], desc_sw128(qsb + (ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32, 16, 1024),
+                    desc_sw128(kb + (ks >> 2) * FLASH_SWZ_CHUNK + k0 * 128 + (ks & 3) * 32, 16,
+                               1024));
+            wg_commit();
+        }
+        if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
+        asm volatile("cp.async.commit_group;\n" ::);
+        if constexpr (WG) {
+            wg_wait();
             wg_pin<NT * 4>(&s[0][0]);
-        } else {
+        }
+        if (past) continue;
+        if constexpr (!WG) {
             /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) {
@@ -684,22 +727,45 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         }
         __syncthreads();
         constexpr int CH = D / 4; /* float4 chunks a row */
-        for (int32_t u = tid; u < (r1 - r0) * CH; u += THREADS) {
-            const int32_t r = r0 + u / CH, ch = u % CH;
-            const float *w = wrow + (r - r0) * WS;
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        /* A thread's chunks (at most UMAX: a block merges at most BM / 2
+         * rows, since n_splits >= 2), split by split, so that no store comes
+         * between the remote loads and they are all in flight together (run
+         * 61's trace: 2.4 us for the loop that stored each chunk before the
+         * next one's loads); the sums in split order, as before. */
+        constexpr int UMAX = (BM / 2 * CH + THREADS - 1) / THREADS;
+        const int32_t n_u = (r1 - r0) * CH;
+        float4 acc[UMAX];
 #pragma unroll
-            for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
-                if (z >= n_splits) break;
-                const float *pz = cl.map_shared_rank(mine, z) + r * PLD;
-                const float4 v = *reinterpret_cast<const float4 *>(pz + ch * 4);
-                acc.x += v.x * w[z];
-                acc.y += v.y * w[z];
-                acc.z += v.z * w[z];
-                acc.w += v.w * w[z];
+        for (int u = 0; u < UMAX; u++) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
+            if (z >= n_splits) break;
+            const float *pz = cl.map_shared_rank(mine, z);
+#pragma unroll
+            for (int u = 0; u < UMAX; u++) {
+                const int32_t i = tid + u * THREADS;
+                if (i >= n_u) break;
+                const int32_t r = r0 + i / CH, ch = i % CH;
+                const float wz = wrow[(r - r0) * WS + z];
+                const float4 v = *reinterpret_cast<const float4 *>(pz + r * PLD + ch * 4);
+                acc[u].x += v.x * wz;
+                acc[u].y += v.y * wz;
+                acc[u].z += v.z * wz;
+                acc[u].w += v.w * wz;
             }
-            const float inv = w[FLASH_CLUSTER_MAX];
-            const float4 y = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        }
+        /* This block has read the others' rows: it may leave once they
+         * have read its own (the wait below), and writes its output first. */
+        asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+        if (tr) tr[FLASH_TRACE_MERGED] = clock64();
+#pragma unroll
+        for (int u = 0; u < UMAX; u++) {
+            const int32_t i = tid + u * THREADS;
+            if (i >= n_u) break;
+            const int32_t r = r0 + i / CH, ch = i % CH;
+            const float inv = wrow[(r - r0) * WS + FLASH_CLUSTER_MAX];
+            const float4 y =
+                make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
             const int64_t at =
                 (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D + ch * 4;
             *reinterpret_cast<float4 *>(out + at) = y;
@@ -710,8 +776,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                 bf16_copy_put(obf, out_n, at + 3, y.w, obf_split);
             }
         }
-        if (tr) tr[FLASH_TRACE_MERGED] = clock64();
-        cl.sync(); /* no block leaves while another reads its rows */
+        /* no block leaves while another reads its rows */
+        asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
         if (tr) {
             tr[FLASH_TRACE_END] = clock64();
             tr[FLASH_TRACE_EXIT_NS] = global_ns();
