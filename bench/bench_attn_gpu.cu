@@ -19,9 +19,11 @@
  * before attention, so it is in L2 there). Times are medians of the launches'
  * event spans (flash kernel and merge together).
  *
- * Usage: bench_attn_gpu [-r reps] [-T]   (default 50 reps)
+ * Usage: bench_attn_gpu [-r reps] [-T] [-P case]   (default 50 reps)
  * -T: one more launch of the new plan a case with cuda_flash_set_trace's
  * phase timestamps, summarised per phase (where a block's time goes).
+ * -P case: only that case's new plan, reps launches and nothing else, for
+ * a profiler (ncu --kernel-name regex:flash_kernel).
  */
 #include "bench_cuda.cuh"
 #include "common.cuh"
@@ -126,15 +128,18 @@ static std::string trace_summary(const std::vector<unsigned long long> &t, size_
 }
 
 int main(int argc, char **argv) {
-    int reps = 50;
+    int reps = 50, profile_case = -1;
     bool trace = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-T")) trace = true;
+        else if (!strcmp(argv[i], "-P") && i + 1 < argc) profile_case = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [-r reps] [-T]\n"
+            fprintf(stderr, "usage: %s [-r reps] [-T] [-P case]\n"
                             "-T: after the tables, the new plan's phases in one traced launch "
-                            "a case\n", argv[0]);
+                            "a case\n"
+                            "-P case: only the new plan of that case (0-6, the table's rows in "
+                            "order), reps launches, no table: for a profiler\n", argv[0]);
             return 2;
         }
     }
@@ -233,6 +238,37 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&clock_khz_i, cudaDevAttrClockRate, 0));
     const double clock_khz = clock_khz_i > 0 ? clock_khz_i : 1.98e6;
     int failed = 0;
+    if (profile_case >= 0) {
+        if (profile_case >= n_cases) {
+            fprintf(stderr, "-P: case %d of %d\n", profile_case, n_cases);
+            return 2;
+        }
+        const bench_case &bc = cases[profile_case];
+        for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;
+        const cuda_flash_plan plan = cuda_flash_plan_batch(sot.data(), pos.data(), bc.T, bt_off, H,
+                                                           KH, D, n_sms, CUDA_FLASH_CHOICE_AUTO,
+                                                           true, tiles.data());
+        CK(cudaMemcpyAsync(d_tiles, tiles.data(),
+                           (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, st));
+        const size_t need = cuda_flash_partial_floats(plan, KH, D);
+        if (need > 0) CK(cudaMalloc(&partial, need * sizeof(float)));
+        CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float),
+                           cudaMemcpyDeviceToDevice, st));
+        for (int r = 0; r < reps; r++) {
+            flush_l2<<<4 * n_sms, 256, 0, st>>>(flush, flush_n, sink);
+            CK(cudaGetLastError());
+            if (cuda_flash_attention(st, outs[0], q, kc, vc, d_tables, d_tiles, plan, partial, H,
+                                     KH, D, BS, cuda_bf16_out{}, false) != IS_OK) {
+                fprintf(stderr, "cuda_flash_attention: %s\n", is_error_last());
+                return 1;
+            }
+        }
+        CK(cudaStreamSynchronize(st));
+        printf("%s: %d launches of plan %d%s, %d key warps%s\n", bc.name, reps, plan.splits,
+               plan.cluster ? "c" : "", plan.key_warps, plan.wgmma ? ", wgmma" : "");
+        return 0;
+    }
     for (int ci = 0; ci < n_cases; ci++) {
         const bench_case &bc = cases[ci];
         for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;

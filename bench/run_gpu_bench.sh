@@ -21,6 +21,7 @@
 # Environment: BENCH_ARGS (extra bench_gpu arguments), BENCH_TYPE (f16),
 # GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS), ATTN_BENCH=1 (bench_attn_gpu, ATTN_ARGS),
 # NCU=1 (Nsight Compute on bench_gemm_gpu -P; NCU_KERNELS, NCU_TIMEOUT),
+# NCU_ATTN=case (Nsight Compute's stall samples on bench_attn_gpu -P case),
 # BENCH=0 to stop after the checks and micro-benchmarks (no GGUF, no bench_gpu),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
@@ -124,6 +125,27 @@ if [ "${NCU:-0}" = 1 ]; then
       "$LOG/ncu.log" >> "$SUMMARY"
   else
     stamp "ncu: not found or bench_gemm_gpu not built"
+  fi
+fi
+
+# 2d. Nsight Compute on the attention (NCU_ATTN=case, a bench_attn_gpu -P
+# case: 3 is the 30-token query at k = 50): one launch after two, warp
+# states and the per-instruction stall samples; the report and its SASS
+# page (CSV) go to $OUT for reading elsewhere.
+if [ -n "${NCU_ATTN:-}" ]; then
+  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU_BIN" ] && cmake --build build-gpu -j "$(nproc)" --target bench_attn_gpu > "$LOG/build_ncu_attn.log" 2>&1; then
+    stamp "ncu on bench_attn_gpu -P $NCU_ATTN"
+    timeout "${NCU_TIMEOUT:-150}" "$NCU_BIN" --clock-control none --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SourceCounters --import-source no \
+      -k "regex:flash_kernel" -o "$OUT/attn" -f build-gpu/bench/bench_attn_gpu -P "$NCU_ATTN" -r 3 \
+      > "$LOG/ncu_attn.log" 2>&1
+    stamp "ncu rc $?"
+    "$NCU_BIN" --import "$OUT/attn.ncu-rep" --page source --csv --print-source sass > "$OUT/attn_sass.csv" 2>> "$LOG/ncu_attn.log"
+    "$NCU_BIN" --import "$OUT/attn.ncu-rep" --page details > "$LOG/ncu_attn_details.log" 2>&1
+    grep -E "Duration|Warp Cycles Per Issued|Stall|Issued Warp|Registers" "$LOG/ncu_attn_details.log" >> "$SUMMARY"
+  else
+    stamp "ncu: not found or bench_attn_gpu not built"
   fi
 fi
 

@@ -235,6 +235,40 @@ static __device__ __forceinline__ unsigned long long global_ns(void) {
     return t;
 }
 
+/* The cluster merge's sums (flash_kernel, below): acc[u] = sum over the NS
+ * splits, in split order, of split z's float4 chunk tid + u * THREADS of
+ * this block's rows (from r0; PLD = D + 4 floats a row) times the row's
+ * weight for z (wrow, WS floats a row). Every load is unconditional (a
+ * chunk past n_u reads chunk 0 and its sum is not used), so none waits
+ * for another. */
+template <int NS, int UMAX, int D, int WS, int THREADS>
+static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_group &cl,
+                                                   float *mine, const float *wrow, int32_t r0,
+                                                   int32_t n_u) {
+    constexpr int CH = D / 4, PLD = D + 4;
+    int32_t off[UMAX], wi[UMAX];
+#pragma unroll
+    for (int u = 0; u < UMAX; u++) {
+        const int32_t i = (int32_t)threadIdx.x + u * THREADS, ic = i < n_u ? i : 0;
+        off[u] = (r0 + ic / CH) * PLD + (ic % CH) * 4;
+        wi[u] = (ic / CH) * WS;
+        acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int z = 0; z < NS; z++) {
+        const float *pz = cl.map_shared_rank(mine, z);
+#pragma unroll
+        for (int u = 0; u < UMAX; u++) {
+            const float4 v = *reinterpret_cast<const float4 *>(pz + off[u]);
+            const float wz = wrow[wi[u] + z];
+            acc[u].x += v.x * wz;
+            acc[u].y += v.y * wz;
+            acc[u].z += v.z * wz;
+            acc[u].w += v.w * wz;
+        }
+    }
+}
+
 /* WG: S and P V on wgmma (one warpgroup a key part: BM = 64; sm_90a only,
  * instantiated in flash_wgmma.cu), else on mma.sync. */
 template <int D, int BM, int STAGES, int KS, bool WG>
@@ -728,32 +762,25 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         __syncthreads();
         constexpr int CH = D / 4; /* float4 chunks a row */
         /* A thread's chunks (at most UMAX: a block merges at most BM / 2
-         * rows, since n_splits >= 2), split by split, so that no store comes
-         * between the remote loads and they are all in flight together (run
-         * 61's trace: 2.4 us for the loop that stored each chunk before the
-         * next one's loads); the sums in split order, as before. */
+         * rows, since n_splits >= 2), split by split, with no store and no
+         * branch between the remote loads, so that they are all in flight
+         * together: cluster_sum, for each number of splits. (Run 61's loop
+         * stored each chunk before the next one's loads, and run 62's put
+         * each load under its own branch: 2.4 and 3.2 us, each remote load
+         * waited for before the next.) The sums in split order, as before. */
         constexpr int UMAX = (BM / 2 * CH + THREADS - 1) / THREADS;
         const int32_t n_u = (r1 - r0) * CH;
         float4 acc[UMAX];
-#pragma unroll
-        for (int u = 0; u < UMAX; u++) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
-            if (z >= n_splits) break;
-            const float *pz = cl.map_shared_rank(mine, z);
-#pragma unroll
-            for (int u = 0; u < UMAX; u++) {
-                const int32_t i = tid + u * THREADS;
-                if (i >= n_u) break;
-                const int32_t r = r0 + i / CH, ch = i % CH;
-                const float wz = wrow[(r - r0) * WS + z];
-                const float4 v = *reinterpret_cast<const float4 *>(pz + r * PLD + ch * 4);
-                acc[u].x += v.x * wz;
-                acc[u].y += v.y * wz;
-                acc[u].z += v.z * wz;
-                acc[u].w += v.w * wz;
-            }
+        switch (n_splits) {
+        case 2: cluster_sum<2, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
+        case 3: cluster_sum<3, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
+        case 4: cluster_sum<4, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
+        case 5: cluster_sum<5, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
+        case 6: cluster_sum<6, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
+        case 7: cluster_sum<7, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
+        default: cluster_sum<8, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
         }
+        static_assert(FLASH_CLUSTER_MAX == 8, "flash: cluster_sum's cases");
         /* This block has read the others' rows: it may leave once they
          * have read its own (the wait below), and writes its output first. */
         asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
@@ -761,7 +788,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
         for (int u = 0; u < UMAX; u++) {
             const int32_t i = tid + u * THREADS;
-            if (i >= n_u) break;
+            if (i >= n_u) continue;
             const int32_t r = r0 + i / CH, ch = i % CH;
             const float inv = wrow[(r - r0) * WS + FLASH_CLUSTER_MAX];
             const float4 y =
