@@ -25,7 +25,8 @@
 # BENCH=0 to stop after the checks and micro-benchmarks (no GGUF, no bench_gpu),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
-# DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5).
+# DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5),
+# BENCH2_ARGS (a second bench_gpu run after the first, e.g. the op profile -p).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -162,6 +163,14 @@ stamp "bench_gpu ${BENCH_ARGS:-}"
 timeout "${BENCH_TIMEOUT:-330}" build-gpu/bench/bench_gpu -m "$GGUF" -o "$LOG/bench.csv" ${BENCH_ARGS:-} \
   2>&1 | tee "$LOG/bench.log" | tee -a "$SUMMARY"
 stamp "bench_gpu rc ${PIPESTATUS[0]}"
+# A second run in the same call where BENCH2_ARGS is set (e.g. the op
+# profile, -p, beside the live timings).
+if [ -n "${BENCH2_ARGS:-}" ]; then
+  stamp "bench_gpu $BENCH2_ARGS"
+  timeout "${BENCH_TIMEOUT:-330}" build-gpu/bench/bench_gpu -m "$GGUF" -o "$LOG/bench2.csv" $BENCH2_ARGS \
+    2>&1 | tee "$LOG/bench2.log" | tee -a "$SUMMARY"
+  stamp "bench_gpu rc ${PIPESTATUS[0]}"
+fi
 
 # 3b. CUDA graphs: a short prefill and decode steps, graphs off and on in one
 # process (bench_gpu -D), on the 8B shape and on the default model where

@@ -191,29 +191,17 @@ static __device__ __forceinline__ void wg_mma_ss(float *d, uint64_t da, uint64_t
 #undef WG_R16
 #undef WG_R4
 
-/* Block-table entries a block reads into shared memory before its loop
- * (the pages of its keys; past them its copies read the table itself):
- * with 16-token pages, 4,096 keys a block. */
-#define FLASH_PAGES 256
-
-/* The bytes at the start of the kernel's dynamic shared memory that the
- * K/V stages (WG: unpadded, swizzled, then Q's tile) or, after the loop,
- * the merges take, whichever is more; the page table follows them. */
-template <int D, int BM, int STAGES, bool WG>
-__host__ __device__ constexpr size_t flash_smem_region() {
+/* The kernel's dynamic shared memory: the K/V stages (WG: unpadded,
+ * swizzled, then Q's tile, plus 1024 bytes to align them), or what the
+ * merges after the loop take in them, whichever is more. */
+template <int D, int BM, int STAGES, int KS, bool WG>
+__host__ __device__ constexpr size_t flash_smem_bytes() {
+    /* WG: the stages, then Q's tile */
     constexpr size_t stages =
         (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
     constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
-    return stages > merges ? stages : merges;
-}
-
-/* The kernel's dynamic shared memory: that region, the page table, and for
- * WG 1024 bytes to align the stages. */
-template <int D, int BM, int STAGES, int KS, bool WG>
-__host__ __device__ constexpr size_t flash_smem_bytes() {
-    constexpr size_t need = flash_smem_region<D, BM, STAGES, WG>() +
-                            FLASH_PAGES * sizeof(int32_t) + (WG ? 1024 : 0);
+    constexpr size_t need = (stages > merges ? stages : merges) + (WG ? 1024 : 0);
     /* Two key parts: one block an SM, which registers alone no longer
      * ensure on the wgmma engine (128 a thread since Q's tile moved to shared
      * memory). Two of them on one SM made a short query's attention slower
@@ -235,16 +223,18 @@ static __device__ __forceinline__ unsigned long long global_ns(void) {
     return t;
 }
 
-/* The cluster merge's sums (flash_kernel, below): acc[u] = sum over the NS
- * splits, in split order, of split z's float4 chunk tid + u * THREADS of
- * this block's rows (from r0; PLD = D + 4 floats a row) times the row's
- * weight for z (wrow, WS floats a row). Every load is unconditional (a
- * chunk past n_u reads chunk 0 and its sum is not used), so none waits
- * for another. */
-template <int NS, int UMAX, int D, int WS, int THREADS>
+/* The cluster merge's sums (flash_kernel, below): acc[u] = sum over the
+ * n_splits splits, in split order, of split z's float4 chunk tid + u *
+ * THREADS of this block's rows (from r0; PLD = D + 4 floats a row) times
+ * the row's weight for z (wrow, WS floats a row). A split's loads are
+ * unconditional (a chunk past n_u reads chunk 0 and its sum is not used),
+ * so none waits for another; two splits a step. (Every split unrolled, one
+ * body for each split count, made the kernel's one-time code long enough
+ * that its instruction fetches stalled the output after it: run 63.) */
+template <int UMAX, int D, int WS, int THREADS>
 static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_group &cl,
                                                    float *mine, const float *wrow, int32_t r0,
-                                                   int32_t n_u) {
+                                                   int32_t n_u, int32_t n_splits) {
     constexpr int CH = D / 4, PLD = D + 4;
     int32_t off[UMAX], wi[UMAX];
 #pragma unroll
@@ -254,8 +244,8 @@ static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_grou
         wi[u] = (ic / CH) * WS;
         acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-#pragma unroll
-    for (int z = 0; z < NS; z++) {
+#pragma unroll 2
+    for (int z = 0; z < n_splits; z++) {
         const float *pz = cl.map_shared_rank(mine, z);
 #pragma unroll
         for (int u = 0; u < UMAX; u++) {
@@ -295,12 +285,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         WG ? smem_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(smem_raw) & 1023u)) & 1023u)
            : smem_raw;
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
-    int32_t *const spage =
-        reinterpret_cast<int32_t *>(smem + flash_smem_region<D, BM, STAGES, WG>());
-    /* Launched as a dependent, the kernel reads before its wait only what
-     * the host uploaded before the kernel before it ran (the tiles and the
-     * block table: that kernel began after those copies ended), and, when
-     * early, copies key tiles written before this forward (below). */
+    /* Launched as a dependent, the kernel reads before its wait only its
+     * tile (a host upload that ended before the kernel before it began)
+     * and, when early, copies key tiles written before this forward (below). */
 
     unsigned long long *const tr =
         g_flash_trace && threadIdx.x == 0
@@ -347,20 +334,18 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     /* The block size is a power of two (cuda_flash_supports): a key's page
      * and slot by shift and mask (divisions were ~20 instructions a copy). */
     const int bs_shift = __ffs(block_size) - 1;
-    /* The block's pages (its first FLASH_PAGES), read once into shared
-     * memory, so that a tile's copies do not wait on block-table reads: in
-     * run 61's trace those were an L2 round trip on every tile's critical
-     * path. (Reading them a tile ahead into registers measured slower on
-     * mma.sync with fewer registers to spare: run 28.) */
-    const int32_t pg0 = (kt0 * FLASH_BN) >> bs_shift;
-    const int32_t n_pg =
-        kt1 > kt0 ? ((min(kt1 * FLASH_BN, n_keys) - 1) >> bs_shift) - pg0 + 1 : 0;
-    for (int32_t i = tid; i < min(n_pg, FLASH_PAGES); i += THREADS) spage[i] = bt[pg0 + i];
-    __syncthreads();
+    /* A key's element offset: its page's, then this head's and its slot's
+     * within the page (one 64-bit product a copy). */
+    const int64_t page_elems = (int64_t)n_kv_heads * block_size * D;
+    const int32_t head_elems = kh * block_size * D;
     if (!early) pdl_wait();
 
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
-     * past the last zero-filled). The caller commits the group. */
+     * past the last zero-filled); unrolled, so the block-table reads overlap
+     * (on the wgmma engine they also run beside S, issued before them).
+     * (Reading the pages ahead, into registers (run 28, mma.sync) or into
+     * shared memory once a block (run 62), measured no faster.) The caller
+     * commits the group. */
     auto load_tile = [&](int32_t kt, int st) {
         __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + FLASH_BN * LD;
 #pragma unroll
@@ -370,12 +355,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             const int32_t j = kt * FLASH_BN + r;
             const bool in = j < n_keys;
             const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
-            const int32_t pi = page - pg0;
-            const int64_t off =
-                in ? (((int64_t)(pi < FLASH_PAGES ? spage[pi] : bt[page]) * n_kv_heads + kh) *
-                          block_size +
-                      slot) * D + d
-                   : 0;
+            const int64_t off = in ? bt[page] * page_elems + (head_elems + slot * D + d) : 0;
             if constexpr (WG) {
                 const uint32_t at = swz_offset(r, d / 8);
                 cp_async16(reinterpret_cast<unsigned char *>(dK) + at, k_cache + off, in);
@@ -438,6 +418,14 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * second tile on, run 56; the PTX keeps them apart.) The first key
      * tile's fence and barrier publish it to the async proxy. */
     const uint32_t qsb = (uint32_t)__cvta_generic_to_shared(sKV + (size_t)STAGES * STAGE);
+    /* WG: the descriptors of Q's tile and of stage 0's K and V rows of this
+     * key part, once; a k-step's or a stage's is then an addition to the
+     * address field (16-byte units; every address of the block's shared
+     * memory fits the field's 14 bits, so no carry leaves it). */
+    constexpr uint32_t STAGE_DESC = STAGE * 2 / 16;
+    const uint32_t kv0 = (uint32_t)__cvta_generic_to_shared(sKV) + kq * (FLASH_BN / KS) * 128;
+    const uint64_t dq = desc_sw128(qsb, 16, 1024), dk0 = desc_sw128(kv0, 16, 1024),
+                   dv0 = desc_sw128(kv0 + FLASH_BN * LD * 2, FLASH_SWZ_CHUNK, 1024);
     if constexpr (WG) {
         if (kq == 0) {
 #pragma unroll
@@ -494,15 +482,14 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
              * issued before the next tile's copies, which it runs beside.
              * (Also where the warpgroup's keys are past its rows, and then
              * not used: under a branch ptxas serialises the wgmma.) */
-            const uint32_t kb = (uint32_t)__cvta_generic_to_shared(sKV + (size_t)st * STAGE);
+            const uint64_t dk = dk0 + (uint64_t)(st * STAGE_DESC);
             wg_pin<NT * 4>(&s[0][0]);
             wg_fence();
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++)
-                wg_mma_ss<KW>(
-                    &s[0][0], desc_sw128(qsb + (ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32, 16, 1024),
-                    desc_sw128(kb + (ks >> 2) * FLASH_SWZ_CHUNK + k0 * 128 + (ks & 3) * 32, 16,
-                               1024));
+            for (int ks = 0; ks < D / 16; ks++) {
+                const uint32_t at = ((ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32) >> 4;
+                wg_mma_ss<KW>(&s[0][0], dq + at, dk + at);
+            }
             wg_commit();
         }
         if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
@@ -594,14 +581,12 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                 pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
                 pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
-            const uint32_t vb =
-                (uint32_t)__cvta_generic_to_shared(sKV + (size_t)st * STAGE + FLASH_BN * LD);
+            const uint64_t dv = dv0 + (uint64_t)(st * STAGE_DESC);
             wg_pin<DT * 4>(&o[0][0]);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < KW / 16; kk++)
-                wg_mma_rs<D>(&o[0][0], pa[kk],
-                             desc_sw128(vb + (k0 + 16 * kk) * 128, FLASH_SWZ_CHUNK, 1024));
+                wg_mma_rs<D>(&o[0][0], pa[kk], dv + ((16 * kk * 128) >> 4));
             wg_commit_wait();
             wg_pin<DT * 4>(&o[0][0]);
 #pragma unroll
@@ -763,24 +748,14 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         constexpr int CH = D / 4; /* float4 chunks a row */
         /* A thread's chunks (at most UMAX: a block merges at most BM / 2
          * rows, since n_splits >= 2), split by split, with no store and no
-         * branch between the remote loads, so that they are all in flight
-         * together: cluster_sum, for each number of splits. (Run 61's loop
+         * branch between the remote loads (cluster_sum). (Run 61's loop
          * stored each chunk before the next one's loads, and run 62's put
          * each load under its own branch: 2.4 and 3.2 us, each remote load
          * waited for before the next.) The sums in split order, as before. */
         constexpr int UMAX = (BM / 2 * CH + THREADS - 1) / THREADS;
         const int32_t n_u = (r1 - r0) * CH;
         float4 acc[UMAX];
-        switch (n_splits) {
-        case 2: cluster_sum<2, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
-        case 3: cluster_sum<3, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
-        case 4: cluster_sum<4, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
-        case 5: cluster_sum<5, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
-        case 6: cluster_sum<6, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
-        case 7: cluster_sum<7, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
-        default: cluster_sum<8, UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u); break;
-        }
-        static_assert(FLASH_CLUSTER_MAX == 8, "flash: cluster_sum's cases");
+        cluster_sum<UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u, n_splits);
         /* This block has read the others' rows: it may leave once they
          * have read its own (the wait below), and writes its output first. */
         asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
