@@ -61,6 +61,11 @@
  * that names no modifier for it (run 59's IS_CUDA_PDL=0 was overridden
  * before this rule, cuda/NOTES.md).
 
+ * -L (cuda, built with CUPTI): after each configuration's TTFT runs, the
+ * kernels of one warm kv request per k as served, from CUPTI's records
+ * (run_timeline): span, idle time, each kind of kernel's time, and the
+ * difference between the largest and smallest k.
+
  * -D N (cuda): CUDA graphs off and on, one graph per forward
  * (backend_cuda_set_graphs), in the same process, before the
  * configurations above, in the serving configuration (bf16 KV cache,
@@ -82,6 +87,9 @@
 #include "backend_cuda.h"
 #endif
 #include "bench_util.h"
+#ifdef IS_HAVE_CUPTI
+#include "bench_timeline.h"
+#endif
 
 #include <getopt.h>
 #include <math.h>
@@ -422,6 +430,123 @@ static void run_profile(bench *b, const char *cfg, const int *ks, int n_k) {
     free(suffix);
 }
 
+#ifdef IS_HAVE_CUPTI
+/* -L: the kernels of one warm kv request per k as served (no wait between
+ * the injection and the prefill), from CUPTI's records, which leave the
+ * kernels' overlaps as they are (the op profile, -p, times each op between
+ * events instead). Per k: the request's GPU span from the first kernel's
+ * start to the last one's end, the time no kernel runs, and each class of
+ * kernel's summed duration (overlapping kernels both count); then the
+ * attention's own duration and what the kernel after it takes from the
+ * attention's end to its own end, which holds whatever the attention
+ * leaves to its successor. The last row is the largest k minus the
+ * smallest. */
+enum { TL_ATTN, TL_PRODUCT, TL_NORM, TL_INJECT, TL_OTHER, TL_N };
+static const char *const tl_names[TL_N] = {"attention", "products", "rmsnorm", "inject", "other"};
+
+static int tl_class(const char *name) {
+    if (!name) return TL_OTHER;
+    if (strstr(name, "flash")) return TL_ATTN;
+    if (strstr(name, "gemm") || strstr(name, "skinny") || strstr(name, "nvjet") ||
+        strstr(name, "xmma") || strstr(name, "cutlass"))
+        return TL_PRODUCT;
+    if (strstr(name, "rmsnorm")) return TL_NORM;
+    if (strstr(name, "inject")) return TL_INJECT;
+    return TL_OTHER;
+}
+
+typedef struct tl_row {
+    double span, idle, sum[TL_N], attn_mean, after_attn_mean;
+    int n, n_attn;
+} tl_row;
+
+static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
+    one_request(b, 1, k, 1, 0, suffix); /* warm */
+    if (!timeline_begin()) return false;
+    b->no_sync = true;
+    one_request(b, 1, k, 1, 0, suffix);
+    b->no_sync = false;
+    timeline_kernel *t = NULL;
+    const int n = timeline_end(&t);
+    if (n <= 0) {
+        free(t);
+        return false;
+    }
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    uint64_t reach = t[0].start; /* the latest end so far: what lies before it is covered */
+    double after = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double d = (double)(t[i].end - t[i].start) * 1e-3;
+        const int c = tl_class(t[i].name);
+        r->sum[c] += d;
+        if (t[i].start > reach) r->idle += (double)(t[i].start - reach) * 1e-3;
+        if (t[i].end > reach) reach = t[i].end;
+        if (c == TL_ATTN) {
+            r->n_attn++;
+            r->attn_mean += d;
+            if (i + 1 < n && t[i + 1].end > t[i].end)
+                after += (double)(t[i + 1].end - t[i].end) * 1e-3;
+        }
+    }
+    r->span = (double)(reach - t[0].start) * 1e-3;
+    if (r->n_attn) {
+        r->attn_mean /= r->n_attn;
+        r->after_attn_mean = after / r->n_attn;
+    }
+    free(t);
+    return true;
+}
+
+static void tl_print(const char *what, const tl_row *r) {
+    printf("| %s | %d | %.1f | %.1f |", what, r->n, r->span, r->idle);
+    for (int c = 0; c < TL_N; c++) printf(" %.1f |", r->sum[c]);
+    printf(" %.2f | %.2f |\n", r->attn_mean, r->after_attn_mean);
+}
+
+static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
+    int32_t k_max = 0;
+    for (int i = 0; i < n_k; i++) k_max = ks[i] > k_max ? ks[i] : k_max;
+    int32_t *suffix = malloc((size_t)(k_max * b->F + b->Q) * sizeof *suffix);
+    g_rng = 0x9E3779B97F4A7C15ull;
+    random_tokens(b, suffix, k_max * b->F + b->Q);
+    printf("\n### Kernel timeline, %s: one warm kv request as served (CUPTI), us\n\n", cfg);
+    printf("| k | kernels | GPU span | idle |");
+    for (int c = 0; c < TL_N; c++) printf(" %s |", tl_names[c]);
+    printf(" attention, mean | next kernel past the attention, mean |\n|---|");
+    for (int c = 0; c < TL_N + 5; c++) printf("---:|");
+    printf("\n");
+    tl_row first = {0}, last = {0};
+    int k_first = -1, k_last = -1;
+    for (int ki = 0; ki < n_k; ki++) {
+        tl_row r;
+        if (!tl_request(b, ks[ki], suffix + (k_max - ks[ki]) * b->F, &r)) {
+            printf("| %d | (no timeline) |\n", ks[ki]);
+            continue;
+        }
+        char what[16];
+        snprintf(what, sizeof what, "%d", ks[ki]);
+        tl_print(what, &r);
+        if (k_first < 0 || ks[ki] < k_first) k_first = ks[ki], first = r;
+        if (ks[ki] > k_last) k_last = ks[ki], last = r;
+    }
+    if (k_first >= 0 && k_last > k_first) {
+        tl_row d = last;
+        d.n -= first.n;
+        d.span -= first.span;
+        d.idle -= first.idle;
+        for (int c = 0; c < TL_N; c++) d.sum[c] -= first.sum[c];
+        d.attn_mean -= first.attn_mean;
+        d.after_attn_mean -= first.after_attn_mean;
+        char what[32];
+        snprintf(what, sizeof what, "%d - %d", k_last, k_first);
+        tl_print(what, &d);
+    }
+    fflush(stdout);
+    free(suffix);
+}
+#endif
+
 /* -D: one round of n_users sequences, each forked from the prefix, given
  * DECODE_K facts (kv mode, arena ids) and its query prefilled, then n_steps
  * greedy decode steps of all of them in one batch. Returns the first
@@ -567,7 +692,7 @@ int main(int argc, char **argv) {
     const char *cfg_ttft = "legacy,bf16x2,bf16", *cfg_tp = "legacy,bf16";
     char ks_arg[128] = "5,10,20,50,100", us_arg[128] = "1,10,50,100", lus_arg[128] = "";
     int reps = 7, K = 50, threads = 0;
-    bool profile = false;
+    bool profile = false, timeline = false;
     int decode_n = 0; /* -D */
     double arena_gb = 24;
     bench b = {0};
@@ -575,7 +700,7 @@ int main(int argc, char **argv) {
     b.F = 25;
     b.Q = 30;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:ph")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:pLh")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -593,13 +718,16 @@ int main(int argc, char **argv) {
         case 'o': csv_path = optarg; break;
         case 'T': threads = atoi(optarg); break;
         case 'p': profile = true; break;
+        case 'L': timeline = true; break;
         case 'D': decode_n = atoi(optarg); break;
         default:
             fprintf(stderr,
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
-                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-D N]\n"
+                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-D N]\n"
                     "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
+                    "-L: after each configuration's TTFT runs, the kernels of a kv request as\n"
+                    "    served, from CUPTI (cuda, where bench_gpu was built with CUPTI)\n"
                     "-D N: N decode steps with CUDA graphs off and on, first\n"
                     "      (cuda; -c '' -t '' for this alone)\n"
                     "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
@@ -736,6 +864,11 @@ int main(int argc, char **argv) {
             if (profile && cuda) run_profile(&b, cfg, ks, n_k);
 #else
             (void)profile; /* the op profiler is the CUDA backend's */
+#endif
+#ifdef IS_HAVE_CUPTI
+            if (timeline && cuda) run_timeline(&b, cfg, ks, n_k);
+#else
+            if (timeline) fprintf(stderr, "bench_gpu: -L: built without CUPTI\n");
 #endif
             engine_free(b.e);
             b.e = NULL;

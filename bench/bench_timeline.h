@@ -1,0 +1,26 @@
+/*
+ * bench_timeline: every kernel the process runs between timeline_begin and
+ * timeline_end, with its GPU start and end, from CUPTI's concurrent-kernel
+ * activity records (which, unlike the backend's op profiler, neither
+ * serialise the kernels nor put events between them: programmatic
+ * dependent launches keep overlapping as served). bench_gpu -L.
+ */
+#ifndef IS_BENCH_TIMELINE_H
+#define IS_BENCH_TIMELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct timeline_kernel {
+    uint64_t start, end; /* ns, the GPU's clock */
+    const char *name;    /* the kernel's (mangled) name, CUPTI's string */
+} timeline_kernel;
+
+/* Starts recording; false (with a message on stderr) where CUPTI refuses. */
+bool timeline_begin(void);
+
+/* Stops recording and returns the kernels since timeline_begin, sorted by
+ * start (*out: the caller frees it); -1 where CUPTI failed. */
+int timeline_end(timeline_kernel **out);
+
+#endif
