@@ -455,10 +455,32 @@ static int tl_class(const char *name) {
     return TL_OTHER;
 }
 
+#define TL_GAPS 6
 typedef struct tl_row {
     double span, idle, sum[TL_N], attn_mean, after_attn_mean;
     int n, n_attn;
+    /* The longest stretches with no kernel running: their length, and the
+     * kernels before and after them (index in start order, short name). */
+    double gap[TL_GAPS];
+    int gap_at[TL_GAPS];
+    char gap_before[TL_GAPS][40], gap_after[TL_GAPS][40];
 } tl_row;
+
+/* The identifier in a mangled name (_Z12flash_kernelI... -> flash_kernel),
+ * else the name itself, cut to fit. */
+static void tl_short(const char *name, char *out, size_t cap) {
+    if (!name) name = "?";
+    if (name[0] == '_' && name[1] == 'Z') {
+        const char *p = name + 2;
+        int len = 0;
+        while (*p >= '0' && *p <= '9') len = len * 10 + (*p++ - '0');
+        if (len > 0) {
+            snprintf(out, cap, "%.*s", len < (int)cap - 1 ? len : (int)cap - 1, p);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", name);
+}
 
 static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
     one_request(b, 1, k, 1, 0, suffix); /* warm */
@@ -480,7 +502,24 @@ static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
         const double d = (double)(t[i].end - t[i].start) * 1e-3;
         const int c = tl_class(t[i].name);
         r->sum[c] += d;
-        if (t[i].start > reach) r->idle += (double)(t[i].start - reach) * 1e-3;
+        if (t[i].start > reach) {
+            const double g = (double)(t[i].start - reach) * 1e-3;
+            r->idle += g;
+            int j = TL_GAPS - 1; /* insert into the descending list */
+            if (g > r->gap[j]) {
+                while (j > 0 && g > r->gap[j - 1]) {
+                    r->gap[j] = r->gap[j - 1];
+                    r->gap_at[j] = r->gap_at[j - 1];
+                    memcpy(r->gap_before[j], r->gap_before[j - 1], sizeof r->gap_before[j]);
+                    memcpy(r->gap_after[j], r->gap_after[j - 1], sizeof r->gap_after[j]);
+                    j--;
+                }
+                r->gap[j] = g;
+                r->gap_at[j] = i;
+                tl_short(i > 0 ? t[i - 1].name : NULL, r->gap_before[j], sizeof r->gap_before[j]);
+                tl_short(t[i].name, r->gap_after[j], sizeof r->gap_after[j]);
+            }
+        }
         if (t[i].end > reach) reach = t[i].end;
         if (c == TL_ATTN) {
             r->n_attn++;
@@ -527,6 +566,10 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
         char what[16];
         snprintf(what, sizeof what, "%d", ks[ki]);
         tl_print(what, &r);
+        printf("|   longest idle stretches, us (after kernel i: before -> after):");
+        for (int g = 0; g < TL_GAPS && r.gap[g] > 0; g++)
+            printf(" %.1f (%d: %s -> %s);", r.gap[g], r.gap_at[g], r.gap_before[g], r.gap_after[g]);
+        printf(" |\n");
         if (k_first < 0 || ks[ki] < k_first) k_first = ks[ki], first = r;
         if (ks[ki] > k_last) k_last = ks[ki], last = r;
     }
