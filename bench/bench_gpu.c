@@ -165,6 +165,23 @@ static void random_tokens(bench *b, int32_t *t, int32_t n) {
     for (int32_t i = 0; i < n; i++) t[i] = (int32_t)(rng_next() % (uint64_t)(b->V - 1));
 }
 
+/* The requests' tokens, the same for every configuration: the facts of the
+ * largest k (*k_max), then the query; a request of k facts starts (k_max -
+ * k) facts in. The caller frees them. */
+static int32_t *request_tokens(bench *b, const int *ks, int n_k, int32_t *k_max) {
+    *k_max = 0;
+    for (int i = 0; i < n_k; i++)
+        if (ks[i] > *k_max) *k_max = ks[i];
+    int32_t *t = malloc((size_t)(*k_max * b->F + b->Q) * sizeof *t);
+    if (!t) {
+        fprintf(stderr, "bench_gpu: out of memory\n");
+        exit(1);
+    }
+    g_rng = 0x9E3779B97F4A7C15ull;
+    random_tokens(b, t, *k_max * b->F + b->Q);
+    return t;
+}
+
 /* Creates the engine and the cached serving prefix. */
 static void bench_engine(bench *b, int32_t max_seqs, int32_t max_tokens_per_seq, int32_t total_tokens) {
     engine_params ep = engine_default_params();
@@ -249,12 +266,8 @@ static void compare_ref(const char *what, const float *a, const float *ref, int3
 /* Returns the number of rows written to csv. */
 static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps, bool cold,
                      FILE *csv, ref_logits *ref) {
-    int32_t k_max = 0;
-    for (int i = 0; i < n_k; i++)
-        if (ks[i] > k_max) k_max = ks[i];
-    int32_t *suffix = malloc((size_t)(k_max * b->F + b->Q) * sizeof *suffix);
-    g_rng = 0x9E3779B97F4A7C15ull; /* the same tokens for every configuration */
-    random_tokens(b, suffix, k_max * b->F + b->Q);
+    int32_t k_max;
+    int32_t *suffix = request_tokens(b, ks, n_k, &k_max);
     printf("\n### TTFT, %s (%s), medians of %d runs, ms\n\n", cfg, b->be_name, reps);
     printf("| k | prompt tokens | prompt TTFT | kv TTFT | kv: fork | inject | prefill |%s prompt / kv |\n",
            cold ? " kv cold TTFT |" : "");
@@ -393,11 +406,8 @@ static void run_throughput(bench *b, const char *cfg, const int *users, int n_u,
  * the timed runs, so warm): where the GPU time goes, and how much of the
  * GPU's span is idle waiting for launches (span - busy). */
 static void run_profile(bench *b, const char *cfg, const int *ks, int n_k) {
-    int32_t k_max = 0;
-    for (int i = 0; i < n_k; i++) k_max = ks[i] > k_max ? ks[i] : k_max;
-    int32_t *suffix = malloc((size_t)(k_max * b->F + b->Q) * sizeof *suffix);
-    g_rng = 0x9E3779B97F4A7C15ull;
-    random_tokens(b, suffix, k_max * b->F + b->Q);
+    int32_t k_max;
+    int32_t *suffix = request_tokens(b, ks, n_k, &k_max);
     printf("\n### Op profile, %s: GPU ms per kind of op (one warm request each)\n\n", cfg);
     printf("| mode | k | wall | GPU span | GPU busy | ops |");
     for (int o = 0; o < CUDA_OP_N; o++) printf(" %s |", cuda_op_kind_name((cuda_op_kind)o));
@@ -544,11 +554,8 @@ static void tl_print(const char *what, const tl_row *r) {
 }
 
 static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
-    int32_t k_max = 0;
-    for (int i = 0; i < n_k; i++) k_max = ks[i] > k_max ? ks[i] : k_max;
-    int32_t *suffix = malloc((size_t)(k_max * b->F + b->Q) * sizeof *suffix);
-    g_rng = 0x9E3779B97F4A7C15ull;
-    random_tokens(b, suffix, k_max * b->F + b->Q);
+    int32_t k_max;
+    int32_t *suffix = request_tokens(b, ks, n_k, &k_max);
     printf("\n### Kernel timeline, %s: one warm kv request as served (CUPTI), us\n\n", cfg);
     printf("| k | kernels | GPU span | idle |");
     for (int c = 0; c < TL_N; c++) printf(" %s |", tl_names[c]);
@@ -715,7 +722,6 @@ static void run_decode(bench *b, const char *model_path, int32_t n_steps, int re
     }
     free(query);
 }
-#endif
 
 /* A backend switch's setting where the configuration names no modifier:
  * the environment's, as the backend reads it at creation (on unless "0",
@@ -725,6 +731,7 @@ static bool env_switch(const char *name, const char *on_value) {
     if (!strcmp(on_value, "1")) return v && !strcmp(v, "1");
     return !(v && !strcmp(v, "0"));
 }
+#endif
 
 static bool has(const char *list, const char *name) {
     char buf[256];
