@@ -286,8 +286,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
            : smem_raw;
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
     /* Launched as a dependent, the kernel reads before its wait only its
-     * tile (a host upload that ended before the kernel before it began)
-     * and, when early, copies key tiles written before this forward (below). */
+     * tile (a host upload, complete before this kernel can start) and, when
+     * early, copies key tiles written before this forward (below). */
 
     unsigned long long *const tr =
         g_flash_trace && threadIdx.x == 0

@@ -10,9 +10,11 @@
  * more tiles a block). wgmma issues a warpgroup's 64 x 64 S tile in 8
  * instructions and its P V in 4, from the same register fragments.
  * Measured (runs 54-61): a key tile ~10% (one key part) to ~22% (two)
- * faster than on mma.sync; the chain around the products (the tile's copies
- * and their block-table reads, the softmax, the barrier) is most of a tile
- * now. A 30-token query after 1,340 keys: 17.7 us a layer against 19.4.
+ * faster than on mma.sync; the chain around the products (the tile's copies,
+ * the softmax, the barrier) is most of a tile now, about half of it the
+ * issue of its instructions (run 63, Nsight Compute). A 30-token query after
+ * 1,340 keys: 17.3 us a layer against 18.6, a 1,280-token prefill 94 against
+ * 113 (run 66).
  */
 #include "flash_kernel.cuh"
 #include "wgmma_gemm.cuh"
