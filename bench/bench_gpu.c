@@ -446,11 +446,13 @@ static void run_profile(bench *b, const char *cfg, const int *ks, int n_k) {
  * kernels' overlaps as they are (the op profile, -p, times each op between
  * events instead). Per k: the request's GPU span from the first kernel's
  * start to the last one's end, the time no kernel runs, and each class of
- * kernel's summed duration (overlapping kernels both count); then the
- * attention's own duration and what the kernel after it takes from the
- * attention's end to its own end, which holds whatever the attention
- * leaves to its successor. The last row is the largest k minus the
- * smallest. */
+ * kernel's summed duration (overlapping kernels both count), the idle
+ * time that ends at a kernel of each kind (a kernel that cannot start at
+ * once: a launch, a cluster waiting for free multiprocessors, a copy or a
+ * host step before it); then the attention's own duration and what the
+ * kernel after it takes from the attention's end to its own end, which
+ * holds whatever the attention leaves to its successor; and the longest
+ * idle stretches. The last row is the largest k minus the smallest. */
 enum { TL_ATTN, TL_PRODUCT, TL_NORM, TL_INJECT, TL_OTHER, TL_N };
 static const char *const tl_names[TL_N] = {"attention", "products", "rmsnorm", "inject", "other"};
 
@@ -468,6 +470,7 @@ static int tl_class(const char *name) {
 #define TL_GAPS 6
 typedef struct tl_row {
     double span, idle, sum[TL_N], attn_mean, after_attn_mean;
+    double idle_before[TL_N]; /* idle time ending at a kernel of each kind */
     int n, n_attn;
     /* The longest stretches with no kernel running: their length, and the
      * kernels before and after them (index in start order, short name). */
@@ -515,6 +518,7 @@ static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
         if (t[i].start > reach) {
             const double g = (double)(t[i].start - reach) * 1e-3;
             r->idle += g;
+            r->idle_before[c] += g;
             int j = TL_GAPS - 1; /* insert into the descending list */
             if (g > r->gap[j]) {
                 while (j > 0 && g > r->gap[j - 1]) {
@@ -550,6 +554,7 @@ static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
 static void tl_print(const char *what, const tl_row *r) {
     printf("| %s | %d | %.1f | %.1f |", what, r->n, r->span, r->idle);
     for (int c = 0; c < TL_N; c++) printf(" %.1f |", r->sum[c]);
+    for (int c = 0; c < TL_N; c++) printf(" %.1f |", r->idle_before[c]);
     printf(" %.2f | %.2f |\n", r->attn_mean, r->after_attn_mean);
 }
 
@@ -559,8 +564,9 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
     printf("\n### Kernel timeline, %s: one warm kv request as served (CUPTI), us\n\n", cfg);
     printf("| k | kernels | GPU span | idle |");
     for (int c = 0; c < TL_N; c++) printf(" %s |", tl_names[c]);
+    for (int c = 0; c < TL_N; c++) printf(" idle before %s |", tl_names[c]);
     printf(" attention, mean | next kernel past the attention, mean |\n|---|");
-    for (int c = 0; c < TL_N + 5; c++) printf("---:|");
+    for (int c = 0; c < 2 * TL_N + 5; c++) printf("---:|");
     printf("\n");
     tl_row first = {0}, last = {0};
     int k_first = -1, k_last = -1;
@@ -589,7 +595,10 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
         d.n -= first.n;
         d.span -= first.span;
         d.idle -= first.idle;
-        for (int c = 0; c < TL_N; c++) d.sum[c] -= first.sum[c];
+        for (int c = 0; c < TL_N; c++) {
+            d.sum[c] -= first.sum[c];
+            d.idle_before[c] -= first.idle_before[c];
+        }
         d.attn_mean -= first.attn_mean;
         d.after_attn_mean -= first.after_attn_mean;
         char what[32];
