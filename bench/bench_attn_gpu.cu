@@ -238,6 +238,11 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&clock_khz_i, cudaDevAttrClockRate, 0));
     const double clock_khz = clock_khz_i > 0 ? clock_khz_i : 1.98e6;
     int failed = 0;
+    /* One launch of a plan on the case's batch set up above (tiles in d_tiles). */
+    auto attend = [&](const cuda_flash_plan &plan, float *o) {
+        return cuda_flash_attention(st, o, q, kc, vc, d_tables, d_tiles, plan, partial, H, KH, D,
+                                    BS, cuda_bf16_out{}, false) == IS_OK;
+    };
     if (profile_case >= 0) {
         if (profile_case >= n_cases) {
             fprintf(stderr, "-P: case %d of %d\n", profile_case, n_cases);
@@ -258,8 +263,7 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps; r++) {
             flush_l2<<<4 * n_sms, 256, 0, st>>>(flush, flush_n, sink);
             CK(cudaGetLastError());
-            if (cuda_flash_attention(st, outs[0], q, kc, vc, d_tables, d_tiles, plan, partial, H,
-                                     KH, D, BS, cuda_bf16_out{}, false) != IS_OK) {
+            if (!attend(plan, outs[0])) {
                 fprintf(stderr, "cuda_flash_attention: %s\n", is_error_last());
                 return 1;
             }
@@ -320,8 +324,7 @@ int main(int argc, char **argv) {
                 CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float),
                                    cudaMemcpyDeviceToDevice, st));
                 CK(cudaEventRecord(e0, st));
-                if (cuda_flash_attention(st, out, q, kc, vc, d_tables, d_tiles, plan,
-                                         partial, H, KH, D, BS, cuda_bf16_out{}, false) != IS_OK) {
+                if (!attend(plan, out)) {
                     fprintf(stderr, "cuda_flash_attention: %s\n", is_error_last());
                     return 1;
                 }
@@ -343,9 +346,7 @@ int main(int argc, char **argv) {
                 CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float),
                                    cudaMemcpyDeviceToDevice, st));
                 CK(cudaStreamSynchronize(st));
-                if (cuda_flash_set_trace(d_trace) != IS_OK ||
-                    cuda_flash_attention(st, out, q, kc, vc, d_tables, d_tiles, plan,
-                                         partial, H, KH, D, BS, cuda_bf16_out{}, false) != IS_OK ||
+                if (cuda_flash_set_trace(d_trace) != IS_OK || !attend(plan, out) ||
                     cuda_flash_set_trace(NULL) != IS_OK) {
                     fprintf(stderr, "traced launch: %s\n", is_error_last());
                     return 1;

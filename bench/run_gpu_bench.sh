@@ -111,11 +111,13 @@ micro_bench() { # target, its arguments, log name
 [ "${GEMM_BENCH:-0}" = 1 ] && micro_bench bench_gemm_gpu "${GEMM_ARGS:-}" gemm
 [ "${ATTN_BENCH:-0}" = 1 ] && micro_bench bench_attn_gpu "${ATTN_ARGS:-}" attn
 
+# Nsight Compute, for 2c and 2d, where installed.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+
 # 2c. Nsight Compute on the products (NCU=1): bench_gemm_gpu -P (each stacked
 # product of a layer once at 30 rows, cuBLAS and skinny), the kernels whose
 # names match NCU_KERNELS; clocks left alone (METHOD.md).
 if [ "${NCU:-0}" = 1 ]; then
-  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU_BIN" ] && cmake --build build-gpu -j "$(nproc)" --target bench_gemm_gpu > "$LOG/build_ncu.log" 2>&1; then
     stamp "ncu on bench_gemm_gpu -P"
     timeout "${NCU_TIMEOUT:-150}" "$NCU_BIN" --clock-control none --section SpeedOfLight \
@@ -134,7 +136,6 @@ fi
 # states and the per-instruction stall samples; the report and its SASS
 # page (CSV) go to $OUT for reading elsewhere.
 if [ -n "${NCU_ATTN:-}" ]; then
-  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   if [ -n "$NCU_BIN" ] && cmake --build build-gpu -j "$(nproc)" --target bench_attn_gpu > "$LOG/build_ncu_attn.log" 2>&1; then
     stamp "ncu on bench_attn_gpu -P $NCU_ATTN"
     timeout "${NCU_TIMEOUT:-150}" "$NCU_BIN" --clock-control none --launch-skip 2 --launch-count 1 \
