@@ -7,7 +7,7 @@
  *
  *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
- *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-D N]
+ *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-D N]
  *
  * Layout (DESIGN.md, issue 6): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
@@ -18,10 +18,13 @@
  *   kv cold: the same with facts never seen (the GPU arena misses and fills
  *           from host memory: the host tier).
  * TTFT runs from the fork to the first token's logits on the host (argmax
- * taken). Medians of REPS runs after one warm-up, modes alternated. The kv
- * TTFT comes from runs as served; its breakdown (fork, inject, prefill)
- * from runs that wait for the injection before the prefill, made
- * alongside (before device run 33 the kv TTFT included that wait).
+ * taken). Medians of REPS runs after one warm-up; each kind of request
+ * (prompt, kv, kv cold) in a loop of its own (-i: one of each a round, as
+ * before device run 70, when a kv request followed the k-fact prompt
+ * prefill and the power cap that heavy prefill left). The kv TTFT comes
+ * from runs as served; its breakdown (fork, inject, prefill) from runs that
+ * wait for the injection before the prefill, made alongside (before device
+ * run 33 the kv TTFT included that wait).
  *
  * Throughput at k = K (50): U users, each with its own K facts (ids unique
  * per user; their contents drawn from a pool of host records), one batch:
@@ -139,7 +142,17 @@ typedef struct bench {
     int32_t *tok, *seq;    /* batch scratch */
     bool no_sync;          /* no sync between inject and prefill (profiling the GPU alone) */
     int32_t cap;
+    /* -L: where set, one_request notes the host's progress on this clock
+     * (ns): its call, the fork, the injection's return, the logits on the
+     * host, the token chosen. */
+    uint64_t (*clock_ns)(void);
+    uint64_t mark[5];
+    bool interleave;       /* -i: TTFT runs take one request of each kind a round */
 } bench;
+
+static void bench_mark(bench *b, int i) {
+    if (b->clock_ns) b->mark[i] = b->clock_ns();
+}
 
 static void bench_backend_check(bench *b, const char *what) {
 #ifdef IS_HAVE_CUDA
@@ -221,21 +234,26 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     const int32_t n = mode == 0 ? k * b->F + b->Q : b->Q;
     const int32_t *toks = mode == 0 ? suffix : suffix + k * b->F;
     double t0 = bench_now_ms();
+    bench_mark(b, 0);
     int32_t s;
     CHECK(engine_seq_open(b->e, &s), "seq_open");
     CHECK(engine_seq_fork(b->e, s, b->prefix_seq, b->P), "fork");
     double t1 = bench_now_ms(), t2 = t1;
+    bench_mark(b, 1);
     if (mode == 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
         if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
         t2 = bench_now_ms();
     }
+    bench_mark(b, 2);
     batch_reserve(b, n);
     for (int32_t i = 0; i < n; i++) b->seq[i] = s;
     engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq};
     CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
+    bench_mark(b, 3);
     (void)sampler_argmax(b->logits, b->V);
     double t3 = bench_now_ms();
+    bench_mark(b, 4);
     engine_seq_close(b->e, s);
     bench_backend_check(b, "request");
     t.total = t3 - t0;
@@ -278,25 +296,41 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
     static uint64_t cold_base = 1ull << 40;
     for (int ki = 0; ki < n_k; ki++) {
         const int32_t k = ks[ki];
-        for (int r = -1; r < reps; r++) {
-            ttft_parts p = one_request(b, 0, k, 0, 0, suffix + (k_max - k) * b->F);
-            ttft_parts q = one_request(b, 1, k, 1, 0, suffix + (k_max - k) * b->F);
-            const bool held = b->no_sync;
-            b->no_sync = true; /* as served: no wait between inject and prefill */
-            ttft_parts served = one_request(b, 1, k, 1, 0, suffix + (k_max - k) * b->F);
-            ttft_parts c = {0};
-            if (cold) {
-                c = one_request(b, 1, k, cold_base, 0, suffix + (k_max - k) * b->F);
-                cold_base += (uint64_t)k;
+        const int32_t *sfx = suffix + (k_max - k) * b->F;
+        /* Each kind of request in a loop of its own (a warm-up first), so
+         * that a kv request follows kv requests, not a 1,280-token prompt
+         * prefill that leaves the board at its power cap; -i: one of each
+         * kind a round, as before device run 70. */
+        const int passes = b->interleave ? 1 : 3;
+        for (int pass = 0; pass < passes; pass++) {
+            const bool do_p = b->interleave || pass == 0, do_kv = b->interleave || pass == 1;
+            const bool do_cold = cold && (b->interleave || pass == 2);
+            for (int r = -1; r < reps; r++) {
+                if (do_p) {
+                    ttft_parts p = one_request(b, 0, k, 0, 0, sfx);
+                    if (r >= 0) pr[r] = p.total;
+                }
+                const bool held = b->no_sync;
+                if (do_kv) {
+                    ttft_parts q = one_request(b, 1, k, 1, 0, sfx);
+                    b->no_sync = true; /* as served: no wait between inject and prefill */
+                    ttft_parts served = one_request(b, 1, k, 1, 0, sfx);
+                    b->no_sync = held;
+                    if (r >= 0) {
+                        kv[r] = served.total;
+                        fo[r] = q.fork;
+                        in[r] = q.inject;
+                        pf[r] = q.prefill;
+                    }
+                }
+                if (do_cold) {
+                    b->no_sync = true;
+                    ttft_parts c = one_request(b, 1, k, cold_base, 0, sfx);
+                    b->no_sync = held;
+                    cold_base += (uint64_t)k;
+                    if (r >= 0) kc[r] = c.total;
+                }
             }
-            b->no_sync = held;
-            if (r < 0) continue;
-            pr[r] = p.total;
-            kv[r] = served.total;
-            fo[r] = q.fork;
-            in[r] = q.inject;
-            pf[r] = q.prefill;
-            kc[r] = c.total;
         }
         if (k == k_max && ref) { /* logits of the last kv run (cold runs inject the same values) */
             one_request(b, 0, k, 0, 0, suffix);
@@ -444,8 +478,10 @@ static void run_profile(bench *b, const char *cfg, const int *ks, int n_k) {
 /* -L: the kernels of one warm kv request per k as served (no wait between
  * the injection and the prefill), from CUPTI's records, which leave the
  * kernels' overlaps as they are (the op profile, -p, times each op between
- * events instead). Per k: the request's GPU span from the first kernel's
- * start to the last one's end, the time no kernel runs, and each class of
+ * events instead). Per k: the host's lead (its call to the first record,
+ * a kernel, copy or memset) and tail (the last record's end to its
+ * return), the request's GPU span from the first record's start to the
+ * last one's end, the time no record runs, and each class of
  * kernel's summed duration (overlapping kernels both count), the idle
  * time that ends at a kernel of each kind (a kernel that cannot start at
  * once: a launch, a cluster waiting for free multiprocessors, a copy or a
@@ -453,11 +489,13 @@ static void run_profile(bench *b, const char *cfg, const int *ks, int n_k) {
  * kernel after it takes from the attention's end to its own end, which
  * holds whatever the attention leaves to its successor; and the longest
  * idle stretches. The last row is the largest k minus the smallest. */
-enum { TL_ATTN, TL_PRODUCT, TL_NORM, TL_INJECT, TL_OTHER, TL_N };
-static const char *const tl_names[TL_N] = {"attention", "products", "rmsnorm", "inject", "other"};
+enum { TL_ATTN, TL_PRODUCT, TL_NORM, TL_INJECT, TL_COPY, TL_OTHER, TL_N };
+static const char *const tl_names[TL_N] = {"attention", "products", "rmsnorm",
+                                           "inject",    "copies",   "other"};
 
 static int tl_class(const char *name) {
     if (!name) return TL_OTHER;
+    if (!strncmp(name, "memcpy", 6) || !strcmp(name, "memset")) return TL_COPY;
     if (strstr(name, "flash")) return TL_ATTN;
     if (strstr(name, "gemm") || strstr(name, "skinny") || strstr(name, "nvjet") ||
         strstr(name, "xmma") || strstr(name, "cutlass"))
@@ -471,6 +509,13 @@ static int tl_class(const char *name) {
 typedef struct tl_row {
     double span, idle, sum[TL_N], attn_mean, after_attn_mean;
     double idle_before[TL_N]; /* idle time ending at a kernel of each kind */
+    /* The host's share of the request: from its call to the first record's
+     * start, and from the last record's end to its return. */
+    double lead, tail;
+    /* From the call (us): the fork's return, the injection's (no wait), the
+     * logits on the host, the token chosen; the last record's end; the
+     * logits' copy (the last DtoH record). */
+    double at_fork, at_inject, at_logits, at_token, at_last_end, dtoh;
     int n, n_attn;
     /* The longest stretches with no kernel running: their length, and the
      * kernels before and after them (index in start order, short name). */
@@ -499,7 +544,11 @@ static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
     one_request(b, 1, k, 1, 0, suffix); /* warm */
     if (!timeline_begin()) return false;
     b->no_sync = true;
+    b->clock_ns = timeline_now;
+    const uint64_t host0 = timeline_now();
     one_request(b, 1, k, 1, 0, suffix);
+    const uint64_t host1 = timeline_now();
+    b->clock_ns = NULL;
     b->no_sync = false;
     timeline_kernel *t = NULL;
     const int n = timeline_end(&t);
@@ -543,6 +592,19 @@ static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
         }
     }
     r->span = (double)(reach - t[0].start) * 1e-3;
+    r->lead = ((double)t[0].start - (double)host0) * 1e-3;
+    r->tail = ((double)host1 - (double)reach) * 1e-3;
+    const double m0 = (double)b->mark[0];
+    r->at_fork = ((double)b->mark[1] - m0) * 1e-3;
+    r->at_inject = ((double)b->mark[2] - m0) * 1e-3;
+    r->at_logits = ((double)b->mark[3] - m0) * 1e-3;
+    r->at_token = ((double)b->mark[4] - m0) * 1e-3;
+    r->at_last_end = ((double)reach - m0) * 1e-3;
+    for (int i = n - 1; i >= 0; i--)
+        if (t[i].name && !strcmp(t[i].name, "memcpy DtoH")) {
+            r->dtoh = (double)(t[i].end - t[i].start) * 1e-3;
+            break;
+        }
     if (r->n_attn) {
         r->attn_mean /= r->n_attn;
         r->after_attn_mean = after / r->n_attn;
@@ -552,7 +614,8 @@ static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
 }
 
 static void tl_print(const char *what, const tl_row *r) {
-    printf("| %s | %d | %.1f | %.1f |", what, r->n, r->span, r->idle);
+    printf("| %s | %d | %.1f | %.1f | %.1f | %.1f |", what, r->n, r->lead, r->span, r->idle,
+           r->tail);
     for (int c = 0; c < TL_N; c++) printf(" %.1f |", r->sum[c]);
     for (int c = 0; c < TL_N; c++) printf(" %.1f |", r->idle_before[c]);
     printf(" %.2f | %.2f |\n", r->attn_mean, r->after_attn_mean);
@@ -562,11 +625,11 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
     int32_t k_max;
     int32_t *suffix = request_tokens(b, ks, n_k, &k_max);
     printf("\n### Kernel timeline, %s: one warm kv request as served (CUPTI), us\n\n", cfg);
-    printf("| k | kernels | GPU span | idle |");
+    printf("| k | records | host lead | GPU span | idle | host tail |");
     for (int c = 0; c < TL_N; c++) printf(" %s |", tl_names[c]);
     for (int c = 0; c < TL_N; c++) printf(" idle before %s |", tl_names[c]);
     printf(" attention, mean | next kernel past the attention, mean |\n|---|");
-    for (int c = 0; c < 2 * TL_N + 5; c++) printf("---:|");
+    for (int c = 0; c < 2 * TL_N + 7; c++) printf("---:|");
     printf("\n");
     tl_row first = {0}, last = {0};
     int k_first = -1, k_last = -1;
@@ -583,6 +646,9 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
         char what[16];
         snprintf(what, sizeof what, "%d", ks[ki]);
         tl_print(what, &r);
+        printf("|   host, us from the call: fork %.1f, injection returned %.1f, logits on the host "
+               "%.1f (the last record ended at %.1f; the logits' copy took %.1f), token %.1f |\n",
+               r.at_fork, r.at_inject, r.at_logits, r.at_last_end, r.dtoh, r.at_token);
         printf("|   longest idle stretches, us (after kernel i: before -> after):");
         for (int g = 0; g < TL_GAPS && r.gap[g] > 0; g++)
             printf(" %.1f (%d: %s -> %s);", r.gap[g], r.gap_at[g], r.gap_before[g], r.gap_after[g]);
@@ -595,6 +661,8 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
         d.n -= first.n;
         d.span -= first.span;
         d.idle -= first.idle;
+        d.lead -= first.lead;
+        d.tail -= first.tail;
         for (int c = 0; c < TL_N; c++) {
             d.sum[c] -= first.sum[c];
             d.idle_before[c] -= first.idle_before[c];
@@ -755,7 +823,7 @@ int main(int argc, char **argv) {
     const char *cfg_ttft = "legacy,bf16x2,bf16", *cfg_tp = "legacy,bf16";
     char ks_arg[128] = "5,10,20,50,100", us_arg[128] = "1,10,50,100", lus_arg[128] = "";
     int reps = 7, K = 50, threads = 0;
-    bool profile = false, timeline = false;
+    bool profile = false, timeline = false, interleave = false;
     int decode_n = 0; /* -D */
     double arena_gb = 24;
     bench b = {0};
@@ -763,7 +831,7 @@ int main(int argc, char **argv) {
     b.F = 25;
     b.Q = 30;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:pLh")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:pLih")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -782,12 +850,16 @@ int main(int argc, char **argv) {
         case 'T': threads = atoi(optarg); break;
         case 'p': profile = true; break;
         case 'L': timeline = true; break;
+        case 'i': interleave = true; break;
         case 'D': decode_n = atoi(optarg); break;
         default:
             fprintf(stderr,
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
-                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-D N]\n"
+                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
+                    "                 [-D N]\n"
+                    "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
+                    "    each kind in a loop of its own, so kv requests follow kv requests)\n"
                     "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
                     "-L: after each configuration's TTFT runs, the kernels of a kv request as\n"
                     "    served, from CUPTI (cuda, where bench_gpu was built with CUPTI)\n"
@@ -828,6 +900,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_u; i++) u_max = us[i] > u_max ? us[i] : u_max;
 
     b.be_name = be_name;
+    b.interleave = interleave;
     CHECK(backend_create(be_name, threads, &b.be), "backend");
     double t0 = bench_now_ms();
     CHECK(model_load(model_path, b.be, &b.m), "model_load");

@@ -1,5 +1,5 @@
 /*
- * bench_timeline: CUPTI's concurrent-kernel activity records (see
+ * bench_timeline: CUPTI's concurrent-kernel, memcpy and memset activity records (see
  * bench_timeline.h). CUPTI hands filled buffers to buffer_done from its own
  * thread or at a flush; the records go into one growing array.
  */
@@ -38,9 +38,23 @@ static void CUPTIAPI buffer_done(CUcontext ctx, uint32_t stream, uint8_t *buffer
     (void)size;
     CUpti_Activity *rec = NULL;
     while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-        if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
-        /* The fields read here lead every version of the record. */
-        const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
+        timeline_kernel e;
+        if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+            /* The fields read here lead every version of the record. */
+            const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
+            e = (timeline_kernel){k->start, k->end, k->name};
+        } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
+            e = (timeline_kernel){m->start, m->end,
+                                  m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "memcpy HtoD"
+                                  : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "memcpy DtoH"
+                                                                                   : "memcpy"};
+        } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+            const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
+            e = (timeline_kernel){m->start, m->end, "memset"};
+        } else {
+            continue;
+        }
         if (g_n == g_cap) {
             size_t cap = g_cap ? 2 * g_cap : 4096;
             timeline_kernel *p = realloc(g_k, cap * sizeof *p);
@@ -51,7 +65,7 @@ static void CUPTIAPI buffer_done(CUcontext ctx, uint32_t stream, uint8_t *buffer
             g_k = p;
             g_cap = cap;
         }
-        g_k[g_n++] = (timeline_kernel){k->start, k->end, k->name};
+        g_k[g_n++] = e;
     }
     size_t dropped = 0;
     if (cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
@@ -67,7 +81,15 @@ bool timeline_begin(void) {
     }
     g_n = 0;
     g_failed = false;
-    return ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable");
+    return ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable") &&
+           ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy") &&
+           ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset");
+}
+
+uint64_t timeline_now(void) {
+    uint64_t t = 0;
+    cuptiGetTimestamp(&t);
+    return t;
 }
 
 static int by_start(const void *a, const void *b) {
@@ -79,6 +101,8 @@ int timeline_end(timeline_kernel **out) {
     *out = NULL;
     bool good = ok(cuptiActivityFlushAll(1), "flush");
     good = ok(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disable") && good;
+    good = ok(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY), "disable memcpy") && good;
+    good = ok(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET), "disable memset") && good;
     if (!good || g_failed) {
         if (g_failed) fprintf(stderr, "bench_timeline: records lost (memory or CUPTI's drops)\n");
         return -1;

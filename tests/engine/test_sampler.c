@@ -146,6 +146,44 @@ static void test_argmax(void **state) {
     assert_int_equal(sampler_argmax(NULL, 5), -1);
 }
 
+/* Rows long enough for the vector loops (32 a step, then 8, then single
+ * elements): the answer against a plain scan, with the maximum, its ties,
+ * NaNs and signed zeros in every part of the row. */
+static int32_t argmax_scan(const float *x, int32_t n) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 || x[best] == -INFINITY ? 0 : best;
+}
+
+static void test_argmax_long_rows(void **state) {
+    (void)state;
+    enum { N = 203 }; /* 6 steps of 32, one of 8, then 3 single elements */
+    static float l[N];
+    uint64_t x = 11;
+    for (int r = 0; r < 2000; r++) {
+        const int32_t n = 1 + (int32_t)(lcg(&x) % N);
+        random_logits(l, n, &x);
+        const int32_t at = (int32_t)(lcg(&x) % (uint64_t)n);
+        switch (r % 5) {
+        case 0: /* a tie for the maximum */
+            l[at] = 50.0f;
+            l[(at + 1 + (int32_t)(lcg(&x) % (uint64_t)n)) % n] = 50.0f;
+            break;
+        case 1: l[at] = NAN; break;
+        case 2: /* +0 and -0 tie: the first wins */
+            for (int32_t i = 0; i < n; i++) l[i] = i == at ? 0.0f : -1.0f;
+            l[n - 1 - at / 2] = -0.0f;
+            break;
+        case 3: /* nothing above -inf */
+            for (int32_t i = 0; i < n; i++) l[i] = i % 7 ? NAN : -INFINITY;
+            break;
+        default: l[at] = INFINITY; break;
+        }
+        assert_int_equal(sampler_argmax(l, n), argmax_scan(l, n));
+    }
+}
+
 static void test_greedy_and_top_k_1(void **state) {
     (void)state;
     enum { N = 1000 };
@@ -426,7 +464,9 @@ static void test_params(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_argmax),         cmocka_unit_test(test_greedy_and_top_k_1),
+        cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_argmax_long_rows),
+        cmocka_unit_test(test_greedy_and_top_k_1),
         cmocka_unit_test(test_seeds),          cmocka_unit_test(test_top_p_support),
         cmocka_unit_test(test_top_k_support),  cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_top_p_borders),  cmocka_unit_test(test_top_p_large_vocab),
