@@ -7,7 +7,7 @@
  *
  *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
- *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-D N]
+ *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-g GAP_MS] [-D N]
  *
  * Layout (DESIGN.md, issue 6): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
@@ -21,10 +21,11 @@
  * taken). Medians of REPS runs after one warm-up; each kind of request
  * (prompt, kv, kv cold) in a loop of its own (-i: one of each a round, as
  * before device run 70, when a kv request followed the k-fact prompt
- * prefill and the power cap that heavy prefill left). The kv TTFT comes
- * from runs as served; its breakdown (fork, inject, prefill) from runs that
- * wait for the injection before the prefill, made alongside (before device
- * run 33 the kv TTFT included that wait).
+ * prefill and the power cap that heavy prefill left; -g: each request
+ * after GAP_MS of an idle GPU, as on a server below saturation). The kv
+ * TTFT comes from runs as served; its breakdown (fork, inject, prefill)
+ * from runs that wait for the injection before the prefill, made alongside
+ * (before device run 33 the kv TTFT included that wait).
  *
  * Throughput at k = K (50): U users, each with its own K facts (ids unique
  * per user; their contents drawn from a pool of host records), one batch:
@@ -148,6 +149,7 @@ typedef struct bench {
     uint64_t (*clock_ns)(void);
     uint64_t mark[5];
     bool interleave;       /* -i: TTFT runs take one request of each kind a round */
+    double gap_ms;         /* -g: the GPU left idle this long before each request */
 } bench;
 
 static void bench_mark(bench *b, int i) {
@@ -233,6 +235,14 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     fact_list(b, k, id_base, pool_off, f, ids);
     const int32_t n = mode == 0 ? k * b->F + b->Q : b->Q;
     const int32_t *toks = mode == 0 ? suffix : suffix + k * b->F;
+    /* -g: requests that find the GPU idle for a while, as on a server that
+     * is not saturated (back to back, the board runs at its power cap). The
+     * host spins, so that its own clock does not drop meanwhile. */
+    if (b->gap_ms > 0) {
+        b->be->ops->sync(b->be);
+        for (const double until = bench_now_ms() + b->gap_ms; bench_now_ms() < until;) {
+        }
+    }
     double t0 = bench_now_ms();
     bench_mark(b, 0);
     int32_t s;
@@ -824,6 +834,7 @@ int main(int argc, char **argv) {
     char ks_arg[128] = "5,10,20,50,100", us_arg[128] = "1,10,50,100", lus_arg[128] = "";
     int reps = 7, K = 50, threads = 0;
     bool profile = false, timeline = false, interleave = false;
+    double gap_ms = 0.0;
     int decode_n = 0; /* -D */
     double arena_gb = 24;
     bench b = {0};
@@ -831,7 +842,7 @@ int main(int argc, char **argv) {
     b.F = 25;
     b.Q = 30;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:pLih")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:g:pLih")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -851,15 +862,18 @@ int main(int argc, char **argv) {
         case 'p': profile = true; break;
         case 'L': timeline = true; break;
         case 'i': interleave = true; break;
+        case 'g': gap_ms = atof(optarg); break;
         case 'D': decode_n = atoi(optarg); break;
         default:
             fprintf(stderr,
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
                     "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
-                    "                 [-D N]\n"
+                    "                 [-g GAP_MS] [-D N]\n"
                     "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
                     "    each kind in a loop of its own, so kv requests follow kv requests)\n"
+                    "-g GAP_MS: the GPU left idle GAP_MS before each TTFT request (default 0:\n"
+                    "    back to back, where the board runs at its power cap)\n"
                     "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
                     "-L: after each configuration's TTFT runs, the kernels of a kv request as\n"
                     "    served, from CUPTI (cuda, where bench_gpu was built with CUPTI)\n"
@@ -901,6 +915,7 @@ int main(int argc, char **argv) {
 
     b.be_name = be_name;
     b.interleave = interleave;
+    b.gap_ms = gap_ms;
     CHECK(backend_create(be_name, threads, &b.be), "backend");
     double t0 = bench_now_ms();
     CHECK(model_load(model_path, b.be, &b.m), "model_load");

@@ -202,8 +202,9 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
  * takes 8 elements of a head with 16-byte loads and stores (the old kernel
  * above moved 2 bytes a load and was ~3x off the copy bandwidth at k = 50),
  * or for the neox layout 8 elements and their 8 partners half a head away.
- * The rotation is rope_kernel's expression, as above. Threads run over
- * (layer, token, unit), so consecutive threads write consecutive bytes. */
+ * The rotation is rope_kernel's expression, as above. Consecutive threads
+ * take consecutive units of a layer's tokens, so they write consecutive
+ * bytes. */
 static __device__ __forceinline__ void bf16x8_to_f32(const uint4 &u, float *f) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
@@ -222,62 +223,86 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
     return u;
 }
 
-static __global__ void inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena,
-                                          const int32_t *pages, const int32_t *slots,
-                                          int32_t pos0, int32_t n_tokens, int32_t n_layers,
-                                          int32_t n_kv_heads, int32_t head_dim,
-                                          int32_t block_size, bool neox, const float *cs) {
+/* Units (16-byte pieces of a token's keys) a thread takes: their loads in
+ * flight together. */
+#define INJECT_UNITS 2
+
+static __global__ void __launch_bounds__(256)
+    inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
+                       const int32_t *slots, int32_t pos0, int32_t n_tokens, int32_t n_layers,
+                       int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
+                       const float *cs) {
+    /* Block (x: 256 * INJECT_UNITS of the layer's (token, unit) pairs, y:
+     * layer); 32-bit index arithmetic (the host checks that it fits: the
+     * 64-bit divisions of a grid-stride loop over every layer were most of
+     * the kernel's instructions). */
     const int32_t kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
     const int32_t per_head = neox ? head_dim / 16 : head_dim / 8, units = n_kv_heads * per_head;
-    const int64_t total = (int64_t)n_layers * n_tokens * units;
-    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int32_t u = (int32_t)(idx % units);
-        const int64_t r = idx / units;
-        const int32_t i = (int32_t)(r % n_tokens), l = (int32_t)(r / n_tokens);
-        const int32_t h = u / per_head, d = (u % per_head) * 8;
-        const __nv_bfloat16 *kr =
-            arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim + h * head_dim;
+    const int32_t l = blockIdx.y, per_layer = n_tokens * units;
+    __nv_bfloat16 *kc = (__nv_bfloat16 *)caches[l], *vc = (__nv_bfloat16 *)caches[n_layers + l];
+    const int64_t rec = 2 * (int64_t)n_layers * kv_dim; /* an arena page's elements */
+    uint4 k0[INJECT_UNITS], k1[INJECT_UNITS], v0[INJECT_UNITS], v1[INJECT_UNITS];
+    int64_t dst[INJECT_UNITS];
+    int32_t at[INJECT_UNITS], dd[INJECT_UNITS];
+#pragma unroll
+    for (int j = 0; j < INJECT_UNITS; j++) {
+        const int32_t idx = (blockIdx.x * INJECT_UNITS + j) * blockDim.x + threadIdx.x;
+        at[j] = -1;
+        if (idx >= per_layer) continue;
+        const int32_t i = idx / units, u = idx - i * units;
+        const int32_t h = u / per_head, d = (u - h * per_head) * 8;
+        const __nv_bfloat16 *kr = arena + pages[i] * rec + (int64_t)l * kv_dim + h * head_dim;
         const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
-        __nv_bfloat16 *kc = (__nv_bfloat16 *)caches[l], *vc = (__nv_bfloat16 *)caches[n_layers + l];
         const int32_t slot = slots[i];
-        const int64_t dst = (((int64_t)(slot / block_size) * n_kv_heads + h) * block_size +
-                             slot % block_size) * head_dim;
-        const float *ce = cs + (int64_t)(pos0 + i) * half * 2;
+        dst[j] = (((int64_t)(slot / block_size) * n_kv_heads + h) * block_size + slot % block_size) *
+                 head_dim;
+        at[j] = i;
+        dd[j] = d;
+        k0[j] = *reinterpret_cast<const uint4 *>(kr + d);
+        v0[j] = *reinterpret_cast<const uint4 *>(vr + d);
+        if (neox) {
+            k1[j] = *reinterpret_cast<const uint4 *>(kr + d + half);
+            v1[j] = *reinterpret_cast<const uint4 *>(vr + d + half);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < INJECT_UNITS; j++) {
+        if (at[j] < 0) continue;
+        const int32_t d = dd[j];
+        const float *ce = cs + (int64_t)(pos0 + at[j]) * half * 2;
         float a[8], b[8], c[16];
-        bf16x8_to_f32(*reinterpret_cast<const uint4 *>(kr + d), a);
+        bf16x8_to_f32(k0[j], a);
         if (!neox) {
             /* Pairs (d + 2j, d + 2j + 1), j < 4: table entries d / 2 + j. */
             *reinterpret_cast<float4 *>(c) = *reinterpret_cast<const float4 *>(ce + d);
             *reinterpret_cast<float4 *>(c + 4) = *reinterpret_cast<const float4 *>(ce + d + 4);
             float o[8];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float x0 = a[2 * j], x1 = a[2 * j + 1], co = c[2 * j], sn = c[2 * j + 1];
-                o[2 * j] = rope_first(x0, x1, co, sn);
-                o[2 * j + 1] = rope_second(x0, x1, co, sn);
+            for (int e = 0; e < 4; e++) {
+                const float x0 = a[2 * e], x1 = a[2 * e + 1], co = c[2 * e], sn = c[2 * e + 1];
+                o[2 * e] = rope_first(x0, x1, co, sn);
+                o[2 * e + 1] = rope_second(x0, x1, co, sn);
             }
-            *reinterpret_cast<uint4 *>(kc + dst + d) = f32_to_bf16x8(o);
-            *reinterpret_cast<uint4 *>(vc + dst + d) = *reinterpret_cast<const uint4 *>(vr + d);
+            *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o);
+            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
         } else {
-            /* Pairs (d + j, d + j + half), j < 8: table entries d + j. */
-            bf16x8_to_f32(*reinterpret_cast<const uint4 *>(kr + d + half), b);
+            /* Pairs (d + e, d + e + half), e < 8: table entries d + e. */
+            bf16x8_to_f32(k1[j], b);
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                *reinterpret_cast<float4 *>(c + 4 * j) =
-                    *reinterpret_cast<const float4 *>(ce + 2 * d + 4 * j);
+            for (int e = 0; e < 4; e++)
+                *reinterpret_cast<float4 *>(c + 4 * e) =
+                    *reinterpret_cast<const float4 *>(ce + 2 * d + 4 * e);
             float o0[8], o1[8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float co = c[2 * j], sn = c[2 * j + 1];
-                o0[j] = rope_first(a[j], b[j], co, sn);
-                o1[j] = rope_second(a[j], b[j], co, sn);
+            for (int e = 0; e < 8; e++) {
+                const float co = c[2 * e], sn = c[2 * e + 1];
+                o0[e] = rope_first(a[e], b[e], co, sn);
+                o1[e] = rope_second(a[e], b[e], co, sn);
             }
-            *reinterpret_cast<uint4 *>(kc + dst + d) = f32_to_bf16x8(o0);
-            *reinterpret_cast<uint4 *>(kc + dst + d + half) = f32_to_bf16x8(o1);
-            *reinterpret_cast<uint4 *>(vc + dst + d) = *reinterpret_cast<const uint4 *>(vr + d);
-            *reinterpret_cast<uint4 *>(vc + dst + d + half) =
-                *reinterpret_cast<const uint4 *>(vr + d + half);
+            *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o0);
+            *reinterpret_cast<uint4 *>(kc + dst[j] + d + half) = f32_to_bf16x8(o1);
+            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
+            *reinterpret_cast<uint4 *>(vc + dst[j] + d + half) = v1[j];
         }
     }
 }
@@ -287,11 +312,14 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                       int32_t n_rot, bool neox, const float *cs, bool bf16) {
     if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
-    if (bf16 && n_rot == head_dim && head_dim % 16 == 0) {
-        const int64_t units = (int64_t)n_layers * n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
-        inject_bf16_kernel<<<cuda_blocks_for(units, 256), 256, 0, s>>>(
-            caches, arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads, head_dim,
-            block_size, neox, cs);
+    const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
+    if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
+        n_layers <= 65535) {
+        const int64_t per_block = 256 * INJECT_UNITS;
+        const dim3 grid((unsigned)((per_layer + per_block - 1) / per_block), (unsigned)n_layers);
+        inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos0, n_tokens,
+                                                n_layers, n_kv_heads, head_dim, block_size, neox,
+                                                cs);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
