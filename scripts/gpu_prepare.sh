@@ -48,7 +48,7 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$MODEL" ] || { echo "gpu_prepare: $MODEL is missing (scripts/setup.sh fetches it)" >&2; exit 1; }
 rm -rf .gpumodel_a .gpumodel_b
 mkdir -p .gpumodel_a .gpumodel_b
-split -b 52M -d -a 2 "$MODEL" "$tmp/part."
+split -b 53500000 -d -a 2 "$MODEL" "$tmp/part."
 mv "$tmp/part.00" .gpumodel_a/
 mv "$tmp"/part.0[1-9] .gpumodel_b/
 sha256sum "$MODEL" | cut -d' ' -f1 > .gpumodel_b/sha256
