@@ -17,8 +17,9 @@
  *           RoPE + scatter), prefill the query;
  *   kv cold: the same with facts never seen (the GPU arena misses and fills
  *           from host memory: the host tier).
- * TTFT runs from the fork to the first token's logits on the host (argmax
- * taken). Medians of REPS runs after one warm-up; each kind of request
+ * TTFT runs from the fork to the first token chosen (greedy, on the
+ * backend: engine_decode_greedy; before device run 74, and with
+ * +hostargmax, from the logits brought to the host). Medians of REPS runs after one warm-up; each kind of request
  * (prompt, kv, kv cold) in a loop of its own (-i: one of each a round, as
  * before device run 70, when a kv request followed the k-fact prompt
  * prefill and the power cap that heavy prefill left; -g: each request
@@ -58,7 +59,10 @@
  * runs the products of 9-32 rows on cuBLAS instead of cuda/wgmma_gemm.cuh's
  * kernel (backend_cuda_set_wgmma: the "before" of device run 49);
  * "+mmasync" runs the tiled attention on mma.sync instead of wgmma
- * (backend_cuda_set_flash_wgmma: the "before" of device run 54).
+ * (backend_cuda_set_flash_wgmma: the "before" of device run 54);
+ * "+hostargmax" (any backend) brings every request's logits to the host and
+ * takes the argmax there instead of engine_decode_greedy (the "before" of
+ * device run 74).
  * A switch that the backend also reads from the environment (IS_CUDA_PDL,
  * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED: "0" turns it off;
  * IS_CUDA_PDL_EARLY: "1" on) keeps that setting in every configuration
@@ -149,6 +153,8 @@ typedef struct bench {
     uint64_t (*clock_ns)(void);
     uint64_t mark[5];
     bool interleave;       /* -i: TTFT runs take one request of each kind a round */
+    bool logits_out;       /* requests bring their logits to the host (see one_request) */
+    bool host_argmax;      /* +hostargmax: every request does (as before device run 74) */
     double gap_ms;         /* -g: the GPU left idle this long before each request */
 } bench;
 
@@ -226,7 +232,10 @@ typedef struct ttft_parts {
     double total, fork, inject, prefill;
 } ttft_parts;
 
-/* One request; mode 0 prompt, 1 kv. Logits of the first token in b->logits. */
+/* One request; mode 0 prompt, 1 kv. The first token chosen greedily on
+ * the backend (engine_decode_greedy), as a server serves a greedy request;
+ * with b->logits_out (the logits comparisons, and +hostargmax) from its
+ * logits in b->logits, brought to the host. */
 static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, int32_t pool_off,
                               const int32_t *suffix) {
     ttft_parts t = {0};
@@ -259,9 +268,16 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     batch_reserve(b, n);
     for (int32_t i = 0; i < n; i++) b->seq[i] = s;
     engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq};
-    CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
-    bench_mark(b, 3);
-    (void)sampler_argmax(b->logits, b->V);
+    int32_t first;
+    if (b->logits_out) {
+        CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
+        bench_mark(b, 3);
+        first = sampler_argmax(b->logits, b->V);
+    } else {
+        CHECK(engine_decode_greedy(b->e, &eb, &first), "prefill");
+        bench_mark(b, 3);
+    }
+    (void)first;
     double t3 = bench_now_ms();
     bench_mark(b, 4);
     engine_seq_close(b->e, s);
@@ -343,10 +359,12 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
             }
         }
         if (k == k_max && ref) { /* logits of the last kv run (cold runs inject the same values) */
+            b->logits_out = true;
             one_request(b, 0, k, 0, 0, suffix);
             float *pl = malloc((size_t)b->V * sizeof(float));
             memcpy(pl, b->logits, (size_t)b->V * sizeof(float));
             one_request(b, 1, k, 1, 0, suffix);
+            b->logits_out = b->host_argmax;
             if (!ref->have) {
                 ref->prompt = pl;
                 ref->kv = malloc((size_t)b->V * sizeof(float));
@@ -390,8 +408,9 @@ static double one_batch(bench *b, int mode, int32_t U, int32_t K, uint64_t id_ba
     random_tokens(b, toks, n);
     bool *want = calloc((size_t)n, 1);
     for (int32_t u = 0; u < U; u++) want[(size_t)u * per + per - 1] = true;
-    float *logits = malloc((size_t)U * b->V * sizeof(float));
-    if (!seqs || !f || !ids || !toks || !want || !logits) {
+    float *logits = b->logits_out ? malloc((size_t)U * b->V * sizeof(float)) : NULL;
+    int32_t *first = malloc((size_t)U * sizeof *first);
+    if (!seqs || !f || !ids || !toks || !want || (b->logits_out && !logits) || !first) {
         fprintf(stderr, "bench_gpu: out of memory\n");
         exit(1);
     }
@@ -407,12 +426,16 @@ static double one_batch(bench *b, int mode, int32_t U, int32_t K, uint64_t id_ba
     for (int32_t u = 0; u < U; u++)
         for (int32_t i = 0; i < per; i++) b->seq[(size_t)u * per + i] = seqs[u];
     engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq, .want_logits = want};
-    CHECK(engine_decode(b->e, &eb, logits), "batch prefill");
-    for (int32_t u = 0; u < U; u++) (void)sampler_argmax(logits + (size_t)u * b->V, b->V);
+    if (b->logits_out) {
+        CHECK(engine_decode(b->e, &eb, logits), "batch prefill");
+        for (int32_t u = 0; u < U; u++) (void)sampler_argmax(logits + (size_t)u * b->V, b->V);
+    } else { /* every user's first token chosen on the backend (see one_request) */
+        CHECK(engine_decode_greedy(b->e, &eb, first), "batch prefill");
+    }
     double t1 = bench_now_ms();
     for (int32_t u = 0; u < U; u++) engine_seq_close(b->e, seqs[u]);
     bench_backend_check(b, "batch");
-    free(seqs); free(f); free(ids); free(toks); free(want); free(logits);
+    free(seqs); free(f); free(ids); free(toks); free(want); free(logits); free(first);
     return t1 - t0;
 }
 
@@ -890,7 +913,8 @@ int main(int argc, char **argv) {
                     "         +nowgmma: products of 9-32 rows on cuBLAS, not on\n"
                     "         cuda/wgmma_gemm.cuh's kernel (the default);\n"
                     "         +mmasync: the attention's products on mma.sync, not\n"
-                    "         wgmma (the default on an sm_90a GPU);\n"
+                    "         wgmma (the default on an sm_90a GPU); +hostargmax: the\n"
+                    "         logits brought to the host for the first token's argmax;\n"
                     "         ignored on cpu; IS_CUDA_PDL, IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA,\n"
                     "         IS_CUDA_STACKED (=0) and IS_CUDA_PDL_EARLY (=1) hold in every\n"
                     "         configuration that names no modifier for them\n");
@@ -1007,6 +1031,8 @@ int main(int argc, char **argv) {
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */
 #endif
+        b.host_argmax = strstr(cfg, "+hostargmax") != NULL;
+        b.logits_out = b.host_argmax;
         const int32_t per_seq = b.P + k_max * b.F + b.Q + 16;
         if (do_ttft) {
             bench_engine(&b, 4, per_seq, 4 * per_seq);

@@ -14,6 +14,7 @@ extern "C" {
 #include "weights_host.h"
 
 #include "arena.cuh"
+#include "argmax.cuh"
 #include "attention.cuh"
 #include "common.cuh"
 #include "flash.cuh"
@@ -169,6 +170,8 @@ typedef struct cuda_ctx {
     char *pin;             /* pinned host bump buffer: sources of the captured host copies */
     size_t pin_cap, pin_used;
     size_t pin_want;       /* capacity to take at the next graph_begin */
+    int32_t *argmax_out;   /* the argmax op's device results */
+    size_t argmax_cap;
     void *cublas_ws;       /* cuBLAS workspace, fixed so cuBLAS never allocates while capturing */
     cuda_graph_stats gstats;
 } cuda_ctx;
@@ -1317,6 +1320,24 @@ static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     op_note(c, cuda_add(c->stream, x, y, n));
 }
 
+/* The greedy choice on the device: only rows' indices come back. */
+static void cu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, int32_t n) {
+    cuda_ctx *c = ctx_of(be);
+    graph_break(c);
+    if (rows <= 0 || !op_begin(c)) return;
+    op_span span(c, CUDA_OP_DOWNLOAD);
+    is_status st = scratch_reserve(c, (void **)&c->argmax_out, &c->argmax_cap, (size_t)rows,
+                                   sizeof(int32_t));
+    if (st == IS_OK) st = cuda_argmax_rows(c->stream, c->argmax_out, x, rows, n);
+    if (st == IS_OK) {
+        cudaError_t e = cudaMemcpyAsync(out, c->argmax_out, (size_t)rows * sizeof(int32_t),
+                                        cudaMemcpyDeviceToHost, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) st = cuda_status_from(e, "argmax", __FILE__, __LINE__);
+    }
+    op_note(c, st);
+}
+
 static void cu_sync(backend *be) {
     cuda_ctx *c = ctx_of(be);
     graph_break(c);
@@ -1493,6 +1514,7 @@ static void ctx_destroy(cuda_ctx *c) {
     stage_free(&c->st_inject);
     stage_free(&c->st_caches);
     cudaFree(c->partial);
+    cudaFree(c->argmax_out);
     cudaFree(c->inj_rows);
     free(c->tiles);
     cuda_arena_free(c->arena);
@@ -1553,6 +1575,7 @@ static const backend_ops cuda_ops = {
     /* .rope_store = */ cu_rope_store,
     /* .matmul_swiglu = */ cu_matmul_swiglu,
     /* .matmul_rope_store = */ cu_matmul_rope_store,
+    /* .argmax = */ cu_argmax,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1563,7 +1586,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
-    NULL,           NULL,        NULL,
+    NULL,           NULL,        NULL,       cu_argmax,
 };
 
 /* ---- creation -------------------------------------------------------------- */

@@ -209,6 +209,11 @@ typedef struct backend_ops {
                               const int32_t *slots, int32_t T, int32_t n_heads,
                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                               const rope_params *rp);
+    /* Optional (NULL = download each row, then vmath_argmax): out[r] (host
+     * memory) = vmath_argmax of row r of x[rows][n], its rule exactly (the
+     * first of equal maxima, NaN skipped, 0 where nothing passes -inf).
+     * Waits for it, like download. */
+    void (*argmax)(backend *be, int32_t *out, const float *x, int32_t rows, int32_t n);
 } backend_ops;
 
 struct backend {

@@ -1,7 +1,10 @@
 #include "core/vmath.h"
 
+#include "core/status.h"
+
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline __m256 exp256(__m256 x) {
@@ -53,4 +56,54 @@ float vmath_exp_sub_sum(float *x, int32_t n, float m) {
         sum += x[i];
     }
     return sum;
+}
+
+/* ---- argmax ---------------------------------------------------------------- */
+
+/* The largest non-NaN value of x[n] (-inf if none). Comparisons are false
+ * for NaN, and vmaxps(x, m) returns m when x is NaN, so both skip NaNs. */
+static float max_value(const float *x, int32_t n) {
+    float m = -INFINITY;
+    int32_t i = 0;
+#ifdef __AVX__
+    /* Four independent chains: one waits on vmaxps's latency every step. */
+    __m256 v0 = _mm256_set1_ps(-INFINITY), v1 = v0, v2 = v0, v3 = v0;
+    for (; i + 32 <= n; i += 32) {
+        v0 = _mm256_max_ps(_mm256_loadu_ps(x + i), v0);
+        v1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), v1);
+        v2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), v2);
+        v3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), v3);
+    }
+    for (; i + 8 <= n; i += 8) v0 = _mm256_max_ps(_mm256_loadu_ps(x + i), v0);
+    v0 = _mm256_max_ps(_mm256_max_ps(v0, v1), _mm256_max_ps(v2, v3));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, v0);
+    for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* The first i with x[i] == m (-0 == +0: the first zero wins, as a tie). */
+static int32_t first_equal(const float *x, int32_t n, float m) {
+    int32_t i = 0;
+#ifdef __AVX__
+    const __m256 vm = _mm256_set1_ps(m);
+    for (; i + 8 <= n; i += 8) {
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vm, _CMP_EQ_OQ));
+        if (mask) return i + __builtin_ctz((unsigned)mask);
+    }
+#endif
+    for (; i < n; i++)
+        if (x[i] == m) return i;
+    return -1;
+}
+
+int32_t vmath_argmax(const float *x, int32_t n) {
+    if (x == NULL || n <= 0) return -1;
+    const float m = max_value(x, n);
+    if (m == -INFINITY) return 0;
+    const int32_t i = first_equal(x, n, m);
+    IS_ASSERT(i >= 0 && "max_value returned a value not in the row");
+    return i;
 }

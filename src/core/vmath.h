@@ -15,4 +15,9 @@
  * Entries equal to -INFINITY become exactly 0. */
 float vmath_exp_sub_sum(float *x, int32_t n, float m);
 
+/* Index of the largest of x[n], the lowest one on ties (-0 == +0); NaNs are
+ * skipped; 0 if every value is NaN or -inf; -1 if x is NULL or n <= 0. The
+ * one rule for a greedy choice: the sampler's and every backend's argmax. */
+int32_t vmath_argmax(const float *x, int32_t n);
+
 #endif

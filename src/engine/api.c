@@ -139,15 +139,24 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* Appends tokens to the session's sequence; logits of the last land in
- * s->logits. On failure the session forgets everything (its KV would not
- * match its token list otherwise). */
-static is_status session_feed(is_session *s, const int32_t *toks, int32_t n) {
+/* Appends tokens to the session's sequence and chooses the next token
+ * with smp into *next: from the last token's logits (in s->logits), or for
+ * a greedy sampler on the backend, with no logits brought back. On failure
+ * the session forgets everything (its KV would not match its token list
+ * otherwise). */
+static is_status session_feed(is_session *s, const int32_t *toks, int32_t n, sampler *smp,
+                              int32_t *next) {
     int32_t *seq = malloc((size_t)n * sizeof *seq);
     if (!seq) return is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i < n; i++) seq[i] = s->seq;
     engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seq};
-    is_status st = engine_decode(s->eng, &b, s->logits);
+    is_status st;
+    if (sampler_is_greedy(smp)) {
+        st = engine_decode_greedy(s->eng, &b, next);
+    } else {
+        st = engine_decode(s->eng, &b, s->logits);
+        if (st == IS_OK) *next = sampler_sample(smp, s->logits);
+    }
     free(seq);
     if (st != IS_OK) return st;
     memcpy(s->tokens + s->n_tokens, toks, (size_t)n * sizeof *toks);
@@ -183,7 +192,8 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
     st_out.n_prompt_reused = keep;
 
     double t0 = now_ms();
-    st = session_feed(s, prompt + keep, (int32_t)n_prompt - keep);
+    int32_t tok = -1;
+    st = session_feed(s, prompt + keep, (int32_t)n_prompt - keep, smp, &tok);
     if (st != IS_OK) {
         kv_seq_truncate(engine_kv(s->eng), s->seq, 0);
         s->n_tokens = 0;
@@ -197,7 +207,6 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
     textout_init(&o, p.stop, p.n_stop);
     st_out.finish = IS_FINISH_LENGTH;
     for (int32_t i = 0; i < p.max_tokens; i++) {
-        int32_t tok = sampler_sample(smp, s->logits);
         if (tokenizer_is_eog(s->model->m->tok, tok)) {
             st_out.finish = IS_FINISH_EOG;
             break;
@@ -222,7 +231,8 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
         }
         if (i + 1 == p.max_tokens) break;
         if (s->n_tokens >= n_ctx) break; /* context full: stop as if by length */
-        if ((st = session_feed(s, &tok, 1)) != IS_OK) break;
+        const int32_t fed = tok;
+        if ((st = session_feed(s, &fed, 1, smp, &tok)) != IS_OK) break;
     }
     if (st == IS_OK && st_out.finish != IS_FINISH_STOP && st_out.finish != IS_FINISH_ABORT && cb) {
         size_t n;

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include "core/status.h"
+#include "core/vmath.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -273,10 +274,31 @@ static void rope_store(backend *be, engine *e, int32_t l, int32_t n) {
                  c->head_dim, e->p.block_size);
 }
 
+/* tokens[r] = the argmax of the first n_rows rows of e->logits: on the
+ * backend where it can, else of the rows downloaded. */
+static void greedy_rows(engine *e, int32_t *tokens, int32_t n_rows) {
+    const backend_ops *op = e->be->ops;
+    const int32_t V = e->m->cfg.n_vocab;
+    if (op->argmax) {
+        op->argmax(e->be, tokens, e->logits, n_rows, V);
+        return;
+    }
+    float *row = malloc((size_t)V * sizeof *row);
+    for (int32_t r = 0; r < n_rows; r++) {
+        if (!row) { /* out of memory: a row the caller can tell from a choice */
+            tokens[r] = -1;
+            continue;
+        }
+        op->download(e->be, row, e->logits + (size_t)r * V, (size_t)V * sizeof(float));
+        tokens[r] = vmath_argmax(row, V);
+    }
+    free(row);
+}
+
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
-                             const int32_t *base_len, float *logits_out) {
+                             const int32_t *base_len, float *logits_out, int32_t *tokens_out) {
     const model *m = e->m;
     const model_config *c = &m->cfg;
     backend *be = e->be;
@@ -396,13 +418,16 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->matmul(be, e->logits, e->xb, m->output, NULL, n_out);
     }
     if (graph) op->graph_end(be);
-    if (n_out > 0)
+    if (n_out > 0 && logits_out)
         op->download(be, logits_out, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
+    else if (n_out > 0)
+        greedy_rows(e, tokens_out, n_out);
     op->sync(be);
     return n_out;
 }
 
-is_status engine_decode(engine *e, const engine_batch *b, float *logits) {
+/* engine_decode (logits) or engine_decode_greedy (tokens): one of the two. */
+static is_status decode_impl(engine *e, const engine_batch *b, float *logits, int32_t *tokens) {
     const model_config *c = &e->m->cfg;
     if (b->n_tokens <= 0) return is_error_set(IS_ERR_INVALID_ARG, "engine: empty batch");
     int32_t max_seqs = e->p.max_seqs;
@@ -455,16 +480,24 @@ is_status engine_decode(engine *e, const engine_batch *b, float *logits) {
             if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
         goto out;
     }
-    float *dst = logits;
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
         int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
-        int32_t n_out = forward_chunk(e, b, t0, n, base_len, dst);
-        dst += (size_t)n_out * c->n_vocab;
+        int32_t n_out = forward_chunk(e, b, t0, n, base_len, logits, tokens);
+        if (logits) logits += (size_t)n_out * c->n_vocab;
+        if (tokens) tokens += n_out;
     }
 out:
     free(base_len);
     free(add);
     return st;
+}
+
+is_status engine_decode(engine *e, const engine_batch *b, float *logits) {
+    return decode_impl(e, b, logits, NULL);
+}
+
+is_status engine_decode_greedy(engine *e, const engine_batch *b, int32_t *tokens) {
+    return decode_impl(e, b, NULL, tokens);
 }
 
 /* Chunked RoPE + injection. A backend with an inject op does it in one

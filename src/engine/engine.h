@@ -76,6 +76,12 @@ typedef struct engine_batch {
  * is left at its previous length. */
 is_status engine_decode(engine *e, const engine_batch *b, float *logits);
 
+/* engine_decode, but each selected token's greedy choice (vmath_argmax of
+ * its logits row) is written to tokens[n_selected] instead of the logits:
+ * where the backend has an argmax op the logits never leave it (on the
+ * GPU: 4 bytes a row come back instead of the vocabulary's floats). */
+is_status engine_decode_greedy(engine *e, const engine_batch *b, int32_t *tokens);
+
 /* One fact to inject: its pre-RoPE keys and values for every layer, as
  * f32, [n_layers][n_tokens][n_kv_heads*head_dim] in host memory. */
 typedef struct engine_fact {

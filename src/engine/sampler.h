@@ -25,6 +25,7 @@
 
 #include "inferscale.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct sampler_params {
@@ -58,6 +59,10 @@ uint64_t sampler_seed(const sampler *s);
  * Greedy (temperature 0, or top_k 1) returns sampler_argmax() and does not
  * advance the generator. Returns -1 only if s or logits is NULL. */
 int32_t sampler_sample(sampler *s, const float *logits);
+
+/* Whether s always takes the argmax (temperature 0, or top_k 1), so that
+ * its choice needs only that index (engine_decode_greedy). */
+bool sampler_is_greedy(const sampler *s);
 
 /* Index of the largest of logits[n], the lowest one on ties; NaNs are
  * skipped; 0 if every value is NaN or -inf; -1 if logits is NULL or n <= 0. */

@@ -53,6 +53,25 @@ static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n, e
     return st;
 }
 
+/* feed, then the next token chosen by smp into *next: for a greedy sampler
+ * on the backend (engine_decode_greedy: no logits brought back), else
+ * from the last token's logits. */
+static is_status feed_choose(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n, sampler *smp,
+                             int32_t *next) {
+    if (!sampler_is_greedy(smp)) {
+        is_status st = feed(a, seq, toks, n, NULL);
+        if (st == IS_OK) *next = sampler_sample(smp, a->logits);
+        return st;
+    }
+    int32_t *seqs = malloc((size_t)(n ? n : 1) * sizeof *seqs);
+    if (!seqs) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < n; i++) seqs[i] = seq;
+    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs};
+    is_status st = engine_decode_greedy(a->e, &b, next);
+    free(seqs);
+    return st;
+}
+
 is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out) {
     ask_ctx *a = calloc(1, sizeof *a);
     if (!a) return is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -225,7 +244,7 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
     engine_fact *facts = calloc((size_t)(n ? n : 1), sizeof *facts);
     float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
     int32_t *suffix = NULL, n_suffix = 0, *mem = NULL, n_mem = 0;
-    int32_t seq = -1;
+    int32_t seq = -1, next = -1;
     sampler *smp = NULL;
     is_status st = held && facts && bufs ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = memory_prompt_suffix(a->mp, r->query, &suffix, &n_suffix);
@@ -274,7 +293,7 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
         } else {
             if (n_mem) memcpy(toks, mem, (size_t)n_mem * sizeof *toks);
             memcpy(toks + n_mem, suffix, (size_t)n_suffix * sizeof *toks);
-            st = feed(a, seq, toks, total, NULL);
+            st = feed_choose(a, seq, toks, total, smp, &next);
             free(toks);
             if (r->mode == ASK_MODE_PROMPT) tm.n_memory_tokens = n_mem;
             tm.n_prefilled = total;
@@ -290,7 +309,6 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
     if (st == IS_OK) {
         const tokenizer *tok = m->tok;
         for (int32_t i = 0; i < r->max_tokens; i++) {
-            int32_t next = sampler_sample(smp, a->logits);
             if (i == 0) tm.ttft_ms = now_ms() - t0;
             if (tokenizer_is_eog(tok, next)) break;
             tm.n_generated++;
@@ -299,7 +317,8 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
             if (cb && !cb(piece, pl < sizeof piece ? pl : sizeof piece, ud)) break;
             if (i + 1 == r->max_tokens) break;
             if (kv_seq_length(engine_kv(a->e), seq) >= engine_n_ctx(a->e)) break;
-            if ((st = feed(a, seq, &next, 1, NULL)) != IS_OK) break;
+            const int32_t fed = next;
+            if ((st = feed_choose(a, seq, &fed, 1, smp, &next)) != IS_OK) break;
         }
         tm.decode_ms = now_ms() - t0 - tm.ttft_ms;
     }

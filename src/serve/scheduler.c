@@ -117,6 +117,7 @@ struct sched {
     bool *b_want;
     sched_handle **rows; /* owner of each logits row */
     float *logits;       /* [max_running][n_vocab] */
+    int32_t *greedy;     /* [max_running]: a step's choices when every row is greedy */
     int64_t steps_waited; /* steps since an encode job could have run */
     bool encode_starved;  /* a job waits for a sequence: hold admission */
 };
@@ -621,7 +622,13 @@ static void step(sched *s) {
     }
     if (n == 0) return;
     engine_batch b = {.n_tokens = n, .tokens = s->b_tok, .seq = s->b_seq, .want_logits = s->b_want};
-    is_status st = engine_decode(s->e, &b, s->logits);
+    /* A step whose every row is greedy takes its choices from the backend:
+     * no logits leave it (on the GPU, 4 bytes a row instead of the
+     * vocabulary's floats). */
+    bool greedy = n_rows > 0;
+    for (int32_t r = 0; r < n_rows && greedy; r++) greedy = sampler_is_greedy(s->rows[r]->smp);
+    is_status st = greedy ? engine_decode_greedy(s->e, &b, s->greedy)
+                          : engine_decode(s->e, &b, s->logits);
     int64_t prefilled = 0, generated = 0;
     if (st != IS_OK) {
         /* Nothing was appended; the requests of this batch cannot go on. */
@@ -642,7 +649,8 @@ static void step(sched *s) {
     }
     for (int32_t r = 0; r < n_rows; r++) {
         sched_handle *h = s->rows[r];
-        int32_t tok = sampler_sample(h->smp, s->logits + (size_t)r * s->n_vocab);
+        int32_t tok = greedy ? s->greedy[r]
+                             : sampler_sample(h->smp, s->logits + (size_t)r * s->n_vocab);
         on_token(s, h, tok, &generated);
     }
     compact_run(s);
@@ -743,7 +751,8 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     s->b_seq = malloc((size_t)p.step_tokens * sizeof *s->b_seq);
     s->b_want = malloc((size_t)p.step_tokens * sizeof *s->b_want);
     s->logits = malloc((size_t)s->max_running * s->n_vocab * sizeof *s->logits);
-    is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->logits
+    s->greedy = malloc((size_t)s->max_running * sizeof *s->greedy);
+    is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->logits && s->greedy
                        ? IS_OK
                        : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK)
@@ -789,6 +798,7 @@ void sched_free(sched *s) {
     free(s->b_seq);
     free(s->b_want);
     free(s->logits);
+    free(s->greedy);
     free(s);
 }
 

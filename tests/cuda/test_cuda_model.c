@@ -15,7 +15,10 @@
  *    random tokens (same argmax on 95% only: see ARGMAX_MIN_RANDOM);
  *  - memory injection on the GPU: facts encoded (pre-RoPE KV captured),
  *    injected and the query prefilled on the CUDA backend, against the
- *    segment-masked reference prefill on the CUDA backend and on the CPU.
+ *    segment-masked reference prefill on the CUDA backend and on the CPU;
+ *  - greedy choices on the GPU (engine_decode_greedy, the argmax op): each
+ *    stream compared above runs again, and every position's choice is
+ *    vmath_argmax of its GPU logits.
  *
  * Each part skips cleanly without a usable GPU or without its model file.
  * Batches ask for logits at every position or at the first only: the
@@ -35,6 +38,7 @@
 #include <string.h>
 
 #include "backend_cuda.h"
+#include "core/vmath.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "serve/memory_prompt.h"
@@ -151,7 +155,7 @@ static void expect_agreement(const char *what, agreement a, int32_t n_pos, doubl
 /* The prefill in chunks of at most `chunk` tokens (0: one), then the
  * decode steps; logits of every position into out. */
 static void run_stream_chunked(model *m, const int32_t *tokens, int32_t n_prefill,
-                               int32_t n_decode, float *out, int32_t chunk) {
+                               int32_t n_decode, float *out, int32_t chunk, int32_t *greedy) {
     const int32_t V = m->cfg.n_vocab;
     engine *e = make_engine(m, 1024);
     int32_t seq;
@@ -166,11 +170,15 @@ static void run_stream_chunked(model *m, const int32_t *tokens, int32_t n_prefil
     for (int32_t t = 0; t < n_prefill; t += chunk) {
         const int32_t n = n_prefill - t < chunk ? n_prefill - t : chunk;
         engine_batch b = {.n_tokens = n, .tokens = tokens + t, .seq = seqs, .want_logits = want};
-        assert_int_equal(engine_decode(e, &b, out + (size_t)t * V), IS_OK);
+        assert_int_equal(greedy ? engine_decode_greedy(e, &b, greedy + t)
+                                : engine_decode(e, &b, out + (size_t)t * V),
+                         IS_OK);
     }
     for (int32_t i = 0; i < n_decode; i++) {
         engine_batch d = {.n_tokens = 1, .tokens = tokens + n_prefill + i, .seq = &seq};
-        assert_int_equal(engine_decode(e, &d, out + (size_t)(n_prefill + i) * V), IS_OK);
+        assert_int_equal(greedy ? engine_decode_greedy(e, &d, greedy + n_prefill + i)
+                                : engine_decode(e, &d, out + (size_t)(n_prefill + i) * V),
+                         IS_OK);
     }
     free(seqs);
     free(want);
@@ -179,7 +187,7 @@ static void run_stream_chunked(model *m, const int32_t *tokens, int32_t n_prefil
 
 static void run_stream(model *m, const int32_t *tokens, int32_t n_prefill, int32_t n_decode,
                        float *out) {
-    run_stream_chunked(m, tokens, n_prefill, n_decode, out, 0);
+    run_stream_chunked(m, tokens, n_prefill, n_decode, out, 0, NULL);
 }
 
 /* The GPU's logits against the CPU's, the GPU's prefill in chunks of at
@@ -193,9 +201,20 @@ static void compare_stream_chunked(const char *what, model *mc, model *mg, const
     assert_non_null(lg);
     for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = NAN;
     run_stream(mc, tokens, n_prefill, n_decode, lc);
-    run_stream_chunked(mg, tokens, n_prefill, n_decode, lg, chunk);
+    run_stream_chunked(mg, tokens, n_prefill, n_decode, lg, chunk, NULL);
     gpu_ok();
     expect_agreement(what, compare_logits(lg, lc, n, V), n, tol, argmax_min);
+    /* The same stream again with engine_decode_greedy: the GPU's argmax op
+     * chooses, at every position, vmath_argmax of the logits above. */
+    int32_t *greedy = malloc((size_t)n * sizeof *greedy);
+    assert_non_null(greedy);
+    run_stream_chunked(mg, tokens, n_prefill, n_decode, NULL, chunk, greedy);
+    gpu_ok();
+    for (int32_t p = 0; p < n; p++)
+        if (greedy[p] != vmath_argmax(lg + (size_t)p * V, V))
+            fail_msg("%s: greedy choice at %d is %d, the logits' argmax %d", what, p, greedy[p],
+                     vmath_argmax(lg + (size_t)p * V, V));
+    free(greedy);
     free(lc);
     free(lg);
 }
@@ -243,9 +262,9 @@ static void test_default_model(void **state) {
         float *a = malloc(nl * sizeof(float)), *b = malloc(nl * sizeof(float));
         assert_non_null(a);
         assert_non_null(b);
-        run_stream_chunked(g_mg, stream, n_prefill, n_decode, a, 100);
+        run_stream_chunked(g_mg, stream, n_prefill, n_decode, a, 100, NULL);
         backend_cuda_set_pdl_early(g_gpu, true);
-        run_stream_chunked(g_mg, stream, n_prefill, n_decode, b, 100);
+        run_stream_chunked(g_mg, stream, n_prefill, n_decode, b, 100, NULL);
         backend_cuda_set_pdl_early(g_gpu, false);
         gpu_ok();
         assert_memory_equal(a, b, nl * sizeof(float));

@@ -33,6 +33,7 @@
  *              kv_store of the same rounded keys (a fused multiply-add may
  *              flip the last bf16 bit of an element); the arena's hits,
  *              misses and LRU evictions are counted exactly.
+ *   argmax     the same index as the host's vmath_argmax, every row.
  *
  * Outputs are poisoned with NaN before each op, so an element the GPU never
  * writes fails; NaN anywhere fails. Inputs are fresh random draws for each
@@ -53,6 +54,7 @@
 #include "backend/backend.h"
 #include "backend_cuda.h"
 #include "core/status.h"
+#include "core/vmath.h"
 #include "gguf/tensor_type.h"
 #include "model/quant.h"
 
@@ -1330,6 +1332,62 @@ static void test_matmul_rope_store(void **state) {
     backend_cuda_set_wgmma(g_gpu, true);
 }
 
+/* ---- argmax -------------------------------------------------------------------- */
+
+/* The argmax op against vmath_argmax (the host's rule) on rows of the
+ * vocabulary's length and on short and odd ones (the 16-byte path and the
+ * per-element one), with the maximum tied, at either end, among NaNs,
+ * signed zeros and infinities: the same index, every row. */
+static void test_argmax(void **state) {
+    SKIP_WITHOUT_GPU();
+    const int32_t lens[] = {128256, 49152, 1000, 4, 3, 1, 1025};
+    int n_rows = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int32_t n = lens[li], rows = 9;
+        float *x = rand_f32((size_t)rows * n, 30.0f);
+        for (int32_t r = 0; r < rows; r++) {
+            float *row = x + (size_t)r * n;
+            const int32_t at = irand(n), at2 = irand(n);
+            switch (r) {
+            case 0: break; /* random */
+            case 1: row[at] = row[at2] = 1e30f; break; /* a tie: the lower index */
+            case 2: row[n - 1] = 1e30f; break;
+            case 3: row[0] = 1e30f; row[at] = NAN; break;
+            case 4: for (int32_t i = 0; i < n; i++) row[i] = NAN; break;
+            case 5: for (int32_t i = 0; i < n; i++) row[i] = i % 3 ? NAN : -INFINITY; break;
+            case 6: /* +0 and -0 tie */
+                for (int32_t i = 0; i < n; i++) row[i] = -1.0f;
+                row[at] = -0.0f;
+                row[at2] = 0.0f;
+                break;
+            case 7: row[at] = INFINITY; row[at2] = NAN; break;
+            default: row[at] = NAN; row[at2] = 1e30f; break;
+            }
+        }
+        float *d = put(g_gpu, x, (size_t)rows * n);
+        int32_t got[9];
+        g_gpu->ops->argmax(g_gpu, got, d, rows, n);
+        assert_int_equal(backend_cuda_check(g_gpu), IS_OK);
+        for (int32_t r = 0; r < rows; r++) {
+            const int32_t want = vmath_argmax(x + (size_t)r * n, n);
+            if (got[r] != want) fail_msg("argmax n=%d row %d: %d, the host's %d", n, r, got[r], want);
+            n_rows++;
+        }
+        /* A row at an offset that is not 16-byte aligned: the element path. */
+        if (n > 1) {
+            int32_t one;
+            g_gpu->ops->argmax(g_gpu, &one, d + 1, 1, n - 1);
+            assert_int_equal(backend_cuda_check(g_gpu), IS_OK);
+            assert_int_equal(one, vmath_argmax(x + 1, n - 1));
+            n_rows++;
+        }
+        g_gpu->ops->release(g_gpu, d);
+        free(x);
+    }
+    printf("  argmax: %d rows equal to the host's\n", n_rows);
+    gpu_ok();
+}
+
 /* ---- injection ------------------------------------------------------------------ */
 
 typedef struct inj_shape {
@@ -1631,6 +1689,7 @@ int main(void) {
         cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_matmul_rope_store),
         cmocka_unit_test(test_inject),         cmocka_unit_test(test_arena),
+        cmocka_unit_test(test_argmax),
     };
     /* IS_TEST_FILTER (a cmocka pattern) runs a subset, e.g. one test under
      * compute-sanitizer. */

@@ -160,7 +160,7 @@ static void test_all_positions_match_reference(void **state) {
         bool *want = malloc((size_t)g->n_tokens);
         int32_t *s = calloc((size_t)g->n_tokens, sizeof *s);
         for (int32_t t = 0; t < g->n_tokens; t++) want[t] = true;
-        engine *e = make_engine(1, 512);
+        engine *e = make_engine(2, 512);
         int32_t seq;
         assert_int_equal(engine_seq_open(e, &seq), IS_OK);
         engine_batch b = {.n_tokens = g->n_tokens, .tokens = g->tokens, .seq = s, .want_logits = want};
@@ -170,6 +170,16 @@ static void test_all_positions_match_reference(void **state) {
             assert_true(err <= 1e-3);
             assert_int_equal(argmax(logits + (size_t)t * V, V), argmax(g->all + (size_t)t * V, V));
         }
+        /* The greedy form of the same batch: every row's choice, the
+         * reference's argmax. */
+        int32_t *tok = malloc((size_t)g->n_tokens * sizeof *tok);
+        int32_t seq2;
+        assert_int_equal(engine_seq_open(e, &seq2), IS_OK);
+        for (int32_t t = 0; t < g->n_tokens; t++) s[t] = seq2;
+        assert_int_equal(engine_decode_greedy(e, &b, tok), IS_OK);
+        for (int32_t t = 0; t < g->n_tokens; t++)
+            assert_int_equal(tok[t], argmax(g->all + (size_t)t * V, V));
+        free(tok);
         engine_free(e);
         free(logits);
         free(want);
@@ -193,6 +203,25 @@ static void test_greedy_continuation_matches_reference(void **state) {
                 fail_msg("%s: greedy token %d is %d, reference %d", g->name, k, tok, g->greedy[k]);
             feed(e, seq, &tok, 1, logits);
         }
+        engine_seq_close(e, seq);
+        /* The same continuation chosen by engine_decode_greedy (the
+         * backend's argmax): no logits leave the backend. */
+        assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+        int32_t *s = malloc((size_t)g->n_tokens * sizeof *s);
+        for (int32_t t = 0; t < g->n_tokens; t++) s[t] = seq;
+        engine_batch b = {.n_tokens = g->n_tokens, .tokens = g->tokens, .seq = s};
+        int32_t tok;
+        assert_int_equal(engine_decode_greedy(e, &b, &tok), IS_OK);
+        for (int k = 0; k < 32; k++) {
+            if (tok != g->greedy[k])
+                fail_msg("%s: engine_decode_greedy's token %d is %d, reference %d", g->name, k,
+                         tok, g->greedy[k]);
+            engine_batch one = {.n_tokens = 1, .tokens = &tok, .seq = &seq};
+            int32_t next;
+            assert_int_equal(engine_decode_greedy(e, &one, &next), IS_OK);
+            tok = next;
+        }
+        free(s);
         engine_seq_close(e, seq);
     }
     engine_free(e);

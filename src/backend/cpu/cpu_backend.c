@@ -492,6 +492,11 @@ static void cpu_free(backend *be) {
     free(be);
 }
 
+static void cpu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, int32_t n) {
+    (void)be;
+    for (int32_t r = 0; r < rows; r++) out[r] = vmath_argmax(x + (size_t)r * n, n);
+}
+
 static const backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -512,6 +517,7 @@ static const backend_ops cpu_ops = {
     .add = cpu_add,
     .sync = cpu_sync,
     .inject = cpu_inject,
+    .argmax = cpu_argmax,
 };
 
 is_status backend_cpu_create(int32_t n_threads, backend **out) {
