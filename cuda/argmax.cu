@@ -15,6 +15,19 @@ static __device__ __forceinline__ bool argmax_better(float v, int32_t i, float b
     return v > bv || (v == bv && i < bi);
 }
 
+/* The best (bv, bi) of the warp's lanes, in every lane. */
+static __device__ __forceinline__ void warp_best(float &bv, int32_t &bi) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 template <bool VEC>
 static __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(int32_t *out, const float *x, int32_t n) {
@@ -43,15 +56,7 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
             bi = i;
         }
     /* The warp's best, then the block's. */
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (argmax_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    warp_best(bv, bi);
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int32_t si[ARGMAX_THREADS / 32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -63,15 +68,7 @@ static __global__ void __launch_bounds__(ARGMAX_THREADS)
     if (warp == 0) {
         bv = sv[lane];
         bi = si[lane];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            if (argmax_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        warp_best(bv, bi);
         if (lane == 0) out[blockIdx.x] = bv == -INFINITY ? 0 : bi;
     }
 }
