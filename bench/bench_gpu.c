@@ -19,14 +19,15 @@
  *           from host memory: the host tier).
  * TTFT runs from the fork to the first token chosen (greedy, on the
  * backend: engine_decode_greedy; before device run 74, and with
- * +hostargmax, from the logits brought to the host). Medians of REPS runs after one warm-up; each kind of request
- * (prompt, kv, kv cold) in a loop of its own (-i: one of each a round, as
- * before device run 70, when a kv request followed the k-fact prompt
- * prefill and the power cap that heavy prefill left; -g: each request
- * after GAP_MS of an idle GPU, as on a server below saturation). The kv
- * TTFT comes from runs as served; its breakdown (fork, inject, prefill)
- * from runs that wait for the injection before the prefill, made alongside
- * (before device run 33 the kv TTFT included that wait).
+ * +hostargmax, from the logits brought to the host). Medians of REPS runs
+ * after one warm-up; each kind of request (prompt, kv, kv cold) in a loop
+ * of its own (-i: one of each a round, as before device run 70, when a kv
+ * request followed the k-fact prompt prefill and the power cap that heavy
+ * prefill left; -g: each request after GAP_MS of an idle GPU, as on a
+ * server below saturation). The kv TTFT comes from runs as served; its
+ * breakdown (fork, inject, prefill) from runs that wait for the injection
+ * before the prefill, made alongside (before device run 33 the kv TTFT
+ * included that wait).
  *
  * Throughput at k = K (50): U users, each with its own K facts (ids unique
  * per user; their contents drawn from a pool of host records), one batch:
@@ -148,8 +149,8 @@ typedef struct bench {
     bool no_sync;          /* no sync between inject and prefill (profiling the GPU alone) */
     int32_t cap;
     /* -L: where set, one_request notes the host's progress on this clock
-     * (ns): its call, the fork, the injection's return, the logits on the
-     * host, the token chosen. */
+     * (ns): its call, the fork, the injection's return, the forward's return
+     * (the token, or the logits, on the host), the token chosen. */
     uint64_t (*clock_ns)(void);
     uint64_t mark[5];
     bool interleave;       /* -i: TTFT runs take one request of each kind a round */
@@ -546,8 +547,8 @@ typedef struct tl_row {
      * start, and from the last record's end to its return. */
     double lead, tail;
     /* From the call (us): the fork's return, the injection's (no wait), the
-     * logits on the host, the token chosen; the last record's end; the
-     * logits' copy (the last DtoH record). */
+     * forward's, the token chosen; the last record's end; the last DtoH
+     * copy (the logits, or the token). */
     double at_fork, at_inject, at_logits, at_token, at_last_end, dtoh;
     int n, n_attn;
     /* The longest stretches with no kernel running: their length, and the
@@ -679,8 +680,9 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
         char what[16];
         snprintf(what, sizeof what, "%d", ks[ki]);
         tl_print(what, &r);
-        printf("|   host, us from the call: fork %.1f, injection returned %.1f, logits on the host "
-               "%.1f (the last record ended at %.1f; the logits' copy took %.1f), token %.1f |\n",
+        printf("|   host, us from the call: fork %.1f, injection returned %.1f, forward returned "
+               "%.1f (the last record ended at %.1f; the last copy to the host took %.1f), token "
+               "%.1f |\n",
                r.at_fork, r.at_inject, r.at_logits, r.at_last_end, r.dtoh, r.at_token);
         printf("|   longest idle stretches, us (after kernel i: before -> after):");
         for (int g = 0; g < TL_GAPS && r.gap[g] > 0; g++)

@@ -274,31 +274,34 @@ static void rope_store(backend *be, engine *e, int32_t l, int32_t n) {
                  c->head_dim, e->p.block_size);
 }
 
-/* tokens[r] = the argmax of the first n_rows rows of e->logits: on the
- * backend where it can, else of the rows downloaded. */
-static void greedy_rows(engine *e, int32_t *tokens, int32_t n_rows) {
+/* Where a chunk's selected rows go: their logits (host memory), or each
+ * row's greedy choice (tokens), through `row` (a row of host scratch) where
+ * the backend has no argmax op. */
+typedef struct chunk_out {
+    float *logits;
+    int32_t *tokens;
+    float *row;
+} chunk_out;
+
+/* out->tokens[r] = the argmax of the first n_rows rows of e->logits: on the
+ * backend where it can, else of the rows downloaded one by one. */
+static void greedy_rows(engine *e, const chunk_out *out, int32_t n_rows) {
     const backend_ops *op = e->be->ops;
     const int32_t V = e->m->cfg.n_vocab;
     if (op->argmax) {
-        op->argmax(e->be, tokens, e->logits, n_rows, V);
+        op->argmax(e->be, out->tokens, e->logits, n_rows, V);
         return;
     }
-    float *row = malloc((size_t)V * sizeof *row);
     for (int32_t r = 0; r < n_rows; r++) {
-        if (!row) { /* out of memory: a row the caller can tell from a choice */
-            tokens[r] = -1;
-            continue;
-        }
-        op->download(e->be, row, e->logits + (size_t)r * V, (size_t)V * sizeof(float));
-        tokens[r] = vmath_argmax(row, V);
+        op->download(e->be, out->row, e->logits + (size_t)r * V, (size_t)V * sizeof(float));
+        out->tokens[r] = vmath_argmax(out->row, V);
     }
-    free(row);
 }
 
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
-                             const int32_t *base_len, float *logits_out, int32_t *tokens_out) {
+                             const int32_t *base_len, const chunk_out *out) {
     const model *m = e->m;
     const model_config *c = &m->cfg;
     backend *be = e->be;
@@ -418,10 +421,10 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->matmul(be, e->logits, e->xb, m->output, NULL, n_out);
     }
     if (graph) op->graph_end(be);
-    if (n_out > 0 && logits_out)
-        op->download(be, logits_out, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
+    if (n_out > 0 && out->logits)
+        op->download(be, out->logits, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
     else if (n_out > 0)
-        greedy_rows(e, tokens_out, n_out);
+        greedy_rows(e, out, n_out);
     op->sync(be);
     return n_out;
 }
@@ -433,9 +436,12 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     int32_t max_seqs = e->p.max_seqs;
     int32_t *base_len = calloc((size_t)max_seqs, sizeof *base_len);
     int32_t *add = calloc((size_t)max_seqs, sizeof *add);
-    if (!base_len || !add) {
+    chunk_out co = {logits, tokens, NULL};
+    if (tokens && !e->be->ops->argmax) co.row = malloc((size_t)c->n_vocab * sizeof *co.row);
+    if (!base_len || !add || (tokens && !e->be->ops->argmax && !co.row)) {
         free(base_len);
         free(add);
+        free(co.row);
         return is_error_set(IS_ERR_NOMEM, "engine: out of memory");
     }
     is_status st = IS_OK;
@@ -482,13 +488,14 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     }
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
         int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
-        int32_t n_out = forward_chunk(e, b, t0, n, base_len, logits, tokens);
-        if (logits) logits += (size_t)n_out * c->n_vocab;
-        if (tokens) tokens += n_out;
+        int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co);
+        if (co.logits) co.logits += (size_t)n_out * c->n_vocab;
+        if (co.tokens) co.tokens += n_out;
     }
 out:
     free(base_len);
     free(add);
+    free(co.row);
     return st;
 }
 

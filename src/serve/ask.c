@@ -42,33 +42,27 @@ bool ask_mode_parse(const char *s, ask_mode *out) {
     return false;
 }
 
-/* Feeds tokens to a sequence in one batch; logits of the last token. */
-static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n, engine_kv_capture *cap) {
+/* Feeds tokens to a sequence in one batch: the last token's logits into
+ * a->logits, or with `greedy` its greedy choice there instead, chosen on
+ * the backend (engine_decode_greedy: no logits brought back). */
+static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
+                      engine_kv_capture *cap, int32_t *greedy) {
     int32_t *seqs = malloc((size_t)(n ? n : 1) * sizeof *seqs);
     if (!seqs) return is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i < n; i++) seqs[i] = seq;
     engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap};
-    is_status st = engine_decode(a->e, &b, a->logits);
+    is_status st =
+        greedy ? engine_decode_greedy(a->e, &b, greedy) : engine_decode(a->e, &b, a->logits);
     free(seqs);
     return st;
 }
 
-/* feed, then the next token chosen by smp into *next: for a greedy sampler
- * on the backend (engine_decode_greedy: no logits brought back), else
- * from the last token's logits. */
+/* feed, then the next token chosen by smp into *next. */
 static is_status feed_choose(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n, sampler *smp,
                              int32_t *next) {
-    if (!sampler_is_greedy(smp)) {
-        is_status st = feed(a, seq, toks, n, NULL);
-        if (st == IS_OK) *next = sampler_sample(smp, a->logits);
-        return st;
-    }
-    int32_t *seqs = malloc((size_t)(n ? n : 1) * sizeof *seqs);
-    if (!seqs) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    for (int32_t i = 0; i < n; i++) seqs[i] = seq;
-    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs};
-    is_status st = engine_decode_greedy(a->e, &b, next);
-    free(seqs);
+    if (sampler_is_greedy(smp)) return feed(a, seq, toks, n, NULL, next);
+    is_status st = feed(a, seq, toks, n, NULL, NULL);
+    if (st == IS_OK) *next = sampler_sample(smp, a->logits);
     return st;
 }
 
@@ -86,7 +80,7 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
     if (st == IS_OK) st = engine_seq_open(e, &a->prefix_seq);
     if (st == IS_OK) {
         const int32_t *pre = memory_prompt_prefix(a->mp, &a->n_prefix);
-        st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL);
+        st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL, NULL);
     }
     if (st != IS_OK) {
         ask_ctx_free(a);
@@ -165,7 +159,7 @@ is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *e
             if (n_ctx) memcpy(toks, ctx, (size_t)n_ctx * sizeof *toks);
             memcpy(toks + n_ctx, fact, (size_t)n_fact * sizeof *toks);
             engine_kv_capture cap = {.first = n_ctx, .n = n_fact, .k = k, .v = v};
-            st = feed(a, seq, toks, n, &cap);
+            st = feed(a, seq, toks, n, &cap, NULL);
             free(toks);
         }
     }

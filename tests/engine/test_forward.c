@@ -204,25 +204,33 @@ static void test_greedy_continuation_matches_reference(void **state) {
             feed(e, seq, &tok, 1, logits);
         }
         engine_seq_close(e, seq);
-        /* The same continuation chosen by engine_decode_greedy (the
-         * backend's argmax): no logits leave the backend. */
-        assert_int_equal(engine_seq_open(e, &seq), IS_OK);
-        int32_t *s = malloc((size_t)g->n_tokens * sizeof *s);
-        for (int32_t t = 0; t < g->n_tokens; t++) s[t] = seq;
-        engine_batch b = {.n_tokens = g->n_tokens, .tokens = g->tokens, .seq = s};
-        int32_t tok;
-        assert_int_equal(engine_decode_greedy(e, &b, &tok), IS_OK);
-        for (int k = 0; k < 32; k++) {
-            if (tok != g->greedy[k])
-                fail_msg("%s: engine_decode_greedy's token %d is %d, reference %d", g->name, k,
-                         tok, g->greedy[k]);
-            engine_batch one = {.n_tokens = 1, .tokens = &tok, .seq = &seq};
-            int32_t next;
-            assert_int_equal(engine_decode_greedy(e, &one, &next), IS_OK);
-            tok = next;
+        /* The same continuation chosen by engine_decode_greedy: with the
+         * backend's argmax op (no logits leave the backend), then with a
+         * backend that has none (the engine's row-by-row download). */
+        const backend_ops *ops = g_be->ops;
+        backend_ops without = *ops;
+        without.argmax = NULL;
+        for (int pass = 0; pass < 2; pass++) {
+            g_be->ops = pass ? &without : ops;
+            assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+            int32_t *s = malloc((size_t)g->n_tokens * sizeof *s);
+            for (int32_t t = 0; t < g->n_tokens; t++) s[t] = seq;
+            engine_batch b = {.n_tokens = g->n_tokens, .tokens = g->tokens, .seq = s};
+            int32_t tok;
+            assert_int_equal(engine_decode_greedy(e, &b, &tok), IS_OK);
+            for (int k = 0; k < 32; k++) {
+                if (tok != g->greedy[k])
+                    fail_msg("%s: engine_decode_greedy's token %d is %d (%s), reference %d",
+                             g->name, k, tok, pass ? "no argmax op" : "argmax op", g->greedy[k]);
+                engine_batch one = {.n_tokens = 1, .tokens = &tok, .seq = &seq};
+                int32_t next;
+                assert_int_equal(engine_decode_greedy(e, &one, &next), IS_OK);
+                tok = next;
+            }
+            free(s);
+            engine_seq_close(e, seq);
         }
-        free(s);
-        engine_seq_close(e, seq);
+        g_be->ops = ops;
     }
     engine_free(e);
     free(logits);
