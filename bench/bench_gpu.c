@@ -584,7 +584,7 @@ static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
     const uint64_t host1 = timeline_now();
     b->clock_ns = NULL;
     b->no_sync = false;
-    timeline_kernel *t = NULL;
+    timeline_record *t = NULL;
     const int n = timeline_end(&t);
     if (n <= 0) {
         free(t);

@@ -13,7 +13,7 @@
 #define BUF_BYTES ((size_t)8 << 20)
 #define BUF_ALIGN 8
 
-static timeline_kernel *g_k;
+static timeline_record *g_k;
 static size_t g_n, g_cap;
 static bool g_failed;
 
@@ -38,26 +38,26 @@ static void CUPTIAPI buffer_done(CUcontext ctx, uint32_t stream, uint8_t *buffer
     (void)size;
     CUpti_Activity *rec = NULL;
     while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-        timeline_kernel e;
+        timeline_record e;
         if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
             /* The fields read here lead every version of the record. */
             const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
-            e = (timeline_kernel){k->start, k->end, k->name};
+            e = (timeline_record){k->start, k->end, k->name};
         } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
-            e = (timeline_kernel){m->start, m->end,
+            e = (timeline_record){m->start, m->end,
                                   m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "memcpy HtoD"
                                   : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "memcpy DtoH"
                                                                                    : "memcpy"};
         } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
             const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
-            e = (timeline_kernel){m->start, m->end, "memset"};
+            e = (timeline_record){m->start, m->end, "memset"};
         } else {
             continue;
         }
         if (g_n == g_cap) {
             size_t cap = g_cap ? 2 * g_cap : 4096;
-            timeline_kernel *p = realloc(g_k, cap * sizeof *p);
+            timeline_record *p = realloc(g_k, cap * sizeof *p);
             if (!p) {
                 g_failed = true;
                 break;
@@ -93,11 +93,11 @@ uint64_t timeline_now(void) {
 }
 
 static int by_start(const void *a, const void *b) {
-    const timeline_kernel *x = a, *y = b;
+    const timeline_record *x = a, *y = b;
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
-int timeline_end(timeline_kernel **out) {
+int timeline_end(timeline_record **out) {
     *out = NULL;
     bool good = ok(cuptiActivityFlushAll(1), "flush");
     good = ok(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "disable") && good;
@@ -107,7 +107,7 @@ int timeline_end(timeline_kernel **out) {
         if (g_failed) fprintf(stderr, "bench_timeline: records lost (memory or CUPTI's drops)\n");
         return -1;
     }
-    timeline_kernel *k = malloc((g_n ? g_n : 1) * sizeof *k);
+    timeline_record *k = malloc((g_n ? g_n : 1) * sizeof *k);
     if (!k) return -1;
     memcpy(k, g_k, g_n * sizeof *k);
     qsort(k, g_n, sizeof *k, by_start);

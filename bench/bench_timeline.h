@@ -11,20 +11,21 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct timeline_kernel {
+/* A kernel, copy or memset the GPU ran. */
+typedef struct timeline_record {
     uint64_t start, end; /* ns, the GPU's clock */
     const char *name;    /* the kernel's (mangled) name, CUPTI's string, or
                           * "memcpy HtoD" / "memcpy DtoH" / "memcpy" / "memset" */
-} timeline_kernel;
+} timeline_record;
 
 /* Starts recording; false (with a message on stderr) where CUPTI refuses. */
 bool timeline_begin(void);
 
-/* Now on the records' clock (ns): a host step placed among the kernels. */
+/* Now on the records' clock (ns): a host step placed among the records. */
 uint64_t timeline_now(void);
 
-/* Stops recording and returns the kernels since timeline_begin, sorted by
+/* Stops recording and returns the records since timeline_begin, sorted by
  * start (*out: the caller frees it); -1 where CUPTI failed. */
-int timeline_end(timeline_kernel **out);
+int timeline_end(timeline_record **out);
 
 #endif
