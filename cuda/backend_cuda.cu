@@ -1560,8 +1560,9 @@ static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
  * first built (the "before" of the benchmarks). */
 static bool cu_graph_begin(backend *be) {
     cuda_ctx *c = ctx_of(be);
+    if (!c->graphs || c->legacy || c->prof || c->capturing) return false;
     inject_flush(c); /* a capture never holds a deferred injection */
-    if (!c->graphs || c->legacy || c->prof || c->capturing || !op_begin(c)) return false;
+    if (!op_begin(c)) return false;
     cudaError_t e = cudaSuccess;
     if (!c->graph_done) e = cudaEventCreateWithFlags(&c->graph_done, cudaEventDisableTiming);
     /* The last launch may still be reading the bump buffer. */

@@ -1692,14 +1692,14 @@ static beside_run forward_after_inject(backend *be, const inj_shape *sh, const i
     backend_inject in = {.n_layers = L, .n_kv_heads = KH, .head_dim = hd, .block_size = sh->bs,
                          .facts = bf, .n_facts = f->n, .pos0 = pos0, .slots = slots,
                          .rope = &sh->rp};
+    float **o = calloc((size_t)L, sizeof *o);
+    for (int32_t l = 0; l < L; l++) o[l] = poisoned(be, q_n); /* allocating would flush */
     be->ops->inject(be, dev, dev + L, &in);
     if (store_first >= 0)
         be->ops->kv_store(be, dev[store_first], dev[L + store_first], k, v, qslots, T, KH, hd,
                           sh->bs);
     beside_run r = {calloc((size_t)L, sizeof(float *)), calloc(2 * (size_t)L, sizeof(float *)), 0};
-    float **o = calloc((size_t)L, sizeof *o);
     for (int32_t l = 0; l < L; l++) {
-        o[l] = poisoned(be, q_n);
         be->ops->kv_store(be, dev[l], dev[L + l], k, v, qslots, T, KH, hd, sh->bs);
         attn_batch b = {.n_tokens = T, .pos = pos, .seq_of_token = sot, .n_seqs = 1,
                         .block_tables = tables, .seq_len = seq_len};
