@@ -1033,6 +1033,7 @@ int main(int argc, char **argv) {
                                                  env_switch("IS_CUDA_PDL_EARLY", "1"));
             backend_cuda_set_inject_beside(b.be, !strstr(cfg, "+injectonce") &&
                                                      env_switch("IS_CUDA_INJECT_BESIDE", "0"));
+            backend_cuda_set_inject_trigger(b.be, strstr(cfg, "+injtrigger") != NULL);
             backend_cuda_set_wgmma(b.be, !strstr(cfg, "+nowgmma") && env_switch("IS_CUDA_WGMMA", "0"));
             backend_cuda_set_flash_wgmma(b.be, !strstr(cfg, "+mmasync") &&
                                                    env_switch("IS_CUDA_FLASH_WGMMA", "0"));

@@ -131,6 +131,7 @@ typedef struct cuda_ctx {
      * IS_CUDA_INJECT_BESIDE=0 or backend_cuda_set_inject_beside: every layer
      * in the inject call's launch. */
     bool inject_beside;
+    bool inject_trigger; /* the copy beside lets the next kernel launch as it begins (measured) */
     struct {
         int32_t next, n_layers; /* layers next .. n_layers - 1 not launched yet */
         void **caches;          /* host: [k_cache[l]..., v_cache[l]...], 2 x n_layers */
@@ -337,7 +338,8 @@ static is_status inject_launch(cuda_ctx *c, int32_t layer0, int32_t n, bool besi
     const auto &p = c->pend;
     return cuda_inject(c->stream, (void *const *)p.dcaches, cuda_arena_data(c->arena), p.pages,
                        p.slots, p.total, p.pos0, p.n_layers, p.n_kv_heads, p.head_dim,
-                       p.block_size, p.n_rot, p.neox, c->rope_dev, true, layer0, n, beside);
+                       p.block_size, p.n_rot, p.neox, c->rope_dev, true, layer0, n, beside,
+                       beside && c->inject_trigger);
 }
 
 /* Launches the deferred injection's remaining layers, in one launch. */
@@ -1888,6 +1890,11 @@ extern "C" void backend_cuda_set_pdl_early(backend *be, bool on) {
 extern "C" void backend_cuda_set_inject_beside(backend *be, bool on) {
     launch_deferred(ctx_of(be));
     ctx_of(be)->inject_beside = on;
+}
+
+extern "C" void backend_cuda_set_inject_trigger(backend *be, bool on) {
+    launch_deferred(ctx_of(be));
+    ctx_of(be)->inject_trigger = on;
 }
 
 extern "C" int64_t backend_cuda_injected_beside(backend *be) { return ctx_of(be)->pend.beside; }

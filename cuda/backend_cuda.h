@@ -148,6 +148,10 @@ void backend_cuda_set_pdl_early(backend *be, bool on);
  * left first): default on; off: every layer in the inject call, as before.
  * IS_CUDA_INJECT_BESIDE=0 at creation turns it off. */
 void backend_cuda_set_inject_beside(backend *be, bool on);
+/* The copy beside the attention lets the kernel after it (the attention's
+ * output product) launch as its blocks begin, rather than as they exit
+ * (default off; a measurement, device run 77). */
+void backend_cuda_set_inject_trigger(backend *be, bool on);
 /* Layers whose injection went beside an attention, since creation. */
 int64_t backend_cuda_injected_beside(backend *be);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each

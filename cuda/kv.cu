@@ -180,7 +180,8 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
                                      const int32_t *pages, const int32_t *slots, int32_t pos0,
                                      int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
                                      int32_t block_size, int32_t n_rot, bool neox,
-                                     const float *cs, int32_t layer0, bool beside) {
+                                     const float *cs, int32_t layer0, bool beside, bool trigger) {
+    if (trigger) pdl_trigger(); /* see cuda_inject */
     const int32_t i = blockIdx.x, l = layer0 + blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
     const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
@@ -232,7 +233,8 @@ static __global__ void __launch_bounds__(256)
     inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
                        const int32_t *slots, int32_t pos0, int32_t n_tokens, int32_t n_layers,
                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
-                       const float *cs, int32_t layer0, bool beside) {
+                       const float *cs, int32_t layer0, bool beside, bool trigger) {
+    if (trigger) pdl_trigger(); /* see cuda_inject */
     /* Block (x: 256 * INJECT_UNITS of the layer's (token, unit) pairs, y:
      * layer); 32-bit index arithmetic (the host checks that it fits: the
      * 64-bit divisions of a grid-stride loop over every layer were most of
@@ -313,7 +315,7 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                       int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t layer0,
-                      int32_t n_run, bool beside) {
+                      int32_t n_run, bool beside, bool trigger) {
     if (n_tokens <= 0 || n_run <= 0) return IS_OK;
     IS_ASSERT(layer0 >= 0 && layer0 + n_run <= n_layers);
     const dim3 one(1, 1, 1);
@@ -324,7 +326,7 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
         const dim3 grid((unsigned)((per_layer + per_block - 1) / per_block), (unsigned)n_run);
         CUDA_CHECK(cuda_launch_ex(inject_bf16_kernel, grid, dim3(256), 0, s, one, beside, caches,
                                   arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads,
-                                  head_dim, block_size, neox, cs, layer0, beside));
+                                  head_dim, block_size, neox, cs, layer0, beside, trigger));
         return IS_OK;
     }
     const dim3 grid((unsigned)n_tokens, (unsigned)n_run);
@@ -333,11 +335,11 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
     if (bf16)
         CUDA_CHECK(cuda_launch_ex(inject_kernel<__nv_bfloat16>, grid, threads, 0, s, one, beside,
                                   caches, arena, pages, slots, pos0, n_layers, n_kv_heads,
-                                  head_dim, block_size, n_rot, neox, cs, layer0, beside));
+                                  head_dim, block_size, n_rot, neox, cs, layer0, beside, trigger));
     else
         CUDA_CHECK(cuda_launch_ex(inject_kernel<float>, grid, threads, 0, s, one, beside, caches,
                                   arena, pages, slots, pos0, n_layers, n_kv_heads, head_dim,
-                                  block_size, n_rot, neox, cs, layer0, beside));
+                                  block_size, n_rot, neox, cs, layer0, beside, trigger));
     return IS_OK;
 }
 

@@ -58,12 +58,14 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
  * array of device pointers). beside: launched as work beside the stream's
  * attention kernel (cuda_flash_beside): a programmatic dependent that copies
  * without waiting and whose first block then waits for the attention, so
- * that the launch's end implies the attention's. Else an ordinary launch. */
+ * that the launch's end implies the attention's. Else an ordinary launch.
+ * trigger: its blocks let the stream's next kernel launch as they begin
+ * (that kernel still waits for this one's end). */
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                       int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t layer0,
-                      int32_t n_run, bool beside);
+                      int32_t n_run, bool beside, bool trigger);
 
 /* Fills arena pages from a staged record: k, v f32 [n_layers][n_tokens][kv_dim]
  * (device), token j into page pages[j] (device). */

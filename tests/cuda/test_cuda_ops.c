@@ -1748,24 +1748,27 @@ static void test_inject_beside(void **state) {
         backend_cuda_set_inject_beside(g_gpu, true);
         beside_run by = forward_after_inject(g_gpu, sh, &f, pos0, init, qh, kvh, H, T, -1);
         beside_run flushed = forward_after_inject(g_gpu, sh, &f, pos0, init, qh, kvh, H, T, L - 1);
+        backend_cuda_set_inject_trigger(g_gpu, true);
+        beside_run trig = forward_after_inject(g_gpu, sh, &f, pos0, init, qh, kvh, H, T, -1);
+        backend_cuda_set_inject_trigger(g_gpu, false);
         backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
         gpu_ok();
         assert_int_equal(once.beside, 0);
         assert_int_equal(by.beside, L - 1);
         assert_int_equal(flushed.beside, 0);
-        for (int32_t l = 0; l < L; l++) {
-            assert_memory_equal(by.out[l], once.out[l], q_n * sizeof(float));
-            assert_memory_equal(flushed.out[l], once.out[l], q_n * sizeof(float));
-        }
-        for (int32_t i = 0; i < 2 * L; i++) {
-            assert_memory_equal(by.caches[i], once.caches[i], cache_n * sizeof(float));
-            assert_memory_equal(flushed.caches[i], once.caches[i], cache_n * sizeof(float));
+        assert_int_equal(trig.beside, L - 1);
+        const beside_run *same[3] = {&by, &flushed, &trig};
+        for (int r = 0; r < 3; r++) {
+            for (int32_t l = 0; l < L; l++)
+                assert_memory_equal(same[r]->out[l], once.out[l], q_n * sizeof(float));
+            for (int32_t i = 0; i < 2 * L; i++)
+                assert_memory_equal(same[r]->caches[i], once.caches[i], cache_n * sizeof(float));
         }
         printf("  inject beside the attention, %d layers of D = %d: %d beside, outputs and caches"
                " bitwise equal to one launch; a store ahead launches them first\n",
                L, sh->hd, L - 1);
-        beside_run *runs[3] = {&once, &by, &flushed};
-        for (int i = 0; i < 3; i++) {
+        beside_run *runs[4] = {&once, &by, &flushed, &trig};
+        for (int i = 0; i < 4; i++) {
             caches_free(runs[i]->out, L);
             caches_free(runs[i]->caches, 2 * L);
         }
