@@ -63,11 +63,9 @@
  * (backend_cuda_set_flash_wgmma: the "before" of device run 54);
  * "+hostargmax" (any backend) brings every request's logits to the host and
  * takes the argmax there instead of engine_decode_greedy (the "before" of
- * device run 74); "+injectonce" injects every layer in the inject call's
- * launch instead of each layer past the first beside the attention of the
- * layer before (backend_cuda_set_inject_beside: the "before" of device run 76).
+ * device run 74).
  * A switch that the backend also reads from the environment (IS_CUDA_PDL,
- * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED, IS_CUDA_INJECT_BESIDE: "0" turns it off;
+ * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED: "0" turns it off;
  * IS_CUDA_PDL_EARLY: "1" on) keeps that setting in every configuration
  * that names no modifier for it (run 59's IS_CUDA_PDL=0 was overridden
  * before this rule, cuda/NOTES.md).
@@ -919,12 +917,9 @@ int main(int argc, char **argv) {
                     "         +mmasync: the attention's products on mma.sync, not\n"
                     "         wgmma (the default on an sm_90a GPU); +hostargmax: the\n"
                     "         logits brought to the host for the first token's argmax;\n"
-                    "         +injectonce: every layer's facts in the inject call's launch,\n"
-                    "         not each beside the attention of the layer before;\n"
                     "         ignored on cpu; IS_CUDA_PDL, IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA,\n"
-                    "         IS_CUDA_STACKED, IS_CUDA_INJECT_BESIDE (=0) and IS_CUDA_PDL_EARLY\n"
-                    "         (=1) hold in every configuration that names no modifier\n"
-                    "         for them\n");
+                    "         IS_CUDA_STACKED (=0) and IS_CUDA_PDL_EARLY (=1) hold in every\n"
+                    "         configuration that names no modifier for them\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -1031,9 +1026,6 @@ int main(int argc, char **argv) {
             backend_cuda_set_pdl(b.be, !strstr(cfg, "+nopdl") && env_switch("IS_CUDA_PDL", "0"));
             backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") ||
                                                  env_switch("IS_CUDA_PDL_EARLY", "1"));
-            backend_cuda_set_inject_beside(b.be, !strstr(cfg, "+injectonce") &&
-                                                     env_switch("IS_CUDA_INJECT_BESIDE", "0"));
-            backend_cuda_set_inject_trigger(b.be, strstr(cfg, "+injtrigger") != NULL);
             backend_cuda_set_wgmma(b.be, !strstr(cfg, "+nowgmma") && env_switch("IS_CUDA_WGMMA", "0"));
             backend_cuda_set_flash_wgmma(b.be, !strstr(cfg, "+mmasync") &&
                                                    env_switch("IS_CUDA_FLASH_WGMMA", "0"));

@@ -122,26 +122,6 @@ typedef struct cuda_ctx {
     cuda_arena *arena;
     size_t arena_bytes; /* requested capacity (0 = default) */
     float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
-    /* The deferred injection: an inject call launches its first layer's
-     * copy, and each later layer's goes beside the attention of the layer
-     * before it (cuda_flash_beside): a copy that runs near the memory
-     * bandwidth, while the attention leaves that bandwidth mostly idle.
-     * Anything else that may read those caches, waits, frees or changes a
-     * setting first launches what is left (inject_flush). On by default;
-     * IS_CUDA_INJECT_BESIDE=0 or backend_cuda_set_inject_beside: every layer
-     * in the inject call's launch. */
-    bool inject_beside;
-    bool inject_trigger; /* the copy beside lets the next kernel launch as it begins (measured) */
-    struct {
-        int32_t next, n_layers; /* layers next .. n_layers - 1 not launched yet */
-        void **caches;          /* host: [k_cache[l]..., v_cache[l]...], 2 x n_layers */
-        size_t caches_cap;
-        const void *dcaches;    /* their device copy (st_caches) */
-        const int32_t *pages, *slots; /* device (st_inject) */
-        int32_t total, pos0, n_kv_heads, head_dim, block_size, n_rot;
-        bool neox;
-        int64_t beside; /* layers launched beside an attention (backend_cuda_injected_beside) */
-    } pend;
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
     size_t ypart_cap;   /* elements */
@@ -331,63 +311,12 @@ static is_status graph_finish(cuda_ctx *c, bool keep) {
     return IS_OK;
 }
 
-/* ---- the deferred injection (c->pend) --------------------------------------- */
-
-/* Layers layer0 .. layer0 + n - 1 of the last inject call (c->pend). */
-static is_status inject_launch(cuda_ctx *c, int32_t layer0, int32_t n, bool beside) {
-    const auto &p = c->pend;
-    return cuda_inject(c->stream, (void *const *)p.dcaches, cuda_arena_data(c->arena), p.pages,
-                       p.slots, p.total, p.pos0, p.n_layers, p.n_kv_heads, p.head_dim,
-                       p.block_size, p.n_rot, p.neox, c->rope_dev, true, layer0, n, beside,
-                       beside && c->inject_trigger);
-}
-
-/* Launches the deferred injection's remaining layers, in one launch. */
-static void inject_flush(cuda_ctx *c) {
-    if (c->pend.next >= c->pend.n_layers) return;
-    const int32_t from = c->pend.next;
-    c->pend.next = c->pend.n_layers;
-    if (c->err == IS_OK) op_note(c, inject_launch(c, from, c->pend.n_layers - from, false));
-}
-
-/* Whether cache (a layer's keys or values) waits for a deferred layer. */
-static bool inject_pending(const cuda_ctx *c, const void *cache) {
-    const int32_t n = c->pend.n_layers;
-    for (int32_t l = c->pend.next; l < n; l++)
-        if (c->pend.caches[l] == cache || c->pend.caches[n + l] == cache) return true;
-    return false;
-}
-
-/* A store into or an attention over a deferred layer's cache: launch them
- * all first (the forward's order never does this: a layer's store follows
- * the attention of the layer before, which took its injection beside it). */
-static void inject_before(cuda_ctx *c, const void *k_cache, const void *v_cache) {
-    if (inject_pending(c, k_cache) || inject_pending(c, v_cache)) inject_flush(c);
-}
-
-/* cuda_flash_beside's launch: the next deferred layer (none left when an
- * allocation inside the attention op launched them all). */
-static is_status inject_beside_launch(void *arg, cudaStream_t) {
-    cuda_ctx *c = (cuda_ctx *)arg;
-    if (c->pend.next >= c->pend.n_layers) return IS_OK;
-    const is_status st = inject_launch(c, c->pend.next, 1, true);
-    if (st == IS_OK) {
-        c->pend.next++;
-        c->pend.beside++;
-    }
-    return st;
-}
-
-/* ---- CUDA graphs, continued ------------------------------------------------ */
-
 /* Called before anything a capture cannot hold: allocating or freeing
  * memory, waiting for the stream, copying from pageable host memory, the
- * setters. Launches what is deferred, so it runs before what follows and
- * in order: the deferred injection's remaining layers, or what the forward
- * has recorded so far (the rest of the forward then runs as usual and
- * graph_end does nothing; a capture never holds a deferred injection). */
-static void launch_deferred(cuda_ctx *c) {
-    inject_flush(c);
+ * setters. Launches what the forward has recorded so far, so it runs
+ * before what follows and in order, and leaves the rest of the forward to
+ * run as usual (graph_end then does nothing). */
+static void graph_break(cuda_ctx *c) {
     if (!c->capturing) return;
     c->gstats.breaks++;
     op_note(c, graph_finish(c, false));
@@ -445,7 +374,7 @@ static const void *pin_copy(cuda_ctx *c, const void *src, size_t n) {
     if (at + n > c->pin_cap) {
         size_t want = 2 * (at + n) > 2 * c->pin_cap ? 2 * (at + n) : 2 * c->pin_cap;
         if (want > c->pin_want) c->pin_want = want;
-        launch_deferred(c);
+        graph_break(c);
         return src;
     }
     memcpy(c->pin + at, src, n);
@@ -466,7 +395,7 @@ static is_status stage_upload(cuda_ctx *c, dev_stage *st, const void *src, size_
         size_t cap = n > 2 * st->cap ? n : 2 * st->cap;
         if (cap < 4096) cap = 4096;
         /* Queued kernels may still read the old buffer. */
-        launch_deferred(c);
+        graph_break(c);
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         CUDA_CHECK(cudaFree(st->dev));
         st->dev = NULL;
@@ -502,7 +431,7 @@ static void stage_free(dev_stage *st) {
 
 static is_status cu_alloc(backend *be, size_t bytes, void **out) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
@@ -520,7 +449,7 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
 static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     inputs_stale(c);
     /* cudaFree waits for the device; queued kernels may still use ptr. */
     cudaError_t e = cudaFree(ptr);
@@ -529,7 +458,7 @@ static void cu_release(backend *be, void *ptr) {
 
 static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c); /* src is pageable, and the caller may reuse it at once */
+    graph_break(c); /* src is pageable, and the caller may reuse it at once */
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_UPLOAD);
     touch(c, dst, bytes);
@@ -539,7 +468,7 @@ static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
 
 static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_DOWNLOAD);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
@@ -549,7 +478,6 @@ static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
 
 static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    inject_flush(c); /* a fork copies cache rows */
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_COPY);
     touch(c, dst, bytes);
@@ -560,7 +488,6 @@ static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
 static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src,
                        size_t src_pitch, size_t width, size_t height) {
     cuda_ctx *c = ctx_of(be);
-    inject_flush(c); /* a fork copies cache rows */
     if (!width || !height || !op_begin(c)) return;
     op_span span(c, CUDA_OP_COPY);
     touch(c, dst, dst_pitch * (height - 1) + width);
@@ -613,7 +540,7 @@ static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_wei
     cuda_ctx *c = ctx_of(be);
     is_status st0 = weight_check(t);
     if (st0 != IS_OK) return st0;
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
     if (!w) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -642,7 +569,7 @@ static void weight_release(cuda_weight *w) {
 
 static void cu_weight_free(backend *be, backend_weight *bw) {
     if (!bw) return;
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     weight_release((cuda_weight *)bw);
 }
 
@@ -665,7 +592,7 @@ static is_status cu_weight_create_stacked(backend *be, const gguf_tensor *const 
                                 (long long)ts[0]->ne[0]);
         total += (size_t)(ts[i]->ne[0] * ts[i]->ne[1]) * 2;
     }
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_stack *sk = (cuda_stack *)calloc(1, sizeof *sk);
     if (!sk) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -796,7 +723,7 @@ static void cu_add_rmsnorm(backend *be, float *out, float *x, const float *res,
  * still read the old buffer, so growing waits for the stream. */
 static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n, size_t size) {
     if (n <= *cap) return IS_OK;
-    launch_deferred(c); /* a capture ends here: what follows waits and allocates */
+    graph_break(c); /* a capture ends here: what follows waits and allocates */
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaFree(*buf));
     *buf = NULL;
@@ -1067,7 +994,7 @@ static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos)
     if (same && rp->freq_factors)
         same = memcmp(c->rope_factors, rp->freq_factors, (size_t)half * sizeof(float)) == 0;
     if (same && max_pos < c->rope_n_pos) return IS_OK;
-    launch_deferred(c); /* the rebuilt table replaces the old one after a wait */
+    graph_break(c); /* the rebuilt table replaces the old one after a wait */
     const int32_t from = same ? c->rope_n_pos : 0;
     /* Doubling only extends a table of the same parameters: a table rebuilt
      * for other ones starts from what is asked (doubling there made every
@@ -1148,7 +1075,6 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
                         int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    inject_before(c, k_cache, v_cache);
     op_span span(c, CUDA_OP_KV_STORE);
     for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dslots;
@@ -1226,7 +1152,6 @@ static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, cons
                                  const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    inject_before(c, k_cache, v_cache);
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x6);
     const is_status st = matmul_rope_store_impl(
@@ -1242,7 +1167,6 @@ static void cu_rope_store(backend *be, float *q, float *k, const float *v, float
                           int32_t block_size, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    inject_before(c, k_cache, v_cache);
     op_span span(c, CUDA_OP_ROPE);
     touch(c, q, (size_t)T * n_heads * head_dim * sizeof(float));
     const is_status st = rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads,
@@ -1316,7 +1240,7 @@ static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, i
 static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float *k_cache,
                             const float *v_cache, const attn_batch *b, const cuda_attn_meta &m,
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            int32_t block_size, bool early, const cuda_flash_beside *beside) {
+                            int32_t block_size, bool early) {
     const int32_t T = b->n_tokens;
     if ((size_t)T > c->tiles_cap) {
         int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * FLASH_TILE_INTS * sizeof(int32_t));
@@ -1346,7 +1270,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
                               (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
                               plan, c->partial, n_heads, n_kv_heads,
-                              head_dim, block_size, ob, early, beside);
+                              head_dim, block_size, ob, early);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
 }
@@ -1365,17 +1289,11 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
         IS_ASSERT(b->pos[t] >= 0 && b->pos[t] + 1 <= b->seq_len[s]);
     }
     touch(c, out, (size_t)b->n_tokens * n_heads * head_dim * sizeof(float));
-    inject_before(c, k_cache, v_cache);
-    /* The next deferred layer goes beside this layer's attention. */
-    const cuda_flash_beside beside = {inject_beside_launch, c};
-    const bool with = c->pend.next < c->pend.n_layers && cuda_pdl_on() &&
-                      c->pend.caches[c->pend.next - 1] == k_cache;
     cuda_attn_meta m;
     is_status st = attn_meta(c, b, block_size, &m);
     if (st == IS_OK && use_flash(c, b, n_heads, n_kv_heads, head_dim, block_size))
         st = flash_impl(c, out, q, k_cache, v_cache, b, m, n_heads, n_kv_heads, head_dim,
-                        block_size, after_store && cuda_pdl_on() && cuda_pdl_early_on(),
-                        with ? &beside : NULL);
+                        block_size, after_store && cuda_pdl_on() && cuda_pdl_early_on());
     else if (st == IS_OK)
         st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
                             n_heads, n_kv_heads, head_dim, block_size, c->kv_bf16);
@@ -1405,7 +1323,7 @@ static void cu_add(backend *be, float *x, const float *y, int64_t n) {
 /* The greedy choice on the device: only rows' indices come back. */
 static void cu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, int32_t n) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     if (rows <= 0 || !op_begin(c)) return;
     op_span span(c, CUDA_OP_DOWNLOAD);
     is_status st = scratch_reserve(c, (void **)&c->argmax_out, &c->argmax_cap, (size_t)rows,
@@ -1422,7 +1340,7 @@ static void cu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, i
 
 static void cu_sync(backend *be) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     if (!op_begin(c)) return;
     cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
@@ -1508,45 +1426,26 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     const void *dpack, *dcaches;
     if ((st = stage_upload(c, &c->st_inject, c->pack, need * sizeof(int32_t), &dpack)) != IS_OK)
         return st;
-    if (2 * (size_t)in->n_layers > c->pend.caches_cap) {
-        void **p = (void **)realloc(c->pend.caches, 2 * (size_t)in->n_layers * sizeof(void *));
-        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
-        c->pend.caches = p;
-        c->pend.caches_cap = 2 * (size_t)in->n_layers;
-    }
-    void **caches = c->pend.caches;
+    void **caches = (void **)malloc(2 * (size_t)in->n_layers * sizeof(void *));
+    if (!caches) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
     for (int32_t l = 0; l < in->n_layers; l++) {
         caches[l] = k_cache[l];
         caches[in->n_layers + l] = v_cache[l];
     }
     st = stage_upload(c, &c->st_caches, caches, 2 * (size_t)in->n_layers * sizeof(void *), &dcaches);
+    free(caches);
     if (st != IS_OK) return st;
     const int32_t *dp = (const int32_t *)dpack;
-    c->pend.n_layers = in->n_layers;
-    c->pend.dcaches = dcaches;
-    c->pend.pages = dp;
-    c->pend.slots = dp + total;
-    c->pend.total = (int32_t)total;
-    c->pend.pos0 = in->pos0;
-    c->pend.n_kv_heads = in->n_kv_heads;
-    c->pend.head_dim = in->head_dim;
-    c->pend.block_size = in->block_size;
-    c->pend.n_rot = rp->n_rot;
-    c->pend.neox = rp->layout == ROPE_LAYOUT_NEOX;
-    /* Not for the profiler, which times ops one by one, nor where no
-     * attention can take the work beside it. */
-    const bool defer = c->inject_beside && cuda_pdl_on() && c->flash && !c->legacy && !c->prof &&
-                       in->n_layers > 1;
-    const int32_t now = defer ? 1 : in->n_layers;
-    st = inject_launch(c, 0, now, false);
-    c->pend.next = st == IS_OK ? now : in->n_layers;
-    return st;
+    return cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), dp, dp + total,
+                       (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
+                       in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
+                       c->kv_bf16);
 }
 
 static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                       const backend_inject *in) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c); /* the arena allocates, waits, copies from pageable memory */
+    graph_break(c); /* the arena allocates, waits, copies from pageable memory */
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_INJECT);
     op_note(c, inject_impl(c, k_cache, v_cache, in));
@@ -1562,9 +1461,7 @@ static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
  * first built (the "before" of the benchmarks). */
 static bool cu_graph_begin(backend *be) {
     cuda_ctx *c = ctx_of(be);
-    if (!c->graphs || c->legacy || c->prof || c->capturing) return false;
-    inject_flush(c); /* a capture never holds a deferred injection */
-    if (!op_begin(c)) return false;
+    if (!c->graphs || c->legacy || c->prof || c->capturing || !op_begin(c)) return false;
     cudaError_t e = cudaSuccess;
     if (!c->graph_done) e = cudaEventCreateWithFlags(&c->graph_done, cudaEventDisableTiming);
     /* The last launch may still be reading the bump buffer. */
@@ -1627,7 +1524,6 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
-    free(c->pend.caches);
     if (c->prof_ev) {
         for (int32_t i = 0; i < 2 * PROF_MAX_OPS; i++) cudaEventDestroy(c->prof_ev[i]);
         free(c->prof_ev);
@@ -1785,8 +1681,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
         v = getenv("IS_CUDA_PDL_EARLY");
         if (v) cuda_pdl_early_set(!strcmp(v, "1"));
-        v = getenv("IS_CUDA_INJECT_BESIDE");
-        c->inject_beside = !(v && !strcmp(v, "0"));
     }
     c->n_sms = 132;
     {
@@ -1836,76 +1730,64 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     return IS_OK;
 }
 
-/* The setters end a capture (launch_deferred): what follows runs as set. */
+/* The setters end a capture (graph_break): what follows runs as set. */
 extern "C" void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->precision = p;
 }
 
 extern "C" void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->kv_bf16 = t == CUDA_KV_BF16;
 }
 
 extern "C" void backend_cuda_set_flash(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->flash = on;
 }
 
 extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->flash_clusters = on;
 }
 
 extern "C" void backend_cuda_set_flash_wgmma(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->flash_wgmma = on;
 }
 
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
 }
 
 extern "C" void backend_cuda_set_skinny_splits(backend *be, int32_t splits) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->skinny_splits = splits > 0 ? splits : 0;
 }
 
 extern "C" void backend_cuda_set_wgmma(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->wgmma = on;
 }
 
 extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     cuda_pdl_set(on);
 }
 
 extern "C" void backend_cuda_set_pdl_early(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     cuda_pdl_early_set(on);
 }
 
-extern "C" void backend_cuda_set_inject_beside(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
-    ctx_of(be)->inject_beside = on;
-}
-
-extern "C" void backend_cuda_set_inject_trigger(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
-    ctx_of(be)->inject_trigger = on;
-}
-
-extern "C" int64_t backend_cuda_injected_beside(backend *be) { return ctx_of(be)->pend.beside; }
-
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->stacked = on;
 }
 
 extern "C" void backend_cuda_set_graphs(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->graphs = on;
 }
 
@@ -1915,7 +1797,7 @@ extern "C" void backend_cuda_graph_stats(backend *be, cuda_graph_stats *out) {
 
 extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     c->legacy = on;
     c->kv_bf16 = false;
     c->flash = !on;
@@ -1925,7 +1807,7 @@ extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
 
 extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     if (c->arena) {
         cudaSetDevice(c->device);
         cudaStreamSynchronize(c->stream); /* queued injections may read it */
@@ -1943,7 +1825,7 @@ extern "C" void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out) {
 
 extern "C" is_status backend_cuda_check(backend *be) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     if (c->err == IS_OK) {
         cudaError_t e = cudaSetDevice(c->device);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -1973,7 +1855,7 @@ static __global__ void hold_kernel(long long cycles) {
 
 extern "C" is_status backend_cuda_profile_begin(backend *be, double hold_ms) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (!c->prof_ev) {
         cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * PROF_MAX_OPS, sizeof *ev);

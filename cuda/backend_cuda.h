@@ -142,18 +142,6 @@ void backend_cuda_set_pdl(backend *be, bool on);
  * shape; IS_CUDA_PDL_EARLY=1 at creation turns it on). Process-wide, as
  * backend_cuda_set_pdl. */
 void backend_cuda_set_pdl_early(backend *be, bool on);
-/* A bf16-cache inject launches its first layer's copy at once and each
- * later layer's beside the attention of the layer before it (with PDL on;
- * anything else that reads those caches, waits or frees launches what is
- * left first): default on; off: every layer in the inject call, as before.
- * IS_CUDA_INJECT_BESIDE=0 at creation turns it off. */
-void backend_cuda_set_inject_beside(backend *be, bool on);
-/* The copy beside the attention lets the kernel after it (the attention's
- * output product) launch as its blocks begin, rather than as they exit
- * (default off; a measurement, device run 77). */
-void backend_cuda_set_inject_trigger(backend *be, bool on);
-/* Layers whose injection went beside an attention, since creation. */
-int64_t backend_cuda_injected_beside(backend *be);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */

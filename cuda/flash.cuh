@@ -136,20 +136,6 @@ typedef struct cuda_bf16_out {
     bool split;
 } cuda_bf16_out;
 
-/* Work beside the attention: launch(arg, s) enqueues one kernel, launched
- * as a programmatic dependent (so only where cuda_pdl_on()) that does not
- * wait for the attention before its own work and whose end implies the
- * attention's (a block of it waits for the attention at its end), so that
- * the kernels after it still see the attention's output. The attention
- * lets it start as soon as the attention's blocks have begun: it runs on
- * what they leave of the GPU, most of the memory bandwidth (the CUDA
- * backend's deferred injection: the next layer's facts copied into its
- * cache while this layer attends). */
-typedef struct cuda_flash_beside {
-    is_status (*launch)(void *arg, cudaStream_t s);
-    void *arg;
-} cuda_flash_beside;
-
 /* out[T][n_heads*head_dim] for the tokens the tiles cover (and its bf16
  * copy where ob.p is set, for the product that reads it). tiles: device
  * int32 [plan.n_tiles][FLASH_TILE_INTS] (cuda_flash_plan_batch's), the
@@ -159,7 +145,6 @@ typedef struct cuda_flash_beside {
  * wrote no key before each sequence's first position in the batch (the
  * RoPE + KV store of the batch's tokens), so the kernel, launched as its
  * dependent, copies the tiles of such keys before it waits for it.
- * beside: NULL, or work launched beside the attention (above).
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,
  * IS_ERR_INVALID_ARG for a plan it cannot run; nothing is launched then. */
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
@@ -167,6 +152,6 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool early, const cuda_flash_beside *beside);
+                               cuda_bf16_out ob, bool early);
 
 #endif

@@ -267,8 +267,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early,
-                 bool beside) {
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
@@ -340,9 +339,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     const int64_t page_elems = (int64_t)n_kv_heads * block_size * D;
     const int32_t head_elems = kh * block_size * D;
     if (!early) pdl_wait();
-    /* The stream's next kernel is work beside this one (cuda_flash_beside):
-     * it may start now, on what this kernel leaves of the GPU. */
-    if (beside) pdl_trigger();
 
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
      * past the last zero-filled); unrolled, so the block-table reads overlap
@@ -814,7 +810,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool, bool);
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size and key warps,
  * or NULL where this GPU cannot run sm_90a code; and its trace pointer

@@ -180,9 +180,8 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
                                      const int32_t *pages, const int32_t *slots, int32_t pos0,
                                      int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
                                      int32_t block_size, int32_t n_rot, bool neox,
-                                     const float *cs, int32_t layer0, bool beside, bool trigger) {
-    if (trigger) pdl_trigger(); /* see cuda_inject */
-    const int32_t i = blockIdx.x, l = layer0 + blockIdx.y;
+                                     const float *cs) {
+    const int32_t i = blockIdx.x, l = blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
     const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
     const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
@@ -197,7 +196,6 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
                                       cs + (int64_t)p * half * 2, false));
         kv_put(vc + dst, __bfloat162float(vr[e]));
     }
-    if (beside && blockIdx.x == 0 && blockIdx.y == 0) pdl_wait(); /* see cuda_inject */
 }
 
 /* The bf16 cache with every dimension rotated (the serving case): a thread
@@ -233,15 +231,14 @@ static __global__ void __launch_bounds__(256)
     inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
                        const int32_t *slots, int32_t pos0, int32_t n_tokens, int32_t n_layers,
                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
-                       const float *cs, int32_t layer0, bool beside, bool trigger) {
-    if (trigger) pdl_trigger(); /* see cuda_inject */
+                       const float *cs) {
     /* Block (x: 256 * INJECT_UNITS of the layer's (token, unit) pairs, y:
      * layer); 32-bit index arithmetic (the host checks that it fits: the
      * 64-bit divisions of a grid-stride loop over every layer were most of
      * the kernel's instructions). */
     const int32_t kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
     const int32_t per_head = neox ? head_dim / 16 : head_dim / 8, units = n_kv_heads * per_head;
-    const int32_t l = layer0 + blockIdx.y, per_layer = n_tokens * units;
+    const int32_t l = blockIdx.y, per_layer = n_tokens * units;
     __nv_bfloat16 *kc = (__nv_bfloat16 *)caches[l], *vc = (__nv_bfloat16 *)caches[n_layers + l];
     const int64_t rec = 2 * (int64_t)n_layers * kv_dim; /* an arena page's elements */
     uint4 k0[INJECT_UNITS], k1[INJECT_UNITS], v0[INJECT_UNITS], v1[INJECT_UNITS];
@@ -308,38 +305,36 @@ static __global__ void __launch_bounds__(256)
             *reinterpret_cast<uint4 *>(vc + dst[j] + d + half) = v1[j];
         }
     }
-    if (beside && blockIdx.x == 0 && blockIdx.y == 0) pdl_wait(); /* see cuda_inject */
 }
 
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t layer0,
-                      int32_t n_run, bool beside, bool trigger) {
-    if (n_tokens <= 0 || n_run <= 0) return IS_OK;
-    IS_ASSERT(layer0 >= 0 && layer0 + n_run <= n_layers);
-    const dim3 one(1, 1, 1);
+                      int32_t n_rot, bool neox, const float *cs, bool bf16) {
+    if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
     const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
     if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
-        n_run <= 65535) {
+        n_layers <= 65535) {
         const int64_t per_block = 256 * INJECT_UNITS;
-        const dim3 grid((unsigned)((per_layer + per_block - 1) / per_block), (unsigned)n_run);
-        CUDA_CHECK(cuda_launch_ex(inject_bf16_kernel, grid, dim3(256), 0, s, one, beside, caches,
-                                  arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads,
-                                  head_dim, block_size, neox, cs, layer0, beside, trigger));
+        const dim3 grid((unsigned)((per_layer + per_block - 1) / per_block), (unsigned)n_layers);
+        inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos0, n_tokens,
+                                                n_layers, n_kv_heads, head_dim, block_size, neox,
+                                                cs);
+        CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
-    const dim3 grid((unsigned)n_tokens, (unsigned)n_run);
+    dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
     const int32_t kv_dim = n_kv_heads * head_dim;
-    const dim3 threads(kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32);
+    int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
     if (bf16)
-        CUDA_CHECK(cuda_launch_ex(inject_kernel<__nv_bfloat16>, grid, threads, 0, s, one, beside,
-                                  caches, arena, pages, slots, pos0, n_layers, n_kv_heads,
-                                  head_dim, block_size, n_rot, neox, cs, layer0, beside, trigger));
+        inject_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0,
+                                                              n_layers, n_kv_heads, head_dim,
+                                                              block_size, n_rot, neox, cs);
     else
-        CUDA_CHECK(cuda_launch_ex(inject_kernel<float>, grid, threads, 0, s, one, beside, caches,
-                                  arena, pages, slots, pos0, n_layers, n_kv_heads, head_dim,
-                                  block_size, n_rot, neox, cs, layer0, beside, trigger));
+        inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0, n_layers,
+                                                      n_kv_heads, head_dim, block_size, n_rot,
+                                                      neox, cs);
+    CUDA_CHECK_LAUNCH();
     return IS_OK;
 }
 

@@ -50,22 +50,15 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
                                   const float *cs, bool bf16);
 
-/* Chunked RoPE + scatter, layers layer0 .. layer0 + n_run - 1 of n_layers
- * and every token in one launch: token i (page pages[i], slot slots[i],
- * position pos0 + i) of the memory segment has its arena keys rotated
- * (cos/sin table cs as cuda_rope's) and written with its values into layer
- * l's caches, caches[l] (keys) and caches[n_layers + l] (values) (device
- * array of device pointers). beside: launched as work beside the stream's
- * attention kernel (cuda_flash_beside): a programmatic dependent that copies
- * without waiting and whose first block then waits for the attention, so
- * that the launch's end implies the attention's. Else an ordinary launch.
- * trigger: its blocks let the stream's next kernel launch as they begin
- * (that kernel still waits for this one's end). */
+/* Chunked RoPE + scatter, every layer and every token in one launch: token i
+ * (page pages[i], slot slots[i], position pos0 + i) of the memory segment
+ * has its arena keys rotated (cos/sin table cs as cuda_rope's) and written
+ * with its values into layer l's caches, caches[l] (keys) and
+ * caches[n_layers + l] (values) (device array of device pointers). */
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t layer0,
-                      int32_t n_run, bool beside, bool trigger);
+                      int32_t n_rot, bool neox, const float *cs, bool bf16);
 
 /* Fills arena pages from a staged record: k, v f32 [n_layers][n_tokens][kv_dim]
  * (device), token j into page pages[j] (device). */

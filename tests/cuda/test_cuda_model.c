@@ -542,24 +542,10 @@ static void test_injection_on_gpu(void **state) {
         backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
         float *inj16 = malloc((size_t)256 * V * sizeof(float));
         int32_t ns16;
-        const int64_t beside0 = backend_cuda_injected_beside(g_gpu);
         run_injection(g_mg, mp, 4, w, query, NULL, inj16, &ns16);
-        const int64_t beside = backend_cuda_injected_beside(g_gpu) - beside0;
-        /* The default defers each layer's injection past the first to
-         * beside the attention of the layer before; every layer in the
-         * inject call's launch must give the same logits, bit for bit. */
-        backend_cuda_set_inject_beside(g_gpu, false);
-        float *once = malloc((size_t)256 * V * sizeof(float));
-        run_injection(g_mg, mp, 4, w, query, NULL, once, &ns16);
-        backend_cuda_set_inject_beside(g_gpu, true);
         run_reference(g_mg, mp, 4, w, query, ref);
         gpu_ok();
         assert_int_equal(ns16, ns);
-        assert_int_equal(beside, g_mg->cfg.n_layers - 1);
-        assert_memory_equal(inj16, once, (size_t)ns * V * sizeof(float));
-        printf("  bf16 cache, w=%d: %lld layers injected beside the attention, logits identical"
-               " to one launch\n", w, (long long)beside);
-        free(once);
         snprintf(what, sizeof what, "bf16 cache: inject vs masked ref (GPU), w=%d", w);
         expect_agreement(what, compare_logits(inj16, ref, ns, V), ns, REL_TOL, ARGMAX_MIN);
         const uint64_t ids[4] = {100 + w, 200 + w, 300 + w, 400 + w};
