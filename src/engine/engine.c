@@ -563,7 +563,7 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         for (int32_t i = 0; i < n_facts; i++)
             bf[i] = (backend_fact){cache_ids ? cache_ids[i] : 0, facts[i].n_tokens, facts[i].k,
                                    facts[i].v};
-        for (int64_t i = 0; i < total; i++) slots[i] = kv_cache_slot(e->kv, seq, base + (int32_t)i);
+        kv_cache_slots(e->kv, seq, base, (int32_t)total, slots);
         backend_inject in = {
             .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
             .block_size = e->p.block_size, .facts = bf, .n_facts = n_facts, .pos0 = base,
@@ -579,10 +579,8 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
     int32_t f = 0, j = 0; /* fact and token where the next chunk starts */
     for (int64_t t0 = 0; t0 < total; t0 += e->p.max_batch) {
         int32_t n = total - t0 < e->p.max_batch ? (int32_t)(total - t0) : e->p.max_batch;
-        for (int32_t i = 0; i < n; i++) {
-            e->rpos[i] = base + (int32_t)t0 + i;
-            e->slots[i] = kv_cache_slot(e->kv, seq, e->rpos[i]);
-        }
+        for (int32_t i = 0; i < n; i++) e->rpos[i] = base + (int32_t)t0 + i;
+        kv_cache_slots(e->kv, seq, base + (int32_t)t0, n, e->slots);
         for (int32_t l = 0; l < c->n_layers; l++) {
             /* Stage this chunk's rows, one contiguous run per fact. */
             int32_t ff = f, jj = j;

@@ -163,6 +163,18 @@ int32_t kv_cache_slot(const kv_cache *c, int32_t seq, int32_t pos) {
     return s->blocks[pos / bs] * bs + pos % bs;
 }
 
+void kv_cache_slots(const kv_cache *c, int32_t seq, int32_t pos, int32_t n, int32_t *out) {
+    const kv_seq *s = seq_get(c, seq);
+    IS_ASSERT(pos >= 0 && n >= 0 && pos + n <= s->length);
+    const int32_t bs = c->p.block_size;
+    for (int32_t i = 0; i < n;) {
+        const int32_t p = pos + i, off = p % bs, run = bs - off < n - i ? bs - off : n - i;
+        const int32_t first = s->blocks[p / bs] * bs + off;
+        for (int32_t j = 0; j < run; j++) out[i + j] = first + j;
+        i += run;
+    }
+}
+
 const int32_t *kv_seq_blocks(const kv_cache *c, int32_t seq, int32_t *n_blocks) {
     const kv_seq *s = seq_get(c, seq);
     *n_blocks = s->n_blocks;

@@ -68,6 +68,10 @@ is_status kv_seq_share_prefix(kv_cache *c, int32_t dst, int32_t src, int32_t n);
  * turns it into an address with its layout. Position must be < length. */
 int32_t kv_cache_slot(const kv_cache *c, int32_t seq, int32_t pos);
 
+/* The slots of positions pos .. pos + n - 1 (all < length) into out[n]: a
+ * block's run at a time (a request's 1,250 memory tokens were 1,250 calls). */
+void kv_cache_slots(const kv_cache *c, int32_t seq, int32_t pos, int32_t n, int32_t *out);
+
 /* The block table of a sequence (valid until the next grow/truncate/free)
  * and its number of entries. */
 const int32_t *kv_seq_blocks(const kv_cache *c, int32_t seq, int32_t *n_blocks);

@@ -893,7 +893,10 @@ static void expect_feeds_matmul(backend *be, float *o, int32_t T, int64_t cols) 
     free(b);
 }
 
-static void check_attention_mode(const attn_case *ac, int mode) {
+/* key_slope > 0: keys of sequence 0 at position p scaled by 1 + p *
+ * key_slope, scores that rise along the keys, so that the tiled kernel's
+ * running max moves mid-sequence (test_attention_rising). */
+static void check_attention_slope(const attn_case *ac, int mode, float key_slope) {
     const int32_t H = ac->n_heads, KH = ac->n_kv_heads, hd = ac->head_dim, bs = ac->block_size;
     const int32_t S = ac->n_seqs;
     /* Blocks: each sequence gets a random subset of a shuffled pool. */
@@ -937,7 +940,15 @@ static void check_attention_mode(const attn_case *ac, int mode) {
 
     const size_t cache_n = (size_t)n_blocks * KH * bs * hd, q_n = (size_t)T * H * hd;
     float *kh = rand_f32(cache_n, 1.0f), *vh = rand_f32(cache_n, 1.0f);
+    for (int32_t p = 0; key_slope > 0 && p < ac->seq_len[0]; p++)
+        for (int32_t h = 0; h < KH; h++) {
+            float *row = kh + (((size_t)tables[0][p / bs] * KH + h) * bs + p % bs) * hd;
+            for (int32_t d = 0; d < hd; d++) row[d] *= 1.0f + (float)p * key_slope;
+        }
     float *qh = rand_f32(q_n, 1.0f), *qph = rand_f32(q_n, 1.0f);
+    /* Scores in the hundreds: the CPU reads the queries as the tiled kernel
+     * does (in bf16), so that only the softmax's own rounding differs. */
+    for (size_t i = 0; key_slope > 0 && mode > 0 && i < q_n; i++) qh[i] = bf16_round(qh[i]);
     if (mode > 0)
         for (size_t i = 0; i < cache_n; i++) {
             kh[i] = bf16_round(kh[i]);
@@ -988,6 +999,10 @@ static void check_attention_mode(const attn_case *ac, int mode) {
     free(kh); free(vh); free(qh); free(qph);
     free(pos); free(sot); free(perm);
     for (int32_t s = 0; s < S; s++) free(segs[s]);
+}
+
+static void check_attention_mode(const attn_case *ac, int mode) {
+    check_attention_slope(ac, mode, 0.0f);
 }
 
 static void check_attention(const attn_case *ac) { check_attention_mode(ac, 0); }
@@ -1652,6 +1667,29 @@ static void test_arena(void **state) {
     be->ops->free(be);
 }
 
+/* The tiled kernel's online softmax over scores that rise along 1,340 keys
+ * (a 30-token query of the 8B shape): its running max moves every few tiles
+ * (slope 1/32: the lazy rescale keeps a stale max in between) or at every
+ * tile (slope 1/2: scores in the hundreds), with the lazy rescale and
+ * without, in clusters and by the merge kernel, against the CPU. */
+static void test_attention_rising(void **state) {
+    SKIP_WITHOUT_GPU();
+    const attn_case ac = {"rising scores after 1310 keys, 8B", 32, 8, 128, 16, 1, {1340},
+                          {1310}, {30}, {false}, false, false};
+    const float slopes[2] = {1.0f / 32, 0.5f};
+    for (int lazy = 0; lazy <= 1; lazy++)
+        for (int cl = 0; cl <= 1; cl++)
+            for (int si = 0; si < 2; si++) {
+                backend_cuda_set_flash_lazy_rescale(g_gpu, lazy);
+                backend_cuda_set_flash_clusters(g_gpu, cl);
+                print_message("slope %g, %s rescale, splits merged %s\n", slopes[si],
+                              lazy ? "lazy" : "eager", cl ? "in clusters" : "by a second kernel");
+                check_attention_slope(&ac, 1, slopes[si]);
+            }
+    backend_cuda_set_flash_lazy_rescale(g_gpu, true);
+    backend_cuda_set_flash_clusters(g_gpu, true);
+}
+
 static void test_swiglu_add(void **state) {
     SKIP_WITHOUT_GPU();
     const int64_t n = 100003;
@@ -1686,6 +1724,7 @@ int main(void) {
         cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
+        cmocka_unit_test(test_attention_rising),
         cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_matmul_rope_store),
         cmocka_unit_test(test_inject),         cmocka_unit_test(test_arena),

@@ -31,6 +31,30 @@ static void test_grow_and_slots(void **state) {
     kv_cache_free(c);
 }
 
+/* kv_cache_slots equals kv_cache_slot position by position, for every run
+ * (starting inside a block, crossing blocks, empty), on a sequence whose
+ * blocks are not in order (another sequence took blocks between). */
+static void test_slot_runs(void **state) {
+    kv_cache *c = make(16, 2);
+    int32_t a, b;
+    assert_int_equal(kv_seq_create(c, &a), IS_OK);
+    assert_int_equal(kv_seq_create(c, &b), IS_OK);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(kv_seq_grow(c, a, 3), IS_OK);
+        assert_int_equal(kv_seq_grow(c, b, 2), IS_OK);
+    }
+    const int32_t len = kv_seq_length(c, a);
+    int32_t got[32];
+    for (int32_t pos = 0; pos <= len; pos++)
+        for (int32_t n = 0; pos + n <= len; n++) {
+            got[n] = -7; /* past the run: must stay */
+            kv_cache_slots(c, a, pos, n, got);
+            for (int32_t i = 0; i < n; i++) assert_int_equal(got[i], kv_cache_slot(c, a, pos + i));
+            assert_int_equal(got[n], -7);
+        }
+    kv_cache_free(c);
+}
+
 static void test_exhaustion_leaves_seq_unchanged(void **state) {
     kv_cache *c = make(3, 2);
     int32_t a, b;
@@ -94,6 +118,7 @@ static void test_share_prefix_refcounts(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grow_and_slots),
+        cmocka_unit_test(test_slot_runs),
         cmocka_unit_test(test_exhaustion_leaves_seq_unchanged),
         cmocka_unit_test(test_truncate_releases),
         cmocka_unit_test(test_share_prefix_refcounts),
