@@ -97,7 +97,6 @@ typedef struct cuda_ctx {
     bool flash;         /* tiled attention over a bf16 cache */
     bool flash_clusters; /* its key splits merged in clusters */
     bool flash_wgmma;   /* its S and P V on wgmma where the GPU takes it */
-    bool flash_lazy;    /* its softmax rescales lazily (FLASH_RESCALE_LOG2) */
     bool legacy;        /* the backend as first built (backend_cuda_set_legacy) */
     int32_t n_sms;
     /* Matmul inputs in bf16. xbf: conversions, and the copies RMSNorm and
@@ -1271,8 +1270,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
                               (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
                               plan, c->partial, n_heads, n_kv_heads,
-                              head_dim, block_size, ob, early,
-                              c->flash_lazy ? FLASH_RESCALE_LOG2 : 0.0f);
+                              head_dim, block_size, ob, early);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
 }
@@ -1679,8 +1677,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->wgmma = !(v && !strcmp(v, "0"));
         v = getenv("IS_CUDA_FLASH_WGMMA");
         c->flash_wgmma = !(v && !strcmp(v, "0"));
-        v = getenv("IS_CUDA_FLASH_LAZY");
-        c->flash_lazy = !(v && !strcmp(v, "0"));
         v = getenv("IS_CUDA_PDL");
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
         v = getenv("IS_CUDA_PDL_EARLY");
@@ -1758,11 +1754,6 @@ extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
 extern "C" void backend_cuda_set_flash_wgmma(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->flash_wgmma = on;
-}
-
-extern "C" void backend_cuda_set_flash_lazy_rescale(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->flash_lazy = on;
 }
 
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {

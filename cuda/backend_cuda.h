@@ -103,11 +103,6 @@ void backend_cuda_set_flash_clusters(backend *be, bool on);
  * the GPU runs sm_90a code: cuda/flash_wgmma.cu; IS_CUDA_FLASH_WGMMA=0
  * off); off: on mma.sync, as before device run 54. */
 void backend_cuda_set_flash_wgmma(backend *be, bool on);
-/* The tiled attention's online softmax moves a row's running max only when
- * a tile's passes it by more than 2^8, so O's rescale is skipped in most
- * tiles (default on; IS_CUDA_FLASH_LAZY=0 off); off: on any rise, as before
- * device run 80. */
-void backend_cuda_set_flash_lazy_rescale(backend *be, bool on);
 /* Which products take the skinny kernel (cuda/skinny.cuh: weights streamed
  * into tensor-core fragments, column ranges summed inside a cluster) rather
  * than cuBLAS, among those whose weights have a multiple of 64 columns and

@@ -176,8 +176,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                               float *partial, int32_t n_heads, int32_t n_kv_heads,
-                              int32_t block_size, cuda_bf16_out ob, bool early,
-                              float rescale_log2) {
+                              int32_t block_size, cuda_bf16_out ob, bool early) {
     flash_fn fn = NULL;
     size_t smem = 0;
     is_status st = flash_prepare<D, KS>(plan.wgmma != 0, &fn, &smem);
@@ -195,7 +194,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
                               out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                               block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
-                              ob.split, early && cuda_pdl_on(), rescale_log2));
+                              ob.split, early && cuda_pdl_on()));
     if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,
@@ -211,11 +210,8 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool early, float rescale_log2) {
+                               cuda_bf16_out ob, bool early) {
     if (plan.n_tiles <= 0) return IS_OK;
-    if (!(rescale_log2 >= 0.0f && rescale_log2 <= 16.0f))
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: rescale threshold %g",
-                            (double)rescale_log2);
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size))
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: head_dim %d, %d/%d heads, blocks of %d",
@@ -229,7 +225,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                             plan.key_warps);
 #define FLASH_LAUNCH(D, KS)                                                                        \
     flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, \
-                                  n_heads, n_kv_heads, block_size, ob, early, rescale_log2)
+                                  n_heads, n_kv_heads, block_size, ob, early)
     if (head_dim == 64) return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2) : FLASH_LAUNCH(64, 1);
     return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2) : FLASH_LAUNCH(128, 1);
 #undef FLASH_LAUNCH

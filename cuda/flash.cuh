@@ -44,7 +44,6 @@
 
 #define FLASH_BM 64 /* query rows per block: 4 warps x 16 */
 #define FLASH_BN 64 /* keys per tile */
-#define FLASH_RESCALE_LOG2 8.0f /* cuda_flash_attention's lazy rescaling */
 #define FLASH_MAX_SPLITS 64
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 /* A query tile, as cuda_flash_plan_batch writes it: first batch token,
@@ -146,10 +145,6 @@ typedef struct cuda_bf16_out {
  * wrote no key before each sequence's first position in the batch (the
  * RoPE + KV store of the batch's tokens), so the kernel, launched as its
  * dependent, copies the tiles of such keys before it waits for it.
- * rescale_log2: how far (log2) a tile's row max may pass a row's running
- * max before the running max moves and O is rescaled (0: on any rise;
- * FLASH_RESCALE_LOG2, the serving default: lazily, the rescale skipped in
- * most tiles; the softmax's values stay under 2^rescale_log2).
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,
  * IS_ERR_INVALID_ARG for a plan it cannot run; nothing is launched then. */
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
@@ -157,6 +152,6 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool early, float rescale_log2);
+                               cuda_bf16_out ob, bool early);
 
 #endif

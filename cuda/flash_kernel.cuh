@@ -267,8 +267,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early,
-                 float rescale_log2) {
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
@@ -541,22 +540,14 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                     mx[h] = fmaxf(mx[h], x);
                 }
         }
-        /* A row's running max moves only when the tile's passes it by more
-         * than rescale_log2 (lazy rescaling, as FlashAttention-4 does; 0:
-         * on any rise, as before): below that the tile's p = 2^(s - m) stay
-         * under 2^rescale_log2, as exact in f32 and bf16 as values under 1,
-         * and O's rescale (64 multiplies a thread a tile at D = 128) is
-         * skipped where no row of the warp moved. */
         float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
-            alpha[h] = 1.0f;
-            if (mx[h] > m[h] + rescale_log2) { /* any finite max passes m = -inf */
-                if (m[h] != -INFINITY) alpha[h] = exp2f(m[h] - mx[h]);
-                m[h] = mx[h];
-            }
+            const float m_new = fmaxf(m[h], mx[h]);
+            alpha[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+            m[h] = m_new;
         }
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -570,14 +561,12 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             }
 #pragma unroll
         for (int h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + rs[h]; /* per-thread part of l */
-        if (__any_sync(FULL_MASK, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[dt][0] *= alpha[0];
-                o[dt][1] *= alpha[0];
-                o[dt][2] *= alpha[1];
-                o[dt][3] *= alpha[1];
-            }
+        for (int dt = 0; dt < DT; dt++) {
+            o[dt][0] *= alpha[0];
+            o[dt][1] *= alpha[0];
+            o[dt][2] *= alpha[1];
+            o[dt][3] *= alpha[1];
         }
 
         /* O += P V: P's A fragment for keys 16kk..+15 is S tiles 2kk, 2kk+1;
@@ -821,7 +810,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool, float);
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size and key warps,
  * or NULL where this GPU cannot run sm_90a code; and its trace pointer
