@@ -437,8 +437,9 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     int32_t *base_len = calloc((size_t)max_seqs, sizeof *base_len);
     int32_t *add = calloc((size_t)max_seqs, sizeof *add);
     chunk_out co = {logits, tokens, NULL};
-    if (tokens && !e->be->ops->argmax) co.row = malloc((size_t)c->n_vocab * sizeof *co.row);
-    if (!base_len || !add || (tokens && !e->be->ops->argmax && !co.row)) {
+    const bool host_argmax = tokens && !e->be->ops->argmax; /* greedy_rows downloads rows */
+    if (host_argmax) co.row = malloc((size_t)c->n_vocab * sizeof *co.row);
+    if (!base_len || !add || (host_argmax && !co.row)) {
         free(base_len);
         free(add);
         free(co.row);
