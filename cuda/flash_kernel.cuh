@@ -267,7 +267,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early,
+                 cuda_flash_values vals) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
@@ -303,6 +304,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
     const int32_t *tl = tiles + FLASH_TILE_INTS * tile;
     const int32_t t0 = tl[0], n = tl[1], bt_at = tl[2], pos0 = tl[3], old_keys = tl[4];
+    /* Keys whose values the arena holds (none: lo = hi). */
+    const int32_t va_lo = vals.layer ? tl[5] : 0, va_hi = vals.layer ? tl[6] : 0;
     const int32_t G = n_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = (tid >> 5) % (BM / 16); /* the warp's 16 rows */
@@ -356,13 +359,17 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             const bool in = j < n_keys;
             const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
             const int64_t off = in ? bt[page] * page_elems + (head_elems + slot * D + d) : 0;
+            const __nv_bfloat16 *vsrc =
+                in && j >= va_lo && j < va_hi
+                    ? vals.layer + vals.pages[j - va_lo] * vals.page_elems + (kh * D + d)
+                    : v_cache + off;
             if constexpr (WG) {
                 const uint32_t at = swz_offset(r, d / 8);
                 cp_async16(reinterpret_cast<unsigned char *>(dK) + at, k_cache + off, in);
-                cp_async16(reinterpret_cast<unsigned char *>(dV) + at, v_cache + off, in);
+                cp_async16(reinterpret_cast<unsigned char *>(dV) + at, vsrc, in);
             } else {
                 cp_async16(dK + r * LD + d, k_cache + off, in);
-                cp_async16(dV + r * LD + d, v_cache + off, in);
+                cp_async16(dV + r * LD + d, vsrc, in);
             }
         }
     };
@@ -810,7 +817,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool,
+                         cuda_flash_values);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size and key warps,
  * or NULL where this GPU cannot run sm_90a code; and its trace pointer
