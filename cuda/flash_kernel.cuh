@@ -25,11 +25,11 @@
 namespace cg = cooperative_groups;
 
 /* K/V tiles in shared memory: two (one used, the next in flight), or for
- * the wgmma engine's pipelined loop with two key parts three (tile kt + 1's
- * S beside tile kt's softmax, tile kt + 2 in flight: flash_kernel;
- * cuda_flash_set_pipelined). */
+ * the wgmma engine's pipelined loop with two key parts four (tile kt + 1's
+ * S beside tile kt's softmax, tiles kt + 2 and kt + 3 in flight:
+ * flash_kernel; cuda_flash_set_pipelined). */
 #define FLASH_STAGES 2
-#define FLASH_STAGES_PIPELINED 3
+#define FLASH_STAGES_PIPELINED 4
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -283,7 +283,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     constexpr int STAGE = 2 * FLASH_BN * LD; /* bf16 of one stage's K and V */
     static_assert(!WG || BM == 64, "flash: the WG engine takes one warpgroup of rows");
     static_assert(STAGES == FLASH_STAGES || (WG && KS == 2 && STAGES == FLASH_STAGES_PIPELINED),
-                  "flash: three stages are the pipelined loop's (wgmma, two key parts)");
+                  "flash: four stages are the pipelined loop's (wgmma, two key parts)");
     /* STAGES stages of K and V tiles: tiles kt + 1 .. kt + STAGES - 1 are
      * in flight while kt is used. */
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -559,16 +559,18 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 
     if constexpr (STAGES == FLASH_STAGES_PIPELINED) {
         /* The pipelined loop (two key parts on wgmma): tile kt + 1's S runs on
-         * the tensor cores while the warps do tile kt's softmax; tile kt + 2's
-         * copies go into the stage tile kt - 1 left, one tile ahead of their
-         * use. Both wgmma groups are waited for at the end of an iteration:
+         * the tensor cores while the warps do tile kt's softmax; tile kt + 3's
+         * copies go into the stage tile kt - 1 left, two tiles ahead of their
+         * use (one ahead, run 84, left them 0.78 us of waiting a block at
+         * k = 50 against 0.35 before: the shorter tile no longer covered
+         * their latency). Both wgmma groups are waited for at the end of an iteration:
          * accumulators in flight across the loop's back edge made ptxas
          * serialise every wgmma (C7514). The same products and sums in the
          * same order as the loop below, so the same bits (test_flash_engines). */
         float s[NT][4], sn[NT][4];
         uint32_t pa[KW / 16][4];
         unsigned long long t_top = tr ? clock64() : 0;
-        asm volatile("cp.async.wait_group 1;\n" ::); /* tile kt0 (kt0 + 1 may be in flight) */
+        asm volatile("cp.async.wait_group 2;\n" ::); /* tile kt0 (kt0 + 1, + 2 may be in flight) */
         wg_fence_proxy();
         __syncthreads();
         wg_pin<DT * 4>(&o[0][0]);
@@ -581,14 +583,14 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             t_top = t;
         }
         for (int32_t kt = kt0; kt < kt1; kt++) {
-            const int st = (kt - kt0) % 3;
+            const int st = (kt - kt0) % STAGES;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[nt][e] = sn[nt][e];
             if (kt + 1 < kt1) {
                 if (tr) t_top = clock64();
-                asm volatile("cp.async.wait_group 0;\n" ::); /* tile kt + 1 */
+                asm volatile("cp.async.wait_group 1;\n" ::); /* tile kt + 1 (kt + 2 may be in flight) */
                 wg_fence_proxy();
                 /* Every warp's copies of tile kt + 1 have landed, and every
                  * warpgroup's P V of tile kt - 1 is done with its stage. */
@@ -598,8 +600,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                     tr[FLASH_TRACE_WAIT] += t - t_top;
                     t_top = t;
                 }
-                s_issue(sn, (st + 1) % 3);
-                if (kt + 2 < kt1) load_tile(kt + 2, (st + 2) % 3);
+                s_issue(sn, (st + 1) % STAGES);
+                if (kt + 3 < kt1) load_tile(kt + 3, (st + 3) % STAGES);
                 asm volatile("cp.async.commit_group;\n" ::);
             }
             if (tr) tr[FLASH_TRACE_TILES] += 1;
