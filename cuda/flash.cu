@@ -101,33 +101,26 @@ is_status cuda_flash_set_trace(unsigned long long *trace) {
 }
 
 bool cuda_flash_wgmma_supports(int32_t head_dim) {
-    return cuda_flash_wgmma_kernel(head_dim, 1, false) != NULL;
+    return cuda_flash_wgmma_kernel(head_dim, 1) != NULL;
 }
-
-static bool g_pipelined = true;
-void cuda_flash_set_pipelined(bool on) { g_pipelined = on; }
-bool cuda_flash_pipelined(void) { return g_pipelined; }
 
 /* The kernel of this head size, key warps and engine, its shared memory,
  * and the attribute that lets it take more than 48 KiB, set once a process
  * (the attribute is per function). */
 template <int D, int KS>
 static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
-    static bool attr_set[3]; /* mma.sync, wgmma, wgmma pipelined */
-    const bool pipe = wg && KS == 2 && g_pipelined;
-    const int which = pipe ? 2 : wg;
+    static bool attr_set[2];
     *smem = 0;
-    *fn = wg ? cuda_flash_wgmma_kernel(D, KS, pipe) : flash_kernel<D, FLASH_BM, FLASH_STAGES, KS, false>;
+    *fn = wg ? cuda_flash_wgmma_kernel(D, KS) : flash_kernel<D, FLASH_BM, FLASH_STAGES, KS, false>;
     if (!*fn)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: the wgmma engine needs an sm_90a GPU");
-    *smem = pipe ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES_PIPELINED, KS, true>()
-            : wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true>()
-                 : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false>();
-    if (!attr_set[which]) {
+    *smem = wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true>()
+               : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false>();
+    if (!attr_set[wg]) {
         CUDA_CHECK(cudaFuncSetAttribute(*fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)*smem));
-        attr_set[which] = true;
+        attr_set[wg] = true;
     }
     return IS_OK;
 }

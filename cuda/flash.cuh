@@ -70,14 +70,6 @@ typedef struct cuda_flash_plan {
  * size (64 or 128). */
 bool cuda_flash_wgmma_supports(int32_t head_dim);
 
-/* The wgmma engine with two key parts runs its pipelined loop: the next key
- * tile's S = Q K^T on the tensor cores while the warps do this tile's
- * softmax, three K/V stages (default on; off: one tile's S, softmax and
- * P V after another, as before device run 84). The same bits either way.
- * Process-wide, like cuda_pdl_set. */
-void cuda_flash_set_pipelined(bool on);
-bool cuda_flash_pipelined(void);
-
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
  * measurements (bench_attn_gpu). */
 typedef enum cuda_flash_choice {
