@@ -1681,8 +1681,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
         v = getenv("IS_CUDA_PDL_EARLY");
         if (v) cuda_pdl_early_set(!strcmp(v, "1"));
-        v = getenv("IS_CUDA_FLASH_PIPELINED");
-        if (v && !strcmp(v, "0")) cuda_flash_set_pipelined(false);
     }
     c->n_sms = 132;
     {
@@ -1781,11 +1779,6 @@ extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
 extern "C" void backend_cuda_set_pdl_early(backend *be, bool on) {
     graph_break(ctx_of(be));
     cuda_pdl_early_set(on);
-}
-
-extern "C" void backend_cuda_set_flash_pipelined(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    cuda_flash_set_pipelined(on);
 }
 
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {

@@ -142,11 +142,6 @@ void backend_cuda_set_pdl(backend *be, bool on);
  * shape; IS_CUDA_PDL_EARLY=1 at creation turns it on). Process-wide, as
  * backend_cuda_set_pdl. */
 void backend_cuda_set_pdl_early(backend *be, bool on);
-/* The tiled attention's wgmma engine with two key parts runs its pipelined
- * loop (the next key tile's S beside this tile's softmax; the same bits):
- * default on; IS_CUDA_FLASH_PIPELINED=0 at creation turns it off.
- * Process-wide, as backend_cuda_set_pdl. */
-void backend_cuda_set_flash_pipelined(backend *be, bool on);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */

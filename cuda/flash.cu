@@ -101,33 +101,26 @@ is_status cuda_flash_set_trace(unsigned long long *trace) {
 }
 
 bool cuda_flash_wgmma_supports(int32_t head_dim) {
-    return cuda_flash_wgmma_kernel(head_dim, 1, false) != NULL;
+    return cuda_flash_wgmma_kernel(head_dim, 1) != NULL;
 }
-
-static bool g_pipelined = true;
-void cuda_flash_set_pipelined(bool on) { g_pipelined = on; }
-bool cuda_flash_pipelined(void) { return g_pipelined; }
 
 /* The kernel of this head size, key warps and engine, its shared memory,
  * and the attribute that lets it take more than 48 KiB, set once a process
  * (the attribute is per function). */
 template <int D, int KS>
-static is_status flash_prepare(bool wg, bool pipelined, flash_fn *fn, size_t *smem) {
-    static bool attr_set[3]; /* mma.sync, wgmma, wgmma pipelined */
-    const bool pipe = wg && KS == 2 && pipelined;
-    const int which = pipe ? 2 : wg;
+static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
+    static bool attr_set[2];
     *smem = 0;
-    *fn = wg ? cuda_flash_wgmma_kernel(D, KS, pipe) : flash_kernel<D, FLASH_BM, FLASH_STAGES, KS, false>;
+    *fn = wg ? cuda_flash_wgmma_kernel(D, KS) : flash_kernel<D, FLASH_BM, FLASH_STAGES, KS, false>;
     if (!*fn)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: the wgmma engine needs an sm_90a GPU");
-    *smem = pipe ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES_PIPELINED, KS, true>()
-            : wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true>()
-                 : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false>();
-    if (!attr_set[which]) {
+    *smem = wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true>()
+               : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false>();
+    if (!attr_set[wg]) {
         CUDA_CHECK(cudaFuncSetAttribute(*fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)*smem));
-        attr_set[which] = true;
+        attr_set[wg] = true;
     }
     return IS_OK;
 }
@@ -148,7 +141,7 @@ static int32_t resident(bool wg, int32_t size) {
         flash_fn fn = NULL;
         size_t smem = 0;
         int n = 0;
-        if (flash_prepare<D, KS>(wg, false, &fn, &smem) != IS_OK) {
+        if (flash_prepare<D, KS>(wg, &fn, &smem) != IS_OK) {
             is_error_clear();
         } else if (size == 0) {
             if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, FLASH_BM * 2 * KS, smem) !=
@@ -186,7 +179,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               int32_t block_size, cuda_bf16_out ob, bool early) {
     flash_fn fn = NULL;
     size_t smem = 0;
-    is_status st = flash_prepare<D, KS>(plan.wgmma != 0, plan.pipelined != 0, &fn, &smem);
+    is_status st = flash_prepare<D, KS>(plan.wgmma != 0, &fn, &smem);
     if (st != IS_OK) return st;
     const bool cluster = plan.splits > 1 && plan.cluster;
     if (cluster && resident<D, KS>(plan.wgmma != 0, plan.splits) <= 0)
@@ -321,7 +314,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
                                       bool wgmma, int32_t *tiles) {
     const bool legacy = choice == CUDA_FLASH_CHOICE_LEGACY;
     const int32_t G = n_heads / n_kv_heads;
-    cuda_flash_plan plan = {0, 1, 1, 0, 0, 0};
+    cuda_flash_plan plan = {0, 1, 1, 0, 0};
     plan.wgmma = wgmma && !legacy && cuda_flash_wgmma_supports(head_dim);
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
@@ -368,7 +361,5 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
     }
     plan_splits(&plan, pairs, max_kt, rows_total, head_dim, n_sms,
                 choice != CUDA_FLASH_CHOICE_NO_CLUSTER);
-    plan.pipelined = plan.wgmma && plan.key_warps == 2 && g_pipelined &&
-                     (max_kt + plan.splits - 1) / plan.splits >= FLASH_PIPELINED_MIN_TILES;
     return plan;
 }

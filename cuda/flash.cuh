@@ -64,24 +64,11 @@ typedef struct cuda_flash_plan {
     int32_t splits;    /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
     int32_t cluster;   /* 1: the splits (<= FLASH_CLUSTER_MAX) merge as one cluster */
     int32_t wgmma;     /* 1: S and P V on wgmma (cuda_flash_wgmma_supports), else mma.sync */
-    int32_t pipelined; /* 1: wgmma with two key warps, its pipelined loop (cuda_flash_set_pipelined) */
 } cuda_flash_plan;
 
 /* Whether this GPU runs the wgmma engine (sm_90a: Hopper) for this head
  * size (64 or 128). */
 bool cuda_flash_wgmma_supports(int32_t head_dim);
-
-/* The wgmma engine with two key parts runs its pipelined loop where a block
- * walks at least FLASH_PIPELINED_MIN_TILES key tiles: the next tile's S =
- * Q K^T on the tensor cores while the warps do this tile's softmax, four
- * K/V stages (default on; off: one tile's S, softmax and P V after
- * another, as before device run 84). The same bits either way. A block of
- * one tile has nothing to overlap and pays the deeper prologue (run 85:
- * k = 5 0.03-0.04 ms slower, k = 50 0.01-0.03 faster). Process-wide, like
- * cuda_pdl_set; cuda_flash_plan_batch reads it. */
-#define FLASH_PIPELINED_MIN_TILES 3
-void cuda_flash_set_pipelined(bool on);
-bool cuda_flash_pipelined(void);
 
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
  * measurements (bench_attn_gpu). */

@@ -24,12 +24,7 @@
 
 namespace cg = cooperative_groups;
 
-/* K/V tiles in shared memory: two (one used, the next in flight), or for
- * the wgmma engine's pipelined loop with two key parts four (tile kt + 1's
- * S beside tile kt's softmax, tiles kt + 2 and kt + 3 in flight:
- * flash_kernel; cuda_flash_set_pipelined). */
-#define FLASH_STAGES 2
-#define FLASH_STAGES_PIPELINED 4
+#define FLASH_STAGES 2 /* K/V tiles in shared memory: one used, the next in flight */
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -282,8 +277,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     constexpr int DT = D / 8;        /* 8-wide tiles of O */
     constexpr int STAGE = 2 * FLASH_BN * LD; /* bf16 of one stage's K and V */
     static_assert(!WG || BM == 64, "flash: the WG engine takes one warpgroup of rows");
-    static_assert(STAGES == FLASH_STAGES || (WG && KS == 2 && STAGES == FLASH_STAGES_PIPELINED),
-                  "flash: four stages are the pipelined loop's (wgmma, two key parts)");
     /* STAGES stages of K and V tiles: tiles kt + 1 .. kt + STAGES - 1 are
      * in flight while kt is used. */
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -456,35 +449,75 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     if (tr) tr[FLASH_TRACE_PROLOGUE] = clock64();
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    /* This warp's keys of a tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
-    constexpr int KW = FLASH_BN / KS;
-    const int k0 = kq * KW;
-    /* Every key it takes in tile kt is after the warp's rows (WG: the
-     * warpgroup's, which must all issue its instructions; the tile's last
-     * row's). */
-    auto past = [&](int32_t kt) { return kt * FLASH_BN + k0 > (WG ? pos0 + n - 1 : wl); };
-    /* WG: S = Q K^T of the tile in stage st into s (zeroed here), issued and
-     * committed, not waited for: 16 columns a step, 64 of them to a
-     * swizzled chunk. (Also where the warpgroup's keys are past its rows,
-     * and then not used: under a branch ptxas serialises the wgmma.) */
-    auto s_issue = [&](float (&s)[NT][4], int st) {
+    for (int32_t kt = kt0; kt < kt1; kt++) {
+        const int st = (kt - kt0) % STAGES;
+        unsigned long long t_top = tr ? clock64() : 0;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        /* wgmma reads shared memory through the async proxy: this thread's
+         * copies (generic proxy) must be made visible to it. */
+        if constexpr (WG) wg_fence_proxy();
+        /* Every thread's copies of tile kt have landed, and every warp is
+         * done with the stage read in the previous iteration, which is
+         * refilled next. */
+        __syncthreads();
+        if (tr) {
+            const unsigned long long t = clock64();
+            tr[FLASH_TRACE_WAIT] += t - t_top;
+            tr[FLASH_TRACE_TILES] += 1;
+            t_top = t;
+        }
+        /* This warp's keys of the tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
+        constexpr int KW = FLASH_BN / KS;
+        const int k0 = kq * KW;
+        const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE + k0 * LD,
+                            *sV = sKV + (size_t)st * STAGE + FLASH_BN * LD + k0 * LD;
+        /* Every key it takes is after the warp's rows (WG: the warpgroup's,
+         * which must all issue its instructions; the tile's last row's). */
+        const bool past = kt * FLASH_BN + k0 > (WG ? pos0 + n - 1 : wl);
+        float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        const uint64_t dk = dk0 + (uint64_t)(st * STAGE_DESC);
-        wg_pin<NT * 4>(&s[0][0]);
-        wg_fence();
+        if constexpr (WG) {
+            /* S = Q K^T: 16 columns a step, 64 of them to a swizzled chunk;
+             * issued before the next tile's copies, which it runs beside.
+             * (Also where the warpgroup's keys are past its rows, and then
+             * not used: under a branch ptxas serialises the wgmma.) */
+            const uint64_t dk = dk0 + (uint64_t)(st * STAGE_DESC);
+            wg_pin<NT * 4>(&s[0][0]);
+            wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const uint32_t at = ((ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32) >> 4;
-            wg_mma_ss<KW>(&s[0][0], dq + at, dk + at);
+            for (int ks = 0; ks < D / 16; ks++) {
+                const uint32_t at = ((ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32) >> 4;
+                wg_mma_ss<KW>(&s[0][0], dq + at, dk + at);
+            }
+            wg_commit();
         }
-        wg_commit();
-    };
-    /* Online softmax of tile kt's scores s in the log2 domain (masked keys
-     * are -inf): s becomes P, and the row's max m, sum l and O move with
-     * it. Only a tile that reaches past a row's last key needs the mask (the
-     * same values either way; the per-element test was ~50 instructions). */
-    auto softmax = [&](float (&s)[NT][4], int32_t kt) {
+        if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
+        asm volatile("cp.async.commit_group;\n" ::);
+        if constexpr (WG) {
+            wg_wait();
+            wg_pin<NT * 4>(&s[0][0]);
+        }
+        if (past) continue;
+        if constexpr (!WG) {
+            /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt += 2) {
+                    /* matrices: keys of tile nt x cols 16ks..+7, +8..+15; then tile nt+1 */
+                    const int mi = lane >> 3, rr = lane & 7;
+                    uint32_t b[4];
+                    ldsm_x4(b, sK + ((nt + (mi >> 1)) * 8 + rr) * LD + ks * 16 + (mi & 1) * 8);
+                    mma_bf16(s[nt], qa[ks], b[0], b[1]);
+                    mma_bf16(s[nt + 1], qa[ks], b[2], b[3]);
+                }
+            }
+        }
+
+        /* Online softmax in the log2 domain; masked keys are -inf. Only a
+         * tile that reaches past a row's last key needs the mask (the same
+         * values either way; the per-element test was ~50 instructions). */
         float mx[2] = {-INFINITY, -INFINITY};
         if (kt * FLASH_BN + k0 + KW - 1 <= min(last[0], last[1])) {
 #pragma unroll
@@ -535,147 +568,26 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             o[dt][2] *= alpha[1];
             o[dt][3] *= alpha[1];
         }
-    };
-    /* WG: O += P V for the tile in stage st, P from s (pa: its bf16 A
-     * fragments, which must stay untouched until the wgmma is waited for),
-     * issued and committed: V's rows of those keys, N-major, one
-     * instruction per 16 keys. */
-    auto pv_issue = [&](const float (&s)[NT][4], uint32_t (&pa)[KW / 16][4], int st) {
-#pragma unroll
-        for (int kk = 0; kk < KW / 16; kk++) {
-            pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
-        const uint64_t dv = dv0 + (uint64_t)(st * STAGE_DESC);
-        wg_pin<DT * 4>(&o[0][0]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < KW / 16; kk++)
-            wg_mma_rs<D>(&o[0][0], pa[kk], dv + ((16 * kk * 128) >> 4));
-        wg_commit();
-    };
-
-    if constexpr (STAGES == FLASH_STAGES_PIPELINED) {
-        /* The pipelined loop (two key parts on wgmma): tile kt + 1's S runs on
-         * the tensor cores while the warps do tile kt's softmax; tile kt + 3's
-         * copies go into the stage tile kt - 1 left, two tiles ahead of their
-         * use (one ahead, run 84, left them 0.78 us of waiting a block at
-         * k = 50 against 0.35 before: the shorter tile no longer covered
-         * their latency). Both wgmma groups are waited for at the end of an iteration:
-         * accumulators in flight across the loop's back edge made ptxas
-         * serialise every wgmma (C7514). The same products and sums in the
-         * same order as the loop below, so the same bits (test_flash_engines). */
-        float s[NT][4], sn[NT][4];
-        uint32_t pa[KW / 16][4];
-        unsigned long long t_top = tr ? clock64() : 0;
-        asm volatile("cp.async.wait_group 2;\n" ::); /* tile kt0 (kt0 + 1, + 2 may be in flight) */
-        wg_fence_proxy();
-        __syncthreads();
-        wg_pin<DT * 4>(&o[0][0]);
-        s_issue(sn, 0);
-        wg_wait();
-        wg_pin<NT * 4>(&sn[0][0]);
-        if (tr) {
-            const unsigned long long t = clock64();
-            tr[FLASH_TRACE_WAIT] += t - t_top;
-            t_top = t;
-        }
-        for (int32_t kt = kt0; kt < kt1; kt++) {
-            const int st = (kt - kt0) % STAGES;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[nt][e] = sn[nt][e];
-            if (kt + 1 < kt1) {
-                if (tr) t_top = clock64();
-                asm volatile("cp.async.wait_group 1;\n" ::); /* tile kt + 1 (kt + 2 may be in flight) */
-                wg_fence_proxy();
-                /* Every warp's copies of tile kt + 1 have landed, and every
-                 * warpgroup's P V of tile kt - 1 is done with its stage. */
-                __syncthreads();
-                if (tr) {
-                    const unsigned long long t = clock64();
-                    tr[FLASH_TRACE_WAIT] += t - t_top;
-                    t_top = t;
-                }
-                s_issue(sn, (st + 1) % STAGES);
-                if (kt + 3 < kt1) load_tile(kt + 3, (st + 3) % STAGES);
-                asm volatile("cp.async.commit_group;\n" ::);
-            }
-            if (tr) tr[FLASH_TRACE_TILES] += 1;
-            if (!past(kt)) {
-                softmax(s, kt);
-                pv_issue(s, pa, st);
-            }
-            /* S of tile kt + 1, and this tile's P V */
-            wg_wait();
-            wg_pin<NT * 4>(&sn[0][0]);
-            wg_pin<DT * 4>(&o[0][0]);
-#pragma unroll
-            for (int kk = 0; kk < KW / 16; kk++) wg_pin(pa[kk]);
-            if (tr) {
-                const unsigned long long t = clock64();
-                tr[FLASH_TRACE_COMPUTE] += t - t_top;
-                t_top = t;
-            }
-        }
-    } else {
-    for (int32_t kt = kt0; kt < kt1; kt++) {
-        const int st = (kt - kt0) % STAGES;
-        unsigned long long t_top = tr ? clock64() : 0;
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-        /* wgmma reads shared memory through the async proxy: this thread's
-         * copies (generic proxy) must be made visible to it. */
-        if constexpr (WG) wg_fence_proxy();
-        /* Every thread's copies of tile kt have landed, and every warp is
-         * done with the stage read in the previous iteration, which is
-         * refilled next. */
-        __syncthreads();
-        if (tr) {
-            const unsigned long long t = clock64();
-            tr[FLASH_TRACE_WAIT] += t - t_top;
-            tr[FLASH_TRACE_TILES] += 1;
-            t_top = t;
-        }
-        const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE + k0 * LD,
-                            *sV = sKV + (size_t)st * STAGE + FLASH_BN * LD + k0 * LD;
-        float s[NT][4];
-        if constexpr (WG) s_issue(s, st); /* before the next tile's copies, which it runs beside */
-        if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
-        asm volatile("cp.async.commit_group;\n" ::);
-        if constexpr (WG) {
-            wg_wait();
-            wg_pin<NT * 4>(&s[0][0]);
-        }
-        if (past(kt)) continue;
-        if constexpr (!WG) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
-#pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) {
-#pragma unroll
-                for (int nt = 0; nt < NT; nt += 2) {
-                    /* matrices: keys of tile nt x cols 16ks..+7, +8..+15; then tile nt+1 */
-                    const int mi = lane >> 3, rr = lane & 7;
-                    uint32_t b[4];
-                    ldsm_x4(b, sK + ((nt + (mi >> 1)) * 8 + rr) * LD + ks * 16 + (mi & 1) * 8);
-                    mma_bf16(s[nt], qa[ks], b[0], b[1]);
-                    mma_bf16(s[nt + 1], qa[ks], b[2], b[3]);
-                }
-            }
-        }
-        softmax(s, kt);
 
         /* O += P V: P's A fragment for keys 16kk..+15 is S tiles 2kk, 2kk+1;
          * ldmatrix.trans of V gives the B fragments of two 8-wide O tiles
-         * (WG: pv_issue). */
+         * (WG: V's rows of those keys, N-major, one instruction). */
         if constexpr (WG) {
             uint32_t pa[KW / 16][4];
-            pv_issue(s, pa, st);
-            wg_wait();
+#pragma unroll
+            for (int kk = 0; kk < KW / 16; kk++) {
+                pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+            const uint64_t dv = dv0 + (uint64_t)(st * STAGE_DESC);
+            wg_pin<DT * 4>(&o[0][0]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < KW / 16; kk++)
+                wg_mma_rs<D>(&o[0][0], pa[kk], dv + ((16 * kk * 128) >> 4));
+            wg_commit_wait();
             wg_pin<DT * 4>(&o[0][0]);
 #pragma unroll
             for (int kk = 0; kk < KW / 16; kk++) wg_pin(pa[kk]);
@@ -699,7 +611,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             }
         }
         if (tr) tr[FLASH_TRACE_COMPUTE] += clock64() - t_top;
-    }
     }
 
 #pragma unroll
@@ -901,11 +812,10 @@ typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
                          int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
 
-/* flash_wgmma.cu: the WG engine's kernel for this head size and key warps
- * (with two, the pipelined loop where `pipelined`), or NULL where this GPU
- * cannot run sm_90a code; and its trace pointer (cuda_flash_set_trace sets
- * both engines'). */
-flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps, bool pipelined);
+/* flash_wgmma.cu: the WG engine's kernel for this head size and key warps,
+ * or NULL where this GPU cannot run sm_90a code; and its trace pointer
+ * (cuda_flash_set_trace sets both engines'). */
+flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps);
 is_status cuda_flash_wgmma_set_trace(unsigned long long *trace);
 
 #endif

@@ -19,16 +19,14 @@
 #include "flash_kernel.cuh"
 #include "wgmma_gemm.cuh"
 
-flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps, bool pipelined) {
+flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps) {
     if (!cuda_sm90a_runs()) return NULL;
     if (head_dim == 64)
-        return key_warps == 1 ? flash_kernel<64, FLASH_BM, FLASH_STAGES, 1, true>
-               : pipelined    ? flash_kernel<64, FLASH_BM, FLASH_STAGES_PIPELINED, 2, true>
-                              : flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true>;
+        return key_warps == 2 ? flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true>
+                              : flash_kernel<64, FLASH_BM, FLASH_STAGES, 1, true>;
     if (head_dim == 128)
-        return key_warps == 1 ? flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true>
-               : pipelined    ? flash_kernel<128, FLASH_BM, FLASH_STAGES_PIPELINED, 2, true>
-                              : flash_kernel<128, FLASH_BM, FLASH_STAGES, 2, true>;
+        return key_warps == 2 ? flash_kernel<128, FLASH_BM, FLASH_STAGES, 2, true>
+                              : flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true>;
     return NULL;
 }
 
