@@ -19,7 +19,10 @@
  * before attention, so it is in L2 there). Times are medians of the launches'
  * event spans (flash kernel and merge together).
  *
- * Usage: bench_attn_gpu [-r reps] [-T] [-P case]   (default 50 reps)
+ * Usage: bench_attn_gpu [-r reps] [-T] [-P case] [-p GB]   (default 50 reps)
+ * -p GB: the sequences' cache blocks drawn from a pool of GB gigabytes (keys;
+ * as many of values), so that their pages lie far apart, as a fact-KV
+ * arena's records do.
  * -T: one more launch of the new plan a case with cuda_flash_set_trace's
  * phase timestamps, summarised per phase (where a block's time goes).
  * -P case: only that case's new plan, reps launches and nothing else, for
@@ -129,17 +132,22 @@ static std::string trace_summary(const std::vector<unsigned long long> &t, size_
 
 int main(int argc, char **argv) {
     int reps = 50, profile_case = -1;
+    double pool_gb = 0.0;
     bool trace = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-p") && i + 1 < argc) pool_gb = atof(argv[++i]);
         else if (!strcmp(argv[i], "-T")) trace = true;
         else if (!strcmp(argv[i], "-P") && i + 1 < argc) profile_case = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [-r reps] [-T] [-P case]\n"
+            fprintf(stderr, "usage: %s [-r reps] [-T] [-P case] [-p GB]\n"
                             "-T: after the tables, the new plan's phases in one traced launch "
                             "a case\n"
                             "-P case: only the new plan of that case (0-6, the table's rows in "
-                            "order), reps launches, no table: for a profiler\n", argv[0]);
+                            "order), reps launches, no table: for a profiler\n"
+                            "-p GB: the pool of cache blocks the sequence's are drawn from spans\n"
+                            "GB gigabytes of keys and as many of values (default: 4 x the blocks\n"
+                            "of the longest case), so its pages lie far apart\n", argv[0]);
             return 2;
         }
     }
@@ -164,8 +172,17 @@ int main(int argc, char **argv) {
     }
 
     /* The cache: a pool of blocks, each [KH][BS][D]; a sequence takes a
-     * shuffled subset (fixed seed), as the paged cache hands them out. */
-    const int32_t pool = 4 * ((max_keys + BS - 1) / BS);
+     * shuffled subset (fixed seed), as the paged cache hands them out. -p:
+     * a pool of that many gigabytes, so that a sequence's pages are spread
+     * over it (the fact-KV arena's records lie across gigabytes: whether
+     * reads that far apart cost the attention, cuda/NOTES.md run 89). */
+    const int64_t block_bytes = (int64_t)KH * BS * D * (int64_t)sizeof(__nv_bfloat16);
+    const int32_t pool = pool_gb > 0.0
+                             ? (int32_t)std::max<int64_t>((int64_t)(pool_gb * 1e9 / block_bytes),
+                                                          (max_keys + BS - 1) / BS)
+                             : 4 * ((max_keys + BS - 1) / BS);
+    printf("cache pool: %d blocks of %lld bytes (%.2f GB of keys, as many of values)\n", pool,
+           (long long)block_bytes, (double)pool * block_bytes / 1e9);
     const int64_t cache_n = (int64_t)pool * KH * BS * D;
     __nv_bfloat16 *kc = NULL, *vc = NULL;
     CK(cudaMalloc(&kc, cache_n * sizeof(__nv_bfloat16)));
