@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
                             "a case\n"
                             "-P case: only the new plan of that case (0-6, the table's rows in "
                             "order), reps launches, no table: for a profiler\n"
-                            "-p GB: the pool of cache blocks the sequence's are drawn from spans\n"
+                            "-p GB: the pool the sequence's cache blocks are drawn from spans\n"
                             "GB gigabytes of keys and as many of values (default: 4 x the blocks\n"
                             "of the longest case), so its pages lie far apart\n", argv[0]);
             return 2;
