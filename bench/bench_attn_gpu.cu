@@ -177,10 +177,11 @@ int main(int argc, char **argv) {
      * over it (the fact-KV arena's records lie across gigabytes: whether
      * reads that far apart cost the attention, cuda/NOTES.md run 89). */
     const int64_t block_bytes = (int64_t)KH * BS * D * (int64_t)sizeof(__nv_bfloat16);
-    const int32_t pool = pool_gb > 0.0
-                             ? (int32_t)std::max<int64_t>((int64_t)(pool_gb * 1e9 / block_bytes),
-                                                          (max_keys + BS - 1) / BS)
-                             : 4 * ((max_keys + BS - 1) / BS);
+    const int32_t seq_blocks = (max_keys + BS - 1) / BS; /* the longest case's */
+    const int32_t pool =
+        pool_gb > 0.0
+            ? (int32_t)std::max<int64_t>((int64_t)(pool_gb * 1e9 / block_bytes), seq_blocks)
+            : 4 * seq_blocks;
     printf("cache pool: %d blocks of %lld bytes (%.2f GB of keys, as many of values)\n", pool,
            (long long)block_bytes, (double)pool * block_bytes / 1e9);
     const int64_t cache_n = (int64_t)pool * KH * BS * D;
