@@ -1391,7 +1391,6 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
 
 static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
                              const backend_inject *in) {
-    const int32_t kv_dim = in->n_kv_heads * in->head_dim;
     int64_t total = 0;
     for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
     if (total <= 0) return IS_OK;
@@ -1399,7 +1398,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     const rope_params *rp = in->rope;
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
     if (!c->kv_bf16) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
-    if (!cuda_arena_matches(c->arena, in->n_layers, kv_dim)) {
+    if (!cuda_arena_matches(c->arena, in->n_layers, in->n_kv_heads, in->head_dim)) {
         cuda_arena_free(c->arena);
         c->arena = NULL;
         size_t bytes = c->arena_bytes;
@@ -1408,7 +1407,8 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
             CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
             bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
         }
-        is_status st = cuda_arena_create(bytes, in->n_layers, kv_dim, &c->arena);
+        is_status st = cuda_arena_create(bytes, in->n_layers, in->n_kv_heads, in->head_dim,
+                                         &c->arena);
         if (st != IS_OK) return st;
     }
     /* Host pack: [pages T][slots T], then the caches' addresses. */

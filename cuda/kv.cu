@@ -183,18 +183,19 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
                                      const float *cs) {
     const int32_t i = blockIdx.x, l = blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
-    const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
-    const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
     CT *kc = (CT *)caches[l], *vc = (CT *)caches[n_layers + l];
     const int32_t slot = slots[i];
     const int64_t block = slot / block_size, off = slot % block_size;
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
         const int32_t h = e / head_dim, d = e % head_dim;
         const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
-        const __nv_bfloat16 *kh = kr + (int64_t)h * head_dim;
+        const __nv_bfloat16 *kh =
+            arena + arena_row(pages[i], 0, l, h, n_layers, n_kv_heads, head_dim);
+        const __nv_bfloat16 *vh =
+            arena + arena_row(pages[i], 1, l, h, n_layers, n_kv_heads, head_dim);
         kv_put(kc + dst, rope_element([=](int32_t i) { return kv_load(kh + i); }, d, half, neox,
                                       cs + (int64_t)p * half * 2, false));
-        kv_put(vc + dst, __bfloat162float(vr[e]));
+        kv_put(vc + dst, __bfloat162float(vh[d]));
     }
 }
 
@@ -236,11 +237,12 @@ static __global__ void __launch_bounds__(256)
      * layer); 32-bit index arithmetic (the host checks that it fits: the
      * 64-bit divisions of a grid-stride loop over every layer were most of
      * the kernel's instructions). */
-    const int32_t kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
+    const int32_t half = head_dim / 2;
     const int32_t per_head = neox ? head_dim / 16 : head_dim / 8, units = n_kv_heads * per_head;
     const int32_t l = blockIdx.y, per_layer = n_tokens * units;
     __nv_bfloat16 *kc = (__nv_bfloat16 *)caches[l], *vc = (__nv_bfloat16 *)caches[n_layers + l];
-    const int64_t rec = 2 * (int64_t)n_layers * kv_dim; /* an arena page's elements */
+    /* The arena's values lie this far after their keys (kv.cuh's layout). */
+    const int64_t v_after = (int64_t)n_layers * n_kv_heads * ARENA_BLOCK * head_dim;
     uint4 k0[INJECT_UNITS], k1[INJECT_UNITS], v0[INJECT_UNITS], v1[INJECT_UNITS];
     int64_t dst[INJECT_UNITS];
     int32_t at[INJECT_UNITS], dd[INJECT_UNITS];
@@ -251,8 +253,9 @@ static __global__ void __launch_bounds__(256)
         if (idx >= per_layer) continue;
         const int32_t i = idx / units, u = idx - i * units;
         const int32_t h = u / per_head, d = (u - h * per_head) * 8;
-        const __nv_bfloat16 *kr = arena + pages[i] * rec + (int64_t)l * kv_dim + h * head_dim;
-        const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
+        const __nv_bfloat16 *kr =
+            arena + arena_row(pages[i], 0, l, h, n_layers, n_kv_heads, head_dim);
+        const __nv_bfloat16 *vr = kr + v_after;
         const int32_t slot = slots[i];
         dst[j] = (((int64_t)(slot / block_size) * n_kv_heads + h) * block_size + slot % block_size) *
                  head_dim;
@@ -341,24 +344,27 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
 /* One block per (token, layer). */
 static __global__ void arena_fill_kernel(__nv_bfloat16 *arena, const int32_t *pages,
                                          const float *k, const float *v, int32_t n_tokens,
-                                         int32_t n_layers, int32_t kv_dim) {
-    const int32_t j = blockIdx.x, l = blockIdx.y;
-    __nv_bfloat16 *kd = arena + (int64_t)pages[j] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
-    __nv_bfloat16 *vd = kd + (int64_t)n_layers * kv_dim;
+                                         int32_t n_layers, int32_t n_kv_heads, int32_t head_dim) {
+    const int32_t j = blockIdx.x, l = blockIdx.y, kv_dim = n_kv_heads * head_dim;
     const int64_t src = ((int64_t)l * n_tokens + j) * kv_dim;
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
-        kd[e] = __float2bfloat16_rn(k[src + e]);
-        vd[e] = __float2bfloat16_rn(v[src + e]);
+        const int32_t h = e / head_dim, d = e % head_dim;
+        arena[arena_row(pages[j], 0, l, h, n_layers, n_kv_heads, head_dim) + d] =
+            __float2bfloat16_rn(k[src + e]);
+        arena[arena_row(pages[j], 1, l, h, n_layers, n_kv_heads, head_dim) + d] =
+            __float2bfloat16_rn(v[src + e]);
     }
 }
 
 is_status cuda_arena_fill(cudaStream_t s, __nv_bfloat16 *arena, const int32_t *pages,
                           const float *k, const float *v, int32_t n_tokens, int32_t n_layers,
-                          int32_t kv_dim) {
+                          int32_t n_kv_heads, int32_t head_dim) {
     if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
     dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
+    const int32_t kv_dim = n_kv_heads * head_dim;
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
-    arena_fill_kernel<<<grid, threads, 0, s>>>(arena, pages, k, v, n_tokens, n_layers, kv_dim);
+    arena_fill_kernel<<<grid, threads, 0, s>>>(arena, pages, k, v, n_tokens, n_layers, n_kv_heads,
+                                               head_dim);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

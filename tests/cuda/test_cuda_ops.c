@@ -1585,17 +1585,18 @@ static void test_inject(void **state) {
     gpu_ok();
 }
 
-/* The arena: hits skip the upload, the least recently used record goes
- * first, records of the current call are never evicted, and a request
- * larger than the arena is refused. On a backend of its own, since a
- * refusal is a sticky failure. */
+/* The arena: its capacity in whole blocks of ARENA_BLOCK (16) pages, hits
+ * skip the upload, the least recently used record goes first, records of
+ * the current call are never evicted, and a request larger than the arena
+ * is refused. On a backend of its own, since a refusal is a sticky
+ * failure. */
 static void test_arena(void **state) {
     SKIP_WITHOUT_GPU();
     backend *be;
     assert_int_equal(backend_cuda_create(0, &be), IS_OK);
     const inj_shape sh = {3, 2, 64, 16, 10, {ROPE_LAYOUT_NORM, 64, 10000.0f, 1.0f, NULL}};
     const int64_t page_bytes = 2 * 3 * 2 * 64 * 2;
-    backend_cuda_set_arena_bytes(be, (size_t)(40 * page_bytes)); /* 40 pages */
+    backend_cuda_set_arena_bytes(be, (size_t)(50 * page_bytes)); /* 3 blocks: 48 pages */
     const int32_t len17[1] = {17};
     inj_facts A, B, C;
     inj_facts_make(&sh, &A, 1, len17, 1000);
@@ -1605,7 +1606,7 @@ static void test_arena(void **state) {
     check_inject(be, "arena: A (miss)", &sh, &A, true);
     check_inject(be, "arena: B (miss)", &sh, &B, true);
     backend_cuda_arena_stats(be, &st);
-    assert_int_equal(st.pages_total, 40);
+    assert_int_equal(st.pages_total, 48);
     assert_int_equal(st.page_bytes, page_bytes);
     assert_int_equal(st.misses, 2);
     assert_int_equal(st.pages_used, 34);
@@ -1647,17 +1648,17 @@ static void test_arena(void **state) {
     printf("  arena: %lld hits, %lld misses, %lld evictions, %lld of %lld pages used\n",
            (long long)st.hits, (long long)st.misses, (long long)st.evictions,
            (long long)st.pages_used, (long long)st.pages_total);
-    /* One request of 41 tokens cannot fit: refused, not truncated. */
-    const int32_t big[3] = {17, 17, 7};
+    /* One request of 49 tokens cannot fit: refused, not truncated. */
+    const int32_t big[3] = {17, 17, 15};
     inj_facts D;
     inj_facts_make(&sh, &D, 3, big, 4000);
     backend_cuda_set_kv_dtype(be, CUDA_KV_BF16);
     float *init = rand_f32((size_t)10 * 2 * 16 * 64, 1.0f);
-    int32_t slots[41];
-    for (int32_t i = 0; i < 41; i++) slots[i] = i;
+    int32_t slots[49];
+    for (int32_t i = 0; i < 49; i++) slots[i] = i;
     caches_free(inject_on(be, &sh, &D, 0, slots, init, true), 6);
     assert_int_equal(backend_cuda_check(be), IS_ERR_NOMEM);
-    printf("  arena: 41 tokens into 40 pages refused: %s\n", is_error_last());
+    printf("  arena: 49 tokens into 48 pages refused: %s\n", is_error_last());
     is_error_clear();
     free(init);
     inj_facts_free(&A);
