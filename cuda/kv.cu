@@ -224,15 +224,19 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
     return u;
 }
 
-/* Units (16-byte pieces of a token's keys) a thread takes: their loads in
- * flight together. */
-#define INJECT_UNITS 2
+/* Units (16-byte pieces of a token's keys or values) a thread takes: their
+ * loads in flight together. Keys and values: 2 units, 4 loads; one part
+ * alone: 4 units, the same 4 loads (run 83's keys alone at 2 units moved
+ * their bytes slower than both parts together). */
+#define INJECT_UNITS_BOTH 2
+#define INJECT_UNITS_ONE 4
 
+template <int INJECT_UNITS>
 static __global__ void __launch_bounds__(256)
     inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
                        const int32_t *slots, int32_t pos0, int32_t n_tokens, int32_t n_layers,
                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
-                       const float *cs) {
+                       const float *cs, bool keys, bool values) {
     /* Block (x: 256 * INJECT_UNITS of the layer's (token, unit) pairs, y:
      * layer); 32-bit index arithmetic (the host checks that it fits: the
      * 64-bit divisions of a grid-stride loop over every layer were most of
@@ -261,17 +265,24 @@ static __global__ void __launch_bounds__(256)
                  head_dim;
         at[j] = i;
         dd[j] = d;
-        k0[j] = *reinterpret_cast<const uint4 *>(kr + d);
-        v0[j] = *reinterpret_cast<const uint4 *>(vr + d);
-        if (neox) {
-            k1[j] = *reinterpret_cast<const uint4 *>(kr + d + half);
-            v1[j] = *reinterpret_cast<const uint4 *>(vr + d + half);
+        if (keys) {
+            k0[j] = *reinterpret_cast<const uint4 *>(kr + d);
+            if (neox) k1[j] = *reinterpret_cast<const uint4 *>(kr + d + half);
+        }
+        if (values) {
+            v0[j] = *reinterpret_cast<const uint4 *>(vr + d);
+            if (neox) v1[j] = *reinterpret_cast<const uint4 *>(vr + d + half);
         }
     }
 #pragma unroll
     for (int j = 0; j < INJECT_UNITS; j++) {
         if (at[j] < 0) continue;
         const int32_t d = dd[j];
+        if (values) {
+            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
+            if (neox) *reinterpret_cast<uint4 *>(vc + dst[j] + d + half) = v1[j];
+        }
+        if (!keys) continue;
         const float *ce = cs + (int64_t)(pos0 + at[j]) * half * 2;
         float a[8], b[8], c[16];
         bf16x8_to_f32(k0[j], a);
@@ -287,7 +298,6 @@ static __global__ void __launch_bounds__(256)
                 o[2 * e + 1] = rope_second(x0, x1, co, sn);
             }
             *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o);
-            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
         } else {
             /* Pairs (d + e, d + e + half), e < 8: table entries d + e. */
             bf16x8_to_f32(k1[j], b);
@@ -304,28 +314,41 @@ static __global__ void __launch_bounds__(256)
             }
             *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o0);
             *reinterpret_cast<uint4 *>(kc + dst[j] + d + half) = f32_to_bf16x8(o1);
-            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
-            *reinterpret_cast<uint4 *>(vc + dst[j] + d + half) = v1[j];
         }
     }
+}
+
+bool cuda_inject_parts_split(int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads,
+                             int32_t head_dim, int32_t n_rot, bool neox, bool bf16) {
+    const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
+    return bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
+           n_layers <= 65535;
 }
 
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16) {
-    if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
-    const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
-    if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
-        n_layers <= 65535) {
-        const int64_t per_block = 256 * INJECT_UNITS;
+                      int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t parts) {
+    if (n_tokens <= 0 || n_layers <= 0 || parts == 0) return IS_OK;
+    if (cuda_inject_parts_split(n_tokens, n_layers, n_kv_heads, head_dim, n_rot, neox, bf16)) {
+        const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
+        const bool keys = (parts & CUDA_INJECT_KEYS) != 0, values = (parts & CUDA_INJECT_VALUES) != 0;
+        const int32_t units = keys && values ? INJECT_UNITS_BOTH : INJECT_UNITS_ONE;
+        const int64_t per_block = 256 * units;
         const dim3 grid((unsigned)((per_layer + per_block - 1) / per_block), (unsigned)n_layers);
-        inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos0, n_tokens,
-                                                n_layers, n_kv_heads, head_dim, block_size, neox,
-                                                cs);
+        if (units == INJECT_UNITS_BOTH)
+            inject_bf16_kernel<INJECT_UNITS_BOTH><<<grid, 256, 0, s>>>(
+                caches, arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads, head_dim,
+                block_size, neox, cs, keys, values);
+        else
+            inject_bf16_kernel<INJECT_UNITS_ONE><<<grid, 256, 0, s>>>(
+                caches, arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads, head_dim,
+                block_size, neox, cs, keys, values);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
+    if (parts != CUDA_INJECT_KEYS + CUDA_INJECT_VALUES)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: keys and values apart on this shape");
     dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
     const int32_t kv_dim = n_kv_heads * head_dim;
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;

@@ -74,15 +74,28 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
                                   const float *cs, bool bf16);
 
+/* What cuda_inject writes: the keys, the values, or both (parts). */
+#define CUDA_INJECT_KEYS 1
+#define CUDA_INJECT_VALUES 2
+
 /* Chunked RoPE + scatter, every layer and every token in one launch: token i
  * (page pages[i], slot slots[i], position pos0 + i) of the memory segment
  * has its arena keys rotated (cos/sin table cs as cuda_rope's) and written
  * with its values into layer l's caches, caches[l] (keys) and
- * caches[n_layers + l] (values) (device array of device pointers). */
+ * caches[n_layers + l] (values) (device array of device pointers). parts:
+ * CUDA_INJECT_KEYS and / or CUDA_INJECT_VALUES, apart only where
+ * cuda_inject_parts_split (else IS_ERR_INVALID_ARG); the same bits either
+ * way. */
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16);
+                      int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t parts);
+
+/* Whether cuda_inject takes keys and values in launches of their own for
+ * this shape: the bf16 cache with every dimension rotated (the serving
+ * case, one kernel for both parts). */
+bool cuda_inject_parts_split(int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads,
+                             int32_t head_dim, int32_t n_rot, bool neox, bool bf16);
 
 /* Fills arena pages from a staged record: k, v f32 [n_layers][n_tokens][kv_dim]
  * (device), token j into page pages[j] (device). */
