@@ -63,13 +63,9 @@
  * (backend_cuda_set_flash_wgmma: the "before" of device run 54);
  * "+hostargmax" (any backend) brings every request's logits to the host and
  * takes the argmax there instead of engine_decode_greedy (the "before" of
- * device run 74); "+valuescopied" copies the facts' values into the cache
- * with their keys at the inject, instead of the forward reading them in
- * the arena and their copy following the first token
- * (backend_cuda_set_values_in_place: the "before" of device run 82).
+ * device run 74).
  * A switch that the backend also reads from the environment (IS_CUDA_PDL,
- * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED,
- * IS_CUDA_VALUES_IN_PLACE: "0" turns it off;
+ * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED: "0" turns it off;
  * IS_CUDA_PDL_EARLY: "1" on) keeps that setting in every configuration
  * that names no modifier for it (run 59's IS_CUDA_PDL=0 was overridden
  * before this rule, cuda/NOTES.md).
@@ -921,12 +917,9 @@ int main(int argc, char **argv) {
                     "         +mmasync: the attention's products on mma.sync, not\n"
                     "         wgmma (the default on an sm_90a GPU); +hostargmax: the\n"
                     "         logits brought to the host for the first token's argmax;\n"
-                    "         +valuescopied: the facts' values copied at the inject, not\n"
-                    "         read in the arena by the first forward;\n"
                     "         ignored on cpu; IS_CUDA_PDL, IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA,\n"
-                    "         IS_CUDA_STACKED, IS_CUDA_VALUES_IN_PLACE (=0) and\n"
-                    "         IS_CUDA_PDL_EARLY (=1) hold in every configuration that names\n"
-                    "         no modifier for them\n");
+                    "         IS_CUDA_STACKED (=0) and IS_CUDA_PDL_EARLY (=1) hold in every\n"
+                    "         configuration that names no modifier for them\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -1036,8 +1029,6 @@ int main(int argc, char **argv) {
             backend_cuda_set_wgmma(b.be, !strstr(cfg, "+nowgmma") && env_switch("IS_CUDA_WGMMA", "0"));
             backend_cuda_set_flash_wgmma(b.be, !strstr(cfg, "+mmasync") &&
                                                    env_switch("IS_CUDA_FLASH_WGMMA", "0"));
-            backend_cuda_set_values_in_place(b.be, !strstr(cfg, "+valuescopied") &&
-                                                       env_switch("IS_CUDA_VALUES_IN_PLACE", "0"));
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

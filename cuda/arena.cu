@@ -19,11 +19,11 @@ struct record {
 } // namespace
 
 struct cuda_arena {
-    int32_t n_layers, n_kv_heads, head_dim;
+    int32_t n_layers, kv_dim;
     size_t page_elems; /* bf16 per page */
     int64_t n_pages;
     __nv_bfloat16 *data;
-    std::vector<int32_t> free_pages; /* the next page to take last */
+    std::vector<int32_t> free_pages;
     std::unordered_map<uint64_t, int32_t> by_id; /* id -> index in recs */
     std::vector<record> recs;
     std::vector<int32_t> free_recs;
@@ -36,20 +36,16 @@ struct cuda_arena {
     size_t dpages_cap;
 };
 
-is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
-                            int32_t head_dim, cuda_arena **out) {
-    const size_t page_elems = (size_t)2 * n_layers * n_kv_heads * head_dim;
-    const int64_t n_pages = (int64_t)(max_bytes / (page_elems * sizeof(__nv_bfloat16))) /
-                            ARENA_BLOCK * ARENA_BLOCK;
+is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t kv_dim, cuda_arena **out) {
+    const size_t page_elems = (size_t)2 * n_layers * kv_dim;
+    const int64_t n_pages = (int64_t)(max_bytes / (page_elems * sizeof(__nv_bfloat16)));
     if (n_pages < 1 || n_pages > INT32_MAX)
-        return is_error_set(IS_ERR_NOMEM,
-                            "cuda arena: %zu bytes hold no block of %d pages of %zu bytes",
-                            max_bytes, ARENA_BLOCK, page_elems * sizeof(__nv_bfloat16));
+        return is_error_set(IS_ERR_NOMEM, "cuda arena: %zu bytes hold %lld pages of %zu bytes",
+                            max_bytes, (long long)n_pages, page_elems * sizeof(__nv_bfloat16));
     cuda_arena *a = new (std::nothrow) cuda_arena();
     if (!a) return is_error_set(IS_ERR_NOMEM, "cuda arena: out of memory");
     a->n_layers = n_layers;
-    a->n_kv_heads = n_kv_heads;
-    a->head_dim = head_dim;
+    a->kv_dim = kv_dim;
     a->page_elems = page_elems;
     a->n_pages = n_pages;
     cudaError_t e = cudaMalloc(&a->data, (size_t)n_pages * page_elems * sizeof(__nv_bfloat16));
@@ -76,9 +72,8 @@ void cuda_arena_free(cuda_arena *a) {
     delete a;
 }
 
-bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads,
-                        int32_t head_dim) {
-    return a && a->n_layers == n_layers && a->n_kv_heads == n_kv_heads && a->head_dim == head_dim;
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t kv_dim) {
+    return a && a->n_layers == n_layers && a->kv_dim == kv_dim;
 }
 
 const __nv_bfloat16 *cuda_arena_data(const cuda_arena *a) { return a->data; }
@@ -91,8 +86,7 @@ void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out) {
 
 static void drop_record(cuda_arena *a, int32_t ri) {
     record &r = a->recs[(size_t)ri];
-    /* Its first page on top: the next record taken there gets them in order. */
-    for (auto p = r.pages.rbegin(); p != r.pages.rend(); ++p) a->free_pages.push_back(*p);
+    for (int32_t p : r.pages) a->free_pages.push_back(p);
     r.pages.clear();
     if (r.id) {
         a->by_id.erase(r.id);
@@ -128,7 +122,7 @@ static is_status grow(void **buf, size_t *cap, size_t bytes, cudaStream_t s) {
 /* Copies one record from the host into its pages. */
 static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
                       const std::vector<int32_t> &pages) {
-    const size_t n = (size_t)a->n_layers * f->n_tokens * a->n_kv_heads * a->head_dim;
+    const size_t n = (size_t)a->n_layers * f->n_tokens * a->kv_dim;
     is_status st = grow((void **)&a->staging, &a->staging_cap, 2 * n * sizeof(float), s);
     if (st == IS_OK) st = grow((void **)&a->dpages, &a->dpages_cap, pages.size() * sizeof(int32_t), s);
     if (st != IS_OK) return st;
@@ -140,7 +134,7 @@ static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
                                cudaMemcpyHostToDevice, s));
     a->stats.bytes_uploaded += (int64_t)(2 * n * sizeof(float));
     return cuda_arena_fill(s, a->data, a->dpages, a->staging, a->staging + n, f->n_tokens,
-                           a->n_layers, a->n_kv_heads, a->head_dim);
+                           a->n_layers, a->kv_dim);
 }
 
 is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
@@ -197,7 +191,7 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
             r.id = f->id;
             r.n_tokens = f->n_tokens;
             r.stamp = a->call;
-            r.pages.assign(a->free_pages.rbegin(), a->free_pages.rbegin() + f->n_tokens);
+            r.pages.assign(a->free_pages.end() - f->n_tokens, a->free_pages.end());
             a->free_pages.resize(a->free_pages.size() - (size_t)f->n_tokens);
             if (f->id) {
                 a->lru.push_front(ri);

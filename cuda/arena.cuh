@@ -4,13 +4,9 @@
  * is already there moves nothing across PCIe; an LRU over the records makes
  * room, and a miss fills the record from the host copy the caller passed.
  *
- * Storage is one device allocation of pages, one token per page, in blocks
- * of ARENA_BLOCK pages laid out as the paged cache's blocks (kv.cuh), so
- * records of any length share it without fragmentation and the injection
- * kernel finds each token's page directly. A record takes the free pages
- * most recently freed, in the order they had; so in a fresh arena, and
- * wherever records of one length replace each other, a record's pages are
- * consecutive and one head's rows of it are runs of up to ARENA_BLOCK rows.
+ * Storage is one device allocation of pages, one token per page (kv.cuh:
+ * [2][n_layers][kv_dim] bf16), so records of any length share it without
+ * fragmentation and the injection kernel finds each token's page directly.
  * Records are named by the caller's 64-bit id (backend_fact.id: same id,
  * same content); id 0 means "do not keep": its pages are used for this call
  * only. Records used by the current call are never evicted by it, the
@@ -32,15 +28,12 @@ extern "C" {
 
 typedef struct cuda_arena cuda_arena;
 
-/* An arena of at most max_bytes (whole blocks of ARENA_BLOCK pages) for
- * records of this shape (the device memory is taken at once). IS_ERR_NOMEM
- * when not even one block fits. */
-is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
-                            int32_t head_dim, cuda_arena **out);
+/* An arena of at most max_bytes for records of this shape (the device
+ * memory is taken at once). IS_ERR_NOMEM when not even one page fits. */
+is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t kv_dim, cuda_arena **out);
 void cuda_arena_free(cuda_arena *a);
 
-bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads,
-                        int32_t head_dim);
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t kv_dim);
 const __nv_bfloat16 *cuda_arena_data(const cuda_arena *a);
 
 /* Makes every fact resident (filling misses from the host on stream s) and

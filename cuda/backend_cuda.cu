@@ -122,35 +122,6 @@ typedef struct cuda_ctx {
     cuda_arena *arena;
     size_t arena_bytes; /* requested capacity (0 = default) */
     float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
-    /* Values read in place: a bf16-cache inject launches only its keys'
-     * copy (they must be rotated); the first forward's attention reads the
-     * facts' values from the arena where they lie (cuda_flash_values), and
-     * their copy into the cache is owed (vin.on) until after that
-     * forward's first token is on its way back to the host (argmax,
-     * download), or until anything else that may read or write those rows,
-     * the arena, or the caches' memory comes first (launch_deferred,
-     * values_before_store, the attention's checks). So the first token
-     * does not wait for half the injection's bytes. On by default;
-     * IS_CUDA_VALUES_IN_PLACE=0 or backend_cuda_set_values_in_place: the
-     * values copied with the keys, as before. */
-    bool values_in_place;
-    struct {
-        bool on;                /* the values' copy is owed */
-        bool read;              /* an attention has read them in place since */
-        int32_t n_layers, total, pos0, n_kv_heads, head_dim, block_size, n_rot;
-        bool neox;
-        void **caches;          /* host: [k_cache[l]..., v_cache[l]...], 2 x n_layers */
-        size_t caches_cap;
-        const void *dcaches;    /* their device copy (st_caches) */
-        const int32_t *pages, *slots; /* device (st_inject) */
-        int32_t *blocks;        /* host: the cache block of each block the positions span */
-        size_t blocks_cap;
-        uint64_t *owed;         /* host: a bit per cache slot whose values are owed */
-        size_t owed_words;
-        size_t v_bytes;         /* bytes from each values cache's start that hold owed rows */
-        cudaEvent_t sent;       /* argmax, download: their copy back is queued before the values' */
-        int64_t deferred, reads; /* injections whose values waited; attentions that read them */
-    } vin;
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
     size_t ypart_cap;   /* elements */
@@ -340,67 +311,15 @@ static is_status graph_finish(cuda_ctx *c, bool keep) {
     return IS_OK;
 }
 
-/* Ends a capture: launches what the forward has recorded so far, so it
- * runs before what follows and in order, and leaves the rest of the
- * forward to run as usual (graph_end then does nothing). */
+/* Called before anything a capture cannot hold: allocating or freeing
+ * memory, waiting for the stream, copying from pageable host memory, the
+ * setters. Launches what the forward has recorded so far, so it runs
+ * before what follows and in order, and leaves the rest of the forward to
+ * run as usual (graph_end then does nothing). */
 static void graph_break(cuda_ctx *c) {
     if (!c->capturing) return;
     c->gstats.breaks++;
     op_note(c, graph_finish(c, false));
-}
-
-/* ---- values read in place (c->vin) ----------------------------------------- */
-
-/* Launches the owed values' copy (c->vin), if any. Never captured: a
- * capture ends first. */
-static void values_flush(cuda_ctx *c) {
-    if (!c->vin.on) return;
-    graph_break(c);
-    auto &p = c->vin;
-    p.on = false;
-    p.read = false;
-    if (p.owed) memset(p.owed, 0, p.owed_words * sizeof(uint64_t));
-    if (c->err != IS_OK) return;
-    op_note(c, cuda_inject(c->stream, (void *const *)p.dcaches, cuda_arena_data(c->arena), p.pages,
-                           p.slots, p.total, p.pos0, p.n_layers, p.n_kv_heads, p.head_dim,
-                           p.block_size, p.n_rot, p.neox, c->rope_dev, true, CUDA_INJECT_VALUES));
-}
-
-/* Whether any of these slots (host) holds owed values. */
-static bool values_owed_at(const cuda_ctx *c, const int32_t *slots, int32_t T) {
-    if (!c->vin.on) return false;
-    for (int32_t t = 0; t < T; t++) {
-        const size_t w = (size_t)slots[t] >> 6;
-        if (w < c->vin.owed_words && (c->vin.owed[w] >> (slots[t] & 63) & 1)) return true;
-    }
-    return false;
-}
-
-/* A store into a slot whose values are owed: they go first, so that the
- * store's rows are the last written (no forward does this). */
-static void values_before_store(cuda_ctx *c, const int32_t *slots, int32_t T) {
-    if (values_owed_at(c, slots, T)) values_flush(c);
-}
-
-/* Whether [p, p + bytes) may hold owed rows of a values cache. */
-static bool values_overlap(const cuda_ctx *c, const void *p, size_t bytes) {
-    if (!c->vin.on) return false;
-    const char *a = (const char *)p;
-    for (int32_t l = 0; l < c->vin.n_layers; l++) {
-        const char *v = (const char *)c->vin.caches[c->vin.n_layers + l];
-        if (a < v + c->vin.v_bytes && v < a + bytes) return true;
-    }
-    return false;
-}
-
-/* Called before anything a capture cannot hold (allocating or freeing
- * memory, waiting for the stream, copying from pageable host memory, the
- * setters) and before copies within device memory: ends a capture
- * (graph_break), and launches the owed values' copy, since what follows
- * may read, free or overwrite those rows or the arena. */
-static void launch_deferred(cuda_ctx *c) {
-    graph_break(c);
-    values_flush(c);
 }
 
 #define GRAPH_KEY_SEED 14695981039346656037ull
@@ -512,7 +431,7 @@ static void stage_free(dev_stage *st) {
 
 static is_status cu_alloc(backend *be, size_t bytes, void **out) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
@@ -530,7 +449,7 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
 static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     inputs_stale(c);
     /* cudaFree waits for the device; queued kernels may still use ptr. */
     cudaError_t e = cudaFree(ptr);
@@ -539,7 +458,7 @@ static void cu_release(backend *be, void *ptr) {
 
 static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c); /* src is pageable, and the caller may reuse it at once */
+    graph_break(c); /* src is pageable, and the caller may reuse it at once */
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_UPLOAD);
     touch(c, dst, bytes);
@@ -547,33 +466,18 @@ static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(upload)", __FILE__, __LINE__));
 }
 
-/* Waits for the copy back to the host queued last. Where a forward has
- * read owed values in place (this is its result: logits, a token), their
- * copy is queued after it and not waited for: the result goes back first. */
-static cudaError_t wait_back(cuda_ctx *c) {
-    if (!(c->vin.on && c->vin.read)) return cudaStreamSynchronize(c->stream);
-    cudaError_t e = cudaSuccess;
-    if (!c->vin.sent) e = cudaEventCreateWithFlags(&c->vin.sent, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventRecord(c->vin.sent, c->stream);
-    if (e != cudaSuccess) return e;
-    values_flush(c);
-    return cudaEventSynchronize(c->vin.sent);
-}
-
 static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     graph_break(c);
-    if (values_overlap(c, src, bytes)) values_flush(c);
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_DOWNLOAD);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
-    if (e == cudaSuccess) e = wait_back(c);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "download", __FILE__, __LINE__));
 }
 
 static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    if (values_overlap(c, dst, bytes) || values_overlap(c, src, bytes)) values_flush(c);
     if (!bytes || !op_begin(c)) return;
     op_span span(c, CUDA_OP_COPY);
     touch(c, dst, bytes);
@@ -584,13 +488,9 @@ static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
 static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src,
                        size_t src_pitch, size_t width, size_t height) {
     cuda_ctx *c = ctx_of(be);
-    const size_t span_bytes = width && height ? dst_pitch * (height - 1) + width : 0;
-    if (values_overlap(c, dst, span_bytes) ||
-        values_overlap(c, src, width && height ? src_pitch * (height - 1) + width : 0))
-        values_flush(c); /* a fork copies cache blocks */
     if (!width || !height || !op_begin(c)) return;
     op_span span(c, CUDA_OP_COPY);
-    touch(c, dst, span_bytes);
+    touch(c, dst, dst_pitch * (height - 1) + width);
     cudaError_t e = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
                                       cudaMemcpyDeviceToDevice, c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpy2DAsync", __FILE__, __LINE__));
@@ -640,7 +540,7 @@ static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_wei
     cuda_ctx *c = ctx_of(be);
     is_status st0 = weight_check(t);
     if (st0 != IS_OK) return st0;
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
     if (!w) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -669,7 +569,7 @@ static void weight_release(cuda_weight *w) {
 
 static void cu_weight_free(backend *be, backend_weight *bw) {
     if (!bw) return;
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     weight_release((cuda_weight *)bw);
 }
 
@@ -692,7 +592,7 @@ static is_status cu_weight_create_stacked(backend *be, const gguf_tensor *const 
                                 (long long)ts[0]->ne[0]);
         total += (size_t)(ts[i]->ne[0] * ts[i]->ne[1]) * 2;
     }
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_stack *sk = (cuda_stack *)calloc(1, sizeof *sk);
     if (!sk) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -1175,7 +1075,6 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
                         int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    values_before_store(c, slots, T);
     op_span span(c, CUDA_OP_KV_STORE);
     for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dslots;
@@ -1253,7 +1152,6 @@ static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, cons
                                  const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    values_before_store(c, slots, T);
     op_span span(c, CUDA_OP_MATMUL);
     graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x6);
     const is_status st = matmul_rope_store_impl(
@@ -1269,7 +1167,6 @@ static void cu_rope_store(backend *be, float *q, float *k, const float *v, float
                           int32_t block_size, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    values_before_store(c, slots, T);
     op_span span(c, CUDA_OP_ROPE);
     touch(c, q, (size_t)T * n_heads * head_dim * sizeof(float));
     const is_status st = rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads,
@@ -1338,61 +1235,12 @@ static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, i
     return true;
 }
 
-/* Whether cache block `block` (of block_size slots) holds owed values. */
-static bool values_owed_in_block(const cuda_ctx *c, int32_t block, int32_t block_size) {
-    const size_t s0 = (size_t)block * block_size, s1 = s0 + block_size;
-    for (size_t w = s0 >> 6; w < c->vin.owed_words && w <= (s1 - 1) >> 6; w++) {
-        const size_t lo = w << 6 > s0 ? 0 : s0 - (w << 6);
-        const size_t hi = (w + 1) << 6 < s1 ? 64 : s1 - (w << 6);
-        const uint64_t mask = (hi - lo == 64 ? ~0ull : ((1ull << (hi - lo)) - 1) << lo);
-        if (c->vin.owed[w] & mask) return true;
-    }
-    return false;
-}
-
-/* An attention over the values cache `v_cache` while values are owed: which
- * sequence of the batch reads them in place (its block table maps the
- * injected positions to the injected slots; flash only), or -1. Any other
- * reader of an owed row (another sequence sharing a block, or an
- * attention that is not flash) has the values copied first. */
-static int32_t values_reader(cuda_ctx *c, const void *v_cache, const attn_batch *b,
-                             int32_t block_size, bool flash, int32_t *layer) {
-    *layer = -1;
-    if (!c->vin.on) return -1;
-    const auto &p = c->vin;
-    for (int32_t l = 0; l < p.n_layers && *layer < 0; l++)
-        if (p.caches[p.n_layers + l] == v_cache) *layer = l;
-    if (*layer < 0) return -1; /* not a cache the values are owed to */
-    const int32_t fb = p.pos0 / block_size, nb = (p.pos0 + p.total - 1) / block_size - fb + 1;
-    int32_t reader = -1;
-    bool conflict = false;
-    for (int32_t s = 0; s < b->n_seqs && !conflict; s++) {
-        const int32_t *bt = b->block_tables[s];
-        bool match = flash && reader < 0 && block_size == p.block_size &&
-                     b->seq_len[s] >= p.pos0 + p.total;
-        for (int32_t i = 0; match && i < nb; i++) match = bt[fb + i] == p.blocks[i];
-        if (match) {
-            reader = s;
-            continue;
-        }
-        const int32_t n_b = (b->seq_len[s] + block_size - 1) / block_size;
-        for (int32_t i = 0; i < n_b && !conflict; i++)
-            conflict = values_owed_in_block(c, bt[i], block_size);
-    }
-    if (conflict || (reader >= 0 && !flash)) {
-        values_flush(c);
-        return -1;
-    }
-    return reader;
-}
-
 /* Query tiles, block shape and key splits: cuda_flash_plan_batch's (the
- * choice bench_attn_gpu measures). vin_seq >= 0: that sequence's tiles
- * read the owed values of layer vin_layer from the arena. */
+ * choice bench_attn_gpu measures). */
 static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float *k_cache,
                             const float *v_cache, const attn_batch *b, const cuda_attn_meta &m,
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            int32_t block_size, bool early, int32_t vin_seq, int32_t vin_layer) {
+                            int32_t block_size, bool early) {
     const int32_t T = b->n_tokens;
     if ((size_t)T > c->tiles_cap) {
         int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * FLASH_TILE_INTS * sizeof(int32_t));
@@ -1405,21 +1253,6 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         b->seq_of_token, b->pos, T, c->pack + 2 * (size_t)T, n_heads, n_kv_heads, head_dim, c->n_sms,
         c->flash_clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->flash_wgmma,
         c->tiles);
-    cuda_flash_values vals = {NULL, NULL, 0};
-    if (vin_seq >= 0) {
-        const auto &p = c->vin;
-        vals = {cuda_arena_data(c->arena) +
-                    arena_row(0, 1, vin_layer, 0, p.n_layers, p.n_kv_heads, p.head_dim),
-                p.pages, arena_block_elems(p.n_layers, p.n_kv_heads, p.head_dim)};
-        for (int32_t i = 0; i < plan.n_tiles; i++) {
-            int32_t *tl = c->tiles + (size_t)i * FLASH_TILE_INTS;
-            if (b->seq_of_token[tl[0]] != vin_seq) continue;
-            tl[5] = p.pos0;
-            tl[6] = p.pos0 + p.total;
-        }
-        c->vin.read = true;
-        c->vin.reads++;
-    }
     const void *dtiles;
     is_status st = stage_upload(c, &c->st_tiles, c->tiles,
                                 (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t), &dtiles);
@@ -1437,7 +1270,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
                               (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
                               plan, c->partial, n_heads, n_kv_heads,
-                              head_dim, block_size, ob, early, vin_seq >= 0 ? &vals : NULL);
+                              head_dim, block_size, ob, early);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
 }
@@ -1456,15 +1289,11 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
         IS_ASSERT(b->pos[t] >= 0 && b->pos[t] + 1 <= b->seq_len[s]);
     }
     touch(c, out, (size_t)b->n_tokens * n_heads * head_dim * sizeof(float));
-    const bool flash = use_flash(c, b, n_heads, n_kv_heads, head_dim, block_size);
-    int32_t vin_layer;
-    const int32_t vin_seq = values_reader(c, v_cache, b, block_size, flash, &vin_layer);
     cuda_attn_meta m;
     is_status st = attn_meta(c, b, block_size, &m);
-    if (st == IS_OK && flash)
+    if (st == IS_OK && use_flash(c, b, n_heads, n_kv_heads, head_dim, block_size))
         st = flash_impl(c, out, q, k_cache, v_cache, b, m, n_heads, n_kv_heads, head_dim,
-                        block_size, after_store && cuda_pdl_on() && cuda_pdl_early_on(), vin_seq,
-                        vin_layer);
+                        block_size, after_store && cuda_pdl_on() && cuda_pdl_early_on());
     else if (st == IS_OK)
         st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
                             n_heads, n_kv_heads, head_dim, block_size, c->kv_bf16);
@@ -1503,14 +1332,12 @@ static void cu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, i
     if (st == IS_OK) {
         cudaError_t e = cudaMemcpyAsync(out, c->argmax_out, (size_t)rows * sizeof(int32_t),
                                         cudaMemcpyDeviceToHost, c->stream);
-        if (e == cudaSuccess) e = wait_back(c);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) st = cuda_status_from(e, "argmax", __FILE__, __LINE__);
     }
     op_note(c, st);
 }
 
-/* Waits for what is queued; owed values are not queued yet, and stay
- * owed (what needs them launches them). */
 static void cu_sync(backend *be) {
     cuda_ctx *c = ctx_of(be);
     graph_break(c);
@@ -1562,49 +1389,9 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
     return st;
 }
 
-/* Marks an inject's slots as owed values (c->vin.owed, .blocks, .v_bytes)
- * where the slots are a block table's: each position's slot at its offset
- * in its block, one block for each block of positions (the engine's, and
- * what values_reader matches a sequence against). *owe false: they are
- * not, and the values go with the keys. */
-static is_status values_owe(cuda_ctx *c, const backend_inject *in, int32_t total, bool *owe) {
-    auto &p = c->vin;
-    const int32_t bs = in->block_size, fb = in->pos0 / bs;
-    const int32_t nb = (in->pos0 + total - 1) / bs - fb + 1;
-    *owe = false;
-    if ((size_t)nb > p.blocks_cap) {
-        int32_t *a = (int32_t *)realloc(p.blocks, (size_t)nb * sizeof(int32_t));
-        if (!a) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
-        p.blocks = a;
-        p.blocks_cap = (size_t)nb;
-    }
-    int32_t max_slot = 0;
-    for (int32_t i = 0; i < total; i++) {
-        const int32_t pos = in->pos0 + i, slot = in->slots[i];
-        if (slot < 0 || slot % bs != pos % bs) return IS_OK;
-        if (i == 0 || pos % bs == 0)
-            p.blocks[pos / bs - fb] = slot / bs;
-        else if (slot / bs != p.blocks[pos / bs - fb])
-            return IS_OK;
-        if (slot > max_slot) max_slot = slot;
-    }
-    const size_t words = ((size_t)max_slot >> 6) + 1;
-    if (words > p.owed_words) {
-        uint64_t *a = (uint64_t *)realloc(p.owed, words * sizeof(uint64_t));
-        if (!a) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
-        memset(a + p.owed_words, 0, (words - p.owed_words) * sizeof(uint64_t));
-        p.owed = a;
-        p.owed_words = words;
-    }
-    for (int32_t i = 0; i < total; i++) p.owed[in->slots[i] >> 6] |= 1ull << (in->slots[i] & 63);
-    p.v_bytes = ((size_t)(max_slot / bs) + 1) * in->n_kv_heads * bs * in->head_dim *
-                sizeof(__nv_bfloat16);
-    *owe = true;
-    return IS_OK;
-}
-
 static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
                              const backend_inject *in) {
+    const int32_t kv_dim = in->n_kv_heads * in->head_dim;
     int64_t total = 0;
     for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
     if (total <= 0) return IS_OK;
@@ -1612,7 +1399,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     const rope_params *rp = in->rope;
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
     if (!c->kv_bf16) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
-    if (!cuda_arena_matches(c->arena, in->n_layers, in->n_kv_heads, in->head_dim)) {
+    if (!cuda_arena_matches(c->arena, in->n_layers, kv_dim)) {
         cuda_arena_free(c->arena);
         c->arena = NULL;
         size_t bytes = c->arena_bytes;
@@ -1621,8 +1408,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
             CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
             bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
         }
-        is_status st = cuda_arena_create(bytes, in->n_layers, in->n_kv_heads, in->head_dim,
-                                         &c->arena);
+        is_status st = cuda_arena_create(bytes, in->n_layers, kv_dim, &c->arena);
         if (st != IS_OK) return st;
     }
     /* Host pack: [pages T][slots T], then the caches' addresses. */
@@ -1640,59 +1426,26 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     const void *dpack, *dcaches;
     if ((st = stage_upload(c, &c->st_inject, c->pack, need * sizeof(int32_t), &dpack)) != IS_OK)
         return st;
-    auto &p = c->vin; /* nothing is owed here: the inject op launched it first */
-    if (2 * (size_t)in->n_layers > p.caches_cap) {
-        void **a = (void **)realloc(p.caches, 2 * (size_t)in->n_layers * sizeof(void *));
-        if (!a) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
-        p.caches = a;
-        p.caches_cap = 2 * (size_t)in->n_layers;
-    }
+    void **caches = (void **)malloc(2 * (size_t)in->n_layers * sizeof(void *));
+    if (!caches) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
     for (int32_t l = 0; l < in->n_layers; l++) {
-        p.caches[l] = k_cache[l];
-        p.caches[in->n_layers + l] = v_cache[l];
+        caches[l] = k_cache[l];
+        caches[in->n_layers + l] = v_cache[l];
     }
-    st = stage_upload(c, &c->st_caches, p.caches, 2 * (size_t)in->n_layers * sizeof(void *),
-                      &dcaches);
+    st = stage_upload(c, &c->st_caches, caches, 2 * (size_t)in->n_layers * sizeof(void *), &dcaches);
+    free(caches);
     if (st != IS_OK) return st;
     const int32_t *dp = (const int32_t *)dpack;
-    const bool neox = rp->layout == ROPE_LAYOUT_NEOX;
-    /* Not for the profiler, which times ops one by one, nor where no flash
-     * attention can read them. */
-    const bool apart = c->values_in_place && c->flash && !c->legacy && !c->prof &&
-                       cuda_inject_parts_split((int32_t)total, in->n_layers, in->n_kv_heads,
-                                               in->head_dim, rp->n_rot, neox, true);
-    bool owe = false;
-    if (apart && (st = values_owe(c, in, (int32_t)total, &owe)) != IS_OK) return st;
-    st = cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), dp, dp + total,
-                     (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
-                     in->block_size, rp->n_rot, neox, c->rope_dev, c->kv_bf16,
-                     owe ? CUDA_INJECT_KEYS : CUDA_INJECT_KEYS + CUDA_INJECT_VALUES);
-    if (!owe) return st;
-    if (st != IS_OK) {
-        memset(p.owed, 0, p.owed_words * sizeof(uint64_t));
-        return st;
-    }
-    p.on = true;
-    p.read = false;
-    p.n_layers = in->n_layers;
-    p.total = (int32_t)total;
-    p.pos0 = in->pos0;
-    p.n_kv_heads = in->n_kv_heads;
-    p.head_dim = in->head_dim;
-    p.block_size = in->block_size;
-    p.n_rot = rp->n_rot;
-    p.neox = neox;
-    p.dcaches = dcaches;
-    p.pages = dp;
-    p.slots = dp + total;
-    p.deferred++;
-    return IS_OK;
+    return cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), dp, dp + total,
+                       (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
+                       in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
+                       c->kv_bf16);
 }
 
 static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                       const backend_inject *in) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c); /* the arena allocates, waits, copies from pageable memory */
+    graph_break(c); /* the arena allocates, waits, copies from pageable memory */
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_INJECT);
     op_note(c, inject_impl(c, k_cache, v_cache, in));
@@ -1708,10 +1461,7 @@ static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
  * first built (the "before" of the benchmarks). */
 static bool cu_graph_begin(backend *be) {
     cuda_ctx *c = ctx_of(be);
-    /* A forward after the one that read the owed values: they go first. */
-    if (c->vin.read) values_flush(c);
     if (!c->graphs || c->legacy || c->prof || c->capturing || !op_begin(c)) return false;
-    values_flush(c); /* a capture never holds them */
     cudaError_t e = cudaSuccess;
     if (!c->graph_done) e = cudaEventCreateWithFlags(&c->graph_done, cudaEventDisableTiming);
     /* The last launch may still be reading the bump buffer. */
@@ -1774,10 +1524,6 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
-    free(c->vin.caches);
-    free(c->vin.blocks);
-    free(c->vin.owed);
-    if (c->vin.sent) cudaEventDestroy(c->vin.sent);
     if (c->prof_ev) {
         for (int32_t i = 0; i < 2 * PROF_MAX_OPS; i++) cudaEventDestroy(c->prof_ev[i]);
         free(c->prof_ev);
@@ -1935,8 +1681,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         if (v && !strcmp(v, "0")) cuda_pdl_set(false);
         v = getenv("IS_CUDA_PDL_EARLY");
         if (v) cuda_pdl_early_set(!strcmp(v, "1"));
-        v = getenv("IS_CUDA_VALUES_IN_PLACE");
-        c->values_in_place = !(v && !strcmp(v, "0"));
     }
     c->n_sms = 132;
     {
@@ -1988,73 +1732,62 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
 
 /* The setters end a capture (graph_break): what follows runs as set. */
 extern "C" void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->precision = p;
 }
 
 extern "C" void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->kv_bf16 = t == CUDA_KV_BF16;
 }
 
 extern "C" void backend_cuda_set_flash(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->flash = on;
 }
 
 extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->flash_clusters = on;
 }
 
 extern "C" void backend_cuda_set_flash_wgmma(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->flash_wgmma = on;
 }
 
 extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->skinny = on;
 }
 
 extern "C" void backend_cuda_set_skinny_splits(backend *be, int32_t splits) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->skinny_splits = splits > 0 ? splits : 0;
 }
 
 extern "C" void backend_cuda_set_wgmma(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->wgmma = on;
 }
 
 extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     cuda_pdl_set(on);
 }
 
 extern "C" void backend_cuda_set_pdl_early(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     cuda_pdl_early_set(on);
 }
 
-extern "C" void backend_cuda_set_values_in_place(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
-    ctx_of(be)->values_in_place = on;
-}
-
-extern "C" void backend_cuda_values_stats(backend *be, cuda_values_stats *out) {
-    const cuda_ctx *c = ctx_of(be);
-    out->deferred = c->vin.deferred;
-    out->read_in_place = c->vin.reads;
-}
-
 extern "C" void backend_cuda_set_stacked(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->stacked = on;
 }
 
 extern "C" void backend_cuda_set_graphs(backend *be, bool on) {
-    launch_deferred(ctx_of(be));
+    graph_break(ctx_of(be));
     ctx_of(be)->graphs = on;
 }
 
@@ -2064,7 +1797,7 @@ extern "C" void backend_cuda_graph_stats(backend *be, cuda_graph_stats *out) {
 
 extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     c->legacy = on;
     c->kv_bf16 = false;
     c->flash = !on;
@@ -2074,7 +1807,7 @@ extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
 
 extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     if (c->arena) {
         cudaSetDevice(c->device);
         cudaStreamSynchronize(c->stream); /* queued injections may read it */
@@ -2092,7 +1825,7 @@ extern "C" void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out) {
 
 extern "C" is_status backend_cuda_check(backend *be) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     if (c->err == IS_OK) {
         cudaError_t e = cudaSetDevice(c->device);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -2122,7 +1855,7 @@ static __global__ void hold_kernel(long long cycles) {
 
 extern "C" is_status backend_cuda_profile_begin(backend *be, double hold_ms) {
     cuda_ctx *c = ctx_of(be);
-    launch_deferred(c);
+    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     if (!c->prof_ev) {
         cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * PROF_MAX_OPS, sizeof *ev);

@@ -142,21 +142,6 @@ void backend_cuda_set_pdl(backend *be, bool on);
  * shape; IS_CUDA_PDL_EARLY=1 at creation turns it on). Process-wide, as
  * backend_cuda_set_pdl. */
 void backend_cuda_set_pdl_early(backend *be, bool on);
-/* A bf16-cache inject copies the facts' rotated keys into the cache and
- * leaves their values in the fact-KV arena: the next forward's attention
- * reads them there (bitwise the rows a copy would write), and their copy
- * into the cache follows that forward's result to the host (argmax or
- * download), or goes first where anything else may read or write those
- * rows, the arena or the caches' memory. Default on; off: keys and values
- * copied by the inject, as before. IS_CUDA_VALUES_IN_PLACE=0 at creation
- * turns it off. */
-void backend_cuda_set_values_in_place(backend *be, bool on);
-typedef struct cuda_values_stats {
-    int64_t deferred;      /* injections whose values' copy waited */
-    int64_t read_in_place; /* attention ops (a layer each) that read them from the arena */
-} cuda_values_stats;
-/* Counts since the backend was created. */
-void backend_cuda_values_stats(backend *be, cuda_values_stats *out);
 /* Products of stacked weights (q, k, v; gate, up) as one GEMM each
  * (matmul_n), default on; off: one product per weight, as before. The
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */

@@ -176,8 +176,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                               float *partial, int32_t n_heads, int32_t n_kv_heads,
-                              int32_t block_size, cuda_bf16_out ob, bool early,
-                              const cuda_flash_values *vals) {
+                              int32_t block_size, cuda_bf16_out ob, bool early) {
     flash_fn fn = NULL;
     size_t smem = 0;
     is_status st = flash_prepare<D, KS>(plan.wgmma != 0, &fn, &smem);
@@ -195,8 +194,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
                               out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                               block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
-                              ob.split, early && cuda_pdl_on(),
-                              vals ? *vals : cuda_flash_values{NULL, NULL, 0}));
+                              ob.split, early && cuda_pdl_on()));
     if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,
@@ -212,7 +210,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool early, const cuda_flash_values *vals) {
+                               cuda_bf16_out ob, bool early) {
     if (plan.n_tiles <= 0) return IS_OK;
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size))
         return is_error_set(IS_ERR_UNSUPPORTED,
@@ -227,7 +225,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                             plan.key_warps);
 #define FLASH_LAUNCH(D, KS)                                                                        \
     flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, \
-                                  n_heads, n_kv_heads, block_size, ob, early, vals)
+                                  n_heads, n_kv_heads, block_size, ob, early)
     if (head_dim == 64) return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2) : FLASH_LAUNCH(64, 1);
     return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2) : FLASH_LAUNCH(128, 1);
 #undef FLASH_LAUNCH
@@ -343,7 +341,6 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         tl[2] = bt_off[seq_of_token[t]];
         tl[3] = pos[t];
         tl[4] = first ? first[seq_of_token[t]] : 0;
-        tl[5] = tl[6] = 0; /* no arena values (cuda_flash_values) */
         const int32_t kt = (pos[t] + n + FLASH_BN - 1) / FLASH_BN;
         if (kt > max_kt) max_kt = kt;
         rows_total += (int64_t)n * G * n_kv_heads;

@@ -41,7 +41,6 @@
 #define IS_CUDA_FLASH_CUH
 
 #include "common.cuh"
-#include "kv.cuh"
 
 #define FLASH_BM 64 /* query rows per block: 4 warps x 16 */
 #define FLASH_BN 64 /* keys per tile */
@@ -49,11 +48,9 @@
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 /* A query tile, as cuda_flash_plan_batch writes it: first batch token,
  * tokens, where its sequence's block table starts in `flat`, position of
- * its first token, the sequence's first position in the batch (keys
- * before it were written before this forward: see cuda_pdl_early_on), and
- * the positions [lo, hi) whose values are read from the fact-KV arena
- * (cuda_flash_values; the plan writes 0, 0: none). */
-#define FLASH_TILE_INTS 7
+ * its first token, and the sequence's first position in the batch (keys
+ * before it were written before this forward: see cuda_pdl_early_on). */
+#define FLASH_TILE_INTS 5
 
 /* Whether the kernel takes this shape: head_dim 64 or 128, whole groups,
  * cache blocks of a power of two tokens (the engine's default is 16). */
@@ -139,19 +136,6 @@ typedef struct cuda_bf16_out {
     bool split;
 } cuda_bf16_out;
 
-/* Values read where the fact-KV arena holds them (arena.cuh's pages, in
- * kv.cuh's layout) instead of from the cache: a tile's keys at positions
- * [lo, hi) (its tile ints 5 and 6) take their value rows from page
- * pages[position - lo], the same bf16 rows an injection would have copied
- * into the cache, so the output is bitwise the same. (The injection's keys
- * are rotated, so they are copied; its values wait for after the first
- * token: backend_cuda.cu.) */
-typedef struct cuda_flash_values {
-    const __nv_bfloat16 *layer; /* this layer's values of arena page 0, KV head 0 (arena_row) */
-    const int32_t *pages;       /* device */
-    int64_t block_elems;        /* bf16 of one arena block (arena_block_elems) */
-} cuda_flash_values;
-
 /* out[T][n_heads*head_dim] for the tokens the tiles cover (and its bf16
  * copy where ob.p is set, for the product that reads it). tiles: device
  * int32 [plan.n_tiles][FLASH_TILE_INTS] (cuda_flash_plan_batch's), the
@@ -161,7 +145,6 @@ typedef struct cuda_flash_values {
  * wrote no key before each sequence's first position in the batch (the
  * RoPE + KV store of the batch's tokens), so the kernel, launched as its
  * dependent, copies the tiles of such keys before it waits for it.
- * vals: where tiles name arena values (NULL: no tile does).
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,
  * IS_ERR_INVALID_ARG for a plan it cannot run; nothing is launched then. */
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
@@ -169,6 +152,6 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool early, const cuda_flash_values *vals);
+                               cuda_bf16_out ob, bool early);
 
 #endif

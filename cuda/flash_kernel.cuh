@@ -194,20 +194,11 @@ static __device__ __forceinline__ void wg_mma_ss(float *d, uint64_t da, uint64_t
 /* The kernel's dynamic shared memory: the K/V stages (WG: unpadded,
  * swizzled, then Q's tile, plus 1024 bytes to align them), or what the
  * merges after the loop take in them, whichever is more. */
-/* Arena pages of a block's keys staged in shared memory (cuda_flash_values):
- * at most this many keys, the first of them after the block's first tile. */
-#define FLASH_VPAGES 1024
-
-template <int D, int BM, int STAGES, int KS, bool WG>
-__host__ __device__ constexpr size_t flash_stage_bytes() {
-    return (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
-}
-
 template <int D, int BM, int STAGES, int KS, bool WG>
 __host__ __device__ constexpr size_t flash_smem_bytes() {
-    /* WG: the stages, then Q's tile; then the staged arena pages */
+    /* WG: the stages, then Q's tile */
     constexpr size_t stages =
-        flash_stage_bytes<D, BM, STAGES, KS, WG>() + FLASH_VPAGES * sizeof(int32_t);
+        (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
     constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
     constexpr size_t need = (stages > merges ? stages : merges) + (WG ? 1024 : 0);
@@ -276,8 +267,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early,
-                 cuda_flash_values vals) {
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
@@ -313,8 +303,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
     const int32_t *tl = tiles + FLASH_TILE_INTS * tile;
     const int32_t t0 = tl[0], n = tl[1], bt_at = tl[2], pos0 = tl[3], old_keys = tl[4];
-    /* Keys whose values the arena holds (none: lo = hi). */
-    const int32_t va_lo = vals.layer ? tl[5] : 0, va_hi = vals.layer ? tl[6] : 0;
     const int32_t G = n_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = (tid >> 5) % (BM / 16); /* the warp's 16 rows */
@@ -350,21 +338,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * within the page (one 64-bit product a copy). */
     const int64_t page_elems = (int64_t)n_kv_heads * block_size * D;
     const int32_t head_elems = kh * block_size * D;
-    /* Arena value rows: the page of each of the block's keys in [va0, va1)
-     * is copied into shared memory (sP) with the first tile's group, so
-     * that later tiles' copies do not wait on a global read of their page
-     * first (the pages array leaves L2 between layers: run 82 measured the
-     * per-copy reads 0.11 ms slower at k = 50 than copying the values). The
-     * first tile, and keys past FLASH_VPAGES, read pages[] directly. (The
-     * pages, like the tiles, are a host upload: readable before the wait.) */
-    int32_t *const sP = reinterpret_cast<int32_t *>(
-        smem + flash_stage_bytes<D, BM, STAGES, KS, WG>());
-    const int32_t va0 = max(va_lo, kt0 * FLASH_BN), va1 = min(va_hi, kt1 * FLASH_BN);
-    for (int32_t i = tid; i < va1 - va0 && i < FLASH_VPAGES; i += THREADS) {
-        const uint32_t a = (uint32_t)__cvta_generic_to_shared(sP + i);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a),
-                     "l"(vals.pages + (va0 - va_lo + i)));
-    }
     if (!early) pdl_wait();
 
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
@@ -383,20 +356,13 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             const bool in = j < n_keys;
             const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
             const int64_t off = in ? bt[page] * page_elems + (head_elems + slot * D + d) : 0;
-            const __nv_bfloat16 *vsrc = v_cache + off;
-            if (in && j >= va_lo && j < va_hi) {
-                const int32_t page = kt == kt0 || j - va0 >= FLASH_VPAGES ? vals.pages[j - va_lo]
-                                                                           : sP[j - va0];
-                vsrc = vals.layer + (page / ARENA_BLOCK) * vals.block_elems +
-                       ((kh * ARENA_BLOCK + page % ARENA_BLOCK) * D + d);
-            }
             if constexpr (WG) {
                 const uint32_t at = swz_offset(r, d / 8);
                 cp_async16(reinterpret_cast<unsigned char *>(dK) + at, k_cache + off, in);
-                cp_async16(reinterpret_cast<unsigned char *>(dV) + at, vsrc, in);
+                cp_async16(reinterpret_cast<unsigned char *>(dV) + at, v_cache + off, in);
             } else {
                 cp_async16(dK + r * LD + d, k_cache + off, in);
-                cp_async16(dV + r * LD + d, vsrc, in);
+                cp_async16(dV + r * LD + d, v_cache + off, in);
             }
         }
     };
@@ -844,8 +810,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool,
-                         cuda_flash_values);
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size and key warps,
  * or NULL where this GPU cannot run sm_90a code; and its trace pointer

@@ -183,19 +183,18 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
                                      const float *cs) {
     const int32_t i = blockIdx.x, l = blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
+    const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
+    const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
     CT *kc = (CT *)caches[l], *vc = (CT *)caches[n_layers + l];
     const int32_t slot = slots[i];
     const int64_t block = slot / block_size, off = slot % block_size;
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
         const int32_t h = e / head_dim, d = e % head_dim;
         const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
-        const __nv_bfloat16 *kh =
-            arena + arena_row(pages[i], 0, l, h, n_layers, n_kv_heads, head_dim);
-        const __nv_bfloat16 *vh =
-            arena + arena_row(pages[i], 1, l, h, n_layers, n_kv_heads, head_dim);
+        const __nv_bfloat16 *kh = kr + (int64_t)h * head_dim;
         kv_put(kc + dst, rope_element([=](int32_t i) { return kv_load(kh + i); }, d, half, neox,
                                       cs + (int64_t)p * half * 2, false));
-        kv_put(vc + dst, __bfloat162float(vh[d]));
+        kv_put(vc + dst, __bfloat162float(vr[e]));
     }
 }
 
@@ -224,29 +223,24 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
     return u;
 }
 
-/* Units (16-byte pieces of a token's keys or values) a thread takes: their
- * loads in flight together. Keys and values: 2 units, 4 loads; one part
- * alone: 4 units, the same 4 loads (run 83's keys alone at 2 units moved
- * their bytes slower than both parts together). */
-#define INJECT_UNITS_BOTH 2
-#define INJECT_UNITS_ONE 4
+/* Units (16-byte pieces of a token's keys) a thread takes: their loads in
+ * flight together. */
+#define INJECT_UNITS 2
 
-template <int INJECT_UNITS>
 static __global__ void __launch_bounds__(256)
     inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
                        const int32_t *slots, int32_t pos0, int32_t n_tokens, int32_t n_layers,
                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
-                       const float *cs, bool keys, bool values) {
+                       const float *cs) {
     /* Block (x: 256 * INJECT_UNITS of the layer's (token, unit) pairs, y:
      * layer); 32-bit index arithmetic (the host checks that it fits: the
      * 64-bit divisions of a grid-stride loop over every layer were most of
      * the kernel's instructions). */
-    const int32_t half = head_dim / 2;
+    const int32_t kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
     const int32_t per_head = neox ? head_dim / 16 : head_dim / 8, units = n_kv_heads * per_head;
     const int32_t l = blockIdx.y, per_layer = n_tokens * units;
     __nv_bfloat16 *kc = (__nv_bfloat16 *)caches[l], *vc = (__nv_bfloat16 *)caches[n_layers + l];
-    /* The arena's values lie this far after their keys (kv.cuh's layout). */
-    const int64_t v_after = (int64_t)n_layers * n_kv_heads * ARENA_BLOCK * head_dim;
+    const int64_t rec = 2 * (int64_t)n_layers * kv_dim; /* an arena page's elements */
     uint4 k0[INJECT_UNITS], k1[INJECT_UNITS], v0[INJECT_UNITS], v1[INJECT_UNITS];
     int64_t dst[INJECT_UNITS];
     int32_t at[INJECT_UNITS], dd[INJECT_UNITS];
@@ -257,32 +251,24 @@ static __global__ void __launch_bounds__(256)
         if (idx >= per_layer) continue;
         const int32_t i = idx / units, u = idx - i * units;
         const int32_t h = u / per_head, d = (u - h * per_head) * 8;
-        const __nv_bfloat16 *kr =
-            arena + arena_row(pages[i], 0, l, h, n_layers, n_kv_heads, head_dim);
-        const __nv_bfloat16 *vr = kr + v_after;
+        const __nv_bfloat16 *kr = arena + pages[i] * rec + (int64_t)l * kv_dim + h * head_dim;
+        const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
         const int32_t slot = slots[i];
         dst[j] = (((int64_t)(slot / block_size) * n_kv_heads + h) * block_size + slot % block_size) *
                  head_dim;
         at[j] = i;
         dd[j] = d;
-        if (keys) {
-            k0[j] = *reinterpret_cast<const uint4 *>(kr + d);
-            if (neox) k1[j] = *reinterpret_cast<const uint4 *>(kr + d + half);
-        }
-        if (values) {
-            v0[j] = *reinterpret_cast<const uint4 *>(vr + d);
-            if (neox) v1[j] = *reinterpret_cast<const uint4 *>(vr + d + half);
+        k0[j] = *reinterpret_cast<const uint4 *>(kr + d);
+        v0[j] = *reinterpret_cast<const uint4 *>(vr + d);
+        if (neox) {
+            k1[j] = *reinterpret_cast<const uint4 *>(kr + d + half);
+            v1[j] = *reinterpret_cast<const uint4 *>(vr + d + half);
         }
     }
 #pragma unroll
     for (int j = 0; j < INJECT_UNITS; j++) {
         if (at[j] < 0) continue;
         const int32_t d = dd[j];
-        if (values) {
-            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
-            if (neox) *reinterpret_cast<uint4 *>(vc + dst[j] + d + half) = v1[j];
-        }
-        if (!keys) continue;
         const float *ce = cs + (int64_t)(pos0 + at[j]) * half * 2;
         float a[8], b[8], c[16];
         bf16x8_to_f32(k0[j], a);
@@ -298,6 +284,7 @@ static __global__ void __launch_bounds__(256)
                 o[2 * e + 1] = rope_second(x0, x1, co, sn);
             }
             *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o);
+            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
         } else {
             /* Pairs (d + e, d + e + half), e < 8: table entries d + e. */
             bf16x8_to_f32(k1[j], b);
@@ -314,41 +301,28 @@ static __global__ void __launch_bounds__(256)
             }
             *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o0);
             *reinterpret_cast<uint4 *>(kc + dst[j] + d + half) = f32_to_bf16x8(o1);
+            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
+            *reinterpret_cast<uint4 *>(vc + dst[j] + d + half) = v1[j];
         }
     }
-}
-
-bool cuda_inject_parts_split(int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads,
-                             int32_t head_dim, int32_t n_rot, bool neox, bool bf16) {
-    const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
-    return bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
-           n_layers <= 65535;
 }
 
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t parts) {
-    if (n_tokens <= 0 || n_layers <= 0 || parts == 0) return IS_OK;
-    if (cuda_inject_parts_split(n_tokens, n_layers, n_kv_heads, head_dim, n_rot, neox, bf16)) {
-        const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
-        const bool keys = (parts & CUDA_INJECT_KEYS) != 0, values = (parts & CUDA_INJECT_VALUES) != 0;
-        const int32_t units = keys && values ? INJECT_UNITS_BOTH : INJECT_UNITS_ONE;
-        const int64_t per_block = 256 * units;
+                      int32_t n_rot, bool neox, const float *cs, bool bf16) {
+    if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
+    const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
+    if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
+        n_layers <= 65535) {
+        const int64_t per_block = 256 * INJECT_UNITS;
         const dim3 grid((unsigned)((per_layer + per_block - 1) / per_block), (unsigned)n_layers);
-        if (units == INJECT_UNITS_BOTH)
-            inject_bf16_kernel<INJECT_UNITS_BOTH><<<grid, 256, 0, s>>>(
-                caches, arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads, head_dim,
-                block_size, neox, cs, keys, values);
-        else
-            inject_bf16_kernel<INJECT_UNITS_ONE><<<grid, 256, 0, s>>>(
-                caches, arena, pages, slots, pos0, n_tokens, n_layers, n_kv_heads, head_dim,
-                block_size, neox, cs, keys, values);
+        inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos0, n_tokens,
+                                                n_layers, n_kv_heads, head_dim, block_size, neox,
+                                                cs);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
-    if (parts != CUDA_INJECT_KEYS + CUDA_INJECT_VALUES)
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: keys and values apart on this shape");
     dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
     const int32_t kv_dim = n_kv_heads * head_dim;
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
@@ -367,27 +341,24 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
 /* One block per (token, layer). */
 static __global__ void arena_fill_kernel(__nv_bfloat16 *arena, const int32_t *pages,
                                          const float *k, const float *v, int32_t n_tokens,
-                                         int32_t n_layers, int32_t n_kv_heads, int32_t head_dim) {
-    const int32_t j = blockIdx.x, l = blockIdx.y, kv_dim = n_kv_heads * head_dim;
+                                         int32_t n_layers, int32_t kv_dim) {
+    const int32_t j = blockIdx.x, l = blockIdx.y;
+    __nv_bfloat16 *kd = arena + (int64_t)pages[j] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
+    __nv_bfloat16 *vd = kd + (int64_t)n_layers * kv_dim;
     const int64_t src = ((int64_t)l * n_tokens + j) * kv_dim;
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
-        const int32_t h = e / head_dim, d = e % head_dim;
-        arena[arena_row(pages[j], 0, l, h, n_layers, n_kv_heads, head_dim) + d] =
-            __float2bfloat16_rn(k[src + e]);
-        arena[arena_row(pages[j], 1, l, h, n_layers, n_kv_heads, head_dim) + d] =
-            __float2bfloat16_rn(v[src + e]);
+        kd[e] = __float2bfloat16_rn(k[src + e]);
+        vd[e] = __float2bfloat16_rn(v[src + e]);
     }
 }
 
 is_status cuda_arena_fill(cudaStream_t s, __nv_bfloat16 *arena, const int32_t *pages,
                           const float *k, const float *v, int32_t n_tokens, int32_t n_layers,
-                          int32_t n_kv_heads, int32_t head_dim) {
+                          int32_t kv_dim) {
     if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
     dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
-    const int32_t kv_dim = n_kv_heads * head_dim;
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
-    arena_fill_kernel<<<grid, threads, 0, s>>>(arena, pages, k, v, n_tokens, n_layers, n_kv_heads,
-                                               head_dim);
+    arena_fill_kernel<<<grid, threads, 0, s>>>(arena, pages, k, v, n_tokens, n_layers, kv_dim);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

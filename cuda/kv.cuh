@@ -5,38 +5,14 @@
  * (inject, from the fact-KV arena), in f32 (the CPU reference's type) or
  * bf16 (the serving cache, half the bytes).
  *
- * The fact-KV arena (arena.cuh) keeps records in pages of one token each,
- * laid out as the paged cache is: pages come in blocks of ARENA_BLOCK, and a
- * block holds its pages' pre-RoPE keys for every layer, then their values,
- * bf16 [2][n_layers][n_kv_heads][ARENA_BLOCK][head_dim]. So one head's rows
- * of a record's consecutive pages are one run of memory, as a cache block's
- * are: an attention reading values where the arena holds them copies 4 KB
- * runs, not 256-byte rows 128 KB apart (cuda/NOTES.md runs 83 and 89).
+ * The fact-KV arena (arena.cuh) keeps records in pages of one token each:
+ * page p holds that token's pre-RoPE keys for every layer, then its values,
+ * bf16 [2][n_layers][kv_dim] (kv_dim = n_kv_heads * head_dim).
  */
 #ifndef IS_CUDA_KV_CUH
 #define IS_CUDA_KV_CUH
 
 #include "common.cuh"
-
-#define ARENA_BLOCK 16
-
-/* Elements of an arena block. */
-static __host__ __device__ __forceinline__ int64_t arena_block_elems(int32_t n_layers,
-                                                                     int32_t n_kv_heads,
-                                                                     int32_t head_dim) {
-    return (int64_t)2 * n_layers * n_kv_heads * ARENA_BLOCK * head_dim;
-}
-
-/* Where page p's row of KV head h in layer l starts: its keys (part 0) or
- * values (part 1). */
-static __host__ __device__ __forceinline__ int64_t arena_row(int32_t p, int32_t part, int32_t l,
-                                                             int32_t h, int32_t n_layers,
-                                                             int32_t n_kv_heads,
-                                                             int32_t head_dim) {
-    return (int64_t)(p / ARENA_BLOCK) * arena_block_elems(n_layers, n_kv_heads, head_dim) +
-           ((((int64_t)part * n_layers + l) * n_kv_heads + h) * ARENA_BLOCK + p % ARENA_BLOCK) *
-               head_dim;
-}
 
 static __device__ __forceinline__ float kv_load(const float *p) { return *p; }
 static __device__ __forceinline__ float kv_load(const __nv_bfloat16 *p) {
@@ -74,33 +50,20 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
                                   const float *cs, bool bf16);
 
-/* What cuda_inject writes: the keys, the values, or both (parts). */
-#define CUDA_INJECT_KEYS 1
-#define CUDA_INJECT_VALUES 2
-
 /* Chunked RoPE + scatter, every layer and every token in one launch: token i
  * (page pages[i], slot slots[i], position pos0 + i) of the memory segment
  * has its arena keys rotated (cos/sin table cs as cuda_rope's) and written
  * with its values into layer l's caches, caches[l] (keys) and
- * caches[n_layers + l] (values) (device array of device pointers). parts:
- * CUDA_INJECT_KEYS and / or CUDA_INJECT_VALUES, apart only where
- * cuda_inject_parts_split (else IS_ERR_INVALID_ARG); the same bits either
- * way. */
+ * caches[n_layers + l] (values) (device array of device pointers). */
 is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16, int32_t parts);
-
-/* Whether cuda_inject takes keys and values in launches of their own for
- * this shape: the bf16 cache with every dimension rotated (the serving
- * case, one kernel for both parts). */
-bool cuda_inject_parts_split(int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads,
-                             int32_t head_dim, int32_t n_rot, bool neox, bool bf16);
+                      int32_t n_rot, bool neox, const float *cs, bool bf16);
 
 /* Fills arena pages from a staged record: k, v f32 [n_layers][n_tokens][kv_dim]
  * (device), token j into page pages[j] (device). */
 is_status cuda_arena_fill(cudaStream_t s, __nv_bfloat16 *arena, const int32_t *pages,
                           const float *k, const float *v, int32_t n_tokens, int32_t n_layers,
-                          int32_t n_kv_heads, int32_t head_dim);
+                          int32_t kv_dim);
 
 #endif

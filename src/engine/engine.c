@@ -421,14 +421,11 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->matmul(be, e->logits, e->xb, m->output, NULL, n_out);
     }
     if (graph) op->graph_end(be);
-    /* download and argmax wait for their result; work a backend queues
-     * after it (the CUDA backend's owed values) need not hold it up. */
     if (n_out > 0 && out->logits)
         op->download(be, out->logits, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
     else if (n_out > 0)
         greedy_rows(e, out, n_out);
-    else
-        op->sync(be);
+    op->sync(be);
     return n_out;
 }
 

@@ -542,26 +542,10 @@ static void test_injection_on_gpu(void **state) {
         backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
         float *inj16 = malloc((size_t)256 * V * sizeof(float));
         int32_t ns16;
-        cuda_values_stats v0, v1;
-        backend_cuda_values_stats(g_gpu, &v0);
         run_injection(g_mg, mp, 4, w, query, NULL, inj16, &ns16);
-        backend_cuda_values_stats(g_gpu, &v1);
-        /* By default the query's forward reads the facts' values in place
-         * (every layer's attention) and their copy follows its logits; the
-         * inject that copies both must give the same logits, bit for bit. */
-        backend_cuda_set_values_in_place(g_gpu, false);
-        float *copied = malloc((size_t)256 * V * sizeof(float));
-        run_injection(g_mg, mp, 4, w, query, NULL, copied, &ns16);
-        backend_cuda_set_values_in_place(g_gpu, true);
         run_reference(g_mg, mp, 4, w, query, ref);
         gpu_ok();
         assert_int_equal(ns16, ns);
-        assert_int_equal(v1.deferred - v0.deferred, 1);
-        assert_int_equal(v1.read_in_place - v0.read_in_place, g_mg->cfg.n_layers);
-        assert_memory_equal(inj16, copied, (size_t)ns * V * sizeof(float));
-        printf("  bf16 cache, w=%d: values read in place by %lld layers, logits identical to"
-               " copying them\n", w, (long long)(v1.read_in_place - v0.read_in_place));
-        free(copied);
         snprintf(what, sizeof what, "bf16 cache: inject vs masked ref (GPU), w=%d", w);
         expect_agreement(what, compare_logits(inj16, ref, ns, V), ns, REL_TOL, ARGMAX_MIN);
         const uint64_t ids[4] = {100 + w, 200 + w, 300 + w, 400 + w};
