@@ -7,13 +7,11 @@
  * process on the same cache and queries, cuda_flash_plan_batch's choice
  * before device run 23 ("old") and serving's ("new": splits by the cost
  * model, none empty, on the wgmma engine where the GPU runs it), the new
- * plan on the mma.sync engine ("new, mma.sync") and the new model without
- * last-block merges ("new, no last": serving's plan before device run 91),
- * checking that the outputs agree within the bf16 bar (relative L2 <=
- * 1e-2); then the new plan's tiles with fixed numbers of splits, merged by
- * the second kernel, in clusters ("c") or by the last block ("l"), with one
- * and two key warps, on each engine: the sweep the cost model is fitted
- * against.
+ * plan on the mma.sync engine ("new, mma.sync"), checking that the outputs
+ * agree within the bf16 bar (relative L2 <= 1e-2); then the new plan's tiles
+ * with fixed numbers of splits, merged by the second kernel or in clusters
+ * ("c"), with one and two key warps, on each engine: the sweep the cost
+ * model is fitted against.
  *
  * Like a forward, each launch finds its K/V, block table and tiles in
  * memory, not in L2: a read of a buffer larger than L2 runs before it
@@ -87,18 +85,10 @@ struct bench_case {
 
 static __global__ void empty_kernel(void) {}
 
-/* Variants of a row before the sweep (see main). */
-#define N_MAIN 5
-
-/* A plan's merge in the tables: c a cluster, l the last block. */
-static const char *merge_tag(const cuda_flash_plan &p) {
-    return p.splits > 1 && p.cluster ? "c" : p.splits > 1 && p.last ? "l" : "";
-}
-
 /* One traced launch's phases (cuda_flash_set_trace), medians over blocks,
  * in us at the SM clock (clock_khz), and its span by the global timer. */
 static std::string trace_summary(const std::vector<unsigned long long> &t, size_t blocks,
-                                 double clock_khz, bool merged) {
+                                 double clock_khz, bool cluster) {
     std::vector<double> skew, pro, wait, comp, tiles, tail, sync, merge, end, life;
     unsigned long long t0 = ~0ull, t1 = 0;
     for (size_t b = 0; b < blocks; b++) {
@@ -116,18 +106,17 @@ static std::string trace_summary(const std::vector<unsigned long long> &t, size_
         comp.push_back(r[FLASH_TRACE_COMPUTE] * us_per_cycle);
         tiles.push_back((double)r[FLASH_TRACE_TILES]);
         tail.push_back((r[FLASH_TRACE_KS_MERGE] - r[FLASH_TRACE_LOOP]) * us_per_cycle);
-        if (merged && r[FLASH_TRACE_MERGED] != 0) { /* a last-block merge: the merging block */
+        if (cluster) {
             sync.push_back((r[FLASH_TRACE_CLUSTER_SYNC] - r[FLASH_TRACE_KS_MERGE]) * us_per_cycle);
             merge.push_back((r[FLASH_TRACE_MERGED] - r[FLASH_TRACE_CLUSTER_SYNC]) * us_per_cycle);
             end.push_back((r[FLASH_TRACE_END] - r[FLASH_TRACE_MERGED]) * us_per_cycle);
         }
     }
-    /* The merge columns: "-" where the launch merged no cluster and no last
-     * block (for a last-block merge, the merging block's). */
+    /* The cluster columns: "-" where the launch merged no cluster. */
     char cl[3][16];
     std::vector<double> *cv[3] = {&sync, &merge, &end};
     for (int i = 0; i < 3; i++) {
-        if (merged)
+        if (cluster)
             snprintf(cl[i], sizeof cl[i], "%.2f", median(*cv[i]));
         else
             snprintf(cl[i], sizeof cl[i], "-");
@@ -216,11 +205,6 @@ int main(int argc, char **argv) {
     CK(cudaMemsetAsync(flush, 0, flush_n * sizeof(float4), st));
     CK(cudaMalloc(&sink, sizeof(float)));
     size_t partial_cap = 0;
-    /* The last-block merges' counters: one a (tile, KV head) of the largest
-     * case, zero between launches. */
-    int32_t *counts = NULL;
-    CK(cudaMalloc(&counts, (size_t)max_T * KH * sizeof(int32_t)));
-    CK(cudaMemsetAsync(counts, 0, (size_t)max_T * KH * sizeof(int32_t), st));
     int32_t *d_tables = NULL, *d_tiles = NULL;
     const int32_t bt_off[1] = {0}; /* one sequence, its table first in d_tables */
     CK(cudaMalloc(&d_tables, (size_t)pool * sizeof(int32_t)));
@@ -245,14 +229,14 @@ int main(int argc, char **argv) {
     const bool wg_ok = cuda_flash_wgmma_supports(D);
     printf("wgmma engine: %s\n\n", wg_ok ? "yes" : "no (this GPU runs no sm_90a code)");
     printf("| case | T | keys | old plan | old us | new plan | new us | new, 1 key warp us | "
-           "new, mma.sync us | new, no last: plan | us | old / new | rel err new |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "new, mma.sync us | old / new | rel err new |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n");
     /* Variants: the old plan, the new one, then the new one's tiles with
      * each split count of the sweep (what the cost model chooses among). */
-    /* Splits merged by the second kernel, then (c) in clusters, then (l) by
-     * the last block; with one key warp, then two. */
-    const int32_t sweep_splits[] = {1, 2, 4, 8, 16, 32, 2, 4, 6, 7, 8, 4, 6, 7, 8};
-    const int sweep_mg[] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2};
+    /* Splits merged by the second kernel, then (c) in clusters; with one
+     * key warp, then two. */
+    const int32_t sweep_splits[] = {1, 2, 4, 8, 16, 32, 2, 4, 8};
+    const bool sweep_cl[] = {false, false, false, false, false, false, true, true, true};
     const int n_per_kw = (int)(sizeof sweep_splits / sizeof sweep_splits[0]);
     /* Each split count with 1 and 2 key warps on mma.sync, then on wgmma. */
     const int n_sweep = 4 * n_per_kw;
@@ -274,8 +258,8 @@ int main(int argc, char **argv) {
     int failed = 0;
     /* One launch of a plan on the case's batch set up above (tiles in d_tiles). */
     auto attend = [&](const cuda_flash_plan &plan, float *o) {
-        return cuda_flash_attention(st, o, q, kc, vc, d_tables, d_tiles, plan, partial, counts, H,
-                                    KH, D, BS, cuda_bf16_out{}, false) == IS_OK;
+        return cuda_flash_attention(st, o, q, kc, vc, d_tables, d_tiles, plan, partial, H, KH, D,
+                                    BS, cuda_bf16_out{}, false) == IS_OK;
     };
     if (profile_case >= 0) {
         if (profile_case >= n_cases) {
@@ -304,34 +288,30 @@ int main(int argc, char **argv) {
         }
         CK(cudaStreamSynchronize(st));
         printf("%s: %d launches of plan %d%s, %d key warps%s\n", bc.name, reps, plan.splits,
-               merge_tag(plan), plan.key_warps, plan.wgmma ? ", wgmma" : "");
+               plan.cluster ? "c" : "", plan.key_warps, plan.wgmma ? ", wgmma" : "");
         return 0;
     }
     for (int ci = 0; ci < n_cases; ci++) {
         const bench_case &bc = cases[ci];
         for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;
-        double us[5];
-        cuda_flash_plan plans[3];
+        double us[4];
+        cuda_flash_plan plans[2];
         const size_t n = (size_t)bc.T * H * D;
         std::vector<float> ref(n), a(n);
         double rel = 0.0;
         bool sweep_bad = false;
-        for (int variant = 0; variant < N_MAIN + n_sweep; variant++) {
-            /* 0 old, 1 new, 2 new with one key warp, 3 new on mma.sync, 4 new
-             * without last-block merges, then the sweep */
+        for (int variant = 0; variant < 4 + n_sweep; variant++) {
+            /* 0 old, 1 new, 2 new with one key warp, 3 new on mma.sync, then the sweep */
             cuda_flash_plan plan = cuda_flash_plan_batch(
                 sot.data(), pos.data(), bc.T, bt_off, H, KH, D, n_sms,
-                variant == 0   ? CUDA_FLASH_CHOICE_LEGACY
-                : variant == 4 ? CUDA_FLASH_CHOICE_NO_LAST
-                               : CUDA_FLASH_CHOICE_AUTO,
-                variant != 3, tiles.data());
+                variant == 0 ? CUDA_FLASH_CHOICE_LEGACY : CUDA_FLASH_CHOICE_AUTO, variant != 3,
+                tiles.data());
             if (variant == 2) plan.key_warps = 1; /* the new splits, one warp a key tile */
-            if (variant >= N_MAIN) {
+            if (variant >= 4) {
                 const int32_t max_kt = (bc.keys + FLASH_BN - 1) / FLASH_BN;
-                const int v = variant - N_MAIN;
+                const int v = variant - 4;
                 plan.splits = sweep_splits[v % n_per_kw];
-                plan.cluster = sweep_mg[v % n_per_kw] == 1;
-                plan.last = sweep_mg[v % n_per_kw] == 2;
+                plan.cluster = sweep_cl[v % n_per_kw];
                 plan.key_warps = 1 + (v / n_per_kw) % 2;
                 plan.wgmma = v / (2 * n_per_kw);
                 if (plan.splits > max_kt || /* more splits than key tiles: not a plan */
@@ -341,8 +321,8 @@ int main(int argc, char **argv) {
                     sweep_us[(size_t)ci].push_back(-1.0);
                     continue;
                 }
-            } else if (variant < 2 || variant == 4) {
-                plans[variant < 2 ? variant : 2] = plan;
+            } else if (variant < 2) {
+                plans[variant] = plan;
             }
             CK(cudaMemcpyAsync(d_tiles, tiles.data(),
                                (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t),
@@ -372,7 +352,7 @@ int main(int argc, char **argv) {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (r >= 0) v.push_back(1e3 * ms);
             }
-            if (variant < N_MAIN)
+            if (variant < 4)
                 us[variant] = median(v);
             else
                 sweep_us[(size_t)ci].push_back(median(v));
@@ -380,7 +360,6 @@ int main(int argc, char **argv) {
                 const size_t blocks = (size_t)plan.n_tiles * KH * plan.splits;
                 unsigned long long *d_trace;
                 CK(cudaMalloc(&d_trace, blocks * FLASH_TRACE_SLOTS * sizeof(unsigned long long)));
-                CK(cudaMemset(d_trace, 0, blocks * FLASH_TRACE_SLOTS * sizeof(unsigned long long)));
                 flush_l2<<<4 * n_sms, 256, 0, st>>>(flush, flush_n, sink);
                 CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float),
                                    cudaMemcpyDeviceToDevice, st));
@@ -393,8 +372,8 @@ int main(int argc, char **argv) {
                 std::vector<unsigned long long> t(blocks * FLASH_TRACE_SLOTS);
                 CK(cudaMemcpy(t.data(), d_trace, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
                 CK(cudaFree(d_trace));
-                traces[(size_t)ci] = trace_summary(t, blocks, clock_khz,
-                                                   plan.splits > 1 && (plan.cluster || plan.last));
+                traces[(size_t)ci] =
+                    trace_summary(t, blocks, clock_khz, plan.splits > 1 && plan.cluster);
             }
             /* Relative L2 error of each variant's output against the old
              * plan's (the new plan's is the table's; the sweep's must pass
@@ -416,14 +395,14 @@ int main(int argc, char **argv) {
         }
         const bool ok = rel <= 1e-2 && !sweep_bad;
         failed += !ok;
-        char pl[3][48];
-        for (int i = 0; i < 3; i++)
-            snprintf(pl[i], sizeof pl[i], "%d%s, %d (%d)", plans[i].splits, merge_tag(plans[i]),
-                     plans[i].key_warps, plans[i].n_tiles * KH * plans[i].splits);
-        printf("| %s | %d | %d | %s | %.1f | %s%s | %.1f | %.1f | %.1f | %s | %.1f | %.2fx | "
-               "%.1e%s |\n",
+        char pl[2][48];
+        for (int variant = 0; variant < 2; variant++)
+            snprintf(pl[variant], sizeof pl[variant], "%d%s, %d (%d)", plans[variant].splits,
+                     plans[variant].cluster ? "c" : "", plans[variant].key_warps,
+                     plans[variant].n_tiles * KH * plans[variant].splits);
+        printf("| %s | %d | %d | %s | %.1f | %s%s | %.1f | %.1f | %.1f | %.2fx | %.1e%s |\n",
                bc.name, bc.T, bc.keys, pl[0], us[0], pl[1], plans[1].wgmma ? " wg" : "", us[1],
-               us[2], us[3], pl[2], us[4], us[0] / us[1], rel,
+               us[2], us[3], us[0] / us[1], rel,
                ok ? "" : sweep_bad ? " FAIL (a sweep variant)" : " FAIL");
         fflush(stdout);
     }
@@ -434,7 +413,7 @@ int main(int argc, char **argv) {
                "here):\n\n| case |",
                combo / 2 ? "wgmma" : "mma.sync", kw, kw > 1 ? "s" : "");
         for (int i = 0; i < n_per_kw; i++)
-            printf(" %d%s |", sweep_splits[i], sweep_mg[i] == 1 ? "c" : sweep_mg[i] == 2 ? "l" : "");
+            printf(" %d%s |", sweep_splits[i], sweep_cl[i] ? "c" : "");
         printf("\n|---|");
         for (int i = 0; i < n_per_kw; i++) printf("---|");
         printf("\n");
@@ -467,7 +446,7 @@ int main(int argc, char **argv) {
                "%.0f MHz; the compute part ends when its last mma issues, so the next wait "
                "holds the rest). Empty kernel timed as the rows: %.1f us.\n\n"
                "| case | span | start skew median / max | prologue | tiles | waiting | "
-               "computing | key-warp merge | merge: rows written | merge: reads | merge: output | "
+               "computing | key-warp merge | cluster sync | cluster merge (reads) | output + last sync | "
                "block life |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                clock_khz / 1e3, median(v));
         for (int ci = 0; ci < n_cases; ci++)
@@ -481,7 +460,6 @@ int main(int argc, char **argv) {
     cudaFree(q);
     for (int i = 0; i < 3; i++) cudaFree(outs[i]);
     cudaFree(partial);
-    cudaFree(counts);
     cudaFree(flush);
     cudaFree(sink);
     cudaFree(d_tables);

@@ -96,7 +96,6 @@ typedef struct cuda_ctx {
     bool kv_bf16;       /* KV cache element type (engines created after a change) */
     bool flash;         /* tiled attention over a bf16 cache */
     bool flash_clusters; /* its key splits merged in clusters */
-    bool flash_last;    /* or by the last split's block (backend_cuda_set_flash_last) */
     bool flash_wgmma;   /* its S and P V on wgmma where the GPU takes it */
     bool legacy;        /* the backend as first built (backend_cuda_set_legacy) */
     int32_t n_sms;
@@ -120,8 +119,6 @@ typedef struct cuda_ctx {
     size_t tiles_cap;   /* tiles */
     float *partial;     /* flash split partial results */
     size_t partial_cap; /* floats */
-    int32_t *counts;    /* flash last-block merges' counters, zero between launches */
-    size_t counts_cap;  /* ints */
     cuda_arena *arena;
     size_t arena_bytes; /* requested capacity (0 = default) */
     float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
@@ -1254,10 +1251,8 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     /* c->pack holds attn_meta's host copy: bt_off at 2T (offsets into flat). */
     const cuda_flash_plan plan = cuda_flash_plan_batch(
         b->seq_of_token, b->pos, T, c->pack + 2 * (size_t)T, n_heads, n_kv_heads, head_dim, c->n_sms,
-        !c->flash_clusters ? CUDA_FLASH_CHOICE_NO_CLUSTER
-        : c->flash_last    ? CUDA_FLASH_CHOICE_AUTO
-                           : CUDA_FLASH_CHOICE_NO_LAST,
-        c->flash_wgmma, c->tiles);
+        c->flash_clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->flash_wgmma,
+        c->tiles);
     const void *dtiles;
     is_status st = stage_upload(c, &c->st_tiles, c->tiles,
                                 (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t), &dtiles);
@@ -1267,13 +1262,6 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
                              cuda_flash_partial_floats(plan, n_kv_heads, head_dim), sizeof(float));
         if (st != IS_OK) return st;
     }
-    const size_t n_counts = cuda_flash_counts(plan, n_kv_heads);
-    if (n_counts > c->counts_cap) {
-        /* Zeroed once: each launch that counts leaves them zero. */
-        st = scratch_reserve(c, (void **)&c->counts, &c->counts_cap, n_counts, sizeof(int32_t));
-        if (st != IS_OK) return st;
-        CUDA_CHECK(cudaMemsetAsync(c->counts, 0, n_counts * sizeof(int32_t), c->stream));
-    }
     /* The output's bf16 copy too: the attention output product then skips
      * its conversion (a launch a layer fewer). */
     const size_t n = (size_t)T * n_heads * head_dim;
@@ -1281,7 +1269,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     ob.p = bf16_copy_of(c, n, &ob.split);
     st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
                               (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
-                              plan, c->partial, c->counts, n_heads, n_kv_heads,
+                              plan, c->partial, n_heads, n_kv_heads,
                               head_dim, block_size, ob, early);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
@@ -1526,7 +1514,6 @@ static void ctx_destroy(cuda_ctx *c) {
     stage_free(&c->st_inject);
     stage_free(&c->st_caches);
     cudaFree(c->partial);
-    cudaFree(c->counts);
     cudaFree(c->argmax_out);
     cudaFree(c->inj_rows);
     free(c->tiles);
@@ -1663,7 +1650,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
     c->flash = true;
     c->flash_clusters = true;
-    c->flash_last = true;
     c->flash_wgmma = true;
     c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
     {
@@ -1689,8 +1675,6 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->skinny_splits = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_WGMMA");
         c->wgmma = !(v && !strcmp(v, "0"));
-        v = getenv("IS_CUDA_FLASH_LAST");
-        if (v && !strcmp(v, "0")) c->flash_last = false;
         v = getenv("IS_CUDA_FLASH_WGMMA");
         c->flash_wgmma = !(v && !strcmp(v, "0"));
         v = getenv("IS_CUDA_PDL");
@@ -1765,11 +1749,6 @@ extern "C" void backend_cuda_set_flash(backend *be, bool on) {
 extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->flash_clusters = on;
-}
-
-extern "C" void backend_cuda_set_flash_last(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->flash_last = on;
 }
 
 extern "C" void backend_cuda_set_flash_wgmma(backend *be, bool on) {

@@ -99,12 +99,6 @@ void backend_cuda_set_flash(backend *be, bool on);
  * (default on, where the GPU fits them); off: always by a second kernel
  * over partial results in global memory (as before device run 28). */
 void backend_cuda_set_flash_clusters(backend *be, bool on);
-/* Or, where that is cheaper (the plan's cost model: a cluster of that many
- * blocks would not fit in one wave), by the last split's block to finish,
- * through global memory and a counter (default on; IS_CUDA_FLASH_LAST=0 at
- * creation off; off with clusters off too); off: clusters or the second
- * kernel only, as before device run 91. */
-void backend_cuda_set_flash_last(backend *be, bool on);
 /* The tiled attention's S = Q K^T and O += P V on wgmma (default on, where
  * the GPU runs sm_90a code: cuda/flash_wgmma.cu; IS_CUDA_FLASH_WGMMA=0
  * off); off: on mma.sync, as before device run 54. */

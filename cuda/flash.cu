@@ -175,15 +175,13 @@ template <int D, int KS>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
-                              float *partial, int32_t *counts, int32_t n_heads,
-                              int32_t n_kv_heads, int32_t block_size, cuda_bf16_out ob,
-                              bool early) {
+                              float *partial, int32_t n_heads, int32_t n_kv_heads,
+                              int32_t block_size, cuda_bf16_out ob, bool early) {
     flash_fn fn = NULL;
     size_t smem = 0;
     is_status st = flash_prepare<D, KS>(plan.wgmma != 0, &fn, &smem);
     if (st != IS_OK) return st;
     const bool cluster = plan.splits > 1 && plan.cluster;
-    const bool last = plan.splits > 1 && !cluster && plan.last;
     if (cluster && resident<D, KS>(plan.wgmma != 0, plan.splits) <= 0)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
@@ -195,10 +193,9 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               dim3(FLASH_BM * 2 * KS), smem, s,
                               dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
                               out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
-                              block_size, scale_log2, plan.splits, cluster, partial,
-                              last ? counts : (int32_t *)NULL, ob.p, ob.n, ob.split,
-                              early && cuda_pdl_on()));
-    if (plan.splits > 1 && !cluster && !last) {
+                              block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
+                              ob.split, early && cuda_pdl_on()));
+    if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,
             dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads, FLASH_BM / (MERGE_THREADS / 32)),
@@ -211,7 +208,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
-                               float *partial, int32_t *counts, int32_t n_heads,
+                               float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob, bool early) {
     if (plan.n_tiles <= 0) return IS_OK;
@@ -221,15 +218,14 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                             head_dim, n_heads, n_kv_heads, block_size);
     if (plan.splits < 1 || plan.splits > FLASH_MAX_SPLITS ||
         (plan.splits > 1 && !plan.cluster && !partial) ||
-        ((plan.cluster || plan.last) && plan.splits > FLASH_CLUSTER_MAX) ||
-        (cuda_flash_counts(plan, n_kv_heads) > 0 && !counts))
+        (plan.cluster && plan.splits > FLASH_CLUSTER_MAX))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d splits", plan.splits);
     if (plan.key_warps != 1 && plan.key_warps != 2)
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d key warps",
                             plan.key_warps);
 #define FLASH_LAUNCH(D, KS)                                                                        \
-    flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, counts, \
-                        n_heads, n_kv_heads, block_size, ob, early)
+    flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, \
+                                  n_heads, n_kv_heads, block_size, ob, early)
     if (head_dim == 64) return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2) : FLASH_LAUNCH(64, 1);
     return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2) : FLASH_LAUNCH(128, 1);
 #undef FLASH_LAUNCH
@@ -267,25 +263,17 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 #define PLAN_KW2_FIXED_US 0.8
 #define PLAN_CLUSTER_US 5.5
 #define PLAN_KW2_CLUSTER_US 3.8
-/* The last block's merge (run 91's guess, to be fitted): the rows through
- * L2 and a counter instead of distributed shared memory and the cluster's
- * barriers, so about a cluster merge, a little more (its reads are one
- * block's, not shared); it wins where a cluster of the same splits would
- * not fit in one wave (k = 50: 16 clusters of 7 blocks at one an SM take
- * two waves, 7 free blocks one). */
-#define PLAN_LAST_US 4.0
 
 /* Splits, key warps and merge for tiles of up to max_kt key tiles: the
  * cheapest by the model, counting only splits that all get keys (per
  * first, then splits = ceil(max_kt / per)); a tie goes to fewer splits,
- * one key warp, then the merge kernel, a cluster, the last block. */
+ * one key warp, the merge kernel. */
 static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, int64_t rows_total,
-                        int32_t head_dim, int32_t n_sms, bool clusters, bool last) {
+                        int32_t head_dim, int32_t n_sms, bool clusters) {
     const bool wg = plan->wgmma != 0;
     plan->splits = 1;
     plan->key_warps = 1;
     plan->cluster = 0;
-    plan->last = 0;
     if (pairs >= 2 * n_sms || max_kt <= 1) return; /* the tiles fill the GPU (prefill) */
     const double part_mb = (double)rows_total * (head_dim + 2) * sizeof(float) / 1e6;
     double best_us = -1.0;
@@ -302,22 +290,17 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
             if ((splits - 1) * per >= max_kt) continue; /* the last split would be empty */
             const int32_t cl_slots =
                 clusters && splits > 1 ? cuda_flash_max_clusters(head_dim, kw, splits, wg) : 0;
-            /* merge 0: the merge kernel (or none), 1: a cluster, 2: the last block */
-            const bool can_last = last && splits > 1 && splits <= FLASH_CLUSTER_MAX;
-            for (int32_t mg = 0; mg <= 2; mg++) {
-                if ((mg == 1 && cl_slots <= 0) || (mg == 2 && !can_last)) continue;
-                const int64_t waves = mg == 1 ? ((int64_t)pairs + cl_slots - 1) / cl_slots
-                                              : ((int64_t)pairs * splits + slots - 1) / slots;
+            for (int32_t cl = 0; cl <= (cl_slots > 0); cl++) {
+                const int64_t waves = cl ? ((int64_t)pairs + cl_slots - 1) / cl_slots
+                                         : ((int64_t)pairs * splits + slots - 1) / slots;
                 double us = (double)waves * (fixed_us + per * tile_us);
                 if (splits > 1)
-                    us += mg == 1   ? (kw == 1 ? PLAN_CLUSTER_US : PLAN_KW2_CLUSTER_US)
-                          : mg == 2 ? PLAN_LAST_US
-                                    : PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
+                    us += cl ? (kw == 1 ? PLAN_CLUSTER_US : PLAN_KW2_CLUSTER_US)
+                             : PLAN_MERGE_US + PLAN_PART_US_PER_MB * part_mb * splits;
                 if (best_us < 0.0 || us < best_us) {
                     plan->splits = splits;
                     plan->key_warps = kw;
-                    plan->cluster = mg == 1;
-                    plan->last = mg == 2;
+                    plan->cluster = cl;
                     best_us = us;
                 }
             }
@@ -331,7 +314,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
                                       bool wgmma, int32_t *tiles) {
     const bool legacy = choice == CUDA_FLASH_CHOICE_LEGACY;
     const int32_t G = n_heads / n_kv_heads;
-    cuda_flash_plan plan = {0, 1, 1, 0, 0, 0};
+    cuda_flash_plan plan = {0, 1, 1, 0, 0};
     plan.wgmma = wgmma && !legacy && cuda_flash_wgmma_supports(head_dim);
     int32_t max_kt = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
@@ -377,6 +360,6 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         return plan;
     }
     plan_splits(&plan, pairs, max_kt, rows_total, head_dim, n_sms,
-                choice != CUDA_FLASH_CHOICE_NO_CLUSTER, choice == CUDA_FLASH_CHOICE_AUTO);
+                choice != CUDA_FLASH_CHOICE_NO_CLUSTER);
     return plan;
 }

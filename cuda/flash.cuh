@@ -63,8 +63,6 @@ typedef struct cuda_flash_plan {
     int32_t key_warps; /* warps on each key tile for the same rows: 1 or 2 */
     int32_t splits;    /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
     int32_t cluster;   /* 1: the splits (<= FLASH_CLUSTER_MAX) merge as one cluster */
-    int32_t last;      /* 1 (no cluster): the last split's block to finish merges them
-                          (<= FLASH_CLUSTER_MAX; no second kernel) */
     int32_t wgmma;     /* 1: S and P V on wgmma (cuda_flash_wgmma_supports), else mma.sync */
 } cuda_flash_plan;
 
@@ -79,7 +77,6 @@ typedef enum cuda_flash_choice {
     CUDA_FLASH_CHOICE_LEGACY,   /* before device run 23: splits filling two blocks a
                                    multiprocessor (the last ones possibly empty) */
     CUDA_FLASH_CHOICE_NO_CLUSTER, /* AUTO's model without cluster merges (before run 28) */
-    CUDA_FLASH_CHOICE_NO_LAST,    /* AUTO's model without last-block merges (before run 91) */
 } cuda_flash_choice;
 
 /* How many clusters of `size` (2..FLASH_CLUSTER_MAX) blocks of the kernel
@@ -115,27 +112,20 @@ enum {
     FLASH_TRACE_TILES,        /* key tiles walked */
     FLASH_TRACE_LOOP,         /* after the loop (l reduced) */
     FLASH_TRACE_KS_MERGE,     /* after the key warps' merge */
-    FLASH_TRACE_CLUSTER_SYNC, /* cluster or last-block merge: all rows written */
-    FLASH_TRACE_MERGED,       /* cluster or last-block merge: the splits' rows read and summed */
-    FLASH_TRACE_END,          /* cluster or last-block merge: output written */
+    FLASH_TRACE_CLUSTER_SYNC, /* cluster merge: all rows written */
+    FLASH_TRACE_MERGED,       /* cluster merge: the other blocks' rows read and summed */
+    FLASH_TRACE_END,          /* cluster merge: output written, after the last barrier */
     FLASH_TRACE_EXIT_NS,      /* global timer before the output is written */
     FLASH_TRACE_SLOTS
 };
 is_status cuda_flash_set_trace(unsigned long long *trace);
 
 /* Floats of the partial results in global memory (splits merged by the
- * second kernel or the last block; none otherwise). */
+ * second kernel; none otherwise). */
 static inline size_t cuda_flash_partial_floats(cuda_flash_plan plan, int32_t n_kv_heads,
                                                int32_t head_dim) {
     if (plan.splits <= 1 || plan.cluster) return 0;
-    return (size_t)plan.n_tiles * n_kv_heads * plan.splits * FLASH_BM *
-           (head_dim + (plan.last ? 4 : 2));
-}
-
-/* Counters a last-block merge needs (cuda_flash_attention's counts): one a
- * (tile, KV head); 0 for other plans. */
-static inline size_t cuda_flash_counts(cuda_flash_plan plan, int32_t n_kv_heads) {
-    return plan.splits > 1 && !plan.cluster && plan.last ? (size_t)plan.n_tiles * n_kv_heads : 0;
+    return (size_t)plan.n_tiles * n_kv_heads * plan.splits * FLASH_BM * (head_dim + 2);
 }
 
 /* Where an op also writes its f32 output's bf16 copy (bf16_copy_put's
@@ -151,10 +141,7 @@ typedef struct cuda_bf16_out {
  * int32 [plan.n_tiles][FLASH_TILE_INTS] (cuda_flash_plan_batch's), the
  * tokens of a tile consecutive in the batch and in position, at most
  * FLASH_BM / group of them. partial: cuda_flash_partial_floats of scratch
- * (NULL when that is 0). counts: cuda_flash_counts device ints, zero before
- * the first launch that uses them (each such launch leaves them zero;
- * launches that share them must not overlap), NULL when that is 0.
- * early: the kernel before this one in the stream
+ * (NULL when that is 0). early: the kernel before this one in the stream
  * wrote no key before each sequence's first position in the batch (the
  * RoPE + KV store of the batch's tokens), so the kernel, launched as its
  * dependent, copies the tiles of such keys before it waits for it.
@@ -163,7 +150,7 @@ typedef struct cuda_bf16_out {
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
-                               float *partial, int32_t *counts, int32_t n_heads,
+                               float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob, bool early);
 

@@ -223,70 +223,18 @@ static __device__ __forceinline__ unsigned long long global_ns(void) {
     return t;
 }
 
-/* The merge of a tile's splits (a cluster's, or the last block's:
- * flash_kernel, below), from each split's unnormalised rows (PLD = D + 4
- * floats a row: O, then m and l), in split order whichever block does it,
- * so both merges give the same bits. Loads through L2 only (CG) where
- * other multiprocessors wrote the rows in global memory during this
- * kernel; a cluster's come from distributed shared memory. */
-template <bool CG>
-static __device__ __forceinline__ float4 merge_load(const float *p) {
-    if constexpr (CG)
-        return __ldcg(reinterpret_cast<const float4 *>(p));
-    else
-        return *reinterpret_cast<const float4 *>(p);
-}
-
-template <bool CG>
-static __device__ __forceinline__ float merge_load1(const float *p) {
-    if constexpr (CG)
-        return __ldcg(p);
-    else
-        return *p;
-}
-
-/* Each of rows [r0, r1) gets its splits' weights and 1 / denominator in
- * wrow (WS floats a row: FLASH_CLUSTER_MAX weights, then 1 / den), a
- * thread a row; split z's rows start at rows(z). */
-template <int D, int WS, int THREADS, bool CG, typename Rows>
-static __device__ __forceinline__ void merge_weights(float *wrow, int32_t r0, int32_t r1,
-                                                     int32_t n_splits, Rows rows) {
-    constexpr int PLD = D + 4;
-    for (int32_t r = r0 + (int32_t)threadIdx.x; r < r1; r += THREADS) {
-        float mz[FLASH_CLUSTER_MAX], lz[FLASH_CLUSTER_MAX], mx = -INFINITY;
-#pragma unroll
-        for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
-            mz[z] = -INFINITY;
-            lz[z] = 0.0f;
-            if (z < n_splits) {
-                const float *pz = rows(z) + r * PLD;
-                mz[z] = merge_load1<CG>(pz + D);
-                lz[z] = merge_load1<CG>(pz + D + 1);
-                mx = fmaxf(mx, mz[z]);
-            }
-        }
-        float den = 0.0f;
-        float *w = wrow + (r - r0) * WS;
-#pragma unroll
-        for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
-            const float wz = mz[z] == -INFINITY ? 0.0f : exp2f(mz[z] - mx); /* empty: 0 */
-            den += lz[z] * wz;
-            w[z] = wz;
-        }
-        w[FLASH_CLUSTER_MAX] = 1.0f / den;
-    }
-}
-
-/* acc[u] = sum over the n_splits splits, in split order, of split z's
- * float4 chunk tid + u * THREADS of rows r0.. (from rows(z)) times the
- * row's weight for z (wrow). A split's loads are unconditional (a chunk
- * past n_u reads chunk 0 and its sum is not used), so none waits for
- * another; two splits a step. (Every split unrolled, one body for each
- * split count, made the kernel's one-time code long enough that its
- * instruction fetches stalled the output after it: run 63.) */
-template <int UMAX, int D, int WS, int THREADS, bool CG, typename Rows>
-static __device__ __forceinline__ void merge_sum(float4 *acc, Rows rows, const float *wrow,
-                                                 int32_t r0, int32_t n_u, int32_t n_splits) {
+/* The cluster merge's sums (flash_kernel, below): acc[u] = sum over the
+ * n_splits splits, in split order, of split z's float4 chunk tid + u *
+ * THREADS of this block's rows (from r0; PLD = D + 4 floats a row) times
+ * the row's weight for z (wrow, WS floats a row). A split's loads are
+ * unconditional (a chunk past n_u reads chunk 0 and its sum is not used),
+ * so none waits for another; two splits a step. (Every split unrolled, one
+ * body for each split count, made the kernel's one-time code long enough
+ * that its instruction fetches stalled the output after it: run 63.) */
+template <int UMAX, int D, int WS, int THREADS>
+static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_group &cl,
+                                                   float *mine, const float *wrow, int32_t r0,
+                                                   int32_t n_u, int32_t n_splits) {
     constexpr int CH = D / 4, PLD = D + 4;
     int32_t off[UMAX], wi[UMAX];
 #pragma unroll
@@ -298,43 +246,15 @@ static __device__ __forceinline__ void merge_sum(float4 *acc, Rows rows, const f
     }
 #pragma unroll 2
     for (int z = 0; z < n_splits; z++) {
-        const float *pz = rows(z);
+        const float *pz = cl.map_shared_rank(mine, z);
 #pragma unroll
         for (int u = 0; u < UMAX; u++) {
-            const float4 v = merge_load<CG>(pz + off[u]);
+            const float4 v = *reinterpret_cast<const float4 *>(pz + off[u]);
             const float wz = wrow[wi[u] + z];
             acc[u].x += v.x * wz;
             acc[u].y += v.y * wz;
             acc[u].z += v.z * wz;
             acc[u].w += v.w * wz;
-        }
-    }
-}
-
-/* Writes merge_sum's chunks, normalised, to out (and its bf16 copy). */
-template <int UMAX, int D, int WS, int THREADS>
-static __device__ __forceinline__ void merge_store(const float4 *acc, const float *wrow,
-                                                   int32_t r0, int32_t n_u, int32_t t0, int32_t G,
-                                                   int32_t kh, int64_t q_stride, float *out,
-                                                   __nv_bfloat16 *obf, int64_t out_n,
-                                                   bool obf_split) {
-    constexpr int CH = D / 4;
-#pragma unroll
-    for (int u = 0; u < UMAX; u++) {
-        const int32_t i = (int32_t)threadIdx.x + u * THREADS;
-        if (i >= n_u) continue;
-        const int32_t r = r0 + i / CH, ch = i % CH;
-        const float inv = wrow[(r - r0) * WS + FLASH_CLUSTER_MAX];
-        const float4 y =
-            make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
-        const int64_t at =
-            (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D + ch * 4;
-        *reinterpret_cast<float4 *>(out + at) = y;
-        if (obf) {
-            bf16_copy_put(obf, out_n, at, y.x, obf_split);
-            bf16_copy_put(obf, out_n, at + 1, y.y, obf_split);
-            bf16_copy_put(obf, out_n, at + 2, y.z, obf_split);
-            bf16_copy_put(obf, out_n, at + 3, y.w, obf_split);
         }
     }
 }
@@ -346,7 +266,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
-                 int32_t n_splits, bool cluster, float *partial, int32_t *counts,
+                 int32_t n_splits, bool cluster, float *partial,
                  __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
@@ -801,87 +721,65 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         constexpr int WS = FLASH_CLUSTER_MAX + 1; /* floats a row: weights, then 1 / den */
         static_assert((size_t)BM * WS * sizeof(float) <= KS_BYTES, "flash: merge weights");
         float *wrow = reinterpret_cast<float *>(smem);
-        const auto ranks = [&](int z) { return (const float *)cl.map_shared_rank(mine, z); };
-        merge_weights<D, WS, THREADS, false>(wrow, r0, r1, n_splits, ranks);
+        for (int32_t r = r0 + tid; r < r1; r += THREADS) {
+            float mz[FLASH_CLUSTER_MAX], lz[FLASH_CLUSTER_MAX], mx = -INFINITY;
+#pragma unroll
+            for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
+                mz[z] = -INFINITY;
+                lz[z] = 0.0f;
+                if (z < n_splits) {
+                    const float *pz = cl.map_shared_rank(mine, z) + r * PLD;
+                    mz[z] = pz[D];
+                    lz[z] = pz[D + 1];
+                    mx = fmaxf(mx, mz[z]);
+                }
+            }
+            float den = 0.0f;
+            float *w = wrow + (r - r0) * WS;
+#pragma unroll
+            for (int z = 0; z < FLASH_CLUSTER_MAX; z++) {
+                const float wz = mz[z] == -INFINITY ? 0.0f : exp2f(mz[z] - mx); /* empty: 0 */
+                den += lz[z] * wz;
+                w[z] = wz;
+            }
+            w[FLASH_CLUSTER_MAX] = 1.0f / den;
+        }
         __syncthreads();
         constexpr int CH = D / 4; /* float4 chunks a row */
         /* A thread's chunks (at most UMAX: a block merges at most BM / 2
          * rows, since n_splits >= 2), split by split, with no store and no
-         * branch between the remote loads (merge_sum). (Run 61's loop
+         * branch between the remote loads (cluster_sum). (Run 61's loop
          * stored each chunk before the next one's loads, and run 62's put
          * each load under its own branch: 2.4 and 3.2 us, each remote load
          * waited for before the next.) The sums in split order, as before. */
         constexpr int UMAX = (BM / 2 * CH + THREADS - 1) / THREADS;
         const int32_t n_u = (r1 - r0) * CH;
         float4 acc[UMAX];
-        merge_sum<UMAX, D, WS, THREADS, false>(acc, ranks, wrow, r0, n_u, n_splits);
+        cluster_sum<UMAX, D, WS, THREADS>(acc, cl, mine, wrow, r0, n_u, n_splits);
         /* This block has read the others' rows: it may leave once they
          * have read its own (the wait below), and writes its output first. */
         asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
         if (tr) tr[FLASH_TRACE_MERGED] = clock64();
-        merge_store<UMAX, D, WS, THREADS>(acc, wrow, r0, n_u, t0, G, kh, q_stride, out, obf, out_n,
-                                          obf_split);
-        /* no block leaves while another reads its rows */
-        asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-        if (tr) {
-            tr[FLASH_TRACE_END] = clock64();
-            tr[FLASH_TRACE_EXIT_NS] = global_ns();
-        }
-        return;
-    }
-    if (counts) {
-        /* The last block of this (tile, KV head) to finish merges its
-         * splits: each leaves its rows in `partial` (global memory, as the
-         * merge kernel's, in the cluster's row layout), counts itself in
-         * counts[pair] and leaves, but the last, which finds every other
-         * split's rows written (fence, then count: the others' writes are
-         * visible to whoever counts after them), merges all the rows as a
-         * cluster would and sets the count back to 0 for the next launch.
-         * No second kernel and no cluster: the splits are not bound to
-         * free multiprocessors of one GPC (flash.cu's plan). */
-        const int64_t pair = (int64_t)tile * n_kv_heads + kh;
-        const float *part0 = partial + pair * n_splits * BM * PLD;
-        if (kq == 0) {
-            float *part = partial + (pair * n_splits + split) * BM * PLD;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                if (last[h] < 0) continue; /* padding rows: the merge reads only the tile's */
-                float *pr = part + (warp * 16 + g + 8 * h) * PLD;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++)
-                    *reinterpret_cast<float2 *>(pr + dt * 8 + 2 * c) =
-                        make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
-                if (c == 0) {
-                    pr[D] = m[h];
-                    pr[D + 1] = l[h];
-                }
+        for (int u = 0; u < UMAX; u++) {
+            const int32_t i = tid + u * THREADS;
+            if (i >= n_u) continue;
+            const int32_t r = r0 + i / CH, ch = i % CH;
+            const float inv = wrow[(r - r0) * WS + FLASH_CLUSTER_MAX];
+            const float4 y =
+                make_float4(acc[u].x * inv, acc[u].y * inv, acc[u].z * inv, acc[u].w * inv);
+            const int64_t at =
+                (int64_t)(t0 + r / G) * q_stride + (int64_t)(kh * G + r % G) * D + ch * 4;
+            *reinterpret_cast<float4 *>(out + at) = y;
+            if (obf) {
+                bf16_copy_put(obf, out_n, at, y.x, obf_split);
+                bf16_copy_put(obf, out_n, at + 1, y.y, obf_split);
+                bf16_copy_put(obf, out_n, at + 2, y.z, obf_split);
+                bf16_copy_put(obf, out_n, at + 3, y.w, obf_split);
             }
         }
-        __threadfence();
-        int32_t *const last_s = reinterpret_cast<int32_t *>(smem + KS_BYTES);
-        __syncthreads(); /* the rows written and fenced; the key warps' merge read */
-        if (tid == 0) *last_s = atomicAdd(counts + pair, 1) == n_splits - 1;
-        __syncthreads();
-        if (!*last_s) {
-            if (tr) tr[FLASH_TRACE_EXIT_NS] = global_ns();
-            return;
-        }
-        __threadfence();
-        if (tr) tr[FLASH_TRACE_CLUSTER_SYNC] = clock64();
-        constexpr int WS = FLASH_CLUSTER_MAX + 1, CH = D / 4;
-        constexpr int UMAX = (BM * CH + THREADS - 1) / THREADS;
-        static_assert((size_t)BM * WS * sizeof(float) <= KS_BYTES, "flash: merge weights");
-        const int32_t rows = n * G, n_u = rows * CH;
-        float *wrow = reinterpret_cast<float *>(smem);
-        const auto splits_rows = [&](int z) { return part0 + (int64_t)z * BM * PLD; };
-        merge_weights<D, WS, THREADS, true>(wrow, 0, rows, n_splits, splits_rows);
-        __syncthreads();
-        float4 acc[UMAX];
-        merge_sum<UMAX, D, WS, THREADS, true>(acc, splits_rows, wrow, 0, n_u, n_splits);
-        if (tr) tr[FLASH_TRACE_MERGED] = clock64();
-        merge_store<UMAX, D, WS, THREADS>(acc, wrow, 0, n_u, t0, G, kh, q_stride, out, obf, out_n,
-                                          obf_split);
-        if (tid == 0) counts[pair] = 0;
+        /* no block leaves while another reads its rows */
+        asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
         if (tr) {
             tr[FLASH_TRACE_END] = clock64();
             tr[FLASH_TRACE_EXIT_NS] = global_ns();
@@ -912,8 +810,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, int32_t *, __nv_bfloat16 *, int64_t, bool,
-                         bool);
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size and key warps,
  * or NULL where this GPU cannot run sm_90a code; and its trace pointer
