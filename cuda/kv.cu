@@ -201,10 +201,10 @@ static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *a
 /* The bf16 cache with every dimension rotated (the serving case): a thread
  * takes 8 elements of a head with 16-byte loads and stores (the old kernel
  * above moved 2 bytes a load and was ~3x off the copy bandwidth at k = 50),
- * or for the neox layout 8 elements and their 8 partners half a head away.
- * The rotation is rope_kernel's expression, as above. Consecutive threads
- * take consecutive units of a layer's tokens, so they write consecutive
- * bytes. */
+ * or for the neox layout 8 elements and their 8 partners half a head away,
+ * in each of INJECT_HEADS heads. The rotation is rope_kernel's expression,
+ * as above. Consecutive threads take consecutive units of a head's row, so
+ * they read and write 256-byte runs. */
 static __device__ __forceinline__ void bf16x8_to_f32(const uint4 &u, float *f) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
@@ -223,59 +223,67 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
     return u;
 }
 
-/* Units (16-byte pieces of a token's keys) a thread takes: their loads in
- * flight together. */
-#define INJECT_UNITS 2
+/* KV heads a thread takes: the same 16-byte piece (unit) of one token's
+ * keys and values in each, so their loads are in flight together and the
+ * piece's rotation table entries (32 bytes a unit, f32, the same for every
+ * head and layer of the token) are read once for all of them, not once a
+ * head (those reads had been as many bytes as the keys' and
+ * values' together, from L2). */
+#define INJECT_HEADS 4
 
 static __global__ void __launch_bounds__(256)
     inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
                        const int32_t *slots, int32_t pos0, int32_t n_tokens, int32_t n_layers,
                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
                        const float *cs) {
-    /* Block (x: 256 * INJECT_UNITS of the layer's (token, unit) pairs, y:
+    /* Block (x: 256 of the layer's (token, head group, unit) triples, y:
      * layer); 32-bit index arithmetic (the host checks that it fits: the
      * 64-bit divisions of a grid-stride loop over every layer were most of
      * the kernel's instructions). */
     const int32_t kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
-    const int32_t per_head = neox ? head_dim / 16 : head_dim / 8, units = n_kv_heads * per_head;
-    const int32_t l = blockIdx.y, per_layer = n_tokens * units;
+    const int32_t per_head = neox ? head_dim / 16 : head_dim / 8;
+    const int32_t groups = (n_kv_heads + INJECT_HEADS - 1) / INJECT_HEADS;
+    const int32_t l = blockIdx.y, per_token = groups * per_head;
+    const int32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_tokens * per_token) return;
+    const int32_t i = idx / per_token, rem = idx - i * per_token;
+    const int32_t h0 = rem / per_head * INJECT_HEADS, d = (rem % per_head) * 8;
     __nv_bfloat16 *kc = (__nv_bfloat16 *)caches[l], *vc = (__nv_bfloat16 *)caches[n_layers + l];
     const int64_t rec = 2 * (int64_t)n_layers * kv_dim; /* an arena page's elements */
-    uint4 k0[INJECT_UNITS], k1[INJECT_UNITS], v0[INJECT_UNITS], v1[INJECT_UNITS];
-    int64_t dst[INJECT_UNITS];
-    int32_t at[INJECT_UNITS], dd[INJECT_UNITS];
+    const __nv_bfloat16 *kr = arena + pages[i] * rec + (int64_t)l * kv_dim;
+    const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
+    const int32_t slot = slots[i];
+    const int64_t row0 = ((int64_t)(slot / block_size) * n_kv_heads) * block_size + slot % block_size;
+    uint4 k0[INJECT_HEADS], k1[INJECT_HEADS], v0[INJECT_HEADS], v1[INJECT_HEADS];
 #pragma unroll
-    for (int j = 0; j < INJECT_UNITS; j++) {
-        const int32_t idx = (blockIdx.x * INJECT_UNITS + j) * blockDim.x + threadIdx.x;
-        at[j] = -1;
-        if (idx >= per_layer) continue;
-        const int32_t i = idx / units, u = idx - i * units;
-        const int32_t h = u / per_head, d = (u - h * per_head) * 8;
-        const __nv_bfloat16 *kr = arena + pages[i] * rec + (int64_t)l * kv_dim + h * head_dim;
-        const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
-        const int32_t slot = slots[i];
-        dst[j] = (((int64_t)(slot / block_size) * n_kv_heads + h) * block_size + slot % block_size) *
-                 head_dim;
-        at[j] = i;
-        dd[j] = d;
-        k0[j] = *reinterpret_cast<const uint4 *>(kr + d);
-        v0[j] = *reinterpret_cast<const uint4 *>(vr + d);
+    for (int j = 0; j < INJECT_HEADS; j++) {
+        const int32_t h = h0 + j;
+        if (h >= n_kv_heads) break;
+        k0[j] = *reinterpret_cast<const uint4 *>(kr + h * head_dim + d);
+        v0[j] = *reinterpret_cast<const uint4 *>(vr + h * head_dim + d);
         if (neox) {
-            k1[j] = *reinterpret_cast<const uint4 *>(kr + d + half);
-            v1[j] = *reinterpret_cast<const uint4 *>(vr + d + half);
+            k1[j] = *reinterpret_cast<const uint4 *>(kr + h * head_dim + d + half);
+            v1[j] = *reinterpret_cast<const uint4 *>(vr + h * head_dim + d + half);
         }
     }
+    /* Pairs (d + 2e, d + 2e + 1), e < 4: table entries d / 2 + e; neox:
+     * pairs (d + e, d + e + half), e < 8: entries d + e. */
+    const float *ce = cs + (int64_t)(pos0 + i) * half * 2;
+    float c[16];
 #pragma unroll
-    for (int j = 0; j < INJECT_UNITS; j++) {
-        if (at[j] < 0) continue;
-        const int32_t d = dd[j];
-        const float *ce = cs + (int64_t)(pos0 + at[j]) * half * 2;
-        float a[8], b[8], c[16];
+    for (int e = 0; e < 4; e++)
+        if (neox || e < 2)
+            *reinterpret_cast<float4 *>(c + 4 * e) =
+                *reinterpret_cast<const float4 *>(ce + (neox ? 2 * d : d) + 4 * e);
+#pragma unroll
+    for (int j = 0; j < INJECT_HEADS; j++) {
+        const int32_t h = h0 + j;
+        if (h >= n_kv_heads) break;
+        /* The row of KV head h at this slot: h block_size rows after head 0's. */
+        const int64_t dst = (row0 + (int64_t)h * block_size) * head_dim;
+        float a[8], b[8];
         bf16x8_to_f32(k0[j], a);
         if (!neox) {
-            /* Pairs (d + 2j, d + 2j + 1), j < 4: table entries d / 2 + j. */
-            *reinterpret_cast<float4 *>(c) = *reinterpret_cast<const float4 *>(ce + d);
-            *reinterpret_cast<float4 *>(c + 4) = *reinterpret_cast<const float4 *>(ce + d + 4);
             float o[8];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
@@ -283,15 +291,10 @@ static __global__ void __launch_bounds__(256)
                 o[2 * e] = rope_first(x0, x1, co, sn);
                 o[2 * e + 1] = rope_second(x0, x1, co, sn);
             }
-            *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o);
-            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
+            *reinterpret_cast<uint4 *>(kc + dst + d) = f32_to_bf16x8(o);
+            *reinterpret_cast<uint4 *>(vc + dst + d) = v0[j];
         } else {
-            /* Pairs (d + e, d + e + half), e < 8: table entries d + e. */
             bf16x8_to_f32(k1[j], b);
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                *reinterpret_cast<float4 *>(c + 4 * e) =
-                    *reinterpret_cast<const float4 *>(ce + 2 * d + 4 * e);
             float o0[8], o1[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
@@ -299,10 +302,10 @@ static __global__ void __launch_bounds__(256)
                 o0[e] = rope_first(a[e], b[e], co, sn);
                 o1[e] = rope_second(a[e], b[e], co, sn);
             }
-            *reinterpret_cast<uint4 *>(kc + dst[j] + d) = f32_to_bf16x8(o0);
-            *reinterpret_cast<uint4 *>(kc + dst[j] + d + half) = f32_to_bf16x8(o1);
-            *reinterpret_cast<uint4 *>(vc + dst[j] + d) = v0[j];
-            *reinterpret_cast<uint4 *>(vc + dst[j] + d + half) = v1[j];
+            *reinterpret_cast<uint4 *>(kc + dst + d) = f32_to_bf16x8(o0);
+            *reinterpret_cast<uint4 *>(kc + dst + d + half) = f32_to_bf16x8(o1);
+            *reinterpret_cast<uint4 *>(vc + dst + d) = v0[j];
+            *reinterpret_cast<uint4 *>(vc + dst + d + half) = v1[j];
         }
     }
 }
@@ -315,8 +318,9 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
     const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
     if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
         n_layers <= 65535) {
-        const int64_t per_block = 256 * INJECT_UNITS;
-        const dim3 grid((unsigned)((per_layer + per_block - 1) / per_block), (unsigned)n_layers);
+        const int64_t threads = (int64_t)n_tokens * ((n_kv_heads + INJECT_HEADS - 1) / INJECT_HEADS) *
+                                (neox ? head_dim / 16 : head_dim / 8);
+        const dim3 grid((unsigned)((threads + 255) / 256), (unsigned)n_layers);
         inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos0, n_tokens,
                                                 n_layers, n_kv_heads, head_dim, block_size, neox,
                                                 cs);
