@@ -7,10 +7,12 @@
  * process on the same cache and queries, cuda_flash_plan_batch's choice
  * before device run 23 ("old") and serving's ("new": splits by the cost
  * model, none empty, on the wgmma engine where the GPU runs it), the new
- * plan on the mma.sync engine ("new, mma.sync"), checking that the outputs
- * agree within the bf16 bar (relative L2 <= 1e-2); then the new plan's tiles
- * with fixed numbers of splits, merged by the second kernel or in clusters
- * ("c"), with one and two key warps, on each engine: the sweep the cost
+ * plan on the mma.sync engine ("new, mma.sync") and the new model on 64-key
+ * tiles only ("new, narrow": serving's plan before device run 93), checking
+ * that the outputs agree within the bf16 bar (relative L2 <= 1e-2); then
+ * the new plan's tiles with fixed numbers of splits, merged by the second
+ * kernel or in clusters ("c"), on 64- or 128-key tiles ("w", two key warps
+ * only), with one and two key warps, on each engine: the sweep the cost
  * model is fitted against.
  *
  * Like a forward, each launch finds its K/V, block table and tiles in
@@ -84,6 +86,9 @@ struct bench_case {
 };
 
 static __global__ void empty_kernel(void) {}
+
+/* Variants of a row before the sweep (see main). */
+#define N_MAIN 5
 
 /* One traced launch's phases (cuda_flash_set_trace), medians over blocks,
  * in us at the SM clock (clock_khz), and its span by the global timer. */
@@ -229,14 +234,18 @@ int main(int argc, char **argv) {
     const bool wg_ok = cuda_flash_wgmma_supports(D);
     printf("wgmma engine: %s\n\n", wg_ok ? "yes" : "no (this GPU runs no sm_90a code)");
     printf("| case | T | keys | old plan | old us | new plan | new us | new, 1 key warp us | "
-           "new, mma.sync us | old / new | rel err new |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "new, mma.sync us | new, narrow: plan | us | old / new | rel err new |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     /* Variants: the old plan, the new one, then the new one's tiles with
      * each split count of the sweep (what the cost model chooses among). */
-    /* Splits merged by the second kernel, then (c) in clusters; with one
-     * key warp, then two. */
-    const int32_t sweep_splits[] = {1, 2, 4, 8, 16, 32, 2, 4, 8};
-    const bool sweep_cl[] = {false, false, false, false, false, false, true, true, true};
+    /* Splits merged by the second kernel, then (c) in clusters, on 64-key
+     * tiles, then on 128-key ones (w: two key warps only); with one key
+     * warp, then two. */
+    const int32_t sweep_splits[] = {1, 2, 4, 8, 16, 32, 2, 4, 6, 8, 1, 2, 4, 2, 4, 6, 8};
+    const bool sweep_cl[] = {false, false, false, false, false, false, true, true, true, true,
+                             false, false, false, true,  true,  true,  true};
+    const bool sweep_wide[] = {false, false, false, false, false, false, false, false, false,
+                               false, true,  true,  true,  true,  true,  true,  true};
     const int n_per_kw = (int)(sizeof sweep_splits / sizeof sweep_splits[0]);
     /* Each split count with 1 and 2 key warps on mma.sync, then on wgmma. */
     const int n_sweep = 4 * n_per_kw;
@@ -246,7 +255,7 @@ int main(int argc, char **argv) {
         for (int kw = 1; kw <= 2; kw++) {
             printf(" %s, %d key warp%s:", wg ? "wgmma" : "mma.sync", kw, kw > 1 ? "s" : "");
             for (int32_t z = 2; z <= FLASH_CLUSTER_MAX; z++)
-                printf(" %d", cuda_flash_max_clusters(D, kw, z, wg));
+                printf(" %d", cuda_flash_max_clusters(D, kw, z, wg, FLASH_BN));
             printf(";");
         }
     printf("\n");
@@ -287,42 +296,51 @@ int main(int argc, char **argv) {
             }
         }
         CK(cudaStreamSynchronize(st));
-        printf("%s: %d launches of plan %d%s, %d key warps%s\n", bc.name, reps, plan.splits,
-               plan.cluster ? "c" : "", plan.key_warps, plan.wgmma ? ", wgmma" : "");
+        printf("%s: %d launches of plan %d%s%s, %d key warps%s\n", bc.name, reps, plan.splits,
+               plan.cluster ? "c" : "", plan.key_tile == FLASH_BN_WIDE ? "w" : "", plan.key_warps,
+               plan.wgmma ? ", wgmma" : "");
         return 0;
     }
     for (int ci = 0; ci < n_cases; ci++) {
         const bench_case &bc = cases[ci];
         for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;
-        double us[4];
-        cuda_flash_plan plans[2];
+        double us[N_MAIN];
+        cuda_flash_plan plans[3];
         const size_t n = (size_t)bc.T * H * D;
         std::vector<float> ref(n), a(n);
         double rel = 0.0;
         bool sweep_bad = false;
-        for (int variant = 0; variant < 4 + n_sweep; variant++) {
-            /* 0 old, 1 new, 2 new with one key warp, 3 new on mma.sync, then the sweep */
+        for (int variant = 0; variant < N_MAIN + n_sweep; variant++) {
+            /* 0 old, 1 new, 2 new with one key warp, 3 new on mma.sync, 4 new
+             * on 64-key tiles only, then the sweep */
             cuda_flash_plan plan = cuda_flash_plan_batch(
                 sot.data(), pos.data(), bc.T, bt_off, H, KH, D, n_sms,
-                variant == 0 ? CUDA_FLASH_CHOICE_LEGACY : CUDA_FLASH_CHOICE_AUTO, variant != 3,
-                tiles.data());
-            if (variant == 2) plan.key_warps = 1; /* the new splits, one warp a key tile */
-            if (variant >= 4) {
-                const int32_t max_kt = (bc.keys + FLASH_BN - 1) / FLASH_BN;
-                const int v = variant - 4;
+                variant == 0   ? CUDA_FLASH_CHOICE_LEGACY
+                : variant == 4 ? CUDA_FLASH_CHOICE_NO_WIDE
+                               : CUDA_FLASH_CHOICE_AUTO,
+                variant != 3, tiles.data());
+            if (variant == 2) { /* the new splits, one warp a key tile (so 64 keys) */
+                plan.key_warps = 1;
+                plan.key_tile = FLASH_BN;
+            }
+            if (variant >= N_MAIN) {
+                const int v = variant - N_MAIN;
                 plan.splits = sweep_splits[v % n_per_kw];
                 plan.cluster = sweep_cl[v % n_per_kw];
+                plan.key_tile = sweep_wide[v % n_per_kw] ? FLASH_BN_WIDE : FLASH_BN;
                 plan.key_warps = 1 + (v / n_per_kw) % 2;
                 plan.wgmma = v / (2 * n_per_kw);
+                const int32_t max_kt = (bc.keys + plan.key_tile - 1) / plan.key_tile;
                 if (plan.splits > max_kt || /* more splits than key tiles: not a plan */
                     (plan.wgmma && !wg_ok) ||
-                    (plan.cluster &&
-                     cuda_flash_max_clusters(D, plan.key_warps, plan.splits, plan.wgmma) <= 0)) {
+                    (plan.key_tile == FLASH_BN_WIDE && plan.key_warps != 2) ||
+                    (plan.cluster && cuda_flash_max_clusters(D, plan.key_warps, plan.splits,
+                                                             plan.wgmma, plan.key_tile) <= 0)) {
                     sweep_us[(size_t)ci].push_back(-1.0);
                     continue;
                 }
-            } else if (variant < 2) {
-                plans[variant] = plan;
+            } else if (variant < 2 || variant == 4) {
+                plans[variant < 2 ? variant : 2] = plan;
             }
             CK(cudaMemcpyAsync(d_tiles, tiles.data(),
                                (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t),
@@ -352,7 +370,7 @@ int main(int argc, char **argv) {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (r >= 0) v.push_back(1e3 * ms);
             }
-            if (variant < 4)
+            if (variant < N_MAIN)
                 us[variant] = median(v);
             else
                 sweep_us[(size_t)ci].push_back(median(v));
@@ -395,14 +413,16 @@ int main(int argc, char **argv) {
         }
         const bool ok = rel <= 1e-2 && !sweep_bad;
         failed += !ok;
-        char pl[2][48];
-        for (int variant = 0; variant < 2; variant++)
-            snprintf(pl[variant], sizeof pl[variant], "%d%s, %d (%d)", plans[variant].splits,
-                     plans[variant].cluster ? "c" : "", plans[variant].key_warps,
-                     plans[variant].n_tiles * KH * plans[variant].splits);
-        printf("| %s | %d | %d | %s | %.1f | %s%s | %.1f | %.1f | %.1f | %.2fx | %.1e%s |\n",
+        char pl[3][48];
+        for (int i = 0; i < 3; i++)
+            snprintf(pl[i], sizeof pl[i], "%d%s%s, %d (%d)", plans[i].splits,
+                     plans[i].splits > 1 && plans[i].cluster ? "c" : "",
+                     plans[i].key_tile == FLASH_BN_WIDE ? "w" : "", plans[i].key_warps,
+                     plans[i].n_tiles * KH * plans[i].splits);
+        printf("| %s | %d | %d | %s | %.1f | %s%s | %.1f | %.1f | %.1f | %s | %.1f | %.2fx | "
+               "%.1e%s |\n",
                bc.name, bc.T, bc.keys, pl[0], us[0], pl[1], plans[1].wgmma ? " wg" : "", us[1],
-               us[2], us[3], us[0] / us[1], rel,
+               us[2], us[3], pl[2], us[4], us[0] / us[1], rel,
                ok ? "" : sweep_bad ? " FAIL (a sweep variant)" : " FAIL");
         fflush(stdout);
     }
@@ -413,7 +433,7 @@ int main(int argc, char **argv) {
                "here):\n\n| case |",
                combo / 2 ? "wgmma" : "mma.sync", kw, kw > 1 ? "s" : "");
         for (int i = 0; i < n_per_kw; i++)
-            printf(" %d%s |", sweep_splits[i], sweep_cl[i] ? "c" : "");
+            printf(" %d%s%s |", sweep_splits[i], sweep_cl[i] ? "c" : "", sweep_wide[i] ? "w" : "");
         printf("\n|---|");
         for (int i = 0; i < n_per_kw; i++) printf("---|");
         printf("\n");

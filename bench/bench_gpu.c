@@ -63,9 +63,11 @@
  * (backend_cuda_set_flash_wgmma: the "before" of device run 54);
  * "+hostargmax" (any backend) brings every request's logits to the host and
  * takes the argmax there instead of engine_decode_greedy (the "before" of
- * device run 74).
+ * device run 74); "+narrow" keeps the attention on 64-key tiles
+ * (backend_cuda_set_flash_wide: the "before" of device run 93).
  * A switch that the backend also reads from the environment (IS_CUDA_PDL,
- * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED: "0" turns it off;
+ * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED, IS_CUDA_FLASH_WIDE:
+ * "0" turns it off;
  * IS_CUDA_PDL_EARLY: "1" on) keeps that setting in every configuration
  * that names no modifier for it (run 59's IS_CUDA_PDL=0 was overridden
  * before this rule, cuda/NOTES.md).
@@ -917,9 +919,11 @@ int main(int argc, char **argv) {
                     "         +mmasync: the attention's products on mma.sync, not\n"
                     "         wgmma (the default on an sm_90a GPU); +hostargmax: the\n"
                     "         logits brought to the host for the first token's argmax;\n"
+                    "         +narrow: the attention on 64-key tiles only (not 128 where\n"
+                    "         the plan finds them cheaper);\n"
                     "         ignored on cpu; IS_CUDA_PDL, IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA,\n"
-                    "         IS_CUDA_STACKED (=0) and IS_CUDA_PDL_EARLY (=1) hold in every\n"
-                    "         configuration that names no modifier for them\n");
+                    "         IS_CUDA_STACKED, IS_CUDA_FLASH_WIDE (=0) and IS_CUDA_PDL_EARLY\n"
+                    "         (=1) hold in every configuration that names no modifier for them\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -1023,6 +1027,8 @@ int main(int argc, char **argv) {
             backend_cuda_set_stacked(b.be, !strstr(cfg, "+unstacked") &&
                                                env_switch("IS_CUDA_STACKED", "0"));
             backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
+            backend_cuda_set_flash_wide(b.be, !strstr(cfg, "+narrow") &&
+                                                  env_switch("IS_CUDA_FLASH_WIDE", "0"));
             backend_cuda_set_pdl(b.be, !strstr(cfg, "+nopdl") && env_switch("IS_CUDA_PDL", "0"));
             backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") ||
                                                  env_switch("IS_CUDA_PDL_EARLY", "1"));

@@ -96,6 +96,7 @@ typedef struct cuda_ctx {
     bool kv_bf16;       /* KV cache element type (engines created after a change) */
     bool flash;         /* tiled attention over a bf16 cache */
     bool flash_clusters; /* its key splits merged in clusters */
+    bool flash_wide;    /* its plans may take 128-key tiles (backend_cuda_set_flash_wide) */
     bool flash_wgmma;   /* its S and P V on wgmma where the GPU takes it */
     bool legacy;        /* the backend as first built (backend_cuda_set_legacy) */
     int32_t n_sms;
@@ -1251,8 +1252,10 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     /* c->pack holds attn_meta's host copy: bt_off at 2T (offsets into flat). */
     const cuda_flash_plan plan = cuda_flash_plan_batch(
         b->seq_of_token, b->pos, T, c->pack + 2 * (size_t)T, n_heads, n_kv_heads, head_dim, c->n_sms,
-        c->flash_clusters ? CUDA_FLASH_CHOICE_AUTO : CUDA_FLASH_CHOICE_NO_CLUSTER, c->flash_wgmma,
-        c->tiles);
+        !c->flash_clusters ? CUDA_FLASH_CHOICE_NO_CLUSTER
+        : c->flash_wide    ? CUDA_FLASH_CHOICE_AUTO
+                           : CUDA_FLASH_CHOICE_NO_WIDE,
+        c->flash_wgmma, c->tiles);
     const void *dtiles;
     is_status st = stage_upload(c, &c->st_tiles, c->tiles,
                                 (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t), &dtiles);
@@ -1650,6 +1653,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
     c->flash = true;
     c->flash_clusters = true;
+    c->flash_wide = true;
     c->flash_wgmma = true;
     c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
     {
@@ -1675,6 +1679,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         c->skinny_splits = v ? atoi(v) : 0;
         v = getenv("IS_CUDA_WGMMA");
         c->wgmma = !(v && !strcmp(v, "0"));
+        v = getenv("IS_CUDA_FLASH_WIDE");
+        if (v && !strcmp(v, "0")) c->flash_wide = false;
         v = getenv("IS_CUDA_FLASH_WGMMA");
         c->flash_wgmma = !(v && !strcmp(v, "0"));
         v = getenv("IS_CUDA_PDL");
@@ -1749,6 +1755,11 @@ extern "C" void backend_cuda_set_flash(backend *be, bool on) {
 extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
     graph_break(ctx_of(be));
     ctx_of(be)->flash_clusters = on;
+}
+
+extern "C" void backend_cuda_set_flash_wide(backend *be, bool on) {
+    graph_break(ctx_of(be));
+    ctx_of(be)->flash_wide = on;
 }
 
 extern "C" void backend_cuda_set_flash_wgmma(backend *be, bool on) {

@@ -99,6 +99,12 @@ void backend_cuda_set_flash(backend *be, bool on);
  * (default on, where the GPU fits them); off: always by a second kernel
  * over partial results in global memory (as before device run 28). */
 void backend_cuda_set_flash_clusters(backend *be, bool on);
+/* The tiled attention's plans may walk the keys in tiles of 128 (two key
+ * warps of 64, on wgmma) where the cost model finds it cheaper: a block
+ * that walks several tiles pays each tile's fixed steps half as often
+ * (default on; IS_CUDA_FLASH_WIDE=0 at creation off; off with clusters
+ * off too); off: 64-key tiles only, as before device run 93. */
+void backend_cuda_set_flash_wide(backend *be, bool on);
 /* The tiled attention's S = Q K^T and O += P V on wgmma (default on, where
  * the GPU runs sm_90a code: cuda/flash_wgmma.cu; IS_CUDA_FLASH_WGMMA=0
  * off); off: on mma.sync, as before device run 54. */

@@ -101,22 +101,25 @@ is_status cuda_flash_set_trace(unsigned long long *trace) {
 }
 
 bool cuda_flash_wgmma_supports(int32_t head_dim) {
-    return cuda_flash_wgmma_kernel(head_dim, 1) != NULL;
+    return cuda_flash_wgmma_kernel(head_dim, 1, FLASH_BN) != NULL;
 }
 
-/* The kernel of this head size, key warps and engine, its shared memory,
- * and the attribute that lets it take more than 48 KiB, set once a process
- * (the attribute is per function). */
-template <int D, int KS>
+/* The kernel of this head size, key warps, keys a tile and engine, its
+ * shared memory, and the attribute that lets it take more than 48 KiB, set
+ * once a process (the attribute is per function). Wide tiles take two key
+ * warps (a key part of 64 keys each). */
+template <int D, int KS, int BN>
 static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
+    static_assert(BN == FLASH_BN || KS == 2, "flash: wide tiles take two key warps");
     static bool attr_set[2];
     *smem = 0;
-    *fn = wg ? cuda_flash_wgmma_kernel(D, KS) : flash_kernel<D, FLASH_BM, FLASH_STAGES, KS, false>;
+    *fn = wg ? cuda_flash_wgmma_kernel(D, KS, BN)
+             : flash_kernel<D, FLASH_BM, FLASH_STAGES, KS, false, BN>;
     if (!*fn)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: the wgmma engine needs an sm_90a GPU");
-    *smem = wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true>()
-               : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false>();
+    *smem = wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true, BN>()
+               : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false, BN>();
     if (!attr_set[wg]) {
         CUDA_CHECK(cudaFuncSetAttribute(*fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)*smem));
@@ -131,7 +134,7 @@ static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
  * blocks. The plan counts its waves by them: with one block a
  * multiprocessor (two key warps) a cluster needs that many free
  * multiprocessors in one GPC. */
-template <int D, int KS>
+template <int D, int KS, int BN>
 static int32_t resident(bool wg, int32_t size) {
     static int32_t n_of[2][FLASH_CLUSTER_MAX + 1];
     static bool asked[2][FLASH_CLUSTER_MAX + 1];
@@ -141,7 +144,7 @@ static int32_t resident(bool wg, int32_t size) {
         flash_fn fn = NULL;
         size_t smem = 0;
         int n = 0;
-        if (flash_prepare<D, KS>(wg, &fn, &smem) != IS_OK) {
+        if (flash_prepare<D, KS, BN>(wg, &fn, &smem) != IS_OK) {
             is_error_clear();
         } else if (size == 0) {
             if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, FLASH_BM * 2 * KS, smem) !=
@@ -159,19 +162,29 @@ static int32_t resident(bool wg, int32_t size) {
     return n_of[wg][size];
 }
 
-static int32_t flash_resident(int32_t head_dim, int32_t key_warps, bool wgmma, int32_t size) {
+static int32_t flash_resident(int32_t head_dim, int32_t key_warps, bool wgmma, int32_t size,
+                              int32_t key_tile) {
+    if (key_tile == FLASH_BN_WIDE) {
+        if (key_warps != 2) return 0;
+        return head_dim == 64    ? resident<64, 2, FLASH_BN_WIDE>(wgmma, size)
+               : head_dim == 128 ? resident<128, 2, FLASH_BN_WIDE>(wgmma, size)
+                                 : 0;
+    }
     if (head_dim == 64)
-        return key_warps == 2 ? resident<64, 2>(wgmma, size) : resident<64, 1>(wgmma, size);
+        return key_warps == 2 ? resident<64, 2, FLASH_BN>(wgmma, size)
+                              : resident<64, 1, FLASH_BN>(wgmma, size);
     if (head_dim == 128)
-        return key_warps == 2 ? resident<128, 2>(wgmma, size) : resident<128, 1>(wgmma, size);
+        return key_warps == 2 ? resident<128, 2, FLASH_BN>(wgmma, size)
+                              : resident<128, 1, FLASH_BN>(wgmma, size);
     return 0;
 }
 
-int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size, bool wgmma) {
-    return size >= 2 ? flash_resident(head_dim, key_warps, wgmma, size) : 0;
+int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size, bool wgmma,
+                                int32_t key_tile) {
+    return size >= 2 ? flash_resident(head_dim, key_warps, wgmma, size, key_tile) : 0;
 }
 
-template <int D, int KS>
+template <int D, int KS, int BN>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
@@ -179,10 +192,10 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               int32_t block_size, cuda_bf16_out ob, bool early) {
     flash_fn fn = NULL;
     size_t smem = 0;
-    is_status st = flash_prepare<D, KS>(plan.wgmma != 0, &fn, &smem);
+    is_status st = flash_prepare<D, KS, BN>(plan.wgmma != 0, &fn, &smem);
     if (st != IS_OK) return st;
     const bool cluster = plan.splits > 1 && plan.cluster;
-    if (cluster && resident<D, KS>(plan.wgmma != 0, plan.splits) <= 0)
+    if (cluster && resident<D, KS, BN>(plan.wgmma != 0, plan.splits) <= 0)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
                             plan.splits);
@@ -223,11 +236,19 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
     if (plan.key_warps != 1 && plan.key_warps != 2)
         return is_error_set(IS_ERR_INVALID_ARG, "cuda flash attention: %d key warps",
                             plan.key_warps);
-#define FLASH_LAUNCH(D, KS)                                                                        \
-    flash_launch<D, KS>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, \
-                                  n_heads, n_kv_heads, block_size, ob, early)
-    if (head_dim == 64) return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2) : FLASH_LAUNCH(64, 1);
-    return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2) : FLASH_LAUNCH(128, 1);
+    if (plan.key_tile != FLASH_BN && (plan.key_tile != FLASH_BN_WIDE || plan.key_warps != 2))
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "cuda flash attention: tiles of %d keys with %d key warps",
+                            plan.key_tile, plan.key_warps);
+#define FLASH_LAUNCH(D, KS, BN)                                                                    \
+    flash_launch<D, KS, BN>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, n_heads,     \
+                            n_kv_heads, block_size, ob, early)
+    if (plan.key_tile == FLASH_BN_WIDE)
+        return head_dim == 64 ? FLASH_LAUNCH(64, 2, FLASH_BN_WIDE)
+                              : FLASH_LAUNCH(128, 2, FLASH_BN_WIDE);
+    if (head_dim == 64)
+        return plan.key_warps == 2 ? FLASH_LAUNCH(64, 2, FLASH_BN) : FLASH_LAUNCH(64, 1, FLASH_BN);
+    return plan.key_warps == 2 ? FLASH_LAUNCH(128, 2, FLASH_BN) : FLASH_LAUNCH(128, 1, FLASH_BN);
 #undef FLASH_LAUNCH
 }
 
@@ -263,33 +284,46 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 #define PLAN_KW2_FIXED_US 0.8
 #define PLAN_CLUSTER_US 5.5
 #define PLAN_KW2_CLUSTER_US 3.8
+/* Wide tiles (FLASH_BN_WIDE keys, two key warps, wgmma; run 93's guess, to
+ * be fitted): a wide tile costs PLAN_WIDE_TILE of two 64-key tiles (the
+ * per-tile steps paid once for both halves), and the block PLAN_WIDE_FIXED_US
+ * more (a first tile twice as large in its prologue). */
+#define PLAN_WIDE_TILE 0.75
+#define PLAN_WIDE_FIXED_US 0.4
 
-/* Splits, key warps and merge for tiles of up to max_kt key tiles: the
- * cheapest by the model, counting only splits that all get keys (per
- * first, then splits = ceil(max_kt / per)); a tie goes to fewer splits,
- * one key warp, the merge kernel. */
-static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, int64_t rows_total,
-                        int32_t head_dim, int32_t n_sms, bool clusters) {
+/* Splits, key warps, keys a tile and merge for tiles of up to max_keys
+ * keys: the cheapest by the model, counting only splits that all get keys
+ * (per first, then splits = ceil(key tiles / per)); a tie goes to 64-key
+ * tiles, fewer splits, one key warp, the merge kernel. */
+static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_keys, int64_t rows_total,
+                        int32_t head_dim, int32_t n_sms, bool clusters, bool wide) {
     const bool wg = plan->wgmma != 0;
     plan->splits = 1;
     plan->key_warps = 1;
     plan->cluster = 0;
-    if (pairs >= 2 * n_sms || max_kt <= 1) return; /* the tiles fill the GPU (prefill) */
+    plan->key_tile = FLASH_BN;
+    /* the tiles fill the GPU (prefill), or one key tile */
+    if (pairs >= 2 * n_sms || max_keys <= FLASH_BN) return;
     const double part_mb = (double)rows_total * (head_dim + 2) * sizeof(float) / 1e6;
     double best_us = -1.0;
-    for (int32_t kw = 1; kw <= 2; kw++) {
+    for (int32_t bn = FLASH_BN; bn <= FLASH_BN_WIDE; bn *= 2)
+    for (int32_t kw = bn == FLASH_BN ? 1 : 2; kw <= 2; kw++) {
+        if (bn == FLASH_BN_WIDE && !(wide && wg)) continue;
+        const int32_t max_kt = (max_keys + bn - 1) / bn;
         /* Blocks resident at once: the runtime's count, else (no GPU) two an
          * SM with one key warp and one with two, as on mma.sync at D = 128. */
-        const int32_t per_sm = flash_resident(head_dim, kw, wg, 0);
+        const int32_t per_sm = flash_resident(head_dim, kw, wg, 0, bn);
         const int32_t slots = (per_sm > 0 ? per_sm : kw == 1 ? 2 : 1) * n_sms;
         const double tile_us =
-            (kw == 1 ? PLAN_TILE_US : PLAN_TILE_US * PLAN_KW2_TILE) * (wg ? PLAN_WG_TILE : 1.0);
-        const double fixed_us = kw == 1 ? PLAN_FIXED_US : PLAN_FIXED_US + PLAN_KW2_FIXED_US;
+            (kw == 1 ? PLAN_TILE_US : PLAN_TILE_US * PLAN_KW2_TILE) * (wg ? PLAN_WG_TILE : 1.0) *
+            (bn == FLASH_BN ? 1.0 : 2.0 * PLAN_WIDE_TILE);
+        const double fixed_us = (kw == 1 ? PLAN_FIXED_US : PLAN_FIXED_US + PLAN_KW2_FIXED_US) +
+                                (bn == FLASH_BN ? 0.0 : PLAN_WIDE_FIXED_US);
         for (int32_t splits = 1; splits <= max_kt && splits <= FLASH_MAX_SPLITS; splits++) {
             const int32_t per = (max_kt + splits - 1) / splits;
             if ((splits - 1) * per >= max_kt) continue; /* the last split would be empty */
             const int32_t cl_slots =
-                clusters && splits > 1 ? cuda_flash_max_clusters(head_dim, kw, splits, wg) : 0;
+                clusters && splits > 1 ? cuda_flash_max_clusters(head_dim, kw, splits, wg, bn) : 0;
             for (int32_t cl = 0; cl <= (cl_slots > 0); cl++) {
                 const int64_t waves = cl ? ((int64_t)pairs + cl_slots - 1) / cl_slots
                                          : ((int64_t)pairs * splits + slots - 1) / slots;
@@ -301,6 +335,7 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_kt, in
                     plan->splits = splits;
                     plan->key_warps = kw;
                     plan->cluster = cl;
+                    plan->key_tile = bn;
                     best_us = us;
                 }
             }
@@ -314,9 +349,9 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
                                       bool wgmma, int32_t *tiles) {
     const bool legacy = choice == CUDA_FLASH_CHOICE_LEGACY;
     const int32_t G = n_heads / n_kv_heads;
-    cuda_flash_plan plan = {0, 1, 1, 0, 0};
+    cuda_flash_plan plan = {0, 1, 1, 0, 0, FLASH_BN};
     plan.wgmma = wgmma && !legacy && cuda_flash_wgmma_supports(head_dim);
-    int32_t max_kt = 0;
+    int32_t max_keys = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
     /* Each sequence's first position in the batch; without the scratch, 0:
      * no key counts as written before. */
@@ -341,8 +376,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         tl[2] = bt_off[seq_of_token[t]];
         tl[3] = pos[t];
         tl[4] = first ? first[seq_of_token[t]] : 0;
-        const int32_t kt = (pos[t] + n + FLASH_BN - 1) / FLASH_BN;
-        if (kt > max_kt) max_kt = kt;
+        if (pos[t] + n > max_keys) max_keys = pos[t] + n;
         rows_total += (int64_t)n * G * n_kv_heads;
         t += n;
     }
@@ -350,7 +384,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
     const int32_t pairs = plan.n_tiles * n_kv_heads;
     if (legacy) {
         /* Two resident blocks a multiprocessor, one wave (run 11). */
-        const int32_t want = 2 * n_sms;
+        const int32_t want = 2 * n_sms, max_kt = (max_keys + FLASH_BN - 1) / FLASH_BN;
         if (pairs < want) {
             plan.splits = want / pairs;
             if (plan.splits > max_kt) plan.splits = max_kt;
@@ -359,7 +393,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         }
         return plan;
     }
-    plan_splits(&plan, pairs, max_kt, rows_total, head_dim, n_sms,
-                choice != CUDA_FLASH_CHOICE_NO_CLUSTER);
+    plan_splits(&plan, pairs, max_keys, rows_total, head_dim, n_sms,
+                choice != CUDA_FLASH_CHOICE_NO_CLUSTER, choice == CUDA_FLASH_CHOICE_AUTO);
     return plan;
 }

@@ -44,6 +44,10 @@
 
 #define FLASH_BM 64 /* query rows per block: 4 warps x 16 */
 #define FLASH_BN 64 /* keys per tile */
+/* Keys per tile of the wide tiles: two key parts of 64 (plan.key_tile).
+ * A block that walks several tiles pays the per-tile steps (the barrier,
+ * the row statistics' shuffles, O's rescale, the waits) half as often. */
+#define FLASH_BN_WIDE 128
 #define FLASH_MAX_SPLITS 64
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 /* A query tile, as cuda_flash_plan_batch writes it: first batch token,
@@ -64,6 +68,7 @@ typedef struct cuda_flash_plan {
     int32_t splits;    /* blocks each tile's keys are split over, 1..FLASH_MAX_SPLITS */
     int32_t cluster;   /* 1: the splits (<= FLASH_CLUSTER_MAX) merge as one cluster */
     int32_t wgmma;     /* 1: S and P V on wgmma (cuda_flash_wgmma_supports), else mma.sync */
+    int32_t key_tile;  /* keys a tile: FLASH_BN, or FLASH_BN_WIDE (two key warps only) */
 } cuda_flash_plan;
 
 /* Whether this GPU runs the wgmma engine (sm_90a: Hopper) for this head
@@ -77,12 +82,14 @@ typedef enum cuda_flash_choice {
     CUDA_FLASH_CHOICE_LEGACY,   /* before device run 23: splits filling two blocks a
                                    multiprocessor (the last ones possibly empty) */
     CUDA_FLASH_CHOICE_NO_CLUSTER, /* AUTO's model without cluster merges (before run 28) */
+    CUDA_FLASH_CHOICE_NO_WIDE,    /* AUTO's model without wide key tiles (before run 93) */
 } cuda_flash_choice;
 
 /* How many clusters of `size` (2..FLASH_CLUSTER_MAX) blocks of the kernel
- * for this head size, key warps and engine the current GPU holds at once
- * (0: none); asked of the runtime once each. */
-int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size, bool wgmma);
+ * for this head size, key warps, engine and keys a tile the current GPU
+ * holds at once (0: none); asked of the runtime once each. */
+int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t size, bool wgmma,
+                                int32_t key_tile);
 
 /* Cuts a batch (host arrays: seq_of_token[T], pos[T], and where each
  * sequence's block table starts in cuda_flash_attention's `flat`,

@@ -62,8 +62,8 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
 }
 
 /* ---- wgmma (sm_90a; the WG engine) ----------------------------------------
- * The K and V tiles of the WG engine are 128-byte-swizzled: a tile of 64
- * keys is D / 64 chunks of [64 keys][64 columns], 128-byte rows, 8-row
+ * The K and V tiles of the WG engine are 128-byte-swizzled: a tile of BN
+ * keys is D / 64 chunks of [BN keys][64 columns], 128-byte rows, 8-row
  * groups 1024 bytes apart, the 16-byte unit u of row r at unit u ^ (r % 8)
  * (TMA's CU_TENSOR_MAP_SWIZZLE_128B, written here by cp.async). K is then
  * S = Q K^T's K-major B operand (columns contiguous) and V is O += P V's
@@ -72,11 +72,11 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
  * registers in the mma.sync A-fragment layout, which is wgmma's register
  * layout for A, and S and O are wgmma's accumulators in the layout of
  * mma.sync's, so the softmax and the merges are shared. */
-#define FLASH_SWZ_CHUNK (FLASH_BN * 128) /* bytes of one 64-column chunk of a tile */
-
-/* The byte offset of 16-byte unit u (0 .. D / 8 - 1) of key row r in a tile. */
+/* The byte offset of 16-byte unit u (0 .. D / 8 - 1) of row r in a tile
+ * of ROWS rows (its 64-column chunks ROWS * 128 bytes apart). */
+template <int ROWS>
 static __device__ __forceinline__ uint32_t swz_offset(int r, int u) {
-    return (uint32_t)((u >> 3) * FLASH_SWZ_CHUNK + r * 128 + (((u & 7) ^ (r & 7)) << 4));
+    return (uint32_t)((u >> 3) * (ROWS * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4));
 }
 
 /* Shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62-63):
@@ -194,11 +194,11 @@ static __device__ __forceinline__ void wg_mma_ss(float *d, uint64_t da, uint64_t
 /* The kernel's dynamic shared memory: the K/V stages (WG: unpadded,
  * swizzled, then Q's tile, plus 1024 bytes to align them), or what the
  * merges after the loop take in them, whichever is more. */
-template <int D, int BM, int STAGES, int KS, bool WG>
+template <int D, int BM, int STAGES, int KS, bool WG, int BN>
 __host__ __device__ constexpr size_t flash_smem_bytes() {
     /* WG: the stages, then Q's tile */
     constexpr size_t stages =
-        (size_t)STAGES * 2 * FLASH_BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
+        (size_t)STAGES * 2 * BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
     constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
     constexpr size_t need = (stages > merges ? stages : merges) + (WG ? 1024 : 0);
@@ -260,8 +260,9 @@ static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_grou
 }
 
 /* WG: S and P V on wgmma (one warpgroup a key part: BM = 64; sm_90a only,
- * instantiated in flash_wgmma.cu), else on mma.sync. */
-template <int D, int BM, int STAGES, int KS, bool WG>
+ * instantiated in flash_wgmma.cu), else on mma.sync. BN keys a tile:
+ * FLASH_BN, or FLASH_BN_WIDE with two key parts (flash.cuh). */
+template <int D, int BM, int STAGES, int KS, bool WG, int BN>
 static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
@@ -273,9 +274,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * tile costs half the chain of dependent steps (see flash.cuh). */
     constexpr int THREADS = BM * 2 * KS;
     constexpr int LD = WG ? D : D + 8; /* bf16 per smem row (WG: swizzled, not padded) */
-    constexpr int NT = FLASH_BN / 8 / KS; /* 8-key tiles of S a warp takes */
+    constexpr int NT = BN / 8 / KS; /* 8-key tiles of S a warp takes */
     constexpr int DT = D / 8;        /* 8-wide tiles of O */
-    constexpr int STAGE = 2 * FLASH_BN * LD; /* bf16 of one stage's K and V */
+    constexpr int STAGE = 2 * BN * LD; /* bf16 of one stage's K and V */
     static_assert(!WG || BM == 64, "flash: the WG engine takes one warpgroup of rows");
     /* STAGES stages of K and V tiles: tiles kt + 1 .. kt + STAGES - 1 are
      * in flight while kt is used. */
@@ -323,7 +324,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         qrow[h] = ti < n ? q + (int64_t)(t0 + ti) * q_stride + (int64_t)(kh * G + r % G) * D : NULL;
     }
     const int32_t n_keys = pos0 + n; /* the last token sees keys [0, pos0 + n - 1] */
-    const int32_t n_kt = (n_keys + FLASH_BN - 1) / FLASH_BN;
+    const int32_t n_kt = (n_keys + BN - 1) / BN;
     const int32_t per = (n_kt + n_splits - 1) / n_splits;
     const int32_t kt0 = split * per, kt1 = min(n_kt, kt0 + per);
     const int32_t warp_last = max(last[0], last[1]); /* per thread; the warp's max below */
@@ -347,17 +348,17 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * shared memory once a block (run 62), measured no faster.) The caller
      * commits the group. */
     auto load_tile = [&](int32_t kt, int st) {
-        __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + FLASH_BN * LD;
+        __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + BN * LD;
 #pragma unroll
-        for (int it = 0; it < FLASH_BN * (D / 8) / THREADS; it++) {
+        for (int it = 0; it < BN * (D / 8) / THREADS; it++) {
             const int i = tid + it * THREADS;
             const int r = i / (D / 8), d = (i % (D / 8)) * 8;
-            const int32_t j = kt * FLASH_BN + r;
+            const int32_t j = kt * BN + r;
             const bool in = j < n_keys;
             const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
             const int64_t off = in ? bt[page] * page_elems + (head_elems + slot * D + d) : 0;
             if constexpr (WG) {
-                const uint32_t at = swz_offset(r, d / 8);
+                const uint32_t at = swz_offset<BN>(r, d / 8);
                 cp_async16(reinterpret_cast<unsigned char *>(dK) + at, k_cache + off, in);
                 cp_async16(reinterpret_cast<unsigned char *>(dV) + at, v_cache + off, in);
             } else {
@@ -374,7 +375,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * are copied before the wait, while that kernel ends. */
     int pre = 0;
     if (early) {
-        for (; pre < STAGES - 1 && kt0 + pre < kt1 && (kt0 + pre + 1) * FLASH_BN <= old_keys;
+        for (; pre < STAGES - 1 && kt0 + pre < kt1 && (kt0 + pre + 1) * BN <= old_keys;
              pre++) {
             load_tile(kt0 + pre, pre);
             asm volatile("cp.async.commit_group;\n" ::);
@@ -423,9 +424,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * address field (16-byte units; every address of the block's shared
      * memory fits the field's 14 bits, so no carry leaves it). */
     constexpr uint32_t STAGE_DESC = STAGE * 2 / 16;
-    const uint32_t kv0 = (uint32_t)__cvta_generic_to_shared(sKV) + kq * (FLASH_BN / KS) * 128;
+    const uint32_t kv0 = (uint32_t)__cvta_generic_to_shared(sKV) + kq * (BN / KS) * 128;
     const uint64_t dq = desc_sw128(qsb, 16, 1024), dk0 = desc_sw128(kv0, 16, 1024),
-                   dv0 = desc_sw128(kv0 + FLASH_BN * LD * 2, FLASH_SWZ_CHUNK, 1024);
+                   dv0 = desc_sw128(kv0 + BN * LD * 2, BN * 128, 1024);
     if constexpr (WG) {
         if (kq == 0) {
 #pragma unroll
@@ -436,7 +437,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
                     for (int half = 0; half < 2; half++) {
                         const int col = ks * 16 + half * 8 + 2 * c; /* its unit: col / 8 */
-                        const uint32_t at = swz_offset(r, col / 8) + (col % 8) * 2;
+                        const uint32_t at = swz_offset<BM>(r, col / 8) + (col % 8) * 2;
                         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(qsb + at),
                                      "r"(qa[ks][2 * half + h]));
                     }
@@ -466,14 +467,14 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             tr[FLASH_TRACE_TILES] += 1;
             t_top = t;
         }
-        /* This warp's keys of the tile: [kt * FLASH_BN + k0, + FLASH_BN / KS). */
-        constexpr int KW = FLASH_BN / KS;
+        /* This warp's keys of the tile: [kt * BN + k0, + BN / KS). */
+        constexpr int KW = BN / KS;
         const int k0 = kq * KW;
         const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE + k0 * LD,
-                            *sV = sKV + (size_t)st * STAGE + FLASH_BN * LD + k0 * LD;
+                            *sV = sKV + (size_t)st * STAGE + BN * LD + k0 * LD;
         /* Every key it takes is after the warp's rows (WG: the warpgroup's,
          * which must all issue its instructions; the tile's last row's). */
-        const bool past = kt * FLASH_BN + k0 > (WG ? pos0 + n - 1 : wl);
+        const bool past = kt * BN + k0 > (WG ? pos0 + n - 1 : wl);
         float s[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -487,8 +488,10 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) {
-                const uint32_t at = ((ks >> 2) * FLASH_SWZ_CHUNK + (ks & 3) * 32) >> 4;
-                wg_mma_ss<KW>(&s[0][0], dq + at, dk + at);
+                /* Q's chunks are BM rows apart, K's BN */
+                const uint32_t aq = ((ks >> 2) * (BM * 128) + (ks & 3) * 32) >> 4;
+                const uint32_t ak = ((ks >> 2) * (BN * 128) + (ks & 3) * 32) >> 4;
+                wg_mma_ss<KW>(&s[0][0], dq + aq, dk + ak);
             }
             wg_commit();
         }
@@ -519,7 +522,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
          * tile that reaches past a row's last key needs the mask (the same
          * values either way; the per-element test was ~50 instructions). */
         float mx[2] = {-INFINITY, -INFINITY};
-        if (kt * FLASH_BN + k0 + KW - 1 <= min(last[0], last[1])) {
+        if (kt * BN + k0 + KW - 1 <= min(last[0], last[1])) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -534,7 +537,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int h = e >> 1;
-                    const int32_t j = kt * FLASH_BN + k0 + nt * 8 + 2 * c + (e & 1);
+                    const int32_t j = kt * BN + k0 + nt * 8 + 2 * c + (e & 1);
                     const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
                     s[nt][e] = x;
                     mx[h] = fmaxf(mx[h], x);
@@ -625,7 +628,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     constexpr size_t KS_BYTES = (size_t)(BM / 16) * 32 * W * sizeof(float);
     constexpr int PLD = D + 4; /* floats a row of a cluster's partials (16-byte rows) */
     static_assert(KS_BYTES + (size_t)BM * PLD * sizeof(float) + (WG ? 1024 : 0) <=
-                      flash_smem_bytes<D, BM, STAGES, KS, WG>(),
+                      flash_smem_bytes<D, BM, STAGES, KS, WG, BN>(),
                   "flash: merge buffers exceed the shared memory");
     asm volatile("cp.async.wait_group 0;\n" ::); /* (none is left in flight; cheap) */
     if (KS == 2) {
@@ -812,10 +815,11 @@ typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
                          int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
 
-/* flash_wgmma.cu: the WG engine's kernel for this head size and key warps,
+/* flash_wgmma.cu: the WG engine's kernel for this head size, key warps and
+ * keys a tile (FLASH_BN_WIDE with two key warps only),
  * or NULL where this GPU cannot run sm_90a code; and its trace pointer
  * (cuda_flash_set_trace sets both engines'). */
-flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps);
+flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps, int32_t key_tile);
 is_status cuda_flash_wgmma_set_trace(unsigned long long *trace);
 
 #endif

@@ -11,7 +11,8 @@
  * engine with one key part wrong past the first key tile, which the SASS
  * traced to ptxas giving P's fragments the registers of Q's (cuda/NOTES.md);
  * Q now reaches wgmma from shared memory. (test_cuda_ops checks both
- * engines against the CPU at the bf16 bar.)
+ * engines against the CPU at the bf16 bar.) Every plan runs on 64-key
+ * tiles and, with two key warps, on 128-key ones (FLASH_BN_WIDE).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -88,16 +89,18 @@ static int check_shape(const shape &s) {
 
     int bad = 0;
     const int32_t splits_of[] = {1, 2, 3};
+    for (int32_t bn = FLASH_BN; bn <= FLASH_BN_WIDE; bn *= 2)
     for (int si = 0; si < 3; si++)
-        for (int32_t kw = 1; kw <= 2; kw++)
+        for (int32_t kw = bn == FLASH_BN ? 1 : 2; kw <= 2; kw++)
             for (int cl = 0; cl <= 1; cl++) {
                 cuda_flash_plan plan = cuda_flash_plan_batch(
                     sot.data(), pos.data(), s.T, bt_off, s.H, s.KH, s.D, g_sms,
                     CUDA_FLASH_CHOICE_AUTO, true, tiles.data());
-                const int32_t max_kt = (keys + FLASH_BN - 1) / FLASH_BN;
+                const int32_t max_kt = (keys + bn - 1) / bn;
                 plan.splits = splits_of[si];
                 plan.key_warps = kw;
                 plan.cluster = cl;
+                plan.key_tile = bn;
                 if (plan.splits > max_kt || (cl && plan.splits == 1)) continue;
                 CK(cudaMemcpy(d_tiles, tiles.data(),
                               (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t),
@@ -125,9 +128,10 @@ static int check_shape(const shape &s) {
                     if (!(d <= worst)) worst = d; /* NaN too */
                 }
                 char what[160];
-                snprintf(what, sizeof what, "D %d, heads %d/%d, T %d after %d: %d split%s%s, %d key warp%s",
+                snprintf(what, sizeof what,
+                         "D %d, heads %d/%d, T %d after %d: %d split%s%s, %d key warp%s, %d-key tiles",
                          s.D, s.H, s.KH, s.T, s.pos0, plan.splits, plan.splits > 1 ? "s" : "",
-                         cl ? " (cluster)" : "", kw, kw > 1 ? "s" : "");
+                         cl ? " (cluster)" : "", kw, kw > 1 ? "s" : "", bn);
                 if (n_diff == 0) {
                     print_message("  %-60s bitwise equal\n", what);
                 } else {
