@@ -284,12 +284,16 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 #define PLAN_KW2_FIXED_US 0.8
 #define PLAN_CLUSTER_US 5.5
 #define PLAN_KW2_CLUSTER_US 3.8
-/* Wide tiles (FLASH_BN_WIDE keys, two key warps, wgmma; run 93's guess, to
- * be fitted): a wide tile costs PLAN_WIDE_TILE of two 64-key tiles (the
- * per-tile steps paid once for both halves), and the block PLAN_WIDE_FIXED_US
- * more (a first tile twice as large in its prologue). */
-#define PLAN_WIDE_TILE 0.75
-#define PLAN_WIDE_FIXED_US 0.4
+/* Wide tiles (FLASH_BN_WIDE keys, two key warps, wgmma): a wide tile costs
+ * PLAN_WIDE_TILE of two 64-key tiles (the per-tile steps paid once for both
+ * halves), and a block PLAN_WIDE_FIXED_US more (its first tile, twice as
+ * large, in the prologue). Fitted to run 93's traces: 1.84 us a wide tile
+ * at k = 50 and 1.96 at k = 100 against run 66's 1.10 and 1.14 a 64-key
+ * one, the prologue 2.39 against 2.09. So k = 20 and 50 take wide tiles
+ * (run 93: 6c on them 16.9 us a layer at k = 50 against 17.4), k = 100 keeps
+ * 64-key ones (22.1 wide against 21.7). */
+#define PLAN_WIDE_TILE 0.86
+#define PLAN_WIDE_FIXED_US 0.3
 
 /* Splits, key warps, keys a tile and merge for tiles of up to max_keys
  * keys: the cheapest by the model, counting only splits that all get keys

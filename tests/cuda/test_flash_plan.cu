@@ -82,10 +82,43 @@ static void test_long_run_and_order(void **state) {
     expect_tile(t[2], {3, 1, 0, 4, 4});
 }
 
+/* The 8B query (30 tokens, 16 (tile, KV head) pairs) after k facts: the
+ * cost model (run 93's fit) walks 1,340 keys (k = 50) in 128-key tiles, 6
+ * splits of 2 such tiles against 4 of 64 keys, and keeps 64-key tiles
+ * where a block walks one either way (k = 5: 215 keys) or where the wide
+ * tile's extra prologue is not paid back (k = 100: 2,590 keys); never
+ * without wide tiles allowed (CUDA_FLASH_CHOICE_NO_WIDE, the plan before
+ * run 93). On a GPU or without one: the choices do not depend on the
+ * cluster counts here. */
+static cuda_flash_plan plan_8b(int32_t keys, cuda_flash_choice choice) {
+    std::vector<int32_t> seq(30, 0), pos(30), raw(30 * FLASH_TILE_INTS);
+    for (int32_t t = 0; t < 30; t++) pos[(size_t)t] = keys - 30 + t;
+    const int32_t bt_off[1] = {0};
+    return cuda_flash_plan_batch(seq.data(), pos.data(), 30, bt_off, 32, 8, 128, 132, choice, true,
+                                 raw.data());
+}
+
+static void test_wide_tiles(void **state) {
+    (void)state;
+    if (!cuda_flash_wgmma_supports(128)) {
+        /* wide tiles are the wgmma engine's choice; mma.sync plans stay 64 */
+        assert_int_equal(plan_8b(1340, CUDA_FLASH_CHOICE_AUTO).key_tile, FLASH_BN);
+        return;
+    }
+    const cuda_flash_plan k50 = plan_8b(1340, CUDA_FLASH_CHOICE_AUTO);
+    assert_int_equal(k50.key_tile, FLASH_BN_WIDE);
+    assert_int_equal(k50.key_warps, 2);
+    assert_int_equal(k50.splits, 6);
+    assert_int_equal(plan_8b(215, CUDA_FLASH_CHOICE_AUTO).key_tile, FLASH_BN);
+    assert_int_equal(plan_8b(2590, CUDA_FLASH_CHOICE_AUTO).key_tile, FLASH_BN);
+    assert_int_equal(plan_8b(1340, CUDA_FLASH_CHOICE_NO_WIDE).key_tile, FLASH_BN);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_interleaved),
         cmocka_unit_test(test_long_run_and_order),
+        cmocka_unit_test(test_wide_tiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
