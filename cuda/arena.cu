@@ -1,20 +1,25 @@
 /*
  * arena: LRU bookkeeping of the fact-KV arena (see arena.cuh).
+ *
+ * A request's facts are placed on the host before its injection kernel can
+ * start, with the GPU idle meanwhile, so a hit costs one hash lookup and
+ * the record's own memory: the order of use is each record's stamp (the
+ * call that last used it), not a linked list whose splice touched three
+ * nodes a fact; an eviction scans the records for the oldest stamp (a
+ * miss that needs one uploads megabytes anyway).
  */
 #include "arena.cuh"
 #include "kv.cuh"
 
-#include <list>
 #include <unordered_map>
 #include <vector>
 
 namespace {
 struct record {
-    uint64_t id;
+    uint64_t id;    /* 0: free, or kept for the current call only */
     int32_t n_tokens;
     std::vector<int32_t> pages;
     uint64_t stamp; /* the call that last used it */
-    std::list<int32_t>::iterator lru;
 };
 } // namespace
 
@@ -27,7 +32,7 @@ struct cuda_arena {
     std::unordered_map<uint64_t, int32_t> by_id; /* id -> index in recs */
     std::vector<record> recs;
     std::vector<int32_t> free_recs;
-    std::list<int32_t> lru; /* most recent first */
+    std::vector<int32_t> claimed; /* this call's records found by the first pass, -1: none */
     uint64_t call;
     cuda_arena_stats stats;
     float *staging; /* one record in f32, device */
@@ -88,10 +93,8 @@ static void drop_record(cuda_arena *a, int32_t ri) {
     record &r = a->recs[(size_t)ri];
     for (int32_t p : r.pages) a->free_pages.push_back(p);
     r.pages.clear();
-    if (r.id) {
-        a->by_id.erase(r.id);
-        a->lru.erase(r.lru);
-    }
+    if (r.id) a->by_id.erase(r.id);
+    r.id = 0;
     a->free_recs.push_back(ri);
 }
 
@@ -99,10 +102,17 @@ static void drop_record(cuda_arena *a, int32_t ri) {
  * records of the current call. */
 static bool make_room(cuda_arena *a, size_t need) {
     while (a->free_pages.size() < need) {
-        if (a->lru.empty()) return false;
-        const int32_t ri = a->lru.back();
-        if (a->recs[(size_t)ri].stamp == a->call) return false; /* all the rest are in use */
-        drop_record(a, ri);
+        int32_t victim = -1;
+        uint64_t oldest = a->call; /* records of this call are not candidates */
+        for (size_t i = 0; i < a->recs.size(); i++) {
+            const record &r = a->recs[i];
+            if (r.id && r.stamp < oldest) {
+                oldest = r.stamp;
+                victim = (int32_t)i;
+            }
+        }
+        if (victim < 0) return false; /* all the rest are in use */
+        drop_record(a, victim);
         a->stats.evictions++;
     }
     return true;
@@ -142,7 +152,9 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
     a->call++;
     /* Claim this call's resident records first, so room made for a miss
      * early in the list never evicts a hit later in it (whose values the
-     * caller may have left out: cuda_arena_holds). */
+     * caller may have left out: cuda_arena_holds); the second pass takes
+     * them from here rather than looking them up again. */
+    a->claimed.assign((size_t)n_facts, -1);
     for (int32_t i = 0; i < n_facts; i++) {
         if (!facts[i].id) continue;
         auto it = a->by_id.find(facts[i].id);
@@ -150,15 +162,19 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
         record &r = a->recs[(size_t)it->second];
         if (r.n_tokens != facts[i].n_tokens) continue;
         r.stamp = a->call;
-        a->lru.splice(a->lru.begin(), a->lru, r.lru);
+        a->claimed[(size_t)i] = it->second;
     }
     std::vector<int32_t> transient; /* records of id 0, dropped after this call */
     is_status st = IS_OK;
     size_t at = 0;
     for (int32_t i = 0; i < n_facts && st == IS_OK; i++) {
         const backend_fact *f = &facts[i];
-        int32_t ri = -1;
-        if (f->id) {
+        int32_t ri = a->claimed[(size_t)i];
+        /* A claim still holds unless an earlier fact of this call with the
+         * same id and another length replaced its record. */
+        if (ri >= 0 && (a->recs[(size_t)ri].id != f->id || a->recs[(size_t)ri].n_tokens != f->n_tokens))
+            ri = -1;
+        if (ri < 0 && f->id) {
             auto it = a->by_id.find(f->id);
             if (it != a->by_id.end()) {
                 ri = it->second;
@@ -169,9 +185,7 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
             }
         }
         if (ri >= 0) {
-            record &r = a->recs[(size_t)ri];
-            r.stamp = a->call;
-            a->lru.splice(a->lru.begin(), a->lru, r.lru);
+            a->recs[(size_t)ri].stamp = a->call;
             a->stats.hits++;
         } else {
             if (!make_room(a, (size_t)f->n_tokens)) {
@@ -194,8 +208,6 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
             r.pages.assign(a->free_pages.end() - f->n_tokens, a->free_pages.end());
             a->free_pages.resize(a->free_pages.size() - (size_t)f->n_tokens);
             if (f->id) {
-                a->lru.push_front(ri);
-                r.lru = a->lru.begin();
                 a->by_id[f->id] = ri;
             } else {
                 transient.push_back(ri);
