@@ -6,7 +6,8 @@
  * A block owns a query tile: up to FLASH_BM rows, each a (token, query head)
  * pair of one KV head's group, FLASH_BM / group consecutive tokens of one
  * sequence; so the heads of a GQA group share every K/V tile they read.
- * It walks the sequence's keys in tiles of FLASH_BN through the block table
+ * It walks the sequence's keys in tiles of FLASH_BN (or FLASH_BN_WIDE, the
+ * plan's choice where a block walks several) through the block table
  * (cp.async 16-byte copies into shared memory, the next tile in flight while
  * one is used), computes S = Q K^T and O += P V on the tensor cores
  * (bf16 operands, f32 accumulation in registers; mma.sync m16n8k16, or
