@@ -172,7 +172,8 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
         int32_t ri = a->claimed[(size_t)i];
         /* A claim still holds unless an earlier fact of this call with the
          * same id and another length replaced its record. */
-        if (ri >= 0 && (a->recs[(size_t)ri].id != f->id || a->recs[(size_t)ri].n_tokens != f->n_tokens))
+        if (ri >= 0 &&
+            (a->recs[(size_t)ri].id != f->id || a->recs[(size_t)ri].n_tokens != f->n_tokens))
             ri = -1;
         if (ri < 0 && f->id) {
             auto it = a->by_id.find(f->id);

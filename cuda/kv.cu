@@ -253,7 +253,8 @@ static __global__ void __launch_bounds__(256)
     const __nv_bfloat16 *kr = arena + pages[i] * rec + (int64_t)l * kv_dim;
     const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
     const int32_t slot = slots[i];
-    const int64_t row0 = ((int64_t)(slot / block_size) * n_kv_heads) * block_size + slot % block_size;
+    const int64_t row0 =
+        ((int64_t)(slot / block_size) * n_kv_heads) * block_size + slot % block_size;
     uint4 k0[INJECT_HEADS], k1[INJECT_HEADS], v0[INJECT_HEADS], v1[INJECT_HEADS];
 #pragma unroll
     for (int j = 0; j < INJECT_HEADS; j++) {
@@ -318,8 +319,8 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *
     const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
     if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
         n_layers <= 65535) {
-        const int64_t threads = (int64_t)n_tokens * ((n_kv_heads + INJECT_HEADS - 1) / INJECT_HEADS) *
-                                (neox ? head_dim / 16 : head_dim / 8);
+        const int64_t groups = (n_kv_heads + INJECT_HEADS - 1) / INJECT_HEADS;
+        const int64_t threads = (int64_t)n_tokens * groups * (neox ? head_dim / 16 : head_dim / 8);
         const dim3 grid((unsigned)((threads + 255) / 256), (unsigned)n_layers);
         inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos0, n_tokens,
                                                 n_layers, n_kv_heads, head_dim, block_size, neox,

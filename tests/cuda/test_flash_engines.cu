@@ -129,7 +129,8 @@ static int check_shape(const shape &s) {
                 }
                 char what[160];
                 snprintf(what, sizeof what,
-                         "D %d, heads %d/%d, T %d after %d: %d split%s%s, %d key warp%s, %d-key tiles",
+                         "D %d, heads %d/%d, T %d after %d: %d split%s%s, %d key warp%s, "
+                         "%d-key tiles",
                          s.D, s.H, s.KH, s.T, s.pos0, plan.splits, plan.splits > 1 ? "s" : "",
                          cl ? " (cluster)" : "", kw, kw > 1 ? "s" : "", bn);
                 if (n_diff == 0) {
