@@ -45,7 +45,7 @@ fi
 if [ "${RESULT[configure]}" = ok ]; then
   section build
   start=$(date +%s)
-  if cmake --build "$BUILD" -j "$(nproc)" --target inferscale_cuda test_cuda_ops test_cuda_model test_cuda_retrieval test_memory_gpu test_cuda_graphs test_flash_engines \
+  if cmake --build "$BUILD" -j "$(nproc)" --target inferscale_cuda test_cuda_ops test_cuda_model test_cuda_retrieval test_memory_gpu test_cuda_graphs test_flash_engines test_flash_plan \
       > "$OUT/build.log" 2>&1; then
     note build "ok ($(( $(date +%s) - start )) s, $(grep -c 'warning' "$OUT/build.log") warning lines)"
   else

@@ -88,8 +88,9 @@ static void test_long_run_and_order(void **state) {
  * where a block walks one either way (k = 5: 215 keys) or where the wide
  * tile's extra prologue is not paid back (k = 100: 2,590 keys); never
  * without wide tiles allowed (CUDA_FLASH_CHOICE_NO_WIDE, the plan before
- * run 93). On a GPU or without one: the choices do not depend on the
- * cluster counts here. */
+ * run 93). Wide tiles are the wgmma engine's: without a GPU that runs it
+ * (CI) the plan must stay on 64-key tiles; on one (ctest -L gpu, run 94
+ * by hand) the choices above. */
 static cuda_flash_plan plan_8b(int32_t keys, cuda_flash_choice choice) {
     std::vector<int32_t> seq(30, 0), pos(30), raw(30 * FLASH_TILE_INTS);
     for (int32_t t = 0; t < 30; t++) pos[(size_t)t] = keys - 30 + t;
