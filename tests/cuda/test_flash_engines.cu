@@ -89,10 +89,12 @@ static int check_shape(const shape &s) {
 
     int bad = 0;
     const int32_t splits_of[] = {1, 2, 3};
-    for (int32_t bn = FLASH_BN; bn <= FLASH_BN_WIDE; bn *= 2)
-    for (int si = 0; si < 3; si++)
-        for (int32_t kw = bn == FLASH_BN ? 1 : 2; kw <= 2; kw++)
+    /* (keys a tile, key warps): wide tiles take two key warps */
+    const int32_t shapes[3][2] = {{FLASH_BN, 1}, {FLASH_BN, 2}, {FLASH_BN_WIDE, 2}};
+    for (const auto &shape : shapes)
+        for (int si = 0; si < 3; si++)
             for (int cl = 0; cl <= 1; cl++) {
+                const int32_t bn = shape[0], kw = shape[1];
                 cuda_flash_plan plan = cuda_flash_plan_batch(
                     sot.data(), pos.data(), s.T, bt_off, s.H, s.KH, s.D, g_sms,
                     CUDA_FLASH_CHOICE_AUTO, true, tiles.data());
