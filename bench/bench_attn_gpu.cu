@@ -90,6 +90,13 @@ static __global__ void empty_kernel(void) {}
 /* Variants of a row before the sweep (see main). */
 #define N_MAIN 5
 
+/* A plan's splits and merge as the tables write it: "6cw" is 6 splits
+ * merged in a cluster, on 128-key tiles. */
+static std::string plan_name(const cuda_flash_plan &p) {
+    return std::to_string(p.splits) + (p.splits > 1 && p.cluster ? "c" : "") +
+           (p.key_tile == FLASH_BN_WIDE ? "w" : "");
+}
+
 /* One traced launch's phases (cuda_flash_set_trace), medians over blocks,
  * in us at the SM clock (clock_khz), and its span by the global timer. */
 static std::string trace_summary(const std::vector<unsigned long long> &t, size_t blocks,
@@ -296,9 +303,8 @@ int main(int argc, char **argv) {
             }
         }
         CK(cudaStreamSynchronize(st));
-        printf("%s: %d launches of plan %d%s%s, %d key warps%s\n", bc.name, reps, plan.splits,
-               plan.cluster ? "c" : "", plan.key_tile == FLASH_BN_WIDE ? "w" : "", plan.key_warps,
-               plan.wgmma ? ", wgmma" : "");
+        printf("%s: %d launches of plan %s, %d key warps%s\n", bc.name, reps,
+               plan_name(plan).c_str(), plan.key_warps, plan.wgmma ? ", wgmma" : "");
         return 0;
     }
     for (int ci = 0; ci < n_cases; ci++) {
@@ -415,10 +421,8 @@ int main(int argc, char **argv) {
         failed += !ok;
         char pl[3][48];
         for (int i = 0; i < 3; i++)
-            snprintf(pl[i], sizeof pl[i], "%d%s%s, %d (%d)", plans[i].splits,
-                     plans[i].splits > 1 && plans[i].cluster ? "c" : "",
-                     plans[i].key_tile == FLASH_BN_WIDE ? "w" : "", plans[i].key_warps,
-                     plans[i].n_tiles * KH * plans[i].splits);
+            snprintf(pl[i], sizeof pl[i], "%s, %d (%d)", plan_name(plans[i]).c_str(),
+                     plans[i].key_warps, plans[i].n_tiles * KH * plans[i].splits);
         printf("| %s | %d | %d | %s | %.1f | %s%s | %.1f | %.1f | %.1f | %s | %.1f | %.2fx | "
                "%.1e%s |\n",
                bc.name, bc.T, bc.keys, pl[0], us[0], pl[1], plans[1].wgmma ? " wg" : "", us[1],
