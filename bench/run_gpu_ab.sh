@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Before and after in one device call, for a change that has no switch to
+# turn it off in the same process: the working tree ("new") against a
+# baseline tree ("base"), each built with the same flags, their benchmark
+# programs run in alternating order (base new, new base, ...) on the same
+# machine, so that neither order nor the machine favours one.
+#
+# The baseline travels as a carried archive of a commit, made here:
+#   mkdir -p .base && git archive --format=tar.gz <commit> > .base/base.tar.gz
+# Call: carry [".gpudeps", ".whl", ".base"], command "bash bench/run_gpu_ab.sh".
+#
+# Environment: ROUNDS (4), AB_ATTN_ARGS (bench_attn_gpu's arguments; "-"
+# skips it), AB_BENCH_ARGS (bench_gpu's on the random-weight 8B GGUF; "-"
+# skips it). The GGUF is written in the background from the start where
+# /tmp does not hold it yet (a later call on the warm machine reuses it).
+# CHECK=0 to build the new tree without running `ctest -L gpu` on it,
+# AB_TIMEOUT (seconds a benchmark run, 240).
+# Results: $OUT/summary.md (each run's output in order), $OUT/logs.tar.gz.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT=${OUT:-$REPO/gpu-out}
+LOG=$OUT/work
+mkdir -p "$LOG"
+SUMMARY=$OUT/summary.md
+: > "$SUMMARY"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$SUMMARY"; }
+trap 'tar -czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null && rm -rf "$LOG"' EXIT
+
+[ -f .base/base.tar.gz ] || { stamp "no .base/base.tar.gz (see the header)"; exit 2; }
+ATTN_ARGS=${AB_ATTN_ARGS:--r 50}
+BENCH_ARGS=${AB_BENCH_ARGS:--k 5,50 -r 15 -c bf16,bf16+r2 -t none}
+stamp "machine: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1)"
+
+# The GGUF, beside the builds.
+GGUF=/tmp/llama31-8b.f16.gguf
+GEN_PID=
+if [ ! -s "$GGUF" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$LOG/pip.log" 2>&1
+  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 bench/gen_random_gguf.py --preset llama31-8b \
+    --type f16 --out "$GGUF" > "$LOG/gen.log" 2>&1 &
+  GEN_PID=$!
+fi
+
+# The new tree: built and checked (gpu_check.sh unpacks the -dev packages
+# into build-gpu/deps, which the baseline's build uses too).
+if [ "${CHECK:-1}" = 1 ]; then
+  OUT=$LOG IS_GPU_SANITIZE=0 timeout 400 bash scripts/gpu_check.sh > "$LOG/check.out" 2>&1
+  stamp "gpu_check rc $?"
+  sed -n '/=== summary/,$p' "$LOG/check.out" >> "$SUMMARY"
+  grep -E 'differ|not finite|FAILED|Passed|Failed' "$LOG/ctest.log" | head -40 >> "$SUMMARY"
+else
+  OUT=$LOG IS_GPU_CTEST=0 IS_GPU_SANITIZE=0 timeout 400 bash scripts/gpu_check.sh \
+    > "$LOG/check.out" 2>&1
+  stamp "gpu_check (build only) rc $?"
+fi
+BUILD=$REPO/build-gpu
+section() { :; }
+source scripts/gpu_env.sh > "$LOG/env.log" 2>&1
+TARGETS=(bench_attn_gpu bench_gpu)
+cmake --build build-gpu -j "$(nproc)" --target "${TARGETS[@]}" > "$LOG/build_new.log" 2>&1 ||
+  { stamp "new benchmarks: build FAILED"; tail -20 "$LOG/build_new.log" | tee -a "$SUMMARY"; exit 1; }
+
+# The baseline tree, configured as gpu_check.sh configures the new one.
+rm -rf /tmp/base-src && mkdir -p /tmp/base-src && tar -xzf .base/base.tar.gz -C /tmp/base-src
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if ! { cmake -S /tmp/base-src -B build-base "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DIS_CUDA=ON \
+         "${CMAKE_EXTRA[@]}" > "$LOG/cmake_base.log" 2>&1 &&
+       cmake --build build-base -j "$(nproc)" --target "${TARGETS[@]}" > "$LOG/build_base.log" 2>&1; }; then
+  stamp "baseline: build FAILED"; tail -20 "$LOG/build_base.log" | tee -a "$SUMMARY"; exit 1
+fi
+stamp "built both"
+
+# Alternating runs: round r runs base then new when r is odd, else new then base.
+run_pair() { # program, its arguments (one string), log name
+  local r tree
+  for r in $(seq 1 "${ROUNDS:-4}"); do
+    for tree in $([ $((r % 2)) = 1 ] && echo "base new" || echo "new base"); do
+      local bin=build-gpu/bench/$1
+      [ "$tree" = base ] && bin=build-base/bench/$1
+      stamp "round $r, $tree: $1 $2"
+      timeout "${AB_TIMEOUT:-240}" "$bin" $2 > "$LOG/$3_${r}_$tree.log" 2>&1
+      echo "rc $?" >> "$LOG/$3_${r}_$tree.log"
+      cat "$LOG/$3_${r}_$tree.log" >> "$SUMMARY"
+    done
+  done
+}
+[ "$ATTN_ARGS" != - ] && run_pair bench_attn_gpu "$ATTN_ARGS" attn
+[ -n "$GEN_PID" ] && wait "$GEN_PID" && stamp "gguf: $(tail -1 "$LOG/gen.log")"
+[ "$BENCH_ARGS" != - ] && run_pair bench_gpu "-m $GGUF $BENCH_ARGS" bench
+stamp done
