@@ -372,26 +372,27 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * unrolled, so that the block-table reads overlap. (Reading the pages
      * ahead, into registers (run 28) or into shared memory once a block
      * (run 62), measured no faster.) The caller commits the group.
-     * WG: TMA, issued by the first warp: a box of box_rows keys (one page,
-     * or FLASH_BN keys of a larger one) by 64 columns a lane, into the
-     * 128-byte swizzle of the tile (swz_offset's layout: a box starts on
-     * a 1024-byte boundary, box_rows being a multiple of 8); boxes wholly
-     * past the sequence are not read, and the tile's mbarrier expects the
-     * bytes of the rest. It replaces the copies' addressing in every
-     * thread (~120 of a 64-key tile's 617 warp instructions, run 63's
-     * count) with a lane's on one warp; issued before S's wgmma finishes,
-     * as the copies were. */
+     * WG: TMA: a box of box_rows keys (one page, or FLASH_BN keys of a
+     * larger one) by 64 columns, into the 128-byte swizzle of the tile
+     * (swz_offset's layout: a box starts on a 1024-byte boundary, box_rows
+     * being a multiple of 8); boxes wholly past the sequence are not read,
+     * and thread 0 arms the tile's mbarrier with the bytes of the rest (a
+     * box that lands first takes the count below zero, which the phase
+     * allows: it cannot complete before that arrival). The boxes are dealt
+     * to the warps, a few lanes each: a warp issues its lanes' boxes one
+     * after another (run 101: one warp issuing all 16 of a 64-key tile
+     * held each tile ~0.25 us). It replaces the copies' addressing in
+     * every thread (~120 of a 64-key tile's 617 warp instructions, run
+     * 63's count); issued before S's wgmma finishes, as the copies were. */
     const int32_t box_rows = min(block_size, FLASH_BN);
     auto load_tile = [&](int32_t kt, int st) {
         if constexpr (WG) {
-            if (tid >= 32) return;
-            constexpr int CHUNKS = D / TMA_BOX_COLS;
+            constexpr int CHUNKS = D / TMA_BOX_COLS, WARPS = THREADS / 32;
             const int32_t keys = min(n_keys - kt * BN, BN); /* of the sequence */
             const int32_t boxes = (keys + box_rows - 1) / box_rows * CHUNKS * 2;
             const uint32_t bar = bar0 + 8 * st;
-            if (lane == 0) mbar_expect_tx(bar, (uint32_t)(boxes * box_rows * 128));
-            __syncwarp();
-            for (int32_t b = lane; b < boxes; b += 32) {
+            if (tid == 0) mbar_expect_tx(bar, (uint32_t)(boxes * box_rows * 128));
+            for (int32_t b = (tid >> 5) + WARPS * lane; b < boxes; b += THREADS) {
                 const int kv = b & 1, ch = (b >> 1) % CHUNKS;
                 const int32_t p = (b >> 1) / CHUNKS, j = kt * BN + p * box_rows;
                 /* the cache as rows of D: (page, KV head, slot) */
