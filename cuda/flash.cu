@@ -18,7 +18,6 @@
 #include "flash_kernel.cuh"
 
 #include <stdlib.h>
-#include <string.h>
 
 bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads,
                          int32_t block_size) {
@@ -185,49 +184,6 @@ int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t siz
     return size >= 2 ? flash_resident(head_dim, key_warps, wgmma, size, key_tile) : 0;
 }
 
-/* The WG engine's TMA boxes are a page of the cache, or FLASH_BN keys of a
- * larger one; a box starts the 128-byte swizzle's pattern only on 8 rows
- * (tma.cuh), so caches of smaller pages run on mma.sync, bitwise the same. */
-#define FLASH_TMA_MIN_BLOCK 8
-#define FLASH_MAP_SLOTS 256
-
-/* The tensor map of one layer's K or V cache for the WG engine's copies:
- * rows of D bf16, (page, KV head, slot) a row, boxes of box_rows rows.
- * Its rows are not the allocation's (the backend's interface gives only the
- * pointer): 2^31 - 1, the most a box's int32 row coordinate names (a cache
- * of 512 GiB at D = 128). As with the mma.sync engine's copies, the block
- * table bounds what is read. A map depends on nothing but (p, D, box_rows),
- * so each thread keeps those it made (encoding one is a driver call) in a
- * table that never goes stale: a freed and reused address maps the same. */
-static is_status cache_map(const __nv_bfloat16 *p, int32_t D, int32_t box_rows, CUtensorMap *out) {
-    struct entry {
-        const void *p;
-        int32_t d, box;
-        CUtensorMap m;
-    };
-    static thread_local entry tab[FLASH_MAP_SLOTS];
-    const size_t h = (size_t)(((uintptr_t)p >> 8) * 0x9E3779B97F4A7C15ull >> 56) % FLASH_MAP_SLOTS;
-    size_t at = h;
-    for (size_t i = 0; i < FLASH_MAP_SLOTS; i++) {
-        entry &e = tab[(h + i) % FLASH_MAP_SLOTS];
-        if (e.p == p && e.d == D && e.box == box_rows) {
-            *out = e.m;
-            return IS_OK;
-        }
-        if (!e.p) {
-            at = (h + i) % FLASH_MAP_SLOTS;
-            break;
-        }
-    } /* full: the hashed slot is replaced */
-    CUtensorMap m;
-    const is_status st =
-        cuda_tma_map_sw128(&m, p, D, INT32_MAX, (uint32_t)box_rows, "cuda flash attention");
-    if (st != IS_OK) return st;
-    tab[at] = entry{p, D, box_rows, m};
-    *out = m;
-    return IS_OK;
-}
-
 template <int D, int KS, int BN>
 static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
@@ -244,22 +200,12 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
                             plan.splits);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    CUtensorMap kmap, vmap; /* the WG engine's; unread by mma.sync's */
-    memset(&kmap, 0, sizeof kmap);
-    memset(&vmap, 0, sizeof vmap);
-    if (plan.wgmma) {
-        const int32_t box_rows = block_size < FLASH_BN ? block_size : FLASH_BN;
-        st = cache_map(k_cache, D, box_rows, &kmap);
-        if (st == IS_OK) st = cache_map(v_cache, D, box_rows, &vmap);
-        if (st != IS_OK) return st;
-    }
     /* The kernel begins with pdl_wait() (early: after its first copies). */
     CUDA_CHECK(cuda_launch_ex(fn, dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
                                    (unsigned)plan.splits),
                               dim3(FLASH_BM * 2 * KS), smem, s,
                               dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
-                              out, q, k_cache, v_cache, kmap, vmap, flat, tiles, n_heads,
-                              n_kv_heads,
+                              out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                               block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
                               ob.split, early && cuda_pdl_on()));
     if (plan.splits > 1 && !cluster) {
@@ -279,7 +225,6 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob, bool early) {
     if (plan.n_tiles <= 0) return IS_OK;
-    if (block_size < FLASH_TMA_MIN_BLOCK) plan.wgmma = 0; /* the same bits on mma.sync */
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size))
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: head_dim %d, %d/%d heads, blocks of %d",

@@ -18,7 +18,6 @@
 #define IS_CUDA_FLASH_KERNEL_CUH
 
 #include "flash.cuh"
-#include "tma.cuh"
 
 #include <cooperative_groups.h>
 #include <math.h>
@@ -192,28 +191,17 @@ static __device__ __forceinline__ void wg_mma_ss(float *d, uint64_t da, uint64_t
 #undef WG_R16
 #undef WG_R4
 
-/* Where the WG engine's mbarriers (one a stage, 8 bytes each) sit in the
- * kernel's shared memory: after the K/V stages and Q's tile, or after what
- * the merges after the loop take in them, whichever is more (no merge
- * writes over a live mbarrier). */
+/* The kernel's dynamic shared memory: the K/V stages (WG: unpadded,
+ * swizzled, then Q's tile, plus 1024 bytes to align them), or what the
+ * merges after the loop take in them, whichever is more. */
 template <int D, int BM, int STAGES, int KS, bool WG, int BN>
-__host__ __device__ constexpr size_t flash_bar_offset() {
+__host__ __device__ constexpr size_t flash_smem_bytes() {
     /* WG: the stages, then Q's tile */
     constexpr size_t stages =
         (size_t)STAGES * 2 * BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
     constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
-    return stages > merges ? stages : merges;
-}
-
-/* The kernel's dynamic shared memory: the K/V stages (WG: unpadded,
- * swizzled, then Q's tile and the mbarriers, plus 1024 bytes to align
- * them), or what the merges after the loop take in them, whichever is
- * more. */
-template <int D, int BM, int STAGES, int KS, bool WG, int BN>
-__host__ __device__ constexpr size_t flash_smem_bytes() {
-    constexpr size_t need =
-        flash_bar_offset<D, BM, STAGES, KS, WG, BN>() + (WG ? STAGES * 8 + 1024 : 0);
+    constexpr size_t need = (stages > merges ? stages : merges) + (WG ? 1024 : 0);
     /* Two key parts: one block an SM, which registers alone no longer
      * ensure on the wgmma engine (128 a thread since Q's tile moved to shared
      * memory). Two of them on one SM made a short query's attention slower
@@ -277,8 +265,7 @@ static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_grou
 template <int D, int BM, int STAGES, int KS, bool WG, int BN>
 static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
-                 const __nv_bfloat16 *v_cache, const __grid_constant__ CUtensorMap kmap,
-                 const __grid_constant__ CUtensorMap vmap, const int32_t *flat, const int32_t *tiles,
+                 const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
                  __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
@@ -352,88 +339,46 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * within the page (one 64-bit product a copy). */
     const int64_t page_elems = (int64_t)n_kv_heads * block_size * D;
     const int32_t head_elems = kh * block_size * D;
-    /* WG: stage st's mbarrier at bar0 + 8 st counts its tile's bytes in,
-     * one phase a use of the stage. */
-    const uint32_t kv_base = (uint32_t)__cvta_generic_to_shared(sKV);
-    const uint32_t bar0 = kv_base + (uint32_t)flash_bar_offset<D, BM, STAGES, KS, WG, BN>();
-    if constexpr (WG) {
-        if (tid == 0) {
-            for (int st = 0; st < STAGES; st++) mbar_init(bar0 + 8 * st, 1);
-            mbar_init_fence();
-            tma_prefetch_map(&kmap);
-            tma_prefetch_map(&vmap);
-        }
-        __syncthreads();
-    }
     if (!early) pdl_wait();
 
-    /* Copies tile kt into stage `st`.
-     * mma.sync: cp.async, 16 bytes a copy, keys past the last zero-filled;
-     * unrolled, so that the block-table reads overlap. (Reading the pages
-     * ahead, into registers (run 28) or into shared memory once a block
-     * (run 62), measured no faster.) The caller commits the group.
-     * WG: TMA: a box of box_rows keys (one page, or FLASH_BN keys of a
-     * larger one) by 64 columns, into the 128-byte swizzle of the tile
-     * (swz_offset's layout: a box starts on a 1024-byte boundary, box_rows
-     * being a multiple of 8); boxes wholly past the sequence are not read,
-     * and thread 0 arms the tile's mbarrier with the bytes of the rest (a
-     * box that lands first takes the count below zero, which the phase
-     * allows: it cannot complete before that arrival). The boxes are dealt
-     * to the warps, a few lanes each: a warp issues its lanes' boxes one
-     * after another (run 101: one warp issuing all 16 of a 64-key tile
-     * held each tile ~0.25 us). It replaces the copies' addressing in
-     * every thread (~120 of a 64-key tile's 617 warp instructions, run
-     * 63's count); issued before S's wgmma finishes, as the copies were. */
-    const int32_t box_rows = min(block_size, FLASH_BN);
+    /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
+     * past the last zero-filled); unrolled, so the block-table reads overlap
+     * (on the wgmma engine they also run beside S, issued before them).
+     * (Reading the pages ahead, into registers (run 28, mma.sync) or into
+     * shared memory once a block (run 62), measured no faster.) The caller
+     * commits the group. */
     auto load_tile = [&](int32_t kt, int st) {
-        if constexpr (WG) {
-            constexpr int CHUNKS = D / TMA_BOX_COLS, WARPS = THREADS / 32;
-            const int32_t keys = min(n_keys - kt * BN, BN); /* of the sequence */
-            const int32_t boxes = (keys + box_rows - 1) / box_rows * CHUNKS * 2;
-            const uint32_t bar = bar0 + 8 * st;
-            if (tid == 0) mbar_expect_tx(bar, (uint32_t)(boxes * box_rows * 128));
-            for (int32_t b = (tid >> 5) + WARPS * lane; b < boxes; b += THREADS) {
-                const int kv = b & 1, ch = (b >> 1) % CHUNKS;
-                const int32_t p = (b >> 1) / CHUNKS, j = kt * BN + p * box_rows;
-                /* the cache as rows of D: (page, KV head, slot) */
-                const int32_t row =
-                    (bt[j >> bs_shift] * n_kv_heads + kh) * block_size + (j & (block_size - 1));
-                const uint32_t dst = kv_base + (uint32_t)(st * STAGE + kv * BN * LD) * 2 +
-                                     (uint32_t)(ch * (BN * 128) + p * box_rows * 128);
-                tma_load(dst, kv ? &vmap : &kmap, ch * TMA_BOX_COLS, row, bar);
-            }
-        } else {
-            __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + BN * LD;
+        __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + BN * LD;
 #pragma unroll
-            for (int it = 0; it < BN * (D / 8) / THREADS; it++) {
-                const int i = tid + it * THREADS;
-                const int r = i / (D / 8), d = (i % (D / 8)) * 8;
-                const int32_t j = kt * BN + r;
-                const bool in = j < n_keys;
-                const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
-                const int64_t off = in ? bt[page] * page_elems + (head_elems + slot * D + d) : 0;
+        for (int it = 0; it < BN * (D / 8) / THREADS; it++) {
+            const int i = tid + it * THREADS;
+            const int r = i / (D / 8), d = (i % (D / 8)) * 8;
+            const int32_t j = kt * BN + r;
+            const bool in = j < n_keys;
+            const int32_t page = j >> bs_shift, slot = j & (block_size - 1);
+            const int64_t off = in ? bt[page] * page_elems + (head_elems + slot * D + d) : 0;
+            if constexpr (WG) {
+                const uint32_t at = swz_offset<BN>(r, d / 8);
+                cp_async16(reinterpret_cast<unsigned char *>(dK) + at, k_cache + off, in);
+                cp_async16(reinterpret_cast<unsigned char *>(dV) + at, v_cache + off, in);
+            } else {
                 cp_async16(dK + r * LD + d, k_cache + off, in);
                 cp_async16(dV + r * LD + d, v_cache + off, in);
             }
         }
     };
-    /* mma.sync: the copies' commit group (one a tile). */
-    auto commit = [&]() {
-        if constexpr (!WG) asm volatile("cp.async.commit_group;\n" ::);
-    };
-    /* mma.sync: one commit group per tile, empty past kt1, so that before
-     * tile kt is used exactly kt - kt0 + STAGES - 1 groups are committed
-     * and waiting for all but the last STAGES - 2 means tile kt has landed.
-     * WG: the tile's mbarrier. Early: the first tiles whose keys all
-     * precede the sequence's first position in the batch (written before
-     * this forward, not by the kernel before) are copied before the wait,
-     * while that kernel ends. */
+    /* One commit group per tile, empty past kt1, so that before tile kt is
+     * used exactly kt - kt0 + STAGES - 1 groups are committed and waiting
+     * for all but the last STAGES - 2 means tile kt has landed. Early: the
+     * first tiles whose keys all precede the sequence's first position in
+     * the batch (written before this forward, not by the kernel before)
+     * are copied before the wait, while that kernel ends. */
     int pre = 0;
     if (early) {
         for (; pre < STAGES - 1 && kt0 + pre < kt1 && (kt0 + pre + 1) * BN <= old_keys;
              pre++) {
             load_tile(kt0 + pre, pre);
-            commit();
+            asm volatile("cp.async.commit_group;\n" ::);
         }
         pdl_wait(); /* Q and the query's own keys: the kernel before wrote them */
     }
@@ -454,7 +399,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     }
     for (int i = pre; i < STAGES - 1; i++) {
         if (kt0 + i < kt1) load_tile(kt0 + i, i);
-        commit();
+        asm volatile("cp.async.commit_group;\n" ::);
     }
     /* Q as A fragments, rounded to bf16: qa[k-step] = rows g / g+8, columns
      * 16 ks + 2c (+1) and 16 ks + 8 + 2c (+1). */
@@ -508,26 +453,10 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     for (int32_t kt = kt0; kt < kt1; kt++) {
         const int st = (kt - kt0) % STAGES;
         unsigned long long t_top = tr ? clock64() : 0;
-        if constexpr (WG) {
-            mbar_wait(bar0 + 8 * st, (uint32_t)((kt - kt0) / STAGES) & 1u);
-            /* V's rows past the sequence (P is 0 there, but 0 x NaN is NaN):
-             * zeros, as mma.sync's copies write. K's there are masked. */
-            const int32_t keys = n_keys - kt * BN;
-            if (keys < BN) {
-                const int32_t units = (BN - keys) * 8; /* 16-byte units a 64-column chunk */
-                for (int32_t i = tid; i < units * (D / TMA_BOX_COLS); i += THREADS) {
-                    const int32_t ch = i / units, r = keys + (i % units) / 8, u = i % 8;
-                    *reinterpret_cast<uint4 *>(smem + (size_t)(st * STAGE + BN * LD) * 2 +
-                                               ch * (BN * 128) + r * 128 + u * 16) =
-                        make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
-            /* wgmma reads shared memory through the async proxy: Q's tile
-             * and those zeros (generic proxy) must be made visible to it. */
-            wg_fence_proxy();
-        } else {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-        }
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        /* wgmma reads shared memory through the async proxy: this thread's
+         * copies (generic proxy) must be made visible to it. */
+        if constexpr (WG) wg_fence_proxy();
         /* Every thread's copies of tile kt have landed, and every warp is
          * done with the stage read in the previous iteration, which is
          * refilled next. */
@@ -567,7 +496,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             wg_commit();
         }
         if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
-        commit();
+        asm volatile("cp.async.commit_group;\n" ::);
         if constexpr (WG) {
             wg_wait();
             wg_pin<NT * 4>(&s[0][0]);
@@ -701,7 +630,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     static_assert(KS_BYTES + (size_t)BM * PLD * sizeof(float) + (WG ? 1024 : 0) <=
                       flash_smem_bytes<D, BM, STAGES, KS, WG, BN>(),
                   "flash: merge buffers exceed the shared memory");
-    if constexpr (!WG) asm volatile("cp.async.wait_group 0;\n" ::); /* (none left; cheap) */
+    asm volatile("cp.async.wait_group 0;\n" ::); /* (none is left in flight; cheap) */
     if (KS == 2) {
         /* The second half's warps leave their state in shared memory; each
          * first-half warp merges its partner's, which holds the same rows
@@ -883,8 +812,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
-                         const CUtensorMap, const CUtensorMap, const int32_t *, const int32_t *,
-                         int32_t, int32_t, int32_t, float,
+                         const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
                          int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size, key warps and

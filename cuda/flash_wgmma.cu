@@ -17,11 +17,10 @@
  * 113 (run 66).
  */
 #include "flash_kernel.cuh"
-#include "tma.cuh"
 #include "wgmma_gemm.cuh"
 
 flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps, int32_t key_tile) {
-    if (!cuda_sm90a_runs() || !cuda_tma_available()) return NULL; /* K/V tiles come by TMA */
+    if (!cuda_sm90a_runs()) return NULL;
     if (key_tile == FLASH_BN_WIDE) { /* two key parts of 64 keys */
         if (key_warps != 2) return NULL;
         if (head_dim == 64) return flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true, FLASH_BN_WIDE>;

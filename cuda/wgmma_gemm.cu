@@ -2,22 +2,53 @@
  * wgmma_gemm: TMA + wgmma products of few rows (see wgmma_gemm.cuh).
  */
 #include "wgmma_gemm.cuh"
-#include "tma.cuh"
 
 #include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 namespace cg = cooperative_groups;
 
 #define WG_THREADS 160 /* one consumer warpgroup (warps 0-3), one producer warp */
 #define WG_BK 64       /* columns a stage: 128 bytes of bf16, the swizzle's row */
 #define WG_PLD 36      /* floats a row of a block's partial sums (16-byte rows) */
-static_assert(WG_BK == TMA_BOX_COLS, "wgmma gemm: a stage's columns are one TMA box");
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+/* A box of the 2-D tensor map at (c0 = column, c1 = row) into shared memory
+ * at dst, counted on bar. */
+static __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int32_t c0,
+                                                int32_t c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
 /* A K-major operand in shared memory with the 128-byte swizzle: rows of 128
  * bytes, 8-row groups 1024 bytes apart. */
 static __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
@@ -81,7 +112,7 @@ static __global__ void __launch_bounds__(WG_THREADS)
             mbar_init(full0 + 8 * s, 1);
             mbar_init(empty0 + 8 * s, 4); /* a consumer warp each */
         }
-        mbar_init_fence();
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
@@ -217,11 +248,39 @@ static __global__ void __launch_bounds__(WG_THREADS)
 
 /* ---- host ------------------------------------------------------------------ */
 
-/* A row-major bf16 matrix [outer][inner] in boxes of box_outer rows of
- * WG_BK columns; rows past outer read as zeros. */
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        cudaGetLastError();
+    }
+    return fn;
+}
+
+/* A row-major bf16 matrix [outer][inner] read in boxes of box_outer rows of
+ * WG_BK columns, 128-byte swizzle; rows past outer read as zeros. */
 static is_status tensor_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer,
                             uint32_t box_outer) {
-    return cuda_tma_map_sw128(m, p, inner, outer, box_outer, "cuda wgmma gemm");
+    PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();
+    if (!fn) return is_error_set(IS_ERR_UNSUPPORTED, "cuda wgmma gemm: no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer};
+    const cuuint64_t strides[1] = {(cuuint64_t)inner * 2};
+    const cuuint32_t box[2] = {WG_BK, box_outer}, estr[2] = {1, 1};
+    const CUresult r = fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims,
+                          strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return is_error_set(IS_ERR_INTERNAL, "cuda wgmma gemm: cuTensorMapEncodeTiled failed (%d)",
+                            (int)r);
+    return IS_OK;
 }
 
 bool cuda_sm90a_runs(void) {
@@ -328,8 +387,7 @@ static cuda_wgmma_cfg default_cfg(int64_t rows, int64_t cols) {
 
 bool cuda_wgmma_supports(int32_t n, int64_t rows, int64_t cols) {
     return n >= 1 && n <= WGMMA_MAX_N && rows > 0 && rows <= INT32_MAX && cols > 0 &&
-           cols % WG_BK == 0 && default_cfg(rows, cols).mb != 0 && cuda_tma_available() &&
-           cuda_sm90a_runs();
+           cols % WG_BK == 0 && default_cfg(rows, cols).mb != 0 && encode_fn() && cuda_sm90a_runs();
 }
 
 is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
@@ -370,8 +428,7 @@ is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
 bool cuda_wgmma_swiglu_supports(int32_t n, int64_t ffn, int64_t cols) {
     return n >= 1 && n <= WGMMA_MAX_N && ffn > 0 && ffn % 64 == 0 && ffn <= INT32_MAX / 2 &&
            ffn / 64 <= 2 * (int64_t)sm_count() && cols > 0 && cols % WG_BK == 0 &&
-           default_cfg(2 * ffn, cols).mb != 0 && cuda_tma_available() &&
-           cuda_sm90a_runs();
+           default_cfg(2 * ffn, cols).mb != 0 && encode_fn() && cuda_sm90a_runs();
 }
 
 is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf,

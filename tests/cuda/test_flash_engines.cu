@@ -14,13 +14,12 @@
  * engines against the CPU at the bf16 bar.) Every plan runs on 64-key
  * tiles and, with two key warps, on 128-key ones (FLASH_BN_WIDE).
  *
- * The wgmma engine reads its K/V tiles by TMA, whole pages (boxes of up to
- * 64 rows), so it reads the slots past the sequence in its last page,
- * which mma.sync's copies zero-fill; it must zero those V rows itself
- * (0 x NaN is NaN). So every slot of the cache outside the sequence holds
- * NaN here, and every output must be finite as well as equal; and caches
- * of pages of 8 to 128 slots are run (boxes of a page, or 64 keys of one),
- * with one of 4 (the wgmma plan then runs on mma.sync).
+ * Every slot of the cache outside the sequence holds NaN, and every output
+ * must be finite as well as equal: keys past the sequence must not be read
+ * into a tile (their V rows would give 0 x NaN = NaN even where P is 0),
+ * as a copy that took whole pages would (run 99 tried TMA boxes of a page,
+ * which read the last page's unwritten slots). Caches of pages of 4 to
+ * 128 slots run besides the engine's 16.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -195,10 +194,10 @@ static void test_engines_agree(void **state) {
         {32, 8, 128, 1, 1999, 16},  /* a decode step */
         {8, 8, 128, 64, 130, 16},   /* no GQA: 64 tokens a tile */
         {28, 4, 128, 9, 200, 16},   /* a group of 7 */
-        {32, 8, 128, 30, 301, 8},   /* pages of 8: the smallest TMA box */
+        {32, 8, 128, 30, 301, 8},   /* pages of 8 */
         {32, 8, 128, 30, 301, 64},  /* a page a 64-key tile */
-        {32, 8, 128, 7, 330, 128},  /* 64 keys of a page a box */
-        {9, 3, 64, 20, 100, 4},     /* pages of 4: both plans on mma.sync */
+        {32, 8, 128, 7, 330, 128},  /* pages of 128: a wide tile a page */
+        {9, 3, 64, 20, 100, 4},     /* pages of 4 */
     };
     int bad = 0;
     for (const shape &s : shapes) bad += check_shape(s);
