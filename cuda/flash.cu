@@ -118,7 +118,7 @@ static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
     if (!*fn)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "cuda flash attention: the wgmma engine needs an sm_90a GPU");
-    *smem = wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES_WG, KS, true, BN>()
+    *smem = wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true, BN>()
                : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false, BN>();
     if (!attr_set[wg]) {
         CUDA_CHECK(cudaFuncSetAttribute(*fn, cudaFuncAttributeMaxDynamicSharedMemorySize,

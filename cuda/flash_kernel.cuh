@@ -22,13 +22,9 @@
 #include <cooperative_groups.h>
 #include <math.h>
 
-#include <type_traits>
-
 namespace cg = cooperative_groups;
 
 #define FLASH_STAGES 2 /* K/V tiles in shared memory: one used, the next in flight */
-/* The WG engine's: one used, the next one's S issued, the one after in flight. */
-#define FLASH_STAGES_WG 3
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -454,43 +450,85 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     if (tr) tr[FLASH_TRACE_PROLOGUE] = clock64();
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    /* This warp's keys of each tile: [kt * BN + k0, + KW). */
-    constexpr int KW = BN / KS;
-    const int k0 = kq * KW;
-
-    /* WG: S = Q K^T of the tile in stage st into s, issued and committed,
-     * not waited for: 16 columns a step, 64 of them to a swizzled chunk.
-     * (Also where the warpgroup's keys are past its rows, and then not
-     * used: under a branch ptxas serialises the wgmma.) */
-    auto issue_s = [&](int st, float (&sw)[NT][4]) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) sw[nt][0] = sw[nt][1] = sw[nt][2] = sw[nt][3] = 0.0f;
-        const uint64_t dk = dk0 + (uint64_t)(st * STAGE_DESC);
-        wg_pin<NT * 4>(&sw[0][0]);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            /* Q's chunks are BM rows apart, K's BN */
-            const uint32_t aq = ((ks >> 2) * (BM * 128) + (ks & 3) * 32) >> 4;
-            const uint32_t ak = ((ks >> 2) * (BN * 128) + (ks & 3) * 32) >> 4;
-            wg_mma_ss<KW>(&sw[0][0], dq + aq, dk + ak);
+    for (int32_t kt = kt0; kt < kt1; kt++) {
+        const int st = (kt - kt0) % STAGES;
+        unsigned long long t_top = tr ? clock64() : 0;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        /* wgmma reads shared memory through the async proxy: this thread's
+         * copies (generic proxy) must be made visible to it. */
+        if constexpr (WG) wg_fence_proxy();
+        /* Every thread's copies of tile kt have landed, and every warp is
+         * done with the stage read in the previous iteration, which is
+         * refilled next. */
+        __syncthreads();
+        if (tr) {
+            const unsigned long long t = clock64();
+            tr[FLASH_TRACE_WAIT] += t - t_top;
+            tr[FLASH_TRACE_TILES] += 1;
+            t_top = t;
         }
-        wg_commit();
-    };
+        /* This warp's keys of the tile: [kt * BN + k0, + BN / KS). */
+        constexpr int KW = BN / KS;
+        const int k0 = kq * KW;
+        const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE + k0 * LD,
+                            *sV = sKV + (size_t)st * STAGE + BN * LD + k0 * LD;
+        /* Every key it takes is after the warp's rows (WG: the warpgroup's,
+         * which must all issue its instructions; the tile's last row's). */
+        const bool past = kt * BN + k0 > (WG ? pos0 + n - 1 : wl);
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        if constexpr (WG) {
+            /* S = Q K^T: 16 columns a step, 64 of them to a swizzled chunk;
+             * issued before the next tile's copies, which it runs beside.
+             * (Also where the warpgroup's keys are past its rows, and then
+             * not used: under a branch ptxas serialises the wgmma.) */
+            const uint64_t dk = dk0 + (uint64_t)(st * STAGE_DESC);
+            wg_pin<NT * 4>(&s[0][0]);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+                /* Q's chunks are BM rows apart, K's BN */
+                const uint32_t aq = ((ks >> 2) * (BM * 128) + (ks & 3) * 32) >> 4;
+                const uint32_t ak = ((ks >> 2) * (BN * 128) + (ks & 3) * 32) >> 4;
+                wg_mma_ss<KW>(&s[0][0], dq + aq, dk + ak);
+            }
+            wg_commit();
+        }
+        if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
+        asm volatile("cp.async.commit_group;\n" ::);
+        if constexpr (WG) {
+            wg_wait();
+            wg_pin<NT * 4>(&s[0][0]);
+        }
+        if (past) continue;
+        if constexpr (!WG) {
+            /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt += 2) {
+                    /* matrices: keys of tile nt x cols 16ks..+7, +8..+15; then tile nt+1 */
+                    const int mi = lane >> 3, rr = lane & 7;
+                    uint32_t b[4];
+                    ldsm_x4(b, sK + ((nt + (mi >> 1)) * 8 + rr) * LD + ks * 16 + (mi & 1) * 8);
+                    mma_bf16(s[nt], qa[ks], b[0], b[1]);
+                    mma_bf16(s[nt + 1], qa[ks], b[2], b[3]);
+                }
+            }
+        }
 
-    /* Online softmax in the log2 domain of tile kt's scores s (P in
-     * place), and O and l rescaled; masked keys are -inf. Only a tile that
-     * reaches past a row's last key needs the mask (the same values either
-     * way; the per-element test was ~50 instructions). */
-    auto softmax = [&](int32_t kt, float (&sw)[NT][4]) {
+        /* Online softmax in the log2 domain; masked keys are -inf. Only a
+         * tile that reaches past a row's last key needs the mask (the same
+         * values either way; the per-element test was ~50 instructions). */
         float mx[2] = {-INFINITY, -INFINITY};
         if (kt * BN + k0 + KW - 1 <= min(last[0], last[1])) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const float x = sw[nt][e] * scale_log2;
-                    sw[nt][e] = x;
+                    const float x = s[nt][e] * scale_log2;
+                    s[nt][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
         } else {
@@ -500,8 +538,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                 for (int e = 0; e < 4; e++) {
                     const int h = e >> 1;
                     const int32_t j = kt * BN + k0 + nt * 8 + 2 * c + (e & 1);
-                    const float x = j <= last[h] ? sw[nt][e] * scale_log2 : -INFINITY;
-                    sw[nt][e] = x;
+                    const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
+                    s[nt][e] = x;
                     mx[h] = fmaxf(mx[h], x);
                 }
         }
@@ -520,8 +558,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int h = e >> 1;
-                const float p = m[h] == -INFINITY ? 0.0f : exp2f(sw[nt][e] - m[h]);
-                sw[nt][e] = p;
+                const float p = m[h] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[h]);
+                s[nt][e] = p;
                 rs[h] += p;
             }
 #pragma unroll
@@ -533,146 +571,49 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             o[dt][2] *= alpha[1];
             o[dt][3] *= alpha[1];
         }
-    };
 
-    /* P's A fragment for keys 16kk..+15 is S tiles 2kk, 2kk+1. */
-    auto pack_p = [&](const float (&sw)[NT][4], int kk, uint32_t *pa) {
-        pa[0] = pack_bf16(sw[2 * kk][0], sw[2 * kk][1]);
-        pa[1] = pack_bf16(sw[2 * kk][2], sw[2 * kk][3]);
-        pa[2] = pack_bf16(sw[2 * kk + 1][0], sw[2 * kk + 1][1]);
-        pa[3] = pack_bf16(sw[2 * kk + 1][2], sw[2 * kk + 1][3]);
-    };
-
-    if constexpr (WG) {
-        /* S one tile ahead: S of tile kt + 1 is issued before tile kt's
-         * softmax, which runs beside it, and is waited for with tile kt's
-         * P V (FlashAttention-3's overlap within a warpgroup). So tile
-         * kt + 1 must be in shared memory at the top of tile kt: STAGES is
-         * 3 (flash_wgmma.cu), tile kt + 2 loading meanwhile. Commit groups:
-         * STAGES - 1 before the loop, one each iteration; at the top of
-         * tile kt all of them (through tile kt + 1) are waited for. */
-        static_assert(!WG || STAGES == 3, "flash: the WG engine's S runs one tile ahead");
-        float s[NT][4], s_next[NT][4];
-        /* Tile kt; AHEAD (a constant: a wgmma under a branch is serialised
-         * by ptxas) issues S of tile kt + 1, as every tile but the last does. */
-        auto tile = [&](int32_t kt, auto ahead) {
-            constexpr bool AHEAD = decltype(ahead)::value;
-            const int st = (kt - kt0) % STAGES;
-            unsigned long long t_top = tr ? clock64() : 0;
-            asm volatile("cp.async.wait_group 0;\n" ::);
-            wg_fence_proxy(); /* this thread's copies (generic proxy) to wgmma's async proxy */
-            /* Every thread's copies of tile kt + 1 have landed, and every
-             * warp is done with tile kt - 1's stage (its P V was waited
-             * for), which is refilled next. */
-            __syncthreads();
-            if (tr) {
-                const unsigned long long t = clock64();
-                tr[FLASH_TRACE_WAIT] += t - t_top;
-                tr[FLASH_TRACE_TILES] += 1;
-                t_top = t;
-            }
-            if constexpr (AHEAD) issue_s((st + 1) % STAGES, s_next);
-            if (kt + STAGES - 1 < kt1) load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
-            asm volatile("cp.async.commit_group;\n" ::);
-            /* Unless every key of the warpgroup's part is after the tile's
-             * last row: O += P V, V's rows of those keys N-major, one
-             * instruction a 16-key step. */
+        /* O += P V: P's A fragment for keys 16kk..+15 is S tiles 2kk, 2kk+1;
+         * ldmatrix.trans of V gives the B fragments of two 8-wide O tiles
+         * (WG: V's rows of those keys, N-major, one instruction). */
+        if constexpr (WG) {
             uint32_t pa[KW / 16][4];
-            if (kt * BN + k0 <= pos0 + n - 1) {
-                softmax(kt, s);
 #pragma unroll
-                for (int kk = 0; kk < KW / 16; kk++) pack_p(s, kk, pa[kk]);
-                const uint64_t dv = dv0 + (uint64_t)(st * STAGE_DESC);
-                wg_pin<DT * 4>(&o[0][0]);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < KW / 16; kk++)
-                    wg_mma_rs<D>(&o[0][0], pa[kk], dv + ((16 * kk * 128) >> 4));
-                wg_commit();
+            for (int kk = 0; kk < KW / 16; kk++) {
+                pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             }
-            wg_wait(); /* P V, and S of tile kt + 1 */
+            const uint64_t dv = dv0 + (uint64_t)(st * STAGE_DESC);
+            wg_pin<DT * 4>(&o[0][0]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < KW / 16; kk++)
+                wg_mma_rs<D>(&o[0][0], pa[kk], dv + ((16 * kk * 128) >> 4));
+            wg_commit_wait();
             wg_pin<DT * 4>(&o[0][0]);
 #pragma unroll
             for (int kk = 0; kk < KW / 16; kk++) wg_pin(pa[kk]);
-            if constexpr (AHEAD) {
-                wg_pin<NT * 4>(&s_next[0][0]);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[nt][e] = s_next[nt][e];
-            }
-            if (tr) tr[FLASH_TRACE_COMPUTE] += clock64() - t_top;
-        };
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-        wg_fence_proxy();
-        __syncthreads();
-        if (kt0 < kt1) {
-            /* The first tile's S is waited for here: the loop's s takes it
-             * by a copy, which would make ptxas wait for it there anyway. */
-            issue_s(0, s);
-            wg_wait();
-            wg_pin<NT * 4>(&s[0][0]);
-            for (int32_t kt = kt0; kt < kt1 - 1; kt++) tile(kt, std::true_type{});
-            tile(kt1 - 1, std::false_type{});
-        }
-    } else {
-        for (int32_t kt = kt0; kt < kt1; kt++) {
-            const int st = (kt - kt0) % STAGES;
-            unsigned long long t_top = tr ? clock64() : 0;
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
-            /* Every thread's copies of tile kt have landed, and every warp
-             * is done with the stage read in the previous iteration, which
-             * is refilled next. */
-            __syncthreads();
-            if (tr) {
-                const unsigned long long t = clock64();
-                tr[FLASH_TRACE_WAIT] += t - t_top;
-                tr[FLASH_TRACE_TILES] += 1;
-                t_top = t;
-            }
-            const __nv_bfloat16 *sK = sKV + (size_t)st * STAGE + k0 * LD,
-                                *sV = sKV + (size_t)st * STAGE + BN * LD + k0 * LD;
-            if (kt + STAGES - 1 < kt1)
-                load_tile(kt + STAGES - 1, (kt - kt0 + STAGES - 1) % STAGES);
-            asm volatile("cp.async.commit_group;\n" ::);
-            /* Every key it takes is after the warp's rows. */
-            if (kt * BN + k0 > wl) continue;
-            float s[NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            /* S = Q K^T: ldmatrix x4 gives the B fragments of two 8-key tiles. */
-#pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) {
-#pragma unroll
-                for (int nt = 0; nt < NT; nt += 2) {
-                    /* matrices: keys of tile nt x cols 16ks..+7, +8..+15; then tile nt+1 */
-                    const int mi = lane >> 3, rr = lane & 7;
-                    uint32_t b[4];
-                    ldsm_x4(b, sK + ((nt + (mi >> 1)) * 8 + rr) * LD + ks * 16 + (mi & 1) * 8);
-                    mma_bf16(s[nt], qa[ks], b[0], b[1]);
-                    mma_bf16(s[nt + 1], qa[ks], b[2], b[3]);
-                }
-            }
-            softmax(kt, s);
-            /* O += P V: ldmatrix.trans of V gives the B fragments of two
-             * 8-wide O tiles. */
+        } else {
 #pragma unroll
             for (int kk = 0; kk < KW / 16; kk++) {
                 uint32_t pa[4];
-                pack_p(s, kk, pa);
+                pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
                 for (int dt = 0; dt < DT; dt += 2) {
                     /* matrices: keys 16kk..+7 and +8..+15 x cols of tile dt; then dt+1 */
                     const int mi = lane >> 3, rr = lane & 7;
                     uint32_t b[4];
-                    ldsm_x4_trans(b,
-                                  sV + (kk * 16 + (mi & 1) * 8 + rr) * LD + (dt + (mi >> 1)) * 8);
+                    ldsm_x4_trans(b, sV + (kk * 16 + (mi & 1) * 8 + rr) * LD + (dt + (mi >> 1)) * 8);
                     mma_bf16(o[dt], pa, b[0], b[1]);
                     mma_bf16(o[dt + 1], pa, b[2], b[3]);
                 }
             }
-            if (tr) tr[FLASH_TRACE_COMPUTE] += clock64() - t_top;
         }
+        if (tr) tr[FLASH_TRACE_COMPUTE] += clock64() - t_top;
     }
 
 #pragma unroll

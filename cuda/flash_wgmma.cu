@@ -23,18 +23,17 @@ flash_fn cuda_flash_wgmma_kernel(int32_t head_dim, int32_t key_warps, int32_t ke
     if (!cuda_sm90a_runs()) return NULL;
     if (key_tile == FLASH_BN_WIDE) { /* two key parts of 64 keys */
         if (key_warps != 2) return NULL;
-        if (head_dim == 64)
-            return flash_kernel<64, FLASH_BM, FLASH_STAGES_WG, 2, true, FLASH_BN_WIDE>;
+        if (head_dim == 64) return flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true, FLASH_BN_WIDE>;
         if (head_dim == 128)
-            return flash_kernel<128, FLASH_BM, FLASH_STAGES_WG, 2, true, FLASH_BN_WIDE>;
+            return flash_kernel<128, FLASH_BM, FLASH_STAGES, 2, true, FLASH_BN_WIDE>;
         return NULL;
     }
     if (head_dim == 64)
-        return key_warps == 2 ? flash_kernel<64, FLASH_BM, FLASH_STAGES_WG, 2, true, FLASH_BN>
-                              : flash_kernel<64, FLASH_BM, FLASH_STAGES_WG, 1, true, FLASH_BN>;
+        return key_warps == 2 ? flash_kernel<64, FLASH_BM, FLASH_STAGES, 2, true, FLASH_BN>
+                              : flash_kernel<64, FLASH_BM, FLASH_STAGES, 1, true, FLASH_BN>;
     if (head_dim == 128)
-        return key_warps == 2 ? flash_kernel<128, FLASH_BM, FLASH_STAGES_WG, 2, true, FLASH_BN>
-                              : flash_kernel<128, FLASH_BM, FLASH_STAGES_WG, 1, true, FLASH_BN>;
+        return key_warps == 2 ? flash_kernel<128, FLASH_BM, FLASH_STAGES, 2, true, FLASH_BN>
+                              : flash_kernel<128, FLASH_BM, FLASH_STAGES, 1, true, FLASH_BN>;
     return NULL;
 }
 
