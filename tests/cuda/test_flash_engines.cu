@@ -60,7 +60,7 @@ struct shape {
 };
 
 /* Runs every plan variant of one shape on both engines; returns how many
- * differed. */
+ * differed or gave an output that is not finite. */
 static int check_shape(const shape &s) {
     const int32_t bs = s.bs, keys = s.pos0 + s.T, n_blocks = 2 * ((keys + bs - 1) / bs) + 3;
     const size_t cache_n = (size_t)n_blocks * s.KH * bs * s.D, q_n = (size_t)s.T * s.H * s.D;
