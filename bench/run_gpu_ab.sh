@@ -18,15 +18,7 @@
 # Results: $OUT/summary.md (each run's output in order), $OUT/logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-REPO=$PWD
-OUT=${OUT:-$REPO/gpu-out}
-LOG=$OUT/work
-mkdir -p "$LOG"
-SUMMARY=$OUT/summary.md
-: > "$SUMMARY"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$SUMMARY"; }
-trap 'tar -czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null && rm -rf "$LOG"' EXIT
+source bench/gpu_out.sh
 
 [ -f .base/base.tar.gz ] || { stamp "no .base/base.tar.gz (see the header)"; exit 2; }
 ATTN_ARGS=${AB_ATTN_ARGS:--r 50}

@@ -29,19 +29,7 @@
 # BENCH2_ARGS (a second bench_gpu run after the first, e.g. the op profile -p).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-REPO=$PWD
-OUT=${OUT:-$REPO/gpu-out}
-mkdir -p "$OUT"
-LOG=$OUT/work
-mkdir -p "$LOG"
-SUMMARY=$OUT/summary.md
-: > "$SUMMARY"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$SUMMARY"; }
-finish() {
-  tar -czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null && rm -rf "$LOG"
-}
-trap finish EXIT
+source bench/gpu_out.sh
 
 stamp "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -1), $(nproc) cores"
 
