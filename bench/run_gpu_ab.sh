@@ -62,7 +62,10 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 if ! { cmake -S /tmp/base-src -B build-base "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DIS_CUDA=ON \
          "${CMAKE_EXTRA[@]}" > "$LOG/cmake_base.log" 2>&1 &&
        cmake --build build-base -j "$(nproc)" --target "${TARGETS[@]}" > "$LOG/build_base.log" 2>&1; }; then
-  stamp "baseline: build FAILED"; tail -20 "$LOG/build_base.log" | tee -a "$SUMMARY"; exit 1
+  stamp "baseline: configure or build FAILED"
+  { tail -20 "$LOG/build_base.log" 2>/dev/null || tail -20 "$LOG/cmake_base.log"; } |
+    tee -a "$SUMMARY"
+  exit 1
 fi
 stamp "built both"
 
