@@ -407,8 +407,6 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
             kv_hi = mk;
         }
     }
-    /* The table's two decimals leave a growth of a few percent ~0.2
-     * points uncertain: the medians themselves give it. */
     if (k_hi > k_lo)
         printf("\nkv TTFT growth from k = %d to %d: %+.2f%% (%.4f -> %.4f ms)\n", k_lo, k_hi,
                100.0 * (kv_hi / kv_lo - 1.0), kv_lo, kv_hi);

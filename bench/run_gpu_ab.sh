@@ -18,23 +18,14 @@
 # Results: $OUT/summary.md (each run's output in order), $OUT/logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_out.sh
+source bench/gpu_common.sh
 
 [ -f .base/base.tar.gz ] || { stamp "no .base/base.tar.gz (see the header)"; exit 2; }
 ATTN_ARGS=${AB_ATTN_ARGS:--r 50}
 BENCH_ARGS=${AB_BENCH_ARGS:--k 5,50 -r 15 -c bf16,bf16+r2 -t none}
 stamp "machine: $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1)"
 
-# The GGUF, beside the builds.
-GGUF=/tmp/llama31-8b.f16.gguf
-GEN_PID=
-if [ ! -s "$GGUF" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > "$LOG/pip.log" 2>&1
-  PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 bench/gen_random_gguf.py --preset llama31-8b \
-    --type f16 --out "$GGUF" > "$LOG/gen.log" 2>&1 &
-  GEN_PID=$!
-fi
+gen_gguf # beside the builds
 
 # The new tree: built and checked (gpu_check.sh unpacks the -dev packages
 # into build-gpu/deps, which the baseline's build uses too).
@@ -84,6 +75,7 @@ run_pair() { # program, its arguments (one string), log name
   done
 }
 [ "$ATTN_ARGS" != - ] && run_pair bench_attn_gpu "$ATTN_ARGS" attn
-[ -n "$GEN_PID" ] && wait "$GEN_PID" && stamp "gguf: $(tail -1 "$LOG/gen.log")"
+[ -n "$GEN_PID" ] && wait "$GEN_PID"
+stamp "gguf: $(tail -2 "$LOG/gen.log" | tr '\n' ' ')"
 [ "$BENCH_ARGS" != - ] && run_pair bench_gpu "-m $GGUF $BENCH_ARGS" bench
 stamp done

