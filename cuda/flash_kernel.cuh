@@ -31,6 +31,19 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* 2^x by the SFU's instruction alone. exp2f gives the same bits wherever
+ * 2^x >= 2^-126; below, it halves x, exponentiates and squares so that the
+ * result comes out subnormal, which costs a compare, two predicated
+ * multiplies and a predicate per element of a tile (the softmax had more
+ * predicates live than the warp has, and ptxas spilled them to registers:
+ * ~200 of a wide tile's ~1,100 instructions a thread). Here such a weight
+ * is 0: next to the row's largest weight, 1, it was below f32's precision. */
+static __device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 static __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0,
                                                 uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -521,7 +534,10 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         /* Online softmax in the log2 domain; masked keys are -inf. Only a
          * tile that reaches past a row's last key needs the mask (the same
          * values either way; the per-element test was ~50 instructions). */
-        float mx[2] = {-INFINITY, -INFINITY};
+        /* A row's maximum in two chains of fmaxf (even and odd 8-key
+         * tiles), joined at the end: the same value (fmaxf is exact), half
+         * the chain's length. */
+        float mx[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
         if (kt * BN + k0 + KW - 1 <= min(last[0], last[1])) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
@@ -529,7 +545,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                 for (int e = 0; e < 4; e++) {
                     const float x = s[nt][e] * scale_log2;
                     s[nt][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    mx[e >> 1][nt & 1] = fmaxf(mx[e >> 1][nt & 1], x);
                 }
         } else {
 #pragma unroll
@@ -540,17 +556,24 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                     const int32_t j = kt * BN + k0 + nt * 8 + 2 * c + (e & 1);
                     const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
                     s[nt][e] = x;
-                    mx[h] = fmaxf(mx[h], x);
+                    mx[h][nt & 1] = fmaxf(mx[h][nt & 1], x);
                 }
         }
-        float alpha[2];
+        /* The weights are 2^(x - m) on the SFU alone (ex2_ftz), and a row
+         * whose keys are all masked (m = -inf, its x too) subtracts 0
+         * instead, which gives 2^-inf = 0: the same weights as a per-element
+         * test, without the predicate an element that test and exp2f's
+         * handling of results under 2^-126 cost (see ex2_ftz). */
+        float alpha[2], m_sub[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
-            const float m_new = fmaxf(m[h], mx[h]);
-            alpha[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+            float x = fmaxf(mx[h][0], mx[h][1]);
+            x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 1));
+            x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 2));
+            const float m_new = fmaxf(m[h], x);
+            alpha[h] = m_new == -INFINITY ? 1.0f : ex2_ftz(m[h] - m_new);
             m[h] = m_new;
+            m_sub[h] = m_new == -INFINITY ? 0.0f : m_new;
         }
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -558,18 +581,22 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int h = e >> 1;
-                const float p = m[h] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[h]);
+                const float p = ex2_ftz(s[nt][e] - m_sub[h]);
                 s[nt][e] = p;
                 rs[h] += p;
             }
 #pragma unroll
         for (int h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + rs[h]; /* per-thread part of l */
+        /* O is still +0 on the block's first tile, where alpha is 0 or 1:
+         * its rescale would leave it so. */
+        if (kt > kt0) {
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            o[dt][0] *= alpha[0];
-            o[dt][1] *= alpha[0];
-            o[dt][2] *= alpha[1];
-            o[dt][3] *= alpha[1];
+            for (int dt = 0; dt < DT; dt++) {
+                o[dt][0] *= alpha[0];
+                o[dt][1] *= alpha[0];
+                o[dt][2] *= alpha[1];
+                o[dt][3] *= alpha[1];
+            }
         }
 
         /* O += P V: P's A fragment for keys 16kk..+15 is S tiles 2kk, 2kk+1;
