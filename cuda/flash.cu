@@ -287,12 +287,15 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 /* Wide tiles (FLASH_BN_WIDE keys, two key warps, wgmma): a wide tile costs
  * PLAN_WIDE_TILE of two 64-key tiles (the per-tile steps paid once for both
  * halves), and a block PLAN_WIDE_FIXED_US more (its first tile, twice as
- * large, in the prologue). Fitted to run 93's traces: 1.84 us a wide tile
- * at k = 50 and 1.96 at k = 100 against run 66's 1.10 and 1.14 a 64-key
- * one, the prologue 2.39 against 2.09. So k = 20 and 50 take wide tiles
- * (run 93: 6c on them 16.9 us a layer at k = 50 against 17.4), k = 100 keeps
- * 64-key ones (22.1 wide against 21.7). */
-#define PLAN_WIDE_TILE 0.86
+ * large, in the prologue). First fitted to run 93's traces (0.86: 1.84 us a
+ * wide tile at k = 50 against run 66's 1.10 a 64-key one, the prologue 2.39
+ * against 2.09). The softmax without exp2f's subnormal path (run 106) took
+ * more off a wide tile than off a 64-key one: in run 106's sweep at k = 100
+ * a wide tile adds 1.87 us a block (2cw 33.0, 4cw 23.7, 6cw 19.9 us a
+ * layer) and a 64-key one 1.1-1.4 (2c 39.0, 4c 25.3, 6c 20.8), so 0.78:
+ * k = 20, 50 and now 100 take wide tiles (6cw 19.9 against 6c 20.8), k = 5
+ * and 10 keep 64-key ones (one tile a block either way). */
+#define PLAN_WIDE_TILE 0.78
 #define PLAN_WIDE_FIXED_US 0.3
 
 /* Splits, key warps, keys a tile and merge for tiles of up to max_keys

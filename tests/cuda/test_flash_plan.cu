@@ -83,14 +83,13 @@ static void test_long_run_and_order(void **state) {
 }
 
 /* The 8B query (30 tokens, 16 (tile, KV head) pairs) after k facts: the
- * cost model (run 93's fit) walks 1,340 keys (k = 50) in 128-key tiles, 6
- * splits of 2 such tiles against 4 of 64 keys, and keeps 64-key tiles
- * where a block walks one either way (k = 5: 215 keys) or where the wide
- * tile's extra prologue is not paid back (k = 100: 2,590 keys); never
- * without wide tiles allowed (CUDA_FLASH_CHOICE_NO_WIDE, the plan before
- * run 93). Wide tiles are the wgmma engine's: without a GPU that runs it
- * (CI) the plan must stay on 64-key tiles; on one (ctest -L gpu, run 94
- * by hand) the choices above. */
+ * cost model (run 106's fit) walks 1,340 keys (k = 50) in 128-key tiles, 6
+ * splits of 2 such tiles against 4 of 64 keys, and 2,590 (k = 100) in 6
+ * splits of 4 such tiles against 7, and keeps 64-key tiles where a block
+ * walks one either way (k = 5: 215 keys); never without wide tiles allowed
+ * (CUDA_FLASH_CHOICE_NO_WIDE, the plan before run 93). Wide tiles are the
+ * wgmma engine's: without a GPU that runs it (CI) the plan must stay on
+ * 64-key tiles; on one (ctest -L gpu) the choices above. */
 static cuda_flash_plan plan_8b(int32_t keys, cuda_flash_choice choice) {
     std::vector<int32_t> seq(30, 0), pos(30), raw(30 * FLASH_TILE_INTS);
     for (int32_t t = 0; t < 30; t++) pos[(size_t)t] = keys - 30 + t;
@@ -111,7 +110,9 @@ static void test_wide_tiles(void **state) {
     assert_int_equal(k50.key_warps, 2);
     assert_int_equal(k50.splits, 6);
     assert_int_equal(plan_8b(215, CUDA_FLASH_CHOICE_AUTO).key_tile, FLASH_BN);
-    assert_int_equal(plan_8b(2590, CUDA_FLASH_CHOICE_AUTO).key_tile, FLASH_BN);
+    const cuda_flash_plan k100 = plan_8b(2590, CUDA_FLASH_CHOICE_AUTO);
+    assert_int_equal(k100.key_tile, FLASH_BN_WIDE);
+    assert_int_equal(k100.splits, 6);
     assert_int_equal(plan_8b(1340, CUDA_FLASH_CHOICE_NO_WIDE).key_tile, FLASH_BN);
 }
 
