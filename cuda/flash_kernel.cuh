@@ -212,7 +212,7 @@ __host__ __device__ constexpr size_t flash_smem_bytes() {
     /* WG: the stages, then Q's tile */
     constexpr size_t stages =
         (size_t)STAGES * 2 * BN * (WG ? D : D + 8) * 2 + (WG ? (size_t)BM * D * 2 : 0);
-    constexpr size_t merges = (size_t)(BM / 16) * 32 * (D / 8 * 4 + 4) * sizeof(float) +
+    constexpr size_t merges = (size_t)KS * (BM / 16) * 32 * (D / 8 / KS * 4 + 4) * sizeof(float) +
                               (size_t)BM * (D + 4) * sizeof(float);
     constexpr size_t need = (stages > merges ? stages : merges) + (WG ? 1024 : 0);
     /* Two key parts: one block an SM, which registers alone no longer
@@ -651,52 +651,66 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     if (tr) tr[FLASH_TRACE_LOOP] = clock64();
     /* Past the loop the K/V stages are free: the key warps' merge uses
      * their first KS_BYTES, a cluster's merge the rows after them. */
-    constexpr int W = DT * 4 + 4; /* floats a lane of a second key warp leaves */
-    constexpr size_t KS_BYTES = (size_t)(BM / 16) * 32 * W * sizeof(float);
+    constexpr int DTK = DT / KS; /* 8-wide tiles of O a key part keeps past its merge */
+    constexpr int W = DTK * 4 + 4; /* floats a lane leaves its partner: O's half, m, l */
+    constexpr size_t KS_BYTES = (size_t)KS * (BM / 16) * 32 * W * sizeof(float);
+    /* Whether 8-wide O tile dt is this key part's to merge and write. */
+    auto own = [&](int dt) { return KS == 1 || (dt < DTK) == (kq == 0); };
     constexpr int PLD = D + 4; /* floats a row of a cluster's partials (16-byte rows) */
     static_assert(KS_BYTES + (size_t)BM * PLD * sizeof(float) + (WG ? 1024 : 0) <=
                       flash_smem_bytes<D, BM, STAGES, KS, WG, BN>(),
                   "flash: merge buffers exceed the shared memory");
     asm volatile("cp.async.wait_group 0;\n" ::); /* (none is left in flight; cheap) */
     if (KS == 2) {
-        /* The second half's warps leave their state in shared memory; each
-         * first-half warp merges its partner's, which holds the same rows
-         * and columns in the same lanes, then goes on alone (the others
-         * stay for a cluster's barriers). */
-        float *mo = reinterpret_cast<float *>(smem) + ((size_t)warp * 32 + lane) * W;
+        /* The two key parts' warps of the same rows hold the same rows and
+         * columns in the same lanes. Each leaves its partner the half of O
+         * the partner keeps (the first part keeps the first DTK 8-wide
+         * tiles) with its m and l, then merges its own half: both halves
+         * at once, half the shared-memory traffic a thread. The same sums
+         * as one warp merging all of it (the first part's terms first),
+         * so the same bits; both compute the merged m and l. */
+        float *const base = reinterpret_cast<float *>(smem);
+        float *mo = base + (((size_t)kq * (BM / 16) + warp) * 32 + lane) * W;
+        const float *po = base + (((size_t)(1 - kq) * (BM / 16) + warp) * 32 + lane) * W;
         __syncthreads();
-        if (kq == 1) {
+        /* 16-byte pieces: a lane's W floats are 16-byte multiples (DTK * 4 + 4). */
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
+        for (int dt = 0; dt < DT; dt++)
+            if (!own(dt))
+                *reinterpret_cast<float4 *>(mo + (dt % DTK) * 4) =
+                    make_float4(o[dt][0], o[dt][1], o[dt][2], o[dt][3]);
+        *reinterpret_cast<float4 *>(mo + DTK * 4) = make_float4(m[0], m[1], l[0], l[1]);
+        __syncthreads();
+        const float4 pml = *reinterpret_cast<const float4 *>(po + DTK * 4);
+        const float pm[2] = {pml.x, pml.y}, pl[2] = {pml.z, pml.w};
+        float a0[2], a1[2];
 #pragma unroll
-                for (int e = 0; e < 4; e++) mo[dt * 4 + e] = o[dt][e];
-            mo[DT * 4] = m[0];
-            mo[DT * 4 + 1] = m[1];
-            mo[DT * 4 + 2] = l[0];
-            mo[DT * 4 + 3] = l[1];
+        for (int h = 0; h < 2; h++) {
+            /* part 0's statistics, part 1's */
+            const float m0 = kq == 0 ? m[h] : pm[h], m1 = kq == 0 ? pm[h] : m[h];
+            const float l0 = kq == 0 ? l[h] : pl[h], l1 = kq == 0 ? pl[h] : l[h];
+            const float mn = fmaxf(m0, m1);
+            a0[h] = m0 == -INFINITY ? 0.0f : exp2f(m0 - mn);
+            a1[h] = m1 == -INFINITY ? 0.0f : exp2f(m1 - mn);
+            l[h] = l0 * a0[h] + l1 * a1[h];
+            m[h] = mn;
         }
-        __syncthreads();
-        if (kq == 0) {
-            float a0[2], a1[2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float m1 = mo[DT * 4 + h], mn = fmaxf(m[h], m1);
-                a0[h] = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - mn);
-                a1[h] = m1 == -INFINITY ? 0.0f : exp2f(m1 - mn);
-                l[h] = l[h] * a0[h] + mo[DT * 4 + 2 + h] * a1[h];
-                m[h] = mn;
+        for (int dt = 0; dt < DT; dt++)
+            if (own(dt)) {
+                const float4 p4 = *reinterpret_cast<const float4 *>(po + (dt % DTK) * 4);
+                const float other[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float o0 = kq == 0 ? o[dt][e] : other[e];
+                    const float o1 = kq == 0 ? other[e] : o[dt][e];
+                    o[dt][e] = o0 * a0[e >> 1] + o1 * a1[e >> 1];
+                }
             }
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    o[dt][e] = o[dt][e] * a0[e >> 1] + mo[dt * 4 + e] * a1[e >> 1];
-        }
     }
     if (tr) tr[FLASH_TRACE_KS_MERGE] = clock64();
     if (n_splits == 1) {
         if (tr) tr[FLASH_TRACE_EXIT_NS] = global_ns();
-        if (kq != 0) return;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             if (last[h] < 0) continue;
@@ -706,6 +720,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             const float inv = 1.0f / l[h];
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
+                if (!own(dt)) continue;
                 const float y0 = o[dt][2 * h] * inv, y1 = o[dt][2 * h + 1] * inv;
                 *reinterpret_cast<float2 *>(dst + dt * 8 + 2 * c) = make_float2(y0, y1);
                 if (obf) {
@@ -723,18 +738,17 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
          * memory), in split order whichever block does it. */
         float *mine = reinterpret_cast<float *>(smem + KS_BYTES);
         __syncthreads(); /* every warp is done with the K/V stages these rows overwrite */
-        if (kq == 0) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float *pr = mine + (warp * 16 + g + 8 * h) * PLD;
+        for (int h = 0; h < 2; h++) {
+            float *pr = mine + (warp * 16 + g + 8 * h) * PLD;
 #pragma unroll
-                for (int dt = 0; dt < DT; dt++)
+            for (int dt = 0; dt < DT; dt++)
+                if (own(dt))
                     *reinterpret_cast<float2 *>(pr + dt * 8 + 2 * c) =
                         make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
-                if (c == 0) {
-                    pr[D] = m[h];
-                    pr[D + 1] = l[h];
-                }
+            if (c == 0 && kq == 0) {
+                pr[D] = m[h];
+                pr[D + 1] = l[h];
             }
         }
         cg::cluster_group cl = cg::this_cluster();
@@ -817,7 +831,6 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         return;
     }
     if (tr) tr[FLASH_TRACE_EXIT_NS] = global_ns();
-    if (kq != 0) return;
     /* Padding rows are not written: the merge reads only the tile's rows. */
     float *part = partial + (((int64_t)tile * n_kv_heads + kh) * n_splits + split) * BM * (D + 2);
 #pragma unroll
@@ -827,10 +840,11 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         float *pr = part + r * (D + 2);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
+            if (!own(dt)) continue;
             pr[dt * 8 + 2 * c] = o[dt][2 * h];
             pr[dt * 8 + 2 * c + 1] = o[dt][2 * h + 1];
         }
-        if (c == 0) {
+        if (c == 0 && kq == 0) {
             pr[D] = m[h];
             pr[D + 1] = l[h];
         }
