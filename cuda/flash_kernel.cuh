@@ -666,9 +666,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
          * columns in the same lanes. Each leaves its partner the half of O
          * the partner keeps (the first part keeps the first DTK 8-wide
          * tiles) with its m and l, then merges its own half: both halves
-         * at once, half the shared-memory traffic a thread. The same sums
-         * as one warp merging all of it (the first part's terms first),
-         * so the same bits; both compute the merged m and l. */
+         * at once, half the shared-memory traffic a thread. The same
+         * expressions as one warp merging all of it (the first part's term
+         * first); both compute the merged m and l. */
         float *const base = reinterpret_cast<float *>(smem);
         float *mo = base + (((size_t)kq * (BM / 16) + warp) * 32 + lane) * W;
         const float *po = base + (((size_t)(1 - kq) * (BM / 16) + warp) * 32 + lane) * W;
