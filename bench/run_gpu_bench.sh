@@ -22,7 +22,8 @@
 # GEMM_BENCH=1 (bench_gemm_gpu, GEMM_ARGS), ATTN_BENCH=1 (bench_attn_gpu, ATTN_ARGS),
 # NCU=1 (Nsight Compute on bench_gemm_gpu -P; NCU_KERNELS, NCU_TIMEOUT),
 # NCU_ATTN=case (Nsight Compute's stall samples on bench_attn_gpu -P case),
-# BENCH=0 to stop after the checks and micro-benchmarks (no GGUF, no bench_gpu),
+# BENCH=0 to stop after the checks, micro-benchmarks and sanitizer runs (no GGUF,
+# no bench_gpu),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
 # DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5),
@@ -120,15 +121,34 @@ if [ -n "${NCU_ATTN:-}" ]; then
   fi
 fi
 
-if [ "${BENCH:-1}" = 0 ]; then stamp "BENCH=0: no GGUF, no bench_gpu"; exit 0; fi
+# 5. compute-sanitizer on the new kernels' tests (SANITIZE_NEW=1; SANITIZE_TESTS
+# = "tool:test ..." to choose: a test of test_cuda_ops, or @binary for a whole
+# test program of tests/cuda, e.g. memcheck:@test_flash_engines), short.
+# A function, so that a BENCH=0 call runs it too.
+sanitize_new() {
+  [ "${SANITIZE_NEW:-0}" = 1 ] || return 0
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  for run in ${SANITIZE_TESTS:-racecheck:test_attention_bf16 memcheck:test_attention_bf16 memcheck:test_inject \
+             racecheck:test_matmul memcheck:test_matmul memcheck:test_add_rmsnorm}; do
+    tool=${run%%:*} filt=${run#*:} bin=test_cuda_ops
+    case $filt in @*) bin=${filt#@} filt=; ;; esac
+    IS_TEST_FILTER=$filt IS_CUDA_TEST_NO_OOM=1 timeout "${SAN_TIMEOUT:-35}" "$SAN" --tool "$tool" \
+      --error-exitcode 97 --print-limit 10 "build-gpu/tests/cuda/$bin" > "$LOG/san_${tool}_${filt:-$bin}.log" 2>&1
+    rc=$?
+    stamp "$tool ${filt:-$bin}: rc $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$LOG/san_${tool}_${filt:-$bin}.log" | tr '\n' ' ')"
+  done
+}
+
+# The -dev packages gpu_check.sh unpacked, for the programs run from here on.
+DEPS_LD=$REPO/build-gpu/deps/ldlib
+[ -d "$DEPS_LD" ] && export LD_LIBRARY_PATH="$DEPS_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ "${BENCH:-1}" = 0 ]; then stamp "BENCH=0: no GGUF, no bench_gpu"; sanitize_new; exit 0; fi
 if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; fi
 stamp "gguf: $(tail -2 "$LOG/gen.log" | tr '\n' ' ')"
 [ -s "$GGUF" ] || { stamp "no GGUF"; exit 1; }
 ls -la "$GGUF" >> "$SUMMARY"
 
 # 3. Our benchmark.
-DEPS_LD=$REPO/build-gpu/deps/ldlib
-[ -d "$DEPS_LD" ] && export LD_LIBRARY_PATH="$DEPS_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 stamp "bench_gpu ${BENCH_ARGS:-}"
 timeout "${BENCH_TIMEOUT:-330}" build-gpu/bench/bench_gpu -m "$GGUF" -o "$LOG/bench.csv" ${BENCH_ARGS:-} \
   2>&1 | tee "$LOG/bench.log" | tee -a "$SUMMARY"
@@ -163,19 +183,5 @@ if [ "${HF:-1}" = 1 ]; then
     ${HF_ARGS:-} 2>&1 | grep -vE 'Warning|warn\(' | tee "$LOG/hf.log" | tee -a "$SUMMARY"
   stamp "hf_reference rc ${PIPESTATUS[0]}"
 fi
-# 5. compute-sanitizer on the new kernels' tests (SANITIZE_NEW=1; SANITIZE_TESTS
-# = "tool:test ..." to choose: a test of test_cuda_ops, or @binary for a whole
-# test program of tests/cuda, e.g. memcheck:@test_flash_engines), short.
-if [ "${SANITIZE_NEW:-0}" = 1 ]; then
-  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-  for run in ${SANITIZE_TESTS:-racecheck:test_attention_bf16 memcheck:test_attention_bf16 memcheck:test_inject \
-             racecheck:test_matmul memcheck:test_matmul memcheck:test_add_rmsnorm}; do
-    tool=${run%%:*} filt=${run#*:} bin=test_cuda_ops
-    case $filt in @*) bin=${filt#@} filt=; ;; esac
-    IS_TEST_FILTER=$filt IS_CUDA_TEST_NO_OOM=1 timeout "${SAN_TIMEOUT:-35}" "$SAN" --tool "$tool" \
-      --error-exitcode 97 --print-limit 10 "build-gpu/tests/cuda/$bin" > "$LOG/san_${tool}_${filt:-$bin}.log" 2>&1
-    rc=$?
-    stamp "$tool ${filt:-$bin}: rc $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$LOG/san_${tool}_${filt:-$bin}.log" | tr '\n' ' ')"
-  done
-fi
+sanitize_new
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$SUMMARY" 2>&1

@@ -313,9 +313,7 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_keys, 
     if (pairs >= 2 * n_sms || max_keys <= FLASH_BN) return;
     const double part_mb = (double)rows_total * (head_dim + 2) * sizeof(float) / 1e6;
     double best_us = -1.0;
-    /* (keys a tile, key warps): wide tiles take two key warps */
-    static const int32_t shapes[3][2] = {{FLASH_BN, 1}, {FLASH_BN, 2}, {FLASH_BN_WIDE, 2}};
-    for (const auto &shape : shapes) {
+    for (const auto &shape : FLASH_TILE_SHAPES) {
         const int32_t bn = shape[0], kw = shape[1];
         if (bn == FLASH_BN_WIDE && !(wide && wg)) continue;
         const int32_t max_kt = (max_keys + bn - 1) / bn;

@@ -49,6 +49,9 @@
  * A block that walks several tiles pays the per-tile steps (the barrier,
  * the row statistics' shuffles, O's rescale, the waits) half as often. */
 #define FLASH_BN_WIDE 128
+/* The (keys a tile, key warps) shapes a plan may take: wide tiles take two
+ * key warps (a key part of 64 keys each). */
+static const int32_t FLASH_TILE_SHAPES[3][2] = {{FLASH_BN, 1}, {FLASH_BN, 2}, {FLASH_BN_WIDE, 2}};
 #define FLASH_MAX_SPLITS 64
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 /* A query tile, as cuda_flash_plan_batch writes it: first batch token,

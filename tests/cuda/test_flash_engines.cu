@@ -105,9 +105,7 @@ static int check_shape(const shape &s) {
 
     int bad = 0;
     const int32_t splits_of[] = {1, 2, 3};
-    /* (keys a tile, key warps): wide tiles take two key warps */
-    const int32_t shapes[3][2] = {{FLASH_BN, 1}, {FLASH_BN, 2}, {FLASH_BN_WIDE, 2}};
-    for (const auto &shape : shapes)
+    for (const auto &shape : FLASH_TILE_SHAPES)
         for (int si = 0; si < 3; si++)
             for (int cl = 0; cl <= 1; cl++) {
                 const int32_t bn = shape[0], kw = shape[1];
