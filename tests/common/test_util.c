@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void *test_read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -49,3 +50,29 @@ int test_remove_tree(const char *path) {
 }
 
 bool test_file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* Distinct reasons, kept for the summary; a program has a handful. */
+static size_t g_skipped;
+static const char *g_reasons[8];
+static size_t g_n_reasons;
+
+void test_note_skip(const char *reason) {
+    g_skipped++;
+    fprintf(stderr, "skipped: %s\n", reason);
+    for (size_t i = 0; i < g_n_reasons; i++)
+        if (strcmp(g_reasons[i], reason) == 0) return;
+    if (g_n_reasons < sizeof g_reasons / sizeof g_reasons[0]) g_reasons[g_n_reasons++] = reason;
+}
+
+int test_group_result(int failures, size_t n) {
+    if (g_skipped == 0) return failures;
+    fprintf(stderr, "%zu of %zu cases skipped:", g_skipped, n);
+    for (size_t i = 0; i < g_n_reasons; i++) fprintf(stderr, "%s %s", i ? ";" : "", g_reasons[i]);
+    fprintf(stderr, "\n");
+    if (failures == 0 && g_skipped >= n) {
+        fprintf(stderr, "every case skipped: reporting the program as skipped (exit %d)\n",
+                TEST_SKIP_CODE);
+        return TEST_SKIP_CODE;
+    }
+    return failures;
+}

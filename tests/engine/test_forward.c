@@ -99,7 +99,7 @@ static int teardown(void **state) {
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
-        if (!g_model) skip();                                                                      \
+        if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);                                                 \
     } while (0)
 
 static int32_t argmax(const float *x, int32_t n) {
@@ -344,5 +344,5 @@ int main(void) {
         cmocka_unit_test(test_paged_cache_chunking_and_interleaving),
         cmocka_unit_test(test_context_overflow_is_refused),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

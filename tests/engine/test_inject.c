@@ -100,7 +100,7 @@ static int teardown(void **state) {
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
-        if (!g_model) skip();                                                                      \
+        if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);                                                 \
     } while (0)
 
 static engine *make_engine(int32_t n_ctx) {
@@ -404,5 +404,5 @@ int main(void) {
         cmocka_unit_test(test_fork_shares_prefix_blocks),
         cmocka_unit_test(test_injection_equals_segment_masked_reference),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

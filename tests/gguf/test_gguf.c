@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -952,8 +954,7 @@ static void test_default_model(void **state) {
     (void)state;
     struct stat sb;
     if (stat(IS_DEFAULT_MODEL, &sb) != 0) {
-        print_message("default model %s absent: skipped\n", IS_DEFAULT_MODEL);
-        skip();
+        TEST_SKIP(TEST_NEEDS_MODEL);
     }
     gguf_ctx *ctx = NULL;
     is_status st = gguf_open(IS_DEFAULT_MODEL, &ctx);
@@ -1001,5 +1002,5 @@ int main(void) {
         cmocka_unit_test(test_random_damage),
         cmocka_unit_test(test_default_model),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

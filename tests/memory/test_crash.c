@@ -660,8 +660,8 @@ static void test_crash_fakes(void **state) {
 
 static void test_crash_real_models(void **state) {
     struct stat sb;
-    if (stat(EMBEDDER_DIR "/model.safetensors", &sb) != 0 || stat(IS_DEFAULT_MODEL, &sb) != 0)
-        skip();
+    if (stat(EMBEDDER_DIR "/model.safetensors", &sb) != 0) TEST_SKIP(TEST_NEEDS_EMBEDDER);
+    if (stat(IS_DEFAULT_MODEL, &sb) != 0) TEST_SKIP(TEST_NEEDS_MODEL);
     model_state ms = {0};
     verify_cfg vc = {.real = true};
     uint64_t rs = 0xbeef;
@@ -736,7 +736,7 @@ static void test_crash_real_models(void **state) {
 /* A LoCoMo import killed at random moments, then completed by a re-run. */
 static void test_crash_import(void **state) {
     locomo_conv *c = NULL;
-    if (locomo_load(LOCOMO_26, &c) != IS_OK) skip();
+    if (locomo_load(LOCOMO_26, &c) != IS_OK) TEST_SKIP(TEST_NEEDS_LOCOMO);
     memory_params p = memory_default_params();
     p.embed = fake_embed;
     p.embed_dim = FAKE_DIM;
@@ -806,5 +806,5 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_crash_import, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_real_models, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

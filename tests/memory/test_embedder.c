@@ -544,7 +544,7 @@ static int32_t json_ids(const cJSON *arr, int32_t *ids, int32_t cap) {
 
 static void test_golden_tokens(void **state) {
     (void)state;
-    if (!have_model()) skip();
+    if (!have_model()) TEST_SKIP(TEST_NEEDS_EMBEDDER);
     embedder *e = real_model();
     const wordpiece *wp = embedder_tokenizer(e);
     cJSON *g = load_golden("tokens.json");
@@ -590,7 +590,7 @@ static double cosine(const float *a, const float *b, int32_t n) {
 
 static void test_golden_embeddings(void **state) {
     (void)state;
-    if (!have_model()) skip();
+    if (!have_model()) TEST_SKIP(TEST_NEEDS_EMBEDDER);
     embedder *e = real_model();
     cJSON *g = load_golden("embeddings.json");
     const cJSON *items = cJSON_GetObjectItem(g, "items");
@@ -678,5 +678,5 @@ int main(void) {
         cmocka_unit_test(test_golden_tokens),
         cmocka_unit_test(test_golden_embeddings),
     };
-    return cmocka_run_group_tests(tests, NULL, teardown_model);
+    return test_run_group(tests, NULL, teardown_model);
 }

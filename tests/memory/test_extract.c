@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,7 +213,7 @@ static void test_bad_args(void **state) {
 
 static void test_model_smoke(void **state) {
     struct stat sb;
-    if (stat(IS_DEFAULT_MODEL, &sb) != 0) skip();
+    if (stat(IS_DEFAULT_MODEL, &sb) != 0) TEST_SKIP(TEST_NEEDS_MODEL);
     is_model_params mp = is_model_default_params();
     is_model *m = NULL;
     assert_int_equal(is_model_load(IS_DEFAULT_MODEL, mp, &m), IS_OK);
@@ -263,5 +265,5 @@ int main(void) {
         cmocka_unit_test(test_nested_and_types), cmocka_unit_test(test_huge),
         cmocka_unit_test(test_bad_args),  cmocka_unit_test(test_model_smoke),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

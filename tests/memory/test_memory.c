@@ -781,7 +781,7 @@ static void test_gpu_retrieval_refused(void **state) {
 
 static void test_locomo_import(void **state) {
     locomo_conv *c = NULL;
-    if (locomo_load(LOCOMO_26, &c) != IS_OK) skip();
+    if (locomo_load(LOCOMO_26, &c) != IS_OK) TEST_SKIP(TEST_NEEDS_LOCOMO);
     fake_encoder fe = {0};
     memory *m = open_fake(&fe, NULL);
     memory_locomo_opts o = {.tenant = "demo", .window = 3, .batch = 16};
@@ -866,7 +866,7 @@ static void test_locomo_import(void **state) {
 /* ---- real embedder ----------------------------------------------------------------- */
 
 static void test_real_embedder(void **state) {
-    if (!test_file_exists(EMBEDDER_DIR "/model.safetensors")) skip();
+    if (!test_file_exists(EMBEDDER_DIR "/model.safetensors")) TEST_SKIP(TEST_NEEDS_EMBEDDER);
     embedder *e = NULL;
     assert_int_equal(embedder_load(EMBEDDER_DIR, &e), IS_OK);
     memory_params p = memory_default_params();
@@ -933,5 +933,5 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_locomo_import, setup, teardown),
         cmocka_unit_test_setup_teardown(test_real_embedder, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

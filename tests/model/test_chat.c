@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_util.h"
+
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,7 +142,7 @@ static void test_chat_golden(void **state) {
  * intact, which is how the engine uses the two modules together. */
 static void test_render_then_encode(void **state) {
     (void)state;
-    if (access(IS_DEFAULT_MODEL, R_OK) != 0) skip();
+    if (access(IS_DEFAULT_MODEL, R_OK) != 0) TEST_SKIP(TEST_NEEDS_MODEL);
     gguf_ctx *g = NULL;
     tokenizer *t = NULL;
     assert_int_equal(gguf_open(IS_DEFAULT_MODEL, &g), IS_OK);
@@ -184,5 +186,5 @@ int main(void) {
         cmocka_unit_test(test_chat_golden),
         cmocka_unit_test(test_render_then_encode),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -271,7 +271,7 @@ static int round_trips(const tokenizer *t, const cJSON *entries, const char *lab
 
 static void test_bpe_golden(void **state) {
     (void)state;
-    if (!have_default_model()) skip();
+    if (!have_default_model()) TEST_SKIP(TEST_NEEDS_MODEL);
     cJSON *j = load_json("tokenizer_bpe.json");
     const cJSON *entries = cJSON_GetObjectItem(j, "entries");
     vocab_arrays v;
@@ -385,7 +385,7 @@ static void test_spm_golden(void **state) {
 
 static void test_default_model_properties(void **state) {
     (void)state;
-    if (!have_default_model()) skip();
+    if (!have_default_model()) TEST_SKIP(TEST_NEEDS_MODEL);
     gguf_ctx *g = NULL;
     tokenizer *t = NULL;
     assert_int_equal(gguf_open(IS_DEFAULT_MODEL, &g), IS_OK);
@@ -438,7 +438,7 @@ static void test_default_model_properties(void **state) {
 
 static void test_encode_speed(void **state) {
     (void)state;
-    if (!have_default_model()) skip();
+    if (!have_default_model()) TEST_SKIP(TEST_NEEDS_MODEL);
     cJSON *j = load_json("tokenizer_bpe.json");
     const cJSON *e, *entry = NULL;
     cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "entries"))
@@ -621,5 +621,5 @@ int main(void) {
         cmocka_unit_test(test_bpe_golden),
         cmocka_unit_test(test_encode_speed),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

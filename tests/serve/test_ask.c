@@ -72,7 +72,7 @@ static int teardown(void **state) {
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
-        if (!g_model) skip();                                                                      \
+        if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);                                                 \
     } while (0)
 
 static ask_request greedy(ask_mode mode, const char *q, const char *const *ids, const char *const *texts, int n) {
@@ -200,5 +200,5 @@ int main(void) {
         cmocka_unit_test(test_single_fact_kv_equals_prompt),
         cmocka_unit_test(test_bad_records_fail_cleanly),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

@@ -69,7 +69,7 @@ static int teardown(void **state) {
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
-        if (!g_model) skip();                                                                      \
+        if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);                                                 \
     } while (0)
 
 static engine *make_engine(int32_t n_ctx, int32_t max_seqs, int32_t n_blocks) {
@@ -989,5 +989,5 @@ int main(void) {
     };
     /* SCHED_TEST=test_cancel (a cmocka filter): one test, e.g. under valgrind. */
     if (getenv("SCHED_TEST")) cmocka_set_test_filter(getenv("SCHED_TEST"));
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }
