@@ -1,14 +1,14 @@
 /*
  * bench_attn_gpu: the tiled attention (cuda/flash.cuh) on the Llama-3.1-8B
  * shape (32 query heads, 8 KV heads, head_dim 128, bf16 paged cache of
- * 16-token blocks), one layer per launch, for the request shapes of issue 6:
+ * 16-token blocks), one layer per launch, for the request shapes of BENCHMARKS.md:
  * a 30-token query after 215 .. 2590 keys of memory (k = 5 .. 100 facts),
  * a 1280-token prefill and a decode step. Each row runs, in the same
- * process on the same cache and queries, cuda_flash_plan_batch's choice
- * before device run 23 ("old") and serving's ("new": splits by the cost
+ * process on the same cache and queries, cuda_flash_plan_batch's first
+ * plan ("old") and serving's ("new": splits by the cost
  * model, none empty, on the wgmma engine where the GPU runs it), the new
  * plan on the mma.sync engine ("new, mma.sync") and the new model on 64-key
- * tiles only ("new, narrow": serving's plan before device run 93), checking
+ * tiles only ("new, narrow": serving's plan before wide tiles), checking
  * that the outputs agree within the bf16 bar (relative L2 <= 1e-2); then
  * the new plan's tiles with fixed numbers of splits, merged by the second
  * kernel or in clusters ("c"), on 64- or 128-key tiles ("w", two key warps
@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
      * shuffled subset (fixed seed), as the paged cache hands them out. -p:
      * a pool of that many gigabytes, so that a sequence's pages are spread
      * over it (the fact-KV arena's records lie across gigabytes: whether
-     * reads that far apart cost the attention, cuda/NOTES.md run 89). */
+     * reads that far apart cost the attention). */
     const int64_t block_bytes = (int64_t)KH * BS * D * (int64_t)sizeof(__nv_bfloat16);
     const int32_t seq_blocks = (max_keys + BS - 1) / BS; /* the longest case's */
     const int32_t pool =

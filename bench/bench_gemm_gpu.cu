@@ -25,8 +25,8 @@
  *     (untimed: as much of them in L2 as it holds). Says whether a product
  *     reads its weights faster from L2 than from memory, and whether a
  *     prefetch can bring them there without costing the time it saves
- *     (device runs 40-42: it runs faster after its own read, and slower
- *     after every prefetch; the backend has none).
+ *     (measured: it runs faster after its own read, and slower after
+ *     every prefetch; so the backend has none).
  *
  *  4. (-w only) The TMA + wgmma kernel (cuda/wgmma_gemm.cuh) against cuBLAS
  *     at 30 rows: every block shape that fits one wave, each product 8
@@ -101,8 +101,8 @@ static __global__ void prefetch_bulk_kernel(const char *p, size_t bytes, uint32_
 }
 
 /* Plain loads (L2 only), 8 of 16 bytes in flight a thread; the xor keeps
- * them (the store never happens). Device runs 41-42 had this as the
- * backend's prefetch, with 64 blocks of 256 threads. */
+ * them (the store never happens). The backend's prefetch was this, when
+ * it had one, with 64 blocks of 256 threads. */
 __device__ volatile unsigned g_load_sink;
 static __global__ void load_l2_kernel(const uint4 *p, int64_t n16) {
     unsigned acc = 0;

@@ -9,7 +9,7 @@
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
  *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-g GAP_MS] [-D N]
  *
- * Layout (DESIGN.md, issue 6): a serving prefix of P tokens (60), k facts of
+ * Layout (DESIGN.md): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
  * random (the facts' KV stands for records encoded earlier).
  *   prompt: fork the cached prefix, prefill the k*F fact tokens + the query;
@@ -18,16 +18,16 @@
  *   kv cold: the same with facts never seen (the GPU arena misses and fills
  *           from host memory: the host tier).
  * TTFT runs from the fork to the first token chosen (greedy, on the
- * backend: engine_decode_greedy; before device run 74, and with
- * +hostargmax, from the logits brought to the host). Medians of REPS runs
+ * backend: engine_decode_greedy; with +hostargmax, as it was
+ * first measured, from the logits brought to the host). Medians of REPS runs
  * after one warm-up; each kind of request (prompt, kv, kv cold) in a loop
- * of its own (-i: one of each a round, as before device run 70, when a kv
+ * of its own (-i: one of each a round, as first measured, when a kv
  * request followed the k-fact prompt prefill and the power cap that heavy
  * prefill left; -g: each request after GAP_MS of an idle GPU, as on a
  * server below saturation). The kv TTFT comes from runs as served; its
  * breakdown (fork, inject, prefill) from runs that wait for the injection
- * before the prefill, made alongside (before device run 33 the kv TTFT
- * included that wait). Under each table, the kv TTFT's growth from the
+ * before the prefill, made alongside (the kv TTFT would otherwise
+ * include that wait). Under each table, the kv TTFT's growth from the
  * smallest k to the largest, from the medians themselves (the table's two
  * decimals leave ~0.2 points of it uncertain).
  *
@@ -55,24 +55,23 @@
  * gate, up) as a product each instead of one of their stacked weights
  * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
  * "+nocluster" merges the attention's key splits by a second kernel, not
- * inside clusters (backend_cuda_set_flash_clusters: before device run 28);
+ * inside clusters (backend_cuda_set_flash_clusters);
  * "+nopdl" launches the skinny kernel without programmatic dependent launch
  * (backend_cuda_set_pdl); "+early" starts each attention before the kernel
  * that writes its queries ends (backend_cuda_set_pdl_early); "+nowgmma"
  * runs the products of 9-32 rows on cuBLAS instead of cuda/wgmma_gemm.cuh's
- * kernel (backend_cuda_set_wgmma: the "before" of device run 49);
+ * kernel (backend_cuda_set_wgmma);
  * "+mmasync" runs the tiled attention on mma.sync instead of wgmma
- * (backend_cuda_set_flash_wgmma: the "before" of device run 54);
+ * (backend_cuda_set_flash_wgmma);
  * "+hostargmax" (any backend) brings every request's logits to the host and
- * takes the argmax there instead of engine_decode_greedy (the "before" of
- * device run 74); "+narrow" keeps the attention on 64-key tiles
- * (backend_cuda_set_flash_wide: the "before" of device run 93).
+ * takes the argmax there instead of engine_decode_greedy; "+narrow" keeps the attention on 64-key tiles
+ * (backend_cuda_set_flash_wide).
  * A switch that the backend also reads from the environment (IS_CUDA_PDL,
  * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED, IS_CUDA_FLASH_WIDE:
  * "0" turns it off;
  * IS_CUDA_PDL_EARLY: "1" on) keeps that setting in every configuration
- * that names no modifier for it (run 59's IS_CUDA_PDL=0 was overridden
- * before this rule, cuda/NOTES.md).
+ * that names no modifier for it (else a variable set for the
+ * measurement would be silently overridden).
 
  * -L (cuda, built with CUPTI): after each configuration's TTFT runs, the
  * kernels of one warm kv request per k as served, from CUPTI's records
@@ -159,7 +158,7 @@ typedef struct bench {
     uint64_t mark[5];
     bool interleave;       /* -i: TTFT runs take one request of each kind a round */
     bool logits_out;       /* requests bring their logits to the host (see one_request) */
-    bool host_argmax;      /* +hostargmax: every request does (as before device run 74) */
+    bool host_argmax;      /* +hostargmax: every request does */
     double gap_ms;         /* -g: the GPU left idle this long before each request */
 } bench;
 
@@ -333,7 +332,7 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
         /* Each kind of request in a loop of its own (a warm-up first), so
          * that a kv request follows kv requests, not a 1,280-token prompt
          * prefill that leaves the board at its power cap; -i: one of each
-         * kind a round, as before device run 70. */
+         * kind a round. */
         const int passes = b->interleave ? 1 : 3;
         for (int pass = 0; pass < passes; pass++) {
             const bool do_p = b->interleave || pass == 0, do_kv = b->interleave || pass == 1;
@@ -685,7 +684,7 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
     tl_row first = {0}, last = {0};
     int k_first = -1, k_last = -1;
     /* One request recorded and dropped first: the first recording after
-     * CUPTI starts showed ~5 ms of idle time the others did not (run 67). */
+     * CUPTI starts showed ~5 ms of idle time the others did not. */
     if (n_k > 0 && !tl_request(b, ks[0], suffix + (k_max - ks[0]) * b->F, &first))
         fprintf(stderr, "bench_gpu: -L: the first recording failed\n");
     for (int ki = 0; ki < n_k; ki++) {

@@ -1,5 +1,5 @@
 /*
- * bench_load: a bounded load test of the HTTP server (issue 5): C
+ * bench_load: a bounded load test of the HTTP server: C
  * concurrent loopback clients, each a different user with memory, send a
  * fixed number of streaming chat completions per memory mode; the table
  * gives errors, throughput and latency percentiles per (clients, mode).

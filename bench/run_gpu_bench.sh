@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark of issue 6, in one device call (bench/bench_gpu.c):
+# The GPU benchmark of BENCHMARKS.md, in one device call (bench/bench_gpu.c):
 #   1. writes the random-weight Llama-3.1-8B-shaped GGUF onto the machine's
 #      local disk (bench/gen_random_gguf.py: tools/make_random_gguf.py's
 #      writer with the numbers drawn on the GPU), in the background;

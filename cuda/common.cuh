@@ -89,7 +89,7 @@ static __device__ __forceinline__ void bf16_copy_put(__nv_bfloat16 *obf, int64_t
  * such kernel waits, a kernel's end implies that of all before it. No
  * kernel triggers its dependents early: with the trigger at the start of
  * the op before a product, products in sequence measured 5-10% slower
- * (cuda/NOTES.md, run 35); so a dependent starts as the previous kernel's
+ * (docs/notes/cuda-diary.md); so a dependent starts as the previous kernel's
  * blocks exit; the one exception, opt-in (cuda_pdl_early_on), is the RoPE
  * + KV store kernel before the attention. */
 static __device__ __forceinline__ void pdl_wait() {

@@ -256,22 +256,22 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 
 /* The split cost model, in microseconds, fitted to bench_attn_gpu's sweeps
  * (8B shape, 64-row blocks; T = 30 after 215-2590 keys and a decode step;
- * cuda/NOTES.md). One split alone, least squares over run 29's one-split
- * columns: 4.8 us plus 3.26 us a key tile with one key warp (the warps'
+ * docs/notes/cuda-diary.md). One split alone, least squares over a sweep's
+ * one-split columns: 4.8 us plus 3.26 us a key tile with one key warp (the warps'
  * S / softmax / P V chain on tiles whose loads follow each other, latency
  * that a block's 4 warps do not hide), 5.6 + 2.23 with two (each takes
  * half a tile's chain, then their merge in shared memory; 8 warps a block,
  * one block a multiprocessor). Splitting adds either the merge kernel's
  * launch, 4.7 us, and the partial results, 1.9 us a MB (written, then read
- * back; run 24's fit, within 1.5 us of run 29's sweep), or a cluster
- * merge: 3.8 us with two key warps, 5.5 with one (run 29's 4c columns; its
- * waves counted by the clusters resident at once). Blocks beyond one wave
- * run in a second one. On run 29's sweep it picks, for the 30-token query
+ * back; an earlier fit, within 1.5 us of the later sweep), or a cluster
+ * merge: 3.8 us with two key warps, 5.5 with one (the sweep's 4c columns;
+ * its waves counted by the clusters resident at once). Blocks beyond one
+ * wave run in a second one. On that sweep it picks, for the 30-token query
  * after 215 .. 2590 keys, the fastest measured plan or one not measured
  * (6c) that then ran fastest; for a decode step it prefers the merge
  * kernel's 21 splits (16.8 us) to 8c with two key warps (13.6): a 4-row
  * tile's fixed cost is lower than the model's. The wgmma engine's key tile
- * costs PLAN_WG_TILE of the mma.sync engine's: run 54's sweep, one split
+ * costs PLAN_WG_TILE of the mma.sync engine's: a sweep of one split
  * from 590 to 2590 keys, 0.90 of it with one key warp, 0.78 with two; with
  * 0.85 the plans are mma.sync's (4c, 2 at k = 5; 6c, 2 at k = 50). (A first
  * guess of 0.35 chose one split at k = 5: 14.6 us against 4c's 12.4.) */
@@ -287,10 +287,10 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
 /* Wide tiles (FLASH_BN_WIDE keys, two key warps, wgmma): a wide tile costs
  * PLAN_WIDE_TILE of two 64-key tiles (the per-tile steps paid once for both
  * halves), and a block PLAN_WIDE_FIXED_US more (its first tile, twice as
- * large, in the prologue). First fitted to run 93's traces (0.86: 1.84 us a
- * wide tile at k = 50 against run 66's 1.10 a 64-key one, the prologue 2.39
- * against 2.09). The softmax without exp2f's subnormal path (run 106) took
- * more off a wide tile than off a 64-key one: in run 106's sweep at k = 100
+ * large, in the prologue). First fitted to phase traces (0.86: 1.84 us a
+ * wide tile at k = 50 against 1.10 a 64-key one, the prologue 2.39
+ * against 2.09). The softmax without exp2f's subnormal path took more off a
+ * wide tile than off a 64-key one: in a sweep at k = 100
  * a wide tile adds 1.87 us a block (2cw 33.0, 4cw 23.7, 6cw 19.9 us a
  * layer) and a 64-key one 1.1-1.4 (2c 39.0, 4c 25.3, 6c 20.8), so 0.78:
  * k = 20, 50 and now 100 take wide tiles (6cw 19.9 against 6c 20.8), k = 5
@@ -390,7 +390,7 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
     free(first);
     const int32_t pairs = plan.n_tiles * n_kv_heads;
     if (legacy) {
-        /* Two resident blocks a multiprocessor, one wave (run 11). */
+        /* Two resident blocks a multiprocessor, one wave. */
         const int32_t want = 2 * n_sms, max_kt = (max_keys + FLASH_BN - 1) / FLASH_BN;
         if (pairs < want) {
             plan.splits = want / pairs;

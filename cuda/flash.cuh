@@ -24,19 +24,18 @@
  * results to global memory and a second kernel merges them.
  *
  * A key tile costs a warp a chain of dependent steps (S, softmax, P V:
- * ~3 us for 64 keys), which more copies in flight do not shorten (device
- * run 26; run 30's phase trace: ~2 us computing a tile, ~0 waiting for
- * it); so for short queries two warps take each tile's halves for the
+ * ~3 us for 64 keys), which more copies in flight do not shorten (a third
+ * K/V stage gained nothing; a phase trace: ~2 us computing a tile, ~0
+ * waiting for it); so for short queries two warps take each tile's halves for the
  * same rows (key_warps 2, 8 warps a block) and merge in shared memory at
- * the end (run 27: 30-token query after 1,340 keys 25.7 -> 24.1 us a layer).
+ * the end (a 30-token query after 1,340 keys: 25.7 -> 24.1 us a layer).
  *
  * cuda_flash_plan_batch cuts the batch into tiles and chooses the splits,
  * key warps and merge by a cost model fitted to measured sweeps (a 30-token
- * query after 1,340 keys: 6 splits in a cluster, two key warps, 20.6 us a
- * layer in run 31). (Blocks of 128
- * rows, so that each K/V tile is read once for a 30-token query's 120
- * rows, measured slower at 215 keys and no faster at 1,340-2,590: run 23,
- * cuda/NOTES.md.)
+ * query after 1,340 keys: 6 splits in a cluster, two key warps). (Blocks
+ * of 128 rows, so that each K/V tile is read once for a 30-token query's
+ * 120 rows, measured slower at 215 keys and no faster at 1,340-2,590;
+ * docs/notes/cuda-diary.md has the measurements.)
  */
 #ifndef IS_CUDA_FLASH_CUH
 #define IS_CUDA_FLASH_CUH
@@ -83,10 +82,10 @@ bool cuda_flash_wgmma_supports(int32_t head_dim);
  * measurements (bench_attn_gpu). */
 typedef enum cuda_flash_choice {
     CUDA_FLASH_CHOICE_AUTO = 0, /* serving's: splits by the cost model, none empty */
-    CUDA_FLASH_CHOICE_LEGACY,   /* before device run 23: splits filling two blocks a
+    CUDA_FLASH_CHOICE_LEGACY,   /* the first plan: splits filling two blocks a
                                    multiprocessor (the last ones possibly empty) */
-    CUDA_FLASH_CHOICE_NO_CLUSTER, /* AUTO's model without cluster merges (before run 28) */
-    CUDA_FLASH_CHOICE_NO_WIDE,    /* AUTO's model without wide key tiles (before run 93) */
+    CUDA_FLASH_CHOICE_NO_CLUSTER, /* AUTO's model without cluster merges */
+    CUDA_FLASH_CHOICE_NO_WIDE,    /* AUTO's model without wide key tiles */
 } cuda_flash_choice;
 
 /* How many clusters of `size` (2..FLASH_CLUSTER_MAX) blocks of the kernel

@@ -134,8 +134,8 @@ static __device__ __forceinline__ void wg_commit_wait() {
  * asynchronously, until wgmma.wait_group. These empty statements tie the
  * registers to points before the issue and after the wait, so that no
  * accumulator is read (or A register reused) in between, as CUTLASS's
- * warpgroup_fence_operand does. (They were not the cause of run 54's wrong
- * D = 64 results: Q's tile in the kernel below says what was.) */
+ * warpgroup_fence_operand does. (They were not the cause of the wrong D = 64
+ * results the first wgmma build gave: Q's tile in the kernel below says what was.) */
 template <int N>
 static __device__ __forceinline__ void wg_pin(float *d) {
 #pragma unroll
@@ -218,8 +218,8 @@ __host__ __device__ constexpr size_t flash_smem_bytes() {
     /* Two key parts: one block an SM, which registers alone no longer
      * ensure on the wgmma engine (128 a thread since Q's tile moved to shared
      * memory). Two of them on one SM made a short query's attention slower
-     * (run 60: the plan's 7 splits in a cluster 20.4 us a layer at k = 50,
-     * against 6 at one block an SM 18.5 in run 58): its key tiles are chains
+     * (the plan's 7 splits in a cluster 20.4 us a layer at k = 50, against
+     * 6 at one block an SM 18.5): its key tiles are chains
      * of latency, which a second block on the SM lengthens. */
     constexpr size_t one_an_sm = 120 * 1024;
     return KS == 2 && need < one_an_sm ? one_an_sm : need;
@@ -243,7 +243,8 @@ static __device__ __forceinline__ unsigned long long global_ns(void) {
  * unconditional (a chunk past n_u reads chunk 0 and its sum is not used),
  * so none waits for another; two splits a step. (Every split unrolled, one
  * body for each split count, made the kernel's one-time code long enough
- * that its instruction fetches stalled the output after it: run 63.) */
+ * that its instruction fetches stalled the output after it, in Nsight
+ * Compute's stall reasons.) */
 template <int UMAX, int D, int WS, int THREADS>
 static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_group &cl,
                                                    float *mine, const float *wrow, int32_t r0,
@@ -357,8 +358,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
      * past the last zero-filled); unrolled, so the block-table reads overlap
      * (on the wgmma engine they also run beside S, issued before them).
-     * (Reading the pages ahead, into registers (run 28, mma.sync) or into
-     * shared memory once a block (run 62), measured no faster.) The caller
+     * (Reading the pages ahead, into registers (on mma.sync) or into
+     * shared memory once a block, measured no faster.) The caller
      * commits the group. */
     auto load_tile = [&](int32_t kt, int st) {
         __nv_bfloat16 *dK = sKV + (size_t)st * STAGE, *dV = dK + BN * LD;
@@ -397,7 +398,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     }
     /* Q's reads are issued before the other copies, so that they are in
      * flight while those wait on their block-table reads (the prologue was
-     * 3.2-3.6 us of dependent global reads in run 30's trace). */
+     * 3.2-3.6 us of dependent global reads in a phase trace). */
     float2 qlo[D / 16][2], qhi[D / 16][2];
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
@@ -429,7 +430,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * stages: S's A operand from shared memory. (From registers, as qa, ptxas
      * gave the D = 64 one-key-part kernel's P fragments the registers of qa
      * while the key loop still needed them: its SASS read P as Q from the
-     * second tile on, run 56; the PTX keeps them apart.) The first key
+     * second tile on; the PTX keeps them apart.) The first key
      * tile's fence and barrier publish it to the async proxy. */
     const uint32_t qsb = (uint32_t)__cvta_generic_to_shared(sKV + (size_t)STAGES * STAGE);
     /* WG: the descriptors of Q's tile and of stage 0's K and V rows of this
@@ -760,7 +761,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
          * 1 / denominator, once (thread per row; the first KS_BYTES are
          * free again: the key warps' merge is done), then every thread
          * sums float4 chunks with them, the remote loads of a chunk all
-         * independent (run 30's trace: 2.2-2.5 us when each chunk read the
+         * independent (a phase trace: 2.2-2.5 us when each chunk read the
          * statistics itself). */
         constexpr int WS = FLASH_CLUSTER_MAX + 1; /* floats a row: weights, then 1 / den */
         static_assert((size_t)BM * WS * sizeof(float) <= KS_BYTES, "flash: merge weights");
@@ -792,9 +793,9 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
         constexpr int CH = D / 4; /* float4 chunks a row */
         /* A thread's chunks (at most UMAX: a block merges at most BM / 2
          * rows, since n_splits >= 2), split by split, with no store and no
-         * branch between the remote loads (cluster_sum). (Run 61's loop
-         * stored each chunk before the next one's loads, and run 62's put
-         * each load under its own branch: 2.4 and 3.2 us, each remote load
+         * branch between the remote loads (cluster_sum). (A loop that
+         * stored each chunk before the next one's loads, and one that put
+         * each load under its own branch, took 2.4 and 3.2 us, each remote load
          * waited for before the next.) The sums in split order, as before. */
         constexpr int UMAX = (BM / 2 * CH + THREADS - 1) / THREADS;
         const int32_t n_u = (r1 - r0) * CH;

@@ -3,18 +3,18 @@
  * WG), in the sm_90a library beside wgmma_gemm.cu: wgmma is an
  * architecture-specific instruction. flash.cu launches what this returns.
  *
- * Why (cuda/NOTES.md, after run 33 and run 37): on mma.sync a key tile
+ * Why (measured with SASS counts and phase traces, docs/notes/cuda-diary.md):
+ * on mma.sync a key tile
  * costs a warp ~830 instructions (64 HMMA, 32 LDSM and the softmax between)
  * and ~1.75 us, most of it the chain of dependent steps, so a 30-token
  * query's attention grows by ~7.5 us a layer from k = 5 to k = 50 (three
  * more tiles a block). wgmma issues a warpgroup's 64 x 64 S tile in 8
  * instructions and its P V in 4, from the same register fragments.
- * Measured (runs 54-61): a key tile ~10% (one key part) to ~22% (two)
+ * Measured: a key tile ~10% (one key part) to ~22% (two)
  * faster than on mma.sync; the chain around the products (the tile's copies,
  * the softmax, the barrier) is most of a tile now, about half of it the
- * issue of its instructions (run 63, Nsight Compute). A 30-token query after
- * 1,340 keys: 17.3 us a layer against 18.6, a 1,280-token prefill 94 against
- * 113 (run 66).
+ * issue of its instructions (Nsight Compute). A 30-token query after 1,340
+ * keys: 17.3 us a layer against 18.6, a 1,280-token prefill 94 against 113.
  */
 #include "flash_kernel.cuh"
 #include "wgmma_gemm.cuh"

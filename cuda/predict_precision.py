@@ -8,7 +8,7 @@ GGUF through transformers (f32, on the CPU) three ways -- f32, and each
 rounding simulated with forward pre-hooks on every nn.Linear -- and prints
 the relative L2 error of the logits and the share of positions whose argmax
 is unchanged: the numbers tests/cuda/test_cuda_model.c then measures on the
-GPU (cuda/NOTES.md records both).
+GPU (docs/notes/cuda-diary.md records both).
 
 Usage: cuda/predict_precision.py MODEL.gguf [--text FILE | --random N]
 """

@@ -6,7 +6,7 @@
  * Why: on the request path the CPU embeds the query and scans the user's
  * facts; with both on the GPU only the query's token ids go up and the k
  * (row, score) pairs come back, so neither text nor vectors cross PCIe, and
- * the scan runs at HBM bandwidth (issue 6, item 4).
+ * the scan runs at HBM bandwidth.
  *
  * cuda_embedder: f32 throughout, the CPU embedder's forward pass mirrored
  * step for step (embeddings + LayerNorm, post-LN layers with cuBLAS SGEMM

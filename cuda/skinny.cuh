@@ -7,7 +7,7 @@
  * The backend's products use it only when asked (backend_cuda_set_skinny):
  * inside the kernel it is 13-29% slower than cuBLAS's nvjet kernels at 30
  * rows on the 8B layer's shapes, and a layer's products in sequence run at
- * 0.93-1.04x of cuBLAS's speed (cuda/NOTES.md runs 34-36). This kernel:
+ * 0.93-1.04x of cuBLAS's speed (docs/notes/cuda-diary.md). This kernel:
  *  - streams W straight from memory into tensor-core fragments: a block of
  *    8 warps owns 128 weight rows (16 a warp) over one range of columns,
  *    each warp keeping 4 64-column steps of its rows in registers (16-byte
@@ -59,7 +59,7 @@ is_status cuda_skinny_prepare(void);
 
 /* Whether every block (or cluster) of the plan is resident at once: the
  * kernel is built for one wave, and past it loses to cuBLAS (the 8B head,
- * 128256 rows at one row: 1002 blocks, 1-6% slower; runs 34-35). */
+ * 128256 rows at one row: 1002 blocks, 1-6% slower). */
 bool cuda_skinny_one_wave(const skinny_plan *p, int32_t n);
 
 /* y[n][rows] = x W^T. pdl: launched as a programmatic dependent of the

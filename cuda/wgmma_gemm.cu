@@ -92,7 +92,7 @@ static __global__ void __launch_bounds__(WG_THREADS)
                       float *y, int32_t n, int32_t rows, int32_t kt_total, int32_t splits,
                       int32_t trigger, int32_t glu, __nv_bfloat16 *obf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (trigger) pdl_trigger(); /* measured slower (run 49): benchmarks only */
+    if (trigger) pdl_trigger(); /* measured slower: benchmarks only */
     constexpr int BM = 64 * MB;
     constexpr uint32_t W_BYTES = BM * 128, X_BYTES = WGMMA_MAX_N * 128;
     constexpr uint32_t STAGE_BYTES = W_BYTES + X_BYTES;
@@ -369,7 +369,7 @@ static int32_t default_splits(int64_t row_blocks, int64_t kt_total) {
     return splits;
 }
 
-/* The default block shape, the fastest of device run 48's sweep on each of
+/* The default block shape, the fastest of a sweep on the H200 on each of
  * the 8B layer's products at 30 rows: the smallest block of weight rows
  * (64, 128, 256) whose row blocks are at most one an SM, with the stages
  * that let two blocks share an SM (the next kernel's may start beside),

@@ -6,9 +6,9 @@
  * Why: on the 8B shape a 30-token query's layer is ~170 us, of which the
  * four cuBLAS products are ~126 us back to back against 104 us of weight
  * reading; cuBLAS's kernels cannot start reading their weights before the
- * op before them ends (cuda/NOTES.md runs 35-45). This kernel, launched as
+ * op before them ends (docs/notes/cuda-diary.md). This kernel, launched as
  * a programmatic dependent, can: weights do not depend on the kernel
- * before. Measured (runs 47-49): as fast as cuBLAS inside with its
+ * before. Measured: as fast as cuBLAS inside with its
  * default block shapes, ~5 us a layer faster as dependents, a 30-token
  * query's TTFT 0.0-0.3 ms faster.
  *

@@ -56,7 +56,7 @@ fi
 #    AMX is switched off on purpose: with -march=native on a CPU that has AMX (Sapphire Rapids
 #    and later, like our CI machines), ggml repacks Q4_1/Q8_0 weights into its AMX buffer and
 #    llama-bench segfaults in ggml_backend_amx_mul_mat at the first prefill (seen here with
-#    llama.cpp 0c1e570; a known, unfixed llama.cpp bug, issue 20824). -mno-amx-* keeps every
+#    llama.cpp 0c1e570; a known, unfixed bug: llama.cpp's GitHub issue 20824). -mno-amx-* keeps every
 #    other native feature (AVX-512, VNNI, BF16) and the regular CPU kernels. LLAMACPP_AMX=1
 #    re-enables it. The sdist has no build number; the vendored commit is recorded below.
 AMX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs `inferscale eval locomo` on the GPU machine (issue 4's full table):
+# Runs `inferscale eval locomo` on the GPU machine (BENCHMARKS.md's LoCoMo table):
 # every question of every conversation, k = 20 and k = 50 in parallel, with
 # the CUDA backend. Retrieval needs the embedding model, which that machine
 # does not have, so it is done here first and carried:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares, on a development machine, what scripts/gpu_check.sh needs on the
-# GPU machine that its repository copy does not carry (issue 6):
+# GPU machine that its repository copy does not carry:
 #   .gpudeps/deps.tar.xz   the Debian -dev packages the build links against
 #                          (that machine has nvcc and cuBLAS but none of
 #                          them, and no network), unpacked there into a

@@ -1,7 +1,7 @@
 /*
  * dense_gpu: per-user fact matrices on the GPU and the search that uses
- * them (see dense_gpu.h for the contract and cuda/NOTES.md, "GPU
- * retrieval", for what crosses PCIe).
+ * them (see dense_gpu.h for the contract and docs/notes/cuda-diary.md,
+ * "GPU retrieval", for what crosses PCIe).
  *
  * Layout. (tenant, user) -> a partition: a cuda_fact_matrix whose row r
  * holds the embedding of fact ids[r], and map: id -> r. A removal moves

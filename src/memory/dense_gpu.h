@@ -1,6 +1,6 @@
 /*
- * dense_gpu: the dense half of the memory's retrieval on the GPU (issue 6,
- * item 4). It keeps, per (tenant, user), that user's fact embeddings as the
+ * dense_gpu: the dense half of the memory's retrieval on the GPU. It
+ * keeps, per (tenant, user), that user's fact embeddings as the
  * rows of a device matrix (cuda/retrieval_cuda.h's cuda_fact_matrix) with
  * the row <-> fact id map on the host, and a device copy of the sentence
  * embedder. A search embeds the query on the GPU (only its token ids go

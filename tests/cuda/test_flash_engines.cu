@@ -3,13 +3,13 @@
  * mma.sync, and wgmma on an sm_90a GPU) on the same batch with the same
  * plan. Both add each 16-wide step of S = Q K^T and of P V in the same
  * order into f32 accumulators of the same layout, and share everything
- * else (softmax, merges), so their outputs must be bitwise equal: run 54
+ * else (softmax, merges), so their outputs must be bitwise equal: they
  * measured 0 difference on the 8B shape's prefill and decode. A case that
  * differs is printed with its first differing element, so a broken
  * descriptor or layout shows where it breaks (head size, group, rows of
- * the tile, key tiles, splits, key warps, merge): run 56 found the D = 64
+ * the tile, key tiles, splits, key warps, merge): this test found the D = 64
  * engine with one key part wrong past the first key tile, which the SASS
- * traced to ptxas giving P's fragments the registers of Q's (cuda/NOTES.md);
+ * traced to ptxas giving P's fragments the registers of Q's;
  * Q now reaches wgmma from shared memory. (test_cuda_ops checks both
  * engines against the CPU at the bf16 bar.) Every plan runs on 64-key
  * tiles and, with two key warps, on 128-key ones (FLASH_BN_WIDE).
@@ -17,8 +17,8 @@
  * Every slot of the cache outside the sequence holds NaN, and every output
  * must be finite as well as equal: keys past the sequence must not be read
  * into a tile (their V rows would give 0 x NaN = NaN even where P is 0),
- * as a copy that took whole pages would (run 99 tried TMA boxes of a page,
- * which read the last page's unwritten slots). Caches of pages of 4 to
+ * as a copy that took whole pages would (TMA boxes of a page, tried and
+ * dropped, read the last page's unwritten slots). Caches of pages of 4 to
  * 128 slots run besides the engine's 16.
  */
 #include <setjmp.h>
@@ -179,7 +179,7 @@ static int check_shape(const shape &s) {
 static void test_engines_agree(void **state) {
     (void)state;
     const shape shapes[] = {
-        {9, 3, 64, 20, 100, 16},    /* test_cuda_ops's "chunk after 100" (run 54: 0.27 off) */
+        {9, 3, 64, 20, 100, 16},    /* test_cuda_ops's "chunk after 100" (once 0.27 off) */
         {9, 3, 64, 21, 63, 16},     /* a full tile of SmolLM2's, two key tiles */
         {9, 3, 64, 50, 0, 16},      /* a prefill: single key tiles */
         {9, 3, 64, 4, 252, 16},     /* few rows, five key tiles */

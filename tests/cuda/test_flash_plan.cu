@@ -83,11 +83,11 @@ static void test_long_run_and_order(void **state) {
 }
 
 /* The 8B query (30 tokens, 16 (tile, KV head) pairs) after k facts: the
- * cost model (run 106's fit) walks 1,340 keys (k = 50) in 128-key tiles, 6
+ * cost model walks 1,340 keys (k = 50) in 128-key tiles, 6
  * splits of 2 such tiles against 4 of 64 keys, and 2,590 (k = 100) in 6
  * splits of 4 such tiles against 7, and keeps 64-key tiles where a block
  * walks one either way (k = 5: 215 keys); never without wide tiles allowed
- * (CUDA_FLASH_CHOICE_NO_WIDE, the plan before run 93). Wide tiles are the
+ * (CUDA_FLASH_CHOICE_NO_WIDE, the plan before wide tiles). Wide tiles are the
  * wgmma engine's: without a GPU that runs it (CI) the plan must stay on
  * 64-key tiles; on one (ctest -L gpu) the choices above. */
 static cuda_flash_plan plan_8b(int32_t keys, cuda_flash_choice choice) {
