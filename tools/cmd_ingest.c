@@ -22,6 +22,7 @@
 #include "cli.h"
 
 #include "core/status.h"
+#include "core/threads.h"
 #include "memory/memory.h"
 #include "serve/ask.h"
 
@@ -262,6 +263,7 @@ int cmd_ingest(int argc, char **argv) {
         }
         if ((st = embedder_load(edir, &emb)) != IS_OK) goto fail;
         if (threads) embedder_set_n_threads(emb, threads);
+        threads_init(threads); /* BLAS's count, once for the process */
         size_t l = strlen(edir);
         while (l > 1 && edir[l - 1] == '/') l--;
         size_t b = l;

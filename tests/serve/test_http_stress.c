@@ -45,8 +45,8 @@
 
 #define SEED 27u
 #define N_SEED_FACTS 24   /* the searched user's facts, added before the load */
-#define MAX_CHATS 10      /* the load phase ends after this many chats ... */
-#define LOAD_SECONDS 25.0 /* ... or after this long */
+#define MAX_CHATS 8       /* the load phase ends after this many chats ... */
+#define LOAD_SECONDS 18.0 /* ... or after this long */
 #define MAX_ADDS 60
 #define N_SEARCHERS 3
 
