@@ -41,7 +41,8 @@ static void usage(FILE *f, const char *cmd) {
                 "  ask        answer a question with facts as memory (kv, prompt or off)\n"
                 "  ingest     add facts to a memory (LoCoMo conversations, JSON lines)\n"
                 "  eval       score memory modes on a benchmark (eval locomo)\n"
-                "  serve      HTTP API: OpenAI-compatible chat with memory, Mem0-style memories\n\n"
+                "  serve      HTTP API: OpenAI-compatible chat with memory, Mem0-style memories\n"
+                "  fsck       check a memory data directory; --repair repairs it, deleting nothing\n\n"
                 "Run 'inferscale <command> --help' for a command's options.\n");
         return;
     }
@@ -352,6 +353,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "ingest") == 0) return cmd_ingest(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0) return cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "fsck") == 0) return cmd_fsck(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s' (see 'inferscale --help')\n", cmd);
     return 1;
 }
