@@ -1109,10 +1109,13 @@ static is_status quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out
             sqlite3_bind_text(ins, 1, why[i], -1, SQLITE_STATIC);
             sqlite3_bind_int64(ins, 2, (int64_t)time(NULL) * 1000);
             sqlite3_bind_int64(ins, 3, rowids[i]);
-            if ((st = step_done(s, ins, "quarantine a row")) != IS_OK) break;
+            if (sqlite3_step(ins) != SQLITE_DONE) {
+                st = sql_err(s, "quarantine a row");
+                break;
+            }
             sqlite3_reset(del);
             sqlite3_bind_int64(del, 1, rowids[i]);
-            st = step_done(s, del, "remove a quarantined row");
+            if (sqlite3_step(del) != SQLITE_DONE) st = sql_err(s, "remove a quarantined row");
         }
         sqlite3_finalize(ins);
         sqlite3_finalize(del);
