@@ -45,8 +45,8 @@
 
 #define SEED 27u
 #define N_SEED_FACTS 24   /* the searched user's facts, added before the load */
-#define MAX_CHATS 8       /* the load phase ends after this many chats ... */
-#define LOAD_SECONDS 18.0 /* ... or after this long */
+#define MAX_CHATS 6       /* the load phase ends after this many chats ... */
+#define LOAD_SECONDS 90.0 /* ... or after this long (a safety net on a slow machine) */
 #define MAX_ADDS 60
 #define N_SEARCHERS 3
 
@@ -376,7 +376,7 @@ static void run_setting(int32_t threads) {
     free(chat_ref);
     free(search_ref);
     assert_int_equal(errors, 0);
-    assert_true(chats >= 3 && searches >= 10 && n_facts >= 3); /* the load did overlap */
+    assert_true(chats >= 2 && searches >= 10 && n_facts >= 2); /* the load did overlap */
     assert_int_equal(chat_diff, 0);
     assert_int_equal(search_diff, 0);
     assert_int_equal(emb_diff, 0);
