@@ -288,7 +288,7 @@ is_status memory_fsck(const char *data_dir, const memory_fsck_params *p, memory_
     for (int64_t i = 0; i < files.n; i++) r->n_unclaimed += !files.claimed[i];
     const bool unreadable = strncmp(r->integrity, "unreadable", 10) == 0;
     const bool store_lost = r->db_missing || r->db_empty || unreadable || strstr(r->missing_tables, "facts") ||
-                            (r->n_facts == 0 && r->n_history <= 0);
+                            (r->n_facts == 0 && r->n_history <= 0 && files.n > 1);
     const bool rebuild_needed = store_lost && files.n > 0;
     r->problems = rebuild_needed || (!store_lost && (r->missing_tables[0] || r->n_bad_rows > 0 ||
                                                      r->n_unclaimed > 0 || strcmp(r->integrity, "ok") != 0));

@@ -314,7 +314,10 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     if ((st = check_embed_meta(m, name)) != IS_OK) goto fail;
     int64_t n_quarantined = 0;
     if ((st = mem_store_quarantine_bad_rows(m->store, m->dim, &n_quarantined)) != IS_OK) goto fail;
-    if (files.n > 0 && mem_store_count(m->store) == 0 && mem_store_count_history(m->store) <= 0) {
+    /* A store that never recorded anything cannot own records, except the
+     * one a crash during its very first add leaves (writes are serialised,
+     * so a crash leaves at most one record without its row). */
+    if (files.n > 1 && mem_store_count(m->store) == 0 && mem_store_count_history(m->store) <= 0) {
         st = is_error_set(IS_ERR_IO, "memory: the fact store %s has no facts and no history but "
                                      "%s holds %lld KV records: refusing to start (restore the "
                                      "file, or run `inferscale fsck --data %s`)",
