@@ -243,7 +243,7 @@ static void *add_loop(void *ud) {
 /* Waits (bounded) until the scheduler has nothing running, queued or to
  * encode, so the next request runs alone. */
 static void wait_idle(int port) {
-    for (int i = 0; i < 1200; i++) {
+    for (int i = 0; i < 4800; i++) { /* 4 minutes: encoding is slow on a busy machine */
         CURL *c = curl_easy_init();
         char url[128];
         snprintf(url, sizeof url, "http://127.0.0.1:%d/health", port);
