@@ -28,7 +28,8 @@ done
 # libraries, and pkgconf in case that machine has no pkg-config.
 PKGS="pkgconf pkgconf-bin libpkgconf3 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0
 libpcre2-posix3 libopenblas-openmp-dev libopenblas0-openmp libgfortran5 libquadmath0 libcjson-dev
-libcjson1 libutf8proc-dev libutf8proc2 libsqlite3-dev libsqlite3-0 libcmocka-dev libcmocka0"
+libcjson1 libutf8proc-dev libutf8proc2 libsqlite3-dev libsqlite3-0 libcmocka-dev libcmocka0
+nettle-dev libnettle8"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/debs" "$tmp/root"

@@ -28,6 +28,7 @@ void cli_progress(const char *what, int64_t done, int64_t total, double t0_ms);
 /* Subcommands. */
 int cmd_ask(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_fsck(int argc, char **argv);
 int cmd_ingest(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 

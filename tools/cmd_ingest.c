@@ -22,6 +22,7 @@
 #include "cli.h"
 
 #include "core/status.h"
+#include "core/threads.h"
 #include "memory/memory.h"
 #include "serve/ask.h"
 
@@ -262,6 +263,7 @@ int cmd_ingest(int argc, char **argv) {
         }
         if ((st = embedder_load(edir, &emb)) != IS_OK) goto fail;
         if (threads) embedder_set_n_threads(emb, threads);
+        threads_init(threads); /* BLAS's count, once for the process */
         size_t l = strlen(edir);
         while (l > 1 && edir[l - 1] == '/') l--;
         size_t b = l;
@@ -275,7 +277,9 @@ int cmd_ingest(int argc, char **argv) {
     memory_open_report rep;
     if ((st = memory_open(data, &mp, &mem, &rep)) != IS_OK) goto fail;
     if (rep.n_orphans)
-        fprintf(stderr, "removed %lld KV records of interrupted writes\n", (long long)rep.n_orphans);
+        fprintf(stderr, "set aside %lld KV records no fact points to in %s/kv/orphans/\n",
+                (long long)rep.n_orphans, data);
+    if (rep.repairs[0]) fprintf(stderr, "warning: %s (inferscale fsck lists them)\n", rep.repairs);
 
     if (!no_kv) {
         if ((st = backend_cpu_create(threads, &be)) != IS_OK) goto fail;

@@ -8,6 +8,7 @@
  */
 #include "inferscale.h"
 #include "cli.h"
+#include "gguf/verify.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -41,7 +42,11 @@ static void usage(FILE *f, const char *cmd) {
                 "  ask        answer a question with facts as memory (kv, prompt or off)\n"
                 "  ingest     add facts to a memory (LoCoMo conversations, JSON lines)\n"
                 "  eval       score memory modes on a benchmark (eval locomo)\n"
-                "  serve      HTTP API: OpenAI-compatible chat with memory, Mem0-style memories\n\n"
+                "  serve      HTTP API: OpenAI-compatible chat with memory, Mem0-style memories\n"
+                "  fsck       check a memory data directory; --repair repairs it, deleting nothing\n\n"
+                "Every command takes --verify: model files (GGUF, the embedder's safetensors) are\n"
+                "checked at load against their SHA-256 sidecar FILE.sha256 (sha256sum's format;\n"
+                "make one with 'sha256sum FILE > FILE.sha256'); a missing or different one is an error.\n\n"
                 "Run 'inferscale <command> --help' for a command's options.\n");
         return;
     }
@@ -345,6 +350,19 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout, NULL);
         return argc < 2 ? 1 : 0;
     }
+    /* --verify applies to every command: it is taken out wherever it stands
+     * and switched on before any model file is opened. */
+    int kept = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--verify") == 0) verify_set_enabled(true);
+        else argv[kept++] = argv[i];
+    }
+    argc = kept;
+    argv[argc] = NULL;
+    if (argc < 2) {
+        usage(stderr, NULL);
+        return 1;
+    }
     const char *cmd = argv[1];
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "chat") == 0) return cmd_chat(argc - 1, argv + 1);
@@ -352,6 +370,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "ingest") == 0) return cmd_ingest(argc - 1, argv + 1);
     if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0) return cmd_serve(argc - 1, argv + 1);
+    if (strcmp(cmd, "fsck") == 0) return cmd_fsck(argc - 1, argv + 1);
     fprintf(stderr, "error: unknown command '%s' (see 'inferscale --help')\n", cmd);
     return 1;
 }

@@ -20,6 +20,7 @@
 #include "gguf/gguf.h"
 
 #include "core/status.h"
+#include "gguf/verify.h"
 #include "gguf/tensor_type.h"
 
 #include <errno.h>
@@ -797,6 +798,13 @@ is_status gguf_open(const char *path, gguf_ctx **out) {
         }
     }
     close(fd); /* the mapping keeps the file */
+    if (verify_enabled()) {
+        is_status vs = verify_sha256(path, map, size);
+        if (vs != IS_OK) {
+            if (map) munmap(map, size);
+            return vs;
+        }
+    }
 
     is_status st = open_buffer(map, size, true, out);
     if (st != IS_OK) {

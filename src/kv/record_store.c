@@ -571,6 +571,33 @@ is_status record_store_delete(record_store *s, const char *id) {
     return IS_OK;
 }
 
+is_status record_store_set_aside(record_store *s, const char *id) {
+    is_status st = check_id(id);
+    if (st != IS_OK) return st;
+    char name[RS_NAME_CAP], aside[RS_NAME_CAP + sizeof RECORD_STORE_ASIDE_DIR + 1];
+    final_name(name, id);
+    snprintf(aside, sizeof aside, "%s/%s", RECORD_STORE_ASIDE_DIR, name);
+    pthread_mutex_lock(&s->mu);
+    s->generation++;
+    rs_entry *e = cache_find(s, id);
+    if (e) cache_drop(s, e);
+    int rc = mkdirat(s->dir_fd, RECORD_STORE_ASIDE_DIR, 0755);
+    if (rc != 0 && errno == EEXIST) rc = 0;
+    if (rc == 0) rc = renameat(s->dir_fd, name, s->dir_fd, aside);
+    int err = errno;
+    pthread_mutex_unlock(&s->mu);
+    if (rc != 0) {
+        if (err == ENOENT)
+            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id, s->dir);
+        return is_error_set(IS_ERR_IO, "record store: cannot move %s/%s to %s/%s: %s", s->dir, name,
+                            s->dir, aside, strerror(err));
+    }
+    if (fsync(s->dir_fd) != 0)
+        return is_error_set(IS_ERR_IO, "record store: fsync of directory %s failed: %s", s->dir,
+                            strerror(errno));
+    return IS_OK;
+}
+
 bool record_store_contains(record_store *s, const char *id) {
     if (!record_store_id_valid(id)) return false;
     pthread_mutex_lock(&s->mu);

@@ -102,6 +102,17 @@ void record_store_release(record_store *s, const fact_kv *kv);
  * IS_ERR_INVALID_ARG (bad id), IS_ERR_NOT_FOUND (no such file), IS_ERR_IO. */
 is_status record_store_delete(record_store *s, const char *id);
 
+/* Sub-directory of the store where records nothing refers to are set aside
+ * (never deleted by recovery: only an operator removes them). */
+#define RECORD_STORE_ASIDE_DIR "orphans"
+
+/* Moves the record of `id` out of the store into <dir>/orphans/ (created
+ * if missing), keeping its file name, and drops it from the cache. The
+ * move is a rename inside one file system, so the record is either still
+ * in the store or set aside, never lost. IS_ERR_INVALID_ARG (bad id),
+ * IS_ERR_NOT_FOUND, IS_ERR_IO. */
+is_status record_store_set_aside(record_store *s, const char *id);
+
 /* True if a record of `id` is cached or its file exists (a get may still
  * refuse it as corrupt). False for an invalid id. */
 bool record_store_contains(record_store *s, const char *id);

@@ -6,6 +6,7 @@
 #include "memory/embedder_weights.h"
 
 #include "core/status.h"
+#include "core/threads.h"
 #include "core/vmath.h"
 #include "memory/safetensors.h"
 
@@ -711,11 +712,6 @@ static is_status forward_chunked(embedder *e, const int32_t *const *ids, const i
     return IS_OK;
 }
 
-static void set_blas_threads(const embedder *e) {
-    if (e->n_threads > 0 && openblas_get_num_threads() != e->n_threads)
-        openblas_set_num_threads(e->n_threads);
-}
-
 /* ---- public calls ------------------------------------------------------ */
 
 is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32_t *lens, int32_t n,
@@ -731,7 +727,7 @@ is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32
                 return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: token id %d out of range",
                                     ids[i][p]);
     }
-    set_blas_threads(e);
+    threads_attach(); /* BLAS's count is the process's, set once (core/threads.h) */
     return forward_chunked(e, ids, lens, n, out);
 }
 
@@ -743,7 +739,7 @@ is_status embedder_embed(embedder *e, const char *const *texts, int32_t n, float
         return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: bad argument");
     for (int32_t i = 0; i < n; i++)
         if (!texts[i]) return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: text %d is NULL", i);
-    set_blas_threads(e);
+    threads_attach(); /* BLAS's count is the process's, set once (core/threads.h) */
     const int32_t M = e->max_tokens, nt = n_threads_eff(e);
     int32_t lens[TOKENIZE_TEXTS];
     const int32_t *ptrs[TOKENIZE_TEXTS];

@@ -79,9 +79,9 @@ int32_t embedder_max_tokens(const embedder *e);
 /* The model's tokenizer (owned by e). */
 const wordpiece *embedder_tokenizer(const embedder *e);
 
-/* Threads for the work of one call: OpenMP regions and OpenBLAS (whose
- * thread count is process-wide: it is set at the start of each call).
- * n <= 0 means all cores. */
+/* Threads for the embedder's own OpenMP regions. n <= 0 means all cores.
+ * OpenBLAS's count is process-wide and set once (core/threads.h): a
+ * per-call change raced with the engine thread's GEMMs. */
 void embedder_set_n_threads(embedder *e, int32_t n);
 
 /* Embeds n NUL-terminated texts (any bytes; see wordpiece.h for invalid

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,17 +292,48 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     /* The record store first: its lock makes the directory ours alone, which
      * is what makes deleting orphan records below safe. */
     if ((st = record_store_open(m->kv_dir, p->kv_cache_bytes, &m->rs)) != IS_OK) goto fail;
+    if ((st = record_files_scan(m->kv_dir, &files)) != IS_OK) goto fail;
+    /* A store that is gone or empty beside KV records is damage, not a new
+     * directory: creating an empty store here would make every record an
+     * orphan. Refuse, naming the file; `inferscale fsck` says what can be
+     * rebuilt. */
+    struct stat db_st, wal_st;
+    char wal_path[PATH_MAX];
+    snprintf(wal_path, sizeof wal_path, "%s-wal", db_path);
+    bool db_gone = stat(db_path, &db_st) != 0 ||
+                   (db_st.st_size == 0 && (stat(wal_path, &wal_st) != 0 || wal_st.st_size == 0));
+    if (db_gone && files.n > 0) {
+        st = is_error_set(IS_ERR_IO, "memory: the fact store %s is %s but %s holds %lld KV "
+                                     "records: refusing to start with an empty store (restore "
+                                     "the file, or run `inferscale fsck --data %s`)",
+                          db_path, stat(db_path, &db_st) != 0 ? "missing" : "empty", m->kv_dir,
+                          (long long)files.n, data_dir);
+        goto fail;
+    }
     if ((st = mem_store_open(db_path, &m->store)) != IS_OK) goto fail;
     if ((st = check_embed_meta(m, name)) != IS_OK) goto fail;
+    int64_t n_quarantined = 0;
+    if ((st = mem_store_quarantine_bad_rows(m->store, m->dim, &n_quarantined)) != IS_OK) goto fail;
+    /* A store that never recorded anything cannot own records, except the
+     * one a crash during its very first add leaves (writes are serialised,
+     * so a crash leaves at most one record without its row). */
+    if (files.n > 1 && mem_store_count(m->store) == 0 && mem_store_count_history(m->store) <= 0) {
+        st = is_error_set(IS_ERR_IO, "memory: the fact store %s has no facts and no history but "
+                                     "%s holds %lld KV records: refusing to start (restore the "
+                                     "file, or run `inferscale fsck --data %s`)",
+                          db_path, m->kv_dir, (long long)files.n, data_dir);
+        goto fail;
+    }
     if ((st = mem_index_create(m->dim, &m->ix)) != IS_OK) goto fail;
-    if ((st = record_files_scan(m->kv_dir, &files)) != IS_OK) goto fail;
     open_scan o = {.m = m, .files = &files};
     if ((st = mem_store_foreach(m->store, true, open_row, &o)) != IS_OK) goto fail;
     if (m->gpu && (st = dense_gpu_flush(m->gpu)) != IS_OK) goto fail;
     int64_t n_orphans = 0;
     for (int64_t i = 0; i < files.n; i++) {
         if (files.claimed[i]) continue;
-        is_status ds = record_store_delete(m->rs, files.ids[i]);
+        /* Set aside, not deleted: a record no row points to is what a crash
+         * leaves, but also what a damaged store makes of every record. */
+        is_status ds = record_store_set_aside(m->rs, files.ids[i]);
         if (ds != IS_OK && ds != IS_ERR_NOT_FOUND) {
             st = ds;
             goto fail;
@@ -310,7 +342,10 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     }
     record_files_free(&files);
     free(db_path);
-    if (report) *report = (memory_open_report){o.n_facts, n_orphans, o.n_missing};
+    if (report) {
+        *report = (memory_open_report){o.n_facts, n_orphans, o.n_missing, n_quarantined, ""};
+        snprintf(report->repairs, sizeof report->repairs, "%s", mem_store_repairs(m->store));
+    }
     *out = m;
     return IS_OK;
 fail:

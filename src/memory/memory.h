@@ -29,8 +29,8 @@
  * change in place (record_store writes a temporary file and renames it), so
  * a row always points to a complete record. memory_open() rebuilds the index
  * from the rows (so the index cannot disagree after a restart) and
- * reconciles the record store with them: it deletes every record no row
- * points to (the orphans a crash leaves) and lists the facts whose record
+ * reconciles the record store with them: it moves every record no row
+ * points to (the orphans a crash leaves) to kv/orphans/ and lists the facts whose record
  * is missing (facts added while no encoder was set, or records removed by
  * hand), which memory_encode_missing() encodes. Commits are durable
  * (synchronous=FULL) before an old record is deleted. tests/memory/
@@ -150,15 +150,21 @@ memory_params memory_default_params(void);
 /* What memory_open found. */
 typedef struct memory_open_report {
     int64_t n_facts;         /* rows, all tenants */
-    int64_t n_orphans;       /* KV records deleted because no row points to them */
+    int64_t n_orphans;       /* KV records no row points to, moved to kv/orphans/ */
     int64_t n_missing_kv;    /* facts without a KV record (see memory_encode_missing) */
+    int64_t n_quarantined;   /* bad rows moved to the table facts_quarantine */
+    char repairs[512];       /* what the store's open repaired, one line ("" if nothing) */
 } memory_open_report;
 
 /* Opens (creating it if missing) the data directory: the fact store, the
  * record store (its lock: a second open of the same directory fails with
  * IS_ERR_IO), rebuilds the index from the rows and reconciles the records
- * (see the top of this file). report may be NULL. IS_ERR_INVALID_ARG,
- * IS_ERR_IO, IS_ERR_FORMAT (a corrupt store), IS_ERR_MISMATCH (the store's
+ * (see the top of this file). report may be NULL. Recovery never destroys:
+ * a store that is missing or empty (no facts, no history) beside KV
+ * records is refused with IS_ERR_IO naming the file; missing tables are
+ * recreated and bad rows quarantined (memory/store.h), the rest served;
+ * records no row points to are set aside in kv/orphans/, not deleted.
+ * IS_ERR_INVALID_ARG, IS_ERR_IO, IS_ERR_FORMAT (a corrupt store), IS_ERR_MISMATCH (the store's
  * embeddings come from another model or dimension), IS_ERR_NOMEM. *out is
  * unchanged on failure and nothing is left open. */
 is_status memory_open(const char *data_dir, const memory_params *p, memory **out,

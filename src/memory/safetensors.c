@@ -6,6 +6,7 @@
 #include "memory/safetensors.h"
 
 #include "core/status.h"
+#include "gguf/verify.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -118,6 +119,13 @@ is_status safetensors_open(const char *path, safetensors **out) {
         return is_error_set(IS_ERR_IO, "safetensors: cannot map %s: %s", path, strerror(map_errno));
     }
     st->map_len = flen;
+    if (verify_enabled()) {
+        is_status vs = verify_sha256(path, st->map, flen);
+        if (vs != IS_OK) {
+            safetensors_close(st);
+            return vs;
+        }
+    }
     const uint8_t *base = st->map;
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | base[i];

@@ -19,6 +19,7 @@ struct mem_store {
     pthread_mutex_t mu;      /* one caller at a time on the connection */
     mem_store_fault_fn fault;
     void *fault_user;
+    char repairs[512];       /* what open and mem_store_quarantine_bad_rows repaired ("" if nothing) */
 };
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -219,6 +220,84 @@ static const char *SCHEMA =
     "  at INTEGER NOT NULL);"
     "CREATE INDEX IF NOT EXISTS history_by_fact ON history(fact_id);";
 
+/* The tables of the schema, facts first. */
+static const char *const TABLES[] = {"facts", "meta", "tenants", "users", "history"};
+
+static void note_repair(mem_store *s, const char *fmt, const char *arg) {
+    size_t l = strlen(s->repairs);
+    if (l + 3 >= sizeof s->repairs) return;
+    if (l) l += (size_t)snprintf(s->repairs + l, sizeof s->repairs - l, "; ");
+    snprintf(s->repairs + l, sizeof s->repairs - l, fmt, arg);
+}
+
+/* Recreates the tables an existing store lacks (the schema's statements
+ * all say IF NOT EXISTS), refilling tenants and users from the facts, so a
+ * store that lost its history table serves (without that history) instead
+ * of failing every write. A lost facts table comes back empty: the caller
+ * (memory_open) refuses an empty store that has KV records. */
+static void find_missing_tables(mem_store *s, char *missing, size_t cap) {
+    missing[0] = '\0';
+    for (size_t i = 0; i < sizeof TABLES / sizeof TABLES[0]; i++) {
+        sqlite3_stmt *q;
+        int found = 0;
+        if (sqlite3_prepare_v2(s->db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               -1, &q, NULL) == SQLITE_OK) {
+            sqlite3_bind_text(q, 1, TABLES[i], -1, SQLITE_STATIC);
+            if (sqlite3_step(q) == SQLITE_ROW) found = sqlite3_column_int(q, 0);
+            sqlite3_finalize(q);
+        }
+        if (!found) {
+            size_t l = strlen(missing);
+            snprintf(missing + l, cap - l, "%s%s", l ? ", " : "", TABLES[i]);
+        }
+    }
+}
+
+static is_status repair_schema(mem_store *s) {
+    char missing[128];
+    find_missing_tables(s, missing, sizeof missing);
+    if (!missing[0]) return IS_OK;
+    char sql[4096];
+    snprintf(sql, sizeof sql,
+             "BEGIN; %s"
+             "INSERT OR IGNORE INTO tenants SELECT tenant, min(created_at) FROM facts GROUP BY tenant;"
+             "INSERT OR IGNORE INTO users SELECT tenant, user_id, min(created_at) FROM facts "
+             "GROUP BY tenant, user_id; COMMIT;",
+             SCHEMA);
+    char *err = NULL;
+    if (sqlite3_exec(s->db, sql, NULL, NULL, &err) != SQLITE_OK) {
+        is_status st = is_error_set(IS_ERR_IO, "fact store %s: recreating missing tables (%s): %s",
+                                    s->path, missing, err ? err : "?");
+        sqlite3_free(err);
+        sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        return st;
+    }
+    note_repair(s, "recreated missing tables: %s", missing);
+    return IS_OK;
+}
+
+is_status mem_store_open_readonly(const char *path, mem_store **out) {
+    if (!path || !*path || !out) return is_error_set(IS_ERR_INVALID_ARG, "fact store: no path");
+    mem_store *s = calloc(1, sizeof *s);
+    if (!s || !(s->path = strdup(path))) {
+        free(s);
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    int rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        is_status st = is_error_set(IS_ERR_IO, "fact store %s: cannot open: %s", path,
+                                    s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
+        sqlite3_close(s->db);
+        pthread_mutex_destroy(&s->mu);
+        free(s->path);
+        free(s);
+        return st;
+    }
+    *out = s;
+    return IS_OK;
+}
+
 is_status mem_store_open(const char *path, mem_store **out) {
     if (!path || !*path || !out) return is_error_set(IS_ERR_INVALID_ARG, "fact store: no path");
     mem_store *s = calloc(1, sizeof *s);
@@ -263,6 +342,7 @@ is_status mem_store_open(const char *path, mem_store **out) {
                           path, version, MEM_STORE_SCHEMA_VERSION);
         goto fail;
     }
+    if (version == MEM_STORE_SCHEMA_VERSION && (st = repair_schema(s)) != IS_OK) goto fail;
     if (version == 0) {
         /* A database that holds tables but no version is someone else's. */
         int64_t n_tables = 0;
@@ -889,4 +969,193 @@ is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn
     }
     pthread_mutex_unlock(&s->mu);
     return st;
+}
+
+/* ---- repair ----------------------------------------------------------------------- */
+
+const char *mem_store_repairs(const mem_store *s) { return s->repairs; }
+
+/* Why the current row (FACT_COLUMNS) cannot be served, or NULL if it can. */
+static const char *row_problem(sqlite3_stmt *q, int32_t dim) {
+    static const int text_cols[] = {0, 1, 2, 5, 10};
+    for (size_t i = 0; i < sizeof text_cols / sizeof text_cols[0]; i++)
+        if (sqlite3_column_type(q, text_cols[i]) != SQLITE_TEXT) return "a required text column is not text";
+    const char *id = (const char *)sqlite3_column_text(q, 0);
+    if (!id || !*id || strlen(id) > MEM_ID_MAX) return "bad id";
+    if (sqlite3_column_int(q, 14) < 1) return "bad version";
+    const char *text = (const char *)sqlite3_column_text(q, 5);
+    char h[17];
+    mem_text_hash_hex(text ? text : "", h);
+    const char *hash = (const char *)sqlite3_column_text(q, 10);
+    if (!hash || strcmp(hash, h) != 0) return "the text does not match its hash";
+    if (sqlite3_column_type(q, 15) != SQLITE_BLOB) return "embedding is not a blob";
+    const void *emb = sqlite3_column_blob(q, 15);
+    int bytes = sqlite3_column_bytes(q, 15);
+    if (!emb || bytes <= 0 || bytes % (int)sizeof(float) != 0 || (dim > 0 && bytes != dim * (int)sizeof(float)))
+        return "embedding of the wrong size";
+    for (int i = 0; i < bytes / (int)sizeof(float); i++) {
+        float v;
+        memcpy(&v, (const char *)emb + (size_t)i * sizeof v, sizeof v);
+        if (!isfinite(v)) return "embedding not finite";
+    }
+    const char *ctx = (const char *)sqlite3_column_text(q, 11);
+    if (ctx) {
+        cJSON *j = cJSON_Parse(ctx);
+        bool ok = cJSON_IsArray(j);
+        cJSON_Delete(j);
+        if (!ok) return "context is not a JSON array";
+    }
+    return NULL;
+}
+
+static is_status quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out);
+
+is_status mem_store_quarantine_bad_rows(mem_store *s, int32_t dim, int64_t *n_out) {
+    return quarantine(s, dim, true, n_out);
+}
+
+is_status mem_store_count_bad_rows(mem_store *s, int32_t dim, int64_t *n_out) {
+    return quarantine(s, dim, false, n_out);
+}
+
+void mem_store_missing_tables(mem_store *s, char *out, size_t cap) {
+    pthread_mutex_lock(&s->mu);
+    find_missing_tables(s, out, cap);
+    pthread_mutex_unlock(&s->mu);
+}
+
+is_status mem_store_integrity(mem_store *s, char *out, size_t cap) {
+    pthread_mutex_lock(&s->mu);
+    sqlite3_stmt *q;
+    is_status st = prepare(s, "PRAGMA quick_check", &q);
+    if (st == IS_OK) {
+        if (sqlite3_step(q) == SQLITE_ROW) {
+            const unsigned char *t = sqlite3_column_text(q, 0);
+            snprintf(out, cap, "%s", t ? (const char *)t : "?");
+        } else {
+            st = sql_err(s, "quick_check");
+        }
+        sqlite3_finalize(q);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+is_status mem_store_foreach_record(mem_store *s, mem_store_record_fn fn, void *ud) {
+    pthread_mutex_lock(&s->mu);
+    sqlite3_stmt *q;
+    is_status st = prepare(s, "SELECT kv_record FROM facts WHERE kv_record IS NOT NULL", &q);
+    if (st == IS_OK) {
+        int rc;
+        while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+            const unsigned char *r = sqlite3_column_text(q, 0);
+            if (r && (st = fn((const char *)r, ud)) != IS_OK) break;
+        }
+        if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "scan records");
+        sqlite3_finalize(q);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+static is_status quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out) {
+    if (n_out) *n_out = 0;
+    pthread_mutex_lock(&s->mu);
+    sqlite3_stmt *q;
+    int64_t *rowids = NULL;
+    const char **why = NULL;
+    int64_t n = 0, cap = 0;
+    is_status st = prepare(s, "SELECT " FACT_COLUMNS ", rowid FROM facts", &q);
+    if (st == IS_OK) {
+        int rc;
+        while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+            const char *p = row_problem(q, dim);
+            if (!p) continue;
+            if (n == cap) {
+                int64_t nc = cap ? cap * 2 : 16;
+                int64_t *nr = realloc(rowids, (size_t)nc * sizeof *nr);
+                if (nr) rowids = nr;
+                const char **nw = nr ? realloc(why, (size_t)nc * sizeof *nw) : NULL;
+                if (!nr || !nw) {
+                    st = is_error_set(IS_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                why = nw;
+                cap = nc;
+            }
+            rowids[n] = sqlite3_column_int64(q, 16);
+            why[n++] = p;
+        }
+        if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "scan facts");
+        sqlite3_finalize(q);
+    }
+    /* Bad rows move, whole and as stored, to facts_quarantine (with the
+     * reason), in one transaction: the rest is served, nothing is lost. */
+    if (st == IS_OK && !move && n_out) *n_out = n;
+    if (st == IS_OK && move && n > 0) {
+        char *err = NULL;
+        if (sqlite3_exec(s->db,
+                         "BEGIN; CREATE TABLE IF NOT EXISTS facts_quarantine AS SELECT *, "
+                         "'' AS reason, 0 AS quarantined_at FROM facts WHERE 0;",
+                         NULL, NULL, &err) != SQLITE_OK) {
+            st = is_error_set(IS_ERR_IO, "fact store %s: quarantine: %s", s->path, err ? err : "?");
+            sqlite3_free(err);
+        }
+        sqlite3_stmt *ins = NULL, *del = NULL;
+        if (st == IS_OK) st = prepare(s, "INSERT INTO facts_quarantine SELECT *, ?, ? FROM facts WHERE rowid = ?", &ins);
+        if (st == IS_OK) st = prepare(s, "DELETE FROM facts WHERE rowid = ?", &del);
+        for (int64_t i = 0; st == IS_OK && i < n; i++) {
+            sqlite3_reset(ins);
+            sqlite3_bind_text(ins, 1, why[i], -1, SQLITE_STATIC);
+            sqlite3_bind_int64(ins, 2, (int64_t)time(NULL) * 1000);
+            sqlite3_bind_int64(ins, 3, rowids[i]);
+            if (sqlite3_step(ins) != SQLITE_DONE) {
+                st = sql_err(s, "quarantine a row");
+                break;
+            }
+            sqlite3_reset(del);
+            sqlite3_bind_int64(del, 1, rowids[i]);
+            if (sqlite3_step(del) != SQLITE_DONE) st = sql_err(s, "remove a quarantined row");
+        }
+        sqlite3_finalize(ins);
+        sqlite3_finalize(del);
+        if (st == IS_OK && sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+            st = sql_err(s, "commit the quarantine");
+        if (st != IS_OK) sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+        if (st == IS_OK) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "%lld bad rows moved to table facts_quarantine (first: %s)",
+                     (long long)n, why[0]);
+            note_repair(s, "%s", msg);
+            if (n_out) *n_out = n;
+        }
+    }
+    free(rowids);
+    free(why);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+int64_t mem_store_count_history(mem_store *s) {
+    pthread_mutex_lock(&s->mu);
+    int64_t n = -1;
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(s->db, "SELECT count(*) FROM history", -1, &q, NULL) == SQLITE_OK) {
+        if (sqlite3_step(q) == SQLITE_ROW) n = sqlite3_column_int64(q, 0);
+        sqlite3_finalize(q);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int64_t mem_store_count_quarantined(mem_store *s) {
+    pthread_mutex_lock(&s->mu);
+    int64_t n = 0;
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(s->db, "SELECT count(*) FROM facts_quarantine", -1, &q, NULL) == SQLITE_OK) {
+        if (sqlite3_step(q) == SQLITE_ROW) n = sqlite3_column_int64(q, 0);
+        sqlite3_finalize(q);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }

@@ -201,4 +201,43 @@ is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn
 typedef bool (*mem_store_fault_fn)(void *user_data);
 void mem_store_set_fault_hook(mem_store *s, mem_store_fault_fn fn, void *user_data);
 
+/* ---- repair -------------------------------------------------------------------------
+ * A store is never emptied or refused whole for part of it: mem_store_open
+ * recreates the tables an existing store lacks (tenants and users refilled
+ * from the facts; a lost history stays lost), and
+ * mem_store_quarantine_bad_rows moves rows that cannot be served (a
+ * required column NULL or not text, a bad id or version, a text that does
+ * not match its hash, an embedding of another size than dim or not finite,
+ * a context that is not a JSON array) to the table facts_quarantine, whole,
+ * with the reason. */
+
+/* What open and the quarantine repaired, one line ("" if nothing). */
+const char *mem_store_repairs(const mem_store *s);
+
+/* Moves the bad rows (see above; dim <= 0: any embedding size) to
+ * facts_quarantine in one transaction; *n_out (may be NULL) gets their
+ * number. IS_ERR_IO / IS_ERR_NOMEM with nothing moved. */
+is_status mem_store_quarantine_bad_rows(mem_store *s, int32_t dim, int64_t *n_out);
+
+/* The same check without moving anything: *n_out gets the number of bad rows. */
+is_status mem_store_count_bad_rows(mem_store *s, int32_t dim, int64_t *n_out);
+
+/* Opens an existing store for reading only: no schema is created or
+ * repaired, nothing is written (for inferscale fsck's check). */
+is_status mem_store_open_readonly(const char *path, mem_store **out);
+
+/* The schema's tables the store lacks, comma-separated, into out ("" if none). */
+void mem_store_missing_tables(mem_store *s, char *out, size_t cap);
+
+/* SQLite's quick_check: "ok" or its first complaint, into out. */
+is_status mem_store_integrity(mem_store *s, char *out, size_t cap);
+
+/* Calls fn with every row's KV record id (rows without one are skipped). */
+typedef is_status (*mem_store_record_fn)(const char *kv_record, void *user_data);
+is_status mem_store_foreach_record(mem_store *s, mem_store_record_fn fn, void *user_data);
+
+/* Rows of history (-1 on error) and of facts_quarantine (0 if none). */
+int64_t mem_store_count_history(mem_store *s);
+int64_t mem_store_count_quarantined(mem_store *s);
+
 #endif

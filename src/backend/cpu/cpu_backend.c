@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_qmatmul.h"
 
 #include "core/status.h"
+#include "core/threads.h"
 #include "core/vmath.h"
 #include "gguf/tensor_type.h"
 #include "model/quant.h"
@@ -130,6 +131,7 @@ static void cpu_get_rows(backend *be, float *out, const backend_weight *emb, con
 
 static void cpu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g,
                         int32_t T, int32_t n, float eps) {
+    threads_attach();
     const float *gw = wdata(g);
 #pragma omp parallel for schedule(static) if (T > 8)
     for (int32_t t = 0; t < T; t++) {
@@ -144,6 +146,7 @@ static void cpu_rmsnorm(backend *be, float *out, const float *x, const backend_w
 
 static void cpu_matmul(backend *be, float *y, const float *x, const backend_weight *w,
                        const backend_weight *bias, int32_t T) {
+    threads_attach();
     int64_t rows = w->shape.rows, cols = w->shape.cols;
     const cpu_weight *cw = (const cpu_weight *)w;
     /* Few tokens: stream the quantised blocks. If its scratch cannot be
@@ -235,6 +238,7 @@ static inline void rope_head(float *dst, const float *src, const float *cs, floa
 
 static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
                      int32_t head_dim, const rope_params *rp) {
+    threads_attach();
     int32_t half = rp->n_rot / 2;
     /* Negative positions (the segment-masked reference places a fact's
      * context before the prefix) use cos(-a) = cos a, sin(-a) = -sin a. */
@@ -262,6 +266,7 @@ static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32
  * activation buffer first, then rotates, then scatters). */
 static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                        const backend_inject *in) {
+    threads_attach();
     int64_t total = 0;
     for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
     if (total == 0) return;
@@ -299,6 +304,7 @@ static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache
 static void cpu_kv_store(backend *be, float *k_cache, float *v_cache, const float *k,
                          const float *v, const int32_t *slots, int32_t T, int32_t n_kv_heads,
                          int32_t head_dim, int32_t block_size) {
+    threads_attach();
     for (int32_t t = 0; t < T; t++) {
         int32_t block = slots[t] / block_size, off = slots[t] % block_size;
         for (int32_t h = 0; h < n_kv_heads; h++) {
@@ -352,6 +358,7 @@ static void masked_softmax(float *row, int32_t n, int32_t qp, const int32_t *seg
 static void cpu_attention(backend *be, float *out, const float *q, const float *k_cache,
                           const float *v_cache, const attn_batch *b, int32_t n_heads,
                           int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
+    threads_attach();
     int32_t n_rep = n_heads / n_kv_heads;
     float scale = 1.0f / sqrtf((float)head_dim);
     int32_t q_stride = n_heads * head_dim;
@@ -474,11 +481,13 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
 }
 
 static void cpu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    threads_attach();
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 static void cpu_add(backend *be, float *x, const float *y, int64_t n) {
+    threads_attach();
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
@@ -528,11 +537,9 @@ is_status backend_cpu_create(int32_t n_threads, backend **out) {
         free(ctx);
         return is_error_set(IS_ERR_NOMEM, "cpu backend: out of memory");
     }
-    if (n_threads > 0) {
-        omp_set_num_threads(n_threads);
-        openblas_set_num_threads(n_threads);
-    }
-    ctx->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    /* Process-wide, once: see core/threads.h for why every thread that
+     * enters BLAS must agree with it. */
+    ctx->n_threads = threads_init(n_threads);
     be->ops = &cpu_ops;
     be->ctx = ctx;
     *out = be;

@@ -98,7 +98,9 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     memory_open_report rep;
     if ((st = memory_open(p->data_dir, &mp, &a->mem, &rep)) != IS_OK) goto fail;
     if (rep.n_orphans)
-        fprintf(notes, "memory: removed %lld KV records of interrupted writes\n", (long long)rep.n_orphans);
+        fprintf(notes, "memory: set aside %lld KV records no fact points to in %s/kv/orphans/\n",
+                (long long)rep.n_orphans, p->data_dir);
+    if (rep.repairs[0]) fprintf(notes, "memory: warning: %s (inferscale fsck lists them)\n", rep.repairs);
 
     if (p->model_path) {
         if ((st = backend_create(p->backend ? p->backend : "cpu", p->threads, &a->be)) != IS_OK)
