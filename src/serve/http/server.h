@@ -79,7 +79,12 @@ typedef struct http_config {
     const tokenizer *tok;         /* borrowed; for max_prompt_tokens (NULL: unchecked) */
     FILE *log;                    /* request log (NULL: stderr) */
     bool quiet;                   /* no request log at all */
+    int infer_fallback;           /* an infer=true add whose extraction yields no fact:
+                                     HTTP_INFER_FALLBACK_STORE (default) stores the user's
+                                     messages as they are, _REJECT answers 422 */
 } http_config;
+
+enum { HTTP_INFER_FALLBACK_STORE = 0, HTTP_INFER_FALLBACK_REJECT = 1 };
 
 http_limits http_default_limits(void);
 http_config http_default_config(void);
