@@ -34,7 +34,8 @@ cmake --build "$BUILD" -j"$(nproc)" --target inferscale-cli >/dev/null
 LOCOMO=../shared/data/locomo/26.json
 if [ -f "$LOCOMO" ]; then
   # Resumable: facts already in $DATA are skipped.
-  "$CLI" ingest locomo "$LOCOMO" --data "$DATA" --tenant default --user-by speaker --no-kv
+  # Defaults: tenant "default" (that of serve --no-auth), one user per speaker.
+  "$CLI" ingest locomo "$LOCOMO" --data "$DATA" --no-kv
 else
   echo "demo: $LOCOMO not found; loading a few demo facts for user 'caroline' instead"
   facts=$(mktemp)
