@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's set-up and example commands, run as written from a fresh clone.
 #
-#   tests/readme/test_readme.sh REPO_DIR
+#   tests/readme/test_readme.sh REPO_DIR [PYTHON_WITH_MEM0AI]
 #
 # Clones REPO_DIR (its committed HEAD) into a temporary folder, links the
 # models and ../shared in (setup.sh would fetch the models; the Debian
@@ -18,7 +18,7 @@
 #
 # Exit status 77 (skipped) when the models or LoCoMo are missing.
 set -euo pipefail
-SRC=$(cd "${1:?usage: test_readme.sh REPO_DIR}" && pwd)
+SRC=$(cd "${1:?usage: test_readme.sh REPO_DIR [PYTHON_WITH_MEM0AI]}" && pwd)
 [ -f "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] || { echo "SKIP: no default model in $SRC/models"; exit 77; }
 SHARED=$(cd "$SRC/.." && pwd)/shared
 [ -f "$SHARED/data/locomo/26.json" ] || { echo "SKIP: $SHARED/data/locomo/26.json not found"; exit 77; }
@@ -26,7 +26,7 @@ SHARED=$(cd "$SRC/.." && pwd)/shared
 T=$(mktemp -d)
 pid=""
 cleanup() {
-  [ -n "$pid" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
   rm -rf "$T"
 }
 trap cleanup EXIT
@@ -60,7 +60,9 @@ while IFS= read -r line; do
   cmd=${line//--port 8080/--port $PORT}
   if [[ "$cmd" == *" serve "* ]]; then
     echo "+ $cmd &"
-    eval "$cmd --quiet" 2>"$T/serve.log" &
+    # exec: $! is the server itself (SIGTERM stops it cleanly; a background
+    # job of a script ignores SIGINT, Ctrl-C's signal).
+    eval "exec $cmd --quiet" 2>"$T/serve.log" &
     pid=$!
     for _ in $(seq 1 240); do curl -sf "$B/health" >/dev/null && break; sleep 0.5; done
     curl -sf "$B/health" >/dev/null || { echo "FAIL: the server did not start"; cat "$T/serve.log"; exit 1; }
@@ -77,10 +79,15 @@ out=$(bash -e "$T/client.sh")
 echo "$out" | cut -c1-300
 if echo "$out" | grep -q '"error"'; then echo "FAIL: a README request answered an error"; exit 1; fi
 
-if python3 -c 'import mem0' 2>/dev/null; then
+# A python with mem0ai: the one test_mem0_client installs (argument 2), else the system's.
+PY=python3
+[ -n "${2:-}" ] && [ -x "$2" ] && PY=$2
+if "$PY" -c 'import mem0' 2>/dev/null; then
   blocks python | sed "s|localhost:8080|127.0.0.1:$PORT|g" > "$T/example.py"
-  echo "+ the python block"
-  MEM0_TELEMETRY=False HOME=$T python3 "$T/example.py" | cut -c1-300
+  echo "+ the python block ($PY)"
+  pyout=$(MEM0_TELEMETRY=False HOME=$T "$PY" "$T/example.py")
+  echo "$pyout" | cut -c1-300
+  echo "$pyout" | grep -q "adoption" || { echo "FAIL: the python block's search found nothing"; exit 1; }
 else
   echo "note: the python block was not run (the mem0ai package is not installed here; test_mem0_client runs the client)"
 fi
@@ -93,7 +100,7 @@ hits=$(curl -s "$B/v1/memories/search/" -d '{"query": "adoption", "user_id": "ca
 [ "$hits" -eq 3 ] || { echo "FAIL: the README's search found $hits memories"; exit 1; }
 echo "caroline: $n memories"
 
-kill -INT "$pid"; wait "$pid" || { echo "FAIL: the server did not stop cleanly"; exit 1; }
+kill -TERM "$pid"; wait "$pid" || { echo "FAIL: the server did not stop cleanly"; cat "$T/serve.log"; exit 1; }
 pid=""
 dirty=$(git status --porcelain)
 [ -z "$dirty" ] || { echo "FAIL: the examples left files git does not ignore:"; echo "$dirty"; exit 1; }

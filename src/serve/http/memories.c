@@ -325,8 +325,13 @@ enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len
             n = 0;
             if (!user_messages(&a, &p, &n)) goto oom;
             source = "api:infer-fallback";
-            if (n > 0)
-                cJSON_AddItemToArray(warnings, cJSON_CreateString(
+            if (n == 0) {
+                res = http_send_error(r, 422, "messages", "extraction_failed",
+                                      "the model extracted no facts and the messages hold no user "
+                                      "message to store; nothing was stored");
+                goto out;
+            }
+            cJSON_AddItemToArray(warnings, cJSON_CreateString(
                     "the model extracted no facts, so the user's messages were stored as they are "
                     "(serve --infer-fallback store; 'reject' fails such adds with 422 instead)"));
         }
