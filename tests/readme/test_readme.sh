@@ -20,6 +20,8 @@
 set -euo pipefail
 SRC=$(cd "${1:?usage: test_readme.sh REPO_DIR [PYTHON_WITH_MEM0AI]}" && pwd)
 [ -f "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] || { echo "SKIP: no default model in $SRC/models"; exit 77; }
+PY_MEM0=""
+[ -n "${2:-}" ] && [ -x "$2" ] && PY_MEM0=$(readlink -f "$2")
 SHARED=$(cd "$SRC/.." && pwd)/shared
 [ -f "$SHARED/data/locomo/26.json" ] || { echo "SKIP: $SHARED/data/locomo/26.json not found"; exit 77; }
 
@@ -80,8 +82,7 @@ echo "$out" | cut -c1-300
 if echo "$out" | grep -q '"error"'; then echo "FAIL: a README request answered an error"; exit 1; fi
 
 # A python with mem0ai: the one test_mem0_client installs (argument 2), else the system's.
-PY=python3
-[ -n "${2:-}" ] && [ -x "$2" ] && PY=$2
+PY=${PY_MEM0:-python3}
 if "$PY" -c 'import mem0' 2>/dev/null; then
   blocks python | sed "s|localhost:8080|127.0.0.1:$PORT|g" > "$T/example.py"
   echo "+ the python block ($PY)"

@@ -444,7 +444,7 @@ static void test_auth(void **state) {
     curl_slist_free_all(h);
     free(r2.body);
     curl_easy_cleanup(c);
-    g_requests += 2;
+    g_requests += 4; /* bearer, Token, Tokens, Basic */
 }
 
 static void test_memory_routes(void **state) {
