@@ -21,7 +21,7 @@ set -euo pipefail
 SRC=$(cd "${1:?usage: test_readme.sh REPO_DIR [PYTHON_WITH_MEM0AI]}" && pwd)
 [ -f "$SRC/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] || { echo "SKIP: no default model in $SRC/models"; exit 77; }
 PY_MEM0=""
-[ -n "${2:-}" ] && [ -x "$2" ] && PY_MEM0=$(readlink -f "$2")
+[ -n "${2:-}" ] && [ -x "$2" ] && PY_MEM0=$(cd "$(dirname "$2")" && pwd)/$(basename "$2") # a venv python: not resolved
 SHARED=$(cd "$SRC/.." && pwd)/shared
 [ -f "$SHARED/data/locomo/26.json" ] || { echo "SKIP: $SHARED/data/locomo/26.json not found"; exit 77; }
 

@@ -340,6 +340,9 @@ def scenario(api, tag, with_infer):
         check(all(stored.get(m["id"]) == m["memory"] for m in r), "infer add: listed texts differ from stored")
 
     # delete one, delete_users, delete_all, reset
+    if api.v2:  # 2.x's delete_linked: no linked versions here, refused by name (and nothing deleted)
+        expect_error(lambda: api.call("delete", violin, delete_linked=True), "delete_linked", "not supported")
+        check(api.call("get", violin)["id"] == violin, "a refused delete deleted")
     d = api.call("delete", violin)
     check("deleted" in d.get("message", "").lower(), f"delete: {d}")
     expect_error(lambda: api.call("get", violin), "not found")

@@ -20,6 +20,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define MAX_QUERY_ARGS 64
 #define CONTEXT_TURNS 16 /* turns before a fact kept as its encoding context */
@@ -541,6 +542,12 @@ out:
 
 static enum MHD_Result delete_one(http_req *r, const char *id) {
     enum MHD_Result res;
+    /* mem0ai 2.x's delete(id, delete_linked=True): no linked memories here. */
+    const char *linked = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "delete_linked");
+    if (linked && strcasecmp(linked, "false") != 0)
+        return http_send_error(r, 400, "delete_linked", "unsupported_feature",
+                               "delete_linked is not supported by this server (InferScale): memories "
+                               "have no linked versions here; see the Mem0 feature table in the README");
     const char *want = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "user_id");
     char *user = NULL;
     if (!find_owner(r, id, want, &user, &res)) return res;
