@@ -1275,6 +1275,50 @@ static void test_infer_extraction(void **state) {
     assert_int_equal(list_count(KEY_A, "user_id=hana", NULL, NULL), n);
 }
 
+/* --infer-fallback reject: an infer=true add from which nothing usable is
+ * extracted fails with 422 and stores nothing. A second server whose
+ * extraction may write one token makes that certain (the reply cannot
+ * close its JSON object). */
+static void test_infer_fallback_reject(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[] = "/tmp/test_http_reject_XXXXXX", data[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(data, sizeof data, "%s/data", dir);
+    http_app_params p = http_app_default_params();
+    p.model_path = IS_DEFAULT_MODEL;
+    p.data_dir = data;
+    p.embedder_dir = "none";
+    p.n_ctx = N_CTX;
+    p.kv_bytes = (size_t)64 << 20;
+    p.http.port = 0;
+    p.http.no_auth = true;
+    p.http.quiet = true;
+    p.http.limits.extract_max_tokens = 1;
+    p.http.infer_fallback = HTTP_INFER_FALLBACK_REJECT;
+    http_app *app = NULL;
+    assert_int_equal(http_app_start(&p, &app), IS_OK);
+    int saved_port = g_port, saved_n = g_requests; /* this server logs nothing */
+    g_port = http_app_port(app);
+    resp r = request("POST", "/v1/memories/", NULL,
+                     "{\"user_id\":\"ivy\",\"messages\":[{\"role\":\"user\",\"content\":\"I live in Oslo.\"}]}");
+    expect_error(&r, 422, "extraction_failed", "infer");
+    resp_free(&r);
+    r = request("GET", "/v1/memories/?user_id=ivy", NULL, NULL);
+    expect_ok(&r);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 0);
+    resp_free(&r);
+    /* infer=false still stores the messages as they are. */
+    r = request("POST", "/v1/memories/", NULL,
+                "{\"user_id\":\"ivy\",\"infer\":false,\"messages\":[{\"role\":\"user\",\"content\":\"I live in Oslo.\"}]}");
+    expect_ok(&r);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 1);
+    resp_free(&r);
+    g_port = saved_port;
+    g_requests = saved_n;
+    http_app_stop(app);
+    assert_int_equal(test_remove_tree(dir), 0);
+}
+
 /* Mem0's platform routes (mem0.h) as the mem0ai clients call them; the
  * clients themselves are driven by test_mem0_client.py. */
 static void test_mem0_routes(void **state) {
@@ -1421,6 +1465,7 @@ int main(void) {
         cmocka_unit_test(test_in_flight_limit),
         cmocka_unit_test(test_infer_extraction),
         cmocka_unit_test(test_mem0_routes),
+        cmocka_unit_test(test_infer_fallback_reject),
         cmocka_unit_test(test_log_and_clean_stop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
