@@ -147,7 +147,9 @@ static bool is_scalar(const cJSON *v) {
 /* A filter value for a time field: unix ms from an ISO string or unix seconds. */
 static is_status time_value(const cJSON *v, const char *field, cJSON **out) {
     int64_t ms;
-    if (cJSON_IsNumber(v)) ms = (int64_t)(v->valuedouble * 1000.0);
+    /* Unix seconds, within a few hundred thousand years: the ms fit in 64 bits. */
+    if (cJSON_IsNumber(v) && v->valuedouble > -1e13 && v->valuedouble < 1e13)
+        ms = (int64_t)(v->valuedouble * 1000.0);
     else if (cJSON_IsString(v) && mem_filter_parse_time(v->valuestring, &ms)) {
     } else
         return is_error_set(IS_ERR_INVALID_ARG,

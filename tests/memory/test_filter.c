@@ -142,6 +142,7 @@ static void test_errors(void **state) {
     refused("{\"user_id\": {\"in\": \"x\"}}", "needs a list");
     refused("{\"user_id\": [\"x\"]}", "use {\"in\"");
     refused("{\"created_at\": {\"gte\": \"last week\"}}", "ISO 8601");
+    refused("{\"created_at\": {\"gte\": 1e300}}", "unix seconds"); /* would overflow the ms */
     refused("{\"AND\": []}", "non-empty list");
     refused("{\"OR\": [1]}", "must be objects");
     refused("{\"metadata\": 3}", "must be an object");
