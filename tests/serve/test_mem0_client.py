@@ -6,7 +6,7 @@
 Installs mem0ai==2.2.1 (with its dependencies) into a throwaway virtual
 environment under WORK_DIR, and mem0ai==1.0.11 beside it (--no-deps --target:
 its dependencies are a subset of 2.2.1's), then starts two servers on
-127.0.0.1 (default model, default embedder, temporary data): one with API keys
+127.0.0.1 (default model and embedding model, temporary data): one with API keys
 for two tenants, one with --no-auth. For each client version, this script runs
 itself inside the virtual environment (--drive) and calls every MemoryClient
 method that has a route here, and then every AsyncMemoryClient twin, checking
@@ -93,12 +93,12 @@ def make_venv(work):
 # ---- the servers --------------------------------------------------------------------------
 
 class Server:
-    def __init__(self, binary, model, extra):
+    def __init__(self, binary, model, embedder, extra):
         self.data = tempfile.mkdtemp(prefix="test_mem0_client_")
         self.lines, self.port, started = [], None, threading.Event()
         self.proc = subprocess.Popen(
-            [binary, "serve", "-m", model, "--data", self.data, "--host", "127.0.0.1", "--port", "0",
-             "-t", "2", "-c", "2048", "--quiet"] + extra,
+            [binary, "serve", "-m", model, "--embedder", embedder, "--data", self.data, "--host",
+             "127.0.0.1", "--port", "0", "-t", "2", "-c", "2048", "--quiet"] + extra,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
         def read():
@@ -137,6 +137,11 @@ def main():
     binary, model, work = sys.argv[1:4]
     if not os.path.isfile(model):
         skip(f"model {model} not found (scripts/setup.sh installs it)")
+    # The embedding model beside it, named explicitly: serve's default is relative to the
+    # working directory, and search with threshold needs embeddings.
+    embedder = os.path.join(os.path.dirname(os.path.abspath(model)), "all-MiniLM-L6-v2")
+    if not os.path.isdir(embedder):
+        skip(f"embedding model {embedder} not found (scripts/setup.sh installs it)")
     check(os.access(binary, os.X_OK), f"{binary} is not an executable")
     os.makedirs(work, exist_ok=True)
     py, v1 = make_venv(work)
@@ -153,8 +158,8 @@ def main():
         f.write(f"# two tenants\n{KEY_A} tenant-a\n{KEY_B} tenant-b\n")
     servers = []
     try:
-        servers.append(Server(binary, model, ["--keys", keys]))
-        servers.append(Server(binary, model, ["--no-auth"]))
+        servers.append(Server(binary, model, embedder, ["--keys", keys]))
+        servers.append(Server(binary, model, embedder, ["--no-auth"]))
         for version in VERSIONS:
             e = dict(env)
             if version == VERSIONS[1]:
