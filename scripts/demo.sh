@@ -71,6 +71,10 @@ Try, from another terminal:
   curl -s $B/v1/memories/ -d '{"user_id": "caroline", "facts": ["Caroline adopted a cat named Oscar"]}'
   curl -s "$B/v1/memories/?user_id=caroline"
 
+  # or Mem0's own Python client, unmodified (pip install mem0ai; any key with --no-auth)
+  python3 -c 'from mem0 import MemoryClient; m = MemoryClient(api_key="local", host="$B");
+print(m.search("adoption", filters={"user_id": "caroline"}, top_k=3))'
+
   curl -s $B/health; curl -s $B/metrics | grep inferscale_ttft
 
 Clients with an API key file instead of --no-auth: see README.md (Serving).
