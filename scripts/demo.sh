@@ -34,7 +34,8 @@ cmake --build "$BUILD" -j"$(nproc)" --target inferscale-cli >/dev/null
 LOCOMO=../shared/data/locomo/26.json
 if [ -f "$LOCOMO" ]; then
   # Resumable: facts already in $DATA are skipped.
-  "$CLI" ingest locomo "$LOCOMO" --data "$DATA" --tenant default --user-by speaker --no-kv
+  # Defaults: tenant "default" (that of serve --no-auth), one user per speaker.
+  "$CLI" ingest locomo "$LOCOMO" --data "$DATA" --no-kv
 else
   echo "demo: $LOCOMO not found; loading a few demo facts for user 'caroline' instead"
   facts=$(mktemp)
@@ -69,6 +70,10 @@ Try, from another terminal:
   curl -s $B/v1/memories/search/ -d '{"query": "adoption", "user_id": "caroline", "top_k": 3}'
   curl -s $B/v1/memories/ -d '{"user_id": "caroline", "facts": ["Caroline adopted a cat named Oscar"]}'
   curl -s "$B/v1/memories/?user_id=caroline"
+
+  # or Mem0's own Python client, unmodified (pip install mem0ai; any key with --no-auth)
+  python3 -c 'from mem0 import MemoryClient; m = MemoryClient(api_key="local", host="$B");
+print(m.search("adoption", filters={"user_id": "caroline"}, top_k=3))'
 
   curl -s $B/health; curl -s $B/metrics | grep inferscale_ttft
 

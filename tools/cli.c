@@ -56,13 +56,22 @@ void cli_progress(const char *what, int64_t done, int64_t total, double t0_ms) {
     static double last;
     static int tty = -1;
     if (tty < 0) tty = isatty(2);
-    if (!tty || total <= 0) return;
+    if (total <= 0) return;
     double now = mono_ms();
-    if (done < total && now - last < 100) return;
+    /* A terminal gets a bar redrawn in place; a log or a pipe a line every
+     * few seconds, so a long run is never silent there either. */
+    if (done < total && now - last < (tty ? 100 : 5000)) return;
+    if (done == 0 && !tty) return;
     last = now;
     double secs = (now - t0_ms) / 1e3;
     double rate = secs > 0 ? done / secs : 0;
     double eta = rate > 0 ? (total - done) / rate : 0;
+    if (!tty) {
+        fprintf(stderr, "%s: %lld/%lld  %.1f/s  ETA %.0fs\n", what, (long long)done, (long long)total,
+                rate, eta);
+        fflush(stderr);
+        return;
+    }
     int width = 30, fill = (int)(width * done / total);
     char bar[64];
     for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';

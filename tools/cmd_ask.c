@@ -334,7 +334,14 @@ int cmd_ask(int argc, char **argv) {
     if (emb) {
         const char **all = malloc((size_t)n_facts * sizeof *all);
         for (int32_t i = 0; i < n_facts; i++) all[i] = facts[i].text;
-        st = embedder_embed(emb, all, n_facts, vecs);
+        /* In batches, to show progress: a conversation's facts take a while on a few cores. */
+        double tb0 = now_ms();
+        st = IS_OK;
+        for (int32_t i = 0; i < n_facts && st == IS_OK; i += 64) {
+            int32_t nb = n_facts - i < 64 ? n_facts - i : 64;
+            st = embedder_embed(emb, all + i, nb, vecs + (size_t)i * dim);
+            cli_progress("embedding facts", i + nb, n_facts, tb0);
+        }
         free(all);
         if (st != IS_OK) goto fail;
     } else {

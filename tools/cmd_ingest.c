@@ -4,9 +4,9 @@
  *   inferscale ingest locomo FILE... --data DIR [--tenant T] [--window W] [--model M | --no-kv]
  *   inferscale ingest facts FILE.jsonl --user U --data DIR [--tenant T] [--agent A] [--run R] ...
  *
- * locomo: each session's observations become the speaker's facts (user
- * "<conversation>-<speaker>" lowercased, or the speaker alone with
- * --user-by speaker), each tied to its evidence turn (source
+ * locomo: each session's observations become the speaker's facts (user: the
+ * speaker lowercased, or "<conversation>-<speaker>" with --user-by
+ * conversation, the default for several files), each tied to its evidence turn (source
  * "locomo:<conversation>:<dia_id>") and encoded with the W turns before it.
  * facts: one JSON object per line, {"text": ..., "context": [turns],
  * "metadata": {...}, "source": ..., "agent_id": ..., "run_id": ...} (text
@@ -16,8 +16,8 @@
  * committed on its own, so an interrupted run keeps what it did, and a
  * re-run skips facts already present (same user, source and text) and
  * continues. Facts stored earlier without KV (or whose record was lost) are
- * encoded first when a model is given. Progress with rate and ETA on a
- * terminal; a summary at the end.
+ * encoded first when a model is given. Progress with rate and ETA (a bar on
+ * a terminal, a line every few seconds otherwise); a summary at the end.
  */
 #include "cli.h"
 
@@ -50,7 +50,7 @@ static void ingest_usage(FILE *f) {
             "Adds facts to the memory in DIR (created if missing): text, embedding, index entry\n"
             "and KV record, each fact atomically. Re-running skips facts already present.\n\n"
             "      --data DIR       data directory (memory.db and kv/)\n"
-            "      --tenant T       tenant (default 'local')\n"
+            "      --tenant T       tenant (default 'default', the tenant of 'serve --no-auth')\n"
             "  -w, --window W       context turns encoded with each fact (default 0; -1: none,\n"
             "                       not even the serving prefix)\n"
             "  -m, --model PATH     GGUF model that encodes the KV (default: $INFERSCALE_MODEL or\n"
@@ -60,7 +60,9 @@ static void ingest_usage(FILE *f) {
             "      --embedder DIR   sentence-embedding model (default %s; 'none': BM25 only)\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
             "locomo:\n"
-            "      --user-by M      conversation (user '<conv>-<speaker>', default) | speaker\n"
+            "      --user-by M      speaker (user '<speaker>', e.g. 'caroline') | conversation (user\n"
+            "                       '<conv>-<speaker>'); default: speaker for one file, conversation\n"
+            "                       for several (speakers of different conversations stay apart)\n"
             "facts:\n"
             "      --user U         the user the facts belong to (required)\n"
             "      --agent A        agent_id of every fact\n"
@@ -183,8 +185,8 @@ int cmd_ingest(int argc, char **argv) {
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
     };
     const char *data = NULL, *model_path = cli_default_model(), *emb_dir = NULL;
-    ingest_opts o = {.tenant = "local"};
-    bool no_kv = false, by_speaker = false;
+    ingest_opts o = {.tenant = "default"};
+    bool no_kv = false, by_speaker = false, by_set = false;
     int32_t threads = 0;
     kv_dtype dtype = KV_DTYPE_F16;
     int c;
@@ -202,6 +204,7 @@ int cmd_ingest(int argc, char **argv) {
         case 'A': o.agent = optarg; break;
         case 'R': o.run = optarg; break;
         case 'B':
+            by_set = true;
             if (strcmp(optarg, "speaker") == 0) by_speaker = true;
             else if (strcmp(optarg, "conversation") == 0) by_speaker = false;
             else {
@@ -306,6 +309,11 @@ int cmd_ingest(int argc, char **argv) {
                         "them)\n", (long long)rep.n_missing_kv);
     }
 
+    if (locomo && !by_set) by_speaker = argc - optind == 1;
+    if (locomo)
+        fprintf(stderr, "users: %s, tenant '%s'\n",
+                by_speaker ? "one per speaker ('caroline')" : "one per conversation and speaker ('26-caroline')",
+                o.tenant);
     memory_import_stats total = {0};
     for (int i = optind; i < argc; i++) {
         memory_import_stats fs = {0};

@@ -29,14 +29,16 @@ static void serve_usage(FILE *f) {
             "usage: inferscale serve --data DIR [options]\n\n"
             "Serves the model over HTTP: POST /v1/chat/completions (OpenAI; \"user\" names the user\n"
             "whose memory is used, \"memory\": {\"k\", \"mode\": kv|prompt|off, \"filters\"}), GET /v1/models,\n"
-            "Mem0's /v1/memories/ routes (add, list, get, update, delete, history, search), GET /health\n"
+            "Mem0's memory API as the mem0ai clients call it (/v1/ping, /v1-v3 memories: add, list,\n"
+            "get, update, delete, history, search with filters; /v1/batch, /v1/entities), GET /health\n"
             "and GET /metrics (Prometheus).\n\n"
             "  -m, --model PATH        GGUF model (default: $INFERSCALE_MODEL or %s)\n"
             "      --data DIR          memory data directory (created if missing; see 'ingest')\n"
             "      --host H            address to listen on (default 127.0.0.1)\n"
             "      --port P            port (default 8080; 0: any free port)\n"
             "      --keys FILE         API keys: one 'KEY TENANT' per line, '#' comments; clients send\n"
-            "                          'Authorization: Bearer KEY' and see only their tenant's memories\n"
+            "                          'Authorization: Bearer KEY' (or mem0ai's 'Token KEY') and see\n"
+            "                          only their tenant's memories\n"
             "      --no-auth           no keys: every request is tenant --tenant (local use only)\n"
             "      --tenant T          the tenant of --no-auth requests (default 'default')\n"
             "      --model-name NAME   the model's id in the API (default: the file name)\n"
@@ -55,6 +57,9 @@ static void serve_usage(FILE *f) {
             "                          read (default f16; records of another dtype are used as text:\n"
             "                          ingest, whose default is f16 too, with the same --kv-dtype)\n"
             "  -w, --window W          context turns encoded with each new fact (default 0)\n"
+            "      --infer-fallback F  store | reject: an infer=true add from which the model extracts\n"
+            "                          no fact stores the user's messages as they are (store, the\n"
+            "                          default) or fails with 422 and stores nothing (reject)\n"
             "      --max-running N     requests in the running batch (default 32)\n"
             "      --max-queued N      requests waiting before 503 (default 256)\n"
             "limits (over a limit: a 4xx with an OpenAI-style error):\n"
@@ -102,6 +107,7 @@ int cmd_serve(int argc, char **argv) {
         {"max-in-flight", required_argument, 0, 'f'}, {"log", required_argument, 0, 'L'},
         {"quiet", no_argument, 0, 'q'},             {"kv-dtype", required_argument, 0, 'd'},
         {"kv-cache-f32", no_argument, 0, 'F'},     {"retrieval", required_argument, 0, 'G'},
+        {"infer-fallback", required_argument, 0, 'I'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -162,6 +168,14 @@ int cmd_serve(int argc, char **argv) {
             else if (strcmp(optarg, "bf16") == 0) p.sched.record_dtype = KV_DTYPE_BF16;
             else {
                 fprintf(stderr, "error: --kv-dtype must be f16, bf16 or f32, got '%s'\n", optarg);
+                return 1;
+            }
+            break;
+        case 'I':
+            if (strcmp(optarg, "store") == 0) p.http.infer_fallback = HTTP_INFER_FALLBACK_STORE;
+            else if (strcmp(optarg, "reject") == 0) p.http.infer_fallback = HTTP_INFER_FALLBACK_REJECT;
+            else {
+                fprintf(stderr, "error: --infer-fallback must be store or reject, got '%s'\n", optarg);
                 return 1;
             }
             break;

@@ -124,6 +124,58 @@ static bool valid_utf8(const char *s, size_t n) {
     return true;
 }
 
+/* The "facts" array of the reply: at the top of the object, or inside an
+ * object nested in it (small models wrap it: {"result": {"facts": [...]}}),
+ * depth first. NULL if none. */
+static const cJSON *find_facts(const cJSON *o, int depth) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "facts"), *it;
+    if (cJSON_IsArray(a)) return a;
+    if (depth >= 4) return NULL;
+    cJSON_ArrayForEach(it, o) {
+        if (!cJSON_IsObject(it)) continue;
+        if ((a = find_facts(it, depth + 1))) return a;
+    }
+    return NULL;
+}
+
+/* The text of a fact the model wrote as an object: its first text-like
+ * field ({"fact": ...}, {"text": ...}, ...), else its scalar fields as
+ * "key: value; ..." so that what the model said is kept. malloc'd; NULL
+ * when the object has nothing to say (or out of memory). */
+static char *object_fact_text(const cJSON *o) {
+    static const char *const keys[] = {"fact", "text", "memory", "content", "description",
+                                       "statement", "value"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+        if (cJSON_IsString(v) && v->valuestring[0]) return strdup(v->valuestring);
+    }
+    size_t cap = 1, o_len = 0;
+    char *out = NULL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        char num[64];
+        const char *val = NULL;
+        if (cJSON_IsString(it)) val = it->valuestring;
+        else if (cJSON_IsNumber(it)) {
+            snprintf(num, sizeof num, "%.17g", it->valuedouble);
+            val = num;
+        } else if (cJSON_IsBool(it)) val = cJSON_IsTrue(it) ? "true" : "false";
+        if (!val || !*val) continue;
+        size_t need = o_len + strlen(it->string) + strlen(val) + 5;
+        if (need > cap) {
+            cap = need * 2;
+            char *nb = realloc(out, cap);
+            if (!nb) {
+                free(out);
+                return NULL;
+            }
+            out = nb;
+        }
+        o_len += (size_t)sprintf(out + o_len, "%s%s: %s", o_len ? "; " : "", it->string, val);
+    }
+    return out;
+}
+
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n_facts) {
@@ -140,7 +192,7 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
     cJSON *root = cJSON_ParseWithLength(reply + sc.start, (size_t)(sc.end - sc.start));
     if (!root) return is_error_set(IS_ERR_FORMAT, "extract: the reply's object is not valid JSON: \"%s\"", snip);
     is_status st = IS_OK;
-    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "facts"), *it;
+    const cJSON *arr = cJSON_IsObject(root) ? find_facts(root, 0) : NULL, *it;
     char **out = NULL;
     int32_t n = 0;
     if (!cJSON_IsObject(root) || !cJSON_IsArray(arr)) {
@@ -159,32 +211,45 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
     }
     int32_t idx = 0;
     cJSON_ArrayForEach(it, arr) {
-        if (!cJSON_IsString(it)) {
+        char *obj_text = NULL;
+        if (cJSON_IsObject(it) && !(obj_text = object_fact_text(it))) {
+            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is an object with no text: \"%s\"", idx, snip);
+            goto done;
+        }
+        if (!obj_text && !cJSON_IsString(it)) {
             st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not a string: \"%s\"", idx, snip);
             goto done;
         }
-        const char *s = it->valuestring;
+        const char *s = obj_text ? obj_text : it->valuestring;
         size_t l = strlen(s);
         while (l > 0 && is_ws(*s)) s++, l--;
         while (l > 0 && is_ws(s[l - 1])) l--;
         if (l == 0) {
+            free(obj_text);
             st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is empty", idx);
             goto done;
         }
         if (l > EXTRACT_MAX_FACT_BYTES) {
+            free(obj_text);
             st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply has %zu bytes, more than %d", idx, l,
                               EXTRACT_MAX_FACT_BYTES);
             goto done;
         }
         if (!valid_utf8(s, l)) {
+            free(obj_text);
             st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not valid UTF-8", idx);
             goto done;
         }
         bool dup = false;
         for (int32_t j = 0; j < n && !dup; j++) dup = strlen(out[j]) == l && memcmp(out[j], s, l) == 0;
         idx++;
-        if (dup) continue;
-        if (!(out[n] = strndup(s, l))) {
+        if (dup) {
+            free(obj_text);
+            continue;
+        }
+        out[n] = strndup(s, l);
+        free(obj_text);
+        if (!out[n]) {
             st = is_error_set(IS_ERR_NOMEM, "out of memory");
             goto done;
         }

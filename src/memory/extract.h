@@ -18,8 +18,12 @@
  *   - text around the JSON object is ignored (a preamble, a code fence):
  *     the first balanced {...} of the reply is taken (braces inside JSON
  *     strings do not count), and generation stops as soon as it closes;
- *   - that object must parse as JSON and have a "facts" array of at most
- *     EXTRACT_MAX_FACTS strings, each non-empty once surrounding
+ *   - that object must parse as JSON and have a "facts" array (at its top,
+ *     or in an object nested in it) of at most EXTRACT_MAX_FACTS facts:
+ *     strings, or objects (small models write {"name": ..., "description":
+ *     ...}), which become their first text-like field ("fact", "text",
+ *     "memory", "content", "description", "statement", "value") or else
+ *     their scalar fields as "key: value; ...". Each fact must be non-empty once surrounding
  *     whitespace is trimmed, at most EXTRACT_MAX_FACT_BYTES bytes and valid
  *     UTF-8; exact duplicates are dropped, order is kept.
  *

@@ -1158,4 +1158,38 @@ int64_t mem_store_count_quarantined(mem_store *s) {
     }
     pthread_mutex_unlock(&s->mu);
     return n;
+is_status mem_store_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
+    if (!s || !tenant || !out || !n_out) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
+    pthread_mutex_lock(&s->mu);
+    sqlite3_stmt *q;
+    char **u = NULL;
+    int32_t n = 0, cap = 0;
+    is_status st = prepare(s, "SELECT DISTINCT user_id FROM facts WHERE tenant = ? ORDER BY user_id", &q);
+    if (st == IS_OK) {
+        bind_text(q, 1, tenant);
+        int rc;
+        while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+            if (n == cap) {
+                int32_t nc = cap ? cap * 2 : 16;
+                char **nu = realloc(u, (size_t)nc * sizeof *nu);
+                if (!nu) break;
+                u = nu;
+                cap = nc;
+            }
+            if (!(u[n] = strdup((const char *)sqlite3_column_text(q, 0)))) break;
+            n++;
+        }
+        if (rc == SQLITE_ROW) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        else if (rc != SQLITE_DONE) st = sql_err(s, "list users");
+        sqlite3_finalize(q);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (st != IS_OK) {
+        for (int32_t i = 0; i < n; i++) free(u[i]);
+        free(u);
+        return st;
+    }
+    *out = u;
+    *n_out = n;
+    return IS_OK;
 }

@@ -185,6 +185,11 @@ int64_t mem_store_count(mem_store *s);
  * another tenant's fact stays IS_ERR_NOT_FOUND. */
 is_status mem_store_owner(mem_store *s, const char *tenant, const char *id, char **user);
 
+/* The distinct users of `tenant` that have facts, sorted, into *out / *n
+ * (free each string and the array). IS_ERR_INVALID_ARG, IS_ERR_IO,
+ * IS_ERR_NOMEM; outputs unchanged on failure. */
+is_status mem_store_users(mem_store *s, const char *tenant, char ***out, int32_t *n);
+
 /* Calls fn on every fact of every tenant (with embeddings when asked), in
  * id order; stops early and returns fn's status if it is not IS_OK. The
  * fact passed is only valid during the call. The store's mutex is held

@@ -72,6 +72,15 @@ static void test_valid(void **state) {
     /* Unicode escapes decode to UTF-8. */
     const char *uni[] = {"Lives in S\xc3\xa3o Paulo \xf0\x9f\x98\x80"};
     expect_facts("{\"facts\": [\"Lives in S\\u00e3o Paulo \\ud83d\\ude00\"]}", 1, uni);
+    /* Nested objects: facts written as objects keep their text (a text-like
+     * field, else their scalar fields), and a "facts" array nested in
+     * another object is found. */
+    const char *nested[] = {"I love pizza", "name: Pizza; type: food"};
+    expect_facts("{\"facts\": [{\"name\": \"Pizza\", \"description\": \"I love pizza\"}, "
+                 "{\"name\": \"Pizza\", \"type\": \"food\", \"tags\": [\"x\"]}]}", 2, nested);
+    const char *wrapped[] = {"Name is Sam"};
+    expect_facts("{\"result\": {\"facts\": [\"Name is Sam\"]}}", 1, wrapped);
+    expect_facts("{\"facts\": [{\"text\": \"Name is Sam\", \"meta\": {\"a\": {\"b\": 1}}}]}", 1, wrapped);
     /* The first balanced object is the one taken. */
     const char *first[] = {"first"};
     expect_facts("{\"facts\": [\"first\"]} {\"facts\": [\"second\"]}", 1, first);
@@ -128,13 +137,12 @@ static void test_partial(void **state) {
 
 static void test_nested_and_types(void **state) {
     expect_format("{\"facts\": [[\"Name is Sam\"]]}", "not a string");
-    expect_format("{\"facts\": [{\"text\": \"Name is Sam\"}]}", "not a string");
     expect_format("{\"facts\": [\"ok\", 42]}", "fact 1");
     expect_format("{\"facts\": [null]}", "not a string");
     expect_format("{\"facts\": \"Name is Sam\"}", "no \"facts\" array");
     expect_format("{\"facts\": {\"a\": \"b\"}}", "no \"facts\" array");
     /* The facts must be at the top level of the object. */
-    expect_format("{\"result\": {\"facts\": [\"Name is Sam\"]}}", "no \"facts\" array");
+    expect_format("{\"facts\": [{}]}", "object with no text");
     expect_format("{\"facts\": [\"\"]}", "empty");
     expect_format("{\"facts\": [\"   \\n\"]}", "empty");
     /* Invalid UTF-8 inside a fact. */

@@ -422,6 +422,23 @@ static void test_auth(void **state) {
     curl_slist_free_all(h);
     free(r2.body);
     r2 = (resp){0};
+    /* Mem0's clients send "Token KEY". */
+    h = curl_slist_append(NULL, "Authorization: Token " KEY_B);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r2.status);
+    assert_int_equal(r2.status, 200);
+    curl_slist_free_all(h);
+    free(r2.body);
+    r2 = (resp){0};
+    h = curl_slist_append(NULL, "Authorization: Tokens " KEY_B);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r2.status);
+    assert_int_equal(r2.status, 401);
+    curl_slist_free_all(h);
+    free(r2.body);
+    r2 = (resp){0};
     h = curl_slist_append(NULL, "Authorization: Basic " KEY_B);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_perform(c);
@@ -430,7 +447,7 @@ static void test_auth(void **state) {
     curl_slist_free_all(h);
     free(r2.body);
     curl_easy_cleanup(c);
-    g_requests += 2;
+    g_requests += 4; /* bearer, Token, Tokens, Basic */
 }
 
 static void test_memory_routes(void **state) {
@@ -1257,9 +1274,123 @@ static void test_infer_extraction(void **state) {
         assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(g.json, "memory")), text);
         resp_free(&g);
     }
-    if (n == 0 && w) assert_true(cJSON_GetArraySize(w) >= 1);
+    /* Never a 200 that stored nothing: with nothing usable extracted, the
+     * user's message itself is stored (the default --infer-fallback). */
+    assert_true(n >= 1);
     resp_free(&r);
     assert_int_equal(list_count(KEY_A, "user_id=hana", NULL, NULL), n);
+}
+
+/* --infer-fallback reject: an infer=true add from which nothing usable is
+ * extracted fails with 422 and stores nothing. A second server whose
+ * extraction may write one token makes that certain (the reply cannot
+ * close its JSON object). */
+static void test_infer_fallback_reject(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[] = "/tmp/test_http_reject_XXXXXX", data[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(data, sizeof data, "%s/data", dir);
+    http_app_params p = http_app_default_params();
+    p.model_path = IS_DEFAULT_MODEL;
+    p.data_dir = data;
+    p.embedder_dir = "none";
+    p.n_ctx = N_CTX;
+    p.kv_bytes = (size_t)64 << 20;
+    p.http.port = 0;
+    p.http.no_auth = true;
+    p.http.quiet = true;
+    p.http.limits.extract_max_tokens = 1;
+    p.http.infer_fallback = HTTP_INFER_FALLBACK_REJECT;
+    http_app *app = NULL;
+    assert_int_equal(http_app_start(&p, &app), IS_OK);
+    int saved_port = g_port, saved_n = g_requests; /* this server logs nothing */
+    g_port = http_app_port(app);
+    resp r = request("POST", "/v1/memories/", NULL,
+                     "{\"user_id\":\"ivy\",\"messages\":[{\"role\":\"user\",\"content\":\"I live in Oslo.\"}]}");
+    expect_error(&r, 422, "extraction_failed", "infer");
+    resp_free(&r);
+    r = request("GET", "/v1/memories/?user_id=ivy", NULL, NULL);
+    expect_ok(&r);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 0);
+    resp_free(&r);
+    /* infer=false still stores the messages as they are. */
+    r = request("POST", "/v1/memories/", NULL,
+                "{\"user_id\":\"ivy\",\"infer\":false,\"messages\":[{\"role\":\"user\",\"content\":\"I live in Oslo.\"}]}");
+    expect_ok(&r);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 1);
+    resp_free(&r);
+    g_port = saved_port;
+    g_requests = saved_n;
+    http_app_stop(app);
+    assert_int_equal(test_remove_tree(dir), 0);
+}
+
+/* Mem0's platform routes (mem0.h) as the mem0ai clients call them; the
+ * clients themselves are driven by test_mem0_client.py. */
+static void test_mem0_routes(void **state) {
+    (void)state;
+    resp r = request("GET", "/v1/ping/", KEY_A, NULL);
+    expect_ok(&r);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "org_id")), "inferscale");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "project_id")), "tenant-a");
+    resp_free(&r);
+    /* An agent-only memory, with the fields 2.x always sends. */
+    r = request("POST", "/v3/memories/add/", KEY_A,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"Answer in French.\"}],"
+                "\"filters\":{\"agent_id\":\"ag1\"},\"infer\":false,\"output_format\":\"v1.1\","
+                "\"version\":\"v2\",\"async_mode\":true,\"org_id\":\"inferscale\",\"project_id\":\"tenant-a\"}");
+    expect_ok(&r);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 1);
+    resp_free(&r);
+    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"OR\":[{\"agent_id\":\"ag1\"},{\"run_id\":\"nope\"}]}}");
+    expect_ok(&r);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "count")), 1);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(r.json, "next")));
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(r.json, "results"), 0);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(m0, "user_id")));
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(m0, "agent_id")), "ag1");
+    resp_free(&r);
+    /* The other tenant does not see it. */
+    r = request("POST", "/v3/memories/", KEY_B, "{\"filters\":{\"agent_id\":\"ag1\"}}");
+    expect_ok(&r);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "count")), 0);
+    resp_free(&r);
+    r = request("POST", "/v3/memories/search/", KEY_A, "{\"query\":\"French\",\"filters\":{\"agent_id\":\"ag1\"}}");
+    expect_ok(&r);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 1);
+    resp_free(&r);
+    /* Refusals that name the field or the feature; never a 404 for a client route. */
+    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"agent_id\":\"ag1\"},\"app_id\":\"x\"}");
+    expect_error(&r, 400, "unsupported_feature", "app_id");
+    resp_free(&r);
+    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"agent_id\":\"ag1\"},\"colour\":1}");
+    expect_error(&r, 400, "unknown_field", "colour");
+    resp_free(&r);
+    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"metadata\":{\"a\":1}}}");
+    expect_error(&r, 400, "missing_field", "user_id");
+    resp_free(&r);
+    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"agent_id\":\"ag1\"},\"project_id\":\"tenant-b\"}");
+    expect_error(&r, 400, "invalid_value", "project_id");
+    resp_free(&r);
+    r = request("POST", "/v1/summary/", KEY_A, "{}");
+    expect_error(&r, 400, "unsupported_feature", NULL);
+    resp_free(&r);
+    r = request("PUT", "/v1/batch/", KEY_A,
+                "{\"memories\":[{\"memory_id\":\"00000000-0000-4000-8000-000000000000\",\"text\":\"x\"}]}");
+    expect_error(&r, 404, "memory_not_found", "memory_id");
+    resp_free(&r);
+    /* delete_all with a Python-repr filters parameter (what httpx sends for a dict). */
+    r = request("DELETE", "/v1/memories/?filters=%7B%27agent_id%27%3A%20%27ag9%27%7D", KEY_A, NULL);
+    expect_ok(&r);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "deleted")), 0);
+    resp_free(&r);
+    r = request("DELETE", "/v2/entities/agent/ag1/", KEY_B, NULL);
+    expect_error(&r, 404, "entity_not_found", NULL);
+    resp_free(&r);
+    r = request("DELETE", "/v2/entities/agent/ag1/", KEY_A, NULL);
+    expect_ok(&r);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "deleted")), 1);
+    resp_free(&r);
 }
 
 /* Every request left one JSON line in the log; then a clean stop keeps
@@ -1338,6 +1469,8 @@ int main(void) {
         cmocka_unit_test(test_disconnect_mid_stream),
         cmocka_unit_test(test_in_flight_limit),
         cmocka_unit_test(test_infer_extraction),
+        cmocka_unit_test(test_mem0_routes),
+        cmocka_unit_test(test_infer_fallback_reject),
         cmocka_unit_test(test_log_and_clean_stop),
     };
     return test_run_group(tests, setup, teardown);

@@ -183,8 +183,10 @@ static int key_equal(const auth_entry *e, const char *key, size_t len) {
 const char *auth_tenant(const auth_keys *k, const char *h) {
     if (!k || !h) return NULL;
     while (*h == ' ' || *h == '\t') h++;
-    if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return NULL;
-    h += 6;
+    /* "Bearer" is OpenAI's form, "Token" the one mem0ai's clients send. */
+    size_t scheme = strncasecmp(h, "Bearer", 6) == 0 ? 6 : strncasecmp(h, "Token", 5) == 0 ? 5 : 0;
+    if (!scheme || (h[scheme] != ' ' && h[scheme] != '\t')) return NULL;
+    h += scheme;
     while (*h == ' ' || *h == '\t') h++;
     size_t len = strlen(h);
     while (len && (h[len - 1] == ' ' || h[len - 1] == '\t')) len--;

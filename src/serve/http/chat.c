@@ -143,6 +143,9 @@ is_status chat_job_submit(http_server *srv, const sched_request *req, bool stop_
     j->refs = 1;
     j->srv = srv;
     j->stop_on_object = stop_on_object;
+    /* The reply begun for the model opens the object: count its braces, or
+     * the first nested object's close would be taken for the end. */
+    if (stop_on_object && req->reply_prefix) scan_object(j, req->reply_prefix, strlen(req->reply_prefix));
     j->mode = req->mode;
     sched_handle *h = NULL;
     /* The handle is stored under the lock: a cancel from another thread

@@ -13,18 +13,19 @@
  * (sched_encode), and until its record exists a chat that retrieves it
  * prefills its text instead (the scheduler's fallback).
  */
-#include "serve/http/http_internal.h"
+#include "serve/http/mem0.h"
 
 #include "core/status.h"
 #include "memory/extract.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define MAX_QUERY_ARGS 64
 #define CONTEXT_TURNS 16 /* turns before a fact kept as its encoding context */
 
-static cJSON *fact_json(const mem_fact *f) {
+cJSON *http_fact_json(const mem_fact *f) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", f->id);
     cJSON_AddStringToObject(o, "memory", f->text ? f->text : "");
@@ -37,7 +38,8 @@ static cJSON *fact_json(const mem_fact *f) {
     cJSON_AddStringToObject(o, "created_at", ts);
     http_iso_time(f->updated_at, ts);
     cJSON_AddStringToObject(o, "updated_at", ts);
-    cJSON_AddStringToObject(o, "user_id", f->user ? f->user : "");
+    if (f->user && strcmp(f->user, HTTP_MEM0_NO_USER) != 0) cJSON_AddStringToObject(o, "user_id", f->user);
+    else cJSON_AddNullToObject(o, "user_id");
     if (f->agent_id) cJSON_AddStringToObject(o, "agent_id", f->agent_id);
     if (f->run_id) cJSON_AddStringToObject(o, "run_id", f->run_id);
     cJSON_AddBoolToObject(o, "kv_ready", f->kv_record != NULL);
@@ -233,11 +235,35 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
     return true;
 }
 
-static enum MHD_Result add_memories(http_req *r) {
+/* The user's own messages as facts: what an add keeps when extraction
+ * found nothing and the server stores rather than loses them. */
+static bool user_messages(const parse_mem_add *a, pending_fact **out, int32_t *n_out) {
+    pending_fact *p = calloc(a->n_messages > 0 ? (size_t)(uint32_t)a->n_messages : 1, sizeof *p);
+    int32_t n = 0;
+    if (!p) return false;
+    for (int32_t i = 0; i < a->n_messages; i++) {
+        const char *t = a->messages[i].content;
+        if (strcmp(a->messages[i].role, "user") != 0 || !t[strspn(t, " \t\r\n")]) continue;
+        if (!(p[n].text = strdup(t))) break;
+        n++;
+        if (!context_of(a->messages, i, &p[n - 1])) break;
+    }
+    bool ok = true;
+    for (int32_t i = 0; i < n; i++) ok = ok && p[i].text && p[i].context;
+    if (!ok) {
+        pending_free(p, n);
+        return false;
+    }
+    *out = p;
+    *n_out = n;
+    return true;
+}
+
+enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len) {
     http_server *s = r->srv;
     parse_mem_add a;
     parse_error pe;
-    if (parse_memory_add(r->body, r->len, &s->cfg.limits.parse, &a, &pe) != IS_OK) {
+    if (parse_memory_add(body, len, &s->cfg.limits.parse, &a, &pe) != IS_OK) {
         parse_mem_add_free(&a);
         return http_send_parse_error(r, &pe);
     }
@@ -276,6 +302,40 @@ static enum MHD_Result add_memories(http_req *r) {
         }
         if (!extract(r, &a, &p, &n, warnings, &res)) goto out;
         source = "api:infer";
+        if (n == 0 && !a.n_facts) {
+            /* Nothing usable came out of the model: keeping the user's words
+             * is better than a 200 that stored nothing. */
+            if (s->cfg.infer_fallback == HTTP_INFER_FALLBACK_REJECT) {
+                cJSON *w = cJSON_GetArrayItem(warnings, 0);
+                res = http_send_error(r, 422, "infer", "extraction_failed",
+                                      "the model extracted no facts from the messages, so nothing was "
+                                      "stored (%s); send infer=false to store the messages as they are",
+                                      cJSON_IsString(w) ? w->valuestring : "an empty list");
+                goto out;
+            }
+            for (int32_t i = 0; i < a.n_messages; i++)
+                if (strcmp(a.messages[i].role, "user") == 0 && strlen(a.messages[i].content) > max_bytes) {
+                    res = http_send_error(r, 422, "messages", "extraction_failed",
+                                          "the model extracted no facts, and messages[%d].content is "
+                                          "longer than %zu bytes, too long to store as one memory; "
+                                          "nothing was stored", i, max_bytes);
+                    goto out;
+                }
+            pending_free(p, n);
+            p = NULL;
+            n = 0;
+            if (!user_messages(&a, &p, &n)) goto oom;
+            source = "api:infer-fallback";
+            if (n == 0) {
+                res = http_send_error(r, 422, "messages", "extraction_failed",
+                                      "the model extracted no facts and the messages hold no user "
+                                      "message to store; nothing was stored");
+                goto out;
+            }
+            cJSON_AddItemToArray(warnings, cJSON_CreateString(
+                    "the model extracted no facts, so the user's messages were stored as they are "
+                    "(serve --infer-fallback store; 'reject' fails such adds with 422 instead)"));
+        }
     } else if (a.n_messages) {
         p = calloc((size_t)(uint32_t)a.n_messages, sizeof *p);
         if (!p) goto oom;
@@ -391,25 +451,10 @@ static enum MHD_Result list_memories(http_req *r) {
         return http_send_status(r, st, "listing memories");
     }
     cJSON *root = cJSON_CreateObject(), *results = cJSON_AddArrayToObject(root, "results");
-    for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(results, fact_json(&facts[i]));
+    for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(results, http_fact_json(&facts[i]));
     mem_facts_free(facts, n);
     parse_filters_free(&pf);
     return http_send_json(r, 200, root);
-}
-
-static enum MHD_Result delete_all(http_req *r) {
-    parse_filters pf;
-    enum MHD_Result res;
-    if (!query_filters(r, &pf, &res)) return res;
-    mem_filter f = to_filter(r->tenant, &pf);
-    int32_t n = 0;
-    is_status st = memory_delete_all(r->srv->cfg.mem, &f, &n);
-    parse_filters_free(&pf);
-    if (st != IS_OK) return http_send_status(r, st, "deleting memories");
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "message", "Memories deleted successfully!");
-    cJSON_AddNumberToObject(o, "deleted", n);
-    return http_send_json(r, 200, o);
 }
 
 static enum MHD_Result search_memories(http_req *r) {
@@ -427,7 +472,7 @@ static enum MHD_Result search_memories(http_req *r) {
     if (st != IS_OK) return http_send_status(r, st, "searching memories");
     cJSON *root = cJSON_CreateObject(), *results = cJSON_AddArrayToObject(root, "results");
     for (int32_t i = 0; i < n; i++) {
-        cJSON *o = fact_json(&hits[i].fact);
+        cJSON *o = http_fact_json(&hits[i].fact);
         cJSON_AddNumberToObject(o, "score", hits[i].score);
         cJSON_AddItemToArray(results, o);
     }
@@ -448,7 +493,7 @@ static enum MHD_Result get_one(http_req *r, const char *id) {
     if (st == IS_ERR_NOT_FOUND)
         return http_send_error(r, 404, "memory_id", "memory_not_found", "memory %s not found", id);
     if (st != IS_OK) return http_send_status(r, st, "reading the memory");
-    cJSON *o = fact_json(&f);
+    cJSON *o = http_fact_json(&f);
     mem_fact_clear(&f);
     return http_send_json(r, 200, o);
 }
@@ -485,7 +530,7 @@ static enum MHD_Result update_one(http_req *r, const char *id) {
         goto out;
     }
     if (u.text && !f.kv_record) encode_later(r, user, id);
-    cJSON *o = fact_json(&f);
+    cJSON *o = http_fact_json(&f);
     cJSON_AddStringToObject(o, "message", "Memory updated successfully!");
     mem_fact_clear(&f);
     res = http_send_json(r, 200, o);
@@ -497,6 +542,12 @@ out:
 
 static enum MHD_Result delete_one(http_req *r, const char *id) {
     enum MHD_Result res;
+    /* mem0ai 2.x's delete(id, delete_linked=True): no linked memories here. */
+    const char *linked = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "delete_linked");
+    if (linked && strcasecmp(linked, "false") != 0)
+        return http_send_error(r, 400, "delete_linked", "unsupported_feature",
+                               "delete_linked is not supported by this server (InferScale): memories "
+                               "have no linked versions here; see the Mem0 feature table in the README");
     const char *want = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "user_id");
     char *user = NULL;
     if (!find_owner(r, id, want, &user, &res)) return res;
@@ -552,6 +603,7 @@ static enum MHD_Result history_one(http_req *r, const char *id) {
 /* ---- routing -------------------------------------------------------------------------------- */
 
 enum MHD_Result http_memories(http_req *r, const char *rest) {
+    if (!rest) return http_mem0(r); /* a Mem0 platform route (mem0.h) */
     if (!r->srv->cfg.mem)
         return http_send_error(r, 503, NULL, "no_memory", "this server has no memory store");
     const char *m = r->method;
@@ -575,9 +627,9 @@ enum MHD_Result http_memories(http_req *r, const char *rest) {
         if (*p == '/') p++;
     }
     if (nseg == 0) {
-        if (post) return add_memories(r);
+        if (post) return http_mem0_add(r);
         if (get) return list_memories(r);
-        if (del) return delete_all(r);
+        if (del) return http_mem0_delete_all(r);
         return http_send_error(r, 405, NULL, "method_not_allowed", "use GET, POST or DELETE");
     }
     if (nseg == 1 && strcmp(seg[0], "search") == 0 && post) return search_memories(r);

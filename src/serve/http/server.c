@@ -1,4 +1,5 @@
 #include "serve/http/http_internal.h"
+#include "serve/http/mem0.h"
 
 #include "core/status.h"
 
@@ -250,6 +251,7 @@ static metrics_route classify(const char *path, const char **rest) {
         *rest = path[10] ? path + 11 : "";
         return METRICS_ROUTE_MODELS;
     }
+    if (http_mem0_route(path)) return METRICS_ROUTE_MEMORIES; /* *rest NULL: mem0.c's */
     if (strncmp(path, "/v1/memories", 12) == 0 && (path[12] == '\0' || path[12] == '/')) {
         *rest = path + 12;
         if (strcmp(*rest, "/search") == 0 || strcmp(*rest, "/search/") == 0)

@@ -9,6 +9,8 @@
  *   GET|PUT|DELETE /v1/memories/{id}/
  *   GET  /v1/memories/{id}/history/
  *   POST /v1/memories/search/
+ *   Mem0's platform routes for the mem0ai clients (/v1/ping, /v2 and /v3
+ *   memories, /v1/batch, /v1/entities, ...): see serve/http/mem0.h
  *   GET  /health, /metrics           (no key needed)
  * (Trailing slashes are optional.)
  *
@@ -23,7 +25,8 @@
  * the request-completed notification cancels too when a response ends
  * with an error.
  *
- * Tenancy: every API route needs "Authorization: Bearer KEY"; the key's
+ * Tenancy: every API route needs "Authorization: Bearer KEY" (or "Token
+ * KEY", the form of Mem0's clients); the key's
  * tenant (serve/http/auth.h) scopes every memory read, write and search
  * of the request. With no_auth, every request is the tenant no_auth_tenant.
  *
@@ -79,7 +82,12 @@ typedef struct http_config {
     const tokenizer *tok;         /* borrowed; for max_prompt_tokens (NULL: unchecked) */
     FILE *log;                    /* request log (NULL: stderr) */
     bool quiet;                   /* no request log at all */
+    int infer_fallback;           /* an infer=true add whose extraction yields no fact:
+                                     HTTP_INFER_FALLBACK_STORE (default) stores the user's
+                                     messages as they are, _REJECT answers 422 */
 } http_config;
+
+enum { HTTP_INFER_FALLBACK_STORE = 0, HTTP_INFER_FALLBACK_REJECT = 1 };
 
 http_limits http_default_limits(void);
 http_config http_default_config(void);
