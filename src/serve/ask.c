@@ -219,6 +219,21 @@ is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, eng
     return IS_OK;
 }
 
+is_status ask_peek_record(ask_ctx *a, const char *id, uint64_t *content_id, int32_t *n_tokens,
+                          uint64_t *text_hash) {
+    if (!a->store) return is_error_set(IS_ERR_NOT_FOUND, "no record store");
+    fact_kv_meta want;
+    fact_meta_for_model(engine_model(a->e), a->dtype, &want);
+    const fact_kv *kv = NULL;
+    is_status st = record_store_get(a->store, id, &want, &kv);
+    if (st != IS_OK) return st;
+    *content_id = kv->content_id;
+    *n_tokens = kv->meta.n_tokens;
+    *text_hash = kv->meta.text_hash;
+    record_store_release(a->store, kv);
+    return IS_OK;
+}
+
 /* Fetches the records of a kv request as f32 engine facts. */
 static is_status fetch_facts(ask_ctx *a, const ask_request *r, const fact_kv **held,
                              engine_fact *facts, float **bufs) {

@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "engine/sampler.h"
 #include "engine/textout.h"
+#include "serve/fact_index.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -34,13 +35,21 @@
 typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
 
 /* A fact as the request keeps it: record id, the hash of its text (a
- * record encoded from another text is not used) and its text's tokens. */
+ * record encoded from another text is not used) and its text's tokens;
+ * and, when the record was seen before (fact_index), what injecting it
+ * from the GPU needs: its content id and length. */
 typedef struct req_fact {
     char *record;
     uint64_t text_hash;
     int32_t *toks;
     int32_t n_toks;
+    bool known;          /* content_id and n_kv_tokens are the record's */
+    uint64_t content_id;
+    int32_t n_kv_tokens;
 } req_fact;
+
+/* Records known to the fact index at most (about 100 bytes each). */
+#define SCHED_FACT_INDEX_MAX ((int64_t)1 << 22)
 
 struct sched_handle {
     sched *s; /* valid until the request ended */
@@ -97,6 +106,7 @@ struct sched {
     int32_t max_running;
     int32_t n_vocab, n_ctx, block_size, n_blocks;
     ask_ctx *ask; /* the serving prefix, its layout and the encoder */
+    fact_index *facts; /* records seen: what injecting a resident one needs */
     int32_t prefix_seq, n_prefix, prefix_blocks;
 
     pthread_t thread;
@@ -130,7 +140,7 @@ static double now_ms(void) {
 
 sched_params sched_default_params(void) {
     sched_params p = {
-        .max_running = 32, .max_queued = 256, .step_tokens = 256, .prefill_chunk = 128,
+        .max_running = 32, .max_queued = 256, .step_tokens = 0, .prefill_chunk = 0,
         .record_dtype = KV_DTYPE_F16,
     };
     return p;
@@ -393,19 +403,32 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     const fact_kv **held = calloc((size_t)(n ? n : 1), sizeof *held);
     float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
     uint64_t *ids = calloc((size_t)(n ? n : 1), sizeof *ids); /* content ids: the GPU arena's keys */
-    if (!inj || !held || !bufs || !ids) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    const char **rec = calloc((size_t)(n ? n : 1), sizeof *rec); /* record ids of inj */
+    if (!inj || !held || !bufs || !ids || !rec) st = is_error_set(IS_ERR_NOMEM, "out of memory");
     int32_t n_inj = 0, n_text_tokens = 0;
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
         req_fact *f = &h->facts[i];
         bool ok = false;
-        if (h->mode == ASK_MODE_KV && f->record) {
+        if (h->mode == ASK_MODE_KV && f->record && f->known &&
+            engine_fact_resident(s->e, f->content_id, f->n_kv_tokens)) {
+            /* The GPU holds it: injected from there, its record not read. */
+            inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
+            ids[n_inj] = f->content_id;
+            rec[n_inj++] = f->record;
+            ok = true;
+        } else if (h->mode == ASK_MODE_KV && f->record) {
+            if (f->known) fact_index_set_resident(s->facts, f->record, false);
             is_status fs = ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
             /* A record made from another text (the fact changed since) is stale. */
             ok = fs == IS_OK && held[n_inj]->meta.text_hash == f->text_hash;
             if (fs == IS_ERR_NOMEM) st = fs;
             if (ok) {
-                ids[n_inj] = held[n_inj]->content_id;
-                n_inj++;
+                const fact_kv *kv = held[n_inj];
+                fact_index_entry e = {.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+                                      .n_tokens = kv->meta.n_tokens};
+                fact_index_put(s->facts, f->record, &e);
+                ids[n_inj] = kv->content_id;
+                rec[n_inj++] = f->record;
             } else {
                 if (held[n_inj]) record_store_release(memory_record_store(s->mem), held[n_inj]);
                 free(bufs[n_inj]);
@@ -424,6 +447,9 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
         }
     }
     if (st == IS_OK && n_inj > 0) st = engine_inject_ids(s->e, h->seq, inj, ids, n_inj);
+    /* Whether the backend kept them: the next request's submit skips their prefetch. */
+    for (int32_t i = 0; st == IS_OK && i < n_inj; i++)
+        fact_index_set_resident(s->facts, rec[i], engine_fact_resident(s->e, ids[i], inj[i].n_tokens));
     for (int32_t i = 0; i < n_inj; i++) h->usage.injected_tokens += inj[i].n_tokens;
     for (int32_t i = 0; i < n; i++) {
         if (held && held[i]) record_store_release(memory_record_store(s->mem), held[i]);
@@ -433,6 +459,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     free(held);
     free(bufs);
     free(ids);
+    free(rec);
     if (st == IS_OK) st = append_toks(&h->prompt, &h->n_prompt, h->suffix, h->n_suffix);
     /* Logits come from the last prompt token, so there must be one. */
     if (st == IS_OK && h->n_prompt == 0) st = is_error_set(IS_ERR_INVALID_ARG, "empty prompt");
@@ -721,6 +748,13 @@ static void *engine_main(void *arg) {
 is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **out) {
     if (!e || !out) return is_error_set(IS_ERR_INVALID_ARG, "sched_create: NULL argument");
     sched_params p = pp ? *pp : sched_default_params();
+    /* Zero: sized for the backend. A GPU forward costs about the same for
+     * one token as for a few hundred (it reads the weights either way), so
+     * there a whole prompt goes in one step; two CPU cores are better
+     * served by small chunks between the others' decode tokens. */
+    bool gpu = strcmp(engine_model(e)->be->ops->name, "cpu") != 0;
+    if (p.step_tokens == 0) p.step_tokens = gpu ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS;
+    if (p.prefill_chunk == 0) p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
         (p.record_dtype != KV_DTYPE_F32 && p.record_dtype != KV_DTYPE_F16 &&
          p.record_dtype != KV_DTYPE_BF16))
@@ -755,6 +789,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->logits && s->greedy
                        ? IS_OK
                        : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK) st = fact_index_create(SCHED_FACT_INDEX_MAX, &s->facts);
     if (st == IS_OK)
         st = ask_ctx_create(e, mem ? memory_record_store(mem) : NULL, p.record_dtype, &s->ask);
     if (st == IS_OK) {
@@ -790,6 +825,7 @@ void sched_free(sched *s) {
         pthread_join(s->thread, NULL);
     }
     ask_ctx_free(s->ask);
+    fact_index_free(s->facts);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->run);
@@ -832,6 +868,31 @@ static is_status check_request(const sched *s, const sched_request *r) {
     return IS_OK;
 }
 
+/* On the submitting thread, as soon as retrieval has named the fact: what
+ * the fact index knows of its record, and, unless the index says the GPU
+ * held it last time, the record read into the record store's cache, so
+ * that the engine thread neither waits for the disk nor, when the GPU
+ * holds the record, reads it at all. A record that cannot be read is left
+ * for the engine thread to find so (and prefill the fact as text). */
+static void prefetch_fact(sched *s, req_fact *rf) {
+    fact_index_entry e;
+    bool have = fact_index_get(s->facts, rf->record, &e);
+    if (!have || !e.resident) {
+        fact_index_entry ne = {0};
+        if (ask_peek_record(s->ask, rf->record, &ne.content_id, &ne.n_tokens, &ne.text_hash) == IS_OK) {
+            ne.resident = have && e.content_id == ne.content_id && e.resident;
+            fact_index_put(s->facts, rf->record, &ne);
+            e = ne;
+            have = true;
+        }
+    }
+    if (have && e.text_hash == rf->text_hash) {
+        rf->known = true;
+        rf->content_id = e.content_id;
+        rf->n_kv_tokens = e.n_tokens;
+    }
+}
+
 /* Lays out and tokenises the request into h (caller's thread: the
  * tokenizer and the layout are read-only). */
 static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
@@ -869,6 +930,7 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
             return is_error_set(IS_ERR_NOMEM, "out of memory");
         rf->text_hash = fact_text_hash(f->text, strlen(f->text));
         if ((st = memory_prompt_fact(mp, f->text, &rf->toks, &rf->n_toks)) != IS_OK) return st;
+        if (r->mode == ASK_MODE_KV && rf->record) prefetch_fact(s, rf);
         est += rf->n_toks;
     }
     if (r->mode != ASK_MODE_OFF) est += s->n_prefix;
