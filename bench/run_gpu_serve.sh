@@ -22,7 +22,7 @@
 # Carry (the repository copy has none of these): .gpudeps (scripts/
 # gpu_prepare.sh --no-model), .whl (the `gguf` wheel), locomo (a copy of
 # ../shared/data/locomo). Environment: USERS (10), FACTS (100), TIER_GB
-# (0.75), SKIP_GPU_BENCH=1, LOAD_TIMEOUT (per bench_load, 240 s).
+# (0.75), SKIP_GPU_BENCH=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_common.sh
@@ -52,8 +52,8 @@ stamp "gguf: $(tail -1 "$LOG/gen.log")"
 
 # 3. The engine in-process.
 if [ "${SKIP_GPU_BENCH:-0}" != 1 ]; then
-  stamp "bench_gpu -k 5,20,50,100 -u 1,10,50,100,200 -K 50 -r 7 -c bf16x2 -t bf16x2"
-  timeout 200 "$BUILD/bench/bench_gpu" -m "$GGUF" -k 5,20,50,100 -u 1,10,50,100,200 -K 50 -r 7 \
+  stamp "bench_gpu -k 5,20,50,100 -u 1,10,50,100,200 -K 50 -r 5 -c bf16x2 -t bf16x2"
+  timeout 150 "$BUILD/bench/bench_gpu" -m "$GGUF" -k 5,20,50,100 -u 1,10,50,100,200 -K 50 -r 5 \
     -c bf16x2 -t bf16x2 -o "$OUT/bench_gpu.csv" 2>&1 | tee "$LOG/bench_gpu.log" | tee -a "$SUMMARY"
   stamp "bench_gpu rc ${PIPESTATUS[0]}"
 fi
@@ -66,10 +66,10 @@ FACTS=${FACTS:-100}
 COMMON=(-m "$GGUF" --backend cuda --embedder none --locomo locomo --data "$DATA" --users "$USERS"
         --facts-per-user "$FACTS" --zipf 1 --ctx 4096 --kv-mem 40000 --max-running 64
         --min-requests 30 --per-client 2 --request-timeout 60 --encode-timeout 200 --time-limit 60)
-load() { # label, extra arguments...
-  local label=$1; shift
+load() { # label, seconds, extra arguments...
+  local label=$1 limit=$2; shift 2
   stamp "bench_load $label $*"
-  timeout "${LOAD_TIMEOUT:-240}" "$BUILD/bench/bench_load" "${COMMON[@]}" --label "$label" \
+  timeout "$limit" "$BUILD/bench/bench_load" "${COMMON[@]}" --label "$label" \
     -o "$OUT/load_$label.csv" "$@" > "$LOG/load_$label.out" 2> "$LOG/load_$label.err"
   local rc=$?
   cat "$LOG/load_$label.out" >> "$SUMMARY"
@@ -80,8 +80,8 @@ K1="5/1/kv/1,20/1/kv/1,50/1/kv/1,100/1/kv/1,5/1/prompt/1,20/1/prompt/1,50/1/prom
 CL="50/10/kv/1,50/50/kv/1,50/100/kv/1,50/200/kv/1,50/10/prompt/1,50/100/prompt/1"
 T32="50/100/kv/32,50/100/prompt/32"
 # hot: a first run (k = 100 = every fact of a user) makes the facts resident.
-load hot --runs "100/50/kv/1,$K1,$CL,$T32" -n 200
-load tiered --fact-cache-gb "${TIER_GB:-0.75}" --runs "100/50/kv/1,$K1,50/10/kv/1,50/100/kv/1,50/200/kv/1,$T32" -n 200
+load hot 220 --runs "100/50/kv/1,$K1,$CL,$T32" -n 200
+load tiered 150 --fact-cache-gb "${TIER_GB:-0.75}" --runs "100/50/kv/1,$K1,50/10/kv/1,50/100/kv/1,50/200/kv/1,$T32" -n 200
 sync; { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null && stamp "page cache dropped" || stamp "page cache not dropped"
-load cold --no-warmup --runs "50/1/kv/1,50/1/kv/1,50/100/kv/1" -n 30
+load cold 90 --no-warmup --runs "50/1/kv/1,50/1/kv/1,50/100/kv/1" -n 30
 nvidia-smi --query-gpu=clocks.sm,memory.used,temperature.gpu,power.draw --format=csv >> "$SUMMARY" 2>&1
