@@ -22,7 +22,8 @@
 # Carry (the repository copy has none of these): .gpudeps (scripts/
 # gpu_prepare.sh --no-model), .whl (the `gguf` wheel), locomo (a copy of
 # ../shared/data/locomo). Environment: USERS (10), FACTS (100), TIER_GB
-# (0.75), SKIP_GPU_BENCH=1.
+# (0.75), SKIP_GPU_BENCH=1, OLD=0 (no run with the old scheduler
+# and cache defaults).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_common.sh
@@ -82,6 +83,10 @@ T32="50/100/kv/32,50/100/prompt/32"
 # hot: a first run (k = 100 = every fact of a user) makes the facts resident.
 load hot 220 --runs "100/50/kv/1,$K1,$CL,$T32" -n 200
 load tiered 150 --fact-cache-gb "${TIER_GB:-0.75}" --runs "100/50/kv/1,$K1,50/10/kv/1,50/100/kv/1,50/200/kv/1,$T32" -n 200
+# The old defaults beside (steps of 256 tokens, prompt chunks of 128, a 2 GiB
+# fact cache): what the same build serves with the settings it had before.
+[ "${OLD:-1}" = 1 ] && load olddefaults 90 --step-tokens 256 --prefill-chunk 128 --fact-cache-gb 2 \
+  --runs "50/1/kv/1,50/1/prompt/1,50/100/kv/1,50/100/prompt/1" -n 100
 sync; { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null && stamp "page cache dropped" || stamp "page cache not dropped"
 load cold 90 --no-warmup --runs "50/1/kv/1,50/1/kv/1,50/100/kv/1" -n 30
 nvidia-smi --query-gpu=clocks.sm,memory.used,temperature.gpu,power.draw --format=csv >> "$SUMMARY" 2>&1
