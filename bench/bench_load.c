@@ -810,6 +810,17 @@ static void print_row(FILE *f, const row *w) {
     fflush(f);
 }
 
+/* A CSV row, written (and flushed) as soon as its run ends, so that a run
+ * stopped by a time limit keeps the rows before it. */
+static void csv_row(FILE *f, const char *label, const row *w) {
+    if (!f) return;
+    fprintf(f, "%s,%d,%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+            label ? label : "", w->k, w->max_tokens, w->clients, k_mode_names[w->mode], w->requests,
+            w->errors, w->not_started, w->wall_s, w->rps, w->ttft50, w->ttft99, w->sttft50,
+            w->sttft99, w->e2e50, w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, w->kv_hit);
+    fflush(f);
+}
+
 /* ---- options ------------------------------------------------------------------------ */
 
 static void usage(FILE *f) {
@@ -1176,6 +1187,7 @@ int main(int argc, char **argv) {
     row *rows = NULL;
     int n_rows = 0;
     http_app *app = NULL;
+    FILE *csvf = NULL;
     double t_all = bench_now_ms();
     if (http_app_start(&p, &app) != IS_OK) {
         fprintf(stderr, "error: starting the server: %s\n", is_error_last());
@@ -1223,6 +1235,17 @@ int main(int argc, char **argv) {
            o.zipf > 0 ? ", users drawn by Zipf popularity" : "");
     print_header(stdout);
     bool all_ok = true;
+    if (o.csv_path) {
+        if (!(csvf = fopen(o.csv_path, "w"))) {
+            fprintf(stderr, "error: cannot write '%s': %s\n", o.csv_path, strerror(errno));
+            goto done;
+        }
+        fprintf(csvf, "label,k,max_tokens,clients,mode,requests,errors,not_started,wall_s,req_per_s,"
+                      "ttft_p50_ms,ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,"
+                      "e2e_p99_ms,tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,"
+                      "kv_hit_pct\n");
+        fflush(csvf);
+    }
     for (int ri = 0; ri < o.n_runs; ri++) {
         const run_spec *rs = &o.runs[ri];
         int32_t c = rs->clients;
@@ -1234,6 +1257,7 @@ int main(int argc, char **argv) {
         if (!run_one(&o, port, users, zipf_cdf, c, rs->mode, n, w)) all_ok = false;
         n_rows++;
         print_row(stdout, w);
+        csv_row(csvf, o.label, w);
         if (w->errors || w->not_started) {
             all_ok = false;
             if (w->not_started)
@@ -1244,29 +1268,11 @@ int main(int argc, char **argv) {
     }
     printf("total %.1f s (including start-up, memory load and KV encoding)\n",
            (bench_now_ms() - t_all) / 1e3);
-    if (o.csv_path) {
-        FILE *f = fopen(o.csv_path, "w");
-        if (!f) {
-            fprintf(stderr, "error: cannot write '%s': %s\n", o.csv_path, strerror(errno));
-            all_ok = false;
-        } else {
-            fprintf(f, "label,k,max_tokens,clients,mode,requests,errors,not_started,wall_s,req_per_s,ttft_p50_ms,"
-                       "ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,e2e_p99_ms,"
-                       "tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,kv_hit_pct\n");
-            for (int i = 0; i < n_rows; i++) {
-                const row *w = &rows[i];
-                fprintf(f, "%s,%d,%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
-                        o.label ? o.label : "", w->k, w->max_tokens, w->clients, k_mode_names[w->mode], w->requests, w->errors, w->not_started,
-                        w->wall_s, w->rps, w->ttft50, w->ttft99, w->sttft50, w->sttft99, w->e2e50,
-                        w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, w->kv_hit);
-            }
-            fclose(f);
-        }
-    }
     rc = all_ok ? 0 : 1;
     if (!all_ok) fprintf(stderr, "bench_load: FAILED (errors or requests not started; see above)\n");
 
 done:
+    if (csvf) fclose(csvf);
     http_app_stop(app);
     curl_global_cleanup();
     if (logf) fclose(logf);

@@ -46,7 +46,18 @@ typedef struct req_fact {
     bool known;          /* content_id and n_kv_tokens are the record's */
     uint64_t content_id;
     int32_t n_kv_tokens;
+    /* Loaded on the submitting thread (prefetch_fact) for the engine
+     * thread to inject, unless the GPU turns out to hold it: */
+    const fact_kv *pre_held; /* the record, or NULL */
+    float *pre_buf;          /* its values widened to f32 (owned), or NULL */
+    engine_fact pre;         /* as engine_inject takes it */
+    int64_t pre_bytes;       /* counted in sched.prefetch_bytes */
 } req_fact;
+
+/* Host memory that records loaded ahead of admission may hold at once;
+ * past it a request's facts are only read into the record store's cache,
+ * and the engine thread widens them itself. */
+#define SCHED_PREFETCH_MAX_BYTES ((int64_t)4 << 30)
 
 /* Records known to the fact index at most (about 100 bytes each). */
 #define SCHED_FACT_INDEX_MAX ((int64_t)1 << 22)
@@ -107,6 +118,7 @@ struct sched {
     int32_t n_vocab, n_ctx, block_size, n_blocks;
     ask_ctx *ask; /* the serving prefix, its layout and the encoder */
     fact_index *facts; /* records seen: what injecting a resident one needs */
+    _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
     int32_t prefix_seq, n_prefix, prefix_blocks;
 
     pthread_t thread;
@@ -198,9 +210,24 @@ static void publish(sched *s, int64_t done, int64_t failed) {
 
 /* ---- ending a request ------------------------------------------------------------------ */
 
+/* Gives back the records loaded ahead for a fact that did not use them. */
+static void drop_prefetch_fact(sched *s, req_fact *f) {
+    if (f->pre_held) record_store_release(memory_record_store(s->mem), f->pre_held);
+    free(f->pre_buf);
+    if (f->pre_bytes) atomic_fetch_sub(&s->prefetch_bytes, f->pre_bytes);
+    f->pre_held = NULL;
+    f->pre_buf = NULL;
+    f->pre_bytes = 0;
+}
+
+static void drop_prefetch(sched *s, sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++) drop_prefetch_fact(s, &h->facts[i]);
+}
+
 /* Frees what the request holds on the engine side (at once: blocks go
  * back to the pool before the terminal event). */
 static void release_engine_side(sched *s, sched_handle *h) {
+    drop_prefetch(s, h);
     if (h->seq >= 0) engine_seq_close(s->e, h->seq);
     h->seq = -1;
     h->state = RS_ENDED;
@@ -415,6 +442,20 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
             ids[n_inj] = f->content_id;
             rec[n_inj++] = f->record;
+            ok = true;
+            drop_prefetch_fact(s, f);
+        } else if (h->mode == ASK_MODE_KV && f->pre_held) {
+            /* Loaded and widened on the submitting thread: only injected here. */
+            if (f->known) fact_index_set_resident(s->facts, f->record, false);
+            held[n_inj] = f->pre_held;
+            bufs[n_inj] = f->pre_buf;
+            inj[n_inj] = f->pre;
+            ids[n_inj] = f->pre_held->content_id;
+            rec[n_inj++] = f->record;
+            f->pre_held = NULL; /* held[] and bufs[] own them now */
+            f->pre_buf = NULL;
+            atomic_fetch_sub(&s->prefetch_bytes, f->pre_bytes);
+            f->pre_bytes = 0;
             ok = true;
         } else if (h->mode == ASK_MODE_KV && f->record) {
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
@@ -870,26 +911,47 @@ static is_status check_request(const sched *s, const sched_request *r) {
 
 /* On the submitting thread, as soon as retrieval has named the fact: what
  * the fact index knows of its record, and, unless the index says the GPU
- * held it last time, the record read into the record store's cache, so
- * that the engine thread neither waits for the disk nor, when the GPU
- * holds the record, reads it at all. A record that cannot be read is left
- * for the engine thread to find so (and prefill the fact as text). */
+ * held it last time, the record loaded and widened to f32 here (within
+ * SCHED_PREFETCH_MAX_BYTES; past it only read into the record store's
+ * cache), so that the engine thread only injects it, and when the GPU
+ * holds the record does not read it at all. A record that cannot be read
+ * is left for the engine thread to find so (and prefill the fact as text). */
 static void prefetch_fact(sched *s, req_fact *rf) {
     fact_index_entry e;
     bool have = fact_index_get(s->facts, rf->record, &e);
     if (!have || !e.resident) {
         fact_index_entry ne = {0};
-        if (ask_peek_record(s->ask, rf->record, &ne.content_id, &ne.n_tokens, &ne.text_hash) == IS_OK) {
-            ne.resident = have && e.content_id == ne.content_id && e.resident;
-            fact_index_put(s->facts, rf->record, &ne);
-            e = ne;
-            have = true;
+        const model *m = engine_model(s->e);
+        /* What its f32 values take, from what the index knows of it (or a
+         * guess from its text's tokens: the budget is a bound, not a count). */
+        int64_t per_token = 2 * (int64_t)m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * 4;
+        int64_t bytes = per_token * (have ? e.n_tokens : rf->n_toks);
+        if (atomic_fetch_add(&s->prefetch_bytes, bytes) + bytes <= SCHED_PREFETCH_MAX_BYTES &&
+            ask_load_record(s->ask, rf->record, &rf->pre_held, &rf->pre, &rf->pre_buf) == IS_OK) {
+            const fact_kv *kv = rf->pre_held;
+            rf->pre_bytes = bytes;
+            ne = (fact_index_entry){.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+                                    .n_tokens = kv->meta.n_tokens};
+        } else {
+            if (rf->pre_held) record_store_release(memory_record_store(s->mem), rf->pre_held);
+            free(rf->pre_buf);
+            rf->pre_held = NULL;
+            rf->pre_buf = NULL;
+            atomic_fetch_sub(&s->prefetch_bytes, bytes);
+            if (ask_peek_record(s->ask, rf->record, &ne.content_id, &ne.n_tokens, &ne.text_hash) != IS_OK)
+                return; /* the engine thread finds it unusable and prefills the text */
         }
+        ne.resident = have && e.content_id == ne.content_id && e.resident;
+        fact_index_put(s->facts, rf->record, &ne);
+        e = ne;
+        have = true;
     }
-    if (have && e.text_hash == rf->text_hash) {
+    if (e.text_hash == rf->text_hash) {
         rf->known = true;
         rf->content_id = e.content_id;
         rf->n_kv_tokens = e.n_tokens;
+    } else {
+        drop_prefetch_fact(s, rf); /* encoded from another text: not to be injected */
     }
 }
 
@@ -1001,6 +1063,7 @@ is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void
         pthread_mutex_unlock(&s->mu);
     }
     if (st != IS_OK) {
+        drop_prefetch(s, h);
         handle_destroy(h);
         return st;
     }
