@@ -54,11 +54,6 @@ typedef struct req_fact {
     int64_t pre_bytes;       /* counted in sched.prefetch_bytes */
 } req_fact;
 
-/* Host memory that records loaded ahead of admission may hold at once;
- * past it a request's facts are only read into the record store's cache,
- * and the engine thread widens them itself. */
-#define SCHED_PREFETCH_MAX_BYTES ((int64_t)4 << 30)
-
 /* Records known to the fact index at most (about 100 bytes each). */
 #define SCHED_FACT_INDEX_MAX ((int64_t)1 << 22)
 
@@ -153,7 +148,7 @@ static double now_ms(void) {
 sched_params sched_default_params(void) {
     sched_params p = {
         .max_running = 32, .max_queued = 256, .step_tokens = 0, .prefill_chunk = 0,
-        .record_dtype = KV_DTYPE_F16,
+        .record_dtype = KV_DTYPE_F16, .prefetch_bytes = SCHED_PREFETCH_MAX_BYTES,
     };
     return p;
 }
@@ -797,6 +792,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     if (p.step_tokens == 0) p.step_tokens = gpu ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS;
     if (p.prefill_chunk == 0) p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
+        p.prefetch_bytes < 0 ||
         (p.record_dtype != KV_DTYPE_F32 && p.record_dtype != KV_DTYPE_F16 &&
          p.record_dtype != KV_DTYPE_BF16))
         return is_error_set(IS_ERR_INVALID_ARG, "sched_create: parameters must be positive");
@@ -912,7 +908,7 @@ static is_status check_request(const sched *s, const sched_request *r) {
 /* On the submitting thread, as soon as retrieval has named the fact: what
  * the fact index knows of its record, and, unless the index says the GPU
  * held it last time, the record loaded and widened to f32 here (within
- * SCHED_PREFETCH_MAX_BYTES; past it only read into the record store's
+ * prefetch_bytes; past it only read into the record store's
  * cache), so that the engine thread only injects it, and when the GPU
  * holds the record does not read it at all. A record that cannot be read
  * is left for the engine thread to find so (and prefill the fact as text). */
@@ -926,7 +922,7 @@ static void prefetch_fact(sched *s, req_fact *rf) {
          * guess from its text's tokens: the budget is a bound, not a count). */
         int64_t per_token = 2 * (int64_t)m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * 4;
         int64_t bytes = per_token * (have ? e.n_tokens : rf->n_toks);
-        if (atomic_fetch_add(&s->prefetch_bytes, bytes) + bytes <= SCHED_PREFETCH_MAX_BYTES &&
+        if (atomic_fetch_add(&s->prefetch_bytes, bytes) + bytes <= s->p.prefetch_bytes &&
             ask_load_record(s->ask, rf->record, &rf->pre_held, &rf->pre, &rf->pre_buf) == IS_OK) {
             const fact_kv *kv = rf->pre_held;
             rf->pre_bytes = bytes;

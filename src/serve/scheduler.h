@@ -69,7 +69,13 @@ typedef struct sched_params {
                               SCHED_CPU_PREFILL_CHUNK or SCHED_GPU_PREFILL_CHUNK) */
     kv_dtype record_dtype; /* dtype of the KV records the encode jobs write and the kv
                               requests read; a record of another dtype is a miss (default f16) */
+    int64_t prefetch_bytes; /* host memory for records loaded (widened to f32) on the
+                               submitting threads ahead of admission (default
+                               SCHED_PREFETCH_MAX_BYTES; 0: only read into the record store's
+                               cache, the engine thread widens them) */
 } sched_params;
+
+#define SCHED_PREFETCH_MAX_BYTES ((int64_t)4 << 30)
 
 /* Step sizes by backend (a step_tokens or prefill_chunk of 0 takes these). */
 #define SCHED_CPU_STEP_TOKENS 256
