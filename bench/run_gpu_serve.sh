@@ -22,8 +22,8 @@
 # Carry (the repository copy has none of these): .gpudeps (scripts/
 # gpu_prepare.sh --no-model), .whl (the `gguf` wheel), locomo (a copy of
 # ../shared/data/locomo). Environment: USERS (10), FACTS (100), TIER_GB
-# (0.75), SKIP_GPU_BENCH=1, OLD=0 (no run with the old scheduler
-# and cache defaults).
+# (0.75), TIER_RUNS, TIER_N (200), SKIP_GPU_BENCH=1, STAGES ("hot tiered
+# olddefaults cold": which of the bench_load stages run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/gpu_common.sh
@@ -85,12 +85,14 @@ K1P="5/1/prompt/1,20/1/prompt/1,50/1/prompt/1,100/1/prompt/1"
 CL="50/10/kv/1,50/50/kv/1,50/100/kv/1,50/200/kv/1,50/100/prompt/1"
 T32="50/100/kv/32,50/100/prompt/32"
 # hot: a first run (k = 100 = every fact of a user) makes the facts resident.
-load hot 240 --runs "100/50/kv/1,$K1KV,$CL,$T32,$K1P" -n 200
-load tiered 150 --fact-cache-gb "${TIER_GB:-0.75}" --runs "100/50/kv/1,$K1KV,50/10/kv/1,50/100/kv/1,50/200/kv/1" -n 200
+STAGES=" ${STAGES:-hot tiered olddefaults cold} "
+[[ $STAGES == *" hot "* ]] && load hot 240 --runs "100/50/kv/1,$K1KV,$CL,$T32,$K1P" -n 200
+[[ $STAGES == *" tiered "* ]] && load tiered 150 --fact-cache-gb "${TIER_GB:-0.75}" \
+  --runs "${TIER_RUNS:-100/50/kv/1,$K1KV,50/10/kv/1,50/100/kv/1,50/200/kv/1}" -n "${TIER_N:-200}"
 # The old defaults beside (steps of 256 tokens, prompt chunks of 128, a 2 GiB
 # fact cache): what the same build serves with the settings it had before.
-[ "${OLD:-1}" = 1 ] && load olddefaults 90 --step-tokens 256 --prefill-chunk 128 --fact-cache-gb 2 \
+[[ $STAGES == *" olddefaults "* ]] && load olddefaults 90 --step-tokens 256 --prefill-chunk 128 --fact-cache-gb 2 \
   --runs "50/1/kv/1,50/1/prompt/1,50/100/kv/1,50/100/prompt/1" -n 100
 sync; { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null && stamp "page cache dropped" || stamp "page cache not dropped"
-load cold 90 --no-warmup --runs "50/1/kv/1,50/1/kv/1,50/100/kv/1" -n 30
+[[ $STAGES == *" cold "* ]] && load cold 90 --no-warmup --runs "50/1/kv/1,50/1/kv/1,50/100/kv/1" -n 30
 nvidia-smi --query-gpu=clocks.sm,memory.used,temperature.gpu,power.draw --format=csv >> "$SUMMARY" 2>&1
