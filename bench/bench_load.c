@@ -5,8 +5,14 @@
  * gives errors, throughput and latency percentiles per (clients, mode).
  *
  *   bench_load [--clients 1,10,50,100] [--modes kv,prompt,off] [--requests N]
- *              [--max-tokens 16] [-k 10] [--facts-per-user 10] [-m MODEL] ...
+ *              [--max-tokens 16] [-k 10[,20,...]] [--facts-per-user 10] [-m MODEL] ...
+ *   bench_load --runs K/CLIENTS/MODE/MAX_TOKENS,... [--zipf 1] [--fact-cache-gb GB] ...
  *   (bench_load --help lists every option)
+ *
+ * The runs are --runs, or every (k, clients, mode) of the lists. With
+ * --zipf S each request's user is drawn from --users with popularity
+ * rank^-S (so a few users are hot and the rest come and go, as on a real
+ * server); without it client t is always user t.
  *
  * One program: the whole serving stack (http_app: model, scheduler, memory,
  * libmicrohttpd) is started in-process on 127.0.0.1 with a port picked by
