@@ -5,8 +5,14 @@
  * gives errors, throughput and latency percentiles per (clients, mode).
  *
  *   bench_load [--clients 1,10,50,100] [--modes kv,prompt,off] [--requests N]
- *              [--max-tokens 16] [-k 10] [--facts-per-user 10] [-m MODEL] ...
+ *              [--max-tokens 16] [-k 10[,20,...]] [--facts-per-user 10] [-m MODEL] ...
+ *   bench_load --runs K/CLIENTS/MODE/MAX_TOKENS,... [--zipf 1] [--fact-cache-gb GB] ...
  *   (bench_load --help lists every option)
+ *
+ * The runs are --runs, or every (k, clients, mode) of the lists. With
+ * --zipf S each request's user is drawn from --users with popularity
+ * rank^-S (so a few users are hot and the rest come and go, as on a real
+ * server); without it client t is always user t.
  *
  * One program: the whole serving stack (http_app: model, scheduler, memory,
  * libmicrohttpd) is started in-process on 127.0.0.1 with a port picked by
@@ -70,10 +76,17 @@
 #endif
 
 #define MAX_LEVELS 16
+#define MAX_RUNS 128
 #define MAX_CONVS 64
 #define ERR_LEN 200
 
 static const char *k_mode_names[3] = {"kv", "prompt", "off"};
+
+/* One measured run: k facts a request, C clients, one mode, max_tokens. */
+typedef struct run_spec {
+    int32_t k, clients, max_tokens;
+    int mode;
+} run_spec;
 
 typedef struct opts {
     const char *model;
@@ -90,13 +103,22 @@ typedef struct opts {
     int32_t requests;         /* per run; 0: max(min_requests, per_client * clients) */
     int32_t min_requests;
     int32_t per_client;
-    int32_t max_tokens;
-    int32_t k;
+    int32_t max_tokens;       /* of the run under way (chat_body) */
+    int32_t k;                /* of the run under way (chat_body) */
+    int32_t ks[MAX_LEVELS];   /* --k list */
+    int n_ks;
+    run_spec runs[MAX_RUNS];  /* --runs, or the product of --k, --clients and --modes */
+    int n_runs;
+    double zipf;              /* > 0: each request's user drawn with popularity rank^-zipf */
+    double fact_cache_gb;     /* 0: the server's default */
+    int32_t step_tokens, prefill_chunk; /* 0: the server's defaults */
+    const char *label;        /* first CSV column (e.g. the regime) */
     int32_t facts_per_user;
     int32_t users;            /* 0: the largest client count */
     int32_t threads;
     int32_t max_running;
     int32_t kv_mib;
+    int32_t n_ctx;            /* 0: the model's */
     int32_t time_limit_s;
     int32_t request_timeout_s;
     int32_t encode_timeout_s;
@@ -555,7 +577,26 @@ typedef struct run {
     bool go;
     sample *samples;   /* by request number */
     atomic_int taken;
+    const double *zipf_cdf; /* [n_users], or NULL: client t is user t */
+    int32_t n_users;
 } run;
+
+/* A user index drawn from the cumulative popularity cdf (xorshift64*). */
+static int32_t zipf_draw(const double *cdf, int32_t n, uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    double u = (double)((x * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi) / 2;
+        if (cdf[mid] > u) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
 
 typedef struct client_arg {
     run *r;
@@ -605,11 +646,13 @@ static void *client_main(void *arg) {
         return NULL;
     }
     const user *u = &r->users[a->t];
+    uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(a->t + 1) ^ (uint64_t)r->clients << 32;
     for (int32_t seq = 0;; seq++) {
         if (bench_now_ms() > r->deadline_ms) break;
         int i = atomic_fetch_add(&r->next, 1);
         if (i >= r->n_requests) break;
         atomic_fetch_add(&r->taken, 1);
+        if (r->zipf_cdf) u = &r->users[zipf_draw(r->zipf_cdf, r->n_users, &rng)];
         char *body = chat_body(r->o, u, r->mode, seq);
         if (!body) {
             snprintf(r->samples[i].err, ERR_LEN, "out of memory");
@@ -623,6 +666,7 @@ static void *client_main(void *arg) {
 }
 
 typedef struct row {
+    int32_t k, max_tokens;
     int32_t clients;
     int mode;
     int32_t requests, done, errors, not_started;
@@ -632,10 +676,12 @@ typedef struct row {
     char first_err[ERR_LEN];
 } row;
 
-static bool run_one(const opts *o, int port, const user *users, int32_t clients, int mode,
-                    int32_t n_requests, row *out) {
+static bool run_one(const opts *o, int port, const user *users, const double *zipf_cdf,
+                    int32_t clients, int mode, int32_t n_requests, row *out) {
     run r;
     memset(&r, 0, sizeof r);
+    r.zipf_cdf = zipf_cdf;
+    r.n_users = o->users;
     r.o = o;
     r.port = port;
     r.mode = mode;
@@ -695,6 +741,8 @@ static bool run_one(const opts *o, int port, const user *users, int32_t clients,
     row w;
     memset(&w, 0, sizeof w);
     w.clients = clients;
+    w.k = o->k;
+    w.max_tokens = o->max_tokens;
     w.mode = mode;
     w.requests = n_requests;
     int taken = atomic_load(&r.taken);
@@ -749,21 +797,33 @@ static bool run_one(const opts *o, int port, const user *users, int32_t clients,
 }
 
 static void print_header(FILE *f) {
-    fprintf(f, "%7s %-6s %8s %6s %8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %6s\n", "clients", "mode",
-            "requests", "errors", "req/s", "ttft_p50", "ttft_p99", "sttft_p50", "sttft_p99",
-            "e2e_p50", "e2e_p99", "tok/s", "mem_tok", "inj_tok", "kv_hit");
-    fprintf(f, "%7s %-6s %8s %6s %8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %6s\n", "", "", "", "",
-            "", "ms", "ms", "ms", "ms", "ms", "ms", "", "/req", "/req", "%");
+    fprintf(f, "%4s %4s %7s %-6s %8s %6s %8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %6s\n", "k", "max",
+            "clients", "mode", "requests", "errors", "req/s", "ttft_p50", "ttft_p99", "sttft_p50",
+            "sttft_p99", "e2e_p50", "e2e_p99", "tok/s", "mem_tok", "inj_tok", "kv_hit");
+    fprintf(f, "%4s %4s %7s %-6s %8s %6s %8s %9s %9s %9s %9s %9s %9s %8s %8s %8s %6s\n", "", "tok",
+            "", "", "", "", "", "ms", "ms", "ms", "ms", "ms", "ms", "", "/req", "/req", "%");
 }
 
 static void print_row(FILE *f, const row *w) {
     char hit[16];
     if (isnan(w->kv_hit)) snprintf(hit, sizeof hit, "-");
     else snprintf(hit, sizeof hit, "%.1f", w->kv_hit);
-    fprintf(f, "%7d %-6s %8d %6d %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.1f %6s\n",
-            w->clients, k_mode_names[w->mode], w->requests, w->errors + w->not_started, w->rps,
-            w->ttft50, w->ttft99, w->sttft50, w->sttft99, w->e2e50, w->e2e99, w->tok_s, w->mem_tok,
-            w->inj_tok, hit);
+    fprintf(f,
+            "%4d %4d %7d %-6s %8d %6d %8.2f %9.2f %9.2f %9.2f %9.2f %9.1f %9.1f %8.1f %8.1f %8.1f %6s\n",
+            w->k, w->max_tokens, w->clients, k_mode_names[w->mode], w->requests,
+            w->errors + w->not_started, w->rps, w->ttft50, w->ttft99, w->sttft50, w->sttft99,
+            w->e2e50, w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, hit);
+    fflush(f);
+}
+
+/* A CSV row, written (and flushed) as soon as its run ends, so that a run
+ * stopped by a time limit keeps the rows before it. */
+static void csv_row(FILE *f, const char *label, const row *w) {
+    if (!f) return;
+    fprintf(f, "%s,%d,%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+            label ? label : "", w->k, w->max_tokens, w->clients, k_mode_names[w->mode], w->requests,
+            w->errors, w->not_started, w->wall_s, w->rps, w->ttft50, w->ttft99, w->sttft50,
+            w->sttft99, w->e2e50, w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, w->kv_hit);
     fflush(f);
 }
 
@@ -783,7 +843,16 @@ static void usage(FILE *f) {
             "      --per-client PER     (default 2)\n"
             "      --min-requests MIN   (default 20)\n"
             "      --max-tokens N       max_tokens of each request (default 16; greedy decoding)\n"
-            "  -k, --k K                memory.k: facts retrieved per request (default 10)\n"
+            "  -k, --k LIST             memory.k: facts retrieved per request (default 10); a list\n"
+            "                           (5,20,50,100) runs every client count and mode at each\n"
+            "      --runs SPEC          the runs instead of the product of --k, --clients, --modes and\n"
+            "                           --max-tokens: K/CLIENTS/MODE/MAX_TOKENS,... (e.g. 50/1/kv/1,50/100/kv/32)\n"
+            "      --zipf S             each request's user drawn from --users with popularity rank^-S\n"
+            "                           (1: Zipf's law; default 0: client t is always user t)\n"
+            "      --fact-cache-gb GB   the server's GPU fact cache (cuda; default: what is left)\n"
+            "      --step-tokens N      the server's tokens per engine step (default: by backend)\n"
+            "      --prefill-chunk N    the server's prompt tokens of one request a step (default: by backend)\n"
+            "      --label NAME         first column of the CSV (e.g. the regime: hot, tiered, cold)\n"
             "      --facts-per-user F   LoCoMo facts stored for each user (default 10)\n"
             "      --users U            users with memory (default: the largest client count)\n"
             "  -m, --model PATH         GGUF model (default %s/models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
@@ -794,6 +863,7 @@ static void usage(FILE *f) {
             "  -t, --threads N          engine threads (default: all cores)\n"
             "      --max-running N      requests in the server's running batch (default 32)\n"
             "      --kv-mem MIB         KV cache pool (default 1024)\n"
+            "      --ctx N              context per request (default: the model's)\n"
             "      --time-limit S       per run: no request starts after S seconds (default 300)\n"
             "      --request-timeout S  per request (default 120)\n"
             "      --encode-timeout S   wait for the facts' KV encoding (default 900)\n"
@@ -815,6 +885,74 @@ static bool parse_int(const char *s, const char *what, long lo, long hi, int32_t
         return false;
     }
     *out = (int32_t)v;
+    return true;
+}
+
+static bool parse_double(const char *s, const char *what, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "error: %s must be a number in [%g, %g], got '%s'\n", what, lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_ks(const char *s, opts *o) {
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s", s);
+    o->n_ks = 0;
+    for (char *sv, *t = strtok_r(tmp, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+        if (o->n_ks == MAX_LEVELS) {
+            fprintf(stderr, "error: at most %d values of -k\n", MAX_LEVELS);
+            return false;
+        }
+        if (!parse_int(t, "-k", 1, 1000, &o->ks[o->n_ks])) return false;
+        o->n_ks++;
+    }
+    if (!o->n_ks) {
+        fprintf(stderr, "error: -k needs at least one value\n");
+        return false;
+    }
+    return true;
+}
+
+static int mode_of(const char *t) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(t, k_mode_names[i]) == 0) return i;
+    return -1;
+}
+
+/* K/CLIENTS/MODE/MAX_TOKENS,... */
+static bool parse_runs(const char *s, opts *o) {
+    char tmp[4096];
+    if (strlen(s) >= sizeof tmp) {
+        fprintf(stderr, "error: --runs is too long\n");
+        return false;
+    }
+    snprintf(tmp, sizeof tmp, "%s", s);
+    o->n_runs = 0;
+    for (char *sv, *t = strtok_r(tmp, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+        char mode[16];
+        int k, c, x, used = 0;
+        if (sscanf(t, "%d/%d/%15[a-z]/%d%n", &k, &c, mode, &x, &used) != 4 || t[used] ||
+            k < 1 || k > 1000 || c < 1 || c > 1000 || x < 1 || x > 4096 || mode_of(mode) < 0) {
+            fprintf(stderr, "error: --runs entry '%s' is not K/CLIENTS/MODE/MAX_TOKENS (k 1-1000, "
+                            "clients 1-1000, mode kv|prompt|off, max_tokens 1-4096)\n", t);
+            return false;
+        }
+        if (o->n_runs == MAX_RUNS) {
+            fprintf(stderr, "error: at most %d runs\n", MAX_RUNS);
+            return false;
+        }
+        o->runs[o->n_runs++] = (run_spec){.k = k, .clients = c, .max_tokens = x, .mode = mode_of(mode)};
+    }
+    if (!o->n_runs) {
+        fprintf(stderr, "error: --runs needs at least one run\n");
+        return false;
+    }
     return true;
 }
 
@@ -877,6 +1015,7 @@ int main(int argc, char **argv) {
     };
     parse_levels("1,10,50,100", &o);
     parse_modes("kv,prompt,off", &o);
+    parse_ks("10", &o);
     static const struct option longopts[] = {
         {"clients", required_argument, 0, 'c'},     {"modes", required_argument, 0, 'M'},
         {"requests", required_argument, 0, 'n'},    {"per-client", required_argument, 0, 'P'},
@@ -890,6 +1029,10 @@ int main(int argc, char **argv) {
         {"encode-timeout", required_argument, 0, 'e'}, {"no-warmup", no_argument, 0, 'W'},
         {"data", required_argument, 0, 'D'},        {"log", required_argument, 0, 'L'},
         {"csv", required_argument, 0, 'o'},         {"help", no_argument, 0, 'h'},
+        {"runs", required_argument, 0, 'r'},        {"zipf", required_argument, 0, 'z'},
+        {"fact-cache-gb", required_argument, 0, 'g'}, {"step-tokens", required_argument, 0, 'S'},
+        {"prefill-chunk", required_argument, 0, 'C'}, {"label", required_argument, 0, 'b'},
+        {"ctx", required_argument, 0, 'X'},
         {0, 0, 0, 0},
     };
     int ch;
@@ -902,7 +1045,14 @@ int main(int argc, char **argv) {
         case 'P': ok = parse_int(optarg, "--per-client", 1, 100000, &o.per_client); break;
         case 'N': ok = parse_int(optarg, "--min-requests", 1, 1000000, &o.min_requests); break;
         case 'x': ok = parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens); break;
-        case 'k': ok = parse_int(optarg, "-k", 1, 100, &o.k); break;
+        case 'k': ok = parse_ks(optarg, &o); break;
+        case 'r': ok = parse_runs(optarg, &o); break;
+        case 'z': ok = parse_double(optarg, "--zipf", 0, 10, &o.zipf); break;
+        case 'g': ok = parse_double(optarg, "--fact-cache-gb", 0.001, 1e4, &o.fact_cache_gb); break;
+        case 'S': ok = parse_int(optarg, "--step-tokens", 1, 1 << 16, &o.step_tokens); break;
+        case 'C': ok = parse_int(optarg, "--prefill-chunk", 1, 1 << 16, &o.prefill_chunk); break;
+        case 'b': o.label = optarg; break;
+        case 'X': ok = parse_int(optarg, "--ctx", 16, 1 << 20, &o.n_ctx); break;
         case 'F': ok = parse_int(optarg, "--facts-per-user", 1, 1000, &o.facts_per_user); break;
         case 'U': ok = parse_int(optarg, "--users", 1, 100000, &o.users); break;
         case 'm': o.model = optarg; break;
@@ -928,18 +1078,44 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: unexpected argument '%s' (see --help)\n", argv[optind]);
         return 1;
     }
-    int32_t max_clients = 0;
-    for (int i = 0; i < o.n_levels; i++)
-        if (o.levels[i] > max_clients) max_clients = o.levels[i];
+    if (o.n_runs == 0) { /* the product of the lists */
+        for (int ki = 0; ki < o.n_ks; ki++)
+            for (int li = 0; li < o.n_levels; li++)
+                for (int mi = 0; mi < o.n_modes; mi++) {
+                    if (o.n_runs == MAX_RUNS) {
+                        fprintf(stderr, "error: more than %d runs (fewer -k, clients or modes)\n",
+                                MAX_RUNS);
+                        return 1;
+                    }
+                    o.runs[o.n_runs++] = (run_spec){.k = o.ks[ki], .clients = o.levels[li],
+                                                    .max_tokens = o.max_tokens, .mode = o.modes[mi]};
+                }
+    }
+    int32_t max_clients = 0, max_k = 0;
+    for (int i = 0; i < o.n_runs; i++) {
+        if (o.runs[i].clients > max_clients) max_clients = o.runs[i].clients;
+        if (o.runs[i].k > max_k) max_k = o.runs[i].k;
+    }
+    o.k = max_k;
     if (!o.users) o.users = max_clients;
-    if (o.users < max_clients) {
+    if (o.users < max_clients && o.zipf == 0) {
         fprintf(stderr, "error: --users %d is fewer than %d clients (each client is a different "
                         "user)\n", o.users, max_clients);
         return 1;
     }
-    if (o.k > o.facts_per_user)
+    if (max_k > o.facts_per_user)
         fprintf(stderr, "note: k = %d but each user has only %d facts: every fact is retrieved\n",
-                o.k, o.facts_per_user);
+                max_k, o.facts_per_user);
+    /* Zipf popularity: user i (rank i + 1) has weight (i + 1)^-zipf. */
+    double *zipf_cdf = NULL;
+    if (o.zipf > 0) {
+        if (!(zipf_cdf = malloc((size_t)o.users * sizeof *zipf_cdf))) return 1;
+        double sum = 0;
+        for (int32_t i = 0; i < o.users; i++) sum += pow(i + 1.0, -o.zipf);
+        double acc = 0;
+        for (int32_t i = 0; i < o.users; i++) zipf_cdf[i] = (acc += pow(i + 1.0, -o.zipf) / sum);
+        zipf_cdf[o.users - 1] = 1.0;
+    }
     struct stat sb;
     if (stat(o.model, &sb) != 0) {
         fprintf(stderr, "error: model '%s' not found (scripts/setup.sh installs the default one)\n",
@@ -993,7 +1169,11 @@ int main(int argc, char **argv) {
     p.embedder_dir = embedder;
     p.threads = o.threads;
     p.kv_bytes = (size_t)o.kv_mib << 20;
+    p.n_ctx = o.n_ctx;
     if (o.max_running) p.sched.max_running = o.max_running;
+    if (o.step_tokens) p.sched.step_tokens = o.step_tokens;
+    if (o.prefill_chunk) p.sched.prefill_chunk = o.prefill_chunk;
+    p.fact_cache_bytes = (size_t)(o.fact_cache_gb * (double)(1 << 30));
     if (p.sched.max_queued < 2 * max_clients) p.sched.max_queued = 2 * max_clients;
     p.http.host = "127.0.0.1";
     p.http.port = 0;
@@ -1005,7 +1185,7 @@ int main(int argc, char **argv) {
         p.http.limits.max_in_flight = 2 * max_clients + 8;
     if (p.http.limits.max_connections < 2 * max_clients + 8)
         p.http.limits.max_connections = 2 * max_clients + 8;
-    if (p.http.limits.parse.max_k < o.k) p.http.limits.parse.max_k = o.k;
+    if (p.http.limits.parse.max_k < max_k) p.http.limits.parse.max_k = max_k;
     p.http.log = logf;
     p.http.quiet = logf == NULL;
 
@@ -1013,6 +1193,7 @@ int main(int argc, char **argv) {
     row *rows = NULL;
     int n_rows = 0;
     http_app *app = NULL;
+    FILE *csvf = NULL;
     double t_all = bench_now_ms();
     if (http_app_start(&p, &app) != IS_OK) {
         fprintf(stderr, "error: starting the server: %s\n", is_error_last());
@@ -1053,55 +1234,51 @@ int main(int argc, char **argv) {
         if (c) curl_easy_cleanup(c);
     }
 
-    rows = calloc((size_t)(o.n_levels * o.n_modes), sizeof *rows);
+    rows = calloc((size_t)o.n_runs, sizeof *rows);
     if (!rows) goto done;
-    printf("bench_load: model %s, backend %s, %d users x %d facts, k %d, max_tokens %d\n", o.model,
-           o.backend, o.users, o.facts_per_user, o.k, o.max_tokens);
+    printf("bench_load%s%s: model %s, backend %s, %d users x %d facts%s\n", o.label ? " " : "",
+           o.label ? o.label : "", o.model, o.backend, o.users, o.facts_per_user,
+           o.zipf > 0 ? ", users drawn by Zipf popularity" : "");
     print_header(stdout);
     bool all_ok = true;
-    for (int li = 0; li < o.n_levels; li++) {
-        int32_t c = o.levels[li];
+    if (o.csv_path) {
+        if (!(csvf = fopen(o.csv_path, "w"))) {
+            fprintf(stderr, "error: cannot write '%s': %s\n", o.csv_path, strerror(errno));
+            goto done;
+        }
+        fprintf(csvf, "label,k,max_tokens,clients,mode,requests,errors,not_started,wall_s,req_per_s,"
+                      "ttft_p50_ms,ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,"
+                      "e2e_p99_ms,tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,"
+                      "kv_hit_pct\n");
+        fflush(csvf);
+    }
+    for (int ri = 0; ri < o.n_runs; ri++) {
+        const run_spec *rs = &o.runs[ri];
+        int32_t c = rs->clients;
         int32_t n = o.requests;
         if (!n) n = c * o.per_client > o.min_requests ? c * o.per_client : o.min_requests;
-        for (int mi = 0; mi < o.n_modes; mi++) {
-            row *w = &rows[n_rows];
-            if (!run_one(&o, port, users, c, o.modes[mi], n, w)) all_ok = false;
-            n_rows++;
-            print_row(stdout, w);
-            if (w->errors || w->not_started) {
-                all_ok = false;
-                if (w->not_started)
-                    fprintf(stderr, "  %d requests not started: --time-limit %d s reached\n",
-                            w->not_started, o.time_limit_s);
-                if (w->errors) fprintf(stderr, "  first error: %s\n", w->first_err);
-            }
+        o.k = rs->k;
+        o.max_tokens = rs->max_tokens;
+        row *w = &rows[n_rows];
+        if (!run_one(&o, port, users, zipf_cdf, c, rs->mode, n, w)) all_ok = false;
+        n_rows++;
+        print_row(stdout, w);
+        csv_row(csvf, o.label, w);
+        if (w->errors || w->not_started) {
+            all_ok = false;
+            if (w->not_started)
+                fprintf(stderr, "  %d requests not started: --time-limit %d s reached\n",
+                        w->not_started, o.time_limit_s);
+            if (w->errors) fprintf(stderr, "  first error: %s\n", w->first_err);
         }
     }
     printf("total %.1f s (including start-up, memory load and KV encoding)\n",
            (bench_now_ms() - t_all) / 1e3);
-    if (o.csv_path) {
-        FILE *f = fopen(o.csv_path, "w");
-        if (!f) {
-            fprintf(stderr, "error: cannot write '%s': %s\n", o.csv_path, strerror(errno));
-            all_ok = false;
-        } else {
-            fprintf(f, "clients,mode,requests,errors,not_started,wall_s,req_per_s,ttft_p50_ms,"
-                       "ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,e2e_p99_ms,"
-                       "tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,kv_hit_pct\n");
-            for (int i = 0; i < n_rows; i++) {
-                const row *w = &rows[i];
-                fprintf(f, "%d,%s,%d,%d,%d,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
-                        w->clients, k_mode_names[w->mode], w->requests, w->errors, w->not_started,
-                        w->wall_s, w->rps, w->ttft50, w->ttft99, w->sttft50, w->sttft99, w->e2e50,
-                        w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, w->kv_hit);
-            }
-            fclose(f);
-        }
-    }
     rc = all_ok ? 0 : 1;
     if (!all_ok) fprintf(stderr, "bench_load: FAILED (errors or requests not started; see above)\n");
 
 done:
+    if (csvf) fclose(csvf);
     http_app_stop(app);
     curl_global_cleanup();
     if (logf) fclose(logf);
@@ -1112,5 +1289,6 @@ done:
     }
     free(users);
     free(rows);
+    free(zipf_cdf);
     return rc;
 }

@@ -1828,6 +1828,14 @@ extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     c->arena_bytes = bytes;
 }
 
+extern "C" size_t backend_cuda_free_bytes(backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(c->device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+        return 0;
+    return free_b;
+}
+
 extern "C" void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out) {
     cuda_ctx *c = ctx_of(be);
     memset(out, 0, sizeof *out);

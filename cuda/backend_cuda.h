@@ -189,6 +189,10 @@ void backend_cuda_graph_stats(backend *be, cuda_graph_stats *out);
  * changing it drops the arena and what it holds. */
 void backend_cuda_set_arena_bytes(backend *be, size_t bytes);
 
+/* The device memory free now (cudaMemGetInfo), for sizing the arena from
+ * what the weights and the KV pool leave; 0 on an error. */
+size_t backend_cuda_free_bytes(backend *be);
+
 typedef struct cuda_arena_stats {
     int64_t hits, misses, evictions; /* facts found resident, filled, dropped */
     int64_t bytes_uploaded;          /* host -> device for fills */

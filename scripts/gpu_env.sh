@@ -14,7 +14,7 @@ for t in gcc g++ cmake ninja make pkg-config compute-sanitizer; do
 done
 
 section dependencies
-MODS="libpcre2-8 openblas libcjson libutf8proc sqlite3 cmocka"
+MODS="libpcre2-8 openblas libcjson libutf8proc sqlite3 cmocka libmicrohttpd libcurl"
 PKGCFG=$(command -v pkg-config || true)
 have_mods() {
   [ -n "$PKGCFG" ] || return 1
@@ -30,6 +30,9 @@ elif [ -f .gpudeps/deps.tar.xz ]; then
   tar -xJf .gpudeps/deps.tar.xz -C "$ROOT"
   # The .pc files name /usr: point them at the private root.
   find "$ROOT" -name '*.pc' -exec sed -i "s#/usr#$ROOT/usr#g" {} +
+  # libmicrohttpd.pc names gnutls as a private requirement, which matters
+  # only to static links; its -dev package (and theirs) is not carried.
+  sed -i '/^Requires.private:/d' "$ROOT"/usr/lib/x86_64-linux-gnu/pkgconfig/libmicrohttpd.pc 2>/dev/null
   LIBDIR=$ROOT/usr/lib/x86_64-linux-gnu
   export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$LIBDIR/openblas-openmp/pkgconfig:$ROOT/usr/share/pkgconfig:${PKG_CONFIG_PATH:-}"
   # Runtime libraries the system lacks (libgfortran for OpenBLAS, ...), and

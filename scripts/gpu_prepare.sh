@@ -20,16 +20,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# (In a git worktree .git is a file: ask git where the exclude file is.)
+EXCLUDE=$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)
+mkdir -p "$(dirname "$EXCLUDE")"
 for d in .gpudeps .gpumodel_a .gpumodel_b; do
-  grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude
+  grep -qxF "/$d/" "$EXCLUDE" 2>/dev/null || echo "/$d/" >> "$EXCLUDE"
 done
 
+# The HTTP server (libmicrohttpd) and the HTTP clients of test_http and
+# bench_load (libcurl), with the runtime libraries they load. Only the
+# libraries that machine lacks are put on its loader path (gpu_env.sh), so
+# listing ones it may have (libssl3, zlib) costs only room.
+HTTP_PKGS="libmicrohttpd-dev libmicrohttpd12 libgnutls30 libgmp10 libhogweed6 libnettle8 libidn2-0
+libp11-kit0 libtasn1-6 libunistring2 libffi8 libcurl4-openssl-dev libcurl4 libbrotli1
+libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0 libcom-err2 libkeyutils1 libldap-2.5-0
+libsasl2-2 libsasl2-modules-db libdb5.3 libnghttp2-14 libpsl5 librtmp1 libssh2-1 libssl3 libzstd1
+zlib1g"
 # The packages of scripts/setup.sh that the build needs, with their runtime
 # libraries, and pkgconf in case that machine has no pkg-config.
 PKGS="pkgconf pkgconf-bin libpkgconf3 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0
 libpcre2-posix3 libopenblas-openmp-dev libopenblas0-openmp libgfortran5 libquadmath0 libcjson-dev
 libcjson1 libutf8proc-dev libutf8proc2 libsqlite3-dev libsqlite3-0 libcmocka-dev libcmocka0
-nettle-dev libnettle8"
+nettle-dev $HTTP_PKGS"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/debs" "$tmp/root"

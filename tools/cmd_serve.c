@@ -56,6 +56,11 @@ static void serve_usage(FILE *f) {
             "      --kv-dtype T        f16 | bf16 | f32: dtype of the facts' KV records written and\n"
             "                          read (default f16; records of another dtype are used as text:\n"
             "                          ingest, whose default is f16 too, with the same --kv-dtype)\n"
+            "      --fact-cache-gb GB  cuda: GPU memory for the facts' KV kept resident (default: what\n"
+            "                          the weights and the KV pool leave, less 6 GiB)\n"
+            "      --step-tokens N     most tokens in one engine step (default 2048 on cuda, 256 on cpu)\n"
+            "      --prefill-chunk N   most prompt tokens of one request a step (default 2048 on cuda,\n"
+            "                          128 on cpu)\n"
             "  -w, --window W          context turns encoded with each new fact (default 0)\n"
             "      --infer-fallback F  store | reject: an infer=true add from which the model extracts\n"
             "                          no fact stores the user's messages as they are (store, the\n"
@@ -108,6 +113,8 @@ int cmd_serve(int argc, char **argv) {
         {"quiet", no_argument, 0, 'q'},             {"kv-dtype", required_argument, 0, 'd'},
         {"kv-cache-f32", no_argument, 0, 'F'},     {"retrieval", required_argument, 0, 'G'},
         {"infer-fallback", required_argument, 0, 'I'},
+        {"fact-cache-gb", required_argument, 0, 'C'}, {"step-tokens", required_argument, 0, 'S'},
+        {"prefill-chunk", required_argument, 0, 'U'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -142,6 +149,19 @@ int cmd_serve(int argc, char **argv) {
             p.kv_bytes = (size_t)uv << 20;
             break;
         case 'w': if (!cli_parse_int(optarg, "--window", 0, MEMORY_MAX_CONTEXT, &p.kv_window)) return 1; break;
+        case 'C': {
+            char *end;
+            double gb = strtod(optarg, &end);
+            if (end == optarg || *end || !(gb > 0 && gb <= 1e4)) {
+                fprintf(stderr, "error: --fact-cache-gb must be a number of GiB in (0, 10000], got '%s'\n",
+                        optarg);
+                return 1;
+            }
+            p.fact_cache_bytes = (size_t)(gb * (double)(1 << 30));
+            break;
+        }
+        case 'S': if (!cli_parse_int(optarg, "--step-tokens", 1, 1 << 16, &p.sched.step_tokens)) return 1; break;
+        case 'U': if (!cli_parse_int(optarg, "--prefill-chunk", 1, 1 << 16, &p.sched.prefill_chunk)) return 1; break;
         case 'R': if (!cli_parse_int(optarg, "--max-running", 1, 4096, &p.sched.max_running)) return 1; break;
         case 'Q': if (!cli_parse_int(optarg, "--max-queued", 1, 1 << 20, &p.sched.max_queued)) return 1; break;
         case 'b':

@@ -194,18 +194,20 @@ is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *e
     return st;
 }
 
-is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, engine_fact *out,
-                           float **buf) {
+static is_status fetch_record(ask_ctx *a, const char *id, bool may_skip, const fact_kv **held,
+                              engine_fact *out, float **buf) {
+    *buf = NULL;
+    *held = NULL;
+    if (!a->store) return is_error_set(IS_ERR_NOT_FOUND, "no record store");
     const model *m = engine_model(a->e);
     fact_kv_meta want;
     fact_meta_for_model(m, a->dtype, &want);
-    *buf = NULL;
     is_status st = record_store_get(a->store, id, &want, held);
     if (st != IS_OK) return st;
     const fact_kv *kv = *held;
     size_t elems = (size_t)m->cfg.n_layers * kv->meta.n_tokens * m->cfg.n_kv_heads * m->cfg.head_dim;
     const float *k = kv->k, *v = kv->v;
-    if (engine_fact_resident(a->e, kv->content_id, kv->meta.n_tokens)) {
+    if (may_skip && engine_fact_resident(a->e, kv->content_id, kv->meta.n_tokens)) {
         k = v = NULL; /* the backend has it: no widening on the request path */
     } else if (kv->meta.dtype != KV_DTYPE_F32) {
         *buf = malloc(2 * elems * sizeof(float));
@@ -216,6 +218,31 @@ is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, eng
         v = *buf + elems;
     }
     *out = (engine_fact){.n_tokens = kv->meta.n_tokens, .tokens = kv->tokens, .k = k, .v = v};
+    return IS_OK;
+}
+
+is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, engine_fact *out,
+                           float **buf) {
+    return fetch_record(a, id, true, held, out, buf);
+}
+
+is_status ask_load_record(ask_ctx *a, const char *id, const fact_kv **held, engine_fact *out,
+                          float **buf) {
+    return fetch_record(a, id, false, held, out, buf);
+}
+
+is_status ask_peek_record(ask_ctx *a, const char *id, uint64_t *content_id, int32_t *n_tokens,
+                          uint64_t *text_hash) {
+    if (!a->store) return is_error_set(IS_ERR_NOT_FOUND, "no record store");
+    fact_kv_meta want;
+    fact_meta_for_model(engine_model(a->e), a->dtype, &want);
+    const fact_kv *kv = NULL;
+    is_status st = record_store_get(a->store, id, &want, &kv);
+    if (st != IS_OK) return st;
+    *content_id = kv->content_id;
+    *n_tokens = kv->meta.n_tokens;
+    *text_hash = kv->meta.text_hash;
+    record_store_release(a->store, kv);
     return IS_OK;
 }
 

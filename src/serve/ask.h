@@ -59,6 +59,22 @@ is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *e
  * record store is `store` (the memory service's). */
 is_status ask_memory_encoder(void *user_data, record_store *store, const memory_encode_job *job);
 
+/* ask_fetch_record without asking the backend: the values are always
+ * there (widened to f32 where stored narrower). Safe from any thread (it
+ * does not touch the engine), so a request's records can be made ready
+ * before the engine thread takes it. */
+is_status ask_load_record(ask_ctx *a, const char *id, const fact_kv **held, engine_fact *out,
+                          float **buf);
+
+/* Reads the record `id` (record_store_get, checked as ask_fetch_record
+ * checks it) and gives its content id, length and text hash, without
+ * converting anything; the record is left in the store's cache. Safe from
+ * any thread (it does not touch the engine): the scheduler calls it on a
+ * submitting thread, so that the engine thread finds the record in memory.
+ * Errors as record_store_get. */
+is_status ask_peek_record(ask_ctx *a, const char *id, uint64_t *content_id, int32_t *n_tokens,
+                          uint64_t *text_hash);
+
 /* The record `id` as an engine fact in f32 (converted into *buf, which the
  * caller frees, when stored in another dtype), checked against the serving
  * model and the ask_ctx's dtype. When the backend already holds the record

@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "engine/sampler.h"
 #include "engine/textout.h"
+#include "serve/fact_index.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -34,13 +35,27 @@
 typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
 
 /* A fact as the request keeps it: record id, the hash of its text (a
- * record encoded from another text is not used) and its text's tokens. */
+ * record encoded from another text is not used) and its text's tokens;
+ * and, when the record was seen before (fact_index), what injecting it
+ * from the GPU needs: its content id and length. */
 typedef struct req_fact {
     char *record;
     uint64_t text_hash;
     int32_t *toks;
     int32_t n_toks;
+    bool known;          /* content_id and n_kv_tokens are the record's */
+    uint64_t content_id;
+    int32_t n_kv_tokens;
+    /* Loaded on the submitting thread (prefetch_fact) for the engine
+     * thread to inject, unless the GPU turns out to hold it: */
+    const fact_kv *pre_held; /* the record, or NULL */
+    float *pre_buf;          /* its values widened to f32 (owned), or NULL */
+    engine_fact pre;         /* as engine_inject takes it */
+    int64_t pre_bytes;       /* counted in sched.prefetch_bytes */
 } req_fact;
+
+/* Records known to the fact index at most (about 100 bytes each). */
+#define SCHED_FACT_INDEX_MAX ((int64_t)1 << 22)
 
 struct sched_handle {
     sched *s; /* valid until the request ended */
@@ -97,6 +112,8 @@ struct sched {
     int32_t max_running;
     int32_t n_vocab, n_ctx, block_size, n_blocks;
     ask_ctx *ask; /* the serving prefix, its layout and the encoder */
+    fact_index *facts; /* records seen: what injecting a resident one needs */
+    _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
     int32_t prefix_seq, n_prefix, prefix_blocks;
 
     pthread_t thread;
@@ -130,8 +147,8 @@ static double now_ms(void) {
 
 sched_params sched_default_params(void) {
     sched_params p = {
-        .max_running = 32, .max_queued = 256, .step_tokens = 256, .prefill_chunk = 128,
-        .record_dtype = KV_DTYPE_F16,
+        .max_running = 32, .max_queued = 256, .step_tokens = 0, .prefill_chunk = 0,
+        .record_dtype = KV_DTYPE_F16, .prefetch_bytes = SCHED_PREFETCH_MAX_BYTES,
     };
     return p;
 }
@@ -188,9 +205,24 @@ static void publish(sched *s, int64_t done, int64_t failed) {
 
 /* ---- ending a request ------------------------------------------------------------------ */
 
+/* Gives back the records loaded ahead for a fact that did not use them. */
+static void drop_prefetch_fact(sched *s, req_fact *f) {
+    if (f->pre_held) record_store_release(memory_record_store(s->mem), f->pre_held);
+    free(f->pre_buf);
+    if (f->pre_bytes) atomic_fetch_sub(&s->prefetch_bytes, f->pre_bytes);
+    f->pre_held = NULL;
+    f->pre_buf = NULL;
+    f->pre_bytes = 0;
+}
+
+static void drop_prefetch(sched *s, sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++) drop_prefetch_fact(s, &h->facts[i]);
+}
+
 /* Frees what the request holds on the engine side (at once: blocks go
  * back to the pool before the terminal event). */
 static void release_engine_side(sched *s, sched_handle *h) {
+    drop_prefetch(s, h);
     if (h->seq >= 0) engine_seq_close(s->e, h->seq);
     h->seq = -1;
     h->state = RS_ENDED;
@@ -393,19 +425,46 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     const fact_kv **held = calloc((size_t)(n ? n : 1), sizeof *held);
     float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
     uint64_t *ids = calloc((size_t)(n ? n : 1), sizeof *ids); /* content ids: the GPU arena's keys */
-    if (!inj || !held || !bufs || !ids) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    const char **rec = calloc((size_t)(n ? n : 1), sizeof *rec); /* record ids of inj */
+    if (!inj || !held || !bufs || !ids || !rec) st = is_error_set(IS_ERR_NOMEM, "out of memory");
     int32_t n_inj = 0, n_text_tokens = 0;
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
         req_fact *f = &h->facts[i];
         bool ok = false;
-        if (h->mode == ASK_MODE_KV && f->record) {
+        if (h->mode == ASK_MODE_KV && f->record && f->known &&
+            engine_fact_resident(s->e, f->content_id, f->n_kv_tokens)) {
+            /* The GPU holds it: injected from there, its record not read. */
+            inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
+            ids[n_inj] = f->content_id;
+            rec[n_inj++] = f->record;
+            ok = true;
+            drop_prefetch_fact(s, f);
+        } else if (h->mode == ASK_MODE_KV && f->pre_held) {
+            /* Loaded and widened on the submitting thread: only injected here. */
+            if (f->known) fact_index_set_resident(s->facts, f->record, false);
+            held[n_inj] = f->pre_held;
+            bufs[n_inj] = f->pre_buf;
+            inj[n_inj] = f->pre;
+            ids[n_inj] = f->pre_held->content_id;
+            rec[n_inj++] = f->record;
+            f->pre_held = NULL; /* held[] and bufs[] own them now */
+            f->pre_buf = NULL;
+            atomic_fetch_sub(&s->prefetch_bytes, f->pre_bytes);
+            f->pre_bytes = 0;
+            ok = true;
+        } else if (h->mode == ASK_MODE_KV && f->record) {
+            if (f->known) fact_index_set_resident(s->facts, f->record, false);
             is_status fs = ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
             /* A record made from another text (the fact changed since) is stale. */
             ok = fs == IS_OK && held[n_inj]->meta.text_hash == f->text_hash;
             if (fs == IS_ERR_NOMEM) st = fs;
             if (ok) {
-                ids[n_inj] = held[n_inj]->content_id;
-                n_inj++;
+                const fact_kv *kv = held[n_inj];
+                fact_index_entry e = {.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+                                      .n_tokens = kv->meta.n_tokens};
+                fact_index_put(s->facts, f->record, &e);
+                ids[n_inj] = kv->content_id;
+                rec[n_inj++] = f->record;
             } else {
                 if (held[n_inj]) record_store_release(memory_record_store(s->mem), held[n_inj]);
                 free(bufs[n_inj]);
@@ -424,6 +483,9 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
         }
     }
     if (st == IS_OK && n_inj > 0) st = engine_inject_ids(s->e, h->seq, inj, ids, n_inj);
+    /* Whether the backend kept them: the next request's submit skips their prefetch. */
+    for (int32_t i = 0; st == IS_OK && i < n_inj; i++)
+        fact_index_set_resident(s->facts, rec[i], engine_fact_resident(s->e, ids[i], inj[i].n_tokens));
     for (int32_t i = 0; i < n_inj; i++) h->usage.injected_tokens += inj[i].n_tokens;
     for (int32_t i = 0; i < n; i++) {
         if (held && held[i]) record_store_release(memory_record_store(s->mem), held[i]);
@@ -433,6 +495,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     free(held);
     free(bufs);
     free(ids);
+    free(rec);
     if (st == IS_OK) st = append_toks(&h->prompt, &h->n_prompt, h->suffix, h->n_suffix);
     /* Logits come from the last prompt token, so there must be one. */
     if (st == IS_OK && h->n_prompt == 0) st = is_error_set(IS_ERR_INVALID_ARG, "empty prompt");
@@ -721,7 +784,15 @@ static void *engine_main(void *arg) {
 is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **out) {
     if (!e || !out) return is_error_set(IS_ERR_INVALID_ARG, "sched_create: NULL argument");
     sched_params p = pp ? *pp : sched_default_params();
+    /* Zero: sized for the backend. A GPU forward costs about the same for
+     * one token as for a few hundred (it reads the weights either way), so
+     * there a whole prompt goes in one step; two CPU cores are better
+     * served by small chunks between the others' decode tokens. */
+    bool gpu = strcmp(engine_model(e)->be->ops->name, "cpu") != 0;
+    if (p.step_tokens == 0) p.step_tokens = gpu ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS;
+    if (p.prefill_chunk == 0) p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
+        p.prefetch_bytes < 0 ||
         (p.record_dtype != KV_DTYPE_F32 && p.record_dtype != KV_DTYPE_F16 &&
          p.record_dtype != KV_DTYPE_BF16))
         return is_error_set(IS_ERR_INVALID_ARG, "sched_create: parameters must be positive");
@@ -755,6 +826,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->logits && s->greedy
                        ? IS_OK
                        : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK) st = fact_index_create(SCHED_FACT_INDEX_MAX, &s->facts);
     if (st == IS_OK)
         st = ask_ctx_create(e, mem ? memory_record_store(mem) : NULL, p.record_dtype, &s->ask);
     if (st == IS_OK) {
@@ -790,6 +862,7 @@ void sched_free(sched *s) {
         pthread_join(s->thread, NULL);
     }
     ask_ctx_free(s->ask);
+    fact_index_free(s->facts);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->run);
@@ -832,6 +905,52 @@ static is_status check_request(const sched *s, const sched_request *r) {
     return IS_OK;
 }
 
+/* On the submitting thread, as soon as retrieval has named the fact: what
+ * the fact index knows of its record, and, unless the index says the GPU
+ * held it last time, the record loaded and widened to f32 here (within
+ * prefetch_bytes; past it only read into the record store's
+ * cache), so that the engine thread only injects it, and when the GPU
+ * holds the record does not read it at all. A record that cannot be read
+ * is left for the engine thread to find so (and prefill the fact as text). */
+static void prefetch_fact(sched *s, req_fact *rf) {
+    fact_index_entry e;
+    bool have = fact_index_get(s->facts, rf->record, &e);
+    if (!have || !e.resident) {
+        fact_index_entry ne = {0};
+        const model *m = engine_model(s->e);
+        /* What its f32 values take, from what the index knows of it (or a
+         * guess from its text's tokens: the budget is a bound, not a count). */
+        int64_t per_token = 2 * (int64_t)m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * 4;
+        int64_t bytes = per_token * (have ? e.n_tokens : rf->n_toks);
+        if (atomic_fetch_add(&s->prefetch_bytes, bytes) + bytes <= s->p.prefetch_bytes &&
+            ask_load_record(s->ask, rf->record, &rf->pre_held, &rf->pre, &rf->pre_buf) == IS_OK) {
+            const fact_kv *kv = rf->pre_held;
+            rf->pre_bytes = bytes;
+            ne = (fact_index_entry){.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+                                    .n_tokens = kv->meta.n_tokens};
+        } else {
+            if (rf->pre_held) record_store_release(memory_record_store(s->mem), rf->pre_held);
+            free(rf->pre_buf);
+            rf->pre_held = NULL;
+            rf->pre_buf = NULL;
+            atomic_fetch_sub(&s->prefetch_bytes, bytes);
+            if (ask_peek_record(s->ask, rf->record, &ne.content_id, &ne.n_tokens, &ne.text_hash) != IS_OK)
+                return; /* the engine thread finds it unusable and prefills the text */
+        }
+        ne.resident = have && e.content_id == ne.content_id && e.resident;
+        fact_index_put(s->facts, rf->record, &ne);
+        e = ne;
+        have = true;
+    }
+    if (e.text_hash == rf->text_hash) {
+        rf->known = true;
+        rf->content_id = e.content_id;
+        rf->n_kv_tokens = e.n_tokens;
+    } else {
+        drop_prefetch_fact(s, rf); /* encoded from another text: not to be injected */
+    }
+}
+
 /* Lays out and tokenises the request into h (caller's thread: the
  * tokenizer and the layout are read-only). */
 static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
@@ -869,6 +988,7 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
             return is_error_set(IS_ERR_NOMEM, "out of memory");
         rf->text_hash = fact_text_hash(f->text, strlen(f->text));
         if ((st = memory_prompt_fact(mp, f->text, &rf->toks, &rf->n_toks)) != IS_OK) return st;
+        if (r->mode == ASK_MODE_KV && rf->record) prefetch_fact(s, rf);
         est += rf->n_toks;
     }
     if (r->mode != ASK_MODE_OFF) est += s->n_prefix;
@@ -939,6 +1059,7 @@ is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void
         pthread_mutex_unlock(&s->mu);
     }
     if (st != IS_OK) {
+        drop_prefetch(s, h);
         handle_destroy(h);
         return st;
     }

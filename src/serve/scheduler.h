@@ -63,11 +63,25 @@ typedef struct sched sched;
 typedef struct sched_params {
     int32_t max_running;   /* requests in the running batch at once (default 32) */
     int32_t max_queued;    /* waiting requests beyond which submit refuses (default 256) */
-    int32_t step_tokens;   /* most tokens in one engine step (default 256) */
-    int32_t prefill_chunk; /* most prompt tokens of one request per step (default 128) */
+    int32_t step_tokens;   /* most tokens in one engine step (0, the default: by backend,
+                              SCHED_CPU_STEP_TOKENS or SCHED_GPU_STEP_TOKENS) */
+    int32_t prefill_chunk; /* most prompt tokens of one request per step (0, the default:
+                              SCHED_CPU_PREFILL_CHUNK or SCHED_GPU_PREFILL_CHUNK) */
     kv_dtype record_dtype; /* dtype of the KV records the encode jobs write and the kv
                               requests read; a record of another dtype is a miss (default f16) */
+    int64_t prefetch_bytes; /* host memory for records loaded (widened to f32) on the
+                               submitting threads ahead of admission (default
+                               SCHED_PREFETCH_MAX_BYTES; 0: only read into the record store's
+                               cache, the engine thread widens them) */
 } sched_params;
+
+#define SCHED_PREFETCH_MAX_BYTES ((int64_t)4 << 30)
+
+/* Step sizes by backend (a step_tokens or prefill_chunk of 0 takes these). */
+#define SCHED_CPU_STEP_TOKENS 256
+#define SCHED_CPU_PREFILL_CHUNK 128
+#define SCHED_GPU_STEP_TOKENS 2048
+#define SCHED_GPU_PREFILL_CHUNK 2048
 
 sched_params sched_default_params(void);
 
@@ -78,7 +92,8 @@ sched_params sched_default_params(void);
  * jobs write into its record store; may be NULL: then only mode off is
  * accepted). Both must outlive the scheduler and nothing else may use the
  * engine meanwhile. Prefills the serving prefix before returning.
- * IS_ERR_INVALID_ARG (a parameter <= 0, max_seqs < 2), IS_ERR_NOMEM, the
+ * IS_ERR_INVALID_ARG (a parameter < 0, or <= 0 but for the step sizes,
+ * max_seqs < 2), IS_ERR_NOMEM, the
  * prefill's errors. An encode job needs a free sequence: with every
  * sequence in use it waits, and once it has waited, admission holds back
  * a sequence for it. */

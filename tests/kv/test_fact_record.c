@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "kv/fact_record.h"
+#include "model/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -211,6 +212,35 @@ static void test_narrowing_ties_to_even(void **state) {
     fact_kv_from_f32(KV_DTYPE_F32, in, raw + 1, 4);
     fact_kv_to_f32(KV_DTYPE_F32, raw + 1, out, 4);
     assert_memory_equal(out, in, sizeof in);
+}
+
+/* Widening gives the scalar conversions' bits for every 16-bit pattern
+ * (NaNs, infinities and subnormals included), whichever path the build
+ * takes (F16C eight at a time, the rest one by one): all 65,536 values in
+ * one call and again from an odd offset, so both paths see each of them. */
+static void test_widening_every_value(void **state) {
+    (void)state;
+    const size_t n = 65536;
+    uint16_t *h = malloc((n + 1) * sizeof *h);
+    float *out = malloc((n + 1) * sizeof *out);
+    assert_non_null(h);
+    assert_non_null(out);
+    for (size_t i = 0; i < n; i++) h[i + 1] = (uint16_t)i;
+    for (int dt = 0; dt < 2; dt++) {
+        kv_dtype t = dt ? KV_DTYPE_BF16 : KV_DTYPE_F16;
+        for (size_t off = 0; off < 2; off++) {
+            fact_kv_to_f32(t, h + 1 + off, out, n - off);
+            for (size_t i = 0; i < n - off; i++) {
+                uint16_t v = (uint16_t)(i + off);
+                float want = dt ? quant_bf16_to_f32(v) : quant_f16_to_f32(v);
+                if (memcmp(&out[i], &want, 4) != 0)
+                    fail_msg("%s widening of 0x%04x differs from the scalar conversion",
+                             dt ? "bf16" : "f16", v);
+            }
+        }
+    }
+    free(h);
+    free(out);
 }
 
 /* ---- the documented byte layout ------------------------------------------------- */
@@ -499,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_f16),
         cmocka_unit_test(test_round_trip_bf16),
         cmocka_unit_test(test_narrowing_ties_to_even),
+        cmocka_unit_test(test_widening_every_value),
         cmocka_unit_test(test_layout_matches_documentation),
         cmocka_unit_test(test_meta_check_refuses_other_settings),
         cmocka_unit_test(test_encode_refuses_bad_meta),

@@ -555,6 +555,30 @@ static void test_memory_modes(void **state) {
     assert_int_equal(st.facts_kv_misses, 3);
     assert_int_equal(st.requests_done, 3);
     sched_free(s);
+
+    /* Records not loaded ahead by the submitting thread (no room for them):
+     * the engine thread reads them itself, with the same result. */
+    sp.prefetch_bytes = 0;
+    assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
+    coll ckv2, cmiss2;
+    rq.mode = ASK_MODE_KV;
+    submit_ok(s, &rq, &ckv2);
+    submit_ok(s, &rm, &cmiss2);
+    coll *again[] = {&ckv2, &cmiss2};
+    for (int i = 0; i < 2; i++) {
+        coll_wait(again[i]);
+        assert_int_equal(again[i]->kind, SCHED_EV_DONE);
+        sched_release(again[i]->h);
+    }
+    assert_string_equal(ckv2.text, ref_kv.s);
+    assert_string_equal(cmiss2.text, ref_miss.s);
+    assert_int_equal(ckv2.usage.injected_tokens, injected);
+    sched_get_stats(s, &st);
+    assert_int_equal(st.facts_kv_hits, 3);
+    assert_int_equal(st.facts_kv_misses, 3);
+    sched_free(s);
+    sp.prefetch_bytes = -1;
+    assert_int_equal(sched_create(e, mem, &sp, &s), IS_ERR_INVALID_ARG);
     engine_free(e);
     memory_close(mem);
 }

@@ -129,7 +129,22 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         if (nb < 2) nb = 2;
         if (nb > (1u << 20)) nb = 1u << 20;
         ep.n_blocks = (int32_t)nb;
+        bool gpu = strcmp(a->be->ops->name, "cpu") != 0;
+        if (gpu && ep.max_batch < SCHED_GPU_STEP_TOKENS) ep.max_batch = SCHED_GPU_STEP_TOKENS;
         if ((st = engine_create(a->m, ep, &a->e)) != IS_OK) goto fail;
+#ifdef IS_HAVE_CUDA
+        if (strcmp(a->be->ops->name, "cuda") == 0 && !p->kv_cache_f32) {
+            size_t fc = p->fact_cache_bytes;
+            if (fc == 0) {
+                size_t left = backend_cuda_free_bytes(a->be);
+                fc = left > 2 * HTTP_APP_FACT_CACHE_MARGIN ? left - HTTP_APP_FACT_CACHE_MARGIN
+                                                           : left / 2;
+            }
+            backend_cuda_set_arena_bytes(a->be, fc);
+            fprintf(notes, "fact cache: %.2f GiB of GPU memory%s\n", (double)fc / (1 << 30),
+                    p->fact_cache_bytes ? "" : " (what the weights and the KV pool leave, less a margin)");
+        }
+#endif
         sched_params sp = p->sched;
         sp.max_running = running;
         if ((st = sched_create(a->e, a->mem, &sp, &a->s)) != IS_OK) goto fail;

@@ -32,6 +32,10 @@
 typedef struct http_app http_app;
 
 #define HTTP_APP_DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+/* Device memory left beside the default fact cache for what grows later:
+ * activations of a full step, cuBLAS workspaces, graphs, the retrieval
+ * index on the GPU. */
+#define HTTP_APP_FACT_CACHE_MARGIN ((size_t)6 << 30)
 
 typedef struct http_app_params {
     const char *model_path;   /* GGUF; NULL: no model (memory routes only) */
@@ -46,6 +50,9 @@ typedef struct http_app_params {
     size_t kv_bytes;          /* KV cache pool (default 1 GiB) */
     bool kv_cache_f32;        /* cuda: an f32 KV cache (exact, no GPU fact arena) instead of
                                  the default bf16 one (tiled attention, fact arena) */
+    size_t fact_cache_bytes;  /* cuda, bf16 cache: the GPU fact-KV arena (0: the device memory
+                                 free after the weights and the KV pool, less
+                                 HTTP_APP_FACT_CACHE_MARGIN) */
     int32_t kv_window;        /* context turns encoded with each new fact (default 0) */
     bool gpu_retrieval;       /* memory search's query embedding and dense top-k on CUDA device
                                  0 (memory_params.gpu_retrieval; needs the embedder) */
