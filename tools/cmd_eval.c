@@ -63,6 +63,7 @@ typedef struct eval_opts {
     int32_t k, limit, max_tokens, threads;
     bool retrieve_only;
     bool nll, no_generate; /* teacher-forced instrument; skip generated answers */
+    bool no_dates;         /* facts shown without their session date */
     int32_t n_boot;
     kv_dtype dtype;
 } eval_opts;
@@ -107,6 +108,8 @@ static void eval_usage(FILE *f) {
             "                       token, by category with bootstrap intervals; per question in\n"
             "                       FILE.nll.csv (categories 1-4)\n"
             "      --no-generate    with --nll: no generated answers (no F1/EM), likelihoods only\n"
+            "      --no-dates       show and encode facts without their session's date (default:\n"
+            "                       \"[8 May 2023] fact\" in every mode; retrieval uses the bare text)\n"
             "      --bootstrap N    resamples for the --nll intervals (default 2000, fixed seed)\n"
             "  -h, --help           this help\n",
             EVAL_DEFAULT_DATA, CLI_DEFAULT_MODEL, EVAL_DEFAULT_EMBEDDER, EVAL_DEFAULT_STORE,
@@ -341,15 +344,17 @@ static void fact_id(char *buf, size_t cap, const char *conv, int32_t i) {
     snprintf(buf, cap, "%s-%d", conv, i);
 }
 
-static void record_id(char *buf, size_t cap, const char *conv, int32_t i, int32_t w) {
-    snprintf(buf, cap, "%s-%d-w%d", conv, i, w);
+/* Dated and undated records of a fact differ in their text: distinct ids. */
+static void record_id(char *buf, size_t cap, const char *conv, int32_t i, int32_t w, bool dated) {
+    snprintf(buf, cap, "%s-%d-w%d%s", conv, i, w, dated ? "-d" : "");
 }
 
 /* The teacher-forced instrument for one question (categories 1-4 with a
  * gold answer): one pass per slot on the same retrieved facts, then a
  * report row and one CSV row per slot. gen_f1/gen_em: the generated answers'
  * scores by mode index (< 0: not generated). */
-static is_status nll_question(eval_env *env, const locomo_conv *c, int32_t q, const char *query,
+static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *shown, int32_t q,
+                              const char *query,
                               const int32_t *hits, int32_t n_hits, const double *gen_f1,
                               const double *gen_em) {
     const eval_opts *o = env->o;
@@ -369,9 +374,9 @@ static is_status nll_question(eval_env *env, const locomo_conv *c, int32_t q, co
         int32_t gm = env->slot_mode[s];
         ask_mode mode = s == 0 ? ASK_MODE_PROMPT : s == 1 ? ASK_MODE_OFF : ASK_MODE_KV;
         for (int32_t h = 0; h < n_hits; h++) {
-            record_id(rids[h], sizeof rids[h], c->name, hits[h], gm >= 0 ? o->modes[gm].window : 0);
+            record_id(rids[h], sizeof rids[h], c->name, hits[h], gm >= 0 ? o->modes[gm].window : 0, !o->no_dates);
             ids[h] = rids[h];
-            texts[h] = c->facts[hits[h]].text;
+            texts[h] = shown[hits[h]];
         }
         ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts, .n_facts = n_hits};
         float *lp = env->lp + (size_t)s * nv;
@@ -436,6 +441,14 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     mem_hit *hits = calloc((size_t)(k ? k : 1), sizeof *hits);
     const char **ev_ids = malloc((size_t)(k ? k : 1) * sizeof *ev_ids); /* evidence turns of the hits */
     q_result *res = calloc((size_t)o->n_modes, sizeof *res);
+    char **shown = calloc((size_t)(nf ? nf : 1), sizeof *shown); /* fact texts as the model sees them */
+    if (!shown) {
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < nf && st == IS_OK; i++)
+        st = memory_prompt_dated_text(o->no_dates ? NULL : c->facts[i].date, c->facts[i].text, &shown[i]);
+    if (st != IS_OK) goto done;
     if (!vecs || !texts || !hit_fact || !n_hits || !recall || !retr_ms || !needed || !hits || !ev_ids || !res) {
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
         goto done;
@@ -532,9 +545,9 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         for (int32_t i = 0; i < nf; i++) {
             if (!needed[i]) continue;
             char rid[72];
-            record_id(rid, sizeof rid, c->name, i, w);
+            record_id(rid, sizeof rid, c->name, i, w, !o->no_dates);
             int32_t n_ctx = locomo_fact_context(c, &c->facts[i], w > 1024 ? 1024 : (w < 0 ? 0 : w), ctx);
-            ask_fact af = {rid, c->facts[i].text, ctx, n_ctx};
+            ask_fact af = {rid, shown[i], ctx, n_ctx};
             bool did;
             if ((st = ask_encode_fact(env->ask, &af, w, &did)) != IS_OK) goto done;
             encoded += did;
@@ -571,9 +584,9 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             const eval_mode *em = &o->modes[m];
             for (int32_t h = 0; h < n_hits[q]; h++) {
                 int32_t fi = hit_fact[(size_t)q * k + h];
-                record_id(rids[h], sizeof rids[h], c->name, fi, em->window);
+                record_id(rids[h], sizeof rids[h], c->name, fi, em->window, !o->no_dates);
                 ids[h] = rids[h];
-                ftexts[h] = c->facts[fi].text;
+                ftexts[h] = shown[fi];
             }
             answer_buf ab = {.n = 0};
             ab.s[0] = 0;
@@ -629,7 +642,7 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         free(norm_prompt);
         if (env->csv) fflush(env->csv);
         if (st == IS_OK && o->nll)
-            st = nll_question(env, c, q, query, hit_fact + (size_t)q * k, n_hits[q], gen_f1, gen_em);
+            st = nll_question(env, c, shown, q, query, hit_fact + (size_t)q * k, n_hits[q], gen_f1, gen_em);
         free(query);
     }
     free(ids);
@@ -649,6 +662,8 @@ done:
     free(hits);
     free(ev_ids);
     free(res);
+    for (int32_t i = 0; shown && i < nf; i++) free(shown[i]);
+    free(shown);
     locomo_free(c);
     return st;
 }
@@ -775,7 +790,7 @@ int cmd_eval(int argc, char **argv) {
         {"backend", required_argument, 0, 'B'},  {"save-retrieval", required_argument, 0, 'R'},
         {"load-retrieval", required_argument, 0, 'L'}, {"retrieve-only", no_argument, 0, 'r'},
         {"nll", no_argument, 0, 'N'}, {"no-generate", no_argument, 0, 'G'},
-        {"bootstrap", required_argument, 0, 'b'},
+        {"bootstrap", required_argument, 0, 'b'}, {"no-dates", no_argument, 0, 'A'},
         {0, 0, 0, 0},
     };
     eval_opts o = {.data_dir = EVAL_DEFAULT_DATA, .model = cli_default_model(),
@@ -802,6 +817,7 @@ int cmd_eval(int argc, char **argv) {
         case 'L': o.load_retrieval = optarg; break;
         case 'r': o.retrieve_only = true; break;
         case 'N': o.nll = true; break;
+        case 'A': o.no_dates = true; break;
         case 'G': o.no_generate = true; break;
         case 'b': if (!cli_parse_int(optarg, "--bootstrap", 10, 1000000, &o.n_boot)) return 1; break;
         case 'S': o.store = optarg; break;

@@ -9,6 +9,8 @@
  *     for that case), and no memory scores it differently;
  *   - log-softmax, KL, argmax on hand-computed distributions;
  *   - the list-item rule on pieces and on the default model's vocabulary;
+ *   - dated facts: LoCoMo session dates in the gold answers' form, and
+ *     the one rendering both memory modes use;
  *   - the paired bootstrap: degenerate data, ratios, seeds, and the width
  *     of a mean's interval against the normal approximation.
  */
@@ -29,7 +31,11 @@
 #include "eval/nll_report.h"
 #include "eval/nll_stats.h"
 #include "eval/teacher.h"
+#include "memory/locomo.h"
+#include "serve/memory_prompt.h"
 #include "test_util.h"
+
+#define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 
 static backend *g_be;
 static model *g_model;
@@ -244,6 +250,36 @@ static void test_list_mask_vocab(void **state) {
     free(mask);
 }
 
+/* ---- dated facts ------------------------------------------------------ */
+
+static void test_dated_facts(void **state) {
+    char buf[64];
+    assert_string_equal(locomo_short_date("1:56 pm on 8 May, 2023", buf, sizeof buf), "8 May 2023");
+    assert_string_equal(locomo_short_date("12:09 am on 13 September, 2023", buf, sizeof buf), "13 September 2023");
+    assert_string_equal(locomo_short_date("May, 2023", buf, sizeof buf), "May 2023");
+    assert_string_equal(locomo_short_date("1:56 pm on 8 May, 2023", buf, 5), "8 Ma");
+    char *t;
+    assert_int_equal(memory_prompt_dated_text("8 May 2023", "Caroline went to a support group.", &t), IS_OK);
+    assert_string_equal(t, "[8 May 2023] Caroline went to a support group.");
+    free(t);
+    assert_int_equal(memory_prompt_dated_text("", "x", &t), IS_OK);
+    assert_string_equal(t, "x");
+    free(t);
+    assert_int_equal(memory_prompt_dated_text(NULL, "x", &t), IS_OK);
+    assert_string_equal(t, "x");
+    free(t);
+    assert_int_equal(memory_prompt_dated_text("d", NULL, &t), IS_ERR_INVALID_ARG);
+    locomo_conv *c = NULL;
+    if (locomo_load(LOCOMO_26, &c) != IS_OK) skip();
+    /* every fact carries its own session's date */
+    for (int32_t i = 0; i < c->n_facts; i++) {
+        assert_non_null(c->facts[i].date);
+        if (c->facts[i].session == 1) assert_string_equal(c->facts[i].date, "8 May 2023");
+        if (c->facts[i].session == 2) assert_string_equal(c->facts[i].date, "25 May 2023");
+    }
+    locomo_free(c);
+}
+
 /* ---- bootstrap --------------------------------------------------------- */
 
 static void test_bootstrap(void **state) {
@@ -319,6 +355,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_softmax_kl),        cmocka_unit_test(test_list_item_rule),
         cmocka_unit_test(test_bootstrap),         cmocka_unit_test(test_report),
+        cmocka_unit_test(test_dated_facts),
         cmocka_unit_test(test_nll_golden),        cmocka_unit_test(test_teacher_bad_args),
         cmocka_unit_test(test_kv_equals_prompt_one_fact), cmocka_unit_test(test_list_mask_vocab),
     };
