@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The teacher-forced LoCoMo table (`inferscale eval locomo --nll`) on the GPU
-# machine, in two device calls, for a tree that the device does not have
+# machine, for a tree that the device does not have
 # (a branch): the main checkout travels, and this branch's changed files
 # travel in an overlay archive beside the evaluation data.
 #
@@ -8,11 +8,15 @@
 #           retr_k50.tsv), then in the main checkout's ignored .dev/NAME/:
 #           overlay.tar (git archive of this branch's changed files),
 #           locomo.tar.xz (the conversations), retr_k*.tsv, this script
-#   device: call 1: carry [".gpumodel_a", ".dev/NAME"],
-#                   command "bash .dev/NAME/gpu_eval_nll.sh --stage NAME"
-#           call 2 (within the 30 s the machine stays warm): carry
-#                   [".gpumodel_b", ".gpudeps"], command
-#                   "bash models/.stage/gpu_eval_nll.sh NAME"
+#           and the default model cut into pieces that fit a call beside the
+#           tree (split -b 48000000 -d -a 1 MODEL m.part.; sha256 in
+#           model.sha256), the last piece in .dev/NAME, the others in
+#           .dev/NAME1, .dev/NAME2, ...
+#   device: one call per other piece, each within the 30 s the machine
+#           stays warm: carry [".dev/NAMEi"], command
+#           "mkdir -p models/.stage && cp .dev/NAMEi/m.part.* models/.stage/";
+#           then carry [".dev/NAME", ".gpudeps"], command
+#           "bash .dev/NAME/gpu_eval_nll.sh"
 #
 # The source is copied to models/.src (ignored, so later calls do not put
 # main's files back over the overlay), built there with the CUDA backend,
@@ -20,22 +24,21 @@
 # spaces) go in parallel, every conversation in one process per job so that
 # each job's table covers all of them. Results: $OUT/nll.tar.gz.
 set -uo pipefail
-if [ "${1:-}" = "--stage" ]; then
-  mkdir -p models/.stage && cp .gpumodel_a/part.* ".dev/$2"/* models/.stage/ && ls -la models/.stage
-  exit
-fi
+HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$PWD
 OUT=${OUT:-$REPO/gpu-out}
 mkdir -p "$OUT" "$OUT/nll"
 exec > >(tee "$OUT/gpu_eval_nll.log") 2>&1
 section() { echo; echo "=== $* ($(date +%T))"; }
-mkdir -p .gpumodel_a && cp models/.stage/part.* .gpumodel_a/
-rm -rf models/.src && mkdir -p models/.src
-cp -r CMakeLists.txt include src cuda tools tests bench scripts fuzz models/.src/
-tar -xf models/.stage/overlay.tar -C models/.src
-mkdir -p models/.src/.evaldata/locomo && tar -xJf models/.stage/locomo.tar.xz -C models/.src/.evaldata/locomo
-cp models/.stage/retr_k*.tsv models/.src/.evaldata/
-cp -r .gpumodel_a .gpumodel_b .gpudeps models/.src/ 2>/dev/null
+rm -rf models/.src && mkdir -p models/.src/models
+cp -r CMakeLists.txt include src cuda tools tests bench scripts fuzz .gpudeps models/.src/
+tar -xf "$HERE/overlay.tar" -C models/.src
+mkdir -p models/.src/.evaldata/locomo && tar -xJf "$HERE/locomo.tar.xz" -C models/.src/.evaldata/locomo
+cp "$HERE"/retr_k*.tsv models/.src/.evaldata/
+MODEL=models/.src/models/SmolLM2-135M-Instruct.Q4_1.gguf
+cat models/.stage/m.part.* "$HERE"/m.part.* > "$MODEL"
+[ "$(sha256sum "$MODEL" | cut -d' ' -f1)" = "$(cat "$HERE/model.sha256")" ] && echo "model reassembled" \
+  || { echo "model pieces do not match their sha256"; ls -la models/.stage "$HERE"; exit 1; }
 cd models/.src
 BUILD=$PWD/build-gpu
 REPO=$PWD
