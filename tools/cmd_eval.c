@@ -56,7 +56,6 @@ typedef struct eval_mode {
 typedef struct eval_opts {
     const char *data_dir, *model, *embedder, *store, *out, *instruction, *backend;
     const char *save_retrieval, *load_retrieval;
-    const char *nll_footer; /* --nll-footer: text after the memory in the --nll passes */
     char *convs[EVAL_MAX_CONVS];
     int32_t n_convs;
     eval_mode modes[EVAL_MAX_MODES];
@@ -111,9 +110,6 @@ static void eval_usage(FILE *f) {
             "      --no-generate    with --nll: no generated answers (no F1/EM), likelihoods only\n"
             "      --no-dates       show and encode facts without their session's date (default:\n"
             "                       \"[8 May 2023] fact\" in every mode; retrieval uses the bare text)\n"
-            "      --nll-footer T   with --nll: prefill T after the memory segment in every mode of\n"
-            "                       the teacher-forced passes (a layout experiment; generated\n"
-            "                       answers keep the serving layout)\n"
             "      --bootstrap N    resamples for the --nll intervals (default 2000, fixed seed)\n"
             "  -h, --help           this help\n",
             EVAL_DEFAULT_DATA, CLI_DEFAULT_MODEL, EVAL_DEFAULT_EMBEDDER, EVAL_DEFAULT_STORE,
@@ -384,7 +380,7 @@ static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *
         }
         ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts, .n_facts = n_hits};
         float *lp = env->lp + (size_t)s * nv;
-        st = teacher_score_request(env->e, env->store, env->ask, &req, o->nll_footer, ans, n_ans, &row.nll[s], lp);
+        st = teacher_score_request(env->e, env->store, env->ask, &req, ans, n_ans, &row.nll[s], lp);
         if (st != IS_OK) break;
         nll_log_softmax(lp, nv, lp);
         row.plist[s] = nll_mass(lp, env->list_mask, nv);
@@ -795,7 +791,6 @@ int cmd_eval(int argc, char **argv) {
         {"load-retrieval", required_argument, 0, 'L'}, {"retrieve-only", no_argument, 0, 'r'},
         {"nll", no_argument, 0, 'N'}, {"no-generate", no_argument, 0, 'G'},
         {"bootstrap", required_argument, 0, 'b'}, {"no-dates", no_argument, 0, 'A'},
-        {"nll-footer", required_argument, 0, 'F'},
         {0, 0, 0, 0},
     };
     eval_opts o = {.data_dir = EVAL_DEFAULT_DATA, .model = cli_default_model(),
@@ -823,7 +818,6 @@ int cmd_eval(int argc, char **argv) {
         case 'r': o.retrieve_only = true; break;
         case 'N': o.nll = true; break;
         case 'A': o.no_dates = true; break;
-        case 'F': o.nll_footer = optarg; break;
         case 'G': o.no_generate = true; break;
         case 'b': if (!cli_parse_int(optarg, "--bootstrap", 10, 1000000, &o.n_boot)) return 1; break;
         case 'S': o.store = optarg; break;

@@ -68,8 +68,8 @@ static is_status append_fact(const memory_prompt *mp, const char *text, int32_t 
 }
 
 is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
-                                const char *footer, const int32_t *answer, int32_t n_answer,
-                                double *nll_mean, float *first_logits) {
+                                const int32_t *answer, int32_t n_answer, double *nll_mean,
+                                float *first_logits) {
     const memory_prompt *mp = ask_ctx_prompt(a);
     int32_t n = r->mode == ASK_MODE_OFF ? 0 : r->n_facts;
     int32_t *suffix = NULL, n_suffix = 0, *ctx = NULL, n_ctx = 0, seq = -1;
@@ -89,19 +89,6 @@ is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, cons
             st = ask_fetch_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i]);
             if (st == IS_OK) ids[i] = held[i] ? held[i]->content_id : 0;
         }
-    }
-    if (st == IS_OK && footer && *footer) {
-        int32_t *ft = NULL;
-        size_t nft = 0;
-        st = tokenizer_encode(engine_model(e)->tok, footer, strlen(footer), false, false, &ft, &nft);
-        int32_t *grown = st == IS_OK ? realloc(ctx, (size_t)(n_ctx + (int32_t)nft + 1) * sizeof *ctx) : NULL;
-        if (st == IS_OK && !grown) st = is_error_set(IS_ERR_NOMEM, "out of memory");
-        if (st == IS_OK) {
-            ctx = grown;
-            memcpy(ctx + n_ctx, ft, nft * sizeof *ctx);
-            n_ctx += (int32_t)nft;
-        }
-        free(ft);
     }
     if (st == IS_OK) {
         int32_t *grown = realloc(ctx, (size_t)(n_ctx + n_suffix) * sizeof *ctx);

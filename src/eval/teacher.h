@@ -29,14 +29,11 @@ is_status teacher_score_tokens(engine *e, int32_t seq, const int32_t *context, i
 /* One request's gold answer under one mode (r->query, r->fact_ids for kv,
  * r->fact_texts for prompt, r->n_facts; sampling fields unused): opens a
  * sequence of its own on `e`, the engine that `a` borrows (its records come
- * from `store`, a's record store), scores, closes it. footer (or NULL):
- * text prefilled right after the memory segment, before the suffix, in
- * every mode alike (tokenised as user text): a candidate layout change,
- * measured here before the serving path takes it. Errors as ask_run and
+ * from `store`, a's record store), scores, closes it. Errors as ask_run and
  * teacher_score_tokens. */
 is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
-                                const char *footer, const int32_t *answer, int32_t n_answer,
-                                double *nll_mean, float *first_logits);
+                                const int32_t *answer, int32_t n_answer, double *nll_mean,
+                                float *first_logits);
 
 /* The gold answer as the model would write it right after the assistant
  * header: its text tokenised alone (no BOS, control tokens not parsed).

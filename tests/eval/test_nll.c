@@ -153,7 +153,7 @@ static void test_kv_equals_prompt_one_fact(void **state) {
     ask_mode modes[3] = {ASK_MODE_PROMPT, ASK_MODE_KV, ASK_MODE_OFF};
     for (int i = 0; i < 3; i++) {
         ask_request r = {.mode = modes[i], .query = q, .fact_ids = ids, .fact_texts = texts, .n_facts = 1};
-        assert_int_equal(teacher_score_request(g_engine, g_store, g_ask, &r, NULL, ans, na, &nll[i], lp + (size_t)i * nv),
+        assert_int_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &nll[i], lp + (size_t)i * nv),
                          IS_OK);
     }
     fprintf(stderr, "NLL prompt %.6f kv %.6f off %.6f\n", nll[0], nll[1], nll[2]);
@@ -168,7 +168,7 @@ static void test_kv_equals_prompt_one_fact(void **state) {
     const char *missing[] = {"nll-missing"};
     ask_request r = {.mode = ASK_MODE_KV, .query = q, .fact_ids = missing, .fact_texts = texts, .n_facts = 1};
     double x;
-    assert_int_not_equal(teacher_score_request(g_engine, g_store, g_ask, &r, NULL, ans, na, &x, NULL), IS_OK);
+    assert_int_not_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &x, NULL), IS_OK);
     free(lp);
     free(ans);
 }
