@@ -22,6 +22,9 @@
 
 #include "core/status.h"
 #include "eval/locomo_eval.h"
+#include "eval/nll_report.h"
+#include "eval/nll_stats.h"
+#include "eval/teacher.h"
 #include "kv/fact_record.h"
 #include "memory/embedder.h"
 #include "memory/index.h"
@@ -59,6 +62,9 @@ typedef struct eval_opts {
     int32_t n_modes;
     int32_t k, limit, max_tokens, threads;
     bool retrieve_only;
+    bool nll, no_generate; /* teacher-forced instrument; skip generated answers */
+    bool no_dates;         /* facts shown without their session date */
+    int32_t n_boot;
     kv_dtype dtype;
 } eval_opts;
 
@@ -96,6 +102,15 @@ static void eval_usage(FILE *f) {
             "      --load-retrieval FILE  take the retrieved facts from FILE instead of embedding\n"
             "                       and searching (no embedding model needed): the same retrieval\n"
             "                       can then be answered on another machine or backend\n"
+            "      --nll            also score the gold answer teacher-forced in prompt, off and\n"
+            "                       every kv mode: mean token NLL, recovered share, KL and top-1\n"
+            "                       agreement with prompt mode and P(list item) of the first answer\n"
+            "                       token, by category with bootstrap intervals; per question in\n"
+            "                       FILE.nll.csv (categories 1-4)\n"
+            "      --no-generate    with --nll: no generated answers (no F1/EM), likelihoods only\n"
+            "      --no-dates       show and encode facts without their session's date (default:\n"
+            "                       \"[8 May 2023] fact\" in every mode; retrieval uses the bare text)\n"
+            "      --bootstrap N    resamples for the --nll intervals (default 2000, fixed seed)\n"
             "  -h, --help           this help\n",
             EVAL_DEFAULT_DATA, CLI_DEFAULT_MODEL, EVAL_DEFAULT_EMBEDDER, EVAL_DEFAULT_STORE,
             EVAL_INSTRUCTION + 1);
@@ -313,14 +328,95 @@ typedef struct eval_env {
     const retrieval_cache *load_retrieval;
     eval_tables *tab;
     int prompt_mode; /* index of prompt mode in o->modes, -1 if absent */
+    /* --nll: slot 0 prompt, 1 off, 2.. the kv modes (nll_report.h) */
+    engine *e;
+    record_store *store;
+    nll_report *rep;
+    FILE *nll_csv;
+    int32_t n_slots;
+    int32_t slot_mode[NLL_REPORT_MAX_SLOTS]; /* kv slots: index in o->modes; -1 for prompt and off */
+    const char *slot_name[NLL_REPORT_MAX_SLOTS];
+    bool *list_mask; /* [n_vocab] */
+    float *lp;       /* [n_slots][n_vocab] first answer token's log-probabilities */
 } eval_env;
 
 static void fact_id(char *buf, size_t cap, const char *conv, int32_t i) {
     snprintf(buf, cap, "%s-%d", conv, i);
 }
 
-static void record_id(char *buf, size_t cap, const char *conv, int32_t i, int32_t w) {
-    snprintf(buf, cap, "%s-%d-w%d", conv, i, w);
+/* Dated and undated records of a fact differ in their text: distinct ids. */
+static void record_id(char *buf, size_t cap, const char *conv, int32_t i, int32_t w, bool dated) {
+    snprintf(buf, cap, "%s-%d-w%d%s", conv, i, w, dated ? "-d" : "");
+}
+
+/* The teacher-forced instrument for one question (categories 1-4 with a
+ * gold answer): one pass per slot on the same retrieved facts, then a
+ * report row and one CSV row per slot. gen_f1/gen_em: the generated answers'
+ * scores by mode index (< 0: not generated). */
+static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *shown, int32_t q,
+                              const char *query,
+                              const int32_t *hits, int32_t n_hits, const double *gen_f1,
+                              const double *gen_em) {
+    const eval_opts *o = env->o;
+    const locomo_question *lq = &c->questions[q];
+    if (lq->category < 1 || lq->category > 4 || !lq->answer[0]) return IS_OK;
+    const model *m = engine_model(env->e);
+    const int32_t nv = m->cfg.n_vocab;
+    int32_t *ans = NULL, n_ans = 0;
+    is_status st = teacher_answer_tokens(m, lq->answer, &ans, &n_ans);
+    if (st != IS_OK) return st;
+    const char **ids = malloc((size_t)(n_hits ? n_hits : 1) * sizeof *ids);
+    const char **texts = malloc((size_t)(n_hits ? n_hits : 1) * sizeof *texts);
+    char(*rids)[72] = malloc((size_t)(n_hits ? n_hits : 1) * sizeof *rids);
+    if (!ids || !texts || !rids) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    nll_row row = {.category = lq->category};
+    for (int32_t s = 0; s < env->n_slots && st == IS_OK; s++) {
+        int32_t gm = env->slot_mode[s];
+        ask_mode mode = s == 0 ? ASK_MODE_PROMPT : s == 1 ? ASK_MODE_OFF : ASK_MODE_KV;
+        for (int32_t h = 0; h < n_hits; h++) {
+            record_id(rids[h], sizeof rids[h], c->name, hits[h], gm >= 0 ? o->modes[gm].window : 0, !o->no_dates);
+            ids[h] = rids[h];
+            texts[h] = shown[hits[h]];
+        }
+        ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts, .n_facts = n_hits};
+        float *lp = env->lp + (size_t)s * nv;
+        st = teacher_score_request(env->e, env->store, env->ask, &req, ans, n_ans, &row.nll[s], lp);
+        if (st != IS_OK) break;
+        nll_log_softmax(lp, nv, lp);
+        row.plist[s] = nll_mass(lp, env->list_mask, nv);
+        row.kl[s] = s == 0 ? 0 : nll_kl(env->lp, lp, nv);
+        row.agree[s] = nll_argmax(lp, nv) == nll_argmax(env->lp, nv);
+        /* the generated answer of the same mode, where one was generated */
+        row.f1[s] = row.em[s] = -1;
+        for (int32_t g = 0; g < o->n_modes; g++) {
+            bool same = (s == 0 && o->modes[g].mode == ASK_MODE_PROMPT) ||
+                        (s == 1 && o->modes[g].mode == ASK_MODE_OFF) || (s >= 2 && g == gm);
+            if (same) {
+                row.f1[s] = gen_f1[g];
+                row.em[s] = gen_em[g];
+            }
+        }
+    }
+    if (st == IS_OK) st = nll_report_add(env->rep, &row);
+    if (st == IS_OK && env->nll_csv) {
+        for (int32_t s = 0; s < env->n_slots; s++) {
+            char piece[64];
+            int32_t top = nll_argmax(env->lp + (size_t)s * nv, nv);
+            size_t pl = tokenizer_token_to_piece(m->tok, top, true, piece, sizeof piece - 1);
+            piece[pl < sizeof piece - 1 ? pl : sizeof piece - 1] = 0;
+            fprintf(env->nll_csv, "%s,%d,%d,%s,%d,%.6f,%.6f,%.6f,%d,", c->name, q, lq->category, env->slot_name[s],
+                    n_ans, row.nll[s], row.plist[s], row.kl[s], (int)row.agree[s]);
+            csv_field(env->nll_csv, piece);
+            if (row.f1[s] >= 0) fprintf(env->nll_csv, ",%.6f,%d\n", row.f1[s], (int)row.em[s]);
+            else fprintf(env->nll_csv, ",,\n");
+        }
+        fflush(env->nll_csv);
+    }
+    free(ans);
+    free(ids);
+    free(texts);
+    free(rids);
+    return st;
 }
 
 static is_status eval_conv(eval_env *env, const char *name, double *t_encode, double *t_answer) {
@@ -345,6 +441,14 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     mem_hit *hits = calloc((size_t)(k ? k : 1), sizeof *hits);
     const char **ev_ids = malloc((size_t)(k ? k : 1) * sizeof *ev_ids); /* evidence turns of the hits */
     q_result *res = calloc((size_t)o->n_modes, sizeof *res);
+    char **shown = calloc((size_t)(nf ? nf : 1), sizeof *shown); /* fact texts as the model sees them */
+    if (!shown) {
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < nf && st == IS_OK; i++)
+        st = memory_prompt_dated_text(o->no_dates ? NULL : c->facts[i].date, c->facts[i].text, &shown[i]);
+    if (st != IS_OK) goto done;
     if (!vecs || !texts || !hit_fact || !n_hits || !recall || !retr_ms || !needed || !hits || !ev_ids || !res) {
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
         goto done;
@@ -441,9 +545,9 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         for (int32_t i = 0; i < nf; i++) {
             if (!needed[i]) continue;
             char rid[72];
-            record_id(rid, sizeof rid, c->name, i, w);
+            record_id(rid, sizeof rid, c->name, i, w, !o->no_dates);
             int32_t n_ctx = locomo_fact_context(c, &c->facts[i], w > 1024 ? 1024 : (w < 0 ? 0 : w), ctx);
-            ask_fact af = {rid, c->facts[i].text, ctx, n_ctx};
+            ask_fact af = {rid, shown[i], ctx, n_ctx};
             bool did;
             if ((st = ask_encode_fact(env->ask, &af, w, &did)) != IS_OK) goto done;
             encoded += did;
@@ -476,13 +580,13 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             break;
         }
         snprintf(query, ql, "%s%s", lq->question, o->instruction);
-        for (int32_t m = 0; m < o->n_modes && st == IS_OK; m++) {
+        for (int32_t m = 0; m < o->n_modes && st == IS_OK && !o->no_generate; m++) {
             const eval_mode *em = &o->modes[m];
             for (int32_t h = 0; h < n_hits[q]; h++) {
                 int32_t fi = hit_fact[(size_t)q * k + h];
-                record_id(rids[h], sizeof rids[h], c->name, fi, em->window);
+                record_id(rids[h], sizeof rids[h], c->name, fi, em->window, !o->no_dates);
                 ids[h] = rids[h];
-                ftexts[h] = c->facts[fi].text;
+                ftexts[h] = shown[fi];
             }
             answer_buf ab = {.n = 0};
             ab.s[0] = 0;
@@ -494,18 +598,24 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             trim(res[m].answer);
             cli_progress(what, (int64_t)q * o->n_modes + m + 1, (int64_t)nq * o->n_modes, ta);
         }
-        free(query);
-        if (st != IS_OK) break;
+        if (st != IS_OK) {
+            free(query);
+            break;
+        }
+        double gen_f1[EVAL_MAX_MODES], gen_em[EVAL_MAX_MODES];
+        for (int32_t m = 0; m < EVAL_MAX_MODES; m++) gen_f1[m] = gen_em[m] = -1;
         /* Score, compare with prompt mode, write rows. */
         char *norm_prompt = NULL;
-        if (env->prompt_mode >= 0 && (st = locomo_eval_normalize(res[env->prompt_mode].answer, &norm_prompt)) != IS_OK)
+        if (!o->no_generate && env->prompt_mode >= 0 && (st = locomo_eval_normalize(res[env->prompt_mode].answer, &norm_prompt)) != IS_OK)
             break;
-        for (int32_t m = 0; m < o->n_modes && st == IS_OK; m++) {
+        for (int32_t m = 0; m < o->n_modes && st == IS_OK && !o->no_generate; m++) {
             locomo_eval_result r = {.recall = recall[q], .ttft_ms = res[m].tm.ttft_ms, .agree = -1};
             bool em;
             if ((st = locomo_eval_score(res[m].answer, lq->answer, lq->category, &r.f1)) != IS_OK) break;
             if ((st = locomo_eval_exact(res[m].answer, lq->answer, lq->category, &em)) != IS_OK) break;
             r.em = em;
+            gen_f1[m] = r.f1;
+            gen_em[m] = r.em;
             if (norm_prompt && m != env->prompt_mode) {
                 char *nm;
                 if ((st = locomo_eval_normalize(res[m].answer, &nm)) != IS_OK) break;
@@ -531,6 +641,9 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         }
         free(norm_prompt);
         if (env->csv) fflush(env->csv);
+        if (st == IS_OK && o->nll)
+            st = nll_question(env, c, shown, q, query, hit_fact + (size_t)q * k, n_hits[q], gen_f1, gen_em);
+        free(query);
     }
     free(ids);
     free(ftexts);
@@ -549,6 +662,8 @@ done:
     free(hits);
     free(ev_ids);
     free(res);
+    for (int32_t i = 0; shown && i < nf; i++) free(shown[i]);
+    free(shown);
     locomo_free(c);
     return st;
 }
@@ -674,13 +789,15 @@ int cmd_eval(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
         {"backend", required_argument, 0, 'B'},  {"save-retrieval", required_argument, 0, 'R'},
         {"load-retrieval", required_argument, 0, 'L'}, {"retrieve-only", no_argument, 0, 'r'},
+        {"nll", no_argument, 0, 'N'}, {"no-generate", no_argument, 0, 'G'},
+        {"bootstrap", required_argument, 0, 'b'}, {"no-dates", no_argument, 0, 'A'},
         {0, 0, 0, 0},
     };
     eval_opts o = {.data_dir = EVAL_DEFAULT_DATA, .model = cli_default_model(),
                    .embedder = EVAL_DEFAULT_EMBEDDER, .store = EVAL_DEFAULT_STORE,
                    .out = "locomo-eval.csv", .instruction = EVAL_INSTRUCTION,
                    .k = 20, .limit = 0, .max_tokens = 32, .threads = 0, .dtype = KV_DTYPE_F32,
-                   .backend = "cpu"};
+                   .backend = "cpu", .n_boot = 2000};
     parse_modes("prompt,kv0,kv20", &o);
     const char *conv_arg = NULL;
     int c, rc = 1;
@@ -699,6 +816,10 @@ int cmd_eval(int argc, char **argv) {
         case 'R': o.save_retrieval = optarg; break;
         case 'L': o.load_retrieval = optarg; break;
         case 'r': o.retrieve_only = true; break;
+        case 'N': o.nll = true; break;
+        case 'A': o.no_dates = true; break;
+        case 'G': o.no_generate = true; break;
+        case 'b': if (!cli_parse_int(optarg, "--bootstrap", 10, 1000000, &o.n_boot)) return 1; break;
         case 'S': o.store = optarg; break;
         case 'I': o.instruction = optarg; break;
         case 'n': if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1; break;
@@ -720,6 +841,10 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale eval --help')\n", argv[optind]);
         return 1;
     }
+    if (o.no_generate && !o.nll) {
+        fprintf(stderr, "error: --no-generate needs --nll (nothing would be measured)\n");
+        return 1;
+    }
     if (conv_arg ? !parse_convs(conv_arg, &o) : !list_convs(&o)) {
         if (conv_arg) fprintf(stderr, "error: --conv is empty\n");
         return 1;
@@ -731,7 +856,10 @@ int cmd_eval(int argc, char **argv) {
     record_store *store = NULL;
     ask_ctx *ac = NULL;
     embedder *emb = NULL;
-    FILE *csv = NULL, *md = NULL, *save_r = NULL;
+    FILE *csv = NULL, *md = NULL, *save_r = NULL, *nll_csv = NULL;
+    nll_report *rep = NULL;
+    bool *list_mask = NULL;
+    float *lp = NULL;
     retrieval_cache rcache = {0};
     eval_tables *tab = calloc(1, sizeof *tab);
     is_status st;
@@ -772,6 +900,41 @@ int cmd_eval(int argc, char **argv) {
                     .save_retrieval = save_r, .load_retrieval = o.load_retrieval ? &rcache : NULL};
     for (int32_t i = 0; i < o.n_modes; i++)
         if (o.modes[i].mode == ASK_MODE_PROMPT) env.prompt_mode = i;
+    if (o.nll && !o.retrieve_only) {
+        env.e = e;
+        env.store = store;
+        env.slot_name[0] = "prompt";
+        env.slot_name[1] = "off";
+        env.slot_mode[0] = env.slot_mode[1] = -1;
+        env.n_slots = 2;
+        for (int32_t i = 0; i < o.n_modes; i++) {
+            if (o.modes[i].mode != ASK_MODE_KV) continue;
+            env.slot_mode[env.n_slots] = i;
+            env.slot_name[env.n_slots++] = o.modes[i].name;
+        }
+        int32_t nv = m->cfg.n_vocab;
+        list_mask = malloc((size_t)nv * sizeof *list_mask);
+        lp = malloc((size_t)env.n_slots * nv * sizeof *lp);
+        if (!list_mask || !lp) {
+            fprintf(stderr, "error: out of memory\n");
+            goto out;
+        }
+        int32_t n_list = nll_list_mask(m->tok, list_mask);
+        fprintf(stderr, "--nll: %d of %d vocabulary entries open a list item\n", n_list, nv);
+        if ((st = nll_report_create(env.slot_name, env.n_slots, &rep)) != IS_OK) goto fail;
+        char nllpath[4096];
+        snprintf(nllpath, sizeof nllpath, "%s.nll.csv", o.out);
+        if (!(nll_csv = fopen(nllpath, "w"))) {
+            fprintf(stderr, "error: cannot write '%s': %s\n", nllpath, strerror(errno));
+            goto out;
+        }
+        fprintf(nll_csv, "conv,question,category,mode,answer_tokens,nll,p_list,kl_vs_prompt,top1_agree_prompt,"
+                         "top1_piece,f1,em\n");
+        env.rep = rep;
+        env.nll_csv = nll_csv;
+        env.list_mask = list_mask;
+        env.lp = lp;
+    }
     for (int32_t i = 0; i < o.n_convs; i++) {
         if ((st = eval_conv(&env, o.convs[i], &t_encode, &t_answer)) != IS_OK) goto fail;
     }
@@ -782,14 +945,22 @@ int cmd_eval(int argc, char **argv) {
     else snprintf(scope, sizeof scope, "all questions");
     printf("LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs, scope, o.k,
            o.model, o.backend);
-    print_table(stdout, &o, tab, env.prompt_mode);
+    if (!o.no_generate) print_table(stdout, &o, tab, env.prompt_mode);
+    if (rep) {
+        printf("\nTeacher-forced instrument, %d questions of categories 1-4:\n\n", nll_report_n_rows(rep));
+        nll_report_print(rep, stdout, o.n_boot, 1234);
+    }
     printf("\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3, t_answer / 1e3);
     snprintf(mdpath, sizeof mdpath, "%s.md", o.out);
     md = fopen(mdpath, "w");
     if (md) {
         fprintf(md, "LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs, scope,
                 o.k, o.model, o.backend);
-        print_table(md, &o, tab, env.prompt_mode);
+        if (!o.no_generate) print_table(md, &o, tab, env.prompt_mode);
+        if (rep) {
+            fprintf(md, "\nTeacher-forced instrument, %d questions of categories 1-4:\n\n", nll_report_n_rows(rep));
+            nll_report_print(rep, md, o.n_boot, 1234);
+        }
         fprintf(md, "\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3,
                 t_answer / 1e3);
     }
@@ -802,6 +973,10 @@ out:
     if (csv) fclose(csv);
     if (md) fclose(md);
     if (save_r) fclose(save_r);
+    if (nll_csv) fclose(nll_csv);
+    nll_report_free(rep);
+    free(list_mask);
+    free(lp);
     retrieval_cache_free(&rcache);
     embedder_free(emb);
     ask_ctx_free(ac);

@@ -9,6 +9,16 @@ Only conversations whose every question has a row in every mode count:
 a partial conversation is reported and left out.
 
 usage: tools/locomo_table.py [--out MERGED.csv] FILE.csv [FILE.csv ...]
+       tools/locomo_table.py --nll [--same-as OTHER.nll.csv] FILE.nll.csv [...]
+
+--nll merges the per-question files of `eval locomo --nll` (FILE.nll.csv)
+instead and prints its table (gold NLL, recovered share, first-token KL and
+top-1 agreement with prompt mode, P(list item)) with 95% paired bootstrap
+intervals over the questions that have a row in every mode (numpy's
+generator, fixed seed: the intervals differ from the eval's own by
+resampling noise only). --same-as keeps only the questions that OTHER also
+has in full, so two runs (say, with and without dates) compare on the same
+questions.
 """
 import argparse
 import collections
@@ -27,7 +37,12 @@ def main():
     ap.add_argument("--data-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "locomo"),
                     help="LoCoMo conversations, to check each conversation is complete")
     ap.add_argument("--k", type=int, default=None, help="k, for the header")
+    ap.add_argument("--nll", action="store_true", help="the files are FILE.nll.csv of `eval locomo --nll`")
+    ap.add_argument("--same-as", help="with --nll: only questions complete in this file too")
+    ap.add_argument("--bootstrap", type=int, default=2000, help="with --nll: resamples (default 2000)")
     a = ap.parse_args()
+    if a.nll:
+        return nll_table(a)
 
     rows, header = {}, None
     for path in a.csv:
@@ -93,6 +108,66 @@ def main():
             for key in sorted(rows):
                 if key[0] in complete:
                     w.writerow(rows[key])
+
+
+def nll_load(paths):
+    """{(conv, q): {mode: row}} over the questions complete in every mode."""
+    rows = collections.defaultdict(dict)
+    modes = []
+    for path in paths:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                rows[(row["conv"], int(row["question"]))][row["mode"]] = row
+                if row["mode"] not in modes:
+                    modes.append(row["mode"])
+    full = {key: r for key, r in rows.items() if all(m in r for m in modes)}
+    return full, modes
+
+
+def nll_table(a):
+    import numpy as np
+
+    full, modes = nll_load(a.csv)
+    if a.same_as:
+        other, _ = nll_load([a.same_as])
+        full = {key: r for key, r in full.items() if key in other}
+    keys = sorted(full)
+    rng_seed = 1234
+    print(f"{len(keys)} questions of categories 1-4 complete in every mode "
+          f"({len({c for c, _ in keys})} conversations)\n")
+    print("| category | mode | n | gold NLL | recovered share % | KL(prompt‖mode) | top-1 = prompt % | P(list item) % |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+
+    def ci(num, den=None, scale=1.0, prec=3):
+        num = np.asarray(num, dtype=np.float64)
+        n = len(num)
+        if n == 0:
+            return "-"
+        den = np.ones(n) if den is None else np.asarray(den, dtype=np.float64)
+        rng = np.random.default_rng(rng_seed)
+        idx = rng.integers(0, n, size=(a.bootstrap, n))
+        s_num, s_den = num[idx].sum(axis=1), den[idx].sum(axis=1)
+        ok = s_den != 0
+        stat = s_num[ok] / s_den[ok]
+        point = num.sum() / den.sum() if den.sum() != 0 else float("nan")
+        lo, hi = np.percentile(stat, [2.5, 97.5])
+        return f"{point * scale:.{prec}f} [{lo * scale:.{prec}f}, {hi * scale:.{prec}f}]"
+
+    for cat, label in [(1, CATS[1]), (2, CATS[2]), (3, CATS[3]), (4, CATS[4]), (0, "1-4 all")]:
+        sel = [full[k] for k in keys if cat == 0 or int(full[k][modes[0]]["category"]) == cat]
+        if not sel:
+            continue
+        for m in modes:
+            nll = [float(r[m]["nll"]) for r in sel]
+            rec = kl = ag = "-"
+            if m != "prompt":
+                kl = ci([float(r[m]["kl_vs_prompt"]) for r in sel])
+                ag = ci([float(r[m]["top1_agree_prompt"]) for r in sel], scale=100, prec=1)
+            if m not in ("prompt", "off") and "off" in modes and "prompt" in modes:
+                rec = ci([float(r["off"]["nll"]) - float(r[m]["nll"]) for r in sel],
+                         [float(r["off"]["nll"]) - float(r["prompt"]["nll"]) for r in sel], scale=100, prec=1)
+            pl = ci([float(r[m]["p_list"]) for r in sel], scale=100, prec=1)
+            print(f"| {label} | {m} | {len(sel)} | {ci(nll)} | {rec} | {kl} | {ag} | {pl} |")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ void locomo_free(locomo_conv *c) {
         free(c->facts[i].speaker);
         free(c->facts[i].text);
         free(c->facts[i].dia_id);
+        free(c->facts[i].date);
     }
     for (int32_t i = 0; i < c->n_questions; i++) {
         free(c->questions[i].question);
@@ -121,6 +122,10 @@ is_status locomo_load(const char *path, locomo_conv **out) {
             lt->dia_id = dup_str(dia);
             lt->session = s;
         }
+        char date[128] = "";
+        snprintf(key, sizeof key, "session_%d_date_time", s);
+        const char *when = cJSON_GetStringValue(cJSON_GetObjectItem(root, key));
+        if (when) locomo_short_date(when, date, sizeof date);
         snprintf(key, sizeof key, "session_%d_observation", s);
         const cJSON *obs = cJSON_GetObjectItem(root, key), *who;
         cJSON_ArrayForEach(who, obs) {
@@ -139,6 +144,7 @@ is_status locomo_load(const char *path, locomo_conv **out) {
                 f->dia_id = dia ? strndup(dia, strcspn(dia, "; ,")) : dup_str("");
                 f->session = s;
                 f->turn = -1;
+                f->date = dup_str(date);
             }
         }
     }
@@ -188,6 +194,17 @@ is_status locomo_load(const char *path, locomo_conv **out) {
     }
     *out = c;
     return IS_OK;
+}
+
+char *locomo_short_date(const char *t, char *buf, size_t cap) {
+    if (cap == 0) return buf;
+    const char *on = strstr(t, " on ");
+    const char *p = on ? on + 4 : t;
+    size_t o = 0;
+    for (; *p && o + 1 < cap; p++)
+        if (*p != ',') buf[o++] = *p;
+    buf[o] = 0;
+    return buf;
 }
 
 int32_t locomo_fact_context(const locomo_conv *c, const locomo_fact *f, int32_t w, const char **turns) {

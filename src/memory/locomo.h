@@ -28,6 +28,7 @@ typedef struct locomo_fact {
     char *dia_id;   /* evidence turn */
     int32_t session;
     int32_t turn;   /* index of the evidence turn in turns, -1 if it is missing */
+    char *date;     /* the session's date as "8 May 2023" (locomo_short_date), "" if undated */
 } locomo_fact;
 
 typedef struct locomo_question {
@@ -53,6 +54,12 @@ typedef struct locomo_conv {
  * is wrong). */
 is_status locomo_load(const char *path, locomo_conv **out);
 void locomo_free(locomo_conv *c);
+
+/* LoCoMo's session time "1:56 pm on 8 May, 2023" as the day alone,
+ * "8 May 2023" (the form of the gold answers: the time of day is dropped,
+ * and so are commas); text without " on " keeps all but its commas.
+ * Writes at most cap bytes (NUL included); returns buf. */
+char *locomo_short_date(const char *session_time, char *buf, size_t cap);
 
 /* The (up to) w turns before fact f's evidence turn, oldest first, as
  * pointers to their text; returns how many. */

@@ -3,6 +3,7 @@
 #include "core/status.h"
 #include "model/chat.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,17 @@ static is_status tokenize_join(const memory_prompt *p, const char *const *parts,
 is_status memory_prompt_fact(const memory_prompt *p, const char *text, int32_t **toks, int32_t *n) {
     const char *parts[] = {"- ", text, "\n"};
     return tokenize_join(p, parts, 3, toks, n);
+}
+
+is_status memory_prompt_dated_text(const char *date, const char *text, char **out) {
+    if (!text || !out) return is_error_set(IS_ERR_INVALID_ARG, "memory prompt: NULL fact text");
+    size_t n = strlen(text) + (date ? strlen(date) : 0) + 4;
+    char *s = malloc(n);
+    if (!s) return is_error_set(IS_ERR_NOMEM, "memory prompt: out of memory");
+    if (date && *date) snprintf(s, n, "[%s] %s", date, text);
+    else snprintf(s, n, "%s", text);
+    *out = s;
+    return IS_OK;
 }
 
 is_status memory_prompt_context(const memory_prompt *p, const char *const *turns, int32_t n_turns,

@@ -38,6 +38,13 @@ const int32_t *memory_prompt_prefix(const memory_prompt *p, int32_t *n);
 /* Tokens of one fact as it appears in the memory segment ("- text\n"). */
 is_status memory_prompt_fact(const memory_prompt *p, const char *text, int32_t **toks, int32_t *n);
 
+/* A fact's text with the date it was learnt, "[8 May 2023] text", the one
+ * form both memory modes show and encode (a dated fact is tokenised as
+ * the fact "- [date] text\n"), so that "when" questions can be answered
+ * from memory. An empty or NULL date gives the text alone. *out is
+ * malloc'd. IS_ERR_INVALID_ARG (NULL text), IS_ERR_NOMEM. */
+is_status memory_prompt_dated_text(const char *date, const char *text, char **out);
+
 /* Tokens of encoding-context turns ("turn\n" each). */
 is_status memory_prompt_context(const memory_prompt *p, const char *const *turns, int32_t n_turns,
                                 int32_t **toks, int32_t *n);
