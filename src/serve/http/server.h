@@ -9,7 +9,8 @@
  *   GET|PUT|DELETE /v1/memories/{id}/
  *   GET  /v1/memories/{id}/history/
  *   POST /v1/memories/search/
- *   GET  /health, /metrics           (no key needed)
+ *   GET  /health, /metrics           (no key needed; /health is 503 while stopping
+ *                                    and while the backend has failed, sched_get_health)
  * (Trailing slashes are optional.)
  *
  * Threads: one per connection (MHD_USE_THREAD_PER_CONNECTION), so a
