@@ -277,9 +277,11 @@ static bool try_recover(sched *s) {
  * Every running request's KV lives on it, so all of them end with an
  * ERROR carrying the failure (the HTTP layer answers 500); the scheduler
  * is unhealthy from here (sched_get_health) and refuses submits. One
- * recovery is tried at once (a failure that does not stick costs only the
- * requests it hit); if it fails, the queued requests end too (IS_ERR_BUSY)
- * and the engine thread tries again every SCHED_RECOVER_EVERY_MS. */
+ * recovery is tried at once, before those requests hear of it, so a
+ * client that sees its error and asks /health sees the outcome (a failure
+ * that does not stick costs only the requests it hit); if it fails, the
+ * queued requests end too (IS_ERR_BUSY) and the engine thread tries again
+ * every SCHED_RECOVER_EVERY_MS. */
 static void backend_failed(sched *s, is_status st) {
     char msg[600];
     snprintf(msg, sizeof msg, "backend failure: %s", is_error_last());
@@ -288,9 +290,10 @@ static void backend_failed(sched *s, is_status st) {
     s->n_failures++;
     snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
     pthread_mutex_unlock(&s->mu);
+    bool back = try_recover(s);
     for (int32_t i = 0; i < s->n_run; i++) finish_error(s, s->run[i], st, msg);
     compact_run(s);
-    if (try_recover(s)) return;
+    if (back) return;
     char busy[700];
     snprintf(busy, sizeof busy, "%s; the server is recovering, retry later", msg);
     fail_queued(s, busy);
