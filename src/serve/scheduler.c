@@ -30,6 +30,7 @@
 #include <time.h>
 
 #define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
+#define SCHED_JOB_BACKEND_TRIES 3 /* backend failures an encode job may meet before it is dropped */
 
 typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
 
@@ -87,6 +88,7 @@ typedef enum job_kind { JOB_ONE = 0, JOB_MISSING = 1 } job_kind;
 typedef struct sched_job {
     job_kind kind;
     char *tenant, *user, *id;
+    int32_t backend_failures; /* runs that the backend failed */
     struct sched_job *next;
 } sched_job;
 
@@ -390,8 +392,18 @@ static void run_job(sched *s, bool idle) {
     bool did = false;
     is_status st = memory_encode_one(s->mem, j->tenant, j->user, j->id, ask_memory_encoder, s->ask, &did);
     if (st != IS_OK && engine_status(s->e) != IS_OK) {
-        /* Not the fact's fault: it is encoded once the backend is back. */
-        job_push(s, j, true);
+        /* Not the fact's fault: it runs again once the backend is back. A
+         * job the backend fails every time would run forever, so after a
+         * few it is dropped like any failed job (the fact stays, prefilled
+         * as text, and is encoded at the next start). */
+        if (++j->backend_failures < SCHED_JOB_BACKEND_TRIES) {
+            job_push(s, j, true);
+        } else {
+            pthread_mutex_lock(&s->mu);
+            s->st.encode_failures++;
+            pthread_mutex_unlock(&s->mu);
+            job_free(j);
+        }
         backend_failed(s, engine_status(s->e));
         return;
     }
