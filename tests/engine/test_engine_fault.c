@@ -4,8 +4,8 @@
  * cached prefix, injection of two facts with cache ids, prefill of a
  * query with logits, one greedy decode step) are run once cleanly to count
  * their backend ops, then again with a fault aimed at each of many of
- * those ops (every op of the fork and the injection, a spread through the
- * forwards, the last few). Each time: the call that ran the op returns
+ * those ops (in each call its first op, its last op and a spread between).
+ * Each time: the call that ran the op returns
  * the failure, its sequence is left as it was before the call, the
  * backend refuses work until engine_recover, and after recovery the same
  * request gives the clean run's logits and token again, so nothing a
