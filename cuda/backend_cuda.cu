@@ -86,10 +86,11 @@ typedef struct graph_slot {
 } graph_slot;
 
 typedef struct cuda_ctx {
+    backend *be;        /* the backend this is the context of (its fault injection state) */
     int32_t device;
     cudaStream_t stream;
     cublasHandle_t cublas;
-    is_status err;      /* first failure of an op, sticky */
+    is_status err;      /* first failure of an op, latched until recover (backend.h) */
     char err_msg[512];
 
     cuda_matmul_precision precision;
@@ -222,10 +223,17 @@ static void op_note(cuda_ctx *c, is_status st) {
     fprintf(stderr, "cuda backend: %s (further ops are skipped)\n", c->err_msg);
 }
 
-/* False once an op has failed: the stream's state is unknown from there. */
+/* False once an op has failed (the stream's state is unknown from there),
+ * or when this op is the injected fault (backend_fault_arm), which takes
+ * the same path as a failing CUDA call. */
 static bool op_begin(cuda_ctx *c) {
     c->after_store = false;
     if (c->err != IS_OK) return false;
+    if (backend_fault_tick(c->be)) {
+        op_note(c, is_error_set(IS_ERR_INTERNAL, "cuda backend: injected fault at op %lld",
+                                (long long)backend_op_count(c->be)));
+        return false;
+    }
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) {
         op_note(c, cuda_status_from(e, "cudaSetDevice", __FILE__, __LINE__));
@@ -1504,6 +1512,49 @@ static void cu_graph_end(backend *be) {
     if (c->capturing) op_note(c, graph_finish(c, true));
 }
 
+static is_status cu_status(backend *be) {
+    const cuda_ctx *c = ctx_of(be);
+    if (c->err == IS_OK) return IS_OK;
+    return is_error_set(c->err, "%s", c->err_msg);
+}
+
+/* A sticky CUDA error (a kernel's illegal address, a lost device) comes
+ * back from every later call, so a wait on the stream and one small copy
+ * tell whether the device works again. Then what a failed op may have left
+ * half-done is dropped: the fact arena (a record placed whose values never
+ * landed), the staged host arrays (a copy that never ran, while the host
+ * copy says it did) and the converted matmul inputs. */
+static is_status cu_recover(backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    if (c->err == IS_OK) return IS_OK;
+    graph_abort(c);
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess) {
+        cudaGetLastError(); /* a launch's error that is not sticky */
+        e = cudaStreamSynchronize(c->stream);
+    }
+    if (e == cudaSuccess) e = cudaMemsetAsync(c->cublas_ws, 0, 256, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return is_error_set(IS_ERR_INTERNAL,
+                            "cuda backend: the device does not recover (%s) from: %s; only a new "
+                            "process can use it",
+                            cudaGetErrorString(e), c->err_msg);
+    if (c->arena) {
+        cuda_arena_free(c->arena); /* taken again at the next injection */
+        c->arena = NULL;
+    }
+    for (dev_stage *st : {&c->st_tiles, &c->st_inject, &c->st_caches, &c->st_tokens, &c->st_rope,
+                          &c->st_slots, &c->st_attn})
+        st->valid = false;
+    inputs_stale(c);
+    c->graph_pending = false; /* the stream is idle */
+    c->err = IS_OK;
+    c->err_msg[0] = '\0';
+    return IS_OK;
+}
+
 static void ctx_destroy(cuda_ctx *c) {
     if (!c) return;
     cudaSetDevice(c->device);
@@ -1579,6 +1630,8 @@ static const backend_ops cuda_ops = {
     /* .matmul_swiglu = */ cu_matmul_swiglu,
     /* .matmul_rope_store = */ cu_matmul_rope_store,
     /* .argmax = */ cu_argmax,
+    /* .status = */ cu_status,
+    /* .recover = */ cu_recover,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1589,7 +1642,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
-    NULL,           NULL,        NULL,       cu_argmax,
+    NULL,           NULL,        NULL,       cu_argmax,  cu_status,  cu_recover,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1647,6 +1700,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
         free(c);
         return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
     }
+    c->be = be;
     c->device = device;
     c->err = IS_OK;
     c->precision = CUDA_MATMUL_BF16X2;

@@ -26,8 +26,11 @@
  * layer) skips the copy.
  *
  * Errors: ops return void in the interface, so the first failing CUDA or
- * cuBLAS call of an op is recorded (and printed once to stderr); from then
- * on ops do nothing and backend_cuda_check returns the failure. Memory and
+ * cuBLAS call of an op (or an injected fault, backend_fault_arm) is latched
+ * (and printed once to stderr); from then on ops do nothing, and the
+ * status op (no wait) and backend_cuda_check (after a wait) return the
+ * failure, until the recover op finds the device usable again (a sticky
+ * CUDA error never is: only a new process recovers from it). Memory and
  * weight functions return their status directly.
  *
  * Built for sm_90 (H100/H200) only; backend_cuda_available says whether this

@@ -33,3 +33,38 @@ is_status backend_create(const char *name, int32_t n_threads, backend **out) {
     }
     return is_error_set(IS_ERR_UNSUPPORTED, "unknown backend '%s' (cpu or cuda)", name);
 }
+
+/* ---- failures and fault injection ------------------------------------------------- */
+
+is_status backend_status(backend *be) {
+    if (!be || !be->ops->status) return IS_OK;
+    return be->ops->status(be);
+}
+
+is_status backend_recover(backend *be) {
+    if (!be) return IS_OK;
+    if (__atomic_load_n(&be->fault.stuck, __ATOMIC_ACQUIRE))
+        return is_error_set(IS_ERR_INTERNAL, "%s backend: an injected fault keeps it failed",
+                            be->ops->name);
+    if (!be->ops->recover) return IS_OK;
+    return be->ops->recover(be);
+}
+
+void backend_fault_arm(backend *be, int64_t n, bool stuck) {
+    int64_t at = n > 0 ? __atomic_load_n(&be->fault.ops, __ATOMIC_ACQUIRE) + n : 0;
+    __atomic_store_n(&be->fault.stuck, n > 0 && stuck, __ATOMIC_RELEASE);
+    __atomic_store_n(&be->fault.fail_at, at, __ATOMIC_RELEASE);
+}
+
+int64_t backend_op_count(const backend *be) {
+    return __atomic_load_n(&be->fault.ops, __ATOMIC_ACQUIRE);
+}
+
+bool backend_fault_tick(backend *be) {
+    int64_t i = __atomic_add_fetch(&be->fault.ops, 1, __ATOMIC_ACQ_REL);
+    int64_t at = __atomic_load_n(&be->fault.fail_at, __ATOMIC_ACQUIRE);
+    /* Fires once: a later op of the same count cannot fail again. */
+    return at != 0 && i == at &&
+           __atomic_compare_exchange_n(&be->fault.fail_at, &at, 0, false, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}

@@ -214,12 +214,69 @@ typedef struct backend_ops {
      * first of equal maxima, NaN skipped, 0 where nothing passes -inf).
      * Waits for it, like download. */
     void (*argmax)(backend *be, int32_t *out, const float *x, int32_t rows, int32_t n);
+
+    /* Failures (see "Failures" below). Optional (NULL = the backend's ops
+     * cannot fail). status: IS_OK, or the failure latched since the last
+     * successful recover, its message set again for this thread. It does
+     * not wait: a failure the device meets after the last download or sync
+     * is latched by the next one. */
+    is_status (*status)(backend *be);
+    /* Optional, with status (NULL when status is): brings a failed
+     * backend back to a usable state and clears the latch, or says why it
+     * cannot (a device lost for good: only a new process recovers). State
+     * a failed op may have left half-written (resident fact records) is
+     * dropped; the engine's own state (weights, KV pool, sequences) stays. */
+    is_status (*recover)(backend *be);
 } backend_ops;
+
+/* Fault injection state of one backend (backend_fault_arm); only
+ * backend.c reads or writes it, through atomic builtins. */
+typedef struct backend_fault_state {
+    int64_t ops;     /* ops ticked since creation */
+    int64_t fail_at; /* the tick that fails (0: none armed) */
+    int32_t stuck;   /* recover refuses until the next arm */
+} backend_fault_state;
 
 struct backend {
     const backend_ops *ops;
     void *ctx;
+    backend_fault_state fault; /* zero at creation */
 };
+
+/*
+ * Failures. Ops return nothing, so a backend latches the first failure of
+ * any op (a CUDA error, an injected fault): from then on its ops do
+ * nothing, and status reports the failure until recover succeeds. A latch
+ * is simpler than a status from every op, and it cannot be missed: a
+ * caller that checks once after a sequence of ops (the engine does after
+ * every forward, injection and fork) sees any failure inside it, and a
+ * caller that forgets still finds the backend failed at its next check;
+ * ops after a failure never compute on a state that is already wrong.
+ */
+
+/* IS_OK, or the backend's latched failure (message set). Cheap: no wait. */
+is_status backend_status(backend *be);
+/* Recovers a failed backend (IS_OK also when it had not failed). Refused
+ * (IS_ERR_INTERNAL) while a stuck fault is armed (backend_fault_arm). */
+is_status backend_recover(backend *be);
+
+/* Fault injection, for tests of the failure paths on any backend: the
+ * nth op called after this (n >= 1; counted as backend_op_count counts)
+ * fails as a device failure would: latched, later ops skipped. stuck:
+ * backend_recover keeps failing until the next arm, so a test can see the
+ * failed state before it lets the backend recover. n = 0 disarms (and
+ * clears stuck). Safe from any thread. */
+void backend_fault_arm(backend *be, int64_t n, bool stuck);
+/* Ops ticked since the backend was created: every call of an op that
+ * computes, copies, synchronises or downloads (not alloc, release,
+ * weight_create, weight_free, kv_elem_size, fact_resident, status,
+ * recover). A test counts the ops of a clean run, then aims faults at
+ * them. Safe from any thread. */
+int64_t backend_op_count(const backend *be);
+/* For backends, at the start of each ticking op: counts it and returns
+ * true when it is the one armed to fail (the backend then latches an
+ * IS_ERR_INTERNAL failure whose message says it was injected). */
+bool backend_fault_tick(backend *be);
 
 typedef struct backend_weight_info {
     int64_t rows, cols; /* vectors have rows == 1 */

@@ -167,7 +167,9 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
         return is_error_set(IS_ERR_INVALID_ARG, "fork: %d positions of a sequence of %d", n,
                             kv_seq_length(e->kv, src));
     int32_t shared = n / bs * bs, tail = n - shared;
-    is_status st = kv_seq_share_prefix(e->kv, dst, src, shared);
+    is_status st = backend_status(e->be);
+    if (st != IS_OK) return st;
+    st = kv_seq_share_prefix(e->kv, dst, src, shared);
     if (st != IS_OK) return st;
     if (tail > 0) {
         if ((st = kv_seq_grow(e->kv, dst, tail)) != IS_OK) {
@@ -194,6 +196,10 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
                 op->copy(e->be, kc + lo + (size_t)db * blk, kc + lo + (size_t)sb * blk, blk);
                 op->copy(e->be, vc + lo + (size_t)db * blk, vc + lo + (size_t)sb * blk, blk);
             }
+        }
+        if ((st = backend_status(e->be)) != IS_OK) {
+            kv_seq_truncate(e->kv, dst, 0);
+            return st;
         }
     }
     const seq_state *ss = &e->seqs[src];
@@ -433,6 +439,10 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
 static is_status decode_impl(engine *e, const engine_batch *b, float *logits, int32_t *tokens) {
     const model_config *c = &e->m->cfg;
     if (b->n_tokens <= 0) return is_error_set(IS_ERR_INVALID_ARG, "engine: empty batch");
+    /* A failed backend runs nothing until it recovers: refuse before any
+     * sequence grows. */
+    is_status st = backend_status(e->be);
+    if (st != IS_OK) return st;
     int32_t max_seqs = e->p.max_seqs;
     int32_t *base_len = calloc((size_t)max_seqs, sizeof *base_len);
     int32_t *add = calloc((size_t)max_seqs, sizeof *add);
@@ -445,7 +455,6 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         free(co.row);
         return is_error_set(IS_ERR_NOMEM, "engine: out of memory");
     }
-    is_status st = IS_OK;
     for (int32_t t = 0; t < b->n_tokens; t++) {
         int32_t s = b->seq[t];
         if (s < 0 || s >= max_seqs) {
@@ -490,6 +499,15 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
         int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
         int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co);
+        /* Every chunk ends in a download or sync, which latches what the
+         * device met: one check covers each op of the chunk. On failure the
+         * sequences go back to where they were; their slots past that are
+         * written again before anything reads them. */
+        if ((st = backend_status(e->be)) != IS_OK) {
+            for (int32_t s = 0; s < max_seqs; s++)
+                if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
+            goto out;
+        }
         if (co.logits) co.logits += (size_t)n_out * c->n_vocab;
         if (co.tokens) co.tokens += n_out;
     }
@@ -540,13 +558,14 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         total += facts[f].n_tokens;
     }
     if (total == 0) return IS_OK;
+    is_status st = backend_status(be);
+    if (st != IS_OK) return st;
     int32_t base = kv_seq_length(e->kv, seq);
     if (base + total > e->p.n_ctx)
         return is_error_set(IS_ERR_CONTEXT_FULL,
                             "inject: %lld memory tokens after %d would pass the context of %d",
                             (long long)total, base, e->p.n_ctx);
-    is_status st = kv_seq_grow(e->kv, seq, (int32_t)total);
-    if (st != IS_OK) return st;
+    if ((st = kv_seq_grow(e->kv, seq, (int32_t)total)) != IS_OK) return st;
     if ((st = seq_set_segments(e, seq, base, NULL, (int32_t)total)) != IS_OK) {
         kv_seq_truncate(e->kv, seq, base);
         return st;
@@ -573,7 +592,10 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         op->inject(be, e->k_cache, e->v_cache, &in);
         free(bf);
         free(slots);
-        return IS_OK;
+        /* Without a wait (the injection overlaps what follows): a failure
+         * the device meets later is latched by the prefill's download. */
+        if ((st = backend_status(be)) != IS_OK) kv_seq_truncate(e->kv, seq, base);
+        return st;
     }
     int32_t kv_dim = c->n_kv_heads * c->head_dim;
     size_t row = (size_t)kv_dim * sizeof(float);
@@ -615,5 +637,10 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         }
     }
     op->sync(be);
-    return IS_OK;
+    if ((st = backend_status(be)) != IS_OK) kv_seq_truncate(e->kv, seq, base);
+    return st;
 }
+
+is_status engine_status(engine *e) { return backend_status(e->be); }
+
+is_status engine_recover(engine *e) { return backend_recover(e->be); }

@@ -72,8 +72,9 @@ typedef struct engine_batch {
 /* Runs the batch. Tokens are appended in order to their sequences. Logits of
  * the selected tokens are written in batch order to logits[n_selected][n_vocab]
  * (host memory). On failure (IS_ERR_CONTEXT_FULL when a sequence would pass
- * n_ctx or the pool runs out, IS_ERR_INVALID_ARG for bad ids) every sequence
- * is left at its previous length. */
+ * n_ctx or the pool runs out, IS_ERR_INVALID_ARG for bad ids, the backend's
+ * failure: see engine_status) every sequence is left at its previous
+ * length, and the logits are not to be used. */
 is_status engine_decode(engine *e, const engine_batch *b, float *logits);
 
 /* engine_decode, but each selected token's greedy choice (vmath_argmax of
@@ -94,8 +95,8 @@ typedef struct engine_fact {
 /* Chunked RoPE + injection: appends the facts, in order, as one contiguous
  * segment at the end of `seq`; each stored key is rotated to its position
  * there and keys and values are written through the block table. No
- * attention runs. On failure (IS_ERR_CONTEXT_FULL) the sequence is
- * unchanged. */
+ * attention runs. On failure (IS_ERR_CONTEXT_FULL, the backend's) the
+ * sequence is unchanged. */
 is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts);
 
 /* The same, with a cache id per fact (or NULL): a nonzero id names that
@@ -104,6 +105,17 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
  * reading k and v; 0 means read them this time. */
 is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
                             const uint64_t *cache_ids, int32_t n_facts);
+
+/* Backend failures. Every call above that runs ops (decode, inject,
+ * fork) checks the backend after them and returns its failure (the
+ * sequences as before the call); while the backend is failed they refuse
+ * at once. engine_status: IS_OK or that failure (message set), without
+ * waiting. engine_recover: brings the backend back (backend_recover),
+ * IS_OK when it had not failed; the sequences, the KV pool and its
+ * contents stay, so a caller decides which of them to trust (the
+ * scheduler drops every request that was running). */
+is_status engine_status(engine *e);
+is_status engine_recover(engine *e);
 
 /* Whether the backend holds the fact of this cache id and length, so the
  * next engine_inject_ids may pass k = v = NULL for it (no other injection

@@ -31,6 +31,7 @@
 #include <time.h>
 
 #define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
+#define SCHED_JOB_BACKEND_TRIES 3 /* backend failures an encode job may meet before it is dropped */
 
 typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
 
@@ -102,6 +103,7 @@ typedef enum job_kind { JOB_ONE = 0, JOB_MISSING = 1 } job_kind;
 typedef struct sched_job {
     job_kind kind;
     char *tenant, *user, *id;
+    int32_t backend_failures; /* runs that the backend failed */
     struct sched_job *next;
 } sched_job;
 
@@ -137,6 +139,13 @@ struct sched {
     int32_t *greedy;     /* [max_running]: a step's choices when every row is greedy */
     int64_t steps_waited; /* steps since an encode job could have run */
     bool encode_starved;  /* a job waits for a sequence: hold admission */
+
+    /* Backend failures (s->mu): while failed, submits are refused and the
+     * engine thread only tries to recover, every SCHED_RECOVER_EVERY_MS. */
+    bool failed;
+    double recover_at;       /* engine clock (now_ms) of the next attempt */
+    int64_t n_failures, n_recoveries;
+    char fail_msg[600];      /* the latest failure */
 };
 
 static double now_ms(void) {
@@ -265,6 +274,65 @@ static void compact_run(sched *s) {
     s->n_run = k;
 }
 
+/* ---- backend failures ------------------------------------------------------------------ */
+
+/* Ends every queued request (they never ran) with IS_ERR_BUSY: the
+ * backend is down, so they would wait for an unknown time. */
+static void fail_queued(sched *s, const char *msg) {
+    pthread_mutex_lock(&s->mu);
+    sched_handle *q = s->q_head;
+    s->q_head = s->q_tail = NULL;
+    s->n_queued = 0;
+    s->st.queued = 0;
+    pthread_mutex_unlock(&s->mu);
+    while (q) {
+        sched_handle *h = q;
+        q = h->next;
+        finish_error(s, h, IS_ERR_BUSY, msg);
+        handle_unref(h);
+    }
+}
+
+/* One attempt to bring the backend back; true when it is (or was) fine. */
+static bool try_recover(sched *s) {
+    is_status st = engine_recover(s->e);
+    pthread_mutex_lock(&s->mu);
+    if (st == IS_OK) {
+        s->failed = false;
+        s->n_recoveries++;
+    } else {
+        s->recover_at = now_ms() + SCHED_RECOVER_EVERY_MS;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st == IS_OK;
+}
+
+/* The backend latched a failure (engine_status) during an engine call.
+ * Every running request's KV lives on it, so all of them end with an
+ * ERROR carrying the failure (the HTTP layer answers 500); the scheduler
+ * is unhealthy from here (sched_get_health) and refuses submits. One
+ * recovery is tried at once, before those requests hear of it, so a
+ * client that sees its error and asks /health sees the outcome (a failure
+ * that does not stick costs only the requests it hit); if it fails, the
+ * queued requests end too (IS_ERR_BUSY) and the engine thread tries again
+ * every SCHED_RECOVER_EVERY_MS. */
+static void backend_failed(sched *s, is_status st) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "backend failure: %s", is_error_last());
+    pthread_mutex_lock(&s->mu);
+    s->failed = true;
+    s->n_failures++;
+    snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
+    pthread_mutex_unlock(&s->mu);
+    bool back = try_recover(s);
+    for (int32_t i = 0; i < s->n_run; i++) finish_error(s, s->run[i], st, msg);
+    compact_run(s);
+    if (back) return;
+    char busy[700];
+    snprintf(busy, sizeof busy, "%s; the server is recovering, retry later", msg);
+    fail_queued(s, busy);
+}
+
 /* ---- encode jobs ----------------------------------------------------------------------- */
 
 static void job_free(sched_job *j) {
@@ -332,6 +400,7 @@ static sched_job *job_new(job_kind kind, const char *tenant, const char *user, c
  * sequences or blocks is final; otherwise the job goes back to the front
  * and admission holds back until it can run. */
 static void run_job(sched *s, bool idle) {
+    if (s->failed) return; /* written by this thread only: it waits for the recovery */
     sched_job *j = job_pop(s);
     if (!j) return;
     if (j->kind == JOB_MISSING) {
@@ -354,6 +423,22 @@ static void run_job(sched *s, bool idle) {
     }
     bool did = false;
     is_status st = memory_encode_one(s->mem, j->tenant, j->user, j->id, ask_memory_encoder, s->ask, &did);
+    if (st != IS_OK && engine_status(s->e) != IS_OK) {
+        /* Not the fact's fault: it runs again once the backend is back. A
+         * job the backend fails every time would run forever, so after a
+         * few it is dropped like any failed job (the fact stays, prefilled
+         * as text, and is encoded at the next start). */
+        if (++j->backend_failures < SCHED_JOB_BACKEND_TRIES) {
+            job_push(s, j, true);
+        } else {
+            pthread_mutex_lock(&s->mu);
+            s->st.encode_failures++;
+            pthread_mutex_unlock(&s->mu);
+            job_free(j);
+        }
+        backend_failed(s, engine_status(s->e));
+        return;
+    }
     if (st == IS_ERR_CONTEXT_FULL && !idle) {
         /* No free sequence or blocks while requests run: wait for them. */
         s->encode_starved = true;
@@ -585,6 +670,13 @@ static void admit(sched *s) {
         s->st.facts_kv_hits += hits;
         s->st.facts_kv_misses += misses;
         pthread_mutex_unlock(&s->mu);
+        if (st != IS_OK && engine_status(s->e) != IS_OK) {
+            /* The backend failed injecting or forking: this request is
+             * one of those it hit. */
+            s->run[s->n_run++] = h;
+            backend_failed(s, engine_status(s->e));
+            return;
+        }
         if (st != IS_OK) {
             finish_error(s, h, st, is_error_last());
             handle_unref(h);
@@ -693,6 +785,10 @@ static void step(sched *s) {
     is_status st = greedy ? engine_decode_greedy(s->e, &b, s->greedy)
                           : engine_decode(s->e, &b, s->logits);
     int64_t prefilled = 0, generated = 0;
+    if (st != IS_OK && engine_status(s->e) != IS_OK) {
+        backend_failed(s, st);
+        return;
+    }
     if (st != IS_OK) {
         /* Nothing was appended; the requests of this batch cannot go on. */
         char msg[512];
@@ -759,10 +855,25 @@ static void *engine_main(void *arg) {
     sched *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && !s->q_head && s->n_run == 0 && !s->j_head) pthread_cond_wait(&s->cv, &s->mu);
+        /* A failed backend: nothing runs or queues until it recovers. */
+        while (!s->stop && s->failed && now_ms() < s->recover_at) {
+            double at = s->recover_at;
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            double ms = at - (ts.tv_sec * 1e3 + ts.tv_nsec / 1e6);
+            clock_gettime(CLOCK_REALTIME, &ts); /* the condvar's clock */
+            long long ns = ts.tv_nsec + (long long)(ms * 1e6);
+            ts.tv_sec += ns / 1000000000LL;
+            ts.tv_nsec = ns % 1000000000LL;
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
+        bool failed = s->failed;
+        while (!s->stop && !failed && !s->q_head && s->n_run == 0 && !s->j_head)
+            pthread_cond_wait(&s->cv, &s->mu);
         bool stop = s->stop, jobs = s->j_head != NULL;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
+        if (failed && !try_recover(s)) continue;
         reap_cancelled(s);
         admit(s);
         if (s->n_run == 0) {
@@ -1044,6 +1155,8 @@ is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void
         pthread_mutex_lock(&s->mu);
         if (s->stop) {
             st = is_error_set(IS_ERR_CANCELLED, "scheduler: shutting down");
+        } else if (s->failed) {
+            st = is_error_set(IS_ERR_BUSY, "%s (recovering)", s->fail_msg);
         } else if (s->n_queued >= s->p.max_queued) {
             st = is_error_set(IS_ERR_BUSY, "scheduler: %d requests already wait", (int)s->n_queued);
         } else {
@@ -1103,6 +1216,15 @@ is_status sched_encode_missing(sched *s) {
     sched_job *j = job_new(JOB_MISSING, NULL, NULL, NULL);
     if (!j) return is_error_set(IS_ERR_NOMEM, "out of memory");
     return job_push(s, j, false);
+}
+
+void sched_get_health(sched *s, sched_health *out) {
+    pthread_mutex_lock(&s->mu);
+    out->healthy = !s->failed;
+    out->backend_failures = s->n_failures;
+    out->recoveries = s->n_recoveries;
+    snprintf(out->last_error, sizeof out->last_error, "%s", s->fail_msg);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void sched_get_stats(sched *s, sched_stats *out) {

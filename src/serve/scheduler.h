@@ -41,6 +41,16 @@
  * with mode off renders the messages alone (no memory segment, no shared
  * prefix; memory_prompt_chat_plain).
  *
+ * Backend failures. When the backend fails during a step, an injection
+ * or an encode job (engine_status), every running request ends with an
+ * ERROR carrying the failure's status and message (the HTTP layer answers
+ * 500), since their KV lives on the failed device; the scheduler is
+ * unhealthy (sched_get_health) and refuses submits with IS_ERR_BUSY. It
+ * tries to recover at once (engine_recover), and while that fails, ends
+ * the queued requests (IS_ERR_BUSY) and tries again every
+ * SCHED_RECOVER_EVERY_MS; encode jobs wait. Once recovered it serves as
+ * before (the serving prefix is only ever read, so it stays).
+ *
  * Callbacks run on the engine thread: they must return quickly and must
  * not call back into the scheduler except sched_cancel, sched_release (of
  * their own handle, after its last event) and sched_get_stats.
@@ -166,6 +176,7 @@ typedef void (*sched_event_fn)(const sched_event *ev, void *user_data);
 #define SCHED_ENCODE_EVERY 8 /* steps an encode job waits at most for an idle engine */
 #define SCHED_MAX_STOP 16     /* stop strings per request */
 #define SCHED_MAX_FACTS 1024  /* facts per request */
+#define SCHED_RECOVER_EVERY_MS 1000 /* between attempts to recover a failed backend */
 
 typedef struct sched_handle sched_handle;
 
@@ -178,8 +189,8 @@ typedef struct sched_handle sched_handle;
  * a fact with no text; messages the chat template cannot render; mode
  * kv/prompt without a memory service), IS_ERR_CONTEXT_FULL (the prompt
  * plus max_tokens can never fit the context or the pool), IS_ERR_BUSY when
- * max_queued requests already wait, IS_ERR_CANCELLED when the scheduler is
- * shutting down. *h is the caller's until sched_release.
+ * max_queued requests already wait or the backend has failed and not yet
+ * recovered, IS_ERR_CANCELLED when the scheduler is shutting down. *h is the caller's until sched_release.
  *
  * In kv mode a fact whose record cannot be used (none named, missing,
  * made for another model or dtype, corrupt, or encoded from another text
@@ -236,5 +247,15 @@ typedef struct sched_stats {
 } sched_stats;
 
 void sched_get_stats(sched *s, sched_stats *out);
+
+/* Whether the backend is serving (for /health). */
+typedef struct sched_health {
+    bool healthy;             /* false from a backend failure until it recovers */
+    int64_t backend_failures; /* failures since start */
+    int64_t recoveries;       /* successful recoveries since start */
+    char last_error[600];     /* the latest failure's message ("" if none) */
+} sched_health;
+
+void sched_get_health(sched *s, sched_health *out);
 
 #endif

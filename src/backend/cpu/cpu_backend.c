@@ -14,6 +14,11 @@
  * computes scores with one GEMM, masks and normalises them, and multiplies by
  * V with a second GEMM. Single-token queries (decode) use direct loops,
  * where a GEMM call would cost more than it saves.
+ *
+ * Failures (backend.h): the CPU's ops fail only where memory runs out or a
+ * fault is injected; the first failure is latched, and later ops return at
+ * once until recover, exactly as on the GPU, so the engine's and the
+ * server's failure paths are tested here.
  */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_qmatmul.h"
@@ -27,6 +32,8 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,7 +62,47 @@ typedef struct cpu_ctx {
     float *rope_cs;        /* [rope_n_pos][n_rot/2][cos, sin] */
     int32_t rope_n_pos;    /* positions in the table */
     rope_params rope_key;  /* parameters the table was built for */
+    is_status err;         /* first failure of an op since the last recover, latched */
+    char err_msg[512];
 } cpu_ctx;
+
+/* Latches the first failure; later ones are its consequences. */
+static void op_fail(backend *be, is_status st, const char *fmt, ...) {
+    cpu_ctx *c = be->ctx;
+    if (c->err != IS_OK) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
+    va_end(ap);
+    c->err = st;
+    fprintf(stderr, "cpu backend: %s (further ops are skipped until it recovers)\n", c->err_msg);
+}
+
+/* False once an op has failed, or when this op is the injected fault. */
+static bool op_begin(backend *be) {
+    cpu_ctx *c = be->ctx;
+    if (c->err != IS_OK) return false;
+    if (backend_fault_tick(be)) {
+        op_fail(be, IS_ERR_INTERNAL, "injected fault at op %lld", (long long)backend_op_count(be));
+        return false;
+    }
+    return true;
+}
+
+static is_status cpu_status(backend *be) {
+    cpu_ctx *c = be->ctx;
+    if (c->err == IS_OK) return IS_OK;
+    return is_error_set(c->err, "cpu backend: %s", c->err_msg);
+}
+
+/* Nothing an op leaves behind outlives it here (the rope table is only
+ * replaced once complete), so clearing the latch is the whole recovery. */
+static is_status cpu_recover(backend *be) {
+    cpu_ctx *c = be->ctx;
+    c->err = IS_OK;
+    c->err_msg[0] = '\0';
+    return IS_OK;
+}
 
 static is_status cpu_alloc(backend *be, size_t bytes, void **out) {
     void *p = NULL;
@@ -68,6 +115,7 @@ static is_status cpu_alloc(backend *be, size_t bytes, void **out) {
 static void cpu_release(backend *be, void *ptr) { free(ptr); }
 
 static void cpu_copy(backend *be, void *dst, const void *src, size_t bytes) {
+    if (!op_begin(be)) return;
     memcpy(dst, src, bytes);
 }
 
@@ -121,6 +169,7 @@ static const float *wdata(const backend_weight *bw) { return ((const cpu_weight 
 
 static void cpu_get_rows(backend *be, float *out, const backend_weight *emb, const int32_t *tokens,
                          int32_t T) {
+    if (!op_begin(be)) return;
     int64_t cols = emb->shape.cols;
     for (int32_t t = 0; t < T; t++) {
         IS_ASSERT(tokens[t] >= 0 && tokens[t] < emb->shape.rows);
@@ -131,6 +180,7 @@ static void cpu_get_rows(backend *be, float *out, const backend_weight *emb, con
 
 static void cpu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g,
                         int32_t T, int32_t n, float eps) {
+    if (!op_begin(be)) return;
     threads_attach();
     const float *gw = wdata(g);
 #pragma omp parallel for schedule(static) if (T > 8)
@@ -146,6 +196,7 @@ static void cpu_rmsnorm(backend *be, float *out, const float *x, const backend_w
 
 static void cpu_matmul(backend *be, float *y, const float *x, const backend_weight *w,
                        const backend_weight *bias, int32_t T) {
+    if (!op_begin(be)) return;
     threads_attach();
     int64_t rows = w->shape.rows, cols = w->shape.cols;
     const cpu_weight *cw = (const cpu_weight *)w;
@@ -195,7 +246,7 @@ static const float *rope_table(cpu_ctx *ctx, const rope_params *rp, int32_t max_
     int32_t n = max_pos + 1 > 2 * ctx->rope_n_pos ? max_pos + 1 : 2 * ctx->rope_n_pos;
     if (n < 4096) n = 4096;
     float *cs = realloc(ctx->rope_cs, (size_t)n * half * 2 * sizeof(float));
-    IS_ASSERT(cs);
+    if (!cs) return NULL; /* the old table stays the context's */
     float inv[512];
     IS_ASSERT(half <= 512);
     rope_inv_freq(rp, inv);
@@ -238,6 +289,7 @@ static inline void rope_head(float *dst, const float *src, const float *cs, floa
 
 static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
                      int32_t head_dim, const rope_params *rp) {
+    if (!op_begin(be)) return;
     threads_attach();
     int32_t half = rp->n_rot / 2;
     /* Negative positions (the segment-masked reference places a fact's
@@ -248,6 +300,10 @@ static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32
         if (ap > max_pos) max_pos = ap;
     }
     const float *table = rope_table(be->ctx, rp, max_pos);
+    if (!table) {
+        op_fail(be, IS_ERR_NOMEM, "out of memory for the rope table");
+        return;
+    }
 #pragma omp parallel for schedule(static) if (T > 4)
     for (int32_t t = 0; t < T; t++) {
         const float *cs = table + (size_t)(pos[t] < 0 ? -pos[t] : pos[t]) * half * 2;
@@ -266,6 +322,7 @@ static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32
  * activation buffer first, then rotates, then scatters). */
 static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                        const backend_inject *in) {
+    if (!op_begin(be)) return;
     threads_attach();
     int64_t total = 0;
     for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
@@ -274,8 +331,11 @@ static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache
     int32_t half = rp->n_rot / 2, kv_dim = in->n_kv_heads * in->head_dim;
     const float *table = rope_table(be->ctx, rp, in->pos0 + (int32_t)total - 1);
     /* Where each token comes from: its fact and its index in the fact. */
-    int32_t *fact_of = malloc((size_t)total * 2 * sizeof *fact_of);
-    IS_ASSERT(fact_of);
+    int32_t *fact_of = table ? malloc((size_t)total * 2 * sizeof *fact_of) : NULL;
+    if (!fact_of) {
+        op_fail(be, IS_ERR_NOMEM, "out of memory injecting %lld tokens", (long long)total);
+        return;
+    }
     int32_t *tok_of = fact_of + total;
     for (int32_t f = 0, i = 0; f < in->n_facts; f++)
         for (int32_t j = 0; j < in->facts[f].n_tokens; j++, i++) {
@@ -304,6 +364,7 @@ static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache
 static void cpu_kv_store(backend *be, float *k_cache, float *v_cache, const float *k,
                          const float *v, const int32_t *slots, int32_t T, int32_t n_kv_heads,
                          int32_t head_dim, int32_t block_size) {
+    if (!op_begin(be)) return;
     threads_attach();
     for (int32_t t = 0; t < T; t++) {
         int32_t block = slots[t] / block_size, off = slots[t] % block_size;
@@ -358,6 +419,7 @@ static void masked_softmax(float *row, int32_t n, int32_t qp, const int32_t *seg
 static void cpu_attention(backend *be, float *out, const float *q, const float *k_cache,
                           const float *v_cache, const attn_batch *b, int32_t n_heads,
                           int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
+    if (!op_begin(be)) return;
     threads_attach();
     int32_t n_rep = n_heads / n_kv_heads;
     float scale = 1.0f / sqrtf((float)head_dim);
@@ -481,18 +543,21 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
 }
 
 static void cpu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
+    if (!op_begin(be)) return;
     threads_attach();
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 static void cpu_add(backend *be, float *x, const float *y, int64_t n) {
+    if (!op_begin(be)) return;
     threads_attach();
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-static void cpu_sync(backend *be) {}
+/* Nothing to wait for; an op all the same, so faults can land on it. */
+static void cpu_sync(backend *be) { (void)op_begin(be); }
 
 static void cpu_free(backend *be) {
     if (!be) return;
@@ -502,7 +567,7 @@ static void cpu_free(backend *be) {
 }
 
 static void cpu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, int32_t n) {
-    (void)be;
+    if (!op_begin(be)) return;
     for (int32_t r = 0; r < rows; r++) out[r] = vmath_argmax(x + (size_t)r * n, n);
 }
 
@@ -527,6 +592,8 @@ static const backend_ops cpu_ops = {
     .sync = cpu_sync,
     .inject = cpu_inject,
     .argmax = cpu_argmax,
+    .status = cpu_status,
+    .recover = cpu_recover,
 };
 
 is_status backend_cpu_create(int32_t n_threads, backend **out) {

@@ -186,3 +186,4 @@ int http_app_port(const http_app *a) { return a ? http_server_port(a->srv) : 0; 
 http_server *http_app_server(http_app *a) { return a->srv; }
 sched *http_app_sched(http_app *a) { return a->s; }
 memory *http_app_memory(http_app *a) { return a->mem; }
+backend *http_app_backend(http_app *a) { return a->be; }

@@ -72,6 +72,7 @@ int http_app_port(const http_app *a);
 http_server *http_app_server(http_app *a);
 sched *http_app_sched(http_app *a);   /* NULL without a model */
 memory *http_app_memory(http_app *a);
+backend *http_app_backend(http_app *a); /* NULL without a model; for fault-injection tests */
 
 /* Stops the server (cancelling what runs), then the scheduler, the
  * memory (closed cleanly: nothing stored is lost) and the model. NULL is

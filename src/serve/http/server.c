@@ -172,10 +172,16 @@ int32_t http_query_args(struct MHD_Connection *c, const char **keys, const char 
 
 /* ---- routes -------------------------------------------------------------------------- */
 
+/* 503 while stopping, and while the backend has failed and not recovered
+ * (sched_get_health): a load balancer then sends no one here. */
 static enum MHD_Result send_health(http_req *r) {
     http_server *s = r->srv;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", atomic_load(&s->stopping) ? "stopping" : "ok");
+    sched_health hh = {.healthy = true};
+    if (s->cfg.sched) sched_get_health(s->cfg.sched, &hh);
+    bool stopping = atomic_load(&s->stopping);
+    cJSON_AddStringToObject(o, "status", stopping ? "stopping" : !hh.healthy ? "unhealthy" : "ok");
+    if (!hh.healthy) cJSON_AddStringToObject(o, "error", hh.last_error);
     cJSON_AddStringToObject(o, "model", s->model_id);
     cJSON_AddBoolToObject(o, "chat", s->cfg.sched != NULL);
     cJSON_AddBoolToObject(o, "memory", s->cfg.mem != NULL);
@@ -188,11 +194,17 @@ static enum MHD_Result send_health(http_req *r) {
         cJSON_AddNumberToObject(j, "encode_queued", ss.encode_queued);
         cJSON_AddNumberToObject(j, "kv_blocks_used", ss.kv_blocks_used);
         cJSON_AddNumberToObject(j, "kv_blocks_free", ss.kv_blocks_free);
+        cJSON *b = cJSON_AddObjectToObject(o, "backend");
+        cJSON_AddBoolToObject(b, "healthy", hh.healthy);
+        cJSON_AddNumberToObject(b, "failures", (double)hh.backend_failures);
+        cJSON_AddNumberToObject(b, "recoveries", (double)hh.recoveries);
+        if (hh.last_error[0]) cJSON_AddStringToObject(b, "last_error", hh.last_error);
+        else cJSON_AddNullToObject(b, "last_error");
     }
     if (s->cfg.mem)
         cJSON_AddNumberToObject(o, "facts", (double)mem_store_count(memory_fact_store(s->cfg.mem)));
     cJSON_AddNumberToObject(o, "requests_in_flight", atomic_load(&s->in_flight));
-    return http_send_json(r, atomic_load(&s->stopping) ? 503 : 200, o);
+    return http_send_json(r, stopping || !hh.healthy ? 503 : 200, o);
 }
 
 static enum MHD_Result send_metrics(http_req *r) {

@@ -11,7 +11,8 @@
  *   POST /v1/memories/search/
  *   Mem0's platform routes for the mem0ai clients (/v1/ping, /v2 and /v3
  *   memories, /v1/batch, /v1/entities, ...): see serve/http/mem0.h
- *   GET  /health, /metrics           (no key needed)
+ *   GET  /health, /metrics           (no key needed; /health is 503 while stopping
+ *                                    and while the backend has failed, sched_get_health)
  * (Trailing slashes are optional.)
  *
  * Threads: one per connection (MHD_USE_THREAD_PER_CONNECTION), so a
