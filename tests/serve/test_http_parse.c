@@ -260,6 +260,65 @@ static void test_memory_parse(void **state) {
     assert_false(parse_memory_id_valid("a b", 3));
 }
 
+/* One id check for every source; query values are read with their length,
+ * so a decoded %00 is refused instead of cutting the id short. */
+static void test_ids_and_urls(void **state) {
+    (void)state;
+    parse_error e;
+    assert_int_equal(parse_id_check("user_id", "alice", 5, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id", "b\xc3\xb6" "b", 4, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id", "", 0, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_id_check("user_id", "victim\0attacker", 15, &e), IS_ERR_INVALID_ARG);
+    assert_string_equal(e.param, "user_id");
+    assert_int_equal(parse_id_check("user_id", "a\nb", 3, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_id_check("user_id", "a\x7f", 2, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_id_check("user_id", "a\xc2\x85", 3, &e), IS_ERR_INVALID_ARG); /* C1 */
+    assert_int_equal(parse_id_check("user_id", "a\xc3", 2, &e), IS_ERR_INVALID_ARG);     /* cut UTF-8 */
+    char long_id[PARSE_MAX_ID + 2];
+    memset(long_id, 'x', sizeof long_id);
+    assert_int_equal(parse_id_check("user_id", long_id, PARSE_MAX_ID, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id", long_id, PARSE_MAX_ID + 1, &e), IS_ERR_INVALID_ARG);
+
+    const char *k[] = {"user_id"};
+    const char *v[] = {"victim\0attacker"};
+    size_t kl[] = {7}, vl[] = {15};
+    parse_filters f;
+    assert_int_equal(parse_memory_query_n(k, kl, v, vl, 1, true, &f, &e), IS_ERR_INVALID_ARG);
+    vl[0] = 6; /* "victim" alone is fine */
+    assert_int_equal(parse_memory_query_n(k, kl, v, vl, 1, true, &f, &e), IS_OK);
+    assert_string_equal(f.user_id, "victim");
+    parse_filters_free(&f);
+
+    const char *cb = "{\"query\":\"q\",\"user_id\":\"a\\u0001\"}";
+    parse_mem_search ms;
+    assert_int_equal(parse_memory_search(cb, strlen(cb), NULL, &ms, &e), IS_ERR_INVALID_ARG);
+    parse_mem_search_free(&ms);
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"a\\u001bb\"}";
+    parse_chat c;
+    assert_int_equal(parse_chat_request(chat, strlen(chat), NULL, &c, &e), IS_ERR_INVALID_ARG);
+    assert_string_equal(e.param, "user");
+    parse_chat_free(&c);
+
+    const char *ok = "/v1/memories/?user_id=caf%C3%A9&agent_id=a%2Fb";
+    assert_int_equal(parse_url_check(ok, strlen(ok), &e), IS_OK);
+    static const char *const bad[] = {"/v1/memories/?user_id=v%00a", "/v1/memories/x%0a/",
+                                      "/v1/memories/?user_id=%7f", "/a\tb"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(parse_url_check(bad[i], strlen(bad[i]), &e), IS_ERR_INVALID_ARG);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.code, "invalid_url");
+    }
+    const char *pct = "/a%zz%4";   /* not escapes: kept as they are */
+    assert_int_equal(parse_url_check(pct, strlen(pct), &e), IS_OK);
+    char *huge = malloc(PARSE_MAX_URL + 2);
+    memset(huge, 'a', PARSE_MAX_URL + 1);
+    huge[PARSE_MAX_URL + 1] = '\0';
+    assert_int_equal(parse_url_check(huge, PARSE_MAX_URL, &e), IS_OK);
+    assert_int_equal(parse_url_check(huge, PARSE_MAX_URL + 1, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(e.status, 414);
+    free(huge);
+}
+
 static void test_auth_keys(void **state) {
     auth_keys *k = NULL;
     const char *txt = "# comment\n\n  sk-aaaaaaaa1 tenant-a\r\nsk-bbbbbbbb2\tglobex.eu # not allowed\n";
@@ -347,6 +406,7 @@ int main(void) {
         cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_memory_parse),
+        cmocka_unit_test(test_ids_and_urls),
         cmocka_unit_test(test_auth_keys),
         cmocka_unit_test(test_metrics_render),
     };
