@@ -532,6 +532,13 @@ static void test_no_cross_tenant_counts(void **state) {
     assert_int_equal(m.status, 200);
     bool leak_h = cJSON_GetObjectItem(h.json, "facts") != NULL;
     bool leak_m = strstr(m.text, "inferscale_memory_facts") != NULL;
+    /* The connections the earlier cases had closed are counted. */
+    const char *ev = strstr(m.text, "\ninferscale_http_connections_evicted_total ");
+    const char *to = strstr(m.text, "\ninferscale_http_connections_timed_out_total ");
+    assert_non_null(ev);
+    assert_non_null(to);
+    assert_true(atof(ev + 43) >= 16);
+    assert_true(atof(to + 45) >= 2);
     raw_free(&h);
     raw_free(&m);
     matrix("cross_tenant_counts", 2, leak_h || leak_m ? "fact count shown" : "no fact counts");

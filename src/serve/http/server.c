@@ -211,6 +211,7 @@ static enum MHD_Result send_metrics(http_req *r) {
     sched_stats ss;
     record_store_stats rs;
     metrics_live live = {.in_flight = atomic_load(&s->in_flight), .n_facts = -1};
+    http_guard_counts(s->guard, &live.conns_timed_out, &live.conns_evicted);
     if (s->cfg.sched) {
         sched_get_stats(s->cfg.sched, &ss);
         live.sched_stats = &ss;
