@@ -18,7 +18,7 @@
 
 http_limits http_default_limits(void) {
     return (http_limits){.max_body_bytes = 1u << 20, .max_prompt_tokens = 4096,
-                         .max_in_flight = 64, .max_in_flight_tenant = 48,
+                         .max_in_flight = 64, .max_in_flight_tenant = -1,
                          .max_connections = 512, .connection_timeout_s = 30,
                          .header_timeout_s = 10, .body_timeout_s = 60, .max_fact_bytes = 4096,
                          .extract_max_tokens = 512, .parse = parse_default_limits()};
@@ -686,7 +686,9 @@ is_status http_server_start(const http_config *c, http_server **out) {
     if (s->cfg.limits.max_in_flight <= 0) s->cfg.limits.max_in_flight = 64;
     if (s->cfg.limits.max_connections <= 0) s->cfg.limits.max_connections = 512;
     if (s->cfg.limits.max_body_bytes == 0) s->cfg.limits.max_body_bytes = 1u << 20;
-    if (s->cfg.limits.max_in_flight_tenant < 0) s->cfg.limits.max_in_flight_tenant = 0;
+    if (s->cfg.limits.max_in_flight_tenant < 0) /* the default: a quarter left for the others */
+        s->cfg.limits.max_in_flight_tenant =
+            s->cfg.limits.max_in_flight > 1 ? s->cfg.limits.max_in_flight * 3 / 4 : 1;
     if ((st = metrics_create(&s->met)) != IS_OK) goto fail;
     http_guard_params gp = {
         .max_connections = s->cfg.limits.max_connections,

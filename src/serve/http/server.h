@@ -65,8 +65,9 @@ typedef struct http_limits {
     int32_t max_prompt_tokens;    /* the client's messages, tokenised; 400 above
                                      (default 4096; 0: unchecked, the context still is) */
     int32_t max_in_flight;        /* API requests being served at once; 429 above (default 64) */
-    int32_t max_in_flight_tenant; /* of them, one tenant's (default 48; 0: no per-tenant limit;
-                                     not applied with no_auth, where there is one tenant) */
+    int32_t max_in_flight_tenant; /* of them, one tenant's (default -1: 3/4 of max_in_flight;
+                                     0: no per-tenant limit; not applied with no_auth, where
+                                     there is one tenant) */
     int32_t max_connections;      /* open connections; past it a new one evicts the oldest
                                      waiting for headers (default 512) */
     int32_t connection_timeout_s; /* a kept-alive connection idle between requests, and no
