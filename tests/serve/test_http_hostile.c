@@ -7,7 +7,8 @@
  * One case per defect: ids cut short by a %00 (query string, path), ids
  * with control characters (query, JSON), clients without a key holding
  * in-flight slots, one tenant starving another, idle connections locking
- * new ones out, slow headers and slow bodies never closed, a 100 KB URL,
+ * new ones out, slow headers and slow bodies never closed, idle kept-alive
+ * connections, a 100 KB URL,
  * a 100 KB header and 600 query parameters answered outside the JSON
  * contract, 429 and 503 without Retry-After, cross-tenant counts on
  * /health and /metrics. The errors libmicrohttpd answers itself (a bad
@@ -46,6 +47,7 @@
 #define MAX_IN_FLIGHT_TENANT 4
 #define MAX_CONNECTIONS 24
 #define TIMEOUT_S 2
+#define IDLE_S 3
 
 static http_app *g_app;
 static int g_port;
@@ -220,7 +222,7 @@ static int setup(void **state) {
     p.http.quiet = true;
     p.http.limits.max_in_flight = MAX_IN_FLIGHT;
     p.http.limits.max_connections = MAX_CONNECTIONS;
-    p.http.limits.connection_timeout_s = 5;
+    p.http.limits.connection_timeout_s = IDLE_S;
 #ifdef HTTP_LIMITS_HAVE_GUARD
     p.http.limits.max_in_flight_tenant = MAX_IN_FLIGHT_TENANT;
     p.http.limits.header_timeout_s = TIMEOUT_S;
@@ -490,6 +492,30 @@ static void test_slow_body(void **state) {
     assert_true(j408);
 }
 
+/* A kept-alive connection that sends nothing after its first request is
+ * closed after the idle timeout, without a word (it has nothing to answer). */
+static void test_idle_keepalive(void **state) {
+    (void)state;
+    int fd = conn_open();
+    static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    send_all(fd, req, sizeof req - 1);
+    raw_resp r = raw_read(fd, 5000);
+    assert_int_equal(r.status, 200);
+    assert_false(r.closed);
+    raw_free(&r);
+    double t0 = now_s();
+    r = raw_read(fd, (IDLE_S + 3) * 1000);
+    double took = now_s() - t0;
+    close(fd);
+    char out[64];
+    snprintf(out, sizeof out, "%s after %.1f s", r.closed ? "closed" : "open", took);
+    matrix("idle_keepalive", 1, out);
+    assert_true(r.closed);
+    assert_int_equal(r.len, 0);
+    assert_true(took >= IDLE_S - 0.5);
+    raw_free(&r);
+}
+
 /* ---- errors in the JSON shape ----------------------------------------------------------- */
 
 static void test_oversize_requests(void **state) {
@@ -606,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_idle_connections),
         cmocka_unit_test(test_slow_headers),
         cmocka_unit_test(test_slow_body),
+        cmocka_unit_test(test_idle_keepalive),
         cmocka_unit_test(test_oversize_requests),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_no_cross_tenant_counts),
