@@ -423,6 +423,37 @@ static void test_idle_connections(void **state) {
     assert_int_equal(ok, 3);
 }
 
+/* Keyless clients that announce a body and send it slowly, to a route
+ * that takes no key or to one that refuses them (a DELETE's body is still
+ * read after its 401): they hold no slot, so past the connection limit
+ * they make room for new clients like idle connections do. */
+static void test_keyless_bodies_past_limit(void **state) {
+    (void)state;
+    usleep(300 * 1000);
+    enum { N = MAX_CONNECTIONS * 2 };
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = conn_open();
+        const char *h = i % 4 ? "POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nab"
+                              : "DELETE /v1/memories/?user_id=u HTTP/1.1\r\nHost: x\r\n"
+                                "Content-Length: 100000\r\n\r\nab";
+        send_all(fds[i], h, strlen(h));
+    }
+    usleep(200 * 1000);
+    int ok = 0;
+    for (int i = 0; i < 3; i++) {
+        raw_resp r = raw_request("GET", "/health", NULL, NULL);
+        ok += r.status == 200;
+        raw_free(&r);
+    }
+    for (int i = 0; i < N; i++) close(fds[i]);
+    char out[96];
+    snprintf(out, sizeof out, "%d keyless slow bodies held (limit %d): %d/3 new requests served", N,
+             MAX_CONNECTIONS, ok);
+    matrix("keyless_bodies_past_limit", N + 3, out);
+    assert_int_equal(ok, 3);
+}
+
 /* A request line, then one header byte every 200 ms: closed (with a 408)
  * within the header timeout, although bytes keep coming. */
 static void test_slow_headers(void **state) {
@@ -630,6 +661,7 @@ int main(void) {
         cmocka_unit_test(test_unauthenticated_hold),
         cmocka_unit_test(test_tenant_starvation),
         cmocka_unit_test(test_idle_connections),
+        cmocka_unit_test(test_keyless_bodies_past_limit),
         cmocka_unit_test(test_slow_headers),
         cmocka_unit_test(test_slow_body),
         cmocka_unit_test(test_idle_keepalive),

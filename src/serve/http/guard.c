@@ -89,13 +89,14 @@ static void *reaper_main(void *arg) {
         double t = now_ms();
         for (http_guard_conn *c = g->head.next; c != &g->head; c = c->next) {
             if (c->closing || c->state == HTTP_GUARD_BUSY) continue;
-            int32_t lim = c->state == HTTP_GUARD_BODY ? g->p.body_timeout_s
-                          : c->first                  ? g->p.header_timeout_s
-                                                      : g->p.idle_timeout_s;
+            bool body = c->state == HTTP_GUARD_BODY || c->state == HTTP_GUARD_DRAIN;
+            int32_t lim = body ? g->p.body_timeout_s
+                          : c->first ? g->p.header_timeout_s
+                                     : g->p.idle_timeout_s;
             if (lim <= 0 || t - c->since < lim * 1e3) continue;
             /* A kept-alive connection that sent nothing more is closed
              * without a word: it has no request to answer. */
-            shut(g, c, c->state == HTTP_GUARD_BODY || c->first);
+            shut(g, c, body || c->first);
             g->timed_out++;
         }
     }
@@ -145,11 +146,12 @@ bool http_guard_accept(http_guard *g) {
     pthread_mutex_lock(&g->mu);
     bool ok = true;
     if (g->n_conns - g->n_closing >= g->p.max_connections) {
-        /* The oldest connection waiting for headers makes room: an idle
-         * or slow client, never one being served. */
+        /* The oldest connection waiting for headers, or sending a body
+         * that holds no slot, makes room: an idle, slow or refused client,
+         * never one being served. */
         http_guard_conn *victim = NULL;
         for (http_guard_conn *c = g->head.next; c != &g->head; c = c->next)
-            if (!c->closing && c->state == HTTP_GUARD_HEAD &&
+            if (!c->closing && (c->state == HTTP_GUARD_HEAD || c->state == HTTP_GUARD_DRAIN) &&
                 (!victim || c->since < victim->since))
                 victim = c;
         if (victim) {

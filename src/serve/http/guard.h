@@ -13,9 +13,10 @@
  *     a client that trickles one byte a second would otherwise be kept
  *     forever.
  *   - The connection limit. At max_connections, a new connection evicts
- *     the oldest one that is waiting for headers (idle or slow), so idle
- *     connections can never lock new clients out; only when every
- *     connection is busy is a new one refused.
+ *     the oldest one that is waiting for headers (idle or slow) or sending
+ *     a body that holds no in-flight slot, so neither idle nor keyless
+ *     connections can lock new clients out; only when every connection is
+ *     busy or uploading with a slot is a new one refused.
  *   - In-flight slots. A request takes a slot only after its key has been
  *     checked; the slots are limited in all (max_in_flight) and per tenant
  *     (max_in_flight_tenant), so one tenant cannot starve the others.
@@ -46,6 +47,9 @@ typedef enum http_guard_state {
     HTTP_GUARD_HEAD = 0, /* waiting for a request's headers */
     HTTP_GUARD_BODY = 1, /* headers in, receiving the body */
     HTTP_GUARD_BUSY = 2, /* a handler runs or a response is being sent */
+    HTTP_GUARD_DRAIN = 3, /* receiving a body that holds no slot: a refused request's (read
+                             and dropped) or one of a route that takes no key; timed like
+                             a body, and evictable like a connection waiting for headers */
 } http_guard_state;
 
 /* Starts the reaper thread. IS_ERR_NOMEM, IS_ERR_INVALID_ARG. */

@@ -476,18 +476,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                  r->route != METRICS_ROUTE_OTHER;
         unsigned long long announced = 0;
         if (!admit(r, method, url, &announced)) {
-            if (r->early_status != 413 || announced > DROP_MAX) {
-                http_guard_set_state(s->guard, r->gc, HTTP_GUARD_BUSY);
-                return send_early(r);
-            }
+            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
             /* A 413 is answered at once too when the client waits for a
              * go-ahead before sending its body. */
-            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-            if (ex && strcasecmp(ex, "100-continue") == 0) {
-                http_guard_set_state(s->guard, r->gc, HTTP_GUARD_BUSY);
+            if (r->early_status != 413 || announced > DROP_MAX ||
+                (ex && strcasecmp(ex, "100-continue") == 0)) {
+                /* MHD drops the body of a POST or PUT answered before it;
+                 * another method's body is still read (and dropped here). */
+                bool dropped = strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0;
+                http_guard_set_state(s->guard, r->gc, dropped ? HTTP_GUARD_BUSY : HTTP_GUARD_DRAIN);
                 return send_early(r);
             }
         }
+        if (!r->counted) http_guard_set_state(s->guard, r->gc, HTTP_GUARD_DRAIN);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -523,8 +524,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->body[r->len] = '\0';
         return MHD_YES;
     }
-    if (r->responded) return MHD_YES;
+    /* The body is in: from here on the server writes to the connection. */
     http_guard_set_state(s->guard, r->gc, HTTP_GUARD_BUSY);
+    if (r->responded) return MHD_YES;
     if (r->early_status) return send_early(r);
     return dispatch(r);
 }
