@@ -378,7 +378,7 @@ static enum MHD_Result header_bytes(void *cls, enum MHD_ValueKind kind, const ch
  * dropped first, since clients sending a large body see a reset instead
  * of an answer otherwise (it holds no slot meanwhile, and the body timeout
  * bounds it). Returns true when the request may go on. */
-static bool admit(http_req *r, const char *method, const char *url, unsigned long long *announced) {
+static bool admit(http_req *r, unsigned long long *announced) {
     http_server *s = r->srv;
     struct MHD_Connection *conn = r->conn;
     size_t max_body = s->cfg.limits.max_body_bytes;
@@ -397,8 +397,6 @@ static bool admit(http_req *r, const char *method, const char *url, unsigned lon
         set_early(r, 400, "invalid_value", "more than %d query parameters", HTTP_MAX_QUERY_ARGS);
         return false;
     }
-    (void)method;
-    (void)url;
     if (r->api) {
         if (s->cfg.no_auth) {
             snprintf(r->tenant, sizeof r->tenant, "%s", s->tenant0);
@@ -475,7 +473,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->api = r->route != METRICS_ROUTE_HEALTH && r->route != METRICS_ROUTE_METRICS &&
                  r->route != METRICS_ROUTE_OTHER;
         unsigned long long announced = 0;
-        if (!admit(r, method, url, &announced)) {
+        if (!admit(r, &announced)) {
             const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
             /* A 413 is answered at once too when the client waits for a
              * go-ahead before sending its body. */
