@@ -12,8 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "serve/http/auth.h"
+#include "serve/http/guard.h"
 #include "serve/http/metrics.h"
 #include "serve/http/parse.h"
 
@@ -319,6 +323,81 @@ static void test_ids_and_urls(void **state) {
     free(huge);
 }
 
+/* The connection guard on its own: slots in all and per tenant; eviction
+ * at the limit picks the oldest connection waiting for headers (or a
+ * slotless body), never a busy one; the reaper answers a slow header with
+ * a 408 and closes. Sockets are socketpairs: the test holds the client end. */
+static void test_guard(void **state) {
+    (void)state;
+    http_guard *g;
+    http_guard_params p = {.max_connections = 2, .header_timeout_s = 1, .body_timeout_s = 0,
+                           .idle_timeout_s = 0, .max_in_flight = 3, .max_in_flight_tenant = 2};
+    assert_int_equal(http_guard_create(&p, &g), IS_OK);
+    assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_OK);
+    assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_OK);
+    assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_TENANT);
+    assert_int_equal(http_guard_acquire(g, "b"), HTTP_GUARD_SLOT_OK);
+    assert_int_equal(http_guard_acquire(g, "c"), HTTP_GUARD_SLOT_FULL);
+    assert_int_equal(http_guard_in_flight(g), 3);
+    http_guard_release(g, "a");
+    assert_int_equal(http_guard_acquire(g, "c"), HTTP_GUARD_SLOT_OK);
+    http_guard_release(g, "a");
+    http_guard_release(g, "b");
+    http_guard_release(g, "c");
+    assert_int_equal(http_guard_in_flight(g), 0);
+
+    int s1[2], s2[2], s3[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s1), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s2), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s3), 0);
+    assert_true(http_guard_accept(g));
+    http_guard_conn *c1 = http_guard_open(g, s1[0]);
+    assert_true(http_guard_accept(g));
+    http_guard_conn *c2 = http_guard_open(g, s2[0]);
+    http_guard_set_state(g, c1, HTTP_GUARD_BUSY);
+    /* At the limit: c2 (waiting for headers) is evicted, c1 (busy) is not. */
+    assert_true(http_guard_accept(g));
+    char b[512];
+    assert_int_equal(recv(s2[1], b, sizeof b, MSG_DONTWAIT), 0); /* EOF: shut down */
+    assert_true(recv(s1[1], b, sizeof b, MSG_DONTWAIT) < 0);     /* still open */
+    http_guard_close(g, c2);
+    http_guard_conn *c3 = http_guard_open(g, s3[0]);
+    int64_t to, ev;
+    http_guard_counts(g, &to, &ev);
+    assert_int_equal(ev, 1);
+    /* A third is refused while c1 is busy and c3 uploads a body that holds
+     * a slot: neither may be evicted. */
+    http_guard_set_state(g, c3, HTTP_GUARD_BODY);
+    assert_false(http_guard_accept(g));
+    /* c3 back to waiting for headers (not its first request: no header
+     * timeout, idle timeout 0 = none) is evictable again. */
+    http_guard_set_state(g, c3, HTTP_GUARD_HEAD);
+    http_guard_close(g, c3);
+    /* A new connection that sends no headers gets a 408 after 1 s. */
+    int s4[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s4), 0);
+    http_guard_conn *c4 = http_guard_open(g, s4[0]);
+    ssize_t n = 0;
+    for (int i = 0; i < 40 && n <= 0; i++) {
+        usleep(100 * 1000);
+        n = recv(s4[1], b, sizeof b - 1, MSG_DONTWAIT);
+    }
+    assert_true(n > 0);
+    b[n] = '\0';
+    assert_non_null(strstr(b, "HTTP/1.1 408"));
+    assert_non_null(strstr(b, "\"code\":\"request_timeout\""));
+    http_guard_counts(g, &to, &ev);
+    assert_int_equal(to, 1);
+    http_guard_close(g, c4);
+    http_guard_close(g, c1);
+    http_guard_free(g);
+    int *fds[] = {s1, s2, s3, s4};
+    for (int i = 0; i < 4; i++) {
+        close(fds[i][0]);
+        close(fds[i][1]);
+    }
+}
+
 static void test_auth_keys(void **state) {
     auth_keys *k = NULL;
     const char *txt = "# comment\n\n  sk-aaaaaaaa1 tenant-a\r\nsk-bbbbbbbb2\tglobex.eu # not allowed\n";
@@ -407,6 +486,7 @@ int main(void) {
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_memory_parse),
         cmocka_unit_test(test_ids_and_urls),
+        cmocka_unit_test(test_guard),
         cmocka_unit_test(test_auth_keys),
         cmocka_unit_test(test_metrics_render),
     };
