@@ -11,9 +11,6 @@
 #include <sys/socket.h>
 #include <time.h>
 
-/* Room above max_connections for evicted connections whose threads have
- * not yet closed them (MHD's own limit is set this much higher). */
-#define GUARD_EVICT_SLACK 64
 /* How often the reaper looks (timeouts are whole seconds). */
 #define GUARD_TICK_MS 200
 
@@ -161,7 +158,7 @@ bool http_guard_accept(http_guard *g) {
             ok = false;
         }
     }
-    if (g->n_conns >= g->p.max_connections + GUARD_EVICT_SLACK) ok = false;
+    if (g->n_conns >= g->p.max_connections + HTTP_GUARD_EVICT_SLACK) ok = false;
     pthread_mutex_unlock(&g->mu);
     return ok;
 }

@@ -31,6 +31,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Room above max_connections for evicted connections whose threads have
+ * not yet closed them: the daemon's own connection limit is set this much
+ * higher, and the guard refuses past it. */
+#define HTTP_GUARD_EVICT_SLACK 64
+
 typedef struct http_guard http_guard;
 typedef struct http_guard_conn http_guard_conn;
 

@@ -714,7 +714,7 @@ is_status http_server_start(const http_config *c, http_server **out) {
                             MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTP_MHD_MEMORY,
                             MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)s->cfg.limits.max_connections + 64u,
+                            (unsigned)(s->cfg.limits.max_connections + HTTP_GUARD_EVICT_SLACK),
                             MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)(s->cfg.limits.connection_timeout_s > 0
                                            ? s->cfg.limits.connection_timeout_s : 0),
