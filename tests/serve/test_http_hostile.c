@@ -380,6 +380,10 @@ static void test_tenant_starvation(void **state) {
             raw_resp r = raw_read(fds[i], 2000);
             if (r.status == 429) {
                 refused++;
+                /* ... and its connection closed. */
+                char c;
+                struct pollfd q = {.fd = fds[i], .events = POLLIN};
+                assert_true(r.closed || (poll(&q, 1, 2000) > 0 && recv(fds[i], &c, 1, 0) <= 0));
                 retry_after += has_header(&r, "Retry-After") && is_json_error(&r, 429, NULL);
             }
             raw_free(&r);

@@ -59,6 +59,9 @@ static enum MHD_Result queue_buffer(http_req *r, int status, char *buf, size_t l
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    /* A request refused before its body was read ends its connection: a
+     * client refused once gets no kept-alive connection to hold. */
+    if (r->early_status) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     /* Overload and shutdown are passing states: say when to come back. */
     if (status == 429 || status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
