@@ -4,6 +4,7 @@
 #include "serve/http/auth.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,17 @@
 
 /* How often the reaper looks (timeouts are whole seconds). */
 #define GUARD_TICK_MS 200
+/* How long, and how much, a connection answered before its body was read
+ * reads and drops before closing (http_guard_set_linger). */
+#define GUARD_LINGER_MS 250
+#define GUARD_LINGER_BYTES ((size_t)256 << 10)
 
 struct http_guard_conn {
     int fd;
     http_guard_state state;
     bool first;           /* no request completed on it yet */
     bool closing;         /* shut down by the reaper or by eviction */
+    bool linger;          /* drop unread bytes before closing */
     double since;         /* monotonic ms of the last state change */
     http_guard_conn *prev, *next;
 };
@@ -180,8 +186,38 @@ http_guard_conn *http_guard_open(http_guard *g, int fd) {
     return c;
 }
 
+void http_guard_set_linger(http_guard *g, http_guard_conn *c) {
+    if (!c) return;
+    pthread_mutex_lock(&g->mu);
+    c->linger = true;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Reads and drops what the peer still sends, until it closes, a quarter
+ * second passes or GUARD_LINGER_BYTES came: bounded, so a hostile client
+ * cannot hold the connection with it. */
+static void linger_drain(int fd) {
+    shutdown(fd, SHUT_WR);
+    char buf[4096];
+    size_t total = 0;
+    double end = now_ms() + GUARD_LINGER_MS;
+    while (total < GUARD_LINGER_BYTES) {
+        int left = (int)(end - now_ms());
+        if (left <= 0) break;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, left) <= 0) break;
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n <= 0) break;
+        total += (size_t)n;
+    }
+}
+
 void http_guard_close(http_guard *g, http_guard_conn *c) {
     if (!c) return;
+    pthread_mutex_lock(&g->mu);
+    bool linger = c->linger && !c->closing;
+    pthread_mutex_unlock(&g->mu);
+    if (linger) linger_drain(c->fd);
     pthread_mutex_lock(&g->mu);
     c->prev->next = c->next;
     c->next->prev = c->prev;

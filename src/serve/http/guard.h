@@ -69,7 +69,14 @@ bool http_guard_accept(http_guard *g);
 /* A connection opened on socket fd: its record (NULL when out of memory:
  * that connection is then simply not guarded). */
 http_guard_conn *http_guard_open(http_guard *g, int fd);
-/* The connection is closing; its record is freed. NULL is a no-op. */
+/* The connection was answered before its request body was read (the
+ * daemon drops the rest): when it closes, the bytes still coming are read
+ * and dropped for a moment first, since closing a socket with unread bytes
+ * sends a reset, which can reach the client before the answer. NULL is a
+ * no-op. */
+void http_guard_set_linger(http_guard *g, http_guard_conn *c);
+/* The connection is closing (its socket is still open); lingers if asked
+ * (at most GUARD_LINGER_MS), then frees its record. NULL is a no-op. */
 void http_guard_close(http_guard *g, http_guard_conn *c);
 /* The connection's state changes (the clock of its timeout restarts).
  * NULL is a no-op. */

@@ -486,6 +486,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                  * another method's body is still read (and dropped here). */
                 bool dropped = strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0;
                 http_guard_set_state(s->guard, r->gc, dropped ? HTTP_GUARD_BUSY : HTTP_GUARD_DRAIN);
+                if (dropped) http_guard_set_linger(s->guard, r->gc);
                 return send_early(r);
             }
         }
