@@ -24,7 +24,6 @@ struct http_guard_conn {
     http_guard_state state;
     bool first;           /* no request completed on it yet */
     bool closing;         /* shut down by the reaper or by eviction */
-    bool linger;          /* drop unread bytes before closing */
     double since;         /* monotonic ms of the last state change */
     http_guard_conn *prev, *next;
 };
@@ -186,12 +185,6 @@ http_guard_conn *http_guard_open(http_guard *g, int fd) {
     return c;
 }
 
-void http_guard_set_linger(http_guard *g, http_guard_conn *c) {
-    if (!c) return;
-    pthread_mutex_lock(&g->mu);
-    c->linger = true;
-    pthread_mutex_unlock(&g->mu);
-}
 
 /* Reads and drops what the peer still sends, until it closes, a quarter
  * second passes or GUARD_LINGER_BYTES came: bounded, so a hostile client
@@ -212,12 +205,19 @@ static void linger_drain(int fd) {
     }
 }
 
-void http_guard_close(http_guard *g, http_guard_conn *c) {
+void http_guard_linger(http_guard *g, http_guard_conn *c) {
     if (!c) return;
     pthread_mutex_lock(&g->mu);
-    bool linger = c->linger && !c->closing;
+    bool shut_already = c->closing;
+    int fd = c->fd;
     pthread_mutex_unlock(&g->mu);
-    if (linger) linger_drain(c->fd);
+    /* The socket stays open until the daemon closes it after this
+     * connection's thread is done, so fd is still this connection's. */
+    if (!shut_already) linger_drain(fd);
+}
+
+void http_guard_close(http_guard *g, http_guard_conn *c) {
+    if (!c) return;
     pthread_mutex_lock(&g->mu);
     c->prev->next = c->next;
     c->next->prev = c->prev;

@@ -69,14 +69,15 @@ bool http_guard_accept(http_guard *g);
 /* A connection opened on socket fd: its record (NULL when out of memory:
  * that connection is then simply not guarded). */
 http_guard_conn *http_guard_open(http_guard *g, int fd);
-/* The connection was answered before its request body was read (the
- * daemon drops the rest): when it closes, the bytes still coming are read
- * and dropped for a moment first, since closing a socket with unread bytes
- * sends a reset, which can reach the client before the answer. NULL is a
- * no-op. */
-void http_guard_set_linger(http_guard *g, http_guard_conn *c);
-/* The connection is closing (its socket is still open); lingers if asked
- * (at most GUARD_LINGER_MS), then frees its record. NULL is a no-op. */
+/* For a connection answered before its request body was read (the daemon
+ * drops the rest and closes it), once the answer is sent: ends the
+ * sending side, then reads and drops what still comes for at most 250 ms
+ * (256 KiB), since closing a socket with unread bytes sends a reset, which
+ * can reach the client before the answer. Blocks: call it on the
+ * connection's own thread (MHD's request-completed notification), never
+ * on the daemon's. NULL is a no-op. */
+void http_guard_linger(http_guard *g, http_guard_conn *c);
+/* The connection is closing; its record is freed. NULL is a no-op. */
 void http_guard_close(http_guard *g, http_guard_conn *c);
 /* The connection's state changes (the clock of its timeout restarts).
  * NULL is a no-op. */

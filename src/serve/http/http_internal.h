@@ -52,6 +52,7 @@ typedef struct http_req {
     size_t dropped;       /* body bytes read and dropped */
     bool counted;         /* holds an in-flight slot */
     bool started;         /* the access handler has seen the headers */
+    bool linger;          /* answered before its body: linger once sent (guard.h) */
     struct http_guard_conn *gc; /* the connection's guard record (may be NULL) */
     parse_error url_err;  /* the raw URL's check (status 0: fine) */
     bool api;             /* a route that needs a key */

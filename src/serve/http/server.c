@@ -486,7 +486,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                  * another method's body is still read (and dropped here). */
                 bool dropped = strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0;
                 http_guard_set_state(s->guard, r->gc, dropped ? HTTP_GUARD_BUSY : HTTP_GUARD_DRAIN);
-                if (dropped) http_guard_set_linger(s->guard, r->gc);
+                r->linger = dropped;
                 return send_early(r);
             }
         }
@@ -601,6 +601,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         http_guard_release(s->guard, s->cfg.no_auth ? "" : r->tenant);
         atomic_fetch_sub(&s->in_flight, 1);
     }
+    if (r->linger && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) http_guard_linger(s->guard, r->gc);
     if (r->gc) http_guard_set_state(s->guard, r->gc, HTTP_GUARD_HEAD);
     free(r->body);
     free(r);
