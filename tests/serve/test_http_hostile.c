@@ -223,11 +223,9 @@ static int setup(void **state) {
     p.http.limits.max_in_flight = MAX_IN_FLIGHT;
     p.http.limits.max_connections = MAX_CONNECTIONS;
     p.http.limits.connection_timeout_s = IDLE_S;
-#ifdef HTTP_LIMITS_HAVE_GUARD
     p.http.limits.max_in_flight_tenant = MAX_IN_FLIGHT_TENANT;
     p.http.limits.header_timeout_s = TIMEOUT_S;
     p.http.limits.body_timeout_s = TIMEOUT_S;
-#endif
     p.notes = stderr;
     if (http_app_start(&p, &g_app) != IS_OK) {
         fprintf(stderr, "http_app_start: %s\n", is_error_last());

@@ -96,9 +96,6 @@ typedef struct http_config {
                                      to callers without a key (default false) */
 } http_config;
 
-/* http_limits has the header, body and per-tenant limits above. */
-#define HTTP_LIMITS_HAVE_GUARD 1
-
 http_limits http_default_limits(void);
 http_config http_default_config(void);
 
