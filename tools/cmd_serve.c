@@ -73,6 +73,19 @@ static void serve_usage(FILE *f) {
             "      --max-tokens N      largest max_tokens (default 4096; default when absent: 256)\n"
             "      --max-k N           largest memory.k / top_k (default 100, at most 1024)\n"
             "      --max-in-flight N   API requests served at once (default 64; 429 above)\n"
+            "hostile clients (a request's key and slot are checked before its body is read):\n"
+            "      --max-in-flight-tenant N  of them, one tenant's (default: 3/4 of --max-in-flight;\n"
+            "                          0: no per-tenant limit; not applied with --no-auth)\n"
+            "      --max-connections N open connections (default 512); past it a new connection\n"
+            "                          closes the oldest one waiting for a request (idle or slow)\n"
+            "      --header-timeout S  a new connection's request headers must arrive within S s\n"
+            "                          (default 10; 408 and close after)\n"
+            "      --body-timeout S    a request body must arrive within S s of its headers\n"
+            "                          (default 60; 408 and close after)\n"
+            "      --idle-timeout S    a kept-alive connection is closed after S s without a request,\n"
+            "                          and a response after S s without progress (default 30)\n"
+            "      --public-stats      /health and /metrics show the fact count over all tenants to\n"
+            "                          callers without a key (default: not shown)\n"
             "      --log FILE          request log, one JSON line per request (default: stderr)\n"
             "      --quiet             no request log\n"
             "  -h, --help              this help\n\n"
@@ -97,6 +110,16 @@ static bool parse_size(const char *s, const char *what, unsigned long long lo,
     return true;
 }
 
+/* Long-only options (codes past any character). */
+enum {
+    OPT_MAX_IN_FLIGHT_TENANT = 0x1270,
+    OPT_MAX_CONNECTIONS,
+    OPT_HEADER_TIMEOUT,
+    OPT_BODY_TIMEOUT,
+    OPT_IDLE_TIMEOUT,
+    OPT_PUBLIC_STATS,
+};
+
 int cmd_serve(int argc, char **argv) {
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},       {"data", required_argument, 0, 'D'},
@@ -115,6 +138,12 @@ int cmd_serve(int argc, char **argv) {
         {"infer-fallback", required_argument, 0, 'I'},
         {"fact-cache-gb", required_argument, 0, 'C'}, {"step-tokens", required_argument, 0, 'S'},
         {"prefill-chunk", required_argument, 0, 'U'},
+        {"max-in-flight-tenant", required_argument, 0, OPT_MAX_IN_FLIGHT_TENANT},
+        {"max-connections", required_argument, 0, OPT_MAX_CONNECTIONS},
+        {"header-timeout", required_argument, 0, OPT_HEADER_TIMEOUT},
+        {"body-timeout", required_argument, 0, OPT_BODY_TIMEOUT},
+        {"idle-timeout", required_argument, 0, OPT_IDLE_TIMEOUT},
+        {"public-stats", no_argument, 0, OPT_PUBLIC_STATS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -199,6 +228,24 @@ int cmd_serve(int argc, char **argv) {
                 return 1;
             }
             break;
+        case OPT_MAX_IN_FLIGHT_TENANT:
+            if (!cli_parse_int(optarg, "--max-in-flight-tenant", 0, 1 << 20,
+                               &p.http.limits.max_in_flight_tenant)) return 1;
+            break;
+        case OPT_MAX_CONNECTIONS:
+            if (!cli_parse_int(optarg, "--max-connections", 1, 1 << 16,
+                               &p.http.limits.max_connections)) return 1;
+            break;
+        case OPT_HEADER_TIMEOUT:
+            if (!cli_parse_int(optarg, "--header-timeout", 1, 3600, &p.http.limits.header_timeout_s)) return 1;
+            break;
+        case OPT_BODY_TIMEOUT:
+            if (!cli_parse_int(optarg, "--body-timeout", 1, 3600, &p.http.limits.body_timeout_s)) return 1;
+            break;
+        case OPT_IDLE_TIMEOUT:
+            if (!cli_parse_int(optarg, "--idle-timeout", 1, 3600, &p.http.limits.connection_timeout_s)) return 1;
+            break;
+        case OPT_PUBLIC_STATS: p.http.public_stats = true; break;
         case 'L': log_path = optarg; break;
         case 'q': p.http.quiet = true; break;
         case 'h': serve_usage(stdout); return 0;

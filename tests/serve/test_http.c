@@ -320,6 +320,9 @@ static int setup(void **state) {
     p.http.limits.max_body_bytes = MAX_BODY;
     p.http.limits.max_prompt_tokens = MAX_PROMPT;
     p.http.limits.max_in_flight = MAX_IN_FLIGHT;
+    /* The global limit alone (one tenant fills it below); the per-tenant
+     * limit is test_http_hostile's. */
+    p.http.limits.max_in_flight_tenant = 0;
     p.http.limits.extract_max_tokens = 48;
     p.http.log = g_logf;
     if (http_app_start(&p, &g_app) != IS_OK) {

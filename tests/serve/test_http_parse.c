@@ -12,8 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "serve/http/auth.h"
+#include "serve/http/guard.h"
 #include "serve/http/metrics.h"
 #include "serve/http/parse.h"
 
@@ -260,6 +264,140 @@ static void test_memory_parse(void **state) {
     assert_false(parse_memory_id_valid("a b", 3));
 }
 
+/* One id check for every source; query values are read with their length,
+ * so a decoded %00 is refused instead of cutting the id short. */
+static void test_ids_and_urls(void **state) {
+    (void)state;
+    parse_error e;
+    assert_int_equal(parse_id_check("user_id", "alice", 5, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id", "b\xc3\xb6" "b", 4, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id", "", 0, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_id_check("user_id", "victim\0attacker", 15, &e), IS_ERR_INVALID_ARG);
+    assert_string_equal(e.param, "user_id");
+    assert_int_equal(parse_id_check("user_id", "a\nb", 3, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_id_check("user_id", "a\x7f", 2, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_id_check("user_id", "a\xc2\x85", 3, &e), IS_ERR_INVALID_ARG); /* C1 */
+    assert_int_equal(parse_id_check("user_id", "a\xc3", 2, &e), IS_ERR_INVALID_ARG);     /* cut UTF-8 */
+    char long_id[PARSE_MAX_ID + 2];
+    memset(long_id, 'x', sizeof long_id);
+    assert_int_equal(parse_id_check("user_id", long_id, PARSE_MAX_ID, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id", long_id, PARSE_MAX_ID + 1, &e), IS_ERR_INVALID_ARG);
+
+    const char *k[] = {"user_id"};
+    const char *v[] = {"victim\0attacker"};
+    size_t kl[] = {7}, vl[] = {15};
+    parse_filters f;
+    assert_int_equal(parse_memory_query_n(k, kl, v, vl, 1, true, &f, &e), IS_ERR_INVALID_ARG);
+    vl[0] = 6; /* "victim" alone is fine */
+    assert_int_equal(parse_memory_query_n(k, kl, v, vl, 1, true, &f, &e), IS_OK);
+    assert_string_equal(f.user_id, "victim");
+    parse_filters_free(&f);
+
+    const char *cb = "{\"query\":\"q\",\"user_id\":\"a\\u0001\"}";
+    parse_mem_search ms;
+    assert_int_equal(parse_memory_search(cb, strlen(cb), NULL, &ms, &e), IS_ERR_INVALID_ARG);
+    parse_mem_search_free(&ms);
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"a\\u001bb\"}";
+    parse_chat c;
+    assert_int_equal(parse_chat_request(chat, strlen(chat), NULL, &c, &e), IS_ERR_INVALID_ARG);
+    assert_string_equal(e.param, "user");
+    parse_chat_free(&c);
+
+    const char *ok = "/v1/memories/?user_id=caf%C3%A9&agent_id=a%2Fb";
+    assert_int_equal(parse_url_check(ok, strlen(ok), &e), IS_OK);
+    static const char *const bad[] = {"/v1/memories/?user_id=v%00a", "/v1/memories/x%0a/",
+                                      "/v1/memories/?user_id=%7f", "/a\tb"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(parse_url_check(bad[i], strlen(bad[i]), &e), IS_ERR_INVALID_ARG);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.code, "invalid_url");
+    }
+    const char *pct = "/a%zz%4";   /* not escapes: kept as they are */
+    assert_int_equal(parse_url_check(pct, strlen(pct), &e), IS_OK);
+    char *huge = malloc(PARSE_MAX_URL + 2);
+    memset(huge, 'a', PARSE_MAX_URL + 1);
+    huge[PARSE_MAX_URL + 1] = '\0';
+    assert_int_equal(parse_url_check(huge, PARSE_MAX_URL, &e), IS_OK);
+    assert_int_equal(parse_url_check(huge, PARSE_MAX_URL + 1, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(e.status, 414);
+    free(huge);
+}
+
+/* The connection guard on its own: slots in all and per tenant; eviction
+ * at the limit picks the oldest connection waiting for headers (or a
+ * slotless body), never a busy one; the reaper answers a slow header with
+ * a 408 and closes. Sockets are socketpairs: the test holds the client end. */
+static void test_guard(void **state) {
+    (void)state;
+    http_guard *g;
+    http_guard_params p = {.max_connections = 2, .header_timeout_s = 1, .body_timeout_s = 0,
+                           .idle_timeout_s = 0, .max_in_flight = 3, .max_in_flight_tenant = 2};
+    assert_int_equal(http_guard_create(&p, &g), IS_OK);
+    assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_OK);
+    assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_OK);
+    assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_TENANT);
+    assert_int_equal(http_guard_acquire(g, "b"), HTTP_GUARD_SLOT_OK);
+    assert_int_equal(http_guard_acquire(g, "c"), HTTP_GUARD_SLOT_FULL);
+    assert_int_equal(http_guard_in_flight(g), 3);
+    http_guard_release(g, "a");
+    assert_int_equal(http_guard_acquire(g, "c"), HTTP_GUARD_SLOT_OK);
+    http_guard_release(g, "a");
+    http_guard_release(g, "b");
+    http_guard_release(g, "c");
+    assert_int_equal(http_guard_in_flight(g), 0);
+
+    int s1[2], s2[2], s3[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s1), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s2), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s3), 0);
+    assert_true(http_guard_accept(g));
+    http_guard_conn *c1 = http_guard_open(g, s1[0]);
+    assert_true(http_guard_accept(g));
+    http_guard_conn *c2 = http_guard_open(g, s2[0]);
+    http_guard_set_state(g, c1, HTTP_GUARD_BUSY);
+    /* At the limit: c2 (waiting for headers) is evicted, c1 (busy) is not. */
+    assert_true(http_guard_accept(g));
+    char b[512];
+    assert_int_equal(recv(s2[1], b, sizeof b, MSG_DONTWAIT), 0); /* EOF: shut down */
+    assert_true(recv(s1[1], b, sizeof b, MSG_DONTWAIT) < 0);     /* still open */
+    http_guard_close(g, c2);
+    http_guard_conn *c3 = http_guard_open(g, s3[0]);
+    int64_t to, ev;
+    http_guard_counts(g, &to, &ev);
+    assert_int_equal(ev, 1);
+    /* A third is refused while c1 is busy and c3 uploads a body that holds
+     * a slot: neither may be evicted. */
+    http_guard_set_state(g, c3, HTTP_GUARD_BODY);
+    assert_false(http_guard_accept(g));
+    /* c3 back to waiting for headers (not its first request: no header
+     * timeout, idle timeout 0 = none) is evictable again. */
+    http_guard_set_state(g, c3, HTTP_GUARD_HEAD);
+    http_guard_close(g, c3);
+    /* A new connection that sends no headers gets a 408 after 1 s. */
+    int s4[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, s4), 0);
+    http_guard_conn *c4 = http_guard_open(g, s4[0]);
+    ssize_t n = 0;
+    for (int i = 0; i < 40 && n <= 0; i++) {
+        usleep(100 * 1000);
+        n = recv(s4[1], b, sizeof b - 1, MSG_DONTWAIT);
+    }
+    assert_true(n > 0);
+    b[n] = '\0';
+    assert_non_null(strstr(b, "HTTP/1.1 408"));
+    assert_non_null(strstr(b, "\"code\":\"request_timeout\""));
+    http_guard_counts(g, &to, &ev);
+    assert_int_equal(to, 1);
+    http_guard_close(g, c4);
+    http_guard_close(g, c1);
+    http_guard_free(g);
+    int *fds[] = {s1, s2, s3, s4};
+    for (int i = 0; i < 4; i++) {
+        close(fds[i][0]);
+        close(fds[i][1]);
+    }
+}
+
 static void test_auth_keys(void **state) {
     auth_keys *k = NULL;
     const char *txt = "# comment\n\n  sk-aaaaaaaa1 tenant-a\r\nsk-bbbbbbbb2\tglobex.eu # not allowed\n";
@@ -347,6 +485,8 @@ int main(void) {
         cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_memory_parse),
+        cmocka_unit_test(test_ids_and_urls),
+        cmocka_unit_test(test_guard),
         cmocka_unit_test(test_auth_keys),
         cmocka_unit_test(test_metrics_render),
     };

@@ -5,6 +5,7 @@
 #ifndef IS_SERVE_HTTP_INTERNAL_H
 #define IS_SERVE_HTTP_INTERNAL_H
 
+#include "serve/http/guard.h"
 #include "serve/http/metrics.h"
 #include "serve/http/server.h"
 
@@ -19,6 +20,7 @@ struct http_server {
     struct MHD_Daemon *d;
     int port;
     metrics *met;
+    struct http_guard *guard; /* connections, timeouts, in-flight slots (guard.h) */
     atomic_int in_flight;
     atomic_bool stopping;
     atomic_ullong next_id;
@@ -49,6 +51,10 @@ typedef struct http_req {
     char early_msg[160];
     size_t dropped;       /* body bytes read and dropped */
     bool counted;         /* holds an in-flight slot */
+    bool started;         /* the access handler has seen the headers */
+    bool linger;          /* answered before its body: linger once sent (guard.h) */
+    struct http_guard_conn *gc; /* the connection's guard record (may be NULL) */
+    parse_error url_err;  /* the raw URL's check (status 0: fine) */
     bool api;             /* a route that needs a key */
     char tenant[AUTH_TENANT_MAX + 1];
     metrics_route route;
@@ -84,6 +90,10 @@ bool http_conn_gone(struct MHD_Connection *c);
  * the request), at most max. */
 int32_t http_query_args(struct MHD_Connection *c, const char **keys, const char **values,
                         int32_t max);
+/* The same with each key's and value's length (a decoded %00 is inside
+ * them); klens, vlens may be NULL. */
+int32_t http_query_args_n(struct MHD_Connection *c, const char **keys, size_t *klens,
+                          const char **values, size_t *vlens, int32_t max);
 
 /* ISO 8601 UTC ("2024-05-01T12:00:00.123Z") of unix ms, into out[32]. */
 void http_iso_time(int64_t unix_ms, char out[32]);

@@ -425,13 +425,14 @@ out:
 
 static bool query_filters(http_req *r, parse_filters *f, enum MHD_Result *res) {
     const char *keys[MAX_QUERY_ARGS], *vals[MAX_QUERY_ARGS];
-    int32_t n = http_query_args(r->conn, keys, vals, MAX_QUERY_ARGS);
+    size_t klens[MAX_QUERY_ARGS], vlens[MAX_QUERY_ARGS];
+    int32_t n = http_query_args_n(r->conn, keys, klens, vals, vlens, MAX_QUERY_ARGS);
     if (n > MAX_QUERY_ARGS) {
         *res = http_send_error(r, 400, NULL, "invalid_value", "too many query parameters");
         return false;
     }
     parse_error pe;
-    if (parse_memory_query(keys, vals, n, true, f, &pe) != IS_OK) {
+    if (parse_memory_query_n(keys, klens, vals, vlens, n, true, f, &pe) != IS_OK) {
         *res = http_send_parse_error(r, &pe);
         return false;
     }

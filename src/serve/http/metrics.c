@@ -229,6 +229,12 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
     if (live) {
         gauge(&b, "inferscale_requests_in_flight", "HTTP API requests being served.", "gauge",
               live->in_flight);
+        gauge(&b, "inferscale_http_connections_timed_out_total",
+              "Connections closed for slow headers, a slow body or idleness.", "counter",
+              (double)live->conns_timed_out);
+        gauge(&b, "inferscale_http_connections_evicted_total",
+              "Idle connections closed to admit a new one at the connection limit.", "counter",
+              (double)live->conns_evicted);
         if (live->n_facts >= 0)
             gauge(&b, "inferscale_memory_facts", "Facts in the memory store (all tenants).",
                   "gauge", (double)live->n_facts);

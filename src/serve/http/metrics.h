@@ -16,7 +16,8 @@
  *   encode queue, steps, tokens prefilled and generated, fact-KV hits and
  *   misses (injected from a ready record vs prefilled as text), record
  *   store cache hits and misses (tier "host": the in-memory cache; a miss
- *   goes to tier "disk"), requests in flight.
+ *   goes to tier "disk"), requests in flight, connections closed by the
+ *   connection guard (timed out, evicted).
  */
 #ifndef IS_SERVE_HTTP_METRICS_H
 #define IS_SERVE_HTTP_METRICS_H
@@ -69,7 +70,9 @@ typedef struct metrics_live {
     const void *sched_stats;  /* const sched_stats * */
     const void *store_stats;  /* const record_store_stats * */
     int32_t in_flight;
-    int64_t n_facts;          /* facts in the store, < 0: unknown */
+    int64_t n_facts;          /* facts in the store, < 0: unknown (or not shown) */
+    int64_t conns_timed_out;  /* connections closed for slow headers, body or idleness */
+    int64_t conns_evicted;    /* idle connections closed to admit a new one at the limit */
 } metrics_live;
 
 /* The whole exposition, malloc'd and NUL-terminated; NULL when out of

@@ -282,10 +282,8 @@ static is_status set_id(char **slot, const cJSON *v, const char *name, parse_err
     if (!v || cJSON_IsNull(v)) return IS_OK;
     if (!cJSON_IsString(v))
         return parse_fail(err, 400, name, "invalid_type", "'%s' must be a string", name);
-    size_t l = strlen(v->valuestring);
-    if (l == 0 || l > PARSE_MAX_ID)
-        return parse_fail(err, 400, name, "invalid_value", "'%s' must be 1 to %d bytes", name,
-                          PARSE_MAX_ID);
+    is_status st = parse_id_check(name, v->valuestring, strlen(v->valuestring), err);
+    if (st != IS_OK) return st;
     if (*slot) {
         if (strcmp(*slot, v->valuestring) != 0)
             return parse_fail(err, 400, name, "invalid_value",
@@ -528,6 +526,7 @@ is_status parse_chat_request(const char *body, size_t len, const parse_limits *l
         goto done;
     }
     if ((st = get_string(root, "user", false, true, PARSE_MAX_ID, &c->user, err)) != IS_OK) goto done;
+    if (c->user && (st = parse_id_check("user", c->user, strlen(c->user), err)) != IS_OK) goto done;
     if ((st = parse_memory_opts(field(root, "memory"), &lim, c, err)) != IS_OK) goto done;
     const cJSON *tools = field(root, "tools");
     if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0)) {
@@ -735,11 +734,25 @@ done:
 
 is_status parse_memory_query(const char *const *keys, const char *const *values, int32_t n,
                              bool require_user, parse_filters *f, parse_error *err) {
+    return parse_memory_query_n(keys, NULL, values, NULL, n, require_user, f, err);
+}
+
+is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
+                               const char *const *values, const size_t *vlens, int32_t n,
+                               bool require_user, parse_filters *f, parse_error *err) {
     memset(f, 0, sizeof *f);
     is_status st = IS_OK;
     for (int32_t i = 0; i < n && st == IS_OK; i++) {
         const char *k = keys[i], *v = values[i] ? values[i] : "";
-        if (!parse_utf8_valid(k, strlen(k)) || !parse_utf8_valid(v, strlen(v))) {
+        size_t kl = klens ? klens[i] : strlen(k), vl0 = values[i] && vlens ? vlens[i] : strlen(v);
+        /* A decoded %00 would make every C string below shorter than what
+         * the client sent: "victim%00attacker" must not name "victim". */
+        if (memchr(k, '\0', kl) || memchr(v, '\0', vl0)) {
+            st = parse_fail(err, 400, NULL, "invalid_value",
+                            "a query parameter holds a NUL byte (%%00)");
+            break;
+        }
+        if (!parse_utf8_valid(k, kl) || !parse_utf8_valid(v, vl0)) {
             st = parse_fail(err, 400, NULL, "invalid_utf8", "the query string is not valid UTF-8");
             break;
         }
@@ -748,6 +761,7 @@ is_status parse_memory_query(const char *const *keys, const char *const *values,
                       : strcmp(k, "run_id") == 0   ? &f->run_id
                                                    : NULL;
         if (slot) {
+            if ((st = parse_id_check(k, v, vl0, err)) != IS_OK) break;
             cJSON *s = cJSON_CreateString(v);
             if (!s) {
                 st = nomem(err);
@@ -799,4 +813,48 @@ bool parse_memory_id_valid(const char *id, size_t len) {
             return false;
     }
     return true;
+}
+
+is_status parse_id_check(const char *name, const char *s, size_t len, parse_error *err) {
+    if (len == 0 || len > PARSE_MAX_ID)
+        return parse_fail(err, 400, name, "invalid_value", "'%s' must be 1 to %d bytes", name,
+                          PARSE_MAX_ID);
+    if (!parse_utf8_valid(s, len))
+        return parse_fail(err, 400, name, "invalid_utf8", "'%s' is not valid UTF-8", name);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        /* C1 controls (U+0080..U+009F) are 0xC2 0x80..0x9F in UTF-8. */
+        bool c1 = c == 0xC2 && i + 1 < len && (unsigned char)s[i + 1] >= 0x80 &&
+                  (unsigned char)s[i + 1] <= 0x9F;
+        if (c < 0x20 || c == 0x7F || c1)
+            return parse_fail(err, 400, name, "invalid_value",
+                              "'%s' must not hold NUL or control characters", name);
+    }
+    return IS_OK;
+}
+
+static int hex_val(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+is_status parse_url_check(const char *raw, size_t len, parse_error *err) {
+    if (len > PARSE_MAX_URL)
+        return parse_fail(err, 414, NULL, "uri_too_long", "the URL is longer than %d bytes",
+                          PARSE_MAX_URL);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)raw[i];
+        /* Decode as MHD does: "%XX" with two hex digits is the byte, any
+         * other '%' stays itself. */
+        if (c == '%' && i + 2 < len && hex_val(raw[i + 1]) >= 0 && hex_val(raw[i + 2]) >= 0) {
+            c = (unsigned char)(hex_val(raw[i + 1]) * 16 + hex_val(raw[i + 2]));
+            i += 2;
+        }
+        if (c < 0x20 || c == 0x7F)
+            return parse_fail(err, 400, NULL, "invalid_url",
+                              "the URL holds a NUL or control character (%%%02X)", c);
+    }
+    return IS_OK;
 }

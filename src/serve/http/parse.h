@@ -191,6 +191,32 @@ void parse_mem_update_free(parse_mem_update *u);
 is_status parse_memory_query(const char *const *keys, const char *const *values, int32_t n,
                              bool require_user, parse_filters *out, parse_error *err);
 
+/* The same, with each key's and value's length (as MHD_get_connection_values_n
+ * gives them): a key or value holding a NUL byte (a decoded %00) is refused
+ * rather than read as the shorter C string. klens/vlens may be NULL
+ * (strlen). */
+is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
+                               const char *const *values, const size_t *vlens, int32_t n,
+                               bool require_user, parse_filters *out, parse_error *err);
+
+/* ---- ids and URLs ------------------------------------------------------------------- */
+
+/* The one check of every caller-chosen id (user_id, agent_id, run_id, chat's
+ * "user"), wherever it comes from (JSON body, query string, path): 1 to
+ * PARSE_MAX_ID bytes of valid UTF-8, no NUL, no control character (C0,
+ * DEL, C1). `name` is the field's name for the message. IS_OK, or
+ * IS_ERR_INVALID_ARG with *err set (400, code invalid_value). */
+is_status parse_id_check(const char *name, const char *s, size_t len, parse_error *err);
+
+#define PARSE_MAX_URL 8192    /* bytes of a request target (path and query), raw */
+
+/* Checks a raw request target (as received, before percent-decoding):
+ * at most PARSE_MAX_URL bytes (414 above, code uri_too_long), and neither
+ * it nor its percent-decoded form holds a NUL or a control character (400,
+ * code invalid_url), so no decoded path segment or query value can be cut
+ * short by a %00 or smuggle a line break. IS_OK or IS_ERR_INVALID_ARG. */
+is_status parse_url_check(const char *raw, size_t len, parse_error *err);
+
 /* A fact id taken from a URL path: 1..71 characters of [A-Za-z0-9_-]. */
 bool parse_memory_id_valid(const char *id, size_t len);
 

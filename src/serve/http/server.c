@@ -19,8 +19,9 @@
 
 http_limits http_default_limits(void) {
     return (http_limits){.max_body_bytes = 1u << 20, .max_prompt_tokens = 4096,
-                         .max_in_flight = 64, .max_connections = 512,
-                         .connection_timeout_s = 120, .max_fact_bytes = 4096,
+                         .max_in_flight = 64, .max_in_flight_tenant = -1,
+                         .max_connections = 512, .connection_timeout_s = 30,
+                         .header_timeout_s = 10, .body_timeout_s = 60, .max_fact_bytes = 4096,
                          .extract_max_tokens = 512, .parse = parse_default_limits()};
 }
 
@@ -59,6 +60,11 @@ static enum MHD_Result queue_buffer(http_req *r, int status, char *buf, size_t l
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     }
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    /* A request refused before its body was read ends its connection: a
+     * client refused once gets no kept-alive connection to hold. */
+    if (r->early_status) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    /* Overload and shutdown are passing states: say when to come back. */
+    if (status == 429 || status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     r->responded = true;
@@ -149,15 +155,19 @@ bool http_conn_gone(struct MHD_Connection *c) {
 
 typedef struct args_acc {
     const char **keys, **values;
+    size_t *klens, *vlens;
     int32_t n, max;
 } args_acc;
 
 static enum MHD_Result collect_arg(void *cls, enum MHD_ValueKind kind, const char *key,
-                                   const char *value) {
+                                   size_t key_size, const char *value, size_t value_size) {
     args_acc *a = cls;
+    (void)kind;
     if (a->n < a->max) {
         a->keys[a->n] = key;
         a->values[a->n] = value;
+        if (a->klens) a->klens[a->n] = key_size;
+        if (a->vlens) a->vlens[a->n] = value ? value_size : 0;
     }
     a->n++;
     return MHD_YES;
@@ -165,8 +175,13 @@ static enum MHD_Result collect_arg(void *cls, enum MHD_ValueKind kind, const cha
 
 int32_t http_query_args(struct MHD_Connection *c, const char **keys, const char **values,
                         int32_t max) {
-    args_acc a = {keys, values, 0, max};
-    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, collect_arg, &a);
+    return http_query_args_n(c, keys, NULL, values, NULL, max);
+}
+
+int32_t http_query_args_n(struct MHD_Connection *c, const char **keys, size_t *klens,
+                          const char **values, size_t *vlens, int32_t max) {
+    args_acc a = {keys, values, klens, vlens, 0, max};
+    MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, collect_arg, &a);
     return a.n;
 }
 
@@ -201,7 +216,7 @@ static enum MHD_Result send_health(http_req *r) {
         if (hh.last_error[0]) cJSON_AddStringToObject(b, "last_error", hh.last_error);
         else cJSON_AddNullToObject(b, "last_error");
     }
-    if (s->cfg.mem)
+    if (s->cfg.mem && s->cfg.public_stats) /* a count over every tenant */
         cJSON_AddNumberToObject(o, "facts", (double)mem_store_count(memory_fact_store(s->cfg.mem)));
     cJSON_AddNumberToObject(o, "requests_in_flight", atomic_load(&s->in_flight));
     return http_send_json(r, stopping || !hh.healthy ? 503 : 200, o);
@@ -212,6 +227,7 @@ static enum MHD_Result send_metrics(http_req *r) {
     sched_stats ss;
     record_store_stats rs;
     metrics_live live = {.in_flight = atomic_load(&s->in_flight), .n_facts = -1};
+    http_guard_counts(s->guard, &live.conns_timed_out, &live.conns_evicted);
     if (s->cfg.sched) {
         sched_get_stats(s->cfg.sched, &ss);
         live.sched_stats = &ss;
@@ -219,7 +235,7 @@ static enum MHD_Result send_metrics(http_req *r) {
     if (s->cfg.mem) {
         rs = record_store_get_stats(memory_record_store(s->cfg.mem));
         live.store_stats = &rs;
-        live.n_facts = mem_store_count(memory_fact_store(s->cfg.mem));
+        if (s->cfg.public_stats) live.n_facts = mem_store_count(memory_fact_store(s->cfg.mem));
     }
     size_t len = 0;
     char *txt = metrics_render(s->met, &live, &len);
@@ -335,68 +351,160 @@ static enum MHD_Result send_early(http_req *r) {
     return http_send_error(r, r->early_status, NULL, r->early_code, "%s", r->early_msg);
 }
 
+/* Header bytes (names and values) a request may carry; 431 above. The
+ * daemon's memory limit (HTTP_MHD_MEMORY) is set well above it so that
+ * such requests reach this check instead of MHD's own error page. */
+#define HTTP_MAX_HEADER_BYTES ((size_t)32 << 10)
+#define HTTP_MAX_QUERY_ARGS 64
+#define HTTP_MHD_MEMORY ((size_t)512 << 10)
+
+static http_req *req_new(http_server *s, struct MHD_Connection *conn) {
+    http_req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->srv = s;
+    r->conn = conn;
+    r->id = atomic_fetch_add(&s->next_id, 1) + 1;
+    r->t0 = http_now_ms();
+    r->mode = -1;
+    return r;
+}
+
+/* MHD's URI log callback: called with the raw request target before MHD
+ * decodes it, so a %00 or a control character is seen here while the
+ * decoded path MHD passes on would already be cut at the NUL. Its result
+ * becomes the request's context. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
+    http_req *r = req_new(cls, conn);
+    if (r && uri) parse_url_check(uri, strlen(uri), &r->url_err);
+    return r;
+}
+
+static enum MHD_Result header_bytes(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    size_t key_size, const char *value, size_t value_size) {
+    (void)kind;
+    (void)key;
+    (void)value;
+    *(size_t *)cls += key_size + value_size + 4;
+    return MHD_YES;
+}
+
+/* The checks made once the headers are in and before the body is read, in
+ * this order: URL, header size, query size, key, body size, shutdown,
+ * in-flight slot. Every refusal but 413 is answered at once (MHD then
+ * closes a connection whose body was not read); a 413's body is read and
+ * dropped first, since clients sending a large body see a reset instead
+ * of an answer otherwise (it holds no slot meanwhile, and the body timeout
+ * bounds it). Returns true when the request may go on. */
+static bool admit(http_req *r, unsigned long long *announced) {
+    http_server *s = r->srv;
+    struct MHD_Connection *conn = r->conn;
+    size_t max_body = s->cfg.limits.max_body_bytes;
+    if (r->url_err.status) {
+        set_early(r, r->url_err.status, r->url_err.code, "%s", r->url_err.message);
+        return false;
+    }
+    size_t hb = 0;
+    MHD_get_connection_values_n(conn, MHD_HEADER_KIND, header_bytes, &hb);
+    if (hb > HTTP_MAX_HEADER_BYTES) {
+        set_early(r, 431, "headers_too_large", "the request headers are larger than %zu bytes",
+                  HTTP_MAX_HEADER_BYTES);
+        return false;
+    }
+    if (MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, NULL, NULL) > HTTP_MAX_QUERY_ARGS) {
+        set_early(r, 400, "invalid_value", "more than %d query parameters", HTTP_MAX_QUERY_ARGS);
+        return false;
+    }
+    if (r->api) {
+        if (s->cfg.no_auth) {
+            snprintf(r->tenant, sizeof r->tenant, "%s", s->tenant0);
+        } else {
+            size_t hl = 0;
+            const char *h = NULL;
+            if (MHD_lookup_connection_value_n(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                              strlen(MHD_HTTP_HEADER_AUTHORIZATION), &h, &hl) != MHD_YES)
+                h = NULL;
+            const char *t = h && strlen(h) == hl ? auth_tenant(s->cfg.keys, h) : NULL;
+            if (!t) {
+                set_early(r, 401, "invalid_api_key", "%s",
+                          h ? "Incorrect API key provided"
+                            : "Missing API key: send 'Authorization: Bearer KEY'");
+                return false;
+            }
+            snprintf(r->tenant, sizeof r->tenant, "%s", t);
+        }
+    }
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        *announced = strtoull(cl, &end, 10);
+        if (errno || end == cl) *announced = ULLONG_MAX;
+        if (*announced > max_body) {
+            set_early(r, 413, "request_too_large", "the request body is larger than %zu bytes",
+                      max_body);
+            return false;
+        }
+    }
+    if (!r->api) return true;
+    if (atomic_load(&s->stopping)) {
+        set_early(r, 503, "shutting_down", "the server is shutting down");
+        return false;
+    }
+    http_guard_slot gs = http_guard_acquire(s->guard, s->cfg.no_auth ? "" : r->tenant);
+    if (gs != HTTP_GUARD_SLOT_OK) {
+        if (gs == HTTP_GUARD_SLOT_TENANT)
+            set_early(r, 429, "too_many_requests",
+                      "more than %d requests of this key's tenant in flight; retry later",
+                      s->cfg.limits.max_in_flight_tenant);
+        else
+            set_early(r, 429, "too_many_requests", "more than %d requests in flight; retry later",
+                      s->cfg.limits.max_in_flight);
+        return false;
+    }
+    r->counted = true;
+    atomic_fetch_add(&s->in_flight, 1);
+    return true;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload,
                                  size_t *upload_size, void **con_cls) {
     http_server *s = cls;
     http_req *r = *con_cls;
     size_t max_body = s->cfg.limits.max_body_bytes;
+    (void)version;
     if (!r) {
-        r = calloc(1, sizeof *r);
-        if (!r) return MHD_NO;
+        if (!(r = req_new(s, conn))) return MHD_NO;
         *con_cls = r;
-        r->srv = s;
-        r->conn = conn;
-        r->id = atomic_fetch_add(&s->next_id, 1) + 1;
-        r->t0 = http_now_ms();
-        r->mode = -1;
+    }
+    if (!r->started) {
+        r->started = true;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        r->gc = ci ? ci->socket_context : NULL;
+        http_guard_set_state(s->guard, r->gc, HTTP_GUARD_BODY);
         snprintf(r->method, sizeof r->method, "%s", method);
         snprintf(r->path, sizeof r->path, "%s", url);
         const char *rest;
         r->route = classify(url, &rest);
         r->api = r->route != METRICS_ROUTE_HEALTH && r->route != METRICS_ROUTE_METRICS &&
                  r->route != METRICS_ROUTE_OTHER;
-        if (r->api) {
-            r->counted = true;
-            int n = atomic_fetch_add(&s->in_flight, 1) + 1;
-            if (n > s->cfg.limits.max_in_flight)
-                set_early(r, 429, "too_many_requests", "more than %d requests in flight; retry later",
-                          s->cfg.limits.max_in_flight);
-            if (atomic_load(&s->stopping))
-                set_early(r, 503, "shutting_down", "the server is shutting down");
-            if (s->cfg.no_auth) {
-                snprintf(r->tenant, sizeof r->tenant, "%s", s->tenant0);
-            } else {
-                const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                            MHD_HTTP_HEADER_AUTHORIZATION);
-                const char *t = auth_tenant(s->cfg.keys, h);
-                if (!t)
-                    set_early(r, 401, "invalid_api_key", "%s",
-                              h ? "Incorrect API key provided"
-                                : "Missing API key: send 'Authorization: Bearer KEY'");
-                else
-                    snprintf(r->tenant, sizeof r->tenant, "%s", t);
+        unsigned long long announced = 0;
+        if (!admit(r, &announced)) {
+            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+            /* A 413 is answered at once too when the client waits for a
+             * go-ahead before sending its body. */
+            if (r->early_status != 413 || announced > DROP_MAX ||
+                (ex && strcasecmp(ex, "100-continue") == 0)) {
+                /* MHD drops the body of a POST or PUT answered before it;
+                 * another method's body is still read (and dropped here). */
+                bool dropped = strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0;
+                http_guard_set_state(s->guard, r->gc, dropped ? HTTP_GUARD_BUSY : HTTP_GUARD_DRAIN);
+                r->linger = dropped;
+                return send_early(r);
             }
         }
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
-        unsigned long long announced = 0;
-        if (cl) {
-            char *end;
-            errno = 0;
-            announced = strtoull(cl, &end, 10);
-            if (errno || end == cl) announced = ULLONG_MAX;
-            if (announced > max_body)
-                set_early(r, 413, "request_too_large", "the request body is larger than %zu bytes",
-                          max_body);
-        }
-        if (r->early_status) {
-            /* Answer now when the client waits for a go-ahead before
-             * sending its body, or when the body is too big to drop. */
-            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-            if ((ex && strcasecmp(ex, "100-continue") == 0) || announced > DROP_MAX)
-                return send_early(r);
-        }
+        if (!r->counted) http_guard_set_state(s->guard, r->gc, HTTP_GUARD_DRAIN);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -432,6 +540,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->body[r->len] = '\0';
         return MHD_YES;
     }
+    /* The body is in: from here on the server writes to the connection. */
+    http_guard_set_state(s->guard, r->gc, HTTP_GUARD_BUSY);
     if (r->responded) return MHD_YES;
     if (r->early_status) return send_early(r);
     return dispatch(r);
@@ -501,9 +611,33 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         metrics_observe_http(s->met, r->route, r->status);
         log_request(s, r, toe);
     }
-    if (r->counted) atomic_fetch_sub(&s->in_flight, 1);
+    if (r->counted) {
+        http_guard_release(s->guard, s->cfg.no_auth ? "" : r->tenant);
+        atomic_fetch_sub(&s->in_flight, 1);
+    }
+    if (r->linger && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) http_guard_linger(s->guard, r->gc);
+    if (r->gc) http_guard_set_state(s->guard, r->gc, HTTP_GUARD_HEAD);
     free(r->body);
     free(r);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    http_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? http_guard_open(s->guard, ci->connect_fd) : NULL;
+    } else {
+        http_guard_close(s->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    (void)addr;
+    (void)addrlen;
+    return http_guard_accept(((http_server *)cls)->guard) ? MHD_YES : MHD_NO;
 }
 
 /* ---- start and stop ----------------------------------------------------------------------- */
@@ -571,16 +705,35 @@ is_status http_server_start(const http_config *c, http_server **out) {
     if (s->cfg.limits.max_in_flight <= 0) s->cfg.limits.max_in_flight = 64;
     if (s->cfg.limits.max_connections <= 0) s->cfg.limits.max_connections = 512;
     if (s->cfg.limits.max_body_bytes == 0) s->cfg.limits.max_body_bytes = 1u << 20;
+    if (s->cfg.limits.max_in_flight_tenant < 0) /* the default: a quarter left for the others */
+        s->cfg.limits.max_in_flight_tenant =
+            s->cfg.limits.max_in_flight > 1 ? s->cfg.limits.max_in_flight * 3 / 4 : 1;
     if ((st = metrics_create(&s->met)) != IS_OK) goto fail;
+    http_guard_params gp = {
+        .max_connections = s->cfg.limits.max_connections,
+        .header_timeout_s = s->cfg.limits.header_timeout_s,
+        .body_timeout_s = s->cfg.limits.body_timeout_s,
+        .idle_timeout_s = s->cfg.limits.connection_timeout_s,
+        .max_in_flight = s->cfg.limits.max_in_flight,
+        /* With no_auth every request is one tenant: the global limit is its limit. */
+        .max_in_flight_tenant = c->no_auth ? 0 : s->cfg.limits.max_in_flight_tenant};
+    if ((st = http_guard_create(&gp, &s->guard)) != IS_OK) goto fail;
     int fd = -1;
     bool v6 = false;
     if ((st = bind_listen(s->host, c->port, &fd, &s->port, &v6)) != IS_OK) goto fail;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
     if (v6) flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_access, s,
+    /* The guard decides who gets in (evicting idle connections at the
+     * limit); MHD's own limit sits above it, for evicted connections whose
+     * threads are still closing. */
+    s->d = MHD_start_daemon(flags, 0, on_accept, s, on_access, s,
                             MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.limits.max_connections,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTP_MHD_MEMORY,
+                            MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)(s->cfg.limits.max_connections + HTTP_GUARD_EVICT_SLACK),
                             MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)(s->cfg.limits.connection_timeout_s > 0
                                            ? s->cfg.limits.connection_timeout_s : 0),
@@ -593,6 +746,7 @@ is_status http_server_start(const http_config *c, http_server **out) {
     *out = s;
     return IS_OK;
 fail:
+    http_guard_free(s->guard);
     metrics_free(s->met);
     free(s->host);
     free(s->tenant0);
@@ -610,6 +764,7 @@ void http_server_stop(http_server *s) {
      * and finish; then MHD joins their threads. */
     atomic_store(&s->stopping, true);
     MHD_stop_daemon(s->d);
+    http_guard_free(s->guard);
     metrics_free(s->met);
     free(s->host);
     free(s->tenant0);

@@ -34,8 +34,14 @@
  * Errors are OpenAI's shape, {"error": {"message", "type", "param",
  * "code"}}, with status 400 (malformed or invalid input, prompt past the
  * context), 401 (no or unknown key), 404 (unknown route, memory or model),
- * 405, 413 (body over the limit), 429 (too many requests in flight), 500,
- * 503 (no model loaded, scheduler queue full, shutting down).
+ * 405, 408 (headers or body not received in time), 413 (body over the
+ * limit), 414 (URL too long), 429 (too many requests in flight, in all or
+ * for the tenant), 431 (headers too large), 500, 503 (no model loaded,
+ * scheduler queue full, shutting down); 429 and 503 carry Retry-After.
+ * A request is checked (URL, header size, key, in-flight slot) before its
+ * body is read; refused ones are answered at once and their connection
+ * closed, holding no slot. Errors libmicrohttpd answers itself are listed
+ * in README.md (serving).
  *
  * Logging: one JSON line per request (method, path, status, tenant, ms,
  * bytes, and for chat: mode, facts used, tokens, TTFT), written when the
@@ -63,8 +69,15 @@ typedef struct http_limits {
     int32_t max_prompt_tokens;    /* the client's messages, tokenised; 400 above
                                      (default 4096; 0: unchecked, the context still is) */
     int32_t max_in_flight;        /* API requests being served at once; 429 above (default 64) */
-    int32_t max_connections;      /* open connections (default 512) */
-    int32_t connection_timeout_s; /* idle connection timeout (default 120) */
+    int32_t max_in_flight_tenant; /* of them, one tenant's (default -1: 3/4 of max_in_flight;
+                                     0: no per-tenant limit; not applied with no_auth, where
+                                     there is one tenant) */
+    int32_t max_connections;      /* open connections; past it a new one evicts the oldest
+                                     waiting for headers (default 512) */
+    int32_t connection_timeout_s; /* a kept-alive connection idle between requests, and no
+                                     progress while sending a response (default 30) */
+    int32_t header_timeout_s;     /* a new connection's request headers (default 10; 408) */
+    int32_t body_timeout_s;       /* a request body, from its headers (default 60; 408) */
     int32_t max_fact_bytes;       /* one fact's text (default 4096) */
     int32_t extract_max_tokens;   /* reply budget of infer=true extraction (default 512) */
     parse_limits parse;           /* max_tokens, k, top_k, messages (parse.h) */
@@ -86,6 +99,8 @@ typedef struct http_config {
     int infer_fallback;           /* an infer=true add whose extraction yields no fact:
                                      HTTP_INFER_FALLBACK_STORE (default) stores the user's
                                      messages as they are, _REJECT answers 422 */
+    bool public_stats;            /* /health and /metrics show counts over all tenants (facts)
+                                     to callers without a key (default false) */
 } http_config;
 
 enum { HTTP_INFER_FALLBACK_STORE = 0, HTTP_INFER_FALLBACK_REJECT = 1 };
