@@ -1158,6 +1158,8 @@ int64_t mem_store_count_quarantined(mem_store *s) {
     }
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
 is_status mem_store_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
     if (!s || !tenant || !out || !n_out) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
     pthread_mutex_lock(&s->mu);
