@@ -365,7 +365,9 @@ enum MHD_Result http_mem0_add(http_req *r) {
                               "name the memories' owner: user_id, agent_id or run_id");
         goto done;
     }
-    cJSON_AddStringToObject(out, "user_id", idv[0] ? idv[0] : HTTP_MEM0_NO_USER);
+    /* Without a user the parser still wants a valid id; the owner argument
+     * below puts the memories under HTTP_MEM0_NO_USER. */
+    cJSON_AddStringToObject(out, "user_id", idv[0] ? idv[0] : "mem0-no-user");
     if (idv[1]) cJSON_AddStringToObject(out, "agent_id", idv[1]);
     if (idv[2]) cJSON_AddStringToObject(out, "run_id", idv[2]);
     char *txt = cJSON_PrintUnformatted(out);
@@ -373,7 +375,7 @@ enum MHD_Result http_mem0_add(http_req *r) {
         res = http_send_error(r, 500, NULL, "out_of_memory", "out of memory");
         goto done;
     }
-    res = http_memories_add_body(r, txt, strlen(txt));
+    res = http_memories_add_body(r, txt, strlen(txt), idv[0] ? NULL : HTTP_MEM0_NO_USER);
     free(txt);
 done:
     cJSON_Delete(out);

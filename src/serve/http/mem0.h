@@ -44,7 +44,11 @@ enum MHD_Result http_mem0_delete_all(http_req *r);
 /* A fact in Mem0's shape (user_id null for HTTP_MEM0_NO_USER). */
 cJSON *http_fact_json(const mem_fact *f);
 
-/* The add of memories.c on a body already in its own form (user_id set). */
-enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len);
+/* The add of memories.c on a body already in its own form (user_id set).
+ * owner, when not NULL, replaces the body's user_id after parsing: the
+ * agent- and run-only scope's HTTP_MEM0_NO_USER cannot travel through the
+ * request parser, which refuses control characters in every id. */
+enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len,
+                                       const char *owner);
 
 #endif

@@ -259,13 +259,23 @@ static bool user_messages(const parse_mem_add *a, pending_fact **out, int32_t *n
     return true;
 }
 
-enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len) {
+enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len,
+                                       const char *owner) {
     http_server *s = r->srv;
     parse_mem_add a;
     parse_error pe;
     if (parse_memory_add(body, len, &s->cfg.limits.parse, &a, &pe) != IS_OK) {
         parse_mem_add_free(&a);
         return http_send_parse_error(r, &pe);
+    }
+    if (owner) {
+        char *u = strdup(owner);
+        if (!u) {
+            parse_mem_add_free(&a);
+            return http_send_error(r, 500, NULL, "out_of_memory", "out of memory");
+        }
+        free(a.user_id);
+        a.user_id = u;
     }
     enum MHD_Result res = MHD_YES;
     cJSON *warnings = cJSON_CreateArray();
