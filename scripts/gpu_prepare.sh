@@ -37,11 +37,14 @@ libgssapi-krb5-2 libk5crypto3 libkrb5-3 libkrb5support0 libcom-err2 libkeyutils1
 libsasl2-2 libsasl2-modules-db libdb5.3 libnghttp2-14 libpsl5 librtmp1 libssh2-1 libssl3 libzstd1
 zlib1g"
 # The packages of scripts/setup.sh that the build needs, with their runtime
-# libraries, and pkgconf in case that machine has no pkg-config.
+# libraries, and pkgconf in case that machine has no pkg-config. Not
+# nettle-dev: a build linked against the carried libnettle puts it before the
+# machine's own, whose libgnutls then misses newer symbols; --verify is
+# unavailable in GPU builds.
 PKGS="pkgconf pkgconf-bin libpkgconf3 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0
 libpcre2-posix3 libopenblas-openmp-dev libopenblas0-openmp libgfortran5 libquadmath0 libcjson-dev
 libcjson1 libutf8proc-dev libutf8proc2 libsqlite3-dev libsqlite3-0 libcmocka-dev libcmocka0
-nettle-dev $HTTP_PKGS"
+$HTTP_PKGS"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/debs" "$tmp/root"
