@@ -778,7 +778,7 @@ typedef enum product_kernel { ON_CUBLAS, ON_SKINNY, ON_WGMMA } product_kernel;
  * where use_skinny says and its plan (*plan, where not NULL) is one wave,
  * else the wgmma one where it is on and takes the shape, else cuBLAS's own
  * choice of algorithm (timing cuBLASLt's candidates for each shape instead
- * measured no faster: cuda/NOTES.md, run 23). */
+ * measured no faster; docs/notes/cuda-diary.md). */
 static product_kernel product_on(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols,
                                  skinny_plan *plan) {
     if (use_skinny(c, n_cols, rows, cols)) {
@@ -857,7 +857,7 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
  * into ypart, whose columns one kernel adds up (split halves), biases and
  * copies to the outputs. Anything else: a product each. Fewer, larger
  * products keep the memory busier at few rows: a small product's ramp and
- * tail leave it idle (run 21: a 30-token kv request 6.41 -> 6.05 ms). The
+ * tail leave it idle (a 30-token kv request on the 8B shape measured 6% faster). The
  * split moves 8 bytes a row and output column, which at many rows costs
  * more than that saves (a 1,280-token prompt 36.0 -> 38.4 ms; crossover
  * between 155 and 280 rows): past STACKED_MAX_T rows, a product each. */

@@ -65,9 +65,9 @@ is_status backend_cuda_create(int32_t device, backend **out);
  *     Same weight traffic (memory-bound decode costs the same), twice the
  *     arithmetic (compute-bound prefill takes up to twice as long).
  *   CUDA_MATMUL_BF16: x rounded to bf16, one GEMM over T columns.
- * On SmolLM2-135M a simulation of the two (cuda/NOTES.md) gives logits
- * within 4.8e-3 (BF16X2) and 9.8e-3 (BF16) of f32, relative L2; issue 6
- * asks for 1e-2. */
+ * On SmolLM2-135M a simulation of the two (docs/notes/cuda-diary.md) gives logits
+ * within 4.8e-3 (BF16X2) and 9.8e-3 (BF16) of f32, relative L2, inside
+ * the 1e-2 bar of the GPU tests. */
 typedef enum cuda_matmul_precision {
     CUDA_MATMUL_BF16X2 = 0,
     CUDA_MATMUL_BF16 = 1,
@@ -86,9 +86,9 @@ void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p);
  *     shape allows it; facts are injected in one launch from the GPU fact-KV
  *     arena (bf16). Faster by 1.6-13x on the 8B shape (BENCHMARKS.md), less
  *     exact: on SmolLM2-135M the logits move from 4.8e-3 to 7.7e-3 of the
- *     CPU's (issue 6's bar is 1e-2), and injection lands at 6.7e-3 of the
- *     GPU's masked reference but 1.08e-2 of the CPU's (cuda/NOTES.md, run
- *     4), which is why it is not the default. */
+ *     CPU's (the GPU tests' bar is 1e-2), and injection lands at 6.7e-3 of the
+ *     GPU's masked reference but 1.08e-2 of the CPU's (docs/notes/cuda-diary.md),
+ *     which is why it is not the default. */
 typedef enum cuda_kv_dtype {
     CUDA_KV_F32 = 0,
     CUDA_KV_BF16 = 1,
@@ -100,17 +100,17 @@ void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t);
 void backend_cuda_set_flash(backend *be, bool on);
 /* Key splits of the tiled attention merged inside thread-block clusters
  * (default on, where the GPU fits them); off: always by a second kernel
- * over partial results in global memory (as before device run 28). */
+ * over partial results in global memory (the first design). */
 void backend_cuda_set_flash_clusters(backend *be, bool on);
 /* The tiled attention's plans may walk the keys in tiles of 128 (two key
  * warps of 64, on wgmma) where the cost model finds it cheaper: a block
  * that walks several tiles pays each tile's fixed steps half as often
  * (default on; IS_CUDA_FLASH_WIDE=0 at creation off; off with clusters
- * off too); off: 64-key tiles only, as before device run 93. */
+ * off too); off: 64-key tiles only. */
 void backend_cuda_set_flash_wide(backend *be, bool on);
 /* The tiled attention's S = Q K^T and O += P V on wgmma (default on, where
  * the GPU runs sm_90a code: cuda/flash_wgmma.cu; IS_CUDA_FLASH_WGMMA=0
- * off); off: on mma.sync, as before device run 54. */
+ * off); off: on mma.sync. */
 void backend_cuda_set_flash_wgmma(backend *be, bool on);
 /* Which products take the skinny kernel (cuda/skinny.cuh: weights streamed
  * into tensor-core fragments, column ranges summed inside a cluster) rather
@@ -118,7 +118,7 @@ void backend_cuda_set_flash_wgmma(backend *be, bool on);
  * whose plan is one wave of blocks (so not the 8B head). Default
  * CUDA_SKINNY_DECODE: at most 8 GEMM columns (decode steps of up to 8
  * sequences, 4 with bf16x2 inputs; a one-sequence 8B decode step measured
- * 2.2% faster than on cuBLAS, cuda/NOTES.md run 38); CUDA_SKINNY_ALL: every
+ * 2.2% faster than on cuBLAS); CUDA_SKINNY_ALL: every
  * product of <= SKINNY_MAX_N columns (input rows, twice them with bf16x2
  * inputs; at 30 rows slower than cuBLAS); CUDA_SKINNY_OFF: none. The
  * environment picks at creation: IS_CUDA_SKINNY=0 (off), =1 (all). */
@@ -137,7 +137,7 @@ void backend_cuda_set_skinny_splits(backend *be, int32_t splits);
  * instead of cuBLAS, where it takes the shape (columns a multiple of 64; at
  * most 256 weight rows an SM, so not the 8B head) and the GPU is a Hopper.
  * Default on (a 30-token query's TTFT on the 8B shape 0.0-0.3 ms faster,
- * cuda/NOTES.md run 49); IS_CUDA_WGMMA=0 at creation turns it off. */
+ * docs/notes/cuda-diary.md); IS_CUDA_WGMMA=0 at creation turns it off. */
 void backend_cuda_set_wgmma(backend *be, bool on);
 /* Launches the kernels that may (RMSNorm, RoPE + KV store, attention,
  * SwiGLU, the skinny products) as programmatic dependents of the kernel
@@ -156,7 +156,7 @@ void backend_cuda_set_pdl_early(backend *be, bool on);
  * environment picks at creation: IS_CUDA_STACKED=0 turns it off. */
 void backend_cuda_set_stacked(backend *be, bool on);
 
-/* The backend as first built (issue 6's "before", kept for measuring):
+/* The backend as first built (the baseline, kept for measuring):
  * f32 KV cache, per-(token, head) attention, no inject op (the engine
  * uploads facts layer by layer), matmul inputs converted on every call.
  * Off restores the defaults (f32 cache). Set before creating engines. */

@@ -80,7 +80,7 @@ elif [[ "${RESULT[build]:-}" == ok* ]]; then
       tail -4 "$OUT/$tool.log"
       # racecheck flags cuBLAS's own Hopper GEMM kernels (nvjet_*, which
       # synchronise through the async proxy it does not follow); seen on the
-      # first device run, 2 reports of 320 hazards each. Ours must be clean.
+      # seen on the device: 2 reports of 320 hazards each. Ours must be clean.
       ours=$(grep -E 'Race reported|Invalid|ERROR SUMMARY: [1-9]' "$OUT/$tool.log" | grep -vc nvjet_)
       if [ $rc -eq 97 ] && [ "$tool" = racecheck ] && [ "$ours" -eq 0 ]; then
         rc=0
