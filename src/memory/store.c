@@ -939,17 +939,21 @@ is_status mem_store_owner(mem_store *s, const char *tenant, const char *id, char
     return st;
 }
 
-int64_t mem_store_count(mem_store *s) {
+/* The rows of one table, or `absent` where it cannot be counted (a
+ * missing table among them). */
+static int64_t count_rows(mem_store *s, const char *sql, int64_t absent) {
     pthread_mutex_lock(&s->mu);
-    int64_t n = -1;
+    int64_t n = absent;
     sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(s->db, "SELECT count(*) FROM facts", -1, &q, NULL) == SQLITE_OK) {
+    if (sqlite3_prepare_v2(s->db, sql, -1, &q, NULL) == SQLITE_OK) {
         if (sqlite3_step(q) == SQLITE_ROW) n = sqlite3_column_int64(q, 0);
         sqlite3_finalize(q);
     }
     pthread_mutex_unlock(&s->mu);
     return n;
 }
+
+int64_t mem_store_count(mem_store *s) { return count_rows(s, "SELECT count(*) FROM facts", -1); }
 
 is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn, void *ud) {
     pthread_mutex_lock(&s->mu);
@@ -1136,28 +1140,10 @@ static is_status quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out
     return st;
 }
 
-int64_t mem_store_count_history(mem_store *s) {
-    pthread_mutex_lock(&s->mu);
-    int64_t n = -1;
-    sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(s->db, "SELECT count(*) FROM history", -1, &q, NULL) == SQLITE_OK) {
-        if (sqlite3_step(q) == SQLITE_ROW) n = sqlite3_column_int64(q, 0);
-        sqlite3_finalize(q);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
+int64_t mem_store_count_history(mem_store *s) { return count_rows(s, "SELECT count(*) FROM history", -1); }
 
 int64_t mem_store_count_quarantined(mem_store *s) {
-    pthread_mutex_lock(&s->mu);
-    int64_t n = 0;
-    sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(s->db, "SELECT count(*) FROM facts_quarantine", -1, &q, NULL) == SQLITE_OK) {
-        if (sqlite3_step(q) == SQLITE_ROW) n = sqlite3_column_int64(q, 0);
-        sqlite3_finalize(q);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return n;
+    return count_rows(s, "SELECT count(*) FROM facts_quarantine", 0);
 }
 
 is_status mem_store_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
