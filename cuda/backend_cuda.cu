@@ -1598,6 +1598,19 @@ static void cu_free(backend *be) {
     free(be);
 }
 
+/* The backend interface's options, onto this backend's setters. */
+static is_status cu_set_option(backend *be, backend_option opt, uint64_t value) {
+    switch (opt) {
+    case BACKEND_OPT_KV_COMPACT:
+        backend_cuda_set_kv_dtype(be, value ? CUDA_KV_BF16 : CUDA_KV_F32);
+        return IS_OK;
+    case BACKEND_OPT_FACT_CACHE_BYTES:
+        backend_cuda_set_arena_bytes(be, (size_t)value);
+        return IS_OK;
+    }
+    return IS_ERR_UNSUPPORTED;
+}
+
 static const backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .free = */ cu_free,
@@ -1632,6 +1645,8 @@ static const backend_ops cuda_ops = {
     /* .argmax = */ cu_argmax,
     /* .status = */ cu_status,
     /* .recover = */ cu_recover,
+    /* .set_option = */ cu_set_option,
+    /* .free_bytes = */ backend_cuda_free_bytes,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1643,6 +1658,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
     NULL,           NULL,        NULL,       cu_argmax,  cu_status,  cu_recover,
+    cu_set_option,  backend_cuda_free_bytes,
 };
 
 /* ---- creation -------------------------------------------------------------- */

@@ -61,9 +61,6 @@ KNOWN_DEBT = {
     # and implements the memory layer's embedder again in cuda/embed.cu, with no
     # interface owned by the memory layer in between.
     ("cuda", "src/memory"): "cuda/embed.cu builds on the memory layer's embedder weights",
-    # serve/http/app.c calls a CUDA-only setter through the backend's
-    # private header.
-    ("src/serve/http", "cuda"): "serve/http/app.c calls a CUDA-only setter (backend_cuda.h)",
     # GPU retrieval sits outside any interface the memory layer owns: a folder
     # cycle memory <-> cuda, and a private backend header used from memory.
     ("src/memory", "cuda"): "memory/dense_gpu.c calls cuda/retrieval_cuda.h directly",

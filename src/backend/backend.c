@@ -34,6 +34,20 @@ is_status backend_create(const char *name, int32_t n_threads, backend **out) {
     return is_error_set(IS_ERR_UNSUPPORTED, "unknown backend '%s' (cpu or cuda)", name);
 }
 
+/* ---- options --------------------------------------------------------------------- */
+
+is_status backend_set_option(backend *be, backend_option opt, uint64_t value) {
+    if (!be) return is_error_set(IS_ERR_INVALID_ARG, "backend_set_option: no backend");
+    is_status st = be->ops->set_option ? be->ops->set_option(be, opt, value) : IS_ERR_UNSUPPORTED;
+    if (st == IS_ERR_UNSUPPORTED)
+        return is_error_set(st, "%s backend: no option %d", be->ops->name, (int)opt);
+    return st;
+}
+
+size_t backend_free_bytes(backend *be) {
+    return be && be->ops->free_bytes ? be->ops->free_bytes(be) : 0;
+}
+
 /* ---- failures and fault injection ------------------------------------------------- */
 
 is_status backend_status(backend *be) {

@@ -83,6 +83,19 @@ typedef struct backend_inject {
     const rope_params *rope;
 } backend_inject;
 
+/* Settings a backend may have (backend_set_option); a backend without one
+ * says so, and callers that only prefer a setting go on without it. */
+typedef enum backend_option {
+    /* 1: the backend's compact KV cache, the serving configuration (on CUDA
+     * bf16: half the bytes, tiled attention, injected facts resident in a
+     * device arena); 0: the reference element type, f32. For engines
+     * created afterwards (the engine sizes its cache by kv_elem_size). */
+    BACKEND_OPT_KV_COMPACT = 0,
+    /* Bytes of device memory the resident fact-KV cache may hold; a change
+     * drops what it holds. */
+    BACKEND_OPT_FACT_CACHE_BYTES = 1,
+} backend_option;
+
 typedef struct backend_ops {
     const char *name;
     void (*free)(backend *be);
@@ -227,6 +240,13 @@ typedef struct backend_ops {
      * a failed op may have left half-written (resident fact records) is
      * dropped; the engine's own state (weights, KV pool, sequences) stays. */
     is_status (*recover)(backend *be);
+    /* Optional (NULL = no settings): sets `opt` to `value`. IS_OK, or
+     * IS_ERR_UNSUPPORTED (nothing changed) for a setting this backend
+     * lacks. */
+    is_status (*set_option)(backend *be, backend_option opt, uint64_t value);
+    /* Optional (NULL = 0): bytes of device memory free now, for sizing a
+     * cache from what the weights and the KV pool leave; 0 on an error. */
+    size_t (*free_bytes)(backend *be);
 } backend_ops;
 
 /* Fault injection state of one backend (backend_fault_arm); only
@@ -298,5 +318,12 @@ is_status backend_cpu_create(int32_t n_threads, backend **out);
 is_status backend_create(const char *name, int32_t n_threads, backend **out);
 /* Whether backend_create(name) can succeed in this build. */
 bool backend_available(const char *name);
+
+/* Sets a backend's option (backend_option). IS_OK; IS_ERR_UNSUPPORTED,
+ * message set and the backend unchanged, where it has no such setting. */
+is_status backend_set_option(backend *be, backend_option opt, uint64_t value);
+/* Device memory free now, in bytes: 0 for a backend without device memory
+ * of its own (the CPU) or on an error. */
+size_t backend_free_bytes(backend *be);
 
 #endif

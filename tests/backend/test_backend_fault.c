@@ -103,12 +103,31 @@ static void test_disarm_before_it_fires(void **state) {
     be->ops->free(be);
 }
 
+/* The interface's options (backend_set_option): the CPU backend has none,
+ * refuses each with IS_ERR_UNSUPPORTED and a message, and stays as it was;
+ * it has no device memory of its own. */
+static void test_cpu_has_no_options(void **state) {
+    backend *be;
+    assert_int_equal(backend_cpu_create(1, &be), IS_OK);
+    assert_null(be->ops->kv_elem_size); /* f32, the interface's default */
+    assert_int_equal(backend_set_option(be, BACKEND_OPT_KV_COMPACT, 1), IS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(is_error_last(), "cpu backend"));
+    assert_int_equal(backend_set_option(be, BACKEND_OPT_FACT_CACHE_BYTES, 1 << 20),
+                     IS_ERR_UNSUPPORTED);
+    assert_null(be->ops->kv_elem_size); /* f32, the interface's default */
+    assert_int_equal(backend_free_bytes(be), 0);
+    assert_int_equal(backend_status(be), IS_OK);
+    assert_int_equal(backend_set_option(NULL, BACKEND_OPT_KV_COMPACT, 1), IS_ERR_INVALID_ARG);
+    be->ops->free(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_backend_counts_ops),
         cmocka_unit_test(test_fault_fails_the_aimed_op_and_latches),
         cmocka_unit_test(test_stuck_fault_blocks_recovery_until_disarmed),
         cmocka_unit_test(test_disarm_before_it_fires),
+        cmocka_unit_test(test_cpu_has_no_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

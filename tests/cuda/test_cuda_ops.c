@@ -1115,6 +1115,23 @@ static float *take_bf16(backend *be, void *d, size_t n) {
     return h;
 }
 
+/* The backend interface's options reach the CUDA backend's setters: the
+ * compact cache is the bf16 one, the fact cache takes any size, and the
+ * free device memory is known. */
+static void test_options(void **state) {
+    SKIP_WITHOUT_GPU();
+    assert_int_equal(backend_set_option(g_gpu, BACKEND_OPT_KV_COMPACT, 1), IS_OK);
+    assert_int_equal(g_gpu->ops->kv_elem_size(g_gpu), 2);
+    assert_int_equal(backend_set_option(g_gpu, BACKEND_OPT_KV_COMPACT, 0), IS_OK);
+    assert_int_equal(g_gpu->ops->kv_elem_size(g_gpu), 4);
+    assert_int_equal(backend_set_option(g_gpu, BACKEND_OPT_FACT_CACHE_BYTES, (uint64_t)64 << 20),
+                     IS_OK);
+    /* 0: back to the default size, for the tests after this one */
+    assert_int_equal(backend_set_option(g_gpu, BACKEND_OPT_FACT_CACHE_BYTES, 0), IS_OK);
+    assert_true(backend_free_bytes(g_gpu) > 0);
+    gpu_ok();
+}
+
 static void test_kv_store_bf16(void **state) {
     SKIP_WITHOUT_GPU();
     const int32_t n_blocks = 12, bs = 16, n_kv = 2, hd = 128, T = 45;
@@ -1720,7 +1737,7 @@ int main(void) {
         cmocka_unit_test(test_rope),           cmocka_unit_test(test_rope_table_switches),
         cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
-        cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
+        cmocka_unit_test(test_options), cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
         cmocka_unit_test(test_attention_rising),
         cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_matmul_rope_store),

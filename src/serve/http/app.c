@@ -2,9 +2,6 @@
 
 #include "core/status.h"
 #include "memory/embedder.h"
-#ifdef IS_HAVE_CUDA
-#include "backend_cuda.h"
-#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -105,12 +102,10 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     if (p->model_path) {
         if ((st = backend_create(p->backend ? p->backend : "cpu", p->threads, &a->be)) != IS_OK)
             goto fail;
-#ifdef IS_HAVE_CUDA
-        /* Serving runs the bf16 cache: injected facts stay resident in the
-         * GPU arena (keyed by record content ids) and attention is tiled. */
-        if (strcmp(a->be->ops->name, "cuda") == 0)
-            backend_cuda_set_kv_dtype(a->be, p->kv_cache_f32 ? CUDA_KV_F32 : CUDA_KV_BF16);
-#endif
+        /* Serving runs the compact cache where the backend has one (CUDA's
+         * bf16: injected facts stay resident in the GPU arena, keyed by
+         * record content ids, and attention is tiled); the CPU has none. */
+        bool compact = backend_set_option(a->be, BACKEND_OPT_KV_COMPACT, !p->kv_cache_f32) == IS_OK;
         if ((st = model_load(p->model_path, a->be, &a->m)) != IS_OK) {
             char msg[600];
             snprintf(msg, sizeof msg, "%s", is_error_last());
@@ -132,19 +127,17 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         bool gpu = strcmp(a->be->ops->name, "cpu") != 0;
         if (gpu && ep.max_batch < SCHED_GPU_STEP_TOKENS) ep.max_batch = SCHED_GPU_STEP_TOKENS;
         if ((st = engine_create(a->m, ep, &a->e)) != IS_OK) goto fail;
-#ifdef IS_HAVE_CUDA
-        if (strcmp(a->be->ops->name, "cuda") == 0 && !p->kv_cache_f32) {
+        if (compact && !p->kv_cache_f32) {
             size_t fc = p->fact_cache_bytes;
             if (fc == 0) {
-                size_t left = backend_cuda_free_bytes(a->be);
+                size_t left = backend_free_bytes(a->be);
                 fc = left > 2 * HTTP_APP_FACT_CACHE_MARGIN ? left - HTTP_APP_FACT_CACHE_MARGIN
                                                            : left / 2;
             }
-            backend_cuda_set_arena_bytes(a->be, fc);
-            fprintf(notes, "fact cache: %.2f GiB of GPU memory%s\n", (double)fc / (1 << 30),
-                    p->fact_cache_bytes ? "" : " (what the weights and the KV pool leave, less a margin)");
+            if (backend_set_option(a->be, BACKEND_OPT_FACT_CACHE_BYTES, fc) == IS_OK)
+                fprintf(notes, "fact cache: %.2f GiB of GPU memory%s\n", (double)fc / (1 << 30),
+                        p->fact_cache_bytes ? "" : " (what the weights and the KV pool leave, less a margin)");
         }
-#endif
         sched_params sp = p->sched;
         sp.max_running = running;
         if ((st = sched_create(a->e, a->mem, &sp, &a->s)) != IS_OK) goto fail;
