@@ -12,7 +12,7 @@
  * (so the destination's pages are mapped).
  */
 #include "kv/fact_record.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 #include "bench_util.h"
 
 #include <stdio.h>

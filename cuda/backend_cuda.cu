@@ -8,7 +8,7 @@ extern "C" {
 #include "backend/backend.h"
 #include "core/status.h"
 #include "gguf/tensor_type.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 }
 #include "backend_cuda.h"
 #include "weights_host.h"

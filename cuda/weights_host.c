@@ -6,7 +6,7 @@
 
 #include "core/status.h"
 #include "gguf/tensor_type.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 #include <stdlib.h>
 

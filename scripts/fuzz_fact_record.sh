@@ -28,7 +28,7 @@ crashes=$root/fuzz-corpus/crashes
 mkdir -p "$build" "$corpus" "$crashes"
 rm -rf "$seeds" && mkdir -p "$seeds"
 
-lib_src=("$root/src/kv/fact_record.c" "$root/src/model/quant.c"
+lib_src=("$root/src/kv/fact_record.c" "$root/src/gguf/quant.c"
          "$root/src/gguf/tensor_type.c" "$root/src/core/status.c")
 inc=(-I"$root/include" -I"$root/src" -D_GNU_SOURCE -std=gnu11)
 

@@ -53,10 +53,6 @@ LAYERS = [
 # that break the rules today. Each names its reason; the fix is a change of
 # design, not of this list.
 KNOWN_DEBT = {
-    # The backends convert GGUF tensor types with the dequantisers of
-    # model/quant.c; format-level conversions belong below the backends.
-    ("src/backend/cpu", "src/model"): "backends dequantise with model/quant.h",
-    ("cuda", "src/model"): "backends dequantise with model/quant.h",
     # The CUDA retrieval (embedder and top-k) is called by memory/dense_gpu.c
     # and implements the memory layer's embedder again in cuda/embed.cu, with no
     # interface owned by the memory layer in between.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_quant_golden: reference dequantisation results for tests/model/test_quant.c.
+"""make_quant_golden: reference dequantisation results for tests/gguf/test_quant.c.
 
 For each element type we read, this draws random raw blocks with numpy (fixed
 seed), dequantises them with the Python `gguf` package (gguf.quants.dequantize,

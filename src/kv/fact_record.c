@@ -6,7 +6,7 @@
 
 #include "core/status.h"
 #include "model/model.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -141,7 +141,7 @@ const void *fact_kv_row(const fact_kv_meta *meta, const void *base, int32_t laye
 void fact_kv_to_f32(kv_dtype dtype, const void *src, float *dst, size_t n);
 
 /* Narrows `n` f32 values to `dtype` at `dst` (copy for f32; f16 and bf16
- * round to nearest, ties to even, through model/quant.h). dst needs no
+ * round to nearest, ties to even, through gguf/quant.h). dst needs no
  * alignment. Asserts dtype is valid. */
 void fact_kv_from_f32(kv_dtype dtype, const float *src, void *dst, size_t n);
 

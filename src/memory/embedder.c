@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "core/threads.h"
 #include "core/vmath.h"
+#include "gguf/quant.h"
 #include "memory/safetensors.h"
 
 #include <cblas.h>
@@ -221,30 +222,6 @@ done:
 
 /* ---- weights ----------------------------------------------------------- */
 
-static float half_to_float(uint16_t h) {
-    uint32_t s = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 31, m = h & 1023;
-    uint32_t bits;
-    if (ex == 0) {
-        if (m == 0) {
-            bits = s;
-        } else { /* subnormal: renormalise */
-            int k = -1;
-            do {
-                k++;
-                m <<= 1;
-            } while (!(m & 1024));
-            bits = s | ((uint32_t)(127 - 15 - k) << 23) | ((m & 1023) << 13);
-        }
-    } else if (ex == 31) {
-        bits = s | 0x7f800000u | (m << 13);
-    } else {
-        bits = s | ((ex + 127 - 15) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 /* The F32 data of tensor `name` (prefix + name) with the given shape (d1 = 0
  * for a vector). F16/BF16 are converted into a buffer owned by e. */
 static is_status get_tensor(embedder *e, const char *prefix, const char *name, int64_t d0, int64_t d1,
@@ -292,12 +269,7 @@ static is_status get_tensor(embedder *e, const char *prefix, const char *name, i
             memcpy(&f[i], p + 4 * i, 4);
         } else {
             uint16_t h = (uint16_t)(p[2 * i] | (p[2 * i + 1] << 8));
-            if (t->dtype == SAFETENSORS_DTYPE_F16) {
-                f[i] = half_to_float(h);
-            } else {
-                uint32_t bits = (uint32_t)h << 16;
-                memcpy(&f[i], &bits, 4);
-            }
+            f[i] = t->dtype == SAFETENSORS_DTYPE_F16 ? quant_f16_to_f32(h) : quant_bf16_to_f32(h);
         }
     }
     e->owned[e->n_owned++] = f;

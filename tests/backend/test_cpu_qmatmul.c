@@ -5,7 +5,7 @@
  * quant bits) are checked three ways:
  *   - expansion: with one-hot activation rows, y[t][r] = W[r][t] has a
  *     single non-zero term, so each expanded weight must equal the
- *     dequantised copy (model/quant.c) exactly;
+ *     dequantised copy (gguf/quant.c) exactly;
  *   - products: y against a double-precision product of random x and the
  *     dequantised weights, max error <= 1e-5 of max |y|, for token counts
  *     that hit every tile size and row counts that do not divide evenly
@@ -28,7 +28,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_qmatmul.h"
 #include "gguf/tensor_type.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 /* ---- random blocks --------------------------------------------------------- */
 
@@ -90,7 +90,7 @@ typedef struct qweight {
     uint32_t type;
     int64_t rows, cols;
     uint8_t *raw; /* [rows] packed rows */
-    float *deq;   /* [rows][cols] model/quant.c's dequantisation */
+    float *deq;   /* [rows][cols] gguf/quant.c's dequantisation */
 } qweight;
 
 static qweight qweight_random(uint32_t type, int64_t rows, int64_t cols) {

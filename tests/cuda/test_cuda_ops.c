@@ -56,7 +56,7 @@
 #include "core/status.h"
 #include "core/vmath.h"
 #include "gguf/tensor_type.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 static backend *g_cpu, *g_gpu;
 static uint64_t g_rng;

@@ -9,7 +9,7 @@
 
 #include "core/status.h"
 #include "kv/fact_record.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 #include <math.h>
 #include <stdio.h>

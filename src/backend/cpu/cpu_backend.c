@@ -27,7 +27,7 @@
 #include "core/threads.h"
 #include "core/vmath.h"
 #include "gguf/tensor_type.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -18,7 +18,7 @@
  * eventually overtakes it (cpu_backend.c picks the crossover).
  *
  * Exactness: every expansion forms its value with the same operations as
- * model/quant.c. The product scale * quant is exact in f32 for all types
+ * gguf/quant.c. The product scale * quant is exact in f32 for all types
  * here (see quant.h), so an FMA that adds the offset rounds exactly as
  * quant.c's multiply-then-add; f16 values convert exactly (the table below
  * is quant_f16_to_f32's, and F16C's vcvtph2ps, which quant.c also uses for
@@ -29,7 +29,7 @@
 
 #include "core/status.h"
 #include "gguf/tensor_type.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 #include <immintrin.h>
 #include <pthread.h>

@@ -7,7 +7,7 @@
  * Q4_1 blocks 98 MB. This kernel expands each 32-value block in registers
  * (AVX2/FMA) and multiplies it into every token row, so each weight byte is
  * read from memory once per call. Activations stay f32 and every expanded
- * weight is bit-identical to what model/quant.c writes into the f32 copy,
+ * weight is bit-identical to what gguf/quant.c writes into the f32 copy,
  * so the result equals an f32 product up to summation order.
  *
  * Weight rows are split across threads with OpenMP; the caller picks this

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "gguf/tensor_type.h"
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 static uint32_t bits_of(float f) {
     uint32_t u;

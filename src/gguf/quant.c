@@ -25,7 +25,7 @@
  *        k = 2,3 high nibbles) and bits 2k..2k+1 of qh[l], minus 32, times
  *        d * scales[16-value group]
  */
-#include "model/quant.h"
+#include "gguf/quant.h"
 
 #include "core/status.h"
 #include "gguf/tensor_type.h"

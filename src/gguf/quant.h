@@ -7,7 +7,7 @@
  * model load (or block by block in a kernel). The bit layouts are ggml's
  * (ggml-quants.c, dequantize_row_*), because they are part of the file
  * format; results are bit-identical to the reference dequantiser of the
- * Python `gguf` package (checked by tests/model/test_quant.c against golden
+ * Python `gguf` package (checked by tests/gguf/test_quant.c against golden
  * files written by tools/make_quant_golden.py).
  *
  * Why results are exact whatever the compiler does: in every formula here
@@ -16,11 +16,16 @@
  * 14 more, except for Q6_K, whose (d * scale) * q order is kept), so fused
  * multiply-add and plain multiply-then-add round identically.
  *
+ * These conversions are part of the file format, so they sit in the format
+ * layer, below the backends: the CPU and CUDA backends place weights with
+ * them, the KV records narrow and widen with them, and the embedder reads its
+ * f16/bf16 safetensors with them.
+ *
  * Readable types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
  * Q6_K. Others (Q2_K, Q3_K, the IQ family, ...) return IS_ERR_UNSUPPORTED.
  */
-#ifndef IS_MODEL_QUANT_H
-#define IS_MODEL_QUANT_H
+#ifndef IS_GGUF_QUANT_H
+#define IS_GGUF_QUANT_H
 
 #include "inferscale.h"
 
