@@ -117,17 +117,5 @@ set -e
 [ "$py" -eq 0 ] || { echo "python cross-check failed" >&2; exit 1; }
 echo "seeds: $(ls "$seeds" | wc -l) files, $(du -sh "$seeds" | cut -f1)"
 
-echo "== fuzzing for ${secs}s"
-set +e
-"$build/fuzz_fact_record" "$corpus" "$seeds" \
-    -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
-    -artifact_prefix="$crashes/" -print_final_stats=1 "$@" 2>&1 |
-    tee "$build/fuzz_fact_record.log" |
-    grep -E '^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::|==[0-9]+==ERROR|SUMMARY|artifact|Done)'
-rc=${PIPESTATUS[0]}
-set -e
-echo "corpus: $(ls "$corpus" | wc -l) inputs; full log: $build/fuzz_fact_record.log"
-if [ "$rc" -ne 0 ]; then
-    echo "fuzz_fact_record exited $rc: see crashes in $crashes" >&2
-fi
-exit "$rc"
+source "$root/scripts/fuzz_run.sh"
+fuzz_run fuzz_fact_record 8192 "$crashes/" "" "$@"

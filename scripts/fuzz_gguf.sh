@@ -25,7 +25,8 @@ crashes=$root/fuzz-corpus/crashes
 mkdir -p "$build" "$corpus" "$crashes"
 rm -rf "$seeds" && mkdir -p "$seeds"
 
-lib_src=("$root/src/gguf/gguf.c" "$root/src/gguf/tensor_type.c" "$root/src/core/status.c")
+lib_src=("$root/src/gguf/gguf.c" "$root/src/gguf/verify.c" "$root/src/gguf/tensor_type.c"
+         "$root/src/core/status.c")
 inc=(-I"$root/include" -I"$root/src" -D_GNU_SOURCE -std=gnu11)
 
 echo "== building $build/fuzz_gguf with $cc"
@@ -35,7 +36,8 @@ echo "== building $build/fuzz_gguf with $cc"
 
 echo "== seeds from the test writer"
 "$cc" "${inc[@]}" -O1 -DIS_DEFAULT_MODEL="\"/nonexistent\"" \
-    "$root/tests/gguf/test_gguf.c" "${lib_src[@]}" -lcmocka -o "$build/test_gguf_seeds"
+    -I"$root/tests/common" "$root/tests/gguf/test_gguf.c" "$root/tests/common/test_util.c" \
+    "${lib_src[@]}" -lcmocka -lm -o "$build/test_gguf_seeds"
 IS_GGUF_SEED_DIR="$seeds" "$build/test_gguf_seeds" >/dev/null 2>&1 || {
     echo "test_gguf failed while writing seeds" >&2
     exit 1
@@ -87,17 +89,5 @@ write("py_min_tensor", lambda w: w.add_tensor("x", np.zeros(1, dtype=np.float32)
 PY
 echo "seeds: $(ls "$seeds" | wc -l) files, $(du -sh "$seeds" | cut -f1)"
 
-echo "== fuzzing for ${secs}s"
-set +e
-"$build/fuzz_gguf" "$corpus" "$seeds" \
-    -max_total_time="$secs" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
-    -dict="$root/fuzz/gguf.dict" -artifact_prefix="$crashes/" \
-    -print_final_stats=1 "$@" 2>&1 | tee "$build/fuzz_gguf.log" |
-    grep -E '^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::|==[0-9]+==ERROR|SUMMARY|artifact|Done)' 
-rc=${PIPESTATUS[0]}
-set -e
-echo "corpus: $(ls "$corpus" | wc -l) inputs; full log: $build/fuzz_gguf.log"
-if [ "$rc" -ne 0 ]; then
-    echo "fuzz_gguf exited $rc: see crashes in $crashes" >&2
-fi
-exit "$rc"
+source "$root/scripts/fuzz_run.sh"
+fuzz_run fuzz_gguf 16384 "$crashes/" "$root/fuzz/gguf.dict" "$@"

@@ -67,17 +67,5 @@ printf '{"messages":[{"role":"user","content":"\xc3\x28 \xed\xa0\x80 \xf4\x90\x8
 printf 'caf\xc3\xa9 \xe2\x82' > "$seeds/seed_cut_utf8"
 echo "seeds: $(ls "$seeds" | wc -l) files"
 
-echo "== fuzzing for ${secs}s"
-set +e
-"$build/fuzz_http_parse" "$corpus" "$seeds" \
-    -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-    -dict="$root/fuzz/http.dict" -artifact_prefix="$crashes/http-" \
-    -print_final_stats=1 "$@" 2>&1 | tee "$build/fuzz_http_parse.log" |
-    grep -E '^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::|==[0-9]+==ERROR|SUMMARY|artifact|Done)'
-rc=${PIPESTATUS[0]}
-set -e
-echo "corpus: $(ls "$corpus" | wc -l) inputs; full log: $build/fuzz_http_parse.log"
-if [ "$rc" -ne 0 ]; then
-    echo "fuzz_http_parse exited $rc: see crashes in $crashes" >&2
-fi
-exit "$rc"
+source "$root/scripts/fuzz_run.sh"
+fuzz_run fuzz_http_parse 4096 "$crashes/http-" "$root/fuzz/http.dict" "$@"

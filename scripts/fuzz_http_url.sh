@@ -48,17 +48,5 @@ seed '/v1/memories/?user_id=&agent_id'
 seed '/health?x=%7F'
 echo "seeds: $(ls "$seeds" | wc -l) files"
 
-echo "== fuzzing for ${secs}s"
-set +e
-"$build/fuzz_http_url" "$corpus" "$seeds" \
-    -max_total_time="$secs" -max_len=1024 -timeout=10 -rss_limit_mb=2048 \
-    -dict="$root/fuzz/http.dict" -artifact_prefix="$crashes/http-url-" \
-    -print_final_stats=1 "$@" 2>&1 | tee "$build/fuzz_http_url.log" |
-    grep -E '^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::|==[0-9]+==ERROR|SUMMARY|artifact|Done)'
-rc=${PIPESTATUS[0]}
-set -e
-echo "corpus: $(ls "$corpus" | wc -l) inputs; full log: $build/fuzz_http_url.log"
-if [ "$rc" -ne 0 ]; then
-    echo "fuzz_http_url exited $rc: see crashes in $crashes" >&2
-fi
-exit "$rc"
+source "$root/scripts/fuzz_run.sh"
+fuzz_run fuzz_http_url 1024 "$crashes/http-url-" "$root/fuzz/http.dict" "$@"
