@@ -176,7 +176,7 @@ static void ask_usage(FILE *f) {
             "  -w, --window W       context turns encoded with each fact (default 0; -1: no\n"
             "                       context at all, not even the serving prefix)\n"
             "      --data DIR       where records are stored (default ./inferscale-data)\n"
-            "      --kv-dtype T     record precision: f32 | f16 | bf16 (default f32)\n"
+            "      --kv-dtype T     record precision: f32 | f16 | bf16 | fp8 (default f32)\n"
             "      --embedder DIR   sentence-embedding model (default %s if present;\n"
             "                       'none' for BM25 retrieval only)\n"
             "      --retrieval R    cpu | cuda (default cpu): cuda embeds the query and takes the\n"
@@ -235,11 +235,8 @@ int cmd_ask(int argc, char **argv) {
             }
             break;
         case 'd':
-            if (strcmp(optarg, "f32") == 0) dtype = KV_DTYPE_F32;
-            else if (strcmp(optarg, "f16") == 0) dtype = KV_DTYPE_F16;
-            else if (strcmp(optarg, "bf16") == 0) dtype = KV_DTYPE_BF16;
-            else {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16 or bf16, got '%s'\n", optarg);
+            if (!kv_dtype_parse(optarg, &dtype)) {
+                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
                 return 1;
             }
             break;

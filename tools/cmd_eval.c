@@ -91,7 +91,7 @@ static void eval_usage(FILE *f) {
             "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
             "      --embedder DIR   sentence-embedding model (default %s)\n"
             "      --store DIR      where fact KV records are kept between runs (default %s)\n"
-            "      --kv-dtype T     record precision: f32 | f16 | bf16 (default f32)\n"
+            "      --kv-dtype T     record precision: f32 | f16 | bf16 | fp8 (default f32)\n"
             "  -n, --max-tokens N   answer length limit in tokens (default 32)\n"
             "      --instruction T  appended to each question (default \"%s\")\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
@@ -825,11 +825,8 @@ int cmd_eval(int argc, char **argv) {
         case 'n': if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1; break;
         case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &o.threads)) return 1; break;
         case 'd':
-            if (strcmp(optarg, "f32") == 0) o.dtype = KV_DTYPE_F32;
-            else if (strcmp(optarg, "f16") == 0) o.dtype = KV_DTYPE_F16;
-            else if (strcmp(optarg, "bf16") == 0) o.dtype = KV_DTYPE_BF16;
-            else {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16 or bf16, got '%s'\n", optarg);
+            if (!kv_dtype_parse(optarg, &o.dtype)) {
+                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
                 return 1;
             }
             break;

@@ -56,7 +56,7 @@ static void ingest_usage(FILE *f) {
             "  -m, --model PATH     GGUF model that encodes the KV (default: $INFERSCALE_MODEL or\n"
             "                       %s)\n"
             "      --no-kv          store facts without KV records (encode them later)\n"
-            "      --kv-dtype T     f16 | bf16 | f32 (default f16, what `serve` reads by default)\n"
+            "      --kv-dtype T     f16 | bf16 | f32 | fp8 (default f16, what `serve` reads by default)\n"
             "      --embedder DIR   sentence-embedding model (default %s; 'none': BM25 only)\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
             "locomo:\n"
@@ -213,11 +213,8 @@ int cmd_ingest(int argc, char **argv) {
             }
             break;
         case 'd':
-            if (strcmp(optarg, "f32") == 0) dtype = KV_DTYPE_F32;
-            else if (strcmp(optarg, "f16") == 0) dtype = KV_DTYPE_F16;
-            else if (strcmp(optarg, "bf16") == 0) dtype = KV_DTYPE_BF16;
-            else {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16 or bf16, got '%s'\n", optarg);
+            if (!kv_dtype_parse(optarg, &dtype)) {
+                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
                 return 1;
             }
             break;

@@ -53,7 +53,7 @@ static void serve_usage(FILE *f) {
             "      --kv-mem MIB        KV cache pool in MiB (default 1024)\n"
             "      --kv-cache-f32      cuda: keep the KV cache in f32 (exact against the CPU, no GPU\n"
             "                          fact arena) instead of bf16 (the default: faster, resident facts)\n"
-            "      --kv-dtype T        f16 | bf16 | f32: dtype of the facts' KV records written and\n"
+            "      --kv-dtype T        f16 | bf16 | f32 | fp8: dtype of the facts' KV records written and\n"
             "                          read (default f16; records of another dtype are used as text:\n"
             "                          ingest, whose default is f16 too, with the same --kv-dtype)\n"
             "      --fact-cache-gb GB  cuda: GPU memory for the facts' KV kept resident (default: what\n"
@@ -212,11 +212,8 @@ int cmd_serve(int argc, char **argv) {
             break;
         case 'f': if (!cli_parse_int(optarg, "--max-in-flight", 1, 1 << 20, &p.http.limits.max_in_flight)) return 1; break;
         case 'd':
-            if (strcmp(optarg, "f32") == 0) p.sched.record_dtype = KV_DTYPE_F32;
-            else if (strcmp(optarg, "f16") == 0) p.sched.record_dtype = KV_DTYPE_F16;
-            else if (strcmp(optarg, "bf16") == 0) p.sched.record_dtype = KV_DTYPE_BF16;
-            else {
-                fprintf(stderr, "error: --kv-dtype must be f16, bf16 or f32, got '%s'\n", optarg);
+            if (!kv_dtype_parse(optarg, &p.sched.record_dtype)) {
+                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
                 return 1;
             }
             break;

@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "model/model.h"
 #include "gguf/quant.h"
+#include "kv/fp8.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -154,6 +155,7 @@ size_t kv_dtype_size(kv_dtype dtype) {
     case KV_DTYPE_F32: return 4;
     case KV_DTYPE_F16: return 2;
     case KV_DTYPE_BF16: return 2;
+    case KV_DTYPE_FP8: return 1;
     }
     return 0;
 }
@@ -163,8 +165,19 @@ const char *kv_dtype_name(kv_dtype dtype) {
     case KV_DTYPE_F32: return "f32";
     case KV_DTYPE_F16: return "f16";
     case KV_DTYPE_BF16: return "bf16";
+    case KV_DTYPE_FP8: return "fp8";
     }
     return "invalid";
+}
+
+bool kv_dtype_parse(const char *name, kv_dtype *out) {
+    if (!name) return false;
+    for (int d = 0; d < KV_DTYPE_COUNT; d++)
+        if (strcmp(name, kv_dtype_name((kv_dtype)d)) == 0) {
+            *out = (kv_dtype)d;
+            return true;
+        }
+    return false;
 }
 
 size_t fact_kv_row_elems(const fact_kv_meta *meta) {
@@ -174,8 +187,16 @@ size_t fact_kv_row_elems(const fact_kv_meta *meta) {
 /* Fits in 64 bits for any meta within the limits: 2^12 * 2^20 * 2^12 * 2^13
  * * 4 = 2^59. */
 size_t fact_kv_bytes(const fact_kv_meta *meta) {
-    return (size_t)meta->n_layers * (size_t)meta->n_tokens * fact_kv_row_elems(meta) *
-           kv_dtype_size(meta->dtype);
+    const size_t rows = (size_t)meta->n_layers * (size_t)meta->n_tokens;
+    const size_t elems = rows * fact_kv_row_elems(meta) * kv_dtype_size(meta->dtype);
+    if (meta->dtype != KV_DTYPE_FP8) return elems;
+    return ((elems + 3) & ~(size_t)3) + rows * (size_t)meta->n_kv_heads * sizeof(float);
+}
+
+const float *fact_kv_scales(const fact_kv_meta *meta, const void *base) {
+    if (meta->dtype != KV_DTYPE_FP8) return NULL;
+    const size_t codes = (size_t)meta->n_layers * (size_t)meta->n_tokens * fact_kv_row_elems(meta);
+    return (const float *)((const uint8_t *)base + ((codes + 3) & ~(size_t)3));
 }
 
 const void *fact_kv_row(const fact_kv_meta *meta, const void *base, int32_t layer, int32_t token) {
@@ -218,6 +239,8 @@ void fact_kv_to_f32(kv_dtype dtype, const void *src, float *dst, size_t n) {
             memcpy(dst + i, &u, 4);
         }
         return;
+    case KV_DTYPE_FP8:
+        break; /* needs its scales: fact_kv_widen */
     }
     IS_ASSERT(!"fact_kv_to_f32: invalid dtype");
 }
@@ -240,8 +263,49 @@ void fact_kv_from_f32(kv_dtype dtype, const float *src, void *dst, size_t n) {
             memcpy(d + 2 * i, &b, 2);
         }
         return;
+    case KV_DTYPE_FP8:
+        break; /* needs its scales: fact_kv_narrow */
     }
     IS_ASSERT(!"fact_kv_from_f32: invalid dtype");
+}
+
+void fact_kv_widen(const fact_kv_meta *meta, const void *section, float *dst) {
+    const size_t rows = (size_t)meta->n_layers * (size_t)meta->n_tokens;
+    const size_t n = rows * fact_kv_row_elems(meta);
+    if (meta->dtype != KV_DTYPE_FP8) {
+        fact_kv_to_f32(meta->dtype, section, dst, n);
+        return;
+    }
+    /* The section (so its scales) may sit at any offset: the scales are
+     * copied out a chunk of rows at a time. */
+    const uint8_t *codes = section;
+    const uint8_t *sc = (const uint8_t *)fact_kv_scales(meta, section);
+    const size_t n_scales = rows * (size_t)meta->n_kv_heads, hd = (size_t)meta->head_dim;
+    float chunk[256];
+    for (size_t r = 0; r < n_scales; r += 256) {
+        const size_t m = n_scales - r < 256 ? n_scales - r : 256;
+        memcpy(chunk, sc + r * sizeof(float), m * sizeof(float));
+        fp8_dequantize_rows(codes + r * hd, chunk, m, hd, dst + r * hd);
+    }
+}
+
+void fact_kv_narrow(const fact_kv_meta *meta, const float *src, void *section) {
+    const size_t rows = (size_t)meta->n_layers * (size_t)meta->n_tokens;
+    const size_t n = rows * fact_kv_row_elems(meta);
+    if (meta->dtype != KV_DTYPE_FP8) {
+        fact_kv_from_f32(meta->dtype, src, section, n);
+        return;
+    }
+    uint8_t *b = section;
+    const size_t codes_end = (n + 3) & ~(size_t)3;
+    memset(b + n, 0, codes_end - n);
+    const size_t n_scales = rows * (size_t)meta->n_kv_heads, hd = (size_t)meta->head_dim;
+    float chunk[256];
+    for (size_t r = 0; r < n_scales; r += 256) {
+        const size_t m = n_scales - r < 256 ? n_scales - r : 256;
+        fp8_quantize_rows(src + r * hd, m, hd, b + r * hd, chunk);
+        memcpy(b + codes_end + r * sizeof(float), chunk, m * sizeof(float));
+    }
 }
 
 /* ---- metadata ------------------------------------------------------------------------ */
@@ -279,7 +343,7 @@ static const char *meta_problem(const fact_kv_meta *m, const char *fp, char *why
                  (long long)(lo), (long long)(hi));                                          \
         return why;                                                                           \
     }
-    RANGE(dtype, 0, 2)
+    RANGE(dtype, 0, KV_DTYPE_COUNT - 1)
     RANGE(n_layers, 1, FACT_MAX_LAYERS)
     RANGE(n_kv_heads, 1, FACT_MAX_KV_HEADS)
     RANGE(head_dim, 1, FACT_MAX_HEAD_DIM)
@@ -531,7 +595,7 @@ is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
     m.model_fingerprint[16] = '\0';
     uint32_t dtype = read32(b + OFF_DTYPE);
     /* Out-of-range values are kept out of the enum until checked. */
-    m.dtype = dtype <= 2 ? (kv_dtype)dtype : (kv_dtype)3;
+    m.dtype = dtype < KV_DTYPE_COUNT ? (kv_dtype)dtype : (kv_dtype)KV_DTYPE_COUNT;
     m.n_layers = get_i32(b + OFF_N_LAYERS);
     m.n_kv_heads = get_i32(b + OFF_N_KV_HEADS);
     m.head_dim = get_i32(b + OFF_HEAD_DIM);
@@ -545,8 +609,8 @@ is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
     m.text_hash = read64(b + OFF_TEXT_HASH);
 
     char why[160];
-    if (dtype > 2)
-        return is_error_set(IS_ERR_FORMAT, "fact record: dtype %u is none of f32, f16, bf16",
+    if (dtype >= KV_DTYPE_COUNT)
+        return is_error_set(IS_ERR_FORMAT, "fact record: dtype %u is none of f32, f16, bf16, fp8",
                             dtype);
     if (meta_problem(&m, (const char *)b + OFF_FINGERPRINT, why, sizeof why))
         return is_error_set(IS_ERR_FORMAT, "fact record: %s", why);
@@ -576,6 +640,27 @@ is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
         !all_zero(b + l.k_off + l.kv_bytes, l.v_off - l.k_off - l.kv_bytes) ||
         !all_zero(b + l.v_off + l.kv_bytes, l.total - l.v_off - l.kv_bytes))
         return is_error_set(IS_ERR_FORMAT, "fact record: section padding is not zero");
+    if (m.dtype == KV_DTYPE_FP8) {
+        /* Codes padded with zeros to the scales; each scale a power of two
+         * in the normal range (as fp8_scale_for_amax makes them). */
+        const size_t codes = (size_t)m.n_layers * m.n_tokens * fact_kv_row_elems(&m);
+        const size_t pad = ((codes + 3) & ~(size_t)3) - codes;
+        const size_t n_scales = (size_t)m.n_layers * m.n_tokens * m.n_kv_heads;
+        for (int s = 0; s < 2; s++) {
+            const size_t off = s ? l.v_off : l.k_off;
+            if (!all_zero(b + off + codes, pad))
+                return is_error_set(IS_ERR_FORMAT, "fact record: fp8 code padding is not zero");
+            const uint8_t *sc = b + off + codes + pad;
+            for (size_t i = 0; i < n_scales; i++) {
+                const uint32_t u = read32(sc + 4 * i), e = u >> 23;
+                if ((u & 0x807FFFFFu) != 0 || e == 0 || e == 255)
+                    return is_error_set(IS_ERR_FORMAT,
+                                        "fact record: fp8 %s scale %zu is %g, not a power of two "
+                                        "in [2^-126, 2^127]",
+                                        s ? "v" : "k", i, (double)get_f32(sc + 4 * i));
+            }
+        }
+    }
     const int32_t *tok = (const int32_t *)(b + l.tokens_off);
     for (int32_t i = 0; i < m.n_tokens; i++)
         if (tok[i] < 0)

@@ -23,7 +23,8 @@
  *   0      4     magic            "IFKV"
  *   4      4     u32 version      1
  *   8      4     u32 header_bytes 128 (where the token section starts)
- *   12     4     u32 dtype        kv_dtype: 0 f32, 1 f16, 2 bf16
+ *   12     4     u32 dtype        kv_dtype: 0 f32, 1 f16, 2 bf16, 3 fp8 (e4m3
+ *                                 with row scales, below)
  *   16     16    fingerprint      the model's 16 lowercase hex digits
  *                                 (model->fingerprint), no NUL
  *   32     4     i32 n_layers     1..4096
@@ -47,10 +48,18 @@
  *                         pre-RoPE
  *                v        same shape
  *
+ * In fp8 (dtype 3) the k and v sections each hold the codes, u8 [n_layers]
+ * [n_tokens][n_kv_heads * head_dim] (kv/fp8.h), zero bytes up to a
+ * multiple of 4, then the scales, f32 [n_layers][n_tokens][n_kv_heads]: a
+ * value is its code's value times the scale of its (layer, token, head).
+ * Each scale is a power of two in [2^-126, 2^127] (fp8.h says why).
+ * dtype 3 came after the first records were written; it needs no new
+ * version, since a reader without it refuses the record by its dtype, and
+ * records of dtypes 0-2 are byte for byte as before.
+ *
  * Each of the three sections starts at a multiple of 64 bytes from the
  * record's start; the gaps are zero bytes. total_bytes = 128 +
- * pad64(4 n_tokens) + 2 pad64(n_layers n_tokens n_kv_heads head_dim
- * dtype_size), and the buffer must be exactly that long (trailing bytes are
+ * pad64(4 n_tokens) + 2 pad64(fact_kv_bytes()), and the buffer must be exactly that long (trailing bytes are
  * corruption too). Reserved fields and padding must be zero, and are covered
  * by the checksum, so a change to any byte of a record is rejected. A later
  * version may grow the header: header_bytes says where the payload starts.
@@ -77,7 +86,10 @@ typedef enum kv_dtype {
     KV_DTYPE_F32 = 0,
     KV_DTYPE_F16 = 1,  /* IEEE binary16 */
     KV_DTYPE_BF16 = 2, /* bfloat16 */
+    KV_DTYPE_FP8 = 3,  /* fp8 e4m3 codes with an f32 scale per (layer, token, KV head) */
 } kv_dtype;
+
+#define KV_DTYPE_COUNT 4 /* dtypes 0 .. KV_DTYPE_COUNT - 1 */
 
 #define FACT_RECORD_VERSION 1
 #define FACT_RECORD_HEADER_BYTES 128
@@ -119,30 +131,48 @@ typedef struct fact_kv {
 
 /* ---- dtypes and shapes ------------------------------------------------------ */
 
-/* Bytes per element: 4, 2, 2; 0 for a value outside kv_dtype. */
+/* Bytes per element: 4, 2, 2, 1 (fp8: its scales come on top, see
+ * fact_kv_bytes); 0 for a value outside kv_dtype. */
 size_t kv_dtype_size(kv_dtype dtype);
 
-/* "f32", "f16", "bf16", or "invalid". */
+/* "f32", "f16", "bf16", "fp8", or "invalid". */
 const char *kv_dtype_name(kv_dtype dtype);
+
+/* The dtype of a name kv_dtype_name() gives; false (out unchanged) for
+ * anything else. For the --kv-dtype options. */
+bool kv_dtype_parse(const char *name, kv_dtype *out);
 
 /* Elements in one row of k or v: n_kv_heads * head_dim. */
 size_t fact_kv_row_elems(const fact_kv_meta *meta);
 
 /* Bytes of the whole k section (= of the v section) of a meta that passed
- * fact_meta_validate(). */
+ * fact_meta_validate(): the elements, and for fp8 the padding and scales. */
 size_t fact_kv_bytes(const fact_kv_meta *meta);
 
-/* The row of (layer, token) inside `base` (a k or v array of `meta`'s shape):
- * fact_kv_row_elems() elements of meta->dtype. Indices are asserted in range. */
+/* The row of (layer, token) inside `base` (a k or v section of `meta`'s
+ * shape): fact_kv_row_elems() elements of meta->dtype (fp8: the codes).
+ * Indices are asserted in range. */
 const void *fact_kv_row(const fact_kv_meta *meta, const void *base, int32_t layer, int32_t token);
 
+/* The scales of an fp8 section, f32 [n_layers][n_tokens][n_kv_heads]
+ * (4-byte aligned when base is); NULL for the other dtypes. */
+const float *fact_kv_scales(const fact_kv_meta *meta, const void *base);
+
+/* A whole k or v section of `meta` (fact_kv_bytes() bytes at `section`) to
+ * f32 [n_layers][n_tokens][n_kv_heads*head_dim] at dst, exact for every
+ * dtype; and back (f16, bf16 round to nearest even; fp8 as kv/fp8.h
+ * quantises, a scale per row of head_dim). No alignment needed. */
+void fact_kv_widen(const fact_kv_meta *meta, const void *section, float *dst);
+void fact_kv_narrow(const fact_kv_meta *meta, const float *src, void *section);
+
 /* Widens `n` elements of `dtype` at `src` to f32 (exact for every dtype).
- * src needs no alignment. Asserts dtype is valid. */
+ * src needs no alignment. Asserts dtype is valid and not fp8, whose values
+ * need their scales (fact_kv_widen). */
 void fact_kv_to_f32(kv_dtype dtype, const void *src, float *dst, size_t n);
 
 /* Narrows `n` f32 values to `dtype` at `dst` (copy for f32; f16 and bf16
  * round to nearest, ties to even, through gguf/quant.h). dst needs no
- * alignment. Asserts dtype is valid. */
+ * alignment. Asserts dtype is valid and not fp8 (fact_kv_narrow). */
 void fact_kv_from_f32(kv_dtype dtype, const float *src, void *dst, size_t n);
 
 /* ---- hashes ------------------------------------------------------------------ */

@@ -17,13 +17,15 @@
  *
  * Scales: a row (one KV head of one token of one layer: head_dim values)
  * is stored as codes of x / s with s = 2^e, the smallest power of two (e >=
- * -126) with max|x| <= 448 s. A power of two rather than max|x| / 448
- * because then decoding (code value * s) is exact in f32, and encoding the
- * decoded row again gives the same values (the codes at most doubled with
- * s halved): a record in fp8 and a GPU cache in fp8 hold the same numbers,
- * whichever tier converted them. For a floating-point element type the
- * scale only sets the range, so a power of two costs nothing but (at most)
- * one binade at the bottom of the subnormals.
+ * -126) with max|x| <= 464 s (464: the largest magnitude that still rounds
+ * to 448, not past it). A power of two rather than max|x| / 448 because
+ * then decoding (code value * s) is exact in f32, and encoding the decoded
+ * row again gives the same codes and scale (its largest code is then at
+ * least 240, so half the scale would overflow): a record in fp8 and a GPU
+ * cache in fp8 hold the same bytes, whichever tier converted them. For a
+ * floating-point element type the scale only sets the range, so a power of
+ * two costs nothing but (at most) one binade at the bottom of the
+ * subnormals.
  *
  * The scale rule is plain integer arithmetic on the f32 bits, in line here
  * so the CUDA kernels use the same expression (FP8_HD marks it for both).
@@ -53,7 +55,7 @@ uint8_t fp8_e4m3_from_f32(float x);
 float fp8_e4m3_to_f32(uint8_t code);
 
 /* The row scale for a row whose largest magnitude is amax: 2^e, the
- * smallest power of two with e >= -126 and amax <= 448 * 2^e; 1 when amax
+ * smallest power of two with e >= -126 and amax <= 464 * 2^e; 1 when amax
  * is 0, NaN or infinite (a row of zeros, or one that saturates anyway). */
 static inline FP8_HD float fp8_scale_for_amax(float amax) {
     uint32_t u;
@@ -61,9 +63,9 @@ static inline FP8_HD float fp8_scale_for_amax(float amax) {
     u &= 0x7FFFFFFFu;
     if (u == 0 || u >= 0x7F800000u) return 1.0f;
     const int32_t eb = (int32_t)(u >> 23); /* biased exponent, 0: subnormal */
-    /* amax in [2^(eb-127), 2^(eb-126)); 448 * 2^(eb-135) = 1.75 * 2^(eb-127),
-     * enough unless amax's significand passes 1.75. */
-    int32_t e = eb - 135 + ((u & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+    /* amax in [2^(eb-127), 2^(eb-126)); 464 * 2^(eb-135) = 1.8125 *
+     * 2^(eb-127), enough unless amax's significand passes 1.8125. */
+    int32_t e = eb - 135 + ((u & 0x7FFFFFu) > 0x680000u ? 1 : 0);
     if (eb == 0 || e < -126) e = -126;
     const uint32_t s = (uint32_t)(e + 127) << 23;
     float f;

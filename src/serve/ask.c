@@ -171,13 +171,13 @@ is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *e
         meta.text_hash = text_hash;
         const void *kp = k, *vp = v;
         if (a->dtype != KV_DTYPE_F32) {
-            kd = malloc(elems * kv_dtype_size(a->dtype));
-            vd = malloc(elems * kv_dtype_size(a->dtype));
+            kd = malloc(fact_kv_bytes(&meta));
+            vd = malloc(fact_kv_bytes(&meta));
             if (!kd || !vd) {
                 st = is_error_set(IS_ERR_NOMEM, "out of memory");
             } else {
-                fact_kv_from_f32(a->dtype, k, kd, elems);
-                fact_kv_from_f32(a->dtype, v, vd, elems);
+                fact_kv_narrow(&meta, k, kd);
+                fact_kv_narrow(&meta, v, vd);
                 kp = kd;
                 vp = vd;
             }
@@ -212,8 +212,8 @@ static is_status fetch_record(ask_ctx *a, const char *id, bool may_skip, const f
     } else if (kv->meta.dtype != KV_DTYPE_F32) {
         *buf = malloc(2 * elems * sizeof(float));
         if (!*buf) return is_error_set(IS_ERR_NOMEM, "out of memory");
-        fact_kv_to_f32(kv->meta.dtype, kv->k, *buf, elems);
-        fact_kv_to_f32(kv->meta.dtype, kv->v, *buf + elems, elems);
+        fact_kv_widen(&kv->meta, kv->k, *buf);
+        fact_kv_widen(&kv->meta, kv->v, *buf + elems);
         k = *buf;
         v = *buf + elems;
     }

@@ -904,8 +904,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     if (p.prefill_chunk == 0) p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
         p.prefetch_bytes < 0 ||
-        (p.record_dtype != KV_DTYPE_F32 && p.record_dtype != KV_DTYPE_F16 &&
-         p.record_dtype != KV_DTYPE_BF16))
+        (unsigned)p.record_dtype >= KV_DTYPE_COUNT)
         return is_error_set(IS_ERR_INVALID_ARG, "sched_create: parameters must be positive");
     kv_cache_params kp = kv_cache_get_params(engine_kv(e));
     if (kp.max_seqs < 2)

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "kv/fact_record.h"
 #include "gguf/quant.h"
+#include "kv/fp8.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -58,8 +59,8 @@ static sample sample_make(fact_kv_meta m) {
     s.n = (size_t)m.n_layers * m.n_tokens * m.n_kv_heads * m.head_dim;
     s.kf = malloc(s.n * sizeof(float));
     s.vf = malloc(s.n * sizeof(float));
-    s.k = malloc(s.n * 4);
-    s.v = malloc(s.n * 4);
+    s.k = malloc(s.n * 4 + 64); /* fp8's scales fit in the slack of 4 bytes a value */
+    s.v = malloc(s.n * 4 + 64);
     s.tokens = malloc((size_t)m.n_tokens * sizeof(int32_t));
     assert_non_null(s.kf);
     assert_non_null(s.tokens);
@@ -68,8 +69,8 @@ static sample sample_make(fact_kv_meta m) {
         s.vf[i] = rnd();
     }
     for (int32_t i = 0; i < m.n_tokens; i++) s.tokens[i] = 100 + 7 * i;
-    fact_kv_from_f32(m.dtype, s.kf, s.k, s.n);
-    fact_kv_from_f32(m.dtype, s.vf, s.v, s.n);
+    fact_kv_narrow(&m, s.kf, s.k);
+    fact_kv_narrow(&m, s.vf, s.v);
     return s;
 }
 
@@ -131,6 +132,8 @@ static void test_xxh64_reference_vectors(void **state) {
     assert_true(fact_rope_factors_hash(f, 4) == fact_text_hash((const char *)f, sizeof f));
 }
 
+static void reseal(uint8_t *b, size_t len);
+
 /* ---- round trips -------------------------------------------------------------- */
 
 /* Half an ulp relative, plus half the smallest subnormal for f16 values
@@ -188,6 +191,58 @@ static void round_trip(kv_dtype dtype, double rel_tol, double abs_tol) {
 }
 
 static void test_round_trip_f32(void **state) { round_trip(KV_DTYPE_F32, 0, 0); }
+
+/* fp8: codes, padding to 4 bytes, then a power-of-two scale per (layer,
+ * token, head); widened within 3 mantissa bits; a corrupt scale (resealed,
+ * so only the scale check can see it) is refused, naming it. */
+static void test_round_trip_fp8(void **state) {
+    (void)state;
+    /* 3 layers, 5 tokens, 1 head of 6: 90 codes, so 2 bytes of padding. */
+    sample s = sample_make(small_meta(KV_DTYPE_FP8, 3, 1, 6, 5));
+    fact_kv_meta m;
+    assert_int_equal(fact_kv_bytes(&s.m), 92 + 15 * 4);
+    void *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(fact_record_encode(&s.m, s.tokens, s.k, s.v, &buf, &len), IS_OK);
+    const void *k, *v;
+    assert_int_equal(fact_record_parse(buf, len, &m, NULL, &k, &v), IS_OK);
+    assert_int_equal(m.dtype, KV_DTYPE_FP8);
+    assert_memory_equal(k, s.k, fact_kv_bytes(&m));
+    save_seed("fp8", buf, len);
+    const float *sc = fact_kv_scales(&m, k);
+    assert_ptr_equal((const uint8_t *)sc, (const uint8_t *)k + 92);
+    fact_kv_meta other = m;
+    other.dtype = KV_DTYPE_BF16;
+    assert_null(fact_kv_scales(&other, k));
+    float *back = malloc(s.n * sizeof(float));
+    fact_kv_widen(&m, v, back);
+    size_t changed = 0;
+    const float *vs = fact_kv_scales(&m, v);
+    for (size_t i = 0; i < s.n; i++) {
+        /* Half a unit of 3 mantissa bits, or half the smallest subnormal step. */
+        double bound = fmax(fabs(s.vf[i]) * 0x1p-4, vs[i / 6] * 0x1p-10);
+        assert_true(fabs((double)back[i] - s.vf[i]) <= bound);
+        assert_true(back[i] == fp8_e4m3_to_f32(((const uint8_t *)v)[i]) * vs[i / 6]);
+        changed += back[i] != s.vf[i];
+    }
+    assert_true(changed > s.n / 2);
+    /* Narrowing the widened values again gives the same bytes. */
+    uint8_t *again = malloc(fact_kv_bytes(&m));
+    fact_kv_narrow(&m, back, again);
+    assert_memory_equal(again, v, fact_kv_bytes(&m));
+    free(again);
+    free(back);
+    /* A scale of 3 (not a power of two), the checksum made right again. */
+    uint8_t *b = buf;
+    const size_t at = (size_t)((const uint8_t *)sc - b) + 4 * 7;
+    float three = 3.0f;
+    memcpy(b + at, &three, 4);
+    reseal(b, len);
+    assert_int_equal(fact_record_parse(buf, len, NULL, NULL, NULL, NULL), IS_ERR_FORMAT);
+    assert_non_null(strstr(is_error_last(), "k scale 7"));
+    free(buf);
+    sample_free(&s);
+}
 static void test_round_trip_f16(void **state) { round_trip(KV_DTYPE_F16, 0x1p-11, 0x1p-25); }
 static void test_round_trip_bf16(void **state) { round_trip(KV_DTYPE_BF16, 0x1p-8, 0); }
 
@@ -369,7 +424,7 @@ static void test_encode_refuses_bad_meta(void **state) {
     for (int i = 0; i < 12; i++) bad[i] = s.m;
     bad[0].model_fingerprint[3] = 'G';
     bad[1].model_fingerprint[15] = '\0';
-    bad[2].dtype = (kv_dtype)3;
+    bad[2].dtype = (kv_dtype)KV_DTYPE_COUNT;
     bad[3].n_layers = 0;
     bad[4].n_kv_heads = -1;
     bad[5].head_dim = FACT_MAX_HEAD_DIM + 1;
@@ -403,7 +458,7 @@ static void test_encode_refuses_bad_meta(void **state) {
 /* ---- corruption ------------------------------------------------------------------------ */
 
 static void test_every_byte_flip_is_rejected(void **state) {
-    for (int dt = 0; dt < 3; dt++) {
+    for (int dt = 0; dt < KV_DTYPE_COUNT; dt++) {
         sample s = sample_make(small_meta((kv_dtype)dt, 2, 1, 2, 3));
         void *buf;
         size_t len;
@@ -528,6 +583,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_f32),
         cmocka_unit_test(test_round_trip_f16),
         cmocka_unit_test(test_round_trip_bf16),
+        cmocka_unit_test(test_round_trip_fp8),
         cmocka_unit_test(test_narrowing_ties_to_even),
         cmocka_unit_test(test_widening_every_value),
         cmocka_unit_test(test_layout_matches_documentation),

@@ -12,6 +12,7 @@
 #include "kv/fp8.h"
 #include "test_util.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,17 +82,19 @@ static void test_scales(void **state) {
     assert_true(fp8_scale_for_amax(NAN) == 1.0f);
     assert_true(fp8_scale_for_amax(INFINITY) == 1.0f);
     assert_true(fp8_scale_for_amax(448.0f) == 1.0f);
-    assert_true(fp8_scale_for_amax(448.00003f) == 2.0f);
-    assert_true(fp8_scale_for_amax(224.0f) == 0.5f);
-    assert_true(fp8_scale_for_amax(224.00002f) == 1.0f);
+    assert_true(fp8_scale_for_amax(464.0f) == 1.0f);     /* still rounds to 448 */
+    assert_true(fp8_scale_for_amax(464.00003f) == 2.0f);
+    assert_true(fp8_scale_for_amax(232.0f) == 0.5f);
+    assert_true(fp8_scale_for_amax(232.00002f) == 1.0f);
     assert_true(fp8_scale_for_amax(1e-45f) == 0x1p-126f); /* clamped to a normal power of two */
-    assert_true(fp8_scale_for_amax(3e38f) == 0x1p120f);
-    /* For a sweep of amax: a power of two, amax in (224 s, 448 s], its inverse exact. */
+    assert_true(fp8_scale_for_amax(3e38f) == 0x1p119f);
+    assert_true(fp8_scale_for_amax(FLT_MAX) == 0x1p120f);
+    /* For a sweep of amax: a power of two, amax in (232 s, 464 s], its inverse exact. */
     for (uint32_t u = 0x00800000u; u < 0x7F800000u; u += 0x1357u * 61) {
         float amax = float_of(u), s = fp8_scale_for_amax(amax);
         assert_int_equal(bits_of(s) & 0x807FFFFFu, 0);
-        if (s > 0x1p-126f) assert_true((double)amax > 224.0 * s);
-        assert_true((double)amax <= 448.0 * s);
+        if (s > 0x1p-126f) assert_true((double)amax > 232.0 * s);
+        assert_true((double)amax <= 464.0 * s);
         assert_true(s * fp8_scale_inverse(s) == 1.0f);
     }
 }
@@ -133,9 +136,11 @@ static void test_rows(void **state) {
         }
         if (r == 5) assert_true(s[r] == 1.0f);
     }
-    /* Quantising the dequantised rows gives the same values: every tier that
-     * converts again holds the record's numbers. */
+    /* Quantising the dequantised rows gives the same codes and scales:
+     * every tier that converts again holds the record's bytes. */
     fp8_quantize_rows(y, ROWS, LEN, c2, s2);
+    assert_memory_equal(c, c2, ROWS * LEN);
+    assert_memory_equal(s, s2, sizeof s);
     fp8_dequantize_rows(c2, s2, ROWS, LEN, z);
     assert_memory_equal(y, z, sizeof(float) * ROWS * LEN);
     free(x);
