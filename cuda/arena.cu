@@ -24,10 +24,11 @@ struct record {
 } // namespace
 
 struct cuda_arena {
-    int32_t n_layers, kv_dim;
-    size_t page_elems; /* bf16 per page */
+    int32_t n_layers, n_kv_heads, head_dim, kv_dim;
+    bool fp8;          /* pages of fp8 codes and scales, else bf16 (kv.cuh) */
+    size_t page_bytes; /* cuda_arena_page_bytes */
     int64_t n_pages;
-    __nv_bfloat16 *data;
+    uint8_t *data;
     std::vector<int32_t> free_pages;
     std::unordered_map<uint64_t, int32_t> by_id; /* id -> index in recs */
     std::vector<record> recs;
@@ -41,30 +42,34 @@ struct cuda_arena {
     size_t dpages_cap;
 };
 
-is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t kv_dim, cuda_arena **out) {
-    const size_t page_elems = (size_t)2 * n_layers * kv_dim;
-    const int64_t n_pages = (int64_t)(max_bytes / (page_elems * sizeof(__nv_bfloat16)));
+is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
+                            int32_t head_dim, bool fp8, cuda_arena **out) {
+    const size_t page_bytes = cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, fp8);
+    const int64_t n_pages = (int64_t)(max_bytes / page_bytes);
     if (n_pages < 1 || n_pages > INT32_MAX)
         return is_error_set(IS_ERR_NOMEM, "cuda arena: %zu bytes hold %lld pages of %zu bytes",
-                            max_bytes, (long long)n_pages, page_elems * sizeof(__nv_bfloat16));
+                            max_bytes, (long long)n_pages, page_bytes);
     cuda_arena *a = new (std::nothrow) cuda_arena();
     if (!a) return is_error_set(IS_ERR_NOMEM, "cuda arena: out of memory");
     a->n_layers = n_layers;
-    a->kv_dim = kv_dim;
-    a->page_elems = page_elems;
+    a->n_kv_heads = n_kv_heads;
+    a->head_dim = head_dim;
+    a->kv_dim = n_kv_heads * head_dim;
+    a->fp8 = fp8;
+    a->page_bytes = page_bytes;
     a->n_pages = n_pages;
-    cudaError_t e = cudaMalloc(&a->data, (size_t)n_pages * page_elems * sizeof(__nv_bfloat16));
+    cudaError_t e = cudaMalloc(&a->data, (size_t)n_pages * page_bytes);
     if (e != cudaSuccess) {
         cudaGetLastError();
         delete a;
         return is_error_set(IS_ERR_NOMEM, "cuda arena: cannot allocate %lld pages (%zu bytes): %s",
-                            (long long)n_pages, (size_t)n_pages * page_elems * 2,
+                            (long long)n_pages, (size_t)n_pages * page_bytes,
                             cudaGetErrorString(e));
     }
     a->free_pages.reserve((size_t)n_pages);
     for (int64_t p = n_pages - 1; p >= 0; p--) a->free_pages.push_back((int32_t)p);
     a->stats.pages_total = n_pages;
-    a->stats.page_bytes = (int64_t)(page_elems * sizeof(__nv_bfloat16));
+    a->stats.page_bytes = (int64_t)page_bytes;
     *out = a;
     return IS_OK;
 }
@@ -77,11 +82,13 @@ void cuda_arena_free(cuda_arena *a) {
     delete a;
 }
 
-bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t kv_dim) {
-    return a && a->n_layers == n_layers && a->kv_dim == kv_dim;
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads,
+                        int32_t head_dim, bool fp8) {
+    return a && a->n_layers == n_layers && a->n_kv_heads == n_kv_heads &&
+           a->head_dim == head_dim && a->fp8 == fp8;
 }
 
-const __nv_bfloat16 *cuda_arena_data(const cuda_arena *a) { return a->data; }
+const void *cuda_arena_data(const cuda_arena *a) { return a->data; }
 
 void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out) {
     *out = a->stats;
@@ -144,7 +151,7 @@ static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
                                cudaMemcpyHostToDevice, s));
     a->stats.bytes_uploaded += (int64_t)(2 * n * sizeof(float));
     return cuda_arena_fill(s, a->data, a->dpages, a->staging, a->staging + n, f->n_tokens,
-                           a->n_layers, a->kv_dim);
+                           a->n_layers, a->n_kv_heads, a->head_dim, a->fp8);
 }
 
 is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,

@@ -5,7 +5,8 @@
  * room, and a miss fills the record from the host copy the caller passed.
  *
  * Storage is one device allocation of pages, one token per page (kv.cuh:
- * [2][n_layers][kv_dim] bf16), so records of any length share it without
+ * [2][n_layers][kv_dim] bf16, or in fp8 e4m3 with a scale per layer and
+ * KV head: half the bytes, twice the records), so records of any length share it without
  * fragmentation and the injection kernel finds each token's page directly.
  * Records are named by the caller's 64-bit id (backend_fact.id: same id,
  * same content); id 0 means "do not keep": its pages are used for this call
@@ -29,12 +30,15 @@ extern "C" {
 typedef struct cuda_arena cuda_arena;
 
 /* An arena of at most max_bytes for records of this shape (the device
- * memory is taken at once). IS_ERR_NOMEM when not even one page fits. */
-is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t kv_dim, cuda_arena **out);
+ * memory is taken at once), in bf16 or fp8 pages (kv.cuh). IS_ERR_NOMEM
+ * when not even one page fits. */
+is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
+                            int32_t head_dim, bool fp8, cuda_arena **out);
 void cuda_arena_free(cuda_arena *a);
 
-bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t kv_dim);
-const __nv_bfloat16 *cuda_arena_data(const cuda_arena *a);
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads,
+                        int32_t head_dim, bool fp8);
+const void *cuda_arena_data(const cuda_arena *a);
 
 /* Makes every fact resident (filling misses from the host on stream s) and
  * writes the page of each token, in order, to pages[sum of n_tokens].

@@ -123,6 +123,7 @@ typedef struct cuda_ctx {
     size_t partial_cap; /* floats */
     cuda_arena *arena;
     size_t arena_bytes; /* requested capacity (0 = default) */
+    bool arena_fp8;     /* the arena's pages in fp8 e4m3 with scales (kv.cuh), else bf16 */
     float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
@@ -1402,7 +1403,6 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
 
 static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
                              const backend_inject *in) {
-    const int32_t kv_dim = in->n_kv_heads * in->head_dim;
     int64_t total = 0;
     for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
     if (total <= 0) return IS_OK;
@@ -1410,7 +1410,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     const rope_params *rp = in->rope;
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
     if (!c->kv_bf16) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
-    if (!cuda_arena_matches(c->arena, in->n_layers, kv_dim)) {
+    if (!cuda_arena_matches(c->arena, in->n_layers, in->n_kv_heads, in->head_dim, c->arena_fp8)) {
         cuda_arena_free(c->arena);
         c->arena = NULL;
         size_t bytes = c->arena_bytes;
@@ -1419,7 +1419,8 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
             CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
             bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
         }
-        is_status st = cuda_arena_create(bytes, in->n_layers, kv_dim, &c->arena);
+        is_status st = cuda_arena_create(bytes, in->n_layers, in->n_kv_heads, in->head_dim,
+                                         c->arena_fp8, &c->arena);
         if (st != IS_OK) return st;
     }
     /* Host pack: [pages T][slots T], then the caches' addresses. */
@@ -1447,7 +1448,8 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     free(caches);
     if (st != IS_OK) return st;
     const int32_t *dp = (const int32_t *)dpack;
-    return cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), dp, dp + total,
+    return cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), c->arena_fp8,
+                       dp, dp + total,
                        (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
                        in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
                        c->kv_bf16);
@@ -1606,6 +1608,9 @@ static is_status cu_set_option(backend *be, backend_option opt, uint64_t value) 
         return IS_OK;
     case BACKEND_OPT_FACT_CACHE_BYTES:
         backend_cuda_set_arena_bytes(be, (size_t)value);
+        return IS_OK;
+    case BACKEND_OPT_FACT_CACHE_FP8:
+        backend_cuda_set_arena_fp8(be, value != 0);
         return IS_OK;
     }
     return IS_ERR_UNSUPPORTED;
@@ -1896,6 +1901,13 @@ extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
         c->arena = NULL;
     }
     c->arena_bytes = bytes;
+}
+
+extern "C" void backend_cuda_set_arena_fp8(backend *be, bool fp8) {
+    cuda_ctx *c = ctx_of(be);
+    if (c->arena_fp8 == fp8) return;
+    backend_cuda_set_arena_bytes(be, c->arena_bytes); /* drops the arena */
+    c->arena_fp8 = fp8;
 }
 
 extern "C" size_t backend_cuda_free_bytes(backend *be) {

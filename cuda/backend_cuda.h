@@ -192,6 +192,12 @@ void backend_cuda_graph_stats(backend *be, cuda_graph_stats *out);
  * changing it drops the arena and what it holds. */
 void backend_cuda_set_arena_bytes(backend *be, size_t bytes);
 
+/* The arena's element type: fp8 e4m3 with a scale per (token, layer, KV
+ * head) (kv.cuh; half the bytes of bf16, so twice the facts resident), or
+ * bf16 (the default). Injection dequantises in its one pass. Changing it
+ * drops the arena and what it holds. */
+void backend_cuda_set_arena_fp8(backend *be, bool fp8);
+
 /* The device memory free now (cudaMemGetInfo), for sizing the arena from
  * what the weights and the KV pool leave; 0 on an error. */
 size_t backend_cuda_free_bytes(backend *be);

@@ -4,6 +4,19 @@
  */
 #include "kv.cuh"
 
+#include <cuda_fp8.h>
+
+extern "C" {
+#include "kv/fp8.h"
+}
+
+/* An e4m3 code's value, through CUDA's own type (exact). */
+static __device__ __forceinline__ float fp8_value(uint8_t code) {
+    __nv_fp8_e4m3 q;
+    q.__x = code;
+    return (float)q;
+}
+
 /* One block per (token, KV head); threads copy the head's elements. */
 template <typename CT>
 static __global__ void kv_store_kernel(CT *k_cache, CT *v_cache, const float *k, const float *v,
@@ -311,11 +324,60 @@ static __global__ void __launch_bounds__(256)
     }
 }
 
-is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
+/* inject_kernel from an fp8 arena: each key element is its code's value
+ * times its head's scale (exact in f32), then rotated as there. */
+template <typename CT>
+static __global__ void inject_fp8_kernel(void *const *caches, const uint8_t *arena,
+                                         const int32_t *pages, const int32_t *slots, int32_t pos0,
+                                         int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                                         int32_t block_size, int32_t n_rot, bool neox,
+                                         const float *cs, int64_t page_bytes, int64_t codes_bytes) {
+    const int32_t i = blockIdx.x, l = blockIdx.y;
+    const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
+    const uint8_t *page = arena + (int64_t)pages[i] * page_bytes;
+    const uint8_t *kr = page + (int64_t)l * kv_dim, *vr = page + (int64_t)(n_layers + l) * kv_dim;
+    const float *ks = reinterpret_cast<const float *>(page + codes_bytes) + (int64_t)l * n_kv_heads;
+    const float *vs = ks + (int64_t)n_layers * n_kv_heads;
+    CT *kc = (CT *)caches[l], *vc = (CT *)caches[n_layers + l];
+    const int32_t slot = slots[i];
+    const int64_t block = slot / block_size, off = slot % block_size;
+    for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
+        const int32_t h = e / head_dim, d = e % head_dim;
+        const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
+        const uint8_t *kh = kr + (int64_t)h * head_dim;
+        const float sk = ks[h];
+        kv_put(kc + dst, rope_element([=](int32_t j) { return fp8_value(kh[j]) * sk; }, d, half,
+                                      neox, cs + (int64_t)p * half * 2, false));
+        kv_put(vc + dst, fp8_value(vr[e]) * vs[h]);
+    }
+}
+
+is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, bool arena_fp8,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                       int32_t n_rot, bool neox, const float *cs, bool bf16) {
     if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
+    if (arena_fp8) {
+        const int64_t page_bytes =
+            (int64_t)cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, true);
+        const int64_t codes_bytes = ((int64_t)2 * n_layers * n_kv_heads * head_dim + 15) & ~(int64_t)15;
+        const dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
+        const int32_t kv_dim = n_kv_heads * head_dim;
+        const int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
+        const uint8_t *a = (const uint8_t *)arena_v;
+        if (bf16)
+            inject_fp8_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(
+                caches, a, pages, slots, pos0, n_layers, n_kv_heads, head_dim, block_size, n_rot,
+                neox, cs, page_bytes, codes_bytes);
+        else
+            inject_fp8_kernel<float><<<grid, threads, 0, s>>>(caches, a, pages, slots, pos0,
+                                                              n_layers, n_kv_heads, head_dim,
+                                                              block_size, n_rot, neox, cs,
+                                                              page_bytes, codes_bytes);
+        CUDA_CHECK_LAUNCH();
+        return IS_OK;
+    }
+    const __nv_bfloat16 *arena = (const __nv_bfloat16 *)arena_v;
     const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
     if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
         n_layers <= 65535) {
@@ -357,13 +419,50 @@ static __global__ void arena_fill_kernel(__nv_bfloat16 *arena, const int32_t *pa
     }
 }
 
-is_status cuda_arena_fill(cudaStream_t s, __nv_bfloat16 *arena, const int32_t *pages,
-                          const float *k, const float *v, int32_t n_tokens, int32_t n_layers,
-                          int32_t kv_dim) {
+/* One block per (token, layer), a warp per (K or V, head) row: the row's
+ * largest magnitude, its scale by fp8.h's rule (the same expression), and
+ * the codes by CUDA's e4m3 conversion (round to nearest even, saturating:
+ * fp8.c's rules, checked bit for bit by test_fp8_cuda). */
+static __global__ void arena_fill_fp8_kernel(uint8_t *arena, const int32_t *pages, const float *k,
+                                             const float *v, int32_t n_tokens, int32_t n_layers,
+                                             int32_t n_kv_heads, int32_t head_dim,
+                                             int64_t page_bytes, int64_t codes_bytes) {
+    const int32_t j = blockIdx.x, l = blockIdx.y;
+    const int32_t kv_dim = n_kv_heads * head_dim;
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    uint8_t *page = arena + (int64_t)pages[j] * page_bytes;
+    float *scales = reinterpret_cast<float *>(page + codes_bytes);
+    const int64_t src = ((int64_t)l * n_tokens + j) * kv_dim;
+    for (int32_t r = warp; r < 2 * n_kv_heads; r += n_warps) {
+        const int32_t which = r / n_kv_heads, h = r % n_kv_heads; /* which: 0 keys, 1 values */
+        const float *x = (which ? v : k) + src + (int64_t)h * head_dim;
+        float amax = 0;
+        for (int32_t i = lane; i < head_dim; i += 32) amax = fmaxf(amax, fabsf(x[i]));
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float sc = fp8_scale_for_amax(amax), inv = fp8_scale_inverse(sc);
+        uint8_t *codes = page + ((int64_t)which * n_layers + l) * kv_dim + (int64_t)h * head_dim;
+        for (int32_t i = lane; i < head_dim; i += 32) codes[i] = __nv_fp8_e4m3(x[i] * inv).__x;
+        if (lane == 0) scales[((int64_t)which * n_layers + l) * n_kv_heads + h] = sc;
+    }
+}
+
+is_status cuda_arena_fill(cudaStream_t s, void *arena, const int32_t *pages, const float *k,
+                          const float *v, int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads,
+                          int32_t head_dim, bool fp8) {
     if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
+    const int32_t kv_dim = n_kv_heads * head_dim;
     dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
+    if (fp8) {
+        const int64_t page_bytes = (int64_t)cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, true);
+        const int64_t codes_bytes = ((int64_t)2 * n_layers * kv_dim + 15) & ~(int64_t)15;
+        arena_fill_fp8_kernel<<<grid, 256, 0, s>>>((uint8_t *)arena, pages, k, v, n_tokens, n_layers,
+                                                   n_kv_heads, head_dim, page_bytes, codes_bytes);
+        CUDA_CHECK_LAUNCH();
+        return IS_OK;
+    }
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
-    arena_fill_kernel<<<grid, threads, 0, s>>>(arena, pages, k, v, n_tokens, n_layers, kv_dim);
+    arena_fill_kernel<<<grid, threads, 0, s>>>((__nv_bfloat16 *)arena, pages, k, v, n_tokens,
+                                               n_layers, kv_dim);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

@@ -7,12 +7,29 @@
  *
  * The fact-KV arena (arena.cuh) keeps records in pages of one token each:
  * page p holds that token's pre-RoPE keys for every layer, then its values,
- * bf16 [2][n_layers][kv_dim] (kv_dim = n_kv_heads * head_dim).
+ * bf16 [2][n_layers][kv_dim] (kv_dim = n_kv_heads * head_dim); or in fp8:
+ * the codes, e4m3 [2][n_layers][kv_dim] (kv/fp8.h), then from the next
+ * multiple of 16 bytes the scales, f32 [2][n_layers][n_kv_heads] (a value is
+ * its code's value times its head's scale), the page padded to 16 bytes.
+ * The fill quantises as fp8_quantize_rows does (the same scale rule, and
+ * CUDA's e4m3 conversion, which tests/cuda/test_fp8_cuda.cu checks against
+ * fp8.c bit for bit), so a page holds the codes and scales a record of
+ * dtype fp8 holds, and values already on the fp8 grid (from such a record)
+ * come back unchanged.
  */
 #ifndef IS_CUDA_KV_CUH
 #define IS_CUDA_KV_CUH
 
 #include "common.cuh"
+
+/* Bytes of one arena page (see above). */
+static inline size_t cuda_arena_page_bytes(int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                                           bool fp8) {
+    const size_t kv = (size_t)2 * n_layers * n_kv_heads * head_dim;
+    if (!fp8) return kv * 2;
+    const size_t codes = (kv + 15) & ~(size_t)15;
+    return (codes + (size_t)2 * n_layers * n_kv_heads * sizeof(float) + 15) & ~(size_t)15;
+}
 
 static __device__ __forceinline__ float kv_load(const float *p) { return *p; }
 static __device__ __forceinline__ float kv_load(const __nv_bfloat16 *p) {
@@ -54,16 +71,17 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
  * (page pages[i], slot slots[i], position pos0 + i) of the memory segment
  * has its arena keys rotated (cos/sin table cs as cuda_rope's) and written
  * with its values into layer l's caches, caches[l] (keys) and
- * caches[n_layers + l] (values) (device array of device pointers). */
-is_status cuda_inject(cudaStream_t s, void *const *caches, const __nv_bfloat16 *arena,
+ * caches[n_layers + l] (values) (device array of device pointers). An fp8
+ * arena's values are dequantised in the same pass. */
+is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena, bool arena_fp8,
                       const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
                       int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                       int32_t n_rot, bool neox, const float *cs, bool bf16);
 
-/* Fills arena pages from a staged record: k, v f32 [n_layers][n_tokens][kv_dim]
- * (device), token j into page pages[j] (device). */
-is_status cuda_arena_fill(cudaStream_t s, __nv_bfloat16 *arena, const int32_t *pages,
-                          const float *k, const float *v, int32_t n_tokens, int32_t n_layers,
-                          int32_t kv_dim);
+/* Fills arena pages (bf16, or fp8 when fp8) from a staged record: k, v f32
+ * [n_layers][n_tokens][kv_dim] (device), token j into page pages[j] (device). */
+is_status cuda_arena_fill(cudaStream_t s, void *arena, const int32_t *pages, const float *k,
+                          const float *v, int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads,
+                          int32_t head_dim, bool fp8);
 
 #endif

@@ -94,6 +94,10 @@ typedef enum backend_option {
     /* Bytes of device memory the resident fact-KV cache may hold; a change
      * drops what it holds. */
     BACKEND_OPT_FACT_CACHE_BYTES = 1,
+    /* 1: the resident fact-KV cache holds fp8 e4m3 with a scale per
+     * (token, layer, KV head), half the bytes of the cache's own dtype;
+     * 0: the cache's own dtype (the default). A change drops what it holds. */
+    BACKEND_OPT_FACT_CACHE_FP8 = 2,
 } backend_option;
 
 typedef struct backend_ops {

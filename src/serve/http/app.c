@@ -137,6 +137,10 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
             if (backend_set_option(a->be, BACKEND_OPT_FACT_CACHE_BYTES, fc) == IS_OK)
                 fprintf(notes, "fact cache: %.2f GiB of GPU memory%s\n", (double)fc / (1 << 30),
                         p->fact_cache_bytes ? "" : " (what the weights and the KV pool leave, less a margin)");
+            /* fp8 records: the fact cache keeps their codes and scales too. */
+            if (p->sched.record_dtype == KV_DTYPE_FP8 &&
+                backend_set_option(a->be, BACKEND_OPT_FACT_CACHE_FP8, 1) == IS_OK)
+                fprintf(notes, "fact cache: fp8 e4m3 with per-head scales, as the records\n");
         }
         sched_params sp = p->sched;
         sp.max_running = running;
