@@ -41,7 +41,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     const char *model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     const char *locomo = "../shared/data/locomo/26.json", *csv = NULL;
-    kv_precision_params p = {.k = 20, .n_questions = 8, .window = 0};
+    kv_precision_params p = {.k = 20, .n_questions = 8, .window = 0, .fact_stride = 37};
     int threads = 2, c;
     while ((c = getopt(argc, argv, "m:l:k:q:w:t:o:h")) != -1) {
         switch (c) {

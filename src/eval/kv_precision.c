@@ -49,7 +49,8 @@ static is_status copy_narrowed(record_store *src, record_store *dst, kv_dtype dt
 
 is_status kv_precision_run(engine *e, const locomo_conv *conv, const kv_precision_params *p,
                            const char *tmp_dir, kv_precision_row rows[KV_DTYPE_COUNT]) {
-    if (!e || !conv || !p || !tmp_dir || !rows || p->k < 1 || p->n_questions < 1)
+    if (!e || !conv || !p || !tmp_dir || !rows || p->k < 1 || p->n_questions < 1 ||
+        p->fact_stride < 0)
         return is_error_set(IS_ERR_INVALID_ARG, "kv_precision: bad arguments");
     if (conv->n_facts < p->k)
         return is_error_set(IS_ERR_INVALID_ARG, "kv_precision: %d facts, fewer than k = %d",
@@ -84,7 +85,8 @@ is_status kv_precision_run(engine *e, const locomo_conv *conv, const kv_precisio
     for (int32_t qi = 0; qi < conv->n_questions && scored < p->n_questions && st == IS_OK; qi++) {
         const locomo_question *q = &conv->questions[qi];
         if (!q->answer || !q->answer[0]) continue;
-        const int32_t first = (int32_t)((37 * (int64_t)scored) % (conv->n_facts - p->k + 1));
+        const int32_t first =
+            (int32_t)(((int64_t)p->fact_stride * scored) % (conv->n_facts - p->k + 1));
         for (int32_t i = 0; i < p->k && st == IS_OK; i++) {
             const int32_t fi = first + i;
             snprintf(ids[i], sizeof ids[i], "fact%d", fi);

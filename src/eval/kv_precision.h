@@ -15,8 +15,9 @@
  * difference is the records' dtype.
  *
  * Which facts: question i (the i-th with a gold answer) takes k consecutive
- * observations starting at (37 i) mod (n_facts - k + 1), so the questions
- * see different facts; retrieval is not what is measured here.
+ * observations starting at (fact_stride * i) mod (n_facts - k + 1), so with
+ * a stride the questions see different facts (0: all see the first k, one
+ * encoding for all); retrieval is not what is measured here.
  */
 #ifndef IS_EVAL_KV_PRECISION_H
 #define IS_EVAL_KV_PRECISION_H
@@ -29,6 +30,7 @@ typedef struct kv_precision_params {
     int32_t k;           /* facts per question, >= 1 */
     int32_t n_questions; /* questions scored, >= 1 (fewer if the conversation has fewer) */
     int32_t window;      /* context turns encoded with each fact (ask_encode_fact's w) */
+    int32_t fact_stride; /* where question i's facts start (above), >= 0 */
 } kv_precision_params;
 
 /* One record dtype against f32 records, over the questions scored. */
