@@ -7,7 +7,7 @@
 #include <cuda_fp8.h>
 
 extern "C" {
-#include "kv/fp8.h"
+#include "core/fp8.h"
 }
 
 /* An e4m3 code's value, through CUDA's own type (exact). */

@@ -8,7 +8,7 @@
  * The fact-KV arena (arena.cuh) keeps records in pages of one token each:
  * page p holds that token's pre-RoPE keys for every layer, then its values,
  * bf16 [2][n_layers][kv_dim] (kv_dim = n_kv_heads * head_dim); or in fp8:
- * the codes, e4m3 [2][n_layers][kv_dim] (kv/fp8.h), then from the next
+ * the codes, e4m3 [2][n_layers][kv_dim] (core/fp8.h), then from the next
  * multiple of 16 bytes the scales, f32 [2][n_layers][n_kv_heads] (a value is
  * its code's value times its head's scale), the page padded to 16 bytes.
  * The fill quantises as fp8_quantize_rows does (the same scale rule, and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes tests/golden/fp8_e4m3.txt: the fp8 e4m3 reference for tests/kv/test_fp8.c.
+"""Writes tests/golden/fp8_e4m3.txt: the fp8 e4m3 reference for tests/core/test_fp8.c.
 
-An independent reference for src/kv/fp8.c: the 256 codes' values are built
+An independent reference for src/core/fp8.c: the 256 codes' values are built
 from the format's definition as exact fractions, and each f32 input is
 converted by searching for the nearest finite value (ties to the even
 mantissa, i.e. the even code), saturating past 448, NaN to 0x7F. The C code

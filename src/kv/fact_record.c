@@ -7,7 +7,7 @@
 #include "core/status.h"
 #include "model/model.h"
 #include "gguf/quant.h"
-#include "kv/fp8.h"
+#include "core/fp8.h"
 
 #include <math.h>
 #include <stdlib.h>

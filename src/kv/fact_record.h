@@ -49,7 +49,7 @@
  *                v        same shape
  *
  * In fp8 (dtype 3) the k and v sections each hold the codes, u8 [n_layers]
- * [n_tokens][n_kv_heads * head_dim] (kv/fp8.h), zero bytes up to a
+ * [n_tokens][n_kv_heads * head_dim] (core/fp8.h), zero bytes up to a
  * multiple of 4, then the scales, f32 [n_layers][n_tokens][n_kv_heads]: a
  * value is its code's value times the scale of its (layer, token, head).
  * Each scale is a power of two in [2^-126, 2^127] (fp8.h says why).
@@ -160,7 +160,7 @@ const float *fact_kv_scales(const fact_kv_meta *meta, const void *base);
 
 /* A whole k or v section of `meta` (fact_kv_bytes() bytes at `section`) to
  * f32 [n_layers][n_tokens][n_kv_heads*head_dim] at dst, exact for every
- * dtype; and back (f16, bf16 round to nearest even; fp8 as kv/fp8.h
+ * dtype; and back (f16, bf16 round to nearest even; fp8 as core/fp8.h
  * quantises, a scale per row of head_dim). No alignment needed. */
 void fact_kv_widen(const fact_kv_meta *meta, const void *section, float *dst);
 void fact_kv_narrow(const fact_kv_meta *meta, const float *src, void *section);

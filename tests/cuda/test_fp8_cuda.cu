@@ -1,5 +1,5 @@
 /*
- * test_fp8_cuda: fp8 e4m3 on the GPU against kv/fp8.c, and the fp8 fact
+ * test_fp8_cuda: fp8 e4m3 on the GPU against core/fp8.c, and the fp8 fact
  * arena.
  *
  *   - host: fp8.c's conversions against CUDA's own (cuda_fp8.h's host
@@ -41,7 +41,7 @@ extern "C" { /* this cmocka.h declares its functions for C only */
 #include "kv.cuh"
 extern "C" {
 #include "engine/engine.h"
-#include "kv/fp8.h"
+#include "core/fp8.h"
 #include "model/model.h"
 #include "test_util.h"
 }

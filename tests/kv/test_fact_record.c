@@ -10,7 +10,7 @@
 #include "core/status.h"
 #include "kv/fact_record.h"
 #include "gguf/quant.h"
-#include "kv/fp8.h"
+#include "core/fp8.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -12,7 +12,7 @@
  * (cvt.rn.satfinite.e4m3x2.f32) does it: round to nearest, ties to even;
  * anything whose magnitude exceeds 448, infinities included, saturates to
  * +-448; NaN gives 0x7F; the sign of a zero result is kept.
- * tests/kv/test_fp8.c checks it against a reference script's table and
+ * tests/core/test_fp8.c checks it against a reference script's table and
  * tests/cuda/test_fp8_cuda.cu against the GPU, bit for bit.
  *
  * Scales: a row (one KV head of one token of one layer: head_dim values)

@@ -3,7 +3,7 @@
  * arithmetic on the f32 bits so that the result does not depend on the
  * compiler's or the CPU's floating-point settings.
  */
-#include "kv/fp8.h"
+#include "core/fp8.h"
 
 #include <math.h>
 

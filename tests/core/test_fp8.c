@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "kv/fp8.h"
+#include "core/fp8.h"
 #include "test_util.h"
 
 #include <float.h>
