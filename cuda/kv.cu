@@ -346,9 +346,9 @@ static __global__ void inject_fp8_kernel(void *const *caches, const uint8_t *are
         const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
         const uint8_t *kh = kr + (int64_t)h * head_dim;
         const float sk = ks[h];
-        kv_put(kc + dst, rope_element([=](int32_t j) { return fp8_value(kh[j]) * sk; }, d, half,
-                                      neox, cs + (int64_t)p * half * 2, false));
-        kv_put(vc + dst, fp8_value(vr[e]) * vs[h]);
+        kv_put(kc + dst, rope_element([=](int32_t j) { return __fmul_rn(fp8_value(kh[j]), sk); }, d,
+                                      half, neox, cs + (int64_t)p * half * 2, false));
+        kv_put(vc + dst, __fmul_rn(fp8_value(vr[e]), vs[h]));
     }
 }
 

@@ -209,9 +209,13 @@ static model *g_model;
 
 enum { N_FACTS = 4, FACT_TOKENS = 7, N_PREFIX = 5, N_SUFFIX = 6 };
 
+/* Cache ids name contents, and the arena outlives engines: each run's facts
+ * get ids of their own. */
+static uint64_t g_next_id = 1000;
+
 /* Suffix logits [N_SUFFIX][V] after a prefix and the facts injected with
- * cache ids 1.., the arena in fp8 or not; `again`: a second request on the
- * same engine, values left out (resident). */
+ * fresh cache ids, the arena in fp8 or not; `again`: a second request on
+ * the same engine, values left out (resident). */
 static void run(bool fp8, const std::vector<float> &k, const std::vector<float> &v, bool again,
                 std::vector<float> &out) {
     assert_int_equal(backend_set_option(g_gpu, BACKEND_OPT_FACT_CACHE_FP8, fp8), IS_OK);
@@ -226,6 +230,8 @@ static void run(bool fp8, const std::vector<float> &k, const std::vector<float> 
     bool want[64];
     out.assign((size_t)N_SUFFIX * V, 0);
     std::vector<float> scratch((size_t)N_SUFFIX * V);
+    const uint64_t id0 = g_next_id;
+    g_next_id += N_FACTS;
     for (int rep = 0; rep < (again ? 2 : 1); rep++) {
         int32_t seq;
         assert_int_equal(engine_seq_open(e, &seq), IS_OK);
@@ -244,7 +250,7 @@ static void run(bool fp8, const std::vector<float> &k, const std::vector<float> 
         engine_fact facts[N_FACTS];
         uint64_t ids[N_FACTS];
         for (int f = 0; f < N_FACTS; f++) {
-            ids[f] = 1000 + f;
+            ids[f] = id0 + (uint64_t)f;
             const bool omit = rep == 1;
             if (omit) assert_true(engine_fact_resident(e, ids[f], FACT_TOKENS));
             facts[f] = (engine_fact){FACT_TOKENS, toks + 10 + f, omit ? NULL : k.data() + f * per,
