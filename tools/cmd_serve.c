@@ -56,6 +56,8 @@ static void serve_usage(FILE *f) {
             "      --kv-dtype T        f16 | bf16 | f32 | fp8: dtype of the facts' KV records written and\n"
             "                          read (default f16; records of another dtype are used as text:\n"
             "                          ingest, whose default is f16 too, with the same --kv-dtype)\n"
+            "                          fp8: e4m3 with a scale per layer, token and KV head, half of\n"
+            "                          bf16's bytes; on cuda the fact cache keeps fp8 too\n"
             "      --fact-cache-gb GB  cuda: GPU memory for the facts' KV kept resident (default: what\n"
             "                          the weights and the KV pool leave, less 6 GiB)\n"
             "      --step-tokens N     most tokens in one engine step (default 2048 on cuda, 256 on cpu)\n"
