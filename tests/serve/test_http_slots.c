@@ -166,6 +166,12 @@ static const char add_body[] = "{\"user_id\":\"u\",\"facts\":[\"I keep bees.\"],
 
 /* A loop of reads and writes of the memory API, alternating connections
  * closed by the server and by the client: every answer a 200. */
+static void matrix(const char *name, int tries, int ok, int refused) {
+    printf("fault-matrix: concurrency|%s|%d|%d answered 200, %d refused 429\n", name, tries, ok,
+           refused);
+    fflush(stdout);
+}
+
 static void memory_loop(server *s, bool two_tenants) {
     int ok = 0, refused = 0;
     for (int i = 0; i < N_MEMORY; i++) {
@@ -176,8 +182,9 @@ static void memory_loop(server *s, bool two_tenants) {
         ok += st == 200;
         refused += st == 429;
     }
-    printf("%d sequential memory requests: %d answered 200, %d refused 429\n", N_MEMORY, ok,
-           refused);
+    matrix(two_tenants ? "sequential memory requests, 1 in flight per tenant, new connection each"
+                       : "sequential memory requests, 1 in flight in all, new connection each",
+           N_MEMORY, ok, refused);
     assert_int_equal(refused, 0);
     assert_int_equal(ok, N_MEMORY);
 }
@@ -207,8 +214,10 @@ static void chat_loop(server *s, bool stream, bool two_tenants) {
         ok += st == 200;
         refused += st == 429;
     }
-    printf("%d sequential %s chats: %d answered 200, %d refused 429\n", N_CHAT,
-           stream ? "streaming" : "non-streaming", ok, refused);
+    char name[128];
+    snprintf(name, sizeof name, "sequential %s chats, 1 in flight %s, new connection each",
+             stream ? "streaming" : "non-streaming", s == &g_all ? "in all" : "per tenant");
+    matrix(name, N_CHAT, ok, refused);
     assert_int_equal(refused, 0);
     assert_int_equal(ok, N_CHAT);
 }
