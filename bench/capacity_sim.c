@@ -187,7 +187,7 @@ cap_params cap_default_params(void) {
         .facts_per_user = 200, .k = 50, .tokens_per_fact = 25, .kv_bytes_per_token = 131072,
         .nodes = 8, .gpu_bytes = 77.8 * 1073741824.0, .host_bytes = 256 * 1073741824.0,
         .disk_bytes = 3.5 * 1099511627776.0, .host_gbps = 1, .disk_gbps = 1,
-        .preload = CAP_TIER_NONE, .requests = 4000000, .warmup = 4000000, .seed = 1};
+        .preload = CAP_TIER_NONE, .requests = 4000000, .warmup = 16000000, .seed = 1};
 }
 
 static int32_t blocks_per_user(const cap_params *p) {
