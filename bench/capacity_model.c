@@ -226,12 +226,22 @@ static void print_header(void) {
            "| max |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 }
 
+/* A TTFT cell. Past a minute it is a queue that grows for as long as the run lasts (an
+ * engine busier than its capacity), not a figure. */
+static const char *ms_cell(double ms, char buf[32]) {
+    if (ms > 60000) snprintf(buf, 32, "> 60 s");
+    else snprintf(buf, 32, "%.1f", ms);
+    return buf;
+}
+
 static void print_row(const row_out *o) {
     const cap_result *r = &o->r;
-    printf("| %d | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.2f | %.2f |\n", o->nodes,
+    char a[32], b[32], c[32];
+    printf("| %d | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %s | %s | %s | %.2f | %.2f%s |\n", o->nodes,
            100 * r->tier_share[0], 100 * r->tier_share[1], 100 * r->tier_share[2],
-           100 * r->tier_share[3], r->ttft_p50_ms, r->ttft_p90_ms, r->ttft_p99_ms, r->util_mean,
-           r->util_max);
+           100 * r->tier_share[3], ms_cell(r->ttft_p50_ms, a), ms_cell(r->ttft_p90_ms, b),
+           ms_cell(r->ttft_p99_ms, c), r->util_mean, r->util_max,
+           r->util_max >= 1 ? " (overloaded)" : "");
     fflush(stdout);
 }
 
