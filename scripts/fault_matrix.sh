@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build}"
-TESTS='^(test_crash|test_recovery|test_verify|test_http_stress|test_http_hostile)$'
+TESTS='^(test_crash|test_recovery|test_verify|test_http_stress|test_http_hostile|test_http_slots)$'
 DOC=docs/reliability.md
 
 if [ ! -d "$BUILD" ]; then

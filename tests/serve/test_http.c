@@ -45,11 +45,7 @@
 #define N_CTX 2048
 #define MAX_PROMPT 3000
 #define MAX_BODY (64 * 1024)
-/* A slot is released when libmicrohttpd reports the request completed,
- * which can come after the client has read the answer and sent its next
- * request on a new connection: a small limit turns that lag into a 429 for
- * strictly sequential requests on a loaded machine. */
-#define MAX_IN_FLIGHT 8
+#define MAX_IN_FLIGHT 3
 
 static http_app *g_app;
 static bool g_model;

@@ -51,6 +51,7 @@ struct chat_job {
     bool in_str, esc, obj_closed;
     /* Streaming state (connection thread only). */
     struct MHD_Connection *conn;
+    struct http_req *req; /* the request while it lives, for its slot (NULL after) */
     char *out;            /* SSE bytes not yet handed to MHD */
     size_t out_len, out_pos, out_cap;
     char hold[8];         /* an unfinished UTF-8 sequence */
@@ -421,6 +422,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             ok = stream_end(j);
             observe(j);
             j->stage = 2;
+            /* The whole answer is queued: the slot goes before the client
+             * can read the end and send its next request. */
+            if (j->req) http_req_release_slot(j->req);
         }
         if (!ok) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
@@ -453,6 +457,7 @@ static void note_usage(http_req *r, chat_job *j) {
 void chat_job_on_completed(http_req *r, bool error) {
     chat_job *j = r->job;
     r->job = NULL;
+    j->req = NULL; /* r is freed next; stream_read runs on this thread, never after */
     pthread_mutex_lock(&j->mu);
     if (error) job_cancel_locked(j);
     note_usage(r, j);
@@ -628,6 +633,7 @@ enum MHD_Result http_chat(http_req *r) {
 
     if (c.stream) {
         job->conn = r->conn;
+        job->req = r;
         job->include_usage = c.include_usage;
         job->memory_info = meminfo;
         meminfo = NULL;

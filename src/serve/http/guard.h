@@ -18,7 +18,8 @@
  *     connections can lock new clients out; only when every connection is
  *     busy or uploading with a slot is a new one refused.
  *   - In-flight slots. A request takes a slot only after its key has been
- *     checked; the slots are limited in all (max_in_flight) and per tenant
+ *     checked, and gives it back as soon as its answer is queued (server.c);
+ *     the slots are limited in all (max_in_flight) and per tenant
  *     (max_in_flight_tenant), so one tenant cannot starve the others.
  *
  * Thread-safe: one mutex; MHD's threads and the reaper call in at once.

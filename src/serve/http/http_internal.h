@@ -83,6 +83,11 @@ enum MHD_Result http_send_parse_error(http_req *r, const parse_error *e);
 /* Maps a status of the layers below (with is_error_last()'s message). */
 enum MHD_Result http_send_status(http_req *r, is_status st, const char *what);
 
+/* Gives back r's in-flight slot, if it holds one (then no more): when its
+ * answer is queued, when its stream has ended, or at the latest when MHD
+ * reports the request completed. Connection thread only. */
+void http_req_release_slot(http_req *r);
+
 /* True if the peer of the connection has closed it (or it broke). */
 bool http_conn_gone(struct MHD_Connection *c);
 

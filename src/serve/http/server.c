@@ -46,6 +46,13 @@ void http_iso_time(int64_t ms, char out[32]) {
 
 /* ---- responses ----------------------------------------------------------------------- */
 
+void http_req_release_slot(http_req *r) {
+    if (!r->counted) return;
+    r->counted = false;
+    http_guard_release(r->srv->guard, r->srv->cfg.no_auth ? "" : r->tenant);
+    atomic_fetch_sub(&r->srv->in_flight, 1);
+}
+
 static enum MHD_Result queue_buffer(http_req *r, int status, char *buf, size_t len,
                                     const char *content_type) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
@@ -67,6 +74,10 @@ static enum MHD_Result queue_buffer(http_req *r, int status, char *buf, size_t l
     if (status == 429 || status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
+    /* The answer is complete: its slot goes now, not at MHD's completion
+     * notification, which can come after the client has read the answer
+     * and sent its next request on another connection. */
+    http_req_release_slot(r);
     r->responded = true;
     r->status = status;
     r->bytes_out = len;
@@ -611,10 +622,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         metrics_observe_http(s->met, r->route, r->status);
         log_request(s, r, toe);
     }
-    if (r->counted) {
-        http_guard_release(s->guard, s->cfg.no_auth ? "" : r->tenant);
-        atomic_fetch_sub(&s->in_flight, 1);
-    }
+    http_req_release_slot(r); /* a stream cut short, or no answer queued */
     if (r->linger && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) http_guard_linger(s->guard, r->gc);
     if (r->gc) http_guard_set_state(s->guard, r->gc, HTTP_GUARD_HEAD);
     free(r->body);
