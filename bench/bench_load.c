@@ -436,6 +436,7 @@ typedef struct sample {
     double e2e_ms;      /* client: sent -> stream complete */
     double srv_ttft_ms; /* usage.ttft_ms */
     int32_t completion_tokens, memory_tokens, injected_tokens;
+    int32_t tiers[4];   /* usage.facts: gpu, host, disk, text */
     char err[ERR_LEN];
 } sample;
 
@@ -499,6 +500,12 @@ static void on_event(stream_state *st, char *data) {
             s->srv_ttft_ms = tt->valuedouble;
             s->memory_tokens = cJSON_IsNumber(mt) ? (int32_t)mt->valuedouble : 0;
             s->injected_tokens = cJSON_IsNumber(it) ? (int32_t)it->valuedouble : 0;
+            cJSON *fs = cJSON_GetObjectItem(u, "facts");
+            static const char *const names[4] = {"gpu", "host", "disk", "text"};
+            for (int t = 0; t < 4; t++) {
+                cJSON *x = fs ? cJSON_GetObjectItem(fs, names[t]) : NULL;
+                s->tiers[t] = cJSON_IsNumber(x) ? (int32_t)x->valuedouble : 0;
+            }
         }
     }
     cJSON_Delete(o);
@@ -755,6 +762,7 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double *e2e = calloc((size_t)n_requests + 1, sizeof(double));
     int n_ok = 0;
     int64_t toks = 0, mem = 0, inj = 0;
+    long long tiers[4] = {0, 0, 0, 0};
     for (int i = 0; i < n_requests; i++) {
         sample *s = &r.samples[i];
         if (i >= taken && !s->ok && !s->err[0]) continue; /* not started */
@@ -770,8 +778,14 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
         toks += s->completion_tokens;
         mem += s->memory_tokens;
         inj += s->injected_tokens;
+        for (int t = 0; t < 4; t++) tiers[t] += s->tiers[t];
     }
     w.done = n_ok;
+    /* Where the run's facts came from (usage.facts), for reading a tiered run. */
+    if (tiers[0] + tiers[1] + tiers[2] + tiers[3] > 0)
+        fprintf(stderr, "note: k %d, %d clients: facts from gpu %lld, host tier %lld, disk %lld, "
+                        "as text %lld\n",
+                (int)o->k, (int)clients, tiers[0], tiers[1], tiers[2], tiers[3]);
     qsort(ttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
     qsort(sttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
     qsort(e2e, (size_t)n_ok, sizeof(double), bench_cmp_double);

@@ -542,14 +542,18 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             tier = f->tier;
             ok = true;
         } else if (h->mode == ASK_MODE_KV && f->record && f->known &&
-            engine_fact_resident(s->e, f->content_id, f->n_kv_tokens)) {
+                   (s->ht ? engine_fact_prefetch(s->e, f->content_id, f->n_kv_tokens, 0, NULL, NULL)
+                          : engine_fact_resident(s->e, f->content_id, f->n_kv_tokens))) {
+            /* The GPU holds it: injected from there, its record not read.
+             * With a host tier other threads copy into the GPU cache at any
+             * time, so "resident" holds only pinned (until the injection). */
             tier = FACT_TIER_GPU;
-            /* The GPU holds it: injected from there, its record not read. */
             inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
             ids[n_inj] = f->content_id;
             rec[n_inj++] = f->record;
             ok = true;
             drop_prefetch_fact(s, f);
+            f->pinned = s->ht != NULL;
         } else if (h->mode == ASK_MODE_KV && f->pre_held) {
             /* Loaded and widened on the submitting thread: only injected here. */
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
@@ -565,7 +569,9 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             ok = true;
         } else if (h->mode == ASK_MODE_KV && f->record) {
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
-            is_status fs = ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
+            /* With a host tier, always with its values (see above). */
+            is_status fs = s->ht ? ask_load_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj])
+                                 : ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
             /* A record made from another text (the fact changed since) is stale. */
             ok = fs == IS_OK && held[n_inj]->meta.text_hash == f->text_hash;
             if (fs == IS_ERR_NOMEM) st = fs;
