@@ -23,6 +23,7 @@
 #include "engine/textout.h"
 #include "kv/host_tier.h"
 #include "serve/fact_index.h"
+#include "serve/io_pool.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -32,6 +33,9 @@
 #include <time.h>
 
 #define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
+/* Threads that read records into the host tier beside the submitting one:
+ * enough to keep a disk and the copy engine busy, few beside the cores. */
+#define SCHED_IO_THREADS 8
 #define SCHED_JOB_BACKEND_TRIES 3 /* backend failures an encode job may meet before it is dropped */
 
 typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
@@ -125,6 +129,7 @@ struct sched {
     ask_ctx *ask; /* the serving prefix, its layout and the encoder */
     fact_index *facts; /* records seen: what injecting a resident one needs */
     host_tier *ht;     /* pinned records (NULL: the backend has no host tier) */
+    io_pool *io;       /* reads a request's missing records at once (with ht) */
     _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
     int32_t prefix_seq, n_prefix, prefix_blocks;
 
@@ -993,6 +998,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     if (st == IS_OK && mem && p.host_tier_bytes >= ((int64_t)1 << 20) && engine_host_tier(e)) {
         host_tier_alloc al = {.alloc = tier_alloc, .free = tier_free, .quiesce = tier_quiesce, .ud = e};
         st = host_tier_create(memory_record_store(mem), (size_t)p.host_tier_bytes, al, &s->ht);
+        if (st == IS_OK) st = io_pool_create(SCHED_IO_THREADS, &s->io);
     }
     if (st == IS_OK)
         st = ask_ctx_create(e, mem ? memory_record_store(mem) : NULL, p.record_dtype, &s->ask);
@@ -1030,6 +1036,7 @@ void sched_free(sched *s) {
     }
     ask_ctx_free(s->ask);
     fact_index_free(s->facts);
+    io_pool_free(s->io);
     host_tier_free(s->ht); /* every request ended: no view or copy is left */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -1172,6 +1179,11 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
     return true;
 }
 
+static void prefetch_item(void *arg, int32_t i) {
+    sched_handle *h = arg;
+    if (h->facts[i].record) prefetch_fact(h->s, &h->facts[i]);
+}
+
 /* Lays out and tokenises the request into h (caller's thread: the
  * tokenizer and the layout are read-only). */
 static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
@@ -1209,9 +1221,10 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
             return is_error_set(IS_ERR_NOMEM, "out of memory");
         rf->text_hash = fact_text_hash(f->text, strlen(f->text));
         if ((st = memory_prompt_fact(mp, f->text, &rf->toks, &rf->n_toks)) != IS_OK) return st;
-        if (r->mode == ASK_MODE_KV && rf->record) prefetch_fact(s, rf);
         est += rf->n_toks;
     }
+    /* Every fact's record at once: the misses' reads and copies overlap. */
+    if (r->mode == ASK_MODE_KV && nf > 0) io_pool_run(s->io, prefetch_item, h, nf);
     if (r->mode != ASK_MODE_OFF) est += s->n_prefix;
     if (est + r->max_tokens > s->n_ctx)
         return is_error_set(IS_ERR_CONTEXT_FULL,
