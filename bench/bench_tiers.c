@@ -25,10 +25,10 @@
  * Prints medians of REPS runs (ms for the whole request) after one untimed
  * run of each.
  */
+#include "bench_util.h"
 #include "kv/host_tier.h"
 #include "kv/record_store.h"
 #include "serve/io_pool.h"
-#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,11 +86,12 @@ int main(int argc, char **argv) {
         case 't': tokens = atoi(optarg); break;
         case 'o': csv = optarg; break;
         default:
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: bench_tiers [-k LIST (5,20,50)] [-r REPS (7)] [-t TOKENS (40)] [-o CSV]\n"
-                    "Host work (ms, medians of REPS) for one request's k fact records of the\n"
-                    "Llama-3.1-8B shape: widened (record store + f32), host tier miss, hit, miss\n"
-                    "over the I/O pool.\n");
+            fprintf(
+                c == 'h' ? stdout : stderr,
+                "usage: bench_tiers [-k LIST (5,20,50)] [-r REPS (7)] [-t TOKENS (40)] [-o CSV]\n"
+                "Host work (ms, medians of REPS) for one request's k fact records of the\n"
+                "Llama-3.1-8B shape: widened (record store + f32), host tier miss, hit, miss\n"
+                "over the I/O pool.\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -144,7 +145,8 @@ int main(int argc, char **argv) {
     printf("bench_tiers: %d-token records of the Llama-3.1-8B shape (%.2f MB each, bf16), "
            "%ld cores, medians of %d\n\n",
            tokens, (double)(ne * 4 + 4 * tokens + 128) / 1e6, sysconf(_SC_NPROCESSORS_ONLN), reps);
-    printf("| k | widened ms | tier miss ms | tier miss, I/O pool ms | tier hit ms | widened / miss | widened / hit |\n");
+    printf("| k | widened ms | tier miss ms | tier miss, I/O pool ms | tier hit ms | widened / "
+           "miss | widened / hit |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|\n");
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out) fprintf(out, "k,tokens,widened_ms,tier_miss_ms,tier_miss_pool_ms,tier_hit_ms\n");
@@ -185,11 +187,13 @@ int main(int argc, char **argv) {
             med[mode] = bench_median(t, reps);
         }
         host_tier_stats hs = host_tier_get_stats(ht);
-        if (hs.no_room) fprintf(stderr, "warning: %lld gets found no room\n", (long long)hs.no_room);
+        if (hs.no_room)
+            fprintf(stderr, "warning: %lld gets found no room\n", (long long)hs.no_room);
         host_tier_free(ht);
         printf("| %d | %.2f | %.2f | %.2f | %.3f | %.1fx | %.0fx |\n", kk, med[0], med[1], med[2],
                med[3], med[0] / med[1], med[0] / med[3]);
-        if (out) fprintf(out, "%d,%d,%.3f,%.3f,%.3f,%.4f\n", kk, tokens, med[0], med[1], med[2], med[3]);
+        if (out)
+            fprintf(out, "%d,%d,%.3f,%.3f,%.3f,%.4f\n", kk, tokens, med[0], med[1], med[2], med[3]);
     }
     if (out) fclose(out);
     io_pool_free(pool);

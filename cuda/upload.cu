@@ -47,7 +47,8 @@ __global__ void upload_kernel(__nv_bfloat16 *arena, cuda_upload_pages pages, con
                               int32_t tok0, int32_t n_tokens, int32_t n_layers, int32_t kv_dim) {
     const int32_t j = blockIdx.x, l = blockIdx.y;
     const int64_t src = ((int64_t)l * n_tokens + tok0 + j) * kv_dim;
-    __nv_bfloat16 *kd = arena + (int64_t)pages.page[j] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
+    __nv_bfloat16 *kd =
+        arena + (int64_t)pages.page[j] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
     __nv_bfloat16 *vd = kd + (int64_t)n_layers * kv_dim;
     for (int32_t e = threadIdx.x; e < kv_dim; e += blockDim.x) {
         kd[e] = to_bf16(k[src + e]);
@@ -63,15 +64,17 @@ is_status cuda_upload_record(cudaStream_t s, __nv_bfloat16 *arena, const cuda_up
     if (n <= 0 || n_layers <= 0) return IS_OK;
     if (n > CUDA_UPLOAD_MAX_TOKENS || tok0 < 0 || tok0 + n > n_tokens || n_layers > 65535 ||
         (dtype != 1 && dtype != 2))
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda upload: bad record slice (dtype %d, %d+%d of %d)",
-                            (int)dtype, (int)tok0, (int)n, (int)n_tokens);
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "cuda upload: bad record slice (dtype %d, %d+%d of %d)", (int)dtype,
+                            (int)tok0, (int)n, (int)n_tokens);
     const dim3 grid((unsigned)n, (unsigned)n_layers);
     const bool f16 = dtype == 1;
     if (kv_dim % 8 == 0 && (uintptr_t)k % 16 == 0 && (uintptr_t)v % 16 == 0) {
         const int32_t vec = kv_dim / 8;
         const int threads = vec >= 128 ? 128 : (vec + 31) / 32 * 32;
-        upload_vec_kernel<<<grid, threads, 0, s>>>(arena, *pages, (const uint4 *)k, (const uint4 *)v,
-                                                   f16, tok0, n_tokens, n_layers, kv_dim);
+        upload_vec_kernel<<<grid, threads, 0, s>>>(arena, *pages, (const uint4 *)k,
+                                                   (const uint4 *)v, f16, tok0, n_tokens, n_layers,
+                                                   kv_dim);
     } else {
         const int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
         if (f16)

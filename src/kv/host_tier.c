@@ -21,15 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HT_MIN_CLASS 16 /* 64 KiB */
-#define HT_MAX_CLASS 40 /* 1 TiB: more than any record */
+#define HT_MIN_CLASS   16 /* 64 KiB */
+#define HT_MAX_CLASS   40 /* 1 TiB: more than any record */
 #define HT_CHUNK_BYTES ((size_t)256 << 20)
 
 typedef struct ht_entry ht_entry;
 struct ht_entry {
     fact_kv kv; /* the view callers get; first, so a fact_kv* is an ht_entry* */
     char id[RECORD_STORE_ID_MAX + 1];
-    void *block;     /* 2^cls bytes; the record's file bytes at its start */
+    void *block; /* 2^cls bytes; the record's file bytes at its start */
     int32_t cls;
     int32_t refs;    /* views not released (a loading entry: its loader's) */
     bool loading;    /* being read; waiters sleep on cv */
@@ -49,10 +49,10 @@ struct host_tier {
     void *free_blocks[HT_MAX_CLASS + 1]; /* stacks */
     void **chunks;
     size_t n_chunks, chunks_cap;
-    uint8_t *cur;    /* the current chunk's unused part */
+    uint8_t *cur; /* the current chunk's unused part */
     size_t cur_left;
     uint64_t clock;
-    bool reused;     /* take_block handed out an evicted record's memory */
+    bool reused; /* take_block handed out an evicted record's memory */
     host_tier_stats st;
 };
 
@@ -131,7 +131,8 @@ static void *take_block(host_tier *t, int32_t cls) {
         return b;
     }
     size_t chunk = size > HT_CHUNK_BYTES ? size : HT_CHUNK_BYTES;
-    if ((size_t)t->st.bytes_chunks + chunk > t->max_bytes) chunk = t->max_bytes - (size_t)t->st.bytes_chunks;
+    if ((size_t)t->st.bytes_chunks + chunk > t->max_bytes)
+        chunk = t->max_bytes - (size_t)t->st.bytes_chunks;
     if (chunk >= size && (size_t)t->st.bytes_chunks < t->max_bytes) {
         if (t->n_chunks == t->chunks_cap) {
             size_t nc = t->chunks_cap ? 2 * t->chunks_cap : 16;
@@ -183,7 +184,8 @@ static void *take_block(host_tier *t, int32_t cls) {
 is_status host_tier_create(record_store *store, size_t max_bytes, host_tier_alloc al,
                            host_tier **out) {
     if (!store || !al.alloc || !al.free || max_bytes < ((size_t)1 << 20) || !out)
-        return is_error_set(IS_ERR_INVALID_ARG, "host tier: needs a store, an allocator and >= 1 MiB");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "host tier: needs a store, an allocator and >= 1 MiB");
     host_tier *t = calloc(1, sizeof *t);
     if (!t) return is_error_set(IS_ERR_NOMEM, "host tier: out of memory");
     t->n_buckets = 1024;

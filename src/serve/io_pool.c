@@ -20,11 +20,11 @@ struct io_batch {
     void (*fn)(void *arg, int32_t i);
     void *arg;
     int32_t n;
-    atomic_int next;    /* the next item to take */
-    int32_t done;       /* items run (p->mu) */
-    int32_t users;      /* workers inside (p->mu) */
-    bool queued;        /* linked in p's queue (p->mu) */
-    pthread_cond_t cv;  /* done == n && users == 0 */
+    atomic_int next;   /* the next item to take */
+    int32_t done;      /* items run (p->mu) */
+    int32_t users;     /* workers inside (p->mu) */
+    bool queued;       /* linked in p's queue (p->mu) */
+    pthread_cond_t cv; /* done == n && users == 0 */
     io_batch *link;
 };
 

@@ -3,11 +3,11 @@
  * through, eviction under the bound with held records kept, larger blocks
  * split for smaller records, and concurrent gets of one record reading it
  * once. The tier's memory comes from malloc here (the server's is pinned). */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include "core/status.h"
 #include "kv/host_tier.h"
@@ -313,10 +313,8 @@ static void test_threads_read_once(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_disk_then_hit),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_eviction_keeps_held),
-        cmocka_unit_test(test_large_block_split),
+        cmocka_unit_test(test_disk_then_hit),       cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_eviction_keeps_held), cmocka_unit_test(test_large_block_split),
         cmocka_unit_test(test_threads_read_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

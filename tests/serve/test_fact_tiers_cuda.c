@@ -13,11 +13,11 @@
  * the first one's request is still queued keeps its request's logits.
  *
  * The model: $IS_TEST_MODEL, else the default model. */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +33,8 @@
 #include "model/model.h"
 
 #define N_PREFIX 21
-#define N_QUERY 6
-#define N_FACTS 4
+#define N_QUERY  6
+#define N_FACTS  4
 
 static backend *g_be;
 static model *g_model;
@@ -46,7 +46,9 @@ static char g_dir[64];
 static record_store *g_rs;
 static host_tier *g_ht;
 
-static is_status t_alloc(void *ud, size_t bytes, void **out) { return engine_host_alloc(ud, bytes, out); }
+static is_status t_alloc(void *ud, size_t bytes, void **out) {
+    return engine_host_alloc(ud, bytes, out);
+}
 static void t_free(void *ud, void *p) { engine_host_free(ud, p); }
 static void t_quiesce(void *ud) { engine_host_wait(ud); }
 

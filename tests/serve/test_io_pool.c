@@ -1,11 +1,11 @@
 /* io_pool: every item of a batch runs exactly once, on several threads,
  * with several callers at once (each returning only when its own batch
  * is done), and a NULL pool runs the items in order on the caller. */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -14,12 +14,12 @@
 
 #include "serve/io_pool.h"
 
-#define N_ITEMS 2000
+#define N_ITEMS   2000
 #define N_CALLERS 4
 
 typedef struct counts {
     atomic_int runs[N_ITEMS];
-    atomic_int order;   /* items run so far, for the NULL pool's order */
+    atomic_int order; /* items run so far, for the NULL pool's order */
     int32_t first_seen[N_ITEMS];
     pthread_t tid[N_ITEMS];
 } counts;
@@ -58,7 +58,7 @@ static void test_one_batch_many_threads(void **state) {
     check_once(&c, N_ITEMS);
     int others = 0;
     for (int32_t i = 0; i < N_ITEMS; i++) others += !pthread_equal(c.tid[i], pthread_self());
-    assert_true(others > 0); /* the pool took part */
+    assert_true(others > 0);     /* the pool took part */
     io_pool_run(p, item, &c, 1); /* one item: on the caller */
     assert_int_equal(atomic_load(&c.runs[0]), 2);
     io_pool_free(p);

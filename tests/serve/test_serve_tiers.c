@@ -19,11 +19,11 @@
  * the protocol: every fact injected without values was pinned, every pin
  * is dropped once, and the text is ask's.
  */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include <pthread.h>
 #include <stdio.h>
@@ -45,9 +45,9 @@
 #endif
 
 #define MAX_TOKENS 6
-#define N_FACTS 3
-#define N_PAR 4
-#define N_SETS 3
+#define N_FACTS    3
+#define N_PAR      4
+#define N_SETS     3
 
 static backend *g_be;
 static model *g_model;
@@ -69,8 +69,8 @@ typedef struct fake_rec {
 
 static struct {
     pthread_mutex_t mu;
-    backend_ops ops;          /* the CPU's, with the host tier's ops added */
-    const backend_ops *cpu;   /* the CPU's own */
+    backend_ops ops;        /* the CPU's, with the host tier's ops added */
+    const backend_ops *cpu; /* the CPU's own */
     fake_rec recs[FAKE_MAX];
     int64_t cap_tokens, used_tokens, pinned_tokens;
     uint64_t clock;
@@ -341,7 +341,8 @@ static void expect_tiers(const coll *c, int gpu, int host, int disk) {
 static void gpu_cache_pages(int64_t pages) {
 #ifdef TIERS_CUDA
     const model_config *c = &g_model->cfg;
-    backend_cuda_set_arena_bytes(g_be, (size_t)pages * 2 * c->n_layers * c->n_kv_heads * c->head_dim * 2);
+    backend_cuda_set_arena_bytes(g_be,
+                                 (size_t)pages * 2 * c->n_layers * c->n_kv_heads * c->head_dim * 2);
 #else
     if (g_fake.cpu) fake_clear();
     else fake_install(g_be, pages);
@@ -383,7 +384,8 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F16, &ac), IS_OK);
     memory_set_encoder(mem, ask_memory_encoder, ac);
     for (int i = 0; i < N_SETS * N_FACTS; i++) {
-        memory_add_req r = {.tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
+        memory_add_req r = {
+            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
         assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
         mem_fact f;
         assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
@@ -397,9 +399,15 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     int32_t tokens[N_SETS], most = 0;
     for (int k = 0; k < N_SETS; k++) {
         ref[k][0] = '\0';
-        ask_request ar = {.mode = ASK_MODE_KV, .query = qs[k], .fact_ids = rid_ptrs + k * N_FACTS,
-                          .fact_texts = texts + k * N_FACTS, .n_facts = N_FACTS,
-                          .max_tokens = MAX_TOKENS, .temperature = 0, .top_k = 0, .top_p = 1.0f};
+        ask_request ar = {.mode = ASK_MODE_KV,
+                          .query = qs[k],
+                          .fact_ids = rid_ptrs + k * N_FACTS,
+                          .fact_texts = texts + k * N_FACTS,
+                          .n_facts = N_FACTS,
+                          .max_tokens = MAX_TOKENS,
+                          .temperature = 0,
+                          .top_k = 0,
+                          .top_p = 1.0f};
         ask_timing t;
         assert_int_equal(ask_run(ac, &ar, collect, ref[k], &t), IS_OK);
         printf("  ask %d: \"%s\"\n", k, ref[k]);
@@ -423,9 +431,14 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     for (int i = 0; i < N_SETS * N_FACTS; i++) facts[i] = (sched_fact){texts[i], rids[i]};
     for (int k = 0; k < N_SETS; k++) {
         msgs[k][0] = (chat_message){"user", qs[k]};
-        rq[k] = (sched_request){.messages = msgs[k], .n_messages = 1, .mode = ASK_MODE_KV,
-                                .facts = facts + k * N_FACTS, .n_facts = N_FACTS,
-                                .max_tokens = MAX_TOKENS, .temperature = 0.0f, .top_p = 1.0f};
+        rq[k] = (sched_request){.messages = msgs[k],
+                                .n_messages = 1,
+                                .mode = ASK_MODE_KV,
+                                .facts = facts + k * N_FACTS,
+                                .n_facts = N_FACTS,
+                                .max_tokens = MAX_TOKENS,
+                                .temperature = 0.0f,
+                                .top_p = 1.0f};
     }
     coll c;
     /* 1. Cold: read from the record files. */
