@@ -3,11 +3,11 @@
  * through, eviction under the bound with held records kept, larger blocks
  * split for smaller records, and concurrent gets of one record reading it
  * once. The tier's memory comes from malloc here (the server's is pinned). */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
 
 #include "core/status.h"
 #include "kv/host_tier.h"

@@ -13,11 +13,11 @@
  * the first one's request is still queued keeps its request's logits.
  *
  * The model: $IS_TEST_MODEL, else the default model. */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,11 +1,11 @@
 /* io_pool: every item of a batch runs exactly once, on several threads,
  * with several callers at once (each returning only when its own batch
  * is done), and a NULL pool runs the items in order on the caller. */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -19,11 +19,11 @@
  * the protocol: every fact injected without values was pinned, every pin
  * is dropped once, and the text is ask's.
  */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
 
 #include <pthread.h>
 #include <stdio.h>
