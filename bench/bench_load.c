@@ -111,6 +111,7 @@ typedef struct opts {
     int n_runs;
     double zipf;              /* > 0: each request's user drawn with popularity rank^-zipf */
     double fact_cache_gb;     /* 0: the server's default */
+    double host_cache_gb;     /* < 0: the server's default */
     int32_t step_tokens, prefill_chunk; /* 0: the server's defaults */
     const char *label;        /* first CSV column (e.g. the regime) */
     int32_t facts_per_user;
@@ -435,6 +436,7 @@ typedef struct sample {
     double e2e_ms;      /* client: sent -> stream complete */
     double srv_ttft_ms; /* usage.ttft_ms */
     int32_t completion_tokens, memory_tokens, injected_tokens;
+    int32_t tiers[4];   /* usage.facts: gpu, host, disk, text */
     char err[ERR_LEN];
 } sample;
 
@@ -498,6 +500,12 @@ static void on_event(stream_state *st, char *data) {
             s->srv_ttft_ms = tt->valuedouble;
             s->memory_tokens = cJSON_IsNumber(mt) ? (int32_t)mt->valuedouble : 0;
             s->injected_tokens = cJSON_IsNumber(it) ? (int32_t)it->valuedouble : 0;
+            cJSON *fs = cJSON_GetObjectItem(u, "facts");
+            static const char *const names[4] = {"gpu", "host", "disk", "text"};
+            for (int t = 0; t < 4; t++) {
+                cJSON *x = fs ? cJSON_GetObjectItem(fs, names[t]) : NULL;
+                s->tiers[t] = cJSON_IsNumber(x) ? (int32_t)x->valuedouble : 0;
+            }
         }
     }
     cJSON_Delete(o);
@@ -754,6 +762,7 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double *e2e = calloc((size_t)n_requests + 1, sizeof(double));
     int n_ok = 0;
     int64_t toks = 0, mem = 0, inj = 0;
+    long long tiers[4] = {0, 0, 0, 0};
     for (int i = 0; i < n_requests; i++) {
         sample *s = &r.samples[i];
         if (i >= taken && !s->ok && !s->err[0]) continue; /* not started */
@@ -769,8 +778,14 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
         toks += s->completion_tokens;
         mem += s->memory_tokens;
         inj += s->injected_tokens;
+        for (int t = 0; t < 4; t++) tiers[t] += s->tiers[t];
     }
     w.done = n_ok;
+    /* Where the run's facts came from (usage.facts), for reading a tiered run. */
+    if (tiers[0] + tiers[1] + tiers[2] + tiers[3] > 0)
+        fprintf(stderr, "note: k %d, %d clients: facts from gpu %lld, host tier %lld, disk %lld, "
+                        "as text %lld\n",
+                (int)o->k, (int)clients, tiers[0], tiers[1], tiers[2], tiers[3]);
     qsort(ttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
     qsort(sttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
     qsort(e2e, (size_t)n_ok, sizeof(double), bench_cmp_double);
@@ -850,6 +865,7 @@ static void usage(FILE *f) {
             "      --zipf S             each request's user drawn from --users with popularity rank^-S\n"
             "                           (1: Zipf's law; default 0: client t is always user t)\n"
             "      --fact-cache-gb GB   the server's GPU fact cache (cuda; default: what is left)\n"
+            "      --host-cache-gb GB   the server's pinned host tier (cuda; default: the server's; 0: off)\n"
             "      --step-tokens N      the server's tokens per engine step (default: by backend)\n"
             "      --prefill-chunk N    the server's prompt tokens of one request a step (default: by backend)\n"
             "      --label NAME         first column of the CSV (e.g. the regime: hot, tiered, cold)\n"
@@ -1011,7 +1027,7 @@ int main(int argc, char **argv) {
         .backend = "cpu",
         .min_requests = 20, .per_client = 2, .max_tokens = 16, .k = 10, .facts_per_user = 10,
         .kv_mib = 1024, .time_limit_s = 300, .request_timeout_s = 120, .encode_timeout_s = 900,
-        .warmup = true,
+        .warmup = true, .host_cache_gb = -1,
     };
     parse_levels("1,10,50,100", &o);
     parse_modes("kv,prompt,off", &o);
@@ -1032,7 +1048,7 @@ int main(int argc, char **argv) {
         {"runs", required_argument, 0, 'r'},        {"zipf", required_argument, 0, 'z'},
         {"fact-cache-gb", required_argument, 0, 'g'}, {"step-tokens", required_argument, 0, 'S'},
         {"prefill-chunk", required_argument, 0, 'C'}, {"label", required_argument, 0, 'b'},
-        {"ctx", required_argument, 0, 'X'},
+        {"ctx", required_argument, 0, 'X'},         {"host-cache-gb", required_argument, 0, 'H'},
         {0, 0, 0, 0},
     };
     int ch;
@@ -1049,6 +1065,7 @@ int main(int argc, char **argv) {
         case 'r': ok = parse_runs(optarg, &o); break;
         case 'z': ok = parse_double(optarg, "--zipf", 0, 10, &o.zipf); break;
         case 'g': ok = parse_double(optarg, "--fact-cache-gb", 0.001, 1e4, &o.fact_cache_gb); break;
+        case 'H': ok = parse_double(optarg, "--host-cache-gb", 0, 1e4, &o.host_cache_gb); break;
         case 'S': ok = parse_int(optarg, "--step-tokens", 1, 1 << 16, &o.step_tokens); break;
         case 'C': ok = parse_int(optarg, "--prefill-chunk", 1, 1 << 16, &o.prefill_chunk); break;
         case 'b': o.label = optarg; break;
@@ -1174,6 +1191,7 @@ int main(int argc, char **argv) {
     if (o.step_tokens) p.sched.step_tokens = o.step_tokens;
     if (o.prefill_chunk) p.sched.prefill_chunk = o.prefill_chunk;
     p.fact_cache_bytes = (size_t)(o.fact_cache_gb * (double)(1 << 30));
+    if (o.host_cache_gb >= 0) p.sched.host_tier_bytes = (int64_t)(o.host_cache_gb * (double)(1 << 30));
     if (p.sched.max_queued < 2 * max_clients) p.sched.max_queued = 2 * max_clients;
     p.http.host = "127.0.0.1";
     p.http.port = 0;

@@ -10,6 +10,7 @@
  */
 #include "arena.cuh"
 #include "kv.cuh"
+#include "upload.cuh"
 
 #include <unordered_map>
 #include <vector>
@@ -20,6 +21,7 @@ struct record {
     int32_t n_tokens;
     std::vector<int32_t> pages;
     uint64_t stamp; /* the call that last used it */
+    int32_t pins;   /* prefetches not yet injected or given up: not evictable */
 };
 } // namespace
 
@@ -40,6 +42,13 @@ struct cuda_arena {
     size_t staging_cap;
     int32_t *dpages; /* one record's page ids, device */
     size_t dpages_cap;
+    /* Prefetches: their copies run on `up`; ev_up follows the latest of
+     * them (a place makes its stream wait for it), ev_inj the latest
+     * injection (a copy into an evicted page waits for it). */
+    cudaStream_t up;
+    cudaEvent_t ev_up, ev_inj;
+    bool uploads_pending; /* copies queued since a place last waited for them */
+    int64_t pinned_pages;
 };
 
 is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
@@ -66,6 +75,13 @@ is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_hea
                             (long long)n_pages, (size_t)n_pages * page_bytes,
                             cudaGetErrorString(e));
     }
+    if (cudaStreamCreateWithFlags(&a->up, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&a->ev_up, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&a->ev_inj, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        cuda_arena_free(a);
+        return is_error_set(IS_ERR_INTERNAL, "cuda arena: cannot create its copy stream");
+    }
     a->free_pages.reserve((size_t)n_pages);
     for (int64_t p = n_pages - 1; p >= 0; p--) a->free_pages.push_back((int32_t)p);
     a->stats.pages_total = n_pages;
@@ -76,6 +92,12 @@ is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_hea
 
 void cuda_arena_free(cuda_arena *a) {
     if (!a) return;
+    if (a->up) {
+        cudaStreamSynchronize(a->up);
+        cudaStreamDestroy(a->up);
+    }
+    if (a->ev_up) cudaEventDestroy(a->ev_up);
+    if (a->ev_inj) cudaEventDestroy(a->ev_inj);
     cudaFree(a->data);
     cudaFree(a->staging);
     cudaFree(a->dpages);
@@ -99,6 +121,8 @@ void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out) {
 static void drop_record(cuda_arena *a, int32_t ri) {
     record &r = a->recs[(size_t)ri];
     for (int32_t p : r.pages) a->free_pages.push_back(p);
+    a->pinned_pages -= r.pins > 0 ? (int64_t)r.pages.size() : 0;
+    r.pins = 0;
     r.pages.clear();
     if (r.id) a->by_id.erase(r.id);
     r.id = 0;
@@ -113,7 +137,7 @@ static bool make_room(cuda_arena *a, size_t need) {
         uint64_t oldest = a->call; /* records of this call are not candidates */
         for (size_t i = 0; i < a->recs.size(); i++) {
             const record &r = a->recs[i];
-            if (r.id && r.stamp < oldest) {
+            if (r.id && r.pins == 0 && r.stamp < oldest) {
                 oldest = r.stamp;
                 victim = (int32_t)i;
             }
@@ -156,6 +180,12 @@ static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
 
 is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
                            int32_t n_facts, int32_t *pages) {
+    if (a->uploads_pending) {
+        /* This call may read a prefetched record, or rewrite the pages of
+         * one whose request gave it up: after its copy, either way. */
+        CUDA_CHECK(cudaStreamWaitEvent(s, a->ev_up, 0));
+        a->uploads_pending = false;
+    }
     a->call++;
     /* Claim this call's resident records first, so room made for a miss
      * early in the list never evicts a hit later in it (whose values the
@@ -248,4 +278,86 @@ bool cuda_arena_holds(const cuda_arena *a, uint64_t id, int32_t n_tokens) {
     if (!id) return false;
     auto it = a->by_id.find(id);
     return it != a->by_id.end() && a->recs[(size_t)it->second].n_tokens == n_tokens;
+}
+
+is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *pinned) {
+    *pinned = false;
+    if (!f->id || f->n_tokens <= 0 || f->n_layers != a->n_layers || f->kv_dim != a->kv_dim)
+        return IS_OK;
+    auto it = a->by_id.find(f->id);
+    if (it != a->by_id.end()) {
+        record &r = a->recs[(size_t)it->second];
+        if (r.n_tokens == f->n_tokens) {
+            if (r.pins++ == 0) a->pinned_pages += r.n_tokens;
+            a->stats.prefetch_hits++;
+            *pinned = true;
+            return IS_OK;
+        }
+    }
+    /* The upload writes bf16 pages: an fp8 arena is filled by injections. */
+    if (!f->k || !f->v || a->fp8) return IS_OK;
+    if (a->pinned_pages + f->n_tokens > a->n_pages / 2) return IS_OK; /* the place's half */
+    if (it != a->by_id.end()) {
+        if (a->recs[(size_t)it->second].pins > 0) return IS_OK; /* another length, in use */
+        drop_record(a, it->second);
+    }
+    /* Records of the latest place stay too (make_room spares its stamp). */
+    if (!make_room(a, (size_t)f->n_tokens)) return IS_OK;
+    /* Any free page may have been read by an injection still queued (an
+     * evicted record's, a transient one's): every such kernel was queued
+     * before the latest ev_inj record. */
+    CUDA_CHECK(cudaStreamWaitEvent(a->up, a->ev_inj, 0));
+    if (a->free_recs.empty()) {
+        a->recs.emplace_back();
+        a->free_recs.push_back((int32_t)a->recs.size() - 1);
+    }
+    const int32_t ri = a->free_recs.back();
+    a->free_recs.pop_back();
+    record &r = a->recs[(size_t)ri];
+    r.id = f->id;
+    r.n_tokens = f->n_tokens;
+    r.stamp = a->call;
+    r.pins = 1;
+    r.pages.assign(a->free_pages.end() - f->n_tokens, a->free_pages.end());
+    a->free_pages.resize(a->free_pages.size() - (size_t)f->n_tokens);
+    a->by_id[f->id] = ri;
+    a->pinned_pages += f->n_tokens;
+    is_status st = IS_OK;
+    cuda_upload_pages pg;
+    for (int32_t t0 = 0; t0 < f->n_tokens && st == IS_OK; t0 += CUDA_UPLOAD_MAX_TOKENS) {
+        const int32_t n = f->n_tokens - t0 < CUDA_UPLOAD_MAX_TOKENS ? f->n_tokens - t0
+                                                                   : CUDA_UPLOAD_MAX_TOKENS;
+        for (int32_t j = 0; j < n; j++) pg.page[j] = r.pages[(size_t)(t0 + j)];
+        st = cuda_upload_record(a->up, a->data, &pg, f->k, f->v, f->dtype, t0, n, f->n_tokens,
+                                a->n_layers, a->kv_dim);
+    }
+    if (st == IS_OK) {
+        cudaError_t e = cudaEventRecord(a->ev_up, a->up);
+        if (e != cudaSuccess) st = cuda_status_from(e, "cudaEventRecord(ev_up)", __FILE__, __LINE__);
+    }
+    if (st != IS_OK) {
+        drop_record(a, ri);
+        return st;
+    }
+    a->uploads_pending = true;
+    a->stats.prefetch_misses++;
+    a->stats.bytes_uploaded += (int64_t)2 * a->n_layers * f->n_tokens * a->kv_dim * 2;
+    *pinned = true;
+    return IS_OK;
+}
+
+void cuda_arena_unpin(cuda_arena *a, uint64_t id) {
+    auto it = a->by_id.find(id);
+    if (it == a->by_id.end()) return;
+    record &r = a->recs[(size_t)it->second];
+    if (r.pins > 0 && --r.pins == 0) a->pinned_pages -= r.n_tokens;
+}
+
+is_status cuda_arena_injected(cuda_arena *a, cudaStream_t s) {
+    CUDA_CHECK(cudaEventRecord(a->ev_inj, s));
+    return IS_OK;
+}
+
+void cuda_arena_wait_uploads(cuda_arena *a) {
+    if (a && a->up) cudaStreamSynchronize(a->up);
 }

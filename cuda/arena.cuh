@@ -13,9 +13,11 @@
  * only. Records used by the current call are never evicted by it, the
  * ones it finds resident included, whatever their place in the call.
  *
- * Host-side bookkeeping only; every device operation is queued on the
- * caller's stream, so pages freed here are rewritten only after the work
- * already queued has read them.
+ * Host-side bookkeeping; every device operation of a place is queued on
+ * the caller's stream, so pages freed there are rewritten only after the
+ * work already queued has read them. Prefetches (the host tier's copies)
+ * run on the arena's own stream, ordered against the caller's by two
+ * events (cuda_arena_prefetch). Not locked: the backend serialises calls.
  */
 #ifndef IS_CUDA_ARENA_CUH
 #define IS_CUDA_ARENA_CUH
@@ -47,6 +49,28 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
                            int32_t n_facts, int32_t *pages);
 
 void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out);
+
+/* The host tier's way in (upload.cuh): makes f's record resident and pins
+ * it, or only pins it when it is resident already (f->k NULL: pin only).
+ * A miss is copied from f's host memory by a kernel on the arena's own
+ * stream, after the injections already queued on other streams have read
+ * any pages it reuses (cuda_arena_injected); the next cuda_arena_place
+ * makes its stream wait for the copies. Pinned records are never evicted,
+ * and pins hold at most half the pages, so a place always has room.
+ * *pinned: whether a pin was taken (false: the caller injects the values
+ * itself). A failure (a launch) leaves no record and no pin. */
+is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *pinned);
+
+/* Drops one pin of the record of this id (no-op if none). */
+void cuda_arena_unpin(cuda_arena *a, uint64_t id);
+
+/* After an injection kernel that reads the arena was queued on s: the
+ * arena's own copies wait for it before they rewrite an evicted page. */
+is_status cuda_arena_injected(cuda_arena *a, cudaStream_t s);
+
+/* Waits (host) for every copy queued on the arena's stream, so the host
+ * memory they read may be freed. */
+void cuda_arena_wait_uploads(cuda_arena *a);
 
 /* Whether the record of this id holds n_tokens tokens here: the next
  * cuda_arena_place will not read its values (it spares the records of its

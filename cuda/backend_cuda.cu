@@ -26,6 +26,7 @@ extern "C" {
 #include "wgmma_gemm.cuh"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +125,9 @@ typedef struct cuda_ctx {
     cuda_arena *arena;
     size_t arena_bytes; /* requested capacity (0 = default) */
     bool arena_fp8;     /* the arena's pages in fp8 e4m3 with scales (kv.cuh), else bf16 */
+    /* The arena and its pointer: the host tier's threads prefetch into it
+     * (fact_prefetch) while the engine thread injects from it. */
+    pthread_mutex_t arena_mu;
     float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
@@ -1401,6 +1405,23 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
     return st;
 }
 
+/* The arena for records of this shape and the configured page dtype,
+ * created at the first use (the default size: ARENA_DEFAULT_BYTES or half
+ * the free memory); one of another shape is replaced (the engine thread).
+ * Under arena_mu. */
+static is_status arena_ensure(cuda_ctx *c, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim) {
+    if (cuda_arena_matches(c->arena, n_layers, n_kv_heads, head_dim, c->arena_fp8)) return IS_OK;
+    cuda_arena_free(c->arena);
+    c->arena = NULL;
+    size_t bytes = c->arena_bytes;
+    if (bytes == 0) {
+        size_t free_b = 0, total_b = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
+    }
+    return cuda_arena_create(bytes, n_layers, n_kv_heads, head_dim, c->arena_fp8, &c->arena);
+}
+
 static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
                              const backend_inject *in) {
     int64_t total = 0;
@@ -1410,19 +1431,8 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     const rope_params *rp = in->rope;
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
     if (!c->kv_bf16) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
-    if (!cuda_arena_matches(c->arena, in->n_layers, in->n_kv_heads, in->head_dim, c->arena_fp8)) {
-        cuda_arena_free(c->arena);
-        c->arena = NULL;
-        size_t bytes = c->arena_bytes;
-        if (bytes == 0) {
-            size_t free_b = 0, total_b = 0;
-            CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-            bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
-        }
-        is_status st = cuda_arena_create(bytes, in->n_layers, in->n_kv_heads, in->head_dim,
-                                         c->arena_fp8, &c->arena);
-        if (st != IS_OK) return st;
-    }
+    is_status st = arena_ensure(c, in->n_layers, in->n_kv_heads, in->head_dim);
+    if (st != IS_OK) return st;
     /* Host pack: [pages T][slots T], then the caches' addresses. */
     size_t need = 2 * (size_t)total;
     if (need > c->pack_cap) {
@@ -1431,7 +1441,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
         c->pack = p;
         c->pack_cap = need;
     }
-    is_status st = cuda_arena_place(c->arena, c->stream, in->facts, in->n_facts, c->pack);
+    st = cuda_arena_place(c->arena, c->stream, in->facts, in->n_facts, c->pack);
     if (st != IS_OK) return st;
     memcpy(c->pack + total, in->slots, (size_t)total * sizeof(int32_t));
     if ((st = rope_table(c, rp, in->pos0 + (int32_t)total - 1)) != IS_OK) return st;
@@ -1448,11 +1458,12 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     free(caches);
     if (st != IS_OK) return st;
     const int32_t *dp = (const int32_t *)dpack;
-    return cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), c->arena_fp8,
-                       dp, dp + total,
-                       (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
-                       in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
-                       c->kv_bf16);
+    st = cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), c->arena_fp8,
+                     dp, dp + total,
+                     (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
+                     in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
+                     c->kv_bf16);
+    return st == IS_OK ? cuda_arena_injected(c->arena, c->stream) : st;
 }
 
 static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
@@ -1461,13 +1472,93 @@ static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
     graph_break(c); /* the arena allocates, waits, copies from pageable memory */
     if (!op_begin(c)) return;
     op_span span(c, CUDA_OP_INJECT);
+    pthread_mutex_lock(&c->arena_mu);
     op_note(c, inject_impl(c, k_cache, v_cache, in));
+    pthread_mutex_unlock(&c->arena_mu);
 }
 
 /* Resident only where the next inject reads the arena: a bf16 cache. */
 static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
-    const cuda_ctx *c = ctx_of(be);
-    return c->kv_bf16 && !c->legacy && c->arena && cuda_arena_holds(c->arena, id, n_tokens);
+    cuda_ctx *c = ctx_of(be);
+    if (!c->kv_bf16 || c->legacy) return false;
+    pthread_mutex_lock(&c->arena_mu);
+    bool held = c->arena && cuda_arena_holds(c->arena, id, n_tokens);
+    pthread_mutex_unlock(&c->arena_mu);
+    return held;
+}
+
+/* ---- the host tier's ops (any thread) ------------------------------------ */
+
+/* Pinned and mapped: the upload kernel reads it over PCIe (upload.cuh). */
+static is_status cu_host_alloc(backend *be, size_t bytes, void **out) {
+    cuda_ctx *c = ctx_of(be);
+    void *p = NULL;
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess) e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return is_error_set(IS_ERR_NOMEM, "cuda backend: cannot pin %zu bytes of host memory: %s",
+                            bytes, cudaGetErrorString(e));
+    }
+    *out = p;
+    return IS_OK;
+}
+
+static void cu_host_free(backend *be, void *ptr) {
+    if (!ptr) return;
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->arena_mu);
+    cuda_arena_wait_uploads(c->arena); /* a copy may still read it */
+    pthread_mutex_unlock(&c->arena_mu);
+    cudaFreeHost(ptr);
+}
+
+static bool host_readable(const void *p) {
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return at.type == cudaMemoryTypeHost;
+}
+
+/* Only with the serving cache (bf16, arena) and without graphs: a capture
+ * on the engine's stream must not meet another thread's stream work. */
+static bool cu_fact_prefetch(backend *be, const backend_fact_host *f) {
+    cuda_ctx *c = ctx_of(be);
+    if (!c->kv_bf16 || c->legacy || c->graphs || !f->id) return false;
+    if (f->k && (!f->v || (f->dtype != 1 && f->dtype != 2) || !host_readable(f->k) ||
+                 !host_readable(f->v)))
+        return false;
+    if (cudaSetDevice(c->device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    bool pinned = false;
+    pthread_mutex_lock(&c->arena_mu);
+    /* The arena takes its shape from the first injection, which knows the
+     * heads; until then the caller injects the values itself. */
+    if (c->err == IS_OK && c->arena && cuda_arena_prefetch(c->arena, f, &pinned) != IS_OK)
+        pinned = false; /* the caller injects the values itself */
+    pthread_mutex_unlock(&c->arena_mu);
+    if (!pinned) is_error_clear();
+    return pinned;
+}
+
+static void cu_host_wait(backend *be) {
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    pthread_mutex_lock(&c->arena_mu);
+    cuda_arena_wait_uploads(c->arena);
+    pthread_mutex_unlock(&c->arena_mu);
+}
+
+static void cu_fact_unpin(backend *be, uint64_t id) {
+    cuda_ctx *c = ctx_of(be);
+    pthread_mutex_lock(&c->arena_mu);
+    if (c->arena) cuda_arena_unpin(c->arena, id);
+    pthread_mutex_unlock(&c->arena_mu);
 }
 
 /* Not while the profiler times ops one by one, nor for the backend as
@@ -1543,10 +1634,12 @@ static is_status cu_recover(backend *be) {
                             "cuda backend: the device does not recover (%s) from: %s; only a new "
                             "process can use it",
                             cudaGetErrorString(e), c->err_msg);
+    pthread_mutex_lock(&c->arena_mu);
     if (c->arena) {
         cuda_arena_free(c->arena); /* taken again at the next injection */
         c->arena = NULL;
     }
+    pthread_mutex_unlock(&c->arena_mu);
     for (dev_stage *st : {&c->st_tiles, &c->st_inject, &c->st_caches, &c->st_tokens, &c->st_rope,
                           &c->st_slots, &c->st_attn})
         st->valid = false;
@@ -1574,6 +1667,7 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->inj_rows);
     free(c->tiles);
     cuda_arena_free(c->arena);
+    pthread_mutex_destroy(&c->arena_mu);
     cudaFree(c->xbf.buf);
     cudaFree(c->gbf.buf);
     cudaFree(c->ypart);
@@ -1652,6 +1746,11 @@ static const backend_ops cuda_ops = {
     /* .recover = */ cu_recover,
     /* .set_option = */ cu_set_option,
     /* .free_bytes = */ backend_cuda_free_bytes,
+    /* .host_alloc = */ cu_host_alloc,
+    /* .host_free = */ cu_host_free,
+    /* .fact_prefetch = */ cu_fact_prefetch,
+    /* .fact_unpin = */ cu_fact_unpin,
+    /* .host_wait = */ cu_host_wait,
 };
 
 /* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
@@ -1663,7 +1762,7 @@ static const backend_ops cuda_ops_legacy = {
     cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
     NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
     NULL,           NULL,        NULL,       cu_argmax,  cu_status,  cu_recover,
-    cu_set_option,  backend_cuda_free_bytes,
+    cu_set_option,  backend_cuda_free_bytes, NULL, NULL, NULL, NULL, NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1723,6 +1822,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     }
     c->be = be;
     c->device = device;
+    pthread_mutex_init(&c->arena_mu, NULL);
     c->err = IS_OK;
     c->precision = CUDA_MATMUL_BF16X2;
     c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
@@ -1894,6 +1994,7 @@ extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
 extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     graph_break(c);
+    pthread_mutex_lock(&c->arena_mu);
     if (c->arena) {
         cudaSetDevice(c->device);
         cudaStreamSynchronize(c->stream); /* queued injections may read it */
@@ -1901,6 +2002,7 @@ extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
         c->arena = NULL;
     }
     c->arena_bytes = bytes;
+    pthread_mutex_unlock(&c->arena_mu);
 }
 
 extern "C" void backend_cuda_set_arena_fp8(backend *be, bool fp8) {
@@ -1921,7 +2023,9 @@ extern "C" size_t backend_cuda_free_bytes(backend *be) {
 extern "C" void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out) {
     cuda_ctx *c = ctx_of(be);
     memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&c->arena_mu);
     if (c->arena) cuda_arena_get_stats(c->arena, out);
+    pthread_mutex_unlock(&c->arena_mu);
 }
 
 extern "C" is_status backend_cuda_check(backend *be) {

@@ -60,6 +60,10 @@ static void serve_usage(FILE *f) {
             "                          bf16's bytes; on cuda the fact cache keeps fp8 too\n"
             "      --fact-cache-gb GB  cuda: GPU memory for the facts' KV kept resident (default: what\n"
             "                          the weights and the KV pool leave, less 6 GiB)\n"
+            "      --host-cache-gb GB  cuda: pinned host memory for facts' KV records between the GPU\n"
+            "                          cache and the disk, read from disk and copied to the GPU as a\n"
+            "                          request is submitted (default 0: off, the records are read\n"
+            "                          and widened per request; 8 is a good start)\n"
             "      --step-tokens N     most tokens in one engine step (default 2048 on cuda, 256 on cpu)\n"
             "      --prefill-chunk N   most prompt tokens of one request a step (default 2048 on cuda,\n"
             "                          128 on cpu)\n"
@@ -120,6 +124,7 @@ enum {
     OPT_BODY_TIMEOUT,
     OPT_IDLE_TIMEOUT,
     OPT_PUBLIC_STATS,
+    OPT_HOST_CACHE_GB,
 };
 
 int cmd_serve(int argc, char **argv) {
@@ -146,6 +151,7 @@ int cmd_serve(int argc, char **argv) {
         {"body-timeout", required_argument, 0, OPT_BODY_TIMEOUT},
         {"idle-timeout", required_argument, 0, OPT_IDLE_TIMEOUT},
         {"public-stats", no_argument, 0, OPT_PUBLIC_STATS},
+        {"host-cache-gb", required_argument, 0, OPT_HOST_CACHE_GB},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -189,6 +195,17 @@ int cmd_serve(int argc, char **argv) {
                 return 1;
             }
             p.fact_cache_bytes = (size_t)(gb * (double)(1 << 30));
+            break;
+        }
+        case OPT_HOST_CACHE_GB: {
+            char *end;
+            double gb = strtod(optarg, &end);
+            if (end == optarg || *end || !(gb >= 0 && gb <= 1e4)) {
+                fprintf(stderr, "error: --host-cache-gb must be a number of GiB in [0, 10000], got '%s'\n",
+                        optarg);
+                return 1;
+            }
+            p.sched.host_tier_bytes = (int64_t)(gb * (double)(1 << 30));
             break;
         }
         case 'S': if (!cli_parse_int(optarg, "--step-tokens", 1, 1 << 16, &p.sched.step_tokens)) return 1; break;

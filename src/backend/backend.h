@@ -71,6 +71,19 @@ typedef struct backend_fact {
     const float *k, *v;
 } backend_fact;
 
+/* A fact's record as the host tier holds it, for the optional
+ * fact_prefetch op: pre-RoPE keys and values [n_layers][n_tokens][kv_dim]
+ * in the record's own element type (dtype: 1 f16, 2 bf16, as kv_dtype
+ * numbers them), in host memory from host_alloc (pinned: the device reads
+ * it while the caller goes on). */
+typedef struct backend_fact_host {
+    uint64_t id;
+    int32_t n_tokens;
+    int32_t n_layers, kv_dim;
+    int32_t dtype;
+    const void *k, *v;
+} backend_fact_host;
+
 /* What the inject op writes: the facts' tokens, in order, at positions
  * pos0, pos0 + 1, ... of one sequence, token i into slots[i] (host memory)
  * of every layer's cache; keys rotated to their position by `rope`. */
@@ -251,6 +264,28 @@ typedef struct backend_ops {
     /* Optional (NULL = 0): bytes of device memory free now, for sizing a
      * cache from what the weights and the KV pool leave; 0 on an error. */
     size_t (*free_bytes)(backend *be);
+
+    /* The fact-KV host tier (any thread, unlike the ops above; none ticks
+     * or latches). Optional (NULL = none, and the caller keeps its records
+     * in ordinary memory): host memory the device can read while the
+     * caller goes on (CUDA: pinned, mapped), and its release, which waits
+     * for any copy still reading it. */
+    is_status (*host_alloc)(backend *be, size_t bytes, void **out);
+    void (*host_free)(backend *be, void *ptr);
+    /* Optional (NULL = never): makes the fact of f->id resident for a later
+     * inject, copying its values (when f->k is not NULL) from host_alloc
+     * memory asynchronously, and pins it (never evicted) until fact_unpin;
+     * the inject that uses it waits for the copy on the device, not the
+     * host. f->k NULL: only pins a fact already resident. Returns false,
+     * nothing pinned, when it cannot (no room beside other pins, a cache
+     * of another shape or type, a failed backend): the caller injects the
+     * values itself. The memory must stay allocated until the fact is
+     * injected or host_free (which waits) frees it. */
+    bool (*fact_prefetch)(backend *be, const backend_fact_host *f);
+    /* Drops one pin that fact_prefetch took (no-op if none). */
+    void (*fact_unpin)(backend *be, uint64_t id);
+    /* Waits until no copy that fact_prefetch started reads host memory. */
+    void (*host_wait)(backend *be);
 } backend_ops;
 
 /* Fault injection state of one backend (backend_fault_arm); only

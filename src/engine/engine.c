@@ -644,3 +644,35 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
 is_status engine_status(engine *e) { return backend_status(e->be); }
 
 is_status engine_recover(engine *e) { return backend_recover(e->be); }
+
+bool engine_host_tier(engine *e) {
+    const backend_ops *op = e->be->ops;
+    return op->inject && op->host_alloc && op->host_free && op->fact_prefetch && op->fact_unpin &&
+           op->host_wait;
+}
+
+is_status engine_host_alloc(engine *e, size_t bytes, void **out) {
+    if (!e->be->ops->host_alloc) return is_error_set(IS_ERR_UNSUPPORTED, "backend has no host tier");
+    return e->be->ops->host_alloc(e->be, bytes, out);
+}
+
+void engine_host_free(engine *e, void *ptr) {
+    if (ptr && e->be->ops->host_free) e->be->ops->host_free(e->be, ptr);
+}
+
+void engine_host_wait(engine *e) {
+    if (e->be->ops->host_wait) e->be->ops->host_wait(e->be);
+}
+
+bool engine_fact_prefetch(engine *e, uint64_t cache_id, int32_t n_tokens, int32_t dtype,
+                          const void *k, const void *v) {
+    if (!cache_id || n_tokens <= 0 || !engine_host_tier(e)) return false;
+    const model_config *c = &e->m->cfg;
+    backend_fact_host f = {.id = cache_id, .n_tokens = n_tokens, .n_layers = c->n_layers,
+                           .kv_dim = c->n_kv_heads * c->head_dim, .dtype = dtype, .k = k, .v = v};
+    return e->be->ops->fact_prefetch(e->be, &f);
+}
+
+void engine_fact_unpin(engine *e, uint64_t cache_id) {
+    if (cache_id && e->be->ops->fact_unpin) e->be->ops->fact_unpin(e->be, cache_id);
+}

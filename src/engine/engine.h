@@ -125,4 +125,23 @@ is_status engine_recover(engine *e);
  * engine_inject_ids (IS_ERR_INVALID_ARG). */
 bool engine_fact_resident(engine *e, uint64_t cache_id, int32_t n_tokens);
 
+/* The fact-KV host tier (backend.h host_alloc, fact_prefetch): callable
+ * from any thread. engine_host_tier: whether the backend has one (then
+ * host memory for records comes from engine_host_alloc and facts are
+ * prefetched from it); the CPU has none. */
+bool engine_host_tier(engine *e);
+is_status engine_host_alloc(engine *e, size_t bytes, void **out);
+void engine_host_free(engine *e, void *ptr);
+/* Waits until no prefetch copy reads host memory (before it is reused). */
+void engine_host_wait(engine *e);
+/* Starts copying a fact's record (k, v [n_layers][n_tokens][kv_dim] in
+ * dtype 1 f16 or 2 bf16, memory from engine_host_alloc, kept until the
+ * fact is injected) to the backend, or with k = v = NULL only finds it
+ * resident; either way pins it until engine_fact_unpin. True: the next
+ * engine_inject_ids may pass k = v = NULL for it (engine_fact_resident
+ * says so). False: nothing pinned; inject its values as usual. */
+bool engine_fact_prefetch(engine *e, uint64_t cache_id, int32_t n_tokens, int32_t dtype,
+                          const void *k, const void *v);
+void engine_fact_unpin(engine *e, uint64_t cache_id);
+
 #endif

@@ -531,6 +531,76 @@ is_status record_store_get(record_store *s, const char *id, const fact_kv_meta *
     return IS_OK;
 }
 
+is_status record_store_read_into(record_store *s, const char *id, const fact_kv_meta *expected,
+                                 void *(*alloc)(void *ud, size_t len),
+                                 void (*release)(void *ud, void *p), void *ud, fact_kv *out,
+                                 void **buf, size_t *len) {
+    is_status st = check_id(id);
+    if (st != IS_OK) return st;
+    if (!alloc || !release || !out || !buf || !len)
+        return is_error_set(IS_ERR_INVALID_ARG, "record store: read_into needs its buffers");
+    char name[RS_NAME_CAP];
+    final_name(name, id);
+    int fd = openat(s->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id, s->dir);
+        return is_error_set(IS_ERR_IO, "record store: cannot open %s/%s: %s", s->dir, name,
+                            strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int err = errno;
+        close(fd);
+        return is_error_set(IS_ERR_IO, "record store: cannot stat %s/%s: %s", s->dir, name,
+                            strerror(err));
+    }
+    if (sb.st_size <= 0) {
+        close(fd);
+        return is_error_set(IS_ERR_FORMAT, "record store: %s/%s is empty (truncated record)",
+                            s->dir, name);
+    }
+    const size_t n = (size_t)sb.st_size;
+    uint8_t *p = alloc(ud, n);
+    if (!p) {
+        close(fd);
+        return is_error_set(IS_ERR_NOMEM, "record store: no buffer for %zu bytes of '%s'", n, id);
+    }
+    /* A record file is never modified in place (a put renames a new one
+     * over it), so this descriptor reads one whole record. */
+    size_t at = 0;
+    while (at < n) {
+        ssize_t r = pread(fd, p + at, n - at, (off_t)at);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        at += (size_t)r;
+    }
+    int err = errno;
+    close(fd);
+    if (at < n) {
+        release(ud, p);
+        return is_error_set(IS_ERR_IO, "record store: cannot read %s/%s: %s", s->dir, name,
+                            err ? strerror(err) : "short read");
+    }
+    fact_kv kv = {0};
+    st = fact_record_parse(p, n, &kv.meta, &kv.tokens, &kv.k, &kv.v);
+    if (st == IS_OK && expected) st = fact_meta_check(&kv.meta, expected);
+    if (st != IS_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", is_error_last());
+        release(ud, p);
+        return is_error_set(st, "record store: %s/%s: %s", s->dir, name, why);
+    }
+    kv.content_id = fact_record_content_id(p);
+    pthread_mutex_lock(&s->mu);
+    s->stats.misses++;
+    pthread_mutex_unlock(&s->mu);
+    *out = kv;
+    *buf = p;
+    *len = n;
+    return IS_OK;
+}
+
 void record_store_release(record_store *s, const fact_kv *kv) {
     if (!kv) return;
     rs_entry *e = (rs_entry *)kv; /* kv is the entry's first member */

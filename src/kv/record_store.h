@@ -95,6 +95,19 @@ is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *
 is_status record_store_get(record_store *s, const char *id, const fact_kv_meta *expected,
                            const fact_kv **out);
 
+/* Reads the record of `id` from its file straight into memory the caller
+ * gives (the host tier's pinned buffers: no mapping, no copy), bypassing
+ * and not filling the cache: alloc(ud, len) returns len bytes, or NULL
+ * (IS_ERR_NOMEM). The bytes are checked as record_store_get checks them
+ * (checksum, and `expected` if not NULL), then *out points into the
+ * buffer, which the caller owns (*buf, *len) and frees with its own
+ * allocator; on failure the buffer is given back through release(ud, p)
+ * and *out, *buf, *len are unchanged. Failures as record_store_get's. */
+is_status record_store_read_into(record_store *s, const char *id, const fact_kv_meta *expected,
+                                 void *(*alloc)(void *ud, size_t len),
+                                 void (*release)(void *ud, void *p), void *ud, fact_kv *out,
+                                 void **buf, size_t *len);
+
 /* Hands back a record got from record_store_get() on `s`. NULL is a no-op. */
 void record_store_release(record_store *s, const fact_kv *kv);
 

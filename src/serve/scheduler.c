@@ -21,7 +21,9 @@
 #include "core/status.h"
 #include "engine/sampler.h"
 #include "engine/textout.h"
+#include "kv/host_tier.h"
 #include "serve/fact_index.h"
+#include "serve/io_pool.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -31,6 +33,9 @@
 #include <time.h>
 
 #define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
+/* Threads that read records into the host tier beside the submitting one:
+ * enough to keep a disk and the copy engine busy, few beside the cores. */
+#define SCHED_IO_THREADS 8
 #define SCHED_JOB_BACKEND_TRIES 3 /* backend failures an encode job may meet before it is dropped */
 
 typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
@@ -53,7 +58,15 @@ typedef struct req_fact {
     float *pre_buf;          /* its values widened to f32 (owned), or NULL */
     engine_fact pre;         /* as engine_inject takes it */
     int64_t pre_bytes;       /* counted in sched.prefetch_bytes */
+    /* The host tier's path (prefetch_tiered): the record's view, held until
+     * the request ends (a copy may read it until its injection ran), and a
+     * pin on its GPU copy, held until its injection. */
+    const fact_kv *ht_held;
+    bool pinned;
+    uint8_t tier;            /* FACT_TIER_*: where submit found it */
 } req_fact;
+
+enum { FACT_TIER_GPU = 0, FACT_TIER_HOST = 1, FACT_TIER_DISK = 2 };
 
 /* Records known to the fact index at most (about 100 bytes each). */
 #define SCHED_FACT_INDEX_MAX ((int64_t)1 << 22)
@@ -115,6 +128,8 @@ struct sched {
     int32_t n_vocab, n_ctx, block_size, n_blocks;
     ask_ctx *ask; /* the serving prefix, its layout and the encoder */
     fact_index *facts; /* records seen: what injecting a resident one needs */
+    host_tier *ht;     /* pinned records (NULL: the backend has no host tier) */
+    io_pool *io;       /* reads a request's missing records at once (with ht) */
     _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
     int32_t prefix_seq, n_prefix, prefix_blocks;
 
@@ -158,6 +173,7 @@ sched_params sched_default_params(void) {
     sched_params p = {
         .max_running = 32, .max_queued = 256, .step_tokens = 0, .prefill_chunk = 0,
         .record_dtype = KV_DTYPE_F16, .prefetch_bytes = SCHED_PREFETCH_MAX_BYTES,
+        .host_tier_bytes = SCHED_HOST_TIER_BYTES,
     };
     return p;
 }
@@ -216,6 +232,10 @@ static void publish(sched *s, int64_t done, int64_t failed) {
 
 /* Gives back the records loaded ahead for a fact that did not use them. */
 static void drop_prefetch_fact(sched *s, req_fact *f) {
+    if (f->pinned) engine_fact_unpin(s->e, f->content_id);
+    f->pinned = false;
+    if (f->ht_held) host_tier_release(s->ht, f->ht_held);
+    f->ht_held = NULL;
     if (f->pre_held) record_store_release(memory_record_store(s->mem), f->pre_held);
     free(f->pre_buf);
     if (f->pre_bytes) atomic_fetch_sub(&s->prefetch_bytes, f->pre_bytes);
@@ -516,14 +536,29 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
         req_fact *f = &h->facts[i];
         bool ok = false;
-        if (h->mode == ASK_MODE_KV && f->record && f->known &&
+        int32_t tier = FACT_TIER_DISK;
+        if (h->mode == ASK_MODE_KV && f->pinned &&
             engine_fact_resident(s->e, f->content_id, f->n_kv_tokens)) {
-            /* The GPU holds it: injected from there, its record not read. */
+            /* Pinned at submit (resident, or its copy started then): the
+             * injection waits for the copy on the GPU, not here. */
+            inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
+            ids[n_inj] = f->content_id;
+            rec[n_inj++] = f->record;
+            tier = f->tier;
+            ok = true;
+        } else if (h->mode == ASK_MODE_KV && f->record && f->known &&
+                   (s->ht ? engine_fact_prefetch(s->e, f->content_id, f->n_kv_tokens, 0, NULL, NULL)
+                          : engine_fact_resident(s->e, f->content_id, f->n_kv_tokens))) {
+            /* The GPU holds it: injected from there, its record not read.
+             * With a host tier other threads copy into the GPU cache at any
+             * time, so "resident" holds only pinned (until the injection). */
+            tier = FACT_TIER_GPU;
             inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
             ids[n_inj] = f->content_id;
             rec[n_inj++] = f->record;
             ok = true;
             drop_prefetch_fact(s, f);
+            f->pinned = s->ht != NULL;
         } else if (h->mode == ASK_MODE_KV && f->pre_held) {
             /* Loaded and widened on the submitting thread: only injected here. */
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
@@ -539,7 +574,9 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             ok = true;
         } else if (h->mode == ASK_MODE_KV && f->record) {
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
-            is_status fs = ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
+            /* With a host tier, always with its values (see above). */
+            is_status fs = s->ht ? ask_load_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj])
+                                 : ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
             /* A record made from another text (the fact changed since) is stale. */
             ok = fs == IS_OK && held[n_inj]->meta.text_hash == f->text_hash;
             if (fs == IS_ERR_NOMEM) st = fs;
@@ -560,6 +597,10 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
         if (h->mode == ASK_MODE_KV) {
             if (ok) (*hits)++;
             else (*misses)++;
+            if (!ok) h->usage.facts_text++;
+            else if (tier == FACT_TIER_GPU) h->usage.facts_gpu++;
+            else if (tier == FACT_TIER_HOST) h->usage.facts_host++;
+            else h->usage.facts_disk++;
         }
         if (!ok && st == IS_OK) {
             /* Prefilled as text after the injected facts. */
@@ -568,6 +609,13 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
         }
     }
     if (st == IS_OK && n_inj > 0) st = engine_inject_ids(s->e, h->seq, inj, ids, n_inj);
+    /* Injected (or failed): the pins go; the host views stay until the
+     * request ends, when its first token has come back after the copies. */
+    for (int32_t i = 0; i < n; i++)
+        if (h->facts[i].pinned) {
+            engine_fact_unpin(s->e, h->facts[i].content_id);
+            h->facts[i].pinned = false;
+        }
     /* Whether the backend kept them: the next request's submit skips their prefetch. */
     for (int32_t i = 0; st == IS_OK && i < n_inj; i++)
         fact_index_set_resident(s->facts, rec[i], engine_fact_resident(s->e, ids[i], inj[i].n_tokens));
@@ -669,6 +717,10 @@ static void admit(sched *s) {
         pthread_mutex_lock(&s->mu);
         s->st.facts_kv_hits += hits;
         s->st.facts_kv_misses += misses;
+        s->st.facts_gpu += h->usage.facts_gpu;
+        s->st.facts_host += h->usage.facts_host;
+        s->st.facts_disk += h->usage.facts_disk;
+        s->st.facts_text += h->usage.facts_text;
         pthread_mutex_unlock(&s->mu);
         if (st != IS_OK && engine_status(s->e) != IS_OK) {
             /* The backend failed injecting or forking: this request is
@@ -892,6 +944,11 @@ static void *engine_main(void *arg) {
 
 /* ---- create / free ----------------------------------------------------------------------- */
 
+/* The host tier's memory is the backend's (pinned, where the GPU reads it). */
+static is_status tier_alloc(void *ud, size_t bytes, void **out) { return engine_host_alloc(ud, bytes, out); }
+static void tier_free(void *ud, void *p) { engine_host_free(ud, p); }
+static void tier_quiesce(void *ud) { engine_host_wait(ud); }
+
 is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **out) {
     if (!e || !out) return is_error_set(IS_ERR_INVALID_ARG, "sched_create: NULL argument");
     sched_params p = pp ? *pp : sched_default_params();
@@ -903,7 +960,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     if (p.step_tokens == 0) p.step_tokens = gpu ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS;
     if (p.prefill_chunk == 0) p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
-        p.prefetch_bytes < 0 ||
+        p.prefetch_bytes < 0 || p.host_tier_bytes < 0 ||
         (unsigned)p.record_dtype >= KV_DTYPE_COUNT)
         return is_error_set(IS_ERR_INVALID_ARG, "sched_create: parameters must be positive");
     kv_cache_params kp = kv_cache_get_params(engine_kv(e));
@@ -937,6 +994,11 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
                        ? IS_OK
                        : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = fact_index_create(SCHED_FACT_INDEX_MAX, &s->facts);
+    if (st == IS_OK && mem && p.host_tier_bytes >= ((int64_t)1 << 20) && engine_host_tier(e)) {
+        host_tier_alloc al = {.alloc = tier_alloc, .free = tier_free, .quiesce = tier_quiesce, .ud = e};
+        st = host_tier_create(memory_record_store(mem), (size_t)p.host_tier_bytes, al, &s->ht);
+        if (st == IS_OK) st = io_pool_create(SCHED_IO_THREADS, &s->io);
+    }
     if (st == IS_OK)
         st = ask_ctx_create(e, mem ? memory_record_store(mem) : NULL, p.record_dtype, &s->ask);
     if (st == IS_OK) {
@@ -973,6 +1035,8 @@ void sched_free(sched *s) {
     }
     ask_ctx_free(s->ask);
     fact_index_free(s->facts);
+    io_pool_free(s->io);
+    host_tier_free(s->ht); /* every request ended: no view or copy is left */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->run);
@@ -1022,7 +1086,10 @@ static is_status check_request(const sched *s, const sched_request *r) {
  * cache), so that the engine thread only injects it, and when the GPU
  * holds the record does not read it at all. A record that cannot be read
  * is left for the engine thread to find so (and prefill the fact as text). */
+static bool prefetch_tiered(sched *s, req_fact *rf);
+
 static void prefetch_fact(sched *s, req_fact *rf) {
+    if (s->ht && prefetch_tiered(s, rf)) return;
     fact_index_entry e;
     bool have = fact_index_get(s->facts, rf->record, &e);
     if (!have || !e.resident) {
@@ -1059,6 +1126,61 @@ static void prefetch_fact(sched *s, req_fact *rf) {
     } else {
         drop_prefetch_fact(s, rf); /* encoded from another text: not to be injected */
     }
+}
+
+/* The host tier's path, on the submitting thread as soon as retrieval
+ * has named the fact: a fact the GPU holds is pinned there; any other is
+ * got from the host tier (read from its file into pinned memory on a miss,
+ * in the record's own dtype) and its copy to the GPU started at once on
+ * the backend's own stream, pinned until its injection, which waits for
+ * the copy on the GPU. True when handled (the fact is pinned, or it cannot
+ * be used and the engine thread will find so); false: the ordinary path
+ * (no room in the tier or beside the GPU's pins, a dtype the copy does not
+ * take). */
+static bool prefetch_tiered(sched *s, req_fact *rf) {
+    fact_index_entry e;
+    bool have = fact_index_get(s->facts, rf->record, &e);
+    if (have && e.text_hash != rf->text_hash) return true; /* another text: prefilled */
+    if (have && e.resident &&
+        engine_fact_prefetch(s->e, e.content_id, e.n_tokens, 0, NULL, NULL)) {
+        rf->known = rf->pinned = true;
+        rf->content_id = e.content_id;
+        rf->n_kv_tokens = e.n_tokens;
+        rf->tier = FACT_TIER_GPU;
+        return true;
+    }
+    fact_kv_meta want;
+    fact_meta_for_model(engine_model(s->e), s->p.record_dtype, &want);
+    const fact_kv *kv = NULL;
+    bool from_disk = false;
+    is_status st = host_tier_get(s->ht, rf->record, &want, &kv, &from_disk);
+    if (st != IS_OK) {
+        is_error_clear();
+        return st != IS_ERR_NOMEM; /* unusable: the engine thread finds so */
+    }
+    fact_index_entry ne = {.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+                           .n_tokens = kv->meta.n_tokens};
+    fact_index_put(s->facts, rf->record, &ne);
+    if (kv->meta.text_hash != rf->text_hash) {
+        host_tier_release(s->ht, kv);
+        return true;
+    }
+    if (!engine_fact_prefetch(s->e, kv->content_id, kv->meta.n_tokens, (int32_t)kv->meta.dtype,
+                              kv->k, kv->v)) {
+        host_tier_release(s->ht, kv);
+        return false;
+    }
+    rf->ht_held = kv;
+    rf->known = rf->pinned = true;
+    rf->content_id = kv->content_id;
+    rf->n_kv_tokens = kv->meta.n_tokens;
+    rf->tier = from_disk ? FACT_TIER_DISK : FACT_TIER_HOST;
+    return true;
+}
+
+static void prefetch_item(void *arg, int32_t i) {
+    sched_handle *h = arg;
+    if (h->facts[i].record) prefetch_fact(h->s, &h->facts[i]);
 }
 
 /* Lays out and tokenises the request into h (caller's thread: the
@@ -1098,9 +1220,10 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
             return is_error_set(IS_ERR_NOMEM, "out of memory");
         rf->text_hash = fact_text_hash(f->text, strlen(f->text));
         if ((st = memory_prompt_fact(mp, f->text, &rf->toks, &rf->n_toks)) != IS_OK) return st;
-        if (r->mode == ASK_MODE_KV && rf->record) prefetch_fact(s, rf);
         est += rf->n_toks;
     }
+    /* Every fact's record at once: the misses' reads and copies overlap. */
+    if (r->mode == ASK_MODE_KV && nf > 0) io_pool_run(s->io, prefetch_item, h, nf);
     if (r->mode != ASK_MODE_OFF) est += s->n_prefix;
     if (est + r->max_tokens > s->n_ctx)
         return is_error_set(IS_ERR_CONTEXT_FULL,

@@ -83,7 +83,15 @@ typedef struct sched_params {
                                submitting threads ahead of admission (default
                                SCHED_PREFETCH_MAX_BYTES; 0: only read into the record store's
                                cache, the engine thread widens them) */
+    int64_t host_tier_bytes; /* pinned host memory for records in their own dtype, where the
+                                backend has a host tier (CUDA, bf16 cache): a miss is read there
+                                from its file and copied to the GPU as soon as submit names it
+                                (default SCHED_HOST_TIER_BYTES; 0: off, the path above) */
 } sched_params;
+
+/* Off until the GPU tests of the host tier (test_fact_tiers_cuda) and its
+ * served benchmark have run on a device: docs/notes/tiers.md. */
+#define SCHED_HOST_TIER_BYTES 0
 
 #define SCHED_PREFETCH_MAX_BYTES ((int64_t)4 << 30)
 
@@ -156,6 +164,11 @@ typedef struct sched_usage {
     int32_t injected_tokens;  /* memory tokens injected as KV */
     int32_t memory_tokens;    /* memory tokens in all (injected + prefilled as text) */
     int32_t completion_tokens;
+    /* Where each fact of a kv request was served from, as found at submit:
+     * resident on the GPU, in the host tier, read from disk (the record
+     * file; without a host tier: through the record store), or prefilled
+     * as text (no usable KV). */
+    int32_t facts_gpu, facts_host, facts_disk, facts_text;
     double queue_ms;          /* submit -> admitted */
     double ttft_ms;           /* submit -> first token sampled */
     double total_ms;          /* submit -> done */
@@ -242,6 +255,7 @@ typedef struct sched_stats {
     int64_t facts_kv_misses;   /* facts of kv requests prefilled as text (no record yet) */
     int64_t facts_encoded;
     int64_t encode_failures;
+    int64_t facts_gpu, facts_host, facts_disk, facts_text; /* sched_usage's, summed */
     int64_t requests_done;     /* DONE events (finished or cancelled) */
     int64_t requests_failed;   /* ERROR events */
 } sched_stats;

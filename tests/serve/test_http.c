@@ -789,6 +789,16 @@ static void test_chat_memory(void **state) {
     int kv_prompt = usage_of(r.json, "prompt_tokens"), kv_pref = usage_of(r.json, "prefilled_tokens");
     assert_true(kv_mem > 0);
     assert_int_equal(kv_inj, kv_mem);
+    /* usage.facts: where the two facts came from (none as text). */
+    const cJSON *uf = cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "facts");
+    int served = 0;
+    for (int t = 0; t < 3; t++)
+        served += (int)cJSON_GetNumberValue(cJSON_GetObjectItem(uf, (const char *[]){"gpu", "host", "disk"}[t]));
+    assert_int_equal(served, 2);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(uf, "text")), 0);
+    assert_true(metric("inferscale_facts_served_total{tier=\"gpu\"}") +
+                    metric("inferscale_facts_served_total{tier=\"host\"}") +
+                    metric("inferscale_facts_served_total{tier=\"disk\"}") >= 2);
     assert_true(usage_of(r.json, "prefix_cached_tokens") > 0);
     assert_int_equal(
         (int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"),

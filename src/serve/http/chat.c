@@ -267,6 +267,12 @@ static cJSON *usage_json(const sched_usage *u) {
     cJSON_AddNumberToObject(o, "injected_tokens", u->injected_tokens);
     cJSON_AddNumberToObject(o, "memory_prefilled_tokens", u->memory_tokens - u->injected_tokens);
     cJSON_AddNumberToObject(o, "prefilled_tokens", u->prefilled_tokens);
+    /* Where a kv request's facts came from (scheduler.h sched_usage). */
+    cJSON *f = cJSON_AddObjectToObject(o, "facts");
+    cJSON_AddNumberToObject(f, "gpu", u->facts_gpu);
+    cJSON_AddNumberToObject(f, "host", u->facts_host);
+    cJSON_AddNumberToObject(f, "disk", u->facts_disk);
+    cJSON_AddNumberToObject(f, "text", u->facts_text);
     cJSON_AddNumberToObject(o, "queue_ms", u->queue_ms);
     cJSON_AddNumberToObject(o, "ttft_ms", u->ttft_ms);
     cJSON_AddNumberToObject(o, "total_ms", u->total_ms);

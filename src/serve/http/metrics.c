@@ -274,6 +274,16 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                           "inferscale_fact_kv_total{result=\"hit\"} %lld\n"
                           "inferscale_fact_kv_total{result=\"miss\"} %lld\n",
                       (long long)ss->facts_kv_hits, (long long)ss->facts_kv_misses);
+            sb_printf(&b, "# HELP inferscale_facts_served_total Facts of kv-mode requests by where "
+                          "submit found them: resident on the GPU, in the pinned host tier, read "
+                          "from disk, or prefilled as text.\n"
+                          "# TYPE inferscale_facts_served_total counter\n"
+                          "inferscale_facts_served_total{tier=\"gpu\"} %lld\n"
+                          "inferscale_facts_served_total{tier=\"host\"} %lld\n"
+                          "inferscale_facts_served_total{tier=\"disk\"} %lld\n"
+                          "inferscale_facts_served_total{tier=\"text\"} %lld\n",
+                      (long long)ss->facts_gpu, (long long)ss->facts_host,
+                      (long long)ss->facts_disk, (long long)ss->facts_text);
         }
         const record_store_stats *rs = live->store_stats;
         if (rs) {

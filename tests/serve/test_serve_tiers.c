@@ -1,0 +1,507 @@
+/*
+ * The serving pipeline's fact tiers, end to end through the scheduler on
+ * the default model: a kv chat answers with the greedy text of `ask`
+ * (ask_run) on the same facts and records, whichever tier each fact comes
+ * from, and usage.facts says which one it was.
+ *
+ * Built twice. As test_serve_tiers_cuda (label gpu, exit 77 without a
+ * device), on the CUDA backend as `serve --backend cuda --host-cache-gb`
+ * runs it (bf16 cache, a GPU fact cache far smaller than the default):
+ * first every fact is read from disk into the pinned host tier and copied
+ * to the GPU at submit; then it is resident (gpu); then, the GPU cache
+ * dropped, it comes from the host tier (host); then many requests at once.
+ * Each time the text is ask's: the copy path must put in the cache the
+ * bits that the widening path put there (f16 -> bf16 rounds once either
+ * way). As test_serve_tiers (CI), on the CPU backend with a stand-in for
+ * the GPU's fact cache (the host-tier ops of backend.h over a small table
+ * that evicts any unpinned record whenever it makes room, which the GPU's
+ * spares for a while): the same sequence checks the scheduler's side of
+ * the protocol: every fact injected without values was pinned, every pin
+ * is dropped once, and the text is ask's.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/status.h"
+#include "serve/ask.h"
+#include "serve/scheduler.h"
+#include "test_util.h"
+#ifdef TIERS_CUDA
+#include "backend_cuda.h"
+#define TIERS_BACKEND "cuda"
+#else
+#define TIERS_BACKEND "cpu"
+#endif
+
+#define MAX_TOKENS 6
+#define N_FACTS    3
+#define N_PAR      4
+#define N_SETS     3
+
+static backend *g_be;
+static model *g_model;
+static char g_dir[] = "/tmp/test_serve_tiers_XXXXXX";
+
+#ifndef TIERS_CUDA
+/* ---- a stand-in for the GPU fact cache, over the CPU backend ------------------------- */
+
+#include "kv/fact_record.h"
+
+#define FAKE_MAX 64
+
+typedef struct fake_rec {
+    uint64_t id;
+    int32_t n_tokens, pins;
+    uint64_t stamp;
+    float *k, *v; /* f32, as the CPU's inject takes them */
+} fake_rec;
+
+static struct {
+    pthread_mutex_t mu;
+    backend_ops ops;        /* the CPU's, with the host tier's ops added */
+    const backend_ops *cpu; /* the CPU's own */
+    fake_rec recs[FAKE_MAX];
+    int64_t cap_tokens, used_tokens, pinned_tokens;
+    uint64_t clock;
+    int64_t copies, pin_hits, unpin_underflows, injected_unpinned, injected_missing, evictions;
+} g_fake = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static fake_rec *fake_find(uint64_t id) {
+    for (int i = 0; i < FAKE_MAX; i++)
+        if (g_fake.recs[i].id == id) return &g_fake.recs[i];
+    return NULL;
+}
+
+static void fake_drop(fake_rec *r) {
+    g_fake.used_tokens -= r->n_tokens;
+    free(r->k);
+    memset(r, 0, sizeof *r);
+}
+
+/* Room for n tokens and a slot: evicts the least recently used unpinned
+ * records (any of them, the latest injection's too: stricter than the GPU). */
+static fake_rec *fake_make_room(int32_t n) {
+    for (;;) {
+        fake_rec *slot = NULL, *victim = NULL;
+        for (int i = 0; i < FAKE_MAX; i++) {
+            fake_rec *r = &g_fake.recs[i];
+            if (!r->id) slot = slot ? slot : r;
+            else if (r->pins == 0 && (!victim || r->stamp < victim->stamp)) victim = r;
+        }
+        if (slot && g_fake.used_tokens + n <= g_fake.cap_tokens) return slot;
+        if (!victim) return NULL;
+        fake_drop(victim);
+        g_fake.evictions++;
+    }
+}
+
+static fake_rec *fake_put(uint64_t id, int32_t n, int32_t dtype, const void *k, const void *v,
+                          bool values_f32) {
+    fake_rec *r = fake_make_room(n);
+    if (!r) return NULL;
+    size_t ne = (size_t)g_model->cfg.n_layers * n * g_model->cfg.n_kv_heads * g_model->cfg.head_dim;
+    r->k = malloc(2 * ne * sizeof(float));
+    assert_non_null(r->k);
+    r->v = r->k + ne;
+    if (values_f32) {
+        memcpy(r->k, k, ne * sizeof(float));
+        memcpy(r->v, v, ne * sizeof(float));
+    } else {
+        fact_kv_to_f32((kv_dtype)dtype, k, r->k, ne);
+        fact_kv_to_f32((kv_dtype)dtype, v, r->v, ne);
+    }
+    r->id = id;
+    r->n_tokens = n;
+    r->stamp = ++g_fake.clock;
+    g_fake.used_tokens += n;
+    return r;
+}
+
+static is_status fake_host_alloc(backend *be, size_t bytes, void **out) {
+    (void)be;
+    *out = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    return *out ? IS_OK : is_error_set(IS_ERR_NOMEM, "fake: out of memory");
+}
+
+static void fake_host_free(backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+
+static void fake_host_wait(backend *be) { (void)be; }
+
+static bool fake_prefetch(backend *be, const backend_fact_host *f) {
+    (void)be;
+    pthread_mutex_lock(&g_fake.mu);
+    fake_rec *r = fake_find(f->id);
+    bool pinned = false;
+    if (r && r->n_tokens == f->n_tokens) {
+        if (r->pins++ == 0) g_fake.pinned_tokens += r->n_tokens;
+        r->stamp = ++g_fake.clock;
+        g_fake.pin_hits++;
+        pinned = true;
+    } else if (f->k && g_fake.pinned_tokens + f->n_tokens <= g_fake.cap_tokens / 2) {
+        if (r && r->pins == 0) fake_drop(r);
+        if ((r = fake_put(f->id, f->n_tokens, f->dtype, f->k, f->v, false))) {
+            r->pins = 1;
+            g_fake.pinned_tokens += r->n_tokens;
+            g_fake.copies++;
+            pinned = true;
+        }
+    }
+    pthread_mutex_unlock(&g_fake.mu);
+    return pinned;
+}
+
+static void fake_unpin(backend *be, uint64_t id) {
+    (void)be;
+    pthread_mutex_lock(&g_fake.mu);
+    fake_rec *r = fake_find(id);
+    if (!r || r->pins == 0) g_fake.unpin_underflows++;
+    else if (--r->pins == 0) g_fake.pinned_tokens -= r->n_tokens;
+    pthread_mutex_unlock(&g_fake.mu);
+}
+
+static bool fake_resident(backend *be, uint64_t id, int32_t n_tokens) {
+    (void)be;
+    pthread_mutex_lock(&g_fake.mu);
+    fake_rec *r = fake_find(id);
+    bool held = r && r->n_tokens == n_tokens;
+    pthread_mutex_unlock(&g_fake.mu);
+    return held;
+}
+
+/* Facts without values come from the table and must be pinned there;
+ * facts with values enter it, as a GPU fill does. */
+static void fake_inject(backend *be, float *const *k_cache, float *const *v_cache,
+                        const backend_inject *in) {
+    backend_fact *fs = malloc((size_t)in->n_facts * sizeof *fs);
+    assert_non_null(fs);
+    pthread_mutex_lock(&g_fake.mu);
+    for (int32_t i = 0; i < in->n_facts; i++) {
+        fs[i] = in->facts[i];
+        if (fs[i].k) {
+            fake_rec *r = fs[i].id ? fake_find(fs[i].id) : NULL;
+            if (fs[i].id && !r) fake_put(fs[i].id, fs[i].n_tokens, 0, fs[i].k, fs[i].v, true);
+            continue;
+        }
+        fake_rec *r = fake_find(fs[i].id);
+        if (!r) {
+            g_fake.injected_missing++;
+            continue;
+        }
+        if (r->pins == 0) g_fake.injected_unpinned++;
+        r->stamp = ++g_fake.clock;
+        fs[i].k = r->k;
+        fs[i].v = r->v;
+    }
+    pthread_mutex_unlock(&g_fake.mu);
+    backend_inject copy = *in;
+    copy.facts = fs;
+    /* The table's values stay: nothing evicts a pinned record meanwhile. */
+    g_fake.cpu->inject(be, k_cache, v_cache, &copy);
+    free(fs);
+}
+
+static void fake_install(backend *be, int64_t cap_tokens) {
+    g_fake.cpu = be->ops;
+    g_fake.ops = *be->ops;
+    g_fake.ops.inject = fake_inject;
+    g_fake.ops.fact_resident = fake_resident;
+    g_fake.ops.host_alloc = fake_host_alloc;
+    g_fake.ops.host_free = fake_host_free;
+    g_fake.ops.fact_prefetch = fake_prefetch;
+    g_fake.ops.fact_unpin = fake_unpin;
+    g_fake.ops.host_wait = fake_host_wait;
+    g_fake.cap_tokens = cap_tokens;
+    be->ops = &g_fake.ops;
+}
+
+/* Drops every record (none may be pinned: nothing runs). */
+static void fake_clear(void) {
+    pthread_mutex_lock(&g_fake.mu);
+    for (int i = 0; i < FAKE_MAX; i++) {
+        assert_int_equal(g_fake.recs[i].pins, 0);
+        if (g_fake.recs[i].id) fake_drop(&g_fake.recs[i]);
+    }
+    pthread_mutex_unlock(&g_fake.mu);
+}
+#endif
+
+static int setup(void **state) {
+    (void)state;
+    struct stat st;
+    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
+    if (!mkdtemp(g_dir)) return -1;
+    if (backend_create(TIERS_BACKEND, 0, &g_be) != IS_OK) return -1;
+#ifdef TIERS_CUDA
+    backend_cuda_set_kv_dtype(g_be, CUDA_KV_BF16); /* the serving configuration */
+#endif
+    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
+        fprintf(stderr, "setup: %s\n", is_error_last());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    model_free(g_model);
+    if (g_be) g_be->ops->free(g_be);
+    if (g_model && test_remove_tree(g_dir) != 0) return -1;
+    return 0;
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+
+typedef struct coll {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool ended;
+    sched_event_kind kind;
+    char text[2048];
+    size_t len;
+    sched_usage usage;
+    sched_handle *h;
+} coll;
+
+static void on_event(const sched_event *ev, void *ud) {
+    coll *c = ud;
+    pthread_mutex_lock(&c->mu);
+    if (ev->kind == SCHED_EV_TEXT) {
+        size_t n = ev->len < sizeof c->text - 1 - c->len ? ev->len : sizeof c->text - 1 - c->len;
+        memcpy(c->text + c->len, ev->text, n);
+        c->len += n;
+        c->text[c->len] = '\0';
+    } else {
+        if (ev->kind == SCHED_EV_ERROR) fprintf(stderr, "request failed: %s\n", ev->message);
+        c->kind = ev->kind;
+        c->usage = ev->usage;
+        c->ended = true;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void submit(sched *s, const sched_request *r, coll *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    assert_int_equal(sched_submit(s, r, on_event, c, &c->h), IS_OK);
+}
+
+static void wait_done(coll *c) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 300;
+    pthread_mutex_lock(&c->mu);
+    while (!c->ended)
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &until) != 0) break;
+    bool ended = c->ended;
+    pthread_mutex_unlock(&c->mu);
+    assert_true(ended);
+    assert_int_equal(c->kind, SCHED_EV_DONE);
+    sched_release(c->h);
+}
+
+static bool collect(const char *piece, size_t len, void *ud) {
+    char *out = ud;
+    size_t at = strlen(out);
+    if (at + len >= 2048) len = 2047 - at;
+    memcpy(out + at, piece, len);
+    out[at + len] = '\0';
+    return true; /* go on */
+}
+
+/* Where the request's facts came from: gpu, host, disk, text. */
+static void expect_tiers(const coll *c, int gpu, int host, int disk) {
+    const sched_usage *u = &c->usage;
+    if (u->facts_gpu != gpu || u->facts_host != host || u->facts_disk != disk || u->facts_text)
+        fprintf(stderr, "facts: gpu %d host %d disk %d text %d; expected %d %d %d 0\n",
+                (int)u->facts_gpu, (int)u->facts_host, (int)u->facts_disk, (int)u->facts_text, gpu,
+                host, disk);
+    assert_int_equal(u->facts_gpu, gpu);
+    assert_int_equal(u->facts_host, host);
+    assert_int_equal(u->facts_disk, disk);
+    assert_int_equal(u->facts_text, 0);
+}
+
+/* A GPU fact cache of `pages` tokens, emptied (nothing may run). */
+static void gpu_cache_pages(int64_t pages) {
+#ifdef TIERS_CUDA
+    const model_config *c = &g_model->cfg;
+    backend_cuda_set_arena_bytes(g_be,
+                                 (size_t)pages * 2 * c->n_layers * c->n_kv_heads * c->head_dim * 2);
+#else
+    if (g_fake.cpu) fake_clear();
+    else fake_install(g_be, pages);
+    g_fake.cap_tokens = pages;
+#endif
+}
+
+static void test_chat_equals_ask_from_every_tier(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    engine_params ep = engine_default_params();
+    ep.n_ctx = 1024;
+    ep.max_seqs = N_PAR + 2;
+    engine *e = NULL;
+    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/mem", g_dir);
+    memory_params mp = memory_default_params(); /* BM25 only: retrieval is not tested here */
+    memory *mem = NULL;
+    assert_int_equal(memory_open(dir, &mp, &mem, NULL), IS_OK);
+    /* Three requests' facts (subsets of N_FACTS) and questions. */
+    const char *texts[N_SETS * N_FACTS] = {
+        "Melanie plays the clarinet and started as a child.",
+        "Caroline moved from Sweden four years ago.",
+        "Melanie is learning to bake sourdough bread.",
+        "Caroline has a guinea pig named Oscar.",
+        "Caroline attended a pride parade in June.",
+        "Melanie ran a charity race last Saturday.",
+        "John works as a nurse in Lisbon.",
+        "John's sister paints landscapes.",
+        "John adopted a dog called Max.",
+    };
+    const char *qs[N_SETS] = {"What does Melanie play, and where is Caroline from?",
+                              "What is the name of Caroline's pet?", "What is John's job?"};
+    char ids[N_SETS * N_FACTS][MEMORY_ID_SIZE], rids[N_SETS * N_FACTS][RECORD_STORE_ID_MAX + 1];
+    const char *rid_ptrs[N_SETS * N_FACTS];
+    /* Records in f16, the server's default, encoded as the server does. */
+    ask_ctx *ac = NULL;
+    assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F16, &ac), IS_OK);
+    memory_set_encoder(mem, ask_memory_encoder, ac);
+    for (int i = 0; i < N_SETS * N_FACTS; i++) {
+        memory_add_req r = {
+            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
+        assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
+        mem_fact f;
+        assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
+        assert_non_null(f.kv_record);
+        snprintf(rids[i], sizeof rids[i], "%s", f.kv_record);
+        rid_ptrs[i] = rids[i];
+        mem_fact_clear(&f);
+    }
+    memory_set_encoder(mem, NULL, NULL);
+    static char ref[N_SETS][2048];
+    int32_t tokens[N_SETS], most = 0;
+    for (int k = 0; k < N_SETS; k++) {
+        ref[k][0] = '\0';
+        ask_request ar = {.mode = ASK_MODE_KV,
+                          .query = qs[k],
+                          .fact_ids = rid_ptrs + k * N_FACTS,
+                          .fact_texts = texts + k * N_FACTS,
+                          .n_facts = N_FACTS,
+                          .max_tokens = MAX_TOKENS,
+                          .temperature = 0,
+                          .top_k = 0,
+                          .top_p = 1.0f};
+        ask_timing t;
+        assert_int_equal(ask_run(ac, &ar, collect, ref[k], &t), IS_OK);
+        printf("  ask %d: \"%s\"\n", k, ref[k]);
+        assert_true(ref[k][0] != '\0');
+        tokens[k] = t.n_memory_tokens;
+        if (tokens[k] > most) most = tokens[k];
+    }
+    ask_ctx_free(ac);
+
+    /* Far smaller than the default, and empty: every fact misses at first.
+     * (A request's facts must fit half of it beside other requests' pins.) */
+    gpu_cache_pages(4 * (int64_t)most);
+    sched_params sp = sched_default_params();
+    sp.record_dtype = KV_DTYPE_F16;
+    sp.host_tier_bytes = (int64_t)64 << 20;
+    sched *s = NULL;
+    assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
+    chat_message msgs[N_SETS][1];
+    sched_fact facts[N_SETS * N_FACTS];
+    sched_request rq[N_SETS];
+    for (int i = 0; i < N_SETS * N_FACTS; i++) facts[i] = (sched_fact){texts[i], rids[i]};
+    for (int k = 0; k < N_SETS; k++) {
+        msgs[k][0] = (chat_message){"user", qs[k]};
+        rq[k] = (sched_request){.messages = msgs[k],
+                                .n_messages = 1,
+                                .mode = ASK_MODE_KV,
+                                .facts = facts + k * N_FACTS,
+                                .n_facts = N_FACTS,
+                                .max_tokens = MAX_TOKENS,
+                                .temperature = 0.0f,
+                                .top_p = 1.0f};
+    }
+    coll c;
+    /* 1. Cold: read from the record files. */
+    submit(s, &rq[0], &c);
+    wait_done(&c);
+    printf("  chat, facts from disk: \"%s\"\n", c.text);
+    assert_string_equal(c.text, ref[0]);
+    assert_int_equal(c.usage.injected_tokens, tokens[0]);
+    expect_tiers(&c, 0, 0, N_FACTS);
+    /* 2. Again: resident on the GPU. */
+    submit(s, &rq[0], &c);
+    wait_done(&c);
+    assert_string_equal(c.text, ref[0]);
+    expect_tiers(&c, N_FACTS, 0, 0);
+    /* 3. The GPU cache dropped (nothing runs meanwhile): the host tier. */
+    gpu_cache_pages(4 * (int64_t)most);
+    submit(s, &rq[0], &c);
+    wait_done(&c);
+    printf("  chat, facts from the host tier: \"%s\"\n", c.text);
+    assert_string_equal(c.text, ref[0]);
+    expect_tiers(&c, 0, N_FACTS, 0);
+    /* 4. Many at once over a cache that holds two requests' facts, not
+     * three, and pins one's: copies, pins, refusals and evictions of
+     * several queued requests overlap. */
+    gpu_cache_pages(2 * (int64_t)most);
+    coll par[N_PAR];
+    for (int i = 0; i < N_PAR; i++) submit(s, &rq[i % N_SETS], &par[i]);
+    int64_t served = 0;
+    for (int i = 0; i < N_PAR; i++) {
+        wait_done(&par[i]);
+        assert_string_equal(par[i].text, ref[i % N_SETS]);
+        assert_int_equal(par[i].usage.facts_text, 0);
+        served += par[i].usage.facts_gpu + par[i].usage.facts_host + par[i].usage.facts_disk;
+    }
+    assert_int_equal(served, (int64_t)N_PAR * N_FACTS);
+    sched_stats st;
+    sched_get_stats(s, &st);
+    assert_int_equal(st.facts_gpu + st.facts_host + st.facts_disk, (int64_t)(N_PAR + 3) * N_FACTS);
+    assert_int_equal(st.facts_text, 0);
+    sched_free(s);
+#ifndef TIERS_CUDA
+    printf("  stand-in cache: %lld copies, %lld pinned resident, %lld evictions\n",
+           (long long)g_fake.copies, (long long)g_fake.pin_hits, (long long)g_fake.evictions);
+    assert_int_equal(g_fake.unpin_underflows, 0);
+    assert_int_equal(g_fake.injected_unpinned, 0);
+    assert_int_equal(g_fake.injected_missing, 0);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+    assert_true(g_fake.copies >= 2 * N_FACTS);
+    assert_true(g_fake.evictions > 0);
+#endif
+    memory_close(mem);
+    engine_free(e);
+}
+
+int main(void) {
+#ifdef TIERS_CUDA
+    if (!backend_cuda_available()) {
+        printf("no usable CUDA device: skipped\n");
+        return 77;
+    }
+#endif
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_equals_ask_from_every_tier),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
