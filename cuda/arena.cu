@@ -328,7 +328,7 @@ is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *p
         const int32_t n = f->n_tokens - t0 < CUDA_UPLOAD_MAX_TOKENS ? f->n_tokens - t0
                                                                    : CUDA_UPLOAD_MAX_TOKENS;
         for (int32_t j = 0; j < n; j++) pg.page[j] = r.pages[(size_t)(t0 + j)];
-        st = cuda_upload_record(a->up, a->data, &pg, f->k, f->v, f->dtype, t0, n, f->n_tokens,
+        st = cuda_upload_record(a->up, (__nv_bfloat16 *)a->data, &pg, f->k, f->v, f->dtype, t0, n, f->n_tokens,
                                 a->n_layers, a->kv_dim);
     }
     if (st == IS_OK) {
