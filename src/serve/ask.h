@@ -55,6 +55,26 @@ typedef struct ask_fact {
  * is already stored. */
 is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *encoded);
 
+/* Tokens of one encoding forward when the caller gives none. */
+#define ASK_ENCODE_MAX_TOKENS 2048
+
+/* ask_encode_fact for n facts, batched: facts are grouped in order, as
+ * many as fit max_tokens (<= 0: ASK_ENCODE_MAX_TOKENS; a fact longer than
+ * that still goes alone) and the engine's free sequences, and each group is
+ * one forward in which every fact is a sequence of its own (forked from the
+ * serving prefix, then its context, then its text: the sequences do not
+ * see each other, so a fact's keys and values are those it gets alone, up
+ * to the summation order of the batched products), and its records are
+ * written with one group commit (record_store_put_batch). window[i],
+ * status[i] and encoded[i] per fact, as ask_encode_fact's. When the pool
+ * cannot hold a group it is retried with half as many facts; when not even
+ * one sequence is free, or one fact alone does not fit, or the backend
+ * fails, the facts not yet encoded get that status (IS_ERR_CONTEXT_FULL,
+ * the backend's) and the rest are not tried. Returns IS_OK or the first
+ * fact's failure. */
+is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window, int32_t n,
+                           int32_t max_tokens, is_status *status, bool *encoded);
+
 /* A memory_encode_fn over ask_encode_fact: user_data is an ask_ctx whose
  * record store is `store` (the memory service's). */
 is_status ask_memory_encoder(void *user_data, record_store *store, const memory_encode_job *job);
