@@ -100,6 +100,8 @@ void ask_ctx_free(ask_ctx *a) {
 
 const memory_prompt *ask_ctx_prompt(const ask_ctx *a) { return a->mp; }
 
+record_store *ask_ctx_store(const ask_ctx *a) { return a->store; }
+
 int32_t ask_ctx_prefix_seq(const ask_ctx *a, int32_t *n_prefix) {
     if (n_prefix) *n_prefix = a->n_prefix;
     return a->prefix_seq;
@@ -272,6 +274,12 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
         int32_t n_turns = w < 0 ? 0 : (w < f[i].n_context ? w : f[i].n_context);
         e->meta_window = w < 0 ? -1 : n_turns;
         e->text_hash = fact_text_hash(f[i].text, strlen(f[i].text));
+        /* A bad id would fail its whole group's commit: refused here alone. */
+        if (!record_store_id_valid(f[i].id)) {
+            status[i] = is_error_set(IS_ERR_INVALID_ARG, "encode: bad record id '%s'",
+                                     f[i].id ? f[i].id : "(null)");
+            continue;
+        }
         if (record_store_contains(a->store, f[i].id)) {
             const fact_kv *kv = NULL;
             if (record_store_get(a->store, f[i].id, &want, &kv) == IS_OK) {

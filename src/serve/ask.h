@@ -35,6 +35,8 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
 void ask_ctx_free(ask_ctx *a);
 
 const memory_prompt *ask_ctx_prompt(const ask_ctx *a);
+/* The record store the encodings are written to. */
+record_store *ask_ctx_store(const ask_ctx *a);
 
 /* The sequence holding the serving prefix (for callers that fork it, like
  * the scheduler) and its length into *n_prefix. */
