@@ -1,6 +1,7 @@
 #include "serve/ask.h"
 
 #include "core/status.h"
+#include "core/threads.h"
 #include "engine/sampler.h"
 
 #include <stdlib.h>
@@ -15,6 +16,7 @@ struct ask_ctx {
     int32_t prefix_seq; /* holds the serving prefix for every request to fork */
     int32_t n_prefix;
     float *logits;      /* [n_vocab] */
+    ask_encode_stats enc; /* what the encodings took, since creation */
 };
 
 static double now_ms(void) {
@@ -102,6 +104,8 @@ const memory_prompt *ask_ctx_prompt(const ask_ctx *a) { return a->mp; }
 
 record_store *ask_ctx_store(const ask_ctx *a) { return a->store; }
 
+ask_encode_stats ask_ctx_encode_stats(const ask_ctx *a) { return a->enc; }
+
 int32_t ask_ctx_prefix_seq(const ask_ctx *a, int32_t *n_prefix) {
     if (n_prefix) *n_prefix = a->n_prefix;
     return a->prefix_seq;
@@ -167,6 +171,7 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         n_fact += it[g[j]].n_fact;
     }
     int32_t total = n_ctx + n_fact;
+    double t0 = now_ms();
     size_t cap_elems = (size_t)c->n_layers * n_fact * c->n_kv_heads * c->head_dim;
     int32_t *toks = malloc((size_t)total * sizeof *toks);
     int32_t *seqs = malloc((size_t)total * sizeof *seqs);
@@ -197,7 +202,23 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         int32_t next;
         st = engine_decode_greedy(a->e, &b, &next);
     }
-    for (int32_t j = 0; st == IS_OK && j < n; j++) st = take_rows(a, &it[g[j]], ck, cv, n_fact);
+    double t1 = now_ms();
+    if (st == IS_OK) {
+        /* Narrowing every row is as much work as a forward's download on
+         * the GPU: the facts are converted in parallel. */
+        int fail = 0;
+        threads_attach();
+#pragma omp parallel for schedule(dynamic) reduction(| : fail)
+        for (int32_t j = 0; j < n; j++)
+            fail |= take_rows(a, &it[g[j]], ck, cv, n_fact) != IS_OK;
+        if (fail) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    if (st == IS_OK) {
+        a->enc.forward_ms += t1 - t0;
+        a->enc.convert_ms += now_ms() - t1;
+        a->enc.n_forwards++;
+        a->enc.n_tokens += total;
+    }
     free(toks);
     free(seqs);
     free(ck);
@@ -230,11 +251,13 @@ static is_status write_group(ask_ctx *a, const ask_fact *f, enc_item *it, const 
         k[j] = e->k;
         v[j] = e->v;
     }
+    double t0 = now_ms();
     if (st == IS_OK) st = record_store_put_batch(a->store, n, ids, metas, toks, k, v, sts);
+    a->enc.write_ms += now_ms() - t0;
     for (int32_t j = 0; j < n; j++) {
         is_status sj = sts ? sts[j] : st;
         status[g[j]] = sj;
-        if (sj == IS_OK) encoded[g[j]] = true;
+        if (sj == IS_OK) encoded[g[j]] = true, a->enc.n_facts++;
         it[g[j]].todo = false;
     }
     free(ids);

@@ -38,6 +38,16 @@ const memory_prompt *ask_ctx_prompt(const ask_ctx *a);
 /* The record store the encodings are written to. */
 record_store *ask_ctx_store(const ask_ctx *a);
 
+/* Where the encodings' time went, summed since the context was created
+ * (written by the thread that encodes: read it there, or when it is quiet). */
+typedef struct ask_encode_stats {
+    double forward_ms;  /* the forwards, their captured rows downloaded */
+    double convert_ms;  /* rows cut into records and narrowed to the record dtype */
+    double write_ms;    /* records written and group-committed */
+    int64_t n_forwards, n_tokens, n_facts;
+} ask_encode_stats;
+ask_encode_stats ask_ctx_encode_stats(const ask_ctx *a);
+
 /* The sequence holding the serving prefix (for callers that fork it, like
  * the scheduler) and its length into *n_prefix. */
 int32_t ask_ctx_prefix_seq(const ask_ctx *a, int32_t *n_prefix);
