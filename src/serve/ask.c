@@ -208,7 +208,7 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
          * the GPU: the facts are converted in parallel. */
         int fail = 0;
         threads_attach();
-#pragma omp parallel for schedule(dynamic) reduction(| : fail)
+#pragma omp parallel for schedule(dynamic) reduction(| : fail) if (n > 1)
         for (int32_t j = 0; j < n; j++)
             fail |= take_rows(a, &it[g[j]], ck, cv, n_fact) != IS_OK;
         if (fail) st = is_error_set(IS_ERR_NOMEM, "out of memory");
