@@ -36,3 +36,26 @@ is_status encoder_run(memory *mem, const encoder_params *p, const memory_fact_re
                       is_status *status, bool *encoded) {
     return memory_encode_batch(mem, refs, n, encoder_batch_fn, (void *)p, status, encoded);
 }
+
+is_status encoder_encode_missing(memory *mem, const encoder_params *p, int32_t batch,
+                                 memory_progress_fn progress, void *ud, int64_t *n_encoded) {
+    if (n_encoded) *n_encoded = 0;
+    if (batch <= 0) batch = ENCODER_MAX_FACTS;
+    memory_fact_ref *refs = NULL;
+    int64_t n = 0, done = 0;
+    is_status st = memory_list_missing(mem, &refs, &n);
+    is_status *sts = st == IS_OK ? malloc((size_t)batch * sizeof *sts) : NULL;
+    bool *did = st == IS_OK ? malloc((size_t)batch * sizeof *did) : NULL;
+    if (st == IS_OK && (!sts || !did)) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; st == IS_OK && i < n; i += batch) {
+        int32_t nb = n - i < batch ? (int32_t)(n - i) : batch;
+        st = encoder_run(mem, p, refs + i, nb, sts, did);
+        for (int32_t j = 0; j < nb; j++) done += did[j];
+        if (progress) progress(i + nb, n, ud);
+    }
+    if (n_encoded) *n_encoded = done;
+    memory_fact_refs_free(refs, n);
+    free(sts);
+    free(did);
+    return st;
+}

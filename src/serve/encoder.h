@@ -43,4 +43,14 @@ is_status encoder_batch_fn(void *user_data, record_store *store, const memory_en
 is_status encoder_run(memory *mem, const encoder_params *p, const memory_fact_ref *refs, int32_t n,
                       is_status *status, bool *encoded);
 
+/* Encodes every stored fact that has no KV record (memory_list_missing),
+ * `batch` facts at a time (<= 0: ENCODER_MAX_FACTS; the engine needs a free
+ * sequence for each, besides the serving prefix's), calling progress (may
+ * be NULL) after each batch. *n_encoded (may be NULL) counts the records
+ * written. Stops at the first batch with a failure other than a fact
+ * deleted meanwhile, and returns it. For the CLI's ingest; the server's
+ * scheduler batches its own queue. */
+is_status encoder_encode_missing(memory *mem, const encoder_params *p, int32_t batch,
+                                 memory_progress_fn progress, void *user_data, int64_t *n_encoded);
+
 #endif
