@@ -423,7 +423,12 @@ static void run_job(sched *s, bool idle) {
         return;
     }
     /* The jobs behind it join its batch: one forward and one group commit
-     * for every fact waiting (serve/encoder.h). */
+     * for the facts waiting (serve/encoder.h), as many as the free
+     * sequences take, so a batch is about one forward and a request that
+     * comes meanwhile waits for no more. */
+    int32_t cap = s->max_running - s->n_run;
+    if (cap > ENCODER_MAX_FACTS) cap = ENCODER_MAX_FACTS;
+    if (cap < 1) cap = 1;
     sched_job *batch[ENCODER_MAX_FACTS];
     memory_fact_ref refs[ENCODER_MAX_FACTS];
     is_status sts[ENCODER_MAX_FACTS];
@@ -431,7 +436,7 @@ static void run_job(sched *s, bool idle) {
     int32_t nb = 0;
     batch[nb++] = j;
     pthread_mutex_lock(&s->mu);
-    while (nb < ENCODER_MAX_FACTS && s->j_head && s->j_head->kind == JOB_ONE) {
+    while (nb < cap && s->j_head && s->j_head->kind == JOB_ONE) {
         sched_job *h = s->j_head;
         s->j_head = h->next;
         if (!s->j_head) s->j_tail = NULL;
