@@ -451,8 +451,8 @@ static void run_job(sched *s, bool idle) {
         refs[i].tenant = batch[i]->tenant;
         refs[i].user = batch[i]->user;
     }
-    /* While requests run, a batch takes one step's tokens at most. */
-    encoder_params ep = {s->ask, idle ? 0 : s->p.step_tokens};
+    /* A forward of one step's tokens at most, as a step of requests is. */
+    encoder_params ep = {s->ask, s->p.step_tokens};
     is_status st = encoder_run(s->mem, &ep, refs, nb, sts, did);
     if (st != IS_OK && engine_status(s->e) != IS_OK) {
         /* Not the facts' fault: they run again once the backend is back. A
