@@ -760,7 +760,9 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     is_status *jst = calloc((size_t)n, sizeof *jst);
     if (!f || !jobs || !row || !rid || !jst) {
         free(f), free(jobs), free(row), free(rid), free(jst);
-        return is_error_set(IS_ERR_NOMEM, "out of memory");
+        is_status st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (int32_t i = 0; i < n; i++) status[i] = st, encoded[i] = false;
+        return st;
     }
     /* Read the rows; facts deleted meanwhile or encoded already drop out. */
     int32_t nj = 0;
