@@ -67,6 +67,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -124,6 +125,8 @@ typedef struct opts {
     int32_t request_timeout_s;
     int32_t encode_timeout_s;
     bool warmup;
+    int32_t ingest_clients;   /* concurrent clients adding the users' facts */
+    bool ingest_only;         /* measure the ingestion, run no chat */
 } opts;
 
 /* ---- time and statistics ------------------------------------------------------------- */
@@ -312,66 +315,107 @@ static bool count_facts(int port, const char *uid, buf *b, int64_t *total, int64
     return true;
 }
 
-/* Adds every user's facts (a user of a reused --data folder that already
- * has exactly its facts is left as it is); returns how many were added,
- * -1 on an error. */
-static int64_t add_memories(int port, user *users, int32_t n_users) {
-    int64_t added = 0, kept = 0;
-    buf b = {0};
-    for (int32_t u = 0; u < n_users; u++) {
-        int64_t have, ready;
-        if (!count_facts(port, users[u].id, &b, &have, &ready)) goto fail;
-        if (have == users[u].n_facts) {
-            kept++;
-            continue;
-        }
-        if (have != 0) {
-            fprintf(stderr, "error: %s already has %lld facts, not %d (use another --data folder)\n",
-                    users[u].id, (long long)have, users[u].n_facts);
-            goto fail;
-        }
-        const locomo_conv *c = users[u].conv->c;
-        cJSON *o = cJSON_CreateObject();
-        cJSON *facts = cJSON_AddArrayToObject(o, "facts");
-        for (int32_t i = 0; i < users[u].n_facts; i++)
-            cJSON_AddItemToArray(facts, cJSON_CreateString(
-                                            c->facts[(users[u].first_fact + i) % c->n_facts].text));
-        cJSON_AddStringToObject(o, "user_id", users[u].id);
-        cJSON_AddBoolToObject(o, "infer", false);
-        cJSON *md = cJSON_AddObjectToObject(o, "metadata");
-        cJSON_AddStringToObject(md, "source", "locomo");
-        cJSON_AddStringToObject(md, "conversation", c->name);
-        char *body = cJSON_PrintUnformatted(o);
-        cJSON_Delete(o);
-        b.len = 0;
-        long st = http_do(NULL, port, "POST", "/v1/memories/", body, &b);
-        free(body);
-        cJSON *r = st == 200 ? cJSON_Parse(b.p) : NULL;
-        cJSON *res = r ? cJSON_GetObjectItem(r, "results") : NULL;
-        int n = cJSON_IsArray(res) ? cJSON_GetArraySize(res) : -1;
-        cJSON_Delete(r);
-        if (n != users[u].n_facts) {
-            fprintf(stderr, "error: adding %s's memories: HTTP %ld, %d of %d stored: %.300s\n",
-                    users[u].id, st, n, users[u].n_facts, b.p ? b.p : "");
-            goto fail;
-        }
-        added += n;
+/* Adds user u's facts (a user of a reused --data folder that already has
+ * exactly its facts is left as it is): how many were added, 0 when kept,
+ * -1 on an error (printed). */
+static int64_t add_user(int port, user *us, buf *b, bool *kept) {
+    int64_t have, ready;
+    *kept = false;
+    if (!count_facts(port, us->id, b, &have, &ready)) return -1;
+    if (have == us->n_facts) {
+        *kept = true;
+        return 0;
     }
+    if (have != 0) {
+        fprintf(stderr, "error: %s already has %lld facts, not %d (use another --data folder)\n",
+                us->id, (long long)have, us->n_facts);
+        return -1;
+    }
+    const locomo_conv *c = us->conv->c;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *facts = cJSON_AddArrayToObject(o, "facts");
+    for (int32_t i = 0; i < us->n_facts; i++)
+        cJSON_AddItemToArray(facts,
+                             cJSON_CreateString(c->facts[(us->first_fact + i) % c->n_facts].text));
+    cJSON_AddStringToObject(o, "user_id", us->id);
+    cJSON_AddBoolToObject(o, "infer", false);
+    cJSON *md = cJSON_AddObjectToObject(o, "metadata");
+    cJSON_AddStringToObject(md, "source", "locomo");
+    cJSON_AddStringToObject(md, "conversation", c->name);
+    char *body = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    b->len = 0;
+    long st = http_do(NULL, port, "POST", "/v1/memories/", body, b);
+    free(body);
+    cJSON *r = st == 200 ? cJSON_Parse(b->p) : NULL;
+    cJSON *res = r ? cJSON_GetObjectItem(r, "results") : NULL;
+    int n = cJSON_IsArray(res) ? cJSON_GetArraySize(res) : -1;
+    cJSON_Delete(r);
+    if (n != us->n_facts) {
+        fprintf(stderr, "error: adding %s's memories: HTTP %ld, %d of %d stored: %.300s\n", us->id,
+                st, n, us->n_facts, b->p ? b->p : "");
+        return -1;
+    }
+    return n;
+}
+
+/* One adding client: users t, t + C, t + 2C, ... */
+typedef struct add_worker {
+    pthread_t th;
+    int port;
+    user *users;
+    int32_t n_users, first, stride;
+    int64_t added, kept;
+    bool failed;
+} add_worker;
+
+static void *add_worker_main(void *arg) {
+    add_worker *w = arg;
+    buf b = {0};
+    for (int32_t u = w->first; u < w->n_users && !w->failed; u += w->stride) {
+        bool kept;
+        int64_t n = add_user(w->port, &w->users[u], &b, &kept);
+        if (n < 0) w->failed = true;
+        else w->added += n, w->kept += kept;
+    }
+    free(b.p);
+    return NULL;
+}
+
+/* Adds every user's facts with `clients` concurrent clients (one request
+ * a user, all its facts); returns how many were added, -1 on an error. */
+static int64_t add_memories(int port, user *users, int32_t n_users, int32_t clients) {
+    if (clients < 1) clients = 1;
+    if (clients > n_users) clients = n_users;
+    add_worker *w = calloc((size_t)clients, sizeof *w);
+    if (!w) return -1;
+    int32_t started = 0;
+    for (; started < clients; started++) {
+        w[started] = (add_worker){.port = port, .users = users, .n_users = n_users,
+                                  .first = started, .stride = clients};
+        if (pthread_create(&w[started].th, NULL, add_worker_main, &w[started]) != 0) break;
+    }
+    int64_t added = 0, kept = 0;
+    bool failed = started < clients;
+    for (int32_t t = 0; t < started; t++) {
+        pthread_join(w[t].th, NULL);
+        added += w[t].added;
+        kept += w[t].kept;
+        failed |= w[t].failed;
+    }
+    free(w);
     if (kept) fprintf(stderr, "memory: %lld users already had their facts (reused --data)\n",
                       (long long)kept);
-    free(b.p);
-    return added;
-fail:
-    free(b.p);
-    return -1;
+    return failed ? -1 : added;
 }
 
 /* Waits until every user's facts report kv_ready. /metrics is polled
  * (cheap): once `want` facts more than `base` are encoded and no encode
  * job waits, or every 10 s, the users' lists are checked. */
 static bool wait_encoded(int port, double base_encoded, int64_t want, const user *users,
-                         int32_t n_users, int timeout_s) {
+                         int32_t n_users, int timeout_s, double *t_done) {
     double t0 = bench_now_ms(), last_print = 0, last_check = t0;
+    *t_done = 0;
     int64_t expect = 0;
     for (int32_t u = 0; u < n_users; u++) expect += users[u].n_facts;
     buf b = {0};
@@ -389,6 +433,7 @@ static bool wait_encoded(int port, double base_encoded, int64_t want, const user
             break;
         }
         double t = bench_now_ms();
+        if (enc >= (double)want && q == 0 && !*t_done) *t_done = t;
         if ((enc >= (double)want && q == 0) || t - last_check > 10e3) {
             last_check = t;
             int64_t total = 0, ready = 0;
@@ -406,6 +451,7 @@ static bool wait_encoded(int port, double base_encoded, int64_t want, const user
                 break;
             }
             if (ready == total) {
+                if (!*t_done) *t_done = t;
                 fprintf(stderr, "memory: %lld facts of %d users, all with KV ready (waited %.1f s)\n",
                         (long long)total, n_users, (t - t0) / 1e3);
                 ok = true;
@@ -422,7 +468,7 @@ static bool wait_encoded(int port, double base_encoded, int64_t want, const user
                     (t - t0) / 1e3);
             last_print = t;
         }
-        usleep(200 * 1000);
+        usleep(50 * 1000);
     }
     free(b.p);
     return ok;
@@ -884,6 +930,9 @@ static void usage(FILE *f) {
             "      --request-timeout S  per request (default 120)\n"
             "      --encode-timeout S   wait for the facts' KV encoding (default 900)\n"
             "      --no-warmup          skip the one untimed request per mode before the runs\n"
+            "      --ingest-clients N   concurrent clients adding the users' facts (default 1); the\n"
+            "                           line 'ingestion:' gives facts/s stored and with KV encoded\n"
+            "      --ingest-only        stop after the ingestion (no chat runs)\n"
             "      --data DIR           memory data directory to use and keep (default: temporary);\n"
             "                           users that already hold their facts are not loaded again\n"
             "      --log FILE           the server's request log (default: none)\n"
@@ -1027,7 +1076,7 @@ int main(int argc, char **argv) {
         .backend = "cpu",
         .min_requests = 20, .per_client = 2, .max_tokens = 16, .k = 10, .facts_per_user = 10,
         .kv_mib = 1024, .time_limit_s = 300, .request_timeout_s = 120, .encode_timeout_s = 900,
-        .warmup = true, .host_cache_gb = -1,
+        .warmup = true, .host_cache_gb = -1, .ingest_clients = 1,
     };
     parse_levels("1,10,50,100", &o);
     parse_modes("kv,prompt,off", &o);
@@ -1049,6 +1098,7 @@ int main(int argc, char **argv) {
         {"fact-cache-gb", required_argument, 0, 'g'}, {"step-tokens", required_argument, 0, 'S'},
         {"prefill-chunk", required_argument, 0, 'C'}, {"label", required_argument, 0, 'b'},
         {"ctx", required_argument, 0, 'X'},         {"host-cache-gb", required_argument, 0, 'H'},
+        {"ingest-clients", required_argument, 0, 'I'}, {"ingest-only", no_argument, 0, 'Y'},
         {0, 0, 0, 0},
     };
     int ch;
@@ -1083,6 +1133,8 @@ int main(int argc, char **argv) {
         case 'O': ok = parse_int(optarg, "--request-timeout", 1, 3600, &o.request_timeout_s); break;
         case 'e': ok = parse_int(optarg, "--encode-timeout", 1, 86400, &o.encode_timeout_s); break;
         case 'W': o.warmup = false; break;
+        case 'I': ok = parse_int(optarg, "--ingest-clients", 1, 1024, &o.ingest_clients); break;
+        case 'Y': o.ingest_only = true; break;
         case 'D': o.data_dir = optarg; break;
         case 'L': o.log_path = optarg; break;
         case 'o': o.csv_path = optarg; break;
@@ -1228,12 +1280,36 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: /metrics has no inferscale_facts_encoded_total\n");
         goto done;
     }
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
     double t_add = bench_now_ms();
-    int64_t added = add_memories(port, users, o.users);
+    int64_t added = add_memories(port, users, o.users, o.ingest_clients);
     if (added < 0) goto done;
+    double t_added = bench_now_ms(), t_enc;
     fprintf(stderr, "memory: added %lld facts for %d users in %.1f s\n", (long long)added, o.users,
-            (bench_now_ms() - t_add) / 1e3);
-    if (!wait_encoded(port, enc0, added, users, o.users, o.encode_timeout_s)) goto done;
+            (t_added - t_add) / 1e3);
+    if (!wait_encoded(port, enc0, added, users, o.users, o.encode_timeout_s, &t_enc)) goto done;
+    if (added > 0) {
+        /* Stored = the adds answered (text, embedding, row durable); with KV
+         * = every fact's record encoded and committed, as /metrics counts. */
+        double add_s = (t_added - t_add) / 1e3, kv_s = ((t_enc ? t_enc : t_added) - t_add) / 1e3;
+        /* The process is client and server: its CPU time a fact is what the
+         * whole ingestion cost, whatever the neighbours on a shared machine took. */
+        getrusage(RUSAGE_SELF, &ru1);
+        double cpu_s = (ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                       (ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                       ((ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) +
+                        (ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec)) / 1e6;
+        printf("ingestion: %lld facts, %d users, %d clients: stored in %.2f s (%.1f facts/s), "
+               "with KV in %.2f s (%.1f facts/s); CPU %.1f ms a fact\n",
+               (long long)added, o.users, o.ingest_clients < o.users ? o.ingest_clients : o.users,
+               add_s, added / add_s, kv_s, added / kv_s, cpu_s * 1e3 / added);
+        fflush(stdout);
+    }
+    if (o.ingest_only) {
+        rc = 0;
+        goto done;
+    }
 
     if (o.warmup) {
         CURL *c = curl_easy_init();

@@ -12,11 +12,12 @@
  * "metadata": {...}, "source": ..., "agent_id": ..., "run_id": ...} (text
  * required); the source defaults to "<file name>:<line>".
  *
- * Each fact is embedded, its KV encoded by the model (unless --no-kv) and
- * committed on its own, so an interrupted run keeps what it did, and a
- * re-run skips facts already present (same user, source and text) and
- * continues. Facts stored earlier without KV (or whose record was lost) are
- * encoded first when a model is given. Progress with rate and ETA (a bar on
+ * Each fact is embedded and committed on its own, so an interrupted run
+ * keeps what it did, and a re-run skips facts already present (same user,
+ * source and text) and continues; then the KV of the facts stored is
+ * encoded (unless --no-kv), 64 facts a forward with one group commit of
+ * their records (serve/encoder.h). Facts stored earlier without KV (or
+ * whose record was lost) are encoded first when a model is given. Progress with rate and ETA (a bar on
  * a terminal, a line every few seconds otherwise); a summary at the end.
  */
 #include "cli.h"
@@ -25,6 +26,7 @@
 #include "core/threads.h"
 #include "memory/memory.h"
 #include "serve/ask.h"
+#include "serve/encoder.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -36,6 +38,8 @@
 #include <time.h>
 
 #define DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+/* Facts encoded in one forward (each its own sequence). */
+#define INGEST_ENCODE_BATCH 64
 
 static double now_ms(void) {
     struct timespec ts;
@@ -289,15 +293,16 @@ int cmd_ingest(int argc, char **argv) {
             goto out;
         }
         engine_params ep = engine_default_params();
-        ep.max_seqs = 3;
+        /* A sequence for each fact of a batch, one for the serving prefix. */
+        ep.max_seqs = INGEST_ENCODE_BATCH + 1;
         ep.n_ctx = m->cfg.n_ctx_train;
         if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail;
         if ((st = ask_ctx_create(e, memory_record_store(mem), dtype, &ac)) != IS_OK) goto fail;
-        memory_set_encoder(mem, ask_memory_encoder, ac);
         if (rep.n_missing_kv > 0) {
             progress_ctx pc = {"encoding stored facts", now_ms()};
             int64_t n_enc = 0;
-            st = memory_encode_missing(mem, on_progress, &pc, &n_enc);
+            encoder_params enp = {ac, 0};
+            st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
             fprintf(stderr, "encoded %lld stored facts that had no KV record\n", (long long)n_enc);
             if (st != IS_OK) goto fail;
         }
@@ -338,6 +343,17 @@ int cmd_ingest(int argc, char **argv) {
         total.added += fs.added;
         total.skipped += fs.skipped;
         total.failed += fs.failed;
+    }
+    if (ac && total.added > 0) {
+        /* The facts were stored with their embeddings; their KV now, many
+         * facts a forward (serve/encoder.h). A fact whose encoding fails
+         * stays without KV, encoded by the next run. */
+        progress_ctx pc = {"encoding KV", now_ms()};
+        int64_t n_enc = 0;
+        encoder_params enp = {ac, 0};
+        st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
+        fprintf(stderr, "encoded the KV of %lld facts\n", (long long)n_enc);
+        if (st != IS_OK) goto fail;
     }
     double secs = (now_ms() - t0) / 1e3;
     printf("ingest: %lld added, %lld skipped (already present), %lld failed in %.1f s "

@@ -380,11 +380,14 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
             matmul_n(be, (float *const[]){e->q, e->k, e->v}, e->xb,
                      (const backend_weight *const[]){L->wq, L->wk, L->wv},
                      (const backend_weight *const[]){L->bq, L->bk, L->bv}, 3, n);
-            for (int32_t t = cap0; t < cap1; t++) {
-                size_t dst = ((size_t)l * cap->n + (t - cap->first)) * kv_dim;
-                size_t src = (size_t)(t - t0) * kv_dim;
-                op->download(be, cap->k + dst, e->k + src, (size_t)kv_dim * sizeof(float));
-                op->download(be, cap->v + dst, e->v + src, (size_t)kv_dim * sizeof(float));
+            /* The captured rows are consecutive on both sides: one copy a
+             * layer, not one a token (each download may wait for the device). */
+            if (cap1 > cap0) {
+                size_t dst = ((size_t)l * cap->n + (cap0 - cap->first)) * kv_dim;
+                size_t src = (size_t)(cap0 - t0) * kv_dim;
+                size_t bytes = (size_t)(cap1 - cap0) * kv_dim * sizeof(float);
+                op->download(be, cap->k + dst, e->k + src, bytes);
+                op->download(be, cap->v + dst, e->v + src, bytes);
             }
             if (shifted) {
                 op->copy(be, e->q2, e->q, (size_t)n * q_dim * sizeof(float));

@@ -422,6 +422,150 @@ io_fail: {
 }
 }
 
+/* One record of a batch on its way to disk. */
+typedef struct put_item {
+    rs_entry *e;              /* the encoded record, entered into the cache at its rename */
+    int fd;                   /* the temporary file while open, else -1 */
+    bool created;             /* the temporary file exists */
+    char tmp[RS_NAME_CAP];
+    char name[RS_NAME_CAP];
+} put_item;
+
+static is_status batch_fail(record_store *s, put_item *it, int32_t from, int32_t n,
+                            const char *what, const char *tmp, is_status *status) {
+    int err = errno;
+    is_status st = is_error_set(IS_ERR_IO, "record store: %s of %s/%s failed: %s", what, s->dir,
+                                tmp, err ? strerror(err) : "injected fault");
+    for (int32_t i = from; i < n; i++) {
+        if (it[i].fd >= 0) close(it[i].fd);
+        if (it[i].created) unlinkat(s->dir_fd, it[i].tmp, 0);
+        if (it[i].e) entry_destroy(it[i].e);
+        if (status) status[i] = st;
+    }
+    return st;
+}
+
+is_status record_store_put_batch(record_store *s, int32_t n, const char *const *ids,
+                                 const fact_kv_meta *const *metas, const int32_t *const *tokens,
+                                 const void *const *k, const void *const *v, is_status *status) {
+    if (n <= 0) return IS_OK;
+    if (n == 1) {
+        is_status st = record_store_put(s, ids[0], metas[0], tokens[0], k[0], v[0]);
+        if (status) status[0] = st;
+        return st;
+    }
+    put_item *it = calloc((size_t)n, sizeof *it);
+    if (!it) {
+        is_status st = is_error_set(IS_ERR_NOMEM, "record store: out of memory");
+        for (int32_t i = 0; status && i < n; i++) status[i] = st;
+        return st;
+    }
+    is_status st = IS_OK;
+    int32_t made = 0;
+    for (; made < n && st == IS_OK; made++) {
+        it[made].fd = -1;
+        void *buf;
+        size_t len;
+        if ((st = check_id(ids[made])) != IS_OK) break;
+        if ((st = fact_record_encode(metas[made], tokens[made], k[made], v[made], &buf, &len)) != IS_OK)
+            break;
+        if ((st = entry_create(s, ids[made], buf, len, false, &it[made].e)) != IS_OK) {
+            free(buf);
+            break;
+        }
+    }
+    if (st != IS_OK) {
+        for (int32_t i = 0; i < n; i++) {
+            if (i < made) entry_destroy(it[i].e);
+            if (status) status[i] = st;
+        }
+        free(it);
+        return st;
+    }
+
+    pthread_mutex_lock(&s->mu);
+    uint64_t counter = s->tmp_counter;
+    s->tmp_counter += (uint64_t)n;
+    record_store_fault_fn fault = s->fault;
+    void *fault_user = s->fault_user;
+    pthread_mutex_unlock(&s->mu);
+
+    for (int32_t i = 0; i < n; i++) {
+        put_item *p = &it[i];
+        snprintf(p->tmp, sizeof p->tmp, "%s" RS_TMP_MARK "%ld.%llu", ids[i], (long)getpid(),
+                 (unsigned long long)(counter + (uint64_t)i));
+        final_name(p->name, ids[i]);
+        const uint8_t *buf = p->e->base;
+        size_t len = p->e->len, half = len / 2;
+        if (!step_ok(fault, fault_user, RECORD_STORE_STEP_CREATE) ||
+            (p->fd = openat(s->dir_fd, p->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0) {
+            st = batch_fail(s, it, 0, n, "create", p->tmp, status);
+            goto out;
+        }
+        p->created = true;
+        if (!step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE) || write_all(p->fd, buf, half) != 0 ||
+            !step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE_REST) ||
+            write_all(p->fd, buf + half, len - half) != 0) {
+            st = batch_fail(s, it, 0, n, "write", p->tmp, status);
+            goto out;
+        }
+#ifdef SYNC_FILE_RANGE_WRITE
+        /* Start the writeback now, so the fsyncs below overlap. */
+        sync_file_range(p->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#endif
+    }
+    for (int32_t i = 0; i < n; i++) {
+        put_item *p = &it[i];
+        if (!step_ok(fault, fault_user, RECORD_STORE_STEP_FSYNC) || fsync(p->fd) != 0) {
+            st = batch_fail(s, it, 0, n, "fsync", p->tmp, status);
+            goto out;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int rc = close(it[i].fd);
+        it[i].fd = -1;
+        if (rc != 0) {
+            st = batch_fail(s, it, 0, n, "close", it[i].tmp, status);
+            goto out;
+        }
+    }
+
+    /* Renames and cache updates under one hold of the mutex, as in a put. */
+    pthread_mutex_lock(&s->mu);
+    int32_t renamed = 0;
+    for (; renamed < n; renamed++) {
+        put_item *p = &it[renamed];
+        if (!step_ok(fault, fault_user, RECORD_STORE_STEP_RENAME) ||
+            renameat(s->dir_fd, p->tmp, s->dir_fd, p->name) != 0)
+            break;
+        s->generation++;
+        rs_entry *old = cache_find(s, ids[renamed]);
+        if (old) cache_drop(s, old);
+        cache_insert(s, p->e);
+        if (!p->e->cached) entry_destroy(p->e); /* too large for the cache */
+        p->e = NULL;
+        if (status) status[renamed] = IS_OK;
+    }
+    int err = errno;
+    pthread_mutex_unlock(&s->mu);
+    if (renamed < n) {
+        errno = err;
+        st = batch_fail(s, it, renamed, n, "rename", it[renamed].tmp, status);
+    }
+    if (renamed > 0 &&
+        (!step_ok(fault, fault_user, RECORD_STORE_STEP_DIR_FSYNC) || fsync(s->dir_fd) != 0)) {
+        is_status dst = is_error_set(IS_ERR_IO,
+                                     "record store: fsync of directory %s failed after writing %d "
+                                     "records: they may not survive a crash",
+                                     s->dir, (int)renamed);
+        for (int32_t i = 0; status && i < renamed; i++) status[i] = dst;
+        if (st == IS_OK) st = dst;
+    }
+out:
+    free(it);
+    return st;
+}
+
 /* ---- get / release --------------------------------------------------------------------- */
 
 /* Reads and checks <id>.fkv into a new, uncached entry. */

@@ -84,6 +84,23 @@ bool record_store_id_valid(const char *id);
 is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *meta,
                            const int32_t *tokens, const void *k, const void *v);
 
+/* record_store_put of n records with one group commit: every record is
+ * written to its temporary name, all are flushed to disk together (their
+ * writeback started at once, then an fsync each, which then finds its
+ * data on the way and the file system's journal committed by the first),
+ * renamed, and the directory fsynced once. What a crash leaves is what n
+ * puts would leave: each <id>.fkv the old record or the new one. ids[i],
+ * metas[i], tokens[i], k[i], v[i] as for record_store_put; status[i] (may
+ * be NULL) gets each record's outcome. A failure before the renames
+ * (a bad argument, create, write, fsync, close) writes none of them: every
+ * status is that failure and nothing changed on disk or in the cache; a
+ * failed rename keeps the records renamed before it; a failed directory
+ * fsync is reported for every record, as by record_store_put. Returns IS_OK
+ * or the first failure. n = 0 is a no-op. */
+is_status record_store_put_batch(record_store *s, int32_t n, const char *const *ids,
+                                 const fact_kv_meta *const *metas, const int32_t *const *tokens,
+                                 const void *const *k, const void *const *v, is_status *status);
+
 /* Looks `id` up (cache, then disk) and, if `expected` is not NULL, checks
  * the record against it with fact_meta_check(). On IS_OK *out is a record
  * the caller must hand back with record_store_release(). Failures:

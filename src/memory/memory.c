@@ -747,6 +747,83 @@ is_status memory_encode_one(memory *m, const char *tenant, const char *user, con
     return st;
 }
 
+is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
+                              memory_encode_batch_fn fn, void *ud, is_status *status,
+                              bool *encoded) {
+    if (!m || n < 0 || (n > 0 && (!refs || !fn || !status || !encoded)))
+        return is_error_set(IS_ERR_INVALID_ARG, "memory_encode_batch: NULL argument");
+    if (n == 0) return IS_OK;
+    mem_fact *f = calloc((size_t)n, sizeof *f);
+    memory_encode_job *jobs = calloc((size_t)n, sizeof *jobs);
+    int32_t *row = calloc((size_t)n, sizeof *row); /* the fact of each job */
+    char (*rid)[RECORD_STORE_ID_MAX + 1] = calloc((size_t)n, sizeof *rid);
+    is_status *jst = calloc((size_t)n, sizeof *jst);
+    if (!f || !jobs || !row || !rid || !jst) {
+        free(f), free(jobs), free(row), free(rid), free(jst);
+        is_status st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (int32_t i = 0; i < n; i++) status[i] = st, encoded[i] = false;
+        return st;
+    }
+    /* Read the rows; facts deleted meanwhile or encoded already drop out. */
+    int32_t nj = 0;
+    pthread_mutex_lock(&m->write_mu);
+    for (int32_t i = 0; i < n; i++) {
+        encoded[i] = false;
+        status[i] = mem_store_get(m->store, refs[i].tenant, refs[i].user, refs[i].id, false, &f[i]);
+        if (status[i] != IS_OK) continue;
+        if (f[i].kv_record && record_store_contains(m->rs, f[i].kv_record)) continue;
+        /* A row naming a record that is gone gets it back under that name. */
+        if (f[i].kv_record) snprintf(rid[nj], sizeof rid[nj], "%s", f[i].kv_record);
+        else record_id(f[i].id, f[i].version, rid[nj]);
+        jobs[nj] = (memory_encode_job){rid[nj], f[i].text, (const char *const *)f[i].context,
+                                       f[i].n_context, f[i].kv_window};
+        row[nj++] = i;
+    }
+    pthread_mutex_unlock(&m->write_mu);
+
+    /* The forward runs without the lock: writes of other facts go on. */
+    if (nj > 0) fn(ud, m->rs, jobs, nj, jst);
+
+    pthread_mutex_lock(&m->write_mu);
+    for (int32_t j = 0; j < nj; j++) {
+        int32_t i = row[j];
+        is_status st = jst[j];
+        if (st != IS_OK) {
+            if (!f[i].kv_record) record_drop(m, rid[j]); /* a put can fail after its rename */
+            status[i] = st;
+            continue;
+        }
+        step(m, MEMORY_STEP_KV_WRITTEN);
+        if (!f[i].kv_record) {
+            /* Conditional on the version read: an update or delete since
+             * then wins, and the record it never named goes. */
+            st = mem_store_set_kv(m->store, f[i].id, f[i].version, rid[j]);
+            if (st != IS_OK) record_drop(m, rid[j]);
+        } else {
+            mem_fact now;
+            st = mem_store_get(m->store, f[i].tenant, f[i].user, f[i].id, false, &now);
+            bool same = st == IS_OK && now.version == f[i].version && now.kv_record &&
+                        strcmp(now.kv_record, rid[j]) == 0;
+            if (st == IS_OK) mem_fact_clear(&now);
+            if (!same) {
+                record_drop(m, rid[j]);
+                st = is_error_set(IS_ERR_NOT_FOUND, "memory: fact %s changed while encoded",
+                                  f[i].id);
+            }
+        }
+        status[i] = st;
+        encoded[i] = st == IS_OK;
+    }
+    pthread_mutex_unlock(&m->write_mu);
+    is_status first = IS_OK;
+    for (int32_t i = 0; i < n; i++) {
+        if (first == IS_OK && status[i] != IS_OK && status[i] != IS_ERR_NOT_FOUND) first = status[i];
+        if (f[i].tenant) mem_fact_clear(&f[i]);
+    }
+    free(f), free(jobs), free(row), free(rid), free(jst);
+    return first;
+}
+
 /* ---- reads ----------------------------------------------------------------------- */
 
 is_status memory_get(memory *m, const char *tenant, const char *user, const char *id,

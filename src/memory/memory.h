@@ -256,12 +256,34 @@ is_status memory_encode_missing(memory *m, memory_progress_fn progress, void *us
 is_status memory_encode_one(memory *m, const char *tenant, const char *user, const char *id,
                             memory_encode_fn fn, void *user_data, bool *encoded);
 
+/* A batch encoder: encodes jobs[0..n) like n calls of a memory_encode_fn
+ * (one forward for many facts, one group commit of their records), each
+ * job's outcome into status[i]. Returns IS_OK or the first failure. */
+typedef is_status (*memory_encode_batch_fn)(void *user_data, record_store *store,
+                                            const memory_encode_job *jobs, int32_t n,
+                                            is_status *status);
+
 /* A fact's key. */
 typedef struct memory_fact_ref {
     char id[MEMORY_ID_SIZE];
     char *tenant;
     char *user;
 } memory_fact_ref;
+
+/* memory_encode_one for n stored facts at once, with the batch encoder
+ * fn: the rows are read under the writer lock, the records written by fn
+ * with the lock released (adds, updates and deletes go on meanwhile), and
+ * the rows made to point to them under the lock again, each conditional on
+ * the version read, so a fact updated or deleted while it was encoded has
+ * its new record dropped (status IS_ERR_NOT_FOUND; an update queues its own
+ * encoding). Same order as an add (records durable, then each row's commit):
+ * a crash leaves at most records no row points to. status[i] and
+ * encoded[i] per fact (IS_ERR_NOT_FOUND: deleted or changed meanwhile;
+ * encoded false when it had its record already). Returns IS_OK or the first
+ * failure other than IS_ERR_NOT_FOUND. fn runs on the calling thread. */
+is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
+                              memory_encode_batch_fn fn, void *user_data, is_status *status,
+                              bool *encoded);
 
 /* The facts that have no KV record now (what memory_encode_missing would
  * encode), for a caller that encodes them one at a time with

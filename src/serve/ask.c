@@ -1,6 +1,7 @@
 #include "serve/ask.h"
 
 #include "core/status.h"
+#include "core/threads.h"
 #include "engine/sampler.h"
 
 #include <stdlib.h>
@@ -15,6 +16,7 @@ struct ask_ctx {
     int32_t prefix_seq; /* holds the serving prefix for every request to fork */
     int32_t n_prefix;
     float *logits;      /* [n_vocab] */
+    ask_encode_stats enc; /* what the encodings took, since creation */
 };
 
 static double now_ms(void) {
@@ -100,6 +102,10 @@ void ask_ctx_free(ask_ctx *a) {
 
 const memory_prompt *ask_ctx_prompt(const ask_ctx *a) { return a->mp; }
 
+record_store *ask_ctx_store(const ask_ctx *a) { return a->store; }
+
+ask_encode_stats ask_ctx_encode_stats(const ask_ctx *a) { return a->enc; }
+
 int32_t ask_ctx_prefix_seq(const ask_ctx *a, int32_t *n_prefix) {
     if (n_prefix) *n_prefix = a->n_prefix;
     return a->prefix_seq;
@@ -116,82 +122,279 @@ is_status ask_memory_encoder(void *ud, record_store *store, const memory_encode_
 }
 
 is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *encoded) {
+    is_status st_one = IS_OK;
+    is_status st = ask_encode_facts(a, f, &window, 1, 0, &st_one, encoded);
+    return st != IS_OK ? st : st_one;
+}
+
+/* One fact of a batched encoding: its tokens and where they go. */
+typedef struct enc_item {
+    int32_t *fact, *ctx;      /* tokens (malloc'd) */
+    int32_t n_fact, n_ctx;
+    int32_t meta_window;
+    uint64_t text_hash;
+    bool todo;                /* still to encode (checked, not skipped, not failed) */
+    int32_t seq;              /* while in a forward */
+    int32_t cap_off;          /* first row of its tokens in the capture */
+    void *k, *v;              /* the record's keys and values in the ask_ctx's dtype */
+} enc_item;
+
+/* Copies fact j's rows out of the capture ([n_layers][n_cap][kv_dim], f32)
+ * into its own record sections ([n_layers][n_fact][kv_dim] in the record
+ * dtype, with fp8's scales), through fact_kv_narrow so that every dtype is
+ * quantised one way. */
+static is_status take_rows(ask_ctx *a, enc_item *it, const float *ck, const float *cv,
+                           int32_t n_cap) {
+    const model_config *c = &engine_model(a->e)->cfg;
+    fact_kv_meta meta;
+    fact_meta_for_model(engine_model(a->e), a->dtype, &meta);
+    meta.n_tokens = it->n_fact;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t rows = (size_t)it->n_fact * kv_dim;
+    float *wide = malloc((size_t)c->n_layers * rows * sizeof(float));
+    it->k = malloc(fact_kv_bytes(&meta));
+    it->v = malloc(fact_kv_bytes(&meta));
+    if (!wide || !it->k || !it->v) {
+        free(wide);
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const float *cap = pass == 0 ? ck : cv;
+        for (int32_t l = 0; l < c->n_layers; l++)
+            memcpy(wide + (size_t)l * rows, cap + ((size_t)l * n_cap + it->cap_off) * kv_dim,
+                   rows * sizeof(float));
+        fact_kv_narrow(&meta, wide, pass == 0 ? it->k : it->v);
+    }
+    free(wide);
+    return IS_OK;
+}
+
+/* One forward over the facts it[g[0..n)] (each in a sequence of its own,
+ * forked from the serving prefix unless its window is < 0): the batch
+ * holds every context first, then every fact, so the facts' rows are one
+ * captured range. The rows are taken into each item's k and v. */
+static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_t n) {
+    const model_config *c = &engine_model(a->e)->cfg;
+    int32_t n_ctx = 0, n_fact = 0;
+    for (int32_t j = 0; j < n; j++) {
+        n_ctx += it[g[j]].n_ctx;
+        n_fact += it[g[j]].n_fact;
+    }
+    int32_t total = n_ctx + n_fact;
+    double t0 = now_ms();
+    size_t cap_elems = (size_t)c->n_layers * n_fact * c->n_kv_heads * c->head_dim;
+    int32_t *toks = malloc((size_t)total * sizeof *toks);
+    int32_t *seqs = malloc((size_t)total * sizeof *seqs);
+    float *ck = malloc(cap_elems * sizeof(float));
+    float *cv = malloc(cap_elems * sizeof(float));
+    is_status st = toks && seqs && ck && cv ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    int32_t at = 0, off = 0;
+    for (int32_t j = 0; st == IS_OK && j < n; j++) {
+        enc_item *e = &it[g[j]];
+        memcpy(toks + at, e->ctx, (size_t)e->n_ctx * sizeof *toks);
+        for (int32_t t = 0; t < e->n_ctx; t++) seqs[at + t] = e->seq;
+        at += e->n_ctx;
+    }
+    for (int32_t j = 0; st == IS_OK && j < n; j++) {
+        enc_item *e = &it[g[j]];
+        memcpy(toks + at, e->fact, (size_t)e->n_fact * sizeof *toks);
+        for (int32_t t = 0; t < e->n_fact; t++) seqs[at + t] = e->seq;
+        e->cap_off = off;
+        at += e->n_fact;
+        off += e->n_fact;
+    }
+    if (st == IS_OK) {
+        /* Tokens keep their order within each sequence, so every fact
+         * still follows its own context. Only the last token's greedy
+         * choice comes back: the forward is run for its keys and values. */
+        engine_kv_capture cap = {.first = n_ctx, .n = n_fact, .k = ck, .v = cv};
+        engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .capture = &cap};
+        int32_t next;
+        st = engine_decode_greedy(a->e, &b, &next);
+    }
+    double t1 = now_ms();
+    if (st == IS_OK) {
+        /* Narrowing every row is as much work as a forward's download on
+         * the GPU: the facts are converted in parallel. */
+        int fail = 0;
+        threads_attach();
+#pragma omp parallel for schedule(dynamic) reduction(| : fail) if (n > 1)
+        for (int32_t j = 0; j < n; j++)
+            fail |= take_rows(a, &it[g[j]], ck, cv, n_fact) != IS_OK;
+        if (fail) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    if (st == IS_OK) {
+        a->enc.forward_ms += t1 - t0;
+        a->enc.convert_ms += now_ms() - t1;
+        a->enc.n_forwards++;
+        a->enc.n_tokens += total;
+    }
+    free(toks);
+    free(seqs);
+    free(ck);
+    free(cv);
+    return st;
+}
+
+/* Writes the records of it[g[0..n)] with one group commit. */
+static is_status write_group(ask_ctx *a, const ask_fact *f, enc_item *it, const int32_t *g,
+                             int32_t n, is_status *status, bool *encoded) {
+    const model *m = engine_model(a->e);
+    const char **ids = malloc((size_t)n * sizeof *ids);
+    fact_kv_meta *meta = malloc((size_t)n * sizeof *meta);
+    const fact_kv_meta **metas = malloc((size_t)n * sizeof *metas);
+    const int32_t **toks = malloc((size_t)n * sizeof *toks);
+    const void **k = malloc((size_t)n * sizeof *k), **v = malloc((size_t)n * sizeof *v);
+    is_status *sts = malloc((size_t)n * sizeof *sts);
+    is_status st = ids && meta && metas && toks && k && v && sts
+                       ? IS_OK
+                       : is_error_set(IS_ERR_NOMEM, "out of memory");
+    for (int32_t j = 0; st == IS_OK && j < n; j++) {
+        enc_item *e = &it[g[j]];
+        fact_meta_for_model(m, a->dtype, &meta[j]);
+        meta[j].n_tokens = e->n_fact;
+        meta[j].window = e->meta_window;
+        meta[j].text_hash = e->text_hash;
+        ids[j] = f[g[j]].id;
+        metas[j] = &meta[j];
+        toks[j] = e->fact;
+        k[j] = e->k;
+        v[j] = e->v;
+    }
+    double t0 = now_ms();
+    if (st == IS_OK) st = record_store_put_batch(a->store, n, ids, metas, toks, k, v, sts);
+    a->enc.write_ms += now_ms() - t0;
+    for (int32_t j = 0; j < n; j++) {
+        is_status sj = sts ? sts[j] : st;
+        status[g[j]] = sj;
+        if (sj == IS_OK) encoded[g[j]] = true, a->enc.n_facts++;
+        it[g[j]].todo = false;
+    }
+    free(ids);
+    free(meta);
+    free(metas);
+    free(toks);
+    free(k);
+    free(v);
+    free(sts);
+    return st;
+}
+
+is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window, int32_t n,
+                           int32_t max_tokens, is_status *status, bool *encoded) {
+    if (n <= 0) return IS_OK;
+    if (max_tokens <= 0) max_tokens = ASK_ENCODE_MAX_TOKENS;
     const model *m = engine_model(a->e);
     fact_kv_meta want;
     fact_meta_for_model(m, a->dtype, &want);
-    uint64_t text_hash = fact_text_hash(f->text, strlen(f->text));
-    *encoded = false;
-    int32_t n_turns = window < 0 ? 0 : (window < f->n_context ? window : f->n_context);
-    int32_t meta_window = window < 0 ? -1 : n_turns;
-    if (record_store_contains(a->store, f->id)) {
-        const fact_kv *kv = NULL;
-        if (record_store_get(a->store, f->id, &want, &kv) == IS_OK) {
-            bool same = kv->meta.text_hash == text_hash && kv->meta.window == meta_window;
-            record_store_release(a->store, kv);
-            if (same) return IS_OK;
+    enc_item *it = calloc((size_t)n, sizeof *it);
+    int32_t *g = malloc((size_t)n * sizeof *g);
+    if (!it || !g) {
+        free(it);
+        free(g);
+        is_status st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (int32_t i = 0; i < n; i++) status[i] = st, encoded[i] = false;
+        return st;
+    }
+    /* Check and tokenise every fact; a fact whose record is already
+     * stored (same model, dtype, window and text) is skipped. */
+    for (int32_t i = 0; i < n; i++) {
+        enc_item *e = &it[i];
+        e->seq = -1;
+        encoded[i] = false;
+        status[i] = IS_OK;
+        int32_t w = window[i];
+        int32_t n_turns = w < 0 ? 0 : (w < f[i].n_context ? w : f[i].n_context);
+        e->meta_window = w < 0 ? -1 : n_turns;
+        e->text_hash = fact_text_hash(f[i].text, strlen(f[i].text));
+        /* A bad id would fail its whole group's commit: refused here alone. */
+        if (!record_store_id_valid(f[i].id)) {
+            status[i] = is_error_set(IS_ERR_INVALID_ARG, "encode: bad record id '%s'",
+                                     f[i].id ? f[i].id : "(null)");
+            continue;
         }
-        /* Stale, corrupt or from another model: encode again over it. */
-    }
-    int32_t *fact = NULL, *ctx = NULL, n_fact = 0, n_ctx = 0;
-    is_status st = memory_prompt_fact(a->mp, f->text, &fact, &n_fact);
-    if (st == IS_OK)
-        st = memory_prompt_context(a->mp, f->context + (f->n_context - n_turns), n_turns, &ctx, &n_ctx);
-    if (st == IS_OK && n_fact == 0) st = is_error_set(IS_ERR_INVALID_ARG, "fact '%s' has no tokens", f->id);
-    int32_t n_pre = window < 0 ? 0 : a->n_prefix;
-    int32_t seq = -1;
-    float *k = NULL, *v = NULL;
-    void *kd = NULL, *vd = NULL;
-    size_t elems = (size_t)m->cfg.n_layers * n_fact * m->cfg.n_kv_heads * m->cfg.head_dim;
-    if (st == IS_OK) {
-        k = malloc(elems * sizeof(float));
-        v = malloc(elems * sizeof(float));
-        if (!k || !v) st = is_error_set(IS_ERR_NOMEM, "out of memory");
-    }
-    if (st == IS_OK) st = engine_seq_open(a->e, &seq);
-    /* The serving prefix is shared from the cached sequence, not recomputed. */
-    if (st == IS_OK && n_pre > 0) st = engine_seq_fork(a->e, seq, a->prefix_seq, n_pre);
-    if (st == IS_OK) {
-        int32_t n = n_ctx + n_fact;
-        int32_t *toks = malloc((size_t)n * sizeof *toks);
-        if (!toks) {
-            st = is_error_set(IS_ERR_NOMEM, "out of memory");
-        } else {
-            if (n_ctx) memcpy(toks, ctx, (size_t)n_ctx * sizeof *toks);
-            memcpy(toks + n_ctx, fact, (size_t)n_fact * sizeof *toks);
-            engine_kv_capture cap = {.first = n_ctx, .n = n_fact, .k = k, .v = v};
-            st = feed(a, seq, toks, n, &cap, NULL);
-            free(toks);
-        }
-    }
-    if (seq >= 0) engine_seq_close(a->e, seq);
-    if (st == IS_OK) {
-        fact_kv_meta meta = want;
-        meta.n_tokens = n_fact;
-        meta.window = meta_window;
-        meta.text_hash = text_hash;
-        const void *kp = k, *vp = v;
-        if (a->dtype != KV_DTYPE_F32) {
-            kd = malloc(fact_kv_bytes(&meta));
-            vd = malloc(fact_kv_bytes(&meta));
-            if (!kd || !vd) {
-                st = is_error_set(IS_ERR_NOMEM, "out of memory");
-            } else {
-                fact_kv_narrow(&meta, k, kd);
-                fact_kv_narrow(&meta, v, vd);
-                kp = kd;
-                vp = vd;
+        if (record_store_contains(a->store, f[i].id)) {
+            const fact_kv *kv = NULL;
+            if (record_store_get(a->store, f[i].id, &want, &kv) == IS_OK) {
+                bool same = kv->meta.text_hash == e->text_hash && kv->meta.window == e->meta_window;
+                record_store_release(a->store, kv);
+                if (same) continue;
             }
+            /* Stale, corrupt or from another model: encode again over it. */
         }
-        if (st == IS_OK) st = record_store_put(a->store, f->id, &meta, fact, kp, vp);
-        if (st == IS_OK) *encoded = true;
+        is_status st = memory_prompt_fact(a->mp, f[i].text, &e->fact, &e->n_fact);
+        if (st == IS_OK)
+            st = memory_prompt_context(a->mp, f[i].context + (f[i].n_context - n_turns), n_turns,
+                                       &e->ctx, &e->n_ctx);
+        if (st == IS_OK && e->n_fact == 0)
+            st = is_error_set(IS_ERR_INVALID_ARG, "fact '%s' has no tokens", f[i].id);
+        status[i] = st;
+        e->todo = st == IS_OK;
     }
-    free(fact);
-    free(ctx);
-    free(k);
-    free(v);
-    free(kd);
-    free(vd);
-    return st;
+    /* Groups in order: as many facts as fit max_tokens (at least one) and
+     * the free sequences. A pool too small for a group is retried with
+     * half of it; a single fact that does not fit fails. */
+    int32_t limit = n; /* facts a group may hold */
+    is_status fatal = IS_OK;
+    for (int32_t i = 0; i < n && fatal == IS_OK;) {
+        if (!it[i].todo) {
+            i++;
+            continue;
+        }
+        int32_t ng = 0, tokens = 0;
+        for (int32_t j = i; j < n && ng < limit; j++) {
+            if (!it[j].todo) continue;
+            int32_t t = it[j].n_ctx + it[j].n_fact;
+            if (ng > 0 && tokens + t > max_tokens) break;
+            int32_t seq;
+            if (engine_seq_open(a->e, &seq) != IS_OK) break;
+            it[j].seq = seq;
+            g[ng++] = j;
+            tokens += t;
+        }
+        is_status st = ng > 0 ? IS_OK
+                              : is_error_set(IS_ERR_CONTEXT_FULL, "encode: no free sequence");
+        /* The serving prefix is shared from the cached sequence, not recomputed. */
+        for (int32_t j = 0; st == IS_OK && j < ng; j++)
+            if (window[g[j]] >= 0) st = engine_seq_fork(a->e, it[g[j]].seq, a->prefix_seq, a->n_prefix);
+        if (st == IS_OK) st = encode_group(a, it, g, ng);
+        for (int32_t j = 0; j < ng; j++) {
+            engine_seq_close(a->e, it[g[j]].seq);
+            it[g[j]].seq = -1;
+        }
+        if (st == IS_ERR_CONTEXT_FULL && ng > 1) {
+            limit = ng / 2;
+            for (int32_t j = 0; j < ng; j++) {
+                free(it[g[j]].k), free(it[g[j]].v);
+                it[g[j]].k = it[g[j]].v = NULL;
+            }
+            continue;
+        }
+        if (st != IS_OK) {
+            /* A fact alone that does not fit, or the backend failed: the
+             * facts not yet encoded get this status. */
+            fatal = st;
+            for (int32_t j = i; j < n; j++)
+                if (it[j].todo) status[j] = st, it[j].todo = false;
+            break;
+        }
+        write_group(a, f, it, g, ng, status, encoded);
+        for (int32_t j = 0; j < ng; j++) {
+            free(it[g[j]].k), free(it[g[j]].v);
+            it[g[j]].k = it[g[j]].v = NULL;
+        }
+    }
+    is_status first = IS_OK;
+    for (int32_t i = 0; i < n; i++) {
+        free(it[i].fact);
+        free(it[i].ctx);
+        free(it[i].k);
+        free(it[i].v);
+        if (first == IS_OK && status[i] != IS_OK) first = status[i];
+    }
+    free(it);
+    free(g);
+    return first;
 }
 
 static is_status fetch_record(ask_ctx *a, const char *id, bool may_skip, const fact_kv **held,

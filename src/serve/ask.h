@@ -35,6 +35,18 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
 void ask_ctx_free(ask_ctx *a);
 
 const memory_prompt *ask_ctx_prompt(const ask_ctx *a);
+/* The record store the encodings are written to. */
+record_store *ask_ctx_store(const ask_ctx *a);
+
+/* Where the encodings' time went, summed since the context was created
+ * (written by the thread that encodes: read it there, or when it is quiet). */
+typedef struct ask_encode_stats {
+    double forward_ms;  /* the forwards, their captured rows downloaded */
+    double convert_ms;  /* rows cut into records and narrowed to the record dtype */
+    double write_ms;    /* records written and group-committed */
+    int64_t n_forwards, n_tokens, n_facts;
+} ask_encode_stats;
+ask_encode_stats ask_ctx_encode_stats(const ask_ctx *a);
 
 /* The sequence holding the serving prefix (for callers that fork it, like
  * the scheduler) and its length into *n_prefix. */
@@ -54,6 +66,26 @@ typedef struct ask_fact {
  * *encoded = false when a record for the same model, dtype, window and text
  * is already stored. */
 is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *encoded);
+
+/* Tokens of one encoding forward when the caller gives none. */
+#define ASK_ENCODE_MAX_TOKENS 2048
+
+/* ask_encode_fact for n facts, batched: facts are grouped in order, as
+ * many as fit max_tokens (<= 0: ASK_ENCODE_MAX_TOKENS; a fact longer than
+ * that still goes alone) and the engine's free sequences, and each group is
+ * one forward in which every fact is a sequence of its own (forked from the
+ * serving prefix, then its context, then its text: the sequences do not
+ * see each other, so a fact's keys and values are those it gets alone, up
+ * to the summation order of the batched products), and its records are
+ * written with one group commit (record_store_put_batch). window[i],
+ * status[i] and encoded[i] per fact, as ask_encode_fact's. When the pool
+ * cannot hold a group it is retried with half as many facts; when not even
+ * one sequence is free, or one fact alone does not fit, or the backend
+ * fails, the facts not yet encoded get that status (IS_ERR_CONTEXT_FULL,
+ * the backend's) and the rest are not tried. Returns IS_OK or the first
+ * fact's failure. */
+is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window, int32_t n,
+                           int32_t max_tokens, is_status *status, bool *encoded);
 
 /* A memory_encode_fn over ask_encode_fact: user_data is an ask_ctx whose
  * record store is `store` (the memory service's). */

@@ -22,6 +22,7 @@
 #include "engine/sampler.h"
 #include "engine/textout.h"
 #include "kv/host_tier.h"
+#include "serve/encoder.h"
 #include "serve/fact_index.h"
 #include "serve/io_pool.h"
 
@@ -441,37 +442,79 @@ static void run_job(sched *s, bool idle) {
         s->steps_waited = 0;
         return;
     }
-    bool did = false;
-    is_status st = memory_encode_one(s->mem, j->tenant, j->user, j->id, ask_memory_encoder, s->ask, &did);
+    /* The jobs behind it join its batch: one forward and one group commit
+     * for the facts waiting (serve/encoder.h), as many as the free
+     * sequences take, so a batch is about one forward and a request that
+     * comes meanwhile waits for no more. */
+    int32_t cap = s->max_running - s->n_run;
+    if (cap > ENCODER_MAX_FACTS) cap = ENCODER_MAX_FACTS;
+    if (cap < 1) cap = 1;
+    sched_job *batch[ENCODER_MAX_FACTS];
+    memory_fact_ref refs[ENCODER_MAX_FACTS];
+    is_status sts[ENCODER_MAX_FACTS];
+    bool did[ENCODER_MAX_FACTS];
+    int32_t nb = 0;
+    batch[nb++] = j;
+    pthread_mutex_lock(&s->mu);
+    while (nb < cap && s->j_head && s->j_head->kind == JOB_ONE) {
+        sched_job *h = s->j_head;
+        s->j_head = h->next;
+        if (!s->j_head) s->j_tail = NULL;
+        s->n_jobs--;
+        batch[nb++] = h;
+    }
+    s->st.encode_queued = s->n_jobs;
+    pthread_mutex_unlock(&s->mu);
+    for (int32_t i = 0; i < nb; i++) {
+        memset(&refs[i], 0, sizeof refs[i]);
+        snprintf(refs[i].id, sizeof refs[i].id, "%s", batch[i]->id);
+        refs[i].tenant = batch[i]->tenant;
+        refs[i].user = batch[i]->user;
+    }
+    /* A forward of one step's tokens at most, as a step of requests is. */
+    encoder_params ep = {s->ask, s->p.step_tokens};
+    is_status st = encoder_run(s->mem, &ep, refs, nb, sts, did);
     if (st != IS_OK && engine_status(s->e) != IS_OK) {
-        /* Not the fact's fault: it runs again once the backend is back. A
+        /* Not the facts' fault: they run again once the backend is back. A
          * job the backend fails every time would run forever, so after a
          * few it is dropped like any failed job (the fact stays, prefilled
          * as text, and is encoded at the next start). */
-        if (++j->backend_failures < SCHED_JOB_BACKEND_TRIES) {
-            job_push(s, j, true);
-        } else {
-            pthread_mutex_lock(&s->mu);
-            s->st.encode_failures++;
-            pthread_mutex_unlock(&s->mu);
-            job_free(j);
+        for (int32_t i = nb - 1; i >= 0; i--) {
+            if (sts[i] == IS_OK || sts[i] == IS_ERR_NOT_FOUND) {
+                if (sts[i] == IS_OK && did[i]) {
+                    pthread_mutex_lock(&s->mu);
+                    s->st.facts_encoded++;
+                    pthread_mutex_unlock(&s->mu);
+                }
+                job_free(batch[i]);
+            } else if (++batch[i]->backend_failures < SCHED_JOB_BACKEND_TRIES) {
+                job_push(s, batch[i], true);
+            } else {
+                pthread_mutex_lock(&s->mu);
+                s->st.encode_failures++;
+                pthread_mutex_unlock(&s->mu);
+                job_free(batch[i]);
+            }
         }
         backend_failed(s, engine_status(s->e));
         return;
     }
-    if (st == IS_ERR_CONTEXT_FULL && !idle) {
-        /* No free sequence or blocks while requests run: wait for them. */
-        s->encode_starved = true;
-        job_push(s, j, true);
-        return;
+    bool starved = false;
+    for (int32_t i = nb - 1; i >= 0; i--) {
+        if (sts[i] == IS_ERR_CONTEXT_FULL && !idle) {
+            /* No free sequence or blocks while requests run: wait for them. */
+            starved = true;
+            job_push(s, batch[i], true);
+            continue;
+        }
+        pthread_mutex_lock(&s->mu);
+        if (sts[i] == IS_OK && did[i]) s->st.facts_encoded++;
+        else if (sts[i] != IS_OK && sts[i] != IS_ERR_NOT_FOUND) s->st.encode_failures++; /* not found: deleted */
+        pthread_mutex_unlock(&s->mu);
+        job_free(batch[i]);
     }
-    s->encode_starved = false;
-    s->steps_waited = 0;
-    pthread_mutex_lock(&s->mu);
-    if (st == IS_OK && did) s->st.facts_encoded++;
-    else if (st != IS_OK && st != IS_ERR_NOT_FOUND) s->st.encode_failures++; /* not found: deleted */
-    pthread_mutex_unlock(&s->mu);
-    job_free(j);
+    s->encode_starved = starved;
+    if (!starved) s->steps_waited = 0;
 }
 
 /* ---- admission -------------------------------------------------------------------------- */

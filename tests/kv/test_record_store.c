@@ -580,6 +580,146 @@ typedef struct worker {
     int bad; /* records that were not one of the versions put */
 } worker;
 
+/* ---- group commit -------------------------------------------------------------------- */
+
+enum { NB = 5 };
+
+/* Fails (or crashes at) the nth time a step comes (1-based). */
+typedef struct nth_plan {
+    record_store_step at;
+    int nth, seen;
+    bool crash;
+} nth_plan;
+
+static bool nth_hook(record_store_step step, void *user) {
+    nth_plan *p = user;
+    if (step != p->at || ++p->seen != p->nth) return true;
+    if (p->crash) _exit(0);
+    return false;
+}
+
+/* Puts b0..b4 as versions 10..14 in one batch (b2 exists as version 1). */
+static is_status put_five(record_store *s, is_status *st) {
+    static rec r[NB];
+    const char *ids[NB] = {"b0", "b1", "b2", "b3", "b4"};
+    const fact_kv_meta *metas[NB];
+    const int32_t *toks[NB];
+    const void *k[NB], *v[NB];
+    for (int i = 0; i < NB; i++) {
+        rec_make(&r[i], 10 + i);
+        metas[i] = &r[i].m, toks[i] = r[i].tokens, k[i] = r[i].k, v[i] = r[i].v;
+    }
+    return record_store_put_batch(s, NB, ids, metas, toks, k, v, st);
+}
+
+/* Record i of the batch: new (version 10 + i), old (b2's version 1) or absent. */
+static void assert_batch_state(record_store *s, int n_new) {
+    const char *ids[NB] = {"b0", "b1", "b2", "b3", "b4"};
+    for (int i = 0; i < NB; i++) {
+        if (i < n_new) {
+            assert_get_version(s, ids[i], 10 + i);
+        } else if (i == 2) {
+            assert_get_version(s, ids[i], 1);
+        } else {
+            const fact_kv *kv;
+            assert_int_equal(record_store_get(s, ids[i], NULL, &kv), IS_ERR_NOT_FOUND);
+        }
+    }
+}
+
+static void test_put_batch(void **state) {
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    put_version(s, "b2", 1);
+    is_status st[NB];
+    assert_int_equal(put_five(s, st), IS_OK);
+    for (int i = 0; i < NB; i++) assert_int_equal(st[i], IS_OK);
+    assert_batch_state(s, NB);
+    assert_int_equal(count_files(dir, ".tmp."), 0);
+    record_store_close(s);
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    assert_batch_state(s, NB);
+    /* A bad id fails the batch before anything is written. */
+    rec r;
+    rec_make(&r, 20);
+    const char *ids[2] = {"b0", "no/slash"};
+    const fact_kv_meta *metas[2] = {&r.m, &r.m};
+    const int32_t *toks[2] = {r.tokens, r.tokens};
+    const void *k[2] = {r.k, r.k}, *v[2] = {r.v, r.v};
+    assert_int_equal(record_store_put_batch(s, 2, ids, metas, toks, k, v, st), IS_ERR_INVALID_ARG);
+    assert_int_equal(st[0], IS_ERR_INVALID_ARG);
+    assert_get_version(s, "b0", 10);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+/* The third occurrence of each step fails: before the renames nothing
+ * changes; at the third rename the two before it stand; a failed
+ * directory fsync leaves every record renamed but reports it. The cache
+ * agrees with the disk, and no temporary file is left. */
+static void test_put_batch_failure_at_every_step(void **state) {
+    for (int at = 0; at < RECORD_STORE_STEP_COUNT_; at++) {
+        char *dir = make_tmp_dir();
+        record_store *s;
+        assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+        put_version(s, "b2", 1);
+        nth_plan plan = {(record_store_step)at, at == RECORD_STORE_STEP_DIR_FSYNC ? 1 : 3, 0, false};
+        record_store_set_fault_hook(s, nth_hook, &plan);
+        is_status st[NB];
+        assert_int_equal(put_five(s, st), IS_ERR_IO);
+        record_store_set_fault_hook(s, NULL, NULL);
+        int n_new = at == RECORD_STORE_STEP_RENAME ? 2 : at == RECORD_STORE_STEP_DIR_FSYNC ? NB : 0;
+        for (int i = 0; i < NB; i++)
+            assert_int_equal(st[i], i < n_new && at == RECORD_STORE_STEP_RENAME ? IS_OK : IS_ERR_IO);
+        assert_int_equal(count_files(dir, ".tmp."), 0);
+        for (int pass = 0; pass < 2; pass++) {
+            assert_batch_state(s, n_new);
+            record_store_close(s);
+            assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+        }
+        record_store_close(s);
+        remove_tree(dir);
+        free(dir);
+    }
+}
+
+/* A child dies at the third occurrence of each step of a batch: the next
+ * open finds each record old or new, whole (the renames done before the
+ * crash, no others), and no temporary file. */
+static void test_put_batch_crash_at_every_step(void **state) {
+    for (int at = 0; at < RECORD_STORE_STEP_COUNT_; at++) {
+        char *dir = make_tmp_dir();
+        record_store *s;
+        assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+        put_version(s, "b2", 1);
+        record_store_close(s);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            record_store *c;
+            if (record_store_open(dir, 1 << 20, &c) != IS_OK) _exit(2);
+            nth_plan plan = {(record_store_step)at, at == RECORD_STORE_STEP_DIR_FSYNC ? 1 : 3, 0,
+                             true};
+            record_store_set_fault_hook(c, nth_hook, &plan);
+            is_status st[NB];
+            put_five(c, st);
+            _exit(3);
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+        assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+        assert_int_equal(count_files(dir, ".tmp."), 0);
+        assert_batch_state(s, at == RECORD_STORE_STEP_RENAME ? 2 : at == RECORD_STORE_STEP_DIR_FSYNC ? NB : 0);
+        record_store_close(s);
+        remove_tree(dir);
+        free(dir);
+    }
+}
+
 /* Readers and writers on a few ids at once: every get gives a whole record
  * of some version; the cache stays within bounds (checked by ASan/TSan runs
  * and by the stats afterwards). */
@@ -652,6 +792,9 @@ int main(void) {
         cmocka_unit_test(test_leftover_tmp_and_half_written_file),
         cmocka_unit_test(test_crash_at_every_step),
         cmocka_unit_test(test_failure_at_every_step),
+        cmocka_unit_test(test_put_batch),
+        cmocka_unit_test(test_put_batch_failure_at_every_step),
+        cmocka_unit_test(test_put_batch_crash_at_every_step),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,275 @@
+/*
+ * Batched fact encoding (serve/encoder.h, ask_encode_facts) on the default
+ * model, CPU backend, f32 records: a fact encoded in a batch gives the
+ * record it gets encoded alone. Bit for bit where the batch takes the same
+ * product kernels as the fact alone (the CPU backend multiplies up to 32
+ * rows with its quantised kernel, more with sgemm over dequantised
+ * weights); within a tolerance where it does not, since the two sum in
+ * another order. The facts of a batch are separate sequences, so any
+ * attention across them would show as a difference far past either bound.
+ * Then the memory path: facts stored without KV, encoded by encoder_run,
+ * pass memory_check with every record required; a deleted fact is reported
+ * as not found and leaves no record.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "serve/encoder.h"
+#include "test_util.h"
+
+static backend *g_be;
+static model *g_model;
+static engine *g_engine;
+static char g_dir[] = "/tmp/test_encoder_XXXXXX";
+
+#define N_FACTS 12
+
+static const char *k_texts[N_FACTS] = {
+    "Melanie plays the clarinet and started as a child.",
+    "Caroline moved from Sweden four years ago.",
+    "Caroline has a guinea pig named Oscar.",
+    "Melanie is learning to bake sourdough bread.",
+    "Caroline attended a pride parade in June.",
+    "Melanie took her kids camping at the lake last summer.",
+    "Caroline is researching adoption agencies.",
+    "Melanie painted a sunrise over the water.",
+    "Caroline's friends gave her a necklace from her grandmother.",
+    "Melanie ran a charity race for mental health.",
+    "Caroline wants to work as a counselor for transgender youth.",
+    "Melanie's favourite book is Charlotte's Web.",
+};
+static const char *k_turns[] = {
+    "Caroline: Hey Mel! Good to see you again.",
+    "Melanie: Hi Caroline, it has been a busy week with the kids.",
+    "Caroline: I went to a support group yesterday and it was powerful.",
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int setup(void **state) {
+    struct stat st;
+    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
+    if (!mkdtemp(g_dir)) return -1;
+    engine_params ep = engine_default_params();
+    ep.max_seqs = N_FACTS + 4;
+    ep.n_ctx = 2048;
+    if (backend_cpu_create(0, &g_be) != IS_OK || model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
+        engine_create(g_model, ep, &g_engine) != IS_OK) {
+        fprintf(stderr, "setup: %s\n", is_error_last());
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    engine_free(g_engine);
+    model_free(g_model);
+    if (g_be) g_be->ops->free(g_be);
+    if (g_model && test_remove_tree(g_dir) != 0) return -1;
+    return 0;
+}
+
+#define SKIP_WITHOUT_MODEL()                                                                       \
+    do {                                                                                           \
+        if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);                                                 \
+    } while (0)
+
+/* A record store and ask context in a sub-directory of g_dir. */
+static void open_ctx(const char *name, record_store **rs, ask_ctx **a) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
+    assert_int_equal(record_store_open(dir, 64 << 20, rs), IS_OK);
+    assert_int_equal(ask_ctx_create(g_engine, *rs, KV_DTYPE_F32, a), IS_OK);
+}
+
+/* Fact i: its id, its text, and 0-3 context turns with window 0, 2 or -1. */
+static void make_facts(ask_fact *f, int32_t *w, char ids[][16]) {
+    for (int i = 0; i < N_FACTS; i++) {
+        snprintf(ids[i], 16, "fact-%02d", i);
+        f[i] = (ask_fact){ids[i], k_texts[i], k_turns, i % 4};
+        w[i] = i % 5 == 4 ? -1 : (i % 3 == 0 ? 0 : 2);
+    }
+}
+
+/* Largest |a - b| over the record's keys and values, and largest |a|. */
+static void record_diff(record_store *ra, record_store *rb, const char *id, double *diff,
+                        double *scale, bool *same_bits) {
+    const fact_kv *a, *b;
+    assert_int_equal(record_store_get(ra, id, NULL, &a), IS_OK);
+    assert_int_equal(record_store_get(rb, id, NULL, &b), IS_OK);
+    assert_int_equal(a->meta.n_tokens, b->meta.n_tokens);
+    assert_int_equal(a->meta.window, b->meta.window);
+    assert_true(a->meta.text_hash == b->meta.text_hash);
+    assert_memory_equal(a->tokens, b->tokens, (size_t)a->meta.n_tokens * sizeof(int32_t));
+    size_t n = (size_t)a->meta.n_layers * a->meta.n_tokens * a->meta.n_kv_heads * a->meta.head_dim;
+    *same_bits = memcmp(a->k, b->k, n * 4) == 0 && memcmp(a->v, b->v, n * 4) == 0;
+    for (int part = 0; part < 2; part++) {
+        const float *x = part ? a->v : a->k, *y = part ? b->v : b->k;
+        for (size_t i = 0; i < n; i++) {
+            double d = fabs((double)x[i] - y[i]);
+            if (d > *diff) *diff = d;
+            if (fabs(x[i]) > *scale) *scale = fabs(x[i]);
+        }
+    }
+    record_store_release(ra, a);
+    record_store_release(rb, b);
+}
+
+/* The reference: each fact alone (ask_encode_fact, one forward each). */
+static void encode_alone(ask_ctx *a, const ask_fact *f, const int32_t *w, double *ms) {
+    double t0 = now_ms();
+    for (int i = 0; i < N_FACTS; i++) {
+        bool did;
+        assert_int_equal(ask_encode_fact(a, &f[i], w[i], &did), IS_OK);
+        assert_true(did);
+    }
+    *ms = now_ms() - t0;
+}
+
+static void test_batch_equals_alone(void **state) {
+    SKIP_WITHOUT_MODEL();
+    ask_fact f[N_FACTS];
+    int32_t w[N_FACTS];
+    char ids[N_FACTS][16];
+    make_facts(f, w, ids);
+    record_store *ra, *rb, *rc;
+    ask_ctx *aa, *ab, *ac;
+    open_ctx("alone", &ra, &aa);
+    open_ctx("batch", &rb, &ab);
+    open_ctx("pairs", &rc, &ac);
+    double t_alone, t0 = now_ms();
+    encode_alone(aa, f, w, &t_alone);
+
+    /* All twelve in one forward (past 32 rows: sgemm, another summation order). */
+    is_status st[N_FACTS];
+    bool did[N_FACTS];
+    t0 = now_ms();
+    assert_int_equal(ask_encode_facts(ab, f, w, N_FACTS, 0, st, did), IS_OK);
+    double t_batch = now_ms() - t0;
+    for (int i = 0; i < N_FACTS; i++) {
+        assert_int_equal(st[i], IS_OK);
+        assert_true(did[i]);
+    }
+    /* Groups of at most 32 tokens: facts two by two where they fit, so the
+     * products take the same kernel as alone. */
+    assert_int_equal(ask_encode_facts(ac, f, w, N_FACTS, 32, st, did), IS_OK);
+
+    double worst = 0, worst_pairs = 0;
+    int n_bits = 0;
+    for (int i = 0; i < N_FACTS; i++) {
+        double d = 0, sc = 0;
+        bool bits;
+        record_diff(ra, rb, ids[i], &d, &sc, &bits);
+        if (d / sc > worst) worst = d / sc;
+        d = 0, sc = 0;
+        record_diff(ra, rc, ids[i], &d, &sc, &bits);
+        if (d / sc > worst_pairs) worst_pairs = d / sc;
+        n_bits += bits;
+    }
+    printf("  alone %.0f ms, one batch %.0f ms (%.1fx); max |diff| / max |kv|: batch %.2e, "
+           "groups of <= 32 tokens %.2e (%d of %d records bit for bit)\n",
+           t_alone, t_batch, t_alone / t_batch, worst, worst_pairs, n_bits, N_FACTS);
+    /* f32 through 30 layers, products summed in another order: measured
+     * differences are around 1e-6 of the largest value; 1e-4 is the
+     * exactness bound of DESIGN.md, and attention leaking between facts
+     * moves values by far more (their own scale). */
+    assert_true(worst < 1e-4);
+    assert_true(worst_pairs < 1e-4);
+    /* Groups under 32 tokens take the kernels of a fact alone. */
+    assert_int_equal(n_bits, N_FACTS);
+
+    /* Stored already: nothing encoded again. */
+    assert_int_equal(ask_encode_facts(ab, f, w, N_FACTS, 0, st, did), IS_OK);
+    for (int i = 0; i < N_FACTS; i++) assert_false(did[i]);
+    ask_ctx_free(aa), ask_ctx_free(ab), ask_ctx_free(ac);
+    record_store_close(ra), record_store_close(rb), record_store_close(rc);
+}
+
+/* A bad id fails alone; the rest of its batch is written. */
+static void test_bad_fact_alone_fails(void **state) {
+    SKIP_WITHOUT_MODEL();
+    record_store *rs;
+    ask_ctx *a;
+    open_ctx("bad", &rs, &a);
+    ask_fact f[3] = {{"ok-1", k_texts[0], NULL, 0}, {"bad/id", k_texts[1], NULL, 0},
+                     {"ok-2", k_texts[2], NULL, 0}};
+    int32_t w[3] = {0, 0, 0};
+    is_status st[3];
+    bool did[3];
+    assert_int_equal(ask_encode_facts(a, f, w, 3, 0, st, did), IS_ERR_INVALID_ARG);
+    assert_int_equal(st[0], IS_OK);
+    assert_int_equal(st[1], IS_ERR_INVALID_ARG);
+    assert_int_equal(st[2], IS_OK);
+    assert_true(did[0] && !did[1] && did[2]);
+    assert_true(record_store_contains(rs, "ok-1") && record_store_contains(rs, "ok-2"));
+    ask_ctx_free(a);
+    record_store_close(rs);
+}
+
+/* The memory path: facts stored without KV, then encoded in one batch. */
+static void test_memory_encode_batch(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/mem", g_dir);
+    memory_params mp = memory_default_params();
+    memory *m;
+    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
+    ask_ctx *a;
+    assert_int_equal(ask_ctx_create(g_engine, memory_record_store(m), KV_DTYPE_F32, &a), IS_OK);
+    memory_add_req r[N_FACTS];
+    char ids[N_FACTS][MEMORY_ID_SIZE];
+    for (int i = 0; i < N_FACTS; i++)
+        r[i] = (memory_add_req){.tenant = "t", .user = i % 2 ? "caroline" : "melanie",
+                                .text = k_texts[i], .context = k_turns, .n_context = i % 4,
+                                .window = i % 3 == 0 ? 0 : 2};
+    assert_int_equal(memory_add_batch(m, r, N_FACTS, ids, NULL), IS_OK);
+    assert_int_equal(memory_check(m, false), IS_OK);
+    assert_int_not_equal(memory_check(m, true), IS_OK); /* no KV yet */
+
+    /* One fact deleted after it was queued: reported, no record left. */
+    assert_int_equal(memory_delete(m, "t", "melanie", ids[4]), IS_OK);
+    memory_fact_ref refs[N_FACTS];
+    for (int i = 0; i < N_FACTS; i++) {
+        memset(&refs[i], 0, sizeof refs[i]);
+        snprintf(refs[i].id, sizeof refs[i].id, "%s", ids[i]);
+        refs[i].tenant = (char *)"t";
+        refs[i].user = (char *)r[i].user;
+    }
+    encoder_params ep = {a, 0};
+    is_status st[N_FACTS];
+    bool did[N_FACTS];
+    assert_int_equal(encoder_run(m, &ep, refs, N_FACTS, st, did), IS_OK);
+    for (int i = 0; i < N_FACTS; i++) {
+        assert_int_equal(st[i], i == 4 ? IS_ERR_NOT_FOUND : IS_OK);
+        assert_int_equal(did[i], i != 4);
+    }
+    assert_int_equal(memory_check(m, true), IS_OK);
+    /* Encoded already: nothing to do. */
+    assert_int_equal(encoder_run(m, &ep, refs, N_FACTS, st, did), IS_OK);
+    for (int i = 0; i < N_FACTS; i++) assert_false(did[i]);
+    ask_ctx_free(a);
+    memory_close(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_equals_alone),
+        cmocka_unit_test(test_bad_fact_alone_fails),
+        cmocka_unit_test(test_memory_encode_batch),
+    };
+    return test_run_group(tests, setup, teardown);
+}
