@@ -10,6 +10,7 @@
 typedef struct seq_state {
     int32_t *segments; /* [cap] segment of each position, NULL while unused */
     int32_t cap;
+    int32_t mem_begin, mem_end; /* memory segment: slots [mem_begin, mem_end) */
 } seq_state;
 
 struct engine {
@@ -25,6 +26,7 @@ struct engine {
     /* Sequences present in one forward chunk, [max_seqs] each. */
     int32_t *u_seq, *u_len;
     const int32_t **u_table, **u_seg;
+    int32_t *u_mem; /* [max_seqs][2] memory spans of the chunk's sequences */
 
     /* Activation scratch for one chunk of up to max_batch tokens. */
     float *x;      /* [B][dim] residual stream */
@@ -41,6 +43,7 @@ struct engine {
 engine_params engine_default_params(void) {
     engine_params p = {
         .n_ctx = 0, .max_seqs = 8, .n_blocks = 0, .block_size = 16, .max_batch = 512,
+        .mem_temp = 1.0f, .mem_mass = 1.0f,
     };
     return p;
 }
@@ -54,6 +57,9 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     if (p.n_ctx <= 0) p.n_ctx = c->n_ctx_train;
     if (p.block_size <= 0 || p.max_seqs <= 0 || p.max_batch <= 0 || p.n_blocks < 0)
         return is_error_set(IS_ERR_INVALID_ARG, "engine: sizes must be positive");
+    if (!(p.mem_temp > 0.0f && p.mem_temp < INFINITY && p.mem_mass > 0.0f && p.mem_mass < INFINITY))
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "engine: memory temperature and mass must be positive and finite");
     if (p.n_blocks == 0) {
         int64_t per_seq = (p.n_ctx + p.block_size - 1) / p.block_size;
         int64_t nb = per_seq * p.max_seqs;
@@ -82,8 +88,9 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     e->u_len = malloc((size_t)p.max_seqs * sizeof(int32_t));
     e->u_table = malloc((size_t)p.max_seqs * sizeof(int32_t *));
     e->u_seg = malloc((size_t)p.max_seqs * sizeof(int32_t *));
+    e->u_mem = malloc((size_t)p.max_seqs * 2 * sizeof(int32_t));
     if (!e->k_cache || !e->v_cache || !e->seqs || !e->pos || !e->rpos || !e->rpos2 || !e->slots ||
-        !e->seq_idx || !e->u_seq || !e->u_len || !e->u_table || !e->u_seg) {
+        !e->seq_idx || !e->u_seq || !e->u_len || !e->u_table || !e->u_seg || !e->u_mem) {
         st = is_error_set(IS_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -137,6 +144,7 @@ void engine_free(engine *e) {
     free(e->u_len);
     free(e->u_table);
     free(e->u_seg);
+    free(e->u_mem);
     kv_cache_free(e->kv);
     free(e);
 }
@@ -151,6 +159,7 @@ is_status engine_seq_open(engine *e, int32_t *seq) {
         free(e->seqs[*seq].segments);
         e->seqs[*seq].segments = NULL;
         e->seqs[*seq].cap = 0;
+        e->seqs[*seq].mem_begin = e->seqs[*seq].mem_end = 0;
     }
     return st;
 }
@@ -207,6 +216,25 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
         kv_seq_truncate(e->kv, dst, 0);
         return st;
     }
+    seq_state *ds = &e->seqs[dst];
+    ds->mem_begin = ss->mem_begin < n ? ss->mem_begin : n;
+    ds->mem_end = ss->mem_end < n ? ss->mem_end : n;
+    return IS_OK;
+}
+
+void engine_seq_memory(const engine *e, int32_t seq, int32_t *begin, int32_t *end) {
+    *begin = e->seqs[seq].mem_begin;
+    *end = e->seqs[seq].mem_end;
+}
+
+is_status engine_seq_set_memory(engine *e, int32_t seq, int32_t begin, int32_t end) {
+    if (seq < 0 || seq >= e->p.max_seqs)
+        return is_error_set(IS_ERR_INVALID_ARG, "engine: sequence id %d out of range", seq);
+    if (begin < 0 || begin > end || end > e->p.n_ctx)
+        return is_error_set(IS_ERR_INVALID_ARG, "engine: memory segment [%d, %d) outside [0, %d]",
+                            begin, end, e->p.n_ctx);
+    e->seqs[seq].mem_begin = begin;
+    e->seqs[seq].mem_end = end;
     return IS_OK;
 }
 
@@ -319,7 +347,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     const int32_t **tables = e->u_table;
     int32_t *lens = e->u_len;
     const int32_t **segs = e->u_seg;
-    bool any_seg = false;
+    bool any_seg = false, any_mem = false;
     int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* tokens before t0+i */
     for (int32_t t = 0; t < t0; t++) seen[b->seq[t]]++;
     for (int32_t i = 0; i < n; i++) {
@@ -342,6 +370,12 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         lens[u] = base_len[uniq[u]] + seen[uniq[u]];
         segs[u] = e->seqs[uniq[u]].segments;
         if (segs[u]) any_seg = true;
+        /* A memory segment that a truncation cut short ends at the length. */
+        const seq_state *ss = &e->seqs[uniq[u]];
+        int32_t mb = ss->mem_begin, me = ss->mem_end < lens[u] ? ss->mem_end : lens[u];
+        e->u_mem[2 * u] = mb < me ? mb : 0;
+        e->u_mem[2 * u + 1] = mb < me ? me : 0;
+        if (mb < me) any_mem = true;
     }
     free(seen);
     bool shifted = false;
@@ -351,6 +385,9 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         .n_tokens = n, .pos = e->pos, .seq_of_token = e->seq_idx, .n_seqs = n_uniq,
         .block_tables = tables, .seq_len = lens, .seq_segments = any_seg ? segs : NULL,
         .q_prefix = shifted ? e->q2 : NULL,
+        /* Plain attention (and its fast paths) unless the memory is mapped. */
+        .mem_span = any_mem && (e->p.mem_temp != 1.0f || e->p.mem_mass != 1.0f) ? e->u_mem : NULL,
+        .mem_temp = e->p.mem_temp, .mem_mass = e->p.mem_mass,
     };
     /* Captured rows of this chunk: batch tokens [cap0, cap1). */
     const engine_kv_capture *cap = b->capture;
@@ -570,6 +607,12 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         kv_seq_truncate(e->kv, seq, base);
         return st;
     }
+    /* The memory segment grows to cover these facts; a failure below puts
+     * it back. */
+    seq_state *ss = &e->seqs[seq];
+    const int32_t old_mb = ss->mem_begin, old_me = ss->mem_end;
+    if (ss->mem_begin >= ss->mem_end || ss->mem_begin > base) ss->mem_begin = base;
+    ss->mem_end = base + (int32_t)total;
     if (op->inject) {
         /* The backend does every layer at once (and may hold the records). */
         backend_fact *bf = malloc((size_t)n_facts * sizeof *bf);
@@ -578,6 +621,8 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
             free(bf);
             free(slots);
             kv_seq_truncate(e->kv, seq, base);
+            ss->mem_begin = old_mb;
+            ss->mem_end = old_me;
             return is_error_set(IS_ERR_NOMEM, "inject: out of memory");
         }
         for (int32_t i = 0; i < n_facts; i++)
@@ -594,7 +639,11 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         free(slots);
         /* Without a wait (the injection overlaps what follows): a failure
          * the device meets later is latched by the prefill's download. */
-        if ((st = backend_status(be)) != IS_OK) kv_seq_truncate(e->kv, seq, base);
+        if ((st = backend_status(be)) != IS_OK) {
+            kv_seq_truncate(e->kv, seq, base);
+            ss->mem_begin = old_mb;
+            ss->mem_end = old_me;
+        }
         return st;
     }
     int32_t kv_dim = c->n_kv_heads * c->head_dim;
@@ -637,7 +686,11 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         }
     }
     op->sync(be);
-    if ((st = backend_status(be)) != IS_OK) kv_seq_truncate(e->kv, seq, base);
+    if ((st = backend_status(be)) != IS_OK) {
+        kv_seq_truncate(e->kv, seq, base);
+        ss->mem_begin = old_mb;
+        ss->mem_end = old_me;
+    }
     return st;
 }
 
