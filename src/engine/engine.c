@@ -48,6 +48,19 @@ engine_params engine_default_params(void) {
     return p;
 }
 
+static bool mem_scale_valid(float temp, float mass) {
+    return temp > 0.0f && temp < INFINITY && mass > 0.0f && mass < INFINITY;
+}
+
+is_status engine_set_memory_scale(engine *e, float temp, float mass) {
+    if (!mem_scale_valid(temp, mass))
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "engine: memory temperature and mass must be positive and finite");
+    e->p.mem_temp = temp;
+    e->p.mem_mass = mass;
+    return IS_OK;
+}
+
 static is_status alloc_f32(engine *e, float **out, size_t n) {
     return e->be->ops->alloc(e->be, n * sizeof(float), (void **)out);
 }
@@ -57,7 +70,7 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     if (p.n_ctx <= 0) p.n_ctx = c->n_ctx_train;
     if (p.block_size <= 0 || p.max_seqs <= 0 || p.max_batch <= 0 || p.n_blocks < 0)
         return is_error_set(IS_ERR_INVALID_ARG, "engine: sizes must be positive");
-    if (!(p.mem_temp > 0.0f && p.mem_temp < INFINITY && p.mem_mass > 0.0f && p.mem_mass < INFINITY))
+    if (!mem_scale_valid(p.mem_temp, p.mem_mass))
         return is_error_set(IS_ERR_INVALID_ARG,
                             "engine: memory temperature and mass must be positive and finite");
     if (p.n_blocks == 0) {

@@ -111,6 +111,11 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
 is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
                             const uint64_t *cache_ids, int32_t n_facts);
 
+/* Sets mem_temp and mem_mass (engine_params) for the forwards from here
+ * on. IS_ERR_INVALID_ARG (nothing changed) unless both are positive and
+ * finite. */
+is_status engine_set_memory_scale(engine *e, float temp, float mass);
+
 /* The memory segment of a sequence: slots [*begin, *end) from the first
  * token engine_inject placed in it to the last (both 0 when it has none;
  * a fork keeps the part of it that the fork keeps). */
