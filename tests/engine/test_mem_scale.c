@@ -399,6 +399,19 @@ static void test_engine_injected_equals_prefill(void **state) {
         assert_true(moved > 1e-2);
         engine_free(e);
     }
+    /* Set on a running engine, the scaling applies from the next forward;
+     * bad values leave it unchanged. */
+    engine *e = make_engine(1.0f, 1.0f);
+    assert_int_equal(engine_set_memory_scale(e, 0.0f, 1.0f), IS_ERR_INVALID_ARG);
+    assert_int_equal(engine_set_memory_scale(e, 1.0f, INFINITY), IS_ERR_INVALID_ARG);
+    query_logits(e, 0, pre, np, ft, nf, k, v, suf, ns, a);
+    assert_true(test_rel_range_err(a, plain, V) <= 1e-6);
+    assert_int_equal(engine_set_memory_scale(e, params[2][0], params[2][1]), IS_OK);
+    query_logits(e, 0, pre, np, ft, nf, k, v, suf, ns, a);
+    query_logits(e, 1, pre, np, ft, nf, k, v, suf, ns, b);
+    assert_true(test_rel_range_err(a, b, V) <= 1e-4);
+    assert_true(test_rel_range_err(a, plain, V) > 1e-2);
+    engine_free(e);
     /* Bad settings are refused with an error, never used. */
     engine_params ep = engine_default_params();
     engine *bad = NULL;
