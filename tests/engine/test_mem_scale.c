@@ -41,6 +41,16 @@
 #include "backend_cuda.h"
 #endif
 
+/* Injected against prefilled logits: f32 on the CPU gives the same sums up
+ * to their order; the GPU's products take different kernels (and bf16
+ * inputs) for a 60-token prefill and for a 10-token query, so its bar is
+ * test_cuda_model's for the default precision. */
+#ifdef MEM_SCALE_CUDA
+#define ENGINE_TOL 1e-2
+#else
+#define ENGINE_TOL 1e-4
+#endif
+
 static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
@@ -395,8 +405,8 @@ static void test_engine_injected_equals_prefill(void **state) {
         double err = test_rel_range_err(a, b, V), moved = test_rel_range_err(a, plain, V);
         printf("  T=%.1f S=%.1f: injected vs prefill %.2e; vs unscaled %.2e\n", params[p][0],
                params[p][1], err, moved);
-        assert_true(err <= 1e-4);
-        assert_true(moved > 1e-2);
+        assert_true(err <= ENGINE_TOL);
+        assert_true(moved > 3 * ENGINE_TOL);
         engine_free(e);
     }
     /* Set on a running engine, the scaling applies from the next forward;
@@ -405,12 +415,12 @@ static void test_engine_injected_equals_prefill(void **state) {
     assert_int_equal(engine_set_memory_scale(e, 0.0f, 1.0f), IS_ERR_INVALID_ARG);
     assert_int_equal(engine_set_memory_scale(e, 1.0f, INFINITY), IS_ERR_INVALID_ARG);
     query_logits(e, 0, pre, np, ft, nf, k, v, suf, ns, a);
-    assert_true(test_rel_range_err(a, plain, V) <= 1e-6);
+    assert_true(test_rel_range_err(a, plain, V) <= 1e-5);
     assert_int_equal(engine_set_memory_scale(e, params[2][0], params[2][1]), IS_OK);
     query_logits(e, 0, pre, np, ft, nf, k, v, suf, ns, a);
     query_logits(e, 1, pre, np, ft, nf, k, v, suf, ns, b);
-    assert_true(test_rel_range_err(a, b, V) <= 1e-4);
-    assert_true(test_rel_range_err(a, plain, V) > 1e-2);
+    assert_true(test_rel_range_err(a, b, V) <= ENGINE_TOL);
+    assert_true(test_rel_range_err(a, plain, V) > 3 * ENGINE_TOL);
     engine_free(e);
     /* Bad settings are refused with an error, never used. */
     engine_params ep = engine_default_params();
