@@ -38,6 +38,7 @@ struct engine {
     float *logits; /* [B][n_vocab] */
     float *q2;     /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
     int32_t *pos, *rpos, *rpos2, *slots, *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
+    const int32_t *overwrite; /* engine_recompute: batch token -> position it rewrites, else NULL */
 };
 
 engine_params engine_default_params(void) {
@@ -365,7 +366,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     for (int32_t t = 0; t < t0; t++) seen[b->seq[t]]++;
     for (int32_t i = 0; i < n; i++) {
         int32_t s = b->seq[t0 + i];
-        e->pos[i] = base_len[s] + seen[s]++;
+        e->pos[i] = e->overwrite ? e->overwrite[t0 + i] : base_len[s] + seen[s]++;
         e->rpos[i] = b->pos ? b->pos[t0 + i] : e->pos[i];
         e->rpos2[i] = e->rpos[i] - (b->prefix_shift ? b->prefix_shift[t0 + i] : 0);
         e->slots[i] = kv_cache_slot(e->kv, s, e->pos[i]);
@@ -380,7 +381,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     for (int32_t u = 0; u < n_uniq; u++) {
         int32_t nb;
         tables[u] = kv_seq_blocks(e->kv, uniq[u], &nb);
-        lens[u] = base_len[uniq[u]] + seen[uniq[u]];
+        lens[u] = base_len[uniq[u]] + (e->overwrite ? 0 : seen[uniq[u]]);
         segs[u] = e->seqs[uniq[u]].segments;
         if (segs[u]) any_seg = true;
         /* A memory segment that a truncation cut short ends at the length. */
@@ -704,6 +705,51 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         ss->mem_begin = old_mb;
         ss->mem_end = old_me;
     }
+    return st;
+}
+
+is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int32_t *tokens,
+                           int32_t n) {
+    if (n <= 0) return IS_OK;
+    if (seq < 0 || seq >= e->p.max_seqs)
+        return is_error_set(IS_ERR_INVALID_ARG, "recompute: sequence id %d out of range", seq);
+    const seq_state *ss = &e->seqs[seq];
+    const int32_t len = kv_seq_length(e->kv, seq);
+    for (int32_t i = 0; i < n; i++) {
+        if (pos[i] < ss->mem_begin || pos[i] >= ss->mem_end || pos[i] >= len ||
+            (i > 0 && pos[i] <= pos[i - 1]))
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "recompute: position %d is not after %d inside the memory [%d, %d)",
+                                pos[i], i > 0 ? pos[i - 1] : -1, ss->mem_begin, ss->mem_end);
+        if (tokens[i] < 0 || tokens[i] >= e->m->cfg.n_vocab)
+            return is_error_set(IS_ERR_INVALID_ARG, "recompute: token id %d out of range",
+                                tokens[i]);
+    }
+    is_status st = backend_status(e->be);
+    if (st != IS_OK) return st;
+    int32_t *seqs = malloc((size_t)n * sizeof *seqs);
+    bool *want = calloc((size_t)n, sizeof *want); /* no logits */
+    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
+    if (!seqs || !want || !base_len) {
+        free(seqs);
+        free(want);
+        free(base_len);
+        return is_error_set(IS_ERR_NOMEM, "recompute: out of memory");
+    }
+    for (int32_t i = 0; i < n; i++) seqs[i] = seq;
+    base_len[seq] = len; /* the keys readable: the whole sequence, causally cut */
+    engine_batch b = {.n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want};
+    chunk_out co = {NULL, NULL, NULL};
+    e->overwrite = pos;
+    for (int32_t t0 = 0; t0 < n && st == IS_OK; t0 += e->p.max_batch) {
+        int32_t c = n - t0 < e->p.max_batch ? n - t0 : e->p.max_batch;
+        forward_chunk(e, &b, t0, c, base_len, &co);
+        st = backend_status(e->be);
+    }
+    e->overwrite = NULL;
+    free(seqs);
+    free(want);
+    free(base_len);
     return st;
 }
 

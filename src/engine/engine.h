@@ -111,6 +111,20 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
 is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
                             const uint64_t *cache_ids, int32_t n_facts);
 
+/* Static recomputation of memory tokens: runs a forward over n tokens that
+ * the sequence already holds, at slot positions pos[n] (strictly
+ * increasing, inside the sequence's memory segment), and writes their keys
+ * and values over those slots; tokens[n] are the tokens at those positions.
+ * Each one attends causally to what the sequence holds before it: the
+ * prefix, the facts before its own (injected, or recomputed in this call)
+ * and its own fact's earlier tokens. No logits. The memory segment's blocks
+ * are the sequence's own (injection wrote them after the forked prefix), so
+ * no shared block is written. IS_ERR_INVALID_ARG for positions or tokens
+ * out of range (nothing run); on a backend failure the recomputed slots are
+ * undefined: close the sequence. */
+is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int32_t *tokens,
+                           int32_t n);
+
 /* Sets mem_temp and mem_mass (engine_params) for the forwards from here
  * on. IS_ERR_INVALID_ARG (nothing changed) unless both are positive and
  * finite. */
