@@ -150,6 +150,7 @@ typedef struct bench {
     float *logits;         /* [n_vocab] */
     int32_t *tok, *seq;    /* batch scratch */
     float mem_temp, mem_mass; /* -M: engine_params' memory scaling */
+    int32_t recompute;        /* -R: first tokens of every fact recomputed after injection */
     bool no_sync;          /* no sync between inject and prefill (profiling the GPU alone) */
     int32_t cap;
     /* -L: where set, one_request notes the host's progress on this clock
@@ -268,6 +269,19 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     bench_mark(b, 1);
     if (mode == 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
+        if (b->recompute > 0) { /* -R: the first tokens of every fact again */
+            int32_t mb, me, nr = 0, m = b->recompute < b->F ? b->recompute : b->F;
+            engine_seq_memory(b->e, s, &mb, &me);
+            int32_t *rp = malloc((size_t)k * m * sizeof *rp), *rt = malloc((size_t)k * m * sizeof *rt);
+            for (int32_t i = 0; rp && rt && i < k; i++)
+                for (int32_t j = 0; j < m; j++) {
+                    rp[nr] = mb + i * b->F + j;
+                    rt[nr++] = b->fact_tokens[j];
+                }
+            CHECK(rp && rt ? engine_recompute(b->e, s, rp, rt, nr) : IS_ERR_NOMEM, "recompute");
+            free(rp);
+            free(rt);
+        }
         if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
         t2 = bench_now_ms();
     }
@@ -887,7 +901,7 @@ int main(int argc, char **argv) {
     b.Q = 30;
     b.mem_temp = b.mem_mass = 1.0f;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:g:M:pLih")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:g:M:R:pLih")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -909,6 +923,7 @@ int main(int argc, char **argv) {
         case 'i': interleave = true; break;
         case 'g': gap_ms = atof(optarg); break;
         case 'D': decode_n = atoi(optarg); break;
+        case 'R': b.recompute = atoi(optarg); break;
         case 'M':
             if (sscanf(optarg, "%f,%f", &b.mem_temp, &b.mem_mass) != 2 || !(b.mem_temp > 0.0f) ||
                 !(b.mem_mass > 0.0f)) {
@@ -925,6 +940,8 @@ int main(int argc, char **argv) {
                     "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
                     "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
                     "    default 1,1: plain attention)\n"
+                    "-R M: kv requests recompute the first M tokens of every fact after\n"
+                    "    the injection (engine_recompute; its time counts in inject)\n"
                     "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
                     "    each kind in a loop of its own, so kv requests follow kv requests)\n"
                     "-g GAP_MS: the GPU left idle GAP_MS before each TTFT request (default 0:\n"

@@ -82,14 +82,36 @@ for t in test_mem_scale_cuda test_flash_engines test_cuda_ops; do
 done
 grep -E "err|moved|vs prefill" "$OUT/bench/test_mem_scale_cuda.log" | head -60
 
-GRID20=${IS_REC_GRID:-kv0,kv0t0.7,kv0t0.85,kv0t1.2,kv0s0.5,kv0s2,kv0s4,kv0t0.85s2,kv0t0.7s2,kv0t0.85s0.5,kv0t1.2s2,kv0t1.2s0.5}
-GRID50=${IS_REC_GRID50:-kv0,kv0t0.7,kv0t0.85,kv0t1.2,kv0s0.5,kv0s2,kv0t0.85s2}
+# The cost side on the 8B shape, before the eval (which does not time):
+# the mapped attention's cost does not depend on the values of T and S,
+# only on whether a tile holds memory keys, so one scaling stands for all.
+bench() { # MODEL TAG ARGS...
+  local m=$1 tag=$2; shift 2
+  timeout 120 "$BIN/bench_gpu" -m "$m" -k 50 -c bf16 -t '' -r "${IS_REC_REPS:-9}" -o "$OUT/bench/$tag.csv" "$@" \
+    > "$OUT/bench/$tag.log" 2>&1
+  echo "$tag rc $?"; grep -E "^\| 50 \||^\| k \|" "$OUT/bench/$tag.log" | head -4
+}
+if [ -n "${GEN_PID:-}" ]; then
+  section "TTFT at k = 50, 8B shape: plain kv, scaled (0.85, 2), first 4 tokens recomputed"
+  while kill -0 "$GEN_PID" 2>/dev/null && [ "$(el)" -lt "${IS_REC_GEN_BY:-150}" ]; do sleep 2; done
+  kill -0 "$GEN_PID" 2>/dev/null && { echo "GGUF not written by $(el) s: no 8B bench"; pkill -P "$GEN_PID"; }
+  tail -2 "$OUT/bench/gen.log"
+  if ! kill -0 "$GEN_PID" 2>/dev/null && [ -s "$GGUF" ]; then
+    bench "$GGUF" 8b_plain
+    bench "$GGUF" 8b_scaled -M 0.85,2
+    bench "$GGUF" 8b_r4 -R 4
+  fi
+  rm -f "$GGUF"
+fi
+
+GRID20=${IS_REC_GRID:-kv0,kv0t0.7,kv0t0.85,kv0t1.2,kv0s0.5,kv0s2,kv0t0.85s2,kv0t0.7s2,kv0t1.2s0.5,kv0r1,kv0r2,kv0r4,kv0r8,kv0r16}
+GRID50=${IS_REC_GRID50:-kv0,kv0t0.7,kv0t0.85,kv0s2,kv0t0.85s2,kv0r2,kv0r4,kv0r8}
 section "eval locomo --nll: k = 20 $GRID20; k = 50 $GRID50"
 command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS started"
 CONVS=${IS_REC_CONVS:-"26 30 41 42 43 44 47"}
 pids=()
 job() { # K MODES TAG CONV: a process of its own (killed at the time limit, its rows so far kept)
-  timeout "${IS_REC_T:-150}" "$BIN/inferscale" eval locomo --backend cuda --nll --no-generate \
+  timeout "${IS_REC_T:-130}" "$BIN/inferscale" eval locomo --backend cuda --nll --no-generate \
     --data-dir "$DATA" --conv "$4" --load-retrieval "evaldata/retr_k$1.tsv" --k "$1" --modes "$2" \
     --kv-dtype f16 --store "/tmp/rec-store-$4-k$1" --out "$OUT/nll/$3_$4.csv" -t 1 \
     > "$OUT/nll/$3_$4.log" 2>&1 &
@@ -109,23 +131,15 @@ echo "eval done at $(el) s"
 TUNE=${IS_REC_TUNE:-"26 30"}
 BEST=$(python3 tools/recovery_pick.py --tune "$TUNE" "$OUT"/nll/k20_*.csv.nll.csv)
 echo "chosen on conversations $TUNE: $BEST"
+BEST=$(python3 tools/recovery_pick.py --no-recompute --tune "$TUNE" "$OUT"/nll/k20_*.csv.nll.csv)
+echo "scaling alone, chosen on conversations $TUNE: $BEST"
 
-section "TTFT at k = 50: plain kv vs $BEST"
-TS=$(python3 -c "import re,sys; m=re.fullmatch(r'kv-?\d+(?:t([0-9.]+))?(?:s([0-9.]+))?', sys.argv[1]); print((m.group(1) or '1')+','+(m.group(2) or '1'))" "$BEST")
-bench() { # MODEL TAG ARGS...
-  local m=$1 tag=$2; shift 2
-  timeout 120 "$BIN/bench_gpu" -m "$m" -k 50 -c bf16 -t '' -r "${IS_REC_REPS:-15}" -o "$OUT/bench/$tag.csv" "$@" \
-    > "$OUT/bench/$tag.log" 2>&1
-  echo "$tag rc $?"; grep -E "^\| 50 \||^\| k \||TTFT" "$OUT/bench/$tag.log" | head -8
-}
-bench "$MODEL" smol_plain
-bench "$MODEL" smol_scaled -M "$TS"
-if [ -n "${GEN_PID:-}" ] && [ "$(el)" -lt "${IS_REC_8B_BEFORE:-230}" ]; then
-  wait "$GEN_PID"; tail -2 "$OUT/bench/gen.log"
-  if [ -s "$GGUF" ]; then
-    bench "$GGUF" 8b_plain
-    bench "$GGUF" 8b_scaled -M "$TS"
-  fi
+section "TTFT at k = 50, default model: plain kv vs $BEST"
+TS=$(python3 -c "import re,sys; m=re.fullmatch(r'kv-?\d+(?:t([0-9.]+))?(?:s([0-9.]+))?', sys.argv[1]); print((m.group(1) or '1')+','+(m.group(2) or '1') if m else '1,1')" "$BEST")
+if [ "$(el)" -lt "${IS_REC_SMOL_BEFORE:-300}" ]; then
+  bench "$MODEL" smol_plain
+  bench "$MODEL" smol_scaled -M "$TS"
+  bench "$MODEL" smol_r4 -R 4
 fi
 [ -n "${GEN_PID:-}" ] && kill "$GEN_PID" 2>/dev/null
 tar -czf "$OUT/nll.tar.gz" -C "$OUT" nll && rm -rf "$OUT/nll"
