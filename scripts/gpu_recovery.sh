@@ -92,20 +92,20 @@ bench() { # MODEL TAG ARGS...
   echo "$tag rc $?"; grep -E "^\| 50 \||^\| k \|" "$OUT/bench/$tag.log" | head -4
 }
 if [ -n "${GEN_PID:-}" ]; then
-  section "TTFT at k = 50, 8B shape: plain kv, scaled (0.85, 2), first 4 tokens recomputed"
+  section "TTFT at k = 50, 8B shape: plain kv, scaled (1.5, 2), first 4 tokens recomputed"
   while kill -0 "$GEN_PID" 2>/dev/null && [ "$(el)" -lt "${IS_REC_GEN_BY:-150}" ]; do sleep 2; done
   kill -0 "$GEN_PID" 2>/dev/null && { echo "GGUF not written by $(el) s: no 8B bench"; pkill -P "$GEN_PID"; }
   tail -2 "$OUT/bench/gen.log"
   if ! kill -0 "$GEN_PID" 2>/dev/null && [ -s "$GGUF" ]; then
     bench "$GGUF" 8b_plain
-    bench "$GGUF" 8b_scaled -M 0.85,2
+    bench "$GGUF" 8b_scaled -M 1.5,2
     bench "$GGUF" 8b_r4 -R 4
   fi
   rm -f "$GGUF"
 fi
 
-GRID20=${IS_REC_GRID:-kv0,kv0t0.7,kv0t0.85,kv0t1.2,kv0s0.5,kv0s2,kv0t0.85s2,kv0t0.7s2,kv0t1.2s0.5,kv0r1,kv0r2,kv0r4,kv0r8,kv0r16}
-GRID50=${IS_REC_GRID50:-kv0,kv0t0.7,kv0t0.85,kv0s2,kv0t0.85s2,kv0r2,kv0r4,kv0r8}
+GRID20=${IS_REC_GRID:-kv0,kv0t1.2,kv0t1.5,kv0t2,kv0t3,kv0s2,kv0t1.5s2,kv0t2s2,kv0t1.5s0.7,kv0r2,kv0r4,kv0r8,kv0r16,kv0t1.5s2r4}
+GRID50=${IS_REC_GRID50:-kv0,kv0t1.5,kv0t2,kv0t1.5s2,kv0r2,kv0r4,kv0r8}
 section "eval locomo --nll: k = 20 $GRID20; k = 50 $GRID50"
 command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS started"
 CONVS=${IS_REC_CONVS:-"26 30 41 42 43 44 47"}
