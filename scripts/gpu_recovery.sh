@@ -8,8 +8,12 @@
 #           test_mem_scale_cuda test_cuda_ops test_flash_engines), then in the
 #           main checkout's ignored .dev/NAME/: this branch's tree without
 #           tests/golden, bench/results and docs; the binaries, stripped, in
-#           prebuilt/; retrieval made here in evaldata/ (inferscale eval locomo
-#           --retrieve-only --k K --save-retrieval evaldata/retr_kK.tsv).
+#           prebuilt/; retrieval made here in evaldata/ (OMP_WAIT_POLICY=PASSIVE
+#           inferscale eval locomo --retrieve-only --k 50 -t 1 --save-retrieval
+#           evaldata/retr_k50.tsv; retr_k20.tsv is its first 20 of each line,
+#           the same list since hybrid search ranks the top max(k, 100)):
+#           awk -F'\t' 'BEGIN{OFS="\t"} {n=split($5,a,","); m=n<20?n:20;
+#           s=a[1]; for(i=2;i<=m;i++) s=s","a[i]; $3=m; $5=s; print}'.
 #   device: three calls, each within the 30 s the machine stays warm, since
 #           a call's tree (the main checkout, 14 MB) and carry must fit 64 MiB:
 #           carry [".gm1", ".gpudeps"]: "cp .gm1/part /tmp/p1 && cp -r
