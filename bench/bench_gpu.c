@@ -149,6 +149,8 @@ typedef struct bench {
     int32_t *fact_tokens;  /* [F] (the same for every fact: only the KV matters) */
     float *logits;         /* [n_vocab] */
     int32_t *tok, *seq;    /* batch scratch */
+    float mem_temp, mem_mass; /* -M: engine_params' memory scaling */
+    int32_t recompute;        /* -R: first tokens of every fact recomputed after injection */
     bool no_sync;          /* no sync between inject and prefill (profiling the GPU alone) */
     int32_t cap;
     /* -L: where set, one_request notes the host's progress on this clock
@@ -215,6 +217,8 @@ static void bench_engine(bench *b, int32_t max_seqs, int32_t max_tokens_per_seq,
     ep.block_size = 16;
     ep.max_batch = 4096;
     ep.n_blocks = total_tokens / ep.block_size + 2 * max_seqs + 16;
+    ep.mem_temp = b->mem_temp;
+    ep.mem_mass = b->mem_mass;
     CHECK(engine_create(b->m, ep, &b->e), "engine_create");
     CHECK(engine_seq_open(b->e, &b->prefix_seq), "seq_open");
     batch_reserve(b, b->P);
@@ -265,6 +269,19 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     bench_mark(b, 1);
     if (mode == 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
+        if (b->recompute > 0) { /* -R: the first tokens of every fact again */
+            int32_t mb, me, nr = 0, m = b->recompute < b->F ? b->recompute : b->F;
+            engine_seq_memory(b->e, s, &mb, &me);
+            int32_t *rp = malloc((size_t)k * m * sizeof *rp), *rt = malloc((size_t)k * m * sizeof *rt);
+            for (int32_t i = 0; rp && rt && i < k; i++)
+                for (int32_t j = 0; j < m; j++) {
+                    rp[nr] = mb + i * b->F + j;
+                    rt[nr++] = b->fact_tokens[j];
+                }
+            CHECK(rp && rt ? engine_recompute(b->e, s, rp, rt, nr) : IS_ERR_NOMEM, "recompute");
+            free(rp);
+            free(rt);
+        }
         if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
         t2 = bench_now_ms();
     }
@@ -882,8 +899,9 @@ int main(int argc, char **argv) {
     b.P = 60;
     b.F = 25;
     b.Q = 30;
+    b.mem_temp = b.mem_mass = 1.0f;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:g:pLih")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:g:M:R:pLih")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -905,12 +923,25 @@ int main(int argc, char **argv) {
         case 'i': interleave = true; break;
         case 'g': gap_ms = atof(optarg); break;
         case 'D': decode_n = atoi(optarg); break;
+        case 'R': b.recompute = atoi(optarg); break;
+        case 'M':
+            if (sscanf(optarg, "%f,%f", &b.mem_temp, &b.mem_mass) != 2 || !(b.mem_temp > 0.0f) ||
+                !(b.mem_mass > 0.0f)) {
+                fprintf(stderr, "bench_gpu: -M takes TEMP,MASS (both > 0), got '%s'\n", optarg);
+                return 1;
+            }
+            break;
         default:
             fprintf(stderr,
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
                     "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
-                    "                 [-g GAP_MS] [-D N]\n"
+                    "                 [-g GAP_MS] [-D N] [-M TEMP,MASS]\n"
+                    "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
+                    "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
+                    "    default 1,1: plain attention)\n"
+                    "-R M: kv requests recompute the first M tokens of every fact after\n"
+                    "    the injection (engine_recompute; its time counts in inject)\n"
                     "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
                     "    each kind in a loop of its own, so kv requests follow kv requests)\n"
                     "-g GAP_MS: the GPU left idle GAP_MS before each TTFT request (default 0:\n"

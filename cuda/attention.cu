@@ -34,6 +34,12 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
     const int32_t *bt = meta.flat + meta.bt_off[s];
     const int32_t *seg = meta.seg_off[s] >= 0 ? meta.flat + meta.seg_off[s] : nullptr;
     const int32_t qseg = seg ? seg[qpos] : 0;
+    /* Memory keys [mb, me) for a query after them (empty otherwise). */
+    int32_t mb = 0, me = 0;
+    if (meta.mem && qpos >= meta.mem[2 * s + 1]) {
+        mb = meta.mem[2 * s];
+        me = meta.mem[2 * s + 1];
+    }
     const int64_t qo = (int64_t)t * n_heads * head_dim + (int64_t)h * head_dim;
     const float *qp = q_prefix ? q_prefix + qo : q + qo;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
@@ -77,6 +83,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
                     for (int32_t i = 0; i < head_dim; i++) d += qs[i] * kv_load(kr + i);
                 }
                 sc = d * scale;
+                if (j >= mb && j < me) sc = sc * meta.mem_mul + meta.mem_add;
             }
         }
         /* Online softmax over the chunk (uniform across the warp). */

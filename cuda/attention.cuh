@@ -28,6 +28,10 @@ typedef struct cuda_attn_meta {
     const int32_t *bt_off;       /* [S] offset of the sequence's block table in flat */
     const int32_t *seg_off;      /* [S] offset of its segment ids in flat, or -1 (none) */
     const int32_t *flat;         /* block tables and segment ids */
+    /* [S][2] memory segments (attn_batch.mem_span), or NULL; a query after
+     * its sequence's segment scores its keys as score * mem_mul + mem_add. */
+    const int32_t *mem;
+    float mem_mul, mem_add;
 } cuda_attn_meta;
 
 /* Largest head_dim the kernel takes. */

@@ -1190,8 +1190,8 @@ static void cu_rope_store(backend *be, float *q, float *k, const float *v, float
 }
 
 /* Packs the host attn_batch into one int32 array ([pos T][seq T][bt_off S]
- * [seg_off S][block tables][segment ids]), uploads it and points `m` into
- * the device copy. */
+ * [seg_off S][block tables][segment ids][memory spans 2S, where the batch
+ * has them]), uploads it and points `m` into the device copy. */
 static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
                            cuda_attn_meta *m) {
     const int32_t T = b->n_tokens, S = b->n_seqs;
@@ -1200,6 +1200,7 @@ static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
         n += (size_t)(b->seq_len[s] + block_size - 1) / block_size;
         if (b->seq_segments && b->seq_segments[s]) n += (size_t)b->seq_len[s];
     }
+    if (b->mem_span) n += 2 * (size_t)S;
     if (n > c->pack_cap) {
         size_t cap = n > 2 * c->pack_cap ? n : 2 * c->pack_cap;
         int32_t *p = (int32_t *)realloc(c->pack, cap * sizeof(int32_t));
@@ -1225,6 +1226,11 @@ static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
             at += (size_t)b->seq_len[s];
         }
     }
+    const size_t mem_at = at;
+    if (b->mem_span) {
+        memcpy(pk + at, b->mem_span, 2 * (size_t)S * sizeof(int32_t));
+        at += 2 * (size_t)S;
+    }
     IS_ASSERT(at == n && n < (size_t)INT32_MAX);
     const void *dev;
     is_status st = stage_upload(c, &c->st_attn, pk, n * sizeof(int32_t), &dev);
@@ -1235,6 +1241,9 @@ static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
     m->bt_off = d + 2 * T;
     m->seg_off = d + 2 * T + S;
     m->flat = d;
+    m->mem = b->mem_span ? d + mem_at : NULL;
+    m->mem_mul = b->mem_span ? 1.0f / b->mem_temp : 1.0f;
+    m->mem_add = b->mem_span ? logf(b->mem_mass) : 0.0f;
     return IS_OK;
 }
 
@@ -1256,8 +1265,10 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                             int32_t block_size, bool early) {
     const int32_t T = b->n_tokens;
+    /* The tiles, then each tile's memory span where the batch has them. */
     if ((size_t)T > c->tiles_cap) {
-        int32_t *p = (int32_t *)realloc(c->tiles, (size_t)T * FLASH_TILE_INTS * sizeof(int32_t));
+        int32_t *p =
+            (int32_t *)realloc(c->tiles, (size_t)T * (FLASH_TILE_INTS + 2) * sizeof(int32_t));
         if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
         c->tiles = p;
         c->tiles_cap = (size_t)T;
@@ -1269,10 +1280,25 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         : c->flash_wide    ? CUDA_FLASH_CHOICE_AUTO
                            : CUDA_FLASH_CHOICE_NO_WIDE,
         c->flash_wgmma, c->tiles);
+    size_t n_ints = (size_t)plan.n_tiles * FLASH_TILE_INTS;
+    if (b->mem_span) {
+        int32_t *span = c->tiles + n_ints;
+        for (int32_t i = 0; i < plan.n_tiles; i++) {
+            const int32_t s = b->seq_of_token[c->tiles[(size_t)i * FLASH_TILE_INTS]];
+            span[2 * i] = b->mem_span[2 * s];
+            span[2 * i + 1] = b->mem_span[2 * s + 1];
+        }
+        n_ints += 2 * (size_t)plan.n_tiles;
+    }
     const void *dtiles;
-    is_status st = stage_upload(c, &c->st_tiles, c->tiles,
-                                (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t), &dtiles);
+    is_status st = stage_upload(c, &c->st_tiles, c->tiles, n_ints * sizeof(int32_t), &dtiles);
     if (st != IS_OK) return st;
+    cuda_flash_mem mem = {NULL, 1.0f, 0.0f};
+    if (b->mem_span) {
+        mem.span = (const int32_t *)dtiles + (size_t)plan.n_tiles * FLASH_TILE_INTS;
+        mem.mul_log2 = 1.0f / b->mem_temp;
+        mem.add_log2 = log2f(b->mem_mass);
+    }
     if (cuda_flash_partial_floats(plan, n_kv_heads, head_dim) > 0) {
         st = scratch_reserve(c, (void **)&c->partial, &c->partial_cap,
                              cuda_flash_partial_floats(plan, n_kv_heads, head_dim), sizeof(float));
@@ -1283,10 +1309,10 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     const size_t n = (size_t)T * n_heads * head_dim;
     cuda_bf16_out ob = {NULL, (int64_t)n, false};
     ob.p = bf16_copy_of(c, n, &ob.split);
-    st = cuda_flash_attention(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
-                              (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
-                              plan, c->partial, n_heads, n_kv_heads,
-                              head_dim, block_size, ob, early);
+    st = cuda_flash_attention_mem(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
+                                  (const __nv_bfloat16 *)v_cache, m.flat,
+                                  (const int32_t *)dtiles, plan, c->partial, n_heads, n_kv_heads,
+                                  head_dim, block_size, ob, early, mem);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
 }

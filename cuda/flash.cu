@@ -189,7 +189,8 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                               float *partial, int32_t n_heads, int32_t n_kv_heads,
-                              int32_t block_size, cuda_bf16_out ob, bool early) {
+                              int32_t block_size, cuda_bf16_out ob, bool early,
+                              const cuda_flash_mem &mem) {
     flash_fn fn = NULL;
     size_t smem = 0;
     is_status st = flash_prepare<D, KS, BN>(plan.wgmma != 0, &fn, &smem);
@@ -207,7 +208,8 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
                               out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                               block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
-                              ob.split, early && cuda_pdl_on()));
+                              ob.split, early && cuda_pdl_on(), mem.span, mem.mul_log2,
+                              mem.add_log2));
     if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,
@@ -224,6 +226,17 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob, bool early) {
+    const cuda_flash_mem none = {NULL, 1.0f, 0.0f};
+    return cuda_flash_attention_mem(s, out, q, k_cache, v_cache, flat, tiles, plan, partial,
+                                    n_heads, n_kv_heads, head_dim, block_size, ob, early, none);
+}
+
+is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
+                                   const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
+                                   const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
+                                   float *partial, int32_t n_heads, int32_t n_kv_heads,
+                                   int32_t head_dim, int32_t block_size, cuda_bf16_out ob,
+                                   bool early, cuda_flash_mem mem) {
     if (plan.n_tiles <= 0) return IS_OK;
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size))
         return is_error_set(IS_ERR_UNSUPPORTED,
@@ -242,7 +255,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                             plan.key_tile, plan.key_warps);
 #define FLASH_LAUNCH(D, KS, BN)                                                                    \
     flash_launch<D, KS, BN>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, n_heads,     \
-                            n_kv_heads, block_size, ob, early)
+                            n_kv_heads, block_size, ob, early, mem)
     if (plan.key_tile == FLASH_BN_WIDE)
         return head_dim == 64 ? FLASH_LAUNCH(64, 2, FLASH_BN_WIDE)
                               : FLASH_LAUNCH(128, 2, FLASH_BN_WIDE);

@@ -164,4 +164,23 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                cuda_bf16_out ob, bool early);
 
+/* Memory scaling for the tiled kernel (attn_batch.mem_span): span, device
+ * int32 [plan.n_tiles][2], the memory keys [begin, end) of each tile's
+ * sequence (begin = end: none), or NULL; rows after a tile's memory score
+ * its keys x * mul_log2 + add_log2, x the log2-domain score (so mul_log2 =
+ * 1 / temperature, add_log2 = log2(mass)). Tiles that hold no memory key
+ * take the unmasked fast path as before. */
+typedef struct cuda_flash_mem {
+    const int32_t *span;
+    float mul_log2, add_log2;
+} cuda_flash_mem;
+
+/* cuda_flash_attention with memory scaling (mem.span NULL: the same). */
+is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
+                                   const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
+                                   const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
+                                   float *partial, int32_t n_heads, int32_t n_kv_heads,
+                                   int32_t head_dim, int32_t block_size, cuda_bf16_out ob,
+                                   bool early, cuda_flash_mem mem);
+
 #endif

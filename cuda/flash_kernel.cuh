@@ -282,7 +282,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early) {
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early,
+                 const int32_t *mem, float mem_mul, float mem_add) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
@@ -318,6 +319,10 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
     const int32_t *tl = tiles + FLASH_TILE_INTS * tile;
     const int32_t t0 = tl[0], n = tl[1], bt_at = tl[2], pos0 = tl[3], old_keys = tl[4];
+    /* The tile's memory keys [mb, me) (cuda_flash_attention_mem), scored
+     * x * mem_mul + mem_add in the log2 domain by rows after them; a host
+     * upload, like the tile, so read before the wait. */
+    const int32_t mb = mem ? mem[2 * tile] : 0, me = mem ? mem[2 * tile + 1] : 0;
     const int32_t G = n_heads / n_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31;
     const int warp = (tid >> 5) % (BM / 16); /* the warp's 16 rows */
@@ -539,7 +544,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
          * tiles), joined at the end: the same value (fmaxf is exact), half
          * the chain's length. */
         float mx[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
-        if (kt * BN + k0 + KW - 1 <= min(last[0], last[1])) {
+        const bool mem_hit = mb < kt * BN + k0 + KW && kt * BN + k0 < me;
+        if (kt * BN + k0 + KW - 1 <= min(last[0], last[1]) && !mem_hit) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -555,7 +561,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                 for (int e = 0; e < 4; e++) {
                     const int h = e >> 1;
                     const int32_t j = kt * BN + k0 + nt * 8 + 2 * c + (e & 1);
-                    const float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
+                    float x = j <= last[h] ? s[nt][e] * scale_log2 : -INFINITY;
+                    if (mem_hit && j >= mb && j < me && last[h] >= me) x = x * mem_mul + mem_add;
                     s[nt][e] = x;
                     mx[h][nt & 1] = fmaxf(mx[h][nt & 1], x);
                 }
@@ -855,7 +862,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool);
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool,
+                         const int32_t *, float, float);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size, key warps and
  * keys a tile (FLASH_BN_WIDE with two key warps only),

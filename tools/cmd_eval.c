@@ -44,13 +44,15 @@
 #define EVAL_DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
 #define EVAL_DEFAULT_STORE "inferscale-data/locomo-eval"
 #define EVAL_INSTRUCTION " Answer in a few words."
-#define EVAL_MAX_MODES 8
+#define EVAL_MAX_MODES 14
 #define EVAL_MAX_CONVS 64
 
 typedef struct eval_mode {
     ask_mode mode;
     int32_t window; /* kv modes: encoding context turns */
-    char name[16];
+    char name[24];
+    float temp, mass; /* kv modes: engine_set_memory_scale (1, 1: plain attention) */
+    int32_t recompute; /* kv modes: first tokens of each fact recomputed (--nll only) */
 } eval_mode;
 
 typedef struct eval_opts {
@@ -84,7 +86,13 @@ static void eval_usage(FILE *f) {
             "      --conv LIST      conversations by name, e.g. 26,30 (default: all in DIR)\n"
             "  -k, --k N            facts retrieved per question (default 20)\n"
             "      --modes LIST     of prompt, off, kvW (W context turns encoded with each fact,\n"
-            "                       -1: no context at all) (default prompt,kv0,kv20)\n"
+            "                       -1: no context at all) (default prompt,kv0,kv20); a kv mode\n"
+            "                       may add tT and/or sS (e.g. kv0t0.8s2): the query's logits\n"
+            "                       over the injected facts divided by T, their softmax mass\n"
+            "                       multiplied by S (memory scaling; records shared with kvW);\n"
+            "                       and rM: the first M tokens of every fact recomputed after\n"
+            "                       injection with the facts before them visible (--nll\n"
+            "                       --no-generate only), e.g. kv0r4, kv0t0.85r2\n"
             "      --limit N        only the first N questions of each conversation (default all)\n"
             "      --out FILE       CSV, one row per (question, mode); the table goes to FILE.md\n"
             "                       (default locomo-eval.csv)\n"
@@ -127,14 +135,40 @@ static bool parse_modes(const char *s, eval_opts *o) {
         }
         eval_mode *m = &o->modes[o->n_modes];
         if (strcmp(t, "prompt") == 0) {
-            *m = (eval_mode){ASK_MODE_PROMPT, 0, "prompt"};
+            *m = (eval_mode){ASK_MODE_PROMPT, 0, "prompt", 1.0f, 1.0f, 0};
         } else if (strcmp(t, "off") == 0) {
-            *m = (eval_mode){ASK_MODE_OFF, 0, "off"};
+            *m = (eval_mode){ASK_MODE_OFF, 0, "off", 1.0f, 1.0f, 0};
         } else if (strncmp(t, "kv", 2) == 0 && t[2]) {
-            int32_t w;
-            if (!cli_parse_int(t + 2, "the window of a kv mode", -1, 1000, &w)) return false;
-            *m = (eval_mode){ASK_MODE_KV, w, ""};
-            snprintf(m->name, sizeof m->name, "kv%d", w);
+            /* kvW[tT][sS][rM]: the window, then the optional memory scaling
+             * and recomputation, each a letter and its number. */
+            char num[4][32] = {"", "1", "1", "0"}; /* W, T, S, M */
+            const char *p = t + 2;
+            int slot = 0;
+            bool bad = strlen(t) >= sizeof m->name;
+            while (!bad) {
+                size_t n = strcspn(p, "tsr");
+                if (n == 0 || n >= sizeof num[0]) bad = true;
+                else snprintf(num[slot], sizeof num[slot], "%.*s", (int)n, p);
+                p += n;
+                if (!*p) break;
+                int next = *p == 't' ? 1 : *p == 's' ? 2 : 3;
+                if (next <= slot) bad = true; /* in this order, each once */
+                slot = next;
+                p++;
+            }
+            int32_t w, rm;
+            float temp, mass;
+            if (bad) {
+                fprintf(stderr, "error: --modes: '%s' is not kvW[tT][sS][rM] (e.g. kv0t0.8s2)\n", t);
+                return false;
+            }
+            if (!cli_parse_int(num[0], "the window of a kv mode", -1, 1000, &w) ||
+                !cli_parse_float(num[1], "a kv mode's memory temperature (t)", 0.01f, 100.0f, &temp) ||
+                !cli_parse_float(num[2], "a kv mode's memory mass (s)", 0.001f, 1000.0f, &mass) ||
+                !cli_parse_int(num[3], "a kv mode's recomputed tokens (r)", 0, 1000, &rm))
+                return false;
+            *m = (eval_mode){ASK_MODE_KV, w, "", temp, mass, rm};
+            snprintf(m->name, sizeof m->name, "%s", t);
         } else {
             fprintf(stderr, "error: --modes: '%s' is not prompt, off or kvW (e.g. kv0, kv20)\n", t);
             return false;
@@ -380,7 +414,11 @@ static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *
         }
         ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts, .n_facts = n_hits};
         float *lp = env->lp + (size_t)s * nv;
-        st = teacher_score_request(env->e, env->store, env->ask, &req, ans, n_ans, &row.nll[s], lp);
+        st = engine_set_memory_scale(env->e, gm >= 0 ? o->modes[gm].temp : 1.0f,
+                                     gm >= 0 ? o->modes[gm].mass : 1.0f);
+        if (st != IS_OK) break;
+        st = teacher_score_request_m(env->e, env->store, env->ask, &req,
+                                     gm >= 0 ? o->modes[gm].recompute : 0, ans, n_ans, &row.nll[s], lp);
         if (st != IS_OK) break;
         nll_log_softmax(lp, nv, lp);
         row.plist[s] = nll_mass(lp, env->list_mask, nv);
@@ -593,7 +631,8 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             ask_request req = {.mode = em->mode, .query = query, .fact_ids = ids, .fact_texts = ftexts,
                                .n_facts = n_hits[q], .max_tokens = o->max_tokens, .temperature = 0.0f,
                                .top_k = 0, .top_p = 1.0f, .seed = 0};
-            st = ask_run(env->ask, &req, collect_answer, &ab, &res[m].tm);
+            st = engine_set_memory_scale(env->e, em->temp, em->mass);
+            if (st == IS_OK) st = ask_run(env->ask, &req, collect_answer, &ab, &res[m].tm);
             snprintf(res[m].answer, sizeof res[m].answer, "%s", ab.s);
             trim(res[m].answer);
             cli_progress(what, (int64_t)q * o->n_modes + m + 1, (int64_t)nq * o->n_modes, ta);
@@ -842,6 +881,13 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "error: --no-generate needs --nll (nothing would be measured)\n");
         return 1;
     }
+    for (int32_t i = 0; i < o.n_modes; i++)
+        if (o.modes[i].recompute > 0 && !(o.nll && o.no_generate)) {
+            /* Generation goes through ask_run, which injects without it. */
+            fprintf(stderr, "error: --modes %s: recomputation is measured with --nll --no-generate only\n",
+                    o.modes[i].name);
+            return 1;
+        }
     if (conv_arg ? !parse_convs(conv_arg, &o) : !list_convs(&o)) {
         if (conv_arg) fprintf(stderr, "error: --conv is empty\n");
         return 1;
@@ -877,7 +923,7 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "error: --retrieve-only and --load-retrieval exclude each other\n");
             goto out;
         }
-        o.modes[0] = (eval_mode){ASK_MODE_OFF, 0, "retrieval"};
+        o.modes[0] = (eval_mode){ASK_MODE_OFF, 0, "retrieval", 1.0f, 1.0f, 0};
         o.n_modes = 1;
     }
     if (!o.retrieve_only && (st = backend_create(o.backend, o.threads, &be)) != IS_OK) goto fail;
@@ -897,8 +943,8 @@ int cmd_eval(int argc, char **argv) {
                     .save_retrieval = save_r, .load_retrieval = o.load_retrieval ? &rcache : NULL};
     for (int32_t i = 0; i < o.n_modes; i++)
         if (o.modes[i].mode == ASK_MODE_PROMPT) env.prompt_mode = i;
+    env.e = e; /* the memory scaling of each kv mode is set on it */
     if (o.nll && !o.retrieve_only) {
-        env.e = e;
         env.store = store;
         env.slot_name[0] = "prompt";
         env.slot_name[1] = "off";

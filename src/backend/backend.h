@@ -58,6 +58,17 @@ typedef struct attn_batch {
      * serving prefix at the distance it saw it when encoded. [T][n_heads*head_dim]
      * in backend memory, or NULL. */
     const float *q_prefix;
+    /* Optional (NULL = none): each sequence's memory segment, the slots
+     * [mem_span[2s], mem_span[2s+1]) its injected facts occupy. A query
+     * after the segment (pos >= its end) scores a memory key as
+     * score / mem_temp + ln(mem_mass), score = q.k / sqrt(head_dim): the
+     * memory's logits sharpened (mem_temp < 1) and its softmax mass
+     * multiplied by mem_mass against the other keys' (APE's attention
+     * temperature and scaling factor, here as one per-key affine map so
+     * that a one-pass online softmax applies it). Other queries and keys
+     * as without it. Host memory. */
+    const int32_t *mem_span;
+    float mem_temp, mem_mass;
 } attn_batch;
 
 /* One fact for the optional inject op: its stored pre-RoPE keys and values,

@@ -10,6 +10,7 @@
 typedef struct seq_state {
     int32_t *segments; /* [cap] segment of each position, NULL while unused */
     int32_t cap;
+    int32_t mem_begin, mem_end; /* memory segment: slots [mem_begin, mem_end) */
 } seq_state;
 
 struct engine {
@@ -25,6 +26,7 @@ struct engine {
     /* Sequences present in one forward chunk, [max_seqs] each. */
     int32_t *u_seq, *u_len;
     const int32_t **u_table, **u_seg;
+    int32_t *u_mem; /* [max_seqs][2] memory spans of the chunk's sequences */
 
     /* Activation scratch for one chunk of up to max_batch tokens. */
     float *x;      /* [B][dim] residual stream */
@@ -36,13 +38,28 @@ struct engine {
     float *logits; /* [B][n_vocab] */
     float *q2;     /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
     int32_t *pos, *rpos, *rpos2, *slots, *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
+    const int32_t *overwrite; /* engine_recompute: batch token -> position it rewrites, else NULL */
 };
 
 engine_params engine_default_params(void) {
     engine_params p = {
         .n_ctx = 0, .max_seqs = 8, .n_blocks = 0, .block_size = 16, .max_batch = 512,
+        .mem_temp = 1.0f, .mem_mass = 1.0f,
     };
     return p;
+}
+
+static bool mem_scale_valid(float temp, float mass) {
+    return temp > 0.0f && temp < INFINITY && mass > 0.0f && mass < INFINITY;
+}
+
+is_status engine_set_memory_scale(engine *e, float temp, float mass) {
+    if (!mem_scale_valid(temp, mass))
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "engine: memory temperature and mass must be positive and finite");
+    e->p.mem_temp = temp;
+    e->p.mem_mass = mass;
+    return IS_OK;
 }
 
 static is_status alloc_f32(engine *e, float **out, size_t n) {
@@ -54,6 +71,9 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     if (p.n_ctx <= 0) p.n_ctx = c->n_ctx_train;
     if (p.block_size <= 0 || p.max_seqs <= 0 || p.max_batch <= 0 || p.n_blocks < 0)
         return is_error_set(IS_ERR_INVALID_ARG, "engine: sizes must be positive");
+    if (!mem_scale_valid(p.mem_temp, p.mem_mass))
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "engine: memory temperature and mass must be positive and finite");
     if (p.n_blocks == 0) {
         int64_t per_seq = (p.n_ctx + p.block_size - 1) / p.block_size;
         int64_t nb = per_seq * p.max_seqs;
@@ -82,8 +102,9 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     e->u_len = malloc((size_t)p.max_seqs * sizeof(int32_t));
     e->u_table = malloc((size_t)p.max_seqs * sizeof(int32_t *));
     e->u_seg = malloc((size_t)p.max_seqs * sizeof(int32_t *));
+    e->u_mem = malloc((size_t)p.max_seqs * 2 * sizeof(int32_t));
     if (!e->k_cache || !e->v_cache || !e->seqs || !e->pos || !e->rpos || !e->rpos2 || !e->slots ||
-        !e->seq_idx || !e->u_seq || !e->u_len || !e->u_table || !e->u_seg) {
+        !e->seq_idx || !e->u_seq || !e->u_len || !e->u_table || !e->u_seg || !e->u_mem) {
         st = is_error_set(IS_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -137,6 +158,7 @@ void engine_free(engine *e) {
     free(e->u_len);
     free(e->u_table);
     free(e->u_seg);
+    free(e->u_mem);
     kv_cache_free(e->kv);
     free(e);
 }
@@ -151,6 +173,7 @@ is_status engine_seq_open(engine *e, int32_t *seq) {
         free(e->seqs[*seq].segments);
         e->seqs[*seq].segments = NULL;
         e->seqs[*seq].cap = 0;
+        e->seqs[*seq].mem_begin = e->seqs[*seq].mem_end = 0;
     }
     return st;
 }
@@ -207,6 +230,25 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
         kv_seq_truncate(e->kv, dst, 0);
         return st;
     }
+    seq_state *ds = &e->seqs[dst];
+    ds->mem_begin = ss->mem_begin < n ? ss->mem_begin : n;
+    ds->mem_end = ss->mem_end < n ? ss->mem_end : n;
+    return IS_OK;
+}
+
+void engine_seq_memory(const engine *e, int32_t seq, int32_t *begin, int32_t *end) {
+    *begin = e->seqs[seq].mem_begin;
+    *end = e->seqs[seq].mem_end;
+}
+
+is_status engine_seq_set_memory(engine *e, int32_t seq, int32_t begin, int32_t end) {
+    if (seq < 0 || seq >= e->p.max_seqs)
+        return is_error_set(IS_ERR_INVALID_ARG, "engine: sequence id %d out of range", seq);
+    if (begin < 0 || begin > end || end > e->p.n_ctx)
+        return is_error_set(IS_ERR_INVALID_ARG, "engine: memory segment [%d, %d) outside [0, %d]",
+                            begin, end, e->p.n_ctx);
+    e->seqs[seq].mem_begin = begin;
+    e->seqs[seq].mem_end = end;
     return IS_OK;
 }
 
@@ -319,12 +361,12 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     const int32_t **tables = e->u_table;
     int32_t *lens = e->u_len;
     const int32_t **segs = e->u_seg;
-    bool any_seg = false;
+    bool any_seg = false, any_mem = false;
     int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* tokens before t0+i */
     for (int32_t t = 0; t < t0; t++) seen[b->seq[t]]++;
     for (int32_t i = 0; i < n; i++) {
         int32_t s = b->seq[t0 + i];
-        e->pos[i] = base_len[s] + seen[s]++;
+        e->pos[i] = e->overwrite ? e->overwrite[t0 + i] : base_len[s] + seen[s]++;
         e->rpos[i] = b->pos ? b->pos[t0 + i] : e->pos[i];
         e->rpos2[i] = e->rpos[i] - (b->prefix_shift ? b->prefix_shift[t0 + i] : 0);
         e->slots[i] = kv_cache_slot(e->kv, s, e->pos[i]);
@@ -339,9 +381,15 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     for (int32_t u = 0; u < n_uniq; u++) {
         int32_t nb;
         tables[u] = kv_seq_blocks(e->kv, uniq[u], &nb);
-        lens[u] = base_len[uniq[u]] + seen[uniq[u]];
+        lens[u] = base_len[uniq[u]] + (e->overwrite ? 0 : seen[uniq[u]]);
         segs[u] = e->seqs[uniq[u]].segments;
         if (segs[u]) any_seg = true;
+        /* A memory segment that a truncation cut short ends at the length. */
+        const seq_state *ss = &e->seqs[uniq[u]];
+        int32_t mb = ss->mem_begin, me = ss->mem_end < lens[u] ? ss->mem_end : lens[u];
+        e->u_mem[2 * u] = mb < me ? mb : 0;
+        e->u_mem[2 * u + 1] = mb < me ? me : 0;
+        if (mb < me) any_mem = true;
     }
     free(seen);
     bool shifted = false;
@@ -351,6 +399,9 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         .n_tokens = n, .pos = e->pos, .seq_of_token = e->seq_idx, .n_seqs = n_uniq,
         .block_tables = tables, .seq_len = lens, .seq_segments = any_seg ? segs : NULL,
         .q_prefix = shifted ? e->q2 : NULL,
+        /* Plain attention (and its fast paths) unless the memory is mapped. */
+        .mem_span = any_mem && (e->p.mem_temp != 1.0f || e->p.mem_mass != 1.0f) ? e->u_mem : NULL,
+        .mem_temp = e->p.mem_temp, .mem_mass = e->p.mem_mass,
     };
     /* Captured rows of this chunk: batch tokens [cap0, cap1). */
     const engine_kv_capture *cap = b->capture;
@@ -573,6 +624,12 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         kv_seq_truncate(e->kv, seq, base);
         return st;
     }
+    /* The memory segment grows to cover these facts; a failure below puts
+     * it back. */
+    seq_state *ss = &e->seqs[seq];
+    const int32_t old_mb = ss->mem_begin, old_me = ss->mem_end;
+    if (ss->mem_begin >= ss->mem_end || ss->mem_begin > base) ss->mem_begin = base;
+    ss->mem_end = base + (int32_t)total;
     if (op->inject) {
         /* The backend does every layer at once (and may hold the records). */
         backend_fact *bf = malloc((size_t)n_facts * sizeof *bf);
@@ -581,6 +638,8 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
             free(bf);
             free(slots);
             kv_seq_truncate(e->kv, seq, base);
+            ss->mem_begin = old_mb;
+            ss->mem_end = old_me;
             return is_error_set(IS_ERR_NOMEM, "inject: out of memory");
         }
         for (int32_t i = 0; i < n_facts; i++)
@@ -597,7 +656,11 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         free(slots);
         /* Without a wait (the injection overlaps what follows): a failure
          * the device meets later is latched by the prefill's download. */
-        if ((st = backend_status(be)) != IS_OK) kv_seq_truncate(e->kv, seq, base);
+        if ((st = backend_status(be)) != IS_OK) {
+            kv_seq_truncate(e->kv, seq, base);
+            ss->mem_begin = old_mb;
+            ss->mem_end = old_me;
+        }
         return st;
     }
     int32_t kv_dim = c->n_kv_heads * c->head_dim;
@@ -640,7 +703,56 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         }
     }
     op->sync(be);
-    if ((st = backend_status(be)) != IS_OK) kv_seq_truncate(e->kv, seq, base);
+    if ((st = backend_status(be)) != IS_OK) {
+        kv_seq_truncate(e->kv, seq, base);
+        ss->mem_begin = old_mb;
+        ss->mem_end = old_me;
+    }
+    return st;
+}
+
+is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int32_t *tokens,
+                           int32_t n) {
+    if (n <= 0) return IS_OK;
+    if (seq < 0 || seq >= e->p.max_seqs)
+        return is_error_set(IS_ERR_INVALID_ARG, "recompute: sequence id %d out of range", seq);
+    const seq_state *ss = &e->seqs[seq];
+    const int32_t len = kv_seq_length(e->kv, seq);
+    for (int32_t i = 0; i < n; i++) {
+        if (pos[i] < ss->mem_begin || pos[i] >= ss->mem_end || pos[i] >= len ||
+            (i > 0 && pos[i] <= pos[i - 1]))
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "recompute: position %d is not after %d inside the memory [%d, %d)",
+                                pos[i], i > 0 ? pos[i - 1] : -1, ss->mem_begin, ss->mem_end);
+        if (tokens[i] < 0 || tokens[i] >= e->m->cfg.n_vocab)
+            return is_error_set(IS_ERR_INVALID_ARG, "recompute: token id %d out of range",
+                                tokens[i]);
+    }
+    is_status st = backend_status(e->be);
+    if (st != IS_OK) return st;
+    int32_t *seqs = malloc((size_t)n * sizeof *seqs);
+    bool *want = calloc((size_t)n, sizeof *want); /* no logits */
+    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
+    if (!seqs || !want || !base_len) {
+        free(seqs);
+        free(want);
+        free(base_len);
+        return is_error_set(IS_ERR_NOMEM, "recompute: out of memory");
+    }
+    for (int32_t i = 0; i < n; i++) seqs[i] = seq;
+    base_len[seq] = len; /* the keys readable: the whole sequence, causally cut */
+    engine_batch b = {.n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want};
+    chunk_out co = {NULL, NULL, NULL};
+    e->overwrite = pos;
+    for (int32_t t0 = 0; t0 < n && st == IS_OK; t0 += e->p.max_batch) {
+        int32_t c = n - t0 < e->p.max_batch ? n - t0 : e->p.max_batch;
+        forward_chunk(e, &b, t0, c, base_len, &co);
+        st = backend_status(e->be);
+    }
+    e->overwrite = NULL;
+    free(seqs);
+    free(want);
+    free(base_len);
     return st;
 }
 

@@ -25,6 +25,11 @@ typedef struct engine_params {
     int32_t n_blocks;   /* KV blocks in the pool (0 = enough for max_seqs full sequences, capped) */
     int32_t block_size; /* token slots per KV block */
     int32_t max_batch;  /* tokens per internal forward chunk */
+    /* Attention over injected memory (backend.h attn_batch.mem_span): queries
+     * after a sequence's memory segment score its keys as score / mem_temp
+     * + ln(mem_mass). 1 and 1 (the default): plain attention, exact against
+     * the segment-masked reference. Both > 0. */
+    float mem_temp, mem_mass;
 } engine_params;
 
 engine_params engine_default_params(void);
@@ -105,6 +110,36 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
  * reading k and v; 0 means read them this time. */
 is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
                             const uint64_t *cache_ids, int32_t n_facts);
+
+/* Static recomputation of memory tokens: runs a forward over n tokens that
+ * the sequence already holds, at slot positions pos[n] (strictly
+ * increasing, inside the sequence's memory segment), and writes their keys
+ * and values over those slots; tokens[n] are the tokens at those positions.
+ * Each one attends causally to what the sequence holds before it: the
+ * prefix, the facts before its own (injected, or recomputed in this call)
+ * and its own fact's earlier tokens. No logits. The memory segment's blocks
+ * are the sequence's own (injection wrote them after the forked prefix), so
+ * no shared block is written. IS_ERR_INVALID_ARG for positions or tokens
+ * out of range (nothing run); on a backend failure the recomputed slots are
+ * undefined: close the sequence. */
+is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int32_t *tokens,
+                           int32_t n);
+
+/* Sets mem_temp and mem_mass (engine_params) for the forwards from here
+ * on. IS_ERR_INVALID_ARG (nothing changed) unless both are positive and
+ * finite. */
+is_status engine_set_memory_scale(engine *e, float temp, float mass);
+
+/* The memory segment of a sequence: slots [*begin, *end) from the first
+ * token engine_inject placed in it to the last (both 0 when it has none;
+ * a fork keeps the part of it that the fork keeps). */
+void engine_seq_memory(const engine *e, int32_t seq, int32_t *begin, int32_t *end);
+
+/* Marks slots [begin, end) of a sequence as its memory segment (what
+ * engine_inject records), so that a prefill of the same tokens in place is
+ * the reference of an injected one under mem_temp and mem_mass.
+ * IS_ERR_INVALID_ARG for a range outside 0 <= begin <= end <= n_ctx. */
+is_status engine_seq_set_memory(engine *e, int32_t seq, int32_t begin, int32_t end);
 
 /* Backend failures. Every call above that runs ops (decode, inject,
  * fork) checks the backend after them and returns its failure (the

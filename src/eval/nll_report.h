@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define NLL_REPORT_MAX_SLOTS 10
+#define NLL_REPORT_MAX_SLOTS 16
 
 typedef struct nll_row {
     int32_t category;                  /* 1..4 (others are not reported) */

@@ -67,9 +67,45 @@ static is_status append_fact(const memory_prompt *mp, const char *text, int32_t 
     return IS_OK;
 }
 
+/* The first m tokens of every injected fact recomputed (engine_recompute),
+ * the facts laid out from the memory segment's start. */
+static is_status recompute_first(engine *e, int32_t seq, const engine_fact *facts, int32_t n,
+                                 int32_t m) {
+    int32_t mb, me, total = 0;
+    engine_seq_memory(e, seq, &mb, &me);
+    for (int32_t i = 0; i < n; i++) total += facts[i].n_tokens < m ? facts[i].n_tokens : m;
+    if (total == 0) return IS_OK;
+    int32_t *pos = malloc((size_t)total * sizeof *pos), *toks = malloc((size_t)total * sizeof *toks);
+    if (!pos || !toks) {
+        free(pos);
+        free(toks);
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    int32_t at = 0, off = mb;
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t j = 0; j < facts[i].n_tokens && j < m; j++) {
+            pos[at] = off + j;
+            toks[at++] = facts[i].tokens[j];
+        }
+        off += facts[i].n_tokens;
+    }
+    is_status st = off == me ? engine_recompute(e, seq, pos, toks, total)
+                             : is_error_set(IS_ERR_INVALID_ARG, "teacher: memory segment [%d, %d) "
+                                                                "is not the facts' %d tokens", mb, me, off - mb);
+    free(pos);
+    free(toks);
+    return st;
+}
+
 is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
                                 const int32_t *answer, int32_t n_answer, double *nll_mean,
                                 float *first_logits) {
+    return teacher_score_request_m(e, store, a, r, 0, answer, n_answer, nll_mean, first_logits);
+}
+
+is_status teacher_score_request_m(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
+                                  int32_t recompute_m, const int32_t *answer, int32_t n_answer,
+                                  double *nll_mean, float *first_logits) {
     const memory_prompt *mp = ask_ctx_prompt(a);
     int32_t n = r->mode == ASK_MODE_OFF ? 0 : r->n_facts;
     int32_t *suffix = NULL, n_suffix = 0, *ctx = NULL, n_ctx = 0, seq = -1;
@@ -104,6 +140,9 @@ is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, cons
     if (st == IS_OK) st = engine_seq_open(e, &seq);
     if (st == IS_OK) st = engine_seq_fork(e, seq, prefix_seq, n_prefix);
     if (st == IS_OK && r->mode == ASK_MODE_KV) st = engine_inject_ids(e, seq, facts, ids, n);
+    /* Before the records go: their tokens are the facts'. */
+    if (st == IS_OK && r->mode == ASK_MODE_KV && recompute_m > 0)
+        st = recompute_first(e, seq, facts, n, recompute_m);
     for (int32_t i = 0; i < n; i++) {
         if (held[i]) record_store_release(store, held[i]);
         free(bufs[i]);

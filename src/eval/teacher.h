@@ -35,6 +35,14 @@ is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, cons
                                 const int32_t *answer, int32_t n_answer, double *nll_mean,
                                 float *first_logits);
 
+/* teacher_score_request with static recomputation (kv mode): after the
+ * injection, the first recompute_m tokens of every fact are computed again
+ * with the prefix and the facts before them visible (engine_recompute);
+ * 0 is teacher_score_request. */
+is_status teacher_score_request_m(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
+                                  int32_t recompute_m, const int32_t *answer, int32_t n_answer,
+                                  double *nll_mean, float *first_logits);
+
 /* The gold answer as the model would write it right after the assistant
  * header: its text tokenised alone (no BOS, control tokens not parsed).
  * *toks malloc'd. IS_ERR_INVALID_ARG for an empty answer. */

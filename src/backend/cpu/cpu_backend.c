@@ -398,12 +398,32 @@ static void gather_head(float *dst, const float *cache, const int32_t *blocks, i
     }
 }
 
+/* How a query scores its sequence's memory keys (attn_batch.mem_span):
+ * keys [begin, end) take score * mul + add, for queries at or after end. */
+typedef struct mem_map {
+    int32_t begin, end;
+    float mul, add;
+} mem_map;
+
+static mem_map mem_map_of(const attn_batch *b, int32_t s) {
+    mem_map mm = {0, 0, 1.0f, 0.0f};
+    if (!b->mem_span || b->mem_span[2 * s] >= b->mem_span[2 * s + 1]) return mm;
+    mm.begin = b->mem_span[2 * s];
+    mm.end = b->mem_span[2 * s + 1];
+    mm.mul = 1.0f / b->mem_temp;
+    mm.add = logf(b->mem_mass);
+    return mm;
+}
+
 /* Softmax of row[0..n) in place over the visible entries (others get 0). */
-static void masked_softmax(float *row, int32_t n, int32_t qp, const int32_t *seg, float scale) {
+static void masked_softmax(float *row, int32_t n, int32_t qp, const int32_t *seg, float scale,
+                           const mem_map *mm) {
     float mx = -INFINITY;
+    const bool mapped = mm->begin < mm->end && qp >= mm->end;
     for (int32_t j = 0; j < n; j++) {
         if (attn_visible(qp, j, seg)) {
             row[j] *= scale;
+            if (mapped && j >= mm->begin && j < mm->end) row[j] = row[j] * mm->mul + mm->add;
             if (row[j] > mx) mx = row[j];
         } else {
             row[j] = -INFINITY;
@@ -436,6 +456,7 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
         IS_ASSERT(n_keys <= b->seq_len[s]);
         const int32_t *blocks = b->block_tables[s];
         const int32_t *seg = b->seq_segments ? b->seq_segments[s] : NULL;
+        const mem_map mm = mem_map_of(b, s);
 
         if (run < 8 || b->q_prefix) {
             /* Decode-sized: direct loops over (token, head). */
@@ -460,7 +481,7 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                             for (int32_t i = 0; i < head_dim; i++) d += qj[i] * kv[i];
                             scores[j] = d;
                         }
-                        masked_softmax(scores, n_keys, qp, seg, scale);
+                        masked_softmax(scores, n_keys, qp, seg, scale, &mm);
                         float *o = out + (size_t)t * q_stride + (size_t)h * head_dim;
                         memset(o, 0, (size_t)head_dim * sizeof(float));
                         for (int32_t j = 0; j < n_keys; j++) {
@@ -523,7 +544,7 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                             head_dim, kbuf, head_dim, 0.0f, sbuf, ck);
                 for (int32_t row = 0; row < m; row++)
                     masked_softmax(sbuf + (size_t)row * ck, ck, b->pos[c0 + row / n_rep], seg,
-                                   scale);
+                                   scale, &mm);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, head_dim, ck, 1.0f,
                             sbuf, ck, vbuf, head_dim, 0.0f, obuf, head_dim);
                 for (int32_t t = 0; t < cn; t++)
