@@ -54,6 +54,15 @@ is_status backend_configure(backend *be, const char *spec, char *desc, size_t n)
     return IS_OK;
 }
 
+const char *backend_options_help(const char *name) {
+#ifdef IS_HAVE_CUDA
+    if (name && strcmp(name, "cuda") == 0) return cuda_options_help();
+#endif
+    return name && strcmp(name, "cuda") == 0
+               ? "                          (none: this build has no CUDA backend)\n"
+               : "                          (none)\n";
+}
+
 size_t backend_free_bytes(backend *be) {
     return be && be->ops->free_bytes ? be->ops->free_bytes(be) : 0;
 }

@@ -321,6 +321,10 @@ is_status backend_set_option(backend *be, backend_option opt, uint64_t value);
  * start-up. IS_OK; IS_ERR_INVALID_ARG naming a bad item, nothing changed;
  * IS_ERR_UNSUPPORTED for a non-empty spec on a backend without settings. */
 is_status backend_configure(backend *be, const char *spec, char *desc, size_t n);
+/* The settings backend_configure takes for the backend of this name, one
+ * indented line a key, for --help texts; a line saying there are none for
+ * a backend without settings or not in this build. Never NULL. */
+const char *backend_options_help(const char *name);
 /* Device memory free now, in bytes: 0 for a backend without device memory
  * of its own (the CPU) or on an error. */
 size_t backend_free_bytes(backend *be);
