@@ -916,7 +916,8 @@ int main(int argc, char **argv) {
         if (cuda) {
             is_error_clear();
             if (!configure_cuda(b.be, &base, cfg)) {
-                if (is_error_last()[0]) fprintf(stderr, "bench_gpu: %s: %s\n", cfg, is_error_last());
+                if (is_error_last()[0])
+                    fprintf(stderr, "bench_gpu: %s: %s\n", cfg, is_error_last());
                 return 1;
             }
             backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));

@@ -671,7 +671,8 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
      * (not a decode step's, on the skinny one): the product and SwiGLU in
      * one kernel (cuda_wgmma_swiglu: the same bits as the two below). */
     if (one && c->opt.fused_convert && c->opt.precision == CUDA_MATMUL_BF16 &&
-        cuda_product_on(&c->opt, T, rows, cols, NULL) == CUDA_PRODUCT_WGMMA && cuda_wgmma_swiglu_supports(T, ffn, cols) &&
+        cuda_product_on(&c->opt, T, rows, cols, NULL) == CUDA_PRODUCT_WGMMA &&
+        cuda_wgmma_swiglu_supports(T, ffn, cols) &&
         cuda_aligned16(wg->data)) {
         st = input_bf16(c, x, T, cols, false);
         if (st != IS_OK) return st;

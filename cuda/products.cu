@@ -6,7 +6,8 @@
 
 cuda_product_kernel cuda_product_on(const cuda_options *o, int32_t n_cols, int64_t rows,
                                     int64_t cols, skinny_plan *plan) {
-    if (o->skinny && n_cols <= CUDA_SKINNY_DECODE_COLS && cuda_skinny_supports(n_cols, rows, cols)) {
+    if (o->skinny && n_cols <= CUDA_SKINNY_DECODE_COLS &&
+        cuda_skinny_supports(n_cols, rows, cols)) {
         const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, o->skinny_splits);
         if (plan) *plan = p;
         if (cuda_skinny_one_wave(&p, n_cols)) return CUDA_PRODUCT_SKINNY;
@@ -21,7 +22,8 @@ is_status cuda_product_bf16(cudaStream_t s, cublasHandle_t cublas, const cuda_op
     skinny_plan p;
     const cuda_product_kernel k = cuda_product_on(o, n_cols, rows, cols, &p);
     if (k == CUDA_PRODUCT_SKINNY)
-        return cuda_skinny_gemm(s, &p, out, (const __nv_bfloat16 *)w, x, n_cols, rows, cols, o->pdl);
+        return cuda_skinny_gemm(s, &p, out, (const __nv_bfloat16 *)w, x, n_cols, rows, cols,
+                                o->pdl);
     if (k == CUDA_PRODUCT_WGMMA && cuda_aligned16(w) && cuda_aligned16(x))
         return cuda_wgmma_gemm(s, out, (const __nv_bfloat16 *)w, x, n_cols, rows, cols, o->pdl,
                                false, NULL);

@@ -75,7 +75,8 @@ is_status cuda_profiler_begin(cuda_profiler **pp, int32_t device, cudaStream_t s
     return IS_OK;
 }
 
-is_status cuda_profiler_end(cuda_profiler *p, int32_t device, cudaStream_t s, cuda_op_profile *out) {
+is_status cuda_profiler_end(cuda_profiler *p, int32_t device, cudaStream_t s,
+                            cuda_op_profile *out) {
     memset(out, 0, sizeof *out);
     if (!p || !p->on) return is_error_set(IS_ERR_INVALID_ARG, "cuda profiler: not started");
     p->on = false;

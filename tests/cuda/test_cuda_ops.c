@@ -143,7 +143,8 @@ static void expect_close(const char *what, const float *gpu, const float *cpu, s
 
 /* Applies a configuration list (cuda/options.h) to a CUDA backend. */
 static void cuda_opts(backend *be, const char *spec) {
-    if (backend_cuda_configure(be, spec) != IS_OK) fail_msg("cuda options '%s': %s", spec, is_error_last());
+    if (backend_cuda_configure(be, spec) != IS_OK)
+        fail_msg("cuda options '%s': %s", spec, is_error_last());
 }
 
 /* ---- weights ------------------------------------------------------------------ */
