@@ -54,7 +54,7 @@
  * "+narrow" (wide); "+hostargmax" (any backend) brings every request's
  * logits to the host and takes the argmax there instead of
  * engine_decode_greedy; "+r2", "+r3", ... name a repeat. Each configuration
- * starts from the options the backend was created with (IS_CUDA) and -O's
+ * starts from the options the backend was created with (IS_CUDA_OPTIONS) and -O's
  * list, e.g. -O pdl=off -c bf16,bf16+nowgmma.
 
  * -L (cuda, built with CUPTI): after each configuration's TTFT runs, the
@@ -706,7 +706,7 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
 #endif
 
 /* The backend's configuration for a -c/-t configuration: base (the
- * options the backend was created with, IS_CUDA included, then -O's), the
+ * options the backend was created with, IS_CUDA_OPTIONS included, then -O's), the
  * configuration's precision and KV cache, then its modifiers (bench_gpu -h).
  * False, with a message, for an unknown configuration or modifier. */
 static bool configure_cuda(backend *be, const cuda_options *base, const char *cfg) {
@@ -807,7 +807,7 @@ int main(int argc, char **argv) {
                     "-L: after each configuration's TTFT runs, the kernels of a kv request as\n"
                     "    served, from CUPTI (cuda, where bench_gpu was built with CUPTI)\n"
                     "-O OPTIONS: the CUDA backend's options (key=value,...) under every\n"
-                    "    configuration, on top of IS_CUDA's:\n%s"
+                    "    configuration, on top of IS_CUDA_OPTIONS's:\n%s"
                     "configs: legacy (the plainest options), bf16x2, bf16 (cuda), with\n"
                     "         modifiers, each an option off: +noskinny, +unstacked,\n"
                     "         +nocluster, +nopdl, +nowgmma, +mmasync (flash_wgmma),\n"
@@ -884,7 +884,7 @@ int main(int argc, char **argv) {
 
     const bool cuda = strcmp(be_name, "cuda") == 0;
 #ifdef IS_HAVE_CUDA
-    cuda_options base; /* as created (IS_CUDA), then -O's list: every configuration's start */
+    cuda_options base; /* as created (IS_CUDA_OPTIONS), then -O's: each configuration's start */
     if (cuda) {
         if (backend_cuda_configure(b.be, cuda_opts) != IS_OK) {
             fprintf(stderr, "bench_gpu: -O: %s\n", is_error_last());

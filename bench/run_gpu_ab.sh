@@ -16,7 +16,7 @@
 # 8B GGUF; "-" skips it). The GGUF is written in the background from the
 # start where /tmp does not hold it yet (a later call on the warm machine
 # reuses it). CHECK=0 to build the new tree without running `ctest -L gpu`
-# on it, AB_TIMEOUT (seconds a benchmark run, 240). IS_CUDA (the backend's
+# on it, AB_TIMEOUT (seconds a benchmark run, 240). IS_CUDA_OPTIONS (the backend's
 # options, cuda/options.h) applies to both trees' programs alike.
 # Results: $OUT/summary.md (each run's output in order, then a table of kv
 # TTFT by configuration and k: each tree's median over the rounds of its

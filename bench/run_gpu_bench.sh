@@ -26,7 +26,7 @@
 # no bench_gpu),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
-# IS_CUDA (the CUDA backend's options, cuda/options.h, for every program),
+# IS_CUDA_OPTIONS (the CUDA backend's options, cuda/options.h, for every program),
 # BENCH2_ARGS (a second bench_gpu run after the first, e.g. the op profile -p).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1373,7 +1373,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->be = be;
     c->device = device;
     c->err = IS_OK;
-    /* The defaults, then IS_CUDA: a bad list fails the creation rather
+    /* The defaults, then IS_CUDA_OPTIONS: a bad list fails the creation rather
      * than measuring something else than asked. */
     c->opt = cuda_options_default();
     if ((st = cuda_options_from_env(&c->opt)) != IS_OK) {

@@ -57,7 +57,7 @@ bool backend_cuda_available(void);
 is_status backend_cuda_create(int32_t device, backend **out);
 
 /* The backend's configuration (options.h: the keys, their defaults, the
- * IS_CUDA environment variable read at creation). backend_cuda_configure
+ * IS_CUDA_OPTIONS environment variable read at creation). backend_cuda_configure
  * applies a "key=value,..." list (IS_ERR_INVALID_ARG naming a bad item,
  * nothing changed); backend_cuda_options reads the whole configuration.
  * Each backend has its own: two backends of a process never share one.

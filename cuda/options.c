@@ -167,7 +167,7 @@ is_status cuda_options_parse(cuda_options *o, const char *spec) {
 }
 
 is_status cuda_options_from_env(cuda_options *o) {
-    return parse_from(o, getenv("IS_CUDA"), "cuda options (IS_CUDA)");
+    return parse_from(o, getenv("IS_CUDA_OPTIONS"), "cuda options (IS_CUDA_OPTIONS)");
 }
 
 int cuda_options_format(const cuda_options *o, char *buf, size_t n) {

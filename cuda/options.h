@@ -3,10 +3,10 @@
  * printed here and nowhere else.
  *
  * A configuration is a list "key=value,key=value" (spaces around items are
- * ignored). It comes from a flag (`--cuda-opt` of serve, eval, bench_load,
- * `-O` of bench_gpu; backend_configure) or, when the backend is created,
- * from the one environment variable IS_CUDA, read by cuda_options_from_env
- * (the only getenv of the backend). Booleans take on|off (or 1|0). An
+ * ignored). It comes from a flag (`--cuda-opt` of serve and bench_load, `-O`
+ * of bench_gpu; backend_configure) or, when the backend is created, from
+ * the one environment variable IS_CUDA_OPTIONS, read by
+ * cuda_options_from_env (the only getenv of the backend). Booleans take on|off (or 1|0). An
  * unknown key or value is an IS_ERR_INVALID_ARG that names it and lists what
  * is accepted, and leaves the options unchanged: a typo never silently
  * measures the default.
@@ -107,8 +107,8 @@ cuda_options cuda_options_default(void);
  * *o unchanged. */
 is_status cuda_options_parse(cuda_options *o, const char *spec);
 
-/* Applies $IS_CUDA, where set, to *o (as cuda_options_parse; the message
- * says the list came from IS_CUDA). */
+/* Applies $IS_CUDA_OPTIONS, where set, to *o (as cuda_options_parse; the
+ * message says the list came from IS_CUDA_OPTIONS). */
 is_status cuda_options_from_env(cuda_options *o);
 
 /* Writes every key's value of o as one list that cuda_options_parse reads

@@ -1140,16 +1140,16 @@ static void test_options(void **state) {
     assert_non_null(strstr(desc, ",kv=f32,")); /* as BACKEND_OPT_KV_COMPACT 0 left it */
     assert_non_null(strstr(desc, ",pdl="));
     /* Options are each backend's own: a second backend configured
-     * otherwise, by the call and by IS_CUDA at its creation, leaves the
-     * first as it was. A bad IS_CUDA fails the creation, naming it. */
-    setenv("IS_CUDA", "early=on", 1);
+     * otherwise, by the call and by IS_CUDA_OPTIONS at its creation, leaves the
+     * first as it was. A bad IS_CUDA_OPTIONS fails the creation, naming it. */
+    setenv("IS_CUDA_OPTIONS", "early=on", 1);
     backend *other = NULL;
     assert_int_equal(backend_cuda_create(0, &other), IS_ERR_INVALID_ARG);
-    assert_non_null(strstr(is_error_last(), "IS_CUDA"));
+    assert_non_null(strstr(is_error_last(), "IS_CUDA_OPTIONS"));
     assert_null(other);
-    setenv("IS_CUDA", "pdl=off,clusters=off", 1);
+    setenv("IS_CUDA_OPTIONS", "pdl=off,clusters=off", 1);
     assert_int_equal(backend_cuda_create(0, &other), IS_OK);
-    unsetenv("IS_CUDA");
+    unsetenv("IS_CUDA_OPTIONS");
     cuda_opts(other, "wgmma=off");
     cuda_options a, b;
     backend_cuda_options(g_gpu, &a);

@@ -119,18 +119,18 @@ static void test_environment_variable(void **state) {
     (void)state;
     cuda_options o = cuda_options_default();
     const cuda_options def = o;
-    unsetenv("IS_CUDA");
+    unsetenv("IS_CUDA_OPTIONS");
     assert_int_equal(cuda_options_from_env(&o), IS_OK);
     assert_true(same(&o, &def));
-    setenv("IS_CUDA", "pdl=off,wgmma=off", 1);
+    setenv("IS_CUDA_OPTIONS", "pdl=off,wgmma=off", 1);
     assert_int_equal(cuda_options_from_env(&o), IS_OK);
     assert_false(o.pdl);
     assert_false(o.wgmma);
-    setenv("IS_CUDA", "early=on", 1);
+    setenv("IS_CUDA_OPTIONS", "early=on", 1);
     assert_int_equal(cuda_options_from_env(&o), IS_ERR_INVALID_ARG);
-    assert_non_null(strstr(is_error_last(), "IS_CUDA"));
+    assert_non_null(strstr(is_error_last(), "IS_CUDA_OPTIONS"));
     assert_non_null(strstr(is_error_last(), "unknown key 'early'"));
-    unsetenv("IS_CUDA");
+    unsetenv("IS_CUDA_OPTIONS");
 }
 
 static void test_help_lists_every_key(void **state) {
