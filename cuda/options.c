@@ -52,20 +52,12 @@ static const opt_def defs[] = {
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
 cuda_options cuda_options_default(void) {
-    cuda_options o;
-    memset(&o, 0, sizeof o);
-    o.precision = CUDA_MATMUL_BF16X2;
-    o.kv = CUDA_KV_F32;
-    o.flash = true;
-    o.flash_clusters = true;
-    o.flash_wide = true;
-    o.flash_wgmma = true;
-    o.skinny = true;
-    o.skinny_splits = 0;
-    o.wgmma = true;
-    o.stacked = true;
-    o.fused_convert = true;
-    o.pdl = true;
+    const cuda_options o = {
+        .precision = CUDA_MATMUL_BF16X2, .kv = CUDA_KV_F32,
+        .flash = true, .flash_clusters = true, .flash_wide = true, .flash_wgmma = true,
+        .skinny = true, .skinny_splits = 0, .wgmma = true,
+        .stacked = true, .fused_convert = true, .pdl = true,
+    };
     return o;
 }
 
