@@ -50,15 +50,17 @@ extern "C" {
  * kernels. Never fails: false (and no message) without a GPU or driver. */
 bool backend_cuda_available(void);
 
-/* Creates a backend on `device`. IS_ERR_UNSUPPORTED without a usable device
- * (no driver, no such device, no kernel image for it), IS_ERR_NOMEM,
+/* Creates a backend on `device`, configured by the defaults and then
+ * $IS_CUDA_OPTIONS (options.h). IS_ERR_UNSUPPORTED without a usable device
+ * (no driver, no such device, no kernel image for it), IS_ERR_INVALID_ARG
+ * for a bad IS_CUDA_OPTIONS list (the message names the item), IS_ERR_NOMEM,
  * IS_ERR_INTERNAL for another CUDA or cuBLAS failure; *out is unchanged on
  * failure. Free with be->ops->free(be). */
 is_status backend_cuda_create(int32_t device, backend **out);
 
 /* The backend's configuration (options.h: the keys, their defaults, the
- * IS_CUDA_OPTIONS environment variable read at creation). backend_cuda_configure
- * applies a "key=value,..." list (IS_ERR_INVALID_ARG naming a bad item,
+ * IS_CUDA_OPTIONS environment variable read at creation).
+ * backend_cuda_configure applies a "key=value,..." list (IS_ERR_INVALID_ARG naming a bad item,
  * nothing changed); backend_cuda_options reads the whole configuration.
  * Each backend has its own: two backends of a process never share one.
  * A change of kv applies to engines created afterwards. */
