@@ -275,7 +275,7 @@ int main(int argc, char **argv) {
     /* One launch of a plan on the case's batch set up above (tiles in d_tiles). */
     auto attend = [&](const cuda_flash_plan &plan, float *o) {
         return cuda_flash_attention(st, o, q, kc, vc, d_tables, d_tiles, plan, partial, H, KH, D,
-                                    BS, cuda_bf16_out{}, false) == IS_OK;
+                                    BS, cuda_bf16_out{}, true) == IS_OK;
     };
     if (profile_case >= 0) {
         if (profile_case >= n_cases) {

@@ -149,10 +149,10 @@ static void run_between(bench &b, int mode, int64_t n, int64_t m) {
     if (mode == BETWEEN_TRIGGER)
         between_kernel<BETWEEN_TRIGGER><<<grid, block, 0, b.st>>>(b.x, b.y, n, m);
     if (mode == BETWEEN_DEPENDENT)
-        CK(cuda_launch_dependent(between_kernel<BETWEEN_DEPENDENT>, grid, block, 0, b.st, b.x,
+        CK(cuda_launch_dependent(between_kernel<BETWEEN_DEPENDENT>, grid, block, 0, b.st, true, b.x,
                                  (const float *)b.y, n, m));
     if (mode == BETWEEN_CHAIN)
-        CK(cuda_launch_dependent(between_kernel<BETWEEN_CHAIN>, grid, block, 0, b.st, b.x,
+        CK(cuda_launch_dependent(between_kernel<BETWEEN_CHAIN>, grid, block, 0, b.st, true, b.x,
                                  (const float *)b.y, n, m));
 }
 

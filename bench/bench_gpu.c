@@ -7,7 +7,7 @@
  *
  *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
- *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-g GAP_MS] [-D N]
+ *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-g GAP_MS] [-O OPTIONS]
  *
  * Layout (DESIGN.md): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
@@ -40,52 +40,28 @@
  * up to 3 runs (kv after an untimed run that fills the arena).
  *
  * Configurations (-c for TTFT, -t for throughput; cuda only):
- *   legacy  the CUDA backend as first built (f32 KV, per-(token, head)
- *           attention, facts uploaded layer by layer, bf16x2 matmul inputs);
+ *   legacy  the plainest configuration, as the backend was first built
+ *           (CUDA_OPTIONS_PLAINEST: f32 KV, per-(token, head) attention,
+ *           facts uploaded per layer, a product per weight on cuBLAS);
  *   bf16x2  the current backend in its serving configuration (bf16 KV cache,
  *           tiled attention, one-launch injection from the GPU arena),
  *           matmul inputs split hi + lo (the default precision);
  *   bf16    the same with matmul inputs in bf16 (the precision PyTorch's
  *           bf16 models run at).
- * A configuration may carry a modifier for the products of few rows:
- * "+skinny" (all of up to 64 rows on cuda/skinny.cuh's kernel) or
- * "+noskinny" (none on it); without one, the backend's default (the
- * kernel for up to 8 GEMM columns, so a 30-token query's products are on
- * the wgmma kernel either way), e.g. -c bf16,bf16+noskinny,bf16+skinny. "+unstacked" runs q, k, v (and
- * gate, up) as a product each instead of one of their stacked weights
- * (backend_cuda_set_stacked), e.g. bf16+unstacked: the "before" of that;
- * "+nocluster" merges the attention's key splits by a second kernel, not
- * inside clusters (backend_cuda_set_flash_clusters);
- * "+nopdl" launches the skinny kernel without programmatic dependent launch
- * (backend_cuda_set_pdl); "+early" starts each attention before the kernel
- * that writes its queries ends (backend_cuda_set_pdl_early); "+nowgmma"
- * runs the products of 9-32 rows on cuBLAS instead of cuda/wgmma_gemm.cuh's
- * kernel (backend_cuda_set_wgmma);
- * "+mmasync" runs the tiled attention on mma.sync instead of wgmma
- * (backend_cuda_set_flash_wgmma);
- * "+hostargmax" (any backend) brings every request's logits to the host and
- * takes the argmax there instead of engine_decode_greedy; "+narrow" keeps the attention on 64-key tiles
- * (backend_cuda_set_flash_wide).
- * A switch that the backend also reads from the environment (IS_CUDA_PDL,
- * IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA, IS_CUDA_STACKED, IS_CUDA_FLASH_WIDE:
- * "0" turns it off;
- * IS_CUDA_PDL_EARLY: "1" on) keeps that setting in every configuration
- * that names no modifier for it (else a variable set for the
- * measurement would be silently overridden).
+ * A configuration may carry modifiers, each one option of cuda/options.h
+ * off: "+noskinny" (skinny), "+unstacked" (stacked), "+nocluster"
+ * (clusters), "+nopdl" (pdl), "+nowgmma" (wgmma), "+mmasync" (flash_wgmma),
+ * "+narrow" (wide); "+hostargmax" (any backend) brings every request's
+ * logits to the host and takes the argmax there instead of
+ * engine_decode_greedy; "+r2", "+r3", ... name a repeat. Each configuration
+ * starts from the options the backend was created with (IS_CUDA_OPTIONS) and -O's
+ * list, e.g. -O pdl=off -c bf16,bf16+nowgmma.
 
  * -L (cuda, built with CUPTI): after each configuration's TTFT runs, the
  * kernels of one warm kv request per k as served, from CUPTI's records
  * (run_timeline): span, idle time, each kind of kernel's time, and the
  * difference between the largest and smallest k.
 
- * -D N (cuda): CUDA graphs off and on, one graph per forward
- * (backend_cuda_set_graphs), in the same process, before the
- * configurations above, in the serving configuration (bf16 KV cache,
- * default matmul precision): a request in kv mode (20 facts, the Q-token
- * query prefilled: a short prefill, recorded), then N greedy decode steps
- * (median step time); then 8 such sequences decoding in one batch. The
- * two alternate within each repetition; medians of REPS.
- * -c '' -t '' runs this alone.
  * Logits of the first configuration's kv and prompt runs at the largest k
  * are kept, and every later configuration prints its relative error and
  * argmax agreement against them (same inputs, same weights).
@@ -746,135 +722,47 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
 }
 #endif
 
-/* -D: one round of n_users sequences, each forked from the prefix, given
- * DECODE_K facts (kv mode, arena ids) and its query prefilled, then n_steps
- * greedy decode steps of all of them in one batch. Returns the first
- * sequence's query prefill time and the median step time (ms); the first
- * sequence's greedy tokens go to tokens[n_steps]. */
-#define DECODE_K 20
-static void decode_round(bench *b, int32_t n_users, int32_t n_steps, const int32_t *query,
-                         double *prefill_ms, double *step_ms, int32_t *tokens) {
-    engine_fact f[DECODE_K];
-    uint64_t ids[DECODE_K];
-    int32_t seqs[16], tok[16];
-    bool want[16];
-    float *logits = malloc((size_t)n_users * b->V * sizeof(float));
-    double *steps = malloc((size_t)(n_steps > 0 ? n_steps : 1) * sizeof(double));
-    if (!logits || !steps || n_users > 16) {
-        fprintf(stderr, "bench_gpu: decode round too large\n");
-        exit(1);
+/* The backend's configuration for a -c/-t configuration: base (the
+ * options the backend was created with, IS_CUDA_OPTIONS included, then -O's), the
+ * configuration's precision and KV cache, then its modifiers (bench_gpu -h).
+ * False, with a message, for an unknown configuration or modifier. */
+static bool configure_cuda(backend *be, const cuda_options *base, const char *cfg) {
+    static const struct {
+        const char *modifier, *options;
+    } MODS[] = {
+        {"+noskinny", "skinny=off"}, {"+unstacked", "stacked=off"}, {"+nocluster", "clusters=off"},
+        {"+nopdl", "pdl=off"},       {"+nowgmma", "wgmma=off"},     {"+mmasync", "flash_wgmma=off"},
+        {"+narrow", "wide=off"},
+    };
+    char spec[512];
+    cuda_options_format(base, spec, sizeof spec);
+    if (backend_cuda_configure(be, spec) != IS_OK) return false;
+    const char *what = strncmp(cfg, "legacy", 6) == 0 ? "precision=bf16x2," CUDA_OPTIONS_PLAINEST
+                       : strncmp(cfg, "bf16x2", 6) == 0 ? "precision=bf16x2,kv=bf16"
+                       : strncmp(cfg, "bf16", 4) == 0   ? "precision=bf16,kv=bf16"
+                                                        : NULL;
+    if (!what) {
+        fprintf(stderr, "bench_gpu: unknown configuration '%s'\n", cfg);
+        return false;
     }
-    batch_reserve(b, b->Q);
-    for (int32_t u = 0; u < n_users; u++) {
-        CHECK(engine_seq_open(b->e, &seqs[u]), "seq_open");
-        CHECK(engine_seq_fork(b->e, seqs[u], b->prefix_seq, b->P), "fork");
-        fact_list(b, DECODE_K, 1 + (uint64_t)u * 4096, u * DECODE_K, f, ids);
-        CHECK(engine_inject_ids(b->e, seqs[u], f, ids, DECODE_K), "inject");
-        for (int32_t i = 0; i < b->Q; i++) b->seq[i] = seqs[u];
-        engine_batch eb = {.n_tokens = b->Q, .tokens = query, .seq = b->seq};
-        b->be->ops->sync(b->be); /* time the prefill alone */
-        double t0 = bench_now_ms();
-        CHECK(engine_decode(b->e, &eb, logits + (size_t)u * b->V), "query prefill");
-        tok[u] = sampler_argmax(logits + (size_t)u * b->V, b->V);
-        if (u == 0) *prefill_ms = bench_now_ms() - t0;
-        want[u] = true;
-    }
-    for (int32_t t = 0; t < n_steps; t++) {
-        if (tokens) tokens[t] = tok[0];
-        engine_batch eb = {.n_tokens = n_users, .tokens = tok, .seq = seqs, .want_logits = want};
-        double t0 = bench_now_ms();
-        CHECK(engine_decode(b->e, &eb, logits), "decode step");
-        steps[t] = bench_now_ms() - t0; /* the sampling is the same in every mode */
-        for (int32_t u = 0; u < n_users; u++) tok[u] = sampler_argmax(logits + (size_t)u * b->V, b->V);
-    }
-    for (int32_t u = 0; u < n_users; u++) engine_seq_close(b->e, seqs[u]);
-    bench_backend_check(b, "decode");
-    *step_ms = bench_median(steps, n_steps);
-    free(steps);
-    free(logits);
-}
-
-/* -D: graphs off and on (one graph per forward), alternated within each
- * repetition. */
-static void run_decode(bench *b, const char *model_path, int32_t n_steps, int reps, FILE *csv) {
-    const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
-    const int32_t users[2] = {1, 8};
-    const int32_t per_seq = b->P + DECODE_K * b->F + b->Q + n_steps + 16;
-    backend_cuda_set_legacy(b->be, false);
-    backend_cuda_set_kv_dtype(b->be, CUDA_KV_BF16);
-    bench_engine(b, users[1] + 2, per_seq, (users[1] + 1) * per_seq);
-    int32_t *query = malloc((size_t)b->Q * sizeof *query);
-    int32_t *toks[2];
-    double *pf[2], *st[2][2];
-    for (int g = 0; g < 2; g++) {
-        toks[g] = malloc((size_t)n_steps * sizeof(int32_t));
-        pf[g] = malloc(sizeof(double) * reps);
-        for (int ui = 0; ui < 2; ui++) st[ui][g] = malloc(sizeof(double) * reps);
-    }
-    random_tokens(b, query, b->Q);
-    cuda_graph_stats s0 = {0}, s1;
-    bool same = true;
-    for (int r = -1; r < reps; r++) {
-        for (int ui = 0; ui < 2; ui++) {
-            for (int g = 0; g < 2; g++) { /* off, on */
-                backend_cuda_set_graphs(b->be, g > 0);
-                if (r == 0 && ui == 0 && g == 0) backend_cuda_graph_stats(b->be, &s0);
-                double p = 0, sm = 0;
-                decode_round(b, users[ui], n_steps, query, &p, &sm, ui == 0 ? toks[g] : NULL);
-                if (r < 0) continue;
-                if (ui == 0) pf[g][r] = p;
-                st[ui][g][r] = sm;
+    if (backend_cuda_configure(be, what) != IS_OK) return false;
+    /* Modifiers: "+name" each; "+hostargmax" is the benchmark's own, and
+     * "+r2", "+r3", ... name a repeat of the same configuration. */
+    for (const char *m = strchr(cfg, '+'); m; m = strchr(m + 1, '+')) {
+        const size_t len = strcspn(m + 1, "+") + 1;
+        bool known = (len == 11 && !strncmp(m, "+hostargmax", 11)) ||
+                     (len >= 3 && m[1] == 'r' && strspn(m + 2, "0123456789") == len - 2);
+        for (size_t i = 0; i < sizeof MODS / sizeof MODS[0] && !known; i++)
+            if (strlen(MODS[i].modifier) == len && !strncmp(m, MODS[i].modifier, len)) {
+                if (backend_cuda_configure(be, MODS[i].options) != IS_OK) return false;
+                known = true;
             }
-            if (ui == 0 && memcmp(toks[0], toks[1], (size_t)n_steps * sizeof(int32_t)) != 0)
-                same = false;
+        if (!known) {
+            fprintf(stderr, "bench_gpu: unknown modifier '%.*s' in '%s'\n", (int)len, m, cfg);
+            return false;
         }
     }
-    backend_cuda_graph_stats(b->be, &s1);
-    /* Back to the setting the backend was created with, for the configurations that follow. */
-    const char *graphs_env = getenv("IS_CUDA_GRAPHS");
-    backend_cuda_set_graphs(b->be, graphs_env && strcmp(graphs_env, "1") == 0);
-    printf("\n### CUDA graphs: short prefill and decode (%s, bf16 KV cache), medians of %d, ms\n\n",
-           b->be_name, reps);
-    printf("| model | what | graphs off | graphs on | off / on |\n"
-           "|---|---|---:|---:|---:|\n");
-    for (int row = 0; row < 3; row++) {
-        double *const *v = row == 0 ? pf : st[row - 1];
-        const double m0 = bench_median(v[0], reps), m1 = bench_median(v[1], reps);
-        char what[96];
-        if (row == 0)
-            snprintf(what, sizeof what, "query prefill, %d tokens after %d facts", b->Q, DECODE_K);
-        else
-            snprintf(what, sizeof what, "decode step, %d sequence%s (%d steps)", users[row - 1],
-                     users[row - 1] > 1 ? "s in one batch" : "", n_steps);
-        printf("| %s | %s | %.3f | %.3f | %.2fx |\n", name, what, m0, m1, m0 / m1);
-        if (csv)
-            fprintf(csv, "graphs,%s,%d,%.4f,%.4f\n", row == 0 ? "prefill" : "decode",
-                    row == 0 ? 1 : users[row - 1], m0, m1);
-    }
-    printf("\ngreedy tokens of the two: %s; graphs over the timed runs: %lld forwards recorded, "
-           "%lld launches, %lld instantiated, %lld updated, %lld breaks\n",
-           same ? "same" : "DIFFERENT", (long long)(s1.recorded - s0.recorded),
-           (long long)(s1.launches - s0.launches), (long long)(s1.instantiations - s0.instantiations),
-           (long long)(s1.updates - s0.updates), (long long)(s1.breaks - s0.breaks));
-    fflush(stdout);
-    engine_free(b->e);
-    b->e = NULL;
-    backend_cuda_set_kv_dtype(b->be, CUDA_KV_F32);
-    for (int g = 0; g < 2; g++) {
-        free(pf[g]);
-        free(toks[g]);
-        for (int ui = 0; ui < 2; ui++) free(st[ui][g]);
-    }
-    free(query);
-}
-
-/* A backend switch's setting where the configuration names no modifier:
- * the environment's, as the backend reads it at creation (on unless "0",
- * or with on_value "1", off unless "1"). */
-static bool env_switch(const char *name, const char *on_value) {
-    const char *v = getenv(name);
-    if (!strcmp(on_value, "1")) return v && !strcmp(v, "1");
-    return !(v && !strcmp(v, "0"));
+    return true;
 }
 #endif
 
@@ -893,7 +781,7 @@ int main(int argc, char **argv) {
     int reps = 7, K = 50, threads = 0;
     bool profile = false, timeline = false, interleave = false;
     double gap_ms = 0.0;
-    int decode_n = 0; /* -D */
+    const char *cuda_opts = NULL; /* -O */
     double arena_gb = 24;
     bench b = {0};
     b.P = 60;
@@ -901,7 +789,7 @@ int main(int argc, char **argv) {
     b.Q = 30;
     b.mem_temp = b.mem_mass = 1.0f;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:D:g:M:R:pLih")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:O:g:M:R:pLih")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -922,7 +810,6 @@ int main(int argc, char **argv) {
         case 'L': timeline = true; break;
         case 'i': interleave = true; break;
         case 'g': gap_ms = atof(optarg); break;
-        case 'D': decode_n = atoi(optarg); break;
         case 'R': b.recompute = atoi(optarg); break;
         case 'M':
             if (sscanf(optarg, "%f,%f", &b.mem_temp, &b.mem_mass) != 2 || !(b.mem_temp > 0.0f) ||
@@ -931,12 +818,13 @@ int main(int argc, char **argv) {
                 return 1;
             }
             break;
+        case 'O': cuda_opts = optarg; break;
         default:
             fprintf(stderr,
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
                     "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
-                    "                 [-g GAP_MS] [-D N] [-M TEMP,MASS]\n"
+                    "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M]\n"
                     "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
                     "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
                     "    default 1,1: plain attention)\n"
@@ -949,26 +837,19 @@ int main(int argc, char **argv) {
                     "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
                     "-L: after each configuration's TTFT runs, the kernels of a kv request as\n"
                     "    served, from CUPTI (cuda, where bench_gpu was built with CUPTI)\n"
-                    "-D N: N decode steps with CUDA graphs off and on, first\n"
-                    "      (cuda; -c '' -t '' for this alone)\n"
-                    "configs: legacy, bf16x2, bf16 (cuda), bf16x2 and bf16 with an optional\n"
-                    "         +skinny (products of <= 64 rows on cuda/skinny.cuh's kernel) or\n"
-                    "         +noskinny (all on cuBLAS; default: the kernel up to 8 rows),\n"
-                    "         e.g. bf16+skinny; +unstacked: q, k, v and gate, up as a\n"
-                    "         product each (not one of stacked weights); +nocluster:\n"
-                    "         attention key splits merged by a second kernel; +nopdl: the\n"
-                    "         skinny kernel launched without programmatic dependent launch;\n"
-                    "         +early: the attention started before the RoPE + KV store ends;\n"
-                    "         +nowgmma: products of 9-32 rows on cuBLAS, not on\n"
-                    "         cuda/wgmma_gemm.cuh's kernel (the default);\n"
-                    "         +mmasync: the attention's products on mma.sync, not\n"
-                    "         wgmma (the default on an sm_90a GPU); +hostargmax: the\n"
-                    "         logits brought to the host for the first token's argmax;\n"
-                    "         +narrow: the attention on 64-key tiles only (not 128 where\n"
-                    "         the plan finds them cheaper);\n"
-                    "         ignored on cpu; IS_CUDA_PDL, IS_CUDA_WGMMA, IS_CUDA_FLASH_WGMMA,\n"
-                    "         IS_CUDA_STACKED, IS_CUDA_FLASH_WIDE (=0) and IS_CUDA_PDL_EARLY\n"
-                    "         (=1) hold in every configuration that names no modifier for them\n");
+                    "-O OPTIONS: the CUDA backend's options (key=value,...) under every\n"
+                    "    configuration, on top of IS_CUDA_OPTIONS's:\n%s"
+                    "configs: legacy (the plainest options), bf16x2, bf16 (cuda), with\n"
+                    "         modifiers, each an option off: +noskinny, +unstacked,\n"
+                    "         +nocluster, +nopdl, +nowgmma, +mmasync (flash_wgmma),\n"
+                    "         +narrow (wide); +hostargmax: the logits brought to the host\n"
+                    "         for the first token's argmax; +r2, +r3: a repeat\n",
+#ifdef IS_HAVE_CUDA
+                    cuda_options_help()
+#else
+                    ""
+#endif
+            );
             return c == 'h' ? 0 : 1;
         }
     }
@@ -1030,14 +911,21 @@ int main(int argc, char **argv) {
     if (csv)
         fprintf(csv, "# ttft,config,k,prompt_tokens,prompt_ms,kv_ms,kv_fork_ms,kv_inject_ms,"
                      "kv_prefill_ms,kv_cold_ms\n"
-                     "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n"
-                     "# graphs,prefill|decode,sequences,off_ms,on_ms\n");
+                     "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n");
 
     const bool cuda = strcmp(be_name, "cuda") == 0;
 #ifdef IS_HAVE_CUDA
-    if (cuda && decode_n > 0) run_decode(&b, model_path, decode_n, reps, csv);
+    cuda_options base; /* as created (IS_CUDA_OPTIONS), then -O's: each configuration's start */
+    if (cuda) {
+        if (backend_cuda_configure(b.be, cuda_opts) != IS_OK) {
+            fprintf(stderr, "bench_gpu: -O: %s\n", is_error_last());
+            return 1;
+        }
+        backend_cuda_options(b.be, &base);
+    }
+#else
+    if (cuda_opts) fprintf(stderr, "bench_gpu: -O: built without the CUDA backend\n");
 #endif
-    if (!cuda && decode_n > 0) fprintf(stderr, "bench_gpu: -D needs the cuda backend\n");
     /* Every configuration named by -c or -t, in that order ("none": an
      * empty list, which BENCH_ARGS cannot pass as ''). */
     char all_buf[512];
@@ -1057,29 +945,18 @@ int main(int argc, char **argv) {
         const bool legacy = strncmp(cfg, "legacy", 6) == 0;
 #ifdef IS_HAVE_CUDA
         if (cuda) {
-            const bool bf16 = strncmp(cfg, "bf16+", 5) == 0 || strcmp(cfg, "bf16") == 0;
-            if (!legacy && !bf16 && strncmp(cfg, "bf16x2", 6) != 0) {
-                fprintf(stderr, "bench_gpu: unknown configuration '%s'\n", cfg);
+            is_error_clear();
+            if (!configure_cuda(b.be, &base, cfg)) {
+                if (is_error_last()[0])
+                    fprintf(stderr, "bench_gpu: %s: %s\n", cfg, is_error_last());
                 return 1;
             }
-            backend_cuda_set_legacy(b.be, legacy);
-            if (!legacy) backend_cuda_set_kv_dtype(b.be, CUDA_KV_BF16); /* the serving configuration */
-            backend_cuda_set_matmul_precision(b.be, bf16 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
             backend_cuda_set_arena_bytes(b.be, (size_t)(arena_gb * (1 << 30)));
-            backend_cuda_set_skinny(b.be, strstr(cfg, "+noskinny") ? CUDA_SKINNY_OFF
-                                          : strstr(cfg, "+skinny")  ? CUDA_SKINNY_ALL
-                                                                    : CUDA_SKINNY_DECODE);
-            backend_cuda_set_stacked(b.be, !strstr(cfg, "+unstacked") &&
-                                               env_switch("IS_CUDA_STACKED", "0"));
-            backend_cuda_set_flash_clusters(b.be, strstr(cfg, "+nocluster") == NULL);
-            backend_cuda_set_flash_wide(b.be, !strstr(cfg, "+narrow") &&
-                                                  env_switch("IS_CUDA_FLASH_WIDE", "0"));
-            backend_cuda_set_pdl(b.be, !strstr(cfg, "+nopdl") && env_switch("IS_CUDA_PDL", "0"));
-            backend_cuda_set_pdl_early(b.be, strstr(cfg, "+early") ||
-                                                 env_switch("IS_CUDA_PDL_EARLY", "1"));
-            backend_cuda_set_wgmma(b.be, !strstr(cfg, "+nowgmma") && env_switch("IS_CUDA_WGMMA", "0"));
-            backend_cuda_set_flash_wgmma(b.be, !strstr(cfg, "+mmasync") &&
-                                                   env_switch("IS_CUDA_FLASH_WGMMA", "0"));
+            char desc[512];
+            cuda_options now;
+            backend_cuda_options(b.be, &now);
+            cuda_options_format(&now, desc, sizeof desc);
+            printf("\n%s: cuda options %s\n", cfg, desc);
         }
 #else
         (void)arena_gb; /* the arena exists only in the CUDA backend */

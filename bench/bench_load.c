@@ -94,6 +94,7 @@ typedef struct opts {
     const char *locomo_dir;
     const char *embedder;     /* NULL: the repository's default if present, else none */
     const char *backend;
+    const char *cuda_opts;    /* --cuda-opt: the CUDA backend's options (NULL: its defaults) */
     const char *data_dir;     /* NULL: a temporary one, removed at the end */
     const char *log_path;     /* NULL: no request log */
     const char *csv_path;
@@ -922,6 +923,8 @@ static void usage(FILE *f) {
             "      --embedder DIR       sentence embedder for retrieval (default models/all-MiniLM-L6-v2\n"
             "                           of the repository if present; 'none': BM25 only)\n"
             "      --backend B          cpu | cuda (default cpu)\n"
+            "      --cuda-opt LIST      the server's CUDA backend options, key=value,...\n"
+            "                           (cuda/options.h; bench_gpu -h lists them)\n"
             "  -t, --threads N          engine threads (default: all cores)\n"
             "      --max-running N      requests in the server's running batch (default 32)\n"
             "      --kv-mem MIB         KV cache pool (default 1024)\n"
@@ -1099,6 +1102,7 @@ int main(int argc, char **argv) {
         {"prefill-chunk", required_argument, 0, 'C'}, {"label", required_argument, 0, 'b'},
         {"ctx", required_argument, 0, 'X'},         {"host-cache-gb", required_argument, 0, 'H'},
         {"ingest-clients", required_argument, 0, 'I'}, {"ingest-only", no_argument, 0, 'Y'},
+        {"cuda-opt", required_argument, 0, 'Z'},
         {0, 0, 0, 0},
     };
     int ch;
@@ -1126,6 +1130,7 @@ int main(int argc, char **argv) {
         case 'l': o.locomo_dir = optarg; break;
         case 'E': o.embedder = optarg; break;
         case 'B': o.backend = optarg; break;
+        case 'Z': o.cuda_opts = optarg; break;
         case 't': ok = parse_int(optarg, "--threads", 1, 1024, &o.threads); break;
         case 'R': ok = parse_int(optarg, "--max-running", 1, 4096, &o.max_running); break;
         case 'V': ok = parse_int(optarg, "--kv-mem", 16, 1 << 20, &o.kv_mib); break;
@@ -1234,6 +1239,7 @@ int main(int argc, char **argv) {
     p.model_path = o.model;
     p.model_name = "bench";
     p.backend = o.backend;
+    p.backend_options = o.cuda_opts;
     p.data_dir = data;
     p.embedder_dir = embedder;
     p.threads = o.threads;

@@ -26,7 +26,7 @@
 # no bench_gpu),
 # HF=0 to skip transformers, GEN_ONLY_CPU=1 to draw with numpy, GEN_AFTER_CHECK=1
 # to write the GGUF after the checks, CTEST_TIMEOUT (per test, 200 s),
-# DECODE_STEPS (128; 0 skips the graphs off/on decode runs), DECODE_REPS (5),
+# IS_CUDA_OPTIONS (the CUDA backend's options, cuda/options.h, for every program),
 # BENCH2_ARGS (a second bench_gpu run after the first, e.g. the op profile -p).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -160,21 +160,6 @@ if [ -n "${BENCH2_ARGS:-}" ]; then
   timeout "${BENCH_TIMEOUT:-330}" build-gpu/bench/bench_gpu -m "$GGUF" -o "$LOG/bench2.csv" $BENCH2_ARGS \
     2>&1 | tee "$LOG/bench2.log" | tee -a "$SUMMARY"
   stamp "bench_gpu rc ${PIPESTATUS[0]}"
-fi
-
-# 3b. CUDA graphs: a short prefill and decode steps, graphs off and on in one
-# process (bench_gpu -D), on the 8B shape and on the default model where
-# present. DECODE_STEPS=0 skips it.
-if [ "${DECODE_STEPS:-128}" != 0 ]; then
-  for m in "$GGUF" "$MODEL"; do
-    [ -s "$m" ] || continue
-    name=$(basename "$m" .gguf)
-    stamp "bench_gpu -D ${DECODE_STEPS:-128} on $name"
-    timeout "${DECODE_TIMEOUT:-150}" build-gpu/bench/bench_gpu -m "$m" -D "${DECODE_STEPS:-128}" \
-      -r "${DECODE_REPS:-5}" -c '' -t '' -o "$LOG/decode_$name.csv" 2>&1 \
-      | tee "$LOG/decode_$name.log" | tee -a "$SUMMARY"
-    stamp "bench_gpu -D rc ${PIPESTATUS[0]}"
-  done
 fi
 
 # 4. The outside reference.

@@ -21,6 +21,9 @@ extern "C" {
 #include "elementwise.cuh"
 #include "kv.cuh"
 #include "norm.cuh"
+#include "options.h"
+#include "products.cuh"
+#include "profiler.cuh"
 #include "rope.cuh"
 #include "skinny.cuh"
 #include "wgmma_gemm.cuh"
@@ -30,7 +33,6 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* The one allocation of stacked weights (weight_create_stacked), freed
  * with the last of them. */
@@ -57,15 +59,6 @@ typedef struct dev_stage {
 } dev_stage;
 
 #define ROPE_MAX_HALF 512
-#define PROF_MAX_OPS 16384
-
-/* One executable graph kept for reuse: captures with the same node count
- * and key are usually the same kernels with other arguments, which
- * cudaGraphExecUpdate swaps in far faster than instantiating anew. 8
- * covers the shapes a server alternates between (batch sizes, a flash
- * split more or less, a token array copied or found unchanged). */
-#define GRAPH_CACHE 8
-#define GRAPH_PIN_DEFAULT ((size_t)64 << 10) /* first pinned bump buffer */
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's own default on Hopper */
 
 /* A matmul input in bf16 ([2][T][cols] when split) and what it holds: the
@@ -79,13 +72,6 @@ typedef struct bf16_input {
     bool split, valid;
 } bf16_input;
 
-typedef struct graph_slot {
-    cudaGraphExec_t exec; /* NULL: empty */
-    size_t nodes;
-    uint64_t key;
-    uint64_t used; /* graph_clock at the last launch */
-} graph_slot;
-
 typedef struct cuda_ctx {
     backend *be;        /* the backend this is the context of (its fault injection state) */
     int32_t device;
@@ -94,13 +80,7 @@ typedef struct cuda_ctx {
     is_status err;      /* first failure of an op, latched until recover (backend.h) */
     char err_msg[512];
 
-    cuda_matmul_precision precision;
-    bool kv_bf16;       /* KV cache element type (engines created after a change) */
-    bool flash;         /* tiled attention over a bf16 cache */
-    bool flash_clusters; /* its key splits merged in clusters */
-    bool flash_wide;    /* its plans may take 128-key tiles (backend_cuda_set_flash_wide) */
-    bool flash_wgmma;   /* its S and P V on wgmma where the GPU takes it */
-    bool legacy;        /* the backend as first built (backend_cuda_set_legacy) */
+    cuda_options opt;   /* the configuration (options.h); kv: for engines created after a change */
     int32_t n_sms;
     /* Matmul inputs in bf16. xbf: conversions, and the copies RMSNorm and
      * SwiGLU write beside their f32 output; gbf: the copy the fused gate/up
@@ -109,15 +89,7 @@ typedef struct cuda_ctx {
      * instead of 3 and 2 times. xin: the one the next product reads. */
     bf16_input xbf, gbf;
     const __nv_bfloat16 *xin;
-    /* RMSNorm and SwiGLU write xbf as they write their f32 output, so the
-     * matrix product that reads it skips its conversion pass (off with
-     * IS_CUDA_NO_FUSED_CONVERT=1, for measuring). */
-    bool fuse_convert;
     dev_stage st_tiles, st_inject, st_caches;
-    /* The last op was a RoPE + KV store, whose kernel writes only the keys
-     * of the batch's own tokens: an attention right after it may copy older
-     * key tiles before its wait (cuda_pdl_early_on). Every op clears it. */
-    bool after_store;
     int32_t *tiles;     /* host: flash query tiles being built, [n][FLASH_TILE_INTS] */
     size_t tiles_cap;   /* tiles */
     float *partial;     /* flash split partial results */
@@ -132,17 +104,6 @@ typedef struct cuda_ctx {
     size_t inj_rows_cap; /* floats */
     float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
     size_t ypart_cap;   /* elements */
-    /* Products of stacked weights in one GEMM (matmul_n; default on,
-     * IS_CUDA_STACKED=0 or backend_cuda_set_stacked: one product each). */
-    bool stacked;
-    /* Which products take cuda/skinny.cuh's kernel (backend_cuda_set_skinny;
-     * skinny_splits > 0 forces its column ranges: backend_cuda_set_skinny_splits,
-     * IS_CUDA_SKINNY_SPLITS). */
-    cuda_skinny_mode skinny;
-    int32_t skinny_splits;
-    /* Products of up to 32 GEMM columns that the skinny kernel does not take
-     * on cuda/wgmma_gemm.cuh's kernel (backend_cuda_set_wgmma, IS_CUDA_WGMMA). */
-    bool wgmma;
     dev_stage st_tokens, st_rope, st_slots, st_attn;
     int32_t *pack;      /* host: attention metadata being packed */
     size_t pack_cap;    /* elements */
@@ -156,34 +117,16 @@ typedef struct cuda_ctx {
     bool rope_has_factors;
     float rope_factors[ROPE_MAX_HALF];
 
-    /* Op profiler (backend_cuda_profile_begin/end): an event pair around
-     * every op while on; read back at the end. */
-    bool prof;
-    cudaEvent_t *prof_ev;  /* [2 * PROF_MAX_OPS] */
-    int32_t prof_n;        /* ops recorded */
-    int32_t prof_dropped;  /* ops past PROF_MAX_OPS */
-    uint8_t prof_kind[PROF_MAX_OPS];
-    double prof_t0;        /* host clock at begin, ms */
-
-    /* CUDA graphs (graph_begin/graph_end, backend_cuda_set_graphs): the ops
-     * of one forward are captured on `stream` and launched as one graph. */
-    bool graphs;           /* on (off by default; IS_CUDA_GRAPHS=1 when created: on) */
-    bool capturing;        /* stream in capture mode: since graph_begin, until graph_end or a break */
-    uint64_t graph_key;    /* hash of what this capture recorded: op kinds, token counts, copies */
-    graph_slot gcache[GRAPH_CACHE]; /* executable graphs, least recently used replaced */
-    uint64_t graph_clock;  /* LRU clock */
-    cudaEvent_t graph_done; /* recorded after each launch: it has read the pinned sources */
-    bool graph_pending;    /* graph_done recorded and not yet waited for */
-    char *pin;             /* pinned host bump buffer: sources of the captured host copies */
-    size_t pin_cap, pin_used;
-    size_t pin_want;       /* capacity to take at the next graph_begin */
+    cuda_profiler *prof; /* op profiler (profiler.cuh); NULL until first begun */
     int32_t *argmax_out;   /* the argmax op's device results */
     size_t argmax_cap;
-    void *cublas_ws;       /* cuBLAS workspace, fixed so cuBLAS never allocates while capturing */
-    cuda_graph_stats gstats;
+    void *cublas_ws;       /* cuBLAS workspace of its own (recover writes it to test the device) */
 } cuda_ctx;
 
 static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
+
+static bool kv_bf16(const cuda_ctx *c) { return c->opt.kv == CUDA_KV_BF16; }
+static bool split_inputs(const cuda_ctx *c) { return c->opt.precision == CUDA_MATMUL_BF16X2; }
 
 /* An op is about to write [p, p + bytes): the cached matmul input
  * conversion is stale if it overlaps. */
@@ -201,27 +144,8 @@ static void inputs_stale(cuda_ctx *c) {
     c->gbf.valid = false;
 }
 
-/* ---- CUDA graphs ---------------------------------------------------------- */
-
-/* Folds v into the key of the graph being captured. */
-static void graph_mix(cuda_ctx *c, uint64_t v) {
-    if (c->capturing) c->graph_key = (c->graph_key ^ v) * 1099511628211ull;
-}
-
-/* Ends a capture and drops what it recorded: after a failure the stream
- * must not stay in capture mode, and the forward is lost anyway. */
-static void graph_abort(cuda_ctx *c) {
-    if (!c->capturing) return;
-    c->capturing = false;
-    cudaGraph_t g = NULL;
-    cudaStreamEndCapture(c->stream, &g);
-    if (g) cudaGraphDestroy(g);
-    cudaGetLastError(); /* the failure that brought us here is reported already */
-}
-
 /* Records the first failure of an op; later ones are consequences. */
 static void op_note(cuda_ctx *c, is_status st) {
-    if (st != IS_OK) graph_abort(c);
     if (st == IS_OK || c->err != IS_OK) return;
     c->err = st;
     snprintf(c->err_msg, sizeof c->err_msg, "%s", is_error_last());
@@ -232,7 +156,6 @@ static void op_note(cuda_ctx *c, is_status st) {
  * or when this op is the injected fault (backend_fault_arm), which takes
  * the same path as a failing CUDA call. */
 static bool op_begin(cuda_ctx *c) {
-    c->after_store = false;
     if (c->err != IS_OK) return false;
     if (backend_fault_tick(c->be)) {
         op_note(c, is_error_set(IS_ERR_INTERNAL, "cuda backend: injected fault at op %lld",
@@ -247,169 +170,22 @@ static bool op_begin(cuda_ctx *c) {
     return true;
 }
 
-/* Launches captured graph g of n nodes. keep (a whole forward): through
- * the cache, updating the entry of the same node count and key, else the
- * least recently used entry of the same node count (another batch size is
- * usually the same kernels: cudaGraphExecUpdate takes new grids, even new
- * kernels), else instantiating into the least recently used entry;
- * otherwise (a forward cut short) instantiated, launched once and
- * dropped. */
-static cudaError_t graph_launch(cuda_ctx *c, cudaGraph_t g, size_t n, bool keep) {
-    cudaGraphExec_t once = NULL, exec = NULL;
-    cudaError_t e = cudaSuccess;
-    if (keep) {
-        graph_slot *s = NULL, *same_n = NULL, *lru = &c->gcache[0];
-        for (int32_t i = 0; i < GRAPH_CACHE && !s; i++) {
-            graph_slot *x = &c->gcache[i];
-            if (x->exec && x->nodes == n) {
-                if (x->key == c->graph_key) s = x;
-                else if (!same_n || x->used < same_n->used) same_n = x;
-            }
-            if ((x->exec ? x->used : 0) < (lru->exec ? lru->used : 0)) lru = x;
-        }
-        if (!s) s = same_n;
-        if (s) {
-            cudaGraphExecUpdateResultInfo info;
-            if (cudaGraphExecUpdate(s->exec, g, &info) == cudaSuccess) {
-                c->gstats.updates++;
-                s->key = c->graph_key;
-            } else {
-                /* Not the same kernels after all (cuBLAS chose others, say):
-                 * the failure is not sticky, and must not reach the next
-                 * launch check. */
-                cudaGetLastError();
-                cudaGraphExecDestroy(s->exec);
-                s->exec = NULL;
-            }
-        } else {
-            s = lru;
-            if (s->exec) cudaGraphExecDestroy(s->exec); /* freed once any launch of it is done */
-            s->exec = NULL;
-        }
-        if (!s->exec) {
-            if ((e = cudaGraphInstantiate(&s->exec, g, 0)) != cudaSuccess) {
-                s->exec = NULL;
-                return e;
-            }
-            c->gstats.instantiations++;
-            s->nodes = n;
-            s->key = c->graph_key;
-        }
-        s->used = ++c->graph_clock;
-        exec = s->exec;
-    } else {
-        if ((e = cudaGraphInstantiate(&once, g, 0)) != cudaSuccess) return e;
-        c->gstats.instantiations++;
-        exec = once;
-    }
-    e = cudaGraphLaunch(exec, c->stream);
-    if (e == cudaSuccess) {
-        c->gstats.launches++;
-        e = cudaEventRecord(c->graph_done, c->stream);
-        if (e == cudaSuccess) c->graph_pending = true;
-    }
-    if (once) cudaGraphExecDestroy(once);
-    return e;
-}
-
-/* Ends the capture and launches what it recorded (nothing: no launch). */
-static is_status graph_finish(cuda_ctx *c, bool keep) {
-    c->capturing = false;
-    cudaGraph_t g = NULL;
-    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
-    size_t n = 0;
-    if (e == cudaSuccess) e = cudaGraphGetNodes(g, NULL, &n);
-    if (e == cudaSuccess && n > 0) e = graph_launch(c, g, n, keep);
-    if (g) cudaGraphDestroy(g);
-    if (e != cudaSuccess) return cuda_status_from(e, "CUDA graph", __FILE__, __LINE__);
-    return IS_OK;
-}
-
-/* Called before anything a capture cannot hold: allocating or freeing
- * memory, waiting for the stream, copying from pageable host memory, the
- * setters. Launches what the forward has recorded so far, so it runs
- * before what follows and in order, and leaves the rest of the forward to
- * run as usual (graph_end then does nothing). */
-static void graph_break(cuda_ctx *c) {
-    if (!c->capturing) return;
-    c->gstats.breaks++;
-    op_note(c, graph_finish(c, false));
-}
-
-#define GRAPH_KEY_SEED 14695981039346656037ull
-
-/* Starts capturing a forward. */
-static is_status graph_capture(cuda_ctx *c) {
-    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-    c->capturing = true;
-    c->graph_key = GRAPH_KEY_SEED;
-    return IS_OK;
-}
-
-/* ---- op profiler ----------------------------------------------------------- */
-
-static double host_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* Brackets one op with events while the profiler is on; declared right
- * after op_begin so it covers everything the op queues. */
-struct op_span {
-    cuda_ctx *c;
-    int32_t i;
-    op_span(cuda_ctx *ctx, cuda_op_kind kind) : c(ctx), i(-1) {
-        graph_mix(c, 0x100 | (uint64_t)kind); /* every op passes here: its kind keys the graph */
-        if (!c->prof) return;
-        if (c->prof_n >= PROF_MAX_OPS) {
-            c->prof_dropped++;
-            return;
-        }
-        i = c->prof_n++;
-        c->prof_kind[i] = (uint8_t)kind;
-        cudaEventRecord(c->prof_ev[2 * i], c->stream);
-    }
-    ~op_span() {
-        if (i >= 0) cudaEventRecord(c->prof_ev[2 * i + 1], c->stream);
-    }
-};
+/* Brackets an op with the profiler's events (profiler.cuh). */
+#define OP_SPAN(c, kind) cuda_op_span span((c)->prof, (c)->stream, (kind))
 
 /* ---- staging of host arrays ---------------------------------------------- */
-
-/* A captured copy runs when the graph is launched, and only from pinned
- * memory: src goes into the pinned bump buffer (graph_begin has waited for
- * the last launch to read it) and the copy reads it there. Returns where to
- * copy from: src itself when not capturing, or when the buffer is full, in
- * which case the capture ends here (the next graph_begin takes a bigger one). */
-static const void *pin_copy(cuda_ctx *c, const void *src, size_t n) {
-    if (!c->capturing) return src;
-    const size_t at = (c->pin_used + 15) & ~(size_t)15;
-    if (at + n > c->pin_cap) {
-        size_t want = 2 * (at + n) > 2 * c->pin_cap ? 2 * (at + n) : 2 * c->pin_cap;
-        if (want > c->pin_want) c->pin_want = want;
-        graph_break(c);
-        return src;
-    }
-    memcpy(c->pin + at, src, n);
-    c->pin_used = at + n;
-    return c->pin + at;
-}
 
 static is_status stage_upload(cuda_ctx *c, dev_stage *st, const void *src, size_t n,
                               const void **dev_out) {
     if (st->valid && st->held_n == n && memcmp(st->held, src, n) == 0) {
-        graph_mix(c, 1); /* one copy node fewer: another graph */
         *dev_out = st->dev;
         return IS_OK;
     }
-    graph_mix(c, 2);
     st->valid = false;
     if (n > st->cap) {
         size_t cap = n > 2 * st->cap ? n : 2 * st->cap;
         if (cap < 4096) cap = 4096;
         /* Queued kernels may still read the old buffer. */
-        graph_break(c);
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         CUDA_CHECK(cudaFree(st->dev));
         st->dev = NULL;
@@ -424,10 +200,8 @@ static is_status stage_upload(cuda_ctx *c, dev_stage *st, const void *src, size_
         st->held_cap = st->cap;
     }
     /* From pageable memory the copy is staged before the call returns, so
-     * the caller may reuse src at once; it runs after the queued kernels.
-     * While capturing it reads a pinned copy of src (pin_copy). */
-    const void *from = pin_copy(c, src, n);
-    CUDA_CHECK(cudaMemcpyAsync(st->dev, from, n, cudaMemcpyHostToDevice, c->stream));
+     * the caller may reuse src at once; it runs after the queued kernels. */
+    CUDA_CHECK(cudaMemcpyAsync(st->dev, src, n, cudaMemcpyHostToDevice, c->stream));
     memcpy(st->held, src, n);
     st->held_n = n;
     st->valid = true;
@@ -445,7 +219,6 @@ static void stage_free(dev_stage *st) {
 
 static is_status cu_alloc(backend *be, size_t bytes, void **out) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
@@ -463,7 +236,6 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
 static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
     inputs_stale(c);
     /* cudaFree waits for the device; queued kernels may still use ptr. */
     cudaError_t e = cudaFree(ptr);
@@ -472,9 +244,8 @@ static void cu_release(backend *be, void *ptr) {
 
 static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c); /* src is pageable, and the caller may reuse it at once */
     if (!bytes || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_UPLOAD);
+    OP_SPAN(c, CUDA_OP_UPLOAD);
     touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(upload)", __FILE__, __LINE__));
@@ -482,9 +253,8 @@ static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
 
 static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
     if (!bytes || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_DOWNLOAD);
+    OP_SPAN(c, CUDA_OP_DOWNLOAD);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "download", __FILE__, __LINE__));
@@ -493,7 +263,7 @@ static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
 static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
     if (!bytes || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_COPY);
+    OP_SPAN(c, CUDA_OP_COPY);
     touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
@@ -503,7 +273,7 @@ static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src
                        size_t src_pitch, size_t width, size_t height) {
     cuda_ctx *c = ctx_of(be);
     if (!width || !height || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_COPY);
+    OP_SPAN(c, CUDA_OP_COPY);
     touch(c, dst, dst_pitch * (height - 1) + width);
     cudaError_t e = cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
                                       cudaMemcpyDeviceToDevice, c->stream);
@@ -554,7 +324,6 @@ static is_status cu_weight_create(backend *be, const gguf_tensor *t, backend_wei
     cuda_ctx *c = ctx_of(be);
     is_status st0 = weight_check(t);
     if (st0 != IS_OK) return st0;
-    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_weight *w = (cuda_weight *)calloc(1, sizeof *w);
     if (!w) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -583,7 +352,6 @@ static void weight_release(cuda_weight *w) {
 
 static void cu_weight_free(backend *be, backend_weight *bw) {
     if (!bw) return;
-    graph_break(ctx_of(be));
     weight_release((cuda_weight *)bw);
 }
 
@@ -606,7 +374,6 @@ static is_status cu_weight_create_stacked(backend *be, const gguf_tensor *const 
                                 (long long)ts[0]->ne[0]);
         total += (size_t)(ts[i]->ne[0] * ts[i]->ne[1]) * 2;
     }
-    graph_break(c);
     CUDA_CHECK(cudaSetDevice(c->device));
     cuda_stack *sk = (cuda_stack *)calloc(1, sizeof *sk);
     if (!sk) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -667,8 +434,7 @@ static void cu_get_rows(backend *be, float *out, const backend_weight *emb, cons
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_GET_ROWS);
-    graph_mix(c, (uint64_t)(uint32_t)T << 8);
+    OP_SPAN(c, CUDA_OP_GET_ROWS);
     touch(c, out, (size_t)T * ((const cuda_weight *)emb)->base.shape.cols * sizeof(float));
     op_note(c, get_rows_impl(c, out, (const cuda_weight *)emb, tokens, T));
 }
@@ -679,8 +445,8 @@ static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n,
  * (NULL: nowhere), in the layout the next matmul would convert them to.
  * produced() then records that xbf holds the copy of `out`. */
 static __nv_bfloat16 *bf16_copy_of(cuda_ctx *c, size_t n, bool *split) {
-    *split = c->precision == CUDA_MATMUL_BF16X2;
-    if (!c->fuse_convert || c->legacy) return NULL;
+    *split = split_inputs(c);
+    if (!c->opt.fused_convert) return NULL;
     c->xbf.valid = false;
     if (scratch_reserve(c, (void **)&c->xbf.buf, &c->xbf.cap, *split ? 2 * n : n,
                         sizeof(__nv_bfloat16)) != IS_OK) {
@@ -708,7 +474,7 @@ static void norm_op(backend *be, float *out, float *x, const float *res, const b
                     int32_t T, int32_t n, float eps) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_RMSNORM);
+    OP_SPAN(c, CUDA_OP_RMSNORM);
     const cuda_weight *gw = (const cuda_weight *)g;
     IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
     IS_ASSERT(!res || (x != out && x != res));
@@ -718,7 +484,7 @@ static void norm_op(backend *be, float *out, float *x, const float *res, const b
     bool split;
     __nv_bfloat16 *obf = bf16_copy_of(c, total, &split);
     is_status st = cuda_add_rmsnorm(c->stream, out, x, res, (const float *)gw->data, T, n, eps,
-                                    obf, split);
+                                    obf, split, c->opt.pdl);
     if (obf) produced(c, out, total, split, st);
     op_note(c, st);
 }
@@ -737,7 +503,6 @@ static void cu_add_rmsnorm(backend *be, float *out, float *x, const float *res,
  * still read the old buffer, so growing waits for the stream. */
 static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n, size_t size) {
     if (n <= *cap) return IS_OK;
-    graph_break(c); /* a capture ends here: what follows waits and allocates */
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaFree(*buf));
     *buf = NULL;
@@ -752,7 +517,7 @@ static is_status scratch_reserve(cuda_ctx *c, void **buf, size_t *cap, size_t n,
 static is_status input_bf16(cuda_ctx *c, const float *x, int32_t T, int64_t cols, bool split) {
     const size_t x_n = (size_t)T * (size_t)cols;
     for (bf16_input *in : {&c->gbf, &c->xbf})
-        if (in->valid && !c->legacy && in->src == x && in->n == x_n && in->split == split) {
+        if (in->valid && in->src == x && in->n == x_n && in->split == split) {
             c->xin = in->buf;
             return IS_OK;
         }
@@ -768,51 +533,10 @@ static is_status input_bf16(cuda_ctx *c, const float *x, int32_t T, int64_t cols
     return IS_OK;
 }
 
-/* Whether a product of n_cols GEMM columns (input rows; twice them when
- * split) may take the skinny kernel: every one it supports (CUDA_SKINNY_ALL),
- * or those of a decode step or small batch (CUDA_SKINNY_DECODE, the
- * default: <= 8); gemm_bf16 then takes it where its plan is one wave. */
-static bool use_skinny(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols) {
-    return !c->legacy && cuda_skinny_supports(n_cols, rows, cols) &&
-           (c->skinny == CUDA_SKINNY_ALL || (c->skinny == CUDA_SKINNY_DECODE && n_cols <= 8));
-}
-
-typedef enum product_kernel { ON_CUBLAS, ON_SKINNY, ON_WGMMA } product_kernel;
-
-/* Which kernel a bf16 product of n_cols GEMM columns takes: the skinny one
- * where use_skinny says and its plan (*plan, where not NULL) is one wave,
- * else the wgmma one where it is on and takes the shape, else cuBLAS's own
- * choice of algorithm (timing cuBLASLt's candidates for each shape instead
- * measured no faster; docs/notes/cuda-diary.md). */
-static product_kernel product_on(const cuda_ctx *c, int32_t n_cols, int64_t rows, int64_t cols,
-                                 skinny_plan *plan) {
-    if (use_skinny(c, n_cols, rows, cols)) {
-        const skinny_plan p = cuda_skinny_plan(n_cols, rows, cols, c->skinny_splits);
-        if (plan) *plan = p;
-        if (cuda_skinny_one_wave(&p, n_cols)) return ON_SKINNY;
-    }
-    if (c->wgmma && !c->legacy && cuda_wgmma_supports(n_cols, rows, cols)) return ON_WGMMA;
-    return ON_CUBLAS;
-}
-
-/* out[n_cols][rows] = W xin^T, f32, on the kernel product_on chooses. */
+/* out[n_cols][rows] = W xin^T, f32, on the kernel products.cuh chooses. */
 static is_status gemm_bf16(cuda_ctx *c, float *out, const void *w, int64_t rows, int32_t n_cols,
                            int64_t cols) {
-    skinny_plan p;
-    const product_kernel k = product_on(c, n_cols, rows, cols, &p);
-    if (k == ON_SKINNY)
-        return cuda_skinny_gemm(c->stream, &p, out, (const __nv_bfloat16 *)w, c->xin, n_cols,
-                                rows, cols, cuda_pdl_on());
-    if (k == ON_WGMMA && cuda_aligned16(w) && cuda_aligned16(c->xin))
-        return cuda_wgmma_gemm(c->stream, out, (const __nv_bfloat16 *)w, c->xin, n_cols, rows,
-                               cols, cuda_pdl_on(), false, NULL);
-    const float one = 1.0f, zero = 0.0f;
-    /* Column-major view: out^T[rows][n] = W[cols][rows]^T x^T[cols][n]. */
-    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, n_cols, (int)cols,
-                              &one, w, CUDA_R_16BF, (int)cols, c->xin, CUDA_R_16BF, (int)cols,
-                              &zero, out, CUDA_R_32F, (int)rows, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
-    return IS_OK;
+    return cuda_product_bf16(c->stream, c->cublas, &c->opt, out, w, c->xin, rows, n_cols, cols);
 }
 
 static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_weight *w,
@@ -832,7 +556,7 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
                                  (int)rows));
         return bias ? cuda_add_bias(c->stream, y, bias_data, T, rows) : IS_OK;
     }
-    const bool split = c->precision == CUDA_MATMUL_BF16X2;
+    const bool split = split_inputs(c);
     const int32_t n_cols = split ? 2 * T : T; /* GEMM columns: input rows, hi then lo */
     is_status st = input_bf16(c, x, T, cols, split);
     if (st != IS_OK) return st;
@@ -853,8 +577,7 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
                       const backend_weight *bias, int32_t T) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_MATMUL);
-    graph_mix(c, (uint64_t)(uint32_t)T << 8);
+    OP_SPAN(c, CUDA_OP_MATMUL);
     op_note(c, matmul_impl(c, y, x, (const cuda_weight *)w, (const cuda_weight *)bias, T));
 }
 
@@ -873,7 +596,7 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
 static bool stacked_one(const cuda_ctx *c, const cuda_weight *const *ws,
                         const cuda_weight *const *bs, int32_t n, int32_t T, int64_t *rows) {
     const int64_t cols = ws[0]->base.shape.cols;
-    bool one = c->stacked && !c->legacy && T <= STACKED_MAX_T && n > 1 && n <= CUDA_SPLIT_MAX &&
+    bool one = c->opt.stacked && T <= STACKED_MAX_T && n > 1 && n <= CUDA_SPLIT_MAX &&
                ws[0]->stack;
     *rows = 0;
     for (int32_t i = 0; i < n && one; i++) {
@@ -889,7 +612,7 @@ static bool stacked_one(const cuda_ctx *c, const cuda_weight *const *ws,
 static is_status stacked_product(cuda_ctx *c, const float *x, const cuda_weight *w0, int64_t rows,
                                  int32_t T) {
     const int64_t cols = w0->base.shape.cols;
-    const bool split = c->precision == CUDA_MATMUL_BF16X2;
+    const bool split = split_inputs(c);
     const int32_t n_cols = split ? 2 * T : T;
     is_status st = input_bf16(c, x, T, cols, split);
     if (st == IS_OK)
@@ -922,7 +645,7 @@ static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
     is_status st = stacked_product(c, x, ws[0], rows, T);
     if (st != IS_OK) return st;
     return cuda_split_columns(c->stream, &sp, c->ypart, rows, T,
-                              c->precision == CUDA_MATMUL_BF16X2);
+                              split_inputs(c));
 }
 
 static void cu_matmul_n(backend *be, float *const *ys, const float *x,
@@ -930,8 +653,7 @@ static void cu_matmul_n(backend *be, float *const *ys, const float *x,
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_MATMUL);
-    graph_mix(c, (uint64_t)(uint32_t)T << 8 | (uint64_t)n);
+    OP_SPAN(c, CUDA_OP_MATMUL);
     op_note(c, matmul_n_impl(c, ys, x, (const cuda_weight *const *)ws,
                              (const cuda_weight *const *)bs, n, T));
 }
@@ -953,8 +675,9 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
     /* bf16 inputs where the stacked product would be on the wgmma kernel
      * (not a decode step's, on the skinny one): the product and SwiGLU in
      * one kernel (cuda_wgmma_swiglu: the same bits as the two below). */
-    if (one && c->fuse_convert && c->precision == CUDA_MATMUL_BF16 &&
-        product_on(c, T, rows, cols, NULL) == ON_WGMMA && cuda_wgmma_swiglu_supports(T, ffn, cols) &&
+    if (one && c->opt.fused_convert && c->opt.precision == CUDA_MATMUL_BF16 &&
+        cuda_product_on(&c->opt, T, rows, cols, NULL) == CUDA_PRODUCT_WGMMA &&
+        cuda_wgmma_swiglu_supports(T, ffn, cols) &&
         cuda_aligned16(wg->data)) {
         st = input_bf16(c, x, T, cols, false);
         if (st != IS_OK) return st;
@@ -964,7 +687,7 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
             if (st != IS_OK) return st;
             touch(c, out, n * sizeof(float));
             st = cuda_wgmma_swiglu(c->stream, out, c->gbf.buf, (const __nv_bfloat16 *)wg->data,
-                                   c->xin, T, ffn, cols, cuda_pdl_on());
+                                   c->xin, T, ffn, cols, c->opt.pdl);
             produced_in(&c->gbf, out, n, false, st);
             return st;
         }
@@ -981,7 +704,7 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
     bool split;
     __nv_bfloat16 *obf = bf16_copy_of(c, n, &split);
     st = one ? cuda_swiglu_stacked(c->stream, out, c->ypart, ffn, T,
-                                   c->precision == CUDA_MATMUL_BF16X2, obf, split)
+                                   split_inputs(c), obf, split, c->opt.pdl)
              : cuda_swiglu(c->stream, out, out, up_scratch, (int64_t)n, obf, split);
     if (obf) produced(c, out, n, split, st);
     return st;
@@ -991,8 +714,7 @@ static void cu_matmul_swiglu(backend *be, float *out, float *up_scratch, const f
                              const backend_weight *w_gate, const backend_weight *w_up, int32_t T) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_MATMUL);
-    graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x5);
+    OP_SPAN(c, CUDA_OP_MATMUL);
     op_note(c, matmul_swiglu_impl(c, out, up_scratch, x, (const cuda_weight *)w_gate,
                                   (const cuda_weight *)w_up, T));
 }
@@ -1008,7 +730,6 @@ static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos)
     if (same && rp->freq_factors)
         same = memcmp(c->rope_factors, rp->freq_factors, (size_t)half * sizeof(float)) == 0;
     if (same && max_pos < c->rope_n_pos) return IS_OK;
-    graph_break(c); /* the rebuilt table replaces the old one after a wait */
     const int32_t from = same ? c->rope_n_pos : 0;
     /* Doubling only extends a table of the same parameters: a table rebuilt
      * for other ones starts from what is asked (doubling there made every
@@ -1079,7 +800,7 @@ static void cu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_
                     int32_t head_dim, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_ROPE);
+    OP_SPAN(c, CUDA_OP_ROPE);
     touch(c, x, (size_t)T * n_heads * head_dim * sizeof(float));
     op_note(c, rope_impl(c, x, pos, T, n_heads, head_dim, rp));
 }
@@ -1089,13 +810,13 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
                         int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_KV_STORE);
+    OP_SPAN(c, CUDA_OP_KV_STORE);
     for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dslots;
     is_status st = stage_upload(c, &c->st_slots, slots, (size_t)T * sizeof(int32_t), &dslots);
     if (st == IS_OK)
         st = cuda_kv_store(c->stream, k_cache, v_cache, k, v, (const int32_t *)dslots, T,
-                           n_kv_heads, head_dim, block_size, c->kv_bf16);
+                           n_kv_heads, head_dim, block_size, kv_bf16(c));
     op_note(c, st);
 }
 
@@ -1120,7 +841,8 @@ static is_status rope_store_impl(cuda_ctx *c, float *q, const float *k, const fl
     if (st != IS_OK) return st;
     return cuda_rope_store(c->stream, q, k, v, k_cache, v_cache, (const int32_t *)dpos,
                            (const int32_t *)dslots, T, n_heads, n_kv_heads, head_dim, block_size,
-                           rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, c->kv_bf16);
+                           rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, kv_bf16(c),
+                           c->opt.pdl);
 }
 
 /* The q, k, v products and rope_store: from the stacked product's output
@@ -1151,11 +873,11 @@ static is_status matmul_rope_store_impl(cuda_ctx *c, float *q, float *k, float *
     touch(c, q, (size_t)T * q_dim * sizeof(float));
     const float *b[3];
     for (int i = 0; i < 3; i++) b[i] = bs[i] ? (const float *)bs[i]->data : NULL;
-    return cuda_rope_store_stacked(c->stream, q, c->ypart, T, c->precision == CUDA_MATMUL_BF16X2,
+    return cuda_rope_store_stacked(c->stream, q, c->ypart, T, split_inputs(c),
                                    b[0], b[1], b[2], k_cache, v_cache, (const int32_t *)dpos,
                                    (const int32_t *)dslots, n_heads, n_kv_heads, head_dim,
                                    block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX,
-                                   c->rope_dev, c->kv_bf16);
+                                   c->rope_dev, kv_bf16(c), c->opt.pdl);
 }
 
 static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, const float *x,
@@ -1166,13 +888,11 @@ static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, cons
                                  const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_MATMUL);
-    graph_mix(c, (uint64_t)(uint32_t)T << 8 | 0x6);
+    OP_SPAN(c, CUDA_OP_MATMUL);
     const is_status st = matmul_rope_store_impl(
         c, q, k, v, x, (const cuda_weight *const *)w, (const cuda_weight *const *)b, k_cache,
         v_cache, pos, slots, T, n_heads, n_kv_heads, head_dim, block_size, rp);
     op_note(c, st);
-    c->after_store = st == IS_OK;
 }
 
 static void cu_rope_store(backend *be, float *q, float *k, const float *v, float *k_cache,
@@ -1181,12 +901,11 @@ static void cu_rope_store(backend *be, float *q, float *k, const float *v, float
                           int32_t block_size, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_ROPE);
+    OP_SPAN(c, CUDA_OP_ROPE);
     touch(c, q, (size_t)T * n_heads * head_dim * sizeof(float));
     const is_status st = rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads,
                                          n_kv_heads, head_dim, block_size, rp);
     op_note(c, st);
-    c->after_store = st == IS_OK;
 }
 
 /* Packs the host attn_batch into one int32 array ([pos T][seq T][bt_off S]
@@ -1250,7 +969,7 @@ static is_status attn_meta(cuda_ctx *c, const attn_batch *b, int32_t block_size,
 /* Plain causal batches over a bf16 cache take the tiled kernel. */
 static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, int32_t n_kv_heads,
                       int32_t head_dim, int32_t block_size) {
-    if (!c->kv_bf16 || !c->flash || c->legacy || b->q_prefix) return false;
+    if (!kv_bf16(c) || !c->opt.flash || b->q_prefix) return false;
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size)) return false;
     if (b->seq_segments)
         for (int32_t s = 0; s < b->n_seqs; s++)
@@ -1263,7 +982,7 @@ static bool use_flash(const cuda_ctx *c, const attn_batch *b, int32_t n_heads, i
 static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float *k_cache,
                             const float *v_cache, const attn_batch *b, const cuda_attn_meta &m,
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            int32_t block_size, bool early) {
+                            int32_t block_size) {
     const int32_t T = b->n_tokens;
     /* The tiles, then each tile's memory span where the batch has them. */
     if ((size_t)T > c->tiles_cap) {
@@ -1276,10 +995,10 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     /* c->pack holds attn_meta's host copy: bt_off at 2T (offsets into flat). */
     const cuda_flash_plan plan = cuda_flash_plan_batch(
         b->seq_of_token, b->pos, T, c->pack + 2 * (size_t)T, n_heads, n_kv_heads, head_dim, c->n_sms,
-        !c->flash_clusters ? CUDA_FLASH_CHOICE_NO_CLUSTER
-        : c->flash_wide    ? CUDA_FLASH_CHOICE_AUTO
-                           : CUDA_FLASH_CHOICE_NO_WIDE,
-        c->flash_wgmma, c->tiles);
+        !c->opt.flash_clusters ? CUDA_FLASH_CHOICE_NO_CLUSTER
+        : c->opt.flash_wide    ? CUDA_FLASH_CHOICE_AUTO
+                               : CUDA_FLASH_CHOICE_NO_WIDE,
+        c->opt.flash_wgmma, c->tiles);
     size_t n_ints = (size_t)plan.n_tiles * FLASH_TILE_INTS;
     if (b->mem_span) {
         int32_t *span = c->tiles + n_ints;
@@ -1312,7 +1031,7 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     st = cuda_flash_attention_mem(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
                                   (const __nv_bfloat16 *)v_cache, m.flat,
                                   (const int32_t *)dtiles, plan, c->partial, n_heads, n_kv_heads,
-                                  head_dim, block_size, ob, early, mem);
+                                  head_dim, block_size, ob, c->opt.pdl, mem);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
 }
@@ -1321,9 +1040,8 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
                          const float *v_cache, const attn_batch *b, int32_t n_heads,
                          int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
-    const bool after_store = c->after_store;
     if (b->n_tokens <= 0 || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_ATTENTION);
+    OP_SPAN(c, CUDA_OP_ATTENTION);
     /* The CPU reference's preconditions, checked on the host arrays. */
     for (int32_t t = 0; t < b->n_tokens; t++) {
         int32_t s = b->seq_of_token[t];
@@ -1335,17 +1053,17 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
     is_status st = attn_meta(c, b, block_size, &m);
     if (st == IS_OK && use_flash(c, b, n_heads, n_kv_heads, head_dim, block_size))
         st = flash_impl(c, out, q, k_cache, v_cache, b, m, n_heads, n_kv_heads, head_dim,
-                        block_size, after_store && cuda_pdl_on() && cuda_pdl_early_on());
+                        block_size);
     else if (st == IS_OK)
         st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
-                            n_heads, n_kv_heads, head_dim, block_size, c->kv_bf16);
+                            n_heads, n_kv_heads, head_dim, block_size, kv_bf16(c));
     op_note(c, st);
 }
 
 static void cu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_SWIGLU);
+    OP_SPAN(c, CUDA_OP_SWIGLU);
     touch(c, out, (size_t)n * sizeof(float));
     bool split;
     __nv_bfloat16 *obf = bf16_copy_of(c, (size_t)n, &split);
@@ -1357,7 +1075,7 @@ static void cu_swiglu(backend *be, float *out, const float *gate, const float *u
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_ADD);
+    OP_SPAN(c, CUDA_OP_ADD);
     touch(c, x, (size_t)n * sizeof(float));
     op_note(c, cuda_add(c->stream, x, y, n));
 }
@@ -1365,9 +1083,8 @@ static void cu_add(backend *be, float *x, const float *y, int64_t n) {
 /* The greedy choice on the device: only rows' indices come back. */
 static void cu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, int32_t n) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
     if (rows <= 0 || !op_begin(c)) return;
-    op_span span(c, CUDA_OP_DOWNLOAD);
+    OP_SPAN(c, CUDA_OP_DOWNLOAD);
     is_status st = scratch_reserve(c, (void **)&c->argmax_out, &c->argmax_cap, (size_t)rows,
                                    sizeof(int32_t));
     if (st == IS_OK) st = cuda_argmax_rows(c->stream, c->argmax_out, x, rows, n);
@@ -1382,13 +1099,12 @@ static void cu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, i
 
 static void cu_sync(backend *be) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
     if (!op_begin(c)) return;
     cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
 }
 
-static size_t cu_kv_elem_size(backend *be) { return ctx_of(be)->kv_bf16 ? 2 : 4; }
+static size_t cu_kv_elem_size(backend *be) { return kv_bf16(ctx_of(be)) ? 2 : 4; }
 
 #define ARENA_DEFAULT_BYTES ((size_t)2 << 30)
 
@@ -1456,7 +1172,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     if (total > INT32_MAX / 2) return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: too many tokens");
     const rope_params *rp = in->rope;
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
-    if (!c->kv_bf16) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
+    if (!kv_bf16(c)) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
     is_status st = arena_ensure(c, in->n_layers, in->n_kv_heads, in->head_dim);
     if (st != IS_OK) return st;
     /* Host pack: [pages T][slots T], then the caches' addresses. */
@@ -1488,16 +1204,15 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
                      dp, dp + total,
                      (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
                      in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
-                     c->kv_bf16);
+                     kv_bf16(c));
     return st == IS_OK ? cuda_arena_injected(c->arena, c->stream) : st;
 }
 
 static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                       const backend_inject *in) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c); /* the arena allocates, waits, copies from pageable memory */
     if (!op_begin(c)) return;
-    op_span span(c, CUDA_OP_INJECT);
+    OP_SPAN(c, CUDA_OP_INJECT);
     pthread_mutex_lock(&c->arena_mu);
     op_note(c, inject_impl(c, k_cache, v_cache, in));
     pthread_mutex_unlock(&c->arena_mu);
@@ -1506,7 +1221,7 @@ static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,
 /* Resident only where the next inject reads the arena: a bf16 cache. */
 static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
     cuda_ctx *c = ctx_of(be);
-    if (!c->kv_bf16 || c->legacy) return false;
+    if (!kv_bf16(c)) return false;
     pthread_mutex_lock(&c->arena_mu);
     bool held = c->arena && cuda_arena_holds(c->arena, id, n_tokens);
     pthread_mutex_unlock(&c->arena_mu);
@@ -1549,11 +1264,10 @@ static bool host_readable(const void *p) {
     return at.type == cudaMemoryTypeHost;
 }
 
-/* Only with the serving cache (bf16, arena) and without graphs: a capture
- * on the engine's stream must not meet another thread's stream work. */
+/* Only with the serving cache (bf16, arena). */
 static bool cu_fact_prefetch(backend *be, const backend_fact_host *f) {
     cuda_ctx *c = ctx_of(be);
-    if (!c->kv_bf16 || c->legacy || c->graphs || !f->id) return false;
+    if (!kv_bf16(c) || !f->id) return false;
     if (f->k && (!f->v || (f->dtype != 1 && f->dtype != 2) || !host_readable(f->k) ||
                  !host_readable(f->v)))
         return false;
@@ -1587,50 +1301,6 @@ static void cu_fact_unpin(backend *be, uint64_t id) {
     pthread_mutex_unlock(&c->arena_mu);
 }
 
-/* Not while the profiler times ops one by one, nor for the backend as
- * first built (the "before" of the benchmarks). */
-static bool cu_graph_begin(backend *be) {
-    cuda_ctx *c = ctx_of(be);
-    if (!c->graphs || c->legacy || c->prof || c->capturing || !op_begin(c)) return false;
-    cudaError_t e = cudaSuccess;
-    if (!c->graph_done) e = cudaEventCreateWithFlags(&c->graph_done, cudaEventDisableTiming);
-    /* The last launch may still be reading the bump buffer. */
-    if (e == cudaSuccess && c->graph_pending) e = cudaEventSynchronize(c->graph_done);
-    if (e != cudaSuccess) {
-        op_note(c, cuda_status_from(e, "graph_begin", __FILE__, __LINE__));
-        return false;
-    }
-    c->graph_pending = false;
-    if (c->pin_want > c->pin_cap) {
-        cudaFreeHost(c->pin);
-        c->pin = NULL;
-        c->pin_cap = 0;
-        e = cudaMallocHost((void **)&c->pin, c->pin_want);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            c->pin = NULL;
-            c->graphs = false; /* the forward runs as usual, and so do the next ones */
-            fprintf(stderr, "cuda backend: cannot pin %zu bytes for CUDA graphs (%s): graphs off\n",
-                    c->pin_want, cudaGetErrorString(e));
-            return false;
-        }
-        c->pin_cap = c->pin_want;
-    }
-    c->pin_used = 0;
-    is_status st = graph_capture(c);
-    if (st != IS_OK) {
-        op_note(c, st);
-        return false;
-    }
-    c->gstats.recorded++;
-    return true;
-}
-
-static void cu_graph_end(backend *be) {
-    cuda_ctx *c = ctx_of(be);
-    if (c->capturing) op_note(c, graph_finish(c, true));
-}
-
 static is_status cu_status(backend *be) {
     const cuda_ctx *c = ctx_of(be);
     if (c->err == IS_OK) return IS_OK;
@@ -1646,7 +1316,6 @@ static is_status cu_status(backend *be) {
 static is_status cu_recover(backend *be) {
     cuda_ctx *c = ctx_of(be);
     if (c->err == IS_OK) return IS_OK;
-    graph_abort(c);
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess) {
         cudaGetLastError(); /* a launch's error that is not sticky */
@@ -1670,7 +1339,6 @@ static is_status cu_recover(backend *be) {
                           &c->st_slots, &c->st_attn})
         st->valid = false;
     inputs_stale(c);
-    c->graph_pending = false; /* the stream is idle */
     c->err = IS_OK;
     c->err_msg[0] = '\0';
     return IS_OK;
@@ -1679,7 +1347,6 @@ static is_status cu_recover(backend *be) {
 static void ctx_destroy(cuda_ctx *c) {
     if (!c) return;
     cudaSetDevice(c->device);
-    graph_abort(c);
     if (c->stream) cudaStreamSynchronize(c->stream);
     stage_free(&c->st_tokens);
     stage_free(&c->st_rope);
@@ -1700,14 +1367,7 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
-    if (c->prof_ev) {
-        for (int32_t i = 0; i < 2 * PROF_MAX_OPS; i++) cudaEventDestroy(c->prof_ev[i]);
-        free(c->prof_ev);
-    }
-    for (int32_t i = 0; i < GRAPH_CACHE; i++)
-        if (c->gcache[i].exec) cudaGraphExecDestroy(c->gcache[i].exec);
-    if (c->graph_done) cudaEventDestroy(c->graph_done);
-    cudaFreeHost(c->pin);
+    cuda_profiler_free(c->prof);
     if (c->cublas) cublasDestroy(c->cublas);
     cudaFree(c->cublas_ws); /* after the handle that uses it */
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -1720,11 +1380,11 @@ static void cu_free(backend *be) {
     free(be);
 }
 
-/* The backend interface's options, onto this backend's setters. */
+/* The backend interface's options, onto this backend's configuration. */
 static is_status cu_set_option(backend *be, backend_option opt, uint64_t value) {
     switch (opt) {
     case BACKEND_OPT_KV_COMPACT:
-        backend_cuda_set_kv_dtype(be, value ? CUDA_KV_BF16 : CUDA_KV_F32);
+        ctx_of(be)->opt.kv = value ? CUDA_KV_BF16 : CUDA_KV_F32;
         return IS_OK;
     case BACKEND_OPT_FACT_CACHE_BYTES:
         backend_cuda_set_arena_bytes(be, (size_t)value);
@@ -1734,6 +1394,12 @@ static is_status cu_set_option(backend *be, backend_option opt, uint64_t value) 
         return IS_OK;
     }
     return IS_ERR_UNSUPPORTED;
+}
+
+static is_status cu_configure(backend *be, const char *spec, char *desc, size_t n) {
+    is_status st = backend_cuda_configure(be, spec);
+    if (st == IS_OK && desc) cuda_options_format(&ctx_of(be)->opt, desc, n);
+    return st;
 }
 
 static const backend_ops cuda_ops = {
@@ -1759,8 +1425,6 @@ static const backend_ops cuda_ops = {
     /* .inject = */ cu_inject,
     /* .copy_2d = */ cu_copy_2d,
     /* .fact_resident = */ cu_fact_resident,
-    /* .graph_begin = */ cu_graph_begin,
-    /* .graph_end = */ cu_graph_end,
     /* .add_rmsnorm = */ cu_add_rmsnorm,
     /* .weight_create_stacked = */ cu_weight_create_stacked,
     /* .matmul_n = */ cu_matmul_n,
@@ -1771,24 +1435,13 @@ static const backend_ops cuda_ops = {
     /* .status = */ cu_status,
     /* .recover = */ cu_recover,
     /* .set_option = */ cu_set_option,
+    /* .configure = */ cu_configure,
     /* .free_bytes = */ backend_cuda_free_bytes,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
     /* .fact_prefetch = */ cu_fact_prefetch,
     /* .fact_unpin = */ cu_fact_unpin,
     /* .host_wait = */ cu_host_wait,
-};
-
-/* backend_cuda_set_legacy: the engine stages facts itself, f32 cache; no
- * graphs. */
-static const backend_ops cuda_ops_legacy = {
-    "cuda",         cu_free,     cu_alloc,   cu_release, cu_upload,   cu_download,
-    cu_copy,        cu_weight_create,        cu_weight_free,         cu_get_rows,
-    cu_rmsnorm,     cu_matmul,   cu_rope,    cu_kv_store, cu_attention, cu_swiglu,
-    cu_add,         cu_sync,     NULL,       NULL,       NULL,       NULL,
-    NULL,           NULL,       NULL,       cu_weight_create_stacked, NULL,
-    NULL,           NULL,        NULL,       cu_argmax,  cu_status,  cu_recover,
-    cu_set_option,  backend_cuda_free_bytes, NULL, NULL, NULL, NULL, NULL,
 };
 
 /* ---- creation -------------------------------------------------------------- */
@@ -1850,44 +1503,13 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     c->device = device;
     pthread_mutex_init(&c->arena_mu, NULL);
     c->err = IS_OK;
-    c->precision = CUDA_MATMUL_BF16X2;
-    c->kv_bf16 = false; /* see backend_cuda_set_kv_dtype */
-    c->flash = true;
-    c->flash_clusters = true;
-    c->flash_wide = true;
-    c->flash_wgmma = true;
-    c->fuse_convert = getenv("IS_CUDA_NO_FUSED_CONVERT") == NULL;
-    {
-        const char *v = getenv("IS_CUDA_STACKED");
-        c->stacked = !(v && strcmp(v, "0") == 0);
-    }
-    {
-        /* Off by default: one graph per forward measured slower than no
-         * graphs on the 8B shape (bench_gpu -D). */
-        const char *g = getenv("IS_CUDA_GRAPHS");
-        c->graphs = g && strcmp(g, "1") == 0;
-        /* The first pinned bump buffer; tests make it tiny, so that a
-         * capture runs out of it midway. */
-        const char *pb = getenv("IS_CUDA_GRAPH_PIN_BYTES");
-        c->pin_want = pb && atol(pb) > 0 ? (size_t)atol(pb) : GRAPH_PIN_DEFAULT;
-    }
-    {
-        const char *v = getenv("IS_CUDA_SKINNY");
-        c->skinny = v && !strcmp(v, "1")   ? CUDA_SKINNY_ALL
-                    : v && !strcmp(v, "0") ? CUDA_SKINNY_OFF
-                                           : CUDA_SKINNY_DECODE;
-        v = getenv("IS_CUDA_SKINNY_SPLITS");
-        c->skinny_splits = v ? atoi(v) : 0;
-        v = getenv("IS_CUDA_WGMMA");
-        c->wgmma = !(v && !strcmp(v, "0"));
-        v = getenv("IS_CUDA_FLASH_WIDE");
-        if (v && !strcmp(v, "0")) c->flash_wide = false;
-        v = getenv("IS_CUDA_FLASH_WGMMA");
-        c->flash_wgmma = !(v && !strcmp(v, "0"));
-        v = getenv("IS_CUDA_PDL");
-        if (v && !strcmp(v, "0")) cuda_pdl_set(false);
-        v = getenv("IS_CUDA_PDL_EARLY");
-        if (v) cuda_pdl_early_set(!strcmp(v, "1"));
+    /* The defaults, then IS_CUDA_OPTIONS: a bad list fails the creation rather
+     * than measuring something else than asked. */
+    c->opt = cuda_options_default();
+    if ((st = cuda_options_from_env(&c->opt)) != IS_OK) {
+        free(be);
+        free(c);
+        return st;
     }
     c->n_sms = 132;
     {
@@ -1911,8 +1533,8 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
             st = cublas_status_from(bs, "cublasSetStream", __FILE__, __LINE__);
         }
     }
-    /* A workspace of its own, so cuBLAS never allocates while a graph is
-     * captured; after cublasSetStream, which resets it to the default. */
+    /* A workspace of its own (cuBLAS's default size), which recover writes
+     * to test the device; after cublasSetStream, which resets it. */
     if (st == IS_OK) {
         e = cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES);
         if (e != cudaSuccess) {
@@ -1924,7 +1546,7 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
                 st = cublas_status_from(bs, "cublasSetWorkspace", __FILE__, __LINE__);
         }
     }
-    if (st == IS_OK) st = cuda_skinny_prepare(); /* outside any capture */
+    if (st == IS_OK) st = cuda_skinny_prepare();
     if (st == IS_OK) st = cuda_wgmma_prepare();
     if (st != IS_OK) {
         ctx_destroy(c);
@@ -1937,89 +1559,14 @@ extern "C" is_status backend_cuda_create(int32_t device, backend **out) {
     return IS_OK;
 }
 
-/* The setters end a capture (graph_break): what follows runs as set. */
-extern "C" void backend_cuda_set_matmul_precision(backend *be, cuda_matmul_precision p) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->precision = p;
+extern "C" is_status backend_cuda_configure(backend *be, const char *spec) {
+    return cuda_options_parse(&ctx_of(be)->opt, spec);
 }
 
-extern "C" void backend_cuda_set_kv_dtype(backend *be, cuda_kv_dtype t) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->kv_bf16 = t == CUDA_KV_BF16;
-}
-
-extern "C" void backend_cuda_set_flash(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->flash = on;
-}
-
-extern "C" void backend_cuda_set_flash_clusters(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->flash_clusters = on;
-}
-
-extern "C" void backend_cuda_set_flash_wide(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->flash_wide = on;
-}
-
-extern "C" void backend_cuda_set_flash_wgmma(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->flash_wgmma = on;
-}
-
-extern "C" void backend_cuda_set_skinny(backend *be, cuda_skinny_mode on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->skinny = on;
-}
-
-extern "C" void backend_cuda_set_skinny_splits(backend *be, int32_t splits) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->skinny_splits = splits > 0 ? splits : 0;
-}
-
-extern "C" void backend_cuda_set_wgmma(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->wgmma = on;
-}
-
-extern "C" void backend_cuda_set_pdl(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    cuda_pdl_set(on);
-}
-
-extern "C" void backend_cuda_set_pdl_early(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    cuda_pdl_early_set(on);
-}
-
-extern "C" void backend_cuda_set_stacked(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->stacked = on;
-}
-
-extern "C" void backend_cuda_set_graphs(backend *be, bool on) {
-    graph_break(ctx_of(be));
-    ctx_of(be)->graphs = on;
-}
-
-extern "C" void backend_cuda_graph_stats(backend *be, cuda_graph_stats *out) {
-    *out = ctx_of(be)->gstats;
-}
-
-extern "C" void backend_cuda_set_legacy(backend *be, bool on) {
-    cuda_ctx *c = ctx_of(be);
-    graph_break(c);
-    c->legacy = on;
-    c->kv_bf16 = false;
-    c->flash = !on;
-    inputs_stale(c);
-    be->ops = on ? &cuda_ops_legacy : &cuda_ops;
-}
+extern "C" void backend_cuda_options(backend *be, cuda_options *out) { *out = ctx_of(be)->opt; }
 
 extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
     pthread_mutex_lock(&c->arena_mu);
     if (c->arena) {
         cudaSetDevice(c->device);
@@ -2056,7 +1603,6 @@ extern "C" void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out) {
 
 extern "C" is_status backend_cuda_check(backend *be) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
     if (c->err == IS_OK) {
         cudaError_t e = cudaSetDevice(c->device);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -2066,75 +1612,14 @@ extern "C" is_status backend_cuda_check(backend *be) {
     return IS_OK;
 }
 
-/* ---- op profiler --------------------------------------------------------- */
-
-extern "C" const char *cuda_op_kind_name(cuda_op_kind k) {
-    static const char *const names[CUDA_OP_N] = {
-        "upload", "download", "copy", "get_rows", "rmsnorm", "matmul",
-        "rope", "kv_store", "attention", "swiglu", "add", "inject",
-    };
-    return k >= 0 && k < CUDA_OP_N ? names[k] : "?";
-}
-
-/* Keeps the GPU busy for `cycles` clocks: the ops queued meanwhile then run
- * back to back, so their events time the GPU alone, not the host. */
-static __global__ void hold_kernel(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
-    }
-}
+/* ---- op profiler (profiler.cuh) --------------------------------------------- */
 
 extern "C" is_status backend_cuda_profile_begin(backend *be, double hold_ms) {
     cuda_ctx *c = ctx_of(be);
-    graph_break(c);
-    CUDA_CHECK(cudaSetDevice(c->device));
-    if (!c->prof_ev) {
-        cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * PROF_MAX_OPS, sizeof *ev);
-        if (!ev) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory (profiler)");
-        for (int32_t i = 0; i < 2 * PROF_MAX_OPS; i++) {
-            cudaError_t e = cudaEventCreate(&ev[i]);
-            if (e != cudaSuccess) {
-                for (int32_t j = 0; j < i; j++) cudaEventDestroy(ev[j]);
-                free(ev);
-                return cuda_status_from(e, "cudaEventCreate", __FILE__, __LINE__);
-            }
-        }
-        c->prof_ev = ev;
-    }
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    c->prof_n = 0;
-    c->prof_dropped = 0;
-    c->prof = true;
-    c->prof_t0 = host_ms();
-    if (hold_ms > 0) {
-        int khz = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, c->device));
-        hold_kernel<<<1, 1, 0, c->stream>>>((long long)(hold_ms * khz));
-        CUDA_CHECK_LAUNCH();
-    }
-    return IS_OK;
+    return cuda_profiler_begin(&c->prof, c->device, c->stream, hold_ms);
 }
 
 extern "C" is_status backend_cuda_profile_end(backend *be, cuda_op_profile *out) {
     cuda_ctx *c = ctx_of(be);
-    memset(out, 0, sizeof *out);
-    if (!c->prof) return is_error_set(IS_ERR_INVALID_ARG, "cuda profiler: not started");
-    c->prof = false;
-    CUDA_CHECK(cudaSetDevice(c->device));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    out->wall_ms = host_ms() - c->prof_t0;
-    out->dropped = c->prof_dropped;
-    for (int32_t i = 0; i < c->prof_n; i++) {
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, c->prof_ev[2 * i], c->prof_ev[2 * i + 1]));
-        out->count[c->prof_kind[i]]++;
-        out->gpu_ms[c->prof_kind[i]] += ms;
-        out->busy_ms += ms;
-    }
-    if (c->prof_n > 0) {
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, c->prof_ev[0], c->prof_ev[2 * c->prof_n - 1]));
-        out->span_ms = ms;
-    }
-    return IS_OK;
+    return cuda_profiler_end(c->prof, c->device, c->stream, out);
 }

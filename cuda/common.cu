@@ -3,16 +3,6 @@
  */
 #include "common.cuh"
 
-static bool g_pdl = true;
-
-void cuda_pdl_set(bool on) { g_pdl = on; }
-bool cuda_pdl_on(void) { return g_pdl; }
-
-static bool g_pdl_early = false;
-
-void cuda_pdl_early_set(bool on) { g_pdl_early = on; }
-bool cuda_pdl_early_on(void) { return g_pdl_early; }
-
 is_status cuda_status_from(cudaError_t err, const char *expr, const char *file, int line) {
     is_status st = IS_ERR_INTERNAL;
     switch (err) {

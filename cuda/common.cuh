@@ -83,15 +83,17 @@ static __device__ __forceinline__ void bf16_copy_put(__nv_bfloat16 *obf, int64_t
  * cuda_launch_dependent may start while the stream's previous kernel is
  * still ending (its blocks exiting, its writes being flushed), which hides
  * the launch of the next op behind the end of the last. Such a kernel must
- * call pdl_wait() before anything else, in every block (the attention, when
- * early, first copies keys no kernel of this forward writes): it returns once the
+ * call pdl_wait() before anything else, in every block (a product's kernel
+ * may first read weights, which no kernel writes): it returns once the
  * previous kernel has finished and its writes are visible, and since every
  * such kernel waits, a kernel's end implies that of all before it. No
- * kernel triggers its dependents early: with the trigger at the start of
- * the op before a product, products in sequence measured 5-10% slower
- * (docs/notes/cuda-diary.md); so a dependent starts as the previous kernel's
- * blocks exit; the one exception, opt-in (cuda_pdl_early_on), is the RoPE
- * + KV store kernel before the attention. */
+ * kernel of the request path triggers its dependents early: with the
+ * trigger at the start of the op before a product, products in sequence
+ * measured 5-10% slower, and an attention started early by the RoPE + KV
+ * store before it measured a trade within 2% (docs/notes/cuda-diary.md); so
+ * a dependent starts as the previous kernel's blocks exit. Whether a launch
+ * is a dependent at all is the caller's choice (the backend's option pdl),
+ * passed to every launcher: nothing here is process-wide. */
 static __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -100,28 +102,13 @@ static __device__ __forceinline__ void pdl_wait() {
 
 /* Lets the stream's next kernel, if a programmatic dependent, launch now
  * rather than as this kernel's blocks exit (it still waits, in pdl_wait, for
- * this kernel's end before reading what this one writes). Only the opt-in
- * early attention start uses it (see above); benchmarks measure it. */
+ * this kernel's end before reading what this one writes). Only the
+ * product kernel's trigger argument uses it, for bench_gemm_gpu (see above). */
 static __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-
-/* Whether cuda_launch_dependent launches as a programmatic dependent
- * (process-wide; default on; the backend's backend_cuda_set_pdl and
- * IS_CUDA_PDL=0 turn it off: then every launch is an ordinary one). */
-void cuda_pdl_set(bool on);
-bool cuda_pdl_on(void);
-
-/* Whether, with PDL on, the attention starts before the kernel that writes
- * its queries ends (process-wide; off by default, measured a trade within
- * 2%; the backend's backend_cuda_set_pdl_early, IS_CUDA_PDL_EARLY=1): the
- * RoPE + KV store kernel lets its dependent launch as soon as all its
- * blocks run, and an attention right after it copies the key tiles written
- * before the forward (prefix, injected facts) before its pdl_wait. */
-void cuda_pdl_early_set(bool on);
-bool cuda_pdl_early_on(void);
 
 /* A launch's configuration: grid, block, dynamic shared memory, stream,
  * thread-block cluster (1 x 1 x 1: none) and whether the kernel is a
@@ -170,12 +157,13 @@ static inline cudaError_t cuda_launch_ex(void (*kernel)(KArgs...), dim3 grid, di
 }
 
 /* kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of
- * the stream's previous kernel where cuda_pdl_on(). Only for kernels that
- * begin with pdl_wait(). */
+ * the stream's previous kernel where pdl. Only for kernels that begin with
+ * pdl_wait(). */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t cuda_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                                size_t smem, cudaStream_t s, Args &&...args) {
-    return cuda_launch_ex(kernel, grid, block, smem, s, dim3(1, 1, 1), cuda_pdl_on(),
+                                                size_t smem, cudaStream_t s, bool pdl,
+                                                Args &&...args) {
+    return cuda_launch_ex(kernel, grid, block, smem, s, dim3(1, 1, 1), pdl,
                           std::forward<Args>(args)...);
 }
 

@@ -99,13 +99,13 @@ is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float
 }
 
 is_status cuda_swiglu_stacked(cudaStream_t s, float *out, const float *part, int64_t rows,
-                              int32_t T, bool halves, __nv_bfloat16 *obf, bool split) {
+                              int32_t T, bool halves, __nv_bfloat16 *obf, bool split, bool pdl) {
     if (T <= 0 || rows <= 0) return IS_OK;
     IS_ASSERT(T <= 65535 && rows <= INT32_MAX / 2);
     int64_t bx = (rows + 255) / 256;
     if (bx > 64) bx = 64;
     CUDA_CHECK(cuda_launch_dependent(swiglu_stacked_kernel, dim3((unsigned)bx, (unsigned)T),
-                                     dim3(256), 0, s, out, part, (int32_t)rows, T, halves, obf,
+                                     dim3(256), 0, s, pdl, out, part, (int32_t)rows, T, halves, obf,
                                      split));
     return IS_OK;
 }

@@ -16,9 +16,10 @@ is_status cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float
 /* The same from a stacked product of gate and up: out[t][r] = silu(g) * u
  * with g = part[t][r], u = part[t][rows + r] (part [T][2 rows]; halves:
  * plus the lo half that follows, [2][T][2 rows]), the bits of
- * cuda_split_columns then cuda_swiglu without the split's write and read. */
+ * cuda_split_columns then cuda_swiglu without the split's write and read.
+ * pdl: launched as a programmatic dependent (common.cuh). */
 is_status cuda_swiglu_stacked(cudaStream_t s, float *out, const float *part, int64_t rows,
-                              int32_t T, bool halves, __nv_bfloat16 *obf, bool split);
+                              int32_t T, bool halves, __nv_bfloat16 *obf, bool split, bool pdl);
 
 /* x[i] += y[i], i < n. */
 is_status cuda_add(cudaStream_t s, float *x, const float *y, int64_t n);

@@ -189,7 +189,7 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                               const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                               float *partial, int32_t n_heads, int32_t n_kv_heads,
-                              int32_t block_size, cuda_bf16_out ob, bool early,
+                              int32_t block_size, cuda_bf16_out ob, bool pdl,
                               const cuda_flash_mem &mem) {
     flash_fn fn = NULL;
     size_t smem = 0;
@@ -201,20 +201,19 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                             "cuda flash attention: clusters of %d blocks do not fit this GPU",
                             plan.splits);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    /* The kernel begins with pdl_wait() (early: after its first copies). */
+    /* The kernel begins with pdl_wait(). */
     CUDA_CHECK(cuda_launch_ex(fn, dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
                                    (unsigned)plan.splits),
                               dim3(FLASH_BM * 2 * KS), smem, s,
-                              dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), cuda_pdl_on(),
+                              dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), pdl,
                               out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
                               block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
-                              ob.split, early && cuda_pdl_on(), mem.span, mem.mul_log2,
-                              mem.add_log2));
+                              ob.split, mem.span, mem.mul_log2, mem.add_log2));
     if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,
             dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads, FLASH_BM / (MERGE_THREADS / 32)),
-            dim3(MERGE_THREADS), 0, s, out, (const float *)partial, tiles, n_heads, n_kv_heads,
+            dim3(MERGE_THREADS), 0, s, pdl, out, (const float *)partial, tiles, n_heads, n_kv_heads,
             plan.splits, ob.p, ob.n, ob.split));
     }
     return IS_OK;
@@ -225,10 +224,10 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool early) {
+                               cuda_bf16_out ob, bool pdl) {
     const cuda_flash_mem none = {NULL, 1.0f, 0.0f};
     return cuda_flash_attention_mem(s, out, q, k_cache, v_cache, flat, tiles, plan, partial,
-                                    n_heads, n_kv_heads, head_dim, block_size, ob, early, none);
+                                    n_heads, n_kv_heads, head_dim, block_size, ob, pdl, none);
 }
 
 is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
@@ -236,7 +235,7 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
                                    const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                    float *partial, int32_t n_heads, int32_t n_kv_heads,
                                    int32_t head_dim, int32_t block_size, cuda_bf16_out ob,
-                                   bool early, cuda_flash_mem mem) {
+                                   bool pdl, cuda_flash_mem mem) {
     if (plan.n_tiles <= 0) return IS_OK;
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size))
         return is_error_set(IS_ERR_UNSUPPORTED,
@@ -255,7 +254,7 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
                             plan.key_tile, plan.key_warps);
 #define FLASH_LAUNCH(D, KS, BN)                                                                    \
     flash_launch<D, KS, BN>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, n_heads,     \
-                            n_kv_heads, block_size, ob, early, mem)
+                            n_kv_heads, block_size, ob, pdl, mem)
     if (plan.key_tile == FLASH_BN_WIDE)
         return head_dim == 64 ? FLASH_LAUNCH(64, 2, FLASH_BN_WIDE)
                               : FLASH_LAUNCH(128, 2, FLASH_BN_WIDE);
@@ -373,17 +372,6 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
     plan.wgmma = wgmma && !legacy && cuda_flash_wgmma_supports(head_dim);
     int32_t max_keys = 0;
     int64_t rows_total = 0; /* query rows of all tiles and KV heads */
-    /* Each sequence's first position in the batch; without the scratch, 0:
-     * no key counts as written before. */
-    int32_t n_seqs = 0;
-    for (int32_t t = 0; t < T; t++)
-        if (seq_of_token[t] + 1 > n_seqs) n_seqs = seq_of_token[t] + 1;
-    int32_t *first = (int32_t *)malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof(int32_t));
-    if (first) {
-        for (int32_t i = 0; i < n_seqs; i++) first[i] = INT32_MAX;
-        for (int32_t t = 0; t < T; t++)
-            if (pos[t] < first[seq_of_token[t]]) first[seq_of_token[t]] = pos[t];
-    }
     for (int32_t t = 0; t < T;) {
         /* A tile: batch tokens of one sequence at consecutive positions. */
         int32_t n = 1;
@@ -395,12 +383,10 @@ cuda_flash_plan cuda_flash_plan_batch(const int32_t *seq_of_token, const int32_t
         tl[1] = n;
         tl[2] = bt_off[seq_of_token[t]];
         tl[3] = pos[t];
-        tl[4] = first ? first[seq_of_token[t]] : 0;
         if (pos[t] + n > max_keys) max_keys = pos[t] + n;
         rows_total += (int64_t)n * G * n_kv_heads;
         t += n;
     }
-    free(first);
     const int32_t pairs = plan.n_tiles * n_kv_heads;
     if (legacy) {
         /* Two resident blocks a multiprocessor, one wave. */

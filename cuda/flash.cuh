@@ -54,10 +54,9 @@ static const int32_t FLASH_TILE_SHAPES[3][2] = {{FLASH_BN, 1}, {FLASH_BN, 2}, {F
 #define FLASH_MAX_SPLITS 64
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 /* A query tile, as cuda_flash_plan_batch writes it: first batch token,
- * tokens, where its sequence's block table starts in `flat`, position of
- * its first token, and the sequence's first position in the batch (keys
- * before it were written before this forward: see cuda_pdl_early_on). */
-#define FLASH_TILE_INTS 5
+ * tokens, where its sequence's block table starts in `flat`, and position
+ * of its first token. */
+#define FLASH_TILE_INTS 4
 
 /* Whether the kernel takes this shape: head_dim 64 or 128, whole groups,
  * cache blocks of a power of two tokens (the engine's default is 16). */
@@ -151,10 +150,8 @@ typedef struct cuda_bf16_out {
  * int32 [plan.n_tiles][FLASH_TILE_INTS] (cuda_flash_plan_batch's), the
  * tokens of a tile consecutive in the batch and in position, at most
  * FLASH_BM / group of them. partial: cuda_flash_partial_floats of scratch
- * (NULL when that is 0). early: the kernel before this one in the stream
- * wrote no key before each sequence's first position in the batch (the
- * RoPE + KV store of the batch's tokens), so the kernel, launched as its
- * dependent, copies the tiles of such keys before it waits for it.
+ * (NULL when that is 0). pdl: launched as a programmatic dependent of the
+ * stream's previous kernel (common.cuh).
  * IS_ERR_UNSUPPORTED for a shape cuda_flash_supports refuses,
  * IS_ERR_INVALID_ARG for a plan it cannot run; nothing is launched then. */
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
@@ -162,7 +159,7 @@ is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                float *partial, int32_t n_heads,
                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool early);
+                               cuda_bf16_out ob, bool pdl);
 
 /* Memory scaling for the tiled kernel (attn_batch.mem_span): span, device
  * int32 [plan.n_tiles][2], the memory keys [begin, end) of each tile's
@@ -181,6 +178,6 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
                                    const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                    float *partial, int32_t n_heads, int32_t n_kv_heads,
                                    int32_t head_dim, int32_t block_size, cuda_bf16_out ob,
-                                   bool early, cuda_flash_mem mem);
+                                   bool pdl, cuda_flash_mem mem);
 
 #endif

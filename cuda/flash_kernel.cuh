@@ -282,7 +282,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
                  int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split, bool early,
+                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split,
                  const int32_t *mem, float mem_mul, float mem_add) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
@@ -302,8 +302,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
            : smem_raw;
     __nv_bfloat16 *const sKV = reinterpret_cast<__nv_bfloat16 *>(smem);
     /* Launched as a dependent, the kernel reads before its wait only its
-     * tile (a host upload, complete before this kernel can start) and, when
-     * early, copies key tiles written before this forward (below). */
+     * tile (a host upload, complete before this kernel can start). */
 
     unsigned long long *const tr =
         g_flash_trace && threadIdx.x == 0
@@ -318,7 +317,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     }
     const int32_t tile = blockIdx.x, kh = blockIdx.y, split = blockIdx.z;
     const int32_t *tl = tiles + FLASH_TILE_INTS * tile;
-    const int32_t t0 = tl[0], n = tl[1], bt_at = tl[2], pos0 = tl[3], old_keys = tl[4];
+    const int32_t t0 = tl[0], n = tl[1], bt_at = tl[2], pos0 = tl[3];
     /* The tile's memory keys [mb, me) (cuda_flash_attention_mem), scored
      * x * mem_mul + mem_add in the log2 domain by rows after them; a host
      * upload, like the tile, so read before the wait. */
@@ -358,7 +357,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
      * within the page (one 64-bit product a copy). */
     const int64_t page_elems = (int64_t)n_kv_heads * block_size * D;
     const int32_t head_elems = kh * block_size * D;
-    if (!early) pdl_wait();
+    pdl_wait();
 
     /* Copies tile kt into stage `st` with cp.async (16 bytes a copy, keys
      * past the last zero-filled); unrolled, so the block-table reads overlap
@@ -388,19 +387,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     };
     /* One commit group per tile, empty past kt1, so that before tile kt is
      * used exactly kt - kt0 + STAGES - 1 groups are committed and waiting
-     * for all but the last STAGES - 2 means tile kt has landed. Early: the
-     * first tiles whose keys all precede the sequence's first position in
-     * the batch (written before this forward, not by the kernel before)
-     * are copied before the wait, while that kernel ends. */
-    int pre = 0;
-    if (early) {
-        for (; pre < STAGES - 1 && kt0 + pre < kt1 && (kt0 + pre + 1) * BN <= old_keys;
-             pre++) {
-            load_tile(kt0 + pre, pre);
-            asm volatile("cp.async.commit_group;\n" ::);
-        }
-        pdl_wait(); /* Q and the query's own keys: the kernel before wrote them */
-    }
+     * for all but the last STAGES - 2 means tile kt has landed. */
     /* Q's reads are issued before the other copies, so that they are in
      * flight while those wait on their block-table reads (the prologue was
      * 3.2-3.6 us of dependent global reads in a phase trace). */
@@ -416,7 +403,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
             }
         }
     }
-    for (int i = pre; i < STAGES - 1; i++) {
+    for (int i = 0; i < STAGES - 1; i++) {
         if (kt0 + i < kt1) load_tile(kt0 + i, i);
         asm volatile("cp.async.commit_group;\n" ::);
     }
@@ -862,7 +849,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, bool,
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool,
                          const int32_t *, float, float);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size, key warps and

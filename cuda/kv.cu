@@ -94,9 +94,8 @@ static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *
                                          const int32_t *pos, const int32_t *slots,
                                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                          int32_t block_size, int32_t half, bool neox,
-                                         const float *cs, int32_t q_blocks, bool trigger) {
+                                         const float *cs, int32_t q_blocks) {
     pdl_wait(); /* launched as a dependent: nothing before this */
-    if (trigger) pdl_trigger(); /* the attention may launch now (cuda_pdl_early_on) */
     const int32_t t = blockIdx.x, p = pos[t];
     const float *tab = cs + (int64_t)(p < 0 ? -p : p) * half * 2;
     if ((int32_t)blockIdx.y < q_blocks) {
@@ -137,7 +136,7 @@ static is_status rope_store_launch(cudaStream_t s, float *q, const rs_src &src, 
                                    void *v_cache, const int32_t *pos, const int32_t *slots,
                                    int32_t T, int32_t n_heads, int32_t n_kv_heads,
                                    int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
-                                   const float *cs, bool bf16) {
+                                   const float *cs, bool bf16, bool pdl) {
     if (T <= 0) return IS_OK;
     const int32_t half = n_rot / 2;
     const int32_t q_blocks = (n_heads * half + ROPE_STORE_THREADS - 1) / ROPE_STORE_THREADS;
@@ -146,29 +145,28 @@ static is_status rope_store_launch(cudaStream_t s, float *q, const rs_src &src, 
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda rope_store: %d heads of %d too wide",
                             n_heads, head_dim);
     const dim3 grid((unsigned)T, (unsigned)(q_blocks + kv_blocks));
-    const bool trigger = cuda_pdl_on() && cuda_pdl_early_on();
     if (bf16)
         CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<__nv_bfloat16>, grid,
-                                         dim3(ROPE_STORE_THREADS), 0, s, q, src,
+                                         dim3(ROPE_STORE_THREADS), 0, s, pdl, q, src,
                                          (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos,
                                          slots, n_heads, n_kv_heads, head_dim, block_size, half,
-                                         neox, cs, q_blocks, trigger));
+                                         neox, cs, q_blocks));
     else
         CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<float>, grid, dim3(ROPE_STORE_THREADS),
-                                         0, s, q, src, (float *)k_cache, (float *)v_cache, pos,
+                                         0, s, pdl, q, src, (float *)k_cache, (float *)v_cache, pos,
                                          slots, n_heads, n_kv_heads, head_dim, block_size, half,
-                                         neox, cs, q_blocks, trigger));
+                                         neox, cs, q_blocks));
     return IS_OK;
 }
 
 is_status cuda_rope_store(cudaStream_t s, float *q, const float *k, const float *v, void *k_cache,
                           void *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                          int32_t n_rot, bool neox, const float *cs, bool bf16) {
+                          int32_t n_rot, bool neox, const float *cs, bool bf16, bool pdl) {
     const int32_t kv_dim = n_kv_heads * head_dim;
     const rs_src src = {q, k, v, (int64_t)n_heads * head_dim, kv_dim, 0, NULL, NULL, NULL};
     return rope_store_launch(s, q, src, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
-                             head_dim, block_size, n_rot, neox, cs, bf16);
+                             head_dim, block_size, n_rot, neox, cs, bf16, pdl);
 }
 
 is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, int32_t T,
@@ -176,13 +174,13 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   void *k_cache, void *v_cache, const int32_t *pos,
                                   const int32_t *slots, int32_t n_heads, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
-                                  const float *cs, bool bf16) {
+                                  const float *cs, bool bf16, bool pdl) {
     const int64_t q_dim = (int64_t)n_heads * head_dim, kv_dim = (int64_t)n_kv_heads * head_dim;
     const int64_t rows = q_dim + 2 * kv_dim;
     const rs_src src = {part,  part + q_dim, part + q_dim + kv_dim, rows, rows,
                         halves ? (int64_t)T * rows : 0, bq, bk, bv};
     return rope_store_launch(s, q, src, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
-                             head_dim, block_size, n_rot, neox, cs, bf16);
+                             head_dim, block_size, n_rot, neox, cs, bf16, pdl);
 }
 
 /* One block per (token, layer); thread e takes element e of the token's

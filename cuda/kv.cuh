@@ -49,11 +49,11 @@ is_status cuda_kv_store(cudaStream_t s, void *k_cache, void *v_cache, const floa
 /* cuda_rope on q (n_heads) and on k (n_kv_heads), then cuda_kv_store of
  * the rotated keys and v, in one launch: the same rotation expressions and
  * table, so the same bits. k is only read (left unrotated). pos, slots:
- * [T] device. */
+ * [T] device. pdl: launched as a programmatic dependent (common.cuh). */
 is_status cuda_rope_store(cudaStream_t s, float *q, const float *k, const float *v, void *k_cache,
                           void *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                          int32_t n_rot, bool neox, const float *cs, bool bf16);
+                          int32_t n_rot, bool neox, const float *cs, bool bf16, bool pdl);
 
 /* The same from the stacked product of q, k, v's weights: part [T][q_dim +
  * 2 kv_dim] (halves: its lo half follows, [2][T][...]), each value summed
@@ -65,7 +65,7 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   void *k_cache, void *v_cache, const int32_t *pos,
                                   const int32_t *slots, int32_t n_heads, int32_t n_kv_heads,
                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
-                                  const float *cs, bool bf16);
+                                  const float *cs, bool bf16, bool pdl);
 
 /* Chunked RoPE + scatter, every layer and every token in one launch: token i
  * (page pages[i], slot slots[i], position pos0 + i) of the memory segment

@@ -111,13 +111,14 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
 }
 
 is_status cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, int32_t T,
-                       int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
+                       int32_t n, float eps, __nv_bfloat16 *obf, bool split, bool pdl) {
     /* Without res the kernel only reads x. */
-    return cuda_add_rmsnorm(s, out, (float *)x, NULL, g, T, n, eps, obf, split);
+    return cuda_add_rmsnorm(s, out, (float *)x, NULL, g, T, n, eps, obf, split, pdl);
 }
 
 is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *res, const float *g,
-                           int32_t T, int32_t n, float eps, __nv_bfloat16 *obf, bool split) {
+                           int32_t T, int32_t n, float eps, __nv_bfloat16 *obf, bool split,
+                           bool pdl) {
     if (T <= 0 || n <= 0) return IS_OK;
     const int64_t split_off = obf && split ? (int64_t)T * n : 0;
     const int32_t per = (n / 4 + NORM_THREADS - 1) / NORM_THREADS; /* float4s a thread */
@@ -129,7 +130,7 @@ is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *re
                          : per <= 2 ? rmsnorm_vec_kernel<2>
                          : per <= 4 ? rmsnorm_vec_kernel<4>
                                     : rmsnorm_vec_kernel<8>;
-    CUDA_CHECK(cuda_launch_dependent(k, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, out, x, res,
-                                     g, n, eps, obf, split_off));
+    CUDA_CHECK(cuda_launch_dependent(k, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, pdl, out, x,
+                                     res, g, n, eps, obf, split_off));
     return IS_OK;
 }

@@ -4,10 +4,11 @@
  * once: y[n][rows] = x[n][cols] W^T, W bf16 [rows][cols], x bf16, y f32
  * (the layout cuBLAS writes for the backend).
  *
- * The backend's products use it only when asked (backend_cuda_set_skinny):
- * inside the kernel it is 13-29% slower than cuBLAS's nvjet kernels at 30
- * rows on the 8B layer's shapes, and a layer's products in sequence run at
- * 0.93-1.04x of cuBLAS's speed (docs/notes/cuda-diary.md). This kernel:
+ * The backend's products use it for decode steps only (at most 8 GEMM
+ * columns, option skinny: products.cuh): inside the kernel it is 13-29%
+ * slower than cuBLAS's nvjet kernels at 30 rows on the 8B layer's shapes,
+ * and a layer's products in sequence run at 0.93-1.04x of cuBLAS's speed
+ * (docs/notes/cuda-diary.md); bench_gemm_gpu measures it up to 64. This kernel:
  *  - streams W straight from memory into tensor-core fragments: a block of
  *    8 warps owns 128 weight rows (16 a warp) over one range of columns,
  *    each warp keeping 4 64-column steps of its rows in registers (16-byte

@@ -1,6 +1,6 @@
 /*
  * wgmma_gemm: the backend's products of up to 32 GEMM columns that the
- * skinny kernel does not take (backend_cuda_set_wgmma, default on), e.g. a
+ * skinny kernel does not take (option wgmma, default on: products.cuh), e.g. a
  * 30-token query's on the 8B shape; bench_gemm_gpu -w measures it.
  *
  * Why: on the 8B shape a 30-token query's layer is ~170 us, of which the

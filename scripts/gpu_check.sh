@@ -48,7 +48,7 @@ if [ "${RESULT[configure]}" = ok ]; then
   # Every test labelled gpu must be built, or ctest -L gpu reports it missing;
   # test_serve_fault_cuda exists only where libmicrohttpd and libcurl were found.
   TARGETS=(inferscale_cuda test_cuda_ops test_cuda_model test_cuda_retrieval test_memory_gpu
-           test_cuda_graphs test_flash_engines test_flash_plan test_engine_fault_cuda)
+           test_cuda_options test_flash_engines test_flash_plan test_engine_fault_cuda)
   grep -qs test_serve_fault_cuda "$BUILD/tests/serve/CTestTestfile.cmake" && TARGETS+=(test_serve_fault_cuda)
   if cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" \
       > "$OUT/build.log" 2>&1; then

@@ -45,6 +45,9 @@ static void serve_usage(FILE *f) {
             "      --embedder DIR      sentence-embedding model (default models/all-MiniLM-L6-v2 if\n"
             "                          present; 'none': BM25 search only)\n"
             "      --backend B         cpu | cuda (default cpu)\n"
+            "      --cuda-opt LIST     cuda: the backend's options, key=value,...\n"
+            "                          ($IS_CUDA_OPTIONS: the same list, applied first; the KV\n"
+            "                          cache's type is --kv-cache-f32's):\n%s"
             "      --retrieval R       cpu | cuda (default cpu): cuda embeds the query and searches each\n"
             "                          user's facts on GPU 0 (needs the embedder and a CUDA build; searches\n"
             "                          with agent/run/metadata filters stay on the CPU)\n"
@@ -99,7 +102,7 @@ static void serve_usage(FILE *f) {
             "  inferscale serve --data mem/ --no-auth &\n"
             "  curl -s localhost:8080/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\n"
             "       \"content\":\"What do I like?\"}],\"user\":\"alice\",\"max_tokens\":64}'\n",
-            CLI_DEFAULT_MODEL);
+            CLI_DEFAULT_MODEL, backend_options_help("cuda"));
 }
 
 #ifdef IS_HAVE_HTTP
@@ -125,6 +128,7 @@ enum {
     OPT_IDLE_TIMEOUT,
     OPT_PUBLIC_STATS,
     OPT_HOST_CACHE_GB,
+    OPT_CUDA_OPT,
 };
 
 int cmd_serve(int argc, char **argv) {
@@ -145,6 +149,7 @@ int cmd_serve(int argc, char **argv) {
         {"infer-fallback", required_argument, 0, 'I'},
         {"fact-cache-gb", required_argument, 0, 'C'}, {"step-tokens", required_argument, 0, 'S'},
         {"prefill-chunk", required_argument, 0, 'U'},
+        {"cuda-opt", required_argument, 0, OPT_CUDA_OPT},
         {"max-in-flight-tenant", required_argument, 0, OPT_MAX_IN_FLIGHT_TENANT},
         {"max-connections", required_argument, 0, OPT_MAX_CONNECTIONS},
         {"header-timeout", required_argument, 0, OPT_HEADER_TIMEOUT},
@@ -177,6 +182,7 @@ int cmd_serve(int argc, char **argv) {
         case 'M': p.model_name = optarg; break;
         case 'E': p.embedder_dir = optarg; break;
         case 'B': p.backend = optarg; break;
+        case OPT_CUDA_OPT: p.backend_options = optarg; break;
         case 'F': p.kv_cache_f32 = true; break;
         case 'G': if (!cli_parse_retrieval(optarg, &p.gpu_retrieval)) return 1; break;
         case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &p.threads)) return 1; break;

@@ -44,6 +44,25 @@ is_status backend_set_option(backend *be, backend_option opt, uint64_t value) {
     return st;
 }
 
+is_status backend_configure(backend *be, const char *spec, char *desc, size_t n) {
+    if (!be) return is_error_set(IS_ERR_INVALID_ARG, "backend_configure: no backend");
+    if (be->ops->configure) return be->ops->configure(be, spec, desc, n);
+    if (spec && spec[strspn(spec, " ,")])
+        return is_error_set(IS_ERR_UNSUPPORTED, "%s backend: no settings (got '%s')",
+                            be->ops->name, spec);
+    if (desc && n) desc[0] = '\0';
+    return IS_OK;
+}
+
+const char *backend_options_help(const char *name) {
+#ifdef IS_HAVE_CUDA
+    if (name && strcmp(name, "cuda") == 0) return cuda_options_help();
+#endif
+    return name && strcmp(name, "cuda") == 0
+               ? "                          (none: this build has no CUDA backend)\n"
+               : "                          (none)\n";
+}
+
 size_t backend_free_bytes(backend *be) {
     return be && be->ops->free_bytes ? be->ops->free_bytes(be) : 0;
 }

@@ -188,19 +188,6 @@ typedef struct backend_ops {
      * no other inject runs in between (the backend keeps a call's resident
      * facts while it makes room for the call's others). */
     bool (*fact_resident)(backend *be, uint64_t id, int32_t n_tokens);
-    /* Optional (NULL = never): the ops called from here until graph_end
-     * form one forward pass, which the backend may record and launch in a
-     * few units instead of op by op (the CUDA backend: CUDA graphs, so a
-     * decode step costs a few launches instead of hundreds). Returns
-     * whether it records; false: the ops run as usual and graph_end must
-     * not be called. Between the two, ops take host arrays as always (read
-     * during the call), and the caller calls no download or sync: a backend
-     * that meets one anyway, or must allocate, launches what it has
-     * recorded and runs the rest as usual. */
-    bool (*graph_begin)(backend *be);
-    /* Launches what is left of the recording since graph_begin returned
-     * true (queued, like any op: download and sync wait for it). */
-    void (*graph_end)(backend *be);
     /* Optional (NULL = add, then rmsnorm): x[T][n] += res, then out =
      * x / rms(x) * g, with the same results as the two ops; out may alias
      * res, not x. A residual add is always followed by the next norm, and
@@ -272,6 +259,12 @@ typedef struct backend_ops {
      * IS_ERR_UNSUPPORTED (nothing changed) for a setting this backend
      * lacks. */
     is_status (*set_option)(backend *be, backend_option opt, uint64_t value);
+    /* Optional (NULL = no settings of its own): applies spec, a
+     * "key=value,..." list of the backend's own settings (NULL or "":
+     * none), all or nothing, and writes the whole configuration after it
+     * (the same list form) to desc[n] where desc is not NULL. IS_OK, or
+     * IS_ERR_INVALID_ARG naming the bad item, nothing changed. */
+    is_status (*configure)(backend *be, const char *spec, char *desc, size_t n);
     /* Optional (NULL = 0): bytes of device memory free now, for sizing a
      * cache from what the weights and the KV pool leave; 0 on an error. */
     size_t (*free_bytes)(backend *be);
@@ -372,6 +365,16 @@ bool backend_available(const char *name);
 /* Sets a backend's option (backend_option). IS_OK; IS_ERR_UNSUPPORTED,
  * message set and the backend unchanged, where it has no such setting. */
 is_status backend_set_option(backend *be, backend_option opt, uint64_t value);
+/* Applies a backend's own settings, "key=value,..." (the CUDA backend's:
+ * cuda/options.h), and writes its whole configuration to desc[n] where desc
+ * is not NULL ("" for a backend without settings), for printing at
+ * start-up. IS_OK; IS_ERR_INVALID_ARG naming a bad item, nothing changed;
+ * IS_ERR_UNSUPPORTED for a non-empty spec on a backend without settings. */
+is_status backend_configure(backend *be, const char *spec, char *desc, size_t n);
+/* The settings backend_configure takes for the backend of this name, one
+ * indented line a key, for --help texts; a line saying there are none for
+ * a backend without settings or not in this build. Never NULL. */
+const char *backend_options_help(const char *name);
 /* Device memory free now, in bytes: 0 for a backend without device memory
  * of its own (the CPU) or on an error. */
 size_t backend_free_bytes(backend *be);

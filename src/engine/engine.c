@@ -273,13 +273,6 @@ static is_status seq_set_segments(engine *e, int32_t seq, int32_t from, const in
     return IS_OK;
 }
 
-/* Chunks of at most this many tokens are recorded as one unit where the
- * backend can (graph_begin: a CUDA graph): decode steps and short query
- * prefills, whose kernels are small enough that launching them one by one
- * costs as much as running them. Longer prefills are bound by arithmetic,
- * so recording them would only add the recording's cost. */
-#define ENGINE_GRAPH_MAX_TOKENS 64
-
 /* x += res, then out = rmsnorm(x) * g: the residual add and the norm that
  * always follows it, fused where the backend can. */
 static void add_norm(backend *be, float *out, float *x, const float *res, const backend_weight *g,
@@ -304,6 +297,21 @@ static void matmul_n(backend *be, float *const *ys, const float *x,
         return;
     }
     for (int32_t i = 0; i < n; i++) op->matmul(be, ys[i], x, ws[i], bs[i], T);
+}
+
+/* The FFN's first half, silu(x w_gate^T) * (x w_up^T) into out: in one
+ * call where the backend can (up is scratch it may leave unwritten). */
+static void gate_up_swiglu(backend *be, float *out, float *up, const float *x,
+                           const backend_weight *w_gate, const backend_weight *w_up, int32_t T,
+                           int32_t ffn_dim) {
+    const backend_ops *op = be->ops;
+    if (op->matmul_swiglu) {
+        op->matmul_swiglu(be, out, up, x, w_gate, w_up, T);
+        return;
+    }
+    matmul_n(be, (float *const[]){out, up}, x, (const backend_weight *const[]){w_gate, w_up},
+             (const backend_weight *const[]){NULL, NULL}, 2, T);
+    op->swiglu(be, out, out, up, (int64_t)T * ffn_dim);
 }
 
 /* Queries and keys rotated, keys and values stored: in one call where the
@@ -411,9 +419,6 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         cap1 = cap->first + cap->n < t0 + n ? cap->first + cap->n : t0 + n;
     }
 
-    /* Captured rows are downloaded mid-forward: such a chunk runs as usual. */
-    const bool graph = op->graph_begin && n <= ENGINE_GRAPH_MAX_TOKENS && cap0 == cap1 &&
-                       op->graph_begin(be);
     op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
     for (int32_t l = 0; l < c->n_layers; l++) {
         const model_layer *L = &m->layers[l];
@@ -450,14 +455,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
                       c->n_kv_heads, c->head_dim, e->p.block_size);
         op->matmul(be, e->xb, e->att, L->wo, NULL, n);
         add_norm(be, e->xb, e->x, e->xb, L->ffn_norm, n, c->dim, c->rms_eps);
-        if (op->matmul_swiglu) {
-            op->matmul_swiglu(be, e->hg, e->hu, e->xb, L->w_gate, L->w_up, n);
-        } else {
-            matmul_n(be, (float *const[]){e->hg, e->hu}, e->xb,
-                     (const backend_weight *const[]){L->w_gate, L->w_up},
-                     (const backend_weight *const[]){NULL, NULL}, 2, n);
-            op->swiglu(be, e->hg, e->hg, e->hu, (int64_t)n * c->ffn_dim);
-        }
+        gate_up_swiglu(be, e->hg, e->hu, e->xb, L->w_gate, L->w_up, n, c->ffn_dim);
         op->matmul(be, e->xb, e->hg, L->w_down, NULL, n);
         if (l + 1 < c->n_layers)
             add_norm(be, e->xb, e->x, e->xb, m->layers[l + 1].attn_norm, n, c->dim, c->rms_eps);
@@ -480,7 +478,6 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->rmsnorm(be, e->xb, e->x, m->output_norm, n_out, c->dim, c->rms_eps);
         op->matmul(be, e->logits, e->xb, m->output, NULL, n_out);
     }
-    if (graph) op->graph_end(be);
     if (n_out > 0 && out->logits)
         op->download(be, out->logits, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
     else if (n_out > 0)

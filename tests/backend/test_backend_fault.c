@@ -118,6 +118,16 @@ static void test_cpu_has_no_options(void **state) {
     assert_int_equal(backend_free_bytes(be), 0);
     assert_int_equal(backend_status(be), IS_OK);
     assert_int_equal(backend_set_option(NULL, BACKEND_OPT_KV_COMPACT, 1), IS_ERR_INVALID_ARG);
+    /* Nor settings of its own: an empty list is nothing to apply, a list
+     * with an item is refused by name, and the configuration reads "". */
+    char desc[16] = "x";
+    assert_int_equal(backend_configure(be, NULL, desc, sizeof desc), IS_OK);
+    assert_string_equal(desc, "");
+    assert_int_equal(backend_configure(be, " , ", NULL, 0), IS_OK);
+    assert_int_equal(backend_configure(be, "pdl=off", desc, sizeof desc), IS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(is_error_last(), "cpu backend: no settings (got 'pdl=off')"));
+    assert_non_null(strstr(backend_options_help("cpu"), "(none)"));
+    assert_non_null(backend_options_help("cuda"));
     be->ops->free(be);
 }
 

@@ -53,6 +53,20 @@
  * are held to 95%; the 99% bar applies to the real model. */
 #define ARGMAX_MIN_RANDOM 0.95
 
+/* Applies a configuration list (cuda/options.h) to a CUDA backend. */
+static void cuda_opts(backend *be, const char *spec) {
+    if (backend_cuda_configure(be, spec) != IS_OK)
+        fail_msg("cuda options '%s': %s", spec, is_error_last());
+}
+
+/* Every option back to its default (the kv option included: f32). */
+static void cuda_opts_reset(backend *be) {
+    const cuda_options def = cuda_options_default();
+    char spec[512];
+    cuda_options_format(&def, spec, sizeof spec);
+    cuda_opts(be, spec);
+}
+
 static backend *g_cpu, *g_gpu;
 static model *g_mc, *g_mg; /* the default model on each backend */
 
@@ -237,7 +251,7 @@ static void test_default_model(void **state) {
                    n_decode, REL_TOL, ARGMAX_MIN);
     /* The faster rounding (bf16 inputs): simulated at 9.8e-3 on this text
      * (cuda/predict_precision.py), so its bound is looser than the default's. */
-    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16);
+    cuda_opts(g_gpu, "precision=bf16");
     compare_stream("  the same with CUDA_MATMUL_BF16", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL_BF16, ARGMAX_MIN);
     /* The prefill in chunks of a 30-token query (bf16 inputs: 30 GEMM
@@ -245,44 +259,25 @@ static void test_default_model(void **state) {
      * wgmma kernel (cuda/wgmma_gemm.cuh), the head excepted: the same bars. */
     compare_stream_chunked("  the same, prefill in chunks of 30 (wgmma)", g_mc, g_mg, stream,
                            n_prefill, n_decode, 30, REL_TOL_BF16, ARGMAX_MIN);
-    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    cuda_opts(g_gpu, "precision=bf16x2");
     compare_stream_chunked("  bf16x2, prefill in chunks of 16 (wgmma)", g_mc, g_mg, stream,
                            n_prefill, n_decode, 16, REL_TOL, ARGMAX_MIN);
     /* The bf16 KV cache (tiled attention: 7.7e-3 measured on the H200), and
-     * the backend as first built (the "before" of the benchmarks), both
+     * the plainest configuration (the "before" of the benchmarks), both
      * held to the same bar. */
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
+    cuda_opts(g_gpu, "kv=bf16");
     compare_stream("  the same with the bf16 KV cache", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL, ARGMAX_MIN);
-    /* The attention started early (its first key tiles, those written
-     * before the forward, copied before its wait): the same bits, with the
-     * prefill in chunks of 100 so that later chunks have such tiles. */
-    {
-        const size_t nl = (size_t)total * g_mg->cfg.n_vocab;
-        float *a = malloc(nl * sizeof(float)), *b = malloc(nl * sizeof(float));
-        assert_non_null(a);
-        assert_non_null(b);
-        run_stream_chunked(g_mg, stream, n_prefill, n_decode, a, 100, NULL);
-        backend_cuda_set_pdl_early(g_gpu, true);
-        run_stream_chunked(g_mg, stream, n_prefill, n_decode, b, 100, NULL);
-        backend_cuda_set_pdl_early(g_gpu, false);
-        gpu_ok();
-        assert_memory_equal(a, b, nl * sizeof(float));
-        printf("    prefill in chunks of 100, the attention started early: bitwise\n");
-        free(a);
-        free(b);
-    }
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
-    backend_cuda_set_legacy(g_gpu, true);
-    compare_stream("  the same, backend as first built", g_mc, g_mg, stream, n_prefill, n_decode,
+    cuda_opts(g_gpu, CUDA_OPTIONS_PLAINEST);
+    compare_stream("  the same, plainest configuration", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL, ARGMAX_MIN);
-    backend_cuda_set_legacy(g_gpu, false);
+    cuda_opts_reset(g_gpu);
     /* One product per weight instead of one over the stacked q, k, v and
      * gate, up: the same bar. */
-    backend_cuda_set_stacked(g_gpu, false);
+    cuda_opts(g_gpu, "stacked=off");
     compare_stream("  the same, products unstacked", g_mc, g_mg, stream, n_prefill, n_decode,
                    REL_TOL, ARGMAX_MIN);
-    backend_cuda_set_stacked(g_gpu, true);
+    cuda_opts(g_gpu, "stacked=on");
     free(stream);
     free(toks);
 }
@@ -320,16 +315,15 @@ static void test_tiny_models(void **state) {
         snprintf(what, sizeof what, "tiny %s", de->d_name);
         compare_stream(what, mc, mg, toks, n_prefill, n_decode, REL_TOL, ARGMAX_MIN_RANDOM);
         /* Every product on cuBLAS (no skinny, no wgmma kernel): the same bar. */
-        backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_OFF);
-        backend_cuda_set_wgmma(g_gpu, false);
+        cuda_opts(g_gpu, "skinny=off,wgmma=off");
         compare_stream("  the same, every product on cuBLAS", mc, mg, toks, n_prefill, n_decode,
                        REL_TOL, ARGMAX_MIN_RANDOM);
         /* Decode steps on the wgmma kernel (cuda/wgmma_gemm.cuh) where it
          * takes the shape: the same bar. */
-        backend_cuda_set_wgmma(g_gpu, true);
+        cuda_opts(g_gpu, "wgmma=on");
         compare_stream("  the same, decode products on the wgmma kernel", mc, mg, toks, n_prefill,
                        n_decode, REL_TOL, ARGMAX_MIN_RANDOM);
-        backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE);
+        cuda_opts(g_gpu, "skinny=on");
         /* Kernels launched as programmatic dependents or not: the same
          * kernels on the same arguments, so the same bits. */
         const size_t nl = (size_t)(n_prefill + n_decode) * V;
@@ -337,9 +331,9 @@ static void test_tiny_models(void **state) {
         assert_non_null(with);
         assert_non_null(without);
         run_stream(mg, toks, n_prefill, n_decode, with);
-        backend_cuda_set_pdl(g_gpu, false);
+        cuda_opts(g_gpu, "pdl=off");
         run_stream(mg, toks, n_prefill, n_decode, without);
-        backend_cuda_set_pdl(g_gpu, true);
+        cuda_opts(g_gpu, "pdl=on");
         gpu_ok();
         assert_memory_equal(with, without, nl * sizeof(float));
         printf("  the same with and without programmatic dependent launch: bitwise\n");
@@ -539,7 +533,7 @@ static void test_injection_on_gpu(void **state) {
          * fills the arena, the second finds every record resident; both
          * inject the same bf16 values, so their logits are bit-identical to
          * the run without ids (transient pages). */
-        backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
+        cuda_opts(g_gpu, "kv=bf16");
         float *inj16 = malloc((size_t)256 * V * sizeof(float));
         int32_t ns16;
         run_injection(g_mg, mp, 4, w, query, NULL, inj16, &ns16);
@@ -566,7 +560,7 @@ static void test_injection_on_gpu(void **state) {
         }
         assert_int_equal(a3.hits - a2.hits, 4);
         assert_int_equal(a3.bytes_uploaded, a2.bytes_uploaded);
-        backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
+        cuda_opts(g_gpu, "kv=f32");
         assert_int_equal(a1.misses - a0.misses, 4);
         assert_int_equal(a2.hits - a1.hits, 4);
         assert_int_equal(a2.bytes_uploaded, a1.bytes_uploaded);

@@ -141,6 +141,12 @@ static void expect_close(const char *what, const float *gpu, const float *cpu, s
         if (!g_gpu) skip();                                                                        \
     } while (0)
 
+/* Applies a configuration list (cuda/options.h) to a CUDA backend. */
+static void cuda_opts(backend *be, const char *spec) {
+    if (backend_cuda_configure(be, spec) != IS_OK)
+        fail_msg("cuda options '%s': %s", spec, is_error_last());
+}
+
 /* ---- weights ------------------------------------------------------------------ */
 
 typedef struct test_weight {
@@ -247,7 +253,7 @@ static int setup(void **state) {
         return -1;
     }
     /* The op tests below compare f32 caches; the bf16 ones switch. */
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
+    cuda_opts(g_gpu, "kv=f32");
     return 0;
 }
 
@@ -438,10 +444,10 @@ static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols,
     float *x = rand_f32((size_t)T * cols, 1.0f);
     float *xc = put(g_cpu, x, (size_t)T * cols), *xg = put(g_gpu, x, (size_t)T * cols);
     float *yc = poisoned(g_cpu, (size_t)T * rows), *yg = poisoned(g_gpu, (size_t)T * rows);
-    backend_cuda_set_matmul_precision(g_gpu, prec);
+    cuda_opts(g_gpu, prec == CUDA_MATMUL_BF16 ? "precision=bf16" : "precision=bf16x2");
     g_cpu->ops->matmul(g_cpu, yc, xc, w.cpu, with_bias ? b.cpu : NULL, T);
     g_gpu->ops->matmul(g_gpu, yg, xg, w.gpu, with_bias ? b.gpu : NULL, T);
-    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    cuda_opts(g_gpu, "precision=bf16x2");
     float *c = take(g_cpu, yc, (size_t)T * rows), *g = take(g_gpu, yg, (size_t)T * rows);
     g_cpu->ops->release(g_cpu, xc);
     g_gpu->ops->release(g_gpu, xg);
@@ -478,12 +484,13 @@ static double check_matmul(uint32_t type, int32_t T, int64_t rows, int64_t cols,
 
 static void test_matmul(void **state) {
     SKIP_WITHOUT_GPU();
-    /* Every case on cuBLAS, then with products of <= 64 rows on the skinny
-     * kernel (cuda/skinny.cuh), then with those of <= 32 on the wgmma
-     * kernel (cuda/wgmma_gemm.cuh; on cuBLAS where it does not take them). */
+    /* Every case on cuBLAS, then with decode products (<= 8 GEMM columns)
+     * on the skinny kernel (cuda/skinny.cuh), then with those of <= 32 on
+     * the wgmma kernel (cuda/wgmma_gemm.cuh; on cuBLAS where it does not
+     * take them). */
     for (int p = 0; p <= 5; p++) {
-        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
-        backend_cuda_set_wgmma(g_gpu, p >= 4);
+        cuda_opts(g_gpu, p == 2 || p == 3 ? "skinny=on" : "skinny=off");
+        cuda_opts(g_gpu, p >= 4 ? "wgmma=on" : "wgmma=off");
         if (p == 2) printf("  with the skinny kernel:\n");
         if (p == 4) printf("  with the wgmma kernel:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
@@ -495,13 +502,13 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_F32, 5, 49, 96, true, prec);     /* odd sizes */
         check_matmul(TENSOR_TYPE_F32, 300, 49, 96, false, prec);  /* scratch grows */
         check_matmul(TENSOR_TYPE_F32, 5, 1, 576, false, prec);    /* a vector: f32 on the GPU */
-        /* The skinny kernel (GEMM columns <= 64, cols % 64 == 0): rows
+        /* The skinny kernel (GEMM columns <= 8, cols % 64 == 0): rows
          * that end inside a block of 128, column ranges summed in a
-         * cluster (its plan: 8 ranges of 512 at 1000 x 4096), 33 rows
-         * (bf16: 8 tiles of x; bf16x2: 66 columns, past its limit: cuBLAS). */
+         * cluster (its plan: 8 ranges of 512 at 1000 x 4096), 8 rows
+         * (bf16: 8 columns; bf16x2: 16, past the decode limit: not it). */
         check_matmul(TENSOR_TYPE_F32, 5, 49, 128, true, prec);
-        check_matmul(TENSOR_TYPE_F32, 30, 1000, 4096, true, prec);
-        check_matmul(TENSOR_TYPE_Q8_0, 33, 320, 512, false, prec);
+        check_matmul(TENSOR_TYPE_F32, 4, 1000, 4096, true, prec);
+        check_matmul(TENSOR_TYPE_Q8_0, 8, 320, 512, false, prec);
         /* The wgmma kernel's block shapes: 64 rows a block in 8 column
          * ranges of 8 and 9 stages (65 of 64 columns); 128 (134 blocks of
          * 64 would be more than one an SM); 256; a partial tile of x. */
@@ -509,21 +516,22 @@ static void test_matmul(void **state) {
         check_matmul(TENSOR_TYPE_Q8_0, 16, 8576, 1024, true, prec);
         check_matmul(TENSOR_TYPE_F32, 32, 17920, 512, false, prec);
     }
-    backend_cuda_set_wgmma(g_gpu, true); /* the default */
+    cuda_opts(g_gpu, "wgmma=on"); /* the default */
     /* Every number of column ranges, forced: ranges of unequal length
      * (576 columns = 9 steps of 64 in 5 ranges of 2, 2, 2, 2, 1 at 8),
-     * every tile count of x (1, 17, 30, 64 rows). */
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_ALL);
+     * decode batches of 1 to 8 rows. */
+    cuda_opts(g_gpu, "skinny=on");
     for (int32_t splits = 1; splits <= 8; splits++) {
         printf("  skinny kernel, %d column range%s forced:\n", splits, splits > 1 ? "s" : "");
-        backend_cuda_set_skinny_splits(g_gpu, splits);
+        char spec[32];
+        snprintf(spec, sizeof spec, "skinny_splits=%d", splits);
+        cuda_opts(g_gpu, spec);
         check_matmul(TENSOR_TYPE_F32, 1, 300, 576, false, CUDA_MATMUL_BF16);
-        check_matmul(TENSOR_TYPE_F32, 17, 130, 1024, true, CUDA_MATMUL_BF16);
-        check_matmul(TENSOR_TYPE_F32, 30, 257, 2048, false, CUDA_MATMUL_BF16);
-        check_matmul(TENSOR_TYPE_F32, 64, 64, 512, false, CUDA_MATMUL_BF16);
+        check_matmul(TENSOR_TYPE_F32, 3, 130, 1024, true, CUDA_MATMUL_BF16);
+        check_matmul(TENSOR_TYPE_F32, 8, 257, 2048, false, CUDA_MATMUL_BF16);
+        check_matmul(TENSOR_TYPE_F32, 4, 64, 512, false, CUDA_MATMUL_BF16X2);
     }
-    backend_cuda_set_skinny_splits(g_gpu, 0);
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
+    cuda_opts(g_gpu, "skinny_splits=0,skinny=on"); /* the defaults */
     /* The split input removes the activations' rounding: on the same
      * problem size it must come out closer to the f32 product. */
     double e2 = check_matmul(TENSOR_TYPE_F32, 32, 1024, 1024, false, CUDA_MATMUL_BF16X2);
@@ -536,7 +544,7 @@ static void test_matmul(void **state) {
  * stacked: each output equals the GPU's separate product of the same
  * weight up to the order of the sums inside the product (cuBLAS may cut a
  * larger product differently), and the CPU's within the matmul tolerance;
- * with stacking off (backend_cuda_set_stacked) they are the separate
+ * with stacking off (option stacked) they are the separate
  * products exactly. A stacked weight outlives the others' weight_free. */
 static void check_matmul_n(int32_t n, const int64_t *rows, int64_t cols, bool with_bias, int32_t T,
                            cuda_matmul_precision prec) {
@@ -554,9 +562,9 @@ static void check_matmul_n(int32_t n, const int64_t *rows, int64_t cols, bool wi
     assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, ts, n, stk), IS_OK);
     float *x = rand_f32((size_t)T * cols, 1.0f);
     float *xc = put(g_cpu, x, (size_t)T * cols), *xg = put(g_gpu, x, (size_t)T * cols);
-    backend_cuda_set_matmul_precision(g_gpu, prec);
+    cuda_opts(g_gpu, prec == CUDA_MATMUL_BF16 ? "precision=bf16" : "precision=bf16x2");
     for (int stacked = 1; stacked >= 0; stacked--) {
-        backend_cuda_set_stacked(g_gpu, stacked);
+        cuda_opts(g_gpu, stacked ? "stacked=on" : "stacked=off");
         for (int32_t i = 0; i < n; i++) yg[i] = poisoned(g_gpu, (size_t)T * rows[i]);
         g_gpu->ops->matmul_n(g_gpu, yg, xg, (const backend_weight *const *)stk, bg, n, T);
         for (int32_t i = 0; i < n; i++) {
@@ -581,8 +589,8 @@ static void check_matmul_n(int32_t n, const int64_t *rows, int64_t cols, bool wi
             free(cpu);
         }
     }
-    backend_cuda_set_stacked(g_gpu, true);
-    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    cuda_opts(g_gpu, "stacked=on");
+    cuda_opts(g_gpu, "precision=bf16x2");
     /* The first stacked weight freed, the last still computes. */
     g_gpu->ops->weight_free(g_gpu, stk[0]);
     const size_t N = (size_t)T * rows[n - 1];
@@ -609,10 +617,10 @@ static void test_matmul_n(void **state) {
     assert_non_null(g_gpu->ops->matmul_n);
     assert_non_null(g_gpu->ops->weight_create_stacked);
     const int64_t qkv[] = {576, 192, 192}, gate_up[] = {1536, 1536}, odd[] = {49, 7};
-    /* On cuBLAS, then with products of <= 64 columns on the skinny kernel. */
+    /* On cuBLAS, then with decode products on the skinny kernel, then on wgmma. */
     for (int p = 0; p < 6; p++) {
-        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
-        backend_cuda_set_wgmma(g_gpu, p >= 4);
+        cuda_opts(g_gpu, p == 2 || p == 3 ? "skinny=on" : "skinny=off");
+        cuda_opts(g_gpu, p >= 4 ? "wgmma=on" : "wgmma=off");
         if (p == 2) printf("  with the skinny kernel:\n");
         if (p == 4) printf("  with the wgmma kernel:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
@@ -622,8 +630,7 @@ static void test_matmul_n(void **state) {
         check_matmul_n(2, gate_up, 576, false, 300, prec);
         check_matmul_n(2, odd, 96, true, 5, prec);
     }
-    backend_cuda_set_wgmma(g_gpu, true);
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
+    cuda_opts(g_gpu, "wgmma=on,skinny=on"); /* the defaults */
     /* Refusals: widths that differ, a vector, too many. */
     test_weight a, v;
     weight_make(&a, TENSOR_TYPE_F32, 64, 8, 1.0f);
@@ -661,7 +668,7 @@ static void check_matmul_swiglu(int64_t ffn, int64_t cols, int32_t T, bool stack
         wg = stk[0];
         wu = stk[1];
     }
-    backend_cuda_set_matmul_precision(g_gpu, prec);
+    cuda_opts(g_gpu, prec == CUDA_MATMUL_BF16 ? "precision=bf16" : "precision=bf16x2");
     const size_t N = (size_t)T * ffn;
     float *x = rand_f32((size_t)T * cols, 1.0f);
     float *xg = put(g_gpu, x, (size_t)T * cols), *xc = put(g_cpu, x, (size_t)T * cols);
@@ -696,15 +703,15 @@ static void check_matmul_swiglu(int64_t ffn, int64_t cols, int32_t T, bool stack
         for (int i = 0; i < 2; i++) g_gpu->ops->weight_free(g_gpu, stk[i]);
     for (int i = 0; i < 2; i++) weight_drop(&w[i]);
     free(x);
-    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    cuda_opts(g_gpu, "precision=bf16x2");
 }
 
 static void test_matmul_swiglu(void **state) {
     SKIP_WITHOUT_GPU();
     assert_non_null(g_gpu->ops->matmul_swiglu);
     for (int p = 0; p < 6; p++) {
-        backend_cuda_set_skinny(g_gpu, p == 2 || p == 3 ? CUDA_SKINNY_ALL : CUDA_SKINNY_OFF);
-        backend_cuda_set_wgmma(g_gpu, p >= 4);
+        cuda_opts(g_gpu, p == 2 || p == 3 ? "skinny=on" : "skinny=off");
+        cuda_opts(g_gpu, p >= 4 ? "wgmma=on" : "wgmma=off");
         if (p == 2) printf("  with the skinny kernel:\n");
         if (p == 4) printf("  with the wgmma kernel:\n");
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
@@ -718,8 +725,7 @@ static void test_matmul_swiglu(void **state) {
         check_matmul_swiglu(8192, 512, 30, true, prec);
         check_matmul_swiglu(1536, 576, 7, true, prec);
     }
-    backend_cuda_set_wgmma(g_gpu, true);
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
+    cuda_opts(g_gpu, "wgmma=on,skinny=on"); /* the defaults */
 }
 
 typedef struct rope_case {
@@ -955,8 +961,8 @@ static void check_attention_slope(const attn_case *ac, int mode, float key_slope
             vh[i] = bf16_round(vh[i]);
         }
     if (mode > 0) {
-        backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
-        backend_cuda_set_flash(g_gpu, mode == 1);
+        cuda_opts(g_gpu, "kv=bf16");
+        cuda_opts(g_gpu, mode == 1 ? "flash=on" : "flash=off");
     }
     float *out[2];
     backend *bes[2] = {g_cpu, g_gpu};
@@ -985,8 +991,8 @@ static void check_attention_slope(const attn_case *ac, int mode, float key_slope
         if (qp) be->ops->release(be, qp);
     }
     gpu_ok();
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
-    backend_cuda_set_flash(g_gpu, true);
+    cuda_opts(g_gpu, "kv=f32");
+    cuda_opts(g_gpu, "flash=on");
     /* Where the tiled kernel runs (cu_attention's rule). */
     bool tiled = mode == 1 && (hd == 64 || hd == 128) && (bs & (bs - 1)) == 0 && !ac->q_prefix &&
                  !any_seg;
@@ -1052,33 +1058,27 @@ static const attn_case BF16_CASES[] = {
 static void test_attention_bf16(void **state) {
     SKIP_WITHOUT_GPU();
     /* Key splits merged in clusters (the default) and by the second kernel;
-     * then with the early start asked for, which an attention must not take
-     * here: the keys it reads were written by the op just before it, not by
-     * a RoPE + KV store of the batch's own tokens. The first three passes on
-     * the default engine (wgmma where it applies), then both merges on
-     * mma.sync. */
+     * then launched without programmatic dependent launch. The first three
+     * passes on the default engine (wgmma where it applies), then both
+     * merges on mma.sync. */
     for (int pass = 0; pass < 5; pass++) {
         const bool clusters = pass != 1 && pass != 4;
-        backend_cuda_set_flash_clusters(g_gpu, clusters);
-        backend_cuda_set_pdl_early(g_gpu, pass == 2);
-        backend_cuda_set_flash_wgmma(g_gpu, pass < 3);
+        cuda_opts(g_gpu, clusters ? "clusters=on" : "clusters=off");
+        cuda_opts(g_gpu, pass == 2 ? "pdl=off" : "pdl=on");
+        cuda_opts(g_gpu, pass < 3 ? "flash_wgmma=on" : "flash_wgmma=off");
         print_message("key splits merged %s%s, %s\n",
                       clusters ? "in clusters" : "by a second kernel",
-                      pass == 2 ? ", the early start asked for" : "",
+                      pass == 2 ? ", no programmatic dependent launch" : "",
                       pass >= 3 ? "mma.sync"
                                 : "the default engine (wgmma on an sm_90a GPU)");
         for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
             /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
-            backend_cuda_set_matmul_precision(g_gpu,
-                                              k % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
+            cuda_opts(g_gpu, k % 2 ? "precision=bf16" : "precision=bf16x2");
             check_attention_mode(&BF16_CASES[k], 1);
             check_attention_mode(&BF16_CASES[k], 2);
         }
     }
-    backend_cuda_set_flash_clusters(g_gpu, true);
-    backend_cuda_set_pdl_early(g_gpu, false);
-    backend_cuda_set_flash_wgmma(g_gpu, true);
-    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    cuda_opts(g_gpu, "clusters=on,pdl=on,flash_wgmma=on,precision=bf16x2"); /* the defaults */
 }
 
 static void test_attention(void **state) {
@@ -1129,6 +1129,34 @@ static void test_options(void **state) {
     /* 0: back to the default size, for the tests after this one */
     assert_int_equal(backend_set_option(g_gpu, BACKEND_OPT_FACT_CACHE_BYTES, 0), IS_OK);
     assert_true(backend_free_bytes(g_gpu) > 0);
+    /* The backend's own settings through the interface: a bad item refused
+     * by name with nothing changed, the whole configuration written back. */
+    char desc[512];
+    assert_int_equal(backend_configure(g_gpu, "pdl=sometimes", desc, sizeof desc),
+                     IS_ERR_INVALID_ARG);
+    assert_non_null(strstr(is_error_last(), "'pdl' takes on or off"));
+    assert_int_equal(backend_configure(g_gpu, "", desc, sizeof desc), IS_OK);
+    assert_int_equal(strncmp(desc, "precision=", 10), 0);
+    assert_non_null(strstr(desc, ",kv=f32,")); /* as BACKEND_OPT_KV_COMPACT 0 left it */
+    assert_non_null(strstr(desc, ",pdl="));
+    /* Options are each backend's own: a second backend configured
+     * otherwise, by the call and by IS_CUDA_OPTIONS at its creation, leaves the
+     * first as it was. A bad IS_CUDA_OPTIONS fails the creation, naming it. */
+    setenv("IS_CUDA_OPTIONS", "early=on", 1);
+    backend *other = NULL;
+    assert_int_equal(backend_cuda_create(0, &other), IS_ERR_INVALID_ARG);
+    assert_non_null(strstr(is_error_last(), "IS_CUDA_OPTIONS"));
+    assert_null(other);
+    setenv("IS_CUDA_OPTIONS", "pdl=off,clusters=off", 1);
+    assert_int_equal(backend_cuda_create(0, &other), IS_OK);
+    unsetenv("IS_CUDA_OPTIONS");
+    cuda_opts(other, "wgmma=off");
+    cuda_options a, b;
+    backend_cuda_options(g_gpu, &a);
+    backend_cuda_options(other, &b);
+    assert_true(a.pdl && a.flash_clusters && a.wgmma);
+    assert_true(!b.pdl && !b.flash_clusters && !b.wgmma);
+    other->ops->free(other);
     gpu_ok();
 }
 
@@ -1149,14 +1177,14 @@ static void test_kv_store_bf16(void **state) {
         vc0[i] = bf16_round(vc0[i]);
     }
     float *k = rand_f32(row_n, 3.0f), *v = rand_f32(row_n, 3.0f);
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_BF16);
+    cuda_opts(g_gpu, "kv=bf16");
     assert_int_equal(g_gpu->ops->kv_elem_size(g_gpu), 2);
     void *kcg = put_bf16(g_gpu, kc0, cache_n), *vcg = put_bf16(g_gpu, vc0, cache_n);
     float *kg = put(g_gpu, k, row_n), *vg = put(g_gpu, v, row_n);
     g_gpu->ops->kv_store(g_gpu, kcg, vcg, kg, vg, perm, T, n_kv, hd, bs);
     float *kr = take_bf16(g_gpu, kcg, cache_n), *vr = take_bf16(g_gpu, vcg, cache_n);
     gpu_ok();
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
+    cuda_opts(g_gpu, "kv=f32");
     g_cpu->ops->kv_store(g_cpu, kc0, vc0, k, v, perm, T, n_kv, hd, bs);
     for (size_t i = 0; i < cache_n; i++) {
         kc0[i] = bf16_round(kc0[i]);
@@ -1223,7 +1251,7 @@ static void test_rope_store(void **state) {
     for (int bf = 0; bf <= 1; bf++)
         for (int layout = 0; layout <= 1; layout++)
             for (int part = 0; part <= 1; part++) {
-                backend_cuda_set_kv_dtype(g_gpu, bf ? CUDA_KV_BF16 : CUDA_KV_F32);
+                cuda_opts(g_gpu, bf ? "kv=bf16" : "kv=f32");
                 const size_t es = g_gpu->ops->kv_elem_size(g_gpu), cb = cache_n * es;
                 rope_params rp = {.layout = layout ? ROPE_LAYOUT_NEOX : ROPE_LAYOUT_NORM,
                                   .n_rot = part ? hd / 2 : hd, .freq_base = 10000.0f,
@@ -1249,7 +1277,7 @@ static void test_rope_store(void **state) {
                        "kv_store\n",
                        bf ? "bf16" : "f32", layout ? "neox" : "norm", rp.n_rot);
             }
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
+    cuda_opts(g_gpu, "kv=f32");
     free(q);
     free(k);
     free(v);
@@ -1283,8 +1311,8 @@ static void check_matmul_rope_store(int32_t T, bool stack, bool bias, bool bf16_
         assert_int_equal(g_gpu->ops->weight_create_stacked(g_gpu, ts, 3, stk), IS_OK);
         for (int i = 0; i < 3; i++) wg[i] = stk[i];
     }
-    backend_cuda_set_matmul_precision(g_gpu, prec);
-    backend_cuda_set_kv_dtype(g_gpu, bf16_cache ? CUDA_KV_BF16 : CUDA_KV_F32);
+    cuda_opts(g_gpu, prec == CUDA_MATMUL_BF16 ? "precision=bf16" : "precision=bf16x2");
+    cuda_opts(g_gpu, bf16_cache ? "kv=bf16" : "kv=f32");
     const size_t cache_n = (size_t)n_blocks * n_kv * bs * hd;
     const size_t cb = cache_n * g_gpu->ops->kv_elem_size(g_gpu);
     int32_t *perm = malloc((size_t)n_blocks * bs * sizeof *perm), *pos = malloc((size_t)T * sizeof *pos);
@@ -1332,8 +1360,8 @@ static void check_matmul_rope_store(int32_t T, bool stack, bool bias, bool bf16_
     free(cache0);
     free(perm);
     free(pos);
-    backend_cuda_set_kv_dtype(g_gpu, CUDA_KV_F32);
-    backend_cuda_set_matmul_precision(g_gpu, CUDA_MATMUL_BF16X2);
+    cuda_opts(g_gpu, "kv=f32");
+    cuda_opts(g_gpu, "precision=bf16x2");
 }
 
 static void test_matmul_rope_store(void **state) {
@@ -1349,19 +1377,17 @@ static void test_matmul_rope_store(void **state) {
     check_matmul_rope_store(30, false, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(300, true, true, true, ROPE_LAYOUT_NORM, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
-    /* The products on the skinny kernel (30 rows; 1 row, bf16x2: 2 columns). */
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_ALL);
-    printf("  with the skinny kernel:\n");
-    check_matmul_rope_store(30, true, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
-    check_matmul_rope_store(30, false, false, false, ROPE_LAYOUT_NORM, 64, CUDA_MATMUL_BF16);
+    /* The products on the skinny kernel (decode batches: 8 rows in bf16,
+     * 1 row in bf16x2: 2 columns), then on cuBLAS (30 rows, wgmma off). */
+    printf("  decode batches (the skinny kernel):\n");
+    check_matmul_rope_store(8, true, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
+    check_matmul_rope_store(8, false, false, false, ROPE_LAYOUT_NORM, 64, CUDA_MATMUL_BF16);
     check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
-    backend_cuda_set_skinny(g_gpu, CUDA_SKINNY_DECODE); /* the default */
-    /* On cuBLAS (30 rows). */
-    backend_cuda_set_wgmma(g_gpu, false);
+    cuda_opts(g_gpu, "wgmma=off");
     printf("  with the wgmma kernel off:\n");
     check_matmul_rope_store(30, true, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(30, false, false, false, ROPE_LAYOUT_NORM, 64, CUDA_MATMUL_BF16);
-    backend_cuda_set_wgmma(g_gpu, true);
+    cuda_opts(g_gpu, "wgmma=on");
 }
 
 /* ---- argmax -------------------------------------------------------------------- */
@@ -1536,9 +1562,9 @@ static void check_inject(backend *be, const char *what, const inj_shape *sh, con
     float *init = rand_f32(cache_n, 1.0f);
     if (bf16)
         for (size_t i = 0; i < cache_n; i++) init[i] = bf16_round(init[i]);
-    backend_cuda_set_kv_dtype(be, bf16 ? CUDA_KV_BF16 : CUDA_KV_F32);
+    cuda_opts(be, bf16 ? "kv=bf16" : "kv=f32");
     float **got = inject_on(be, sh, f, pos0, perm, init, bf16);
-    backend_cuda_set_kv_dtype(be, CUDA_KV_F32);
+    cuda_opts(be, "kv=f32");
     assert_int_equal(backend_cuda_check(be), IS_OK);
     float **ref = calloc(2 * (size_t)sh->n_layers, sizeof *ref);
     for (int32_t i = 0; i < 2 * sh->n_layers; i++) {
@@ -1645,11 +1671,11 @@ static void test_arena(void **state) {
     /* [C, A] with A's values left out: A is resident (B was used last, A
      * before it) and C's room must come from B, not from A, although C
      * comes first in the call. */
-    backend_cuda_set_kv_dtype(be, CUDA_KV_BF16); /* residency is the bf16 cache's */
+    cuda_opts(be, "kv=bf16"); /* residency is the bf16 cache's */
     assert_true(be->ops->fact_resident(be, 1000, 17));
     assert_false(be->ops->fact_resident(be, 1000, 16));
     assert_false(be->ops->fact_resident(be, 3000, 17));
-    backend_cuda_set_kv_dtype(be, CUDA_KV_F32);
+    cuda_opts(be, "kv=f32");
     assert_false(be->ops->fact_resident(be, 1000, 17)); /* an f32 cache does not use the arena */
     inj_facts CA = {.n = 2};
     CA.len[0] = C.len[0]; CA.id[0] = C.id[0]; CA.k[0] = C.k[0]; CA.v[0] = C.v[0];
@@ -1668,7 +1694,7 @@ static void test_arena(void **state) {
     const int32_t big[3] = {17, 17, 7};
     inj_facts D;
     inj_facts_make(&sh, &D, 3, big, 4000);
-    backend_cuda_set_kv_dtype(be, CUDA_KV_BF16);
+    cuda_opts(be, "kv=bf16");
     float *init = rand_f32((size_t)10 * 2 * 16 * 64, 1.0f);
     int32_t slots[41];
     for (int32_t i = 0; i < 41; i++) slots[i] = i;
@@ -1696,12 +1722,12 @@ static void test_attention_rising(void **state) {
     const float slopes[2] = {1.0f / 32, 0.5f};
     for (int cl = 0; cl <= 1; cl++)
         for (int si = 0; si < 2; si++) {
-            backend_cuda_set_flash_clusters(g_gpu, cl);
+            cuda_opts(g_gpu, cl ? "clusters=on" : "clusters=off");
             print_message("slope %g, splits merged %s\n", slopes[si],
                           cl ? "in clusters" : "by a second kernel");
             check_attention_slope(&ac, 1, slopes[si]);
         }
-    backend_cuda_set_flash_clusters(g_gpu, true);
+    cuda_opts(g_gpu, "clusters=on");
 }
 
 static void test_swiglu_add(void **state) {

@@ -65,7 +65,7 @@ static int setup(void **state) {
     if (stat(IS_DEFAULT_MODEL, &sb) != 0) return 0;
     if (backend_create(FAULT_BACKEND, 0, &g_be) != IS_OK) return -1;
 #ifdef FAULT_CUDA
-    backend_cuda_set_kv_dtype(g_be, CUDA_KV_BF16); /* the serving configuration: the fact arena */
+    if (backend_set_option(g_be, BACKEND_OPT_KV_COMPACT, 1) != IS_OK) return -1; /* the fact arena */
 #endif
     if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
     const model_config *c = &g_model->cfg;

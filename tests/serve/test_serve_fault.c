@@ -148,7 +148,7 @@ static int sched_setup(void **state) {
     if (!g_model) return 0;
     if (backend_create(FAULT_BACKEND, 0, &g_be) != IS_OK) return -1;
 #ifdef FAULT_CUDA
-    backend_cuda_set_kv_dtype(g_be, CUDA_KV_BF16);
+    if (backend_set_option(g_be, BACKEND_OPT_KV_COMPACT, 1) != IS_OK) return -1;
 #endif
     if (model_load(IS_DEFAULT_MODEL, g_be, &g_m) != IS_OK) return -1;
     engine_params ep = engine_default_params();

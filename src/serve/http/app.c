@@ -102,10 +102,14 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     if (p->model_path) {
         if ((st = backend_create(p->backend ? p->backend : "cpu", p->threads, &a->be)) != IS_OK)
             goto fail;
+        if ((st = backend_configure(a->be, p->backend_options, NULL, 0)) != IS_OK) goto fail;
         /* Serving runs the compact cache where the backend has one (CUDA's
          * bf16: injected facts stay resident in the GPU arena, keyed by
          * record content ids, and attention is tiled); the CPU has none. */
         bool compact = backend_set_option(a->be, BACKEND_OPT_KV_COMPACT, !p->kv_cache_f32) == IS_OK;
+        char desc[512];
+        if (backend_configure(a->be, NULL, desc, sizeof desc) == IS_OK && desc[0])
+            fprintf(notes, "backend %s: %s\n", a->be->ops->name, desc);
         if ((st = model_load(p->model_path, a->be, &a->m)) != IS_OK) {
             char msg[600];
             snprintf(msg, sizeof msg, "%s", is_error_last());

@@ -41,6 +41,8 @@ typedef struct http_app_params {
     const char *model_path;   /* GGUF; NULL: no model (memory routes only) */
     const char *model_name;   /* id in /v1/models (NULL: the file name without .gguf) */
     const char *backend;      /* "cpu" (default) or "cuda" */
+    const char *backend_options; /* the backend's own settings, "key=value,..." (cuda:
+                                    cuda/options.h; NULL: its defaults); printed at start */
     const char *data_dir;     /* required: the memory's data directory */
     const char *embedder_dir; /* NULL: HTTP_APP_DEFAULT_EMBEDDER if present, else BM25 only
                                  (with a warning); "none": BM25 only */
