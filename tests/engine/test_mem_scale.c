@@ -39,6 +39,12 @@
 #include "test_util.h"
 #ifdef MEM_SCALE_CUDA
 #include "backend_cuda.h"
+
+/* Applies a configuration list (cuda/options.h) to the test's backend. */
+static void cuda_opt(backend *be, const char *spec) {
+    if (backend_cuda_configure(be, spec) != IS_OK)
+        fail_msg("cuda options '%s': %s", spec, is_error_last());
+}
 #endif
 
 /* Injected against prefilled logits: f32 on the CPU gives the same sums up
@@ -265,7 +271,7 @@ static void check_cases(int mode, double tol) {
 static void test_op_against_dense_reference(void **state) {
     (void)state;
 #ifdef MEM_SCALE_CUDA
-    backend_cuda_set_kv_dtype(g_be, CUDA_KV_F32);
+    cuda_opt(g_be, "kv=f32");
 #endif
     check_cases(0, 1e-5);
 }
@@ -273,13 +279,13 @@ static void test_op_against_dense_reference(void **state) {
 #ifdef MEM_SCALE_CUDA
 static void test_op_tiled_bf16(void **state) {
     (void)state;
-    backend_cuda_set_kv_dtype(g_be, CUDA_KV_BF16);
-    backend_cuda_set_flash(g_be, true);
+    cuda_opt(g_be, "kv=bf16");
+    cuda_opt(g_be, "flash=on");
     check_cases(1, 1e-2);
-    backend_cuda_set_flash(g_be, false); /* the exact kernel on the same bf16 cache */
+    cuda_opt(g_be, "flash=off"); /* the exact kernel on the same bf16 cache */
     check_cases(1, 1e-5);
-    backend_cuda_set_flash(g_be, true);
-    backend_cuda_set_kv_dtype(g_be, CUDA_KV_F32);
+    cuda_opt(g_be, "flash=on");
+    cuda_opt(g_be, "kv=f32");
 }
 #endif
 
@@ -288,7 +294,7 @@ static void test_op_tiled_bf16(void **state) {
 static void test_unit_scaling_is_plain(void **state) {
     (void)state;
 #ifdef MEM_SCALE_CUDA
-    backend_cuda_set_kv_dtype(g_be, CUDA_KV_F32);
+    cuda_opt(g_be, "kv=f32");
 #endif
     float shift;
     assert_true(run_case(&CASES[1], 1.0f, 1.0f, 0, &shift) <= 1e-5);
@@ -379,7 +385,7 @@ static void test_engine_injected_equals_prefill(void **state) {
     (void)state;
     SKIP_WITHOUT_MODEL();
 #ifdef MEM_SCALE_CUDA
-    backend_cuda_set_kv_dtype(g_be, CUDA_KV_F32);
+    cuda_opt(g_be, "kv=f32");
 #endif
     const int32_t V = g_model->cfg.n_vocab;
     int32_t np, nf, ns, *ft, *suf;
