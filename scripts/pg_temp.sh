@@ -32,7 +32,7 @@ PGBIN=$(dirname "$INITDB")
 PG_CTL="$PGBIN/pg_ctl"
 [ -x "$PG_CTL" ] || PG_CTL=$(find_bin pg_ctl) || { echo "skip: pg_ctl not found"; exit 77; }
 
-DIR=$(mktemp -d /tmp/is-pg.XXXXXX) || exit 1
+DIR=$(mktemp -d "${TMPDIR:-/tmp}/is-pg.XXXXXX") || exit 1
 AS=()
 if [ "$(id -u)" -eq 0 ]; then
   RUNAS=${IS_PG_USER:-nobody}

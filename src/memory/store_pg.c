@@ -116,11 +116,26 @@ static is_status pg_err(mem_store *s, const PGresult *r, const char *what) {
 /* Runs sql; *out (PQclear it) gets the result, also of a failure (for its
  * SQLSTATE). Without parameters sql may hold several statements (the
  * migrations). */
+static PGresult *exec_once(mem_store *s, const char *sql, const pq_params *p) {
+    return p ? PQexecParams(PG(s)->conn, sql, p->n, NULL, p->v, p->len, p->fmt, 0)
+             : PQexec(PG(s)->conn, sql);
+}
+
 static is_status run(mem_store *s, const char *sql, const pq_params *p, const char *what,
                      PGresult **out) {
-    PGresult *r = p ? PQexecParams(PG(s)->conn, sql, p->n, NULL, p->v, p->len, p->fmt, 0)
-                    : PQexec(PG(s)->conn, sql);
+    bool outside_tx = PQtransactionStatus(PG(s)->conn) == PQTRANS_IDLE;
+    PGresult *r = exec_once(s, sql, p);
     ExecStatusType es = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+    if (es != PGRES_COMMAND_OK && es != PGRES_TUPLES_OK && outside_tx &&
+        PQstatus(PG(s)->conn) == CONNECTION_BAD) {
+        /* The server went away since the last call (a restart, a failover):
+         * a statement outside a transaction is tried once more on a new
+         * connection; inside one, the transaction is lost and fails. */
+        PQclear(r);
+        PQreset(PG(s)->conn);
+        r = exec_once(s, sql, p);
+        es = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+    }
     if (es != PGRES_COMMAND_OK && es != PGRES_TUPLES_OK) {
         is_status st = pg_err(s, r, what);
         if (out) *out = r; /* the caller reads its SQLSTATE */

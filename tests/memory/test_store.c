@@ -26,7 +26,9 @@
  *   - PostgreSQL only, two stores as two nodes: a version checked by one
  *     is refused to the other after it moved on, and every add, update and
  *     delete of one reaches the other's watch (not its own), in order, with
- *     the version and the KV record the row named before.
+ *     the version and the KV record the row named before; after the server
+ *     drops every connection, calls work again and the watches say they
+ *     may have missed changes (RESYNC) and hear the next ones.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -628,6 +630,7 @@ static void test_refusals(void **state) {
 typedef struct heard {
     pthread_mutex_t mu;
     int n;
+    int resyncs;
     mem_change_op op[16];
     char id[16][MEM_ID_MAX + 1];
     int32_t version[16];
@@ -637,6 +640,7 @@ typedef struct heard {
 static void on_change(const mem_change *c, void *ud) {
     heard *h = ud;
     pthread_mutex_lock(&h->mu);
+    if (c->op == MEM_CHANGE_RESYNC) h->resyncs++;
     if (h->n < 16 && c->op != MEM_CHANGE_RESYNC) {
         h->op[h->n] = c->op;
         snprintf(h->id[h->n], sizeof h->id[0], "%s", c->id);
@@ -722,6 +726,21 @@ static void test_two_nodes(void **state) {
     assert_string_equal(hb.old_record[2], "n1-v2");
     assert_int_equal(ha.op[0], MEM_CHANGE_ADD);
     assert_string_equal(ha.id[0], "n3");
+
+    /* The server drops every connection of the stores (as a restart does):
+     * the next call opens its connection again, and each watch, once it
+     * listens again, says that it may have missed changes. */
+    assert_int_equal(raw_sql("SELECT (count(pg_terminate_backend(pid)) > 0)::int FROM pg_stat_activity "
+                             "WHERE pid <> pg_backend_pid() AND usename = current_user"),
+                     1);
+    assert_int_equal(mem_store_get(a, "acme", "bob", "n3", false, &g), IS_OK);
+    mem_fact_clear(&g);
+    for (int i = 0; i < 500 && (ha.resyncs == 0 || hb.resyncs == 0); i++) usleep(10000);
+    assert_true(ha.resyncs >= 1 && hb.resyncs >= 1);
+    make_fact(&t, "n4", "acme", "bob", "Bob likes coffee too.", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(a, &t.f), IS_OK);
+    assert_int_equal(wait_heard(&hb, 4), 4);
+    assert_string_equal(hb.id[3], "n4");
     mem_store_close(a);
     mem_store_close(b);
 }
