@@ -21,7 +21,11 @@ environment test_mem0_client.py makes under WORK_DIR (shared with it):
      sending X-User-Id), node A is killed with SIGKILL: every add that was
      acknowledged is still there afterwards, A's users are served by B
      (X-Served-By), and the failed requests and the time until A's users
-     were served again are counted and printed.
+     were served again are counted and printed;
+  4. node A starts again on its address: once its health checks pass, its
+     users go back to it and node B's users stay on B (a node joining
+     moves only its share), and A finds the facts its users added through
+     B while it was down.
 
 Exit status 77 (ctest's skip) with the reason when haproxy, PostgreSQL
 (IS_PG_URL), the model or PyPI are missing; anything else is a failure.
@@ -225,6 +229,25 @@ def scenario_kill(lb, a, b):
           f"{len(before)} before the kill, all ok): {len(failed)} of {len(after)} requests after it "
           f"failed ({', '.join(sorted({e[4] for e in failed})) or 'none'}); A's users served again "
           f"{min(back):.2f} s after the kill; {n_acked} acknowledged adds, none lost")
+    return on_a, on_b, load.acked
+
+
+def scenario_rejoin(lb, binary, model, embedder, url, port, on_a, on_b, acked):
+    t0 = time.time()
+    a = m0.Server(binary, model, embedder, ["--store", url, "--no-auth", "--port", str(port)])
+    check(a.port == port, f"node A came back on port {a.port}, not {port}")
+
+    def back():
+        return all(served_by(lb, u) == "node1" for u in on_a)
+    _, dt = wait_for("node A's users moving back to it", back, 30)
+    for u in on_b:
+        check(served_by(lb, u) == "node2", f"user {u} moved off node2 when node1 came back")
+    for u in on_a:
+        stored = {m["memory"] for m in m0.results(mem0_client(a.base).get_all({"user_id": u}, page=1, page_size=1000))}
+        check(all(t in stored for t in acked[u]), f"node A lacks facts of {u} added through B")
+    print(f"4. node A restarted: its {len(on_a)} users back on it {dt:.2f} s after it listened "
+          f"({time.time() - t0:.2f} s after the restart), node B's {len(on_b)} users stayed on B")
+    return a
 
 
 def drive(binary, model, cfg):
@@ -249,7 +272,8 @@ def drive(binary, model, cfg):
                 return False
         wait_for("haproxy", lb_up, 20)
         scenario_two_nodes(a, b)
-        scenario_kill(lb, a, b)
+        on_a, on_b, acked = scenario_kill(lb, a, b)
+        nodes.append(scenario_rejoin(lb, binary, model, embedder, url, a.port, on_a, on_b, acked))
     finally:
         if lb_proc:
             lb_proc.terminate()
