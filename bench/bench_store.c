@@ -9,7 +9,8 @@
  * directory; every table of the PostgreSQL database dropped) and runs, one
  * thread: FACTS inserts spread over USERS users (embeddings of DIM floats,
  * each insert one committed transaction, as an add is), FACTS gets of a
- * random fact, 4 * USERS lists of a user's facts (FACTS / USERS each, no
+ * random fact, 4 * USERS reads of 50 random facts of a user in one call
+ * (get50: a search's hits at k = 50, mem_store_get_many), 4 * USERS lists of a user's facts (FACTS / USERS each, no
  * embeddings), FACTS / 4 updates (version-checked) and FACTS / 4 deletes.
  * Both stores commit durably (SQLite synchronous=FULL, PostgreSQL's fsync),
  * so a write's time is mostly the disk's flush. Prints, per store and
@@ -26,8 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { OP_INSERT, OP_GET, OP_LIST, OP_UPDATE, OP_DELETE, N_OPS };
-static const char *const OP_NAME[N_OPS] = {"insert", "get", "list", "update", "delete"};
+enum { OP_INSERT, OP_GET, OP_GET50, OP_LIST, OP_UPDATE, OP_DELETE, N_OPS };
+static const char *const OP_NAME[N_OPS] = {"insert", "get", "get50", "list", "update", "delete"};
 
 typedef struct run_result {
     double median_us[N_OPS], p99_us[N_OPS];
@@ -90,6 +91,25 @@ static int one_run(const char *path, int n_facts, int n_users, int dim, uint64_t
         mem_fact_clear(&g);
     }
     if (!rc) summarise(lat, n_facts, res, OP_GET);
+    /* A search's k = 50 hits: one user's facts read in one call. */
+    int n_get50 = 4 * n_users;
+    const char *want[50];
+    mem_fact got[50];
+    bool found[50];
+    for (int i = 0; i < n_get50 && !rc; i++) {
+        int u = i % n_users, per_user = n_facts / n_users;
+        snprintf(user, sizeof user, "user-%d", u);
+        int k = per_user < 50 ? per_user : 50;
+        for (int j = 0; j < k; j++) {
+            int f = (int)(bench_splitmix(&rs) % (uint64_t)per_user) * n_users + u;
+            want[j] = ids[f];
+        }
+        double t = bench_now_ms();
+        rc = mem_store_get_many(s, "bench", user, want, k, got, found) != IS_OK;
+        lat[i] = bench_now_ms() - t;
+        for (int j = 0; j < k; j++) mem_fact_clear(&got[j]);
+    }
+    if (!rc) summarise(lat, n_get50, res, OP_GET50);
     for (int i = 0; i < 4 * n_users && !rc; i++) {
         snprintf(user, sizeof user, "user-%d", i % n_users);
         mem_filter flt = {.tenant = "bench", .user = user};

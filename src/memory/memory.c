@@ -881,18 +881,25 @@ is_status memory_search_mode(memory *m, const mem_filter *f, const char *query, 
     if (st == IS_OK && !on_gpu && mode != MEM_SEARCH_BM25) st = embed_texts(m, &query, 1, qv);
     if (st == IS_OK && !on_gpu && k > 0)
         st = mem_index_search(m->ix, f, mode != MEM_SEARCH_BM25 ? qv : NULL, query, k, mode, hits, &nh);
+    /* The rows are the truth (another node may have changed them): all the
+     * hits' rows in one read. */
+    const char **hid = st == IS_OK && nh > 0 ? malloc((size_t)nh * sizeof *hid) : NULL;
+    bool *found = hid ? malloc((size_t)nh * sizeof *found) : NULL;
+    mem_fact *rows = found ? calloc((size_t)nh, sizeof *rows) : NULL;
+    if (st == IS_OK && nh > 0 && !rows) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; st == IS_OK && i < nh; i++) hid[i] = hits[i].id;
+    if (st == IS_OK && nh > 0) st = mem_store_get_many(m->store, f->tenant, f->user, hid, nh, rows, found);
     for (int32_t i = 0; st == IS_OK && i < nh; i++) {
-        is_status gs = mem_store_get(m->store, f->tenant, f->user, hits[i].id, false, &res[n].fact);
-        if (gs == IS_ERR_NOT_FOUND) continue; /* deleted since the search */
-        if (gs != IS_OK) {
-            st = gs;
-            break;
-        }
+        if (!found[i]) continue; /* deleted since the search */
+        res[n].fact = rows[i];
         res[n].score = hits[i].score;
         res[n].dense = hits[i].dense;
         res[n].bm25 = hits[i].bm25;
         n++;
     }
+    free(hid);
+    free(found);
+    free(rows);
     free(qv);
     free(hits);
     if (st != IS_OK) {

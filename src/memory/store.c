@@ -278,6 +278,30 @@ is_status mem_store_get(mem_store *s, const char *tenant, const char *user, cons
     return s->ops->get(s, tenant, user, id, with_embedding, out);
 }
 
+is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
+                             const char *const *ids, int32_t n, mem_fact *out, bool *found) {
+    if (n < 0 || (n > 0 && (!ids || !out || !found)))
+        return is_error_set(IS_ERR_INVALID_ARG, "fact store: get_many needs ids, out and found");
+    for (int32_t i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        found[i] = false;
+        if (!ids[i]) return is_error_set(IS_ERR_INVALID_ARG, "fact store: get_many: NULL id");
+    }
+    if (!tenant || !user)
+        return is_error_set(IS_ERR_INVALID_ARG, "fact store: get_many needs tenant and user");
+    if (n == 0) return IS_OK;
+    if (s->ops->get_many) return s->ops->get_many(s, tenant, user, ids, n, out, found);
+    is_status st = IS_OK;
+    for (int32_t i = 0; i < n && st == IS_OK; i++) {
+        st = s->ops->get(s, tenant, user, ids[i], false, &out[i]);
+        found[i] = st == IS_OK;
+        if (st == IS_ERR_NOT_FOUND) st = IS_OK;
+    }
+    if (st != IS_OK)
+        for (int32_t i = 0; i < n; i++) mem_fact_clear(&out[i]);
+    return st;
+}
+
 is_status mem_store_list(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
                          int32_t *n) {
     is_status st = store_check_filter(f);

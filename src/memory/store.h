@@ -145,6 +145,14 @@ is_status mem_store_insert(mem_store *s, const mem_fact *f);
 is_status mem_store_get(mem_store *s, const char *tenant, const char *user, const char *id,
                         bool with_embedding, mem_fact *out);
 
+/* The facts ids[0..n) of (tenant, user), without embeddings, in one read
+ * (a search's hits: one round trip to PostgreSQL instead of n): out[i]
+ * (mem_fact_clear each) gets fact ids[i] and found[i] whether it exists for
+ * that tenant and user (out[i] zeroed if not). IS_ERR_INVALID_ARG, IS_ERR_IO,
+ * IS_ERR_NOMEM; on failure every out[i] is zeroed. */
+is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
+                             const char *const *ids, int32_t n, mem_fact *out, bool *found);
+
 /* The facts of f->tenant and f->user (both required) that match the
  * optional agent_id, run_id and metadata equality filters (semantics of
  * mem_filter in index.h), oldest first (created_at, then id). *out (free

@@ -29,6 +29,9 @@ typedef struct mem_store_ops {
     is_status (*insert)(mem_store *s, const mem_fact *f);
     is_status (*get)(mem_store *s, const char *tenant, const char *user, const char *id,
                      bool with_embedding, mem_fact *out);
+    /* Optional (NULL: one get per id). */
+    is_status (*get_many)(mem_store *s, const char *tenant, const char *user,
+                          const char *const *ids, int32_t n, mem_fact *out, bool *found);
     is_status (*list)(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
                       int32_t *n);
     is_status (*update)(mem_store *s, const mem_fact *f, int32_t expected_version);

@@ -583,6 +583,64 @@ static is_status pg_get(mem_store *s, const char *tenant, const char *user, cons
     return st;
 }
 
+/* ids as a PostgreSQL text[] literal: every element quoted, with " and \
+ * escaped (free() it). */
+static char *text_array(const char *const *ids, int32_t n) {
+    size_t cap = 3;
+    for (int32_t i = 0; i < n; i++) cap += 2 * strlen(ids[i]) + 3;
+    char *out = malloc(cap), *p = out;
+    if (!out) return NULL;
+    *p++ = '{';
+    for (int32_t i = 0; i < n; i++) {
+        if (i) *p++ = ',';
+        *p++ = '"';
+        for (const char *c = ids[i]; *c; c++) {
+            if (*c == '"' || *c == '\\') *p++ = '\\';
+            *p++ = *c;
+        }
+        *p++ = '"';
+    }
+    *p++ = '}';
+    *p = '\0';
+    return out;
+}
+
+static is_status pg_get_many(mem_store *s, const char *tenant, const char *user,
+                             const char *const *ids, int32_t n, mem_fact *out, bool *found) {
+    char *arr = text_array(ids, n);
+    if (!arr) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    pq_params p = {0};
+    p_text(&p, tenant);
+    p_text(&p, user);
+    p_text(&p, arr);
+    PGresult *r = NULL;
+    pthread_mutex_lock(&PG(s)->mu);
+    ensure_conn(s);
+    is_status st = run(s,
+                       "SELECT " COLS_NOEMB " FROM facts WHERE tenant = $1 AND user_id = $2 "
+                       "AND id = ANY($3::text[])",
+                       &p, "read facts", &r);
+    pthread_mutex_unlock(&PG(s)->mu);
+    free(arr);
+    int rows = st == IS_OK ? PQntuples(r) : 0;
+    for (int row = 0; st == IS_OK && row < rows; row++) {
+        const char *id = PQgetvalue(r, row, 0);
+        for (int32_t i = 0; i < n; i++) {
+            /* An id asked for twice gets its row twice. */
+            if (found[i] || strcmp(ids[i], id) != 0) continue;
+            if ((st = row_to_fact(r, row, false, &out[i])) != IS_OK) break;
+            found[i] = true;
+        }
+    }
+    PQclear(r);
+    if (st != IS_OK)
+        for (int32_t i = 0; i < n; i++) {
+            mem_fact_clear(&out[i]);
+            found[i] = false;
+        }
+    return st;
+}
+
 /* Ids compare bytewise (COLLATE "C"), as SQLite compares them. */
 static is_status list_locked(mem_store *s, const mem_filter *f, bool with_embedding,
                              bool for_update, mem_fact **out, int32_t *n_out) {
@@ -1149,6 +1207,7 @@ static const mem_store_ops PG_OPS = {
     .meta_set = pg_meta_set,
     .insert = pg_insert,
     .get = pg_get,
+    .get_many = pg_get_many,
     .list = pg_list,
     .update = pg_update,
     .set_kv = pg_set_kv,

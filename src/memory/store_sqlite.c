@@ -493,6 +493,37 @@ static is_status sq_get(mem_store *s, const char *tenant, const char *user, cons
     return st;
 }
 
+/* One statement prepared once and stepped per id (a search's k hits),
+ * inside one read transaction, so all the rows come from one snapshot. */
+static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
+                             const char *const *ids, int32_t n, mem_fact *out, bool *found) {
+    pthread_mutex_lock(&SQ(s)->mu);
+    sqlite3_stmt *q = NULL;
+    is_status st = exec(s, "BEGIN");
+    if (st == IS_OK) {
+        st = prepare(s, "SELECT " FACT_COLUMNS " FROM facts WHERE id = ? AND tenant = ? AND user_id = ?",
+                     &q);
+        for (int32_t i = 0; st == IS_OK && i < n; i++) {
+            sqlite3_reset(q);
+            bind_text(q, 1, ids[i]);
+            bind_text(q, 2, tenant);
+            bind_text(q, 3, user);
+            int rc = sqlite3_step(q);
+            if (rc == SQLITE_ROW) found[i] = (st = row_to_fact(q, false, &out[i])) == IS_OK;
+            else if (rc != SQLITE_DONE) st = sql_err(s, "read facts");
+        }
+        sqlite3_finalize(q); /* NULL when prepare failed: a no-op */
+        sqlite3_exec(SQ(s)->db, "COMMIT", NULL, NULL, NULL);
+    }
+    pthread_mutex_unlock(&SQ(s)->mu);
+    if (st != IS_OK)
+        for (int32_t i = 0; i < n; i++) {
+            mem_fact_clear(&out[i]);
+            found[i] = false;
+        }
+    return st;
+}
+
 
 static is_status list_locked(mem_store *s, const mem_filter *f, bool with_embedding,
                              mem_fact **out, int32_t *n_out) {
@@ -998,6 +1029,7 @@ static const mem_store_ops SQ_OPS = {
     .meta_set = sq_meta_set,
     .insert = sq_insert,
     .get = sq_get,
+    .get_many = sq_get_many,
     .list = sq_list,
     .update = sq_update,
     .set_kv = sq_set_kv,

@@ -19,7 +19,8 @@
  *   - isolation: get, update, delete and history of a fact under another
  *     tenant (same user id, same text) or another user behave as not found
  *     and leave the fact unchanged;
- *   - find_source (resumable imports), set_kv, count, foreach;
+ *   - find_source (resumable imports), get_many (found and missing ids,
+ *     another user's, ids that need quoting), set_kv, count, foreach;
  *   - a fault before COMMIT rolls the transaction back;
  *   - refusals: a file that is not a fact store, a newer schema version,
  *     non-object or nested metadata;
@@ -514,9 +515,32 @@ static void test_find_source_meta_foreach(void **state) {
     assert_string_equal(v, "385");
     free(v);
 
+    /* get_many: the hits of a search in one read; missing ids, another
+     * user's id and ids that need quoting in an SQL array. */
+    make_fact(&t, "q\"1\\x,{}", "acme", "alice", "Quoted id.", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(s, &t.f), IS_OK);
+    make_fact(&t, "s3", "acme", "bob", "Bob's fact.", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(s, &t.f), IS_OK);
+    const char *want_ids[] = {"s2", "nope", "q\"1\\x,{}", "s3", "s1"};
+    mem_fact got[5];
+    bool found[5];
+    assert_int_equal(mem_store_get_many(s, "acme", "alice", want_ids, 5, got, found), IS_OK);
+    assert_true(found[0] && !found[1] && found[2] && !found[3] && found[4]);
+    assert_string_equal(got[0].text, "Another fact.");
+    assert_string_equal(got[2].id, "q\"1\\x,{}");
+    assert_string_equal(got[2].text, "Quoted id.");
+    assert_string_equal(got[4].text, "From the dialogue.");
+    assert_null(got[1].text);
+    assert_null(got[3].text);
+    assert_null(got[0].embedding);
+    assert_int_equal(got[0].dim, 4);
+    for (int i = 0; i < 5; i++) mem_fact_clear(&got[i]);
+    assert_int_equal(mem_store_get_many(s, "acme", "alice", want_ids, 0, got, found), IS_OK);
+    assert_int_equal(mem_store_get_many(s, NULL, "alice", want_ids, 5, got, found), IS_ERR_INVALID_ARG);
+
     int n = 0;
     assert_int_equal(mem_store_foreach(s, true, foreach_fn, &n), IS_OK);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 4);
     n = 0;
     assert_int_equal(mem_store_foreach(s, false, stop_fn, &n), IS_ERR_NOT_FOUND);
     assert_int_equal(n, 1);
