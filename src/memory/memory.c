@@ -234,7 +234,8 @@ void memory_set_change_fn(memory *m, memory_change_fn fn, void *user_data) {
 
 static is_status resync_row(const mem_fact *f, void *ud) {
     memory *m = ud;
-    if (f->dim == m->dim) index_put(m, f);
+    if (f->dim == m->dim && index_put(m, f) == IS_OK && m->gpu)
+        dense_gpu_put(m->gpu, f->tenant, f->user, f->id, f->embedding);
     return IS_OK;
 }
 
