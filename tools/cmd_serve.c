@@ -34,6 +34,9 @@ static void serve_usage(FILE *f) {
             "and GET /metrics (Prometheus).\n\n"
             "  -m, --model PATH        GGUF model (default: $INFERSCALE_MODEL or %s)\n"
             "      --data DIR          memory data directory (created if missing; see 'ingest')\n"
+            "      --store URL         the fact store: a postgres://USER@HOST/DB URL several nodes share\n"
+            "                          (this node keeps its KV records and index in --data as caches;\n"
+            "                          docs/scale-out.md); default: DIR/memory.db (SQLite)\n"
             "      --host H            address to listen on (default 127.0.0.1)\n"
             "      --port P            port (default 8080; 0: any free port)\n"
             "      --keys FILE         API keys: one 'KEY TENANT' per line, '#' comments; clients send\n"
@@ -129,6 +132,7 @@ enum {
     OPT_PUBLIC_STATS,
     OPT_HOST_CACHE_GB,
     OPT_CUDA_OPT,
+    OPT_STORE,
 };
 
 int cmd_serve(int argc, char **argv) {
@@ -157,6 +161,7 @@ int cmd_serve(int argc, char **argv) {
         {"idle-timeout", required_argument, 0, OPT_IDLE_TIMEOUT},
         {"public-stats", no_argument, 0, OPT_PUBLIC_STATS},
         {"host-cache-gb", required_argument, 0, OPT_HOST_CACHE_GB},
+        {"store", required_argument, 0, OPT_STORE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -171,6 +176,14 @@ int cmd_serve(int argc, char **argv) {
         switch (c) {
         case 'm': p.model_path = optarg; break;
         case 'D': p.data_dir = optarg; break;
+        case OPT_STORE:
+            if (!mem_store_is_url(optarg)) {
+                fprintf(stderr, "error: --store takes a postgres:// or postgresql:// URL, got '%s' "
+                                "(the SQLite store is DIR/memory.db, the default)\n", optarg);
+                return 1;
+            }
+            p.store_url = optarg;
+            break;
         case 'H': p.http.host = optarg; break;
         case 'P':
             if (!cli_parse_int(optarg, "--port", 0, 65535, &iv)) return 1;

@@ -36,6 +36,8 @@ struct memory {
     void *encode_ud;
     memory_fault_fn fault;
     void *fault_ud;
+    memory_change_fn change;  /* another node changed a fact (store watch) */
+    void *change_ud;
     pthread_mutex_t write_mu; /* one write at a time, encode to index */
     pthread_mutex_t emb_mu;   /* the embedder keeps work buffers */
 };
@@ -221,6 +223,54 @@ static is_status open_row(const mem_fact *f, void *ud) {
     return IS_OK;
 }
 
+/* ---- several nodes: changes heard from the store -------------------------------------- */
+
+void memory_set_change_fn(memory *m, memory_change_fn fn, void *user_data) {
+    pthread_mutex_lock(&m->write_mu);
+    m->change = fn;
+    m->change_ud = user_data;
+    pthread_mutex_unlock(&m->write_mu);
+}
+
+static is_status resync_row(const mem_fact *f, void *ud) {
+    memory *m = ud;
+    if (f->dim == m->dim && index_put(m, f) == IS_OK && m->gpu)
+        dense_gpu_put(m->gpu, f->tenant, f->user, f->id, f->embedding);
+    return IS_OK;
+}
+
+/* The store's watch: another node committed a change to fact c->id. The
+ * row is the truth, so it is read again and the index follows it; the KV
+ * record the row named before is this node's cache of a version that is
+ * gone. */
+static void on_store_change(const mem_change *c, void *ud) {
+    memory *m = ud;
+    pthread_mutex_lock(&m->write_mu);
+    if (c->op == MEM_CHANGE_RESYNC) {
+        /* Changes were missed: every row again (a fact deleted meanwhile
+         * may keep its index entry; searches re-read rows, so it is never
+         * returned). */
+        mem_store_foreach(m->store, true, resync_row, m);
+        pthread_mutex_unlock(&m->write_mu);
+        return;
+    }
+    mem_fact f;
+    is_status st = mem_store_get(m->store, c->tenant, c->user, c->id, true, &f);
+    if (c->old_record && (st != IS_OK || !f.kv_record || strcmp(f.kv_record, c->old_record) != 0))
+        record_drop(m, c->old_record);
+    if (st == IS_OK && f.dim == m->dim) {
+        index_put(m, &f);
+        if (m->gpu) dense_gpu_put(m->gpu, f.tenant, f.user, f.id, f.embedding);
+        /* Under the lock, so that memory_set_change_fn(NULL) leaves no call running. */
+        if (m->change) m->change(c->tenant, c->user, c->id, m->change_ud);
+    } else if (st == IS_ERR_NOT_FOUND) {
+        mem_index_remove(m->ix, c->id);
+        if (m->gpu) dense_gpu_remove(m->gpu, c->tenant, c->user, c->id);
+    }
+    mem_fact_clear(&f);
+    pthread_mutex_unlock(&m->write_mu);
+}
+
 /* Checks the store's embedding model against ours (or records ours in an
  * empty store). */
 static is_status check_embed_meta(memory *m, const char *name) {
@@ -280,6 +330,10 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
         goto fail;
     }
     snprintf(db_path, dl + 16, "%s/memory.db", data_dir);
+    if (p->store_url && !(free(db_path), db_path = strdup(p->store_url))) {
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     snprintf(m->kv_dir, dl + 8, "%s/kv", data_dir);
     /* First, so that a missing GPU fails before anything is opened. */
     if (p->gpu_retrieval && (st = dense_gpu_create(p->embedder, p->gpu_device, &m->gpu)) != IS_OK) {
@@ -300,8 +354,9 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     struct stat db_st, wal_st;
     char wal_path[PATH_MAX];
     snprintf(wal_path, sizeof wal_path, "%s-wal", db_path);
-    bool db_gone = stat(db_path, &db_st) != 0 ||
-                   (db_st.st_size == 0 && (stat(wal_path, &wal_st) != 0 || wal_st.st_size == 0));
+    bool db_gone = !p->store_url &&
+                   (stat(db_path, &db_st) != 0 ||
+                    (db_st.st_size == 0 && (stat(wal_path, &wal_st) != 0 || wal_st.st_size == 0)));
     if (db_gone && files.n > 0) {
         st = is_error_set(IS_ERR_IO, "memory: the fact store %s is %s but %s holds %lld KV "
                                      "records: refusing to start with an empty store (restore "
@@ -326,7 +381,19 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     }
     if ((st = mem_index_create(m->dim, &m->ix)) != IS_OK) goto fail;
     open_scan o = {.m = m, .files = &files};
-    if ((st = mem_store_foreach(m->store, true, open_row, &o)) != IS_OK) goto fail;
+    /* Other nodes' changes are heard from before the scan on; the writer
+     * lock holds them until the scan is done, and applying one the scan
+     * already saw changes nothing (each re-reads its row). */
+    pthread_mutex_lock(&m->write_mu);
+    is_status ws = mem_store_watch(m->store, on_store_change, m);
+    if (ws != IS_OK && ws != IS_ERR_UNSUPPORTED) {
+        pthread_mutex_unlock(&m->write_mu);
+        st = ws;
+        goto fail;
+    }
+    st = mem_store_foreach(m->store, true, open_row, &o);
+    pthread_mutex_unlock(&m->write_mu);
+    if (st != IS_OK) goto fail;
     if (m->gpu && (st = dense_gpu_flush(m->gpu)) != IS_OK) goto fail;
     int64_t n_orphans = 0;
     for (int64_t i = 0; i < files.n; i++) {
@@ -357,9 +424,9 @@ fail:
 
 void memory_close(memory *m) {
     if (!m) return;
+    mem_store_close(m->store); /* first: it ends the watch, which uses the rest */
     dense_gpu_free(m->gpu);
     mem_index_free(m->ix);
-    mem_store_close(m->store);
     if (m->rs) record_store_close(m->rs);
     pthread_mutex_destroy(&m->write_mu);
     pthread_mutex_destroy(&m->emb_mu);
@@ -892,18 +959,25 @@ is_status memory_search_mode(memory *m, const mem_filter *f, const char *query, 
     if (st == IS_OK && !on_gpu && mode != MEM_SEARCH_BM25) st = embed_texts(m, &query, 1, qv);
     if (st == IS_OK && !on_gpu && k > 0)
         st = mem_index_search(m->ix, f, mode != MEM_SEARCH_BM25 ? qv : NULL, query, k, mode, hits, &nh);
+    /* The rows are the truth (another node may have changed them): all the
+     * hits' rows in one read. */
+    const char **hid = st == IS_OK && nh > 0 ? malloc((size_t)nh * sizeof *hid) : NULL;
+    bool *found = hid ? malloc((size_t)nh * sizeof *found) : NULL;
+    mem_fact *rows = found ? calloc((size_t)nh, sizeof *rows) : NULL;
+    if (st == IS_OK && nh > 0 && !rows) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; st == IS_OK && i < nh; i++) hid[i] = hits[i].id;
+    if (st == IS_OK && nh > 0) st = mem_store_get_many(m->store, f->tenant, f->user, hid, nh, rows, found);
     for (int32_t i = 0; st == IS_OK && i < nh; i++) {
-        is_status gs = mem_store_get(m->store, f->tenant, f->user, hits[i].id, false, &res[n].fact);
-        if (gs == IS_ERR_NOT_FOUND) continue; /* deleted since the search */
-        if (gs != IS_OK) {
-            st = gs;
-            break;
-        }
+        if (!found[i]) continue; /* deleted since the search */
+        res[n].fact = rows[i];
         res[n].score = hits[i].score;
         res[n].dense = hits[i].dense;
         res[n].bm25 = hits[i].bm25;
         n++;
     }
+    free(hid);
+    free(found);
+    free(rows);
     free(qv);
     free(hits);
     if (st != IS_OK) {

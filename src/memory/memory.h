@@ -73,6 +73,22 @@
  * never returned, changed or deleted (it behaves as not found), whatever
  * its id, its text or the filters.
  *
+ * ---- Several nodes ----------------------------------------------------------------
+ * With a PostgreSQL store (memory_params.store_url) every node opens the
+ * same rows, and the rows are the truth: a search re-reads every hit's row
+ * (its text, its KV record id) from the store, so a node's in-memory index
+ * only ranks. Each node keeps its own index and its own KV records
+ * (<data_dir>/kv/) as caches. Changes made through other nodes reach this
+ * one through the store's watch (memory/store.h, LISTEN/NOTIFY): the row is
+ * read again and the index entry replaced or removed, the KV record the
+ * row named before is deleted here, and the change callback
+ * (memory_set_change_fn) tells the layer above, which encodes the fact's
+ * new KV on this node. A record id names one version of one fact (the
+ * version only grows, under the store's row lock), so a record id means
+ * the same KV on every node; and every injection checks the record's text
+ * hash against the row's text, so a record left stale by a change not yet
+ * heard is prefilled as text, never injected.
+ *
  * ---- Threads ---------------------------------------------------------------------
  * All functions may be called from several threads. Writes (add, update,
  * delete, encode_missing) are serialised by one writer lock; reads and
@@ -143,6 +159,10 @@ typedef struct memory_params {
      * MiniLM) plus 4 * dim bytes a fact (1.5 KB at dim 384). */
     bool gpu_retrieval;
     int32_t gpu_device;      /* CUDA device (default 0) */
+    /* The fact store: NULL for <data_dir>/memory.db (SQLite), or a
+     * postgres:// URL of a store several nodes share (see "Several nodes"
+     * below); the KV records stay in <data_dir>/kv/, this node's cache. */
+    const char *store_url;
 } memory_params;
 
 memory_params memory_default_params(void);
@@ -177,6 +197,15 @@ void memory_close(memory *m);
 record_store *memory_record_store(memory *m);
 mem_store *memory_fact_store(memory *m);
 int32_t memory_dim(const memory *m);
+
+/* Called on the store's watch thread, with the writer lock held, after a
+ * fact was added or changed through another node and this node's index
+ * follows it (deletes need nothing more), so the caller can queue its KV
+ * encoding here: it must only queue, never write to this service. After
+ * memory_set_change_fn(m, NULL, NULL) returns, no call runs or follows. */
+typedef void (*memory_change_fn)(const char *tenant, const char *user, const char *id,
+                                 void *user_data);
+void memory_set_change_fn(memory *m, memory_change_fn fn, void *user_data);
 
 /* Sets (NULL: clears) the KV encoder for later writes. */
 void memory_set_encoder(memory *m, memory_encode_fn fn, void *user_data);

@@ -1,11 +1,16 @@
 /*
- * store: the fact store, the durable part of the memory layer. One SQLite
- * database (WAL journal, foreign keys on, synchronous=FULL, busy timeout)
- * holds every tenant's users, their facts and the history of every change,
- * with the semantics of Mem0's memory API (add, get, get all with filters,
- * update, delete, delete all, history).
+ * store: the fact store, the durable part of the memory layer: every
+ * tenant's users, their facts and the history of every change, with the
+ * semantics of Mem0's memory API (add, get, get all with filters, update,
+ * delete, delete all, history). Two implementations behind these functions
+ * (memory/store_impl.h): an SQLite file (the default: WAL journal, foreign
+ * keys on, synchronous=FULL, busy timeout; one process) and a PostgreSQL
+ * database named by a postgres:// URL (several serving nodes share it; see
+ * mem_store_watch). Both give the same results for the same calls: the
+ * tests in tests/memory/test_store.c run against each.
  *
- * Schema (version 1, PRAGMA user_version):
+ * Schema (version 1; SQLite keeps it in PRAGMA user_version, PostgreSQL in
+ * the table schema_version, which its migrations advance):
  *
  *   meta     (key PK, value)                      store-wide settings (the
  *                                                 embedding model and dim)
@@ -38,7 +43,10 @@
  *
  * Threads: a mem_store holds one connection and a mutex; every function
  * takes it, so calls from several threads are serialised and a transaction
- * is never interleaved with another thread's statements.
+ * is never interleaved with another thread's statements. Several processes
+ * on one PostgreSQL store: a transaction's rows are locked (SELECT ... FOR
+ * UPDATE) where it checks a version, so the version check of
+ * mem_store_update holds across nodes too.
  */
 #ifndef IS_MEMORY_STORE_H
 #define IS_MEMORY_STORE_H
@@ -104,7 +112,13 @@ void mem_text_hash_hex(const char *text, char out[17]);
  * (message says why), IS_ERR_NOMEM; *out unchanged on failure. */
 is_status mem_metadata_canonical(const char *json, char **out);
 
-/* Opens (creating it and its schema if missing) the database at `path`.
+/* True if `path` names a PostgreSQL store (postgres:// or postgresql://). */
+bool mem_store_is_url(const char *path);
+
+/* Opens (creating it and its schema if missing) the database at `path`: an
+ * SQLite file, or a PostgreSQL connection URL (mem_store_is_url), whose
+ * schema is migrated to this program's version under a lock, so nodes
+ * starting together migrate once.
  * IS_ERR_INVALID_ARG (NULL path), IS_ERR_IO (cannot open, or SQLite
  * refuses: message names the file), IS_ERR_FORMAT (not a fact store, or a
  * newer schema version). *out unchanged on failure. */
@@ -130,6 +144,14 @@ is_status mem_store_insert(mem_store *s, const mem_fact *f);
  * that id belongs to that tenant and user. *out is zeroed on failure. */
 is_status mem_store_get(mem_store *s, const char *tenant, const char *user, const char *id,
                         bool with_embedding, mem_fact *out);
+
+/* The facts ids[0..n) of (tenant, user), without embeddings, in one read
+ * (a search's hits: one round trip to PostgreSQL instead of n): out[i]
+ * (mem_fact_clear each) gets fact ids[i] and found[i] whether it exists for
+ * that tenant and user (out[i] zeroed if not). IS_ERR_INVALID_ARG, IS_ERR_IO,
+ * IS_ERR_NOMEM; on failure every out[i] is zeroed. */
+is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
+                             const char *const *ids, int32_t n, mem_fact *out, bool *found);
 
 /* The facts of f->tenant and f->user (both required) that match the
  * optional agent_id, run_id and metadata equality filters (semantics of
@@ -198,6 +220,40 @@ typedef is_status (*mem_store_fact_fn)(const mem_fact *f, void *user_data);
 is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn,
                             void *user_data);
 
+/* "sqlite" or "postgres". */
+const char *mem_store_kind(const mem_store *s);
+
+/* ---- changes by other writers (shared stores) -----------------------------------
+ * Every committed add, update and delete of a PostgreSQL store is announced
+ * (NOTIFY, sent in the same transaction, so it is heard only if it
+ * committed, and after the commit). mem_store_watch starts a thread with a
+ * connection of its own that LISTENs and calls fn for each change made
+ * through another mem_store (another node; its own changes are not
+ * repeated). A lost connection is opened again; since changes made
+ * meanwhile were not heard, fn is then called once with op
+ * MEM_CHANGE_RESYNC (every cached entry may be stale). fn runs on that
+ * thread and may call this store. IS_ERR_UNSUPPORTED on SQLite (one
+ * process owns the file: nothing to hear), IS_ERR_INVALID_ARG if a watch
+ * runs already, IS_ERR_IO. The thread ends in mem_store_close. */
+typedef enum mem_change_op {
+    MEM_CHANGE_ADD = 0,
+    MEM_CHANGE_UPDATE = 1,
+    MEM_CHANGE_DELETE = 2,
+    MEM_CHANGE_RESYNC = 3,
+} mem_change_op;
+
+typedef struct mem_change {
+    mem_change_op op;
+    const char *tenant;     /* NULL for RESYNC */
+    const char *user;
+    const char *id;
+    int32_t version;        /* the row's version after the change (0 for DELETE) */
+    const char *old_record; /* the KV record the row named before (NULL if none) */
+} mem_change;
+
+typedef void (*mem_store_change_fn)(const mem_change *c, void *user_data);
+is_status mem_store_watch(mem_store *s, mem_store_change_fn fn, void *user_data);
+
 /* ---- fault injection (tests) ------------------------------------------------
  * Called inside every mutating transaction after its statements ran and
  * just before COMMIT; a test's child process _exit()s there to simulate a
@@ -234,7 +290,8 @@ is_status mem_store_open_readonly(const char *path, mem_store **out);
 /* The schema's tables the store lacks, comma-separated, into out ("" if none). */
 void mem_store_missing_tables(mem_store *s, char *out, size_t cap);
 
-/* SQLite's quick_check: "ok" or its first complaint, into out. */
+/* SQLite's quick_check ("ok" or its first complaint) into out; on
+ * PostgreSQL, "ok" once the server answers (it checks its own pages). */
 is_status mem_store_integrity(mem_store *s, char *out, size_t cap);
 
 /* Calls fn with every row's KV record id (rows without one are skipped). */

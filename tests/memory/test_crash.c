@@ -37,6 +37,11 @@
  * threads before forking). A third part kills a LoCoMo import at random
  * times and checks that re-running it completes the conversation exactly
  * (no fact twice, none missing).
+ *
+ * With IS_PG_URL set (ctest's test_crash_pg, beside a throwaway server from
+ * scripts/pg_temp.sh) the first part runs on a PostgreSQL fact store: the
+ * child then dies with a transaction open on the server, which must roll
+ * it back. The other parts are the same code on either store and skip.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -62,14 +67,32 @@
 #include "memory/memory.h"
 #include "serve/ask.h"
 
+#ifdef IS_HAVE_LIBPQ
+#include <libpq-fe.h>
+#endif
+
 #define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 #define EMBEDDER_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
 
 static char g_dir[256];
+static const char *g_pg; /* IS_PG_URL: the fact store is this PostgreSQL database */
 
 static int setup(void **state) {
     snprintf(g_dir, sizeof g_dir, "%s/is_test_crash_XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-    return mkdtemp(g_dir) ? 0 : -1;
+    if (!mkdtemp(g_dir)) return -1;
+#ifdef IS_HAVE_LIBPQ
+    if (g_pg) {
+        /* Every case starts from an empty database. */
+        PGconn *c = PQconnectdb(g_pg);
+        PQclear(PQexec(c, "SET client_min_messages = warning"));
+        PGresult *r = PQexec(c, "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
+        bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+        PQclear(r);
+        PQfinish(c);
+        return ok ? 0 : -1;
+    }
+#endif
+    return 0;
 }
 
 static int teardown(void **state) {
@@ -232,6 +255,7 @@ static void child_main(const crash_cfg *cfg, int fd) {
         p.embed_name = "fake";
     }
     p.kv_window = 2;
+    p.store_url = g_pg;
     memory *m = NULL;
     if (memory_open(g_dir, &p, &m, NULL) != IS_OK) CHILD_FAIL("memory_open");
     if (cfg->real) {
@@ -500,6 +524,7 @@ static int verify(const verify_cfg *vc, model_state *ms, const pending *pd) {
         p.embed_dim = FAKE_DIM;
         p.embed_name = "fake";
     }
+    p.store_url = g_pg;
     memory *m = NULL;
     memory_open_report rep;
     if (memory_open(g_dir, &p, &m, &rep) != IS_OK) fail_msg("reopen: %s", is_error_last());
@@ -656,13 +681,14 @@ static void test_crash_fakes(void **state) {
            (now_ms() - t0) / 1e3);
     assert_true(iters >= 50);
     printf("fault-matrix: crash-points|kill -9 of a writer (add, update, delete) at each of its "
-           "fault points and at random times, fake models|%d|every fact whole or absent after "
+           "fault points and at random times, fake models%s|%d|every fact whole or absent after "
            "reopen; the in-flight operation applied %d times, not applied %d times\n",
-           iters, n_applied, n_not);
+           g_pg ? ", PostgreSQL store" : "", iters, n_applied, n_not);
     free(ms.f);
 }
 
 static void test_crash_real_models(void **state) {
+    if (g_pg) TEST_SKIP("the PostgreSQL run crashes the fakes part only");
     struct stat sb;
     if (stat(EMBEDDER_DIR "/model.safetensors", &sb) != 0) TEST_SKIP(TEST_NEEDS_EMBEDDER);
     if (stat(IS_DEFAULT_MODEL, &sb) != 0) TEST_SKIP(TEST_NEEDS_MODEL);
@@ -741,6 +767,7 @@ static void test_crash_real_models(void **state) {
 
 /* A LoCoMo import killed at random moments, then completed by a re-run. */
 static void test_crash_import(void **state) {
+    if (g_pg) TEST_SKIP("the PostgreSQL run crashes the fakes part only");
     locomo_conv *c = NULL;
     if (locomo_load(LOCOMO_26, &c) != IS_OK) TEST_SKIP(TEST_NEEDS_LOCOMO);
     memory_params p = memory_default_params();
@@ -809,6 +836,14 @@ static void test_crash_import(void **state) {
 }
 
 int main(void) {
+    g_pg = getenv("IS_PG_URL");
+    if (g_pg && !*g_pg) g_pg = NULL;
+#ifndef IS_HAVE_LIBPQ
+    if (g_pg) {
+        fprintf(stderr, "skip: IS_PG_URL is set but this build has no libpq (libpq-dev)\n");
+        return TEST_SKIP_CODE;
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_crash_fakes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_import, setup, teardown),

@@ -1,5 +1,9 @@
 /*
- * test_store: the SQLite fact store (memory/store.h), every operation.
+ * test_store: the fact store (memory/store.h), every operation, against
+ * SQLite, or against PostgreSQL when IS_PG_URL names a database
+ * (scripts/pg_temp.sh starts a throwaway server and sets it: ctest's
+ * test_store_pg; every table is dropped before each case). The same cases
+ * must give the same results on both.
  *
  *   - insert then get: every field round-trips (metadata canonicalised,
  *     embedding bytes, context turns, source, hash, versions, times);
@@ -15,10 +19,17 @@
  *   - isolation: get, update, delete and history of a fact under another
  *     tenant (same user id, same text) or another user behave as not found
  *     and leave the fact unchanged;
- *   - find_source (resumable imports), set_kv, count, foreach;
+ *   - find_source (resumable imports), get_many (found and missing ids,
+ *     another user's, ids that need quoting), set_kv, count, foreach;
  *   - a fault before COMMIT rolls the transaction back;
  *   - refusals: a file that is not a fact store, a newer schema version,
- *     non-object or nested metadata.
+ *     non-object or nested metadata;
+ *   - PostgreSQL only, two stores as two nodes: a version checked by one
+ *     is refused to the other after it moved on, and every add, update and
+ *     delete of one reaches the other's watch (not its own), in order, with
+ *     the version and the KV record the row named before; after the server
+ *     drops every connection, calls work again and the watches say they
+ *     may have missed changes (RESYNC) and hear the next ones.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +37,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +47,52 @@
 #include "memory/store.h"
 #include "test_util.h"
 
+#ifdef IS_HAVE_LIBPQ
+#include <libpq-fe.h>
+#endif
+
 static char g_dir[256];
-static char g_path[300];
+static char g_path[1024];   /* the SQLite file, or the PostgreSQL URL */
+static const char *g_pg;    /* IS_PG_URL, NULL: SQLite */
+
+/* One SQL statement on the store's database behind the store's back,
+ * returning the first column of the first row as an integer (-1 on error). */
+static long long raw_sql(const char *sql) {
+    long long v = -1;
+    if (g_pg) {
+#ifdef IS_HAVE_LIBPQ
+        PGconn *c = PQconnectdb(g_pg);
+        PQclear(PQexec(c, "SET client_min_messages = warning"));
+        PGresult *r = PQexec(c, sql);
+        ExecStatusType es = PQresultStatus(r);
+        if (es == PGRES_TUPLES_OK && PQntuples(r) > 0) v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        else if (es == PGRES_COMMAND_OK || es == PGRES_TUPLES_OK) v = 0;
+        else fprintf(stderr, "raw_sql %s: %s", sql, PQresultErrorMessage(r));
+        PQclear(r);
+        PQfinish(c);
+#endif
+        return v;
+    }
+    sqlite3 *db;
+    if (sqlite3_open(g_path, &db) != SQLITE_OK) return -1;
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK) {
+        int rc = sqlite3_step(q);
+        v = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : rc == SQLITE_DONE ? 0 : -1;
+        sqlite3_finalize(q);
+    }
+    sqlite3_close(db);
+    return v;
+}
 
 static int setup(void **state) {
     snprintf(g_dir, sizeof g_dir, "/tmp/is_test_store_XXXXXX");
     if (!mkdtemp(g_dir)) return -1;
+    if (g_pg) {
+        snprintf(g_path, sizeof g_path, "%s", g_pg);
+        /* Every case starts from an empty database. */
+        return raw_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public") == 0 ? 0 : -1;
+    }
     snprintf(g_path, sizeof g_path, "%s/memory.db", g_dir);
     return 0;
 }
@@ -72,7 +124,9 @@ static void make_fact(test_fact *t, const char *id, const char *tenant, const ch
 
 static mem_store *open_store(void) {
     mem_store *s = NULL;
-    assert_int_equal(mem_store_open(g_path, &s), IS_OK);
+    is_status st = mem_store_open(g_path, &s);
+    if (st != IS_OK) fprintf(stderr, "open: %s\n", is_error_last());
+    assert_int_equal(st, IS_OK);
     return s;
 }
 
@@ -461,9 +515,32 @@ static void test_find_source_meta_foreach(void **state) {
     assert_string_equal(v, "385");
     free(v);
 
+    /* get_many: the hits of a search in one read; missing ids, another
+     * user's id and ids that need quoting in an SQL array. */
+    make_fact(&t, "q\"1\\x,{}", "acme", "alice", "Quoted id.", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(s, &t.f), IS_OK);
+    make_fact(&t, "s3", "acme", "bob", "Bob's fact.", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(s, &t.f), IS_OK);
+    const char *want_ids[] = {"s2", "nope", "q\"1\\x,{}", "s3", "s1"};
+    mem_fact got[5];
+    bool found[5];
+    assert_int_equal(mem_store_get_many(s, "acme", "alice", want_ids, 5, got, found), IS_OK);
+    assert_true(found[0] && !found[1] && found[2] && !found[3] && found[4]);
+    assert_string_equal(got[0].text, "Another fact.");
+    assert_string_equal(got[2].id, "q\"1\\x,{}");
+    assert_string_equal(got[2].text, "Quoted id.");
+    assert_string_equal(got[4].text, "From the dialogue.");
+    assert_null(got[1].text);
+    assert_null(got[3].text);
+    assert_null(got[0].embedding);
+    assert_int_equal(got[0].dim, 4);
+    for (int i = 0; i < 5; i++) mem_fact_clear(&got[i]);
+    assert_int_equal(mem_store_get_many(s, "acme", "alice", want_ids, 0, got, found), IS_OK);
+    assert_int_equal(mem_store_get_many(s, NULL, "alice", want_ids, 5, got, found), IS_ERR_INVALID_ARG);
+
     int n = 0;
     assert_int_equal(mem_store_foreach(s, true, foreach_fn, &n), IS_OK);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 4);
     n = 0;
     assert_int_equal(mem_store_foreach(s, false, stop_fn, &n), IS_ERR_NOT_FOUND);
     assert_int_equal(n, 1);
@@ -505,16 +582,8 @@ static void test_fault_rolls_back(void **state) {
     assert_int_equal(mem_store_history(s, "acme", "carol", "r2", &h, &nh), IS_ERR_NOT_FOUND);
     /* The user row of the rolled-back insert is gone too: foreign keys hold. */
     mem_store_close(s);
-    sqlite3 *db;
-    assert_int_equal(sqlite3_open(g_path, &db), SQLITE_OK);
-    sqlite3_stmt *q;
-    assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM users WHERE user_id = 'carol'",
-                                        -1, &q, NULL),
-                     SQLITE_OK);
-    assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-    assert_int_equal(sqlite3_column_int(q, 0), 0);
-    sqlite3_finalize(q);
-    sqlite3_close(db);
+    assert_int_equal(raw_sql("SELECT count(*) FROM users WHERE user_id = 'carol'"), 0);
+    assert_int_equal(raw_sql("SELECT count(*) FROM users WHERE user_id = 'alice'"), 1);
 }
 
 static void test_refusals(void **state) {
@@ -526,6 +595,29 @@ static void test_refusals(void **state) {
     assert_string_equal(out, "unchanged");
     assert_int_equal(mem_metadata_canonical("", &out), IS_OK);
     assert_null(out);
+    mem_store *s = NULL;
+    if (g_pg) {
+        /* Someone else's facts table, with no schema_version. */
+        assert_int_equal(raw_sql("CREATE TABLE facts (x int)"), 0);
+        assert_int_equal(mem_store_open(g_path, &s), IS_ERR_FORMAT);
+        assert_null(s);
+        assert_int_equal(raw_sql("DROP TABLE facts"), 0);
+        /* A newer schema. */
+        assert_int_equal(mem_store_open(g_path, &s), IS_OK);
+        assert_string_equal(mem_store_kind(s), "postgres");
+        mem_store_close(s);
+        assert_int_equal(raw_sql("SELECT max(version) FROM schema_version"), MEM_STORE_SCHEMA_VERSION);
+        assert_int_equal(raw_sql("UPDATE schema_version SET version = 99"), 0);
+        s = NULL;
+        assert_int_equal(mem_store_open(g_path, &s), IS_ERR_FORMAT);
+        assert_null(s);
+        /* A server that is not there. */
+        char bad[1200];
+        snprintf(bad, sizeof bad, "postgresql://inferscale@/postgres?host=%s/nowhere", g_dir);
+        assert_int_equal(mem_store_open(bad, &s), IS_ERR_IO);
+        assert_null(s);
+        return;
+    }
 
     /* Not a database at all. */
     char p[320];
@@ -533,7 +625,6 @@ static void test_refusals(void **state) {
     FILE *f = fopen(p, "wb");
     for (int i = 0; i < 100; i++) fputs("this is not sqlite ", f);
     fclose(f);
-    mem_store *s = NULL;
     assert_int_equal(mem_store_open(p, &s), IS_ERR_FORMAT);
     assert_null(s);
     /* Someone else's database. */
@@ -558,7 +649,136 @@ static void test_refusals(void **state) {
     assert_int_equal(mem_store_open(NULL, &s), IS_ERR_INVALID_ARG);
 }
 
+/* ---- two nodes on one PostgreSQL store ------------------------------------------ */
+
+typedef struct heard {
+    pthread_mutex_t mu;
+    int n;
+    int resyncs;
+    mem_change_op op[16];
+    char id[16][MEM_ID_MAX + 1];
+    int32_t version[16];
+    char old_record[16][64];
+} heard;
+
+static void on_change(const mem_change *c, void *ud) {
+    heard *h = ud;
+    pthread_mutex_lock(&h->mu);
+    if (c->op == MEM_CHANGE_RESYNC) h->resyncs++;
+    if (h->n < 16 && c->op != MEM_CHANGE_RESYNC) {
+        h->op[h->n] = c->op;
+        snprintf(h->id[h->n], sizeof h->id[0], "%s", c->id);
+        h->version[h->n] = c->version;
+        snprintf(h->old_record[h->n], sizeof h->old_record[0], "%s", c->old_record ? c->old_record : "");
+        h->n++;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Waits (at most 10 s) until h heard n changes; returns how many it heard. */
+static int wait_heard(heard *h, int n) {
+    for (int i = 0; i < 1000; i++) {
+        pthread_mutex_lock(&h->mu);
+        int got = h->n;
+        pthread_mutex_unlock(&h->mu);
+        if (got >= n) return got;
+        usleep(10000);
+    }
+    return h->n;
+}
+
+static void test_two_nodes(void **state) {
+    if (!g_pg) {
+        mem_store *s = open_store();
+        assert_int_equal(mem_store_watch(s, on_change, NULL), IS_ERR_UNSUPPORTED);
+        mem_store_close(s);
+        TEST_SKIP("two nodes need a PostgreSQL store (IS_PG_URL; ctest test_store_pg)");
+        return;
+    }
+    mem_store *a = open_store(), *b = open_store();
+    heard ha = {.mu = PTHREAD_MUTEX_INITIALIZER}, hb = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    assert_int_equal(mem_store_watch(a, on_change, &ha), IS_OK);
+    assert_int_equal(mem_store_watch(b, on_change, &hb), IS_OK);
+    assert_int_equal(mem_store_watch(b, on_change, &hb), IS_ERR_INVALID_ARG);
+    usleep(300000); /* both LISTEN before the first change */
+
+    test_fact t;
+    make_fact(&t, "n1", "acme", "alice", "Alice lives in Paris.", NULL, 1.0f);
+    t.f.kv_record = "n1-v1";
+    assert_int_equal(mem_store_insert(a, &t.f), IS_OK);
+    /* b sees a's row at once: one truth. */
+    mem_fact g;
+    assert_int_equal(mem_store_get(b, "acme", "alice", "n1", false, &g), IS_OK);
+    assert_int_equal(g.version, 1);
+    mem_fact_clear(&g);
+
+    /* Both read version 1; a's update wins, b's is refused, not lost over a's. */
+    test_fact u;
+    make_fact(&u, "n1", "acme", "alice", "Alice lives in Lyon.", NULL, 2.0f);
+    u.f.version = 2;
+    u.f.kv_record = "n1-v2";
+    assert_int_equal(mem_store_update(a, &u.f, 1), IS_OK);
+    test_fact u2;
+    make_fact(&u2, "n1", "acme", "alice", "Alice lives in Rome.", NULL, 3.0f);
+    u2.f.version = 2;
+    assert_int_equal(mem_store_update(b, &u2.f, 1), IS_ERR_MISMATCH);
+    assert_int_equal(mem_store_get(b, "acme", "alice", "n1", false, &g), IS_OK);
+    assert_string_equal(g.text, "Alice lives in Lyon.");
+    mem_fact_clear(&g);
+    assert_int_equal(mem_store_delete(a, "acme", "alice", "n1", NULL), IS_OK);
+    /* A rolled-back change is never announced. */
+    int calls = 0;
+    mem_store_set_fault_hook(a, fail_commit, &calls);
+    make_fact(&t, "n2", "acme", "alice", "never committed", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(a, &t.f), IS_ERR_IO);
+    mem_store_set_fault_hook(a, NULL, NULL);
+    make_fact(&t, "n3", "acme", "bob", "Bob likes tea.", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(b, &t.f), IS_OK);
+
+    assert_int_equal(wait_heard(&hb, 3), 3);
+    assert_int_equal(wait_heard(&ha, 1), 1);
+    usleep(300000); /* nothing more comes: not n2, not a's own changes back to a */
+    assert_int_equal(hb.n, 3);
+    assert_int_equal(ha.n, 1);
+    assert_int_equal(hb.op[0], MEM_CHANGE_ADD);
+    assert_string_equal(hb.id[0], "n1");
+    assert_int_equal(hb.version[0], 1);
+    assert_int_equal(hb.op[1], MEM_CHANGE_UPDATE);
+    assert_int_equal(hb.version[1], 2);
+    assert_string_equal(hb.old_record[1], "n1-v1");
+    assert_int_equal(hb.op[2], MEM_CHANGE_DELETE);
+    assert_string_equal(hb.old_record[2], "n1-v2");
+    assert_int_equal(ha.op[0], MEM_CHANGE_ADD);
+    assert_string_equal(ha.id[0], "n3");
+
+    /* The server drops every connection of the stores (as a restart does):
+     * the next call opens its connection again, and each watch, once it
+     * listens again, says that it may have missed changes. */
+    assert_int_equal(raw_sql("SELECT (count(pg_terminate_backend(pid)) > 0)::int FROM pg_stat_activity "
+                             "WHERE pid <> pg_backend_pid() AND usename = current_user"),
+                     1);
+    assert_int_equal(mem_store_get(a, "acme", "bob", "n3", false, &g), IS_OK);
+    mem_fact_clear(&g);
+    for (int i = 0; i < 500 && (ha.resyncs == 0 || hb.resyncs == 0); i++) usleep(10000);
+    assert_true(ha.resyncs >= 1 && hb.resyncs >= 1);
+    make_fact(&t, "n4", "acme", "bob", "Bob likes coffee too.", NULL, 1.0f);
+    assert_int_equal(mem_store_insert(a, &t.f), IS_OK);
+    assert_int_equal(wait_heard(&hb, 4), 4);
+    assert_string_equal(hb.id[3], "n4");
+    mem_store_close(a);
+    mem_store_close(b);
+}
+
 int main(void) {
+    g_pg = getenv("IS_PG_URL");
+    if (g_pg && !*g_pg) g_pg = NULL;
+#ifndef IS_HAVE_LIBPQ
+    if (g_pg) {
+        fprintf(stderr, "skip: IS_PG_URL is set but this build has no libpq (libpq-dev)\n");
+        return TEST_SKIP_CODE;
+    }
+#endif
+    fprintf(stderr, "test_store: %s store\n", g_pg ? "PostgreSQL" : "SQLite");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_insert_get_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_filters, setup, teardown),
@@ -568,6 +788,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_find_source_meta_foreach, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault_rolls_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_two_nodes, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

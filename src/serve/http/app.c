@@ -29,6 +29,12 @@ http_app_params http_app_default_params(void) {
     return p;
 }
 
+/* memory_change_fn: queues the KV encoding of a fact another node changed
+ * (a full queue only delays it to the first request that misses it). */
+static void encode_changed(const char *tenant, const char *user, const char *id, void *ud) {
+    sched_encode((sched *)ud, tenant, user, id);
+}
+
 /* The file name without directories and ".gguf". */
 static void model_name(const char *path, char *out, size_t cap) {
     const char *b = strrchr(path, '/');
@@ -41,6 +47,7 @@ static void model_name(const char *path, char *out, size_t cap) {
 void http_app_stop(http_app *a) {
     if (!a) return;
     http_server_stop(a->srv); /* first: its cancelled requests end through the scheduler */
+    if (a->mem) memory_set_change_fn(a->mem, NULL, NULL); /* the store's watch queues into a->s */
     sched_free(a->s);
     memory_close(a->mem);
     engine_free(a->e);
@@ -92,6 +99,7 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     mp.embed_name = ename;
     mp.kv_window = p->kv_window;
     mp.gpu_retrieval = p->gpu_retrieval;
+    mp.store_url = p->store_url;
     memory_open_report rep;
     if ((st = memory_open(p->data_dir, &mp, &a->mem, &rep)) != IS_OK) goto fail;
     if (rep.n_orphans)
@@ -149,6 +157,8 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         sched_params sp = p->sched;
         sp.max_running = running;
         if ((st = sched_create(a->e, a->mem, &sp, &a->s)) != IS_OK) goto fail;
+        /* A fact added or changed through another node gets its KV here too. */
+        memory_set_change_fn(a->mem, encode_changed, a->s);
         if (rep.n_missing_kv > 0) {
             if (sched_encode_missing(a->s) == IS_OK)
                 fprintf(notes, "memory: %lld facts have no KV record yet: encoding them in the "
@@ -171,7 +181,8 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     hc.mem = a->mem;
     hc.model_id = a->model_id;
     if ((st = http_server_start(&hc, &a->srv)) != IS_OK) goto fail;
-    fprintf(notes, "memory: %lld facts in %s (search: %s)\n", (long long)rep.n_facts, p->data_dir,
+    fprintf(notes, "memory: %lld facts in %s (search: %s)\n", (long long)rep.n_facts,
+            p->store_url ? "the PostgreSQL store" : p->data_dir,
             !a->emb ? "BM25 only" : p->gpu_retrieval ? "dense on the GPU + BM25" : "dense + BM25");
     *out = a;
     return IS_OK;

@@ -44,6 +44,7 @@ typedef struct http_app_params {
     const char *backend_options; /* the backend's own settings, "key=value,..." (cuda:
                                     cuda/options.h; NULL: its defaults); printed at start */
     const char *data_dir;     /* required: the memory's data directory */
+    const char *store_url;    /* the fact store (memory_params.store_url): NULL for SQLite */
     const char *embedder_dir; /* NULL: HTTP_APP_DEFAULT_EMBEDDER if present, else BM25 only
                                  (with a warning); "none": BM25 only */
     const char *keys_path;    /* API keys file (auth.h); required unless http.no_auth */
