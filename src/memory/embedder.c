@@ -36,7 +36,7 @@ typedef enum embedder_pooling {
 /* A layer's weights: the view memory/embedder_weights.h gives out. wqkv and
  * bqkv are owned (the three projections stacked at load); the rest point
  * into the mapped file or the widened copy. */
-typedef embedder_layer_weights bert_layer;
+typedef encoder_layer_weights bert_layer;
 
 struct embedder {
     wordpiece *wp;
@@ -72,6 +72,15 @@ struct embedder {
     int32_t scores_threads;
     int32_t *tok;  /* (tok_texts, max_tokens) token ids of a chunk of texts */
     int32_t tok_texts;
+
+    /* A device embedder (embedder_create_on) runs the forward pass through
+     * its backend's retrieval calls: ops and enc are set, base is the CPU
+     * embedder it was copied from (borrowed: its tokenizer and weights),
+     * and of the fields above only hidden, max_tokens and n_vocab are. */
+    const embedder *base;
+    const retrieval_ops *ops;
+    retrieval_encoder *enc;
+    int32_t device;
 };
 
 /* ---- files and configuration ----------------------------------------- */
@@ -340,6 +349,11 @@ static is_status load_weights(embedder *e) {
 
 void embedder_free(embedder *e) {
     if (!e) return;
+    if (e->ops) {
+        e->ops->encoder_free(e->enc);
+        free(e);
+        return;
+    }
     if (e->layers) {
         for (int32_t l = 0; l < e->n_layers; l++) {
             free((float *)e->layers[l].wqkv); /* owned (see bert_layer) */
@@ -390,24 +404,62 @@ is_status embedder_load(const char *dir, embedder **out) {
 
 int32_t embedder_dim(const embedder *e) { return e ? e->hidden : 0; }
 int32_t embedder_max_tokens(const embedder *e) { return e ? e->max_tokens : 0; }
-const wordpiece *embedder_tokenizer(const embedder *e) { return e ? e->wp : NULL; }
+const wordpiece *embedder_tokenizer(const embedder *e) {
+    return e ? (e->base ? e->base->wp : e->wp) : NULL;
+}
 void embedder_set_n_threads(embedder *e, int32_t n) {
     if (e) e->n_threads = n > 0 ? n : 0;
 }
 
-void embedder_get_weights(const embedder *e, embedder_weights *out) {
-    *out = (embedder_weights){
+/* wordpiece_encode behind the encoder_weights tokenizer callback. */
+static is_status tokenize_wordpiece(const void *tok, const char *text, size_t len, int32_t max_len, int32_t *ids,
+                                    int32_t *n_out) {
+    return wordpiece_encode(tok, text, len, max_len, ids, n_out);
+}
+
+void embedder_get_weights(const embedder *e, encoder_weights *out) {
+    if (e->base) e = e->base;
+    *out = (encoder_weights){
         .hidden = e->hidden, .n_layers = e->n_layers, .n_heads = e->n_heads, .head_dim = e->head_dim,
         .inter = e->inter, .n_vocab = e->n_vocab, .max_pos = e->max_pos, .max_tokens = e->max_tokens,
         .ln_eps = e->ln_eps, .pool_cls = e->pooling == EMBEDDER_POOLING_CLS,
         .tok_emb = e->tok_emb, .pos_emb = e->pos_emb, .type_emb = e->type_emb,
-        .emb_ln_g = e->emb_ln_g, .emb_ln_b = e->emb_ln_b,
+        .emb_ln_g = e->emb_ln_g, .emb_ln_b = e->emb_ln_b, .layers = e->layers,
+        .tokenize = tokenize_wordpiece, .tokenizer = e->wp,
     };
 }
 
-void embedder_get_layer_weights(const embedder *e, int32_t layer, embedder_layer_weights *out) {
-    IS_ASSERT(layer >= 0 && layer < e->n_layers);
-    *out = e->layers[layer];
+is_status embedder_create_on(const embedder *cpu, const char *backend, int32_t device, embedder **out) {
+    if (!cpu || !backend || !out) return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: NULL argument");
+    if (cpu->base) return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: needs a CPU embedder");
+    const retrieval_ops *ops;
+    is_status st = retrieval_backend_get(backend, &ops);
+    if (st != IS_OK) return st;
+    embedder *e = calloc(1, sizeof *e);
+    if (!e) return is_error_set(IS_ERR_NOMEM, "embedder: out of memory");
+    encoder_weights w;
+    embedder_get_weights(cpu, &w);
+    if ((st = ops->encoder_create(&w, device, &e->enc)) != IS_OK) {
+        free(e);
+        return st;
+    }
+    e->base = cpu;
+    e->ops = ops;
+    e->device = device;
+    e->hidden = cpu->hidden;
+    e->max_tokens = cpu->max_tokens;
+    e->n_vocab = cpu->n_vocab;
+    *out = e;
+    return IS_OK;
+}
+
+const char *embedder_backend(const embedder *e) { return e && e->ops ? e->ops->name : "cpu"; }
+
+is_status embedder_embed_device(embedder *e, const char *const *texts, int32_t n, float *out_dev) {
+    if (!e) return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_device: NULL embedder");
+    if (!e->ops)
+        return is_error_set(IS_ERR_UNSUPPORTED, "embedder_embed_device: a CPU embedder has no device memory");
+    return e->ops->encoder_embed_device(e->enc, texts, n, out_dev);
 }
 
 /* ---- kernels ----------------------------------------------------------- */
@@ -688,6 +740,7 @@ static is_status forward_chunked(embedder *e, const int32_t *const *ids, const i
 
 is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32_t *lens, int32_t n,
                              float *out) {
+    if (e && e->ops) return e->ops->encoder_embed_ids(e->enc, ids, lens, n, out);
     if (!e || n < 0 || (n > 0 && (!ids || !lens || !out)))
         return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: bad argument");
     for (int32_t i = 0; i < n; i++) {
@@ -707,6 +760,7 @@ is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32
 #define TOKENIZE_TEXTS 256
 
 is_status embedder_embed(embedder *e, const char *const *texts, int32_t n, float *out) {
+    if (e && e->ops) return e->ops->encoder_embed(e->enc, texts, n, out);
     if (!e || n < 0 || (n > 0 && (!texts || !out)))
         return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: bad argument");
     for (int32_t i = 0; i < n; i++)
