@@ -5,13 +5,13 @@
 #include "memory/extract.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 static const char k_system_prompt[] =
     "You keep the long-term memory of a personal assistant. From the conversation you are "
@@ -104,24 +104,11 @@ static void snippet(const char *reply, size_t len, char *out, size_t cap) {
     }
     if (len > 0 && o + 4 >= cap) {
         /* Do not end inside a UTF-8 sequence. */
-        while (o > 0 && ((unsigned char)out[o - 1] & 0xC0) == 0x80) o--;
-        if (o > 0 && ((unsigned char)out[o - 1] & 0xC0) == 0xC0) o--;
+        o = utf8_complete_prefix(out, o);
         memcpy(out + o, "...", 3);
         o += 3;
     }
     out[o] = 0;
-}
-
-static bool valid_utf8(const char *s, size_t n) {
-    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
-    size_t i = 0;
-    while (i < n) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t r = utf8proc_iterate(p + i, (utf8proc_ssize_t)(n - i), &cp);
-        if (r <= 0) return false;
-        i += (size_t)r;
-    }
-    return true;
 }
 
 /* The "facts" array of the reply: at the top of the object, or inside an
@@ -235,7 +222,7 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
                               EXTRACT_MAX_FACT_BYTES);
             goto done;
         }
-        if (!valid_utf8(s, l)) {
+        if (!utf8_valid(s, l)) {
             free(obj_text);
             st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not valid UTF-8", idx);
             goto done;
