@@ -86,14 +86,30 @@ size_t utf8_complete_prefix(const char *s, size_t n) {
     return n;
 }
 
+/* Copies s[0..n) to o (room for 3n bytes), each maximal ill-formed
+ * subpart (and each NUL when nul_too) as U+FFFD; returns the bytes written. */
+static size_t repair_into(const char *s, size_t n, char *o, bool nul_too) {
+    size_t i = 0, m = 0;
+    uint32_t cp;
+    while (i < n) {
+        int k = utf8_decode(s + i, n - i, &cp);
+        if (k > 0 && !(nul_too && s[i] == '\0')) {
+            memcpy(o + m, s + i, (size_t)k);
+            m += (size_t)k;
+            i += (size_t)k;
+        } else {
+            memcpy(o + m, UTF8_REPLACEMENT, 3);
+            m += 3;
+            i += k > 0 ? 1 : (size_t)-k;
+        }
+    }
+    return m;
+}
+
 is_status utf8_sanitize(const char *s, size_t n, char **fixed, size_t *fixed_len) {
     size_t i = 0;
     uint32_t cp;
     while (i < n) {
-        if ((uint8_t)s[i] < 0x80) {
-            i++;
-            continue;
-        }
         int k = utf8_decode(s + i, n - i, &cp);
         if (k < 0) break;
         i += (size_t)k;
@@ -104,19 +120,7 @@ is_status utf8_sanitize(const char *s, size_t n, char **fixed, size_t *fixed_len
     char *o = malloc(n * 3 + 1);
     if (!o) return is_error_set(IS_ERR_NOMEM, "utf8: out of memory");
     memcpy(o, s, i);
-    size_t m = i;
-    while (i < n) {
-        int k = utf8_decode(s + i, n - i, &cp);
-        if (k > 0) {
-            memcpy(o + m, s + i, (size_t)k);
-            m += (size_t)k;
-            i += (size_t)k;
-        } else {
-            memcpy(o + m, UTF8_REPLACEMENT, 3);
-            m += 3;
-            i += (size_t)-k;
-        }
-    }
+    size_t m = i + repair_into(s + i, n - i, o + i, false);
     o[m] = '\0';
     *fixed = o;
     *fixed_len = m;
@@ -124,22 +128,8 @@ is_status utf8_sanitize(const char *s, size_t n, char **fixed, size_t *fixed_len
 }
 
 char *utf8_sanitized_copy(const char *s, size_t n) {
-    char *o = malloc(n * 3 + 1); /* each bad subpart or NUL becomes 3 bytes */
+    char *o = malloc(n * 3 + 1);
     if (!o) return NULL;
-    size_t i = 0, m = 0;
-    uint32_t cp;
-    while (i < n) {
-        int k = utf8_decode(s + i, n - i, &cp);
-        if (k > 0 && s[i] != '\0') {
-            memcpy(o + m, s + i, (size_t)k);
-            m += (size_t)k;
-            i += (size_t)k;
-        } else {
-            memcpy(o + m, UTF8_REPLACEMENT, 3);
-            m += 3;
-            i += k > 0 ? 1 : (size_t)-k;
-        }
-    }
-    o[m] = '\0';
+    o[repair_into(s, n, o, true)] = '\0';
     return o;
 }
