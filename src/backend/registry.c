@@ -33,23 +33,27 @@ is_status backend_create(const char *name, int32_t n_threads, backend **out) {
 #ifdef IS_HAVE_CUDA
         return backend_cuda_create(0, out);
 #else
-        return is_error_set(IS_ERR_UNSUPPORTED, "backend 'cuda' is not available in this build " NO_CUDA_HINT);
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "backend 'cuda' is not available in this build " NO_CUDA_HINT);
 #endif
     }
     return is_error_set(IS_ERR_UNSUPPORTED, "unknown backend '%s' (cpu or cuda)", name);
 }
 
 is_status retrieval_backend_get(const char *name, const retrieval_ops **out) {
-    if (!name || !out) return is_error_set(IS_ERR_INVALID_ARG, "retrieval_backend_get: NULL argument");
+    if (!name || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "retrieval_backend_get: NULL argument");
     if (strcmp(name, "cpu") == 0)
-        return is_error_set(IS_ERR_UNSUPPORTED, "retrieval on 'cpu' is the memory layer's own embedder and index");
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "retrieval on 'cpu' is the memory layer's own embedder and index");
     if (strcmp(name, "cuda") == 0) {
 #ifdef IS_HAVE_CUDA
         *out = retrieval_cuda_ops();
         return IS_OK;
 #else
-        return is_error_set(IS_ERR_UNSUPPORTED, "GPU retrieval: backend 'cuda' is not available in this build "
-                            NO_CUDA_HINT);
+        return is_error_set(
+            IS_ERR_UNSUPPORTED,
+            "GPU retrieval: backend 'cuda' is not available in this build " NO_CUDA_HINT);
 #endif
     }
     return is_error_set(IS_ERR_UNSUPPORTED, "unknown retrieval backend '%s' (cuda)", name);

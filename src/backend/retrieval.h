@@ -49,28 +49,28 @@ typedef struct encoder_layer_weights {
 /* Tokenises text[0..len) into at most max_len ids ([CLS] and [SEP]
  * included, truncating as the CPU encoder does) into ids[], their count
  * into *n_out. `tokenizer` is encoder_weights.tokenizer. */
-typedef is_status (*encoder_tokenize_fn)(const void *tokenizer, const char *text, size_t len, int32_t max_len,
-                                         int32_t *ids, int32_t *n_out);
+typedef is_status (*encoder_tokenize_fn)(const void *tokenizer, const char *text, size_t len,
+                                         int32_t max_len, int32_t *ids, int32_t *n_out);
 
 /* A BERT sentence encoder's configuration and f32 weights, host memory,
  * borrowed from the memory layer's embedder (valid while it lives, never
  * written). */
 typedef struct encoder_weights {
-    int32_t hidden;     /* H */
+    int32_t hidden; /* H */
     int32_t n_layers;
     int32_t n_heads;
-    int32_t head_dim;   /* H / n_heads */
-    int32_t inter;      /* FFN width I */
+    int32_t head_dim; /* H / n_heads */
+    int32_t inter;    /* FFN width I */
     int32_t n_vocab;
-    int32_t max_pos;    /* rows of pos_emb */
-    int32_t max_tokens; /* max_seq_length, <= max_pos */
-    float ln_eps;       /* every LayerNorm's epsilon (config layer_norm_eps) */
-    bool pool_cls;      /* the [CLS] token's state; else the mean of all tokens */
-    const float *tok_emb;  /* (n_vocab, H) */
-    const float *pos_emb;  /* (max_pos, H) */
-    const float *type_emb; /* (H): token type 0, the only one used */
-    const float *emb_ln_g; /* (H) */
-    const float *emb_ln_b; /* (H) */
+    int32_t max_pos;                     /* rows of pos_emb */
+    int32_t max_tokens;                  /* max_seq_length, <= max_pos */
+    float ln_eps;                        /* every LayerNorm's epsilon (config layer_norm_eps) */
+    bool pool_cls;                       /* the [CLS] token's state; else the mean of all tokens */
+    const float *tok_emb;                /* (n_vocab, H) */
+    const float *pos_emb;                /* (max_pos, H) */
+    const float *type_emb;               /* (H): token type 0, the only one used */
+    const float *emb_ln_g;               /* (H) */
+    const float *emb_ln_b;               /* (H) */
     const encoder_layer_weights *layers; /* (n_layers) */
     encoder_tokenize_fn tokenize;        /* the encoder's own tokenizer */
     const void *tokenizer;               /* its state; must outlive the device copy */
@@ -92,10 +92,11 @@ typedef struct retrieval_ops {
     is_status (*encoder_create)(const encoder_weights *w, int32_t device, retrieval_encoder **out);
     void (*encoder_free)(retrieval_encoder *enc); /* NULL is a no-op */
     /* n texts of token ids (text i is ids[i][0..lens[i])) into out[n][H], host. */
-    is_status (*encoder_embed_ids)(retrieval_encoder *enc, const int32_t *const *ids, const int32_t *lens,
-                                   int32_t n, float *out);
+    is_status (*encoder_embed_ids)(retrieval_encoder *enc, const int32_t *const *ids,
+                                   const int32_t *lens, int32_t n, float *out);
     /* n NUL-terminated texts, tokenised on the host, into out[n][H], host. */
-    is_status (*encoder_embed)(retrieval_encoder *enc, const char *const *texts, int32_t n, float *out);
+    is_status (*encoder_embed)(retrieval_encoder *enc, const char *const *texts, int32_t n,
+                               float *out);
     /* The same into out_dev[n][H]; returns once queued, and a search the
      * same thread calls next sees the result. */
     is_status (*encoder_embed_device)(retrieval_encoder *enc, const char *const *texts, int32_t n,
@@ -107,17 +108,18 @@ typedef struct retrieval_ops {
     int32_t (*matrix_count)(const retrieval_matrix *m);
     /* Writes data[i][0..dim) (host) into row rows[i]; rows at or past the
      * count append, without gaps. */
-    is_status (*matrix_set_rows)(retrieval_matrix *m, const int32_t *rows, int32_t n, const float *data);
+    is_status (*matrix_set_rows)(retrieval_matrix *m, const int32_t *rows, int32_t n,
+                                 const float *data);
     /* Removes `row`, moving the last row into it (*moved_from: its old
      * index, or -1 when nothing moved). */
     is_status (*matrix_remove_row)(retrieval_matrix *m, int32_t row, int32_t *moved_from);
     /* The k (<= RETRIEVAL_TOPK_MAX) best rows for query_dev[dim] by dot
      * product, best first, equal scores by row ascending. */
-    is_status (*matrix_search)(retrieval_matrix *m, const float *query_dev, int32_t k, int32_t *idx_out,
-                               float *score_out, int32_t *n_out);
+    is_status (*matrix_search)(retrieval_matrix *m, const float *query_dev, int32_t k,
+                               int32_t *idx_out, float *score_out, int32_t *n_out);
     /* The scores a search gives rows[0..n) (n <= RETRIEVAL_TOPK_MAX). */
-    is_status (*matrix_score_rows)(retrieval_matrix *m, const float *query_dev, const int32_t *rows, int32_t n,
-                                   float *score_out);
+    is_status (*matrix_score_rows)(retrieval_matrix *m, const float *query_dev, const int32_t *rows,
+                                   int32_t n, float *score_out);
 
     /* A device vector of n floats (a query's embedding), and its release. */
     is_status (*vector_alloc)(int32_t device, int32_t n, float **out_dev);

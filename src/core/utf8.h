@@ -31,7 +31,9 @@ int utf8_decode(const char *s, size_t n, uint32_t *cp);
 size_t utf8_encode(uint32_t cp, char *out);
 
 /* Length of the sequence that lead byte b starts, in text known valid. */
-static inline size_t utf8_seq_len(uint8_t b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
+static inline size_t utf8_seq_len(uint8_t b) {
+    return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
 
 /* Whether s[0..n) is valid UTF-8. */
 bool utf8_valid(const char *s, size_t n);

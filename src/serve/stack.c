@@ -28,12 +28,14 @@ static void folder_name(const char *dir, char *out, size_t cap) {
 static is_status open_model(stack *s, const stack_params *p) {
     is_status st = backend_create(p->backend, p->n_threads, &s->be);
     if (st != IS_OK) return st;
-    if ((st = model_load(p->model_path, s->be, &s->model)) != IS_OK) return st; /* its message names the file */
+    if ((st = model_load(p->model_path, s->be, &s->model)) != IS_OK)
+        return st; /* its message names the file */
     engine_params ep = engine_default_params();
     ep.max_seqs = 3; /* the serving prefix, an encoding and an answer */
     ep.n_ctx = s->model->cfg.n_ctx_train;
     if ((st = engine_create(s->model, ep, &s->eng)) != IS_OK) return st;
-    if ((st = ask_ctx_create(s->eng, memory_record_store(s->mem), p->dtype, &s->ask)) != IS_OK) return st;
+    if ((st = ask_ctx_create(s->eng, memory_record_store(s->mem), p->dtype, &s->ask)) != IS_OK)
+        return st;
     memory_set_encoder(s->mem, ask_memory_encoder, s->ask);
     return IS_OK;
 }
@@ -49,8 +51,10 @@ is_status stack_open(const stack_params *p, stack **out) {
     if (strcmp(edir, "none") != 0) {
         struct stat sb;
         if (stat(edir, &sb) != 0) {
-            st = is_error_set(IS_ERR_NOT_FOUND, "embedding model '%s' not found (scripts/fetch_embedder.sh "
-                                                "fetches it; 'none' for BM25 retrieval only)", edir);
+            st = is_error_set(IS_ERR_NOT_FOUND,
+                              "embedding model '%s' not found (scripts/fetch_embedder.sh "
+                              "fetches it; 'none' for BM25 retrieval only)",
+                              edir);
             goto fail;
         }
         if ((st = embedder_load(edir, &s->emb)) != IS_OK) goto fail;
@@ -59,7 +63,8 @@ is_status stack_open(const stack_params *p, stack **out) {
         folder_name(edir, s->embed_name, sizeof s->embed_name);
     }
     if (mkdir(p->data_dir, 0755) != 0 && errno != EEXIST) {
-        st = is_error_set(IS_ERR_IO, "cannot create data directory '%s': %s", p->data_dir, strerror(errno));
+        st = is_error_set(IS_ERR_IO, "cannot create data directory '%s': %s", p->data_dir,
+                          strerror(errno));
         goto fail;
     }
     memory_params mp = memory_default_params();

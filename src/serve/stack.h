@@ -15,9 +15,9 @@
 #ifndef IS_SERVE_STACK_H
 #define IS_SERVE_STACK_H
 
-#include "inferscale.h"
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "inferscale.h"
 #include "kv/fact_record.h"
 #include "memory/embedder.h"
 #include "memory/memory.h"
@@ -45,14 +45,14 @@ typedef struct stack_params {
 stack_params stack_default_params(void);
 
 typedef struct stack {
-    embedder *emb;       /* NULL: BM25 only */
+    embedder *emb; /* NULL: BM25 only */
     memory *mem;
-    backend *be;         /* these four NULL without a model */
+    backend *be; /* these four NULL without a model */
     model *model;
     engine *eng;
     ask_ctx *ask;
-    char embed_name[256];       /* the embedder's name in the store ("none") */
-    memory_open_report report;  /* what memory_open found */
+    char embed_name[256];      /* the embedder's name in the store ("none") */
+    memory_open_report report; /* what memory_open found */
 } stack;
 
 /* Opens the stack. IS_ERR_NOT_FOUND: the embedder folder does not exist

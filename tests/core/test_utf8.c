@@ -5,11 +5,11 @@
  * gives for the same bytes, among them Unicode's own example from section
  * 3.9, Table 3-8).
  */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +38,7 @@ static void test_valid(void **state) {
         {"abc\xe2\x82", false},                  /* cut short */
         {"\x80", false},                         /* lone continuation */
         {"\xff", false},
-        {"0123456789abcdef\xff", false},         /* past the 8-byte path */
+        {"0123456789abcdef\xff", false}, /* past the 8-byte path */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         assert_int_equal(utf8_valid(cases[i].s, strlen(cases[i].s)), cases[i].ok);
@@ -74,7 +74,7 @@ static void test_complete_prefix(void **state) {
     assert_int_equal(utf8_complete_prefix(euro, 4), 2);
     assert_int_equal(utf8_complete_prefix(euro, 3), 2);
     assert_int_equal(utf8_complete_prefix("ab\xff", 3), 3);
-    assert_int_equal(utf8_complete_prefix("ab\xc0", 3), 3);    /* never a lead byte */
+    assert_int_equal(utf8_complete_prefix("ab\xc0", 3), 3);     /* never a lead byte */
     assert_int_equal(utf8_complete_prefix("ab\xe0\x80", 4), 4); /* can never complete */
     assert_int_equal(utf8_complete_prefix("\xf0\x9f\x98", 3), 0);
     assert_int_equal(utf8_complete_prefix("", 0), 0);
@@ -100,7 +100,9 @@ static void expect_fixed(const char *in, size_t n, const char *want) {
 static void test_sanitize(void **state) {
     (void)state;
     expect_fixed("caf\xc3\xa9", 5, NULL); /* valid: no copy */
-    expect_fixed("a\xff" "b\xc3\xa9", 5, "a" R "b\xc3\xa9");
+    expect_fixed("a\xff"
+                 "b\xc3\xa9",
+                 5, "a" R "b\xc3\xa9");
     expect_fixed("x\xe2\x82", 3, "x" R); /* a cut sequence at the end is one subpart */
     expect_fixed("\xed\xa0\x80z", 4, R R R "z");
     /* Unicode 15, Table 3-8. */

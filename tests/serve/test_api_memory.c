@@ -5,11 +5,11 @@
  * with the default model, answers with the facts injected as KV and pasted
  * as text (kv mode must prefill fewer tokens: the memory's are injected).
  */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,7 +79,8 @@ static void test_add_search(void **state) {
 
     /* Refusals, with nothing stored. */
     assert_int_equal(is_memory_add(mem, "alice", "", NULL, 0, NULL), IS_ERR_INVALID_ARG);
-    assert_int_equal(is_memory_add(mem, "alice", "bad \xff utf-8", NULL, 0, NULL), IS_ERR_INVALID_ARG);
+    assert_int_equal(is_memory_add(mem, "alice", "bad \xff utf-8", NULL, 0, NULL),
+                     IS_ERR_INVALID_ARG);
     assert_int_equal(is_memory_add(mem, "", "text", NULL, 0, NULL), IS_ERR_INVALID_ARG);
     assert_int_equal(is_memory_add(mem, "alice", "text", NULL, 3, NULL), IS_ERR_INVALID_ARG);
     assert_int_equal(is_memory_search(mem, "alice", "cat", -1, &hits, &n), IS_ERR_INVALID_ARG);
@@ -142,9 +143,10 @@ static void test_ask(void **state) {
     gp.temperature = 0.0f;
     reply kv = {0}, pr = {0};
     is_gen_stats skv, spr;
-    ok(is_memory_ask(mem, "alice", "What is the name of Alice's cat?", 2, IS_MEMORY_KV, gp, collect, &kv, &skv));
-    ok(is_memory_ask(mem, "alice", "What is the name of Alice's cat?", 2, IS_MEMORY_PROMPT, gp, collect, &pr,
-                     &spr));
+    ok(is_memory_ask(mem, "alice", "What is the name of Alice's cat?", 2, IS_MEMORY_KV, gp, collect,
+                     &kv, &skv));
+    ok(is_memory_ask(mem, "alice", "What is the name of Alice's cat?", 2, IS_MEMORY_PROMPT, gp,
+                     collect, &pr, &spr));
     assert_true(skv.n_generated > 0 && kv.len > 0);
     assert_true(spr.n_generated > 0 && pr.len > 0);
     /* The facts' tokens are injected in kv mode, prefilled in prompt mode. */
