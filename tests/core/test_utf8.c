@@ -5,11 +5,13 @@
  * gives for the same bytes, among them Unicode's own example from section
  * 3.9, Table 3-8).
  */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* After the headers it needs. */
+#include <cmocka.h>
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,11 +5,13 @@
  * with the default model, answers with the facts injected as KV and pasted
  * as text (kv mode must prefill fewer tokens: the memory's are injected).
  */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* After the headers it needs. */
+#include <cmocka.h>
 
 #include <stdio.h>
 #include <stdlib.h>
