@@ -34,6 +34,7 @@
 #include "backend_cuda.h"
 #include "core/status.h"
 #include "memory/embedder.h"
+#include "memory/embedder_weights.h"
 #include "memory/index.h"
 #include "memory/wordpiece.h"
 #include "retrieval_cuda.h"
@@ -140,7 +141,9 @@ int main(int argc, char **argv) {
         is_status st = embedder_load(model_dir, &cpu);
         if (st != IS_OK) die("embedder_load", st);
         embedder_set_n_threads(cpu, threads);
-        if ((st = cuda_embedder_create(cpu, 0, &gpu)) != IS_OK) die("cuda_embedder_create", st);
+        encoder_weights w;
+        embedder_get_weights(cpu, &w);
+        if ((st = cuda_embedder_create(&w, 0, &gpu)) != IS_OK) die("cuda_embedder_create", st);
     } else {
         printf("no model at %s: random unit facts, search only\n", model_dir);
     }

@@ -19,10 +19,6 @@
 #include "retrieval.cuh"
 #include "retrieval_cuda.h"
 
-extern "C" {
-#include "memory/embedder_weights.h"
-}
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,14 +223,15 @@ static __global__ void pool_kernel(float *__restrict__ out, const float *__restr
 
 typedef struct gpu_layer {
     const float *wqkv, *bqkv, *wo, *bo, *ln1_g, *ln1_b, *w1, *b1, *w2, *b2, *ln2_g, *ln2_b;
-} gpu_layer; /* device pointers into cuda_embedder.weights; shapes as embedder_layer_weights */
+} gpu_layer; /* device pointers into cuda_embedder.weights; shapes as encoder_layer_weights */
 
-struct cuda_embedder {
+struct retrieval_encoder {
     int32_t device;
     int32_t H, n_layers, n_heads, dh, I, n_vocab, max_tokens;
     float ln_eps;
     bool pool_cls;
-    const wordpiece *wp; /* the CPU embedder's tokenizer */
+    encoder_tokenize_fn tokenize; /* the weights' tokenizer (borrowed) */
+    const void *tokenizer;
     cublasHandle_t cublas;
 
     float *weights; /* one device allocation holding every tensor below */
@@ -279,7 +276,7 @@ static is_status put(cuda_embedder *g, size_t *at, const float *h, size_t n, con
     return IS_OK;
 }
 
-static is_status upload_weights(cuda_embedder *g, const embedder *cpu, const embedder_weights *w) {
+static is_status upload_weights(cuda_embedder *g, const encoder_weights *w) {
     const size_t H = (size_t)g->H, I = (size_t)g->I;
     size_t total = padded((size_t)g->n_vocab * H) + padded((size_t)g->max_tokens * H) + 3 * padded(H);
     /* wqkv, bqkv, wo, then six H-vectors (bo, ln1 g/b, b2, ln2 g/b), w1, b1, w2. */
@@ -297,8 +294,7 @@ static is_status upload_weights(cuda_embedder *g, const embedder *cpu, const emb
         (st = put(g, &at, w->emb_ln_b, H, &g->emb_ln_b)))
         return st;
     for (int32_t l = 0; l < g->n_layers; l++) {
-        embedder_layer_weights lw;
-        embedder_get_layer_weights(cpu, l, &lw);
+        const encoder_layer_weights lw = w->layers[l];
         gpu_layer *L = &g->layers[l];
         if ((st = put(g, &at, lw.wqkv, 3 * H * H, &L->wqkv)) || (st = put(g, &at, lw.bqkv, 3 * H, &L->bqkv)) ||
             (st = put(g, &at, lw.wo, H * H, &L->wo)) || (st = put(g, &at, lw.bo, H, &L->bo)) ||
@@ -477,7 +473,7 @@ static is_status run_texts(cuda_embedder *g, const char *const *texts, int32_t n
         for (int32_t k = 0; k < m; k++) {
             const char *t = texts[i0 + k];
             int32_t *dst = g->tok + (size_t)k * M;
-            is_status st = wordpiece_encode(g->wp, t, strlen(t), M, dst, &lens[k]);
+            is_status st = g->tokenize(g->tokenizer, t, strlen(t), M, dst, &lens[k]);
             if (st != IS_OK) return is_error_set(st, "%s: tokenising text %d failed", who, i0 + k);
             ptrs[k] = dst;
         }
@@ -511,9 +507,11 @@ extern "C" void cuda_embedder_free(cuda_embedder *g) {
     cudaGetLastError(); /* nothing to report from a free */
 }
 
-static is_status create(cuda_embedder *g, const embedder *cpu) {
-    embedder_weights w;
-    embedder_get_weights(cpu, &w);
+static is_status create(cuda_embedder *g, const encoder_weights *wp) {
+    const encoder_weights w = *wp;
+    if (!w.layers || !w.tokenize || w.hidden < 1 || w.n_layers < 1 || w.n_heads < 1 ||
+        w.head_dim * w.n_heads != w.hidden || w.max_tokens < 1 || w.max_tokens > w.max_pos)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda_embedder_create: inconsistent encoder weights");
     g->H = w.hidden;
     g->n_layers = w.n_layers;
     g->n_heads = w.n_heads;
@@ -523,7 +521,8 @@ static is_status create(cuda_embedder *g, const embedder *cpu) {
     g->max_tokens = w.max_tokens;
     g->ln_eps = w.ln_eps;
     g->pool_cls = w.pool_cls;
-    g->wp = embedder_tokenizer(cpu);
+    g->tokenize = w.tokenize;
+    g->tokenizer = w.tokenizer;
     const size_t smem = attention_smem(g->max_tokens, g->dh);
     int optin = 0;
     is_status st = retrieval_use_device(g->device, smem, (const void *)attention_kernel, "cuda embedder", &optin);
@@ -531,7 +530,7 @@ static is_status create(cuda_embedder *g, const embedder *cpu) {
     /* The attribute belongs to the kernel, shared by every embedder: the
      * device's limit suits them all. */
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-    if ((st = upload_weights(g, cpu, &w)) != IS_OK) return st;
+    if ((st = upload_weights(g, &w)) != IS_OK) return st;
     CUBLAS_CHECK(cublasCreate(&g->cublas));
     /* Plain f32 products (no TF32), on the calling thread's stream. */
     CUBLAS_CHECK(cublasSetMathMode(g->cublas, CUBLAS_DEFAULT_MATH));
@@ -544,12 +543,12 @@ static is_status create(cuda_embedder *g, const embedder *cpu) {
     return IS_OK;
 }
 
-extern "C" is_status cuda_embedder_create(const embedder *cpu, int32_t device, cuda_embedder **out) {
-    if (!cpu || !out) return is_error_set(IS_ERR_INVALID_ARG, "cuda_embedder_create: NULL argument");
+extern "C" is_status cuda_embedder_create(const encoder_weights *w, int32_t device, cuda_embedder **out) {
+    if (!w || !out) return is_error_set(IS_ERR_INVALID_ARG, "cuda_embedder_create: NULL argument");
     cuda_embedder *g = (cuda_embedder *)calloc(1, sizeof *g);
     if (!g) return is_error_set(IS_ERR_NOMEM, "cuda embedder: out of memory");
     g->device = device;
-    is_status st = create(g, cpu);
+    is_status st = create(g, w);
     if (st != IS_OK) {
         cuda_embedder_free(g);
         return st;

@@ -1,7 +1,10 @@
 /*
- * retrieval_cuda: the memory layer's retrieval on the GPU: the sentence
- * embedder (a copy of a loaded memory/embedder.h model) and an exact top-k
- * over one user's fact embeddings held in device memory.
+ * retrieval_cuda: the CUDA backend's implementation of the retrieval
+ * interface (backend/retrieval.h): the sentence embedder (a copy of the
+ * encoder weights a memory/embedder.h model hands out) and an exact top-k
+ * over one user's fact embeddings held in device memory. The memory layer
+ * reaches these calls only through retrieval_cuda_ops(); tests and
+ * benchmarks of the backend call them directly.
  *
  * Why: on the request path the CPU embeds the query and scans the user's
  * facts; with both on the GPU only the query's token ids go up and the k
@@ -16,8 +19,8 @@
  * (tests/cuda/test_cuda_retrieval.c holds them to cosine >= 0.99999 and
  * 1e-4 per element). Inputs follow embedder_embed_ids: texts packed without
  * padding, each attending to itself only; 1 <= lens[i] <= max_tokens. The
- * text variants tokenise on the host with the CPU embedder's WordPiece
- * tokenizer (truncating to max_tokens, as the CPU does).
+ * text variants tokenise on the host with the weights' tokenizer callback
+ * (the CPU embedder's WordPiece, truncating to max_tokens as the CPU does).
  *
  * cuda_fact_matrix: one user's facts, rows [0, count) of a [capacity][dim]
  * f32 device matrix; the caller maps rows to fact ids. Search scores every
@@ -39,8 +42,8 @@
  * one thread at a time (they keep work buffers), but may change threads
  * between calls: an embedder's next call waits, on the device, for its
  * previous one. Calls make the object's device current on the calling
- * thread. A cuda_embedder keeps a pointer to the CPU embedder's tokenizer:
- * free it before the CPU embedder.
+ * thread. A cuda_embedder keeps the weights' tokenizer pointer: free it
+ * before the CPU embedder that lent it.
  *
  * Errors: IS_ERR_INVALID_ARG for bad arguments (nothing is done),
  * IS_ERR_UNSUPPORTED without a usable device or for a model the kernels do
@@ -59,20 +62,24 @@
 extern "C" {
 #endif
 
-#include "memory/embedder.h"
+#include "backend/retrieval.h"
+
+/* The table of the calls below that retrieval_backend_get("cuda") returns. */
+const retrieval_ops *retrieval_cuda_ops(void);
 
 /* ---- the embedder ------------------------------------------------------ */
 
-typedef struct cuda_embedder cuda_embedder;
+typedef struct retrieval_encoder cuda_embedder;
 
-/* Copies the weights of the loaded CPU embedder `cpu` to `device` (about
+/* Copies the encoder weights `w` (memory/embedder_weights.h gives a loaded
+ * CPU embedder's) to `device` (about
  * 90 MB for MiniLM). IS_ERR_UNSUPPORTED without a usable device, or when
  * attention over max_tokens tokens of one head does not fit the device's
  * shared memory (max_tokens * (2 * head_dim + 5) * 4 bytes and a little
  * more: 70 KB for MiniLM, 139 KB for a 512-token model with head_dim 32;
  * 512 tokens with head_dim 64 is too much for an H200's 227 KB);
  * IS_ERR_NOMEM; *out unchanged on failure. */
-is_status cuda_embedder_create(const embedder *cpu, int32_t device, cuda_embedder **out);
+is_status cuda_embedder_create(const encoder_weights *w, int32_t device, cuda_embedder **out);
 
 /* Frees the device copy. NULL is a no-op. */
 void cuda_embedder_free(cuda_embedder *g);
@@ -103,10 +110,10 @@ is_status cuda_embedder_embed(cuda_embedder *g, const char *const *texts, int32_
 
 /* ---- the fact matrix and exact top-k ---------------------------------- */
 
-typedef struct cuda_fact_matrix cuda_fact_matrix;
+typedef struct retrieval_matrix cuda_fact_matrix;
 
 /* The largest k a search takes. */
-#define CUDA_TOPK_MAX 1024
+#define CUDA_TOPK_MAX RETRIEVAL_TOPK_MAX
 
 /* Creates an empty matrix of rows of `dim` floats (1..65536) on `device`.
  * Device memory grows with the rows: 4 * dim bytes a row, plus 8 bytes a

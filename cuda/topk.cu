@@ -162,7 +162,7 @@ static __global__ void __launch_bounds__(TOPK_THREADS)
 
 /* ---- the matrix -------------------------------------------------------- */
 
-struct cuda_fact_matrix {
+struct retrieval_matrix {
     int32_t device;
     int32_t dim;
     int32_t count;      /* rows in use */
@@ -455,4 +455,46 @@ extern "C" is_status cuda_fact_matrix_score_rows(cuda_fact_matrix *m, const floa
     CUDA_CHECK(cudaMemcpyAsync(score_out, d_score, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     return IS_OK;
+}
+
+/* ---- the retrieval interface (backend/retrieval.h) -------------------- */
+
+static is_status vector_alloc(int32_t device, int32_t n, float **out_dev) {
+    if (n < 1 || !out_dev) return is_error_set(IS_ERR_INVALID_ARG, "cuda retrieval: bad vector size %d", n);
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
+        cudaGetLastError();
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda retrieval: no device %d", device);
+    }
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaMalloc((void **)out_dev, (size_t)n * sizeof(float)));
+    return IS_OK;
+}
+
+static void vector_free(int32_t device, float *dev) {
+    if (!dev) return;
+    cudaSetDevice(device);
+    cudaFree(dev);
+    cudaGetLastError(); /* nothing to report from a free */
+}
+
+extern "C" const retrieval_ops *retrieval_cuda_ops(void) {
+    static const retrieval_ops ops = {
+        "cuda",
+        cuda_embedder_create,
+        cuda_embedder_free,
+        cuda_embedder_embed_ids,
+        cuda_embedder_embed,
+        cuda_embedder_embed_device,
+        cuda_fact_matrix_create,
+        cuda_fact_matrix_free,
+        cuda_fact_matrix_count,
+        cuda_fact_matrix_set_rows,
+        cuda_fact_matrix_remove_row,
+        cuda_fact_matrix_search,
+        cuda_fact_matrix_score_rows,
+        vector_alloc,
+        vector_free,
+    };
+    return &ops;
 }

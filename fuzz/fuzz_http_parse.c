@@ -21,6 +21,7 @@
  * IS_ERR_NOMEM) and a non-empty, terminated message; every output is freed
  * (LeakSanitizer).
  */
+#include "core/utf8.h"
 #include "serve/http/parse.h"
 
 #include <cjson/cJSON.h>
@@ -241,23 +242,23 @@ static void fuzz_query(const char *b, size_t n) {
 }
 
 static void fuzz_utf8(const char *b, size_t n) {
-    bool valid = parse_utf8_valid(b, n);
+    bool valid = utf8_valid(b, n);
     CHECK(valid == ref_utf8_valid((const uint8_t *)b, n));
 
-    size_t k = parse_utf8_complete_prefix(b, n);
+    size_t k = utf8_complete_prefix(b, n);
     CHECK(k <= n && n - k <= 3);
     if (valid) CHECK(k == n);
     /* A valid text cut anywhere: the prefix kept is the text up to the last
      * whole character, and the bytes held back complete to it. */
     if (valid) {
         for (size_t cut = n > 4 ? n - 4 : 0; cut <= n; cut++) {
-            size_t kk = parse_utf8_complete_prefix(b, cut);
+            size_t kk = utf8_complete_prefix(b, cut);
             CHECK(kk <= cut && cut - kk <= 3);
             CHECK(ref_utf8_valid((const uint8_t *)b, kk));
         }
     }
 
-    char *s = parse_utf8_sanitize(b, n);
+    char *s = utf8_sanitized_copy(b, n);
     if (!s) return;
     size_t sl = strlen(s);
     CHECK(ref_utf8_valid((const uint8_t *)s, sl));

@@ -153,6 +153,74 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
                               is_gen_params params, is_text_cb cb, void *user_data,
                               is_gen_stats *stats);
 
+/* ---- memory ------------------------------------------------------------ */
+
+/* A memory store: facts per user, each kept with its sentence embedding
+ * (for retrieval) and, with a model, its KV encoded once (for injection at
+ * the attention layer; DESIGN.md). One data directory is used by one
+ * process at a time. Calls may come from several threads. */
+typedef struct is_memory is_memory;
+
+typedef struct is_memory_params {
+    const char *tenant;       /* the namespace of every user below ("default") */
+    const char *embedder_dir; /* sentence-embedding model (sentence-transformers folder);
+                                 NULL: models/all-MiniLM-L6-v2; "none": BM25 retrieval only */
+    const char *model_path;   /* GGUF model that encodes facts' KV and answers; NULL: facts
+                                 are stored as text only and is_memory_ask is unavailable */
+    const char *backend;      /* the model's backend: "cpu" (default) or "cuda" where built */
+    int32_t n_threads;        /* CPU threads; 0 = all cores */
+    int32_t window;           /* context turns encoded with each fact (default 0) */
+} is_memory_params;
+
+is_memory_params is_memory_default_params(void);
+
+/* Opens (creating if needed) the store in data_dir. IS_ERR_NOT_FOUND (no
+ * embedding model there), IS_ERR_IO, IS_ERR_FORMAT, IS_ERR_MISMATCH (the
+ * store was made with another embedding model), IS_ERR_BUSY (another
+ * process has it open), a model's errors as is_model_load's. *out is
+ * unchanged on failure. */
+is_status is_memory_open(const char *data_dir, is_memory_params params, is_memory **out);
+/* Closes the store; everything added is on disk already. NULL is a no-op. */
+void is_memory_close(is_memory *mem);
+
+/* The size of a fact id, its NUL included. */
+#define IS_MEMORY_ID_SIZE 72
+
+/* Adds a fact of `user`: text (non-empty, valid UTF-8) and the conversation
+ * turns before it (context[n_context], oldest first, or NULL), encoded
+ * with it when the store has a model. The fact's id goes to id_out (may be
+ * NULL). IS_ERR_INVALID_ARG for a bad argument (nothing stored). */
+is_status is_memory_add(is_memory *mem, const char *user, const char *text, const char *const *context,
+                        size_t n_context, char id_out[IS_MEMORY_ID_SIZE]);
+
+typedef struct is_memory_hit {
+    char id[IS_MEMORY_ID_SIZE];
+    char *text;  /* malloc'd; is_memory_hits_free frees it */
+    float score; /* higher is better (fusion of dense and BM25, or BM25 alone) */
+} is_memory_hit;
+
+/* The k facts of `user` most relevant to `query`, best first, into a
+ * malloc'd *hits[*n_hits] (n_hits <= k; free with is_memory_hits_free). A
+ * user with no facts gives 0 hits. */
+is_status is_memory_search(is_memory *mem, const char *user, const char *query, int32_t k,
+                           is_memory_hit **hits, int32_t *n_hits);
+void is_memory_hits_free(is_memory_hit *hits, int32_t n_hits);
+
+typedef enum is_memory_mode {
+    IS_MEMORY_KV = 0,     /* the facts' stored KV is injected (no prefill of their text) */
+    IS_MEMORY_PROMPT = 1, /* the facts are pasted into the prompt as text */
+    IS_MEMORY_OFF = 2,    /* no memory: the query alone */
+} is_memory_mode;
+
+/* Answers `query` for `user` with the user's k most relevant facts as
+ * memory, in `mode`, streaming the reply to cb. IS_ERR_UNSUPPORTED when
+ * the store was opened without a model; in kv mode IS_ERR_NOT_FOUND when a
+ * retrieved fact has no KV yet; IS_ERR_UNSUPPORTED for stop strings (not
+ * applied here). stats may be NULL; n_prompt counts the tokens prefilled
+ * (the memory's, in kv mode, are not). Asks run one at a time. */
+is_status is_memory_ask(is_memory *mem, const char *user, const char *query, int32_t k, is_memory_mode mode,
+                        is_gen_params params, is_text_cb cb, void *user_data, is_gen_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

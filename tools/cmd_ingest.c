@@ -23,10 +23,8 @@
 #include "cli.h"
 
 #include "core/status.h"
-#include "core/threads.h"
-#include "memory/memory.h"
-#include "serve/ask.h"
 #include "serve/encoder.h"
+#include "serve/stack.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -34,10 +32,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
-#define DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
 /* Facts encoded in one forward (each its own sequence). */
 #define INGEST_ENCODE_BATCH 64
 
@@ -72,7 +68,7 @@ static void ingest_usage(FILE *f) {
             "      --agent A        agent_id of every fact\n"
             "      --run R          run_id of every fact\n"
             "  -h, --help           this help\n",
-            CLI_DEFAULT_MODEL, DEFAULT_EMBEDDER);
+            CLI_DEFAULT_MODEL, STACK_DEFAULT_EMBEDDER);
 }
 
 typedef struct progress_ctx {
@@ -246,66 +242,36 @@ int cmd_ingest(int argc, char **argv) {
     }
 
     int rc = 1;
-    embedder *emb = NULL;
+    stack *sk = NULL;
     memory *mem = NULL;
-    backend *be = NULL;
-    model *m = NULL;
-    engine *e = NULL;
-    ask_ctx *ac = NULL;
     is_status st;
     double t0 = now_ms();
 
-    /* The embedding model: its folder name identifies it in the store. */
-    const char *edir = emb_dir ? emb_dir : DEFAULT_EMBEDDER;
-    char ename[256] = "none";
-    if (strcmp(edir, "none") != 0) {
-        struct stat sb;
-        if (stat(edir, &sb) != 0) {
-            fprintf(stderr, "error: embedding model '%s' not found (scripts/fetch_embedder.sh "
-                            "fetches it; --embedder none for BM25 only)\n", edir);
-            return 1;
-        }
-        if ((st = embedder_load(edir, &emb)) != IS_OK) goto fail;
-        if (threads) embedder_set_n_threads(emb, threads);
-        threads_init(threads); /* BLAS's count, once for the process */
-        size_t l = strlen(edir);
-        while (l > 1 && edir[l - 1] == '/') l--;
-        size_t b = l;
-        while (b > 0 && edir[b - 1] != '/') b--;
-        snprintf(ename, sizeof ename, "%.*s", (int)(l - b), edir + b);
+    stack_params sp = stack_default_params();
+    sp.data_dir = data;
+    sp.embedder_dir = emb_dir;
+    sp.model_path = no_kv ? NULL : model_path;
+    sp.n_threads = threads;
+    sp.dtype = dtype;
+    sp.window = o.window;
+    sp.encode_batch = INGEST_ENCODE_BATCH; /* adds store; the KV is encoded after, in batches */
+    if ((st = stack_open(&sp, &sk)) != IS_OK) {
+        fprintf(stderr, "error: %s\n", is_error_last());
+        return 1;
     }
-    memory_params mp = memory_default_params();
-    mp.embedder = emb;
-    mp.embed_name = ename;
-    mp.kv_window = o.window;
-    memory_open_report rep;
-    if ((st = memory_open(data, &mp, &mem, &rep)) != IS_OK) goto fail;
+    mem = sk->mem;
+    const memory_open_report rep = sk->report;
     if (rep.n_orphans)
         fprintf(stderr, "set aside %lld KV records no fact points to in %s/kv/orphans/\n",
                 (long long)rep.n_orphans, data);
     if (rep.repairs[0]) fprintf(stderr, "warning: %s (inferscale fsck lists them)\n", rep.repairs);
-
-    if (!no_kv) {
-        if ((st = backend_cpu_create(threads, &be)) != IS_OK) goto fail;
-        if ((st = model_load(model_path, be, &m)) != IS_OK) {
-            fprintf(stderr, "error: cannot load model '%s': %s (--no-kv to store facts without "
-                            "KV)\n", model_path, is_error_last());
-            goto out;
-        }
-        engine_params ep = engine_default_params();
-        /* A sequence for each fact of a batch, one for the serving prefix. */
-        ep.max_seqs = INGEST_ENCODE_BATCH + 1;
-        ep.n_ctx = m->cfg.n_ctx_train;
-        if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail;
-        if ((st = ask_ctx_create(e, memory_record_store(mem), dtype, &ac)) != IS_OK) goto fail;
-        if (rep.n_missing_kv > 0) {
-            progress_ctx pc = {"encoding stored facts", now_ms()};
-            int64_t n_enc = 0;
-            encoder_params enp = {ac, 0};
-            st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
-            fprintf(stderr, "encoded %lld stored facts that had no KV record\n", (long long)n_enc);
-            if (st != IS_OK) goto fail;
-        }
+    if (!no_kv && rep.n_missing_kv > 0) {
+        progress_ctx pc = {"encoding stored facts", now_ms()};
+        int64_t n_enc = 0;
+        encoder_params enp = {sk->ask, 0};
+        st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
+        fprintf(stderr, "encoded %lld stored facts that had no KV record\n", (long long)n_enc);
+        if (st != IS_OK) goto fail;
     } else if (rep.n_missing_kv > 0) {
         fprintf(stderr, "note: %lld facts have no KV record yet (run ingest with a model to encode "
                         "them)\n", (long long)rep.n_missing_kv);
@@ -344,13 +310,13 @@ int cmd_ingest(int argc, char **argv) {
         total.skipped += fs.skipped;
         total.failed += fs.failed;
     }
-    if (ac && total.added > 0) {
+    if (sk->ask && total.added > 0) {
         /* The facts were stored with their embeddings; their KV now, many
          * facts a forward (serve/encoder.h). A fact whose encoding fails
          * stays without KV, encoded by the next run. */
         progress_ctx pc = {"encoding KV", now_ms()};
         int64_t n_enc = 0;
-        encoder_params enp = {ac, 0};
+        encoder_params enp = {sk->ask, 0};
         st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
         fprintf(stderr, "encoded the KV of %lld facts\n", (long long)n_enc);
         if (st != IS_OK) goto fail;
@@ -366,11 +332,6 @@ int cmd_ingest(int argc, char **argv) {
 fail:
     fprintf(stderr, "error: %s\n", is_error_last());
 out:
-    memory_close(mem); /* before the ask context: no encoding can be running */
-    ask_ctx_free(ac);
-    engine_free(e);
-    model_free(m);
-    if (be) be->ops->free(be);
-    embedder_free(emb);
+    stack_close(sk);
     return rc;
 }

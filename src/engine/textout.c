@@ -1,6 +1,7 @@
 #include "engine/textout.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,18 +33,9 @@ static size_t stop_hold(const textout *o) {
     return hold;
 }
 
-/* Bytes of an unfinished UTF-8 character at the end of the text: a lead
- * byte followed by fewer continuation bytes than it announces. */
-static size_t utf8_hold(const textout *o) {
-    const unsigned char *b = (const unsigned char *)o->buf;
-    for (size_t back = 1; back <= 3 && back <= o->len; back++) {
-        unsigned char c = b[o->len - back];
-        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
-        size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
-        return need > back ? back : 0;
-    }
-    return 0;
-}
+/* Bytes of an unfinished UTF-8 character at the end of the text, which
+ * the next piece may complete. */
+static size_t utf8_hold(const textout *o) { return o->len - utf8_complete_prefix(o->buf, o->len); }
 
 is_status textout_push(textout *o, const char *piece, size_t len, bool *stopped) {
     *stopped = o->stopped;

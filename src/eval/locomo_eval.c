@@ -9,6 +9,7 @@
 #include "eval/locomo_eval.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -40,17 +41,16 @@ static bool us_push(ustr *s, int32_t cp) {
 
 /* UTF-8 -> code points; each invalid byte becomes U+FFFD. */
 static bool us_decode(const char *text, size_t len, ustr *out) {
-    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)text;
     size_t i = 0;
     while (i < len) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t r = utf8proc_iterate(p + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (r <= 0) {
+        uint32_t cp;
+        int k = utf8_decode(text + i, len - i, &cp);
+        if (k < 0) {
             cp = 0xFFFD;
-            r = 1;
+            k = 1;
         }
-        if (!us_push(out, cp)) return false;
-        i += (size_t)r;
+        if (!us_push(out, (int32_t)cp)) return false;
+        i += (size_t)k;
     }
     return true;
 }
@@ -60,7 +60,7 @@ static char *us_encode(const int32_t *c, int32_t n) {
     if (!out) return NULL;
     size_t len = 0;
     for (int32_t i = 0; i < n; i++)
-        len += (size_t)utf8proc_encode_char(c[i], (utf8proc_uint8_t *)out + len);
+        len += utf8_encode((uint32_t)c[i], out + len);
     out[len] = '\0';
     return out;
 }

@@ -3,7 +3,7 @@
  * them (see dense_gpu.h for the contract and docs/notes/cuda-diary.md,
  * "GPU retrieval", for what crosses PCIe).
  *
- * Layout. (tenant, user) -> a partition: a cuda_fact_matrix whose row r
+ * Layout. (tenant, user) -> a partition: a device matrix whose row r
  * holds the embedding of fact ids[r], and map: id -> r. A removal moves
  * the last row into the hole (the matrix does the same), so rows stay
  * dense. During a bulk load new rows are staged on the host after the
@@ -12,19 +12,18 @@
  */
 #include "memory/dense_gpu.h"
 
+#include "backend/retrieval.h"
 #include "core/status.h"
-
-#include <string.h>
-
-#ifdef IS_HAVE_CUDA
-
 #include "memory/strmap.h"
-#include "retrieval_cuda.h"
 
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The backend whose device holds the matrices: the one that implements
+ * backend/retrieval.h. */
+#define DG_BACKEND "cuda"
 
 /* Staged rows (all users) that trigger a flush: 1.5 MB at dim 384. */
 #define DG_STAGE_MAX 4096
@@ -32,7 +31,7 @@
 typedef struct dg_part {
     char *key;             /* tenant '\0' user, owned; the partition map's key */
     size_t key_len;
-    cuda_fact_matrix *mat; /* rows [0, n - n_staged) */
+    retrieval_matrix *mat; /* rows [0, n - n_staged) */
     char **ids;            /* [cap] row -> fact id, owned; the id map's keys */
     int32_t n, cap;        /* rows named: on the device, then staged */
     strmap map;            /* fact id -> row */
@@ -42,7 +41,8 @@ typedef struct dg_part {
 } dg_part;
 
 struct dense_gpu {
-    cuda_embedder *emb;
+    const retrieval_ops *ops; /* the device's retrieval calls */
+    embedder *emb;         /* the embedder's device copy */
     int32_t device, dim;
     float *q_dev;          /* device [dim]: the query of the search under way */
     pthread_mutex_t mu;    /* everything below, and all device work */
@@ -51,15 +51,15 @@ struct dense_gpu {
     int32_t n_part, cap_part;
     int64_t n_staged;      /* all partitions */
     int64_t searches, declined;
-    int32_t idx[CUDA_TOPK_MAX]; /* a search's rows and scores */
-    float score[CUDA_TOPK_MAX];
+    int32_t idx[RETRIEVAL_TOPK_MAX]; /* a search's rows and scores */
+    float score[RETRIEVAL_TOPK_MAX];
 };
 
 /* ---- partitions ----------------------------------------------------------- */
 
-static void part_free(dg_part *p) {
+static void part_free(const dense_gpu *g, dg_part *p) {
     if (!p) return;
-    cuda_fact_matrix_free(p->mat);
+    g->ops->matrix_free(p->mat);
     for (int32_t i = 0; i < p->n; i++) free(p->ids[i]);
     free(p->ids);
     strmap_free(&p->map);
@@ -116,8 +116,8 @@ static dg_part *part_get(dense_gpu *g, const char *tenant, const char *user, boo
         }
         memcpy(p->key, key, len + 1);
         p->key_len = len;
-        if ((*st = cuda_fact_matrix_create(g->device, g->dim, &p->mat)) != IS_OK) {
-            part_free(p);
+        if ((*st = g->ops->matrix_create(g->device, g->dim, &p->mat)) != IS_OK) {
+            part_free(g, p);
             p = NULL;
             goto out;
         }
@@ -136,7 +136,7 @@ static is_status part_flush(dense_gpu *g, dg_part *p) {
     int32_t *rows = malloc(sizeof *rows * (size_t)n);
     is_status st = rows ? IS_OK : is_error_set(IS_ERR_NOMEM, "dense_gpu: out of memory");
     for (int32_t i = 0; st == IS_OK && i < n; i++) rows[i] = first + i;
-    if (st == IS_OK) st = cuda_fact_matrix_set_rows(p->mat, rows, n, p->staged);
+    if (st == IS_OK) st = g->ops->matrix_set_rows(p->mat, rows, n, p->staged);
     free(rows);
     if (st != IS_OK) {
         for (int32_t r = first; r < p->n; r++) {
@@ -200,7 +200,7 @@ static is_status stage_locked(dense_gpu *g, const char *tenant, const char *user
             memcpy(p->staged + (size_t)(r - part_count(p)) * dim, e, dim * sizeof(float));
             return IS_OK;
         }
-        if ((st = cuda_fact_matrix_set_rows(p->mat, &r, 1, e)) != IS_OK) p->stale = true;
+        if ((st = g->ops->matrix_set_rows(p->mat, &r, 1, e)) != IS_OK) p->stale = true;
         return st;
     }
     if ((st = part_reserve(g, p)) != IS_OK) return st;
@@ -223,25 +223,17 @@ is_status dense_gpu_create(const embedder *emb, int32_t device, dense_gpu **out)
     if (!g) return is_error_set(IS_ERR_NOMEM, "dense_gpu: out of memory");
     pthread_mutex_init(&g->mu, NULL);
     g->device = device;
-    is_status st = cuda_embedder_create(emb, device, &g->emb);
+    is_status st = retrieval_backend_get(DG_BACKEND, &g->ops);
+    if (st == IS_OK) st = embedder_create_on(emb, DG_BACKEND, device, &g->emb);
     if (st == IS_OK) {
-        g->dim = cuda_embedder_dim(g->emb);
+        g->dim = embedder_dim(g->emb);
         /* A first matrix checks the top-k kernels can run on the device
          * too, so that a user's first fact cannot be the one to find out. */
-        cuda_fact_matrix *probe = NULL;
-        st = cuda_fact_matrix_create(device, g->dim, &probe);
-        cuda_fact_matrix_free(probe);
+        retrieval_matrix *probe = NULL;
+        st = g->ops->matrix_create(device, g->dim, &probe);
+        g->ops->matrix_free(probe);
     }
-    if (st == IS_OK) {
-        cudaError_t e = cudaSetDevice(device);
-        if (e == cudaSuccess) e = cudaMalloc((void **)&g->q_dev, (size_t)g->dim * sizeof(float));
-        if (e != cudaSuccess) {
-            g->q_dev = NULL;
-            cudaGetLastError();
-            st = is_error_set(e == cudaErrorMemoryAllocation ? IS_ERR_NOMEM : IS_ERR_INTERNAL,
-                              "dense_gpu: device %d: %s", (int)device, cudaGetErrorString(e));
-        }
-    }
+    if (st == IS_OK) st = g->ops->vector_alloc(device, g->dim, &g->q_dev);
     if (st != IS_OK) {
         dense_gpu_free(g);
         return st;
@@ -252,15 +244,11 @@ is_status dense_gpu_create(const embedder *emb, int32_t device, dense_gpu **out)
 
 void dense_gpu_free(dense_gpu *g) {
     if (!g) return;
-    for (int32_t i = 0; i < g->n_part; i++) part_free(g->part[i]);
+    for (int32_t i = 0; i < g->n_part; i++) part_free(g, g->part[i]);
     free(g->part);
     strmap_free(&g->parts);
-    if (g->q_dev) {
-        cudaSetDevice(g->device);
-        cudaFree(g->q_dev);
-        cudaGetLastError(); /* nothing to report from a free */
-    }
-    cuda_embedder_free(g->emb);
+    if (g->ops) g->ops->vector_free(g->device, g->q_dev);
+    embedder_free(g->emb);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
@@ -307,7 +295,7 @@ is_status dense_gpu_remove(dense_gpu *g, const char *tenant, const char *user, c
     if ((st = part_flush(g, p)) != IS_OK) goto out; /* the row must be on the device */
     const int32_t r = (int32_t)v;
     int32_t moved = -1;
-    if ((st = cuda_fact_matrix_remove_row(p->mat, r, &moved)) != IS_OK) {
+    if ((st = g->ops->matrix_remove_row(p->mat, r, &moved)) != IS_OK) {
         p->stale = true;
         goto out;
     }
@@ -340,16 +328,16 @@ static int cmp_cand(const void *a, const void *b, void *ids_) {
 }
 
 /* The `want` best rows of p for the query in g->q_dev, in the CPU index's
- * order, into c[0..want) (room for CUDA_TOPK_MAX). *decided = false when a
+ * order, into c[0..want) (room for RETRIEVAL_TOPK_MAX). *decided = false when a
  * tie run at the cut runs past what the device can return. */
 static is_status dense_list(dense_gpu *g, dg_part *p, int32_t want, dg_cand *c, bool *decided) {
     const int32_t count = part_count(p);
-    IS_ASSERT(want > 0 && want < CUDA_TOPK_MAX && want <= count);
+    IS_ASSERT(want > 0 && want < RETRIEVAL_TOPK_MAX && want <= count);
     int32_t fetch = want < count ? want + 1 : count;
     *decided = false;
     for (;;) {
         int32_t got = 0;
-        is_status st = cuda_fact_matrix_search(p->mat, g->q_dev, fetch, g->idx, g->score, &got);
+        is_status st = g->ops->matrix_search(p->mat, g->q_dev, fetch, g->idx, g->score, &got);
         if (st != IS_OK) return st;
         IS_ASSERT(got == fetch);
         for (int32_t i = 0; i < got; i++) c[i] = (dg_cand){g->score[i], g->idx[i]};
@@ -361,10 +349,10 @@ static is_status dense_list(dense_gpu *g, dg_part *p, int32_t want, dg_cand *c, 
             *decided = true;
             return IS_OK;
         }
-        if (fetch == CUDA_TOPK_MAX) return IS_OK;
+        if (fetch == RETRIEVAL_TOPK_MAX) return IS_OK;
         int64_t next = 2 * (int64_t)fetch > fetch + 64 ? 2 * (int64_t)fetch : fetch + 64;
         if (next > count) next = count;
-        if (next > CUDA_TOPK_MAX) next = CUDA_TOPK_MAX;
+        if (next > RETRIEVAL_TOPK_MAX) next = RETRIEVAL_TOPK_MAX;
         fetch = (int32_t)next;
     }
 }
@@ -385,7 +373,7 @@ static is_status fill_dense(dense_gpu *g, dg_part *p, mem_hit *hits, int32_t n) 
         g->idx[m++] = (int32_t)v;
     }
     if (m == 0) return IS_OK;
-    is_status st = cuda_fact_matrix_score_rows(p->mat, g->q_dev, g->idx, m, g->score);
+    is_status st = g->ops->matrix_score_rows(p->mat, g->q_dev, g->idx, m, g->score);
     if (st != IS_OK) return st;
     m = 0;
     for (int32_t i = 0; i < n; i++)
@@ -403,7 +391,7 @@ is_status dense_gpu_search(dense_gpu *g, mem_index *ix, const mem_filter *f, con
         return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu_search: needs tenant, user, a query and k >= 0");
     const int32_t depth = mode == MEM_SEARCH_HYBRID && k < MEM_HYBRID_DEPTH ? MEM_HYBRID_DEPTH : k;
     pthread_mutex_lock(&g->mu);
-    if (mode == MEM_SEARCH_BM25 || f->agent_id || f->run_id || f->n_meta != 0 || depth >= CUDA_TOPK_MAX) {
+    if (mode == MEM_SEARCH_BM25 || f->agent_id || f->run_id || f->n_meta != 0 || depth >= RETRIEVAL_TOPK_MAX) {
         g->declined++;
         pthread_mutex_unlock(&g->mu);
         return IS_OK;
@@ -423,7 +411,7 @@ is_status dense_gpu_search(dense_gpu *g, mem_index *ix, const mem_filter *f, con
     const int32_t count = p ? part_count(p) : 0;
     const int32_t want = k == 0 ? 0 : depth < count ? depth : count;
     if (want > 0) {
-        c = malloc(sizeof *c * CUDA_TOPK_MAX);
+        c = malloc(sizeof *c * RETRIEVAL_TOPK_MAX);
         ids = malloc(sizeof *ids * (size_t)want);
         scores = malloc(sizeof *scores * (size_t)want);
         if (!c || !ids || !scores) {
@@ -431,7 +419,7 @@ is_status dense_gpu_search(dense_gpu *g, mem_index *ix, const mem_filter *f, con
             goto out;
         }
         /* Only the query's token ids go up. */
-        if ((st = cuda_embedder_embed_device(g->emb, &query, 1, g->q_dev)) != IS_OK) goto out;
+        if ((st = embedder_embed_device(g->emb, &query, 1, g->q_dev)) != IS_OK) goto out;
         bool decided;
         if ((st = dense_list(g, p, want, c, &decided)) != IS_OK) goto out;
         if (!decided) {
@@ -484,47 +472,3 @@ bool dense_gpu_has(dense_gpu *g, const char *tenant, const char *user, const cha
     pthread_mutex_unlock(&g->mu);
     return has;
 }
-
-#else /* no CUDA in this build: nothing can be created */
-
-is_status dense_gpu_create(const embedder *emb, int32_t device, dense_gpu **out) {
-    (void)emb;
-    (void)device;
-    (void)out;
-    return is_error_set(IS_ERR_UNSUPPORTED,
-                        "GPU retrieval: this build has no CUDA (configure with -DIS_CUDA=ON on a machine "
-                        "with nvcc)");
-}
-
-void dense_gpu_free(dense_gpu *g) { IS_ASSERT(!g); }
-
-is_status dense_gpu_put(dense_gpu *g, const char *tenant, const char *user, const char *id,
-                        const float *embedding) {
-    return is_error_set(IS_ERR_UNSUPPORTED, "GPU retrieval: no CUDA in this build");
-}
-
-is_status dense_gpu_stage(dense_gpu *g, const char *tenant, const char *user, const char *id,
-                          const float *embedding) {
-    return is_error_set(IS_ERR_UNSUPPORTED, "GPU retrieval: no CUDA in this build");
-}
-
-is_status dense_gpu_flush(dense_gpu *g) {
-    return is_error_set(IS_ERR_UNSUPPORTED, "GPU retrieval: no CUDA in this build");
-}
-
-is_status dense_gpu_remove(dense_gpu *g, const char *tenant, const char *user, const char *id) {
-    return is_error_set(IS_ERR_UNSUPPORTED, "GPU retrieval: no CUDA in this build");
-}
-
-is_status dense_gpu_search(dense_gpu *g, mem_index *ix, const mem_filter *f, const char *query,
-                           int32_t k, mem_search_mode mode, mem_hit *out, int32_t *n_out,
-                           bool *handled) {
-    if (handled) *handled = false;
-    return is_error_set(IS_ERR_UNSUPPORTED, "GPU retrieval: no CUDA in this build");
-}
-
-void dense_gpu_get_stats(dense_gpu *g, dense_gpu_stats *out) { memset(out, 0, sizeof *out); }
-
-bool dense_gpu_has(dense_gpu *g, const char *tenant, const char *user, const char *id) { return false; }
-
-#endif

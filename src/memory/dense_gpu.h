@@ -1,7 +1,7 @@
 /*
  * dense_gpu: the dense half of the memory's retrieval on the GPU. It
  * keeps, per (tenant, user), that user's fact embeddings as the
- * rows of a device matrix (cuda/retrieval_cuda.h's cuda_fact_matrix) with
+ * rows of a device matrix (backend/retrieval.h's retrieval_matrix) with
  * the row <-> fact id map on the host, and a device copy of the sentence
  * embedder. A search embeds the query on the GPU (only its token ids go
  * up), takes the exact top-k of the user's rows on the GPU (only k (row,
@@ -33,7 +33,7 @@
  * dense_gpu_search leaves a search to the caller (*handled = false,
  * nothing done) when: it has an agent_id, run_id or metadata filter (the
  * device keeps no filter fields), it is BM25 only, its dense depth is
- * CUDA_TOPK_MAX or more, a tie run at the cut runs past CUDA_TOPK_MAX rows,
+ * RETRIEVAL_TOPK_MAX or more, a tie run at the cut runs past RETRIEVAL_TOPK_MAX rows,
  * or the user's device copy is stale (below).
  *
  * ---- Failures ----------------------------------------------------------------
@@ -49,8 +49,10 @@
  * on the device to score BM25-only hits). Lock order: this mutex, then the
  * index's lock; never call in here while holding the index's lock.
  *
- * Without CUDA in the build, dense_gpu_create is IS_ERR_UNSUPPORTED and
- * nothing else may be called.
+ * The device work goes through the CUDA backend's retrieval calls
+ * (backend/retrieval.h) and the embedder's device copy
+ * (embedder_create_on). In a build without CUDA, dense_gpu_create is
+ * IS_ERR_UNSUPPORTED.
  */
 #ifndef IS_MEMORY_DENSE_GPU_H
 #define IS_MEMORY_DENSE_GPU_H

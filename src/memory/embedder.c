@@ -36,26 +36,16 @@ typedef enum embedder_pooling {
 /* A layer's weights: the view memory/embedder_weights.h gives out. wqkv and
  * bqkv are owned (the three projections stacked at load); the rest point
  * into the mapped file or the widened copy. */
-typedef embedder_layer_weights bert_layer;
+typedef encoder_layer_weights bert_layer;
 
 struct embedder {
     wordpiece *wp;
     safetensors *st;
-    int32_t hidden;     /* H */
-    int32_t n_layers;
-    int32_t n_heads;
-    int32_t head_dim;   /* H / n_heads */
-    int32_t inter;      /* FFN width I */
-    int32_t n_vocab;
-    int32_t max_pos;    /* rows of the position table */
-    int32_t max_tokens; /* max_seq_length, <= max_pos */
-    float ln_eps;
+    /* Configuration and embedding weights: the view embedder_get_weights
+     * hands out (its layers, pool_cls and tokenizer are filled there).
+     * type_emb is (n_types, H); row 0 is used (single segment). */
+    encoder_weights w;
     embedder_pooling pooling;
-    const float *tok_emb;  /* (n_vocab, H) */
-    const float *pos_emb;  /* (max_pos, H) */
-    const float *type_emb; /* (n_types, H); row 0 is used (single segment) */
-    const float *emb_ln_g; /* (H) */
-    const float *emb_ln_b; /* (H) */
     bert_layer *layers;    /* (n_layers) */
     float **owned;         /* tensors converted from F16/BF16, freed with e */
     int32_t n_owned, cap_owned;
@@ -72,6 +62,15 @@ struct embedder {
     int32_t scores_threads;
     int32_t *tok;  /* (tok_texts, max_tokens) token ids of a chunk of texts */
     int32_t tok_texts;
+
+    /* A device embedder (embedder_create_on) runs the forward pass through
+     * its backend's retrieval calls: ops and enc are set, base is the CPU
+     * embedder it was copied from (borrowed: its tokenizer and weights),
+     * and of the fields above only hidden, max_tokens and n_vocab are. */
+    const embedder *base;
+    const retrieval_ops *ops;
+    retrieval_encoder *enc;
+    int32_t device;
 };
 
 /* ---- files and configuration ----------------------------------------- */
@@ -158,21 +157,21 @@ static is_status read_config(embedder *e, const char *dir, wordpiece_params *wpp
     if (st == IS_OK) st = read_json(dir, "1_Pooling/config.json", false, &pool);
     if (st != IS_OK) goto done;
 
-    if ((st = json_int(cfg, "config.json", "hidden_size", 1, 1 << 16, &e->hidden)) ||
-        (st = json_int(cfg, "config.json", "num_hidden_layers", 1, 1024, &e->n_layers)) ||
-        (st = json_int(cfg, "config.json", "num_attention_heads", 1, 1024, &e->n_heads)) ||
-        (st = json_int(cfg, "config.json", "intermediate_size", 1, 1 << 20, &e->inter)) ||
-        (st = json_int(cfg, "config.json", "vocab_size", 1, 1 << 24, &e->n_vocab)) ||
-        (st = json_int(cfg, "config.json", "max_position_embeddings", 2, 1 << 20, &e->max_pos)))
+    if ((st = json_int(cfg, "config.json", "hidden_size", 1, 1 << 16, &e->w.hidden)) ||
+        (st = json_int(cfg, "config.json", "num_hidden_layers", 1, 1024, &e->w.n_layers)) ||
+        (st = json_int(cfg, "config.json", "num_attention_heads", 1, 1024, &e->w.n_heads)) ||
+        (st = json_int(cfg, "config.json", "intermediate_size", 1, 1 << 20, &e->w.inter)) ||
+        (st = json_int(cfg, "config.json", "vocab_size", 1, 1 << 24, &e->w.n_vocab)) ||
+        (st = json_int(cfg, "config.json", "max_position_embeddings", 2, 1 << 20, &e->w.max_pos)))
         goto done;
-    if (e->hidden % e->n_heads != 0) {
+    if (e->w.hidden % e->w.n_heads != 0) {
         st = is_error_set(IS_ERR_FORMAT, "embedder: config.json: hidden_size %d not a multiple of %d heads",
-                          e->hidden, e->n_heads);
+                          e->w.hidden, e->w.n_heads);
         goto done;
     }
-    e->head_dim = e->hidden / e->n_heads;
+    e->w.head_dim = e->w.hidden / e->w.n_heads;
     const cJSON *eps = cJSON_GetObjectItemCaseSensitive(cfg, "layer_norm_eps");
-    e->ln_eps = cJSON_IsNumber(eps) ? (float)eps->valuedouble : 1e-12f;
+    e->w.ln_eps = cJSON_IsNumber(eps) ? (float)eps->valuedouble : 1e-12f;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(cfg, "hidden_act");
     if (!cJSON_IsString(act) || strcmp(act->valuestring, "gelu") != 0) {
         st = is_error_set(IS_ERR_UNSUPPORTED, "embedder: config.json: hidden_act must be \"gelu\"");
@@ -192,9 +191,9 @@ static is_status read_config(embedder *e, const char *dir, wordpiece_params *wpp
         wpp->strip_accents = cJSON_IsBool(sa) ? cJSON_IsTrue(sa) : -1;
     }
 
-    e->max_tokens = e->max_pos < 512 ? e->max_pos : 512;
-    if (sbert && (st = json_int(sbert, "sentence_bert_config.json", "max_seq_length", 2, e->max_pos,
-                                &e->max_tokens)))
+    e->w.max_tokens = e->w.max_pos < 512 ? e->w.max_pos : 512;
+    if (sbert && (st = json_int(sbert, "sentence_bert_config.json", "max_seq_length", 2, e->w.max_pos,
+                                &e->w.max_tokens)))
         goto done;
 
     e->pooling = EMBEDDER_POOLING_MEAN;
@@ -278,7 +277,7 @@ static is_status get_tensor(embedder *e, const char *prefix, const char *name, i
 }
 
 static is_status load_weights(embedder *e) {
-    const int64_t H = e->hidden, FI = e->inter;
+    const int64_t H = e->w.hidden, FI = e->w.inter;
     const char *pre = safetensors_find(e->st, "embeddings.word_embeddings.weight") ? ""
                       : safetensors_find(e->st, "bert.embeddings.word_embeddings.weight") ? "bert."
                                                                                               : "";
@@ -288,15 +287,15 @@ static is_status load_weights(embedder *e) {
     tt = safetensors_find(e->st, name);
     int64_t n_types = tt && tt->n_dims == 2 ? tt->shape[0] : 1;
     is_status st;
-    if ((st = get_tensor(e, pre, "embeddings.word_embeddings.weight", e->n_vocab, H, &e->tok_emb)) ||
-        (st = get_tensor(e, pre, "embeddings.position_embeddings.weight", e->max_pos, H, &e->pos_emb)) ||
-        (st = get_tensor(e, pre, "embeddings.token_type_embeddings.weight", n_types, H, &e->type_emb)) ||
-        (st = get_tensor(e, pre, "embeddings.LayerNorm.weight", H, 0, &e->emb_ln_g)) ||
-        (st = get_tensor(e, pre, "embeddings.LayerNorm.bias", H, 0, &e->emb_ln_b)))
+    if ((st = get_tensor(e, pre, "embeddings.word_embeddings.weight", e->w.n_vocab, H, &e->w.tok_emb)) ||
+        (st = get_tensor(e, pre, "embeddings.position_embeddings.weight", e->w.max_pos, H, &e->w.pos_emb)) ||
+        (st = get_tensor(e, pre, "embeddings.token_type_embeddings.weight", n_types, H, &e->w.type_emb)) ||
+        (st = get_tensor(e, pre, "embeddings.LayerNorm.weight", H, 0, &e->w.emb_ln_g)) ||
+        (st = get_tensor(e, pre, "embeddings.LayerNorm.bias", H, 0, &e->w.emb_ln_b)))
         return st;
-    e->layers = calloc((size_t)e->n_layers, sizeof *e->layers);
+    e->layers = calloc((size_t)e->w.n_layers, sizeof *e->layers);
     if (!e->layers) return is_error_set(IS_ERR_NOMEM, "embedder: out of memory");
-    for (int32_t l = 0; l < e->n_layers; l++) {
+    for (int32_t l = 0; l < e->w.n_layers; l++) {
         bert_layer *L = &e->layers[l];
         const float *q, *k, *v, *bq, *bk, *bv;
         char n[16][128];
@@ -340,8 +339,13 @@ static is_status load_weights(embedder *e) {
 
 void embedder_free(embedder *e) {
     if (!e) return;
+    if (e->ops) {
+        e->ops->encoder_free(e->enc);
+        free(e);
+        return;
+    }
     if (e->layers) {
-        for (int32_t l = 0; l < e->n_layers; l++) {
+        for (int32_t l = 0; l < e->w.n_layers; l++) {
             free((float *)e->layers[l].wqkv); /* owned (see bert_layer) */
             free((float *)e->layers[l].bqkv);
         }
@@ -372,9 +376,9 @@ is_status embedder_load(const char *dir, embedder **out) {
         snprintf(path, sizeof path, "%s/vocab.txt", dir);
         st = wordpiece_load(path, wpp, &e->wp);
     }
-    if (st == IS_OK && wordpiece_n_vocab(e->wp) != e->n_vocab)
+    if (st == IS_OK && wordpiece_n_vocab(e->wp) != e->w.n_vocab)
         st = is_error_set(IS_ERR_FORMAT, "embedder: vocab.txt has %d tokens, config.json says %d",
-                          wordpiece_n_vocab(e->wp), e->n_vocab);
+                          wordpiece_n_vocab(e->wp), e->w.n_vocab);
     if (st == IS_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         st = safetensors_open(path, &e->st);
@@ -388,26 +392,61 @@ is_status embedder_load(const char *dir, embedder **out) {
     return IS_OK;
 }
 
-int32_t embedder_dim(const embedder *e) { return e ? e->hidden : 0; }
-int32_t embedder_max_tokens(const embedder *e) { return e ? e->max_tokens : 0; }
-const wordpiece *embedder_tokenizer(const embedder *e) { return e ? e->wp : NULL; }
+int32_t embedder_dim(const embedder *e) { return e ? e->w.hidden : 0; }
+int32_t embedder_max_tokens(const embedder *e) { return e ? e->w.max_tokens : 0; }
+const wordpiece *embedder_tokenizer(const embedder *e) {
+    return e ? (e->base ? e->base->wp : e->wp) : NULL;
+}
 void embedder_set_n_threads(embedder *e, int32_t n) {
     if (e) e->n_threads = n > 0 ? n : 0;
 }
 
-void embedder_get_weights(const embedder *e, embedder_weights *out) {
-    *out = (embedder_weights){
-        .hidden = e->hidden, .n_layers = e->n_layers, .n_heads = e->n_heads, .head_dim = e->head_dim,
-        .inter = e->inter, .n_vocab = e->n_vocab, .max_pos = e->max_pos, .max_tokens = e->max_tokens,
-        .ln_eps = e->ln_eps, .pool_cls = e->pooling == EMBEDDER_POOLING_CLS,
-        .tok_emb = e->tok_emb, .pos_emb = e->pos_emb, .type_emb = e->type_emb,
-        .emb_ln_g = e->emb_ln_g, .emb_ln_b = e->emb_ln_b,
-    };
+/* wordpiece_encode behind the encoder_weights tokenizer callback. */
+static is_status tokenize_wordpiece(const void *tok, const char *text, size_t len, int32_t max_len, int32_t *ids,
+                                    int32_t *n_out) {
+    return wordpiece_encode(tok, text, len, max_len, ids, n_out);
 }
 
-void embedder_get_layer_weights(const embedder *e, int32_t layer, embedder_layer_weights *out) {
-    IS_ASSERT(layer >= 0 && layer < e->n_layers);
-    *out = e->layers[layer];
+void embedder_get_weights(const embedder *e, encoder_weights *out) {
+    if (e->base) e = e->base;
+    *out = e->w;
+    out->pool_cls = e->pooling == EMBEDDER_POOLING_CLS;
+    out->layers = e->layers;
+    out->tokenize = tokenize_wordpiece;
+    out->tokenizer = e->wp;
+}
+
+is_status embedder_create_on(const embedder *cpu, const char *backend, int32_t device, embedder **out) {
+    if (!cpu || !backend || !out) return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: NULL argument");
+    if (cpu->base) return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: needs a CPU embedder");
+    const retrieval_ops *ops;
+    is_status st = retrieval_backend_get(backend, &ops);
+    if (st != IS_OK) return st;
+    embedder *e = calloc(1, sizeof *e);
+    if (!e) return is_error_set(IS_ERR_NOMEM, "embedder: out of memory");
+    encoder_weights w;
+    embedder_get_weights(cpu, &w);
+    if ((st = ops->encoder_create(&w, device, &e->enc)) != IS_OK) {
+        free(e);
+        return st;
+    }
+    e->base = cpu;
+    e->ops = ops;
+    e->device = device;
+    e->w.hidden = cpu->w.hidden;
+    e->w.max_tokens = cpu->w.max_tokens;
+    e->w.n_vocab = cpu->w.n_vocab;
+    *out = e;
+    return IS_OK;
+}
+
+const char *embedder_backend(const embedder *e) { return e && e->ops ? e->ops->name : "cpu"; }
+
+is_status embedder_embed_device(embedder *e, const char *const *texts, int32_t n, float *out_dev) {
+    if (!e) return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_device: NULL embedder");
+    if (!e->ops)
+        return is_error_set(IS_ERR_UNSUPPORTED, "embedder_embed_device: a CPU embedder has no device memory");
+    return e->ops->encoder_embed_device(e->enc, texts, n, out_dev);
 }
 
 /* ---- kernels ----------------------------------------------------------- */
@@ -541,7 +580,7 @@ static void linear(const float *a, const float *w, float *c, int64_t T, int32_t 
 static is_status ensure_workspace(embedder *e, size_t T) {
     int32_t nt = n_threads_eff(e);
     if (T > e->ws_tokens) {
-        const size_t H = (size_t)e->hidden, FI = (size_t)e->inter;
+        const size_t H = (size_t)e->w.hidden, FI = (size_t)e->w.inter;
         float *b[5] = {
             realloc(e->x, T * H * sizeof(float)),
         };
@@ -561,7 +600,7 @@ static is_status ensure_workspace(embedder *e, size_t T) {
         e->ws_tokens = T;
     }
     if (nt > e->scores_threads) {
-        float *s = realloc(e->scores, (size_t)nt * (size_t)e->max_tokens * sizeof(float));
+        float *s = realloc(e->scores, (size_t)nt * (size_t)e->w.max_tokens * sizeof(float));
         if (!s) return is_error_set(IS_ERR_NOMEM, "embedder: out of memory");
         e->scores = s;
         e->scores_threads = nt;
@@ -573,7 +612,7 @@ static is_status ensure_workspace(embedder *e, size_t T) {
  * into ctx. Each query row: scores against the text's keys, softmax,
  * weighted sum of values. */
 static void attention_head(const embedder *e, int64_t off, int32_t len, int32_t h, float *s) {
-    const int32_t H = e->hidden, dh = e->head_dim, ld = 3 * H;
+    const int32_t H = e->w.hidden, dh = e->w.head_dim, ld = 3 * H;
     const float scale = 1.0f / sqrtf((float)dh);
     const float *q0 = e->qkv + off * ld + h * dh;
     const float *k0 = q0 + H;
@@ -600,7 +639,7 @@ static void attention_head(const embedder *e, int64_t off, int32_t len, int32_t 
  * and writes the pooled, normalised embeddings to out[n][H]. */
 static is_status forward(embedder *e, const int32_t *const *ids, const int32_t *lens, int32_t n,
                          float *out) {
-    const int32_t H = e->hidden, FI = e->inter, nt = n_threads_eff(e);
+    const int32_t H = e->w.hidden, FI = e->w.inter, nt = n_threads_eff(e);
     int64_t T = 0;
     for (int32_t i = 0; i < n; i++) T += lens[i];
     is_status st = ensure_workspace(e, (size_t)T);
@@ -615,25 +654,25 @@ static is_status forward(embedder *e, const int32_t *const *ids, const int32_t *
     for (int32_t i = 0; i < n; i++) {
         for (int32_t p = 0; p < lens[i]; p++) {
             float *row = e->x + (off[i] + p) * H;
-            const float *w = e->tok_emb + (int64_t)ids[i][p] * H;
-            const float *pe = e->pos_emb + (int64_t)p * H;
-            for (int32_t d = 0; d < H; d++) row[d] = w[d] + pe[d] + e->type_emb[d];
+            const float *w = e->w.tok_emb + (int64_t)ids[i][p] * H;
+            const float *pe = e->w.pos_emb + (int64_t)p * H;
+            for (int32_t d = 0; d < H; d++) row[d] = w[d] + pe[d] + e->w.type_emb[d];
         }
     }
-    add_layernorm_rows(e->x, NULL, NULL, e->emb_ln_g, e->emb_ln_b, T, H, e->ln_eps, nt);
+    add_layernorm_rows(e->x, NULL, NULL, e->w.emb_ln_g, e->w.emb_ln_b, T, H, e->w.ln_eps, nt);
 
-    const int32_t n_tasks = n * e->n_heads;
-    for (int32_t l = 0; l < e->n_layers; l++) {
+    const int32_t n_tasks = n * e->w.n_heads;
+    for (int32_t l = 0; l < e->w.n_layers; l++) {
         const bert_layer *L = &e->layers[l];
         fill_bias(e->qkv, L->bqkv, T, 3 * H, nt);
         linear(e->x, L->wqkv, e->qkv, T, 3 * H, H, 1.0f);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (T > 16)
         for (int32_t task = 0; task < n_tasks; task++) {
-            int32_t i = task / e->n_heads, h = task % e->n_heads;
-            attention_head(e, off[i], lens[i], h, e->scores + (size_t)omp_get_thread_num() * e->max_tokens);
+            int32_t i = task / e->w.n_heads, h = task % e->w.n_heads;
+            attention_head(e, off[i], lens[i], h, e->scores + (size_t)omp_get_thread_num() * e->w.max_tokens);
         }
         linear(e->ctx, L->wo, e->tmp, T, H, H, 0.0f);
-        add_layernorm_rows(e->x, e->tmp, L->bo, L->ln1_g, L->ln1_b, T, H, e->ln_eps, nt);
+        add_layernorm_rows(e->x, e->tmp, L->bo, L->ln1_g, L->ln1_b, T, H, e->w.ln_eps, nt);
         fill_bias(e->ff, L->b1, T, FI, nt);
         linear(e->x, L->w1, e->ff, T, FI, H, 1.0f);
 #pragma omp parallel for schedule(static) num_threads(nt) if (T > 16)
@@ -641,7 +680,7 @@ static is_status forward(embedder *e, const int32_t *const *ids, const int32_t *
             gelu_row(e->ff + t * FI, FI);
         }
         linear(e->ff, L->w2, e->tmp, T, H, FI, 0.0f);
-        add_layernorm_rows(e->x, e->tmp, L->b2, L->ln2_g, L->ln2_b, T, H, e->ln_eps, nt);
+        add_layernorm_rows(e->x, e->tmp, L->b2, L->ln2_g, L->ln2_b, T, H, e->w.ln_eps, nt);
     }
 
     /* Pooling and L2 normalisation (sentence-transformers' Normalize:
@@ -677,7 +716,7 @@ static is_status forward_chunked(embedder *e, const int32_t *const *ids, const i
         int32_t j = i;
         int64_t T = 0;
         while (j < n && (j == i || T + lens[j] <= CHUNK_TOKENS)) T += lens[j++];
-        is_status st = forward(e, ids + i, lens + i, j - i, out + (int64_t)i * e->hidden);
+        is_status st = forward(e, ids + i, lens + i, j - i, out + (int64_t)i * e->w.hidden);
         if (st != IS_OK) return st;
         i = j;
     }
@@ -688,14 +727,15 @@ static is_status forward_chunked(embedder *e, const int32_t *const *ids, const i
 
 is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32_t *lens, int32_t n,
                              float *out) {
+    if (e && e->ops) return e->ops->encoder_embed_ids(e->enc, ids, lens, n, out);
     if (!e || n < 0 || (n > 0 && (!ids || !lens || !out)))
         return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: bad argument");
     for (int32_t i = 0; i < n; i++) {
-        if (!ids[i] || lens[i] < 1 || lens[i] > e->max_tokens)
+        if (!ids[i] || lens[i] < 1 || lens[i] > e->w.max_tokens)
             return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: text %d has %d tokens (1..%d)", i,
-                                lens[i], e->max_tokens);
+                                lens[i], e->w.max_tokens);
         for (int32_t p = 0; p < lens[i]; p++)
-            if (ids[i][p] < 0 || ids[i][p] >= e->n_vocab)
+            if (ids[i][p] < 0 || ids[i][p] >= e->w.n_vocab)
                 return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: token id %d out of range",
                                     ids[i][p]);
     }
@@ -707,12 +747,13 @@ is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32
 #define TOKENIZE_TEXTS 256
 
 is_status embedder_embed(embedder *e, const char *const *texts, int32_t n, float *out) {
+    if (e && e->ops) return e->ops->encoder_embed(e->enc, texts, n, out);
     if (!e || n < 0 || (n > 0 && (!texts || !out)))
         return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: bad argument");
     for (int32_t i = 0; i < n; i++)
         if (!texts[i]) return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: text %d is NULL", i);
     threads_attach(); /* BLAS's count is the process's, set once (core/threads.h) */
-    const int32_t M = e->max_tokens, nt = n_threads_eff(e);
+    const int32_t M = e->w.max_tokens, nt = n_threads_eff(e);
     int32_t lens[TOKENIZE_TEXTS];
     const int32_t *ptrs[TOKENIZE_TEXTS];
     is_status status[TOKENIZE_TEXTS];
@@ -733,7 +774,7 @@ is_status embedder_embed(embedder *e, const char *const *texts, int32_t n, float
         for (int32_t k = 0; k < m; k++)
             if (status[k] != IS_OK)
                 return is_error_set(status[k], "embedder: tokenising text %d failed", i0 + k);
-        is_status st = forward_chunked(e, ptrs, lens, m, out + (int64_t)i0 * e->hidden);
+        is_status st = forward_chunked(e, ptrs, lens, m, out + (int64_t)i0 * e->w.hidden);
         if (st != IS_OK) return st;
     }
     return IS_OK;

@@ -43,9 +43,19 @@
  * identical token ids and cosine >= 0.999 on tests/golden/embed/, made by
  * tools/make_embedder_golden.py.
  *
+ * Two implementations behind these calls, chosen by backend name as the
+ * inference backends are: embedder_load gives the CPU one (here, the
+ * reference); embedder_create_on copies a loaded CPU embedder to a
+ * backend's device ("cuda": cuda/embed.cu through backend/retrieval.h),
+ * where embed, embed_ids, dim, max_tokens and tokenizer then run with the
+ * same results up to summation order (within 1e-4 per element,
+ * tests/cuda/test_cuda_retrieval.c), and embedder_embed_device leaves the
+ * vectors in device memory for a device search (memory/dense_gpu.h).
+ *
  * Threads: an embedder may be used by one thread at a time (it keeps its
  * work buffers); loading several is fine. The work inside a call is spread
- * over the threads set by embedder_set_n_threads (default: all cores).
+ * over the threads set by embedder_set_n_threads (default: all cores; a
+ * device embedder ignores it).
  */
 #ifndef IS_MEMORY_EMBEDDER_H
 #define IS_MEMORY_EMBEDDER_H
@@ -67,7 +77,18 @@ typedef struct embedder embedder;
  * file. *out is unchanged on failure. */
 is_status embedder_load(const char *dir, embedder **out);
 
-/* Frees the model and unmaps its weights. NULL is a no-op. */
+/* Copies the loaded CPU embedder `cpu` (borrowed: free the copy first) to
+ * device `device` of backend `backend`. IS_ERR_UNSUPPORTED for "cpu" (load
+ * it instead), a backend this build lacks, no such device, or a model the
+ * device kernels do not handle; IS_ERR_INVALID_ARG for NULL or a `cpu`
+ * that is itself a device copy; IS_ERR_NOMEM. *out unchanged on failure. */
+is_status embedder_create_on(const embedder *cpu, const char *backend, int32_t device, embedder **out);
+
+/* "cpu", or the backend a device embedder runs on. */
+const char *embedder_backend(const embedder *e);
+
+/* Frees the model and unmaps its weights (a device copy: its device
+ * memory). NULL is a no-op. */
 void embedder_free(embedder *e);
 
 /* Embedding dimension (the model's hidden size, 384 for MiniLM). */
@@ -96,5 +117,10 @@ is_status embedder_embed(embedder *e, const char *const *texts, int32_t n, float
  * independently of the tokenizer. */
 is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32_t *lens, int32_t n,
                              float *out);
+
+/* As embedder_embed into out_dev[n][dim], device memory of a device
+ * embedder's device; returns once queued (a device search the same thread
+ * calls next sees the vectors). IS_ERR_UNSUPPORTED for a CPU embedder. */
+is_status embedder_embed_device(embedder *e, const char *const *texts, int32_t n, float *out_dev);
 
 #endif

@@ -5,13 +5,13 @@
 #include "memory/extract.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 static const char k_system_prompt[] =
     "You keep the long-term memory of a personal assistant. From the conversation you are "
@@ -44,10 +44,6 @@ static const char k_reply_start[] = "{\"facts\": [";
 const char *extract_reply_start(void) { return k_reply_start; }
 
 const char *extract_system_prompt(void) { return k_system_prompt; }
-
-extract_params extract_default_params(void) {
-    return (extract_params){.max_tokens = 512, .today = NULL};
-}
 
 void extract_facts_free(char **facts, int32_t n_facts) {
     if (!facts) return;
@@ -104,24 +100,11 @@ static void snippet(const char *reply, size_t len, char *out, size_t cap) {
     }
     if (len > 0 && o + 4 >= cap) {
         /* Do not end inside a UTF-8 sequence. */
-        while (o > 0 && ((unsigned char)out[o - 1] & 0xC0) == 0x80) o--;
-        if (o > 0 && ((unsigned char)out[o - 1] & 0xC0) == 0xC0) o--;
+        o = utf8_complete_prefix(out, o);
         memcpy(out + o, "...", 3);
         o += 3;
     }
     out[o] = 0;
-}
-
-static bool valid_utf8(const char *s, size_t n) {
-    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
-    size_t i = 0;
-    while (i < n) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t r = utf8proc_iterate(p + i, (utf8proc_ssize_t)(n - i), &cp);
-        if (r <= 0) return false;
-        i += (size_t)r;
-    }
-    return true;
 }
 
 /* The "facts" array of the reply: at the top of the object, or inside an
@@ -235,7 +218,7 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
                               EXTRACT_MAX_FACT_BYTES);
             goto done;
         }
-        if (!valid_utf8(s, l)) {
+        if (!utf8_valid(s, l)) {
             free(obj_text);
             st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not valid UTF-8", idx);
             goto done;
@@ -264,116 +247,4 @@ done:
     *facts = out;
     *n_facts = n;
     return IS_OK;
-}
-
-/* ---- asking the model -------------------------------------------------- */
-
-typedef struct reply_acc {
-    char *buf;
-    size_t len, cap;
-    obj_scan sc;
-    bool nomem;
-} reply_acc;
-
-/* Collects the reply and stops generation when the first object closes. */
-static bool on_text(const char *t, size_t l, void *ud) {
-    reply_acc *r = ud;
-    if (r->len + l + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 1024;
-        while (cap < r->len + l + 1) cap *= 2;
-        char *nb = realloc(r->buf, cap);
-        if (!nb) {
-            r->nomem = true;
-            return false;
-        }
-        r->buf = nb;
-        r->cap = cap;
-    }
-    memcpy(r->buf + r->len, t, l);
-    r->len += l;
-    r->buf[r->len] = 0;
-    scan_feed(&r->sc, r->buf, r->len);
-    return r->sc.end < 0;
-}
-
-/* "Input:\nrole: content\n..." (system messages left out). */
-static is_status build_input(const is_chat_message *msgs, size_t n, const extract_params *p, char **out) {
-    size_t cap = 64 + (p->today ? strlen(p->today) + 32 : 0);
-    for (size_t i = 0; i < n; i++) {
-        if (!msgs[i].role || !msgs[i].content)
-            return is_error_set(IS_ERR_INVALID_ARG, "extract: message %zu has no role or content", i);
-        if (strcmp(msgs[i].role, "user") != 0 && strcmp(msgs[i].role, "assistant") != 0 &&
-            strcmp(msgs[i].role, "system") != 0)
-            return is_error_set(IS_ERR_INVALID_ARG, "extract: message %zu has role '%s' (user, assistant or system)",
-                                i, msgs[i].role);
-        cap += strlen(msgs[i].role) + strlen(msgs[i].content) + 4;
-    }
-    char *s = malloc(cap);
-    if (!s) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    size_t o = 0;
-    if (p->today) o += (size_t)snprintf(s + o, cap - o, "Today's date: %s\n", p->today);
-    o += (size_t)snprintf(s + o, cap - o, "Input:\n");
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(msgs[i].role, "system") == 0) continue;
-        o += (size_t)snprintf(s + o, cap - o, "%s: %s\n", msgs[i].role, msgs[i].content);
-    }
-    *out = s;
-    return IS_OK;
-}
-
-is_status extract_facts(is_model *m, is_session *s, const is_chat_message *msgs, size_t n_msgs,
-                        const extract_params *p, char ***facts, int32_t *n_facts) {
-    if (!m || !msgs || !facts || !n_facts) return is_error_set(IS_ERR_INVALID_ARG, "extract_facts: NULL argument");
-    if (n_msgs == 0) return is_error_set(IS_ERR_INVALID_ARG, "extract_facts: no messages");
-    extract_params prm = p ? *p : extract_default_params();
-    if (prm.max_tokens <= 0) return is_error_set(IS_ERR_INVALID_ARG, "extract_facts: max_tokens must be > 0");
-    char *input = NULL, *text = NULL;
-    int32_t *toks = NULL;
-    size_t n_toks = 0;
-    is_session *own = NULL;
-    reply_acc r = {0};
-    scan_init(&r.sc);
-    is_status st = build_input(msgs, n_msgs, &prm, &input);
-    if (st == IS_OK) {
-        is_chat_message chat[2] = {{"system", k_system_prompt}, {"user", input}};
-        st = is_chat_render(m, chat, 2, true, &text);
-    }
-    if (st == IS_OK) {
-        /* The reply is begun for the model: small models given the opening
-         * of the object continue it far more often than they produce one. */
-        size_t tl = strlen(text), pl = strlen(k_reply_start);
-        char *primed = realloc(text, tl + pl + 1);
-        if (!primed) {
-            st = is_error_set(IS_ERR_NOMEM, "out of memory");
-        } else {
-            text = primed;
-            memcpy(text + tl, k_reply_start, pl + 1);
-            on_text(k_reply_start, pl, &r);
-            if (r.nomem) st = is_error_set(IS_ERR_NOMEM, "out of memory");
-        }
-    }
-    if (st == IS_OK) st = is_tokenize(m, text, strlen(text), false, true, &toks, &n_toks);
-    if (st == IS_OK && !s) {
-        st = is_session_create(m, is_session_default_params(), &own);
-        s = own;
-    }
-    if (st == IS_OK) {
-        is_gen_params gp = is_gen_default_params();
-        gp.max_tokens = prm.max_tokens;
-        gp.temperature = 0.0f;
-        gp.top_k = 0;
-        gp.top_p = 1.0f;
-        gp.stop = NULL;
-        gp.n_stop = 0;
-        is_gen_stats stats;
-        st = is_session_generate(s, toks, n_toks, gp, on_text, &r, &stats);
-        if (st == IS_OK && r.nomem) st = is_error_set(IS_ERR_NOMEM, "out of memory");
-    }
-    if (st == IS_OK) st = extract_parse(r.buf, r.len, facts, n_facts);
-    is_session_free(own);
-    free(r.buf);
-    free(toks);
-    free(text);
-    free(input);
-    return st;
 }

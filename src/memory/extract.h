@@ -33,8 +33,10 @@
  * caller skips the messages and warns, nothing is stored. An empty array is
  * a valid answer (nothing worth remembering).
  *
- * The system prompt is the same for every call, so a session reused across
- * calls keeps its KV and prefills only the new conversation.
+ * The caller runs the model (serve/http/memories.c, through the scheduler,
+ * stopping when the object closes). The system prompt is the same for
+ * every call, so its KV is reused and only the new conversation is
+ * prefilled.
  */
 #ifndef IS_MEMORY_EXTRACT_H
 #define IS_MEMORY_EXTRACT_H
@@ -46,13 +48,6 @@
 
 #define EXTRACT_MAX_FACTS 50
 #define EXTRACT_MAX_FACT_BYTES 500
-
-typedef struct extract_params {
-    int32_t max_tokens; /* reply budget in tokens (default 512) */
-    const char *today;  /* optional "Today's date" line for relative dates (NULL: none) */
-} extract_params;
-
-extract_params extract_default_params(void);
 
 /* The fixed system prompt (a constant string). */
 const char *extract_system_prompt(void);
@@ -67,16 +62,6 @@ const char *extract_reply_start(void);
  * IS_ERR_FORMAT (message says why), IS_ERR_INVALID_ARG (NULL pointers),
  * IS_ERR_NOMEM. Outputs unchanged on failure. */
 is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n_facts);
-
-/* Asks model `m` for the facts of msgs[0..n_msgs) and parses its reply.
- * Messages with role "system" are left out of the input; roles other than
- * user / assistant / system, NULL fields or n_msgs == 0 are
- * IS_ERR_INVALID_ARG. `s` is a session of `m` to (re)use, or NULL for a
- * temporary one. p may be NULL (defaults). Errors: those of extract_parse,
- * IS_ERR_CONTEXT_FULL when the conversation does not fit the session, and
- * any generation error. Outputs unchanged on failure. */
-is_status extract_facts(is_model *m, is_session *s, const is_chat_message *msgs, size_t n_msgs,
-                        const extract_params *p, char ***facts, int32_t *n_facts);
 
 void extract_facts_free(char **facts, int32_t n_facts);
 

@@ -1,6 +1,7 @@
 #include "memory/memory.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 #include "kv/fact_record.h"
 #include "memory/strmap.h"
 
@@ -14,7 +15,6 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <utf8proc.h>
 
 #define RECORD_EXT ".fkv"
 
@@ -92,19 +92,6 @@ static is_status uuid4(char out[MEMORY_ID_SIZE]) {
              b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
              b[15]);
     return IS_OK;
-}
-
-static bool utf8_valid(const char *s) {
-    const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s;
-    utf8proc_ssize_t left = (utf8proc_ssize_t)strlen(s);
-    while (left > 0) {
-        utf8proc_int32_t c;
-        utf8proc_ssize_t n = utf8proc_iterate(p, left, &c);
-        if (n <= 0) return false;
-        p += n;
-        left -= n;
-    }
-    return true;
 }
 
 /* Record id of a fact's KV at a version: "<id>-v<version>". */
@@ -452,11 +439,11 @@ static is_status add_check(memory *m, const memory_add_req *r, add_prep *p) {
         return is_error_set(IS_ERR_INVALID_ARG, "memory: a fact needs a tenant and a user_id");
     if (!r->text || !*r->text)
         return is_error_set(IS_ERR_INVALID_ARG, "memory: a fact needs a non-empty text");
-    if (!utf8_valid(r->text)) return is_error_set(IS_ERR_INVALID_ARG, "memory: text is not valid UTF-8");
+    if (!utf8_valid(r->text, strlen(r->text))) return is_error_set(IS_ERR_INVALID_ARG, "memory: text is not valid UTF-8");
     if (r->n_context < 0 || (r->n_context > 0 && !r->context))
         return is_error_set(IS_ERR_INVALID_ARG, "memory: bad context");
     for (int32_t i = 0; i < r->n_context; i++)
-        if (!r->context[i] || !utf8_valid(r->context[i]))
+        if (!r->context[i] || !utf8_valid(r->context[i], strlen(r->context[i])))
             return is_error_set(IS_ERR_INVALID_ARG, "memory: context turn %d is NULL or not UTF-8",
                                 (int)i);
     p->r = r;
@@ -587,7 +574,7 @@ is_status memory_update(memory *m, const char *tenant, const char *user, const c
                         const char *text, const char *metadata_json) {
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "memory_update: needs tenant, user and id");
-    if (text && (!*text || !utf8_valid(text)))
+    if (text && (!*text || !utf8_valid(text, strlen(text))))
         return is_error_set(IS_ERR_INVALID_ARG, "memory_update: text is empty or not valid UTF-8");
     char *meta = NULL;
     bool meta_given = metadata_json != NULL;

@@ -6,6 +6,7 @@
 #include "memory/wordpiece.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -109,15 +110,9 @@ is_status wordpiece_load_buffer(const char *data, size_t n, wordpiece_params par
             wordpiece_free(wp);
             return is_error_set(IS_ERR_FORMAT, "wordpiece: empty token on line %d", id + 1);
         }
-        utf8proc_int32_t cp;
-        for (size_t k = 0; k < tl;) {
-            utf8proc_ssize_t r = utf8proc_iterate((const uint8_t *)data + pos + k,
-                                                  (utf8proc_ssize_t)(tl - k), &cp);
-            if (r <= 0) {
-                wordpiece_free(wp);
-                return is_error_set(IS_ERR_FORMAT, "wordpiece: invalid UTF-8 on line %d", id + 1);
-            }
-            k += (size_t)r;
+        if (!utf8_valid(data + pos, tl)) {
+            wordpiece_free(wp);
+            return is_error_set(IS_ERR_FORMAT, "wordpiece: invalid UTF-8 on line %d", id + 1);
         }
         memcpy(wp->arena + ap, data + pos, tl);
         wp->arena[ap + tl] = 0;
@@ -208,18 +203,12 @@ const char *wordpiece_token_text(const wordpiece *wp, int32_t id) {
  * how many are emitted does not matter, only that no valid character that
  * follows is swallowed). */
 static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
-    utf8proc_int32_t c;
-    utf8proc_ssize_t r = utf8proc_iterate(s, (utf8proc_ssize_t)(n < 4 ? n : 4), &c);
-    if (r <= 0) {
+    int k = utf8_decode((const char *)s, n, cp);
+    if (k < 0) {
         *cp = 0xFFFD;
         return 1;
     }
-    *cp = (uint32_t)c;
-    return (size_t)r;
-}
-
-static size_t utf8_put(uint32_t cp, char *out) {
-    return (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)out);
+    return (size_t)k;
 }
 
 /* Rust's char::is_whitespace (the White_Space property), plus \t \n \r. */
@@ -303,10 +292,10 @@ static is_status normalize_segment(const wordpiece *wp, const uint8_t *s, size_t
             clean[m++] = ' ';
         } else if (p->tokenize_chinese_chars && is_cjk(c)) {
             clean[m++] = ' ';
-            m += utf8_put(c, clean + m);
+            m += utf8_encode(c, clean + m);
             clean[m++] = ' ';
         } else {
-            m += utf8_put(c, clean + m);
+            m += utf8_encode(c, clean + m);
         }
     }
     /* 3: NFD (with canonical reordering of marks) then drop Mn. */
@@ -389,7 +378,7 @@ static bool wordpiece_word(const wordpiece *wp, const uint32_t *w, size_t nw, wo
     size_t b = 0;
     for (size_t i = 0; i < nw; i++) {
         ws->off[i] = b;
-        b += utf8_put(w[i], ws->bytes + b);
+        b += utf8_encode(w[i], ws->bytes + b);
     }
     ws->off[nw] = b;
     int32_t first = *n;

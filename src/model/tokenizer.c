@@ -27,6 +27,7 @@
 #include "model/tokenizer.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 #include "gguf/gguf.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -40,101 +41,7 @@
 
 #define TOKENIZER_MAX_TEXT ((size_t)1 << 30)
 
-/* ============================== UTF-8 ================================== */
-
-/* Length of the well-formed UTF-8 sequence at s[0..n) (1..4) and its code
- * point in *cp, or, if ill-formed, minus the length of its maximal subpart
- * (the longest prefix that could start a well-formed sequence; at least 1),
- * per Unicode 15 section 3.9 / Table 3-7. n >= 1. */
-static int utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
-    uint8_t b0 = s[0];
-    if (b0 < 0x80) {
-        *cp = b0;
-        return 1;
-    }
-    int need;
-    uint8_t lo = 0x80, hi = 0xBF;
-    uint32_t c;
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-        need = 1; c = b0 & 0x1F;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-        need = 2; c = b0 & 0x0F;
-        if (b0 == 0xE0) lo = 0xA0;
-        if (b0 == 0xED) hi = 0x9F; /* no surrogates */
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-        need = 3; c = b0 & 0x07;
-        if (b0 == 0xF0) lo = 0x90;
-        if (b0 == 0xF4) hi = 0x8F; /* <= U+10FFFF */
-    } else {
-        return -1;
-    }
-    for (int k = 1; k <= need; k++) {
-        if ((size_t)k >= n) return -k;
-        uint8_t b = s[k];
-        if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return -k;
-        c = (c << 6) | (b & 0x3F);
-    }
-    *cp = c;
-    return need + 1;
-}
-
-/* Length of the UTF-8 sequence starting with lead byte b in VALID text. */
-static inline size_t utf8_len(uint8_t b) {
-    return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-}
-
-static size_t utf8_put(uint32_t cp, char *out) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* If text is valid UTF-8, returns IS_OK with *fixed = NULL. Otherwise
- * *fixed is a malloc'd copy with each maximal ill-formed subpart replaced by
- * U+FFFD (EF BF BD), of length *fixed_len. */
-static is_status utf8_sanitize(const char *text, size_t len, char **fixed,
-                               size_t *fixed_len) {
-    const uint8_t *s = (const uint8_t *)text;
-    size_t i = 0;
-    uint32_t cp;
-    while (i < len) {
-        if (s[i] < 0x80) { i++; continue; }
-        int k = utf8_decode(s + i, len - i, &cp);
-        if (k < 0) break;
-        i += (size_t)k;
-    }
-    *fixed = NULL;
-    if (i == len) return IS_OK;
-    /* Each bad subpart (>= 1 byte) becomes 3 bytes: at most 3x. */
-    char *o = malloc(len * 3 + 1);
-    if (!o) return is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory");
-    memcpy(o, text, i);
-    size_t n = i;
-    while (i < len) {
-        int k = utf8_decode(s + i, len - i, &cp);
-        if (k > 0) {
-            memcpy(o + n, s + i, (size_t)k);
-            n += (size_t)k; i += (size_t)k;
-        } else {
-            memcpy(o + n, "\xEF\xBF\xBD", 3);
-            n += 3; i += (size_t)(-k);
-        }
-    }
-    o[n] = '\0';
-    *fixed = o;
-    *fixed_len = n;
-    return IS_OK;
-}
+/* ========================= GPT-2 byte alphabet ========================== */
 
 /* GPT-2's byte -> printable code point map: bytes that are printable and not
  * whitespace map to themselves, the other 68 to U+0100.. in byte order. */
@@ -354,7 +261,7 @@ static size_t piece_build(const tokenizer *t, int32_t id, const int32_t *cp_to_b
     }
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int k = utf8_decode(s + i, n - i, &cp);
+        int k = utf8_decode((const char *)s + i, n - i, &cp);
         if (k < 0) { out[o++] = (char)s[i++]; continue; }
         if (cp < 324 && cp_to_byte[cp] >= 0) out[o++] = (char)cp_to_byte[cp];
         else { memcpy(out + o, s + i, (size_t)k); o += (size_t)k; }
@@ -466,7 +373,7 @@ is_status tokenizer_create(const tokenizer_spec *spec, tokenizer **out) {
         if (t->type == TOKENIZER_TYPE_BPE) {
             uint32_t cp = gpt2_byte_to_cp(b);
             cp_to_byte[cp] = b;
-            n = utf8_put(cp, s);
+            n = utf8_encode(cp, s);
         } else {
             n = (size_t)snprintf(s, sizeof s, "<0x%02X>", b);
         }
@@ -891,7 +798,7 @@ static bool bpe_word(enc *e, const uint8_t *w, size_t n) {
         /* HF BPE ignore_merges: a word that is a vocab entry is one token. */
         if (!GROW(e->buf, e->buf_cap, n * 2)) goto nomem;
         size_t m = 0;
-        for (size_t i = 0; i < n; i++) m += utf8_put(gpt2_byte_to_cp(w[i]), e->buf + m);
+        for (size_t i = 0; i < n; i++) m += utf8_encode(gpt2_byte_to_cp(w[i]), e->buf + m);
         int32_t id = vocab_lookup(t, e->buf, m);
         if (id >= 0) return emit(e, id);
     }
@@ -948,7 +855,7 @@ static bool bpe_regex_words(enc *e, const pcre2_code *re, const char *s, size_t 
         size_t ms = ov[0], me = ov[1];
         if (ms > off && !bpe_word(e, (const uint8_t *)s + off, ms - off)) return false;
         if (me == ms) { /* empty match: our patterns have none; step one char */
-            me = ms + utf8_len((uint8_t)s[ms]);
+            me = ms + utf8_seq_len((uint8_t)s[ms]);
             if (!bpe_word(e, (const uint8_t *)s + ms, me - ms)) return false;
         } else if (!bpe_word(e, (const uint8_t *)s + ms, me - ms)) {
             return false;
@@ -1015,7 +922,7 @@ static bool spm_fragment(enc *e, const char *s, size_t n, bool prefix) {
     if (!GROW(e->syms, e->syms_cap, m)) goto nomem;
     int32_t ns = 0;
     for (size_t i = 0; i < m;) {
-        size_t k = utf8_len((uint8_t)e->buf[i]);
+        size_t k = utf8_seq_len((uint8_t)e->buf[i]);
         e->syms[ns] = (sym){-1, ns - 1, ns + 1, (uint32_t)i, (uint32_t)k};
         ns++;
         i += k;

@@ -47,6 +47,7 @@
 #include "backend_cuda.h"
 #include "core/status.h"
 #include "memory/embedder.h"
+#include "memory/embedder_weights.h"
 #include "retrieval_cuda.h"
 #include "test_bert.h"
 #include "test_util.h"
@@ -187,9 +188,16 @@ static void compare_embedders(const char *label, embedder *cpu, cuda_embedder *g
     free(g);
 }
 
+/* The device copy of a loaded CPU embedder, made from the weights it hands out. */
+static is_status gpu_from(const embedder *cpu, int32_t device, cuda_embedder **gpu) {
+    encoder_weights w;
+    embedder_get_weights(cpu, &w);
+    return cuda_embedder_create(&w, device, gpu);
+}
+
 static void load_both(const char *dir, embedder **cpu, cuda_embedder **gpu) {
     if (embedder_load(dir, cpu) != IS_OK) fail_msg("embedder_load %s: %s", dir, is_error_last());
-    if (cuda_embedder_create(*cpu, 0, gpu) != IS_OK) fail_msg("cuda_embedder_create: %s", is_error_last());
+    if (gpu_from(*cpu, 0, gpu) != IS_OK) fail_msg("cuda_embedder_create: %s", is_error_last());
 }
 
 /* ---- embedder tests ------------------------------------------------------------- */
@@ -255,6 +263,50 @@ static void test_embedder_random(void **state) {
     }
 }
 
+/* The same encoder through the memory layer's interface (memory/embedder.h):
+ * a device copy made by backend name gives the CPU's vectors, on the host
+ * and in device memory, and refuses what the interface refuses. */
+static void test_embedder_interface(void **state) {
+    (void)state;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", g_tmp, test_bert_a.name);
+    embedder *cpu = NULL, *dev = NULL;
+    if (embedder_load(dir, &cpu) != IS_OK) fail_msg("embedder_load %s: %s", dir, is_error_last());
+    ok(embedder_create_on(cpu, "cuda", 0, &dev));
+    assert_string_equal(embedder_backend(dev), "cuda");
+    const int32_t dim = embedder_dim(cpu);
+    assert_int_equal(embedder_dim(dev), dim);
+    assert_int_equal(embedder_max_tokens(dev), embedder_max_tokens(cpu));
+    assert_ptr_equal(embedder_tokenizer(dev), embedder_tokenizer(cpu));
+    float *c = xmalloc((size_t)N_SHORT * dim * sizeof(float));
+    float *g = xmalloc((size_t)N_SHORT * dim * sizeof(float));
+    float *back = xmalloc((size_t)N_SHORT * dim * sizeof(float));
+    ok(embedder_embed(cpu, short_texts, N_SHORT, c));
+    ok(embedder_embed(dev, short_texts, N_SHORT, g));
+    expect_embeddings("interface, host", g, c, N_SHORT, dim);
+    float *d = NULL;
+    cuda_ok(cudaMalloc((void **)&d, (size_t)N_SHORT * dim * sizeof(float)));
+    ok(embedder_embed_device(dev, short_texts, N_SHORT, d));
+    cuda_ok(cudaStreamSynchronize(cudaStreamPerThread));
+    cuda_ok(cudaMemcpy(back, d, (size_t)N_SHORT * dim * sizeof(float), cudaMemcpyDeviceToHost));
+    expect_embeddings("interface, device", back, c, N_SHORT, dim);
+    const int32_t ids[3] = {2, 5, 3}, *p = ids, len = 3;
+    ok(embedder_embed_ids(cpu, &p, &len, 1, c));
+    ok(embedder_embed_ids(dev, &p, &len, 1, g));
+    expect_embeddings("interface, ids", g, c, 1, dim);
+    embedder *keep = (embedder *)0x1;
+    assert_int_equal(embedder_create_on(dev, "cuda", 0, &keep), IS_ERR_INVALID_ARG);
+    assert_int_equal(embedder_create_on(cpu, "cuda", 999, &keep), IS_ERR_UNSUPPORTED);
+    assert_ptr_equal(keep, (embedder *)0x1);
+    assert_int_equal(embedder_embed_device(cpu, short_texts, 1, d), IS_ERR_UNSUPPORTED);
+    cuda_ok(cudaFree(d));
+    free(c);
+    free(g);
+    free(back);
+    embedder_free(dev);
+    embedder_free(cpu);
+}
+
 static void test_embedder_errors(void **state) {
     (void)state;
     char dir[512];
@@ -289,7 +341,7 @@ static void test_embedder_errors(void **state) {
     ok(cuda_embedder_embed(gpu, texts, 1, out));
     expect_embeddings("after refused calls", out, c, 1, embedder_dim(cpu));
     assert_int_equal(cuda_embedder_create(NULL, 0, &keep), IS_ERR_INVALID_ARG);
-    assert_int_equal(cuda_embedder_create(cpu, 999, &keep), IS_ERR_UNSUPPORTED);
+    assert_int_equal(gpu_from(cpu, 999, &keep), IS_ERR_UNSUPPORTED);
     assert_ptr_equal(keep, (cuda_embedder *)0x1);
     cuda_ok(cudaFree(d));
     cuda_embedder_free(gpu);
@@ -639,7 +691,8 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_embedder_random), cmocka_unit_test(test_embedder_errors),
+        cmocka_unit_test(test_embedder_random), cmocka_unit_test(test_embedder_interface),
+        cmocka_unit_test(test_embedder_errors),
         cmocka_unit_test(test_embedder_minilm), cmocka_unit_test(test_topk_random),
         cmocka_unit_test(test_topk_ties),       cmocka_unit_test(test_topk_updates),
     };

@@ -466,6 +466,35 @@ static void test_embedder_tiny(void **state) {
     assert_int_equal(embedder_embed(e, texts, n, out1), IS_OK);
     for (int32_t i = 0; i < n * TH; i++) assert_true(fabsf(out1[i] - out[i]) < 1e-5f);
     embedder_set_n_threads(e, 0);
+    /* The implementation behind the interface: this one is the CPU's, and
+     * a device copy is made by backend name. */
+    assert_string_equal(embedder_backend(e), "cpu");
+    embedder *d = (embedder *)0x1;
+    assert_int_equal(embedder_create_on(e, "cpu", 0, &d), IS_ERR_UNSUPPORTED);
+    assert_int_equal(embedder_create_on(e, "tpu", 0, &d), IS_ERR_UNSUPPORTED);
+    assert_int_equal(embedder_create_on(NULL, "cuda", 0, &d), IS_ERR_INVALID_ARG);
+    assert_int_equal(embedder_create_on(e, NULL, 0, &d), IS_ERR_INVALID_ARG);
+    assert_int_equal(embedder_create_on(e, "cuda", 999, &d), IS_ERR_UNSUPPORTED); /* no such device */
+    assert_ptr_equal(d, (embedder *)0x1);
+    assert_int_equal(embedder_embed_device(e, texts, 1, out), IS_ERR_UNSUPPORTED);
+    /* Where a GPU is present the device copy must give the CPU's vectors
+     * (tests/cuda/test_cuda_retrieval.c checks it in depth); elsewhere it
+     * is refused as unsupported, never half made. */
+    is_status st = embedder_create_on(e, "cuda", 0, &d);
+    if (st == IS_OK) {
+        assert_string_equal(embedder_backend(d), "cuda");
+        assert_int_equal(embedder_dim(d), TH);
+        assert_int_equal(embedder_max_tokens(d), TP);
+        assert_ptr_equal(embedder_tokenizer(d), embedder_tokenizer(e));
+        assert_int_equal(embedder_create_on(d, "cuda", 0, &d), IS_ERR_INVALID_ARG);
+        float dev_out[5 * TH];
+        assert_int_equal(embedder_embed(d, texts, n, dev_out), IS_OK);
+        for (int32_t i = 0; i < n * TH; i++) assert_true(fabsf(dev_out[i] - out[i]) < 1e-4f);
+        embedder_free(d);
+    } else {
+        assert_int_equal(st, IS_ERR_UNSUPPORTED);
+        assert_ptr_equal(d, (embedder *)0x1);
+    }
     embedder_free(e);
     embedder_free(NULL);
 }

@@ -2,9 +2,8 @@
  * test_extract: the parser and validator of the extraction reply on
  * hand-made replies (valid, with text around, code fences, braces inside
  * strings, junk, cut short at every byte, nested, wrong types, too many or
- * too long facts, invalid UTF-8), the input checks, and one smoke run with
- * the default model that must end in facts or IS_ERR_FORMAT, never a crash
- * (a 135M model often writes junk; that is what the format error is for).
+ * too long facts, invalid UTF-8) and the argument checks. The model's side
+ * runs in the HTTP server (tests/serve/test_http.c, infer=true).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "memory/extract.h"
 
@@ -213,57 +211,8 @@ static void test_bad_args(void **state) {
     assert_int_equal(extract_parse("{}", 2, NULL, &n), IS_ERR_INVALID_ARG);
     assert_int_equal(extract_parse("{}", 2, &f, NULL), IS_ERR_INVALID_ARG);
     assert_int_equal(extract_parse(NULL, 0, &f, &n), IS_ERR_FORMAT);
-    is_chat_message msgs[1] = {{"user", "hi"}};
-    assert_int_equal(extract_facts(NULL, NULL, msgs, 1, NULL, &f, &n), IS_ERR_INVALID_ARG);
     assert_non_null(extract_system_prompt());
     assert_true(strstr(extract_system_prompt(), "\"facts\"") != NULL);
-}
-
-static void test_model_smoke(void **state) {
-    struct stat sb;
-    if (stat(IS_DEFAULT_MODEL, &sb) != 0) TEST_SKIP(TEST_NEEDS_MODEL);
-    is_model_params mp = is_model_default_params();
-    is_model *m = NULL;
-    assert_int_equal(is_model_load(IS_DEFAULT_MODEL, mp, &m), IS_OK);
-    is_session_params sp = is_session_default_params();
-    sp.n_ctx = 2048;
-    is_session *s = NULL;
-    assert_int_equal(is_session_create(m, sp, &s), IS_OK);
-    /* Bad messages are refused before any generation. */
-    char **f;
-    int32_t n;
-    is_chat_message bad[1] = {{"tool", "x"}};
-    assert_int_equal(extract_facts(m, s, bad, 1, NULL, &f, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(extract_facts(m, s, bad, 0, NULL, &f, &n), IS_ERR_INVALID_ARG);
-
-    is_chat_message msgs[3] = {
-        {"system", "You are a helpful assistant."},
-        {"user", "Hi, I'm Sam. I live in Lisbon with my two cats, Miso and Tofu, and I teach maths."},
-        {"assistant", "Nice to meet you, Sam! Miso and Tofu are lovely names."},
-    };
-    extract_params p = extract_default_params();
-    p.max_tokens = 160;
-    /* Twice on one session: the second call reuses the system prompt's KV. */
-    for (int round = 0; round < 2; round++) {
-        f = NULL;
-        n = -1;
-        is_status st = extract_facts(m, s, msgs, 3, &p, &f, &n);
-        if (st == IS_OK) {
-            assert_true(n >= 0 && n <= EXTRACT_MAX_FACTS);
-            for (int32_t i = 0; i < n; i++) {
-                assert_true(strlen(f[i]) > 0 && strlen(f[i]) <= EXTRACT_MAX_FACT_BYTES);
-                fprintf(stderr, "  fact: %s\n", f[i]);
-            }
-            extract_facts_free(f, n);
-        } else {
-            assert_int_equal(st, IS_ERR_FORMAT);
-            fprintf(stderr, "  warning: %s\n", is_error_last());
-            assert_null(f);
-            assert_int_equal(n, -1);
-        }
-    }
-    is_session_free(s);
-    is_model_free(m);
 }
 
 int main(void) {
@@ -271,7 +220,7 @@ int main(void) {
         cmocka_unit_test(test_valid),     cmocka_unit_test(test_stray_quote),
         cmocka_unit_test(test_junk),      cmocka_unit_test(test_partial),
         cmocka_unit_test(test_nested_and_types), cmocka_unit_test(test_huge),
-        cmocka_unit_test(test_bad_args),  cmocka_unit_test(test_model_smoke),
+        cmocka_unit_test(test_bad_args),
     };
     return test_run_group(tests, NULL, NULL);
 }

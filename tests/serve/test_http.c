@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "memory/memory.h"
+#include "test_http_client.h"
 #include "test_util.h"
 #include "serve/http/app.h"
 
@@ -58,88 +59,15 @@ static int g_requests; /* requests made, for the log check */
 
 /* ---- HTTP client ------------------------------------------------------------------- */
 
-typedef struct resp {
-    long status;
-    char *body;
-    size_t len;
-    cJSON *json; /* parsed body, or NULL */
-    int curl_rc;
-} resp;
-
-static size_t on_write(char *p, size_t sz, size_t n, void *ud) {
-    resp *r = ud;
-    size_t l = sz * n;
-    char *nb = realloc(r->body, r->len + l + 1);
-    if (!nb) return 0;
-    memcpy(nb + r->len, p, l);
-    r->len += l;
-    nb[r->len] = '\0';
-    r->body = nb;
-    return l;
-}
-
-static void resp_free(resp *r) {
-    free(r->body);
-    cJSON_Delete(r->json);
-    memset(r, 0, sizeof *r);
-}
-
-typedef struct upload {
-    const char *data;
-    size_t len, pos;
-} upload;
-
-static size_t on_read(char *buf, size_t sz, size_t n, void *ud) {
-    upload *u = ud;
-    size_t l = sz * n;
-    if (l > u->len - u->pos) l = u->len - u->pos;
-    memcpy(buf, u->data + u->pos, l);
-    u->pos += l;
-    return l;
-}
+typedef test_resp resp;
+#define resp_free test_resp_free
 
 /* One request. key NULL: no Authorization header. chunked: send the body
  * without Content-Length. */
 static resp request_ex(const char *method, const char *path, const char *key, const char *body,
                        size_t len, bool chunked) {
-    resp r = {0};
-    CURL *c = curl_easy_init();
-    char url[2048];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    struct curl_slist *h = NULL;
-    char auth[256];
-    if (key) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
-        h = curl_slist_append(h, auth);
-    }
-    upload up = {body, len, 0};
-    if (body) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        if (chunked) {
-            h = curl_slist_append(h, "Transfer-Encoding: chunked");
-            curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-            curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
-            curl_easy_setopt(c, CURLOPT_READDATA, &up);
-            curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-        } else {
-            curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-            curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-        }
-    }
-    h = curl_slist_append(h, "Expect:");
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    r.curl_rc = (int)curl_easy_perform(c);
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    if (r.body) r.json = cJSON_Parse(r.body);
     g_requests++;
-    return r;
+    return test_http_request(g_port, method, path, key, body, len, chunked, 120L);
 }
 
 static resp request(const char *method, const char *path, const char *key, const char *body) {
@@ -415,7 +343,7 @@ static void test_auth(void **state) {
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/models", g_port);
     curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, test_http_on_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r2);
     struct curl_slist *h = curl_slist_append(NULL, "Authorization: bearer " KEY_B);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
@@ -1203,7 +1131,7 @@ static void test_in_flight_limit(void **state) {
         curl_easy_setopt(e[i], CURLOPT_URL, url);
         curl_easy_setopt(e[i], CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(e[i], CURLOPT_HTTPHEADER, h);
-        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, on_write);
+        curl_easy_setopt(e[i], CURLOPT_WRITEFUNCTION, test_http_on_write);
         resp *rr = calloc(1, sizeof *rr);
         curl_easy_setopt(e[i], CURLOPT_WRITEDATA, rr);
         curl_easy_setopt(e[i], CURLOPT_PRIVATE, rr);

@@ -1,5 +1,5 @@
 /*
- * The HTTP layer's pure parts, without a server: UTF-8 checks, request
+ * The HTTP layer's pure parts, without a server: request
  * body and query parsers (what the fuzz target drives), the keys file and
  * key lookup, and the Prometheus rendering of histograms.
  */
@@ -20,45 +20,6 @@
 #include "serve/http/guard.h"
 #include "serve/http/metrics.h"
 #include "serve/http/parse.h"
-
-static void test_utf8(void **state) {
-    struct {
-        const char *s;
-        bool ok;
-    } cases[] = {
-        {"", true},
-        {"plain ascii, long enough to take the 8-byte path", true},
-        {"caf\xc3\xa9", true},
-        {"\xe2\x82\xac \xf0\x9f\x98\x80", true},      /* euro sign, emoji */
-        {"\xf4\x8f\xbf\xbf", true},                   /* U+10FFFF */
-        {"\xc3\x28", false},                          /* bad continuation */
-        {"\xc0\xaf", false},                          /* overlong '/' */
-        {"\xe0\x80\xaf", false},                      /* overlong */
-        {"\xed\xa0\x80", false},                      /* surrogate U+D800 */
-        {"\xf4\x90\x80\x80", false},                  /* > U+10FFFF */
-        {"\xf8\x88\x80\x80\x80", false},              /* 5-byte form */
-        {"abc\xe2\x82", false},                       /* cut short */
-        {"\x80", false},                              /* lone continuation */
-        {"\xff", false},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        assert_int_equal(parse_utf8_valid(cases[i].s, strlen(cases[i].s)), cases[i].ok);
-
-    /* Streaming boundary: a cut sequence is held back, a bad byte is not. */
-    const char *euro = "ab\xe2\x82\xac";
-    assert_int_equal(parse_utf8_complete_prefix(euro, 5), 5);
-    assert_int_equal(parse_utf8_complete_prefix(euro, 4), 2);
-    assert_int_equal(parse_utf8_complete_prefix(euro, 3), 2);
-    assert_int_equal(parse_utf8_complete_prefix("ab\xff", 3), 3);
-    assert_int_equal(parse_utf8_complete_prefix("\xf0\x9f\x98", 3), 0);
-
-    char *s = parse_utf8_sanitize("a\xff" "b\xc3\xa9", 5);
-    assert_string_equal(s, "a\xef\xbf\xbd" "b\xc3\xa9");
-    free(s);
-    s = parse_utf8_sanitize("x\xe2\x82", 3); /* a cut sequence at the end */
-    assert_string_equal(s, "x\xef\xbf\xbd\xef\xbf\xbd");
-    free(s);
-}
 
 #define CHAT(body) parse_chat_request(body, strlen(body), NULL, &c, &e)
 
@@ -482,7 +443,6 @@ static void test_metrics_render(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_memory_parse),
         cmocka_unit_test(test_ids_and_urls),

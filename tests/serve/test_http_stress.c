@@ -41,6 +41,7 @@
 #include "memory/memory.h"
 #include "memory/store.h"
 #include "serve/http/app.h"
+#include "test_http_client.h"
 #include "test_util.h"
 
 #define SEED 27u
@@ -54,51 +55,19 @@ static char g_emb_dir[512];
 
 /* ---- HTTP client ------------------------------------------------------------------- */
 
-typedef struct buf {
-    char *p;
-    size_t n;
-} buf;
-
-static size_t on_write(char *p, size_t sz, size_t n, void *ud) {
-    buf *b = ud;
-    size_t l = sz * n;
-    char *q = realloc(b->p, b->n + l + 1);
-    if (!q) return 0;
-    memcpy(q + b->n, p, l);
-    b->n += l;
-    q[b->n] = '\0';
-    b->p = q;
-    return l;
-}
-
 /* POSTs body to path; the response body (malloc'd) or NULL on a transport
  * error or a status other than 200 (printed). */
 static char *post(int port, const char *path, const char *body) {
-    CURL *c = curl_easy_init();
-    if (!c) return NULL;
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    buf b = {0};
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    h = curl_slist_append(h, "Expect:");
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
-    CURLcode rc = curl_easy_perform(c);
-    long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    if (rc != CURLE_OK || status != 200) {
-        fprintf(stderr, "POST %s: curl %d, status %ld: %s\n", path, (int)rc, status,
-                b.p ? b.p : "");
-        free(b.p);
+    test_resp r = test_http_request(port, "POST", path, NULL, body, strlen(body), false, 120L);
+    if (r.curl_rc != CURLE_OK || r.status != 200) {
+        fprintf(stderr, "POST %s: curl %d, status %ld: %s\n", path, r.curl_rc, r.status, r.body ? r.body : "");
+        test_resp_free(&r);
         return NULL;
     }
-    return b.p;
+    char *body_out = r.body;
+    r.body = NULL;
+    test_resp_free(&r);
+    return body_out;
 }
 
 /* ---- deterministic texts ------------------------------------------------------------- */
@@ -244,23 +213,14 @@ static void *add_loop(void *ud) {
  * encode, so the next request runs alone. */
 static void wait_idle(int port) {
     for (int i = 0; i < 4800; i++) { /* 4 minutes: encoding is slow on a busy machine */
-        CURL *c = curl_easy_init();
-        char url[128];
-        snprintf(url, sizeof url, "http://127.0.0.1:%d/health", port);
-        buf b = {0};
-        curl_easy_setopt(c, CURLOPT_URL, url);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
-        curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-        curl_easy_perform(c);
-        curl_easy_cleanup(c);
-        cJSON *j = cJSON_Parse(b.p ? b.p : "");
-        const cJSON *s = cJSON_GetObjectItem(j, "scheduler");
+        test_resp r = test_http_request(port, "GET", "/health", NULL, NULL, 0, false, 10L);
+        const cJSON *s = cJSON_GetObjectItem(r.json, "scheduler");
         int busy = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "running")) +
                    (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "queued")) +
                    (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "encode_queued"));
-        cJSON_Delete(j);
-        free(b.p);
-        if (s && busy == 0) return;
+        bool idle = s && busy == 0;
+        test_resp_free(&r);
+        if (idle) return;
         usleep(50 * 1000);
     }
     fail_msg("the scheduler did not become idle");

@@ -46,6 +46,7 @@
 #include "core/status.h"
 #include "serve/http/app.h"
 #include "serve/scheduler.h"
+#include "test_http_client.h"
 #include "test_util.h"
 #ifdef FAULT_CUDA
 #include "backend_cuda.h"
@@ -269,52 +270,13 @@ static char g_dir[] = "/tmp/test_serve_fault_XXXXXX";
 static char g_ref[4096]; /* the clean kv chat's answer */
 static int64_t g_chat_ops; /* backend ops of one clean kv chat */
 
-typedef struct resp {
-    long status;
-    char *body;
-    size_t len;
-    cJSON *json;
-} resp;
-
-static size_t on_write(char *p, size_t sz, size_t n, void *ud) {
-    resp *r = ud;
-    size_t l = sz * n;
-    char *nb = realloc(r->body, r->len + l + 1);
-    if (!nb) return 0;
-    memcpy(nb + r->len, p, l);
-    r->len += l;
-    nb[r->len] = '\0';
-    r->body = nb;
-    return l;
-}
+typedef test_resp resp;
+#define resp_free test_resp_free
 
 static resp request(const char *method, const char *path, const char *body) {
-    resp r = {0};
-    CURL *c = curl_easy_init();
-    char url[512];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", g_port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)WAIT_S);
-    struct curl_slist *h = curl_slist_append(NULL, "Expect:");
-    if (body) {
-        h = curl_slist_append(h, "Content-Type: application/json");
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    }
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    assert_int_equal(curl_easy_perform(c), CURLE_OK);
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    if (r.body) r.json = cJSON_Parse(r.body);
+    resp r = test_http_request(g_port, method, path, NULL, body, body ? strlen(body) : 0, false, (long)WAIT_S);
+    assert_int_equal(r.curl_rc, CURLE_OK);
     return r;
-}
-
-static void resp_free(resp *r) {
-    free(r->body);
-    cJSON_Delete(r->json);
 }
 
 static const char *CHAT_KV = "{\"messages\":[{\"role\":\"user\",\"content\":\"Where does my sister "

@@ -20,6 +20,7 @@
 #include "serve/http/http_internal.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -334,7 +335,7 @@ static bool sse_delta(chat_job *j, const char *role, const char *content, size_t
     cJSON_AddNumberToObject(c, "index", 0);
     if (role) cJSON_AddStringToObject(delta, "role", role);
     if (content) {
-        char *s = parse_utf8_sanitize(content, n);
+        char *s = utf8_sanitized_copy(content, n);
         if (!s) {
             cJSON_Delete(c);
             cJSON_Delete(o);
@@ -358,7 +359,7 @@ static bool stream_text(chat_job *j, const char *t, size_t n) {
     memcpy(buf, j->hold, j->hold_len);
     memcpy(buf + j->hold_len, t, n);
     size_t total = j->hold_len + n;
-    size_t k = parse_utf8_complete_prefix(buf, total);
+    size_t k = utf8_complete_prefix(buf, total);
     j->hold_len = total - k; /* at most 3 */
     memcpy(j->hold, buf + k, j->hold_len);
     bool ok = k ? sse_delta(j, NULL, buf, k, NULL) : true;
@@ -682,7 +683,7 @@ enum MHD_Result http_chat(http_req *r) {
     observe(job);
     size_t tl;
     const char *text = chat_job_text(job, &tl);
-    char *clean = parse_utf8_sanitize(text, tl);
+    char *clean = utf8_sanitized_copy(text, tl);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", job->cid);
     cJSON_AddStringToObject(o, "object", "chat.completion");

@@ -14,6 +14,7 @@
 #include "serve/http/mem0.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 #include "memory/filter.h"
 
 #include <ctype.h>
@@ -84,7 +85,7 @@ static bool known_unsupported(const char *k) {
 
 static cJSON *parse_body(http_req *r, enum MHD_Result *res) {
     if (!r->body || r->len == 0) return cJSON_CreateObject();
-    if (!parse_utf8_valid(r->body, r->len)) {
+    if (!utf8_valid(r->body, r->len)) {
         *res = http_send_error(r, 400, NULL, "invalid_utf8", "the body is not valid UTF-8");
         return NULL;
     }
@@ -673,7 +674,7 @@ enum MHD_Result http_mem0_delete_all(http_req *r) {
     mem_filter_expr *e = NULL;
     for (int32_t i = 0; i < nq; i++) {
         const char *k = keys[i], *v = vals[i] ? vals[i] : "";
-        if (!parse_utf8_valid(v, strlen(v))) {
+        if (!utf8_valid(v, strlen(v))) {
             res = http_send_error(r, 400, k, "invalid_utf8", "%s is not valid UTF-8", k);
             goto done;
         }
@@ -763,7 +764,7 @@ static enum MHD_Result batch(http_req *r, bool del) {
             bool ok = strcmp(k, "memory_id") == 0 ||
                       (!del && ((strcmp(k, "text") == 0 && cJSON_IsString(f) && *f->valuestring &&
                                  strlen(f->valuestring) <= max_bytes &&
-                                 parse_utf8_valid(f->valuestring, strlen(f->valuestring))) ||
+                                 utf8_valid(f->valuestring, strlen(f->valuestring))) ||
                                 (strcmp(k, "metadata") == 0 && (cJSON_IsObject(f) || cJSON_IsNull(f)))));
             if (!ok) {
                 res = http_send_error(r, 400, "memories", "invalid_value",

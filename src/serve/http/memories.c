@@ -16,6 +16,7 @@
 #include "serve/http/mem0.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 #include "memory/extract.h"
 
 #include <stdlib.h>
@@ -206,7 +207,7 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
         char w[700];
         snprintf(w, sizeof w, "the model's extraction reply was not usable, nothing was extracted: %s",
                  is_error_last());
-        char *clean = parse_utf8_sanitize(w, strlen(w));
+        char *clean = utf8_sanitized_copy(w, strlen(w));
         cJSON_AddItemToArray(warnings, cJSON_CreateString(clean ? clean : "extraction reply unusable"));
         free(clean);
         chat_job_free(job);

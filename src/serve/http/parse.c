@@ -3,6 +3,7 @@
 #include "memory/metadata.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -36,83 +37,6 @@ static is_status nomem(parse_error *err) {
     return IS_ERR_NOMEM;
 }
 
-/* ---- UTF-8 ------------------------------------------------------------------------- */
-
-/* Length of the valid sequence starting at s[0] (1-4), 0 if invalid, -1 if
- * it is a valid start cut short by the end of the buffer. */
-static int utf8_seq(const unsigned char *s, size_t avail) {
-    unsigned char c = s[0];
-    if (c < 0x80) return 1;
-    int n;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) n = 2;
-    else if (c == 0xE0) { n = 3; lo = 0xA0; }
-    else if (c >= 0xE1 && c <= 0xEC) n = 3;
-    else if (c == 0xED) { n = 3; hi = 0x9F; } /* no surrogates */
-    else if (c >= 0xEE && c <= 0xEF) n = 3;
-    else if (c == 0xF0) { n = 4; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) n = 4;
-    else if (c == 0xF4) { n = 4; hi = 0x8F; } /* <= U+10FFFF */
-    else return 0;
-    for (int i = 1; i < n; i++) {
-        if ((size_t)i >= avail) return -1;
-        unsigned char b = s[i];
-        if (i == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return 0;
-    }
-    return n;
-}
-
-bool parse_utf8_valid(const char *s, size_t len) {
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        /* ASCII fast path, 8 bytes at a time. */
-        while (i + 8 <= len) {
-            uint64_t w;
-            memcpy(&w, p + i, 8);
-            if (w & 0x8080808080808080ULL) break;
-            i += 8;
-        }
-        if (i >= len) break;
-        int n = utf8_seq(p + i, len - i);
-        if (n <= 0) return false;
-        i += (size_t)n;
-    }
-    return true;
-}
-
-size_t parse_utf8_complete_prefix(const char *s, size_t len) {
-    /* Only the last 3 bytes can start an unfinished sequence. */
-    size_t start = len > 3 ? len - 3 : 0;
-    for (size_t i = start; i < len; i++) {
-        const unsigned char *p = (const unsigned char *)s + i;
-        if (*p < 0xC0) continue;
-        if (utf8_seq(p, len - i) == -1) return i;
-    }
-    return len;
-}
-
-char *parse_utf8_sanitize(const char *s, size_t len) {
-    char *out = malloc(len * 3 + 1); /* each bad byte becomes 3 */
-    if (!out) return NULL;
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0, o = 0;
-    while (i < len) {
-        int n = utf8_seq(p + i, len - i);
-        if (n > 0 && !(n == 1 && p[i] == 0)) {
-            memcpy(out + o, p + i, (size_t)n);
-            o += (size_t)n;
-            i += (size_t)n;
-        } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-        }
-    }
-    out[o] = '\0';
-    return out;
-}
-
 /* ---- JSON helpers ------------------------------------------------------------------ */
 
 /* True if the body holds an escaped NUL ("\u0000"): an escape is a
@@ -141,7 +65,7 @@ static cJSON *parse_object(const char *body, size_t len, parse_error *err) {
         parse_fail(err, 400, NULL, "invalid_json", "the request body contains a NUL byte");
         return NULL;
     }
-    if (!parse_utf8_valid(body, len)) {
+    if (!utf8_valid(body, len)) {
         parse_fail(err, 400, NULL, "invalid_utf8", "the request body is not valid UTF-8");
         return NULL;
     }
@@ -752,7 +676,7 @@ is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
                             "a query parameter holds a NUL byte (%%00)");
             break;
         }
-        if (!parse_utf8_valid(k, kl) || !parse_utf8_valid(v, vl0)) {
+        if (!utf8_valid(k, kl) || !utf8_valid(v, vl0)) {
             st = parse_fail(err, 400, NULL, "invalid_utf8", "the query string is not valid UTF-8");
             break;
         }
@@ -819,7 +743,7 @@ is_status parse_id_check(const char *name, const char *s, size_t len, parse_erro
     if (len == 0 || len > PARSE_MAX_ID)
         return parse_fail(err, 400, name, "invalid_value", "'%s' must be 1 to %d bytes", name,
                           PARSE_MAX_ID);
-    if (!parse_utf8_valid(s, len))
+    if (!utf8_valid(s, len))
         return parse_fail(err, 400, name, "invalid_utf8", "'%s' is not valid UTF-8", name);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];

@@ -64,20 +64,6 @@ typedef struct parse_limits {
 
 parse_limits parse_default_limits(void);
 
-/* ---- UTF-8 ---------------------------------------------------------------------- */
-
-/* True if s[0..len) is valid UTF-8 (RFC 3629). */
-bool parse_utf8_valid(const char *s, size_t len);
-
-/* The longest prefix of s[0..len) that does not end inside a multi-byte
- * sequence which the bytes after it could still complete (for streaming
- * text that arrives in pieces). */
-size_t parse_utf8_complete_prefix(const char *s, size_t len);
-
-/* A malloc'd NUL-terminated copy of s[0..len) in which every invalid byte
- * is replaced by U+FFFD; NULL when out of memory. */
-char *parse_utf8_sanitize(const char *s, size_t len);
-
 /* ---- filters --------------------------------------------------------------------- */
 
 typedef struct parse_filters {

@@ -2,6 +2,7 @@
 #include "serve/http/mem0.h"
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -119,7 +120,7 @@ enum MHD_Result http_send_error(http_req *r, int status, const char *param, cons
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     /* Messages may quote bytes from below (file names, ...): keep the JSON valid. */
-    char *clean = parse_utf8_sanitize(msg, strlen(msg));
+    char *clean = utf8_sanitized_copy(msg, strlen(msg));
     cJSON *root = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(e, "message", clean ? clean : "error");
     cJSON_AddStringToObject(e, "type", error_type(status));
@@ -568,7 +569,7 @@ static void log_request(http_server *s, http_req *r, enum MHD_RequestTermination
     cJSON_AddStringToObject(o, "ts", ts);
     cJSON_AddNumberToObject(o, "id", (double)r->id);
     cJSON_AddStringToObject(o, "method", r->method);
-    char *p = parse_utf8_sanitize(r->path, strlen(r->path));
+    char *p = utf8_sanitized_copy(r->path, strlen(r->path));
     cJSON_AddStringToObject(o, "path", p ? p : "");
     free(p);
     cJSON_AddNumberToObject(o, "status", r->status);
@@ -588,7 +589,7 @@ static void log_request(http_server *s, http_req *r, enum MHD_RequestTermination
         cJSON_AddStringToObject(o, "mode", modes[r->mode]);
         cJSON_AddNumberToObject(o, "facts", r->n_facts);
         if (r->user[0]) {
-            char *u = parse_utf8_sanitize(r->user, strlen(r->user));
+            char *u = utf8_sanitized_copy(r->user, strlen(r->user));
             cJSON_AddStringToObject(o, "user", u ? u : "");
             free(u);
         }

@@ -1,0 +1,95 @@
+/*
+ * stack: one set-up of embedder, memory service and KV encoder (stack.h).
+ */
+#include "serve/stack.h"
+
+#include "core/status.h"
+#include "core/threads.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+stack_params stack_default_params(void) {
+    return (stack_params){.backend = "cpu", .dtype = KV_DTYPE_F16};
+}
+
+/* The last component of a folder path, trailing slashes ignored. */
+static void folder_name(const char *dir, char *out, size_t cap) {
+    size_t l = strlen(dir);
+    while (l > 1 && dir[l - 1] == '/') l--;
+    size_t b = l;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    snprintf(out, cap, "%.*s", (int)(l - b), dir + b);
+}
+
+static is_status open_model(stack *s, const stack_params *p) {
+    is_status st = backend_create(p->backend, p->n_threads, &s->be);
+    if (st != IS_OK) return st;
+    if ((st = model_load(p->model_path, s->be, &s->model)) != IS_OK)
+        return st; /* its message names the file */
+    engine_params ep = engine_default_params();
+    /* The serving prefix, an encoding (or a batch of them) and an answer. */
+    ep.max_seqs = 2 + (p->encode_batch > 0 ? p->encode_batch : 1);
+    ep.n_ctx = s->model->cfg.n_ctx_train;
+    if ((st = engine_create(s->model, ep, &s->eng)) != IS_OK) return st;
+    if ((st = ask_ctx_create(s->eng, memory_record_store(s->mem), p->dtype, &s->ask)) != IS_OK)
+        return st;
+    if (p->encode_batch <= 0) memory_set_encoder(s->mem, ask_memory_encoder, s->ask);
+    return IS_OK;
+}
+
+is_status stack_open(const stack_params *p, stack **out) {
+    if (!p || !p->data_dir || !*p->data_dir || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "stack_open: needs a data directory");
+    stack *s = calloc(1, sizeof *s);
+    if (!s) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status st = IS_OK;
+    const char *edir = p->embedder_dir ? p->embedder_dir : STACK_DEFAULT_EMBEDDER;
+    snprintf(s->embed_name, sizeof s->embed_name, "none");
+    if (strcmp(edir, "none") != 0) {
+        struct stat sb;
+        if (stat(edir, &sb) != 0) {
+            st = is_error_set(IS_ERR_NOT_FOUND,
+                              "embedding model '%s' not found (scripts/fetch_embedder.sh "
+                              "fetches it; 'none' for BM25 retrieval only)",
+                              edir);
+            goto fail;
+        }
+        if ((st = embedder_load(edir, &s->emb)) != IS_OK) goto fail;
+        if (p->n_threads) embedder_set_n_threads(s->emb, p->n_threads);
+        threads_init(p->n_threads); /* BLAS's count, once for the process */
+        folder_name(edir, s->embed_name, sizeof s->embed_name);
+    }
+    if (mkdir(p->data_dir, 0755) != 0 && errno != EEXIST) {
+        st = is_error_set(IS_ERR_IO, "cannot create data directory '%s': %s", p->data_dir,
+                          strerror(errno));
+        goto fail;
+    }
+    memory_params mp = memory_default_params();
+    mp.embedder = s->emb;
+    mp.embed_name = s->embed_name;
+    mp.kv_window = p->window;
+    mp.gpu_retrieval = p->gpu_retrieval;
+    mp.gpu_device = p->gpu_device;
+    if ((st = memory_open(p->data_dir, &mp, &s->mem, &s->report)) != IS_OK) goto fail;
+    if (p->model_path && (st = open_model(s, p)) != IS_OK) goto fail;
+    *out = s;
+    return IS_OK;
+fail:
+    stack_close(s);
+    return st;
+}
+
+void stack_close(stack *s) {
+    if (!s) return;
+    memory_close(s->mem); /* before the ask context: no encoding can be running */
+    ask_ctx_free(s->ask);
+    engine_free(s->eng);
+    model_free(s->model);
+    if (s->be) s->be->ops->free(s->be);
+    embedder_free(s->emb);
+    free(s);
+}

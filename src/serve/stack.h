@@ -1,0 +1,73 @@
+/*
+ * stack: the memory stack that the CLI's commands and the public memory
+ * API (include/inferscale.h, is_memory_*) set up alike, in one place: the
+ * sentence embedder (by folder; its folder name identifies it in the
+ * store), the memory service over a data directory (memory/memory.h) and,
+ * with a model, the served model's KV encoder and answering context
+ * (backend, model, engine, serve/ask.h) wired into the service. One place,
+ * so that the defaults, the error messages and the order of freeing are
+ * the same for every caller.
+ *
+ * What stays with the caller: what to print about the open report
+ * (orphans, repairs, facts without KV) and whether to encode the missing
+ * KV now (memory_encode_missing, with a progress callback).
+ */
+#ifndef IS_SERVE_STACK_H
+#define IS_SERVE_STACK_H
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "inferscale.h"
+#include "kv/fact_record.h"
+#include "memory/embedder.h"
+#include "memory/memory.h"
+#include "model/model.h"
+#include "serve/ask.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The embedding model a stack loads when none is named. */
+#define STACK_DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+
+typedef struct stack_params {
+    const char *data_dir;     /* required: created if missing (not its parents) */
+    const char *embedder_dir; /* NULL: STACK_DEFAULT_EMBEDDER; "none": BM25 retrieval only */
+    const char *model_path;   /* NULL: facts are stored without KV, and no ask context */
+    const char *backend;      /* the model's backend: "cpu" (default) or "cuda" */
+    int32_t n_threads;        /* CPU threads; 0 = all cores */
+    kv_dtype dtype;           /* precision of the KV records written (default f16) */
+    int32_t window;           /* context turns encoded with a fact added without its own */
+    /* 0: every fact added is encoded at once (the memory service's encoder);
+     * N > 0: adds only store, and the caller encodes the missing KV N facts
+     * a forward (serve/encoder.h's encoder_encode_missing over `ask`). */
+    int32_t encode_batch;
+    bool gpu_retrieval;       /* dense search on the GPU (memory_params.gpu_retrieval) */
+    int32_t gpu_device;
+} stack_params;
+
+stack_params stack_default_params(void);
+
+typedef struct stack {
+    embedder *emb; /* NULL: BM25 only */
+    memory *mem;
+    backend *be; /* these four NULL without a model */
+    model *model;
+    engine *eng;
+    ask_ctx *ask;
+    char embed_name[256];      /* the embedder's name in the store ("none") */
+    memory_open_report report; /* what memory_open found */
+} stack;
+
+/* Opens the stack. IS_ERR_NOT_FOUND: the embedder folder does not exist
+ * (the message says how to fetch it, or to pass "none"); the errors of
+ * embedder_load, memory_open, backend_create, model_load, engine_create and
+ * ask_ctx_create otherwise, with a message naming the file. *out unchanged
+ * on failure (nothing stays open). */
+is_status stack_open(const stack_params *p, stack **out);
+
+/* Closes the memory service first (no encoding can be running after), then
+ * the rest. NULL is a no-op. */
+void stack_close(stack *s);
+
+#endif
