@@ -930,6 +930,9 @@ static void test_encode_jobs(void **state) {
     pthread_mutex_unlock(&busy.mu);
     printf("  encoded while a request ran (it had %d pieces out, %s)\n", texts_then,
            done_before ? "then done" : "still running");
+    if (done_before)
+        printf("  it ended: kind %d, finish %d, status %d '%s', text \"%s\"\n", (int)busy.kind,
+               (int)busy.finish, (int)busy.status, busy.message, busy.text);
     assert_int_equal(done_before, 0);
     coll_wait(&busy);
     sched_release(busy.h);
