@@ -913,15 +913,19 @@ static void test_encode_jobs(void **state) {
     assert_int_equal(st.facts_kv_misses, 1);
     assert_int_equal(st.encode_failures, 0);
 
-    /* While a request runs, a job still gets its turn between steps. */
+    /* While a request runs, a job still gets its turn between steps. The
+     * fact is stored first and its job queued right after the request: the
+     * engine admits queued requests before it runs a job, so the job's turn
+     * comes a fixed number of steps into the answer, however loaded the
+     * machine (storing it meanwhile, with its embedding on this thread,
+     * could outlast the whole answer). */
+    ar.text = "Jolene's partner is called Deborah.";
+    char id2[MEMORY_ID_SIZE];
+    assert_int_equal(memory_add(mem, &ar, id2), IS_OK);
     chat_message lm[] = {{"user", "Count from one to two hundred in words, separated by commas."}};
     sched_request lr = greedy_req(lm, 1, ASK_MODE_OFF, 120);
     coll busy;
     submit_ok(s, &lr, &busy);
-    coll_wait_text(&busy, 1);
-    ar.text = "Jolene's partner is called Deborah.";
-    char id2[MEMORY_ID_SIZE];
-    assert_int_equal(memory_add(mem, &ar, id2), IS_OK);
     assert_int_equal(sched_encode(s, "t", "u", id2), IS_OK);
     wait_encoded(s, 2);
     pthread_mutex_lock(&busy.mu);
@@ -935,6 +939,7 @@ static void test_encode_jobs(void **state) {
                (int)busy.finish, (int)busy.status, busy.message, busy.text);
     assert_int_equal(done_before, 0);
     coll_wait(&busy);
+    printf("  the request: %d pieces in all\n", busy.n_text);
     sched_release(busy.h);
 
     /* Everything left without KV, one job per fact. */
