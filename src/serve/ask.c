@@ -141,8 +141,9 @@ typedef struct enc_item {
 
 /* Copies fact j's rows out of the capture ([n_layers][n_cap][kv_dim], f32)
  * into its own record sections ([n_layers][n_fact][kv_dim] in the record
- * dtype, with fp8's scales), through fact_kv_narrow so that every dtype is
- * quantised one way. */
+ * dtype). Element-wise dtypes are narrowed layer by layer straight from the
+ * capture; fp8's section keeps its scales after all the codes, so its rows
+ * are gathered first and quantised by fact_kv_narrow as one section. */
 static is_status take_rows(ask_ctx *a, enc_item *it, const float *ck, const float *cv,
                            int32_t n_cap) {
     const model_config *c = &engine_model(a->e)->cfg;
@@ -151,19 +152,24 @@ static is_status take_rows(ask_ctx *a, enc_item *it, const float *ck, const floa
     meta.n_tokens = it->n_fact;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     size_t rows = (size_t)it->n_fact * kv_dim;
-    float *wide = malloc((size_t)c->n_layers * rows * sizeof(float));
+    bool gather = a->dtype == KV_DTYPE_FP8;
+    float *wide = gather ? malloc((size_t)c->n_layers * rows * sizeof(float)) : NULL;
     it->k = malloc(fact_kv_bytes(&meta));
     it->v = malloc(fact_kv_bytes(&meta));
-    if (!wide || !it->k || !it->v) {
+    if ((gather && !wide) || !it->k || !it->v) {
         free(wide);
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
+    size_t esz = kv_dtype_size(a->dtype);
     for (int pass = 0; pass < 2; pass++) {
         const float *cap = pass == 0 ? ck : cv;
-        for (int32_t l = 0; l < c->n_layers; l++)
-            memcpy(wide + (size_t)l * rows, cap + ((size_t)l * n_cap + it->cap_off) * kv_dim,
-                   rows * sizeof(float));
-        fact_kv_narrow(&meta, wide, pass == 0 ? it->k : it->v);
+        uint8_t *dst = pass == 0 ? it->k : it->v;
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            const float *src = cap + ((size_t)l * n_cap + it->cap_off) * kv_dim;
+            if (gather) memcpy(wide + (size_t)l * rows, src, rows * sizeof(float));
+            else fact_kv_from_f32(a->dtype, src, dst + (size_t)l * rows * esz, rows);
+        }
+        if (gather) fact_kv_narrow(&meta, wide, dst);
     }
     free(wide);
     return IS_OK;
