@@ -478,6 +478,25 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     sched_get_stats(s, &st);
     assert_int_equal(st.facts_gpu + st.facts_host + st.facts_disk, (int64_t)(N_PAR + 3) * N_FACTS);
     assert_int_equal(st.facts_text, 0);
+#ifndef TIERS_CUDA
+    /* 5. One after the other over a stand-in cache that holds only the
+     * largest request's facts: the largest, after another, must evict
+     * (whether the burst above evicted depends on how its requests
+     * overlapped). */
+    int largest = 0;
+    for (int k = 1; k < N_SETS; k++)
+        if (tokens[k] > tokens[largest]) largest = k;
+    int other = (largest + 1) % N_SETS;
+    gpu_cache_pages(most);
+    submit(s, &rq[other], &c);
+    wait_done(&c);
+    assert_string_equal(c.text, ref[other]);
+    assert_int_equal(c.usage.facts_text, 0);
+    submit(s, &rq[largest], &c);
+    wait_done(&c);
+    assert_string_equal(c.text, ref[largest]);
+    assert_int_equal(c.usage.facts_text, 0);
+#endif
     sched_free(s);
 #ifndef TIERS_CUDA
     printf("  stand-in cache: %lld copies, %lld pinned resident, %lld evictions\n",
