@@ -45,6 +45,18 @@ struct rs_entry {
     rs_entry *hnext;        /* hash chain */
 };
 
+/* A record file, or a pinned id, known to the disk cap's bookkeeping. */
+typedef struct rs_disk rs_disk;
+struct rs_disk {
+    char id[RECORD_STORE_ID_MAX + 1];
+    uint64_t bytes;         /* the file's size (0 while not on disk) */
+    bool on_disk;           /* in the LRU list and counted in disk_bytes */
+    int32_t pins;           /* record_store_pin calls not yet undone */
+    uint64_t batch;         /* the put that last wrote it (its records are not evicted by it) */
+    rs_disk *prev, *next;   /* disk LRU list, most recent at head (on_disk only) */
+    rs_disk *hnext;         /* hash chain */
+};
+
 struct record_store {
     pthread_mutex_t mu;
     char *dir;              /* as given, for messages */
@@ -59,6 +71,12 @@ struct record_store {
     uint64_t tmp_counter;   /* makes temporary names unique within the process */
     record_store_fault_fn fault;
     void *fault_user;
+    /* The disk cap (record_store_set_disk_cap): tracked only when disk_cap > 0. */
+    uint64_t disk_cap;
+    rs_disk **d_buckets;    /* [d_n_buckets] hash chains of every rs_disk */
+    size_t d_n_buckets, d_n;
+    rs_disk *d_head, *d_tail;
+    uint64_t batch_counter;
 };
 
 /* ---- ids and names ---------------------------------------------------------------- */
@@ -195,6 +213,243 @@ static is_status entry_create(record_store *s, const char *id, void *base, size_
     return IS_OK;
 }
 
+/* ---- the disk cap's bookkeeping (caller holds s->mu) ------------------------------ */
+
+static rs_disk *disk_find(record_store *s, const char *id) {
+    if (!s->d_buckets) return NULL;
+    for (rs_disk *d = s->d_buckets[id_hash(id) & (s->d_n_buckets - 1)]; d; d = d->hnext)
+        if (strcmp(d->id, id) == 0) return d;
+    return NULL;
+}
+
+static void disk_unlink_lru(record_store *s, rs_disk *d) {
+    if (d->prev) d->prev->next = d->next; else s->d_head = d->next;
+    if (d->next) d->next->prev = d->prev; else s->d_tail = d->prev;
+    d->prev = d->next = NULL;
+}
+
+static void disk_push_front(record_store *s, rs_disk *d) {
+    d->prev = NULL;
+    d->next = s->d_head;
+    if (s->d_head) s->d_head->prev = d; else s->d_tail = d;
+    s->d_head = d;
+}
+
+/* The entry of `id`, made (not on disk, unpinned) when missing; NULL when
+ * out of memory (the record then goes untracked: never evicted). */
+static rs_disk *disk_get(record_store *s, const char *id) {
+    rs_disk *d = disk_find(s, id);
+    if (d) return d;
+    if (s->d_n >= s->d_n_buckets) {
+        size_t n = s->d_n_buckets * 2;
+        rs_disk **b = calloc(n, sizeof *b);
+        if (b) {
+            for (size_t i = 0; i < s->d_n_buckets; i++)
+                for (rs_disk *e = s->d_buckets[i], *next; e; e = next) {
+                    next = e->hnext;
+                    size_t j = id_hash(e->id) & (n - 1);
+                    e->hnext = b[j];
+                    b[j] = e;
+                }
+            free(s->d_buckets);
+            s->d_buckets = b;
+            s->d_n_buckets = n;
+        }
+    }
+    if (!(d = calloc(1, sizeof *d))) return NULL;
+    snprintf(d->id, sizeof d->id, "%s", id);
+    size_t j = id_hash(id) & (s->d_n_buckets - 1);
+    d->hnext = s->d_buckets[j];
+    s->d_buckets[j] = d;
+    s->d_n++;
+    return d;
+}
+
+static void disk_remove(record_store *s, rs_disk *d) {
+    rs_disk **pp = &s->d_buckets[id_hash(d->id) & (s->d_n_buckets - 1)];
+    while (*pp != d) pp = &(*pp)->hnext;
+    *pp = d->hnext;
+    s->d_n--;
+    free(d);
+}
+
+/* The file of `id` is gone (deleted, set aside, evicted): out of the LRU
+ * and the counts; its entry stays while pinned. */
+static void disk_gone(record_store *s, const char *id) {
+    rs_disk *d = s->disk_cap ? disk_find(s, id) : NULL;
+    if (!d) return;
+    if (d->on_disk) {
+        disk_unlink_lru(s, d);
+        d->on_disk = false;
+        s->stats.disk_bytes -= d->bytes;
+        s->stats.n_disk--;
+        d->bytes = 0;
+    }
+    if (d->pins == 0) disk_remove(s, d);
+}
+
+/* The file of `id` (`bytes` long) was just used or written: most recent. */
+static rs_disk *disk_touch(record_store *s, const char *id, uint64_t bytes) {
+    if (!s->disk_cap) return NULL;
+    rs_disk *d = disk_get(s, id);
+    if (!d) return NULL;
+    if (d->on_disk) {
+        s->stats.disk_bytes -= d->bytes;
+        disk_unlink_lru(s, d);
+    } else {
+        d->on_disk = true;
+        s->stats.n_disk++;
+    }
+    d->bytes = bytes;
+    s->stats.disk_bytes += bytes;
+    disk_push_front(s, d);
+    return d;
+}
+
+/* Deletes least recently used record files until the directory is within
+ * the cap, sparing those pinned, held or written by put `batch`. */
+static void disk_evict(record_store *s, uint64_t batch) {
+    rs_disk *d = s->d_tail;
+    while (s->disk_cap && s->stats.disk_bytes > s->disk_cap && d) {
+        rs_disk *prev = d->prev;
+        rs_entry *e = cache_find(s, d->id);
+        bool spare = d->pins > 0 || (batch && d->batch == batch) || (e && e->refs > 0);
+        if (!spare) {
+            char name[RS_NAME_CAP];
+            final_name(name, d->id);
+            if (unlinkat(s->dir_fd, name, 0) == 0 || errno == ENOENT) {
+                s->generation++;
+                if (e) cache_drop(s, e);
+                s->stats.disk_evictions++;
+                disk_gone(s, d->id);
+            }
+        }
+        d = prev;
+    }
+}
+
+static void disk_clear(record_store *s) {
+    for (size_t i = 0; s->d_buckets && i < s->d_n_buckets; i++)
+        for (rs_disk *d = s->d_buckets[i], *next; d; d = next) {
+            next = d->hnext;
+            free(d);
+        }
+    free(s->d_buckets);
+    s->d_buckets = NULL;
+    s->d_n_buckets = s->d_n = 0;
+    s->d_head = s->d_tail = NULL;
+    s->stats.disk_bytes = s->stats.n_disk = 0;
+}
+
+typedef struct disk_file {
+    char id[RECORD_STORE_ID_MAX + 1];
+    uint64_t bytes;
+    struct timespec mtime;
+} disk_file;
+
+static int cmp_mtime_desc(const void *a, const void *b) {
+    const struct timespec *x = &((const disk_file *)a)->mtime, *y = &((const disk_file *)b)->mtime;
+    if (x->tv_sec != y->tv_sec) return x->tv_sec < y->tv_sec ? 1 : -1;
+    if (x->tv_nsec != y->tv_nsec) return x->tv_nsec < y->tv_nsec ? 1 : -1;
+    return 0;
+}
+
+is_status record_store_set_disk_cap(record_store *s, uint64_t bytes) {
+    pthread_mutex_lock(&s->mu);
+    is_status st = IS_OK;
+    if (bytes == 0) {
+        disk_clear(s);
+        s->disk_cap = 0;
+    } else if (s->disk_cap) {
+        s->disk_cap = bytes;
+    } else {
+        /* The records already there, the least recently modified last. */
+        disk_file *files = NULL;
+        size_t n = 0, cap = 0;
+        int fd = dup(s->dir_fd);
+        DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+        if (!dir) {
+            if (fd >= 0) close(fd);
+            st = is_error_set(IS_ERR_IO, "record store: cannot list %s: %s", s->dir, strerror(errno));
+        }
+        if (dir) rewinddir(dir);
+        struct dirent *de;
+        while (st == IS_OK && (de = readdir(dir)) != NULL) {
+            size_t l = strlen(de->d_name);
+            if (l <= strlen(RS_EXT) || strcmp(de->d_name + l - strlen(RS_EXT), RS_EXT) != 0) continue;
+            char id[RECORD_STORE_ID_MAX + 1];
+            size_t il = l - strlen(RS_EXT);
+            if (il > RECORD_STORE_ID_MAX) continue;
+            memcpy(id, de->d_name, il);
+            id[il] = '\0';
+            struct stat sb;
+            if (!record_store_id_valid(id) || fstatat(s->dir_fd, de->d_name, &sb, 0) != 0 ||
+                !S_ISREG(sb.st_mode))
+                continue;
+            if (n == cap) {
+                size_t nc = cap ? cap * 2 : 256;
+                disk_file *g = realloc(files, nc * sizeof *g);
+                if (!g) {
+                    st = is_error_set(IS_ERR_NOMEM, "record store: out of memory");
+                    break;
+                }
+                files = g;
+                cap = nc;
+            }
+            snprintf(files[n].id, sizeof files[n].id, "%s", id);
+            files[n].bytes = (uint64_t)sb.st_size;
+            files[n].mtime = sb.st_mtim;
+            n++;
+        }
+        if (dir) closedir(dir);
+        if (st == IS_OK && !s->d_buckets) {
+            s->d_n_buckets = 256;
+            if (!(s->d_buckets = calloc(s->d_n_buckets, sizeof *s->d_buckets)))
+                st = is_error_set(IS_ERR_NOMEM, "record store: out of memory");
+        }
+        if (st == IS_OK) {
+            s->disk_cap = bytes;
+            /* Newest first, each pushed behind the ones before: the oldest
+             * ends at the tail. */
+            qsort(files, n, sizeof *files, cmp_mtime_desc);
+            for (size_t i = 0; i < n; i++) {
+                rs_disk *d = disk_get(s, files[i].id);
+                if (!d || d->on_disk) continue;
+                d->on_disk = true;
+                d->bytes = files[i].bytes;
+                s->stats.n_disk++;
+                s->stats.disk_bytes += d->bytes;
+                d->prev = s->d_tail;
+                d->next = NULL;
+                if (s->d_tail) s->d_tail->next = d; else s->d_head = d;
+                s->d_tail = d;
+            }
+        } else {
+            disk_clear(s);
+        }
+        free(files);
+    }
+    if (st == IS_OK) disk_evict(s, 0);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void record_store_pin(record_store *s, const char *id) {
+    if (!record_store_id_valid(id)) return;
+    pthread_mutex_lock(&s->mu);
+    rs_disk *d = s->disk_cap ? disk_get(s, id) : NULL;
+    if (d) d->pins++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void record_store_unpin(record_store *s, const char *id) {
+    if (!record_store_id_valid(id)) return;
+    pthread_mutex_lock(&s->mu);
+    rs_disk *d = s->disk_cap ? disk_find(s, id) : NULL;
+    if (d && d->pins > 0 && --d->pins == 0 && !d->on_disk) disk_remove(s, d);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* ---- open / close ----------------------------------------------------------------- */
 
 /* mkdir -p */
@@ -302,6 +557,7 @@ void record_store_close(record_store *s) {
     if (!s) return;
     IS_ASSERT(s->stats.n_held == 0); /* a record is still held by someone */
     while (s->lru_head) cache_drop(s, s->lru_head);
+    disk_clear(s);
     pthread_mutex_destroy(&s->mu);
     close(s->lock_fd); /* releases the flock */
     close(s->dir_fd);
@@ -401,8 +657,12 @@ is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *
     s->generation++;
     rs_entry *old = cache_find(s, id);
     if (old) cache_drop(s, old);
+    uint64_t batch = ++s->batch_counter;
+    rs_disk *d = disk_touch(s, id, len);
+    if (d) d->batch = batch;
     cache_insert(s, e);
     if (!e->cached) entry_destroy(e); /* too large for the cache */
+    disk_evict(s, batch);
     pthread_mutex_unlock(&s->mu);
 
     if (!step_ok(fault, fault_user, RECORD_STORE_STEP_DIR_FSYNC) || fsync(s->dir_fd) != 0)
@@ -533,6 +793,7 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
     /* Renames and cache updates under one hold of the mutex, as in a put. */
     pthread_mutex_lock(&s->mu);
     int32_t renamed = 0;
+    uint64_t batch = ++s->batch_counter;
     for (; renamed < n; renamed++) {
         put_item *p = &it[renamed];
         if (!step_ok(fault, fault_user, RECORD_STORE_STEP_RENAME) ||
@@ -541,12 +802,15 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
         s->generation++;
         rs_entry *old = cache_find(s, ids[renamed]);
         if (old) cache_drop(s, old);
+        rs_disk *d = disk_touch(s, ids[renamed], p->e->len);
+        if (d) d->batch = batch;
         cache_insert(s, p->e);
         if (!p->e->cached) entry_destroy(p->e); /* too large for the cache */
         p->e = NULL;
         if (status) status[renamed] = IS_OK;
     }
     int err = errno;
+    disk_evict(s, batch);
     pthread_mutex_unlock(&s->mu);
     if (renamed < n) {
         errno = err;
@@ -638,6 +902,7 @@ is_status record_store_get(record_store *s, const char *id, const fact_kv_meta *
             s->stats.n_held++;
             lru_unlink(s, e);
             lru_push_front(s, e);
+            disk_touch(s, id, e->len);
             *out = &e->kv;
         }
         pthread_mutex_unlock(&s->mu);
@@ -668,6 +933,7 @@ is_status record_store_get(record_store *s, const char *id, const fact_kv_meta *
     /* Otherwise a put or delete changed the directory while we read: the
      * caller still gets what the file held when the get started, but it is
      * not cached, since it may be stale. */
+    if (s->generation == gen) disk_touch(s, id, e->len);
     e->refs++;
     s->stats.n_held++;
     *out = &e->kv;
@@ -738,6 +1004,7 @@ is_status record_store_read_into(record_store *s, const char *id, const fact_kv_
     kv.content_id = fact_record_content_id(p);
     pthread_mutex_lock(&s->mu);
     s->stats.misses++;
+    if (disk_find(s, id)) disk_touch(s, id, n); /* not one evicted or deleted meanwhile */
     pthread_mutex_unlock(&s->mu);
     *out = kv;
     *buf = p;
@@ -771,6 +1038,7 @@ is_status record_store_delete(record_store *s, const char *id) {
     if (e) cache_drop(s, e);
     int rc = unlinkat(s->dir_fd, name, 0);
     int err = errno;
+    disk_gone(s, id);
     pthread_mutex_unlock(&s->mu);
     if (rc != 0) {
         if (err == ENOENT)
@@ -799,6 +1067,7 @@ is_status record_store_set_aside(record_store *s, const char *id) {
     if (rc != 0 && errno == EEXIST) rc = 0;
     if (rc == 0) rc = renameat(s->dir_fd, name, s->dir_fd, aside);
     int err = errno;
+    if (rc == 0) disk_gone(s, id);
     pthread_mutex_unlock(&s->mu);
     if (rc != 0) {
         if (err == ENOENT)

@@ -55,6 +55,10 @@ typedef struct record_store_stats {
     size_t bytes_cached;   /* bytes of the records in the cache */
     size_t n_cached;       /* records in the cache */
     size_t n_held;         /* records handed out and not yet released */
+    /* With a disk cap (record_store_set_disk_cap; all 0 without one): */
+    uint64_t disk_bytes;     /* bytes of the record files in the directory */
+    uint64_t n_disk;         /* record files in the directory */
+    uint64_t disk_evictions; /* record files deleted to stay within the cap */
 } record_store_stats;
 
 /* Opens (creating it, and its parents, if missing) the store in `dir` with a
@@ -146,6 +150,32 @@ is_status record_store_set_aside(record_store *s, const char *id);
 /* True if a record of `id` is cached or its file exists (a get may still
  * refuse it as corrupt). False for an invalid id. */
 bool record_store_contains(record_store *s, const char *id);
+
+/* ---- the disk cap ---------------------------------------------------------------
+ * Where the records are a cache of facts kept elsewhere (a serving node's
+ * KV, which it can encode again from the fact's row), the directory may be
+ * bounded: past `bytes` of record files, the least recently used records
+ * are deleted from disk (and from the memory cache). Use is a put or a get
+ * (record_store_get, record_store_read_into) of the record; at the first
+ * call the records already in the directory are listed, the least recently
+ * modified first. Never deleted to make room: a record handed out and not
+ * yet released, a pinned id (record_store_pin), or a record of the put or
+ * batch that makes the room; so the directory can exceed the cap while those
+ * alone fill it, and the next put brings it back. An eviction is the unlink
+ * of a complete file: a crash leaves the record or nothing, and a holder's
+ * mapped copy stays readable. */
+
+/* Sets the cap in bytes (0: none, the default, and nothing is tracked) and
+ * evicts down to it at once. IS_ERR_IO when the directory cannot be
+ * listed (no cap is set then). */
+is_status record_store_set_disk_cap(record_store *s, uint64_t bytes);
+
+/* Keeps the record of `id` (present now or put later) from being evicted
+ * until as many record_store_unpin calls: for a request that names a
+ * record at submit and reads it later. No-op without a cap, or for an
+ * invalid id; unpinning an id not pinned is a no-op. */
+void record_store_pin(record_store *s, const char *id);
+void record_store_unpin(record_store *s, const char *id);
 
 /* A snapshot of the counters. */
 record_store_stats record_store_get_stats(record_store *s);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -572,6 +573,7 @@ static void test_failure_at_every_step(void **state) {
     }
 }
 
+
 /* ---- threads --------------------------------------------------------------------------------- */
 
 typedef struct worker {
@@ -720,6 +722,121 @@ static void test_put_batch_crash_at_every_step(void **state) {
     }
 }
 
+/* ---- the disk cap ------------------------------------------------------------------ */
+
+static bool file_exists(const char *dir, const char *id) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.fkv", dir, id);
+    return access(path, F_OK) == 0;
+}
+
+/* Sets a record file's modification time to `sec` (file times may be
+ * coarser than the test's puts). */
+static void set_mtime(const char *dir, const char *id, time_t sec) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.fkv", dir, id);
+    struct timespec t[2] = {{sec, 0}, {sec, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+/* The least recently used record files go past the cap; held, pinned and
+ * just-written records stay; a reopened store lists the directory again,
+ * the least recently modified first; a batch larger than the cap keeps all
+ * of itself until the next put. */
+static void test_disk_cap(void **state) {
+    char *dir = make_tmp_dir();
+    uint64_t rb = rec_bytes();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    /* No cap: nothing tracked, nothing evicted. */
+    for (int i = 0; i < 4; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "r%d", i);
+        put_version(s, id, i);
+    }
+    assert_int_equal(record_store_get_stats(s).n_disk, 0);
+    for (int i = 0; i < 4; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "r%d", i);
+        set_mtime(dir, id, 1000000 + i);
+    }
+    /* Room for three: the directory's four are listed, the oldest (r0) goes. */
+    assert_int_equal(record_store_set_disk_cap(s, 3 * rb + rb / 2), IS_OK);
+    record_store_stats st = record_store_get_stats(s);
+    assert_int_equal(st.n_disk, 3);
+    assert_int_equal(st.disk_bytes, 3 * rb);
+    assert_int_equal(st.disk_evictions, 1);
+    assert_false(file_exists(dir, "r0"));
+    assert_false(record_store_contains(s, "r0")); /* out of the memory cache too */
+    /* A get makes r1 the most recent: the next put evicts r2. */
+    assert_get_version(s, "r1", 1);
+    put_version(s, "r4", 4);
+    assert_true(file_exists(dir, "r1"));
+    assert_false(file_exists(dir, "r2"));
+    assert_true(file_exists(dir, "r3") && file_exists(dir, "r4"));
+    /* A held record (r3, the least recent now) and a pinned one (r1) are
+     * spared: r4 goes, though more recent. */
+    const fact_kv *held;
+    assert_int_equal(record_store_get(s, "r3", NULL, &held), IS_OK);
+    put_version(s, "r1", 11); /* r1 most recent */
+    assert_get_version(s, "r4", 4);
+    record_store_pin(s, "r1");
+    record_store_pin(s, "r9"); /* not there yet: pinned when it comes */
+    put_version(s, "r5", 5);   /* over the cap: r3 is held, r4 the next */
+    assert_true(file_exists(dir, "r3"));
+    assert_false(file_exists(dir, "r4"));
+    put_version(s, "r9", 9);   /* r3 held, r1 and r9 pinned: r5 goes */
+    assert_false(file_exists(dir, "r5"));
+    assert_true(file_exists(dir, "r1") && file_exists(dir, "r9") && file_exists(dir, "r3"));
+    assert_is_version(held, 3); /* still readable */
+    record_store_release(s, held);
+    put_version(s, "r6", 6); /* r3 free now, and the least recent */
+    assert_false(file_exists(dir, "r3"));
+    record_store_unpin(s, "r1");
+    record_store_unpin(s, "r9");
+    record_store_unpin(s, "nothing"); /* never pinned: no-op */
+    put_version(s, "r7", 7); /* r1 the least recent, unpinned now */
+    assert_false(file_exists(dir, "r1"));
+    st = record_store_get_stats(s);
+    assert_int_equal(st.n_disk, 3);
+    assert_true(st.disk_bytes <= 3 * rb + rb / 2);
+    assert_int_equal(count_files(dir, ".fkv"), 3);
+    /* A delete and a set-aside leave the count. */
+    assert_int_equal(record_store_delete(s, "r7"), IS_OK);
+    assert_int_equal(record_store_get_stats(s).n_disk, 2);
+    /* A batch larger than the cap keeps all of itself. */
+    is_status bst[NB];
+    assert_int_equal(put_five(s, bst), IS_OK);
+    const char *bids[NB] = {"b0", "b1", "b2", "b3", "b4"};
+    for (int i = 0; i < NB; i++) assert_true(file_exists(dir, bids[i]));
+    assert_false(file_exists(dir, "r9") || file_exists(dir, "r6"));
+    put_version(s, "r8", 8);
+    assert_int_equal(record_store_get_stats(s).n_disk, 3);
+    assert_true(file_exists(dir, "r8") && file_exists(dir, "b4") && file_exists(dir, "b3"));
+    record_store_close(s);
+    set_mtime(dir, "b3", 1000000);
+    set_mtime(dir, "b4", 1000001);
+    set_mtime(dir, "r8", 1000002);
+
+    /* Reopened: the directory is listed again, the oldest file first out. */
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    assert_int_equal(record_store_set_disk_cap(s, 2 * rb + rb / 2), IS_OK);
+    st = record_store_get_stats(s);
+    assert_int_equal(st.n_disk, 2);
+    assert_int_equal(count_files(dir, ".fkv"), 2);
+    assert_true(file_exists(dir, "r8") && file_exists(dir, "b4"));
+    /* The cap off: nothing tracked, nothing evicted. */
+    assert_int_equal(record_store_set_disk_cap(s, 0), IS_OK);
+    put_version(s, "z0", 20);
+    put_version(s, "z1", 21);
+    assert_int_equal(count_files(dir, ".fkv"), 4);
+    assert_int_equal(record_store_get_stats(s).n_disk, 0);
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
+
 /* Readers and writers on a few ids at once: every get gives a whole record
  * of some version; the cache stays within bounds (checked by ASan/TSan runs
  * and by the stats afterwards). */
@@ -795,6 +912,7 @@ int main(void) {
         cmocka_unit_test(test_put_batch),
         cmocka_unit_test(test_put_batch_failure_at_every_step),
         cmocka_unit_test(test_put_batch_crash_at_every_step),
+        cmocka_unit_test(test_disk_cap),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
