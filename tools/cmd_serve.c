@@ -70,6 +70,10 @@ static void serve_usage(FILE *f) {
             "                          cache and the disk, read from disk and copied to the GPU as a\n"
             "                          request is submitted (default 0: off, the records are read\n"
             "                          and widened per request; 8 is a good start)\n"
+            "      --record-cache-gb GB  disk kept for the facts' KV records in DIR/kv/: past it the least\n"
+            "                          recently used are deleted, and encoded again by the next request\n"
+            "                          that needs them (default: half the file system holding DIR;\n"
+            "                          0: no limit). The records are a cache: facts live in the store\n"
             "      --step-tokens N     most tokens in one engine step (default 2048 on cuda, 256 on cpu)\n"
             "      --prefill-chunk N   most prompt tokens of one request a step (default 2048 on cuda,\n"
             "                          128 on cpu)\n"
@@ -133,6 +137,7 @@ enum {
     OPT_HOST_CACHE_GB,
     OPT_CUDA_OPT,
     OPT_STORE,
+    OPT_RECORD_CACHE_GB,
 };
 
 int cmd_serve(int argc, char **argv) {
@@ -162,6 +167,7 @@ int cmd_serve(int argc, char **argv) {
         {"public-stats", no_argument, 0, OPT_PUBLIC_STATS},
         {"host-cache-gb", required_argument, 0, OPT_HOST_CACHE_GB},
         {"store", required_argument, 0, OPT_STORE},
+        {"record-cache-gb", required_argument, 0, OPT_RECORD_CACHE_GB},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -225,6 +231,19 @@ int cmd_serve(int argc, char **argv) {
                 return 1;
             }
             p.sched.host_tier_bytes = (int64_t)(gb * (double)(1 << 30));
+            break;
+        }
+        case OPT_RECORD_CACHE_GB: {
+            char *end;
+            double gb = strtod(optarg, &end);
+            if (end == optarg || *end || !(gb >= 0 && gb <= 1e6)) {
+                fprintf(stderr, "error: --record-cache-gb must be a number of GiB in [0, 1000000], "
+                                "got '%s'\n", optarg);
+                return 1;
+            }
+            int64_t bytes = (int64_t)(gb * (double)(1 << 30));
+            /* 0 means no limit; a positive value too small for one record still bounds. */
+            p.record_cache_bytes = gb == 0 ? -1 : bytes > 0 ? bytes : 1;
             break;
         }
         case 'S': if (!cli_parse_int(optarg, "--step-tokens", 1, 1 << 16, &p.sched.step_tokens)) return 1; break;

@@ -65,9 +65,13 @@ typedef struct req_fact {
     const fact_kv *ht_held;
     bool pinned;
     uint8_t tier;            /* FACT_TIER_*: where submit found it */
+    /* The stored fact (sched_request.fact_rows), for encoding its KV on demand: */
+    char *tenant, *user, *id; /* all set, or all NULL */
+    bool rec_pinned;         /* `record` is pinned in the record store */
+    bool encoded;            /* its record was encoded at admission */
 } req_fact;
 
-enum { FACT_TIER_GPU = 0, FACT_TIER_HOST = 1, FACT_TIER_DISK = 2 };
+enum { FACT_TIER_GPU = 0, FACT_TIER_HOST = 1, FACT_TIER_DISK = 2, FACT_TIER_ENCODED = 3 };
 
 /* Records known to the fact index at most (about 100 bytes each). */
 #define SCHED_FACT_INDEX_MAX ((int64_t)1 << 22)
@@ -187,6 +191,9 @@ static void handle_destroy(sched_handle *h) {
     for (int32_t i = 0; i < h->n_facts; i++) {
         free(h->facts[i].record);
         free(h->facts[i].toks);
+        free(h->facts[i].tenant);
+        free(h->facts[i].user);
+        free(h->facts[i].id);
     }
     free(h->facts);
     free(h->suffix);
@@ -249,10 +256,20 @@ static void drop_prefetch(sched *s, sched_handle *h) {
     for (int32_t i = 0; i < h->n_facts; i++) drop_prefetch_fact(s, &h->facts[i]);
 }
 
+/* Lets the disk cap evict the request's records again. */
+static void unpin_records(sched *s, sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++)
+        if (h->facts[i].rec_pinned) {
+            record_store_unpin(memory_record_store(s->mem), h->facts[i].record);
+            h->facts[i].rec_pinned = false;
+        }
+}
+
 /* Frees what the request holds on the engine side (at once: blocks go
  * back to the pool before the terminal event). */
 static void release_engine_side(sched *s, sched_handle *h) {
     drop_prefetch(s, h);
+    unpin_records(s, h);
     if (h->seq >= 0) engine_seq_close(s->e, h->seq);
     h->seq = -1;
     h->state = RS_ENDED;
@@ -551,13 +568,92 @@ static is_status append_toks(int32_t **dst, int32_t *n, const int32_t *src, int3
     return IS_OK;
 }
 
+/* Whether a kv request's fact has no KV this node can inject: not pinned
+ * at submit (the host tier's path), not loaded ahead, and neither on the
+ * GPU nor in the record store under a record of its text. */
+static bool fact_needs_kv(sched *s, const req_fact *f) {
+    if (!f->id || f->pinned || f->pre_held) return false;
+    if (!f->record || !f->known) return true;
+    return !record_store_contains(memory_record_store(s->mem), f->record) &&
+           !engine_fact_resident(s->e, f->content_id, f->n_kv_tokens);
+}
+
+/* KV on demand: the request's facts with no KV on this node are encoded
+ * now, before it takes its own sequence (the encoding needs free ones),
+ * in batches of the free sequences and one step's tokens, as the encode
+ * jobs are (serve/encoder.h; the rows are read again, so a fact changed
+ * meanwhile is encoded in its current text or not at all). Each encoded
+ * fact then takes the record path of start_request, which checks the
+ * record against the request's text. A fact that cannot be encoded (no
+ * sequence or blocks, deleted, failed) is left to be prefilled as text;
+ * the status returned is a backend failure's, else IS_OK. */
+static is_status encode_on_demand(sched *s, sched_handle *h) {
+    if (h->mode != ASK_MODE_KV || !s->mem) return IS_OK;
+    record_store *rs = memory_record_store(s->mem);
+    memory_fact_ref refs[ENCODER_MAX_FACTS];
+    int32_t at[ENCODER_MAX_FACTS];
+    is_status sts[ENCODER_MAX_FACTS];
+    bool did[ENCODER_MAX_FACTS];
+    for (int32_t i = 0; i < h->n_facts;) {
+        int32_t n = 0;
+        for (; i < h->n_facts && n < ENCODER_MAX_FACTS; i++) {
+            req_fact *f = &h->facts[i];
+            if (!fact_needs_kv(s, f)) continue;
+            memset(&refs[n], 0, sizeof refs[n]);
+            snprintf(refs[n].id, sizeof refs[n].id, "%s", f->id);
+            refs[n].tenant = f->tenant;
+            refs[n].user = f->user;
+            at[n++] = i;
+        }
+        if (n == 0) break;
+        encoder_params ep = {s->ask, s->p.step_tokens};
+        encoder_run(s->mem, &ep, refs, n, sts, did);
+        if (engine_status(s->e) != IS_OK) return engine_status(s->e);
+        int64_t failed = 0;
+        for (int32_t j = 0; j < n; j++) {
+            req_fact *f = &h->facts[at[j]];
+            if (sts[j] != IS_OK) {
+                failed += sts[j] != IS_ERR_NOT_FOUND && sts[j] != IS_ERR_CONTEXT_FULL;
+                is_error_clear();
+                continue;
+            }
+            if (!f->record) {
+                /* Named by the row now (an add of this node not yet encoded). */
+                mem_fact row;
+                if (memory_get(s->mem, f->tenant, f->user, f->id, &row) != IS_OK) {
+                    is_error_clear();
+                    continue;
+                }
+                if (row.kv_record && fact_text_hash(row.text, strlen(row.text)) == f->text_hash)
+                    f->record = strdup(row.kv_record);
+                mem_fact_clear(&row);
+                if (!f->record) continue;
+            }
+            if (!f->rec_pinned) {
+                record_store_pin(rs, f->record);
+                f->rec_pinned = true;
+            }
+            f->known = false; /* its record is read at injection */
+            f->encoded = did[j];
+        }
+        if (failed) {
+            pthread_mutex_lock(&s->mu);
+            s->st.encode_failures += failed;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    return IS_OK;
+}
+
 /* Starts an admitted request: sampler, sequence, prefix fork, records
  * fetched and injected (kv), the tokens left to prefill. */
 static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t *misses) {
     h->usage.queue_ms = now_ms() - h->t_submit;
+    is_status st = encode_on_demand(s, h);
+    if (st != IS_OK) return st;
     textout_init(&h->out, (const char *const *)h->stop, (size_t)h->n_stop);
     h->out_init = true;
-    is_status st = sampler_create(h->sp, s->n_vocab, &h->smp);
+    st = sampler_create(h->sp, s->n_vocab, &h->smp);
     if (st == IS_OK) st = engine_seq_open(s->e, &h->seq);
     if (st != IS_OK) return st;
     if (h->mode == ASK_MODE_OFF) {
@@ -617,6 +713,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             ok = true;
         } else if (h->mode == ASK_MODE_KV && f->record) {
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
+            if (f->encoded) tier = FACT_TIER_ENCODED;
             /* With a host tier, always with its values (see above). */
             is_status fs = s->ht ? ask_load_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj])
                                  : ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
@@ -643,6 +740,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             if (!ok) h->usage.facts_text++;
             else if (tier == FACT_TIER_GPU) h->usage.facts_gpu++;
             else if (tier == FACT_TIER_HOST) h->usage.facts_host++;
+            else if (tier == FACT_TIER_ENCODED) h->usage.facts_encoded++;
             else h->usage.facts_disk++;
         }
         if (!ok && st == IS_OK) {
@@ -764,6 +862,7 @@ static void admit(sched *s) {
         s->st.facts_host += h->usage.facts_host;
         s->st.facts_disk += h->usage.facts_disk;
         s->st.facts_text += h->usage.facts_text;
+        s->st.facts_encoded_served += h->usage.facts_encoded;
         pthread_mutex_unlock(&s->mu);
         if (st != IS_OK && engine_status(s->e) != IS_OK) {
             /* The backend failed injecting or forking: this request is
@@ -1261,6 +1360,18 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
         req_fact *rf = &h->facts[i];
         if (f->kv_record && !(rf->record = strdup(f->kv_record)))
             return is_error_set(IS_ERR_NOMEM, "out of memory");
+        const memory_fact_ref *row = r->fact_rows ? &r->fact_rows[i] : NULL;
+        if (r->mode == ASK_MODE_KV && row && row->id[0] && row->tenant && *row->tenant && row->user &&
+            *row->user) {
+            if (!(rf->tenant = strdup(row->tenant)) || !(rf->user = strdup(row->user)) ||
+                !(rf->id = strdup(row->id)))
+                return is_error_set(IS_ERR_NOMEM, "out of memory");
+        }
+        /* Before its record is read: the disk cap spares it until the end. */
+        if (r->mode == ASK_MODE_KV && rf->record) {
+            record_store_pin(memory_record_store(s->mem), rf->record);
+            rf->rec_pinned = true;
+        }
         rf->text_hash = fact_text_hash(f->text, strlen(f->text));
         if ((st = memory_prompt_fact(mp, f->text, &rf->toks, &rf->n_toks)) != IS_OK) return st;
         est += rf->n_toks;
@@ -1338,6 +1449,7 @@ is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void
     }
     if (st != IS_OK) {
         drop_prefetch(s, h);
+        unpin_records(s, h);
         handle_destroy(h);
         return st;
     }

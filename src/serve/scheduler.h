@@ -14,7 +14,8 @@
  *      blocks run short; a request that could never fit fails at submit
  *      with IS_ERR_CONTEXT_FULL);
  *      an admitted request forks the cached serving prefix (memory modes),
- *      fetches its facts' KV records and injects them (kv mode);
+ *      encodes its facts that have no KV on this node (one batch), fetches
+ *      its facts' KV records and injects them (kv mode);
  *   3. builds one engine batch: one token for every request that is
  *      decoding, plus prompt chunks (at most prefill_chunk tokens of one
  *      request, at most step_tokens in all) of requests still prefilling,
@@ -35,9 +36,10 @@
  * the suffix holds the client's messages rendered with the chat template
  * (a client system message becomes a system turn after the memory one).
  * In kv mode, facts whose KV record is ready are injected; facts without
- * one yet (kv_record NULL or not in the record store, or a record that
- * cannot be used: see sched_submit) are prefilled as text after the
- * injected ones, so a fact is usable the moment it is stored. A request
+ * one (kv_record NULL or not in the record store) are encoded at admission
+ * and injected too, when the caller named their rows; the rest (and a
+ * record that cannot be used: see sched_submit) are prefilled as text
+ * after the injected ones, so a fact is usable the moment it is stored. A request
  * with mode off renders the messages alone (no memory segment, no shared
  * prefix; memory_prompt_chat_plain).
  *
@@ -120,7 +122,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *p, sched **ou
 /* Stops the engine thread: requests still queued or running end with an
  * ERROR event (IS_ERR_CANCELLED, "server shutting down"); queued encode
  * jobs are dropped (the facts stay without
- * KV and are encoded at the next start, see memory_encode_missing).
+ * KV until a request needs them, or memory_encode_missing).
  * Submits racing with it are refused (IS_ERR_CANCELLED, no event); no
  * call on `s` may follow it, but handles may still be released after. */
 void sched_free(sched *s);
@@ -137,6 +139,14 @@ typedef struct sched_request {
     ask_mode mode;                /* kv, prompt, off */
     const sched_fact *facts;      /* copied at submit (ignored in mode off) */
     int32_t n_facts;
+    /* The stored rows of facts[] ([n_facts], copied at submit), or NULL.
+     * With its row (a non-empty id, tenant and user), a kv request's fact
+     * whose KV is not on this node (no record named, or its file gone:
+     * another node's add, a record evicted by the disk cap, a lost data
+     * directory) is encoded when the request is admitted, in one batch with
+     * the request's other such facts (serve/encoder.h), and injected;
+     * without one it is prefilled as text. */
+    const memory_fact_ref *fact_rows;
     int32_t max_tokens;           /* > 0 */
     float temperature;            /* 0 = greedy */
     float top_p;                  /* (0, 1] */
@@ -166,9 +176,10 @@ typedef struct sched_usage {
     int32_t completion_tokens;
     /* Where each fact of a kv request was served from, as found at submit:
      * resident on the GPU, in the host tier, read from disk (the record
-     * file; without a host tier: through the record store), or prefilled
-     * as text (no usable KV). */
-    int32_t facts_gpu, facts_host, facts_disk, facts_text;
+     * file; without a host tier: through the record store), encoded at
+     * admission (no KV on this node: fact_rows), or prefilled as text (no
+     * usable KV, and none could be encoded). */
+    int32_t facts_gpu, facts_host, facts_disk, facts_encoded, facts_text;
     double queue_ms;          /* submit -> admitted */
     double ttft_ms;           /* submit -> first token sampled */
     double total_ms;          /* submit -> done */
@@ -207,8 +218,11 @@ typedef struct sched_handle sched_handle;
  *
  * In kv mode a fact whose record cannot be used (none named, missing,
  * made for another model or dtype, corrupt, or encoded from another text
- * than the fact's) is prefilled as text and counted as a miss; the request
- * never fails for it. */
+ * than the fact's) is encoded at admission when its stored row is named
+ * (fact_rows), else, or when that fails, prefilled as text and
+ * counted as a miss; the request never fails for it. The records a
+ * request names are pinned in the record store (record_store_pin) from
+ * submit until it ends, so the disk cap never evicts them meanwhile. */
 is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void *user_data,
                        sched_handle **h);
 
@@ -256,6 +270,7 @@ typedef struct sched_stats {
     int64_t facts_encoded;
     int64_t encode_failures;
     int64_t facts_gpu, facts_host, facts_disk, facts_text; /* sched_usage's, summed */
+    int64_t facts_encoded_served; /* sched_usage.facts_encoded, summed (not in facts_encoded) */
     int64_t requests_done;     /* DONE events (finished or cancelled) */
     int64_t requests_failed;   /* ERROR events */
 } sched_stats;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 struct http_app {
     backend *be;
@@ -29,10 +30,29 @@ http_app_params http_app_default_params(void) {
     return p;
 }
 
-/* memory_change_fn: queues the KV encoding of a fact another node changed
- * (a full queue only delays it to the first request that misses it). */
-static void encode_changed(const char *tenant, const char *user, const char *id, void *ud) {
-    sched_encode((sched *)ud, tenant, user, id);
+/* The disk cap of the node's KV records: record_cache_bytes, or by
+ * default half the file system that holds them (records are a cache of
+ * the rows, so the disk is shared with what else the machine keeps). */
+static is_status set_record_cap(http_app *a, const http_app_params *p, FILE *notes) {
+    if (p->record_cache_bytes < 0) return IS_OK;
+    uint64_t cap = (uint64_t)p->record_cache_bytes;
+    if (cap == 0) {
+        struct statvfs fs;
+        if (statvfs(p->data_dir, &fs) != 0)
+            return is_error_set(IS_ERR_IO, "cannot read the size of the file system of %s",
+                                p->data_dir);
+        cap = (uint64_t)fs.f_blocks * fs.f_frsize / 2;
+    }
+    record_store *rs = memory_record_store(a->mem);
+    is_status st = record_store_set_disk_cap(rs, cap);
+    if (st != IS_OK) return st;
+    record_store_stats rst = record_store_get_stats(rs);
+    fprintf(notes, "KV records: %.2f GiB in %llu files on disk, kept within %.2f GiB%s%s\n",
+            (double)rst.disk_bytes / (1 << 30), (unsigned long long)rst.n_disk,
+            (double)cap / (1 << 30),
+            p->record_cache_bytes ? "" : " (half the file system; --record-cache-gb)",
+            rst.disk_evictions ? ": least recently used evicted" : "");
+    return IS_OK;
 }
 
 /* The file name without directories and ".gguf". */
@@ -47,7 +67,6 @@ static void model_name(const char *path, char *out, size_t cap) {
 void http_app_stop(http_app *a) {
     if (!a) return;
     http_server_stop(a->srv); /* first: its cancelled requests end through the scheduler */
-    if (a->mem) memory_set_change_fn(a->mem, NULL, NULL); /* the store's watch queues into a->s */
     sched_free(a->s);
     memory_close(a->mem);
     engine_free(a->e);
@@ -106,6 +125,7 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         fprintf(notes, "memory: set aside %lld KV records no fact points to in %s/kv/orphans/\n",
                 (long long)rep.n_orphans, p->data_dir);
     if (rep.repairs[0]) fprintf(notes, "memory: warning: %s (inferscale fsck lists them)\n", rep.repairs);
+    if ((st = set_record_cap(a, p, notes)) != IS_OK) goto fail;
 
     if (p->model_path) {
         if ((st = backend_create(p->backend ? p->backend : "cpu", p->threads, &a->be)) != IS_OK)
@@ -128,7 +148,8 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         engine_params ep = engine_default_params();
         ep.n_ctx = p->n_ctx > 0 ? p->n_ctx : c->n_ctx_train;
         int32_t running = p->sched.max_running > 0 ? p->sched.max_running : 32;
-        ep.max_seqs = running + 1; /* the serving prefix holds one */
+        /* The serving prefix holds one; encodings on demand take more. */
+        ep.max_seqs = running + 1 + HTTP_APP_ENCODE_SEQS;
         size_t elem = a->be->ops->kv_elem_size ? a->be->ops->kv_elem_size(a->be) : 4;
         size_t per_block = 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)c->head_dim *
                            elem * (size_t)ep.block_size;
@@ -157,16 +178,12 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         sched_params sp = p->sched;
         sp.max_running = running;
         if ((st = sched_create(a->e, a->mem, &sp, &a->s)) != IS_OK) goto fail;
-        /* A fact added or changed through another node gets its KV here too. */
-        memory_set_change_fn(a->mem, encode_changed, a->s);
-        if (rep.n_missing_kv > 0) {
-            if (sched_encode_missing(a->s) == IS_OK)
-                fprintf(notes, "memory: %lld facts have no KV record yet: encoding them in the "
-                               "background\n", (long long)rep.n_missing_kv);
-            else
-                fprintf(notes, "warning: could not queue the KV encoding of %lld facts: %s\n",
-                        (long long)rep.n_missing_kv, is_error_last());
-        }
+        /* Facts without KV here (a previous run's, another node's, records
+         * evicted or lost) are encoded by the first request that needs
+         * them, not now: a shared store holds every user's facts. */
+        if (rep.n_missing_kv > 0)
+            fprintf(notes, "memory: %lld facts have no KV record on this node: each is encoded "
+                           "at the first request that needs it\n", (long long)rep.n_missing_kv);
         if (p->model_name) snprintf(a->model_id, sizeof a->model_id, "%s", p->model_name);
         else model_name(p->model_path, a->model_id, sizeof a->model_id);
         hc.tok = a->m->tok;

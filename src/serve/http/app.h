@@ -2,8 +2,10 @@
  * app: the whole serving stack in one call, as `inferscale serve` runs it
  * and as tests and benchmarks start it: backend -> model -> engine ->
  * memory service (with the sentence embedder, no KV encoder) -> scheduler
- * (which encodes facts' KV in the background; facts left without KV by a
- * previous run are queued at start) -> HTTP server.
+ * (which encodes the KV of facts added through this node in the
+ * background, and of any other fact at the first request that needs it on
+ * this node; a start encodes nothing in bulk) -> HTTP server. The node's
+ * KV records are a cache, bounded on disk (record_cache_bytes).
  *
  * Starting a server in a test (port 0 picks a free port):
  *
@@ -36,6 +38,10 @@ typedef struct http_app http_app;
  * activations of a full step, cuBLAS workspaces, graphs, the retrieval
  * index on the GPU. */
 #define HTTP_APP_FACT_CACHE_MARGIN ((size_t)6 << 30)
+/* Sequences beside the running requests' for KV encoded on demand: the
+ * facts of a request's first use on this node, one sequence each, go
+ * through one forward (as many as a step's tokens take). */
+#define HTTP_APP_ENCODE_SEQS 64
 
 typedef struct http_app_params {
     const char *model_path;   /* GGUF; NULL: no model (memory routes only) */
@@ -57,6 +63,11 @@ typedef struct http_app_params {
                                  free after the weights and the KV pool, less
                                  HTTP_APP_FACT_CACHE_MARGIN) */
     int32_t kv_window;        /* context turns encoded with each new fact (default 0) */
+    /* Bytes of KV record files kept in <data_dir>/kv/, least recently used
+     * deleted past it (record_store_set_disk_cap; they are encoded again
+     * when needed): 0, the default, takes half the size of the file system
+     * holding data_dir; < 0: no cap. */
+    int64_t record_cache_bytes;
     bool gpu_retrieval;       /* memory search's query embedding and dense top-k on CUDA device
                                  0 (memory_params.gpu_retrieval; needs the embedder) */
     sched_params sched;       /* sched_default_params() */

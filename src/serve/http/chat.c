@@ -273,6 +273,7 @@ static cJSON *usage_json(const sched_usage *u) {
     cJSON_AddNumberToObject(f, "gpu", u->facts_gpu);
     cJSON_AddNumberToObject(f, "host", u->facts_host);
     cJSON_AddNumberToObject(f, "disk", u->facts_disk);
+    cJSON_AddNumberToObject(f, "encoded", u->facts_encoded);
     cJSON_AddNumberToObject(f, "text", u->facts_text);
     cJSON_AddNumberToObject(o, "queue_ms", u->queue_ms);
     cJSON_AddNumberToObject(o, "ttft_ms", u->ttft_ms);
@@ -508,6 +509,7 @@ enum MHD_Result http_chat(http_req *r) {
     memory_hit *hits = NULL;
     int32_t n_hits = 0;
     sched_fact *facts = NULL;
+    memory_fact_ref *rows = NULL;
     chat_message *msgs = NULL;
     cJSON *meminfo = NULL;
     chat_job *job = NULL;
@@ -594,7 +596,8 @@ enum MHD_Result http_chat(http_req *r) {
         int32_t n_ready = 0;
         if (n_hits) {
             facts = calloc((size_t)n_hits, sizeof *facts);
-            if (!facts) {
+            rows = calloc((size_t)n_hits, sizeof *rows);
+            if (!facts || !rows) {
                 res = http_send_error(r, 500, NULL, "out_of_memory", "out of memory");
                 goto out;
             }
@@ -602,6 +605,10 @@ enum MHD_Result http_chat(http_req *r) {
         for (int32_t i = 0; i < n_hits; i++) {
             facts[i].text = hits[i].fact.text;
             facts[i].kv_record = hits[i].fact.kv_record;
+            /* Its row: KV missing on this node is encoded for the request. */
+            snprintf(rows[i].id, sizeof rows[i].id, "%s", hits[i].fact.id);
+            rows[i].tenant = hits[i].fact.tenant;
+            rows[i].user = hits[i].fact.user;
             n_ready += hits[i].fact.kv_record != NULL;
             cJSON_AddItemToArray(ids, cJSON_CreateString(hits[i].fact.id));
         }
@@ -621,6 +628,7 @@ enum MHD_Result http_chat(http_req *r) {
     if (c.has_seed && seed == 0) seed = 1; /* 0 means "random" to the scheduler */
     sched_request req = {.messages = msgs, .n_messages = c.n_messages, .mode = mode,
                          .facts = facts, .n_facts = mode == ASK_MODE_OFF ? 0 : n_hits,
+                         .fact_rows = rows,
                          .max_tokens = c.max_tokens, .temperature = c.temperature,
                          .top_p = c.top_p, .top_k = c.top_k, .seed = seed,
                          .stop = (const char *const *)c.stop, .n_stop = c.n_stop};
@@ -710,6 +718,7 @@ out:
     cJSON_Delete(meminfo);
     free(msgs);
     free(facts);
+    free(rows);
     memory_hits_free(hits, n_hits);
     parse_chat_free(&c);
     return res;

@@ -276,14 +276,17 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                       (long long)ss->facts_kv_hits, (long long)ss->facts_kv_misses);
             sb_printf(&b, "# HELP inferscale_facts_served_total Facts of kv-mode requests by where "
                           "submit found them: resident on the GPU, in the pinned host tier, read "
-                          "from disk, or prefilled as text.\n"
+                          "from disk, encoded for the request (no KV on this node), or prefilled "
+                          "as text.\n"
                           "# TYPE inferscale_facts_served_total counter\n"
                           "inferscale_facts_served_total{tier=\"gpu\"} %lld\n"
                           "inferscale_facts_served_total{tier=\"host\"} %lld\n"
                           "inferscale_facts_served_total{tier=\"disk\"} %lld\n"
+                          "inferscale_facts_served_total{tier=\"encoded\"} %lld\n"
                           "inferscale_facts_served_total{tier=\"text\"} %lld\n",
                       (long long)ss->facts_gpu, (long long)ss->facts_host,
-                      (long long)ss->facts_disk, (long long)ss->facts_text);
+                      (long long)ss->facts_disk, (long long)ss->facts_encoded_served,
+                      (long long)ss->facts_text);
         }
         const record_store_stats *rs = live->store_stats;
         if (rs) {
@@ -295,6 +298,14 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                       (unsigned long long)rs->hits, (unsigned long long)rs->misses);
             gauge(&b, "inferscale_fact_kv_cache_bytes", "Bytes of KV records in the host cache.",
                   "gauge", (double)rs->bytes_cached);
+            if (rs->n_disk || rs->disk_evictions) {
+                gauge(&b, "inferscale_fact_kv_disk_bytes",
+                      "Bytes of KV record files on this node's disk (serve --record-cache-gb).",
+                      "gauge", (double)rs->disk_bytes);
+                gauge(&b, "inferscale_fact_kv_disk_evictions_total",
+                      "KV record files deleted to stay within serve --record-cache-gb.", "counter",
+                      (double)rs->disk_evictions);
+            }
         }
     }
     if (b.oom) {
