@@ -11,12 +11,14 @@ them with the official mem0ai (2.2.1) and openai clients, from the virtual
 environment test_mem0_client.py makes under WORK_DIR (shared with it):
 
   1. a fact added through node A is found by a search through node B
-     (B's index follows A's change through LISTEN/NOTIFY), and is then
-     injected as KV by B (B encodes it on hearing of it): usage.injected_tokens;
+     (B's index follows A's change through LISTEN/NOTIFY); B's first chat
+     of the user encodes its KV there and injects it (usage.facts.encoded,
+     usage.injected_tokens), and B's next chat reads it from B's disk
+     (usage.facts.disk): B encoded nothing on hearing of the add;
   2. after the fact is updated through A (to a text of another length),
-     every answer of B uses the new text (usage.memory_tokens), never the
-     old version's KV (injected_tokens is 0 or the new text's), and B
-     injects the new version's KV before long;
+     B's first answer encodes and injects the new version's KV (never the
+     old version's: injected_tokens is the new text's), and so do not
+     B's later answers, which read it from disk;
   3. under load through HAProxy (adds, searches and chats of six users, each
      sending X-User-Id), node A is killed with SIGKILL: every add that was
      acknowledged is still there afterwards, A's users are served by B
@@ -113,13 +115,18 @@ def scenario_two_nodes(a, b):
     check(hits[0]["memory"] == OLD_TEXT, f"B found {hits}")
     print(f"1. added through A, found by a search through B after {dt:.2f} s")
 
-    def injected():
-        u = chat(b.base, U)
-        return u if u.get("injected_tokens", 0) > 0 else None
-    u_old, dt = wait_for("B injecting the KV of the fact added through A", injected, 90)
+    t0 = time.time()
+    u_old = chat(b.base, U)
+    dt = time.time() - t0
     t_old = u_old["injected_tokens"]
-    check(u_old["memory_tokens"] == t_old, f"old fact partly prefilled: {u_old}")
-    print(f"   injected by B ({t_old} tokens of KV, encoded on B) after {dt:.2f} s")
+    check(t_old > 0 and u_old["memory_tokens"] == t_old, f"B's first chat did not inject the fact: {u_old}")
+    check(u_old["facts"]["encoded"] == 1 and u_old["facts"]["text"] == 0,
+          f"B's first chat did not encode the fact on demand: {u_old}")
+    u_next = chat(b.base, U)
+    check(u_next["facts"]["encoded"] == 0 and u_next["facts"]["disk"] + u_next["facts"]["gpu"] == 1
+          and u_next["injected_tokens"] == t_old, f"B's second chat did not read its record: {u_next}")
+    print(f"   B's first chat encoded it and injected its {t_old} tokens of KV ({dt:.2f} s); "
+          f"the next read it from disk")
 
     api_a.call("update", fid, text=NEW_TEXT)
     seen, t0, new_inj = [], time.time(), None
@@ -133,6 +140,8 @@ def scenario_two_nodes(a, b):
             new_inj = u
             break
     check(new_inj is not None, f"B never injected the updated fact's KV: {seen}")
+    check(len(seen) == 1 and new_inj["facts"]["encoded"] == 1,
+          f"B's first answer after the update did not encode the new version's KV: {seen}, {new_inj}")
     check(len({m for m, _ in seen}) == 1, f"memory tokens changed between answers: {seen}")
     print(f"2. updated through A: {len(seen)} answers of B, all with the new text "
           f"({new_inj['memory_tokens']} tokens, old {t_old}); B injected the new KV after "
