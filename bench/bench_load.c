@@ -58,6 +58,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -77,6 +78,7 @@
 #endif
 
 #define MAX_LEVELS 16
+#define OPT_COLD_SESSIONS 0x1300 /* a long option without a short one */
 #define MAX_RUNS 128
 #define MAX_CONVS 64
 #define ERR_LEN 200
@@ -128,6 +130,7 @@ typedef struct opts {
     bool warmup;
     int32_t ingest_clients;   /* concurrent clients adding the users' facts */
     bool ingest_only;         /* measure the ingestion, run no chat */
+    bool cold_sessions;       /* restart the server without its KV records before each run */
 } opts;
 
 /* ---- time and statistics ------------------------------------------------------------- */
@@ -483,7 +486,7 @@ typedef struct sample {
     double e2e_ms;      /* client: sent -> stream complete */
     double srv_ttft_ms; /* usage.ttft_ms */
     int32_t completion_tokens, memory_tokens, injected_tokens;
-    int32_t tiers[4];   /* usage.facts: gpu, host, disk, text */
+    int32_t tiers[5];   /* usage.facts: gpu, host, disk, text, encoded */
     char err[ERR_LEN];
 } sample;
 
@@ -548,8 +551,8 @@ static void on_event(stream_state *st, char *data) {
             s->memory_tokens = cJSON_IsNumber(mt) ? (int32_t)mt->valuedouble : 0;
             s->injected_tokens = cJSON_IsNumber(it) ? (int32_t)it->valuedouble : 0;
             cJSON *fs = cJSON_GetObjectItem(u, "facts");
-            static const char *const names[4] = {"gpu", "host", "disk", "text"};
-            for (int t = 0; t < 4; t++) {
+            static const char *const names[5] = {"gpu", "host", "disk", "text", "encoded"};
+            for (int t = 0; t < 5; t++) {
                 cJSON *x = fs ? cJSON_GetObjectItem(fs, names[t]) : NULL;
                 s->tiers[t] = cJSON_IsNumber(x) ? (int32_t)x->valuedouble : 0;
             }
@@ -809,7 +812,12 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double *e2e = calloc((size_t)n_requests + 1, sizeof(double));
     int n_ok = 0;
     int64_t toks = 0, mem = 0, inj = 0;
-    long long tiers[4] = {0, 0, 0, 0};
+    long long tiers[5] = {0, 0, 0, 0, 0};
+    /* Client TTFTs of the requests whose facts were encoded for them (a
+     * session's first on this node) and of the others. */
+    double *ttft_first = calloc((size_t)n_requests + 1, sizeof(double));
+    double *ttft_later = calloc((size_t)n_requests + 1, sizeof(double));
+    int n_first = 0, n_later = 0;
     for (int i = 0; i < n_requests; i++) {
         sample *s = &r.samples[i];
         if (i >= taken && !s->ok && !s->err[0]) continue; /* not started */
@@ -825,14 +833,29 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
         toks += s->completion_tokens;
         mem += s->memory_tokens;
         inj += s->injected_tokens;
-        for (int t = 0; t < 4; t++) tiers[t] += s->tiers[t];
+        for (int t = 0; t < 5; t++) tiers[t] += s->tiers[t];
+        if (ttft_first && ttft_later) {
+            if (s->tiers[4] > 0) ttft_first[n_first++] = s->ttft_ms;
+            else ttft_later[n_later++] = s->ttft_ms;
+        }
     }
     w.done = n_ok;
     /* Where the run's facts came from (usage.facts), for reading a tiered run. */
-    if (tiers[0] + tiers[1] + tiers[2] + tiers[3] > 0)
+    if (tiers[0] + tiers[1] + tiers[2] + tiers[3] + tiers[4] > 0)
         fprintf(stderr, "note: k %d, %d clients: facts from gpu %lld, host tier %lld, disk %lld, "
-                        "as text %lld\n",
-                (int)o->k, (int)clients, tiers[0], tiers[1], tiers[2], tiers[3]);
+                        "encoded for the request %lld, as text %lld\n",
+                (int)o->k, (int)clients, tiers[0], tiers[1], tiers[2], tiers[4], tiers[3]);
+    if (n_first > 0 && ttft_first && ttft_later) {
+        qsort(ttft_first, (size_t)n_first, sizeof(double), bench_cmp_double);
+        qsort(ttft_later, (size_t)n_later, sizeof(double), bench_cmp_double);
+        printf("sessions: k %d, %d clients, %s: first request of a session (KV encoded on demand) "
+               "%d, ttft p50 %.2f p99 %.2f ms; later requests %d, ttft p50 %.2f p99 %.2f ms\n",
+               (int)o->k, (int)clients, k_mode_names[mode], n_first, pct(ttft_first, n_first, 0.5),
+               pct(ttft_first, n_first, 0.99), n_later, pct(ttft_later, n_later, 0.5),
+               pct(ttft_later, n_later, 0.99));
+    }
+    free(ttft_first);
+    free(ttft_later);
     qsort(ttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
     qsort(sttft, (size_t)n_ok, sizeof(double), bench_cmp_double);
     qsort(e2e, (size_t)n_ok, sizeof(double), bench_cmp_double);
@@ -936,6 +959,11 @@ static void usage(FILE *f) {
             "      --ingest-clients N   concurrent clients adding the users' facts (default 1); the\n"
             "                           line 'ingestion:' gives facts/s stored and with KV encoded\n"
             "      --ingest-only        stop after the ingestion (no chat runs)\n"
+            "      --cold-sessions      before each run, restart the server without its KV records (the\n"
+            "                           facts stay), so a user's first request of the run is the first of\n"
+            "                           a session on this node: its facts' KV is encoded on demand. A\n"
+            "                           'sessions:' line splits the TTFT of those first requests from\n"
+            "                           the later ones' (use --zipf or more requests than clients)\n"
             "      --data DIR           memory data directory to use and keep (default: temporary);\n"
             "                           users that already hold their facts are not loaded again\n"
             "      --log FILE           the server's request log (default: none)\n"
@@ -1072,6 +1100,30 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return 0;
 }
 
+/* Deletes the KV record files of a data directory (the .fkv files in kv/) while
+ * no server has it open. */
+static bool remove_records(const char *data) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/kv", data);
+    DIR *d = opendir(dir);
+    if (!d) return true; /* none yet */
+    struct dirent *de;
+    bool ok = true;
+    while ((de = readdir(d)) != NULL) {
+        size_t l = strlen(de->d_name);
+        if (l <= 4 || strcmp(de->d_name + l - 4, ".fkv") != 0) continue;
+        char path[PATH_MAX + 300];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (unlink(path) != 0) {
+            fprintf(stderr, "error: cannot remove %s: %s\n", path, strerror(errno));
+            ok = false;
+            break;
+        }
+    }
+    closedir(d);
+    return ok;
+}
+
 int main(int argc, char **argv) {
     opts o = {
         .model = IS_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -1095,6 +1147,7 @@ int main(int argc, char **argv) {
         {"max-running", required_argument, 0, 'R'}, {"kv-mem", required_argument, 0, 'V'},
         {"time-limit", required_argument, 0, 'T'},  {"request-timeout", required_argument, 0, 'O'},
         {"encode-timeout", required_argument, 0, 'e'}, {"no-warmup", no_argument, 0, 'W'},
+        {"cold-sessions", no_argument, 0, OPT_COLD_SESSIONS},
         {"data", required_argument, 0, 'D'},        {"log", required_argument, 0, 'L'},
         {"csv", required_argument, 0, 'o'},         {"help", no_argument, 0, 'h'},
         {"runs", required_argument, 0, 'r'},        {"zipf", required_argument, 0, 'z'},
@@ -1140,6 +1193,7 @@ int main(int argc, char **argv) {
         case 'W': o.warmup = false; break;
         case 'I': ok = parse_int(optarg, "--ingest-clients", 1, 1024, &o.ingest_clients); break;
         case 'Y': o.ingest_only = true; break;
+        case OPT_COLD_SESSIONS: o.cold_sessions = true; break;
         case 'D': o.data_dir = optarg; break;
         case 'L': o.log_path = optarg; break;
         case 'o': o.csv_path = optarg; break;
@@ -1360,6 +1414,17 @@ int main(int argc, char **argv) {
         o.k = rs->k;
         o.max_tokens = rs->max_tokens;
         row *w = &rows[n_rows];
+        if (o.cold_sessions) {
+            /* A node that lost its cache: the facts stay in the store. */
+            http_app_stop(app);
+            app = NULL;
+            if (!remove_records(data)) goto done;
+            if (http_app_start(&p, &app) != IS_OK) {
+                fprintf(stderr, "error: restarting the server: %s\n", is_error_last());
+                goto done;
+            }
+            port = http_app_port(app);
+        }
         if (!run_one(&o, port, users, zipf_cdf, c, rs->mode, n, w)) all_ok = false;
         n_rows++;
         print_row(stdout, w);
