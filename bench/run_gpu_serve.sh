@@ -27,8 +27,8 @@
 # gpu_prepare.sh --no-model), .whl (the `gguf` wheel), locomo (a copy of
 # ../shared/data/locomo). Environment: USERS (10), FACTS (100), TIER_GB
 # (0.75), TIER_RUNS, TIER_N (200), SKIP_GPU_BENCH=1, STAGES ("hot tiered
-# olddefaults cold"; tiered_host is added by name: which of the bench_load
-# stages run), HOST_GB (8), HOT_RUNS, HOT_N, COLD_RUNS, STAGE_S (each
+# olddefaults cold"; tiered_host and sessions are added by name: which of
+# the bench_load stages run; SESSION_RUNS, SESSION_N), HOST_GB (8), HOT_RUNS, HOT_N, COLD_RUNS, STAGE_S (each
 # stage's time limit, s; default per stage), GPU_TESTS (ctest names of GPU
 # tests to build and run first, on the random-weight model when
 # IS_TEST_MODEL names it, e.g. "test_fact_tiers_cuda").
@@ -113,6 +113,12 @@ TIERED=(--fact-cache-gb "${TIER_GB:-0.75}" --runs "${TIER_RUNS:-100/50/kv/1,$K1K
 # fact cache): what the same build serves with the settings it had before.
 [[ $STAGES == *" olddefaults "* ]] && load olddefaults 90 --step-tokens 256 --prefill-chunk 128 --fact-cache-gb 2 \
   --runs "50/1/kv/1,50/1/prompt/1,50/100/kv/1,50/100/prompt/1" -n 100
+# sessions (by name): each run starts on a node without KV records (the
+# facts stay in the store), so a user's first request of the run encodes its
+# facts' KV on demand; the 'sessions:' lines give those first requests' TTFT
+# beside the later ones', kv next to prompt.
+[[ $STAGES == *" sessions "* ]] && load sessions "${STAGE_S:-240}" --cold-sessions \
+  --runs "${SESSION_RUNS:-50/1/kv/1,50/1/prompt/1,50/10/kv/1}" -n "${SESSION_N:-60}"
 sync; { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null && stamp "page cache dropped" || stamp "page cache not dropped"
 [[ $STAGES == *" cold "* ]] && load cold "${STAGE_S:-90}" --no-warmup --host-cache-gb "${COLD_HOST_GB:-0}" \
   --runs "${COLD_RUNS:-50/1/kv/1,50/1/kv/1,50/100/kv/1}" -n 30

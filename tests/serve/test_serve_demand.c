@@ -17,6 +17,13 @@
  *   - B with a record cap of two records: the other user's chat evicts
  *     the first user's records (the least recently used), whose
  *     next chat encodes them again, answering the same.
+ *
+ * Built twice: for the CPU backend (CI) and, as test_serve_demand_cuda
+ * (label gpu, exit 77 without a device), for the CUDA backend as `serve
+ * --backend cuda` runs it (bf16 cache, GPU fact arena; ask's reference on
+ * the same cache): there a fact read again is resident on the GPU (gpu, not
+ * disk), and one whose record file was evicted but which the GPU still
+ * holds is injected from there, not encoded.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,6 +45,14 @@
 #include "serve/scheduler.h"
 #include "test_http_client.h"
 #include "test_util.h"
+#ifdef DEMAND_CUDA
+#include "backend_cuda.h"
+#define DEMAND_BACKEND "cuda"
+#define ON_GPU 1
+#else
+#define DEMAND_BACKEND "cpu"
+#define ON_GPU 0
+#endif
 
 #define MAX_TOKENS 8
 #define N_FACTS 3
@@ -74,6 +89,7 @@ static int teardown(void **state) {
 static http_app *start(const char *data, const char *store_url, int64_t record_cap) {
     http_app_params p = http_app_default_params();
     p.model_path = IS_DEFAULT_MODEL;
+    p.backend = DEMAND_BACKEND;
     p.data_dir = data;
     p.store_url = store_url;
     p.embedder_dir = "none"; /* BM25: every fact names its user, as every query does */
@@ -150,11 +166,14 @@ static answer chat(http_app *a, int user) {
     return ans;
 }
 
-static void expect_facts(const answer *a, int disk, int encoded) {
-    assert_int_equal(a->gpu + a->host, 0); /* the CPU has no GPU cache or host tier */
-    assert_int_equal(a->disk, disk);
-    assert_int_equal(a->encoded, encoded);
+/* Every fact injected, `encoded` of them encoded for the request and the
+ * rest read again: from disk on the CPU (no GPU cache or host tier), from
+ * the GPU's fact cache on the GPU. */
+static void expect_facts(const answer *a, int encoded) {
     assert_int_equal(a->text_facts, 0);
+    assert_int_equal(a->encoded, encoded);
+    assert_int_equal(a->host, 0);
+    assert_int_equal(ON_GPU ? a->gpu : a->disk, N_FACTS - encoded);
 }
 
 /* The value of a metric line "name{labels} value" in /metrics. */
@@ -190,7 +209,10 @@ static void ask_reference(memory *mem, int user, const answer *order, const char
     engine *e = NULL;
     record_store *rs = NULL;
     ask_ctx *ac = NULL;
-    assert_int_equal(backend_create("cpu", 0, &be), IS_OK);
+    assert_int_equal(backend_create(DEMAND_BACKEND, 0, &be), IS_OK);
+#ifdef DEMAND_CUDA
+    if (backend_cuda_configure(be, "kv=bf16") != IS_OK) fail_msg("kv=bf16: %s", is_error_last());
+#endif
     assert_int_equal(model_load(IS_DEFAULT_MODEL, be, &m), IS_OK);
     engine_params ep = engine_default_params();
     ep.n_ctx = N_CTX;
@@ -214,8 +236,10 @@ static void ask_reference(memory *mem, int user, const answer *order, const char
     }
     is_status sts[N_FACTS];
     bool did[N_FACTS];
-    /* The server's encoding forward takes a step's tokens at most (CPU). */
-    assert_int_equal(ask_encode_facts(ac, f, w, N_FACTS, SCHED_CPU_STEP_TOKENS, sts, did), IS_OK);
+    /* The server's encoding forward takes a step's tokens at most. */
+    assert_int_equal(ask_encode_facts(ac, f, w, N_FACTS,
+                                      ON_GPU ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS, sts, did),
+                     IS_OK);
     for (int i = 0; i < N_FACTS; i++) assert_true(did[i]);
     /* The server's records of the same facts are these records, bit for bit. */
     if (server_kv_dir) {
@@ -291,15 +315,16 @@ static void test_kv_on_demand(void **state) {
     assert_int_equal(count_records(b_kv), 0);
 
     answer first = chat(b, 0);
-    expect_facts(&first, 0, N_FACTS);
+    expect_facts(&first, N_FACTS);
     assert_int_equal(count_records(b_kv), N_FACTS);
     answer second = chat(b, 0);
-    expect_facts(&second, N_FACTS, 0);
+    expect_facts(&second, 0);
     assert_string_equal(second.text, first.text);
     assert_true(metric(b, "inferscale_facts_served_total{tier=\"encoded\"} ") == N_FACTS);
-    assert_true(metric(b, "inferscale_facts_served_total{tier=\"disk\"} ") == N_FACTS);
+    assert_true(metric(b, ON_GPU ? "inferscale_facts_served_total{tier=\"gpu\"} "
+                                 : "inferscale_facts_served_total{tier=\"disk\"} ") == N_FACTS);
     answer bob = chat(b, 1);
-    expect_facts(&bob, 0, N_FACTS);
+    expect_facts(&bob, N_FACTS);
     size_t rec_bytes = 0;
     {
         DIR *d = opendir(b_kv);
@@ -329,10 +354,10 @@ static void test_kv_on_demand(void **state) {
     b = start(b_dir, a_db, -1);
     assert_int_equal(count_records(b_kv), 0);
     answer again = chat(b, 0);
-    expect_facts(&again, 0, N_FACTS);
+    expect_facts(&again, N_FACTS);
     assert_string_equal(again.text, first.text);
     answer bob_again = chat(b, 1);
-    expect_facts(&bob_again, 0, N_FACTS);
+    expect_facts(&bob_again, N_FACTS);
     assert_string_equal(bob_again.text, bob.text);
     http_app_stop(b);
 
@@ -344,22 +369,32 @@ static void test_kv_on_demand(void **state) {
     for (int round = 0; round < 2; round++) {
         answer al = chat(b, 0);
         assert_int_equal(al.text_facts, 0);
-        assert_int_equal(al.disk + al.encoded, N_FACTS);
+        assert_int_equal(al.gpu + al.disk + al.encoded, N_FACTS);
         assert_string_equal(al.text, first.text);
         answer bo = chat(b, 1);
         assert_int_equal(bo.text_facts, 0);
-        assert_int_equal(bo.encoded, N_FACTS); /* alice's chat evicted them */
+        assert_int_equal(bo.gpu + bo.disk + bo.encoded, N_FACTS);
+        if (!ON_GPU) assert_int_equal(bo.encoded, N_FACTS); /* alice's chat evicted them */
         assert_string_equal(bo.text, bob.text);
         assert_true(count_records(b_kv) <= N_FACTS);
     }
     answer al = chat(b, 0);
-    expect_facts(&al, 0, N_FACTS);
+    if (!ON_GPU) expect_facts(&al, N_FACTS);
     assert_string_equal(al.text, first.text);
-    assert_true(metric(b, "inferscale_fact_kv_disk_evictions_total ") >= 3 * N_FACTS);
+    /* At the start, then (CPU) at every chat: the GPU still holds the KV of
+     * records evicted from disk, so it encodes nothing again. */
+    assert_true(metric(b, "inferscale_fact_kv_disk_evictions_total ") >= (ON_GPU ? 3 : 3 * N_FACTS));
     http_app_stop(b);
 }
 
 int main(void) {
+#ifdef DEMAND_CUDA
+    /* Without a device (CI) the program reports itself skipped. */
+    if (!backend_cuda_available()) {
+        printf("no usable CUDA device: skipped\n");
+        return 77;
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_on_demand),
     };
