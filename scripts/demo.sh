@@ -8,8 +8,8 @@
 # the 7 conversations of the benchmark kept beside this repository), one
 # user per speaker: "caroline" and "melanie", tenant "default" (the tenant
 # of --no-auth). Ingest stores text and embeddings (seconds); the server
-# encodes the facts' KV in the background at start, and a fact whose KV is
-# not ready yet is used as text meanwhile. Without that folder a few facts
+# encodes a user's facts' KV at the first chat that needs them (one batch,
+# then injected in that chat). Without that folder a few facts
 # of the same kind are loaded for "caroline" instead.
 #
 # Usage: scripts/demo.sh            set up, build, serve (foreground)
