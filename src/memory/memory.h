@@ -82,8 +82,8 @@
  * one through the store's watch (memory/store.h, LISTEN/NOTIFY): the row is
  * read again and the index entry replaced or removed, the KV record the
  * row named before is deleted here, and the change callback
- * (memory_set_change_fn) tells the layer above, which encodes the fact's
- * new KV on this node. A record id names one version of one fact (the
+ * (memory_set_change_fn) tells the layer above (the server sets none: it
+ * encodes a fact's new KV at the first request that needs it). A record id names one version of one fact (the
  * version only grows, under the store's row lock), so a record id means
  * the same KV on every node; and every injection checks the record's text
  * hash against the row's text, so a record left stale by a change not yet
