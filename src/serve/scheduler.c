@@ -574,8 +574,9 @@ static is_status append_toks(int32_t **dst, int32_t *n, const int32_t *src, int3
 static bool fact_needs_kv(sched *s, const req_fact *f) {
     if (!f->id || f->pinned || f->pre_held) return false;
     if (!f->record || !f->known) return true;
-    return !record_store_contains(memory_record_store(s->mem), f->record) &&
-           !engine_fact_resident(s->e, f->content_id, f->n_kv_tokens);
+    /* The GPU first: a hash lookup, where the store may ask the disk. */
+    return !engine_fact_resident(s->e, f->content_id, f->n_kv_tokens) &&
+           !record_store_contains(memory_record_store(s->mem), f->record);
 }
 
 /* KV on demand: the request's facts with no KV on this node are encoded
