@@ -3,6 +3,7 @@
 #include "core/status.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 is_status encoder_batch_fn(void *ud, record_store *store, const memory_encode_job *jobs, int32_t n,
                            is_status *status) {
@@ -35,6 +36,36 @@ is_status encoder_batch_fn(void *ud, record_store *store, const memory_encode_jo
 is_status encoder_run(memory *mem, const encoder_params *p, const memory_fact_ref *refs, int32_t n,
                       is_status *status, bool *encoded) {
     return memory_encode_batch(mem, refs, n, encoder_batch_fn, (void *)p, status, encoded);
+}
+
+void encoder_run_for_request(memory *mem, const encoder_params *p, const memory_fact_ref *refs,
+                             const uint64_t *text_hash, int32_t n, char **record, bool *encoded,
+                             int64_t *n_failed) {
+    if (n_failed) *n_failed = 0;
+    for (int32_t i = 0; i < n; i++) record[i] = NULL, encoded[i] = false;
+    is_status *sts = n > 0 ? malloc((size_t)n * sizeof *sts) : NULL;
+    if (!sts) return; /* nothing to do, or out of memory: the facts go as text */
+    encoder_run(mem, p, refs, n, sts, encoded);
+    for (int32_t i = 0; i < n; i++) {
+        if (sts[i] != IS_OK) {
+            encoded[i] = false;
+            if (n_failed && sts[i] != IS_ERR_NOT_FOUND && sts[i] != IS_ERR_CONTEXT_FULL) (*n_failed)++;
+            continue;
+        }
+        /* The row names the record now: the name it had, or the one the
+         * first encoding of this version gave it. */
+        mem_fact row;
+        if (memory_get(mem, refs[i].tenant, refs[i].user, refs[i].id, &row) != IS_OK) {
+            encoded[i] = false;
+            continue;
+        }
+        if (row.kv_record && fact_text_hash(row.text, strlen(row.text)) == text_hash[i])
+            record[i] = strdup(row.kv_record);
+        if (!record[i]) encoded[i] = false;
+        mem_fact_clear(&row);
+    }
+    is_error_clear(); /* the facts' failures are theirs: they go as text */
+    free(sts);
 }
 
 is_status encoder_encode_missing(memory *mem, const encoder_params *p, int32_t batch,

@@ -11,7 +11,9 @@
  * own sequence, forked from the serving prefix), one group commit of
  * their records (record_store_put_batch), then each row made to point to
  * its record (memory_encode_batch: the rows are read and updated under the
- * memory's writer lock, the forward runs without it).
+ * memory's writer lock, the forward runs without it). The same path
+ * encodes, when a request is admitted, the facts it retrieved whose KV is
+ * not on this node (encoder_run_for_request: KV on demand).
  */
 #ifndef IS_SERVE_ENCODER_H
 #define IS_SERVE_ENCODER_H
@@ -42,6 +44,22 @@ is_status encoder_batch_fn(void *user_data, record_store *store, const memory_en
  * owns the ask context's engine. */
 is_status encoder_run(memory *mem, const encoder_params *p, const memory_fact_ref *refs, int32_t n,
                       is_status *status, bool *encoded);
+
+/* KV on demand, for a request that retrieved the stored facts refs[0..n)
+ * (texts whose fact_text_hash is text_hash[i]) and finds their KV missing
+ * on this node: encodes them (encoder_run; a fact whose record appeared
+ * meanwhile is left as it is) and gives each the record id its row names
+ * now in record[i] (malloc'd, the caller frees), or NULL when it cannot be
+ * injected: not encoded (no free sequence or KV blocks, deleted, failed),
+ * or its row's text is no longer the request's (changed meanwhile).
+ * encoded[i]: its record was written by this call. *n_failed (may be
+ * NULL) counts failures other than those of a fact deleted or changed, or
+ * of no room. The caller checks its engine's status after (a backend
+ * failure fails every fact). Must run on the thread that owns the ask
+ * context's engine. */
+void encoder_run_for_request(memory *mem, const encoder_params *p, const memory_fact_ref *refs,
+                             const uint64_t *text_hash, int32_t n, char **record, bool *encoded,
+                             int64_t *n_failed);
 
 /* Encodes every stored fact that has no KV record (memory_list_missing),
  * `batch` facts at a time (<= 0: ENCODER_MAX_FACTS; the engine needs a free

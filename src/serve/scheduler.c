@@ -590,53 +590,41 @@ static bool fact_needs_kv(sched *s, const req_fact *f) {
  * the status returned is a backend failure's, else IS_OK. */
 static is_status encode_on_demand(sched *s, sched_handle *h) {
     if (h->mode != ASK_MODE_KV || !s->mem) return IS_OK;
-    record_store *rs = memory_record_store(s->mem);
     memory_fact_ref refs[ENCODER_MAX_FACTS];
+    uint64_t hash[ENCODER_MAX_FACTS];
     int32_t at[ENCODER_MAX_FACTS];
-    is_status sts[ENCODER_MAX_FACTS];
+    char *rec[ENCODER_MAX_FACTS];
     bool did[ENCODER_MAX_FACTS];
     for (int32_t i = 0; i < h->n_facts;) {
         int32_t n = 0;
         for (; i < h->n_facts && n < ENCODER_MAX_FACTS; i++) {
             req_fact *f = &h->facts[i];
             if (!fact_needs_kv(s, f)) continue;
-            memset(&refs[n], 0, sizeof refs[n]);
+            refs[n] = (memory_fact_ref){.tenant = f->tenant, .user = f->user};
             snprintf(refs[n].id, sizeof refs[n].id, "%s", f->id);
-            refs[n].tenant = f->tenant;
-            refs[n].user = f->user;
+            hash[n] = f->text_hash;
             at[n++] = i;
         }
         if (n == 0) break;
         encoder_params ep = {s->ask, s->p.step_tokens};
-        encoder_run(s->mem, &ep, refs, n, sts, did);
-        if (engine_status(s->e) != IS_OK) return engine_status(s->e);
         int64_t failed = 0;
+        encoder_run_for_request(s->mem, &ep, refs, hash, n, rec, did, &failed);
+        is_status st = engine_status(s->e);
         for (int32_t j = 0; j < n; j++) {
             req_fact *f = &h->facts[at[j]];
-            if (sts[j] != IS_OK) {
-                failed += sts[j] != IS_ERR_NOT_FOUND && sts[j] != IS_ERR_CONTEXT_FULL;
-                is_error_clear();
+            if (st != IS_OK || !rec[j]) {
+                free(rec[j]);
                 continue;
             }
-            if (!f->record) {
-                /* Named by the row now (an add of this node not yet encoded). */
-                mem_fact row;
-                if (memory_get(s->mem, f->tenant, f->user, f->id, &row) != IS_OK) {
-                    is_error_clear();
-                    continue;
-                }
-                if (row.kv_record && fact_text_hash(row.text, strlen(row.text)) == f->text_hash)
-                    f->record = strdup(row.kv_record);
-                mem_fact_clear(&row);
-                if (!f->record) continue;
-            }
-            if (!f->rec_pinned) {
-                record_store_pin(rs, f->record);
-                f->rec_pinned = true;
-            }
-            f->known = false; /* its record is read at injection */
+            if (f->rec_pinned) record_store_unpin(memory_record_store(s->mem), f->record);
+            free(f->record);
+            f->record = rec[j];
+            record_store_pin(memory_record_store(s->mem), f->record);
+            f->rec_pinned = true;
+            f->known = false; /* its record is read at injection, and checked there */
             f->encoded = did[j];
         }
+        if (st != IS_OK) return st;
         if (failed) {
             pthread_mutex_lock(&s->mu);
             s->st.encode_failures += failed;

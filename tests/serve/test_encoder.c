@@ -265,11 +265,72 @@ static void test_memory_encode_batch(void **state) {
     memory_close(m);
 }
 
+/* KV on demand (encoder_run_for_request): the facts a request found
+ * without KV are encoded and each gets the record its row names; a fact
+ * deleted meanwhile, or whose row's text is no longer the request's, gets
+ * none; a second call finds the records there and encodes nothing. */
+static void test_run_for_request(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/demand", g_dir);
+    memory_params mp = memory_default_params();
+    memory *m;
+    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
+    ask_ctx *a;
+    assert_int_equal(ask_ctx_create(g_engine, memory_record_store(m), KV_DTYPE_F32, &a), IS_OK);
+    enum { N = 4 };
+    memory_add_req r[N];
+    char ids[N][MEMORY_ID_SIZE];
+    for (int i = 0; i < N; i++)
+        r[i] = (memory_add_req){.tenant = "t", .user = "melanie", .text = k_texts[i],
+                                .window = MEMORY_WINDOW_DEFAULT};
+    assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
+    assert_int_equal(memory_delete(m, "t", "melanie", ids[1]), IS_OK);
+    memory_fact_ref refs[N];
+    uint64_t hash[N];
+    for (int i = 0; i < N; i++) {
+        refs[i] = (memory_fact_ref){.tenant = (char *)"t", .user = (char *)"melanie"};
+        memcpy(refs[i].id, ids[i], sizeof refs[i].id);
+        /* Fact 2 as a request that read an older text would see it. */
+        const char *t = i == 2 ? "an older text" : k_texts[i];
+        hash[i] = fact_text_hash(t, strlen(t));
+    }
+    encoder_params ep = {a, 0};
+    char *rec[N];
+    bool did[N];
+    int64_t failed = -1;
+    encoder_run_for_request(m, &ep, refs, hash, N, rec, did, &failed);
+    assert_int_equal(failed, 0);
+    for (int i = 0; i < N; i++) {
+        bool usable = i == 0 || i == 3;
+        assert_int_equal(rec[i] != NULL, usable);
+        assert_int_equal(did[i], usable);
+        if (!usable) continue;
+        mem_fact f;
+        assert_int_equal(memory_get(m, "t", "melanie", ids[i], &f), IS_OK);
+        assert_string_equal(rec[i], f.kv_record);
+        assert_true(record_store_contains(memory_record_store(m), rec[i]));
+        mem_fact_clear(&f);
+    }
+    for (int i = 0; i < N; i++) free(rec[i]);
+    /* The records are there now: named, nothing encoded. */
+    encoder_run_for_request(m, &ep, refs, hash, N, rec, did, NULL);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(rec[i] != NULL, i == 0 || i == 3);
+        assert_false(did[i]);
+        free(rec[i]);
+    }
+    assert_int_equal(memory_check(m, true), IS_OK);
+    ask_ctx_free(a);
+    memory_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_alone),
         cmocka_unit_test(test_bad_fact_alone_fails),
         cmocka_unit_test(test_memory_encode_batch),
+        cmocka_unit_test(test_run_for_request),
     };
     return test_run_group(tests, setup, teardown);
 }
