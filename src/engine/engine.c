@@ -678,14 +678,17 @@ is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t 
     if (n <= 0) return IS_OK;
     if (!seqs) return is_error_set(IS_ERR_INVALID_ARG, "inject: no sequences");
     is_status first = IS_OK;
+    int32_t first_i = n;
     char first_msg[512] = "";
-    /* Keeps the first failure and its message (later ones overwrite the
-     * thread's message). */
+    /* Keeps the failure of the first sequence in the list and its message
+     * (sequences are checked before any is placed, so a later one's
+     * failure may come first, and each overwrites the thread's message). */
 #define NOTE_FAIL(i, st_)                                                                          \
     do {                                                                                           \
         if (results) results[i] = (st_);                                                           \
-        if (first == IS_OK) {                                                                      \
+        if ((i) < first_i) {                                                                       \
             first = (st_);                                                                         \
+            first_i = (i);                                                                         \
             snprintf(first_msg, sizeof first_msg, "%s", is_error_last());                          \
         }                                                                                          \
     } while (0)
@@ -701,37 +704,51 @@ is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t 
         if (first != IS_OK) is_error_set(first, "%s", first_msg);
         return first;
     }
-    is_status st = backend_status(be);
+    inject_undo *undo = calloc((size_t)n, sizeof *undo);
+    int64_t *totals = calloc((size_t)n, sizeof *totals);
+    is_status st = undo && totals ? IS_OK : is_error_set(IS_ERR_NOMEM, "inject: out of memory");
     if (st != IS_OK) {
         for (int32_t i = 0; i < n; i++)
             if (results) results[i] = st;
+        free(undo);
+        free(totals);
         return st;
     }
-    inject_undo *undo = calloc((size_t)n, sizeof *undo);
-    if (!undo) {
-        st = is_error_set(IS_ERR_NOMEM, "inject: out of memory");
-        for (int32_t i = 0; i < n; i++)
-            if (results) results[i] = st;
-        return st;
-    }
-    /* Each sequence on its own: checked and grown, or left as it was. A
-     * sequence named twice gets its second list after its first. */
-    int64_t all_facts = 0, all_tokens = 0;
+    /* Each sequence on its own: checked, then (with the backend sound)
+     * grown, or left as it was. A sequence named twice gets its second
+     * list after its first. */
+    int64_t checked_tokens = 0;
     for (int32_t i = 0; i < n; i++) {
         const engine_inject_seq *q = &seqs[i];
-        int64_t total = 0;
-        st = inject_check(e, q->seq, q->facts, q->cache_ids, q->n_facts, &total);
-        if (st == IS_OK && total > 0) st = inject_place(e, q->seq, total, &undo[i]);
+        st = inject_check(e, q->seq, q->facts, q->cache_ids, q->n_facts, &totals[i]);
+        if (results) results[i] = st;
+        if (st != IS_OK) {
+            NOTE_FAIL(i, st);
+            totals[i] = -1;
+        } else {
+            checked_tokens += totals[i];
+        }
+    }
+    if (checked_tokens > 0 && (st = backend_status(be)) != IS_OK) {
+        for (int32_t i = 0; i < n; i++)
+            if (totals[i] >= 0 && results) results[i] = st;
+        free(undo);
+        free(totals);
+        return st;
+    }
+    int64_t all_facts = 0, all_tokens = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (totals[i] <= 0) continue;
+        st = inject_place(e, seqs[i].seq, totals[i], &undo[i]);
         if (results) results[i] = st;
         if (st != IS_OK) {
             NOTE_FAIL(i, st);
             continue;
         }
-        if (total > 0) {
-            all_facts += q->n_facts;
-            all_tokens += total;
-        }
+        all_facts += seqs[i].n_facts;
+        all_tokens += totals[i];
     }
+    free(totals);
     if (all_tokens > INT32_MAX / 4) {
         st = is_error_set(IS_ERR_INVALID_ARG, "inject: %lld memory tokens in one call",
                           (long long)all_tokens);

@@ -129,8 +129,8 @@ typedef struct engine_inject_seq {
  * left unchanged and the others are injected; a backend failure leaves
  * every sequence of the call unchanged. results[n] (or NULL) gets each
  * sequence's status. Returns IS_OK when every sequence was injected, else
- * the first failure (its message set). A sequence named twice gets its
- * second list after its first. */
+ * the failure of the first sequence in the list that failed (its message
+ * set). A sequence named twice gets its second list after its first. */
 is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t n,
                               is_status *results);
 

@@ -839,13 +839,15 @@ static void inject_admitted(sched *s, admission *adm, int32_t n_adm) {
         backend_failed(s, engine_status(s->e));
         return;
     }
-    bool ended = false;
+    bool ended = false, first = true;
     for (int32_t i = 0; i < n_adm; i++) {
         sched_handle *h = adm[i].h;
         if (res[i] != IS_OK) {
+            /* The engine's message is the first failed sequence's. */
             char msg[600];
-            if (res[i] == st) snprintf(msg, sizeof msg, "%s", first_msg);
+            if (first) snprintf(msg, sizeof msg, "%s", first_msg);
             else snprintf(msg, sizeof msg, "inject: %s", is_status_to_string(res[i]));
+            first = false;
             finish_error(s, h, res[i], msg);
             ended = true;
             continue;
