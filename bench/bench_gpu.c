@@ -893,7 +893,7 @@ int main(int argc, char **argv) {
                     "-a U,...: for each throughput configuration (-t), the admission of U kv\n"
                     "    requests at k = K in one step (fork + inject), one inject call a\n"
                     "    request against one call for all (engine_inject_batch), facts\n"
-                    "    resident in the GPU arena; -c none -t cpu runs only this on the CPU\n"
+                    "    resident in the GPU arena; -c none -u none -t cpu runs only this on the CPU\n"
                     "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
                     "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
                     "    default 1,1: plain attention)\n"
@@ -930,6 +930,7 @@ int main(int argc, char **argv) {
     int ks[16], us[16], lus[16], as[16];
     int n_k = parse_list(ks_arg, ks, 16), n_u = parse_list(us_arg, us, 16);
     int n_a = as_arg[0] ? parse_list(as_arg, as, 16) : 0;
+    if (strcmp(us_arg, "none") == 0) n_u = 0; /* -u none: no throughput table (-a alone) */
     int n_lu = lus_arg[0] ? parse_list(lus_arg, lus, 16) : 0; /* users for legacy (-U) */
     if (!lus_arg[0]) {
         memcpy(lus, us, sizeof us);
