@@ -8,6 +8,7 @@
  *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
  *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-g GAP_MS] [-O OPTIONS]
+ *             [-a 1,8,32,64]
  *
  * Layout (DESIGN.md): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
@@ -38,6 +39,10 @@
  * query in prompt mode, the query in kv mode) with continuous-batching
  * style mixed sequences; requests/s = U / wall time of the batch, median of
  * up to 3 runs (kv after an untimed run that fills the arena).
+ *
+ * Admission (-a U,...; run_admission): U kv requests admitted in one step
+ * at k = K, fork + injection, one engine_inject_ids call a request against
+ * one engine_inject_batch call for all (how the scheduler admits them).
  *
  * Configurations (-c for TTFT, -t for throughput; cuda only):
  *   legacy  the plainest configuration, as the backend was first built
