@@ -8,6 +8,7 @@
  *   bench_gpu -m MODEL [-b cuda|cpu] [-k 5,10,20,50,100] [-u 1,10,50,100]
  *             [-U USERS_FOR_LEGACY] [-K 50] [-r REPS] [-c CONFIGS] [-t CONFIGS] [-A ARENA_GB]
  *             [-P 60] [-F 25] [-Q 30] [-o CSV] [-p] [-L] [-i] [-g GAP_MS] [-O OPTIONS]
+ *             [-a 1,8,32,64]
  *
  * Layout (DESIGN.md): a serving prefix of P tokens (60), k facts of
  * F tokens (25), a query of Q tokens (30); token ids and the facts' KV are
@@ -38,6 +39,10 @@
  * query in prompt mode, the query in kv mode) with continuous-batching
  * style mixed sequences; requests/s = U / wall time of the batch, median of
  * up to 3 runs (kv after an untimed run that fills the arena).
+ *
+ * Admission (-a U,...; run_admission): U kv requests admitted in one step
+ * at k = K, fork + injection, one engine_inject_ids call a request against
+ * one engine_inject_batch call for all (how the scheduler admits them).
  *
  * Configurations (-c for TTFT, -t for throughput; cuda only):
  *   legacy  the plainest configuration, as the backend was first built
@@ -478,6 +483,69 @@ static void run_throughput(bench *b, const char *cfg, const int *users, int n_u,
     }
 }
 
+/* -a: one step's admission of U kv requests at k = K facts each, as the
+ * scheduler admits them: every request's sequence forked from the prefix,
+ * then the facts injected, either with one engine_inject_ids call a
+ * request (how admission injected before) or with one engine_inject_batch
+ * call for all (one launch on the GPU). Wall ms from the first fork until
+ * the injections are done on the device (a sync); the sequences are closed
+ * after. Ids are the same every run, so after the warm-up every fact is
+ * resident in the GPU arena (the hot case). */
+static double one_admission(bench *b, int32_t U, int32_t K, uint64_t id_base, bool batched) {
+    int32_t *seqs = malloc((size_t)U * sizeof *seqs);
+    engine_fact *f = malloc((size_t)U * K * sizeof *f);
+    uint64_t *ids = malloc((size_t)U * K * sizeof *ids);
+    engine_inject_seq *q = malloc((size_t)U * sizeof *q);
+    if (!seqs || !f || !ids || !q) {
+        fprintf(stderr, "bench_gpu: out of memory\n");
+        exit(1);
+    }
+    for (int32_t u = 0; u < U; u++)
+        fact_list(b, K, id_base + (uint64_t)u * 4096, u * K, f + (size_t)u * K, ids + (size_t)u * K);
+    b->be->ops->sync(b->be);
+    double t0 = bench_now_ms();
+    for (int32_t u = 0; u < U; u++) {
+        CHECK(engine_seq_open(b->e, &seqs[u]), "seq_open");
+        CHECK(engine_seq_fork(b->e, seqs[u], b->prefix_seq, b->P), "fork");
+        if (!batched)
+            CHECK(engine_inject_ids(b->e, seqs[u], f + (size_t)u * K, ids + (size_t)u * K, K),
+                  "inject");
+        q[u] = (engine_inject_seq){seqs[u], f + (size_t)u * K, ids + (size_t)u * K, K};
+    }
+    if (batched) CHECK(engine_inject_batch(b->e, q, U, NULL), "inject_batch");
+    b->be->ops->sync(b->be);
+    double t1 = bench_now_ms();
+    for (int32_t u = 0; u < U; u++) engine_seq_close(b->e, seqs[u]);
+    bench_backend_check(b, "admission");
+    free(seqs); free(f); free(ids); free(q);
+    return t1 - t0;
+}
+
+static void run_admission(bench *b, const char *cfg, const int *users, int n_u, int32_t K,
+                          int reps, FILE *csv) {
+    printf("\n### Admission of U requests at k = %d in one step, %s (%s): fork + inject, "
+           "median ms of %d\n\n", K, cfg, b->be_name, reps);
+    printf("| requests | a call each, ms | one call, ms | a call each, us/request | "
+           "one call, us/request | each / one |\n");
+    printf("|---:|---:|---:|---:|---:|---:|\n");
+    const uint64_t id_base = (uint64_t)3 << 50;
+    double *t = malloc((size_t)reps * sizeof *t);
+    for (int i = 0; i < n_u; i++) {
+        const int32_t U = users[i];
+        double ms[2];
+        for (int batched = 0; batched < 2; batched++) {
+            one_admission(b, U, K, id_base, batched); /* warm-up: the arena holds the facts */
+            for (int r = 0; r < reps; r++) t[r] = one_admission(b, U, K, id_base, batched);
+            ms[batched] = bench_median(t, reps);
+        }
+        printf("| %d | %.3f | %.3f | %.1f | %.1f | %.2fx |\n", U, ms[0], ms[1], 1e3 * ms[0] / U,
+               1e3 * ms[1] / U, ms[0] / ms[1]);
+        fflush(stdout);
+        if (csv) fprintf(csv, "admission,%s,%d,%d,%.4f,%.4f\n", cfg, K, U, ms[0], ms[1]);
+    }
+    free(t);
+}
+
 #ifdef IS_HAVE_CUDA
 /* -p: one request per mode and k with the backend's op profiler on (after
  * the timed runs, so warm): where the GPU time goes, and how much of the
@@ -778,6 +846,7 @@ int main(int argc, char **argv) {
     const char *model_path = NULL, *be_name = "cuda", *csv_path = NULL;
     const char *cfg_ttft = "legacy,bf16x2,bf16", *cfg_tp = "legacy,bf16";
     char ks_arg[128] = "5,10,20,50,100", us_arg[128] = "1,10,50,100", lus_arg[128] = "";
+    char as_arg[128] = ""; /* -a: requests admitted in one step */
     int reps = 7, K = 50, threads = 0;
     bool profile = false, timeline = false, interleave = false;
     double gap_ms = 0.0;
@@ -789,7 +858,7 @@ int main(int argc, char **argv) {
     b.Q = 30;
     b.mem_temp = b.mem_mass = 1.0f;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:O:g:M:R:pLih")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:O:g:M:R:a:pLih")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -811,6 +880,7 @@ int main(int argc, char **argv) {
         case 'i': interleave = true; break;
         case 'g': gap_ms = atof(optarg); break;
         case 'R': b.recompute = atoi(optarg); break;
+        case 'a': snprintf(as_arg, sizeof as_arg, "%s", optarg); break;
         case 'M':
             if (sscanf(optarg, "%f,%f", &b.mem_temp, &b.mem_mass) != 2 || !(b.mem_temp > 0.0f) ||
                 !(b.mem_mass > 0.0f)) {
@@ -824,7 +894,11 @@ int main(int argc, char **argv) {
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
                     "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
-                    "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M]\n"
+                    "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M] [-a U,...]\n"
+                    "-a U,...: for each throughput configuration (-t), the admission of U kv\n"
+                    "    requests at k = K in one step (fork + inject), one inject call a\n"
+                    "    request against one call for all (engine_inject_batch), facts\n"
+                    "    resident in the GPU arena; -c none -u none -t cpu runs only this on the CPU\n"
                     "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
                     "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
                     "    default 1,1: plain attention)\n"
@@ -858,8 +932,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (reps < 1) reps = 1;
-    int ks[16], us[16], lus[16];
+    int ks[16], us[16], lus[16], as[16];
     int n_k = parse_list(ks_arg, ks, 16), n_u = parse_list(us_arg, us, 16);
+    int n_a = as_arg[0] ? parse_list(as_arg, as, 16) : 0;
+    if (strcmp(us_arg, "none") == 0) n_u = 0; /* -u none: no throughput table (-a alone) */
     int n_lu = lus_arg[0] ? parse_list(lus_arg, lus, 16) : 0; /* users for legacy (-U) */
     if (!lus_arg[0]) {
         memcpy(lus, us, sizeof us);
@@ -868,6 +944,8 @@ int main(int argc, char **argv) {
     int k_max = 0, u_max = 0;
     for (int i = 0; i < n_k; i++) k_max = ks[i] > k_max ? ks[i] : k_max;
     for (int i = 0; i < n_u; i++) u_max = us[i] > u_max ? us[i] : u_max;
+    int a_max = 0;
+    for (int i = 0; i < n_a; i++) a_max = as[i] > a_max ? as[i] : a_max;
 
     b.be_name = be_name;
     b.interleave = interleave;
@@ -911,7 +989,8 @@ int main(int argc, char **argv) {
     if (csv)
         fprintf(csv, "# ttft,config,k,prompt_tokens,prompt_ms,kv_ms,kv_fork_ms,kv_inject_ms,"
                      "kv_prefill_ms,kv_cold_ms\n"
-                     "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n");
+                     "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n"
+                     "# admission,config,k,requests,call_each_ms,one_call_ms\n");
 
     const bool cuda = strcmp(be_name, "cuda") == 0;
 #ifdef IS_HAVE_CUDA
@@ -940,7 +1019,9 @@ int main(int argc, char **argv) {
     ref_logits ref = {0};
     for (int ci = 0; ci < (cuda ? n_all : 1); ci++) {
         const char *cfg = cuda ? all[ci] : "cpu";
-        bool do_ttft = !cuda || has(cfg_ttft, cfg), do_tp = !cuda || has(cfg_tp, cfg);
+        /* On the CPU, "none" skips a kind (-c none: only throughput and -a). */
+        bool do_ttft = cuda ? has(cfg_ttft, cfg) : strcmp(cfg_ttft, "none") != 0;
+        bool do_tp = cuda ? has(cfg_tp, cfg) : strcmp(cfg_tp, "none") != 0;
         if (!do_ttft && !do_tp) continue;
         const bool legacy = strncmp(cfg, "legacy", 6) == 0;
 #ifdef IS_HAVE_CUDA
@@ -986,6 +1067,13 @@ int main(int argc, char **argv) {
             const int32_t tp_seq = b.P + K * b.F + b.Q + 16;
             bench_engine(&b, u_max + 2, tp_seq, (u_max + 1) * tp_seq);
             run_throughput(&b, cfg, cu, ncu, K, csv);
+            engine_free(b.e);
+            b.e = NULL;
+        }
+        if (do_tp && n_a > 0) {
+            const int32_t tp_seq = b.P + K * b.F + b.Q + 16;
+            bench_engine(&b, a_max + 2, tp_seq, (a_max + 1) * tp_seq);
+            run_admission(&b, cfg, as, n_a, K, reps, csv);
             engine_free(b.e);
             b.e = NULL;
         }

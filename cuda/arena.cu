@@ -179,7 +179,8 @@ static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
 }
 
 is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
-                           int32_t n_facts, int32_t *pages) {
+                           int32_t n_facts, int32_t *pages, int32_t *n_placed) {
+    *n_placed = 0;
     if (a->uploads_pending) {
         /* This call may read a prefetched record, or rewrite the pages of
          * one whose request gave it up: after its copy, either way. */
@@ -227,6 +228,11 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
             a->stats.hits++;
         } else {
             if (!make_room(a, (size_t)f->n_tokens)) {
+                /* The rest of the list waits for the next call, in which
+                 * the records placed so far may be evicted: their
+                 * injection is queued on s before any fill that reuses
+                 * their pages. */
+                if (i > 0) break;
                 st = is_error_set(IS_ERR_NOMEM,
                                   "cuda arena: %d pages do not hold the facts of one request "
                                   "(backend_cuda_set_arena_bytes)",
@@ -268,6 +274,7 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
         if (st == IS_OK) {
             const record &r = a->recs[(size_t)ri];
             for (int32_t p : r.pages) pages[at++] = p;
+            *n_placed = i + 1;
         }
     }
     for (int32_t ri : transient) drop_record(a, ri);

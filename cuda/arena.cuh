@@ -42,11 +42,17 @@ bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_head
                         int32_t head_dim, bool fp8);
 const void *cuda_arena_data(const cuda_arena *a);
 
-/* Makes every fact resident (filling misses from the host on stream s) and
- * writes the page of each token, in order, to pages[sum of n_tokens].
- * IS_ERR_NOMEM when this call's facts alone do not fit. */
+/* Makes the facts resident (filling misses from the host on stream s) and
+ * writes the page of each token, in order, to pages[sum of n_tokens]. All
+ * of them when they fit together; otherwise the first *n_placed (at least
+ * one): the caller injects those, then places the rest in another call
+ * (the facts of many requests injected at once may outgrow the arena; a
+ * later call may evict an earlier one's records, its injection already
+ * queued on s). The claim of the call's resident records covers the whole
+ * list, so a record left out of this call stays for the next. IS_ERR_NOMEM
+ * when not even the first fact fits. */
 is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
-                           int32_t n_facts, int32_t *pages);
+                           int32_t n_facts, int32_t *pages, int32_t *n_placed);
 
 void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out);
 

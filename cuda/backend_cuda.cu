@@ -1119,7 +1119,7 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
     if (st != IS_OK) return st;
     int32_t *pos = (int32_t *)malloc((size_t)total * sizeof *pos);
     if (!pos) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
-    for (int32_t i = 0; i < total; i++) pos[i] = in->pos0 + i;
+    for (int32_t i = 0; i < total; i++) pos[i] = in->pos ? in->pos[i] : in->pos0 + i;
     float *k = c->inj_rows, *v = c->inj_rows + n;
     for (int32_t l = 0; l < in->n_layers && st == IS_OK; l++) {
         size_t at = 0;
@@ -1169,43 +1169,68 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     int64_t total = 0;
     for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
     if (total <= 0) return IS_OK;
-    if (total > INT32_MAX / 2) return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: too many tokens");
+    if (total > INT32_MAX / 4) return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: too many tokens");
     const rope_params *rp = in->rope;
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
     if (!kv_bf16(c)) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
     is_status st = arena_ensure(c, in->n_layers, in->n_kv_heads, in->head_dim);
     if (st != IS_OK) return st;
-    /* Host pack: [pages T][slots T], then the caches' addresses. */
-    size_t need = 2 * (size_t)total;
+    /* Host pack: [pages T][slots T][positions T], then the caches'
+     * addresses. Positions are per token, so the facts of every sequence
+     * of an engine_inject_batch are one list and one launch. */
+    size_t need = 3 * (size_t)total;
     if (need > c->pack_cap) {
         int32_t *p = (int32_t *)realloc(c->pack, need * sizeof(int32_t));
         if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
         c->pack = p;
         c->pack_cap = need;
     }
-    st = cuda_arena_place(c->arena, c->stream, in->facts, in->n_facts, c->pack);
-    if (st != IS_OK) return st;
-    memcpy(c->pack + total, in->slots, (size_t)total * sizeof(int32_t));
-    if ((st = rope_table(c, rp, in->pos0 + (int32_t)total - 1)) != IS_OK) return st;
-    const void *dpack, *dcaches;
-    if ((st = stage_upload(c, &c->st_inject, c->pack, need * sizeof(int32_t), &dpack)) != IS_OK)
-        return st;
+    int32_t max_pos = in->pos0 + (int32_t)total - 1;
+    if (in->pos) {
+        max_pos = 0;
+        for (int64_t i = 0; i < total; i++)
+            if (in->pos[i] > max_pos) max_pos = in->pos[i];
+    }
+    if ((st = rope_table(c, rp, max_pos)) != IS_OK) return st;
     void **caches = (void **)malloc(2 * (size_t)in->n_layers * sizeof(void *));
     if (!caches) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
     for (int32_t l = 0; l < in->n_layers; l++) {
         caches[l] = k_cache[l];
         caches[in->n_layers + l] = v_cache[l];
     }
+    const void *dcaches;
     st = stage_upload(c, &c->st_caches, caches, 2 * (size_t)in->n_layers * sizeof(void *), &dcaches);
     free(caches);
     if (st != IS_OK) return st;
-    const int32_t *dp = (const int32_t *)dpack;
-    st = cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), c->arena_fp8,
-                     dp, dp + total,
-                     (int32_t)total, in->pos0, in->n_layers, in->n_kv_heads, in->head_dim,
-                     in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev,
-                     kv_bf16(c));
-    return st == IS_OK ? cuda_arena_injected(c->arena, c->stream) : st;
+    /* One launch for the whole list whenever the arena holds it whole (the
+     * serving case); a list larger than the arena goes in as many parts as
+     * the arena takes, each placed, then injected. */
+    int32_t f0 = 0;
+    int64_t t0 = 0;
+    while (f0 < in->n_facts && st == IS_OK) {
+        int32_t placed = 0;
+        st = cuda_arena_place(c->arena, c->stream, in->facts + f0, in->n_facts - f0, c->pack,
+                              &placed);
+        if (st != IS_OK) break;
+        int64_t n = 0;
+        for (int32_t f = f0; f < f0 + placed; f++) n += in->facts[f].n_tokens;
+        memcpy(c->pack + n, in->slots + t0, (size_t)n * sizeof(int32_t));
+        for (int64_t i = 0; i < n; i++)
+            c->pack[2 * n + i] = in->pos ? in->pos[t0 + i] : in->pos0 + (int32_t)(t0 + i);
+        const void *dpack;
+        if ((st = stage_upload(c, &c->st_inject, c->pack, 3 * (size_t)n * sizeof(int32_t), &dpack)) !=
+            IS_OK)
+            break;
+        const int32_t *dp = (const int32_t *)dpack;
+        st = cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena),
+                         c->arena_fp8, dp, dp + n, dp + 2 * n, (int32_t)n, in->n_layers,
+                         in->n_kv_heads, in->head_dim, in->block_size, rp->n_rot,
+                         rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, kv_bf16(c));
+        if (st == IS_OK) st = cuda_arena_injected(c->arena, c->stream);
+        f0 += placed;
+        t0 += n;
+    }
+    return st;
 }
 
 static void cu_inject(backend *be, float *const *k_cache, float *const *v_cache,

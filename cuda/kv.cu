@@ -188,12 +188,12 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
  * same table, the same expressions) and values. */
 template <typename CT>
 static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *arena,
-                                     const int32_t *pages, const int32_t *slots, int32_t pos0,
-                                     int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
-                                     int32_t block_size, int32_t n_rot, bool neox,
+                                     const int32_t *pages, const int32_t *slots,
+                                     const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
+                                     int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
                                      const float *cs) {
     const int32_t i = blockIdx.x, l = blockIdx.y;
-    const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
+    const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos[i];
     const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
     const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
     CT *kc = (CT *)caches[l], *vc = (CT *)caches[n_layers + l];
@@ -244,7 +244,7 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
 
 static __global__ void __launch_bounds__(256)
     inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
-                       const int32_t *slots, int32_t pos0, int32_t n_tokens, int32_t n_layers,
+                       const int32_t *slots, const int32_t *pos, int32_t n_tokens, int32_t n_layers,
                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
                        const float *cs) {
     /* Block (x: 256 of the layer's (token, head group, unit) triples, y:
@@ -280,7 +280,7 @@ static __global__ void __launch_bounds__(256)
     }
     /* Pairs (d + 2e, d + 2e + 1), e < 4: table entries d / 2 + e; neox:
      * pairs (d + e, d + e + half), e < 8: entries d + e. */
-    const float *ce = cs + (int64_t)(pos0 + i) * half * 2;
+    const float *ce = cs + (int64_t)pos[i] * half * 2;
     float c[16];
 #pragma unroll
     for (int e = 0; e < 4; e++)
@@ -326,12 +326,13 @@ static __global__ void __launch_bounds__(256)
  * times its head's scale (exact in f32), then rotated as there. */
 template <typename CT>
 static __global__ void inject_fp8_kernel(void *const *caches, const uint8_t *arena,
-                                         const int32_t *pages, const int32_t *slots, int32_t pos0,
-                                         int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
-                                         int32_t block_size, int32_t n_rot, bool neox,
-                                         const float *cs, int64_t page_bytes, int64_t codes_bytes) {
+                                         const int32_t *pages, const int32_t *slots,
+                                         const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
+                                         int32_t head_dim, int32_t block_size, int32_t n_rot,
+                                         bool neox, const float *cs, int64_t page_bytes,
+                                         int64_t codes_bytes) {
     const int32_t i = blockIdx.x, l = blockIdx.y;
-    const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos0 + i;
+    const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos[i];
     const uint8_t *page = arena + (int64_t)pages[i] * page_bytes;
     const uint8_t *kr = page + (int64_t)l * kv_dim, *vr = page + (int64_t)(n_layers + l) * kv_dim;
     const float *ks = reinterpret_cast<const float *>(page + codes_bytes) + (int64_t)l * n_kv_heads;
@@ -351,9 +352,9 @@ static __global__ void inject_fp8_kernel(void *const *caches, const uint8_t *are
 }
 
 is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, bool arena_fp8,
-                      const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
-                      int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16) {
+                      const int32_t *pages, const int32_t *slots, const int32_t *pos,
+                      int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                      int32_t block_size, int32_t n_rot, bool neox, const float *cs, bool bf16) {
     if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
     if (arena_fp8) {
         const int64_t page_bytes =
@@ -365,10 +366,10 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, 
         const uint8_t *a = (const uint8_t *)arena_v;
         if (bf16)
             inject_fp8_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(
-                caches, a, pages, slots, pos0, n_layers, n_kv_heads, head_dim, block_size, n_rot,
+                caches, a, pages, slots, pos, n_layers, n_kv_heads, head_dim, block_size, n_rot,
                 neox, cs, page_bytes, codes_bytes);
         else
-            inject_fp8_kernel<float><<<grid, threads, 0, s>>>(caches, a, pages, slots, pos0,
+            inject_fp8_kernel<float><<<grid, threads, 0, s>>>(caches, a, pages, slots, pos,
                                                               n_layers, n_kv_heads, head_dim,
                                                               block_size, n_rot, neox, cs,
                                                               page_bytes, codes_bytes);
@@ -382,7 +383,7 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, 
         const int64_t groups = (n_kv_heads + INJECT_HEADS - 1) / INJECT_HEADS;
         const int64_t threads = (int64_t)n_tokens * groups * (neox ? head_dim / 16 : head_dim / 8);
         const dim3 grid((unsigned)((threads + 255) / 256), (unsigned)n_layers);
-        inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos0, n_tokens,
+        inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos, n_tokens,
                                                 n_layers, n_kv_heads, head_dim, block_size, neox,
                                                 cs);
         CUDA_CHECK_LAUNCH();
@@ -392,11 +393,11 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, 
     const int32_t kv_dim = n_kv_heads * head_dim;
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
     if (bf16)
-        inject_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0,
+        inject_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos,
                                                               n_layers, n_kv_heads, head_dim,
                                                               block_size, n_rot, neox, cs);
     else
-        inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos0, n_layers,
+        inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos, n_layers,
                                                       n_kv_heads, head_dim, block_size, n_rot,
                                                       neox, cs);
     CUDA_CHECK_LAUNCH();

@@ -68,15 +68,17 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   const float *cs, bool bf16, bool pdl);
 
 /* Chunked RoPE + scatter, every layer and every token in one launch: token i
- * (page pages[i], slot slots[i], position pos0 + i) of the memory segment
- * has its arena keys rotated (cos/sin table cs as cuda_rope's) and written
- * with its values into layer l's caches, caches[l] (keys) and
- * caches[n_layers + l] (values) (device array of device pointers). An fp8
- * arena's values are dequantised in the same pass. */
+ * (page pages[i], slot slots[i], position pos[i]; device arrays) has its
+ * arena keys rotated (cos/sin table cs as cuda_rope's) and written with its
+ * values into layer l's caches, caches[l] (keys) and caches[n_layers + l]
+ * (values) (device array of device pointers). Slots name blocks of the
+ * whole pool and positions are per token, so the memory segments of
+ * several sequences go in one launch. An fp8 arena's values are
+ * dequantised in the same pass. */
 is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena, bool arena_fp8,
-                      const int32_t *pages, const int32_t *slots, int32_t n_tokens, int32_t pos0,
-                      int32_t n_layers, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                      int32_t n_rot, bool neox, const float *cs, bool bf16);
+                      const int32_t *pages, const int32_t *slots, const int32_t *pos,
+                      int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                      int32_t block_size, int32_t n_rot, bool neox, const float *cs, bool bf16);
 
 /* Fills arena pages (bf16, or fp8 when fp8) from a staged record: k, v f32
  * [n_layers][n_tokens][kv_dim] (device), token j into page pages[j] (device). */

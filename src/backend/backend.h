@@ -95,15 +95,20 @@ typedef struct backend_fact_host {
     const void *k, *v;
 } backend_fact_host;
 
-/* What the inject op writes: the facts' tokens, in order, at positions
- * pos0, pos0 + 1, ... of one sequence, token i into slots[i] (host memory)
- * of every layer's cache; keys rotated to their position by `rope`. */
+/* What the inject op writes: the facts' tokens, in order, token i (of all
+ * the facts' tokens) into slots[i] of every layer's cache at position
+ * pos[i], or pos0 + i where pos is NULL (one sequence's contiguous memory
+ * segment); keys rotated to their position by `rope`. Slots name blocks of
+ * the whole pool, so with pos the facts of several sequences go in one
+ * call (engine_inject_batch): a sequence's facts are a run of the list.
+ * slots and pos in host memory. */
 typedef struct backend_inject {
     int32_t n_layers, n_kv_heads, head_dim, block_size;
     const backend_fact *facts;
     int32_t n_facts;
     int32_t pos0;
-    const int32_t *slots;
+    const int32_t *slots; /* [sum of n_tokens] */
+    const int32_t *pos;   /* [sum of n_tokens], or NULL */
     const rope_params *rope;
 } backend_inject;
 

@@ -4,6 +4,7 @@
 #include "core/vmath.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -578,8 +579,8 @@ is_status engine_decode_greedy(engine *e, const engine_batch *b, int32_t *tokens
 }
 
 /* Chunked RoPE + injection. A backend with an inject op does it in one
- * call for every layer (the CUDA backend: one launch from its fact-KV
- * arena). Otherwise facts are staged through the activation scratch a chunk
+ * call for every layer and every sequence of a batch (the CUDA backend:
+ * one launch from its fact-KV arena). Otherwise facts are staged through the activation scratch a chunk
  * of max_batch tokens at a time: for each layer the stored pre-RoPE keys
  * are uploaded, rotated to their serving positions by the backend's rope op
  * (the same op prefill uses, so the rotation is the one a prefill at that
@@ -593,12 +594,15 @@ bool engine_fact_resident(engine *e, uint64_t cache_id, int32_t n_tokens) {
     return cache_id && op->inject && op->fact_resident && op->fact_resident(e->be, cache_id, n_tokens);
 }
 
-is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
-                            const uint64_t *cache_ids, int32_t n_facts) {
-    const model_config *c = &e->m->cfg;
-    backend *be = e->be;
-    const backend_ops *op = be->ops;
-    int64_t total = 0;
+/* Checks one sequence's facts before anything changes: ids, lengths, and
+ * values unless the backend holds the fact. *total: their tokens. */
+static is_status inject_check(engine *e, int32_t seq, const engine_fact *facts,
+                              const uint64_t *cache_ids, int32_t n_facts, int64_t *total) {
+    *total = 0;
+    if (seq < 0 || seq >= e->p.max_seqs)
+        return is_error_set(IS_ERR_INVALID_ARG, "inject: sequence id %d out of range", seq);
+    if (n_facts < 0 || (n_facts > 0 && !facts))
+        return is_error_set(IS_ERR_INVALID_ARG, "inject: %d facts without a list", n_facts);
     for (int32_t f = 0; f < n_facts; f++) {
         if (facts[f].n_tokens <= 0)
             return is_error_set(IS_ERR_INVALID_ARG, "inject: fact %d has no tokens", f);
@@ -606,60 +610,251 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
             !engine_fact_resident(e, cache_ids ? cache_ids[f] : 0, facts[f].n_tokens))
             return is_error_set(IS_ERR_INVALID_ARG,
                                 "inject: fact %d has no values and the backend does not hold it", f);
-        total += facts[f].n_tokens;
+        *total += facts[f].n_tokens;
     }
-    if (total == 0) return IS_OK;
-    is_status st = backend_status(be);
-    if (st != IS_OK) return st;
-    int32_t base = kv_seq_length(e->kv, seq);
+    return IS_OK;
+}
+
+/* What a sequence held before its facts were placed, to put it back. */
+typedef struct inject_undo {
+    int32_t base, total;    /* length before; tokens placed (0: nothing to undo) */
+    int32_t mem_begin, mem_end;
+} inject_undo;
+
+/* Grows the sequence by `total` memory tokens and its memory segment over
+ * them: the bookkeeping of an injection, before any op. On failure the
+ * sequence is unchanged and u->total is 0. */
+static is_status inject_place(engine *e, int32_t seq, int64_t total, inject_undo *u) {
+    seq_state *ss = &e->seqs[seq];
+    const int32_t base = kv_seq_length(e->kv, seq);
+    *u = (inject_undo){base, 0, ss->mem_begin, ss->mem_end};
     if (base + total > e->p.n_ctx)
         return is_error_set(IS_ERR_CONTEXT_FULL,
                             "inject: %lld memory tokens after %d would pass the context of %d",
                             (long long)total, base, e->p.n_ctx);
-    if ((st = kv_seq_grow(e->kv, seq, (int32_t)total)) != IS_OK) return st;
+    is_status st = kv_seq_grow(e->kv, seq, (int32_t)total);
+    if (st != IS_OK) return st;
     if ((st = seq_set_segments(e, seq, base, NULL, (int32_t)total)) != IS_OK) {
         kv_seq_truncate(e->kv, seq, base);
         return st;
     }
-    /* The memory segment grows to cover these facts; a failure below puts
-     * it back. */
-    seq_state *ss = &e->seqs[seq];
-    const int32_t old_mb = ss->mem_begin, old_me = ss->mem_end;
     if (ss->mem_begin >= ss->mem_end || ss->mem_begin > base) ss->mem_begin = base;
     ss->mem_end = base + (int32_t)total;
-    if (op->inject) {
-        /* The backend does every layer at once (and may hold the records). */
-        backend_fact *bf = malloc((size_t)n_facts * sizeof *bf);
-        int32_t *slots = malloc((size_t)total * sizeof *slots);
-        if (!bf || !slots) {
-            free(bf);
-            free(slots);
-            kv_seq_truncate(e->kv, seq, base);
-            ss->mem_begin = old_mb;
-            ss->mem_end = old_me;
-            return is_error_set(IS_ERR_NOMEM, "inject: out of memory");
+    u->total = (int32_t)total;
+    return IS_OK;
+}
+
+static void inject_undo_apply(engine *e, int32_t seq, const inject_undo *u) {
+    if (u->total == 0) return;
+    kv_seq_truncate(e->kv, seq, u->base);
+    e->seqs[seq].mem_begin = u->mem_begin;
+    e->seqs[seq].mem_end = u->mem_end;
+}
+
+static is_status inject_staged(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts,
+                               int64_t total, const inject_undo *u);
+
+is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
+                            const uint64_t *cache_ids, int32_t n_facts) {
+    if (e->be->ops->inject) {
+        /* One sequence of the batched path: the same backend call. */
+        engine_inject_seq one = {seq, facts, cache_ids, n_facts};
+        return engine_inject_batch(e, &one, 1, NULL);
+    }
+    int64_t total = 0;
+    is_status st = inject_check(e, seq, facts, cache_ids, n_facts, &total);
+    if (st != IS_OK || total == 0) return st;
+    if ((st = backend_status(e->be)) != IS_OK) return st;
+    inject_undo u;
+    if ((st = inject_place(e, seq, total, &u)) != IS_OK) return st;
+    return inject_staged(e, seq, facts, n_facts, total, &u);
+}
+
+is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t n,
+                              is_status *results) {
+    const model_config *c = &e->m->cfg;
+    backend *be = e->be;
+    const backend_ops *op = be->ops;
+    if (n <= 0) return IS_OK;
+    if (!seqs) return is_error_set(IS_ERR_INVALID_ARG, "inject: no sequences");
+    is_status first = IS_OK;
+    int32_t first_i = n;
+    char first_msg[512] = "";
+    /* Keeps the failure of the first sequence in the list and its message
+     * (sequences are checked before any is placed, so a later one's
+     * failure may come first, and each overwrites the thread's message). */
+#define NOTE_FAIL(i, st_)                                                                          \
+    do {                                                                                           \
+        if (results) results[i] = (st_);                                                           \
+        if ((i) < first_i) {                                                                       \
+            first = (st_);                                                                         \
+            first_i = (i);                                                                         \
+            snprintf(first_msg, sizeof first_msg, "%s", is_error_last());                          \
+        }                                                                                          \
+    } while (0)
+    if (!op->inject) {
+        /* The generic path stages every layer through the scratch: one
+         * sequence after another. */
+        for (int32_t i = 0; i < n; i++) {
+            is_status st = engine_inject_ids(e, seqs[i].seq, seqs[i].facts, seqs[i].cache_ids,
+                                             seqs[i].n_facts);
+            if (results) results[i] = st;
+            if (st != IS_OK) NOTE_FAIL(i, st);
         }
-        for (int32_t i = 0; i < n_facts; i++)
-            bf[i] = (backend_fact){cache_ids ? cache_ids[i] : 0, facts[i].n_tokens, facts[i].k,
-                                   facts[i].v};
-        kv_cache_slots(e->kv, seq, base, (int32_t)total, slots);
-        backend_inject in = {
-            .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-            .block_size = e->p.block_size, .facts = bf, .n_facts = n_facts, .pos0 = base,
-            .slots = slots, .rope = &c->rope,
-        };
-        op->inject(be, e->k_cache, e->v_cache, &in);
-        free(bf);
-        free(slots);
-        /* Without a wait (the injection overlaps what follows): a failure
-         * the device meets later is latched by the prefill's download. */
-        if ((st = backend_status(be)) != IS_OK) {
-            kv_seq_truncate(e->kv, seq, base);
-            ss->mem_begin = old_mb;
-            ss->mem_end = old_me;
-        }
+        if (first != IS_OK) is_error_set(first, "%s", first_msg);
+        return first;
+    }
+    inject_undo *undo = calloc((size_t)n, sizeof *undo);
+    int64_t *totals = calloc((size_t)n, sizeof *totals);
+    is_status st = undo && totals ? IS_OK : is_error_set(IS_ERR_NOMEM, "inject: out of memory");
+    if (st != IS_OK) {
+        for (int32_t i = 0; i < n; i++)
+            if (results) results[i] = st;
+        free(undo);
+        free(totals);
         return st;
     }
+    /* Each sequence on its own: checked, then (with the backend sound)
+     * grown, or left as it was. A sequence named twice gets its second
+     * list after its first. */
+    int64_t checked_tokens = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const engine_inject_seq *q = &seqs[i];
+        st = inject_check(e, q->seq, q->facts, q->cache_ids, q->n_facts, &totals[i]);
+        if (results) results[i] = st;
+        if (st != IS_OK) {
+            NOTE_FAIL(i, st);
+            totals[i] = -1;
+        } else {
+            checked_tokens += totals[i];
+        }
+    }
+    if (checked_tokens > 0 && (st = backend_status(be)) != IS_OK) {
+        for (int32_t i = 0; i < n; i++)
+            if (totals[i] >= 0 && results) results[i] = st;
+        free(undo);
+        free(totals);
+        return st;
+    }
+    int64_t all_facts = 0, all_tokens = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (totals[i] <= 0) continue;
+        st = inject_place(e, seqs[i].seq, totals[i], &undo[i]);
+        if (results) results[i] = st;
+        if (st != IS_OK) {
+            NOTE_FAIL(i, st);
+            continue;
+        }
+        all_facts += seqs[i].n_facts;
+        all_tokens += totals[i];
+    }
+    free(totals);
+    if (all_tokens > INT32_MAX / 4) {
+        st = is_error_set(IS_ERR_INVALID_ARG, "inject: %lld memory tokens in one call",
+                          (long long)all_tokens);
+        for (int32_t i = n - 1; i >= 0; i--)
+            if (undo[i].total) {
+                inject_undo_apply(e, seqs[i].seq, &undo[i]);
+                if (results) results[i] = st;
+            }
+        free(undo);
+        return st;
+    }
+    if (all_tokens == 0) {
+        free(undo);
+        if (first != IS_OK) is_error_set(first, "%s", first_msg);
+        return first;
+    }
+    /* One backend call for every sequence placed: facts in order, each
+     * token with the slot and the position it takes in its sequence. */
+    backend_fact *bf = malloc((size_t)all_facts * sizeof *bf);
+    int32_t *slots = malloc((size_t)all_tokens * 2 * sizeof *slots);
+    if (!bf || !slots) {
+        free(bf);
+        free(slots);
+        st = is_error_set(IS_ERR_NOMEM, "inject: out of memory");
+        for (int32_t i = n - 1; i >= 0; i--)
+            if (undo[i].total) {
+                inject_undo_apply(e, seqs[i].seq, &undo[i]);
+                if (results) results[i] = st;
+            }
+        free(undo);
+        return st;
+    }
+    int32_t *pos = slots + all_tokens;
+    int64_t nf = 0, at = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const engine_inject_seq *q = &seqs[i];
+        if (!undo[i].total) continue;
+        for (int32_t f = 0; f < q->n_facts; f++)
+            bf[nf++] = (backend_fact){q->cache_ids ? q->cache_ids[f] : 0, q->facts[f].n_tokens,
+                                      q->facts[f].k, q->facts[f].v};
+        kv_cache_slots(e->kv, q->seq, undo[i].base, undo[i].total, slots + at);
+        for (int32_t j = 0; j < undo[i].total; j++) pos[at + j] = undo[i].base + j;
+        at += undo[i].total;
+    }
+    backend_inject in = {
+        .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+        .block_size = e->p.block_size, .facts = bf, .n_facts = (int32_t)all_facts, .pos0 = 0,
+        .slots = slots, .pos = pos, .rope = &c->rope,
+    };
+    op->inject(be, e->k_cache, e->v_cache, &in);
+    free(bf);
+    free(slots);
+    /* Without a wait (the injection overlaps what follows): a failure
+     * the device meets later is latched by the prefill's download. A
+     * failure now undoes every sequence of the call, last first. */
+    if ((st = backend_status(be)) != IS_OK) {
+        for (int32_t i = n - 1; i >= 0; i--)
+            if (undo[i].total) {
+                inject_undo_apply(e, seqs[i].seq, &undo[i]);
+                if (results) results[i] = st;
+            }
+        free(undo);
+        return st;
+    }
+    free(undo);
+    if (first != IS_OK) is_error_set(first, "%s", first_msg);
+    return first;
+#undef NOTE_FAIL
+}
+
+size_t engine_kv_elem_size(const engine *e) { return e->kv_esize; }
+
+is_status engine_seq_read_kv(engine *e, int32_t seq, int32_t pos, int32_t n, void *k, void *v) {
+    const model_config *c = &e->m->cfg;
+    if (seq < 0 || seq >= e->p.max_seqs || pos < 0 || n < 0 ||
+        (int64_t)pos + n > kv_seq_length(e->kv, seq))
+        return is_error_set(IS_ERR_INVALID_ARG, "read_kv: positions [%d, %lld) of sequence %d",
+                            pos, (long long)pos + n, seq);
+    if (n == 0) return IS_OK;
+    int32_t *slots = malloc((size_t)n * sizeof *slots);
+    if (!slots) return is_error_set(IS_ERR_NOMEM, "read_kv: out of memory");
+    kv_cache_slots(e->kv, seq, pos, n, slots);
+    const int32_t bs = e->p.block_size, hd = c->head_dim, kh = c->n_kv_heads;
+    const size_t row = (size_t)hd * e->kv_esize;
+    for (int32_t l = 0; l < c->n_layers; l++)
+        for (int32_t i = 0; i < n; i++)
+            for (int32_t h = 0; h < kh; h++) {
+                const size_t src = ((size_t)(slots[i] / bs) * kh + h) * bs + slots[i] % bs;
+                const size_t dst = (((size_t)l * n + i) * kh + h) * row;
+                e->be->ops->download(e->be, (char *)k + dst, (const char *)e->k_cache[l] + src * row, row);
+                e->be->ops->download(e->be, (char *)v + dst, (const char *)e->v_cache[l] + src * row, row);
+            }
+    free(slots);
+    return backend_status(e->be);
+}
+
+/* The generic injection (a backend without an inject op), for facts
+ * already placed by inject_place: staged a chunk at a time. */
+static is_status inject_staged(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts,
+                               int64_t total, const inject_undo *u) {
+    const model_config *c = &e->m->cfg;
+    backend *be = e->be;
+    const backend_ops *op = be->ops;
+    const int32_t base = u->base;
+    is_status st;
+    (void)n_facts;
     int32_t kv_dim = c->n_kv_heads * c->head_dim;
     size_t row = (size_t)kv_dim * sizeof(float);
     int32_t f = 0, j = 0; /* fact and token where the next chunk starts */
@@ -700,11 +895,7 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
         }
     }
     op->sync(be);
-    if ((st = backend_status(be)) != IS_OK) {
-        kv_seq_truncate(e->kv, seq, base);
-        ss->mem_begin = old_mb;
-        ss->mem_end = old_me;
-    }
+    if ((st = backend_status(be)) != IS_OK) inject_undo_apply(e, seq, u);
     return st;
 }
 

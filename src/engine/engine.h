@@ -111,6 +111,40 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
 is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
                             const uint64_t *cache_ids, int32_t n_facts);
 
+/* One sequence's facts for engine_inject_batch (as engine_inject_ids takes
+ * them). */
+typedef struct engine_inject_seq {
+    int32_t seq;
+    const engine_fact *facts;
+    const uint64_t *cache_ids; /* [n_facts], or NULL */
+    int32_t n_facts;
+} engine_inject_seq;
+
+/* engine_inject_ids for several sequences at once: the facts of every
+ * sequence go to the backend in one inject call (on the CUDA backend one
+ * kernel launch for all of them), so admitting many requests in one step
+ * costs one injection, not one per request. All or nothing per sequence:
+ * a sequence whose facts are refused before the backend runs
+ * (IS_ERR_INVALID_ARG, IS_ERR_CONTEXT_FULL for its context or the pool) is
+ * left unchanged and the others are injected; a backend failure leaves
+ * every sequence of the call unchanged. results[n] (or NULL) gets each
+ * sequence's status. Returns IS_OK when every sequence was injected, else
+ * the failure of the first sequence in the list that failed (its message
+ * set). A sequence named twice gets its second list after its first. */
+is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t n,
+                              is_status *results);
+
+/* Bytes of one KV cache element: 4 (f32) or the backend's compact type's. */
+size_t engine_kv_elem_size(const engine *e);
+
+/* Copies the cache rows of positions [pos, pos + n) of a sequence, every
+ * layer, to host memory: k and v [n_layers][n][n_kv_heads*head_dim], each
+ * element in the cache's own type (engine_kv_elem_size bytes). For tests
+ * and tools that compare caches bit for bit; waits for the copies.
+ * IS_ERR_INVALID_ARG for a range outside the sequence (nothing copied),
+ * or the backend's failure. */
+is_status engine_seq_read_kv(engine *e, int32_t seq, int32_t pos, int32_t n, void *k, void *v);
+
 /* Static recomputation of memory tokens: runs a forward over n tokens that
  * the sequence already holds, at slot positions pos[n] (strictly
  * increasing, inside the sequence's memory segment), and writes their keys

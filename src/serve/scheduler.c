@@ -69,6 +69,7 @@ typedef struct req_fact {
     char *tenant, *user, *id; /* all set, or all NULL */
     bool rec_pinned;         /* `record` is pinned in the record store */
     bool encoded;            /* its record was encoded at admission */
+    bool late_tried;         /* admission's late load ran: the record is not read again */
 } req_fact;
 
 enum { FACT_TIER_GPU = 0, FACT_TIER_HOST = 1, FACT_TIER_DISK = 2, FACT_TIER_ENCODED = 3 };
@@ -143,6 +144,7 @@ struct sched {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
+    bool hold; /* sched_hold_admission */
     sched_handle *q_head, *q_tail;
     int32_t n_queued;
     sched_job *j_head, *j_tail;
@@ -634,9 +636,91 @@ static is_status encode_on_demand(sched *s, sched_handle *h) {
     return IS_OK;
 }
 
-/* Starts an admitted request: sampler, sequence, prefix fork, records
- * fetched and injected (kv), the tokens left to prefill. */
-static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t *misses) {
+/* An admitted request between its start and the step's one injection:
+ * the facts it injects, in order, and the records it holds for them. */
+typedef struct admission {
+    sched_handle *h;
+    engine_fact *inj;      /* [n_facts] */
+    const fact_kv **held;  /* [n_facts] records to release (NULL entries) */
+    float **bufs;          /* [n_facts] widened values to free (NULL entries) */
+    uint64_t *ids;         /* [n_facts] content ids: the GPU arena's keys */
+    const char **rec;      /* [n_facts] record ids of inj */
+    int32_t n, n_inj, n_text_tokens;
+} admission;
+
+static void admission_free(sched *s, admission *a) {
+    for (int32_t i = 0; i < a->n; i++) {
+        if (a->held && a->held[i]) record_store_release(memory_record_store(s->mem), a->held[i]);
+        if (a->bufs) free(a->bufs[i]);
+    }
+    free(a->inj);
+    free(a->held);
+    free(a->bufs);
+    free(a->ids);
+    free(a->rec);
+    *a = (admission){.h = a->h}; /* the request stays named */
+}
+
+/* Whether admission would read this fact's record on the engine thread:
+ * a kv fact with a record that submit neither pinned nor loaded, and that
+ * the backend does not hold (without a host tier; with one a resident
+ * fact is pinned at admission, which may fail, and then it is read). */
+static bool needs_late_load(sched *s, const sched_handle *h, const req_fact *f) {
+    if (h->mode != ASK_MODE_KV || !f->record || f->pre_held || f->pinned) return false;
+    return !(f->known && engine_fact_resident(s->e, f->content_id, f->n_kv_tokens));
+}
+
+/* One late load (any thread: the record store, the fact index and ask_load_record are
+ * safe from any; only this request's fact is written). As prefetch_fact
+ * keeps a loaded record: only when it was encoded from the fact's text. */
+static void late_load_item(void *arg, int32_t i) {
+    void **args = arg;
+    sched *s = args[0];
+    req_fact *f = ((req_fact **)args[1])[i];
+    f->late_tried = true;
+    if (ask_load_record(s->ask, f->record, &f->pre_held, &f->pre, &f->pre_buf) == IS_OK) {
+        const fact_kv *kv = f->pre_held;
+        fact_index_entry e = {.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+                              .n_tokens = kv->meta.n_tokens};
+        fact_index_put(s->facts, f->record, &e);
+        if (kv->meta.text_hash == f->text_hash) {
+            f->known = true;
+            f->content_id = kv->content_id;
+            f->n_kv_tokens = kv->meta.n_tokens;
+            return;
+        }
+    }
+    if (f->pre_held) record_store_release(memory_record_store(s->mem), f->pre_held);
+    free(f->pre_buf);
+    f->pre_held = NULL;
+    f->pre_buf = NULL;
+    is_error_clear();
+}
+
+/* The records of a request's facts that submit did not load (past the
+ * prefetch budget, or the GPU gave up one it was said to hold) are read
+ * and widened on the I/O threads all at once, so the engine thread waits
+ * for about one read, not k (without an I/O pool, the CPU's case, they are
+ * read in turn here); a fact whose record fails or is stale is prefilled
+ * as text. */
+static void late_loads(sched *s, sched_handle *h) {
+    req_fact **late = malloc((size_t)(h->n_facts ? h->n_facts : 1) * sizeof *late);
+    if (!late) return; /* each is read in line below */
+    int32_t n = 0;
+    for (int32_t i = 0; i < h->n_facts; i++)
+        if (needs_late_load(s, h, &h->facts[i])) late[n++] = &h->facts[i];
+    void *args[2] = {s, late};
+    if (n > 0) io_pool_run(s->io, late_load_item, args, n);
+    free(late);
+}
+
+/* Starts an admitted request up to its injection: sampler, sequence,
+ * prefix fork, the kv facts' records found (resident, pinned, loaded) into
+ * a, the text facts and the tokens left to prefill. The caller injects a's
+ * facts (one call for every request of the step), then finish_start. */
+static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t *hits,
+                               int64_t *misses) {
+    a->h = h;
     h->usage.queue_ms = now_ms() - h->t_submit;
     is_status st = encode_on_demand(s, h);
     if (st != IS_OK) return st;
@@ -654,12 +738,14 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
     if ((st = engine_seq_fork(s->e, h->seq, s->prefix_seq, s->n_prefix)) != IS_OK) return st;
     h->usage.cached_tokens = s->n_prefix;
     int32_t n = h->n_facts;
-    engine_fact *inj = calloc((size_t)(n ? n : 1), sizeof *inj);
-    const fact_kv **held = calloc((size_t)(n ? n : 1), sizeof *held);
-    float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
-    uint64_t *ids = calloc((size_t)(n ? n : 1), sizeof *ids); /* content ids: the GPU arena's keys */
-    const char **rec = calloc((size_t)(n ? n : 1), sizeof *rec); /* record ids of inj */
+    a->n = n;
+    engine_fact *inj = a->inj = calloc((size_t)(n ? n : 1), sizeof *inj);
+    const fact_kv **held = a->held = calloc((size_t)(n ? n : 1), sizeof *held);
+    float **bufs = a->bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
+    uint64_t *ids = a->ids = calloc((size_t)(n ? n : 1), sizeof *ids);
+    const char **rec = a->rec = calloc((size_t)(n ? n : 1), sizeof *rec);
     if (!inj || !held || !bufs || !ids || !rec) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK) late_loads(s, h);
     int32_t n_inj = 0, n_text_tokens = 0;
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
         req_fact *f = &h->facts[i];
@@ -688,8 +774,11 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             drop_prefetch_fact(s, f);
             f->pinned = s->ht != NULL;
         } else if (h->mode == ASK_MODE_KV && f->pre_held) {
-            /* Loaded and widened on the submitting thread: only injected here. */
+            /* Loaded and widened off the engine thread (at submit, or by the
+             * late loads, which read what encode_on_demand just wrote): only
+             * injected here. */
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
+            if (f->encoded) tier = FACT_TIER_ENCODED;
             held[n_inj] = f->pre_held;
             bufs[n_inj] = f->pre_buf;
             inj[n_inj] = f->pre;
@@ -700,7 +789,7 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             atomic_fetch_sub(&s->prefetch_bytes, f->pre_bytes);
             f->pre_bytes = 0;
             ok = true;
-        } else if (h->mode == ASK_MODE_KV && f->record) {
+        } else if (h->mode == ASK_MODE_KV && f->record && !f->late_tried) {
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
             if (f->encoded) tier = FACT_TIER_ENCODED;
             /* With a host tier, always with its values (see above). */
@@ -738,27 +827,9 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
             n_text_tokens += f->n_toks;
         }
     }
-    if (st == IS_OK && n_inj > 0) st = engine_inject_ids(s->e, h->seq, inj, ids, n_inj);
-    /* Injected (or failed): the pins go; the host views stay until the
-     * request ends, when its first token has come back after the copies. */
-    for (int32_t i = 0; i < n; i++)
-        if (h->facts[i].pinned) {
-            engine_fact_unpin(s->e, h->facts[i].content_id);
-            h->facts[i].pinned = false;
-        }
-    /* Whether the backend kept them: the next request's submit skips their prefetch. */
-    for (int32_t i = 0; st == IS_OK && i < n_inj; i++)
-        fact_index_set_resident(s->facts, rec[i], engine_fact_resident(s->e, ids[i], inj[i].n_tokens));
+    a->n_inj = n_inj;
+    a->n_text_tokens = n_text_tokens;
     for (int32_t i = 0; i < n_inj; i++) h->usage.injected_tokens += inj[i].n_tokens;
-    for (int32_t i = 0; i < n; i++) {
-        if (held && held[i]) record_store_release(memory_record_store(s->mem), held[i]);
-        if (bufs) free(bufs[i]);
-    }
-    free(inj);
-    free(held);
-    free(bufs);
-    free(ids);
-    free(rec);
     if (st == IS_OK) st = append_toks(&h->prompt, &h->n_prompt, h->suffix, h->n_suffix);
     /* Logits come from the last prompt token, so there must be one. */
     if (st == IS_OK && h->n_prompt == 0) st = is_error_set(IS_ERR_INVALID_ARG, "empty prompt");
@@ -769,6 +840,24 @@ static is_status start_request(sched *s, sched_handle *h, int64_t *hits, int64_t
                                                "context of %d",
                           (int)h->usage.prompt_tokens, (int)h->max_tokens, (int)s->n_ctx);
     return st;
+}
+
+/* After the step's injection (inject: its status for this request): the
+ * pins go, the fact index learns what the backend kept, the records are
+ * released. The host views stay until the request ends, when its first
+ * token has come back after the copies. */
+static void finish_start(sched *s, admission *a, is_status inject) {
+    sched_handle *h = a->h;
+    for (int32_t i = 0; i < h->n_facts; i++)
+        if (h->facts[i].pinned) {
+            engine_fact_unpin(s->e, h->facts[i].content_id);
+            h->facts[i].pinned = false;
+        }
+    /* Whether the backend kept them: the next request's submit skips their prefetch. */
+    for (int32_t i = 0; inject == IS_OK && i < a->n_inj; i++)
+        fact_index_set_resident(s->facts, a->rec[i],
+                                engine_fact_resident(s->e, a->ids[i], a->inj[i].n_tokens));
+    admission_free(s, a);
 }
 
 /* Cancelled requests: running ones free their blocks, queued ones leave
@@ -808,12 +897,68 @@ static void reap_cancelled(sched *s) {
     }
 }
 
+/* The facts of every request admitted in this step, injected in one
+ * engine call (one backend launch on the GPU); a request whose injection
+ * is refused (its own sequence: context, pool) ends with that error, the
+ * others go on. A backend failure ends them all (backend_failed). */
+static void inject_admitted(sched *s, admission *adm, int32_t n_adm) {
+    engine_inject_seq q[MAX_BATCH_SEQS];
+    is_status res[MAX_BATCH_SEQS];
+    int32_t nq = 0;
+    for (int32_t i = 0; i < n_adm; i++) {
+        res[i] = IS_OK;
+        if (adm[i].n_inj > 0)
+            q[nq++] = (engine_inject_seq){adm[i].h->seq, adm[i].inj, adm[i].ids, adm[i].n_inj};
+    }
+    is_status st = IS_OK;
+    char first_msg[512] = "";
+    if (nq > 0) {
+        is_status qres[MAX_BATCH_SEQS];
+        st = engine_inject_batch(s->e, q, nq, qres);
+        pthread_mutex_lock(&s->mu);
+        s->st.inject_calls++;
+        s->st.inject_requests += nq;
+        if (nq > s->st.inject_max_requests) s->st.inject_max_requests = nq;
+        pthread_mutex_unlock(&s->mu);
+        if (st != IS_OK) snprintf(first_msg, sizeof first_msg, "%s", is_error_last());
+        for (int32_t i = 0, j = 0; i < n_adm; i++)
+            if (adm[i].n_inj > 0) res[i] = qres[j++];
+    }
+    for (int32_t i = 0; i < n_adm; i++) finish_start(s, &adm[i], res[i]);
+    if (st != IS_OK && engine_status(s->e) != IS_OK) {
+        backend_failed(s, engine_status(s->e));
+        return;
+    }
+    bool ended = false, first = true;
+    for (int32_t i = 0; i < n_adm; i++) {
+        sched_handle *h = adm[i].h;
+        if (res[i] != IS_OK) {
+            /* The engine's message is the first failed sequence's. */
+            char msg[600];
+            if (first) snprintf(msg, sizeof msg, "%s", first_msg);
+            else snprintf(msg, sizeof msg, "inject: %s", is_status_to_string(res[i]));
+            first = false;
+            finish_error(s, h, res[i], msg);
+            ended = true;
+            continue;
+        }
+        h->state = RS_PREFILL;
+        h->n_fed = 0;
+    }
+    if (ended) compact_run(s);
+    publish(s, 0, 0);
+}
+
 /* Admits queued requests, oldest first, while a slot and the blocks for
- * the whole request are there. */
+ * the whole request are there, and injects their facts together. Until
+ * that injection a started request is in the run list (its reservation
+ * counts) in state RS_QUEUED. */
 static void admit(sched *s) {
     int32_t limit = s->max_running;
     /* An encode job waiting for a sequence gets the next one that frees. */
     if (s->encode_starved && s->n_run > 0) return;
+    admission adm[MAX_BATCH_SEQS];
+    int32_t n_adm = 0;
     while (s->n_run < limit) {
         int32_t avail = kv_cache_free_blocks(engine_kv(s->e)) - outstanding_blocks(s);
         pthread_mutex_lock(&s->mu);
@@ -831,8 +976,8 @@ static void admit(sched *s) {
             }
         }
         pthread_mutex_unlock(&s->mu);
-        if (!h) return;
-        if (!fits && s->n_run > 0) return;
+        if (!h) break;
+        if (!fits && s->n_run > 0) break;
         h->next = NULL;
         if (!fits) {
             char msg[160];
@@ -843,7 +988,9 @@ static void admit(sched *s) {
             continue;
         }
         int64_t hits = 0, misses = 0;
-        is_status st = start_request(s, h, &hits, &misses);
+        admission *a = &adm[n_adm];
+        memset(a, 0, sizeof *a);
+        is_status st = start_request(s, h, a, &hits, &misses);
         pthread_mutex_lock(&s->mu);
         s->st.facts_kv_hits += hits;
         s->st.facts_kv_misses += misses;
@@ -854,27 +1001,30 @@ static void admit(sched *s) {
         s->st.facts_encoded_served += h->usage.facts_encoded;
         pthread_mutex_unlock(&s->mu);
         if (st != IS_OK && engine_status(s->e) != IS_OK) {
-            /* The backend failed injecting or forking: this request is
-             * one of those it hit. */
+            /* The backend failed forking: this request is one of those it
+             * hit, and so are the ones started before it. */
+            n_adm++;
             s->run[s->n_run++] = h;
+            for (int32_t i = 0; i < n_adm; i++) finish_start(s, &adm[i], st);
             backend_failed(s, engine_status(s->e));
             return;
         }
         if (st != IS_OK) {
+            finish_start(s, a, st);
             finish_error(s, h, st, is_error_last());
             handle_unref(h);
             continue;
         }
         /* The reservation from the actual layout (records may differ in
-         * length from their text's tokens in odd cases). */
+         * length from their text's tokens in odd cases), before the next
+         * request's room is counted. */
         int32_t est = h->reserve;
         reserve_for(s, h, h->usage.prompt_tokens);
         if (h->reserve < est) h->reserve = est;
-        h->state = RS_PREFILL;
-        h->n_fed = 0;
         s->run[s->n_run++] = h;
-        publish(s, 0, 0);
+        n_adm++;
     }
+    inject_admitted(s, adm, n_adm);
 }
 
 /* ---- a step -------------------------------------------------------------------------- */
@@ -1051,14 +1201,14 @@ static void *engine_main(void *arg) {
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         }
         bool failed = s->failed;
-        while (!s->stop && !failed && !s->q_head && s->n_run == 0 && !s->j_head)
+        while (!s->stop && !failed && (!s->q_head || s->hold) && s->n_run == 0 && !s->j_head)
             pthread_cond_wait(&s->cv, &s->mu);
-        bool stop = s->stop, jobs = s->j_head != NULL;
+        bool stop = s->stop, jobs = s->j_head != NULL, hold = s->hold;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
         if (failed && !try_recover(s)) continue;
         reap_cancelled(s);
-        admit(s);
+        if (!hold) admit(s);
         if (s->n_run == 0) {
             if (jobs) run_job(s, true);
             continue;
@@ -1482,6 +1632,13 @@ is_status sched_encode_missing(sched *s) {
     sched_job *j = job_new(JOB_MISSING, NULL, NULL, NULL);
     if (!j) return is_error_set(IS_ERR_NOMEM, "out of memory");
     return job_push(s, j, false);
+}
+
+void sched_hold_admission(sched *s, bool hold) {
+    pthread_mutex_lock(&s->mu);
+    s->hold = hold;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void sched_get_health(sched *s, sched_health *out) {

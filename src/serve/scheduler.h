@@ -273,9 +273,19 @@ typedef struct sched_stats {
     int64_t facts_encoded_served; /* sched_usage.facts_encoded, summed (not in facts_encoded) */
     int64_t requests_done;     /* DONE events (finished or cancelled) */
     int64_t requests_failed;   /* ERROR events */
+    int64_t inject_calls;      /* injections: one a step that admitted kv requests */
+    int64_t inject_requests;   /* requests injected by them */
+    int32_t inject_max_requests; /* most requests one injection took */
 } sched_stats;
 
 void sched_get_stats(sched *s, sched_stats *out);
+
+/* hold true: the engine thread admits no queued request (running ones go
+ * on) until it is called with false; the requests queued meanwhile are
+ * then admitted together, as far as sequences and KV blocks go, their
+ * facts injected in one call. For tests of that admission, and for a
+ * caller that drains a server before it stops. */
+void sched_hold_admission(sched *s, bool hold);
 
 /* Whether the backend is serving (for /health). */
 typedef struct sched_health {

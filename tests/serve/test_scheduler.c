@@ -15,7 +15,9 @@
  *   - stop strings end the answer before they show;
  *   - cancel (from inside the callback, of a queued request, and by an
  *     early release) frees the blocks at once and ends with DONE/abort;
- *   - admission: a pool with room for two requests serves twelve;
+ *   - admission: a pool with room for two requests serves twelve; six kv
+ *     requests queued while admission is held are admitted in one step,
+ *     their facts injected in one call, each answer equal to ask_run's;
  *   - submit errors (context, pool, queue full, bad parameters) give no
  *     event;
  *   - encode jobs: a fact stored without KV is encoded by sched_encode
@@ -997,6 +999,102 @@ static void test_shutdown_in_flight(void **state) {
 }
 
 static double g_t0;
+/* ---- many requests admitted in one step ------------------------------------------------ */
+
+/* Six kv requests queued while admission is held, then admitted together:
+ * their facts (1-4 each, some shared) go in one injection call, and each
+ * answer equals ask_run's for its own facts and question. The same again
+ * with no records loaded at submit (prefetch_bytes 0), so admission reads
+ * them (late loads). */
+static void test_admit_many_in_one_step(void **state) {
+    SKIP_WITHOUT_MODEL();
+    enum { NF = 6, NR = 6 };
+    const int32_t max_tokens = 8;
+    engine *e = make_engine(1024, NR + 3, 0);
+    memory *mem = open_memory();
+    const char *texts[NF] = {"Melanie plays the clarinet and started as a child.",
+                             "Caroline moved from Sweden four years ago.",
+                             "Melanie is learning to bake sourdough bread.",
+                             "Caroline has a guinea pig named Oscar.",
+                             "Melanie's son broke his arm playing soccer.",
+                             "Caroline volunteers at a youth center on weekends."};
+    const char *qs[NR] = {"What does Melanie play?", "Where is Caroline from?",
+                          "What is Melanie learning?", "What is the name of Caroline's pet?",
+                          "What happened to Melanie's son?", "Where does Caroline volunteer?"};
+    static const int set_len[NR] = {1, 2, 3, 4, 2, 3};
+    static const int set[NR][4] = {{0}, {1, 0}, {2, 3, 1}, {3, 4, 5, 0}, {4, 2}, {5, 1, 3}};
+    char ids[NF][MEMORY_ID_SIZE], rids[NF][RECORD_STORE_ID_MAX + 1];
+    ask_ctx *ac;
+    assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
+    memory_set_encoder(mem, ask_memory_encoder, ac);
+    for (int i = 0; i < NF; i++) {
+        memory_add_req r = {.tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
+        assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
+        mem_fact f;
+        assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
+        assert_non_null(f.kv_record);
+        snprintf(rids[i], sizeof rids[i], "%s", f.kv_record);
+        mem_fact_clear(&f);
+    }
+    memory_set_encoder(mem, NULL, NULL);
+    text_buf ref[NR];
+    sched_fact facts[NR][4];
+    int64_t n_facts = 0;
+    for (int r = 0; r < NR; r++) {
+        const char *fid[4], *ftext[4];
+        for (int j = 0; j < set_len[r]; j++) {
+            fid[j] = rids[set[r][j]];
+            ftext[j] = texts[set[r][j]];
+            facts[r][j] = (sched_fact){ftext[j], fid[j]};
+        }
+        n_facts += set_len[r];
+        memset(&ref[r], 0, sizeof ref[r]);
+        ask_timing t;
+        ask_request ar = ask_greedy(ASK_MODE_KV, qs[r], fid, ftext, set_len[r], max_tokens);
+        assert_int_equal(ask_run(ac, &ar, collect, &ref[r], &t), IS_OK);
+    }
+    ask_ctx_free(ac);
+    for (int pass = 0; pass < 2; pass++) {
+        sched_params sp = sched_default_params();
+        sp.record_dtype = KV_DTYPE_F32;
+        if (pass == 1) sp.prefetch_bytes = 0; /* records read at admission */
+        sched *s;
+        assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
+        sched_hold_admission(s, true);
+        chat_message msg[NR][1];
+        coll c[NR];
+        for (int r = 0; r < NR; r++) {
+            msg[r][0] = (chat_message){"user", qs[r]};
+            sched_request rq = greedy_req(msg[r], 1, ASK_MODE_KV, max_tokens);
+            rq.facts = facts[r];
+            rq.n_facts = set_len[r];
+            submit_ok(s, &rq, &c[r]);
+        }
+        sched_stats st;
+        sched_get_stats(s, &st);
+        assert_int_equal(st.queued, NR);
+        assert_int_equal(st.inject_calls, 0);
+        sched_hold_admission(s, false);
+        for (int r = 0; r < NR; r++) {
+            coll_wait(&c[r]);
+            if (c[r].kind != SCHED_EV_DONE) fail_msg("request %d failed: %s", r, c[r].message);
+            sched_release(c[r].h);
+            printf("  pass %d, request %d (%d facts): \"%s\"\n", pass, r, set_len[r], c[r].text);
+            assert_string_equal(c[r].text, ref[r].s);
+            assert_true(c[r].usage.injected_tokens > 0);
+        }
+        sched_get_stats(s, &st);
+        assert_int_equal(st.inject_calls, 1);
+        assert_int_equal(st.inject_requests, NR);
+        assert_int_equal(st.inject_max_requests, NR);
+        assert_int_equal(st.facts_kv_hits, n_facts);
+        assert_int_equal(st.facts_kv_misses, 0);
+        sched_free(s);
+    }
+    engine_free(e);
+    memory_close(mem);
+}
+
 static int timer_start(void **state) {
     g_t0 = now_s();
     return 0;
@@ -1012,6 +1110,7 @@ int main(void) {
         TIMED(test_layout),
         TIMED(test_batching_invariance),
         TIMED(test_memory_modes),
+        TIMED(test_admit_many_in_one_step),
         TIMED(test_stop_string),
         TIMED(test_cancel),
         TIMED(test_admission_small_pool),

@@ -319,7 +319,9 @@ static void cpu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32
  * rotated straight from the record into its cache slot and each value row
  * copied, every (layer, token) independently, so both cores share the work
  * and nothing is staged (the engine's generic path copies each row into the
- * activation buffer first, then rotates, then scatters). */
+ * activation buffer first, then rotates, then scatters). The tokens of
+ * several sequences' facts (in->pos) are one such list: threads split
+ * (sequence, fact, layer) work alike. */
 static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache,
                        const backend_inject *in) {
     if (!op_begin(be)) return;
@@ -329,7 +331,13 @@ static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache
     if (total == 0) return;
     const rope_params *rp = in->rope;
     int32_t half = rp->n_rot / 2, kv_dim = in->n_kv_heads * in->head_dim;
-    const float *table = rope_table(be->ctx, rp, in->pos0 + (int32_t)total - 1);
+    int32_t max_pos = in->pos0 + (int32_t)total - 1;
+    if (in->pos) {
+        max_pos = 0;
+        for (int64_t i = 0; i < total; i++)
+            if (in->pos[i] > max_pos) max_pos = in->pos[i];
+    }
+    const float *table = rope_table(be->ctx, rp, max_pos);
     /* Where each token comes from: its fact and its index in the fact. */
     int32_t *fact_of = table ? malloc((size_t)total * 2 * sizeof *fact_of) : NULL;
     if (!fact_of) {
@@ -348,7 +356,7 @@ static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache
         int32_t l = (int32_t)(w / total), i = (int32_t)(w % total);
         const backend_fact *fa = &in->facts[fact_of[i]];
         size_t src = ((size_t)l * fa->n_tokens + tok_of[i]) * kv_dim;
-        const float *cs = table + (size_t)(in->pos0 + i) * half * 2;
+        const float *cs = table + (size_t)(in->pos ? in->pos[i] : in->pos0 + i) * half * 2;
         int32_t block = in->slots[i] / in->block_size, off = in->slots[i] % in->block_size;
         for (int32_t h = 0; h < in->n_kv_heads; h++) {
             size_t dst = (((size_t)block * in->n_kv_heads + h) * in->block_size + off) * in->head_dim;
