@@ -2,6 +2,7 @@
 
 #include "core/status.h"
 #include "core/vmath.h"
+#include "engine/recompute.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,8 +39,22 @@ struct engine {
     float *logits; /* [B][n_vocab] */
     float *q2;     /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
     int32_t *pos, *rpos, *rpos2, *slots, *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
-    const int32_t *overwrite; /* engine_recompute: batch token -> position it rewrites, else NULL */
 };
+
+/* A forward over some of the layers (engine_recompute_blend): layers
+ * [l0, l1) of a chunk, the residual stream taken from x_in (backend memory,
+ * the batch's rows [n][dim]; NULL: the token embeddings, l0 = 0) and, when
+ * l1 < n_layers, left in x_out (the same rows; or NULL) with layer l1's
+ * pre-RoPE keys and values of it in k_next, v_next (host, [n][kv_dim]);
+ * store false: nothing written into the cache (the attention reads it as it
+ * is). No output head. NULL range: every layer, stored, the head. */
+typedef struct fwd_range {
+    int32_t l0, l1;
+    const float *x_in;
+    float *x_out;
+    float *k_next, *v_next;
+    bool store;
+} fwd_range;
 
 engine_params engine_default_params(void) {
     engine_params p = {
@@ -357,7 +372,7 @@ static void greedy_rows(engine *e, const chunk_out *out, int32_t n_rows) {
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
-                             const int32_t *base_len, const chunk_out *out) {
+                             const int32_t *base_len, const chunk_out *out, const fwd_range *range) {
     const model *m = e->m;
     const model_config *c = &m->cfg;
     backend *be = e->be;
@@ -370,11 +385,13 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     int32_t *lens = e->u_len;
     const int32_t **segs = e->u_seg;
     bool any_seg = false, any_mem = false;
-    int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* tokens before t0+i */
-    for (int32_t t = 0; t < t0; t++) seen[b->seq[t]]++;
+    int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* appended before t0+i */
+    for (int32_t t = 0; t < t0; t++)
+        if (!b->rewrite || b->rewrite[t] < 0) seen[b->seq[t]]++;
     for (int32_t i = 0; i < n; i++) {
         int32_t s = b->seq[t0 + i];
-        e->pos[i] = e->overwrite ? e->overwrite[t0 + i] : base_len[s] + seen[s]++;
+        const bool rw = b->rewrite && b->rewrite[t0 + i] >= 0;
+        e->pos[i] = rw ? b->rewrite[t0 + i] : base_len[s] + seen[s]++;
         e->rpos[i] = b->pos ? b->pos[t0 + i] : e->pos[i];
         e->rpos2[i] = e->rpos[i] - (b->prefix_shift ? b->prefix_shift[t0 + i] : 0);
         e->slots[i] = kv_cache_slot(e->kv, s, e->pos[i]);
@@ -389,7 +406,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     for (int32_t u = 0; u < n_uniq; u++) {
         int32_t nb;
         tables[u] = kv_seq_blocks(e->kv, uniq[u], &nb);
-        lens[u] = base_len[uniq[u]] + (e->overwrite ? 0 : seen[uniq[u]]);
+        lens[u] = base_len[uniq[u]] + seen[uniq[u]];
         segs[u] = e->seqs[uniq[u]].segments;
         if (segs[u]) any_seg = true;
         /* A memory segment that a truncation cut short ends at the length. */
@@ -419,14 +436,25 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         cap1 = cap->first + cap->n < t0 + n ? cap->first + cap->n : t0 + n;
     }
 
-    op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
-    for (int32_t l = 0; l < c->n_layers; l++) {
+    const int32_t l0 = range ? range->l0 : 0, l1 = range ? range->l1 : c->n_layers;
+    const bool store = range ? range->store : true;
+    if (range && range->x_in)
+        op->copy(be, e->x, range->x_in + (size_t)t0 * c->dim, (size_t)n * c->dim * sizeof(float));
+    else
+        op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
+    for (int32_t l = l0; l < l1; l++) {
         const model_layer *L = &m->layers[l];
         /* Later layers' first norm comes with the previous layer's last add. */
-        if (l == 0) op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
+        if (l == l0) op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
         /* Captured rows read k and v, a shifted prefix q unrotated: then
          * the products and the rotation run as separate ops. */
-        if (op->matmul_rope_store && cap0 == cap1 && !shifted) {
+        if (!store) {
+            /* Queries only: the cache keeps what it holds. */
+            matmul_n(be, (float *const[]){e->q, e->k, e->v}, e->xb,
+                     (const backend_weight *const[]){L->wq, L->wk, L->wv},
+                     (const backend_weight *const[]){L->bq, L->bk, L->bv}, 3, n);
+            op->rope(be, e->q, e->rpos, n, c->n_heads, c->head_dim, &c->rope);
+        } else if (op->matmul_rope_store && cap0 == cap1 && !shifted) {
             op->matmul_rope_store(be, e->q, e->k, e->v, e->xb,
                                   (const backend_weight *const[]){L->wq, L->wk, L->wv},
                                   (const backend_weight *const[]){L->bq, L->bk, L->bv},
@@ -462,6 +490,22 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         else
             op->add(be, e->x, e->xb, (int64_t)n * c->dim); /* the head normalises selected rows */
     }
+    if (l1 < c->n_layers) {
+        /* Stopped before layer l1: x is its residual input, xb its norm. */
+        if (range->x_out)
+            op->copy(be, range->x_out + (size_t)t0 * c->dim, e->x, (size_t)n * c->dim * sizeof(float));
+        if (range->k_next) {
+            const model_layer *L = &m->layers[l1];
+            matmul_n(be, (float *const[]){e->k, e->v}, e->xb,
+                     (const backend_weight *const[]){L->wk, L->wv},
+                     (const backend_weight *const[]){L->bk, L->bv}, 2, n);
+            size_t off = (size_t)t0 * kv_dim, bytes = (size_t)n * kv_dim * sizeof(float);
+            op->download(be, range->k_next + off, e->k, bytes);
+            op->download(be, range->v_next + off, e->v, bytes);
+        }
+        op->sync(be);
+        return 0;
+    }
 
     /* Output head only for the selected rows: gather them to the front. */
     int32_t n_out = 0;
@@ -484,6 +528,34 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         greedy_rows(e, out, n_out);
     op->sync(be);
     return n_out;
+}
+
+/* The rewrite field of a batch (engine.h): each sequence's recomputed
+ * tokens inside its memory segment and what it holds, at strictly
+ * increasing positions, before any of its appended tokens. last[max_seqs]
+ * is scratch. IS_ERR_INVALID_ARG naming the first that is not. */
+static is_status check_rewrite(engine *e, const engine_batch *b, int32_t *last) {
+    const int32_t max_seqs = e->p.max_seqs;
+    for (int32_t s = 0; s < max_seqs; s++) last[s] = -1; /* -2: an appended token seen */
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const int32_t s = b->seq[t], p = b->rewrite[t];
+        if (p < 0) {
+            last[s] = -2;
+            continue;
+        }
+        const seq_state *ss = &e->seqs[s];
+        const int32_t len = kv_seq_length(e->kv, s);
+        if (last[s] == -2)
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "recompute: batch token %d recomputes position %d after tokens "
+                                "appended to its sequence", t, p);
+        if (p < ss->mem_begin || p >= ss->mem_end || p >= len || p <= last[s])
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "recompute: position %d is not after %d inside the memory [%d, %d)",
+                                p, last[s], ss->mem_begin, ss->mem_end < len ? ss->mem_end : len);
+        last[s] = p;
+    }
+    return IS_OK;
 }
 
 /* engine_decode (logits) or engine_decode_greedy (tokens): one of the two. */
@@ -517,13 +589,14 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
                               b->tokens[t], c->n_vocab);
             goto out;
         }
-        add[s]++;
+        if (!b->rewrite || b->rewrite[t] < 0) add[s]++;
     }
+    if (b->rewrite && (st = check_rewrite(e, b, base_len)) != IS_OK) goto out;
+    for (int32_t t = 0; t < b->n_tokens; t++) base_len[b->seq[t]] = kv_seq_length(e->kv, b->seq[t]);
     /* Reserve all KV slots first so a failure leaves every sequence as it was. */
     int32_t grown = 0;
     for (int32_t s = 0; s < max_seqs; s++) {
         if (!add[s]) continue;
-        base_len[s] = kv_seq_length(e->kv, s);
         if (base_len[s] + add[s] > e->p.n_ctx) {
             st = is_error_set(IS_ERR_CONTEXT_FULL,
                               "engine: sequence %d would hold %d tokens, past the context of %d",
@@ -538,6 +611,7 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         int32_t *seen = calloc((size_t)max_seqs, sizeof *seen);
         for (int32_t t = 0; t < b->n_tokens && st == IS_OK; t++) {
             int32_t s = b->seq[t];
+            if (b->rewrite && b->rewrite[t] >= 0) continue; /* its slot keeps its segment */
             st = seq_set_segments(e, s, base_len[s] + seen[s]++, b->segment ? &b->segment[t] : NULL, 1);
         }
         free(seen);
@@ -549,7 +623,7 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     }
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
         int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
-        int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co);
+        int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co, NULL);
         /* Every chunk ends in a download or sync, which latches what the
          * device met: one check covers each op of the chunk. On failure the
          * sequences go back to where they were; their slots past that are
@@ -713,43 +787,144 @@ is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int
     if (n <= 0) return IS_OK;
     if (seq < 0 || seq >= e->p.max_seqs)
         return is_error_set(IS_ERR_INVALID_ARG, "recompute: sequence id %d out of range", seq);
-    const seq_state *ss = &e->seqs[seq];
-    const int32_t len = kv_seq_length(e->kv, seq);
-    for (int32_t i = 0; i < n; i++) {
-        if (pos[i] < ss->mem_begin || pos[i] >= ss->mem_end || pos[i] >= len ||
-            (i > 0 && pos[i] <= pos[i - 1]))
-            return is_error_set(IS_ERR_INVALID_ARG,
-                                "recompute: position %d is not after %d inside the memory [%d, %d)",
-                                pos[i], i > 0 ? pos[i - 1] : -1, ss->mem_begin, ss->mem_end);
-        if (tokens[i] < 0 || tokens[i] >= e->m->cfg.n_vocab)
-            return is_error_set(IS_ERR_INVALID_ARG, "recompute: token id %d out of range",
-                                tokens[i]);
-    }
-    is_status st = backend_status(e->be);
-    if (st != IS_OK) return st;
     int32_t *seqs = malloc((size_t)n * sizeof *seqs);
     bool *want = calloc((size_t)n, sizeof *want); /* no logits */
-    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
-    if (!seqs || !want || !base_len) {
+    if (!seqs || !want) {
         free(seqs);
         free(want);
-        free(base_len);
         return is_error_set(IS_ERR_NOMEM, "recompute: out of memory");
     }
     for (int32_t i = 0; i < n; i++) seqs[i] = seq;
-    base_len[seq] = len; /* the keys readable: the whole sequence, causally cut */
-    engine_batch b = {.n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want};
-    chunk_out co = {NULL, NULL, NULL};
-    e->overwrite = pos;
-    for (int32_t t0 = 0; t0 < n && st == IS_OK; t0 += e->p.max_batch) {
-        int32_t c = n - t0 < e->p.max_batch ? n - t0 : e->p.max_batch;
-        forward_chunk(e, &b, t0, c, base_len, &co);
-        st = backend_status(e->be);
-    }
-    e->overwrite = NULL;
+    /* A batch of recomputed tokens only: nothing appended. */
+    engine_batch b = {.n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want,
+                      .rewrite = pos};
+    is_status st = decode_impl(e, &b, NULL, NULL);
     free(seqs);
     free(want);
+    return st;
+}
+
+/* Rows [0, n) of the selected tokens' residual stream gathered from
+ * src[total][dim] (backend memory): one copy per run of consecutive rows. */
+static void gather_rows(engine *e, float *dst, const float *src, const bool *sel, int32_t total) {
+    const int32_t dim = e->m->cfg.dim;
+    const size_t row = (size_t)dim * sizeof(float);
+    int32_t at = 0;
+    for (int32_t i = 0; i < total;) {
+        if (!sel[i]) {
+            i++;
+            continue;
+        }
+        int32_t j = i;
+        while (j < total && sel[j]) j++;
+        e->be->ops->copy(e->be, dst + (size_t)at * dim, src + (size_t)i * dim, (size_t)(j - i) * row);
+        at += j - i;
+        i = j;
+    }
+}
+
+is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts,
+                                 int32_t n_facts, float ratio, bool *selected, float *deviation) {
+    const model_config *c = &e->m->cfg;
+    if (seq < 0 || seq >= e->p.max_seqs)
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: sequence id %d out of range", seq);
+    if (!(ratio >= 0.0f && ratio <= 1.0f))
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: ratio %g is not in [0, 1]", (double)ratio);
+    if (c->n_layers < 2)
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: a model of %d layer has no second layer "
+                                                "to compare", c->n_layers);
+    const seq_state *ss = &e->seqs[seq];
+    const int32_t len = kv_seq_length(e->kv, seq);
+    int32_t total = 0;
+    for (int32_t f = 0; f < n_facts; f++) {
+        if (facts[f].n_tokens <= 0 || !facts[f].k || !facts[f].v || !facts[f].tokens)
+            return is_error_set(IS_ERR_INVALID_ARG, "blend: fact %d has no tokens or no values", f);
+        total += facts[f].n_tokens;
+    }
+    const int32_t mem_end = ss->mem_end < len ? ss->mem_end : len;
+    if (total == 0) return IS_OK;
+    if (ss->mem_begin + total > mem_end)
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: %d fact tokens do not lie in the memory "
+                                                "[%d, %d)", total, ss->mem_begin, mem_end);
+    is_status st = backend_status(e->be);
+    if (st != IS_OK) return st;
+    const int32_t kv_dim = c->n_kv_heads * c->head_dim;
+    const backend_ops *op = e->be->ops;
+    int32_t *pos = malloc((size_t)total * sizeof *pos), *toks = malloc((size_t)total * sizeof *toks);
+    int32_t *seqs = malloc((size_t)total * sizeof *seqs);
+    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
+    float *kn = malloc((size_t)total * kv_dim * sizeof *kn), *vn = malloc((size_t)total * kv_dim * sizeof *vn);
+    float *dev = deviation ? deviation : malloc((size_t)total * sizeof *dev);
+    bool *sel = selected ? selected : malloc((size_t)total * sizeof *sel);
+    float *hid = NULL, *hsel = NULL; /* backend: [total][dim], [n_sel][dim] */
+    if (!pos || !toks || !seqs || !base_len || !kn || !vn || !dev || !sel)
+        st = is_error_set(IS_ERR_NOMEM, "blend: out of memory");
+    if (st == IS_OK) st = alloc_f32(e, &hid, (size_t)total * c->dim);
+    int32_t at = 0;
+    for (int32_t f = 0; st == IS_OK && f < n_facts; f++)
+        for (int32_t j = 0; j < facts[f].n_tokens; j++, at++) {
+            pos[at] = ss->mem_begin + at;
+            toks[at] = facts[f].tokens[j];
+            seqs[at] = seq;
+        }
+    base_len[seq] = len; /* the keys readable: the whole sequence, causally cut */
+    chunk_out co = {NULL, NULL, NULL};
+    /* The first layer for every memory token; the second layer's keys and
+     * values of its output come back. */
+    engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .rewrite = pos};
+    fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hid, .k_next = kn, .v_next = vn, .store = false};
+    for (int32_t t0 = 0; st == IS_OK && t0 < total; t0 += e->p.max_batch) {
+        int32_t n = total - t0 < e->p.max_batch ? total - t0 : e->p.max_batch;
+        forward_chunk(e, &b, t0, n, base_len, &co, &first);
+        st = backend_status(e->be);
+    }
+    /* Deviation from the injected keys and values (before RoPE: the same
+     * rotation of both leaves their distance). */
+    at = 0;
+    for (int32_t f = 0; st == IS_OK && f < n_facts; f++) {
+        const int32_t nt = facts[f].n_tokens;
+        for (int32_t j = 0; j < nt; j++, at++) {
+            const float *ki = facts[f].k + ((size_t)nt + j) * kv_dim; /* layer 1 */
+            const float *vi = facts[f].v + ((size_t)nt + j) * kv_dim;
+            const float *kr = kn + (size_t)at * kv_dim, *vr = vn + (size_t)at * kv_dim;
+            double d = 0;
+            for (int32_t x = 0; x < kv_dim; x++) {
+                double dk = (double)kr[x] - ki[x], dv = (double)vr[x] - vi[x];
+                d += dk * dk + dv * dv;
+            }
+            dev[at] = (float)d;
+        }
+    }
+    if (st == IS_OK) st = recompute_select_top(dev, total, ratio, sel);
+    int32_t n_sel = 0;
+    for (int32_t i = 0; st == IS_OK && i < total; i++)
+        if (sel[i]) {
+            pos[n_sel] = pos[i];
+            toks[n_sel++] = toks[i];
+        }
+    /* The chosen tokens through the other layers from that output, their
+     * keys and values written over their slots. */
+    if (st == IS_OK && n_sel > 0) st = alloc_f32(e, &hsel, (size_t)n_sel * c->dim);
+    if (st == IS_OK && n_sel > 0) {
+        gather_rows(e, hsel, hid, sel, total);
+        engine_batch bs = {.n_tokens = n_sel, .tokens = toks, .seq = seqs, .rewrite = pos};
+        fwd_range rest = {.l0 = 1, .l1 = c->n_layers, .x_in = hsel, .store = true};
+        for (int32_t t0 = 0; st == IS_OK && t0 < n_sel; t0 += e->p.max_batch) {
+            int32_t n = n_sel - t0 < e->p.max_batch ? n_sel - t0 : e->p.max_batch;
+            forward_chunk(e, &bs, t0, n, base_len, &co, &rest);
+            st = backend_status(e->be);
+        }
+    }
+    if (hid) op->release(e->be, hid);
+    if (hsel) op->release(e->be, hsel);
+    free(pos);
+    free(toks);
+    free(seqs);
     free(base_len);
+    free(kn);
+    free(vn);
+    if (dev != deviation) free(dev);
+    if (sel != selected) free(sel);
     return st;
 }
 
