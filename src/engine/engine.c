@@ -490,11 +490,11 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         else
             op->add(be, e->x, e->xb, (int64_t)n * c->dim); /* the head normalises selected rows */
     }
-    if (l1 < c->n_layers) {
-        /* Stopped before layer l1: x is its residual input, xb its norm. */
-        if (range->x_out)
+    if (range) {
+        /* No head. Stopped before layer l1: x is its residual input, xb its norm. */
+        if (l1 < c->n_layers && range->x_out)
             op->copy(be, range->x_out + (size_t)t0 * c->dim, e->x, (size_t)n * c->dim * sizeof(float));
-        if (range->k_next) {
+        if (l1 < c->n_layers && range->k_next) {
             const model_layer *L = &m->layers[l1];
             matmul_n(be, (float *const[]){e->k, e->v}, e->xb,
                      (const backend_weight *const[]){L->wk, L->wv},
