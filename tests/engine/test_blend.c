@@ -254,6 +254,11 @@ static void test_blend(void **state) {
         double vs_kv = test_rel_range_err(got, kv, V), vs_prompt = test_rel_range_err(got, prompt, V);
         printf("  ratio %.2f: %d of %d tokens (%d at a tie differ from the reference); logits vs kv "
                "%.2e, vs prompt %.2e\n", (double)ratios[r], have, total, differ, vs_kv, vs_prompt);
+        printf("    chosen (fact:offset):");
+        for (int i = 0, at = 0; i < N_FACTS; i++)
+            for (int j = 0; j < f[i].n; j++, at++)
+                if (sel[at]) printf(" %d:%d", i, j);
+        printf("\n");
         assert_int_equal(have, want);
         assert_true(vs_kv > LOGIT_TOL);
         free(in_ref);
