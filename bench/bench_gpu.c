@@ -250,7 +250,7 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     bench_mark(b, 1);
     if (mode == 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
-        if (b->blend > 0) /* -B: the blend's two passes, after the injection */
+        if (b->blend > 0 && m > 0) /* -B with -R: the blend apart, before the prefill */
             CHECK(engine_recompute_blend(b->e, s, f, k, b->blend, NULL, NULL), "blend");
         if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
         t2 = bench_now_ms();
@@ -274,6 +274,8 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
         eb.tokens = b->tok;
         eb.rewrite = b->rw;
     }
+    engine_blend bl = {f, k, b->blend, NULL, NULL};
+    if (mode == 1 && b->blend > 0 && m == 0) eb.blend = &bl; /* -B: fused into the prefill */
     int32_t first;
     if (b->logits_out) {
         CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
@@ -847,8 +849,8 @@ int main(int argc, char **argv) {
                     "-R M: kv requests recompute the first M tokens of every fact in the\n"
                     "    query's own forward (engine_batch.rewrite; its time counts in prefill)\n"
                     "-B R: kv requests recompute the share R of the memory's tokens that\n"
-                    "    deviate most after the injection (engine_recompute_blend, CacheBlend;\n"
-                    "    its time counts in inject)\n"
+                    "    deviate most, in the query's forward (engine_batch.blend, CacheBlend;\n"
+                    "    its time counts in prefill)\n"
                     "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
                     "    each kind in a loop of its own, so kv requests follow kv requests)\n"
                     "-g GAP_MS: the GPU left idle GAP_MS before each TTFT request (default 0:\n"

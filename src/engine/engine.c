@@ -47,13 +47,14 @@ struct engine {
  * l1 < n_layers, left in x_out (the same rows; or NULL) with layer l1's
  * pre-RoPE keys and values of it in k_next, v_next (host, [n][kv_dim]);
  * store false: nothing written into the cache (the attention reads it as it
- * is). No output head. NULL range: every layer, stored, the head. */
+ * is). No output head unless `head`. NULL range: every layer, stored, the head. */
 typedef struct fwd_range {
     int32_t l0, l1;
     const float *x_in;
     float *x_out;
     float *k_next, *v_next;
     bool store;
+    bool head; /* l1 = n_layers: the output head for the selected rows, as without a range */
 } fwd_range;
 
 engine_params engine_default_params(void) {
@@ -490,7 +491,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         else
             op->add(be, e->x, e->xb, (int64_t)n * c->dim); /* the head normalises selected rows */
     }
-    if (range) {
+    if (range && !range->head) {
         /* No head. Stopped before layer l1: x is its residual input, xb its norm. */
         if (l1 < c->n_layers && range->x_out)
             op->copy(be, range->x_out + (size_t)t0 * c->dim, e->x, (size_t)n * c->dim * sizeof(float));
@@ -558,6 +559,10 @@ static is_status check_rewrite(engine *e, const engine_batch *b, int32_t *last) 
     return IS_OK;
 }
 
+static is_status blend_check(engine *e, int32_t seq, const engine_blend *bl, int32_t *total);
+static is_status blend_forward(engine *e, const engine_batch *b, const int32_t *base_len,
+                               int32_t total, chunk_out *co);
+
 /* engine_decode (logits) or engine_decode_greedy (tokens): one of the two. */
 static is_status decode_impl(engine *e, const engine_batch *b, float *logits, int32_t *tokens) {
     const model_config *c = &e->m->cfg;
@@ -592,6 +597,19 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         if (!b->rewrite || b->rewrite[t] < 0) add[s]++;
     }
     if (b->rewrite && (st = check_rewrite(e, b, base_len)) != IS_OK) goto out;
+    int32_t blend_total = 0;
+    if (b->blend) {
+        for (int32_t t = 1; t < b->n_tokens; t++)
+            if (b->seq[t] != b->seq[0]) {
+                st = is_error_set(IS_ERR_INVALID_ARG, "blend: a batch of one sequence only");
+                goto out;
+            }
+        if (b->rewrite || b->capture || b->segment || b->pos || b->prefix_shift) {
+            st = is_error_set(IS_ERR_INVALID_ARG, "blend: a batch of plain appended tokens only");
+            goto out;
+        }
+        if ((st = blend_check(e, b->seq[0], b->blend, &blend_total)) != IS_OK) goto out;
+    }
     for (int32_t t = 0; t < b->n_tokens; t++) base_len[b->seq[t]] = kv_seq_length(e->kv, b->seq[t]);
     /* Reserve all KV slots first so a failure leaves every sequence as it was. */
     int32_t grown = 0;
@@ -619,6 +637,13 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     if (st != IS_OK) {
         for (int32_t s = 0; s < grown; s++)
             if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
+        goto out;
+    }
+    if (blend_total > 0) {
+        /* On failure the memory's recomputed slots are undefined (engine.h). */
+        if ((st = blend_forward(e, b, base_len, blend_total, &co)) != IS_OK)
+            for (int32_t s = 0; s < max_seqs; s++)
+                if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
         goto out;
     }
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
@@ -823,55 +848,82 @@ static void gather_rows(engine *e, float *dst, const float *src, const bool *sel
     }
 }
 
-is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts,
-                                 int32_t n_facts, float ratio, bool *selected, float *deviation) {
+/* What the blend's first pass leaves: the memory's tokens in order, the
+ * chosen ones, and the chosen ones' layer-0 output. */
+typedef struct blend_state {
+    int32_t total, n_sel;
+    int32_t *pos, *toks; /* [total]; after blend_prepare the chosen ones first, [n_sel] */
+    float *hsel;         /* backend [n_sel][dim]: their residual stream entering layer 1 */
+} blend_state;
+
+static void blend_state_free(engine *e, blend_state *bs) {
+    if (bs->hsel) e->be->ops->release(e->be, bs->hsel);
+    free(bs->pos);
+    free(bs->toks);
+    memset(bs, 0, sizeof *bs);
+}
+
+/* Arguments of a blend of bl over `seq`: IS_ERR_INVALID_ARG naming the
+ * first bad one, else *total = the facts' tokens. */
+static is_status blend_check(engine *e, int32_t seq, const engine_blend *bl, int32_t *total) {
     const model_config *c = &e->m->cfg;
     if (seq < 0 || seq >= e->p.max_seqs)
         return is_error_set(IS_ERR_INVALID_ARG, "blend: sequence id %d out of range", seq);
-    if (!(ratio >= 0.0f && ratio <= 1.0f))
-        return is_error_set(IS_ERR_INVALID_ARG, "blend: ratio %g is not in [0, 1]", (double)ratio);
+    if (!(bl->ratio >= 0.0f && bl->ratio <= 1.0f))
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: ratio %g is not in [0, 1]", (double)bl->ratio);
     if (c->n_layers < 2)
         return is_error_set(IS_ERR_INVALID_ARG, "blend: a model of %d layer has no second layer "
                                                 "to compare", c->n_layers);
     const seq_state *ss = &e->seqs[seq];
     const int32_t len = kv_seq_length(e->kv, seq);
-    int32_t total = 0;
-    for (int32_t f = 0; f < n_facts; f++) {
-        if (facts[f].n_tokens <= 0 || !facts[f].k || !facts[f].v || !facts[f].tokens)
+    *total = 0;
+    for (int32_t f = 0; f < bl->n_facts; f++) {
+        const engine_fact *fa = &bl->facts[f];
+        if (fa->n_tokens <= 0 || !fa->k || !fa->v || !fa->tokens)
             return is_error_set(IS_ERR_INVALID_ARG, "blend: fact %d has no tokens or no values", f);
-        total += facts[f].n_tokens;
+        *total += fa->n_tokens;
     }
     const int32_t mem_end = ss->mem_end < len ? ss->mem_end : len;
-    if (total == 0) return IS_OK;
-    if (ss->mem_begin + total > mem_end)
+    if (ss->mem_begin + *total > mem_end)
         return is_error_set(IS_ERR_INVALID_ARG, "blend: %d fact tokens do not lie in the memory "
-                                                "[%d, %d)", total, ss->mem_begin, mem_end);
-    is_status st = backend_status(e->be);
-    if (st != IS_OK) return st;
+                                                "[%d, %d)", *total, ss->mem_begin, mem_end);
+    return IS_OK;
+}
+
+/* The blend's first pass (engine.h, engine_recompute_blend): every memory
+ * token through layer 0 (nothing stored), the deviation of layer 1's K/V
+ * from the stored ones, the choice, and the chosen ones' layer-0 output
+ * gathered into bs->hsel. `len`: the sequence's length before anything
+ * this call appends. */
+static is_status blend_prepare(engine *e, int32_t seq, int32_t len, const engine_blend *bl,
+                               int32_t total, blend_state *bs) {
+    const model_config *c = &e->m->cfg;
     const int32_t kv_dim = c->n_kv_heads * c->head_dim;
-    const backend_ops *op = e->be->ops;
-    int32_t *pos = malloc((size_t)total * sizeof *pos), *toks = malloc((size_t)total * sizeof *toks);
+    const seq_state *ss = &e->seqs[seq];
+    memset(bs, 0, sizeof *bs);
+    bs->total = total;
+    bs->pos = malloc((size_t)total * sizeof *bs->pos);
+    bs->toks = malloc((size_t)total * sizeof *bs->toks);
     int32_t *seqs = malloc((size_t)total * sizeof *seqs);
     int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
     float *kn = malloc((size_t)total * kv_dim * sizeof *kn), *vn = malloc((size_t)total * kv_dim * sizeof *vn);
-    float *dev = deviation ? deviation : malloc((size_t)total * sizeof *dev);
-    bool *sel = selected ? selected : malloc((size_t)total * sizeof *sel);
-    float *hid = NULL, *hsel = NULL; /* backend: [total][dim], [n_sel][dim] */
-    if (!pos || !toks || !seqs || !base_len || !kn || !vn || !dev || !sel)
+    float *dev = bl->deviation ? bl->deviation : malloc((size_t)total * sizeof *dev);
+    bool *sel = bl->selected ? bl->selected : malloc((size_t)total * sizeof *sel);
+    float *hid = NULL; /* backend [total][dim] */
+    is_status st = IS_OK;
+    if (!bs->pos || !bs->toks || !seqs || !base_len || !kn || !vn || !dev || !sel)
         st = is_error_set(IS_ERR_NOMEM, "blend: out of memory");
     if (st == IS_OK) st = alloc_f32(e, &hid, (size_t)total * c->dim);
     int32_t at = 0;
-    for (int32_t f = 0; st == IS_OK && f < n_facts; f++)
-        for (int32_t j = 0; j < facts[f].n_tokens; j++, at++) {
-            pos[at] = ss->mem_begin + at;
-            toks[at] = facts[f].tokens[j];
+    for (int32_t f = 0; st == IS_OK && f < bl->n_facts; f++)
+        for (int32_t j = 0; j < bl->facts[f].n_tokens; j++, at++) {
+            bs->pos[at] = ss->mem_begin + at;
+            bs->toks[at] = bl->facts[f].tokens[j];
             seqs[at] = seq;
         }
     base_len[seq] = len; /* the keys readable: the whole sequence, causally cut */
     chunk_out co = {NULL, NULL, NULL};
-    /* The first layer for every memory token; the second layer's keys and
-     * values of its output come back. */
-    engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .rewrite = pos};
+    engine_batch b = {.n_tokens = total, .tokens = bs->toks, .seq = seqs, .rewrite = bs->pos};
     fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hid, .k_next = kn, .v_next = vn, .store = false};
     for (int32_t t0 = 0; st == IS_OK && t0 < total; t0 += e->p.max_batch) {
         int32_t n = total - t0 < e->p.max_batch ? total - t0 : e->p.max_batch;
@@ -881,11 +933,11 @@ is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *fact
     /* Deviation from the injected keys and values (before RoPE: the same
      * rotation of both leaves their distance). */
     at = 0;
-    for (int32_t f = 0; st == IS_OK && f < n_facts; f++) {
-        const int32_t nt = facts[f].n_tokens;
+    for (int32_t f = 0; st == IS_OK && f < bl->n_facts; f++) {
+        const int32_t nt = bl->facts[f].n_tokens;
         for (int32_t j = 0; j < nt; j++, at++) {
-            const float *ki = facts[f].k + ((size_t)nt + j) * kv_dim; /* layer 1 */
-            const float *vi = facts[f].v + ((size_t)nt + j) * kv_dim;
+            const float *ki = bl->facts[f].k + ((size_t)nt + j) * kv_dim; /* layer 1 */
+            const float *vi = bl->facts[f].v + ((size_t)nt + j) * kv_dim;
             const float *kr = kn + (size_t)at * kv_dim, *vr = vn + (size_t)at * kv_dim;
             double d = 0;
             for (int32_t x = 0; x < kv_dim; x++) {
@@ -895,36 +947,112 @@ is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *fact
             dev[at] = (float)d;
         }
     }
-    if (st == IS_OK) st = recompute_select_top(dev, total, ratio, sel);
-    int32_t n_sel = 0;
+    if (st == IS_OK) st = recompute_select_top(dev, total, bl->ratio, sel);
     for (int32_t i = 0; st == IS_OK && i < total; i++)
         if (sel[i]) {
-            pos[n_sel] = pos[i];
-            toks[n_sel++] = toks[i];
+            bs->pos[bs->n_sel] = bs->pos[i];
+            bs->toks[bs->n_sel++] = bs->toks[i];
         }
-    /* The chosen tokens through the other layers from that output, their
-     * keys and values written over their slots. */
-    if (st == IS_OK && n_sel > 0) st = alloc_f32(e, &hsel, (size_t)n_sel * c->dim);
-    if (st == IS_OK && n_sel > 0) {
-        gather_rows(e, hsel, hid, sel, total);
-        engine_batch bs = {.n_tokens = n_sel, .tokens = toks, .seq = seqs, .rewrite = pos};
-        fwd_range rest = {.l0 = 1, .l1 = c->n_layers, .x_in = hsel, .store = true};
-        for (int32_t t0 = 0; st == IS_OK && t0 < n_sel; t0 += e->p.max_batch) {
-            int32_t n = n_sel - t0 < e->p.max_batch ? n_sel - t0 : e->p.max_batch;
-            forward_chunk(e, &bs, t0, n, base_len, &co, &rest);
-            st = backend_status(e->be);
-        }
-    }
-    if (hid) op->release(e->be, hid);
-    if (hsel) op->release(e->be, hsel);
-    free(pos);
-    free(toks);
+    if (st == IS_OK && bs->n_sel > 0) st = alloc_f32(e, &bs->hsel, (size_t)bs->n_sel * c->dim);
+    if (st == IS_OK && bs->n_sel > 0) gather_rows(e, bs->hsel, hid, sel, total);
+    if (hid) e->be->ops->release(e->be, hid);
     free(seqs);
     free(base_len);
     free(kn);
     free(vn);
-    if (dev != deviation) free(dev);
-    if (sel != selected) free(sel);
+    if (dev != bl->deviation) free(dev);
+    if (sel != bl->selected) free(sel);
+    if (st != IS_OK) blend_state_free(e, bs);
+    return st;
+}
+
+is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts,
+                                 int32_t n_facts, float ratio, bool *selected, float *deviation) {
+    engine_blend bl = {.facts = facts, .n_facts = n_facts, .ratio = ratio, .selected = selected,
+                       .deviation = deviation};
+    int32_t total;
+    is_status st = blend_check(e, seq, &bl, &total);
+    if (st != IS_OK || total == 0) return st;
+    if ((st = backend_status(e->be)) != IS_OK) return st;
+    const int32_t len = kv_seq_length(e->kv, seq);
+    blend_state bs;
+    if ((st = blend_prepare(e, seq, len, &bl, total, &bs)) != IS_OK) return st;
+    /* The chosen tokens through the other layers from that output, their
+     * keys and values written over their slots. */
+    int32_t *seqs = malloc((size_t)(bs.n_sel ? bs.n_sel : 1) * sizeof *seqs);
+    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
+    if (!seqs || !base_len) st = is_error_set(IS_ERR_NOMEM, "blend: out of memory");
+    for (int32_t i = 0; st == IS_OK && i < bs.n_sel; i++) seqs[i] = seq;
+    if (base_len) base_len[seq] = len;
+    chunk_out co = {NULL, NULL, NULL};
+    engine_batch b = {.n_tokens = bs.n_sel, .tokens = bs.toks, .seq = seqs, .rewrite = bs.pos};
+    fwd_range rest = {.l0 = 1, .l1 = e->m->cfg.n_layers, .x_in = bs.hsel, .store = true};
+    for (int32_t t0 = 0; st == IS_OK && t0 < bs.n_sel; t0 += e->p.max_batch) {
+        int32_t n = bs.n_sel - t0 < e->p.max_batch ? bs.n_sel - t0 : e->p.max_batch;
+        forward_chunk(e, &b, t0, n, base_len, &co, &rest);
+        st = backend_status(e->be);
+    }
+    free(seqs);
+    free(base_len);
+    blend_state_free(e, &bs);
+    return st;
+}
+
+/* engine_decode with b->blend: the blend's first pass; the batch's
+ * (appended) tokens through layer 0; then the chosen memory tokens and the
+ * batch's in one forward over layers 1.. with the head (the chosen ones
+ * first: the batch reads their new K/V in the same layer). Slots reserved
+ * by decode_impl; base_len the lengths before. */
+static is_status blend_forward(engine *e, const engine_batch *b, const int32_t *base_len,
+                               int32_t total, chunk_out *co) {
+    const model_config *c = &e->m->cfg;
+    const int32_t seq = b->seq[0], nq = b->n_tokens;
+    blend_state bs;
+    is_status st = blend_prepare(e, seq, base_len[seq], b->blend, total, &bs);
+    if (st != IS_OK) return st;
+    const int32_t n = bs.n_sel + nq;
+    float *hcat = NULL; /* backend [n][dim]: the chosen rows, then the batch's */
+    int32_t *toks = malloc((size_t)n * sizeof *toks), *rw = malloc((size_t)n * sizeof *rw);
+    int32_t *seqs = malloc((size_t)n * sizeof *seqs);
+    bool *want = malloc((size_t)n * sizeof *want);
+    if (!toks || !rw || !seqs || !want) st = is_error_set(IS_ERR_NOMEM, "blend: out of memory");
+    if (st == IS_OK) st = alloc_f32(e, &hcat, (size_t)n * c->dim);
+    if (st == IS_OK) {
+        /* The batch through layer 0, stored, its output after the chosen rows. */
+        fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hcat + (size_t)bs.n_sel * c->dim, .store = true};
+        for (int32_t t0 = 0; st == IS_OK && t0 < nq; t0 += e->p.max_batch) {
+            int32_t m = nq - t0 < e->p.max_batch ? nq - t0 : e->p.max_batch;
+            forward_chunk(e, b, t0, m, base_len, co, &first);
+            st = backend_status(e->be);
+        }
+    }
+    if (st == IS_OK) {
+        if (bs.n_sel)
+            e->be->ops->copy(e->be, hcat, bs.hsel, (size_t)bs.n_sel * c->dim * sizeof(float));
+        for (int32_t i = 0; i < n; i++) {
+            const bool mem = i < bs.n_sel;
+            toks[i] = mem ? bs.toks[i] : b->tokens[i - bs.n_sel];
+            rw[i] = mem ? bs.pos[i] : -1;
+            seqs[i] = seq;
+            want[i] = !mem && (b->want_logits ? b->want_logits[i - bs.n_sel] : i == n - 1);
+        }
+        engine_batch fb = {.n_tokens = n, .tokens = toks, .seq = seqs, .want_logits = want,
+                           .rewrite = rw};
+        fwd_range rest = {.l0 = 1, .l1 = c->n_layers, .x_in = hcat, .store = true, .head = true};
+        for (int32_t t0 = 0; st == IS_OK && t0 < n; t0 += e->p.max_batch) {
+            int32_t m = n - t0 < e->p.max_batch ? n - t0 : e->p.max_batch;
+            int32_t n_out = forward_chunk(e, &fb, t0, m, base_len, co, &rest);
+            st = backend_status(e->be);
+            if (co->logits) co->logits += (size_t)n_out * c->n_vocab;
+            if (co->tokens) co->tokens += n_out;
+        }
+    }
+    if (hcat) e->be->ops->release(e->be, hcat);
+    free(toks);
+    free(rw);
+    free(seqs);
+    free(want);
+    blend_state_free(e, &bs);
     return st;
 }
 

@@ -62,6 +62,8 @@ typedef struct engine_kv_capture {
     float *v;       /* [n_layers][n][n_kv_heads*head_dim] host memory */
 } engine_kv_capture;
 
+typedef struct engine_blend engine_blend; /* below */
+
 typedef struct engine_batch {
     int32_t n_tokens;
     const int32_t *tokens;      /* [n] token ids */
@@ -82,6 +84,15 @@ typedef struct engine_batch {
      * read the recomputed keys and values of the same layer, and the
      * recomputation costs its tokens' share of one pass over the weights. */
     const int32_t *rewrite;
+    /* Optional (NULL = none): CacheBlend recomputation of the sequence's
+     * memory fused into this batch's forward (see engine_recompute_blend
+     * for the choice): the batch's tokens, all appended to one sequence,
+     * go through the first layer alone, then with the chosen memory tokens
+     * (first, at their slots) through the other layers in one forward; the
+     * logits equal engine_recompute_blend followed by the batch, and the
+     * recomputation costs about two first-layer passes over the weights
+     * more than the batch alone. */
+    const engine_blend *blend;
 } engine_batch;
 
 /* Runs the batch. Tokens are appended in order to their sequences (but
@@ -107,6 +118,16 @@ typedef struct engine_fact {
     const float *k;
     const float *v;
 } engine_fact;
+
+/* engine_batch.blend: the facts as injected (with their tokens and values)
+ * and the share recomputed; selected, deviation: as engine_recompute_blend's. */
+struct engine_blend {
+    const engine_fact *facts;
+    int32_t n_facts;
+    float ratio;
+    bool *selected;
+    float *deviation;
+};
 
 /* Chunked RoPE + injection: appends the facts, in order, as one contiguous
  * segment at the end of `seq`; each stored key is rotated to its position

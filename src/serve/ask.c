@@ -50,11 +50,13 @@ bool ask_mode_parse(const char *s, ask_mode *out) {
  * a->logits, or with `greedy` its greedy choice there instead, chosen on
  * the backend (engine_decode_greedy: no logits brought back). */
 static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
-                      engine_kv_capture *cap, const int32_t *rw, int32_t *greedy) {
+                      engine_kv_capture *cap, const int32_t *rw, const engine_blend *bl,
+                      int32_t *greedy) {
     int32_t *seqs = malloc((size_t)(n ? n : 1) * sizeof *seqs);
     if (!seqs) return is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i < n; i++) seqs[i] = seq;
-    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap, .rewrite = rw};
+    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap, .rewrite = rw,
+                      .blend = bl};
     is_status st =
         greedy ? engine_decode_greedy(a->e, &b, greedy) : engine_decode(a->e, &b, a->logits);
     free(seqs);
@@ -63,9 +65,10 @@ static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
 
 /* feed, then the next token chosen by smp into *next. */
 static is_status feed_choose(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
-                             const int32_t *rw, sampler *smp, int32_t *next) {
-    if (sampler_is_greedy(smp)) return feed(a, seq, toks, n, NULL, rw, next);
-    is_status st = feed(a, seq, toks, n, NULL, rw, NULL);
+                             const int32_t *rw, const engine_blend *bl, sampler *smp,
+                             int32_t *next) {
+    if (sampler_is_greedy(smp)) return feed(a, seq, toks, n, NULL, rw, bl, next);
+    is_status st = feed(a, seq, toks, n, NULL, rw, bl, NULL);
     if (st == IS_OK) *next = sampler_sample(smp, a->logits);
     return st;
 }
@@ -84,7 +87,7 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
     if (st == IS_OK) st = engine_seq_open(e, &a->prefix_seq);
     if (st == IS_OK) {
         const int32_t *pre = memory_prompt_prefix(a->mp, &a->n_prefix);
-        st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL, NULL, NULL);
+        st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL, NULL, NULL, NULL);
     }
     if (st != IS_OK) {
         ask_ctx_free(a);
@@ -513,7 +516,9 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
         if (!ids) st = is_error_set(IS_ERR_NOMEM, "out of memory");
         for (int32_t i = 0; ids && i < n; i++) ids[i] = held[i] ? held[i]->content_id : 0;
         if (st == IS_OK) st = engine_inject_ids(a->e, seq, facts, ids, n);
-        if (st == IS_OK && r->blend > 0)
+        /* The blend goes into the suffix's forward, unless that carries
+         * the static recomputation's rewrites too. */
+        if (st == IS_OK && r->blend > 0 && r->recompute > 0)
             st = engine_recompute_blend(a->e, seq, facts, n, r->blend, NULL, NULL);
         free(ids);
         for (int32_t i = 0; i < n; i++) tm.n_memory_tokens += facts[i].n_tokens;
@@ -541,7 +546,9 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
                 for (int32_t i = n_rw; i < total; i++) rw[i] = -1;
             }
             memcpy(toks + n_mem + n_rw, suffix, (size_t)n_suffix * sizeof *toks);
-            st = feed_choose(a, seq, toks, total, rw, smp, &next);
+            engine_blend bl = {facts, n, r->blend, NULL, NULL};
+            const bool fuse_blend = r->mode == ASK_MODE_KV && r->blend > 0 && !n_rw;
+            st = feed_choose(a, seq, toks, total, rw, fuse_blend ? &bl : NULL, smp, &next);
             free(toks);
             if (r->mode == ASK_MODE_PROMPT) tm.n_memory_tokens = n_mem;
             tm.n_prefilled = total;
@@ -567,7 +574,7 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
             if (i + 1 == r->max_tokens) break;
             if (kv_seq_length(engine_kv(a->e), seq) >= engine_n_ctx(a->e)) break;
             const int32_t fed = next;
-            if ((st = feed_choose(a, seq, &fed, 1, NULL, smp, &next)) != IS_OK) break;
+            if ((st = feed_choose(a, seq, &fed, 1, NULL, NULL, smp, &next)) != IS_OK) break;
         }
         tm.decode_ms = now_ms() - t0 - tm.ttft_ms;
     }

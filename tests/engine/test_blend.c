@@ -13,7 +13,9 @@
  *    stored ones, sorted; the selection must be its top share (up to
  *    deviations that tie within rounding);
  *  - an intermediate ratio moves the logits from kv toward prompt without
- *    writing the shared serving prefix; bad arguments are refused.
+ *    writing the shared serving prefix; bad arguments are refused;
+ *  - fused into the query's forward (engine_batch.blend): the logits of the
+ *    blend followed by the query, the same selection.
  * BLEND_CUDA builds the twin on the CUDA backend (test_blend_cuda, label
  * gpu; exits 77 without a device), f32 cache, with the GPU's tolerances.
  */
@@ -108,7 +110,8 @@ static void encode(engine *e, const char *text, fact *f) {
 
 /* The query's last logits after the facts injected into a fork of the
  * cached prefix, then: how < 0 nothing, 0 engine_recompute of every memory
- * token, 1 the blend at `ratio` (selected, deviation out, or NULL). */
+ * token, 1 the blend at `ratio` (selected, deviation out, or NULL), 2 the
+ * same fused into the query's forward. */
 static void kv_logits(engine *e, int32_t ps, const fact *f, int how, float ratio,
                       const int32_t *suf, int32_t ns, float *out, bool *selected, float *deviation) {
     int32_t np, seq, seqs[512];
@@ -131,8 +134,11 @@ static void kv_logits(engine *e, int32_t ps, const fact *f, int how, float ratio
                          IS_OK);
     }
     for (int i = 0; i < 512; i++) seqs[i] = seq;
-    engine_batch b = {.n_tokens = ns, .tokens = suf, .seq = seqs};
+    engine_blend bl = {ef, N_FACTS, ratio, selected, deviation};
+    int32_t len = kv_seq_length(engine_kv(e), seq);
+    engine_batch b = {.n_tokens = ns, .tokens = suf, .seq = seqs, .blend = how == 2 ? &bl : NULL};
     assert_int_equal(engine_decode(e, &b, out), IS_OK);
+    assert_int_equal(kv_seq_length(engine_kv(e), seq), len + ns);
     engine_seq_close(e, seq);
 }
 
@@ -263,6 +269,32 @@ static void test_blend(void **state) {
         assert_true(vs_kv > LOGIT_TOL);
         free(in_ref);
     }
+
+    /* Fused into the query's forward: the same logits and choice. */
+    bool *sel2 = malloc((size_t)total * sizeof *sel2);
+    float *fused = malloc((size_t)V * sizeof(float));
+    const float fr[] = {0.15f, 1.0f};
+    for (int r = 0; r < 2; r++) {
+        kv_logits(e, ps, f, 1, fr[r], suf, ns, got, sel, dev);
+        kv_logits(e, ps, f, 2, fr[r], suf, ns, fused, sel2, NULL);
+        double err = test_rel_range_err(fused, got, V);
+        printf("  fused, ratio %.2f: vs blend then query %.2e\n", (double)fr[r], err);
+        assert_true(err <= LOGIT_TOL);
+        for (int i = 0; i < total; i++) assert_int_equal(sel[i], sel2[i]);
+    }
+    /* A blend batch of several sequences is refused, nothing appended. */
+    int32_t sq, sb[2], tb[2] = {suf[0], suf[1]};
+    assert_int_equal(engine_seq_open(e, &sq), IS_OK);
+    sb[0] = ps;
+    sb[1] = sq;
+    engine_fact ef0 = {f[0].n, f[0].toks, f[0].k, f[0].v};
+    engine_blend bad = {&ef0, 1, 0.5f, NULL, NULL};
+    engine_batch two = {.n_tokens = 2, .tokens = tb, .seq = sb, .blend = &bad};
+    assert_int_equal(engine_decode(e, &two, fused), IS_ERR_INVALID_ARG);
+    assert_int_equal(kv_seq_length(engine_kv(e), ps), np);
+    engine_seq_close(e, sq);
+    free(sel2);
+    free(fused);
 
     /* The shared prefix was never written. */
     int32_t s3, sq3[512];
