@@ -82,7 +82,9 @@ typedef struct engine_batch {
      * before its appended ones in the batch, at strictly increasing
      * positions; each attends causally by position, so the appended tokens
      * read the recomputed keys and values of the same layer, and the
-     * recomputation costs its tokens' share of one pass over the weights. */
+     * recomputation costs its tokens' share of one pass over the weights.
+     * Bad positions: IS_ERR_INVALID_ARG, nothing run; on a backend failure
+     * the rewritten slots are undefined (close the sequence). */
     const int32_t *rewrite;
     /* Optional (NULL = none): CacheBlend recomputation of the sequence's
      * memory fused into this batch's forward (see engine_recompute_blend
@@ -91,7 +93,10 @@ typedef struct engine_batch {
      * (first, at their slots) through the other layers in one forward; the
      * logits equal engine_recompute_blend followed by the batch, and the
      * recomputation costs about two first-layer passes over the weights
-     * more than the batch alone. */
+     * more than the batch alone. Errors as engine_recompute_blend's (and
+     * IS_ERR_INVALID_ARG for a batch of several sequences or with rewrite,
+     * capture, segment, pos or prefix_shift), nothing run; on a backend
+     * failure the memory's slots are undefined (close the sequence). */
     const engine_blend *blend;
 } engine_batch;
 
