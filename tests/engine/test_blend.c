@@ -15,7 +15,10 @@
  *  - an intermediate ratio moves the logits from kv toward prompt without
  *    writing the shared serving prefix; bad arguments are refused;
  *  - fused into the query's forward (engine_batch.blend): the logits of the
- *    blend followed by the query, the same selection.
+ *    blend followed by the query, the same selection;
+ *  - a backend failure at the first, a middle or the last op of a fused
+ *    blend reaches the caller, the query is not appended, and after
+ *    engine_recover a new sequence gives the clean logits.
  * BLEND_CUDA builds the twin on the CUDA backend (test_blend_cuda, label
  * gpu; exits 77 without a device), f32 cache, with the GPU's tolerances.
  */
@@ -330,6 +333,68 @@ static void test_blend(void **state) {
     engine_free(e);
 }
 
+static void test_blend_fault(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    const int32_t V = g_model->cfg.n_vocab;
+    engine *e = make_engine();
+    fact f[N_FACTS];
+    for (int i = 0; i < N_FACTS; i++) encode(e, FACTS[i], &f[i]);
+    int32_t np, ns, *suf, ps, seqs[512];
+    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
+    assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
+    assert_int_equal(engine_seq_open(e, &ps), IS_OK);
+    for (int i = 0; i < 512; i++) seqs[i] = ps;
+    float *clean = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
+    float *junk = malloc((size_t)V * sizeof(float));
+    engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = seqs};
+    assert_int_equal(engine_decode(e, &bp, junk), IS_OK);
+    engine_fact ef[N_FACTS];
+    for (int i = 0; i < N_FACTS; i++) ef[i] = (engine_fact){f[i].n, f[i].toks, f[i].k, f[i].v};
+    engine_blend bl = {ef, N_FACTS, 0.3f, NULL, NULL};
+    /* The clean run, counting the fused decode's ops. */
+    int64_t n_ops = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        int32_t seq;
+        assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+        assert_int_equal(engine_seq_fork(e, seq, ps, np), IS_OK);
+        assert_int_equal(engine_inject(e, seq, ef, N_FACTS), IS_OK);
+        int32_t len = kv_seq_length(engine_kv(e), seq), sq[64];
+        for (int i = 0; i < ns; i++) sq[i] = seq;
+        engine_batch b = {.n_tokens = ns, .tokens = suf, .seq = sq, .blend = &bl};
+        int64_t at = pass == 0 ? 0 : pass == 1 ? 1 : pass == 2 ? n_ops / 2 : pass == 3 ? n_ops : 0;
+        int64_t before = backend_op_count(g_be);
+        if (pass >= 1 && pass <= 3) backend_fault_arm(g_be, at, false);
+        is_status st = engine_decode(e, &b, pass == 0 || pass == 4 ? clean : junk);
+        if (pass == 0) {
+            assert_int_equal(st, IS_OK);
+            n_ops = backend_op_count(g_be) - before;
+            assert_true(n_ops > 3);
+        } else if (pass <= 3) {
+            printf("  fault at op %lld of %lld: %s\n", (long long)at, (long long)n_ops,
+                   is_status_to_string(st));
+            assert_int_not_equal(st, IS_OK);
+            assert_int_not_equal(engine_status(e), IS_OK);
+            assert_int_equal(kv_seq_length(engine_kv(e), seq), len);
+            assert_int_equal(engine_recover(e), IS_OK);
+        } else {
+            assert_int_equal(st, IS_OK);
+        }
+        engine_seq_close(e, seq);
+        if (pass == 0) memcpy(got, clean, (size_t)V * sizeof(float));
+    }
+    /* After three recoveries the clean run's logits again (pass 4 wrote clean). */
+    assert_true(test_rel_range_err(clean, got, V) == 0.0);
+    engine_seq_close(e, ps);
+    for (int i = 0; i < N_FACTS; i++) {
+        free(f[i].toks);
+        free(f[i].k);
+        free(f[i].v);
+    }
+    free(suf); free(clean); free(got); free(junk);
+    engine_free(e);
+}
+
 /* The selection's arithmetic alone: counts, order, ties, NaN. */
 static void test_select(void **state) {
     (void)state;
@@ -376,6 +441,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_select),
         cmocka_unit_test(test_blend),
+        cmocka_unit_test(test_blend_fault),
     };
 #ifdef BLEND_CUDA
     if (!backend_cuda_available()) {
