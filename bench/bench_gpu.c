@@ -230,7 +230,8 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     uint64_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof *ids);
     fact_list(b, k, id_base, pool_off, f, ids);
     /* -R: the first m tokens of every fact go first in the kv prefill. */
-    const int32_t m = mode == 1 && b->recompute > 0 ? (b->recompute < b->F ? b->recompute : b->F) : 0;
+    const int32_t m =
+        mode == 1 && b->recompute > 0 ? (b->recompute < b->F ? b->recompute : b->F) : 0;
     const int32_t n = mode == 0 ? k * b->F + b->Q : k * m + b->Q;
     const int32_t *toks = mode == 0 ? suffix : suffix + k * b->F;
     /* -g: requests that find the GPU idle for a while, as on a server that

@@ -373,7 +373,8 @@ static void greedy_rows(engine *e, const chunk_out *out, int32_t n_rows) {
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
-                             const int32_t *base_len, const chunk_out *out, const fwd_range *range) {
+                             const int32_t *base_len, const chunk_out *out,
+                             const fwd_range *range) {
     const model *m = e->m;
     const model_config *c = &m->cfg;
     backend *be = e->be;
@@ -494,7 +495,8 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     if (range && !range->head) {
         /* No head. Stopped before layer l1: x is its residual input, xb its norm. */
         if (l1 < c->n_layers && range->x_out)
-            op->copy(be, range->x_out + (size_t)t0 * c->dim, e->x, (size_t)n * c->dim * sizeof(float));
+            op->copy(be, range->x_out + (size_t)t0 * c->dim, e->x,
+                     (size_t)n * c->dim * sizeof(float));
         if (l1 < c->n_layers && range->k_next) {
             const model_layer *L = &m->layers[l1];
             matmul_n(be, (float *const[]){e->k, e->v}, e->xb,
@@ -842,7 +844,8 @@ static void gather_rows(engine *e, float *dst, const float *src, const bool *sel
         }
         int32_t j = i;
         while (j < total && sel[j]) j++;
-        e->be->ops->copy(e->be, dst + (size_t)at * dim, src + (size_t)i * dim, (size_t)(j - i) * row);
+        e->be->ops->copy(e->be, dst + (size_t)at * dim, src + (size_t)i * dim,
+                         (size_t)(j - i) * row);
         at += j - i;
         i = j;
     }
@@ -870,7 +873,8 @@ static is_status blend_check(engine *e, int32_t seq, const engine_blend *bl, int
     if (seq < 0 || seq >= e->p.max_seqs)
         return is_error_set(IS_ERR_INVALID_ARG, "blend: sequence id %d out of range", seq);
     if (!(bl->ratio >= 0.0f && bl->ratio <= 1.0f))
-        return is_error_set(IS_ERR_INVALID_ARG, "blend: ratio %g is not in [0, 1]", (double)bl->ratio);
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: ratio %g is not in [0, 1]",
+                            (double)bl->ratio);
     if (c->n_layers < 2)
         return is_error_set(IS_ERR_INVALID_ARG, "blend: a model of %d layer has no second layer "
                                                 "to compare", c->n_layers);
@@ -906,7 +910,8 @@ static is_status blend_prepare(engine *e, int32_t seq, int32_t len, const engine
     bs->toks = malloc((size_t)total * sizeof *bs->toks);
     int32_t *seqs = malloc((size_t)total * sizeof *seqs);
     int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
-    float *kn = malloc((size_t)total * kv_dim * sizeof *kn), *vn = malloc((size_t)total * kv_dim * sizeof *vn);
+    float *kn = malloc((size_t)total * kv_dim * sizeof *kn);
+    float *vn = malloc((size_t)total * kv_dim * sizeof *vn);
     float *dev = bl->deviation ? bl->deviation : malloc((size_t)total * sizeof *dev);
     bool *sel = bl->selected ? bl->selected : malloc((size_t)total * sizeof *sel);
     float *hid = NULL; /* backend [total][dim] */
@@ -1019,7 +1024,8 @@ static is_status blend_forward(engine *e, const engine_batch *b, const int32_t *
     if (st == IS_OK) st = alloc_f32(e, &hcat, (size_t)n * c->dim);
     if (st == IS_OK) {
         /* The batch through layer 0, stored, its output after the chosen rows. */
-        fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hcat + (size_t)bs.n_sel * c->dim, .store = true};
+        fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hcat + (size_t)bs.n_sel * c->dim,
+                           .store = true};
         for (int32_t t0 = 0; st == IS_OK && t0 < nq; t0 += e->p.max_batch) {
             int32_t m = nq - t0 < e->p.max_batch ? nq - t0 : e->p.max_batch;
             forward_chunk(e, b, t0, m, base_len, co, &first);

@@ -465,8 +465,9 @@ is_status ask_peek_record(ask_ctx *a, const char *id, uint64_t *content_id, int3
 static is_status fetch_facts(ask_ctx *a, const ask_request *r, const fact_kv **held,
                              engine_fact *facts, float **bufs) {
     for (int32_t i = 0; i < r->n_facts; i++) {
-        is_status st = r->blend > 0 ? ask_load_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i])
-                                    : ask_fetch_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i]);
+        const char *id = r->fact_ids[i];
+        is_status st = r->blend > 0 ? ask_load_record(a, id, &held[i], &facts[i], &bufs[i])
+                                    : ask_fetch_record(a, id, &held[i], &facts[i], &bufs[i]);
         if (st != IS_OK) return st;
     }
     return IS_OK;
@@ -527,7 +528,9 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
     tm.inject_ms = t2 - t1;
     /* kv with recompute: the first tokens of every fact go first in the
      * suffix's forward, rewritten in place (one pass over the weights). */
-    int32_t n_rw = r->mode == ASK_MODE_KV && r->recompute > 0 ? recompute_first_count(facts, n, r->recompute) : 0;
+    int32_t n_rw = r->mode == ASK_MODE_KV && r->recompute > 0
+                       ? recompute_first_count(facts, n, r->recompute)
+                       : 0;
     int32_t *rw = NULL;
     if (st == IS_OK) {
         /* Prompt mode prefills memory and suffix in one pass, as a prompt would be. */

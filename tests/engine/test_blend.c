@@ -46,10 +46,10 @@
  * kernels (bf16 inputs) for batches of other sizes: test_cuda_model's bar. */
 #ifdef BLEND_CUDA
 #define LOGIT_TOL 1e-2
-#define DEV_TOL 5e-2
+#define DEV_TOL   5e-2
 #else
 #define LOGIT_TOL 1e-5
-#define DEV_TOL 1e-3
+#define DEV_TOL   1e-3
 #endif
 
 static backend *g_be;
@@ -116,7 +116,8 @@ static void encode(engine *e, const char *text, fact *f) {
  * token, 1 the blend at `ratio` (selected, deviation out, or NULL), 2 the
  * same fused into the query's forward. */
 static void kv_logits(engine *e, int32_t ps, const fact *f, int how, float ratio,
-                      const int32_t *suf, int32_t ns, float *out, bool *selected, float *deviation) {
+                      const int32_t *suf, int32_t ns, float *out, bool *selected,
+                      float *deviation) {
     int32_t np, seq, seqs[512];
     memory_prompt_prefix(g_mp, &np);
     assert_int_equal(engine_seq_open(e, &seq), IS_OK);
@@ -160,7 +161,8 @@ static void test_blend(void **state) {
     (void)state;
     if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
 #ifdef BLEND_CUDA
-    if (backend_cuda_configure(g_be, "kv=f32") != IS_OK) fail_msg("cuda options: %s", is_error_last());
+    if (backend_cuda_configure(g_be, "kv=f32") != IS_OK)
+        fail_msg("cuda options: %s", is_error_last());
 #endif
     const int32_t V = g_model->cfg.n_vocab, L = g_model->cfg.n_layers, D = kv_dim();
     engine *e = make_engine();
@@ -178,7 +180,8 @@ static void test_blend(void **state) {
     int32_t ps, seqs[512];
     assert_int_equal(engine_seq_open(e, &ps), IS_OK);
     for (int i = 0; i < 512; i++) seqs[i] = ps;
-    float *pre_before = malloc((size_t)V * sizeof(float)), *pre_after = malloc((size_t)V * sizeof(float));
+    float *pre_before = malloc((size_t)V * sizeof(float)),
+          *pre_after = malloc((size_t)V * sizeof(float));
     engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = seqs};
     assert_int_equal(engine_decode(e, &bp, pre_before), IS_OK);
 
@@ -192,7 +195,8 @@ static void test_blend(void **state) {
     }
     memcpy(toks + n, suf, (size_t)ns * sizeof *toks);
     n += ns;
-    float *pk = malloc((size_t)L * total * D * sizeof(float)), *pv = malloc((size_t)L * total * D * sizeof(float));
+    float *pk = malloc((size_t)L * total * D * sizeof(float)),
+          *pv = malloc((size_t)L * total * D * sizeof(float));
     float *prompt = malloc((size_t)V * sizeof(float)), *kv = malloc((size_t)V * sizeof(float));
     float *full = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
     prefill_capture(e, toks, n, np, total, pk, pv, prompt);
@@ -211,7 +215,8 @@ static void test_blend(void **state) {
     double e_zero = test_rel_range_err(got, kv, V);
     for (int i = 0; i < total; i++) assert_false(sel[i]);
     printf("  %d memory tokens; ratio 1 vs every token recomputed %.2e; ratio 0 vs kv %.2e "
-           "(kv vs prompt %.2e)\n", total, e_one, e_zero, kv_prompt);
+           "(kv vs prompt %.2e)\n",
+           total, e_one, e_zero, kv_prompt);
     assert_true(e_one <= LOGIT_TOL);
 #ifdef BLEND_CUDA
     assert_true(e_zero <= 1e-6);
@@ -226,11 +231,13 @@ static void test_blend(void **state) {
     double worst = 0, dmax = 0;
     for (int i = 0, at = 0; i < N_FACTS; i++)
         for (int j = 0; j < f[i].n; j++, at++) {
-            const float *ks = f[i].k + ((size_t)f[i].n + j) * D, *vs = f[i].v + ((size_t)f[i].n + j) * D;
+            const float *ks = f[i].k + ((size_t)f[i].n + j) * D,
+                        *vs = f[i].v + ((size_t)f[i].n + j) * D;
             const float *kp = pk + ((size_t)total + at) * D, *vp = pv + ((size_t)total + at) * D;
             double d = 0;
             for (int x = 0; x < D; x++)
-                d += (double)(kp[x] - ks[x]) * (kp[x] - ks[x]) + (double)(vp[x] - vs[x]) * (vp[x] - vs[x]);
+                d += (double)(kp[x] - ks[x]) * (kp[x] - ks[x]) +
+                     (double)(vp[x] - vs[x]) * (vp[x] - vs[x]);
             ref[at] = (ranked){d, at};
             if (d > dmax) dmax = d;
         }
@@ -238,7 +245,8 @@ static void test_blend(void **state) {
         double err = fabs(dev[i] - ref[i].d);
         if (err > worst) worst = err;
     }
-    printf("  deviations vs reference: max abs error %.2e of a largest deviation %.2e\n", worst, dmax);
+    printf("  deviations vs reference: max abs error %.2e of a largest deviation %.2e\n", worst,
+           dmax);
     assert_true(dmax > 0);
     assert_true(worst <= DEV_TOL * dmax);
     qsort(ref, (size_t)total, sizeof *ref, cmp_desc);
@@ -260,9 +268,12 @@ static void test_blend(void **state) {
                 assert_true(fabs(d - edge) <= DEV_TOL * dmax);
             }
         }
-        double vs_kv = test_rel_range_err(got, kv, V), vs_prompt = test_rel_range_err(got, prompt, V);
-        printf("  ratio %.2f: %d of %d tokens (%d at a tie differ from the reference); logits vs kv "
-               "%.2e, vs prompt %.2e\n", (double)ratios[r], have, total, differ, vs_kv, vs_prompt);
+        double vs_kv = test_rel_range_err(got, kv, V),
+               vs_prompt = test_rel_range_err(got, prompt, V);
+        printf(
+            "  ratio %.2f: %d of %d tokens (%d at a tie differ from the reference); logits vs kv "
+            "%.2e, vs prompt %.2e\n",
+            (double)ratios[r], have, total, differ, vs_kv, vs_prompt);
         printf("    chosen (fact:offset):");
         for (int i = 0, at = 0; i < N_FACTS; i++)
             for (int j = 0; j < f[i].n; j++, at++)
@@ -319,7 +330,8 @@ static void test_blend(void **state) {
     assert_int_equal(engine_recompute_blend(e, seq, ef, 1, NAN, NULL, NULL), IS_ERR_INVALID_ARG);
     assert_int_equal(engine_recompute_blend(e, seq, ef, 2, 0.5f, NULL, NULL), IS_ERR_INVALID_ARG);
     engine_fact novals = {f[0].n, f[0].toks, NULL, NULL};
-    assert_int_equal(engine_recompute_blend(e, seq, &novals, 1, 0.5f, NULL, NULL), IS_ERR_INVALID_ARG);
+    assert_int_equal(engine_recompute_blend(e, seq, &novals, 1, 0.5f, NULL, NULL),
+                     IS_ERR_INVALID_ARG);
     engine_seq_close(e, seq);
 
     engine_seq_close(e, ps);
@@ -328,8 +340,18 @@ static void test_blend(void **state) {
         free(f[i].k);
         free(f[i].v);
     }
-    free(suf); free(pre_before); free(pre_after); free(pk); free(pv); free(prompt); free(kv);
-    free(full); free(got); free(sel); free(dev); free(ref);
+    free(suf);
+    free(pre_before);
+    free(pre_after);
+    free(pk);
+    free(pv);
+    free(prompt);
+    free(kv);
+    free(full);
+    free(got);
+    free(sel);
+    free(dev);
+    free(ref);
     engine_free(e);
 }
 
@@ -391,7 +413,10 @@ static void test_blend_fault(void **state) {
         free(f[i].k);
         free(f[i].v);
     }
-    free(suf); free(clean); free(got); free(junk);
+    free(suf);
+    free(clean);
+    free(got);
+    free(junk);
     engine_free(e);
 }
 

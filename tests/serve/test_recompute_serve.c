@@ -66,7 +66,8 @@ static void on_event(const sched_event *ev, void *ud) {
         c->done = true;
         c->kind = ev->kind;
         c->usage = ev->usage;
-        if (ev->kind != SCHED_EV_DONE) printf("  request failed: %s\n", ev->message ? ev->message : "");
+        if (ev->kind != SCHED_EV_DONE)
+            printf("  request failed: %s\n", ev->message ? ev->message : "");
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -76,7 +77,8 @@ static void submit(sched *s, const sched_request *r, coll *c) {
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    if (sched_submit(s, r, on_event, c, &c->h) != IS_OK) fail_msg("sched_submit: %s", is_error_last());
+    if (sched_submit(s, r, on_event, c, &c->h) != IS_OK)
+        fail_msg("sched_submit: %s", is_error_last());
 }
 
 static void wait_done(coll *c) {
@@ -99,7 +101,8 @@ static int setup(void **state) {
     struct stat st;
     if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
     if (!mkdtemp(g_dir)) return -1;
-    if (backend_cpu_create(0, &g_be) != IS_OK || model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
+    if (backend_cpu_create(0, &g_be) != IS_OK ||
+        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
         fprintf(stderr, "setup: %s\n", is_error_last());
         return -1;
     }
@@ -116,8 +119,15 @@ static int teardown(void **state) {
 
 static ask_request ask_greedy(ask_mode mode, const char *q, const char *const *ids,
                               const char *const *texts, int n, int max_tokens) {
-    ask_request r = {.mode = mode, .query = q, .fact_ids = ids, .fact_texts = texts, .n_facts = n,
-                     .max_tokens = max_tokens, .temperature = 0, .top_k = 0, .top_p = 1.0f};
+    ask_request r = {.mode = mode,
+                     .query = q,
+                     .fact_ids = ids,
+                     .fact_texts = texts,
+                     .n_facts = n,
+                     .max_tokens = max_tokens,
+                     .temperature = 0,
+                     .top_k = 0,
+                     .top_p = 1.0f};
     return r;
 }
 
@@ -144,7 +154,8 @@ static void test_recompute_answers(void **state) {
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
     memory_set_encoder(mem, ask_memory_encoder, ac);
     for (int i = 0; i < 3; i++) {
-        memory_add_req r = {.tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
+        memory_add_req r = {
+            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
         assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
         mem_fact f;
         assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
@@ -171,8 +182,8 @@ static void test_recompute_answers(void **state) {
     r = ask_greedy(ASK_MODE_PROMPT, q, rid_ptrs, texts, 3, max_tokens);
     assert_int_equal(ask_run(ac, &r, collect, &prompt, &tp), IS_OK);
     printf("  ask kv: \"%s\"\n  ask prompt: \"%s\"\n  ask kv, all recomputed: \"%s\"\n"
-           "  ask kv, blend 1: \"%s\"\n  ask kv, recompute 2: \"%s\"\n", kv.s, prompt.s, all.s, blend.s,
-           two.s);
+           "  ask kv, blend 1: \"%s\"\n  ask kv, recompute 2: \"%s\"\n",
+           kv.s, prompt.s, all.s, blend.s, two.s);
     assert_true(prompt.n > 0);
     assert_string_equal(all.s, prompt.s);
     assert_string_equal(blend.s, prompt.s);
@@ -194,20 +205,28 @@ static void test_recompute_answers(void **state) {
         chat_message m1[] = {{"user", q}};
         sched_fact facts[3];
         for (int i = 0; i < 3; i++) facts[i] = (sched_fact){texts[i], rids[i]};
-        sched_request rq = {.messages = m1, .n_messages = 1, .mode = ASK_MODE_KV, .facts = facts,
-                            .n_facts = 3, .max_tokens = max_tokens, .temperature = 0, .top_p = 1.0f};
+        sched_request rq = {.messages = m1,
+                            .n_messages = 1,
+                            .mode = ASK_MODE_KV,
+                            .facts = facts,
+                            .n_facts = 3,
+                            .max_tokens = max_tokens,
+                            .temperature = 0,
+                            .top_p = 1.0f};
         coll a, b;
         submit(s, &rq, &a);
         submit(s, &rq, &b); /* beside another request in the same steps */
         wait_done(&a);
         wait_done(&b);
         printf("  scheduler, recompute %d: \"%s\" / \"%s\" (%d prompt, %d prefilled tokens)\n",
-               (int)ms[k], a.text.s, b.text.s, (int)a.usage.prompt_tokens, (int)a.usage.prefilled_tokens);
+               (int)ms[k], a.text.s, b.text.s, (int)a.usage.prompt_tokens,
+               (int)a.usage.prefilled_tokens);
         assert_string_equal(a.text.s, want[k]->s);
         assert_string_equal(b.text.s, want[k]->s);
         int32_t n_rw = k == 0 ? 2 * 3 : tkv.n_memory_tokens;
         assert_int_equal(a.usage.prefilled_tokens, (int32_t)tkv.n_prefilled + n_rw);
-        assert_int_equal(a.usage.prompt_tokens, a.usage.cached_tokens + tkv.n_memory_tokens + tkv.n_prefilled);
+        assert_int_equal(a.usage.prompt_tokens,
+                         a.usage.cached_tokens + tkv.n_memory_tokens + tkv.n_prefilled);
         sched_free(s);
     }
     sched_params bad = sched_default_params();
