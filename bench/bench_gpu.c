@@ -131,7 +131,9 @@ typedef struct bench {
     float *logits;         /* [n_vocab] */
     int32_t *tok, *seq;    /* batch scratch */
     float mem_temp, mem_mass; /* -M: engine_params' memory scaling */
-    int32_t recompute;        /* -R: first tokens of every fact recomputed after injection */
+    int32_t recompute;        /* -R: first tokens of every fact recomputed in the query's forward */
+    float blend;              /* -B: CacheBlend share of the memory recomputed after injection */
+    int32_t *rw;              /* [cap] engine_batch.rewrite of the -R prefill */
     bool no_sync;          /* no sync between inject and prefill (profiling the GPU alone) */
     int32_t cap;
     /* -L: where set, one_request notes the host's progress on this clock
@@ -162,7 +164,8 @@ static void batch_reserve(bench *b, int32_t n) {
     if (n <= b->cap) return;
     b->tok = realloc(b->tok, (size_t)n * sizeof *b->tok);
     b->seq = realloc(b->seq, (size_t)n * sizeof *b->seq);
-    if (!b->tok || !b->seq) {
+    b->rw = realloc(b->rw, (size_t)n * sizeof *b->rw);
+    if (!b->tok || !b->seq || !b->rw) {
         fprintf(stderr, "bench_gpu: out of memory\n");
         exit(1);
     }
@@ -231,7 +234,10 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     engine_fact *f = malloc((size_t)(k > 0 ? k : 1) * sizeof *f);
     uint64_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof *ids);
     fact_list(b, k, id_base, pool_off, f, ids);
-    const int32_t n = mode == 0 ? k * b->F + b->Q : b->Q;
+    /* -R: the first m tokens of every fact go first in the kv prefill. */
+    const int32_t m =
+        mode == 1 && b->recompute > 0 ? (b->recompute < b->F ? b->recompute : b->F) : 0;
+    const int32_t n = mode == 0 ? k * b->F + b->Q : k * m + b->Q;
     const int32_t *toks = mode == 0 ? suffix : suffix + k * b->F;
     /* -g: requests that find the GPU idle for a while, as on a server that
      * is not saturated (back to back, the board runs at its power cap). The
@@ -250,19 +256,8 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     bench_mark(b, 1);
     if (mode == 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
-        if (b->recompute > 0) { /* -R: the first tokens of every fact again */
-            int32_t mb, me, nr = 0, m = b->recompute < b->F ? b->recompute : b->F;
-            engine_seq_memory(b->e, s, &mb, &me);
-            int32_t *rp = malloc((size_t)k * m * sizeof *rp), *rt = malloc((size_t)k * m * sizeof *rt);
-            for (int32_t i = 0; rp && rt && i < k; i++)
-                for (int32_t j = 0; j < m; j++) {
-                    rp[nr] = mb + i * b->F + j;
-                    rt[nr++] = b->fact_tokens[j];
-                }
-            CHECK(rp && rt ? engine_recompute(b->e, s, rp, rt, nr) : IS_ERR_NOMEM, "recompute");
-            free(rp);
-            free(rt);
-        }
+        if (b->blend > 0 && m > 0) /* -B with -R: the blend apart, before the prefill */
+            CHECK(engine_recompute_blend(b->e, s, f, k, b->blend, NULL, NULL), "blend");
         if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
         t2 = bench_now_ms();
     }
@@ -270,6 +265,23 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     batch_reserve(b, n);
     for (int32_t i = 0; i < n; i++) b->seq[i] = s;
     engine_batch eb = {.n_tokens = n, .tokens = toks, .seq = b->seq};
+    if (m > 0) {
+        int32_t mb, me, nr = 0;
+        engine_seq_memory(b->e, s, &mb, &me);
+        for (int32_t i = 0; i < k; i++)
+            for (int32_t j = 0; j < m; j++) {
+                b->rw[nr] = mb + i * b->F + j;
+                b->tok[nr++] = b->fact_tokens[j];
+            }
+        for (int32_t i = 0; i < b->Q; i++) {
+            b->rw[nr + i] = -1;
+            b->tok[nr + i] = toks[i];
+        }
+        eb.tokens = b->tok;
+        eb.rewrite = b->rw;
+    }
+    engine_blend bl = {f, k, b->blend, NULL, NULL};
+    if (mode == 1 && b->blend > 0 && m == 0) eb.blend = &bl; /* -B: fused into the prefill */
     int32_t first;
     if (b->logits_out) {
         CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
@@ -858,7 +870,7 @@ int main(int argc, char **argv) {
     b.Q = 30;
     b.mem_temp = b.mem_mass = 1.0f;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:O:g:M:R:a:pLih")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:O:g:M:R:a:B:pLih")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -881,6 +893,13 @@ int main(int argc, char **argv) {
         case 'g': gap_ms = atof(optarg); break;
         case 'R': b.recompute = atoi(optarg); break;
         case 'a': snprintf(as_arg, sizeof as_arg, "%s", optarg); break;
+        case 'B':
+            b.blend = (float)atof(optarg);
+            if (!(b.blend > 0.0f && b.blend <= 1.0f)) {
+                fprintf(stderr, "bench_gpu: -B takes a ratio in (0, 1], got '%s'\n", optarg);
+                return 1;
+            }
+            break;
         case 'M':
             if (sscanf(optarg, "%f,%f", &b.mem_temp, &b.mem_mass) != 2 || !(b.mem_temp > 0.0f) ||
                 !(b.mem_mass > 0.0f)) {
@@ -894,7 +913,7 @@ int main(int argc, char **argv) {
                     "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
                     "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
                     "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
-                    "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M] [-a U,...]\n"
+                    "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M] [-B R] [-a U,...]\n"
                     "-a U,...: for each throughput configuration (-t), the admission of U kv\n"
                     "    requests at k = K in one step (fork + inject), one inject call a\n"
                     "    request against one call for all (engine_inject_batch), facts\n"
@@ -902,8 +921,11 @@ int main(int argc, char **argv) {
                     "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
                     "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
                     "    default 1,1: plain attention)\n"
-                    "-R M: kv requests recompute the first M tokens of every fact after\n"
-                    "    the injection (engine_recompute; its time counts in inject)\n"
+                    "-R M: kv requests recompute the first M tokens of every fact in the\n"
+                    "    query's own forward (engine_batch.rewrite; its time counts in prefill)\n"
+                    "-B R: kv requests recompute the share R of the memory's tokens that\n"
+                    "    deviate most, in the query's forward (engine_batch.blend, CacheBlend;\n"
+                    "    its time counts in prefill)\n"
                     "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
                     "    each kind in a loop of its own, so kv requests follow kv requests)\n"
                     "-g GAP_MS: the GPU left idle GAP_MS before each TTFT request (default 0:\n"
@@ -1096,7 +1118,7 @@ int main(int argc, char **argv) {
         free(b.pool_v[p]);
     }
     free(b.pool_k); free(b.pool_v); free(b.prefix); free(b.fact_tokens); free(b.logits);
-    free(b.tok); free(b.seq); free(ref.prompt); free(ref.kv);
+    free(b.tok); free(b.seq); free(b.rw); free(ref.prompt); free(ref.kv);
     model_free(b.m);
     b.be->ops->free(b.be);
     return 0;

@@ -48,7 +48,7 @@ echo "model: $(sha256sum "$MODEL" | cut -c1-16) (expect $(cut -c1-16 ../../.gm3/
 section binaries
 BIN=$SRC/prebuilt
 ok=1
-for b in inferscale bench_gpu test_mem_scale_cuda; do
+for b in inferscale bench_gpu test_mem_scale_cuda test_blend_cuda; do
   [ -x "$BIN/$b" ] || ok=0
   [ -x "$BIN/$b" ] && ldd "$BIN/$b" | grep "not found" && ok=0
 done
@@ -58,9 +58,10 @@ if [ $ok = 0 ]; then
   cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DIS_CUDA=ON "${CMAKE_EXTRA[@]}" \
     > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
   cmake --build "$BUILD" -j "$(nproc)" --target inferscale-cli bench_gpu test_mem_scale_cuda \
-    test_cuda_ops test_flash_engines > "$OUT/build.log" 2>&1 || { grep error "$OUT/build.log" | head -30; exit 1; }
+    test_blend_cuda test_cuda_ops test_flash_engines > "$OUT/build.log" 2>&1 || { grep error "$OUT/build.log" | head -30; exit 1; }
   mkdir -p "$BIN"
   cp "$BUILD"/tools/inferscale "$BUILD"/bench/bench_gpu "$BUILD"/tests/engine/test_mem_scale_cuda \
+    "$BUILD"/tests/engine/test_blend_cuda \
     "$BUILD"/tests/cuda/test_cuda_ops "$BUILD"/tests/cuda/test_flash_engines "$BIN"/
 fi
 echo "binaries ready ($(el) s)"
@@ -79,12 +80,13 @@ section "tests (gpu)"
 # The engine case reads the default model where the test was built to find it.
 want=$(strings "$BIN/test_mem_scale_cuda" | grep -m1 'SmolLM2-135M-Instruct.Q4_1.gguf$' || true)
 [ -n "$want" ] && mkdir -p "$(dirname "$want")" && ln -sf "$MODEL" "$want"
-for t in test_mem_scale_cuda test_flash_engines test_cuda_ops; do
+for t in test_mem_scale_cuda test_blend_cuda test_flash_engines test_cuda_ops; do
   [ -x "$BIN/$t" ] || continue
   timeout 120 "$BIN/$t" > "$OUT/bench/$t.log" 2>&1
   echo "$t: rc $? ($(grep -cE '^\[       OK' "$OUT/bench/$t.log") ok, $(grep -cE '^\[  FAILED|^\[  ERROR' "$OUT/bench/$t.log") failed)"
 done
 grep -E "err|moved|vs prefill" "$OUT/bench/test_mem_scale_cuda.log" | head -60
+grep -E "ratio|deviations" "$OUT/bench/test_blend_cuda.log" | head -20
 
 # The cost side on the 8B shape, before the eval (which does not time):
 # the mapped attention's cost does not depend on the values of T and S,
@@ -103,7 +105,10 @@ if [ -n "${GEN_PID:-}" ]; then
   if ! kill -0 "$GEN_PID" 2>/dev/null && [ -s "$GGUF" ]; then
     bench "$GGUF" 8b_plain
     bench "$GGUF" 8b_scaled -M 1.5,2
+    bench "$GGUF" 8b_r2 -R 2  # fused into the query's forward
     bench "$GGUF" 8b_r4 -R 4
+    bench "$GGUF" 8b_b0.15 -B 0.15  # CacheBlend: its two passes after the injection
+    bench "$GGUF" 8b_b0.3 -B 0.3
   fi
   rm -f "$GGUF"
 fi

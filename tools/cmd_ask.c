@@ -175,6 +175,11 @@ static void ask_usage(FILE *f) {
             "      --mode MODE      kv | prompt | off (default kv)\n"
             "  -w, --window W       context turns encoded with each fact (default 0; -1: no\n"
             "                       context at all, not even the serving prefix)\n"
+            "      --recompute M    kv: the first M tokens of every fact computed again, with the\n"
+            "                       facts before them visible, in the query's own forward\n"
+            "                       (default 0: none)\n"
+            "      --blend R        kv: CacheBlend, the share R (0..1) of the memory's tokens\n"
+            "                       whose second-layer K/V deviate most recomputed (default 0)\n"
             "      --data DIR       where records are stored (default ./inferscale-data)\n"
             "      --kv-dtype T     record precision: f32 | f16 | bf16 | fp8 (default f32)\n"
             "      --embedder DIR   sentence-embedding model (default %s if present;\n"
@@ -199,12 +204,13 @@ int cmd_ask(int argc, char **argv) {
         {"locomo", required_argument, 0, 'L'}, {"retrieval", required_argument, 0, 'G'},
         {"temp", required_argument, 0, 'T'},   {"seed", required_argument, 0, 'S'},
         {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
+        {"recompute", required_argument, 0, 'R'}, {"blend", required_argument, 0, 'B'},
         {0, 0, 0, 0},
     };
     const char *model_path = cli_default_model(), *facts_path = NULL, *query = NULL, *locomo = NULL;
     const char *data = "inferscale-data", *emb_dir = NULL;
-    int32_t k = 5, window = 0, max_tokens = 128, threads = 0;
-    float temp = 0.0f;
+    int32_t k = 5, window = 0, max_tokens = 128, threads = 0, recompute = 0;
+    float temp = 0.0f, blend = 0.0f;
     uint64_t seed = 0;
     ask_mode mode = ASK_MODE_KV;
     bool gpu_retrieval = false;
@@ -243,6 +249,8 @@ int cmd_ask(int argc, char **argv) {
         case 'D': data = optarg; break;
         case 'E': emb_dir = optarg; break;
         case 'G': if (!cli_parse_retrieval(optarg, &gpu_retrieval)) return 1; break;
+        case 'R': if (!cli_parse_int(optarg, "--recompute", 0, 100000, &recompute)) return 1; break;
+        case 'B': if (!cli_parse_float(optarg, "--blend", 0.0f, 1.0f, &blend)) return 1; break;
         case 'h': ask_usage(stdout); return 0;
         default: ask_usage(stderr); return 1;
         }
@@ -389,7 +397,8 @@ int cmd_ask(int argc, char **argv) {
     }
     ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts,
                        .n_facts = n_hits, .max_tokens = max_tokens, .temperature = temp,
-                       .top_k = 40, .top_p = 0.95f, .seed = seed};
+                       .top_k = 40, .top_p = 0.95f, .seed = seed, .recompute = recompute,
+                       .blend = blend};
     ask_timing tm;
     if ((st = ask_run(ac, &req, print_piece, NULL, &tm)) != IS_OK) goto fail;
     printf("\n");

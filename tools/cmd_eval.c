@@ -52,7 +52,8 @@ typedef struct eval_mode {
     int32_t window; /* kv modes: encoding context turns */
     char name[24];
     float temp, mass; /* kv modes: engine_set_memory_scale (1, 1: plain attention) */
-    int32_t recompute; /* kv modes: first tokens of each fact recomputed (--nll only) */
+    int32_t recompute; /* kv modes: first tokens of each fact recomputed */
+    float blend;       /* kv modes: CacheBlend share of the memory recomputed (0: none) */
 } eval_mode;
 
 typedef struct eval_opts {
@@ -91,8 +92,10 @@ static void eval_usage(FILE *f) {
             "                       over the injected facts divided by T, their softmax mass\n"
             "                       multiplied by S (memory scaling; records shared with kvW);\n"
             "                       and rM: the first M tokens of every fact recomputed after\n"
-            "                       injection with the facts before them visible (--nll\n"
-            "                       --no-generate only), e.g. kv0r4, kv0t0.85r2\n"
+            "                       injection with the facts before them visible, e.g. kv0r4,\n"
+            "                       kv0t0.85r2; or bR: CacheBlend, the share R (0 < R <= 1) of\n"
+            "                       the memory's tokens whose second-layer K/V deviate most\n"
+            "                       recomputed, e.g. kv0b0.15\n"
             "      --limit N        only the first N questions of each conversation (default all)\n"
             "      --out FILE       CSV, one row per (question, mode); the table goes to FILE.md\n"
             "                       (default locomo-eval.csv)\n"
@@ -135,39 +138,44 @@ static bool parse_modes(const char *s, eval_opts *o) {
         }
         eval_mode *m = &o->modes[o->n_modes];
         if (strcmp(t, "prompt") == 0) {
-            *m = (eval_mode){ASK_MODE_PROMPT, 0, "prompt", 1.0f, 1.0f, 0};
+            *m = (eval_mode){ASK_MODE_PROMPT, 0, "prompt", 1.0f, 1.0f, 0, 0.0f};
         } else if (strcmp(t, "off") == 0) {
-            *m = (eval_mode){ASK_MODE_OFF, 0, "off", 1.0f, 1.0f, 0};
+            *m = (eval_mode){ASK_MODE_OFF, 0, "off", 1.0f, 1.0f, 0, 0.0f};
         } else if (strncmp(t, "kv", 2) == 0 && t[2]) {
-            /* kvW[tT][sS][rM]: the window, then the optional memory scaling
-             * and recomputation, each a letter and its number. */
-            char num[4][32] = {"", "1", "1", "0"}; /* W, T, S, M */
+            /* kvW[tT][sS][rM][bR]: the window, then the optional memory
+             * scaling and recomputation, each a letter and its number. */
+            char num[5][32] = {"", "1", "1", "0", "0"}; /* W, T, S, M, R */
             const char *p = t + 2;
             int slot = 0;
             bool bad = strlen(t) >= sizeof m->name;
             while (!bad) {
-                size_t n = strcspn(p, "tsr");
+                size_t n = strcspn(p, "tsrb");
                 if (n == 0 || n >= sizeof num[0]) bad = true;
                 else snprintf(num[slot], sizeof num[slot], "%.*s", (int)n, p);
                 p += n;
                 if (!*p) break;
-                int next = *p == 't' ? 1 : *p == 's' ? 2 : 3;
+                int next = *p == 't' ? 1 : *p == 's' ? 2 : *p == 'r' ? 3 : 4;
                 if (next <= slot) bad = true; /* in this order, each once */
                 slot = next;
                 p++;
             }
             int32_t w, rm;
-            float temp, mass;
+            float temp, mass, blend;
             if (bad) {
-                fprintf(stderr, "error: --modes: '%s' is not kvW[tT][sS][rM] (e.g. kv0t0.8s2)\n", t);
+                fprintf(stderr, "error: --modes: '%s' is not kvW[tT][sS][rM][bR] (e.g. kv0t0.8s2)\n", t);
                 return false;
             }
             if (!cli_parse_int(num[0], "the window of a kv mode", -1, 1000, &w) ||
                 !cli_parse_float(num[1], "a kv mode's memory temperature (t)", 0.01f, 100.0f, &temp) ||
                 !cli_parse_float(num[2], "a kv mode's memory mass (s)", 0.001f, 1000.0f, &mass) ||
-                !cli_parse_int(num[3], "a kv mode's recomputed tokens (r)", 0, 1000, &rm))
+                !cli_parse_int(num[3], "a kv mode's recomputed tokens (r)", 0, 1000, &rm) ||
+                !cli_parse_float(num[4], "a kv mode's blend ratio (b)", 0.0f, 1.0f, &blend))
                 return false;
-            *m = (eval_mode){ASK_MODE_KV, w, "", temp, mass, rm};
+            if (slot == 4 && !(blend > 0.0f)) {
+                fprintf(stderr, "error: --modes: '%s': a blend ratio must be above 0\n", t);
+                return false;
+            }
+            *m = (eval_mode){ASK_MODE_KV, w, "", temp, mass, rm, blend};
             snprintf(m->name, sizeof m->name, "%s", t);
         } else {
             fprintf(stderr, "error: --modes: '%s' is not prompt, off or kvW (e.g. kv0, kv20)\n", t);
@@ -412,13 +420,14 @@ static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *
             ids[h] = rids[h];
             texts[h] = shown[hits[h]];
         }
-        ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts, .n_facts = n_hits};
+        ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts, .n_facts = n_hits,
+                           .recompute = gm >= 0 ? o->modes[gm].recompute : 0,
+                           .blend = gm >= 0 ? o->modes[gm].blend : 0.0f};
         float *lp = env->lp + (size_t)s * nv;
         st = engine_set_memory_scale(env->e, gm >= 0 ? o->modes[gm].temp : 1.0f,
                                      gm >= 0 ? o->modes[gm].mass : 1.0f);
         if (st != IS_OK) break;
-        st = teacher_score_request_m(env->e, env->store, env->ask, &req,
-                                     gm >= 0 ? o->modes[gm].recompute : 0, ans, n_ans, &row.nll[s], lp);
+        st = teacher_score_request(env->e, env->store, env->ask, &req, ans, n_ans, &row.nll[s], lp);
         if (st != IS_OK) break;
         nll_log_softmax(lp, nv, lp);
         row.plist[s] = nll_mass(lp, env->list_mask, nv);
@@ -630,7 +639,8 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             ab.s[0] = 0;
             ask_request req = {.mode = em->mode, .query = query, .fact_ids = ids, .fact_texts = ftexts,
                                .n_facts = n_hits[q], .max_tokens = o->max_tokens, .temperature = 0.0f,
-                               .top_k = 0, .top_p = 1.0f, .seed = 0};
+                               .top_k = 0, .top_p = 1.0f, .seed = 0,
+                               .recompute = em->recompute, .blend = em->blend};
             st = engine_set_memory_scale(env->e, em->temp, em->mass);
             if (st == IS_OK) st = ask_run(env->ask, &req, collect_answer, &ab, &res[m].tm);
             snprintf(res[m].answer, sizeof res[m].answer, "%s", ab.s);
@@ -881,13 +891,6 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "error: --no-generate needs --nll (nothing would be measured)\n");
         return 1;
     }
-    for (int32_t i = 0; i < o.n_modes; i++)
-        if (o.modes[i].recompute > 0 && !(o.nll && o.no_generate)) {
-            /* Generation goes through ask_run, which injects without it. */
-            fprintf(stderr, "error: --modes %s: recomputation is measured with --nll --no-generate only\n",
-                    o.modes[i].name);
-            return 1;
-        }
     if (conv_arg ? !parse_convs(conv_arg, &o) : !list_convs(&o)) {
         if (conv_arg) fprintf(stderr, "error: --conv is empty\n");
         return 1;
@@ -923,7 +926,7 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "error: --retrieve-only and --load-retrieval exclude each other\n");
             goto out;
         }
-        o.modes[0] = (eval_mode){ASK_MODE_OFF, 0, "retrieval", 1.0f, 1.0f, 0};
+        o.modes[0] = (eval_mode){ASK_MODE_OFF, 0, "retrieval", 1.0f, 1.0f, 0, 0.0f};
         o.n_modes = 1;
     }
     if (!o.retrieve_only && (st = backend_create(o.backend, o.threads, &be)) != IS_OK) goto fail;

@@ -78,6 +78,9 @@ static void serve_usage(FILE *f) {
             "      --prefill-chunk N   most prompt tokens of one request a step (default 2048 on cuda,\n"
             "                          128 on cpu)\n"
             "  -w, --window W          context turns encoded with each new fact (default 0)\n"
+            "      --recompute M       kv requests: the first M tokens of every injected fact computed\n"
+            "                          again, with the facts before them visible, in the request's\n"
+            "                          first prefill forward (default 0: none)\n"
             "      --infer-fallback F  store | reject: an infer=true add from which the model extracts\n"
             "                          no fact stores the user's messages as they are (store, the\n"
             "                          default) or fails with 422 and stores nothing (reject)\n"
@@ -138,6 +141,7 @@ enum {
     OPT_CUDA_OPT,
     OPT_STORE,
     OPT_RECORD_CACHE_GB,
+    OPT_RECOMPUTE,
 };
 
 int cmd_serve(int argc, char **argv) {
@@ -168,6 +172,7 @@ int cmd_serve(int argc, char **argv) {
         {"host-cache-gb", required_argument, 0, OPT_HOST_CACHE_GB},
         {"store", required_argument, 0, OPT_STORE},
         {"record-cache-gb", required_argument, 0, OPT_RECORD_CACHE_GB},
+        {"recompute", required_argument, 0, OPT_RECOMPUTE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -248,6 +253,7 @@ int cmd_serve(int argc, char **argv) {
         }
         case 'S': if (!cli_parse_int(optarg, "--step-tokens", 1, 1 << 16, &p.sched.step_tokens)) return 1; break;
         case 'U': if (!cli_parse_int(optarg, "--prefill-chunk", 1, 1 << 16, &p.sched.prefill_chunk)) return 1; break;
+        case OPT_RECOMPUTE: if (!cli_parse_int(optarg, "--recompute", 0, 100000, &p.sched.recompute)) return 1; break;
         case 'R': if (!cli_parse_int(optarg, "--max-running", 1, 4096, &p.sched.max_running)) return 1; break;
         case 'Q': if (!cli_parse_int(optarg, "--max-queued", 1, 1 << 20, &p.sched.max_queued)) return 1; break;
         case 'b':

@@ -21,7 +21,7 @@ def main():
     ap.add_argument("csv", nargs="+", help="FILE.nll.csv files of eval locomo --nll")
     ap.add_argument("--tune", required=True, help="tuning conversations, space- or comma-separated")
     ap.add_argument("--no-recompute", action="store_true",
-                    help="only modes without recomputation (no 'r' part): the scalings alone")
+                    help="only modes without recomputation (no 'r' or 'b' part): the scalings alone")
     a = ap.parse_args()
     tune = set(a.tune.replace(",", " ").split())
     rows = {}  # (conv, question) -> {mode: nll}
@@ -37,7 +37,7 @@ def main():
                         order.append(r["mode"])
         except (OSError, KeyError, ValueError) as e:
             print(f"recovery_pick: skipping {path}: {e}", file=sys.stderr)
-    kv = [m for m in order if m.startswith("kv") and not (a.no_recompute and "r" in m)]
+    kv = [m for m in order if m.startswith("kv") and not (a.no_recompute and ("r" in m or "b" in m))]
     if not kv or "prompt" not in order or "off" not in order:
         print("recovery_pick: no prompt, off and kv rows for the tuning conversations", file=sys.stderr)
         print("kv0")

@@ -2,6 +2,7 @@
 
 #include "core/status.h"
 #include "core/vmath.h"
+#include "engine/recompute.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -39,8 +40,23 @@ struct engine {
     float *logits; /* [B][n_vocab] */
     float *q2;     /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
     int32_t *pos, *rpos, *rpos2, *slots, *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
-    const int32_t *overwrite; /* engine_recompute: batch token -> position it rewrites, else NULL */
 };
+
+/* A forward over some of the layers (engine_recompute_blend): layers
+ * [l0, l1) of a chunk, the residual stream taken from x_in (backend memory,
+ * the batch's rows [n][dim]; NULL: the token embeddings, l0 = 0) and, when
+ * l1 < n_layers, left in x_out (the same rows; or NULL) with layer l1's
+ * pre-RoPE keys and values of it in k_next, v_next (host, [n][kv_dim]);
+ * store false: nothing written into the cache (the attention reads it as it
+ * is). No output head unless `head`. NULL range: every layer, stored, the head. */
+typedef struct fwd_range {
+    int32_t l0, l1;
+    const float *x_in;
+    float *x_out;
+    float *k_next, *v_next;
+    bool store;
+    bool head; /* l1 = n_layers: the output head for the selected rows, as without a range */
+} fwd_range;
 
 engine_params engine_default_params(void) {
     engine_params p = {
@@ -358,7 +374,8 @@ static void greedy_rows(engine *e, const chunk_out *out, int32_t n_rows) {
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
-                             const int32_t *base_len, const chunk_out *out) {
+                             const int32_t *base_len, const chunk_out *out,
+                             const fwd_range *range) {
     const model *m = e->m;
     const model_config *c = &m->cfg;
     backend *be = e->be;
@@ -371,11 +388,13 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     int32_t *lens = e->u_len;
     const int32_t **segs = e->u_seg;
     bool any_seg = false, any_mem = false;
-    int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* tokens before t0+i */
-    for (int32_t t = 0; t < t0; t++) seen[b->seq[t]]++;
+    int32_t *seen = calloc((size_t)e->p.max_seqs, sizeof *seen); /* appended before t0+i */
+    for (int32_t t = 0; t < t0; t++)
+        if (!b->rewrite || b->rewrite[t] < 0) seen[b->seq[t]]++;
     for (int32_t i = 0; i < n; i++) {
         int32_t s = b->seq[t0 + i];
-        e->pos[i] = e->overwrite ? e->overwrite[t0 + i] : base_len[s] + seen[s]++;
+        const bool rw = b->rewrite && b->rewrite[t0 + i] >= 0;
+        e->pos[i] = rw ? b->rewrite[t0 + i] : base_len[s] + seen[s]++;
         e->rpos[i] = b->pos ? b->pos[t0 + i] : e->pos[i];
         e->rpos2[i] = e->rpos[i] - (b->prefix_shift ? b->prefix_shift[t0 + i] : 0);
         e->slots[i] = kv_cache_slot(e->kv, s, e->pos[i]);
@@ -390,7 +409,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     for (int32_t u = 0; u < n_uniq; u++) {
         int32_t nb;
         tables[u] = kv_seq_blocks(e->kv, uniq[u], &nb);
-        lens[u] = base_len[uniq[u]] + (e->overwrite ? 0 : seen[uniq[u]]);
+        lens[u] = base_len[uniq[u]] + seen[uniq[u]];
         segs[u] = e->seqs[uniq[u]].segments;
         if (segs[u]) any_seg = true;
         /* A memory segment that a truncation cut short ends at the length. */
@@ -420,14 +439,25 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         cap1 = cap->first + cap->n < t0 + n ? cap->first + cap->n : t0 + n;
     }
 
-    op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
-    for (int32_t l = 0; l < c->n_layers; l++) {
+    const int32_t l0 = range ? range->l0 : 0, l1 = range ? range->l1 : c->n_layers;
+    const bool store = range ? range->store : true;
+    if (range && range->x_in)
+        op->copy(be, e->x, range->x_in + (size_t)t0 * c->dim, (size_t)n * c->dim * sizeof(float));
+    else
+        op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
+    for (int32_t l = l0; l < l1; l++) {
         const model_layer *L = &m->layers[l];
         /* Later layers' first norm comes with the previous layer's last add. */
-        if (l == 0) op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
+        if (l == l0) op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, c->dim, c->rms_eps);
         /* Captured rows read k and v, a shifted prefix q unrotated: then
          * the products and the rotation run as separate ops. */
-        if (op->matmul_rope_store && cap0 == cap1 && !shifted) {
+        if (!store) {
+            /* Queries only: the cache keeps what it holds. */
+            matmul_n(be, (float *const[]){e->q, e->k, e->v}, e->xb,
+                     (const backend_weight *const[]){L->wq, L->wk, L->wv},
+                     (const backend_weight *const[]){L->bq, L->bk, L->bv}, 3, n);
+            op->rope(be, e->q, e->rpos, n, c->n_heads, c->head_dim, &c->rope);
+        } else if (op->matmul_rope_store && cap0 == cap1 && !shifted) {
             op->matmul_rope_store(be, e->q, e->k, e->v, e->xb,
                                   (const backend_weight *const[]){L->wq, L->wk, L->wv},
                                   (const backend_weight *const[]){L->bq, L->bk, L->bv},
@@ -463,6 +493,23 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         else
             op->add(be, e->x, e->xb, (int64_t)n * c->dim); /* the head normalises selected rows */
     }
+    if (range && !range->head) {
+        /* No head. Stopped before layer l1: x is its residual input, xb its norm. */
+        if (l1 < c->n_layers && range->x_out)
+            op->copy(be, range->x_out + (size_t)t0 * c->dim, e->x,
+                     (size_t)n * c->dim * sizeof(float));
+        if (l1 < c->n_layers && range->k_next) {
+            const model_layer *L = &m->layers[l1];
+            matmul_n(be, (float *const[]){e->k, e->v}, e->xb,
+                     (const backend_weight *const[]){L->wk, L->wv},
+                     (const backend_weight *const[]){L->bk, L->bv}, 2, n);
+            size_t off = (size_t)t0 * kv_dim, bytes = (size_t)n * kv_dim * sizeof(float);
+            op->download(be, range->k_next + off, e->k, bytes);
+            op->download(be, range->v_next + off, e->v, bytes);
+        }
+        op->sync(be);
+        return 0;
+    }
 
     /* Output head only for the selected rows: gather them to the front. */
     int32_t n_out = 0;
@@ -486,6 +533,38 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     op->sync(be);
     return n_out;
 }
+
+/* The rewrite field of a batch (engine.h): each sequence's recomputed
+ * tokens inside its memory segment and what it holds, at strictly
+ * increasing positions, before any of its appended tokens. last[max_seqs]
+ * is scratch. IS_ERR_INVALID_ARG naming the first that is not. */
+static is_status check_rewrite(engine *e, const engine_batch *b, int32_t *last) {
+    const int32_t max_seqs = e->p.max_seqs;
+    for (int32_t s = 0; s < max_seqs; s++) last[s] = -1; /* -2: an appended token seen */
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const int32_t s = b->seq[t], p = b->rewrite[t];
+        if (p < 0) {
+            last[s] = -2;
+            continue;
+        }
+        const seq_state *ss = &e->seqs[s];
+        const int32_t len = kv_seq_length(e->kv, s);
+        if (last[s] == -2)
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "recompute: batch token %d recomputes position %d after tokens "
+                                "appended to its sequence", t, p);
+        if (p < ss->mem_begin || p >= ss->mem_end || p >= len || p <= last[s])
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "recompute: position %d is not after %d inside the memory [%d, %d)",
+                                p, last[s], ss->mem_begin, ss->mem_end < len ? ss->mem_end : len);
+        last[s] = p;
+    }
+    return IS_OK;
+}
+
+static is_status blend_check(engine *e, int32_t seq, const engine_blend *bl, int32_t *total);
+static is_status blend_forward(engine *e, const engine_batch *b, const int32_t *base_len,
+                               int32_t total, chunk_out *co);
 
 /* engine_decode (logits) or engine_decode_greedy (tokens): one of the two. */
 static is_status decode_impl(engine *e, const engine_batch *b, float *logits, int32_t *tokens) {
@@ -518,13 +597,27 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
                               b->tokens[t], c->n_vocab);
             goto out;
         }
-        add[s]++;
+        if (!b->rewrite || b->rewrite[t] < 0) add[s]++;
     }
+    if (b->rewrite && (st = check_rewrite(e, b, base_len)) != IS_OK) goto out;
+    int32_t blend_total = 0;
+    if (b->blend) {
+        for (int32_t t = 1; t < b->n_tokens; t++)
+            if (b->seq[t] != b->seq[0]) {
+                st = is_error_set(IS_ERR_INVALID_ARG, "blend: a batch of one sequence only");
+                goto out;
+            }
+        if (b->rewrite || b->capture || b->segment || b->pos || b->prefix_shift) {
+            st = is_error_set(IS_ERR_INVALID_ARG, "blend: a batch of plain appended tokens only");
+            goto out;
+        }
+        if ((st = blend_check(e, b->seq[0], b->blend, &blend_total)) != IS_OK) goto out;
+    }
+    for (int32_t t = 0; t < b->n_tokens; t++) base_len[b->seq[t]] = kv_seq_length(e->kv, b->seq[t]);
     /* Reserve all KV slots first so a failure leaves every sequence as it was. */
     int32_t grown = 0;
     for (int32_t s = 0; s < max_seqs; s++) {
         if (!add[s]) continue;
-        base_len[s] = kv_seq_length(e->kv, s);
         if (base_len[s] + add[s] > e->p.n_ctx) {
             st = is_error_set(IS_ERR_CONTEXT_FULL,
                               "engine: sequence %d would hold %d tokens, past the context of %d",
@@ -539,6 +632,7 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         int32_t *seen = calloc((size_t)max_seqs, sizeof *seen);
         for (int32_t t = 0; t < b->n_tokens && st == IS_OK; t++) {
             int32_t s = b->seq[t];
+            if (b->rewrite && b->rewrite[t] >= 0) continue; /* its slot keeps its segment */
             st = seq_set_segments(e, s, base_len[s] + seen[s]++, b->segment ? &b->segment[t] : NULL, 1);
         }
         free(seen);
@@ -548,9 +642,16 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
             if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
         goto out;
     }
+    if (blend_total > 0) {
+        /* On failure the memory's recomputed slots are undefined (engine.h). */
+        if ((st = blend_forward(e, b, base_len, blend_total, &co)) != IS_OK)
+            for (int32_t s = 0; s < max_seqs; s++)
+                if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
+        goto out;
+    }
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
         int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
-        int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co);
+        int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co, NULL);
         /* Every chunk ends in a download or sync, which latches what the
          * device met: one check covers each op of the chunk. On failure the
          * sequences go back to where they were; their slots past that are
@@ -904,43 +1005,251 @@ is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int
     if (n <= 0) return IS_OK;
     if (seq < 0 || seq >= e->p.max_seqs)
         return is_error_set(IS_ERR_INVALID_ARG, "recompute: sequence id %d out of range", seq);
-    const seq_state *ss = &e->seqs[seq];
-    const int32_t len = kv_seq_length(e->kv, seq);
-    for (int32_t i = 0; i < n; i++) {
-        if (pos[i] < ss->mem_begin || pos[i] >= ss->mem_end || pos[i] >= len ||
-            (i > 0 && pos[i] <= pos[i - 1]))
-            return is_error_set(IS_ERR_INVALID_ARG,
-                                "recompute: position %d is not after %d inside the memory [%d, %d)",
-                                pos[i], i > 0 ? pos[i - 1] : -1, ss->mem_begin, ss->mem_end);
-        if (tokens[i] < 0 || tokens[i] >= e->m->cfg.n_vocab)
-            return is_error_set(IS_ERR_INVALID_ARG, "recompute: token id %d out of range",
-                                tokens[i]);
-    }
-    is_status st = backend_status(e->be);
-    if (st != IS_OK) return st;
     int32_t *seqs = malloc((size_t)n * sizeof *seqs);
     bool *want = calloc((size_t)n, sizeof *want); /* no logits */
-    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
-    if (!seqs || !want || !base_len) {
+    if (!seqs || !want) {
         free(seqs);
         free(want);
-        free(base_len);
         return is_error_set(IS_ERR_NOMEM, "recompute: out of memory");
     }
     for (int32_t i = 0; i < n; i++) seqs[i] = seq;
-    base_len[seq] = len; /* the keys readable: the whole sequence, causally cut */
-    engine_batch b = {.n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want};
-    chunk_out co = {NULL, NULL, NULL};
-    e->overwrite = pos;
-    for (int32_t t0 = 0; t0 < n && st == IS_OK; t0 += e->p.max_batch) {
-        int32_t c = n - t0 < e->p.max_batch ? n - t0 : e->p.max_batch;
-        forward_chunk(e, &b, t0, c, base_len, &co);
-        st = backend_status(e->be);
-    }
-    e->overwrite = NULL;
+    /* A batch of recomputed tokens only: nothing appended. */
+    engine_batch b = {.n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want,
+                      .rewrite = pos};
+    is_status st = decode_impl(e, &b, NULL, NULL);
     free(seqs);
     free(want);
+    return st;
+}
+
+/* Rows [0, n) of the selected tokens' residual stream gathered from
+ * src[total][dim] (backend memory): one copy per run of consecutive rows. */
+static void gather_rows(engine *e, float *dst, const float *src, const bool *sel, int32_t total) {
+    const int32_t dim = e->m->cfg.dim;
+    const size_t row = (size_t)dim * sizeof(float);
+    int32_t at = 0;
+    for (int32_t i = 0; i < total;) {
+        if (!sel[i]) {
+            i++;
+            continue;
+        }
+        int32_t j = i;
+        while (j < total && sel[j]) j++;
+        e->be->ops->copy(e->be, dst + (size_t)at * dim, src + (size_t)i * dim,
+                         (size_t)(j - i) * row);
+        at += j - i;
+        i = j;
+    }
+}
+
+/* What the blend's first pass leaves: the memory's tokens in order, the
+ * chosen ones, and the chosen ones' layer-0 output. */
+typedef struct blend_state {
+    int32_t total, n_sel;
+    int32_t *pos, *toks; /* [total]; after blend_prepare the chosen ones first, [n_sel] */
+    float *hsel;         /* backend [n_sel][dim]: their residual stream entering layer 1 */
+} blend_state;
+
+static void blend_state_free(engine *e, blend_state *bs) {
+    if (bs->hsel) e->be->ops->release(e->be, bs->hsel);
+    free(bs->pos);
+    free(bs->toks);
+    memset(bs, 0, sizeof *bs);
+}
+
+/* Arguments of a blend of bl over `seq`: IS_ERR_INVALID_ARG naming the
+ * first bad one, else *total = the facts' tokens. */
+static is_status blend_check(engine *e, int32_t seq, const engine_blend *bl, int32_t *total) {
+    const model_config *c = &e->m->cfg;
+    if (seq < 0 || seq >= e->p.max_seqs)
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: sequence id %d out of range", seq);
+    if (!(bl->ratio >= 0.0f && bl->ratio <= 1.0f))
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: ratio %g is not in [0, 1]",
+                            (double)bl->ratio);
+    if (c->n_layers < 2)
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: a model of %d layer has no second layer "
+                                                "to compare", c->n_layers);
+    const seq_state *ss = &e->seqs[seq];
+    const int32_t len = kv_seq_length(e->kv, seq);
+    *total = 0;
+    for (int32_t f = 0; f < bl->n_facts; f++) {
+        const engine_fact *fa = &bl->facts[f];
+        if (fa->n_tokens <= 0 || !fa->k || !fa->v || !fa->tokens)
+            return is_error_set(IS_ERR_INVALID_ARG, "blend: fact %d has no tokens or no values", f);
+        *total += fa->n_tokens;
+    }
+    const int32_t mem_end = ss->mem_end < len ? ss->mem_end : len;
+    if (ss->mem_begin + *total > mem_end)
+        return is_error_set(IS_ERR_INVALID_ARG, "blend: %d fact tokens do not lie in the memory "
+                                                "[%d, %d)", *total, ss->mem_begin, mem_end);
+    return IS_OK;
+}
+
+/* The blend's first pass (engine.h, engine_recompute_blend): every memory
+ * token through layer 0 (nothing stored), the deviation of layer 1's K/V
+ * from the stored ones, the choice, and the chosen ones' layer-0 output
+ * gathered into bs->hsel. `len`: the sequence's length before anything
+ * this call appends. */
+static is_status blend_prepare(engine *e, int32_t seq, int32_t len, const engine_blend *bl,
+                               int32_t total, blend_state *bs) {
+    const model_config *c = &e->m->cfg;
+    const int32_t kv_dim = c->n_kv_heads * c->head_dim;
+    const seq_state *ss = &e->seqs[seq];
+    memset(bs, 0, sizeof *bs);
+    bs->total = total;
+    bs->pos = malloc((size_t)total * sizeof *bs->pos);
+    bs->toks = malloc((size_t)total * sizeof *bs->toks);
+    int32_t *seqs = malloc((size_t)total * sizeof *seqs);
+    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
+    float *kn = malloc((size_t)total * kv_dim * sizeof *kn);
+    float *vn = malloc((size_t)total * kv_dim * sizeof *vn);
+    float *dev = bl->deviation ? bl->deviation : malloc((size_t)total * sizeof *dev);
+    bool *sel = bl->selected ? bl->selected : malloc((size_t)total * sizeof *sel);
+    float *hid = NULL; /* backend [total][dim] */
+    is_status st = IS_OK;
+    if (!bs->pos || !bs->toks || !seqs || !base_len || !kn || !vn || !dev || !sel)
+        st = is_error_set(IS_ERR_NOMEM, "blend: out of memory");
+    if (st == IS_OK) st = alloc_f32(e, &hid, (size_t)total * c->dim);
+    int32_t at = 0;
+    for (int32_t f = 0; st == IS_OK && f < bl->n_facts; f++)
+        for (int32_t j = 0; j < bl->facts[f].n_tokens; j++, at++) {
+            bs->pos[at] = ss->mem_begin + at;
+            bs->toks[at] = bl->facts[f].tokens[j];
+            seqs[at] = seq;
+        }
+    base_len[seq] = len; /* the keys readable: the whole sequence, causally cut */
+    chunk_out co = {NULL, NULL, NULL};
+    engine_batch b = {.n_tokens = total, .tokens = bs->toks, .seq = seqs, .rewrite = bs->pos};
+    fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hid, .k_next = kn, .v_next = vn, .store = false};
+    for (int32_t t0 = 0; st == IS_OK && t0 < total; t0 += e->p.max_batch) {
+        int32_t n = total - t0 < e->p.max_batch ? total - t0 : e->p.max_batch;
+        forward_chunk(e, &b, t0, n, base_len, &co, &first);
+        st = backend_status(e->be);
+    }
+    /* Deviation from the injected keys and values (before RoPE: the same
+     * rotation of both leaves their distance). */
+    at = 0;
+    for (int32_t f = 0; st == IS_OK && f < bl->n_facts; f++) {
+        const int32_t nt = bl->facts[f].n_tokens;
+        for (int32_t j = 0; j < nt; j++, at++) {
+            const float *ki = bl->facts[f].k + ((size_t)nt + j) * kv_dim; /* layer 1 */
+            const float *vi = bl->facts[f].v + ((size_t)nt + j) * kv_dim;
+            const float *kr = kn + (size_t)at * kv_dim, *vr = vn + (size_t)at * kv_dim;
+            double d = 0;
+            for (int32_t x = 0; x < kv_dim; x++) {
+                double dk = (double)kr[x] - ki[x], dv = (double)vr[x] - vi[x];
+                d += dk * dk + dv * dv;
+            }
+            dev[at] = (float)d;
+        }
+    }
+    if (st == IS_OK) st = recompute_select_top(dev, total, bl->ratio, sel);
+    for (int32_t i = 0; st == IS_OK && i < total; i++)
+        if (sel[i]) {
+            bs->pos[bs->n_sel] = bs->pos[i];
+            bs->toks[bs->n_sel++] = bs->toks[i];
+        }
+    if (st == IS_OK && bs->n_sel > 0) st = alloc_f32(e, &bs->hsel, (size_t)bs->n_sel * c->dim);
+    if (st == IS_OK && bs->n_sel > 0) gather_rows(e, bs->hsel, hid, sel, total);
+    if (hid) e->be->ops->release(e->be, hid);
+    free(seqs);
     free(base_len);
+    free(kn);
+    free(vn);
+    if (dev != bl->deviation) free(dev);
+    if (sel != bl->selected) free(sel);
+    if (st != IS_OK) blend_state_free(e, bs);
+    return st;
+}
+
+is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts,
+                                 int32_t n_facts, float ratio, bool *selected, float *deviation) {
+    engine_blend bl = {.facts = facts, .n_facts = n_facts, .ratio = ratio, .selected = selected,
+                       .deviation = deviation};
+    int32_t total;
+    is_status st = blend_check(e, seq, &bl, &total);
+    if (st != IS_OK || total == 0) return st;
+    if ((st = backend_status(e->be)) != IS_OK) return st;
+    const int32_t len = kv_seq_length(e->kv, seq);
+    blend_state bs;
+    if ((st = blend_prepare(e, seq, len, &bl, total, &bs)) != IS_OK) return st;
+    /* The chosen tokens through the other layers from that output, their
+     * keys and values written over their slots. */
+    int32_t *seqs = malloc((size_t)(bs.n_sel ? bs.n_sel : 1) * sizeof *seqs);
+    int32_t *base_len = calloc((size_t)e->p.max_seqs, sizeof *base_len);
+    if (!seqs || !base_len) st = is_error_set(IS_ERR_NOMEM, "blend: out of memory");
+    for (int32_t i = 0; st == IS_OK && i < bs.n_sel; i++) seqs[i] = seq;
+    if (base_len) base_len[seq] = len;
+    chunk_out co = {NULL, NULL, NULL};
+    engine_batch b = {.n_tokens = bs.n_sel, .tokens = bs.toks, .seq = seqs, .rewrite = bs.pos};
+    fwd_range rest = {.l0 = 1, .l1 = e->m->cfg.n_layers, .x_in = bs.hsel, .store = true};
+    for (int32_t t0 = 0; st == IS_OK && t0 < bs.n_sel; t0 += e->p.max_batch) {
+        int32_t n = bs.n_sel - t0 < e->p.max_batch ? bs.n_sel - t0 : e->p.max_batch;
+        forward_chunk(e, &b, t0, n, base_len, &co, &rest);
+        st = backend_status(e->be);
+    }
+    free(seqs);
+    free(base_len);
+    blend_state_free(e, &bs);
+    return st;
+}
+
+/* engine_decode with b->blend: the blend's first pass; the batch's
+ * (appended) tokens through layer 0; then the chosen memory tokens and the
+ * batch's in one forward over layers 1.. with the head (the chosen ones
+ * first: the batch reads their new K/V in the same layer). Slots reserved
+ * by decode_impl; base_len the lengths before. */
+static is_status blend_forward(engine *e, const engine_batch *b, const int32_t *base_len,
+                               int32_t total, chunk_out *co) {
+    const model_config *c = &e->m->cfg;
+    const int32_t seq = b->seq[0], nq = b->n_tokens;
+    blend_state bs;
+    is_status st = blend_prepare(e, seq, base_len[seq], b->blend, total, &bs);
+    if (st != IS_OK) return st;
+    const int32_t n = bs.n_sel + nq;
+    float *hcat = NULL; /* backend [n][dim]: the chosen rows, then the batch's */
+    int32_t *toks = malloc((size_t)n * sizeof *toks), *rw = malloc((size_t)n * sizeof *rw);
+    int32_t *seqs = malloc((size_t)n * sizeof *seqs);
+    bool *want = malloc((size_t)n * sizeof *want);
+    if (!toks || !rw || !seqs || !want) st = is_error_set(IS_ERR_NOMEM, "blend: out of memory");
+    if (st == IS_OK) st = alloc_f32(e, &hcat, (size_t)n * c->dim);
+    if (st == IS_OK) {
+        /* The batch through layer 0, stored, its output after the chosen rows. */
+        fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hcat + (size_t)bs.n_sel * c->dim,
+                           .store = true};
+        for (int32_t t0 = 0; st == IS_OK && t0 < nq; t0 += e->p.max_batch) {
+            int32_t m = nq - t0 < e->p.max_batch ? nq - t0 : e->p.max_batch;
+            forward_chunk(e, b, t0, m, base_len, co, &first);
+            st = backend_status(e->be);
+        }
+    }
+    if (st == IS_OK) {
+        if (bs.n_sel)
+            e->be->ops->copy(e->be, hcat, bs.hsel, (size_t)bs.n_sel * c->dim * sizeof(float));
+        for (int32_t i = 0; i < n; i++) {
+            const bool mem = i < bs.n_sel;
+            toks[i] = mem ? bs.toks[i] : b->tokens[i - bs.n_sel];
+            rw[i] = mem ? bs.pos[i] : -1;
+            seqs[i] = seq;
+            want[i] = !mem && (b->want_logits ? b->want_logits[i - bs.n_sel] : i == n - 1);
+        }
+        engine_batch fb = {.n_tokens = n, .tokens = toks, .seq = seqs, .want_logits = want,
+                           .rewrite = rw};
+        fwd_range rest = {.l0 = 1, .l1 = c->n_layers, .x_in = hcat, .store = true, .head = true};
+        for (int32_t t0 = 0; st == IS_OK && t0 < n; t0 += e->p.max_batch) {
+            int32_t m = n - t0 < e->p.max_batch ? n - t0 : e->p.max_batch;
+            int32_t n_out = forward_chunk(e, &fb, t0, m, base_len, co, &rest);
+            st = backend_status(e->be);
+            if (co->logits) co->logits += (size_t)n_out * c->n_vocab;
+            if (co->tokens) co->tokens += n_out;
+        }
+    }
+    if (hcat) e->be->ops->release(e->be, hcat);
+    free(toks);
+    free(rw);
+    free(seqs);
+    free(want);
+    blend_state_free(e, &bs);
     return st;
 }
 

@@ -62,6 +62,8 @@ typedef struct engine_kv_capture {
     float *v;       /* [n_layers][n][n_kv_heads*head_dim] host memory */
 } engine_kv_capture;
 
+typedef struct engine_blend engine_blend; /* below */
+
 typedef struct engine_batch {
     int32_t n_tokens;
     const int32_t *tokens;      /* [n] token ids */
@@ -72,9 +74,34 @@ typedef struct engine_batch {
     const int32_t *pos;         /* [n] RoPE positions, or NULL = the slot index */
     const int32_t *prefix_shift; /* [n] the token scores segment-0 keys as if at pos - shift, or NULL */
     engine_kv_capture *capture; /* or NULL */
+    /* Optional, for recomputation fused into a forward (NULL = every token
+     * appended): [n] the position a token recomputes in place, a slot its
+     * sequence already holds inside its memory segment (its keys and
+     * values written over that slot, as engine_recompute writes them), or
+     * -1 for a token appended as usual. A sequence's recomputed tokens come
+     * before its appended ones in the batch, at strictly increasing
+     * positions; each attends causally by position, so the appended tokens
+     * read the recomputed keys and values of the same layer, and the
+     * recomputation costs its tokens' share of one pass over the weights.
+     * Bad positions: IS_ERR_INVALID_ARG, nothing run; on a backend failure
+     * the rewritten slots are undefined (close the sequence). */
+    const int32_t *rewrite;
+    /* Optional (NULL = none): CacheBlend recomputation of the sequence's
+     * memory fused into this batch's forward (see engine_recompute_blend
+     * for the choice): the batch's tokens, all appended to one sequence,
+     * go through the first layer alone, then with the chosen memory tokens
+     * (first, at their slots) through the other layers in one forward; the
+     * logits equal engine_recompute_blend followed by the batch, and the
+     * recomputation costs about two first-layer passes over the weights
+     * more than the batch alone. Errors as engine_recompute_blend's (and
+     * IS_ERR_INVALID_ARG for a batch of several sequences or with rewrite,
+     * capture, segment, pos or prefix_shift), nothing run; on a backend
+     * failure the memory's slots are undefined (close the sequence). */
+    const engine_blend *blend;
 } engine_batch;
 
-/* Runs the batch. Tokens are appended in order to their sequences. Logits of
+/* Runs the batch. Tokens are appended in order to their sequences (but
+ * for those b->rewrite recomputes in place). Logits of
  * the selected tokens are written in batch order to logits[n_selected][n_vocab]
  * (host memory). On failure (IS_ERR_CONTEXT_FULL when a sequence would pass
  * n_ctx or the pool runs out, IS_ERR_INVALID_ARG for bad ids, the backend's
@@ -96,6 +123,16 @@ typedef struct engine_fact {
     const float *k;
     const float *v;
 } engine_fact;
+
+/* engine_batch.blend: the facts as injected (with their tokens and values)
+ * and the share recomputed; selected, deviation: as engine_recompute_blend's. */
+struct engine_blend {
+    const engine_fact *facts;
+    int32_t n_facts;
+    float ratio;
+    bool *selected;
+    float *deviation;
+};
 
 /* Chunked RoPE + injection: appends the facts, in order, as one contiguous
  * segment at the end of `seq`; each stored key is rotated to its position
@@ -158,6 +195,29 @@ is_status engine_seq_read_kv(engine *e, int32_t seq, int32_t pos, int32_t n, voi
  * undefined: close the sequence. */
 is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int32_t *tokens,
                            int32_t n);
+
+/* CacheBlend-style selective recomputation of a sequence's memory: the
+ * facts, as engine_inject laid them out from the start of its memory
+ * segment (their tokens and their stored f32 keys and values, which must
+ * be present), go through the first layer, each token attending causally
+ * to what the sequence holds (nothing written: a first layer's keys and
+ * values depend on the token alone, so the injected ones are already
+ * those); the second layer's keys and values of that output are compared
+ * with the injected ones, deviation = |K - K_inj|^2 + |V - V_inj|^2 summed
+ * over the row (before RoPE); the ceil(ratio * n) tokens that deviate most
+ * (ties: the earlier first) are recomputed through the other layers from
+ * that first layer's output, their keys and values written over their own
+ * slots (the memory segment's blocks are the sequence's own; a shared
+ * block is never written), the others keep the injected ones. ratio 0
+ * writes nothing; ratio 1 is engine_recompute of every memory token up to
+ * the first layer's rounding. selected[n] and deviation[n] (host, or NULL)
+ * receive the choice and the deviations, n = the facts' tokens.
+ * IS_ERR_INVALID_ARG (nothing run) for a ratio outside [0, 1], facts
+ * without values or that do not lie in the memory segment, a model of one
+ * layer; on a backend failure the memory's slots are undefined: close the
+ * sequence. */
+is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts,
+                                 int32_t n_facts, float ratio, bool *selected, float *deviation);
 
 /* Sets mem_temp and mem_mass (engine_params) for the forwards from here
  * on. IS_ERR_INVALID_ARG (nothing changed) unless both are positive and

@@ -4,6 +4,7 @@
 #include "eval/teacher.h"
 
 #include "core/status.h"
+#include "engine/recompute.h"
 #include "eval/nll_stats.h"
 #include "kv/record_store.h"
 
@@ -68,44 +69,40 @@ static is_status append_fact(const memory_prompt *mp, const char *text, int32_t 
 }
 
 /* The first m tokens of every injected fact recomputed (engine_recompute),
- * the facts laid out from the memory segment's start. */
+ * the facts laid out from the memory segment's start. The scores equal
+ * those of the fused forward that ask_run uses (test_recompute). */
 static is_status recompute_first(engine *e, int32_t seq, const engine_fact *facts, int32_t n,
                                  int32_t m) {
-    int32_t mb, me, total = 0;
+    int32_t mb = 0, me = 0, off = 0, total = recompute_first_count(facts, n, m);
     engine_seq_memory(e, seq, &mb, &me);
-    for (int32_t i = 0; i < n; i++) total += facts[i].n_tokens < m ? facts[i].n_tokens : m;
+    for (int32_t i = 0; i < n; i++) off += facts[i].n_tokens;
     if (total == 0) return IS_OK;
+    if (off != me - mb)
+        return is_error_set(IS_ERR_INVALID_ARG, "teacher: memory segment [%d, %d) is not the "
+                                                "facts' %d tokens", mb, me, off);
     int32_t *pos = malloc((size_t)total * sizeof *pos), *toks = malloc((size_t)total * sizeof *toks);
-    if (!pos || !toks) {
-        free(pos);
-        free(toks);
-        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status st = pos && toks ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK) {
+        recompute_first_list(facts, n, m, mb, pos, toks);
+        st = engine_recompute(e, seq, pos, toks, total);
     }
-    int32_t at = 0, off = mb;
-    for (int32_t i = 0; i < n; i++) {
-        for (int32_t j = 0; j < facts[i].n_tokens && j < m; j++) {
-            pos[at] = off + j;
-            toks[at++] = facts[i].tokens[j];
-        }
-        off += facts[i].n_tokens;
-    }
-    is_status st = off == me ? engine_recompute(e, seq, pos, toks, total)
-                             : is_error_set(IS_ERR_INVALID_ARG, "teacher: memory segment [%d, %d) "
-                                                                "is not the facts' %d tokens", mb, me, off - mb);
     free(pos);
     free(toks);
     return st;
 }
 
-is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
-                                const int32_t *answer, int32_t n_answer, double *nll_mean,
-                                float *first_logits) {
-    return teacher_score_request_m(e, store, a, r, 0, answer, n_answer, nll_mean, first_logits);
-}
-
 is_status teacher_score_request_m(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
                                   int32_t recompute_m, const int32_t *answer, int32_t n_answer,
                                   double *nll_mean, float *first_logits) {
+    ask_request rm = *r;
+    rm.recompute = recompute_m;
+    return teacher_score_request(e, store, a, &rm, answer, n_answer, nll_mean, first_logits);
+}
+
+is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
+                                const int32_t *answer, int32_t n_answer, double *nll_mean,
+                                float *first_logits) {
+    const int32_t recompute_m = r->recompute;
     const memory_prompt *mp = ask_ctx_prompt(a);
     int32_t n = r->mode == ASK_MODE_OFF ? 0 : r->n_facts;
     int32_t *suffix = NULL, n_suffix = 0, *ctx = NULL, n_ctx = 0, seq = -1;
@@ -122,7 +119,9 @@ is_status teacher_score_request_m(engine *e, record_store *store, ask_ctx *a, co
      * be injected before any other injection). */
     if (st == IS_OK && r->mode == ASK_MODE_KV) {
         for (int32_t i = 0; i < n && st == IS_OK; i++) {
-            st = ask_fetch_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i]);
+            /* The blend reads the values even where the backend holds them. */
+            st = r->blend > 0 ? ask_load_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i])
+                              : ask_fetch_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i]);
             if (st == IS_OK) ids[i] = held[i] ? held[i]->content_id : 0;
         }
     }
@@ -141,6 +140,8 @@ is_status teacher_score_request_m(engine *e, record_store *store, ask_ctx *a, co
     if (st == IS_OK) st = engine_seq_fork(e, seq, prefix_seq, n_prefix);
     if (st == IS_OK && r->mode == ASK_MODE_KV) st = engine_inject_ids(e, seq, facts, ids, n);
     /* Before the records go: their tokens are the facts'. */
+    if (st == IS_OK && r->mode == ASK_MODE_KV && r->blend > 0)
+        st = engine_recompute_blend(e, seq, facts, n, r->blend, NULL, NULL);
     if (st == IS_OK && r->mode == ASK_MODE_KV && recompute_m > 0)
         st = recompute_first(e, seq, facts, n, recompute_m);
     for (int32_t i = 0; i < n; i++) {

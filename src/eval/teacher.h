@@ -27,7 +27,8 @@ is_status teacher_score_tokens(engine *e, int32_t seq, const int32_t *context, i
                                float *first_logits);
 
 /* One request's gold answer under one mode (r->query, r->fact_ids for kv,
- * r->fact_texts for prompt, r->n_facts; sampling fields unused): opens a
+ * r->fact_texts for prompt, r->n_facts, and in kv mode r->blend then
+ * r->recompute, the recovery ask_run applies; sampling fields unused): opens a
  * sequence of its own on `e`, the engine that `a` borrows (its records come
  * from `store`, a's record store), scores, closes it. Errors as ask_run and
  * teacher_score_tokens. */
@@ -35,10 +36,9 @@ is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, cons
                                 const int32_t *answer, int32_t n_answer, double *nll_mean,
                                 float *first_logits);
 
-/* teacher_score_request with static recomputation (kv mode): after the
+/* teacher_score_request with r->recompute = recompute_m: after the
  * injection, the first recompute_m tokens of every fact are computed again
- * with the prefix and the facts before them visible (engine_recompute);
- * 0 is teacher_score_request. */
+ * with the prefix and the facts before them visible (engine_recompute). */
 is_status teacher_score_request_m(engine *e, record_store *store, ask_ctx *a, const ask_request *r,
                                   int32_t recompute_m, const int32_t *answer, int32_t n_answer,
                                   double *nll_mean, float *first_logits);

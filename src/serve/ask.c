@@ -1,5 +1,7 @@
 #include "serve/ask.h"
 
+#include "engine/recompute.h"
+
 #include "core/status.h"
 #include "core/threads.h"
 #include "engine/sampler.h"
@@ -48,11 +50,13 @@ bool ask_mode_parse(const char *s, ask_mode *out) {
  * a->logits, or with `greedy` its greedy choice there instead, chosen on
  * the backend (engine_decode_greedy: no logits brought back). */
 static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
-                      engine_kv_capture *cap, int32_t *greedy) {
+                      engine_kv_capture *cap, const int32_t *rw, const engine_blend *bl,
+                      int32_t *greedy) {
     int32_t *seqs = malloc((size_t)(n ? n : 1) * sizeof *seqs);
     if (!seqs) return is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i < n; i++) seqs[i] = seq;
-    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap};
+    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap, .rewrite = rw,
+                      .blend = bl};
     is_status st =
         greedy ? engine_decode_greedy(a->e, &b, greedy) : engine_decode(a->e, &b, a->logits);
     free(seqs);
@@ -60,10 +64,11 @@ static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
 }
 
 /* feed, then the next token chosen by smp into *next. */
-static is_status feed_choose(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n, sampler *smp,
+static is_status feed_choose(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
+                             const int32_t *rw, const engine_blend *bl, sampler *smp,
                              int32_t *next) {
-    if (sampler_is_greedy(smp)) return feed(a, seq, toks, n, NULL, next);
-    is_status st = feed(a, seq, toks, n, NULL, NULL);
+    if (sampler_is_greedy(smp)) return feed(a, seq, toks, n, NULL, rw, bl, next);
+    is_status st = feed(a, seq, toks, n, NULL, rw, bl, NULL);
     if (st == IS_OK) *next = sampler_sample(smp, a->logits);
     return st;
 }
@@ -82,7 +87,7 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
     if (st == IS_OK) st = engine_seq_open(e, &a->prefix_seq);
     if (st == IS_OK) {
         const int32_t *pre = memory_prompt_prefix(a->mp, &a->n_prefix);
-        st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL, NULL);
+        st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL, NULL, NULL, NULL);
     }
     if (st != IS_OK) {
         ask_ctx_free(a);
@@ -455,11 +460,14 @@ is_status ask_peek_record(ask_ctx *a, const char *id, uint64_t *content_id, int3
     return IS_OK;
 }
 
-/* Fetches the records of a kv request as f32 engine facts. */
+/* Fetches the records of a kv request as f32 engine facts (with their
+ * values always where the blend reads them). */
 static is_status fetch_facts(ask_ctx *a, const ask_request *r, const fact_kv **held,
                              engine_fact *facts, float **bufs) {
     for (int32_t i = 0; i < r->n_facts; i++) {
-        is_status st = ask_fetch_record(a, r->fact_ids[i], &held[i], &facts[i], &bufs[i]);
+        const char *id = r->fact_ids[i];
+        is_status st = r->blend > 0 ? ask_load_record(a, id, &held[i], &facts[i], &bufs[i])
+                                    : ask_fetch_record(a, id, &held[i], &facts[i], &bufs[i]);
         if (st != IS_OK) return st;
     }
     return IS_OK;
@@ -509,26 +517,47 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
         if (!ids) st = is_error_set(IS_ERR_NOMEM, "out of memory");
         for (int32_t i = 0; ids && i < n; i++) ids[i] = held[i] ? held[i]->content_id : 0;
         if (st == IS_OK) st = engine_inject_ids(a->e, seq, facts, ids, n);
+        /* The blend goes into the suffix's forward, unless that carries
+         * the static recomputation's rewrites too. */
+        if (st == IS_OK && r->blend > 0 && r->recompute > 0)
+            st = engine_recompute_blend(a->e, seq, facts, n, r->blend, NULL, NULL);
         free(ids);
         for (int32_t i = 0; i < n; i++) tm.n_memory_tokens += facts[i].n_tokens;
     }
     double t2 = now_ms();
     tm.inject_ms = t2 - t1;
+    /* kv with recompute: the first tokens of every fact go first in the
+     * suffix's forward, rewritten in place (one pass over the weights). */
+    int32_t n_rw = r->mode == ASK_MODE_KV && r->recompute > 0
+                       ? recompute_first_count(facts, n, r->recompute)
+                       : 0;
+    int32_t *rw = NULL;
     if (st == IS_OK) {
         /* Prompt mode prefills memory and suffix in one pass, as a prompt would be. */
-        int32_t total = n_mem + n_suffix;
+        int32_t total = n_mem + n_rw + n_suffix;
         int32_t *toks = malloc((size_t)total * sizeof *toks);
-        if (!toks) {
+        rw = n_rw ? malloc((size_t)total * sizeof *rw) : NULL;
+        if (!toks || (n_rw && !rw)) {
             st = is_error_set(IS_ERR_NOMEM, "out of memory");
+            free(toks);
         } else {
             if (n_mem) memcpy(toks, mem, (size_t)n_mem * sizeof *toks);
-            memcpy(toks + n_mem, suffix, (size_t)n_suffix * sizeof *toks);
-            st = feed_choose(a, seq, toks, total, smp, &next);
+            if (n_rw) {
+                int32_t mb, me;
+                engine_seq_memory(a->e, seq, &mb, &me);
+                recompute_first_list(facts, n, r->recompute, mb, rw, toks);
+                for (int32_t i = n_rw; i < total; i++) rw[i] = -1;
+            }
+            memcpy(toks + n_mem + n_rw, suffix, (size_t)n_suffix * sizeof *toks);
+            engine_blend bl = {facts, n, r->blend, NULL, NULL};
+            const bool fuse_blend = r->mode == ASK_MODE_KV && r->blend > 0 && !n_rw;
+            st = feed_choose(a, seq, toks, total, rw, fuse_blend ? &bl : NULL, smp, &next);
             free(toks);
             if (r->mode == ASK_MODE_PROMPT) tm.n_memory_tokens = n_mem;
             tm.n_prefilled = total;
         }
     }
+    free(rw);
     /* The records are no longer needed once their KV is in the cache. */
     for (int32_t i = 0; i < n; i++) {
         if (held[i]) record_store_release(a->store, held[i]);
@@ -548,7 +577,7 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
             if (i + 1 == r->max_tokens) break;
             if (kv_seq_length(engine_kv(a->e), seq) >= engine_n_ctx(a->e)) break;
             const int32_t fed = next;
-            if ((st = feed_choose(a, seq, &fed, 1, smp, &next)) != IS_OK) break;
+            if ((st = feed_choose(a, seq, &fed, 1, NULL, NULL, smp, &next)) != IS_OK) break;
         }
         tm.decode_ms = now_ms() - t0 - tm.ttft_ms;
     }

@@ -139,6 +139,13 @@ typedef struct ask_request {
     int32_t n_facts;
     int32_t max_tokens;
     float temperature; int32_t top_k; float top_p; uint64_t seed;
+    /* Recovery of the facts' cross-attention (kv mode; 0 = none): the
+     * first `recompute` tokens of every fact computed again in the query's
+     * own forward (engine_batch.rewrite), and/or the CacheBlend share
+     * `blend` of the memory's tokens recomputed after the injection
+     * (engine_recompute_blend, which reads the records' values). */
+    int32_t recompute;
+    float blend;
 } ask_request;
 
 /* Answers a request. In kv mode every record must exist and match the

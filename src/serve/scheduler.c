@@ -107,6 +107,8 @@ struct sched_handle {
     int32_t seq;
     int32_t *prompt; /* tokens still to prefill after fork + inject (owned) */
     int32_t n_prompt, n_fed, chunk;
+    int32_t *rw_pos; /* [n_rw] positions the first n_rw prompt tokens recompute (owned) */
+    int32_t n_rw;
     int32_t reserve;       /* blocks the sequence will own at most */
     int32_t shared_blocks; /* prefix blocks shared by reference, not owned */
     sampler *smp;
@@ -155,6 +157,7 @@ struct sched {
     sched_handle **run;
     int32_t n_run;
     int32_t *b_tok, *b_seq;
+    int32_t *b_rw; /* [step_tokens] engine_batch.rewrite */
     bool *b_want;
     sched_handle **rows; /* owner of each logits row */
     float *logits;       /* [max_running][n_vocab] */
@@ -202,6 +205,7 @@ static void handle_destroy(sched_handle *h) {
     for (int32_t i = 0; i < h->n_stop; i++) free(h->stop[i]);
     free(h->stop);
     free(h->prompt);
+    free(h->rw_pos);
     sampler_free(h->smp);
     if (h->out_init) textout_free(&h->out);
     pthread_mutex_destroy(&h->mu);
@@ -714,6 +718,47 @@ static void late_loads(sched *s, sched_handle *h) {
     free(late);
 }
 
+/* A fact's text tokens where they are its record's (the record's own are
+ * not read when the GPU holds it), else NULL. */
+static const int32_t *fact_toks(const req_fact *f) {
+    return f->toks && f->n_toks == f->n_kv_tokens ? f->toks : NULL;
+}
+
+/* The first s->p.recompute tokens of every injected fact (those whose
+ * tokens are known) go before the request's prompt, each to recompute its
+ * slot in the first prefill forward (engine_batch.rewrite). */
+static is_status add_recompute(sched *s, sched_handle *h, const engine_fact *inj, int32_t n_inj) {
+    int32_t mb, me, off, n = 0;
+    engine_seq_memory(s->e, h->seq, &mb, &me);
+    for (int32_t i = 0; i < n_inj; i++)
+        if (inj[i].tokens) n += inj[i].n_tokens < s->p.recompute ? inj[i].n_tokens : s->p.recompute;
+    if (n == 0) return IS_OK;
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    int32_t *prompt = malloc((size_t)(n + h->n_prompt) * sizeof *prompt);
+    if (!pos || !prompt) {
+        free(pos);
+        free(prompt);
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    off = mb;
+    n = 0;
+    for (int32_t i = 0; i < n_inj; i++) {
+        for (int32_t j = 0; inj[i].tokens && j < inj[i].n_tokens && j < s->p.recompute; j++) {
+            pos[n] = off + j;
+            prompt[n++] = inj[i].tokens[j];
+        }
+        off += inj[i].n_tokens;
+    }
+    if (h->n_prompt) memcpy(prompt + n, h->prompt, (size_t)h->n_prompt * sizeof *prompt);
+    free(h->prompt);
+    free(h->rw_pos);
+    h->prompt = prompt;
+    h->n_prompt += n;
+    h->rw_pos = pos;
+    h->n_rw = n;
+    return IS_OK;
+}
+
 /* Starts an admitted request up to its injection: sampler, sequence,
  * prefix fork, the kv facts' records found (resident, pinned, loaded) into
  * a, the text facts and the tokens left to prefill. The caller injects a's
@@ -755,7 +800,7 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
             engine_fact_resident(s->e, f->content_id, f->n_kv_tokens)) {
             /* Pinned at submit (resident, or its copy started then): the
              * injection waits for the copy on the GPU, not here. */
-            inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
+            inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens, .tokens = fact_toks(f)};
             ids[n_inj] = f->content_id;
             rec[n_inj++] = f->record;
             tier = f->tier;
@@ -767,7 +812,7 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
              * With a host tier other threads copy into the GPU cache at any
              * time, so "resident" holds only pinned (until the injection). */
             tier = FACT_TIER_GPU;
-            inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens};
+            inj[n_inj] = (engine_fact){.n_tokens = f->n_kv_tokens, .tokens = fact_toks(f)};
             ids[n_inj] = f->content_id;
             rec[n_inj++] = f->record;
             ok = true;
@@ -834,7 +879,7 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
     /* Logits come from the last prompt token, so there must be one. */
     if (st == IS_OK && h->n_prompt == 0) st = is_error_set(IS_ERR_INVALID_ARG, "empty prompt");
     h->usage.memory_tokens = h->usage.injected_tokens + n_text_tokens;
-    h->usage.prompt_tokens = s->n_prefix + h->usage.injected_tokens + h->n_prompt;
+    h->usage.prompt_tokens = s->n_prefix + h->usage.injected_tokens + h->n_prompt - h->n_rw;
     if (st == IS_OK && h->usage.prompt_tokens + h->max_tokens > s->n_ctx)
         st = is_error_set(IS_ERR_CONTEXT_FULL, "prompt of %d tokens plus max_tokens %d is past the "
                                                "context of %d",
@@ -846,8 +891,11 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
  * pins go, the fact index learns what the backend kept, the records are
  * released. The host views stay until the request ends, when its first
  * token has come back after the copies. */
-static void finish_start(sched *s, admission *a, is_status inject) {
+static is_status finish_start(sched *s, admission *a, is_status inject) {
     sched_handle *h = a->h;
+    /* Before the records go: the recomputed tokens are theirs. */
+    is_status st = inject;
+    if (st == IS_OK && a->n_inj > 0 && s->p.recompute > 0) st = add_recompute(s, h, a->inj, a->n_inj);
     for (int32_t i = 0; i < h->n_facts; i++)
         if (h->facts[i].pinned) {
             engine_fact_unpin(s->e, h->facts[i].content_id);
@@ -858,6 +906,7 @@ static void finish_start(sched *s, admission *a, is_status inject) {
         fact_index_set_resident(s->facts, a->rec[i],
                                 engine_fact_resident(s->e, a->ids[i], a->inj[i].n_tokens));
     admission_free(s, a);
+    return st;
 }
 
 /* Cancelled requests: running ones free their blocks, queued ones leave
@@ -924,7 +973,7 @@ static void inject_admitted(sched *s, admission *adm, int32_t n_adm) {
         for (int32_t i = 0, j = 0; i < n_adm; i++)
             if (adm[i].n_inj > 0) res[i] = qres[j++];
     }
-    for (int32_t i = 0; i < n_adm; i++) finish_start(s, &adm[i], res[i]);
+    for (int32_t i = 0; i < n_adm; i++) res[i] = finish_start(s, &adm[i], res[i]);
     if (st != IS_OK && engine_status(s->e) != IS_OK) {
         backend_failed(s, engine_status(s->e));
         return;
@@ -935,7 +984,7 @@ static void inject_admitted(sched *s, admission *adm, int32_t n_adm) {
         if (res[i] != IS_OK) {
             /* The engine's message is the first failed sequence's. */
             char msg[600];
-            if (first) snprintf(msg, sizeof msg, "%s", first_msg);
+            if (first && first_msg[0]) snprintf(msg, sizeof msg, "%s", first_msg);
             else snprintf(msg, sizeof msg, "inject: %s", is_status_to_string(res[i]));
             first = false;
             finish_error(s, h, res[i], msg);
@@ -1077,12 +1126,14 @@ static void on_token(sched *s, sched_handle *h, int32_t tok, int64_t *generated)
 
 static void step(sched *s) {
     int32_t n = 0, n_rows = 0;
+    bool any_rw = false;
     for (int32_t i = 0; i < s->n_run; i++) {
         sched_handle *h = s->run[i];
         h->chunk = 0;
         if (h->state != RS_DECODE) continue;
         s->b_tok[n] = h->next_tok;
         s->b_seq[n] = h->seq;
+        s->b_rw[n] = -1;
         s->b_want[n] = true;
         s->rows[n_rows++] = h;
         h->chunk = 1;
@@ -1099,6 +1150,8 @@ static void step(sched *s) {
         for (int32_t k = 0; k < c; k++) {
             s->b_tok[n + k] = h->prompt[h->n_fed + k];
             s->b_seq[n + k] = h->seq;
+            s->b_rw[n + k] = h->n_fed + k < h->n_rw ? h->rw_pos[h->n_fed + k] : -1;
+            if (h->n_fed + k < h->n_rw) any_rw = true;
             s->b_want[n + k] = false;
         }
         if (c == left) {
@@ -1109,7 +1162,8 @@ static void step(sched *s) {
         n += c;
     }
     if (n == 0) return;
-    engine_batch b = {.n_tokens = n, .tokens = s->b_tok, .seq = s->b_seq, .want_logits = s->b_want};
+    engine_batch b = {.n_tokens = n, .tokens = s->b_tok, .seq = s->b_seq, .want_logits = s->b_want,
+                      .rewrite = any_rw ? s->b_rw : NULL};
     /* A step whose every row is greedy takes its choices from the backend:
      * no logits leave it (on the GPU, 4 bytes a row instead of the
      * vocabulary's floats). */
@@ -1241,7 +1295,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     if (p.step_tokens == 0) p.step_tokens = gpu ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS;
     if (p.prefill_chunk == 0) p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
-        p.prefetch_bytes < 0 || p.host_tier_bytes < 0 ||
+        p.prefetch_bytes < 0 || p.host_tier_bytes < 0 || p.recompute < 0 ||
         (unsigned)p.record_dtype >= KV_DTYPE_COUNT)
         return is_error_set(IS_ERR_INVALID_ARG, "sched_create: parameters must be positive");
     kv_cache_params kp = kv_cache_get_params(engine_kv(e));
@@ -1269,9 +1323,11 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     s->b_tok = malloc((size_t)p.step_tokens * sizeof *s->b_tok);
     s->b_seq = malloc((size_t)p.step_tokens * sizeof *s->b_seq);
     s->b_want = malloc((size_t)p.step_tokens * sizeof *s->b_want);
+    s->b_rw = malloc((size_t)p.step_tokens * sizeof *s->b_rw);
     s->logits = malloc((size_t)s->max_running * s->n_vocab * sizeof *s->logits);
     s->greedy = malloc((size_t)s->max_running * sizeof *s->greedy);
-    is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->logits && s->greedy
+    is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->b_rw && s->logits &&
+                           s->greedy
                        ? IS_OK
                        : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = fact_index_create(SCHED_FACT_INDEX_MAX, &s->facts);
@@ -1323,6 +1379,7 @@ void sched_free(sched *s) {
     free(s->run);
     free(s->rows);
     free(s->b_tok);
+    free(s->b_rw);
     free(s->b_seq);
     free(s->b_want);
     free(s->logits);

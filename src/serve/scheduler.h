@@ -89,6 +89,9 @@ typedef struct sched_params {
                                 backend has a host tier (CUDA, bf16 cache): a miss is read there
                                 from its file and copied to the GPU as soon as submit names it
                                 (default SCHED_HOST_TIER_BYTES; 0: off, the path above) */
+    int32_t recompute;     /* kv requests: the first tokens of every injected fact computed
+                              again in the request's first prefill forward (engine_batch
+                              .rewrite; default 0: none) */
 } sched_params;
 
 /* Off until the GPU tests of the host tier (test_fact_tiers_cuda) and its

@@ -11,7 +11,12 @@
  *    the serving prefix, shared by reference with the sequence, unchanged
  *    (a fresh fork of it gives the logits it gave before);
  *  - bad positions (outside the memory, not increasing) are refused before
- *    anything runs.
+ *    anything runs;
+ *  - fused (engine_batch.rewrite: the recomputed tokens and the query in one
+ *    forward): the same logits as engine_recompute followed by the query's
+ *    prefill (1e-5 of the range), every token recomputed equals prompt
+ *    mode; a rewrite after an appended token of its sequence is refused
+ *    with the sequence unchanged.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -79,9 +84,10 @@ static void encode(engine *e, const char *text, fact *f) {
 
 /* The query's last logits after the facts injected into a fork of the
  * cached prefix (prefix_seq), with their first m tokens recomputed (m < 0:
- * no call). */
-static void kv_logits(engine *e, int32_t prefix_seq, const fact *f, int m, const int32_t *suf,
-                      int32_t ns, float *out) {
+ * no call), by engine_recompute before the query's prefill or (fused) in
+ * the query's forward. */
+static void kv_logits_x(engine *e, int32_t prefix_seq, const fact *f, int m, bool fused,
+                        const int32_t *suf, int32_t ns, float *out) {
     int32_t np, seq, seqs[512];
     memory_prompt_prefix(g_mp, &np);
     assert_int_equal(engine_seq_open(e, &seq), IS_OK);
@@ -98,12 +104,29 @@ static void kv_logits(engine *e, int32_t prefix_seq, const fact *f, int m, const
             }
             off += f[i].n;
         }
+        if (fused) {
+            int32_t rw[512], len = kv_seq_length(engine_kv(e), seq);
+            assert_true(n + ns <= 512);
+            for (int i = 0; i < 512; i++) seqs[i] = seq;
+            for (int i = 0; i < n + ns; i++) rw[i] = i < n ? pos[i] : -1;
+            memcpy(toks + n, suf, (size_t)ns * sizeof *toks);
+            engine_batch b = {.n_tokens = n + ns, .tokens = toks, .seq = seqs, .rewrite = rw};
+            assert_int_equal(engine_decode(e, &b, out), IS_OK);
+            assert_int_equal(kv_seq_length(engine_kv(e), seq), len + ns);
+            engine_seq_close(e, seq);
+            return;
+        }
         assert_int_equal(engine_recompute(e, seq, pos, toks, n), IS_OK);
     }
     for (int i = 0; i < 512; i++) seqs[i] = seq;
     engine_batch b = {.n_tokens = ns, .tokens = suf, .seq = seqs};
     assert_int_equal(engine_decode(e, &b, out), IS_OK);
     engine_seq_close(e, seq);
+}
+
+static void kv_logits(engine *e, int32_t prefix_seq, const fact *f, int m, const int32_t *suf,
+                      int32_t ns, float *out) {
+    kv_logits_x(e, prefix_seq, f, m, false, suf, ns, out);
 }
 
 static void test_recompute(void **state) {
@@ -160,6 +183,18 @@ static void test_recompute(void **state) {
     assert_true(kv_vs_prompt > 1e-2); /* else the comparison above proves nothing */
     assert_true(some_kv > 1e-3 && some_prompt > 1e-3);
 
+    /* Fused into the query's forward: the same as recomputing first. */
+    float *fused = malloc((size_t)V * sizeof(float));
+    kv_logits_x(e, ps, f, 3, true, suf, ns, fused);
+    double e_fused = test_rel_range_err(fused, some, V);
+    kv_logits_x(e, ps, f, 1000, true, suf, ns, fused);
+    double e_fused_all = test_rel_range_err(fused, prompt, V);
+    printf("  fused, first 3: vs recompute then query %.2e; fused, all: vs prompt %.2e\n",
+           e_fused, e_fused_all);
+    assert_true(e_fused <= 1e-5);
+    assert_true(e_fused_all <= 1e-4);
+    free(fused);
+
     /* The shared prefix blocks were never written. */
     int32_t s3, sq3[512];
     assert_int_equal(engine_seq_open(e, &s3), IS_OK);
@@ -181,6 +216,17 @@ static void test_recompute(void **state) {
     assert_int_equal(engine_recompute(e, seq, p_dec, t2, 2), IS_ERR_INVALID_ARG);
     int32_t p_end[1] = {np + f[0].n};
     assert_int_equal(engine_recompute(e, seq, p_end, t2, 1), IS_ERR_INVALID_ARG);
+    /* Fused: a rewrite after an appended token of its sequence, or outside
+     * the memory, is refused and nothing is appended. */
+    int32_t len0 = kv_seq_length(engine_kv(e), seq), sq[2] = {seq, seq};
+    int32_t rw_late[2] = {-1, np}, rw_out[2] = {np - 1, -1};
+    engine_batch late = {.n_tokens = 2, .tokens = t2, .seq = sq, .rewrite = rw_late};
+    engine_batch outside = {.n_tokens = 2, .tokens = t2, .seq = sq, .rewrite = rw_out};
+    float *junk = malloc((size_t)V * sizeof(float));
+    assert_int_equal(engine_decode(e, &late, junk), IS_ERR_INVALID_ARG);
+    assert_int_equal(engine_decode(e, &outside, junk), IS_ERR_INVALID_ARG);
+    assert_int_equal(kv_seq_length(engine_kv(e), seq), len0);
+    free(junk);
     engine_seq_close(e, seq);
 
     engine_seq_close(e, ps);
