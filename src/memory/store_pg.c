@@ -166,16 +166,15 @@ static void ensure_conn(mem_store *s) {
 
 /* ---- transactions ------------------------------------------------------------------ */
 
-static is_status tx_begin(mem_store *s) { return run0(s, "BEGIN", NULL, "begin"); }
-
-/* Commits when st is IS_OK (after the fault hook), else rolls back. */
-static is_status tx_end(mem_store *s, is_status st) {
-    if (st == IS_OK && s->fault && !s->fault(s->fault_user))
-        st = is_error_set(IS_ERR_IO, "fact store %s: injected fault before commit", PG(s)->where);
-    if (st == IS_OK && (st = run0(s, "COMMIT", NULL, "commit")) == IS_OK) return IS_OK;
-    PQclear(PQexec(PG(s)->conn, "ROLLBACK"));
-    return st;
+/* store.c runs the write bodies below inside these. */
+static void pg_lock(mem_store *s) {
+    pthread_mutex_lock(&PG(s)->mu);
+    ensure_conn(s);
 }
+static void pg_unlock(mem_store *s) { pthread_mutex_unlock(&PG(s)->mu); }
+static is_status pg_begin(mem_store *s) { return run0(s, "BEGIN", NULL, "begin"); }
+static is_status pg_commit(mem_store *s) { return run0(s, "COMMIT", NULL, "commit"); }
+static void pg_rollback(mem_store *s) { PQclear(PQexec(PG(s)->conn, "ROLLBACK")); }
 
 static is_status notify(mem_store *s, const char *op, const char *tenant, const char *user,
                         const char *id, int32_t version, const char *old_record) {
@@ -283,7 +282,7 @@ static int32_t read_version(mem_store *s, bool *facts_exist) {
 }
 
 static is_status migrate(mem_store *s) {
-    is_status st = tx_begin(s);
+    is_status st = pg_begin(s);
     if (st != IS_OK) return st;
     /* One node migrates; the others wait here and then find it done. */
     st = run0(s, "SELECT pg_advisory_xact_lock(7303146025713)", NULL, "lock for the migration");
@@ -356,6 +355,7 @@ is_status store_pg_open(const char *url, bool readonly, mem_store **out) {
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
     s->ops = &PG_OPS;
+    s->where = PG(s)->where;
     pthread_mutex_init(&PG(s)->mu, NULL);
     PG(s)->readonly = readonly;
     make_origin(PG(s)->origin);
@@ -481,18 +481,13 @@ static is_status pg_meta_set(mem_store *s, const char *key, const char *value) {
 
 /* ---- insert ------------------------------------------------------------------------------------- */
 
-static is_status pg_insert(mem_store *s, const mem_fact *f) {
+static is_status pg_insert(mem_store *s, const mem_fact *f, int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
-    is_status st = tx_begin(s);
-    if (st != IS_OK) goto out;
     pq_params p = {0};
     p_text(&p, f->tenant);
     p_int(&p, now);
-    st = run0(s, "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", &p,
+    is_status st = run0(s, "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", &p,
               "insert tenant");
     if (st == IS_OK) {
         p = (pq_params){0};
@@ -546,9 +541,6 @@ static is_status pg_insert(mem_store *s, const mem_fact *f) {
     }
     if (st == IS_OK) st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_ADD, NULL, f->text, now);
     if (st == IS_OK) st = notify(s, "add", f->tenant, f->user, f->id, f->version, NULL);
-    st = tx_end(s, st);
-out:
-    pthread_mutex_unlock(&PG(s)->mu);
     free(ctx);
     return st;
 }
@@ -695,18 +687,14 @@ static is_status pg_list(mem_store *s, const mem_filter *f, bool with_embedding,
 
 /* ---- update ------------------------------------------------------------------------------------------ */
 
-static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_version) {
+static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_version,
+                           int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     mem_fact old = {0};
-    is_status st = tx_begin(s);
-    if (st != IS_OK) goto out;
     /* The row's lock: a concurrent update on another node waits for our
      * commit and then sees the version we wrote. */
-    st = get_locked(s, f->tenant, f->user, f->id, false, true, &old);
+    is_status st = get_locked(s, f->tenant, f->user, f->id, false, true, &old);
     if (st == IS_OK && old.version != expected_version)
         st = is_error_set(IS_ERR_MISMATCH, "memory %s changed meanwhile (version %d, expected %d)",
                           f->id, old.version, expected_version);
@@ -733,17 +721,12 @@ static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_ver
     if (st == IS_OK)
         st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_UPDATE, old.text, f->text, now);
     if (st == IS_OK) st = notify(s, "update", f->tenant, f->user, f->id, f->version, old.kv_record);
-    st = tx_end(s, st);
-out:
-    pthread_mutex_unlock(&PG(s)->mu);
     mem_fact_clear(&old);
     free(ctx);
     return st;
 }
 
 static is_status pg_set_kv(mem_store *s, const char *id, int32_t version, const char *kv_record) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, kv_record);
     p_text(&p, id);
@@ -754,7 +737,6 @@ static is_status pg_set_kv(mem_store *s, const char *id, int32_t version, const 
     if (st == IS_OK && strcmp(PQcmdTuples(r), "0") == 0)
         st = is_error_set(IS_ERR_NOT_FOUND, "no memory %s at version %d", id, version);
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -773,44 +755,18 @@ static is_status delete_row(mem_store *s, const mem_fact *f, int64_t now) {
     return st;
 }
 
+/* The rows are locked (FOR UPDATE) before they are deleted. */
 static is_status pg_delete(mem_store *s, const char *tenant, const char *user, const char *id,
-                           mem_fact *old) {
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
-    mem_fact row = {0};
-    is_status st = tx_begin(s);
-    if (st == IS_OK) {
-        st = get_locked(s, tenant, user, id, false, true, &row);
-        if (st == IS_OK) st = delete_row(s, &row, now);
-        st = tx_end(s, st);
-    }
-    pthread_mutex_unlock(&PG(s)->mu);
-    if (st == IS_OK && old) *old = row;
-    else mem_fact_clear(&row);
-    return st;
+                           mem_fact *row, int64_t now) {
+    is_status st = get_locked(s, tenant, user, id, false, true, row);
+    return st != IS_OK ? st : delete_row(s, row, now);
 }
 
-static is_status pg_delete_all(mem_store *s, const mem_filter *f, mem_fact **deleted, int32_t *n) {
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
-    mem_fact *rows = NULL;
-    int32_t nr = 0;
-    is_status st = tx_begin(s);
-    if (st == IS_OK) {
-        st = list_locked(s, f, false, true, &rows, &nr);
-        for (int32_t i = 0; st == IS_OK && i < nr; i++) st = delete_row(s, &rows[i], now);
-        st = tx_end(s, st);
-    }
-    pthread_mutex_unlock(&PG(s)->mu);
-    if (st != IS_OK) {
-        mem_facts_free(rows, nr);
-        return st;
-    }
-    *deleted = rows;
-    *n = nr;
-    return IS_OK;
+static is_status pg_delete_all(mem_store *s, const mem_filter *f, mem_fact **rows, int32_t *n,
+                               int64_t now) {
+    is_status st = list_locked(s, f, false, true, rows, n);
+    for (int32_t i = 0; st == IS_OK && i < *n; i++) st = delete_row(s, &(*rows)[i], now);
+    return st;
 }
 
 /* ---- history, sources, owners, users --------------------------------------------------------------- */
@@ -1062,7 +1018,7 @@ static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
     if (st == IS_OK && move && b.n > 0) {
         /* Bad rows move, whole and as stored, to facts_quarantine (with the
          * reason), in one transaction: the rest is served, nothing is lost. */
-        st = tx_begin(s);
+        st = pg_begin(s);
         if (st == IS_OK)
             st = run0(s,
                       "CREATE TABLE IF NOT EXISTS facts_quarantine AS SELECT *, ''::text AS reason, "
@@ -1079,7 +1035,8 @@ static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
             p_text(&d, b.ids[i]);
             if (st == IS_OK) st = run0(s, "DELETE FROM facts WHERE id = $1", &d, "remove a quarantined row");
         }
-        st = tx_end(s, st);
+        if (st == IS_OK) st = pg_commit(s);
+        if (st != IS_OK) pg_rollback(s);
         if (st == IS_OK) {
             char msg[160];
             snprintf(msg, sizeof msg, "%lld bad rows moved to table facts_quarantine (first: %s)",
@@ -1205,6 +1162,11 @@ static const mem_store_ops PG_OPS = {
     .close = pg_close,
     .meta_get = pg_meta_get,
     .meta_set = pg_meta_set,
+    .lock = pg_lock,
+    .unlock = pg_unlock,
+    .begin = pg_begin,
+    .commit = pg_commit,
+    .rollback = pg_rollback,
     .insert = pg_insert,
     .get = pg_get,
     .get_many = pg_get_many,
