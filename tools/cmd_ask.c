@@ -234,12 +234,7 @@ int cmd_ask(int argc, char **argv) {
                 return 1;
             }
             break;
-        case 'd':
-            if (!kv_dtype_parse(optarg, &dtype)) {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
-                return 1;
-            }
-            break;
+        case 'd': if (!cli_parse_kv_dtype(optarg, &dtype)) return 1; break;
         case 'D': data = optarg; break;
         case 'E': emb_dir = optarg; break;
         case 'G': if (!cli_parse_retrieval(optarg, &gpu_retrieval)) return 1; break;

@@ -863,12 +863,7 @@ int cmd_eval(int argc, char **argv) {
         case 'I': o.instruction = optarg; break;
         case 'n': if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1; break;
         case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &o.threads)) return 1; break;
-        case 'd':
-            if (!kv_dtype_parse(optarg, &o.dtype)) {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
-                return 1;
-            }
-            break;
+        case 'd': if (!cli_parse_kv_dtype(optarg, &o.dtype)) return 1; break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 1;
         }
