@@ -37,20 +37,24 @@ is_status test_fake_embed(void *user_data, const char *const *texts, int32_t n, 
     return IS_OK;
 }
 
+void test_fake_meta(fact_kv_meta *m, int32_t n_tokens, int32_t window, const char *hash_text) {
+    memset(m, 0, sizeof *m);
+    memcpy(m->model_fingerprint, "fa4efa4efa4efa4e", 17);
+    m->dtype = KV_DTYPE_F32;
+    m->n_layers = 1;
+    m->n_kv_heads = 1;
+    m->head_dim = 4;
+    m->n_tokens = n_tokens;
+    m->rope_n_rot = 4;
+    m->rope_freq_base = 10000.0f;
+    m->rope_freq_scale = 1.0f;
+    m->window = window < -1 ? -1 : window;
+    m->text_hash = fact_text_hash(hash_text, strlen(hash_text));
+}
+
 is_status test_fake_record_put(record_store *rs, const memory_encode_job *job, int32_t tokens0) {
     fact_kv_meta m;
-    memset(&m, 0, sizeof m);
-    memcpy(m.model_fingerprint, "fa4efa4efa4efa4e", 17);
-    m.dtype = KV_DTYPE_F32;
-    m.n_layers = 1;
-    m.n_kv_heads = 1;
-    m.head_dim = 4;
-    m.n_tokens = 2;
-    m.rope_n_rot = 4;
-    m.rope_freq_base = 10000.0f;
-    m.rope_freq_scale = 1.0f;
-    m.window = job->window < -1 ? -1 : job->window;
-    m.text_hash = fact_text_hash(job->text, strlen(job->text));
+    test_fake_meta(&m, 2, job->window, job->text);
     int32_t tokens[2] = {tokens0, job->window};
     float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8] = {8, 7, 6, 5, 4, 3, 2, 1};
     return record_store_put(rs, job->record_id, &m, tokens, k, v);

@@ -8,6 +8,7 @@
 #ifndef IS_TEST_FAKES_H
 #define IS_TEST_FAKES_H
 
+#include "kv/fact_record.h"
 #include "kv/record_store.h"
 #include "memory/memory.h"
 
@@ -22,6 +23,11 @@ void test_bow_embed(const char *const *texts, int32_t n, int32_t dim, float *out
 
 /* A memory_embed_fn: test_bow_embed with TEST_FAKE_DIM. */
 is_status test_fake_embed(void *user_data, const char *const *texts, int32_t n, float *out);
+
+/* The metadata of a fake record: the fake model's fingerprint, f32, one
+ * layer and KV head of 4 dims, n_tokens tokens, the window, and the hash
+ * of hash_text. */
+void test_fake_meta(fact_kv_meta *m, int32_t n_tokens, int32_t window, const char *hash_text);
 
 /* Writes the small valid record of a fake encoder for job (f32, one layer,
  * head and two tokens; tokens = {tokens0, job->window}; the text's hash).
