@@ -257,12 +257,22 @@ is_status mem_store_watch(mem_store *s, mem_store_change_fn fn, void *user_data)
     return s->ops->watch(s, fn, user_data);
 }
 
+/* Every other call runs its op under the connection's lock (one caller at
+ * a time on the connection), taken here rather than in each op. */
+#define LOCKED(s, type, call)                                                                      \
+    do {                                                                                           \
+        (s)->ops->lock(s);                                                                         \
+        type r_ = (call);                                                                          \
+        (s)->ops->unlock(s);                                                                       \
+        return r_;                                                                                 \
+    } while (0)
+
 is_status mem_store_meta_get(mem_store *s, const char *key, char **value) {
-    return s->ops->meta_get(s, key, value);
+    LOCKED(s, is_status, s->ops->meta_get(s, key, value));
 }
 
 is_status mem_store_meta_set(mem_store *s, const char *key, const char *value) {
-    return s->ops->meta_set(s, key, value);
+    LOCKED(s, is_status, s->ops->meta_set(s, key, value));
 }
 
 /* ---- writes: one transaction each, or one for a batch --------------------------- */
@@ -366,7 +376,7 @@ is_status mem_store_get(mem_store *s, const char *tenant, const char *user, cons
     memset(out, 0, sizeof *out);
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: get needs tenant, user and id");
-    return s->ops->get(s, tenant, user, id, with_embedding, out);
+    LOCKED(s, is_status, s->ops->get(s, tenant, user, id, with_embedding, out));
 }
 
 is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
@@ -381,13 +391,15 @@ is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
     if (!tenant || !user)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: get_many needs tenant and user");
     if (n == 0) return IS_OK;
-    if (s->ops->get_many) return s->ops->get_many(s, tenant, user, ids, n, out, found);
+    if (s->ops->get_many) LOCKED(s, is_status, s->ops->get_many(s, tenant, user, ids, n, out, found));
     is_status st = IS_OK;
+    s->ops->lock(s);
     for (int32_t i = 0; i < n && st == IS_OK; i++) {
         st = s->ops->get(s, tenant, user, ids[i], false, &out[i]);
         found[i] = st == IS_OK;
         if (st == IS_ERR_NOT_FOUND) st = IS_OK;
     }
+    s->ops->unlock(s);
     if (st != IS_OK)
         for (int32_t i = 0; i < n; i++) mem_fact_clear(&out[i]);
     return st;
@@ -396,7 +408,8 @@ is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
 is_status mem_store_list(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
                          int32_t *n) {
     is_status st = store_check_filter(f);
-    return st != IS_OK ? st : s->ops->list(s, f, with_embedding, out, n);
+    if (st != IS_OK) return st;
+    LOCKED(s, is_status, s->ops->list(s, f, with_embedding, out, n));
 }
 
 typedef struct update_args {
@@ -491,54 +504,58 @@ is_status mem_store_history(mem_store *s, const char *tenant, const char *user, 
                             mem_history **out, int32_t *n) {
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: history needs tenant, user and id");
-    return s->ops->history(s, tenant, user, id, out, n);
+    LOCKED(s, is_status, s->ops->history(s, tenant, user, id, out, n));
 }
 
 is_status mem_store_find_source(mem_store *s, const char *tenant, const char *user,
                                 const char *source, const char *hash,
                                 char id_out[MEM_ID_MAX + 1]) {
-    return s->ops->find_source(s, tenant, user, source, hash, id_out);
+    LOCKED(s, is_status, s->ops->find_source(s, tenant, user, source, hash, id_out));
 }
 
-int64_t mem_store_count(mem_store *s) { return s->ops->count(s); }
+int64_t mem_store_count(mem_store *s) { LOCKED(s, int64_t, s->ops->count(s)); }
 
 is_status mem_store_owner(mem_store *s, const char *tenant, const char *id, char **user) {
     if (!s || !tenant || !id || !user)
         return is_error_set(IS_ERR_INVALID_ARG, "mem_store_owner: NULL argument");
-    return s->ops->owner(s, tenant, id, user);
+    LOCKED(s, is_status, s->ops->owner(s, tenant, id, user));
 }
 
 is_status mem_store_users(mem_store *s, const char *tenant, char ***out, int32_t *n) {
     if (!s || !tenant || !out || !n)
         return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
-    return s->ops->users(s, tenant, out, n);
+    LOCKED(s, is_status, s->ops->users(s, tenant, out, n));
 }
 
 is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn,
                             void *user_data) {
-    return s->ops->foreach(s, with_embedding, fn, user_data);
+    LOCKED(s, is_status, s->ops->foreach(s, with_embedding, fn, user_data));
 }
 
 is_status mem_store_quarantine_bad_rows(mem_store *s, int32_t dim, int64_t *n_out) {
-    return s->ops->quarantine(s, dim, true, n_out);
+    LOCKED(s, is_status, s->ops->quarantine(s, dim, true, n_out));
 }
 
 is_status mem_store_count_bad_rows(mem_store *s, int32_t dim, int64_t *n_out) {
-    return s->ops->quarantine(s, dim, false, n_out);
+    LOCKED(s, is_status, s->ops->quarantine(s, dim, false, n_out));
 }
 
 void mem_store_missing_tables(mem_store *s, char *out, size_t cap) {
+    s->ops->lock(s);
     s->ops->missing_tables(s, out, cap);
+    s->ops->unlock(s);
 }
 
 is_status mem_store_integrity(mem_store *s, char *out, size_t cap) {
-    return s->ops->integrity(s, out, cap);
+    LOCKED(s, is_status, s->ops->integrity(s, out, cap));
 }
 
 is_status mem_store_foreach_record(mem_store *s, mem_store_record_fn fn, void *user_data) {
-    return s->ops->foreach_record(s, fn, user_data);
+    LOCKED(s, is_status, s->ops->foreach_record(s, fn, user_data));
 }
 
-int64_t mem_store_count_history(mem_store *s) { return s->ops->count_history(s); }
+int64_t mem_store_count_history(mem_store *s) { LOCKED(s, int64_t, s->ops->count_history(s)); }
 
-int64_t mem_store_count_quarantined(mem_store *s) { return s->ops->count_quarantined(s); }
+int64_t mem_store_count_quarantined(mem_store *s) {
+    LOCKED(s, int64_t, s->ops->count_quarantined(s));
+}

@@ -14,6 +14,9 @@
  * Every op has the contract of the mem_store_ function of the same name in
  * store.h; an implementation embeds `mem_store` as its first member.
  *
+ * Locking: store.c takes the connection's lock (ops->lock) around every
+ * op but close and watch, so an op never locks itself.
+ *
  * Writes: the mutating ops (insert, update, set_kv, del, delete_all) are
  * transaction bodies. store.c runs each one, or a batch of them (one
  * group commit: mem_store_insert_many, mem_store_set_kv_many), as lock,

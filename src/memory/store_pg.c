@@ -450,8 +450,6 @@ static is_status row_to_fact(const PGresult *r, int row, bool with_embedding, me
 /* ---- meta --------------------------------------------------------------------------------------- */
 
 static is_status pg_meta_get(mem_store *s, const char *key, char **value) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, key);
     PGresult *r = NULL;
@@ -461,13 +459,10 @@ static is_status pg_meta_get(mem_store *s, const char *key, char **value) {
     else if (st == IS_OK && !(*value = col_dup(r, 0, 0)))
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static is_status pg_meta_set(mem_store *s, const char *key, const char *value) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, key);
     p_text(&p, value);
@@ -475,7 +470,6 @@ static is_status pg_meta_set(mem_store *s, const char *key, const char *value) {
                         "INSERT INTO meta (key, value) VALUES ($1, $2) "
                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         &p, "write meta");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -568,10 +562,7 @@ static is_status get_locked(mem_store *s, const char *tenant, const char *user, 
 
 static is_status pg_get(mem_store *s, const char *tenant, const char *user, const char *id,
                         bool with_embedding, mem_fact *out) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = get_locked(s, tenant, user, id, with_embedding, false, out);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -606,13 +597,10 @@ static is_status pg_get_many(mem_store *s, const char *tenant, const char *user,
     p_text(&p, user);
     p_text(&p, arr);
     PGresult *r = NULL;
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = run(s,
                        "SELECT " COLS_NOEMB " FROM facts WHERE tenant = $1 AND user_id = $2 "
                        "AND id = ANY($3::text[])",
                        &p, "read facts", &r);
-    pthread_mutex_unlock(&PG(s)->mu);
     free(arr);
     int rows = st == IS_OK ? PQntuples(r) : 0;
     for (int row = 0; st == IS_OK && row < rows; row++) {
@@ -678,10 +666,7 @@ static is_status list_locked(mem_store *s, const mem_filter *f, bool with_embedd
 
 static is_status pg_list(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
                          int32_t *n) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = list_locked(s, f, with_embedding, false, out, n);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -773,8 +758,6 @@ static is_status pg_delete_all(mem_store *s, const mem_filter *f, mem_fact **row
 
 static is_status pg_history(mem_store *s, const char *tenant, const char *user, const char *id,
                             mem_history **out, int32_t *n_out) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, id);
     p_text(&p, tenant);
@@ -784,7 +767,6 @@ static is_status pg_history(mem_store *s, const char *tenant, const char *user, 
                        "SELECT id, event, old_text, new_text, at FROM history WHERE fact_id = $1 "
                        "AND tenant = $2 AND user_id = $3 ORDER BY id",
                        &p, "read history", &r);
-    pthread_mutex_unlock(&PG(s)->mu);
     int32_t n = st == IS_OK ? PQntuples(r) : 0;
     mem_history *h = NULL;
     if (st == IS_OK && n == 0) st = is_error_set(IS_ERR_NOT_FOUND, "no memory with id %s", id);
@@ -815,8 +797,6 @@ static is_status pg_history(mem_store *s, const char *tenant, const char *user, 
 static is_status pg_find_source(mem_store *s, const char *tenant, const char *user,
                                 const char *source, const char *hash,
                                 char id_out[MEM_ID_MAX + 1]) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, tenant);
     p_text(&p, user);
@@ -832,13 +812,10 @@ static is_status pg_find_source(mem_store *s, const char *tenant, const char *us
     else if (st == IS_OK)
         snprintf(id_out, MEM_ID_MAX + 1, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static is_status pg_owner(mem_store *s, const char *tenant, const char *id, char **user) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, id);
     p_text(&p, tenant);
@@ -852,13 +829,10 @@ static is_status pg_owner(mem_store *s, const char *tenant, const char *id, char
     else if (st == IS_OK && !(*user = col_dup(r, 0, 0)))
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static is_status pg_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, tenant);
     PGresult *r = NULL;
@@ -866,7 +840,6 @@ static is_status pg_users(mem_store *s, const char *tenant, char ***out, int32_t
                        "SELECT user_id FROM facts WHERE tenant = $1 GROUP BY user_id "
                        "ORDER BY user_id COLLATE \"C\"",
                        &p, "list users", &r);
-    pthread_mutex_unlock(&PG(s)->mu);
     int32_t n = st == IS_OK ? PQntuples(r) : 0;
     char **u = NULL;
     if (n > 0 && !(u = calloc((size_t)n, sizeof *u))) st = is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -924,14 +897,11 @@ static is_status foreach_row(mem_store *s, const PGresult *r, void *ud) {
 }
 
 static is_status pg_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn, void *ud) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     foreach_ctx c = {with_embedding, fn, ud};
     is_status st = scan(s,
                         with_embedding ? "SELECT " COLS_EMB " FROM facts ORDER BY id COLLATE \"C\""
                                        : "SELECT " COLS_NOEMB " FROM facts ORDER BY id COLLATE \"C\"",
                         foreach_row, &c, "scan facts");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -946,23 +916,17 @@ static is_status record_row(mem_store *s, const PGresult *r, void *ud) {
 }
 
 static is_status pg_foreach_record(mem_store *s, mem_store_record_fn fn, void *ud) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     record_ctx c = {fn, ud};
     is_status st = scan(s, "SELECT kv_record FROM facts WHERE kv_record IS NOT NULL", record_row, &c,
                         "scan records");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static int64_t count_sql(mem_store *s, const char *sql, int64_t absent) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     PGresult *r = NULL;
     int64_t n = absent;
     if (run(s, sql, NULL, "count", &r) == IS_OK && PQntuples(r) == 1) n = col_i64(r, 0, 0);
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return n;
 }
 
@@ -1010,8 +974,6 @@ static is_status bad_row(mem_store *s, const PGresult *r, void *ud) {
 
 static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out) {
     if (n_out) *n_out = 0;
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     bad_rows b = {.dim = dim};
     is_status st = scan(s, "SELECT " COLS_EMB " FROM facts", bad_row, &b, "scan facts");
     if (st == IS_OK && !move && n_out) *n_out = b.n;
@@ -1047,14 +1009,11 @@ static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
     }
     free(b.ids);
     free(b.why);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static void pg_missing_tables(mem_store *s, char *out, size_t cap) {
     out[0] = '\0';
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     for (size_t i = 0; i < sizeof TABLES / sizeof TABLES[0]; i++) {
         pq_params p = {0};
         p_text(&p, TABLES[i]);
@@ -1067,15 +1026,11 @@ static void pg_missing_tables(mem_store *s, char *out, size_t cap) {
             snprintf(out + l, cap - l, "%s%s", l ? ", " : "", TABLES[i]);
         }
     }
-    pthread_mutex_unlock(&PG(s)->mu);
 }
 
 static is_status pg_integrity(mem_store *s, char *out, size_t cap) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = run0(s, "SELECT 1", NULL, "integrity");
     if (st == IS_OK) snprintf(out, cap, "ok");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 

@@ -356,7 +356,6 @@ static is_status row_to_fact(sqlite3_stmt *q, bool with_embedding, mem_fact *f) 
 /* ---- meta ---------------------------------------------------------------------- */
 
 static is_status sq_meta_get(mem_store *s, const char *key, char **value) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "SELECT value FROM meta WHERE key = ?", &q);
     if (st == IS_OK) {
@@ -373,12 +372,10 @@ static is_status sq_meta_get(mem_store *s, const char *key, char **value) {
         }
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_meta_set(mem_store *s, const char *key, const char *value) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", &q);
     if (st == IS_OK) {
@@ -386,7 +383,6 @@ static is_status sq_meta_set(mem_store *s, const char *key, const char *value) {
         bind_text(q, 2, value);
         st = step_done(s, q, "write meta");
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -478,9 +474,7 @@ static is_status sq_get(mem_store *s, const char *tenant, const char *user, cons
     memset(out, 0, sizeof *out);
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: get needs tenant, user and id");
-    pthread_mutex_lock(&SQ(s)->mu);
     is_status st = get_locked(s, tenant, user, id, with_embedding, out);
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -488,7 +482,6 @@ static is_status sq_get(mem_store *s, const char *tenant, const char *user, cons
  * inside one read transaction, so all the rows come from one snapshot. */
 static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
                              const char *const *ids, int32_t n, mem_fact *out, bool *found) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q = NULL;
     is_status st = exec(s, "BEGIN");
     if (st == IS_OK) {
@@ -506,7 +499,6 @@ static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
         sqlite3_finalize(q); /* NULL when prepare failed: a no-op */
         sqlite3_exec(SQ(s)->db, "COMMIT", NULL, NULL, NULL);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     if (st != IS_OK)
         for (int32_t i = 0; i < n; i++) {
             mem_fact_clear(&out[i]);
@@ -563,9 +555,7 @@ static is_status sq_list(mem_store *s, const mem_filter *f, bool with_embedding,
                          int32_t *n) {
     is_status st = store_check_filter(f);
     if (st != IS_OK) return st;
-    pthread_mutex_lock(&SQ(s)->mu);
     st = list_locked(s, f, with_embedding, out, n);
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -656,7 +646,6 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
                             mem_history **out, int32_t *n_out) {
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: history needs tenant, user and id");
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     mem_history *h = NULL;
     int32_t n = 0, cap = 0;
@@ -695,7 +684,6 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
         if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "read history");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     if (st == IS_OK && n == 0) st = is_error_set(IS_ERR_NOT_FOUND, "no memory with id %s", id);
     if (st != IS_OK) {
         mem_history_free(h, n);
@@ -709,7 +697,6 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
 static is_status sq_find_source(mem_store *s, const char *tenant, const char *user,
                                 const char *source, const char *hash,
                                 char id_out[MEM_ID_MAX + 1]) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s,
                            "SELECT id FROM facts WHERE tenant = ? AND user_id = ? AND source = ? "
@@ -729,13 +716,11 @@ static is_status sq_find_source(mem_store *s, const char *tenant, const char *us
             st = sql_err(s, "find source");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_owner(mem_store *s, const char *tenant, const char *id, char **user) {
     if (!s || !tenant || !id || !user) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_owner: NULL argument");
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s,
                            "SELECT user_id FROM facts WHERE id = ? AND tenant = ? "
@@ -758,28 +743,24 @@ static is_status sq_owner(mem_store *s, const char *tenant, const char *id, char
         }
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 /* The rows of one table, or `absent` where it cannot be counted (a
  * missing table among them). */
 static int64_t count_rows(mem_store *s, const char *sql, int64_t absent) {
-    pthread_mutex_lock(&SQ(s)->mu);
     int64_t n = absent;
     sqlite3_stmt *q;
     if (sqlite3_prepare_v2(SQ(s)->db, sql, -1, &q, NULL) == SQLITE_OK) {
         if (sqlite3_step(q) == SQLITE_ROW) n = sqlite3_column_int64(q, 0);
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return n;
 }
 
 static int64_t sq_count(mem_store *s) { return count_rows(s, "SELECT count(*) FROM facts", -1); }
 
 static is_status sq_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn, void *ud) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "SELECT " FACT_COLUMNS " FROM facts ORDER BY id", &q);
     if (st == IS_OK) {
@@ -794,7 +775,6 @@ static is_status sq_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn
         if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "scan facts");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -816,13 +796,10 @@ static const char *row_problem(sqlite3_stmt *q, int32_t dim) {
 }
 
 static void sq_missing_tables(mem_store *s, char *out, size_t cap) {
-    pthread_mutex_lock(&SQ(s)->mu);
     find_missing_tables(s, out, cap);
-    pthread_mutex_unlock(&SQ(s)->mu);
 }
 
 static is_status sq_integrity(mem_store *s, char *out, size_t cap) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "PRAGMA quick_check", &q);
     if (st == IS_OK) {
@@ -834,12 +811,10 @@ static is_status sq_integrity(mem_store *s, char *out, size_t cap) {
         }
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_foreach_record(mem_store *s, mem_store_record_fn fn, void *ud) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "SELECT kv_record FROM facts WHERE kv_record IS NOT NULL", &q);
     if (st == IS_OK) {
@@ -851,13 +826,11 @@ static is_status sq_foreach_record(mem_store *s, mem_store_record_fn fn, void *u
         if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "scan records");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out) {
     if (n_out) *n_out = 0;
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     int64_t *rowids = NULL;
     const char **why = NULL;
@@ -929,7 +902,6 @@ static is_status sq_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
     }
     free(rowids);
     free(why);
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -941,7 +913,6 @@ static int64_t sq_count_quarantined(mem_store *s) {
 
 static is_status sq_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
     if (!s || !tenant || !out || !n_out) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     char **u = NULL;
     int32_t n = 0, cap = 0;
@@ -964,7 +935,6 @@ static is_status sq_users(mem_store *s, const char *tenant, char ***out, int32_t
         else if (rc != SQLITE_DONE) st = sql_err(s, "list users");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     if (st != IS_OK) {
         for (int32_t i = 0; i < n; i++) free(u[i]);
         free(u);
