@@ -391,17 +391,23 @@ is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
     if (!tenant || !user)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: get_many needs tenant and user");
     if (n == 0) return IS_OK;
-    if (s->ops->get_many) LOCKED(s, is_status, s->ops->get_many(s, tenant, user, ids, n, out, found));
     is_status st = IS_OK;
     s->ops->lock(s);
-    for (int32_t i = 0; i < n && st == IS_OK; i++) {
-        st = s->ops->get(s, tenant, user, ids[i], false, &out[i]);
-        found[i] = st == IS_OK;
-        if (st == IS_ERR_NOT_FOUND) st = IS_OK;
+    if (s->ops->get_many) {
+        st = s->ops->get_many(s, tenant, user, ids, n, out, found);
+    } else {
+        for (int32_t i = 0; i < n && st == IS_OK; i++) {
+            st = s->ops->get(s, tenant, user, ids[i], false, &out[i]);
+            found[i] = st == IS_OK;
+            if (st == IS_ERR_NOT_FOUND) st = IS_OK;
+        }
     }
     s->ops->unlock(s);
     if (st != IS_OK)
-        for (int32_t i = 0; i < n; i++) mem_fact_clear(&out[i]);
+        for (int32_t i = 0; i < n; i++) {
+            mem_fact_clear(&out[i]);
+            found[i] = false;
+        }
     return st;
 }
 

@@ -613,12 +613,7 @@ static is_status pg_get_many(mem_store *s, const char *tenant, const char *user,
         }
     }
     PQclear(r);
-    if (st != IS_OK)
-        for (int32_t i = 0; i < n; i++) {
-            mem_fact_clear(&out[i]);
-            found[i] = false;
-        }
-    return st;
+    return st; /* store.c clears out and found on failure */
 }
 
 /* Ids compare bytewise (COLLATE "C"), as SQLite compares them. */

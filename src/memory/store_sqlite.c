@@ -499,12 +499,7 @@ static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
         sqlite3_finalize(q); /* NULL when prepare failed: a no-op */
         sqlite3_exec(SQ(s)->db, "COMMIT", NULL, NULL, NULL);
     }
-    if (st != IS_OK)
-        for (int32_t i = 0; i < n; i++) {
-            mem_fact_clear(&out[i]);
-            found[i] = false;
-        }
-    return st;
+    return st; /* store.c clears out and found on failure */
 }
 
 
