@@ -9,6 +9,10 @@
 #include <math.h>
 #include <string.h>
 
+#ifdef IS_HAVE_LIBPQ
+#include <libpq-fe.h>
+#endif
+
 void test_bow_embed(const char *const *texts, int32_t n, int32_t dim, float *out) {
     for (int32_t i = 0; i < n; i++) {
         float *e = out + (size_t)i * dim;
@@ -58,4 +62,19 @@ is_status test_fake_record_put(record_store *rs, const memory_encode_job *job, i
     int32_t tokens[2] = {tokens0, job->window};
     float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8] = {8, 7, 6, 5, 4, 3, 2, 1};
     return record_store_put(rs, job->record_id, &m, tokens, k, v);
+}
+
+bool test_pg_reset(const char *url) {
+#ifdef IS_HAVE_LIBPQ
+    PGconn *c = PQconnectdb(url);
+    PQclear(PQexec(c, "SET client_min_messages = warning"));
+    PGresult *r = PQexec(c, "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
+    bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    PQfinish(c);
+    return ok;
+#else
+    (void)url;
+    return false;
+#endif
 }

@@ -3,7 +3,8 @@
  * exercise storage, crashes and nodes without running a network: a hashed
  * bag-of-words sentence embedder (deterministic; texts sharing words score
  * alike) and a tiny KV record that still carries its fact's text hash and
- * window, so the service's checks (memory_check, reconciliation) apply.
+ * window, so the service's checks (memory_check, reconciliation) apply;
+ * and an empty PostgreSQL database for each case of a test on that store.
  */
 #ifndef IS_TEST_FAKES_H
 #define IS_TEST_FAKES_H
@@ -12,6 +13,7 @@
 #include "kv/record_store.h"
 #include "memory/memory.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* The dimension of test_fake_embed. */
@@ -33,5 +35,9 @@ void test_fake_meta(fact_kv_meta *m, int32_t n_tokens, int32_t window, const cha
  * head and two tokens; tokens = {tokens0, job->window}; the text's hash).
  * record_store_put's status. */
 is_status test_fake_record_put(record_store *rs, const memory_encode_job *job, int32_t tokens0);
+
+/* Empties the PostgreSQL database at url (its public schema dropped and
+ * made again). False if that fails or the build has no libpq. */
+bool test_pg_reset(const char *url);
 
 #endif

@@ -70,9 +70,6 @@
 #include "memory/memory.h"
 #include "serve/ask.h"
 
-#ifdef IS_HAVE_LIBPQ
-#include <libpq-fe.h>
-#endif
 
 #define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 #define EMBEDDER_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
@@ -83,18 +80,7 @@ static const char *g_pg; /* IS_PG_URL: the fact store is this PostgreSQL databas
 static int setup(void **state) {
     snprintf(g_dir, sizeof g_dir, "%s/is_test_crash_XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
     if (!mkdtemp(g_dir)) return -1;
-#ifdef IS_HAVE_LIBPQ
-    if (g_pg) {
-        /* Every case starts from an empty database. */
-        PGconn *c = PQconnectdb(g_pg);
-        PQclear(PQexec(c, "SET client_min_messages = warning"));
-        PGresult *r = PQexec(c, "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
-        bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-        PQclear(r);
-        PQfinish(c);
-        return ok ? 0 : -1;
-    }
-#endif
+    if (g_pg) return test_pg_reset(g_pg) ? 0 : -1; /* every case starts from an empty database */
     return 0;
 }
 

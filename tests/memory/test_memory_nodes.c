@@ -35,9 +35,6 @@
 #include "test_fakes.h"
 #include "test_util.h"
 
-#ifdef IS_HAVE_LIBPQ
-#include <libpq-fe.h>
-#endif
 
 #define FAKE_DIM TEST_FAKE_DIM
 
@@ -47,17 +44,7 @@ static const char *g_pg;
 static int setup(void **state) {
     snprintf(g_dir, sizeof g_dir, "/tmp/is_test_memory_nodes_XXXXXX");
     if (!mkdtemp(g_dir)) return -1;
-#ifdef IS_HAVE_LIBPQ
-    if (g_pg) {
-        PGconn *c = PQconnectdb(g_pg);
-        PQclear(PQexec(c, "SET client_min_messages = warning"));
-        PGresult *r = PQexec(c, "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
-        bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-        PQclear(r);
-        PQfinish(c);
-        return ok ? 0 : -1;
-    }
-#endif
+    if (g_pg) return test_pg_reset(g_pg) ? 0 : -1; /* every case starts from an empty database */
     return 0;
 }
 
