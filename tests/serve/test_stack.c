@@ -4,11 +4,11 @@
  * model's message naming the file, and stack_open_records, the answering
  * half over a record store of its own that `ask` and `eval` use.
  */
+#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +37,8 @@ static void test_embedder_open(void **state) {
     /* A folder named but missing: an error saying how to get it. */
     char missing[320];
     snprintf(missing, sizeof missing, "%s/no-such-embedder", g_dir);
-    assert_int_equal(stack_embedder_open(missing, true, 0, &e, name, sizeof name), IS_ERR_NOT_FOUND);
+    assert_int_equal(stack_embedder_open(missing, true, 0, &e, name, sizeof name),
+                     IS_ERR_NOT_FOUND);
     assert_null(e);
     assert_non_null(strstr(is_error_last(), "no-such-embedder"));
     assert_non_null(strstr(is_error_last(), "'none'"));
@@ -55,8 +56,8 @@ static void test_open_records(void **state) {
     char rec[400], bad[400];
     snprintf(rec, sizeof rec, "%s/a/b/kv", g_dir);
     snprintf(bad, sizeof bad, "%s/missing.gguf", g_dir);
-    stack_records_params p = {.model_path = bad, .records_dir = rec, .cache_bytes = 1 << 20,
-                              .dtype = KV_DTYPE_F32};
+    stack_records_params p = {
+        .model_path = bad, .records_dir = rec, .cache_bytes = 1 << 20, .dtype = KV_DTYPE_F32};
     stack *s = (stack *)1;
     assert_int_not_equal(stack_open_records(&p, &s), IS_OK);
     assert_ptr_equal(s, (stack *)1); /* unchanged on failure */
