@@ -4,11 +4,13 @@
  * model's message naming the file, and stack_open_records, the answering
  * half over a record store of its own that `ask` and `eval` use.
  */
-#include <cmocka.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* After the headers it needs. */
+#include <cmocka.h>
 
 #include <stdio.h>
 #include <stdlib.h>
