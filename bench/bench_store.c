@@ -2,7 +2,7 @@
  * bench_store: latency of the fact store's operations (memory/store.h) on
  * SQLite and on PostgreSQL, same calls, same data.
  *
- *   bench_store [-n FACTS] [-u USERS] [-r REPEATS] [-D DIM] [-s SEED]
+ *   bench_store [-n FACTS] [-u USERS] [-r REPEATS] [-D DIM] [-b BATCH] [-s SEED]
  *   scripts/pg_temp.sh build/bench/bench_store     (adds PostgreSQL: IS_PG_URL)
  *
  * Each repeat starts from an empty store (a new SQLite file in a temporary
@@ -11,7 +11,10 @@
  * each insert one committed transaction, as an add is), FACTS gets of a
  * random fact, 4 * USERS reads of 50 random facts of a user in one call
  * (get50: a search's hits at k = 50, mem_store_get_many), 4 * USERS lists of a user's facts (FACTS / USERS each, no
- * embeddings), FACTS / 4 updates (version-checked) and FACTS / 4 deletes.
+ * embeddings), FACTS / 4 updates (version-checked), FACTS / 4 deletes, and
+ * FACTS more inserts in batches of BATCH (mem_store_insert_many: one
+ * transaction, one durable commit a batch; its latency is a batch's time
+ * divided by BATCH, a fact's share, beside `insert`'s one commit a fact).
  * Both stores commit durably (SQLite synchronous=FULL, PostgreSQL's fsync),
  * so a write's time is mostly the disk's flush. Prints, per store and
  * operation, the median over repeats of each repeat's median and p99
@@ -27,8 +30,10 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { OP_INSERT, OP_GET, OP_GET50, OP_LIST, OP_UPDATE, OP_DELETE, N_OPS };
-static const char *const OP_NAME[N_OPS] = {"insert", "get", "get50", "list", "update", "delete"};
+enum { OP_INSERT, OP_GET, OP_GET50, OP_LIST, OP_UPDATE, OP_DELETE, OP_INSERT_MANY, N_OPS };
+static const char *const OP_NAME[N_OPS] = {"insert", "get",    "get50",  "list",
+                                           "update", "delete", "insert/b"};
+static int g_batch = 16; /* -b: facts a batch of OP_INSERT_MANY */
 
 typedef struct run_result {
     double median_us[N_OPS], p99_us[N_OPS];
@@ -142,6 +147,38 @@ static int one_run(const char *path, int n_facts, int n_users, int dim, uint64_t
         lat[i] = bench_now_ms() - t;
     }
     if (!rc) summarise(lat, n_upd, res, OP_DELETE);
+    /* Batched inserts: a fact's share of its batch's one transaction. */
+    mem_fact *batch = calloc((size_t)g_batch, sizeof *batch);
+    char(*btext)[256] = calloc((size_t)g_batch, sizeof *btext);
+    char(*buser)[32] = calloc((size_t)g_batch, sizeof *buser);
+    float *bemb = malloc((size_t)g_batch * (size_t)dim * sizeof *bemb);
+    is_status *bst = malloc((size_t)g_batch * sizeof *bst);
+    int n_batches = 0;
+    for (int i0 = 0; i0 + g_batch <= n_facts && !rc; i0 += g_batch) {
+        for (int j = 0; j < g_batch; j++) {
+            int i = i0 + j;
+            float *e = bemb + (size_t)j * dim;
+            for (int d = 0; d < dim; d++) e[d] = bench_normal(&rs);
+            size_t l = 0;
+            for (int w = 0; w < 12; w++)
+                l += (size_t)snprintf(btext[j] + l, sizeof btext[j] - l, "%s%s", w ? " " : "",
+                                      vocab[bench_splitmix(&rs) % (uint64_t)vocab_n]);
+            snprintf(buser[j], sizeof buser[j], "user-%d", i % n_users);
+            batch[j] = (mem_fact){.tenant = "bench", .user = buser[j], .text = btext[j],
+                                  .embedding = e, .dim = dim, .version = 1};
+            snprintf(batch[j].id, sizeof batch[j].id, "batch-%08d", i);
+            mem_text_hash_hex(btext[j], batch[j].hash);
+        }
+        double t = bench_now_ms();
+        rc = mem_store_insert_many(s, batch, g_batch, bst) != IS_OK;
+        lat[n_batches++] = (bench_now_ms() - t) / g_batch;
+    }
+    if (!rc) summarise(lat, n_batches, res, OP_INSERT_MANY);
+    free(batch);
+    free(btext);
+    free(buser);
+    free(bemb);
+    free(bst);
     if (rc) fprintf(stderr, "bench_store: %s\n", is_error_last());
     free(lat);
     free(emb);
@@ -200,27 +237,32 @@ int main(int argc, char **argv) {
     int n_facts = 2000, n_users = 20, repeats = 3, dim = 384;
     uint64_t seed = 1;
     int c;
-    while ((c = getopt(argc, argv, "n:u:r:D:s:h")) != -1) {
+    while ((c = getopt(argc, argv, "n:u:r:D:b:s:h")) != -1) {
         switch (c) {
         case 'n': n_facts = atoi(optarg); break;
         case 'u': n_users = atoi(optarg); break;
         case 'r': repeats = atoi(optarg); break;
         case 'D': dim = atoi(optarg); break;
+        case 'b': g_batch = atoi(optarg); break;
         case 's': seed = strtoull(optarg, NULL, 10); break;
         default:
-            fprintf(stderr, "usage: bench_store [-n FACTS] [-u USERS] [-r REPEATS] [-D DIM] [-s SEED]\n"
+            fprintf(stderr, "usage: bench_store [-n FACTS] [-u USERS] [-r REPEATS] [-D DIM] [-b BATCH] "
+                            "[-s SEED]\n"
+                            "  -b BATCH  facts a transaction in the batched inserts (insert/b; default 16)\n"
                             "  PostgreSQL too when IS_PG_URL is set (scripts/pg_temp.sh bench_store)\n");
             return c == 'h' ? 0 : 2;
         }
     }
-    if (n_facts < 4 || n_users < 1 || n_users > n_facts || repeats < 1 || dim < 1) {
-        fprintf(stderr, "bench_store: need FACTS >= 4, 1 <= USERS <= FACTS, REPEATS >= 1, DIM >= 1\n");
+    if (n_facts < 4 || n_users < 1 || n_users > n_facts || repeats < 1 || dim < 1 || g_batch < 1 ||
+        g_batch > n_facts) {
+        fprintf(stderr, "bench_store: need FACTS >= 4, 1 <= USERS <= FACTS, REPEATS >= 1, DIM >= 1, "
+                        "1 <= BATCH <= FACTS\n");
         return 2;
     }
     const char *pg = getenv("IS_PG_URL");
     printf("fact store: %d facts of %d floats over %d users, %d repeats (median of each "
-           "repeat's median / p99)\n",
-           n_facts, dim, n_users, repeats);
+           "repeat's median / p99; insert/b: a fact's share of a batch of %d)\n",
+           n_facts, dim, n_users, repeats, g_batch);
     printf("%-10s %-7s %8s %12s %12s\n", "store", "op", "ops", "median us", "p99 us");
     if (run_store("sqlite", NULL, n_facts, n_users, repeats, dim, seed)) return 1;
     if (pg && *pg && run_store("postgres", pg, n_facts, n_users, repeats, dim, seed)) return 1;

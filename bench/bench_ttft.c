@@ -40,11 +40,16 @@ int main(int argc, char **argv) {
         case 'r': reps = atoi(optarg); break;
         case 'w': window = atoi(optarg); break;
         case 't': threads = atoi(optarg); break;
-        case 'd': dtype = strcmp(optarg, "f16") == 0 ? KV_DTYPE_F16 : strcmp(optarg, "bf16") == 0 ? KV_DTYPE_BF16 : KV_DTYPE_F32; break;
+        case 'd':
+            if (!kv_dtype_parse(optarg, &dtype)) {
+                fprintf(stderr, "error: -d must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
+                return 1;
+            }
+            break;
         case 'o': csv = optarg; break;
         default:
             fprintf(stderr, "usage: bench_ttft [-m MODEL] [-l LOCOMO.json] [-k K,K,...] [-r REPS] "
-                            "[-w W] [-t THREADS] [-d f32|f16|bf16] [-o CSV]\n");
+                            "[-w W] [-t THREADS] [-d f32|f16|bf16|fp8] [-o CSV]\n");
             return c == 'h' ? 0 : 1;
         }
     }

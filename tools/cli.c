@@ -37,6 +37,12 @@ bool cli_parse_float(const char *s, const char *what, float lo, float hi, float 
     return true;
 }
 
+bool cli_parse_kv_dtype(const char *s, kv_dtype *out) {
+    if (kv_dtype_parse(s, out)) return true;
+    fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", s);
+    return false;
+}
+
 bool cli_parse_retrieval(const char *s, bool *gpu) {
     if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0) {
         *gpu = strcmp(s, "cuda") == 0;

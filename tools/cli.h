@@ -5,6 +5,8 @@
 #ifndef IS_TOOLS_CLI_H
 #define IS_TOOLS_CLI_H
 
+#include "kv/fact_record.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -17,6 +19,9 @@ const char *cli_default_model(void);
  * otherwise. */
 bool cli_parse_int(const char *s, const char *what, int64_t lo, int64_t hi, int32_t *out);
 bool cli_parse_float(const char *s, const char *what, float lo, float hi, float *out);
+/* --kv-dtype: a record dtype by its name (kv_dtype_parse); one error line
+ * naming the choices otherwise. */
+bool cli_parse_kv_dtype(const char *s, kv_dtype *out);
 /* --retrieval: "cpu" or "cuda" (*gpu = true: GPU retrieval, memory/dense_gpu.h). */
 bool cli_parse_retrieval(const char *s, bool *gpu);
 

@@ -24,6 +24,7 @@
 #include "memory/index.h"
 #include "memory/locomo.h"
 #include "serve/ask.h"
+#include "serve/stack.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -31,10 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-
-#define DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
 
 typedef struct fact_line {
     char id[72];
@@ -191,7 +189,7 @@ static void ask_usage(FILE *f) {
             "      --seed S         sampling seed (default 0)\n"
             "  -t, --threads N      CPU threads (default: all cores)\n"
             "  -h, --help           this help\n",
-            CLI_DEFAULT_MODEL, DEFAULT_EMBEDDER);
+            CLI_DEFAULT_MODEL, STACK_DEFAULT_EMBEDDER);
 }
 
 int cmd_ask(int argc, char **argv) {
@@ -240,12 +238,7 @@ int cmd_ask(int argc, char **argv) {
                 return 1;
             }
             break;
-        case 'd':
-            if (!kv_dtype_parse(optarg, &dtype)) {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
-                return 1;
-            }
-            break;
+        case 'd': if (!cli_parse_kv_dtype(optarg, &dtype)) return 1; break;
         case 'D': data = optarg; break;
         case 'E': emb_dir = optarg; break;
         case 'G': if (!cli_parse_retrieval(optarg, &gpu_retrieval)) return 1; break;
@@ -274,10 +267,7 @@ int cmd_ask(int argc, char **argv) {
         return 1;
 
     int rc = 1;
-    backend *be = NULL;
-    model *m = NULL;
-    engine *e = NULL;
-    record_store *store = NULL;
+    stack *sk = NULL;
     ask_ctx *ac = NULL;
     embedder *emb = NULL;
     mem_index *ix = NULL;
@@ -285,25 +275,16 @@ int cmd_ask(int argc, char **argv) {
     float *vecs = NULL;
     mem_hit *hits = NULL;
     const char **ids = NULL, **texts = NULL;
-    char kvdir[4096];
+    char kvdir[4096], ename[256];
     is_status st;
 
-    if ((st = backend_cpu_create(threads, &be)) != IS_OK) goto fail;
-    if ((st = model_load(model_path, be, &m)) != IS_OK) {
-        fprintf(stderr, "error: cannot load model '%s': %s\n", model_path, is_error_last());
-        goto out;
-    }
-    engine_params ep = engine_default_params();
-    ep.max_seqs = 3;
-    ep.n_ctx = m->cfg.n_ctx_train;
-    if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail;
-    if (mkdir(data, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "error: cannot create data directory '%s': %s\n", data, strerror(errno));
-        goto out;
-    }
+    /* The model's half of the stack over DIR/kv; the facts are indexed here. */
     snprintf(kvdir, sizeof kvdir, "%s/kv", data);
-    if ((st = record_store_open(kvdir, (size_t)256 << 20, &store)) != IS_OK) goto fail;
-    if ((st = ask_ctx_create(e, store, dtype, &ac)) != IS_OK) goto fail;
+    stack_records_params sp = {.model_path = model_path, .backend = "cpu", .n_threads = threads,
+                               .records_dir = kvdir, .cache_bytes = (size_t)256 << 20,
+                               .dtype = dtype};
+    if ((st = stack_open_records(&sp, &sk)) != IS_OK) goto fail;
+    ac = sk->ask;
 
     /* Encode what the store lacks. */
     int32_t encoded = 0;
@@ -321,14 +302,8 @@ int cmd_ask(int argc, char **argv) {
                 (now_ms() - te0) / 1e3, n_facts - encoded);
 
     /* Index the facts; embeddings only when the embedding model is installed. */
-    struct stat sb;
-    const char *edir = emb_dir ? emb_dir : DEFAULT_EMBEDDER;
-    bool use_emb = strcmp(edir, "none") != 0 && stat(edir, &sb) == 0;
-    if (emb_dir && strcmp(emb_dir, "none") != 0 && !use_emb) {
-        fprintf(stderr, "error: embedding model '%s' not found\n", emb_dir);
-        goto out;
-    }
-    if (use_emb && (st = embedder_load(edir, &emb)) != IS_OK) goto fail;
+    if ((st = stack_embedder_open(emb_dir, true, threads, &emb, ename, sizeof ename)) != IS_OK)
+        goto fail;
     if (gpu_retrieval && !emb) {
         fprintf(stderr, "error: --retrieval cuda needs the embedding model (--embedder DIR)\n");
         goto out;
@@ -423,11 +398,7 @@ out:
     dense_gpu_free(gpu);
     mem_index_free(ix);
     embedder_free(emb);
-    ask_ctx_free(ac);
-    if (store) record_store_close(store);
-    engine_free(e);
-    model_free(m);
-    if (be) be->ops->free(be);
+    stack_close(sk);
     facts_free(facts, n_facts);
     return rc;
 }

@@ -30,6 +30,7 @@
 #include "memory/index.h"
 #include "memory/locomo.h"
 #include "serve/ask.h"
+#include "serve/stack.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -37,11 +38,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #define EVAL_DEFAULT_DATA "../shared/data/locomo"
-#define EVAL_DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+#define EVAL_DEFAULT_EMBEDDER STACK_DEFAULT_EMBEDDER
 #define EVAL_DEFAULT_STORE "inferscale-data/locomo-eval"
 #define EVAL_INSTRUCTION " Answer in a few words."
 #define EVAL_MAX_MODES 14
@@ -767,54 +767,6 @@ static void print_table(FILE *f, const eval_opts *o, const eval_tables *t, int p
     (void)prompt_mode;
 }
 
-/* The model, its engine, the record store and the ask context. */
-static bool eval_open_model(const eval_opts *o, backend *be, model **m_out, engine **e_out,
-                            record_store **store_out, ask_ctx **ac_out) {
-    is_status st;
-    model *m = NULL;
-    engine *e = NULL;
-    record_store *store = NULL;
-    ask_ctx *ac = NULL;
-    if ((st = model_load(o->model, be, &m)) != IS_OK) {
-        fprintf(stderr, "error: cannot load model '%s': %s\n", o->model, is_error_last());
-        goto out_;
-    }
-    engine_params ep = engine_default_params();
-    ep.max_seqs = 3;
-    ep.n_ctx = m->cfg.n_ctx_train < 4096 ? m->cfg.n_ctx_train : 4096;
-    if ((st = engine_create(m, ep, &e)) != IS_OK) goto fail_;
-    {
-        /* mkdir -p of the store's parent and the store. */
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s", o->store);
-        for (char *p = tmp + 1; *p; p++) {
-            if (*p != '/') continue;
-            *p = 0;
-            mkdir(tmp, 0755);
-            *p = '/';
-        }
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-            fprintf(stderr, "error: cannot create store directory '%s': %s\n", o->store, strerror(errno));
-            goto out_;
-        }
-    }
-    if ((st = record_store_open(o->store, (size_t)512 << 20, &store)) != IS_OK) goto fail_;
-    if ((st = ask_ctx_create(e, store, o->dtype, &ac)) != IS_OK) goto fail_;
-    *m_out = m;
-    *e_out = e;
-    *store_out = store;
-    *ac_out = ac;
-    return true;
-fail_:
-    fprintf(stderr, "error: %s\n", is_error_last());
-out_:
-    ask_ctx_free(ac);
-    if (store) record_store_close(store);
-    engine_free(e);
-    model_free(m);
-    return false;
-}
-
 /* ---- main -------------------------------------------------------------- */
 
 int cmd_eval(int argc, char **argv) {
@@ -873,12 +825,7 @@ int cmd_eval(int argc, char **argv) {
         case 'I': o.instruction = optarg; break;
         case 'n': if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1; break;
         case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &o.threads)) return 1; break;
-        case 'd':
-            if (!kv_dtype_parse(optarg, &o.dtype)) {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
-                return 1;
-            }
-            break;
+        case 'd': if (!cli_parse_kv_dtype(optarg, &o.dtype)) return 1; break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 1;
         }
@@ -896,7 +843,7 @@ int cmd_eval(int argc, char **argv) {
         return 1;
     }
 
-    backend *be = NULL;
+    stack *sk = NULL;
     model *m = NULL;
     engine *e = NULL;
     record_store *store = NULL;
@@ -929,11 +876,27 @@ int cmd_eval(int argc, char **argv) {
         o.modes[0] = (eval_mode){ASK_MODE_OFF, 0, "retrieval", 1.0f, 1.0f, 0, 0.0f};
         o.n_modes = 1;
     }
-    if (!o.retrieve_only && (st = backend_create(o.backend, o.threads, &be)) != IS_OK) goto fail;
-    if (!o.retrieve_only && !eval_open_model(&o, be, &m, &e, &store, &ac)) goto out;
-    if (!o.load_retrieval && (st = embedder_load(o.embedder, &emb)) != IS_OK) {
-        fprintf(stderr, "error: cannot load embedding model '%s': %s\n", o.embedder, is_error_last());
-        goto out;
+    if (!o.retrieve_only) {
+        /* The model's half of the stack; the facts are indexed per conversation here. */
+        stack_records_params sp = {.model_path = o.model, .backend = o.backend,
+                                   .n_threads = o.threads, .n_ctx_max = 4096,
+                                   .records_dir = o.store, .cache_bytes = (size_t)512 << 20,
+                                   .dtype = o.dtype};
+        if ((st = stack_open_records(&sp, &sk)) != IS_OK) goto fail;
+        m = sk->model;
+        e = sk->eng;
+        store = sk->rs;
+        ac = sk->ask;
+    }
+    if (!o.load_retrieval) {
+        char ename[256];
+        if ((st = stack_embedder_open(o.embedder, false, o.threads, &emb, ename, sizeof ename)) != IS_OK)
+            goto fail;
+        if (!emb) {
+            fprintf(stderr, "error: eval retrieves with the embedding model (--embedder DIR), or "
+                            "takes its retrieval from --load-retrieval FILE\n");
+            goto out;
+        }
     }
     csv = fopen(o.out, "w");
     if (!csv) {
@@ -1025,11 +988,7 @@ out:
     free(lp);
     retrieval_cache_free(&rcache);
     embedder_free(emb);
-    ask_ctx_free(ac);
-    if (store) record_store_close(store);
-    engine_free(e);
-    model_free(m);
-    if (be) be->ops->free(be);
+    stack_close(sk);
     free(tab);
     for (int32_t i = 0; i < o.n_convs; i++) free(o.convs[i]);
     return rc;

@@ -212,12 +212,7 @@ int cmd_ingest(int argc, char **argv) {
                 return 1;
             }
             break;
-        case 'd':
-            if (!kv_dtype_parse(optarg, &dtype)) {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
-                return 1;
-            }
-            break;
+        case 'd': if (!cli_parse_kv_dtype(optarg, &dtype)) return 1; break;
         case 'h': ingest_usage(stdout); return 0;
         default: ingest_usage(stderr); return 1;
         }

@@ -274,12 +274,7 @@ int cmd_serve(int argc, char **argv) {
                 p.http.limits.parse.default_top_k = p.http.limits.parse.max_k;
             break;
         case 'f': if (!cli_parse_int(optarg, "--max-in-flight", 1, 1 << 20, &p.http.limits.max_in_flight)) return 1; break;
-        case 'd':
-            if (!kv_dtype_parse(optarg, &p.sched.record_dtype)) {
-                fprintf(stderr, "error: --kv-dtype must be f32, f16, bf16 or fp8, got '%s'\n", optarg);
-                return 1;
-            }
-            break;
+        case 'd': if (!cli_parse_kv_dtype(optarg, &p.sched.record_dtype)) return 1; break;
         case 'I':
             if (strcmp(optarg, "store") == 0) p.http.infer_fallback = HTTP_INFER_FALLBACK_STORE;
             else if (strcmp(optarg, "reject") == 0) p.http.infer_fallback = HTTP_INFER_FALLBACK_REJECT;

@@ -457,66 +457,93 @@ static is_status add_check(memory *m, const memory_add_req *r, add_prep *p) {
     return mem_metadata_canonical(r->metadata_json, &p->metadata);
 }
 
-/* Writes one checked fact with its embedding: encode, commit, index. Takes
- * the writer lock. */
-static is_status add_write(memory *m, const add_prep *p, const float *emb,
-                           char id_out[MEMORY_ID_SIZE]) {
-    const memory_add_req *r = p->r;
-    mem_fact f;
-    memset(&f, 0, sizeof f);
-    is_status st = uuid4(f.id);
-    if (st != IS_OK) return st;
-    /* Borrowed pointers: f is never cleared. */
-    f.tenant = (char *)r->tenant;
-    f.user = (char *)r->user;
-    f.agent_id = (char *)r->agent_id;
-    f.run_id = (char *)r->run_id;
-    f.text = (char *)r->text;
-    f.metadata = p->metadata;
-    f.source = (char *)r->source;
-    mem_text_hash_hex(r->text, f.hash);
-    f.embedding = (float *)emb;
-    f.dim = m->dim;
-    f.context = (char **)p->context;
-    f.n_context = p->n_context;
-    f.kv_window = p->window;
-    f.version = 1;
-    char rid[RECORD_STORE_ID_MAX + 1] = "";
-
+/* Writes checked facts p[0..n) with their embeddings emb[0..n): each one
+ * encoded (its record durable first), then every row in one transaction
+ * (a group commit: one durable commit for the batch, and a crash leaves
+ * the whole batch or none of it, never part of a fact), then indexed.
+ * Takes the writer lock. status[i] and id_out[i] (may be NULL) per fact. */
+static void add_write_many(memory *m, const add_prep *const *p, const float *const *emb,
+                           int32_t n, char *const *id_out, is_status *status) {
+    mem_fact *f = calloc((size_t)n, sizeof *f);
+    char(*rid)[RECORD_STORE_ID_MAX + 1] = calloc((size_t)n, sizeof *rid);
+    is_status *sst = calloc((size_t)n, sizeof *sst);
+    int32_t *at = calloc((size_t)n, sizeof *at); /* the request of each row */
+    if (!f || !rid || !sst || !at) {
+        is_status st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (int32_t i = 0; i < n; i++) status[i] = st;
+        goto out;
+    }
     pthread_mutex_lock(&m->write_mu);
-    step(m, MEMORY_STEP_EMBEDDED);
-    if (m->encode) {
-        record_id(f.id, f.version, rid);
-        memory_encode_job job = {rid, r->text, p->context, p->n_context, p->window};
-        if ((st = m->encode(m->encode_ud, m->rs, &job)) != IS_OK) {
-            record_drop(m, rid); /* a put can fail after its rename */
-            goto out;
+    int32_t nf = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const memory_add_req *r = p[i]->r;
+        mem_fact *x = &f[nf];
+        is_status st = uuid4(x->id);
+        if (st != IS_OK) {
+            status[i] = st;
+            continue;
         }
-        f.kv_record = rid;
-        step(m, MEMORY_STEP_KV_WRITTEN);
+        /* Borrowed pointers: the rows are never cleared. */
+        x->tenant = (char *)r->tenant;
+        x->user = (char *)r->user;
+        x->agent_id = (char *)r->agent_id;
+        x->run_id = (char *)r->run_id;
+        x->text = (char *)r->text;
+        x->metadata = p[i]->metadata;
+        x->source = (char *)r->source;
+        mem_text_hash_hex(r->text, x->hash);
+        x->embedding = (float *)emb[i];
+        x->dim = m->dim;
+        x->context = (char **)p[i]->context;
+        x->n_context = p[i]->n_context;
+        x->kv_window = p[i]->window;
+        x->version = 1;
+        step(m, MEMORY_STEP_EMBEDDED);
+        if (m->encode) {
+            record_id(x->id, x->version, rid[nf]);
+            memory_encode_job job = {rid[nf], r->text, p[i]->context, p[i]->n_context,
+                                     p[i]->window};
+            if ((st = m->encode(m->encode_ud, m->rs, &job)) != IS_OK) {
+                record_drop(m, rid[nf]); /* a put can fail after its rename */
+                status[i] = st;
+                continue;
+            }
+            x->kv_record = rid[nf];
+            step(m, MEMORY_STEP_KV_WRITTEN);
+        }
+        at[nf++] = i;
     }
-    if ((st = mem_store_insert(m->store, &f)) != IS_OK) {
-        record_drop(m, rid);
-        goto out;
+    if (nf > 0) mem_store_insert_many(m->store, f, nf, sst);
+    for (int32_t j = 0; j < nf; j++) {
+        int32_t i = at[j];
+        is_status st = sst[j];
+        if (st != IS_OK) {
+            record_drop(m, rid[j]);
+        } else {
+            step(m, MEMORY_STEP_COMMITTED);
+            if ((st = index_put(m, &f[j])) != IS_OK) {
+                /* Only out of memory gets here (the fact was checked): undo. */
+                mem_store_delete(m->store, f[j].tenant, f[j].user, f[j].id, NULL);
+                record_drop(m, rid[j]);
+            } else if (m->gpu &&
+                       (st = dense_gpu_put(m->gpu, f[j].tenant, f[j].user, f[j].id, emb[i])) !=
+                           IS_OK) {
+                /* Device memory or a device failure: undo as above. */
+                mem_index_remove(m->ix, f[j].id);
+                mem_store_delete(m->store, f[j].tenant, f[j].user, f[j].id, NULL);
+                record_drop(m, rid[j]);
+            } else if (id_out && id_out[i]) {
+                snprintf(id_out[i], MEMORY_ID_SIZE, "%s", f[j].id);
+            }
+        }
+        status[i] = st;
     }
-    step(m, MEMORY_STEP_COMMITTED);
-    if ((st = index_put(m, &f)) != IS_OK) {
-        /* Only out of memory gets here (the fact was checked): undo. */
-        mem_store_delete(m->store, f.tenant, f.user, f.id, NULL);
-        record_drop(m, rid);
-        goto out;
-    }
-    if (m->gpu && (st = dense_gpu_put(m->gpu, f.tenant, f.user, f.id, emb)) != IS_OK) {
-        /* Device memory or a device failure: undo as above. */
-        mem_index_remove(m->ix, f.id);
-        mem_store_delete(m->store, f.tenant, f.user, f.id, NULL);
-        record_drop(m, rid);
-        goto out;
-    }
-    if (id_out) snprintf(id_out, MEMORY_ID_SIZE, "%s", f.id);
-out:
     pthread_mutex_unlock(&m->write_mu);
-    return st;
+out:
+    free(f);
+    free(rid);
+    free(sst);
+    free(at);
 }
 
 is_status memory_add(memory *m, const memory_add_req *r, char id_out[MEMORY_ID_SIZE]) {
@@ -551,14 +578,31 @@ is_status memory_add_batch(memory *m, const memory_add_req *r, int32_t n,
     }
     emb = malloc((size_t)(nv ? nv : 1) * (size_t)m->dim * sizeof(float));
     is_status est = emb ? embed_texts(m, texts, nv, emb) : is_error_set(IS_ERR_NOMEM, "out of memory");
+    /* The valid facts, written together: one group commit of their rows. */
+    const add_prep **vp = calloc((size_t)(nv ? nv : 1), sizeof *vp);
+    const float **ve = calloc((size_t)(nv ? nv : 1), sizeof *ve);
+    char **vid = calloc((size_t)(nv ? nv : 1), sizeof *vid);
+    is_status *vst = calloc((size_t)(nv ? nv : 1), sizeof *vst);
+    if (est == IS_OK && (!vp || !ve || !vid || !vst)) est = is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (est == IS_OK) {
+        for (int32_t i = 0; i < n; i++) {
+            if (slot[i] < 0) continue;
+            vp[slot[i]] = &p[i];
+            ve[slot[i]] = emb + (size_t)slot[i] * m->dim;
+            vid[slot[i]] = ids ? ids[i] : NULL;
+        }
+        if (nv > 0) add_write_many(m, vp, ve, nv, vid, vst);
+    }
     for (int32_t i = 0; i < n; i++) {
         if (slot[i] < 0) continue;
-        is_status st = est != IS_OK ? est
-                                    : add_write(m, &p[i], emb + (size_t)slot[i] * m->dim,
-                                                ids ? ids[i] : NULL);
+        is_status st = est != IS_OK ? est : vst[slot[i]];
         if (status) status[i] = st;
         if (st != IS_OK && first == IS_OK) first = st;
     }
+    free(vp);
+    free(ve);
+    free(vid);
+    free(vst);
 out:
     for (int32_t i = 0; p && i < n; i++) free(p[i].metadata);
     free(p);
@@ -811,9 +855,10 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     memory_encode_job *jobs = calloc((size_t)n, sizeof *jobs);
     int32_t *row = calloc((size_t)n, sizeof *row); /* the fact of each job */
     char (*rid)[RECORD_STORE_ID_MAX + 1] = calloc((size_t)n, sizeof *rid);
-    is_status *jst = calloc((size_t)n, sizeof *jst);
-    if (!f || !jobs || !row || !rid || !jst) {
-        free(f), free(jobs), free(row), free(rid), free(jst);
+    is_status *jst = calloc((size_t)n, sizeof *jst), *set_st = calloc((size_t)n, sizeof *set_st);
+    mem_store_kv_set *sets = calloc((size_t)n, sizeof *sets);
+    if (!f || !jobs || !row || !rid || !jst || !set_st || !sets) {
+        free(f), free(jobs), free(row), free(rid), free(jst), free(set_st), free(sets);
         is_status st = is_error_set(IS_ERR_NOMEM, "out of memory");
         for (int32_t i = 0; i < n; i++) status[i] = st, encoded[i] = false;
         return st;
@@ -839,6 +884,17 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     if (nj > 0) fn(ud, m->rs, jobs, nj, jst);
 
     pthread_mutex_lock(&m->write_mu);
+    /* The rows that get their new record, in one transaction (a group
+     * commit), each conditional on the version read: an update or delete
+     * since then wins, and the record it never named goes. */
+    int32_t ns = 0;
+    for (int32_t j = 0; j < nj; j++) {
+        int32_t i = row[j];
+        if (jst[j] == IS_OK && !f[i].kv_record)
+            sets[ns++] = (mem_store_kv_set){f[i].id, f[i].version, rid[j]};
+    }
+    if (ns > 0) mem_store_set_kv_many(m->store, sets, ns, set_st);
+    ns = 0;
     for (int32_t j = 0; j < nj; j++) {
         int32_t i = row[j];
         is_status st = jst[j];
@@ -849,9 +905,7 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         }
         step(m, MEMORY_STEP_KV_WRITTEN);
         if (!f[i].kv_record) {
-            /* Conditional on the version read: an update or delete since
-             * then wins, and the record it never named goes. */
-            st = mem_store_set_kv(m->store, f[i].id, f[i].version, rid[j]);
+            st = set_st[ns++];
             if (st != IS_OK) record_drop(m, rid[j]);
         } else {
             mem_fact now;
@@ -874,7 +928,7 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         if (first == IS_OK && status[i] != IS_OK && status[i] != IS_ERR_NOT_FOUND) first = status[i];
         if (f[i].tenant) mem_fact_clear(&f[i]);
     }
-    free(f), free(jobs), free(row), free(rid), free(jst);
+    free(f), free(jobs), free(row), free(rid), free(jst), free(set_st), free(sets);
     return first;
 }
 
@@ -1137,21 +1191,34 @@ static void import_flush(memory *m, memory_add_req *reqs, locomo_pending *pend, 
         stats->failed += n;
         snprintf(stats->first_error, sizeof stats->first_error, "out of memory");
     } else {
-        /* One batch embedding; per-fact writes keep the messages per fact. */
+        /* One batch embedding, then one group commit of the valid facts' rows. */
         add_prep *p = calloc((size_t)(n ? n : 1), sizeof *p);
         const char **texts = calloc((size_t)(n ? n : 1), sizeof *texts);
         float *emb = malloc((size_t)(n ? n : 1) * (size_t)m->dim * sizeof(float));
-        is_status est = p && texts && emb ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+        const add_prep **vp = calloc((size_t)(n ? n : 1), sizeof *vp);
+        const float **ve = calloc((size_t)(n ? n : 1), sizeof *ve);
+        int32_t *at = calloc((size_t)(n ? n : 1), sizeof *at);
+        is_status *vst = calloc((size_t)(n ? n : 1), sizeof *vst);
+        is_status est = p && texts && emb && vp && ve && at && vst
+                            ? IS_OK
+                            : is_error_set(IS_ERR_NOMEM, "out of memory");
         for (int32_t i = 0; est == IS_OK && i < n; i++) {
             status[i] = add_check(m, &reqs[i], &p[i]);
             texts[i] = reqs[i].text;
             if (status[i] != IS_OK) note_failure(stats, &pend[i]);
         }
         if (est == IS_OK) est = embed_texts(m, texts, n, emb);
+        int32_t nv = 0;
+        for (int32_t i = 0; est == IS_OK && i < n; i++) {
+            if (status[i] != IS_OK) continue;
+            vp[nv] = &p[i];
+            ve[nv] = emb + (size_t)i * m->dim;
+            at[nv++] = i;
+        }
+        if (est == IS_OK && nv > 0) add_write_many(m, vp, ve, nv, NULL, vst);
+        for (int32_t j = 0; est == IS_OK && j < nv; j++) status[at[j]] = vst[j];
         for (int32_t i = 0; i < n; i++) {
             if (est != IS_OK) status[i] = est;
-            else if (status[i] == IS_OK)
-                status[i] = add_write(m, &p[i], emb + (size_t)i * m->dim, NULL);
             if (status[i] == IS_OK) {
                 stats->added++;
             } else {
@@ -1165,6 +1232,10 @@ static void import_flush(memory *m, memory_add_req *reqs, locomo_pending *pend, 
         free(p);
         free(texts);
         free(emb);
+        free(vp);
+        free(ve);
+        free(at);
+        free(vst);
     }
     free(status);
     for (int32_t i = 0; i < n; i++) {

@@ -231,10 +231,12 @@ typedef struct memory_add_req {
  * or the encoder's status. On failure nothing of the fact remains. */
 is_status memory_add(memory *m, const memory_add_req *r, char id_out[MEMORY_ID_SIZE]);
 
-/* Adds n facts, embedding them in one batch; each fact is then committed on
- * its own (a crash keeps the ones done). status[i] and ids[i] (both may be
- * NULL) per fact; returns IS_OK if all were added, else the first failure's
- * status (the others are still attempted). */
+/* Adds n facts, embedding them in one batch; each one is encoded (with an
+ * encoder set), then the rows of all commit in one transaction (a group
+ * commit: a crash keeps the whole batch or none of it; should the batch's
+ * transaction fail, each fact is committed on its own). status[i] and
+ * ids[i] (both may be NULL) per fact; returns IS_OK if all were added, else
+ * the first failure's status (the others are still attempted). */
 is_status memory_add_batch(memory *m, const memory_add_req *r, int32_t n,
                            char (*ids)[MEMORY_ID_SIZE], is_status *status);
 
@@ -305,7 +307,7 @@ typedef struct memory_fact_ref {
  * the rows made to point to them under the lock again, each conditional on
  * the version read, so a fact updated or deleted while it was encoded has
  * its new record dropped (status IS_ERR_NOT_FOUND; an update queues its own
- * encoding). Same order as an add (records durable, then each row's commit):
+ * encoding). Same order as an add (records durable, then the rows' one commit):
  * a crash leaves at most records no row points to. status[i] and
  * encoded[i] per fact (IS_ERR_NOT_FOUND: deleted or changed meanwhile;
  * encoded false when it had its record already). Returns IS_OK or the first

@@ -257,17 +257,118 @@ is_status mem_store_watch(mem_store *s, mem_store_change_fn fn, void *user_data)
     return s->ops->watch(s, fn, user_data);
 }
 
+/* Every other call runs its op under the connection's lock (one caller at
+ * a time on the connection), taken here rather than in each op. */
+#define LOCKED(s, type, call)                                                                      \
+    do {                                                                                           \
+        (s)->ops->lock(s);                                                                         \
+        type r_ = (call);                                                                          \
+        (s)->ops->unlock(s);                                                                       \
+        return r_;                                                                                 \
+    } while (0)
+
 is_status mem_store_meta_get(mem_store *s, const char *key, char **value) {
-    return s->ops->meta_get(s, key, value);
+    LOCKED(s, is_status, s->ops->meta_get(s, key, value));
 }
 
 is_status mem_store_meta_set(mem_store *s, const char *key, const char *value) {
-    return s->ops->meta_set(s, key, value);
+    LOCKED(s, is_status, s->ops->meta_set(s, key, value));
+}
+
+/* ---- writes: one transaction each, or one for a batch --------------------------- */
+
+/* A transaction body: item i of a batch (a single write is a batch of one).
+ * A failure it returns rolls the transaction back; an outcome that leaves
+ * the transaction good (a conditional update that matched no row) goes to
+ * *item instead. */
+typedef is_status (*write_fn)(mem_store *s, void *ud, int32_t i, int64_t now, is_status *item);
+
+/* Runs body for items [i0, i1) in one transaction: lock, begin, the
+ * bodies, the fault hook, commit; rolled back at the first failure.
+ * item[i - i0] gets each item's own outcome (IS_OK unless its body said). */
+static is_status write_tx(mem_store *s, write_fn body, void *ud, int32_t i0, int32_t i1,
+                          is_status *item) {
+    int64_t now = store_now_unix_ms();
+    for (int32_t i = i0; i < i1; i++) item[i - i0] = IS_OK;
+    s->ops->lock(s);
+    is_status st = s->ops->begin(s);
+    if (st == IS_OK) {
+        for (int32_t i = i0; i < i1 && st == IS_OK; i++) st = body(s, ud, i, now, &item[i - i0]);
+        if (st == IS_OK && s->fault && !s->fault(s->fault_user))
+            st = is_error_set(IS_ERR_IO, "fact store %s: injected fault before commit", s->where);
+        if (st == IS_OK) st = s->ops->commit(s);
+        if (st != IS_OK) s->ops->rollback(s);
+    }
+    s->ops->unlock(s);
+    return st;
+}
+
+/* One write in its own transaction: its failure or its own outcome. */
+static is_status write_one(mem_store *s, write_fn body, void *ud) {
+    is_status item, st = write_tx(s, body, ud, 0, 1, &item);
+    return st != IS_OK ? st : item;
+}
+
+/* n writes in one transaction (one durable commit for all). If it fails,
+ * each item is written again in a transaction of its own, so one bad item
+ * costs only itself. status[i]: each item's own outcome. Returns IS_OK or
+ * the first item's failure. */
+static is_status write_batch(mem_store *s, write_fn body, void *ud, int32_t n, is_status *status) {
+    is_status st = write_tx(s, body, ud, 0, n, status);
+    if (st != IS_OK) {
+        for (int32_t i = 0; i < n; i++) {
+            is_status one = n == 1 ? st : write_tx(s, body, ud, i, i + 1, &status[i]);
+            if (one != IS_OK) status[i] = one;
+        }
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (status[i] != IS_OK) return status[i];
+    return IS_OK;
+}
+
+static is_status insert_body(mem_store *s, void *ud, int32_t i, int64_t now, is_status *item) {
+    return s->ops->insert(s, ((const mem_fact *const *)ud)[i], now);
 }
 
 is_status mem_store_insert(mem_store *s, const mem_fact *f) {
     is_status st = store_check_fact(f);
-    return st != IS_OK ? st : s->ops->insert(s, f);
+    return st != IS_OK ? st : write_one(s, insert_body, (void *)&f);
+}
+
+is_status mem_store_insert_many(mem_store *s, const mem_fact *f, int32_t n, is_status *status) {
+    if (n < 0 || (n > 0 && (!f || !status)))
+        return is_error_set(IS_ERR_INVALID_ARG, "fact store: insert_many needs facts and status");
+    if (n == 0) return IS_OK;
+    const mem_fact **ok = malloc((size_t)n * sizeof *ok);
+    int32_t *at = malloc((size_t)n * sizeof *at);
+    is_status *sub = malloc((size_t)n * sizeof *sub);
+    is_status first = IS_OK;
+    if (!ok || !at || !sub) {
+        first = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (int32_t i = 0; i < n; i++) status[i] = first;
+        goto out;
+    }
+    /* Facts that fail the checks stay out of the transaction. */
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        status[i] = store_check_fact(&f[i]);
+        if (status[i] == IS_OK) {
+            at[m] = i;
+            ok[m++] = &f[i];
+        } else if (first == IS_OK) {
+            first = status[i];
+        }
+    }
+    if (m > 0) {
+        is_status st = write_batch(s, insert_body, (void *)ok, m, sub);
+        for (int32_t j = 0; j < m; j++) status[at[j]] = sub[j];
+        if (first == IS_OK) first = st;
+    }
+out:
+    free(ok);
+    free(at);
+    free(sub);
+    return first;
 }
 
 is_status mem_store_get(mem_store *s, const char *tenant, const char *user, const char *id,
@@ -275,7 +376,7 @@ is_status mem_store_get(mem_store *s, const char *tenant, const char *user, cons
     memset(out, 0, sizeof *out);
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: get needs tenant, user and id");
-    return s->ops->get(s, tenant, user, id, with_embedding, out);
+    LOCKED(s, is_status, s->ops->get(s, tenant, user, id, with_embedding, out));
 }
 
 is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
@@ -290,32 +391,82 @@ is_status mem_store_get_many(mem_store *s, const char *tenant, const char *user,
     if (!tenant || !user)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: get_many needs tenant and user");
     if (n == 0) return IS_OK;
-    if (s->ops->get_many) return s->ops->get_many(s, tenant, user, ids, n, out, found);
     is_status st = IS_OK;
-    for (int32_t i = 0; i < n && st == IS_OK; i++) {
-        st = s->ops->get(s, tenant, user, ids[i], false, &out[i]);
-        found[i] = st == IS_OK;
-        if (st == IS_ERR_NOT_FOUND) st = IS_OK;
+    s->ops->lock(s);
+    if (s->ops->get_many) {
+        st = s->ops->get_many(s, tenant, user, ids, n, out, found);
+    } else {
+        for (int32_t i = 0; i < n && st == IS_OK; i++) {
+            st = s->ops->get(s, tenant, user, ids[i], false, &out[i]);
+            found[i] = st == IS_OK;
+            if (st == IS_ERR_NOT_FOUND) st = IS_OK;
+        }
     }
+    s->ops->unlock(s);
     if (st != IS_OK)
-        for (int32_t i = 0; i < n; i++) mem_fact_clear(&out[i]);
+        for (int32_t i = 0; i < n; i++) {
+            mem_fact_clear(&out[i]);
+            found[i] = false;
+        }
     return st;
 }
 
 is_status mem_store_list(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
                          int32_t *n) {
     is_status st = store_check_filter(f);
-    return st != IS_OK ? st : s->ops->list(s, f, with_embedding, out, n);
+    if (st != IS_OK) return st;
+    LOCKED(s, is_status, s->ops->list(s, f, with_embedding, out, n));
+}
+
+typedef struct update_args {
+    const mem_fact *f;
+    int32_t expected_version;
+} update_args;
+
+static is_status update_body(mem_store *s, void *ud, int32_t i, int64_t now, is_status *item) {
+    const update_args *a = ud;
+    return s->ops->update(s, a->f, a->expected_version, now);
 }
 
 is_status mem_store_update(mem_store *s, const mem_fact *f, int32_t expected_version) {
     is_status st = store_check_fact(f);
-    return st != IS_OK ? st : s->ops->update(s, f, expected_version);
+    update_args a = {f, expected_version};
+    return st != IS_OK ? st : write_one(s, update_body, &a);
+}
+
+/* A fact deleted or updated meanwhile matches no row: its own outcome,
+ * not the batch's. */
+static is_status set_kv_body(mem_store *s, void *ud, int32_t i, int64_t now, is_status *item) {
+    const mem_store_kv_set *k = &((const mem_store_kv_set *)ud)[i];
+    is_status st = s->ops->set_kv(s, k->id, k->version, k->kv_record);
+    if (st != IS_ERR_NOT_FOUND) return st;
+    *item = st;
+    return IS_OK;
 }
 
 is_status mem_store_set_kv(mem_store *s, const char *id, int32_t version, const char *kv_record) {
     if (!id) return is_error_set(IS_ERR_INVALID_ARG, "fact store: set_kv needs an id");
-    return s->ops->set_kv(s, id, version, kv_record);
+    mem_store_kv_set k = {id, version, kv_record};
+    return write_one(s, set_kv_body, &k);
+}
+
+is_status mem_store_set_kv_many(mem_store *s, const mem_store_kv_set *sets, int32_t n,
+                                is_status *status) {
+    if (n < 0 || (n > 0 && (!sets || !status)))
+        return is_error_set(IS_ERR_INVALID_ARG, "fact store: set_kv_many needs sets and status");
+    for (int32_t i = 0; i < n; i++)
+        if (!sets[i].id) return is_error_set(IS_ERR_INVALID_ARG, "fact store: set_kv needs an id");
+    return n == 0 ? IS_OK : write_batch(s, set_kv_body, (void *)sets, n, status);
+}
+
+typedef struct delete_args {
+    const char *tenant, *user, *id;
+    mem_fact row;
+} delete_args;
+
+static is_status delete_body(mem_store *s, void *ud, int32_t i, int64_t now, is_status *item) {
+    delete_args *a = ud;
+    return s->ops->del(s, a->tenant, a->user, a->id, &a->row, now);
 }
 
 is_status mem_store_delete(mem_store *s, const char *tenant, const char *user, const char *id,
@@ -323,66 +474,94 @@ is_status mem_store_delete(mem_store *s, const char *tenant, const char *user, c
     if (old) memset(old, 0, sizeof *old);
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: delete needs tenant, user and id");
-    return s->ops->del(s, tenant, user, id, old);
+    delete_args a = {.tenant = tenant, .user = user, .id = id};
+    is_status st = write_one(s, delete_body, &a);
+    if (st == IS_OK && old) *old = a.row;
+    else mem_fact_clear(&a.row);
+    return st;
+}
+
+typedef struct delete_all_args {
+    const mem_filter *f;
+    mem_fact *rows;
+    int32_t n;
+} delete_all_args;
+
+static is_status delete_all_body(mem_store *s, void *ud, int32_t i, int64_t now,
+                                 is_status *item) {
+    delete_all_args *a = ud;
+    return s->ops->delete_all(s, a->f, &a->rows, &a->n, now);
 }
 
 is_status mem_store_delete_all(mem_store *s, const mem_filter *f, mem_fact **deleted, int32_t *n) {
     is_status st = store_check_filter(f);
-    return st != IS_OK ? st : s->ops->delete_all(s, f, deleted, n);
+    if (st != IS_OK) return st;
+    delete_all_args a = {f, NULL, 0};
+    if ((st = write_one(s, delete_all_body, &a)) != IS_OK) {
+        mem_facts_free(a.rows, a.n);
+        return st;
+    }
+    *deleted = a.rows;
+    *n = a.n;
+    return IS_OK;
 }
 
 is_status mem_store_history(mem_store *s, const char *tenant, const char *user, const char *id,
                             mem_history **out, int32_t *n) {
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: history needs tenant, user and id");
-    return s->ops->history(s, tenant, user, id, out, n);
+    LOCKED(s, is_status, s->ops->history(s, tenant, user, id, out, n));
 }
 
 is_status mem_store_find_source(mem_store *s, const char *tenant, const char *user,
                                 const char *source, const char *hash,
                                 char id_out[MEM_ID_MAX + 1]) {
-    return s->ops->find_source(s, tenant, user, source, hash, id_out);
+    LOCKED(s, is_status, s->ops->find_source(s, tenant, user, source, hash, id_out));
 }
 
-int64_t mem_store_count(mem_store *s) { return s->ops->count(s); }
+int64_t mem_store_count(mem_store *s) { LOCKED(s, int64_t, s->ops->count(s)); }
 
 is_status mem_store_owner(mem_store *s, const char *tenant, const char *id, char **user) {
     if (!s || !tenant || !id || !user)
         return is_error_set(IS_ERR_INVALID_ARG, "mem_store_owner: NULL argument");
-    return s->ops->owner(s, tenant, id, user);
+    LOCKED(s, is_status, s->ops->owner(s, tenant, id, user));
 }
 
 is_status mem_store_users(mem_store *s, const char *tenant, char ***out, int32_t *n) {
     if (!s || !tenant || !out || !n)
         return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
-    return s->ops->users(s, tenant, out, n);
+    LOCKED(s, is_status, s->ops->users(s, tenant, out, n));
 }
 
 is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn,
                             void *user_data) {
-    return s->ops->foreach(s, with_embedding, fn, user_data);
+    LOCKED(s, is_status, s->ops->foreach(s, with_embedding, fn, user_data));
 }
 
 is_status mem_store_quarantine_bad_rows(mem_store *s, int32_t dim, int64_t *n_out) {
-    return s->ops->quarantine(s, dim, true, n_out);
+    LOCKED(s, is_status, s->ops->quarantine(s, dim, true, n_out));
 }
 
 is_status mem_store_count_bad_rows(mem_store *s, int32_t dim, int64_t *n_out) {
-    return s->ops->quarantine(s, dim, false, n_out);
+    LOCKED(s, is_status, s->ops->quarantine(s, dim, false, n_out));
 }
 
 void mem_store_missing_tables(mem_store *s, char *out, size_t cap) {
+    s->ops->lock(s);
     s->ops->missing_tables(s, out, cap);
+    s->ops->unlock(s);
 }
 
 is_status mem_store_integrity(mem_store *s, char *out, size_t cap) {
-    return s->ops->integrity(s, out, cap);
+    LOCKED(s, is_status, s->ops->integrity(s, out, cap));
 }
 
 is_status mem_store_foreach_record(mem_store *s, mem_store_record_fn fn, void *user_data) {
-    return s->ops->foreach_record(s, fn, user_data);
+    LOCKED(s, is_status, s->ops->foreach_record(s, fn, user_data));
 }
 
-int64_t mem_store_count_history(mem_store *s) { return s->ops->count_history(s); }
+int64_t mem_store_count_history(mem_store *s) { LOCKED(s, int64_t, s->ops->count_history(s)); }
 
-int64_t mem_store_count_quarantined(mem_store *s) { return s->ops->count_quarantined(s); }
+int64_t mem_store_count_quarantined(mem_store *s) {
+    LOCKED(s, int64_t, s->ops->count_quarantined(s));
+}

@@ -36,7 +36,8 @@
  * (IS_ERR_NOT_FOUND), whatever its id.
  *
  * Atomicity: each mutating function is one transaction (the fact row and
- * its history row commit together or not at all). With synchronous=FULL a
+ * its history row commit together or not at all); the _many functions are
+ * one transaction for the whole batch. With synchronous=FULL a
  * commit is durable when the function returns, which the memory service
  * relies on to delete an old KV record only after the row that replaced it
  * is safe.
@@ -139,6 +140,14 @@ is_status mem_store_meta_set(mem_store *s, const char *key, const char *value);
  * unique across tenants), IS_ERR_IO. Nothing is written on failure. */
 is_status mem_store_insert(mem_store *s, const mem_fact *f);
 
+/* Inserts n facts (each as mem_store_insert) in one transaction: one
+ * durable commit for the batch (a group commit), so a crash leaves the
+ * whole batch or none of it. Should that transaction fail, each fact is
+ * inserted again in a transaction of its own, so status[i] is fact i's own
+ * outcome (a fact failing the checks is never written). Returns IS_OK or
+ * the first failure. */
+is_status mem_store_insert_many(mem_store *s, const mem_fact *f, int32_t n, is_status *status);
+
 /* The fact `id` of (tenant, user) into *out (clear it with mem_fact_clear),
  * with its embedding when with_embedding. IS_ERR_NOT_FOUND when no fact of
  * that id belongs to that tenant and user. *out is zeroed on failure. */
@@ -173,6 +182,16 @@ is_status mem_store_update(mem_store *s, const mem_fact *f, int32_t expected_ver
 /* Sets the KV record of fact `id` if its version is still `version`, with
  * no history (the record is derived data). IS_ERR_NOT_FOUND otherwise. */
 is_status mem_store_set_kv(mem_store *s, const char *id, int32_t version, const char *kv_record);
+
+/* mem_store_set_kv for n facts in one transaction (one group commit),
+ * with mem_store_insert_many's fallback: status[i] per fact. */
+typedef struct mem_store_kv_set {
+    const char *id;
+    int32_t version;
+    const char *kv_record;
+} mem_store_kv_set;
+is_status mem_store_set_kv_many(mem_store *s, const mem_store_kv_set *sets, int32_t n,
+                                is_status *status);
 
 /* Deletes the fact and adds a DELETE history row (old_text = its text), in
  * one transaction. The deleted row goes to *old when old is non-NULL (for

@@ -13,6 +13,16 @@
  *
  * Every op has the contract of the mem_store_ function of the same name in
  * store.h; an implementation embeds `mem_store` as its first member.
+ *
+ * Locking: store.c takes the connection's lock (ops->lock) around every
+ * op but close and watch, so an op never locks itself.
+ *
+ * Writes: the mutating ops (insert, update, set_kv, del, delete_all) are
+ * transaction bodies. store.c runs each one, or a batch of them (one
+ * group commit: mem_store_insert_many, mem_store_set_kv_many), as lock,
+ * begin, the bodies, the fault hook, commit (rollback on any failure),
+ * unlock; so the transaction handling is written once, and a batch costs
+ * one durable commit instead of one per row.
  */
 #ifndef IS_MEMORY_STORE_IMPL_H
 #define IS_MEMORY_STORE_IMPL_H
@@ -26,7 +36,17 @@ typedef struct mem_store_ops {
     void (*close)(mem_store *s);
     is_status (*meta_get)(mem_store *s, const char *key, char **value);
     is_status (*meta_set)(mem_store *s, const char *key, const char *value);
-    is_status (*insert)(mem_store *s, const mem_fact *f);
+    /* The transaction of a write: lock takes the connection's mutex (and
+     * reopens a broken connection where the store can), begin opens the
+     * write transaction, commit makes it durable, rollback undoes it. */
+    void (*lock)(mem_store *s);
+    void (*unlock)(mem_store *s);
+    is_status (*begin)(mem_store *s);
+    is_status (*commit)(mem_store *s);
+    void (*rollback)(mem_store *s);
+    /* Transaction bodies (lock held, transaction open; `now` in unix ms).
+     * f was checked by store_check_fact. */
+    is_status (*insert)(mem_store *s, const mem_fact *f, int64_t now);
     is_status (*get)(mem_store *s, const char *tenant, const char *user, const char *id,
                      bool with_embedding, mem_fact *out);
     /* Optional (NULL: one get per id). */
@@ -34,11 +54,14 @@ typedef struct mem_store_ops {
                           const char *const *ids, int32_t n, mem_fact *out, bool *found);
     is_status (*list)(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
                       int32_t *n);
-    is_status (*update)(mem_store *s, const mem_fact *f, int32_t expected_version);
+    is_status (*update)(mem_store *s, const mem_fact *f, int32_t expected_version, int64_t now);
     is_status (*set_kv)(mem_store *s, const char *id, int32_t version, const char *kv_record);
+    /* *old gets the deleted row (the caller clears it, also on failure). */
     is_status (*del)(mem_store *s, const char *tenant, const char *user, const char *id,
-                     mem_fact *old);
-    is_status (*delete_all)(mem_store *s, const mem_filter *f, mem_fact **deleted, int32_t *n);
+                     mem_fact *old, int64_t now);
+    /* *deleted / *n get the deleted rows (the caller frees them, also on failure). */
+    is_status (*delete_all)(mem_store *s, const mem_filter *f, mem_fact **deleted, int32_t *n,
+                            int64_t now);
     is_status (*history)(mem_store *s, const char *tenant, const char *user, const char *id,
                          mem_history **out, int32_t *n);
     is_status (*find_source)(mem_store *s, const char *tenant, const char *user,
@@ -60,6 +83,7 @@ typedef struct mem_store_ops {
 
 struct mem_store {
     const mem_store_ops *ops;
+    const char *where;        /* the store in messages: a file path, "postgres db@host" */
     mem_store_fault_fn fault; /* called before every COMMIT (tests) */
     void *fault_user;
     char repairs[512];        /* what open and the quarantine repaired ("" if nothing) */

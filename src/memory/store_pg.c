@@ -166,16 +166,15 @@ static void ensure_conn(mem_store *s) {
 
 /* ---- transactions ------------------------------------------------------------------ */
 
-static is_status tx_begin(mem_store *s) { return run0(s, "BEGIN", NULL, "begin"); }
-
-/* Commits when st is IS_OK (after the fault hook), else rolls back. */
-static is_status tx_end(mem_store *s, is_status st) {
-    if (st == IS_OK && s->fault && !s->fault(s->fault_user))
-        st = is_error_set(IS_ERR_IO, "fact store %s: injected fault before commit", PG(s)->where);
-    if (st == IS_OK && (st = run0(s, "COMMIT", NULL, "commit")) == IS_OK) return IS_OK;
-    PQclear(PQexec(PG(s)->conn, "ROLLBACK"));
-    return st;
+/* store.c runs the write bodies below inside these. */
+static void pg_lock(mem_store *s) {
+    pthread_mutex_lock(&PG(s)->mu);
+    ensure_conn(s);
 }
+static void pg_unlock(mem_store *s) { pthread_mutex_unlock(&PG(s)->mu); }
+static is_status pg_begin(mem_store *s) { return run0(s, "BEGIN", NULL, "begin"); }
+static is_status pg_commit(mem_store *s) { return run0(s, "COMMIT", NULL, "commit"); }
+static void pg_rollback(mem_store *s) { PQclear(PQexec(PG(s)->conn, "ROLLBACK")); }
 
 static is_status notify(mem_store *s, const char *op, const char *tenant, const char *user,
                         const char *id, int32_t version, const char *old_record) {
@@ -283,7 +282,7 @@ static int32_t read_version(mem_store *s, bool *facts_exist) {
 }
 
 static is_status migrate(mem_store *s) {
-    is_status st = tx_begin(s);
+    is_status st = pg_begin(s);
     if (st != IS_OK) return st;
     /* One node migrates; the others wait here and then find it done. */
     st = run0(s, "SELECT pg_advisory_xact_lock(7303146025713)", NULL, "lock for the migration");
@@ -356,6 +355,7 @@ is_status store_pg_open(const char *url, bool readonly, mem_store **out) {
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
     s->ops = &PG_OPS;
+    s->where = PG(s)->where;
     pthread_mutex_init(&PG(s)->mu, NULL);
     PG(s)->readonly = readonly;
     make_origin(PG(s)->origin);
@@ -450,8 +450,6 @@ static is_status row_to_fact(const PGresult *r, int row, bool with_embedding, me
 /* ---- meta --------------------------------------------------------------------------------------- */
 
 static is_status pg_meta_get(mem_store *s, const char *key, char **value) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, key);
     PGresult *r = NULL;
@@ -461,13 +459,10 @@ static is_status pg_meta_get(mem_store *s, const char *key, char **value) {
     else if (st == IS_OK && !(*value = col_dup(r, 0, 0)))
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static is_status pg_meta_set(mem_store *s, const char *key, const char *value) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, key);
     p_text(&p, value);
@@ -475,24 +470,18 @@ static is_status pg_meta_set(mem_store *s, const char *key, const char *value) {
                         "INSERT INTO meta (key, value) VALUES ($1, $2) "
                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                         &p, "write meta");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 /* ---- insert ------------------------------------------------------------------------------------- */
 
-static is_status pg_insert(mem_store *s, const mem_fact *f) {
+static is_status pg_insert(mem_store *s, const mem_fact *f, int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
-    is_status st = tx_begin(s);
-    if (st != IS_OK) goto out;
     pq_params p = {0};
     p_text(&p, f->tenant);
     p_int(&p, now);
-    st = run0(s, "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", &p,
+    is_status st = run0(s, "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", &p,
               "insert tenant");
     if (st == IS_OK) {
         p = (pq_params){0};
@@ -546,9 +535,6 @@ static is_status pg_insert(mem_store *s, const mem_fact *f) {
     }
     if (st == IS_OK) st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_ADD, NULL, f->text, now);
     if (st == IS_OK) st = notify(s, "add", f->tenant, f->user, f->id, f->version, NULL);
-    st = tx_end(s, st);
-out:
-    pthread_mutex_unlock(&PG(s)->mu);
     free(ctx);
     return st;
 }
@@ -576,10 +562,7 @@ static is_status get_locked(mem_store *s, const char *tenant, const char *user, 
 
 static is_status pg_get(mem_store *s, const char *tenant, const char *user, const char *id,
                         bool with_embedding, mem_fact *out) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = get_locked(s, tenant, user, id, with_embedding, false, out);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -614,13 +597,10 @@ static is_status pg_get_many(mem_store *s, const char *tenant, const char *user,
     p_text(&p, user);
     p_text(&p, arr);
     PGresult *r = NULL;
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = run(s,
                        "SELECT " COLS_NOEMB " FROM facts WHERE tenant = $1 AND user_id = $2 "
                        "AND id = ANY($3::text[])",
                        &p, "read facts", &r);
-    pthread_mutex_unlock(&PG(s)->mu);
     free(arr);
     int rows = st == IS_OK ? PQntuples(r) : 0;
     for (int row = 0; st == IS_OK && row < rows; row++) {
@@ -633,12 +613,7 @@ static is_status pg_get_many(mem_store *s, const char *tenant, const char *user,
         }
     }
     PQclear(r);
-    if (st != IS_OK)
-        for (int32_t i = 0; i < n; i++) {
-            mem_fact_clear(&out[i]);
-            found[i] = false;
-        }
-    return st;
+    return st; /* store.c clears out and found on failure */
 }
 
 /* Ids compare bytewise (COLLATE "C"), as SQLite compares them. */
@@ -686,27 +661,20 @@ static is_status list_locked(mem_store *s, const mem_filter *f, bool with_embedd
 
 static is_status pg_list(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
                          int32_t *n) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = list_locked(s, f, with_embedding, false, out, n);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 /* ---- update ------------------------------------------------------------------------------------------ */
 
-static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_version) {
+static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_version,
+                           int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     mem_fact old = {0};
-    is_status st = tx_begin(s);
-    if (st != IS_OK) goto out;
     /* The row's lock: a concurrent update on another node waits for our
      * commit and then sees the version we wrote. */
-    st = get_locked(s, f->tenant, f->user, f->id, false, true, &old);
+    is_status st = get_locked(s, f->tenant, f->user, f->id, false, true, &old);
     if (st == IS_OK && old.version != expected_version)
         st = is_error_set(IS_ERR_MISMATCH, "memory %s changed meanwhile (version %d, expected %d)",
                           f->id, old.version, expected_version);
@@ -733,17 +701,12 @@ static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_ver
     if (st == IS_OK)
         st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_UPDATE, old.text, f->text, now);
     if (st == IS_OK) st = notify(s, "update", f->tenant, f->user, f->id, f->version, old.kv_record);
-    st = tx_end(s, st);
-out:
-    pthread_mutex_unlock(&PG(s)->mu);
     mem_fact_clear(&old);
     free(ctx);
     return st;
 }
 
 static is_status pg_set_kv(mem_store *s, const char *id, int32_t version, const char *kv_record) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, kv_record);
     p_text(&p, id);
@@ -754,7 +717,6 @@ static is_status pg_set_kv(mem_store *s, const char *id, int32_t version, const 
     if (st == IS_OK && strcmp(PQcmdTuples(r), "0") == 0)
         st = is_error_set(IS_ERR_NOT_FOUND, "no memory %s at version %d", id, version);
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -773,52 +735,24 @@ static is_status delete_row(mem_store *s, const mem_fact *f, int64_t now) {
     return st;
 }
 
+/* The rows are locked (FOR UPDATE) before they are deleted. */
 static is_status pg_delete(mem_store *s, const char *tenant, const char *user, const char *id,
-                           mem_fact *old) {
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
-    mem_fact row = {0};
-    is_status st = tx_begin(s);
-    if (st == IS_OK) {
-        st = get_locked(s, tenant, user, id, false, true, &row);
-        if (st == IS_OK) st = delete_row(s, &row, now);
-        st = tx_end(s, st);
-    }
-    pthread_mutex_unlock(&PG(s)->mu);
-    if (st == IS_OK && old) *old = row;
-    else mem_fact_clear(&row);
-    return st;
+                           mem_fact *row, int64_t now) {
+    is_status st = get_locked(s, tenant, user, id, false, true, row);
+    return st != IS_OK ? st : delete_row(s, row, now);
 }
 
-static is_status pg_delete_all(mem_store *s, const mem_filter *f, mem_fact **deleted, int32_t *n) {
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
-    mem_fact *rows = NULL;
-    int32_t nr = 0;
-    is_status st = tx_begin(s);
-    if (st == IS_OK) {
-        st = list_locked(s, f, false, true, &rows, &nr);
-        for (int32_t i = 0; st == IS_OK && i < nr; i++) st = delete_row(s, &rows[i], now);
-        st = tx_end(s, st);
-    }
-    pthread_mutex_unlock(&PG(s)->mu);
-    if (st != IS_OK) {
-        mem_facts_free(rows, nr);
-        return st;
-    }
-    *deleted = rows;
-    *n = nr;
-    return IS_OK;
+static is_status pg_delete_all(mem_store *s, const mem_filter *f, mem_fact **rows, int32_t *n,
+                               int64_t now) {
+    is_status st = list_locked(s, f, false, true, rows, n);
+    for (int32_t i = 0; st == IS_OK && i < *n; i++) st = delete_row(s, &(*rows)[i], now);
+    return st;
 }
 
 /* ---- history, sources, owners, users --------------------------------------------------------------- */
 
 static is_status pg_history(mem_store *s, const char *tenant, const char *user, const char *id,
                             mem_history **out, int32_t *n_out) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, id);
     p_text(&p, tenant);
@@ -828,7 +762,6 @@ static is_status pg_history(mem_store *s, const char *tenant, const char *user, 
                        "SELECT id, event, old_text, new_text, at FROM history WHERE fact_id = $1 "
                        "AND tenant = $2 AND user_id = $3 ORDER BY id",
                        &p, "read history", &r);
-    pthread_mutex_unlock(&PG(s)->mu);
     int32_t n = st == IS_OK ? PQntuples(r) : 0;
     mem_history *h = NULL;
     if (st == IS_OK && n == 0) st = is_error_set(IS_ERR_NOT_FOUND, "no memory with id %s", id);
@@ -859,8 +792,6 @@ static is_status pg_history(mem_store *s, const char *tenant, const char *user, 
 static is_status pg_find_source(mem_store *s, const char *tenant, const char *user,
                                 const char *source, const char *hash,
                                 char id_out[MEM_ID_MAX + 1]) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, tenant);
     p_text(&p, user);
@@ -876,13 +807,10 @@ static is_status pg_find_source(mem_store *s, const char *tenant, const char *us
     else if (st == IS_OK)
         snprintf(id_out, MEM_ID_MAX + 1, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static is_status pg_owner(mem_store *s, const char *tenant, const char *id, char **user) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, id);
     p_text(&p, tenant);
@@ -896,13 +824,10 @@ static is_status pg_owner(mem_store *s, const char *tenant, const char *id, char
     else if (st == IS_OK && !(*user = col_dup(r, 0, 0)))
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static is_status pg_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     pq_params p = {0};
     p_text(&p, tenant);
     PGresult *r = NULL;
@@ -910,7 +835,6 @@ static is_status pg_users(mem_store *s, const char *tenant, char ***out, int32_t
                        "SELECT user_id FROM facts WHERE tenant = $1 GROUP BY user_id "
                        "ORDER BY user_id COLLATE \"C\"",
                        &p, "list users", &r);
-    pthread_mutex_unlock(&PG(s)->mu);
     int32_t n = st == IS_OK ? PQntuples(r) : 0;
     char **u = NULL;
     if (n > 0 && !(u = calloc((size_t)n, sizeof *u))) st = is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -968,14 +892,11 @@ static is_status foreach_row(mem_store *s, const PGresult *r, void *ud) {
 }
 
 static is_status pg_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn, void *ud) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     foreach_ctx c = {with_embedding, fn, ud};
     is_status st = scan(s,
                         with_embedding ? "SELECT " COLS_EMB " FROM facts ORDER BY id COLLATE \"C\""
                                        : "SELECT " COLS_NOEMB " FROM facts ORDER BY id COLLATE \"C\"",
                         foreach_row, &c, "scan facts");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -990,23 +911,17 @@ static is_status record_row(mem_store *s, const PGresult *r, void *ud) {
 }
 
 static is_status pg_foreach_record(mem_store *s, mem_store_record_fn fn, void *ud) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     record_ctx c = {fn, ud};
     is_status st = scan(s, "SELECT kv_record FROM facts WHERE kv_record IS NOT NULL", record_row, &c,
                         "scan records");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static int64_t count_sql(mem_store *s, const char *sql, int64_t absent) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     PGresult *r = NULL;
     int64_t n = absent;
     if (run(s, sql, NULL, "count", &r) == IS_OK && PQntuples(r) == 1) n = col_i64(r, 0, 0);
     PQclear(r);
-    pthread_mutex_unlock(&PG(s)->mu);
     return n;
 }
 
@@ -1054,15 +969,13 @@ static is_status bad_row(mem_store *s, const PGresult *r, void *ud) {
 
 static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out) {
     if (n_out) *n_out = 0;
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     bad_rows b = {.dim = dim};
     is_status st = scan(s, "SELECT " COLS_EMB " FROM facts", bad_row, &b, "scan facts");
     if (st == IS_OK && !move && n_out) *n_out = b.n;
     if (st == IS_OK && move && b.n > 0) {
         /* Bad rows move, whole and as stored, to facts_quarantine (with the
          * reason), in one transaction: the rest is served, nothing is lost. */
-        st = tx_begin(s);
+        st = pg_begin(s);
         if (st == IS_OK)
             st = run0(s,
                       "CREATE TABLE IF NOT EXISTS facts_quarantine AS SELECT *, ''::text AS reason, "
@@ -1079,7 +992,8 @@ static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
             p_text(&d, b.ids[i]);
             if (st == IS_OK) st = run0(s, "DELETE FROM facts WHERE id = $1", &d, "remove a quarantined row");
         }
-        st = tx_end(s, st);
+        if (st == IS_OK) st = pg_commit(s);
+        if (st != IS_OK) pg_rollback(s);
         if (st == IS_OK) {
             char msg[160];
             snprintf(msg, sizeof msg, "%lld bad rows moved to table facts_quarantine (first: %s)",
@@ -1090,14 +1004,11 @@ static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
     }
     free(b.ids);
     free(b.why);
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
 static void pg_missing_tables(mem_store *s, char *out, size_t cap) {
     out[0] = '\0';
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     for (size_t i = 0; i < sizeof TABLES / sizeof TABLES[0]; i++) {
         pq_params p = {0};
         p_text(&p, TABLES[i]);
@@ -1110,15 +1021,11 @@ static void pg_missing_tables(mem_store *s, char *out, size_t cap) {
             snprintf(out + l, cap - l, "%s%s", l ? ", " : "", TABLES[i]);
         }
     }
-    pthread_mutex_unlock(&PG(s)->mu);
 }
 
 static is_status pg_integrity(mem_store *s, char *out, size_t cap) {
-    pthread_mutex_lock(&PG(s)->mu);
-    ensure_conn(s);
     is_status st = run0(s, "SELECT 1", NULL, "integrity");
     if (st == IS_OK) snprintf(out, cap, "ok");
-    pthread_mutex_unlock(&PG(s)->mu);
     return st;
 }
 
@@ -1205,6 +1112,11 @@ static const mem_store_ops PG_OPS = {
     .close = pg_close,
     .meta_get = pg_meta_get,
     .meta_set = pg_meta_set,
+    .lock = pg_lock,
+    .unlock = pg_unlock,
+    .begin = pg_begin,
+    .commit = pg_commit,
+    .rollback = pg_rollback,
     .insert = pg_insert,
     .get = pg_get,
     .get_many = pg_get_many,

@@ -146,6 +146,7 @@ static is_status sq_open_readonly(const char *path, mem_store **out) {
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
     s->ops = &SQ_OPS;
+    s->where = SQ(s)->path;
     pthread_mutex_init(&SQ(s)->mu, NULL);
     int rc = sqlite3_open_v2(path, &SQ(s)->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {
@@ -168,6 +169,7 @@ static is_status sq_open(const char *path, mem_store **out) {
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
     s->ops = &SQ_OPS;
+    s->where = SQ(s)->path;
     pthread_mutex_init(&SQ(s)->mu, NULL);
     is_status st = IS_OK;
     int rc = sqlite3_open_v2(path, &SQ(s)->db,
@@ -280,19 +282,15 @@ static is_status exec(mem_store *s, const char *sql) {
     return IS_OK;
 }
 
-static is_status tx_begin(mem_store *s) { return exec(s, "BEGIN IMMEDIATE"); }
+/* ---- the transaction of a write (store.c runs the bodies inside it) --------------- */
 
-/* Commits when st is IS_OK (after the fault hook), else rolls back. */
-static is_status tx_end(mem_store *s, is_status st) {
-    if (st == IS_OK && s->fault && !s->fault(s->fault_user))
-        st = is_error_set(IS_ERR_IO, "fact store %s: injected fault before commit", SQ(s)->path);
-    if (st == IS_OK) {
-        st = exec(s, "COMMIT");
-        if (st == IS_OK) return IS_OK;
-    }
-    sqlite3_exec(SQ(s)->db, "ROLLBACK", NULL, NULL, NULL);
-    return st;
-}
+static void sq_lock(mem_store *s) { pthread_mutex_lock(&SQ(s)->mu); }
+static void sq_unlock(mem_store *s) { pthread_mutex_unlock(&SQ(s)->mu); }
+/* IMMEDIATE: the write lock at BEGIN, so a busy database waits there (busy
+ * timeout) rather than failing at the first write. */
+static is_status sq_begin(mem_store *s) { return exec(s, "BEGIN IMMEDIATE"); }
+static is_status sq_commit(mem_store *s) { return exec(s, "COMMIT"); }
+static void sq_rollback(mem_store *s) { sqlite3_exec(SQ(s)->db, "ROLLBACK", NULL, NULL, NULL); }
 
 static is_status history_add(mem_store *s, const char *fact_id, const char *tenant,
                              const char *user, mem_event ev, const char *old_text,
@@ -358,7 +356,6 @@ static is_status row_to_fact(sqlite3_stmt *q, bool with_embedding, mem_fact *f) 
 /* ---- meta ---------------------------------------------------------------------- */
 
 static is_status sq_meta_get(mem_store *s, const char *key, char **value) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "SELECT value FROM meta WHERE key = ?", &q);
     if (st == IS_OK) {
@@ -375,12 +372,10 @@ static is_status sq_meta_get(mem_store *s, const char *key, char **value) {
         }
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_meta_set(mem_store *s, const char *key, const char *value) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", &q);
     if (st == IS_OK) {
@@ -388,22 +383,17 @@ static is_status sq_meta_set(mem_store *s, const char *key, const char *value) {
         bind_text(q, 2, value);
         st = step_done(s, q, "write meta");
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 /* ---- insert ---------------------------------------------------------------------- */
 
 
-static is_status sq_insert(mem_store *s, const mem_fact *f) {
-    is_status st = store_check_fact(f);
-    if (st != IS_OK) return st;
+static is_status sq_insert(mem_store *s, const mem_fact *f, int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q = NULL;
-    if ((st = tx_begin(s)) != IS_OK) goto out;
+    is_status st;
     if ((st = prepare(s, "INSERT OR IGNORE INTO tenants (id, created_at) VALUES (?, ?)", &q)) ==
         IS_OK) {
         bind_text(q, 1, f->tenant);
@@ -454,9 +444,6 @@ static is_status sq_insert(mem_store *s, const mem_fact *f) {
         st = step_done(s, q, "insert fact");
     }
     if (st == IS_OK) st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_ADD, NULL, f->text, now);
-    st = tx_end(s, st);
-out:
-    pthread_mutex_unlock(&SQ(s)->mu);
     free(ctx);
     return st;
 }
@@ -487,9 +474,7 @@ static is_status sq_get(mem_store *s, const char *tenant, const char *user, cons
     memset(out, 0, sizeof *out);
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: get needs tenant, user and id");
-    pthread_mutex_lock(&SQ(s)->mu);
     is_status st = get_locked(s, tenant, user, id, with_embedding, out);
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -497,7 +482,6 @@ static is_status sq_get(mem_store *s, const char *tenant, const char *user, cons
  * inside one read transaction, so all the rows come from one snapshot. */
 static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
                              const char *const *ids, int32_t n, mem_fact *out, bool *found) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q = NULL;
     is_status st = exec(s, "BEGIN");
     if (st == IS_OK) {
@@ -515,13 +499,7 @@ static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
         sqlite3_finalize(q); /* NULL when prepare failed: a no-op */
         sqlite3_exec(SQ(s)->db, "COMMIT", NULL, NULL, NULL);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
-    if (st != IS_OK)
-        for (int32_t i = 0; i < n; i++) {
-            mem_fact_clear(&out[i]);
-            found[i] = false;
-        }
-    return st;
+    return st; /* store.c clears out and found on failure */
 }
 
 
@@ -572,24 +550,18 @@ static is_status sq_list(mem_store *s, const mem_filter *f, bool with_embedding,
                          int32_t *n) {
     is_status st = store_check_filter(f);
     if (st != IS_OK) return st;
-    pthread_mutex_lock(&SQ(s)->mu);
     st = list_locked(s, f, with_embedding, out, n);
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 /* ---- update ------------------------------------------------------------------------ */
 
-static is_status sq_update(mem_store *s, const mem_fact *f, int32_t expected_version) {
-    is_status st = store_check_fact(f);
-    if (st != IS_OK) return st;
+static is_status sq_update(mem_store *s, const mem_fact *f, int32_t expected_version,
+                           int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&SQ(s)->mu);
     mem_fact old = {0};
-    if ((st = tx_begin(s)) != IS_OK) goto out;
-    st = get_locked(s, f->tenant, f->user, f->id, false, &old);
+    is_status st = get_locked(s, f->tenant, f->user, f->id, false, &old);
     if (st == IS_OK && old.version != expected_version)
         st = is_error_set(IS_ERR_MISMATCH, "memory %s changed meanwhile (version %d, expected %d)",
                           f->id, old.version, expected_version);
@@ -616,16 +588,12 @@ static is_status sq_update(mem_store *s, const mem_fact *f, int32_t expected_ver
     }
     if (st == IS_OK)
         st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_UPDATE, old.text, f->text, now);
-    st = tx_end(s, st);
-out:
-    pthread_mutex_unlock(&SQ(s)->mu);
     mem_fact_clear(&old);
     free(ctx);
     return st;
 }
 
 static is_status sq_set_kv(mem_store *s, const char *id, int32_t version, const char *kv_record) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "UPDATE facts SET kv_record = ? WHERE id = ? AND version = ?", &q);
     if (st == IS_OK) {
@@ -636,7 +604,6 @@ static is_status sq_set_kv(mem_store *s, const char *id, int32_t version, const 
         if (st == IS_OK && sqlite3_changes(SQ(s)->db) == 0)
             st = is_error_set(IS_ERR_NOT_FOUND, "no memory %s at version %d", id, version);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -656,45 +623,16 @@ static is_status delete_row(mem_store *s, const mem_fact *f, int64_t now) {
 }
 
 static is_status sq_delete(mem_store *s, const char *tenant, const char *user, const char *id,
-                           mem_fact *old) {
-    if (old) memset(old, 0, sizeof *old);
-    if (!tenant || !user || !id)
-        return is_error_set(IS_ERR_INVALID_ARG, "fact store: delete needs tenant, user and id");
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&SQ(s)->mu);
-    mem_fact row = {0};
-    is_status st = tx_begin(s);
-    if (st == IS_OK) {
-        st = get_locked(s, tenant, user, id, false, &row);
-        if (st == IS_OK) st = delete_row(s, &row, now);
-        st = tx_end(s, st);
-    }
-    pthread_mutex_unlock(&SQ(s)->mu);
-    if (st == IS_OK && old) *old = row;
-    else mem_fact_clear(&row);
-    return st;
+                           mem_fact *row, int64_t now) {
+    is_status st = get_locked(s, tenant, user, id, false, row);
+    return st != IS_OK ? st : delete_row(s, row, now);
 }
 
-static is_status sq_delete_all(mem_store *s, const mem_filter *f, mem_fact **deleted, int32_t *n) {
-    is_status st = store_check_filter(f);
-    if (st != IS_OK) return st;
-    int64_t now = store_now_unix_ms();
-    pthread_mutex_lock(&SQ(s)->mu);
-    mem_fact *rows = NULL;
-    int32_t nr = 0;
-    if ((st = tx_begin(s)) == IS_OK) {
-        st = list_locked(s, f, false, &rows, &nr);
-        for (int32_t i = 0; st == IS_OK && i < nr; i++) st = delete_row(s, &rows[i], now);
-        st = tx_end(s, st);
-    }
-    pthread_mutex_unlock(&SQ(s)->mu);
-    if (st != IS_OK) {
-        mem_facts_free(rows, nr);
-        return st;
-    }
-    *deleted = rows;
-    *n = nr;
-    return IS_OK;
+static is_status sq_delete_all(mem_store *s, const mem_filter *f, mem_fact **rows, int32_t *n,
+                               int64_t now) {
+    is_status st = list_locked(s, f, false, rows, n);
+    for (int32_t i = 0; st == IS_OK && i < *n; i++) st = delete_row(s, &(*rows)[i], now);
+    return st;
 }
 
 /* ---- history, sources, iteration ------------------------------------------------- */
@@ -703,7 +641,6 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
                             mem_history **out, int32_t *n_out) {
     if (!tenant || !user || !id)
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: history needs tenant, user and id");
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     mem_history *h = NULL;
     int32_t n = 0, cap = 0;
@@ -742,7 +679,6 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
         if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "read history");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     if (st == IS_OK && n == 0) st = is_error_set(IS_ERR_NOT_FOUND, "no memory with id %s", id);
     if (st != IS_OK) {
         mem_history_free(h, n);
@@ -756,7 +692,6 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
 static is_status sq_find_source(mem_store *s, const char *tenant, const char *user,
                                 const char *source, const char *hash,
                                 char id_out[MEM_ID_MAX + 1]) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s,
                            "SELECT id FROM facts WHERE tenant = ? AND user_id = ? AND source = ? "
@@ -776,13 +711,11 @@ static is_status sq_find_source(mem_store *s, const char *tenant, const char *us
             st = sql_err(s, "find source");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_owner(mem_store *s, const char *tenant, const char *id, char **user) {
     if (!s || !tenant || !id || !user) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_owner: NULL argument");
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s,
                            "SELECT user_id FROM facts WHERE id = ? AND tenant = ? "
@@ -805,28 +738,24 @@ static is_status sq_owner(mem_store *s, const char *tenant, const char *id, char
         }
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 /* The rows of one table, or `absent` where it cannot be counted (a
  * missing table among them). */
 static int64_t count_rows(mem_store *s, const char *sql, int64_t absent) {
-    pthread_mutex_lock(&SQ(s)->mu);
     int64_t n = absent;
     sqlite3_stmt *q;
     if (sqlite3_prepare_v2(SQ(s)->db, sql, -1, &q, NULL) == SQLITE_OK) {
         if (sqlite3_step(q) == SQLITE_ROW) n = sqlite3_column_int64(q, 0);
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return n;
 }
 
 static int64_t sq_count(mem_store *s) { return count_rows(s, "SELECT count(*) FROM facts", -1); }
 
 static is_status sq_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn, void *ud) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "SELECT " FACT_COLUMNS " FROM facts ORDER BY id", &q);
     if (st == IS_OK) {
@@ -841,7 +770,6 @@ static is_status sq_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn
         if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "scan facts");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -863,13 +791,10 @@ static const char *row_problem(sqlite3_stmt *q, int32_t dim) {
 }
 
 static void sq_missing_tables(mem_store *s, char *out, size_t cap) {
-    pthread_mutex_lock(&SQ(s)->mu);
     find_missing_tables(s, out, cap);
-    pthread_mutex_unlock(&SQ(s)->mu);
 }
 
 static is_status sq_integrity(mem_store *s, char *out, size_t cap) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "PRAGMA quick_check", &q);
     if (st == IS_OK) {
@@ -881,12 +806,10 @@ static is_status sq_integrity(mem_store *s, char *out, size_t cap) {
         }
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_foreach_record(mem_store *s, mem_store_record_fn fn, void *ud) {
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     is_status st = prepare(s, "SELECT kv_record FROM facts WHERE kv_record IS NOT NULL", &q);
     if (st == IS_OK) {
@@ -898,13 +821,11 @@ static is_status sq_foreach_record(mem_store *s, mem_store_record_fn fn, void *u
         if (st == IS_OK && rc != SQLITE_DONE) st = sql_err(s, "scan records");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
 static is_status sq_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_out) {
     if (n_out) *n_out = 0;
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     int64_t *rowids = NULL;
     const char **why = NULL;
@@ -976,7 +897,6 @@ static is_status sq_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
     }
     free(rowids);
     free(why);
-    pthread_mutex_unlock(&SQ(s)->mu);
     return st;
 }
 
@@ -988,7 +908,6 @@ static int64_t sq_count_quarantined(mem_store *s) {
 
 static is_status sq_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
     if (!s || !tenant || !out || !n_out) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
-    pthread_mutex_lock(&SQ(s)->mu);
     sqlite3_stmt *q;
     char **u = NULL;
     int32_t n = 0, cap = 0;
@@ -1011,7 +930,6 @@ static is_status sq_users(mem_store *s, const char *tenant, char ***out, int32_t
         else if (rc != SQLITE_DONE) st = sql_err(s, "list users");
         sqlite3_finalize(q);
     }
-    pthread_mutex_unlock(&SQ(s)->mu);
     if (st != IS_OK) {
         for (int32_t i = 0; i < n; i++) free(u[i]);
         free(u);
@@ -1027,6 +945,11 @@ static const mem_store_ops SQ_OPS = {
     .close = sq_close,
     .meta_get = sq_meta_get,
     .meta_set = sq_meta_set,
+    .lock = sq_lock,
+    .unlock = sq_unlock,
+    .begin = sq_begin,
+    .commit = sq_commit,
+    .rollback = sq_rollback,
     .insert = sq_insert,
     .get = sq_get,
     .get_many = sq_get_many,

@@ -11,6 +11,12 @@
  * What stays with the caller: what to print about the open report
  * (orphans, repairs, facts without KV) and whether to encode the missing
  * KV now (memory_encode_missing, with a progress callback).
+ *
+ * The pieces stand alone too, for callers that set up more or less:
+ * stack_embedder_open and stack_model_load (the server, serve/http/app.c,
+ * which sizes its own engine and scheduler), and stack_open_records, the
+ * answering half over a record store of its own, for tools that keep
+ * their facts themselves (`ask`, `eval`).
  */
 #ifndef IS_SERVE_STACK_H
 #define IS_SERVE_STACK_H
@@ -44,13 +50,18 @@ typedef struct stack_params {
     int32_t encode_batch;
     bool gpu_retrieval;       /* dense search on the GPU (memory_params.gpu_retrieval) */
     int32_t gpu_device;
+    const char *store_url;    /* the fact store (memory_params.store_url): NULL for SQLite */
+    /* embedder_dir NULL and STACK_DEFAULT_EMBEDDER missing: BM25 only (emb
+     * NULL) instead of IS_ERR_NOT_FOUND. */
+    bool embedder_optional;
 } stack_params;
 
 stack_params stack_default_params(void);
 
 typedef struct stack {
     embedder *emb; /* NULL: BM25 only */
-    memory *mem;
+    memory *mem;  /* NULL for stack_open_records */
+    record_store *rs; /* stack_open_records: the record store it owns (else NULL: the memory's) */
     backend *be; /* these four NULL without a model */
     model *model;
     engine *eng;
@@ -69,5 +80,41 @@ is_status stack_open(const stack_params *p, stack **out);
 /* Closes the memory service first (no encoding can be running after), then
  * the rest. NULL is a no-op. */
 void stack_close(stack *s);
+
+/* ---- the pieces -------------------------------------------------------------- */
+
+/* The sentence embedder in `dir` (NULL: STACK_DEFAULT_EMBEDDER; "none": no
+ * embedder, *out NULL). With `optional`, a missing default (dir NULL) is
+ * no error either: *out NULL, BM25 retrieval only. Its folder name (how a
+ * store names the embedder its vectors came from; "none") into
+ * name[cap]. n_threads > 0 sets its threads; BLAS gets n_threads (0: all
+ * cores) once for the process. IS_ERR_NOT_FOUND: the folder does not exist
+ * (the message says how to fetch it, or to pass "none"); embedder_load's
+ * errors otherwise. *out NULL on failure. */
+is_status stack_embedder_open(const char *dir, bool optional, int32_t n_threads, embedder **out,
+                              char *name, size_t cap);
+
+/* Loads the GGUF model on `be`. A failure's message names the file
+ * ("cannot load model 'PATH': why"); model_load's status, *out unchanged. */
+is_status stack_model_load(const char *path, backend *be, model **out);
+
+typedef struct stack_records_params {
+    const char *model_path;  /* required */
+    const char *backend;     /* "cpu" (default) or "cuda" */
+    int32_t n_threads;       /* CPU threads; 0 = all cores */
+    int32_t n_ctx_max;       /* the engine's context: the model's training context, at most
+                                this (0: no cap) */
+    const char *records_dir; /* required: the record store, created with its parents */
+    size_t cache_bytes;      /* the record store's cache */
+    kv_dtype dtype;          /* precision of the records written */
+} stack_records_params;
+
+/* A stack without a memory service (emb and mem NULL): backend, model,
+ * an engine of three sequences (serving prefix, an encoding, an answer),
+ * the record store in records_dir (owned: rs) and the ask context that
+ * writes and reads it. IS_ERR_INVALID_ARG, IS_ERR_IO (a folder cannot be
+ * created), the errors of backend_create, stack_model_load, engine_create,
+ * record_store_open and ask_ctx_create. *out unchanged on failure. */
+is_status stack_open_records(const stack_records_params *p, stack **out);
 
 #endif

@@ -7,7 +7,9 @@
  * absent, and an interrupted update shows the old version or the new one.
  *
  * A forked child opens the data directory and performs a random sequence of
- * adds, updates, deletes and delete_alls on three users (two tenants), and
+ * adds, batch adds (three facts whose rows commit together, which must all
+ * be there or none), updates, deletes and delete_alls on three users (two
+ * tenants), and
  * tells the parent over a pipe when each operation begins ("B ...") and
  * ends ("E ..."). It dies in one of two ways:
  *
@@ -62,14 +64,12 @@
 #include <unistd.h>
 
 #include "core/status.h"
+#include "test_fakes.h"
 #include "test_util.h"
 #include "kv/fact_record.h"
 #include "memory/memory.h"
 #include "serve/ask.h"
 
-#ifdef IS_HAVE_LIBPQ
-#include <libpq-fe.h>
-#endif
 
 #define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 #define EMBEDDER_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
@@ -80,18 +80,7 @@ static const char *g_pg; /* IS_PG_URL: the fact store is this PostgreSQL databas
 static int setup(void **state) {
     snprintf(g_dir, sizeof g_dir, "%s/is_test_crash_XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
     if (!mkdtemp(g_dir)) return -1;
-#ifdef IS_HAVE_LIBPQ
-    if (g_pg) {
-        /* Every case starts from an empty database. */
-        PGconn *c = PQconnectdb(g_pg);
-        PQclear(PQexec(c, "SET client_min_messages = warning"));
-        PGresult *r = PQexec(c, "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
-        bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-        PQclear(r);
-        PQfinish(c);
-        return ok ? 0 : -1;
-    }
-#endif
+    if (g_pg) return test_pg_reset(g_pg) ? 0 : -1; /* every case starts from an empty database */
     return 0;
 }
 
@@ -112,50 +101,17 @@ static uint64_t rng_next(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* ---- fakes (as in test_memory.c) ------------------------------------------------ */
+/* ---- fakes (tests/common/test_fakes.h) ------------------------------------------------ */
 
 #define FAKE_DIM 32
 
 static is_status fake_embed(void *ud, const char *const *texts, int32_t n, float *out) {
-    for (int32_t i = 0; i < n; i++) {
-        float *e = out + (size_t)i * FAKE_DIM;
-        memset(e, 0, FAKE_DIM * sizeof(float));
-        const char *p = texts[i];
-        while (*p) {
-            while (*p && !isalnum((unsigned char)*p)) p++;
-            uint32_t h = 2166136261u;
-            int len = 0;
-            while (*p && isalnum((unsigned char)*p)) {
-                h = (h ^ (uint32_t)tolower((unsigned char)*p++)) * 16777619u;
-                len++;
-            }
-            if (len) e[h % FAKE_DIM] += 1.0f;
-        }
-        double n2 = 0;
-        for (int j = 0; j < FAKE_DIM; j++) n2 += (double)e[j] * e[j];
-        if (n2 == 0) e[0] = 1.0f, n2 = 1;
-        for (int j = 0; j < FAKE_DIM; j++) e[j] = (float)(e[j] / sqrt(n2));
-    }
+    test_bow_embed(texts, n, FAKE_DIM, out);
     return IS_OK;
 }
 
 static is_status fake_encode(void *ud, record_store *rs, const memory_encode_job *job) {
-    fact_kv_meta m;
-    memset(&m, 0, sizeof m);
-    memcpy(m.model_fingerprint, "fa4efa4efa4efa4e", 17);
-    m.dtype = KV_DTYPE_F32;
-    m.n_layers = 1;
-    m.n_kv_heads = 1;
-    m.head_dim = 4;
-    m.n_tokens = 2;
-    m.rope_n_rot = 4;
-    m.rope_freq_base = 10000.0f;
-    m.rope_freq_scale = 1.0f;
-    m.window = job->window < -1 ? -1 : job->window;
-    m.text_hash = fact_text_hash(job->text, strlen(job->text));
-    int32_t tokens[2] = {job->n_context, job->window};
-    float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8] = {8, 7, 6, 5, 4, 3, 2, 1};
-    return record_store_put(rs, job->record_id, &m, tokens, k, v);
+    return test_fake_record_put(rs, job, job->n_context);
 }
 
 /* Never called: the parent opens the store with the real model's name and
@@ -167,6 +123,8 @@ static is_status no_embed(void *ud, const char *const *texts, int32_t n, float *
 /* ---- the workload --------------------------------------------------------------- */
 
 #define N_PARTS 3
+/* Facts of a batch add (the report line "E M" names three ids). */
+#define CRASH_BATCH 3
 static const char *PART_TENANT[N_PARTS] = {"t", "t", "t2"};
 static const char *PART_USER[N_PARTS] = {"u0", "u1", "u0"};
 
@@ -296,7 +254,7 @@ static void child_main(const crash_cfg *cfg, int fd) {
     for (int32_t op = 0; op < cfg->n_ops; op++) {
         int r = (int)(rng_next(&rs) % 100);
         char text[128];
-        if (r < 50 || nk == 0) {
+        if (r < 40 || nk == 0) {
             int part = (int)(rng_next(&rs) % N_PARTS);
             text_of(textno, text, sizeof text);
             say("B A %d %d\n", part, (int)textno);
@@ -311,6 +269,27 @@ static void child_main(const crash_cfg *cfg, int fd) {
             snprintf(ks[nk].id, MEMORY_ID_SIZE, "%s", id);
             ks[nk++].part = part;
             textno++;
+        } else if (r < 50) {
+            /* A batch: its rows commit together (memory_add_batch's group commit). */
+            int part = (int)(rng_next(&rs) % N_PARTS);
+            char texts[CRASH_BATCH][128], ids[CRASH_BATCH][MEMORY_ID_SIZE];
+            memory_add_req reqs[CRASH_BATCH];
+            for (int j = 0; j < CRASH_BATCH; j++) {
+                text_of(textno + j, texts[j], sizeof texts[j]);
+                reqs[j] = (memory_add_req){.tenant = PART_TENANT[part], .user = PART_USER[part],
+                                           .agent_id = agent_of(textno + j), .text = texts[j],
+                                           .context = ctx, .n_context = 3,
+                                           .window = MEMORY_WINDOW_DEFAULT};
+            }
+            say("B M %d %d\n", part, (int)textno);
+            if (memory_add_batch(m, reqs, CRASH_BATCH, ids, NULL) != IS_OK) CHILD_FAIL("add_batch");
+            say("E M %d %d %s %s %s\n", part, (int)textno, ids[0], ids[1], ids[2]);
+            ks = realloc(ks, (size_t)(nk + CRASH_BATCH + cfg->n_ops + 1) * sizeof *ks);
+            for (int j = 0; j < CRASH_BATCH; j++) {
+                memcpy(ks[nk].id, ids[j], MEMORY_ID_SIZE);
+                ks[nk++].part = part;
+            }
+            textno += CRASH_BATCH;
         } else if (r < 75) {
             known *k = &ks[rng_next(&rs) % (uint64_t)nk];
             /* Keep the agent of the fact's first text: parity of textno. */
@@ -425,7 +404,14 @@ static pending apply_report(model_state *ms, char *buf, child_result *res) {
         char id[MEMORY_ID_SIZE];
         int part, textno, nd;
         long long steps;
-        if (sscanf(line, "B A %d %d", &part, &textno) == 2) {
+        char bid[CRASH_BATCH][MEMORY_ID_SIZE];
+        if (sscanf(line, "B M %d %d", &part, &textno) == 2) {
+            pd = (pending){'M', part, textno, ""};
+        } else if (sscanf(line, "E M %d %d %71s %71s %71s", &part, &textno, bid[0], bid[1],
+                          bid[2]) == 2 + CRASH_BATCH) {
+            for (int j = 0; j < CRASH_BATCH; j++) model_add(ms, bid[j], part, textno + j);
+            pd.kind = 0;
+        } else if (sscanf(line, "B A %d %d", &part, &textno) == 2) {
             pd = (pending){'A', part, textno, ""};
         } else if (sscanf(line, "E A %d %d %71s", &part, &textno, id) == 3) {
             model_add(ms, id, part, textno);
@@ -532,7 +518,7 @@ static int verify(const verify_cfg *vc, model_state *ms, const pending *pd) {
     assert_int_equal(rep.n_missing_kv, 0);
     if (memory_check(m, true) != IS_OK) fail_msg("memory_check: %s", is_error_last());
     int applied = pd->kind ? 0 : -1;
-    int32_t n_actual = 0;
+    int32_t n_actual = 0, n_batch = 0; /* facts of the batch in flight found */
     for (int part = 0; part < N_PARTS; part++) {
         mem_filter f = {.tenant = PART_TENANT[part], .user = PART_USER[part]};
         mem_fact *all;
@@ -544,11 +530,16 @@ static int verify(const verify_cfg *vc, model_state *ms, const pending *pd) {
             mfact *mf = model_find(ms, a->id);
             char want[128];
             if (!mf) {
-                /* Only the add in flight may have produced an unknown fact. */
-                text_of(pd->textno, want, sizeof want);
-                if (pd->kind != 'A' || pd->part != part || strcmp(a->text, want) != 0)
+                /* Only the add (or batch add) in flight may have produced an unknown fact. */
+                int32_t tn = -1;
+                for (int j = 0; j < (pd->kind == 'M' ? CRASH_BATCH : 1); j++) {
+                    text_of(pd->textno + j, want, sizeof want);
+                    if (strcmp(a->text, want) == 0) tn = pd->textno + j;
+                }
+                if ((pd->kind != 'A' && pd->kind != 'M') || pd->part != part || tn < 0)
                     fail_msg("unexpected fact %s '%s' in part %d", a->id, a->text, part);
-                model_add(ms, a->id, part, pd->textno);
+                n_batch += pd->kind == 'M';
+                model_add(ms, a->id, part, tn);
                 mf = model_find(ms, a->id);
                 applied = 1;
             }
@@ -611,6 +602,9 @@ static int verify(const verify_cfg *vc, model_state *ms, const pending *pd) {
         }
     }
     assert_int_equal(n_actual, ms->n);
+    /* A batch add is one group commit: all of its facts or none. */
+    if (pd->kind == 'M' && n_batch != 0 && n_batch != CRASH_BATCH)
+        fail_msg("a batch add left %d of its %d facts", (int)n_batch, CRASH_BATCH);
     /* delete_all is all or nothing: none of its facts may remain if one went. */
     if (pd->kind == 'X' && applied == 1)
         for (int32_t i = 0; i < ms->n; i++)
@@ -643,7 +637,7 @@ static void test_crash_fakes(void **state) {
     int64_t steps = res.steps;
 
     int kinds_hit[32] = {0};
-    int n_applied = 0, n_not = 0, n_step = 0, n_timer = 0;
+    int n_applied = 0, n_not = 0, n_step = 0, n_timer = 0, n_batch = 0;
     int iters = 0;
     for (int it = 1; it <= 160 && now_ms() - t0 < 40e3; it++, iters++) {
         cfg.seed = rng_next(&rs);
@@ -660,10 +654,13 @@ static void test_crash_fakes(void **state) {
         }
         pd = run_child(&cfg, timer_us, &ms, &res);
         if (res.killed_kind >= 0) kinds_hit[res.killed_kind]++;
+        n_batch += pd.kind == 'M';
         int a = verify(&vc, &ms, &pd);
         n_applied += a == 1;
         n_not += a == 0;
     }
+    /* Some children died inside a batch add. */
+    assert_true(n_batch > 0);
     /* Every kind of fault point was crashed at. */
     const int kinds[] = {MEMORY_STEP_EMBEDDED, MEMORY_STEP_KV_WRITTEN, MEMORY_STEP_COMMITTED,
                          MEMORY_STEP_KV_DELETED, 10 + RECORD_STORE_STEP_CREATE,
@@ -676,11 +673,12 @@ static void test_crash_fakes(void **state) {
     /* Both outcomes of an interrupted operation occurred. */
     assert_true(n_applied > 0 && n_not > 0);
     printf("  %d children (%d step kills, %d timer kills) over %lld fault points; in-flight op "
-           "applied %d times, not applied %d times; %d facts at the end; %.1f s\n",
-           iters, n_step, n_timer, (long long)steps, n_applied, n_not, (int)ms.n,
+           "applied %d times, not applied %d times (a batch add %d times); %d facts at the end; "
+           "%.1f s\n",
+           iters, n_step, n_timer, (long long)steps, n_applied, n_not, n_batch, (int)ms.n,
            (now_ms() - t0) / 1e3);
     assert_true(iters >= 50);
-    printf("fault-matrix: crash-points|kill -9 of a writer (add, update, delete) at each of its "
+    printf("fault-matrix: crash-points|kill -9 of a writer (add, batch add, update, delete) at each of its "
            "fault points and at random times, fake models%s|%d|every fact whole or absent after "
            "reopen; the in-flight operation applied %d times, not applied %d times\n",
            g_pg ? ", PostgreSQL store" : "", iters, n_applied, n_not);

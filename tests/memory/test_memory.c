@@ -50,6 +50,7 @@
 
 #include "core/status.h"
 #include "test_bert.h"
+#include "test_fakes.h"
 #include "test_util.h"
 #include "kv/fact_record.h"
 #include "memory/memory.h"
@@ -73,31 +74,8 @@ static int teardown(void **state) {
 
 /* ---- fakes --------------------------------------------------------------------- */
 
-#define FAKE_DIM 64
+#define FAKE_DIM TEST_FAKE_DIM
 
-/* Hashed bag of lowercased words, L2-normalised. */
-static is_status fake_embed(void *ud, const char *const *texts, int32_t n, float *out) {
-    for (int32_t i = 0; i < n; i++) {
-        float *e = out + (size_t)i * FAKE_DIM;
-        memset(e, 0, FAKE_DIM * sizeof(float));
-        const char *p = texts[i];
-        while (*p) {
-            while (*p && !isalnum((unsigned char)*p)) p++;
-            uint32_t h = 2166136261u;
-            int len = 0;
-            while (*p && isalnum((unsigned char)*p)) {
-                h = (h ^ (uint32_t)tolower((unsigned char)*p++)) * 16777619u;
-                len++;
-            }
-            if (len) e[h % FAKE_DIM] += 1.0f;
-        }
-        double n2 = 0;
-        for (int j = 0; j < FAKE_DIM; j++) n2 += (double)e[j] * e[j];
-        if (n2 == 0) e[0] = 1.0f, n2 = 1;
-        for (int j = 0; j < FAKE_DIM; j++) e[j] = (float)(e[j] / sqrt(n2));
-    }
-    return IS_OK;
-}
 
 typedef struct fake_encoder {
     int32_t calls;
@@ -110,28 +88,13 @@ static is_status fake_encode(void *ud, record_store *rs, const memory_encode_job
     fe->calls++;
     if (fe->fail_at && fe->calls == fe->fail_at)
         return is_error_set(IS_ERR_INTERNAL, "fake encoder: injected failure");
-    fact_kv_meta m;
-    memset(&m, 0, sizeof m);
-    memcpy(m.model_fingerprint, "fa4efa4efa4efa4e", 17);
-    m.dtype = KV_DTYPE_F32;
-    m.n_layers = 1;
-    m.n_kv_heads = 1;
-    m.head_dim = 4;
-    m.n_tokens = 2;
-    m.rope_n_rot = 4;
-    m.rope_freq_base = 10000.0f;
-    m.rope_freq_scale = 1.0f;
-    m.window = job->window < -1 ? -1 : job->window;
-    m.text_hash = fact_text_hash(job->text, strlen(job->text));
     int32_t used = job->window < 0 ? 0 : (job->window < job->n_context ? job->window : job->n_context);
-    int32_t tokens[2] = {used, job->window};
-    float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8] = {8, 7, 6, 5, 4, 3, 2, 1};
-    return record_store_put(rs, job->record_id, &m, tokens, k, v);
+    return test_fake_record_put(rs, job, used);
 }
 
 static memory *open_fake(fake_encoder *fe, memory_open_report *rep) {
     memory_params p = memory_default_params();
-    p.embed = fake_embed;
+    p.embed = test_fake_embed;
     p.embed_dim = FAKE_DIM;
     p.embed_name = "fake-bow";
     p.kv_window = 2;
@@ -701,7 +664,7 @@ static void test_open_refusals(void **state) {
     assert_int_equal(add(m, "t", "u", "a fact", NULL, id), IS_OK);
     /* A second open of the same directory: the record store's lock. */
     memory_params p = memory_default_params();
-    p.embed = fake_embed;
+    p.embed = test_fake_embed;
     p.embed_dim = FAKE_DIM;
     p.embed_name = "fake-bow";
     memory *m2 = NULL;
@@ -763,7 +726,7 @@ static void test_gpu_retrieval_refused(void **state) {
     assert_null(m);
     /* An embed function cannot be copied to a GPU. */
     memory_params q = memory_default_params();
-    q.embed = fake_embed;
+    q.embed = test_fake_embed;
     q.embed_dim = FAKE_DIM;
     q.gpu_retrieval = true;
     assert_int_equal(memory_open(data, &q, &m, NULL), IS_ERR_INVALID_ARG);

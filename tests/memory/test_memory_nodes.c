@@ -32,13 +32,11 @@
 
 #include "kv/fact_record.h"
 #include "memory/memory.h"
+#include "test_fakes.h"
 #include "test_util.h"
 
-#ifdef IS_HAVE_LIBPQ
-#include <libpq-fe.h>
-#endif
 
-#define FAKE_DIM 64
+#define FAKE_DIM TEST_FAKE_DIM
 
 static char g_dir[256];
 static const char *g_pg;
@@ -46,64 +44,16 @@ static const char *g_pg;
 static int setup(void **state) {
     snprintf(g_dir, sizeof g_dir, "/tmp/is_test_memory_nodes_XXXXXX");
     if (!mkdtemp(g_dir)) return -1;
-#ifdef IS_HAVE_LIBPQ
-    if (g_pg) {
-        PGconn *c = PQconnectdb(g_pg);
-        PQclear(PQexec(c, "SET client_min_messages = warning"));
-        PGresult *r = PQexec(c, "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
-        bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-        PQclear(r);
-        PQfinish(c);
-        return ok ? 0 : -1;
-    }
-#endif
+    if (g_pg) return test_pg_reset(g_pg) ? 0 : -1; /* every case starts from an empty database */
     return 0;
 }
 
 static int teardown(void **state) { return test_remove_tree(g_dir); }
 
-/* Hashed bag of lowercased words, L2-normalised. */
-static is_status fake_embed(void *ud, const char *const *texts, int32_t n, float *out) {
-    for (int32_t i = 0; i < n; i++) {
-        float *e = out + (size_t)i * FAKE_DIM;
-        memset(e, 0, FAKE_DIM * sizeof(float));
-        const char *p = texts[i];
-        while (*p) {
-            while (*p && !isalnum((unsigned char)*p)) p++;
-            uint32_t h = 2166136261u;
-            int len = 0;
-            while (*p && isalnum((unsigned char)*p)) {
-                h = (h ^ (uint32_t)tolower((unsigned char)*p++)) * 16777619u;
-                len++;
-            }
-            if (len) e[h % FAKE_DIM] += 1.0f;
-        }
-        double n2 = 0;
-        for (int j = 0; j < FAKE_DIM; j++) n2 += (double)e[j] * e[j];
-        if (n2 == 0) e[0] = 1.0f, n2 = 1;
-        for (int j = 0; j < FAKE_DIM; j++) e[j] = (float)(e[j] / sqrt(n2));
-    }
-    return IS_OK;
-}
 
 /* A small valid record carrying the text's hash. */
 static is_status fake_encode(void *ud, record_store *rs, const memory_encode_job *job) {
-    fact_kv_meta m;
-    memset(&m, 0, sizeof m);
-    memcpy(m.model_fingerprint, "fa4efa4efa4efa4e", 17);
-    m.dtype = KV_DTYPE_F32;
-    m.n_layers = 1;
-    m.n_kv_heads = 1;
-    m.head_dim = 4;
-    m.n_tokens = 2;
-    m.rope_n_rot = 4;
-    m.rope_freq_base = 10000.0f;
-    m.rope_freq_scale = 1.0f;
-    m.window = job->window < -1 ? -1 : job->window;
-    m.text_hash = fact_text_hash(job->text, strlen(job->text));
-    int32_t tokens[2] = {0, job->window};
-    float k[8] = {1, 2, 3, 4, 5, 6, 7, 8}, v[8] = {8, 7, 6, 5, 4, 3, 2, 1};
-    return record_store_put(rs, job->record_id, &m, tokens, k, v);
+    return test_fake_record_put(rs, job, 0);
 }
 
 /* What node B's change callback heard (the fact ids it was asked to encode). */
@@ -131,7 +81,7 @@ static memory *open_node(const char *name) {
     char dir[320];
     snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
     memory_params p = memory_default_params();
-    p.embed = fake_embed;
+    p.embed = test_fake_embed;
     p.embed_dim = FAKE_DIM;
     p.embed_name = "fake-bow";
     p.store_url = g_pg;

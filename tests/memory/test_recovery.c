@@ -39,6 +39,7 @@
 #include "kv/fact_record.h"
 #include "memory/fsck.h"
 #include "memory/memory.h"
+#include "test_fakes.h"
 #include "test_util.h"
 
 #define DIM 16
@@ -86,18 +87,7 @@ static is_status fake_embed(void *ud, const char *const *texts, int32_t n, float
  * of hash_text (the same text for a sound record). */
 static is_status put_record(record_store *rs, const char *rid, const char *tok_text, const char *hash_text) {
     fact_kv_meta m;
-    memset(&m, 0, sizeof m);
-    memcpy(m.model_fingerprint, "fa4efa4efa4efa4e", 17);
-    m.dtype = KV_DTYPE_F32;
-    m.n_layers = 1;
-    m.n_kv_heads = 1;
-    m.head_dim = 4;
-    m.n_tokens = (int32_t)strlen(tok_text);
-    m.rope_n_rot = 4;
-    m.rope_freq_base = 10000.0f;
-    m.rope_freq_scale = 1.0f;
-    m.window = 0;
-    m.text_hash = fact_text_hash(hash_text, strlen(hash_text));
+    test_fake_meta(&m, (int32_t)strlen(tok_text), 0, hash_text);
     int32_t *tok = malloc((size_t)m.n_tokens * sizeof *tok);
     float *k = calloc((size_t)m.n_tokens * 4, sizeof(float));
     for (int32_t i = 0; i < m.n_tokens; i++) tok[i] = (unsigned char)tok_text[i];

@@ -586,6 +586,92 @@ static void test_fault_rolls_back(void **state) {
     assert_int_equal(raw_sql("SELECT count(*) FROM users WHERE user_id = 'alice'"), 1);
 }
 
+static bool count_commit(void *ud) {
+    (*(int *)ud)++;
+    return true;
+}
+
+/* A batch is one transaction (the fault hook runs once); a bad fact in it
+ * costs only itself (the batch is then written fact by fact); a failed
+ * batch commit leaves none of it. */
+static void test_insert_many(void **state) {
+    mem_store *s = open_store();
+    test_fact t[4];
+    make_fact(&t[0], "b1", "acme", "alice", "Alice likes tea.", NULL, 1.0f);
+    make_fact(&t[1], "b2", "acme", "alice", "Alice has a cat.", NULL, 2.0f);
+    make_fact(&t[2], "b3", "acme", "bob", "Bob runs.", NULL, 3.0f);
+    mem_fact f[4] = {t[0].f, t[1].f, t[2].f};
+    is_status st[4];
+    int calls = 0;
+    mem_store_set_fault_hook(s, count_commit, &calls);
+    assert_int_equal(mem_store_insert_many(s, f, 3, st), IS_OK);
+    assert_int_equal(calls, 1);
+    for (int i = 0; i < 3; i++) assert_int_equal(st[i], IS_OK);
+    assert_int_equal(mem_store_count(s), 3);
+    mem_history *h;
+    int32_t nh;
+    assert_int_equal(mem_store_history(s, "acme", "bob", "b3", &h, &nh), IS_OK);
+    assert_int_equal(nh, 1);
+    assert_int_equal(h[0].event, MEM_EVENT_ADD);
+    mem_history_free(h, nh);
+
+    /* b1 exists: the batch falls back to one transaction a fact. */
+    make_fact(&t[3], "b4", "acme", "alice", "Alice swims.", NULL, 4.0f);
+    mem_fact g2[3] = {t[3].f, t[0].f, t[3].f};
+    snprintf(g2[2].id, sizeof g2[2].id, "b5");
+    g2[2].embedding = NULL; /* fails the checks: never written */
+    calls = 0;
+    assert_int_equal(mem_store_insert_many(s, g2, 3, st), IS_ERR_INVALID_ARG);
+    assert_int_equal(st[0], IS_OK);
+    assert_int_equal(st[1], IS_ERR_INVALID_ARG);
+    assert_int_equal(st[2], IS_ERR_INVALID_ARG);
+    /* The batch and b1 alone fail before their commit; b4 alone commits. */
+    assert_int_equal(calls, 1);
+    assert_int_equal(mem_store_count(s), 4);
+
+    /* A batch whose commit fails leaves nothing. */
+    mem_store_set_fault_hook(s, fail_commit, &calls);
+    make_fact(&t[0], "c1", "acme", "carol", "Carol sings.", NULL, 5.0f);
+    make_fact(&t[1], "c2", "acme", "carol", "Carol paints.", NULL, 6.0f);
+    mem_fact g3[2] = {t[0].f, t[1].f};
+    assert_int_equal(mem_store_insert_many(s, g3, 2, st), IS_ERR_IO);
+    assert_int_equal(st[0], IS_ERR_IO);
+    assert_int_equal(st[1], IS_ERR_IO);
+    mem_store_set_fault_hook(s, NULL, NULL);
+    assert_int_equal(mem_store_count(s), 4);
+    mem_fact g;
+    assert_int_equal(mem_store_get(s, "acme", "carol", "c1", false, &g), IS_ERR_NOT_FOUND);
+    mem_store_close(s);
+}
+
+/* set_kv_many: one transaction; a fact whose version moved on is its own
+ * IS_ERR_NOT_FOUND and does not undo the others. */
+static void test_set_kv_many(void **state) {
+    mem_store *s = open_store();
+    test_fact t[2];
+    make_fact(&t[0], "k1", "acme", "alice", "Alice likes tea.", NULL, 1.0f);
+    make_fact(&t[1], "k2", "acme", "alice", "Alice has a cat.", NULL, 2.0f);
+    assert_int_equal(mem_store_insert(s, &t[0].f), IS_OK);
+    assert_int_equal(mem_store_insert(s, &t[1].f), IS_OK);
+    mem_store_kv_set sets[2] = {{"k1", 1, "k1-v1"}, {"k2", 7, "k2-v7"}};
+    is_status st[2];
+    int calls = 0;
+    mem_store_set_fault_hook(s, count_commit, &calls);
+    assert_int_equal(mem_store_set_kv_many(s, sets, 2, st), IS_ERR_NOT_FOUND);
+    mem_store_set_fault_hook(s, NULL, NULL);
+    assert_int_equal(calls, 1);
+    assert_int_equal(st[0], IS_OK);
+    assert_int_equal(st[1], IS_ERR_NOT_FOUND);
+    mem_fact g;
+    assert_int_equal(mem_store_get(s, "acme", "alice", "k1", false, &g), IS_OK);
+    assert_string_equal(g.kv_record, "k1-v1");
+    mem_fact_clear(&g);
+    assert_int_equal(mem_store_get(s, "acme", "alice", "k2", false, &g), IS_OK);
+    assert_null(g.kv_record);
+    mem_fact_clear(&g);
+    mem_store_close(s);
+}
+
 static void test_refusals(void **state) {
     char *out = (char *)"unchanged";
     assert_int_equal(mem_metadata_canonical("[1,2]", &out), IS_ERR_INVALID_ARG);
@@ -788,6 +874,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_find_source_meta_foreach, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault_rolls_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_insert_many, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_kv_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_nodes, setup, teardown),
     };
     return test_run_group(tests, NULL, NULL);

@@ -1,7 +1,7 @@
 #include "serve/http/app.h"
 
 #include "core/status.h"
-#include "memory/embedder.h"
+#include "serve/stack.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +9,11 @@
 #include <sys/statvfs.h>
 
 struct http_app {
+    stack *st; /* the embedder and the memory service (serve/stack.h) */
     backend *be;
     model *m;
     engine *e;
-    embedder *emb;
-    memory *mem;
+    memory *mem; /* st's */
     sched *s;
     auth_keys *keys;
     http_server *srv;
@@ -68,11 +68,10 @@ void http_app_stop(http_app *a) {
     if (!a) return;
     http_server_stop(a->srv); /* first: its cancelled requests end through the scheduler */
     sched_free(a->s);
-    memory_close(a->mem);
+    stack_close(a->st); /* the memory, then the embedder */
     engine_free(a->e);
     model_free(a->m);
     if (a->be) a->be->ops->free(a->be);
-    embedder_free(a->emb);
     auth_keys_free(a->keys);
     free(a);
 }
@@ -94,33 +93,22 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         if ((st = auth_keys_load(p->keys_path, &a->keys)) != IS_OK) goto fail;
     }
 
-    /* The embedder: its folder name identifies it in the store, as ingest does. */
-    const char *edir = p->embedder_dir;
-    char ename[256] = "none";
-    if (!edir) {
-        struct stat sb;
-        edir = stat(HTTP_APP_DEFAULT_EMBEDDER, &sb) == 0 ? HTTP_APP_DEFAULT_EMBEDDER : "none";
-        if (strcmp(edir, "none") == 0)
-            fprintf(notes, "warning: embedding model %s not found (scripts/fetch_embedder.sh "
-                           "fetches it): memory search is BM25 only\n", HTTP_APP_DEFAULT_EMBEDDER);
-    }
-    if (strcmp(edir, "none") != 0) {
-        if ((st = embedder_load(edir, &a->emb)) != IS_OK) goto fail;
-        if (p->threads > 0) embedder_set_n_threads(a->emb, p->threads);
-        size_t l = strlen(edir);
-        while (l > 1 && edir[l - 1] == '/') l--;
-        size_t b = l;
-        while (b > 0 && edir[b - 1] != '/') b--;
-        snprintf(ename, sizeof ename, "%.*s", (int)(l - b), edir + b);
-    }
-    memory_params mp = memory_default_params();
-    mp.embedder = a->emb;
-    mp.embed_name = ename;
-    mp.kv_window = p->kv_window;
-    mp.gpu_retrieval = p->gpu_retrieval;
-    mp.store_url = p->store_url;
-    memory_open_report rep;
-    if ((st = memory_open(p->data_dir, &mp, &a->mem, &rep)) != IS_OK) goto fail;
+    /* The embedder (the default one if installed) and the memory service,
+     * as every command sets them up; the model comes below, sized for serving. */
+    stack_params sp = stack_default_params();
+    sp.data_dir = p->data_dir;
+    sp.embedder_dir = p->embedder_dir;
+    sp.embedder_optional = true;
+    sp.n_threads = p->threads;
+    sp.window = p->kv_window;
+    sp.gpu_retrieval = p->gpu_retrieval;
+    sp.store_url = p->store_url;
+    if ((st = stack_open(&sp, &a->st)) != IS_OK) goto fail;
+    a->mem = a->st->mem;
+    const memory_open_report rep = a->st->report;
+    if (!a->st->emb && !p->embedder_dir)
+        fprintf(notes, "warning: embedding model %s not found (scripts/fetch_embedder.sh "
+                       "fetches it): memory search is BM25 only\n", STACK_DEFAULT_EMBEDDER);
     if (rep.n_orphans)
         fprintf(notes, "memory: set aside %lld KV records no fact points to in %s/kv/orphans/\n",
                 (long long)rep.n_orphans, p->data_dir);
@@ -138,12 +126,7 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         char desc[512];
         if (backend_configure(a->be, NULL, desc, sizeof desc) == IS_OK && desc[0])
             fprintf(notes, "backend %s: %s\n", a->be->ops->name, desc);
-        if ((st = model_load(p->model_path, a->be, &a->m)) != IS_OK) {
-            char msg[600];
-            snprintf(msg, sizeof msg, "%s", is_error_last());
-            st = is_error_set(st, "cannot load model '%s': %s", p->model_path, msg);
-            goto fail;
-        }
+        if ((st = stack_model_load(p->model_path, a->be, &a->m)) != IS_OK) goto fail;
         const model_config *c = &a->m->cfg;
         engine_params ep = engine_default_params();
         ep.n_ctx = p->n_ctx > 0 ? p->n_ctx : c->n_ctx_train;
@@ -200,7 +183,7 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     if ((st = http_server_start(&hc, &a->srv)) != IS_OK) goto fail;
     fprintf(notes, "memory: %lld facts in %s (search: %s)\n", (long long)rep.n_facts,
             p->store_url ? "the PostgreSQL store" : p->data_dir,
-            !a->emb ? "BM25 only" : p->gpu_retrieval ? "dense on the GPU + BM25" : "dense + BM25");
+            !a->st->emb ? "BM25 only" : p->gpu_retrieval ? "dense on the GPU + BM25" : "dense + BM25");
     *out = a;
     return IS_OK;
 fail: {

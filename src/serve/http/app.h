@@ -28,12 +28,13 @@
 #define IS_SERVE_HTTP_APP_H
 
 #include "serve/http/server.h"
+#include "serve/stack.h"
 
 #include <stdio.h>
 
 typedef struct http_app http_app;
 
-#define HTTP_APP_DEFAULT_EMBEDDER "models/all-MiniLM-L6-v2"
+#define HTTP_APP_DEFAULT_EMBEDDER STACK_DEFAULT_EMBEDDER
 /* Device memory left beside the default fact cache for what grows later:
  * activations of a full step, cuBLAS workspaces, graphs, the retrieval
  * index on the GPU. */
