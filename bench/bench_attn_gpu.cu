@@ -42,9 +42,9 @@
 #include <string>
 #include <vector>
 
-#define H 32   /* query heads */
+#define H  32  /* query heads */
 #define KH 8   /* KV heads */
-#define D 128  /* head_dim */
+#define D  128 /* head_dim */
 #define BS 16  /* tokens a cache block */
 
 /* Uniform in [-scale, scale), from the element's index and a seed. */
@@ -128,10 +128,8 @@ static std::string trace_summary(const std::vector<unsigned long long> &t, size_
     char cl[3][16];
     std::vector<double> *cv[3] = {&sync, &merge, &end};
     for (int i = 0; i < 3; i++) {
-        if (cluster)
-            snprintf(cl[i], sizeof cl[i], "%.2f", median(*cv[i]));
-        else
-            snprintf(cl[i], sizeof cl[i], "-");
+        if (cluster) snprintf(cl[i], sizeof cl[i], "%.2f", median(*cv[i]));
+        else snprintf(cl[i], sizeof cl[i], "-");
     }
     char buf[512];
     snprintf(buf, sizeof buf,
@@ -152,14 +150,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-T")) trace = true;
         else if (!strcmp(argv[i], "-P") && i + 1 < argc) profile_case = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [-r reps] [-T] [-P case] [-p GB]\n"
-                            "-T: after the tables, the new plan's phases in one traced launch "
-                            "a case\n"
-                            "-P case: only the new plan of that case (0-6, the table's rows in "
-                            "order), reps launches, no table: for a profiler\n"
-                            "-p GB: the pool the sequence's cache blocks are drawn from spans\n"
-                            "GB gigabytes of keys and as many of values (default: 4 x the blocks\n"
-                            "of the longest case), so its pages lie far apart\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [-r reps] [-T] [-P case] [-p GB]\n"
+                    "-T: after the tables, the new plan's phases in one traced launch "
+                    "a case\n"
+                    "-P case: only the new plan of that case (0-6, the table's rows in "
+                    "order), reps launches, no table: for a profiler\n"
+                    "-p GB: the pool the sequence's cache blocks are drawn from spans\n"
+                    "GB gigabytes of keys and as many of values (default: 4 x the blocks\n"
+                    "of the longest case), so its pages lie far apart\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -172,8 +172,8 @@ int main(int argc, char **argv) {
     CK(cudaStreamCreate(&st));
 
     const bench_case cases[] = {
-        {"query, k = 5", 30, 215},    {"query, k = 10", 30, 340},  {"query, k = 20", 30, 590},
-        {"query, k = 50", 30, 1340},  {"query, k = 100", 30, 2590}, {"prefill", 1280, 1280},
+        {"query, k = 5", 30, 215},   {"query, k = 10", 30, 340},   {"query, k = 20", 30, 590},
+        {"query, k = 50", 30, 1340}, {"query, k = 100", 30, 2590}, {"prefill", 1280, 1280},
         {"decode, k = 50", 1, 1340},
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
@@ -225,7 +225,8 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
 
-    std::vector<int32_t> perm(pool), pos(max_T), sot(max_T, 0), tiles((size_t)max_T * FLASH_TILE_INTS);
+    std::vector<int32_t> perm(pool), pos(max_T), sot(max_T, 0),
+        tiles((size_t)max_T * FLASH_TILE_INTS);
     for (int32_t i = 0; i < pool; i++) perm[i] = i;
     uint64_t rng = 12345;
     for (int32_t i = pool - 1; i > 0; i--) {
@@ -249,8 +250,8 @@ int main(int argc, char **argv) {
      * tiles, then on 128-key ones (w: two key warps only); with one key
      * warp, then two. */
     const int32_t sweep_splits[] = {1, 2, 4, 8, 16, 32, 2, 4, 6, 8, 1, 2, 4, 2, 4, 6, 8};
-    const bool sweep_cl[] = {false, false, false, false, false, false, true, true, true, true,
-                             false, false, false, true,  true,  true,  true};
+    const bool sweep_cl[] = {false, false, false, false, false, false, true, true, true,
+                             true,  false, false, false, true,  true,  true, true};
     const bool sweep_wide[] = {false, false, false, false, false, false, false, false, false,
                                false, true,  true,  true,  true,  true,  true,  true};
     const int n_per_kw = (int)(sizeof sweep_splits / sizeof sweep_splits[0]);
@@ -284,16 +285,16 @@ int main(int argc, char **argv) {
         }
         const bench_case &bc = cases[profile_case];
         for (int32_t t = 0; t < bc.T; t++) pos[t] = bc.keys - bc.T + t;
-        const cuda_flash_plan plan = cuda_flash_plan_batch(sot.data(), pos.data(), bc.T, bt_off, H,
-                                                           KH, D, n_sms, CUDA_FLASH_CHOICE_AUTO,
-                                                           true, tiles.data());
+        const cuda_flash_plan plan =
+            cuda_flash_plan_batch(sot.data(), pos.data(), bc.T, bt_off, H, KH, D, n_sms,
+                                  CUDA_FLASH_CHOICE_AUTO, true, tiles.data());
         CK(cudaMemcpyAsync(d_tiles, tiles.data(),
                            (size_t)plan.n_tiles * FLASH_TILE_INTS * sizeof(int32_t),
                            cudaMemcpyHostToDevice, st));
         const size_t need = cuda_flash_partial_floats(plan, KH, D);
         if (need > 0) CK(cudaMalloc(&partial, need * sizeof(float)));
-        CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float),
-                           cudaMemcpyDeviceToDevice, st));
+        CK(cudaMemcpyAsync(q, q_src, (size_t)bc.T * H * D * sizeof(float), cudaMemcpyDeviceToDevice,
+                           st));
         for (int r = 0; r < reps; r++) {
             flush_l2<<<4 * n_sms, 256, 0, st>>>(flush, flush_n, sink);
             CK(cudaGetLastError());
@@ -319,12 +320,12 @@ int main(int argc, char **argv) {
         for (int variant = 0; variant < N_MAIN + n_sweep; variant++) {
             /* 0 old, 1 new, 2 new with one key warp, 3 new on mma.sync, 4 new
              * on 64-key tiles only, then the sweep */
-            cuda_flash_plan plan = cuda_flash_plan_batch(
-                sot.data(), pos.data(), bc.T, bt_off, H, KH, D, n_sms,
-                variant == 0   ? CUDA_FLASH_CHOICE_LEGACY
-                : variant == 4 ? CUDA_FLASH_CHOICE_NO_WIDE
-                               : CUDA_FLASH_CHOICE_AUTO,
-                variant != 3, tiles.data());
+            cuda_flash_plan plan =
+                cuda_flash_plan_batch(sot.data(), pos.data(), bc.T, bt_off, H, KH, D, n_sms,
+                                      variant == 0   ? CUDA_FLASH_CHOICE_LEGACY
+                                      : variant == 4 ? CUDA_FLASH_CHOICE_NO_WIDE
+                                                     : CUDA_FLASH_CHOICE_AUTO,
+                                      variant != 3, tiles.data());
             if (variant == 2) { /* the new splits, one warp a key tile (so 64 keys) */
                 plan.key_warps = 1;
                 plan.key_tile = FLASH_BN;
@@ -376,10 +377,8 @@ int main(int argc, char **argv) {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (r >= 0) v.push_back(1e3 * ms);
             }
-            if (variant < N_MAIN)
-                us[variant] = median(v);
-            else
-                sweep_us[(size_t)ci].push_back(median(v));
+            if (variant < N_MAIN) us[variant] = median(v);
+            else sweep_us[(size_t)ci].push_back(median(v));
             if (trace && variant == 1) {
                 const size_t blocks = (size_t)plan.n_tiles * KH * plan.splits;
                 unsigned long long *d_trace;
@@ -427,7 +426,9 @@ int main(int argc, char **argv) {
                "%.1e%s |\n",
                bc.name, bc.T, bc.keys, pl[0], us[0], pl[1], plans[1].wgmma ? " wg" : "", us[1],
                us[2], us[3], pl[2], us[4], us[0] / us[1], rel,
-               ok ? "" : sweep_bad ? " FAIL (a sweep variant)" : " FAIL");
+               ok          ? ""
+               : sweep_bad ? " FAIL (a sweep variant)"
+                           : " FAIL");
         fflush(stdout);
     }
     for (int combo = 0; combo < 4; combo++) {
@@ -445,10 +446,8 @@ int main(int argc, char **argv) {
             printf("| %s |", cases[ci].name);
             for (int i = 0; i < n_per_kw; i++) {
                 const double u = sweep_us[(size_t)ci][(size_t)(combo * n_per_kw + i)];
-                if (u < 0)
-                    printf(" - |");
-                else
-                    printf(" %.1f |", u);
+                if (u < 0) printf(" - |");
+                else printf(" %.1f |", u);
             }
             printf("\n");
         }
@@ -470,7 +469,8 @@ int main(int argc, char **argv) {
                "%.0f MHz; the compute part ends when its last mma issues, so the next wait "
                "holds the rest). Empty kernel timed as the rows: %.1f us.\n\n"
                "| case | span | start skew median / max | prologue | tiles | waiting | "
-               "computing | key-warp merge | cluster sync | cluster merge (reads) | output + last sync | "
+               "computing | key-warp merge | cluster sync | cluster merge (reads) | output + last "
+               "sync | "
                "block life |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                clock_khz / 1e3, median(v));
         for (int ci = 0; ci < n_cases; ci++)

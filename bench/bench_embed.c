@@ -28,7 +28,8 @@ static double now_s(void) {
 }
 
 static const char *const builtin[] = {
-    "Caroline attended an LGBTQ support group recently and found the transgender stories inspiring.",
+    "Caroline attended an LGBTQ support group recently and found the transgender stories "
+    "inspiring.",
     "Melanie painted a lake sunrise last year which holds special meaning to her.",
     "Jon lost his job as a banker and decided to open his own dance studio.",
     "Gina launched an online clothing store after being laid off from her job.",
@@ -85,7 +86,9 @@ static int load_locomo(const char *dir, char **texts, int cap) {
         free(buf);
         for (cJSON *s = root ? root->child : NULL; s && n < cap; s = s->next) {
             size_t l = strlen(s->string);
-            if (strncmp(s->string, "session_", 8) || l < 12 || strcmp(s->string + l - 12, "_observation")) continue;
+            if (strncmp(s->string, "session_", 8) || l < 12 ||
+                strcmp(s->string + l - 12, "_observation"))
+                continue;
             for (cJSON *sp = s->child; sp && n < cap; sp = sp->next)
                 for (cJSON *it = sp->child; it && n < cap; it = it->next)
                     if (cJSON_IsString(cJSON_GetArrayItem(it, 0)))
@@ -110,8 +113,9 @@ int main(int argc, char **argv) {
         case 'n': n_texts = atoi(optarg); break;
         case 'b': snprintf(batches_arg, sizeof batches_arg, "%s", optarg); break;
         default:
-            fprintf(stderr, "usage: bench_embed [-m MODEL_DIR] [-d LOCOMO_DIR] [-t THREADS] [-r REPS] "
-                            "[-n TEXTS] [-b B,B,...]\n");
+            fprintf(stderr,
+                    "usage: bench_embed [-m MODEL_DIR] [-d LOCOMO_DIR] [-t THREADS] [-r REPS] "
+                    "[-n TEXTS] [-b B,B,...]\n");
             return c == 'h' ? 0 : 1;
         }
     }
@@ -129,19 +133,22 @@ int main(int argc, char **argv) {
     char **texts = calloc((size_t)n_texts, sizeof *texts);
     int n = load_locomo(locomo, texts, n_texts);
     const char *source = n ? "LoCoMo observations" : "built-in facts";
-    for (int i = n; i < n_texts; i++) texts[i] = strdup(builtin[i % (sizeof builtin / sizeof *builtin)]);
+    for (int i = n; i < n_texts; i++)
+        texts[i] = strdup(builtin[i % (sizeof builtin / sizeof *builtin)]);
     long total_tokens = 0;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)embedder_max_tokens(e));
     for (int i = 0; i < n_texts; i++) {
         int32_t k;
-        wordpiece_encode(embedder_tokenizer(e), texts[i], strlen(texts[i]), embedder_max_tokens(e), ids, &k);
+        wordpiece_encode(embedder_tokenizer(e), texts[i], strlen(texts[i]), embedder_max_tokens(e),
+                         ids, &k);
         total_tokens += k;
     }
     free(ids);
     float *out = malloc(sizeof(float) * (size_t)n_texts * (size_t)embedder_dim(e));
     double *t = malloc(sizeof(double) * (size_t)reps);
 
-    printf("bench_embed: %s, %d texts (%s, %.1f tokens each on average), %d thread(s), median of %d runs\n",
+    printf("bench_embed: %s, %d texts (%s, %.1f tokens each on average), %d thread(s), median of "
+           "%d runs\n",
            model_dir, n_texts, source, (double)total_tokens / n_texts, threads, reps);
     printf("| batch | embeddings/s | ms per call | tokens/s |\n|---|---|---|---|\n");
     char *save = NULL;
@@ -152,7 +159,8 @@ int main(int argc, char **argv) {
             double t0 = now_s();
             for (int i = 0; i < n_texts; i += bs) {
                 int m = n_texts - i < bs ? n_texts - i : bs;
-                if (embedder_embed(e, (const char *const *)texts + i, m, out + (size_t)i * embedder_dim(e)) != IS_OK) {
+                if (embedder_embed(e, (const char *const *)texts + i, m,
+                                   out + (size_t)i * embedder_dim(e)) != IS_OK) {
                     fprintf(stderr, "error: %s\n", is_error_last());
                     return 1;
                 }
@@ -161,7 +169,8 @@ int main(int argc, char **argv) {
         }
         double med = bench_median(t, reps);
         int calls = (n_texts + bs - 1) / bs;
-        printf("| %d | %.1f | %.2f | %.0f |\n", bs, n_texts / med, 1e3 * med / calls, total_tokens / med);
+        printf("| %d | %.1f | %.2f | %.0f |\n", bs, n_texts / med, 1e3 * med / calls,
+               total_tokens / med);
         printf("embed,%d,%d,%.1f\n", bs, threads, n_texts / med);
     }
     for (int i = 0; i < n_texts; i++) free(texts[i]);

@@ -73,7 +73,9 @@ int main(int argc, char **argv) {
     float *logits = malloc((size_t)V * sizeof *logits);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     for (int i = 0; i < max_len; i++) {
-        rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
         toks[i] = (int32_t)(rng % (uint64_t)(V - 100)) + 100;
     }
     double *runs = malloc((size_t)reps * sizeof *runs);
@@ -96,10 +98,14 @@ int main(int argc, char **argv) {
             engine_seq_close(e, seq);
         }
         double mn = runs[0], mx = runs[0];
-        for (int r = 0; r < reps; r++) { if (runs[r] < mn) mn = runs[r]; if (runs[r] > mx) mx = runs[r]; }
+        for (int r = 0; r < reps; r++) {
+            if (runs[r] < mn) mn = runs[r];
+            if (runs[r] > mx) mx = runs[r];
+        }
         double med = bench_median(runs, reps);
         printf("| prefill | %d | %.1f | %.1f | %.1f |\n", n, med, mn, mx);
-        snprintf(csv + strlen(csv), sizeof csv - strlen(csv), "inferscale,prefill,%d,%.2f\n", n, med);
+        snprintf(csv + strlen(csv), sizeof csv - strlen(csv), "inferscale,prefill,%d,%.2f\n", n,
+                 med);
     }
     for (int r = -1; r < reps; r++) {
         int32_t seq;
@@ -119,12 +125,19 @@ int main(int argc, char **argv) {
         engine_seq_close(e, seq);
     }
     double mn = runs[0], mx = runs[0];
-    for (int r = 0; r < reps; r++) { if (runs[r] < mn) mn = runs[r]; if (runs[r] > mx) mx = runs[r]; }
+    for (int r = 0; r < reps; r++) {
+        if (runs[r] < mn) mn = runs[r];
+        if (runs[r] > mx) mx = runs[r];
+    }
     double med = bench_median(runs, reps);
     printf("| decode | %d | %.1f | %.1f | %.1f |\n\n", n_decode, med, mn, mx);
-    snprintf(csv + strlen(csv), sizeof csv - strlen(csv), "inferscale,decode,%d,%.2f\n", n_decode, med);
+    snprintf(csv + strlen(csv), sizeof csv - strlen(csv), "inferscale,decode,%d,%.2f\n", n_decode,
+             med);
     fputs(csv, stdout);
-    free(runs); free(toks); free(seqs); free(logits);
+    free(runs);
+    free(toks);
+    free(seqs);
+    free(logits);
     engine_free(e);
     model_free(m);
     be->ops->free(be);

@@ -63,7 +63,6 @@ static __global__ void fill_kernel(__nv_bfloat16 *p, int64_t n, uint64_t seed, f
     }
 }
 
-
 /* The op between two products: the next input in bf16 from the last
  * output (n values; n <= m, the floats it has, on the 8B layer). MODE 1: an
  * ordinary kernel; 2: launched as a programmatic dependent (it waits first,
@@ -82,8 +81,7 @@ static __global__ void between_kernel(__nv_bfloat16 *x, const float *y, int64_t 
 /* The gap: each block spins `cycles` clocks and touches no memory. */
 static __global__ void spin_kernel(long long cycles) {
     const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
-    }
+    while (clock64() - t0 < cycles) {}
 }
 
 /* Bulk prefetches of `chunk` bytes (a multiple of 16), grid-stride. */
@@ -130,7 +128,7 @@ struct shape {
     int64_t rows, cols;
 };
 
-static const shape k_shapes[] = {{"qkv", 6144, 4096},     {"o", 4096, 4096},
+static const shape k_shapes[] = {{"qkv", 6144, 4096},      {"o", 4096, 4096},
                                  {"gate+up", 28672, 4096}, {"down", 4096, 14336},
                                  {"k,v", 1024, 4096},      {"head", 128256, 4096}};
 /* The layer's four stacked products, in forward order. */
@@ -145,7 +143,8 @@ struct bench {
 
 static void run_between(bench &b, int mode, int64_t n, int64_t m) {
     const dim3 grid(cuda_blocks_for(n, 256)), block(256);
-    if (mode == BETWEEN_PLAIN) between_kernel<BETWEEN_PLAIN><<<grid, block, 0, b.st>>>(b.x, b.y, n, m);
+    if (mode == BETWEEN_PLAIN)
+        between_kernel<BETWEEN_PLAIN><<<grid, block, 0, b.st>>>(b.x, b.y, n, m);
     if (mode == BETWEEN_TRIGGER)
         between_kernel<BETWEEN_TRIGGER><<<grid, block, 0, b.st>>>(b.x, b.y, n, m);
     if (mode == BETWEEN_DEPENDENT)
@@ -246,8 +245,18 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
     const double gap_us = 15.0;
     const long long cycles = (long long)(gap_us * khz / 1e3);
     const int n = 30;
-    enum { PF_NONE, PF_LOADS, PF_BULK4K, PF_LINES, PF_SIDE, PF_SIDE_WIDE, PF_BULK_SIDE, PF_WARM,
-           PF_WARM_OTHER, PF_N };
+    enum {
+        PF_NONE,
+        PF_LOADS,
+        PF_BULK4K,
+        PF_LINES,
+        PF_SIDE,
+        PF_SIDE_WIDE,
+        PF_BULK_SIDE,
+        PF_WARM,
+        PF_WARM_OTHER,
+        PF_N
+    };
     const char *pf_name[PF_N] = {"none",
                                  "loads, 64 x 256 threads, in line",
                                  "bulk 4 KiB, 132 blocks, in line",
@@ -279,33 +288,36 @@ static void gap_bench(bench &b, const cudaDeviceProp &prop, int reps, cudaEvent_
                 if ((pf == PF_NONE || pf == PF_WARM || pf == PF_WARM_OTHER) && ci > 0) continue;
                 const size_t cap = wbytes < caps[ci] ? wbytes : caps[ci];
                 if (ci > 0 && cap == (wbytes < caps[0] ? wbytes : caps[0])) continue;
-                const double t = timer.median_us([&](int r) {
-                    const __nv_bfloat16 *w = ws[(size_t)r % ws.size()];
-                    const char *p = (const char *)w;
-                    if (pf == PF_LOADS)
-                        load_l2_kernel<<<64, 256, 0, b.st>>>((const uint4 *)w, (int64_t)(cap / 16));
-                    if (pf == PF_BULK4K) prefetch_bulk_kernel<<<132, 128, 0, b.st>>>(p, cap, 4096);
-                    if (pf == PF_LINES) prefetch_lines_kernel<<<132, 256, 0, b.st>>>(p, cap);
-                    if (pf == PF_SIDE || pf == PF_SIDE_WIDE || pf == PF_BULK_SIDE) {
-                        CK(cudaEventRecord(go, b.st));
-                        CK(cudaStreamWaitEvent(side, go, 0));
-                        if (pf == PF_SIDE)
-                            load_l2_kernel<<<64, 256, 0, side>>>((const uint4 *)w,
+                const double t = timer.median_us(
+                    [&](int r) {
+                        const __nv_bfloat16 *w = ws[(size_t)r % ws.size()];
+                        const char *p = (const char *)w;
+                        if (pf == PF_LOADS)
+                            load_l2_kernel<<<64, 256, 0, b.st>>>((const uint4 *)w,
                                                                  (int64_t)(cap / 16));
-                        else if (pf == PF_SIDE_WIDE)
-                            load_l2_kernel<<<132, 512, 0, side>>>((const uint4 *)w,
-                                                                  (int64_t)(cap / 16));
-                        else
-                            prefetch_bulk_kernel<<<32, 128, 0, side>>>(p, cap, 8192);
-                    }
-                    spin_kernel<<<96, 256, 0, b.st>>>(cycles);
-                    run_cublas(b, b.yref, w, sh, n);
-                }, [&](int r) {
-                    if (pf == PF_WARM) run_cublas(b, b.y, ws[(size_t)r % ws.size()], sh, n);
-                    if (pf == PF_WARM_OTHER)
-                        run_skinny(b, b.y, ws[(size_t)r % ws.size()], sh, 1,
-                                   cuda_skinny_plan(1, sh.rows, sh.cols, 0), false);
-                });
+                        if (pf == PF_BULK4K)
+                            prefetch_bulk_kernel<<<132, 128, 0, b.st>>>(p, cap, 4096);
+                        if (pf == PF_LINES) prefetch_lines_kernel<<<132, 256, 0, b.st>>>(p, cap);
+                        if (pf == PF_SIDE || pf == PF_SIDE_WIDE || pf == PF_BULK_SIDE) {
+                            CK(cudaEventRecord(go, b.st));
+                            CK(cudaStreamWaitEvent(side, go, 0));
+                            if (pf == PF_SIDE)
+                                load_l2_kernel<<<64, 256, 0, side>>>((const uint4 *)w,
+                                                                     (int64_t)(cap / 16));
+                            else if (pf == PF_SIDE_WIDE)
+                                load_l2_kernel<<<132, 512, 0, side>>>((const uint4 *)w,
+                                                                      (int64_t)(cap / 16));
+                            else prefetch_bulk_kernel<<<32, 128, 0, side>>>(p, cap, 8192);
+                        }
+                        spin_kernel<<<96, 256, 0, b.st>>>(cycles);
+                        run_cublas(b, b.yref, w, sh, n);
+                    },
+                    [&](int r) {
+                        if (pf == PF_WARM) run_cublas(b, b.y, ws[(size_t)r % ws.size()], sh, n);
+                        if (pf == PF_WARM_OTHER)
+                            run_skinny(b, b.y, ws[(size_t)r % ws.size()], sh, 1,
+                                       cuda_skinny_plan(1, sh.rows, sh.cols, 0), false);
+                    });
                 if (pf == PF_NONE) t_none = t;
                 printf("| %s | %.1f | %s | %.0f | %.1f | %.1f | %+.1f |\n", sh.name, wbytes / 1e6,
                        pf_name[pf], pf == PF_NONE ? 0.0 : cap / 1048576.0, t, t - t_gap,
@@ -347,8 +359,8 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
         std::vector<__nv_bfloat16 *> ws = weight_copies(b, sh, 2, 500);
         auto in_seq = [&](auto &&one) {
             return timer.median_us([&](int) {
-                       for (int i = 0; i < seq; i++) one(ws[(size_t)i % ws.size()]);
-                   }) / seq;
+                for (int i = 0; i < seq; i++) one(ws[(size_t)i % ws.size()]);
+            }) / seq;
         };
         run_cublas(b, b.yref, ws[0], sh, n);
         /* The kernel's result with this shape against cuBLAS's, into
@@ -375,8 +387,10 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
                 if (sh.rows % bm || sh.rows / bm * sp > n_sms * per_sm || kt_total / sp < 2)
                     continue;
                 row r = {c, 0, 0, diff_of(&c)};
-                r.t = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, false, &c); });
-                r.t_pdl = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, true, &c); });
+                r.t =
+                    in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, false, &c); });
+                r.t_pdl =
+                    in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, true, &c); });
                 rows.push_back(r);
             }
         std::sort(rows.begin(), rows.end(), [](const row &a, const row &c) { return a.t < c.t; });
@@ -393,8 +407,10 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
             printf("| %s | wgmma | %d | %d | %d | %.1f | %.1f | %.2e |\n", sh.name, rows[i].c.mb,
                    rows[i].c.stages, rows[i].c.splits, rows[i].t, rows[i].t_pdl, rows[i].diff);
         const double dd = diff_of(NULL);
-        const double td = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, false); });
-        const double tdp = in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, true); });
+        const double td =
+            in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, false); });
+        const double tdp =
+            in_seq([&](const __nv_bfloat16 *w) { run_wgmma(b, b.y, w, sh, n, true); });
         printf("| %s | wgmma, default | | | | %.1f | %.1f | %.2e |\n", sh.name, td, tdp, dd);
         printf("| %s | (%zu block shapes, largest rel diff %.2e) | | | | | | |\n", sh.name,
                rows.size(), worst_diff);
@@ -419,7 +435,10 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
            "layer, medians of %d:\n\n| kernel | us a layer |\n|---|---|\n",
            n_layers, reps);
     const char *kind_name[] = {
-        "cuBLAS", "wgmma", "wgmma as a dependent (PDL)", "wgmma, each product's fastest shape",
+        "cuBLAS",
+        "wgmma",
+        "wgmma as a dependent (PDL)",
+        "wgmma, each product's fastest shape",
         "wgmma, each product's fastest shape, as a dependent (PDL)",
         "the same, the op between letting the next product launch at its start",
         "the same, each product letting the op after it launch at its start too",
@@ -434,11 +453,13 @@ static void wgmma_bench(bench &b, int reps, cudaEvent_t e0, cudaEvent_t e1) {
                     if (kind == 0) run_cublas(b, b.y, lw[j][(size_t)l], sh, n);
                     else
                         run_wgmma(b, b.y, lw[j][(size_t)l], sh, n, kind == 2 || kind >= 4,
-                                  kind >= 7 ? &best_one[j] : kind >= 3 ? &best[j] : NULL,
+                                  kind >= 7   ? &best_one[j]
+                                  : kind >= 3 ? &best[j]
+                                              : NULL,
                                   kind == 6 || kind == 8);
-                    run_between(b, kind == 5 || kind == 6 || kind == 8 ? BETWEEN_CHAIN
-                                                                       : BETWEEN_DEPENDENT,
-                                (int64_t)n * next_cols, (int64_t)n * sh.rows);
+                    run_between(
+                        b, kind == 5 || kind == 6 || kind == 8 ? BETWEEN_CHAIN : BETWEEN_DEPENDENT,
+                        (int64_t)n * next_cols, (int64_t)n * sh.rows);
                 }
         };
         printf("| %s | %.1f |\n", kind_name[kind], timer.median_us(layers) / n_layers);
@@ -456,13 +477,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-g")) gap_only = true;
         else if (!strcmp(argv[i], "-w")) wgmma_only = true;
         else {
-            fprintf(stderr, "usage: %s [-r reps] [-s] [-P] [-g] [-w]\n"
-                            "  -r  timed runs a median is taken of (20)\n"
-                            "  -s  also sweep the skinny kernel's column ranges 1..8\n"
-                            "  -P  each stacked product once at 30 rows (for ncu)\n"
-                            "  -g  only the products after a gap, with and without\n"
-                            "      their weights prefetched into L2\n"
-                            "  -w  only the TMA + wgmma kernel against cuBLAS\n",
+            fprintf(stderr,
+                    "usage: %s [-r reps] [-s] [-P] [-g] [-w]\n"
+                    "  -r  timed runs a median is taken of (20)\n"
+                    "  -s  also sweep the skinny kernel's column ranges 1..8\n"
+                    "  -P  each stacked product once at 30 rows (for ncu)\n"
+                    "  -g  only the products after a gap, with and without\n"
+                    "      their weights prefetched into L2\n"
+                    "  -w  only the TMA + wgmma kernel against cuBLAS\n",
                     argv[0]);
             return 2;
         }
@@ -544,8 +566,8 @@ int main(int argc, char **argv) {
                     [&](const __nv_bfloat16 *w) { run_skinny(b, b.y, w, sh, n, p, false); }, ws);
                 run_skinny(b, b.y, ws[0], sh, n, p, false);
                 printf("| %s | %lld x %lld | %d | skinny%s | %d (%d) | %.1f | %.2f | %.2e |\n",
-                       sh.name, (long long)sh.rows, (long long)sh.cols, n,
-                       pi == 0 ? " (auto)" : "", p.splits, p.kc, t, gb * 1e3 / t,
+                       sh.name, (long long)sh.rows, (long long)sh.cols, n, pi == 0 ? " (auto)" : "",
+                       p.splits, p.kc, t, gb * 1e3 / t,
                        max_rel_diff(b, b.y, b.yref, (int64_t)n * sh.rows));
                 if (pi == 0) t_auto = t;
             }
@@ -596,7 +618,8 @@ int main(int argc, char **argv) {
     for (int j = 0; j < 4; j++)
         layer_gb += (double)k_shapes[k_layer[j]].rows * k_shapes[k_layer[j]].cols * 2 / 1e9;
     printf("\n%d layers' stacked products in sequence (%.1f GB of weights), a kernel between "
-           "products unless back to back, us a layer, medians of %d:\n\n| n | kernel | us a layer | TB/s | vs cuBLAS |\n"
+           "products unless back to back, us a layer, medians of %d:\n\n| n | kernel | us a layer "
+           "| TB/s | vs cuBLAS |\n"
            "|---|---|---|---|---|\n",
            n_layers, n_layers * layer_gb, reps);
     for (int ni = 0; ni < 2; ni++) {

@@ -123,28 +123,28 @@ typedef struct bench {
     model *m;
     engine *e;
     int32_t P, F, Q, V;
-    int32_t *prefix;       /* [P] */
+    int32_t *prefix; /* [P] */
     int32_t prefix_seq;
-    int32_t n_pool;        /* distinct host records */
+    int32_t n_pool;           /* distinct host records */
     float **pool_k, **pool_v; /* [n_pool] -> [n_layers][F][kv_dim] */
-    int32_t *fact_tokens;  /* [F] (the same for every fact: only the KV matters) */
-    float *logits;         /* [n_vocab] */
-    int32_t *tok, *seq;    /* batch scratch */
+    int32_t *fact_tokens;     /* [F] (the same for every fact: only the KV matters) */
+    float *logits;            /* [n_vocab] */
+    int32_t *tok, *seq;       /* batch scratch */
     float mem_temp, mem_mass; /* -M: engine_params' memory scaling */
     int32_t recompute;        /* -R: first tokens of every fact recomputed in the query's forward */
     float blend;              /* -B: CacheBlend share of the memory recomputed after injection */
     int32_t *rw;              /* [cap] engine_batch.rewrite of the -R prefill */
-    bool no_sync;          /* no sync between inject and prefill (profiling the GPU alone) */
+    bool no_sync;             /* no sync between inject and prefill (profiling the GPU alone) */
     int32_t cap;
     /* -L: where set, one_request notes the host's progress on this clock
      * (ns): its call, the fork, the injection's return, the forward's return
      * (the token, or the logits, on the host), the token chosen. */
     uint64_t (*clock_ns)(void);
     uint64_t mark[5];
-    bool interleave;       /* -i: TTFT runs take one request of each kind a round */
-    bool logits_out;       /* requests bring their logits to the host (see one_request) */
-    bool host_argmax;      /* +hostargmax: every request does */
-    double gap_ms;         /* -g: the GPU left idle this long before each request */
+    bool interleave;  /* -i: TTFT runs take one request of each kind a round */
+    bool logits_out;  /* requests bring their logits to the host (see one_request) */
+    bool host_argmax; /* +hostargmax: every request does */
+    double gap_ms;    /* -g: the GPU left idle this long before each request */
 } bench;
 
 static void bench_mark(bench *b, int i) {
@@ -194,7 +194,8 @@ static int32_t *request_tokens(bench *b, const int *ks, int n_k, int32_t *k_max)
 }
 
 /* Creates the engine and the cached serving prefix. */
-static void bench_engine(bench *b, int32_t max_seqs, int32_t max_tokens_per_seq, int32_t total_tokens) {
+static void bench_engine(bench *b, int32_t max_seqs, int32_t max_tokens_per_seq,
+                         int32_t total_tokens) {
     engine_params ep = engine_default_params();
     ep.n_ctx = max_tokens_per_seq;
     ep.max_seqs = max_seqs;
@@ -244,8 +245,7 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
      * host spins, so that its own clock does not drop meanwhile. */
     if (b->gap_ms > 0) {
         b->be->ops->sync(b->be);
-        for (const double until = bench_now_ms() + b->gap_ms; bench_now_ms() < until;) {
-        }
+        for (const double until = bench_now_ms() + b->gap_ms; bench_now_ms() < until;) {}
     }
     double t0 = bench_now_ms();
     bench_mark(b, 0);
@@ -327,7 +327,8 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
     int32_t k_max;
     int32_t *suffix = request_tokens(b, ks, n_k, &k_max);
     printf("\n### TTFT, %s (%s), medians of %d runs, ms\n\n", cfg, b->be_name, reps);
-    printf("| k | prompt tokens | prompt TTFT | kv TTFT | kv: fork | inject | prefill |%s prompt / kv |\n",
+    printf("| k | prompt tokens | prompt TTFT | kv TTFT | kv: fork | inject | prefill |%s prompt / "
+           "kv |\n",
            cold ? " kv cold TTFT |" : "");
     printf("|---:|---:|---:|---:|---:|---:|---:|%s---:|\n", cold ? "---:|" : "");
     double *pr = malloc(sizeof(double) * reps), *kv = malloc(sizeof(double) * reps);
@@ -395,8 +396,9 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
                 free(pl);
             }
         }
-        double mp = bench_median(pr, reps), mk = bench_median(kv, reps), mf = bench_median(fo, reps),
-               mi = bench_median(in, reps), mpf = bench_median(pf, reps), mc = cold ? bench_median(kc, reps) : NAN;
+        double mp = bench_median(pr, reps), mk = bench_median(kv, reps),
+               mf = bench_median(fo, reps), mi = bench_median(in, reps),
+               mpf = bench_median(pf, reps), mc = cold ? bench_median(kc, reps) : NAN;
         if (cold)
             printf("| %d | %d | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.1fx |\n", k,
                    k * b->F + b->Q, mp, mk, mf, mi, mpf, mc, mp / mk);
@@ -419,7 +421,12 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
     if (k_hi > k_lo)
         printf("\nkv TTFT growth from k = %d to %d: %+.2f%% (%.4f -> %.4f ms)\n", k_lo, k_hi,
                100.0 * (kv_hi / kv_lo - 1.0), kv_lo, kv_hi);
-    free(pr); free(kv); free(fo); free(in); free(pf); free(kc);
+    free(pr);
+    free(kv);
+    free(fo);
+    free(in);
+    free(pf);
+    free(kc);
     free(suffix);
 }
 
@@ -462,7 +469,13 @@ static double one_batch(bench *b, int mode, int32_t U, int32_t K, uint64_t id_ba
     double t1 = bench_now_ms();
     for (int32_t u = 0; u < U; u++) engine_seq_close(b->e, seqs[u]);
     bench_backend_check(b, "batch");
-    free(seqs); free(f); free(ids); free(toks); free(want); free(logits); free(first);
+    free(seqs);
+    free(f);
+    free(ids);
+    free(toks);
+    free(want);
+    free(logits);
+    free(first);
     return t1 - t0;
 }
 
@@ -476,7 +489,8 @@ static void run_throughput(bench *b, const char *cfg, const int *users, int n_u,
         const int32_t U = users[i];
         double ms[2];
         for (int mode = 1; mode >= 0; mode--) {
-            const uint64_t id_base = (uint64_t)1 << 50; /* the same ids every run: the arena warms */
+            const uint64_t id_base = (uint64_t)1
+                                     << 50; /* the same ids every run: the arena warms */
             if (mode == 1 || U <= 10) one_batch(b, mode, U, K, id_base); /* warm-up / fill */
             double t[3], spent = 0;
             int n = 0;
@@ -513,7 +527,8 @@ static double one_admission(bench *b, int32_t U, int32_t K, uint64_t id_base, bo
         exit(1);
     }
     for (int32_t u = 0; u < U; u++)
-        fact_list(b, K, id_base + (uint64_t)u * 4096, u * K, f + (size_t)u * K, ids + (size_t)u * K);
+        fact_list(b, K, id_base + (uint64_t)u * 4096, u * K, f + (size_t)u * K,
+                  ids + (size_t)u * K);
     b->be->ops->sync(b->be);
     double t0 = bench_now_ms();
     for (int32_t u = 0; u < U; u++) {
@@ -529,14 +544,18 @@ static double one_admission(bench *b, int32_t U, int32_t K, uint64_t id_base, bo
     double t1 = bench_now_ms();
     for (int32_t u = 0; u < U; u++) engine_seq_close(b->e, seqs[u]);
     bench_backend_check(b, "admission");
-    free(seqs); free(f); free(ids); free(q);
+    free(seqs);
+    free(f);
+    free(ids);
+    free(q);
     return t1 - t0;
 }
 
-static void run_admission(bench *b, const char *cfg, const int *users, int n_u, int32_t K,
-                          int reps, FILE *csv) {
+static void run_admission(bench *b, const char *cfg, const int *users, int n_u, int32_t K, int reps,
+                          FILE *csv) {
     printf("\n### Admission of U requests at k = %d in one step, %s (%s): fork + inject, "
-           "median ms of %d\n\n", K, cfg, b->be_name, reps);
+           "median ms of %d\n\n",
+           K, cfg, b->be_name, reps);
     printf("| requests | a call each, ms | one call, ms | a call each, us/request | "
            "one call, us/request | each / one |\n");
     printf("|---:|---:|---:|---:|---:|---:|\n");
@@ -817,7 +836,7 @@ static bool configure_cuda(backend *be, const cuda_options *base, const char *cf
     char spec[512];
     cuda_options_format(base, spec, sizeof spec);
     if (backend_cuda_configure(be, spec) != IS_OK) return false;
-    const char *what = strncmp(cfg, "legacy", 6) == 0 ? "precision=bf16x2," CUDA_OPTIONS_PLAINEST
+    const char *what = strncmp(cfg, "legacy", 6) == 0   ? "precision=bf16x2," CUDA_OPTIONS_PLAINEST
                        : strncmp(cfg, "bf16x2", 6) == 0 ? "precision=bf16x2,kv=bf16"
                        : strncmp(cfg, "bf16", 4) == 0   ? "precision=bf16,kv=bf16"
                                                         : NULL;
@@ -909,41 +928,43 @@ int main(int argc, char **argv) {
             break;
         case 'O': cuda_opts = optarg; break;
         default:
-            fprintf(stderr,
-                    "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
-                    "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
-                    "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
-                    "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M] [-B R] [-a U,...]\n"
-                    "-a U,...: for each throughput configuration (-t), the admission of U kv\n"
-                    "    requests at k = K in one step (fork + inject), one inject call a\n"
-                    "    request against one call for all (engine_inject_batch), facts\n"
-                    "    resident in the GPU arena; -c none -u none -t cpu runs only this on the CPU\n"
-                    "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
-                    "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
-                    "    default 1,1: plain attention)\n"
-                    "-R M: kv requests recompute the first M tokens of every fact in the\n"
-                    "    query's own forward (engine_batch.rewrite; its time counts in prefill)\n"
-                    "-B R: kv requests recompute the share R of the memory's tokens that\n"
-                    "    deviate most, in the query's forward (engine_batch.blend, CacheBlend;\n"
-                    "    its time counts in prefill)\n"
-                    "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
-                    "    each kind in a loop of its own, so kv requests follow kv requests)\n"
-                    "-g GAP_MS: the GPU left idle GAP_MS before each TTFT request (default 0:\n"
-                    "    back to back, where the board runs at its power cap)\n"
-                    "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
-                    "-L: after each configuration's TTFT runs, the kernels of a kv request as\n"
-                    "    served, from CUPTI (cuda, where bench_gpu was built with CUPTI)\n"
-                    "-O OPTIONS: the CUDA backend's options (key=value,...) under every\n"
-                    "    configuration, on top of IS_CUDA_OPTIONS's:\n%s"
-                    "configs: legacy (the plainest options), bf16x2, bf16 (cuda), with\n"
-                    "         modifiers, each an option off: +noskinny, +unstacked,\n"
-                    "         +nocluster, +nopdl, +nowgmma, +mmasync (flash_wgmma),\n"
-                    "         +narrow (wide); +hostargmax: the logits brought to the host\n"
-                    "         for the first token's argmax; +r2, +r3: a repeat\n",
+            fprintf(
+                stderr,
+                "usage: bench_gpu -m MODEL [-b cuda|cpu] [-k K,...] [-u U,...] [-K 50] [-r REPS]\n"
+                "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
+                "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
+                "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M] [-B R] [-a "
+                "U,...]\n"
+                "-a U,...: for each throughput configuration (-t), the admission of U kv\n"
+                "    requests at k = K in one step (fork + inject), one inject call a\n"
+                "    request against one call for all (engine_inject_batch), facts\n"
+                "    resident in the GPU arena; -c none -u none -t cpu runs only this on the CPU\n"
+                "-M TEMP,MASS: kv requests score the injected facts' keys as\n"
+                "    score / TEMP + ln(MASS) (engine_params.mem_temp, mem_mass;\n"
+                "    default 1,1: plain attention)\n"
+                "-R M: kv requests recompute the first M tokens of every fact in the\n"
+                "    query's own forward (engine_batch.rewrite; its time counts in prefill)\n"
+                "-B R: kv requests recompute the share R of the memory's tokens that\n"
+                "    deviate most, in the query's forward (engine_batch.blend, CacheBlend;\n"
+                "    its time counts in prefill)\n"
+                "-i: TTFT runs take one prompt, kv and cold request a round (default:\n"
+                "    each kind in a loop of its own, so kv requests follow kv requests)\n"
+                "-g GAP_MS: the GPU left idle GAP_MS before each TTFT request (default 0:\n"
+                "    back to back, where the board runs at its power cap)\n"
+                "-p: after each configuration's TTFT runs, a per-op GPU time profile (cuda)\n"
+                "-L: after each configuration's TTFT runs, the kernels of a kv request as\n"
+                "    served, from CUPTI (cuda, where bench_gpu was built with CUPTI)\n"
+                "-O OPTIONS: the CUDA backend's options (key=value,...) under every\n"
+                "    configuration, on top of IS_CUDA_OPTIONS's:\n%s"
+                "configs: legacy (the plainest options), bf16x2, bf16 (cuda), with\n"
+                "         modifiers, each an option off: +noskinny, +unstacked,\n"
+                "         +nocluster, +nopdl, +nowgmma, +mmasync (flash_wgmma),\n"
+                "         +narrow (wide); +hostargmax: the logits brought to the host\n"
+                "         for the first token's argmax; +r2, +r3: a repeat\n",
 #ifdef IS_HAVE_CUDA
-                    cuda_options_help()
+                cuda_options_help()
 #else
-                    ""
+                ""
 #endif
             );
             return c == 'h' ? 0 : 1;
@@ -1062,7 +1083,7 @@ int main(int argc, char **argv) {
             printf("\n%s: cuda options %s\n", cfg, desc);
         }
 #else
-        (void)arena_gb; /* the arena exists only in the CUDA backend */
+        (void)arena_gb;    /* the arena exists only in the CUDA backend */
 #endif
         b.host_argmax = strstr(cfg, "+hostargmax") != NULL;
         b.logits_out = b.host_argmax;
@@ -1117,8 +1138,16 @@ int main(int argc, char **argv) {
         free(b.pool_k[p]);
         free(b.pool_v[p]);
     }
-    free(b.pool_k); free(b.pool_v); free(b.prefix); free(b.fact_tokens); free(b.logits);
-    free(b.tok); free(b.seq); free(b.rw); free(ref.prompt); free(ref.kv);
+    free(b.pool_k);
+    free(b.pool_v);
+    free(b.prefix);
+    free(b.fact_tokens);
+    free(b.logits);
+    free(b.tok);
+    free(b.seq);
+    free(b.rw);
+    free(ref.prompt);
+    free(ref.kv);
     model_free(b.m);
     b.be->ops->free(b.be);
     return 0;

@@ -111,12 +111,18 @@ int main(int argc, char **argv) {
     int n_batches = 4;
     kv_dtype dtype = KV_DTYPE_F16;
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},  {"backend", required_argument, 0, 'B'},
-        {"locomo", required_argument, 0, 'l'}, {"facts", required_argument, 0, 'n'},
-        {"batch", required_argument, 0, 'b'},  {"reps", required_argument, 0, 'r'},
-        {"window", required_argument, 0, 'w'}, {"dtype", required_argument, 0, 'd'},
-        {"threads", required_argument, 0, 't'}, {"kv-mem", required_argument, 0, 'V'},
-        {"dir", required_argument, 0, 'D'},    {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"backend", required_argument, 0, 'B'},
+        {"locomo", required_argument, 0, 'l'},
+        {"facts", required_argument, 0, 'n'},
+        {"batch", required_argument, 0, 'b'},
+        {"reps", required_argument, 0, 'r'},
+        {"window", required_argument, 0, 'w'},
+        {"dtype", required_argument, 0, 'd'},
+        {"threads", required_argument, 0, 't'},
+        {"kv-mem", required_argument, 0, 'V'},
+        {"dir", required_argument, 0, 'D'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int ch;
@@ -165,7 +171,7 @@ int main(int argc, char **argv) {
     ask_fact *facts = calloc((size_t)n_facts, sizeof *facts);
     int32_t *win = calloc((size_t)n_facts, sizeof *win);
     const char **turns = calloc((size_t)(conv->n_turns ? conv->n_turns : 1), sizeof *turns);
-    char (*ids)[32] = calloc((size_t)n_facts, sizeof *ids);
+    char(*ids)[32] = calloc((size_t)n_facts, sizeof *ids);
     for (int32_t t = 0; t < conv->n_turns; t++) turns[t] = conv->turns[t].text;
     for (int32_t i = 0; i < n_facts; i++) {
         const locomo_fact *lf = &conv->facts[i];
@@ -195,14 +201,16 @@ int main(int argc, char **argv) {
         ep.n_ctx = 4096;
         ep.max_seqs = max_b + 2; /* every fact of a batch, the serving prefix, one spare */
         size_t elem = be->ops->kv_elem_size ? be->ops->kv_elem_size(be) : 4;
-        size_t per_block = 2 * (size_t)c->n_layers * c->n_kv_heads * c->head_dim * elem * ep.block_size;
+        size_t per_block =
+            2 * (size_t)c->n_layers * c->n_kv_heads * c->head_dim * elem * ep.block_size;
         ep.n_blocks = (int32_t)(((size_t)kv_mib << 20) / per_block);
         if (strcmp(be->ops->name, "cpu") != 0 && ep.max_batch < 2048) ep.max_batch = 2048;
         if (engine_create(m, ep, &e) != IS_OK) goto fail;
     }
     printf("bench_ingest: model %s, backend %s, %d LoCoMo facts of %s, window %d, %s records, "
            "median of %d\n",
-           model_path, be_name, (int)n_facts, conv->name, (int)window, kv_dtype_name(dtype), (int)reps);
+           model_path, be_name, (int)n_facts, conv->name, (int)window, kv_dtype_name(dtype),
+           (int)reps);
     printf("%6s %10s %9s %11s %11s %11s %11s %9s %12s\n", "batch", "facts/s", "wall_ms",
            "forward_ms", "narrow_ms", "write_ms", "tok/forward", "speedup", "cpu_ms/fact");
     double base = 0;

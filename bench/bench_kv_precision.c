@@ -27,15 +27,16 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: bench_kv_precision [-m MODEL] [-l LOCOMO.json] [-k K] [-q QUESTIONS] [-w W]\n"
-               "                          [-t THREADS] [-o CSV]\n"
-               "  -m MODEL      GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
-               "  -l FILE       LoCoMo conversation (default ../shared/data/locomo/26.json)\n"
-               "  -k K          facts injected per question (default 20)\n"
-               "  -q N          questions with a gold answer scored (default 8)\n"
-               "  -w W          context turns encoded with each fact (default 0)\n"
-               "  -t N          CPU threads (default 2)\n"
-               "  -o CSV        also write the rows as CSV\n");
+    fprintf(f,
+            "usage: bench_kv_precision [-m MODEL] [-l LOCOMO.json] [-k K] [-q QUESTIONS] [-w W]\n"
+            "                          [-t THREADS] [-o CSV]\n"
+            "  -m MODEL      GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+            "  -l FILE       LoCoMo conversation (default ../shared/data/locomo/26.json)\n"
+            "  -k K          facts injected per question (default 20)\n"
+            "  -q N          questions with a gold answer scored (default 8)\n"
+            "  -w W          context turns encoded with each fact (default 0)\n"
+            "  -t N          CPU threads (default 2)\n"
+            "  -o CSV        also write the rows as CSV\n");
 }
 
 int main(int argc, char **argv) {
@@ -93,18 +94,21 @@ int main(int argc, char **argv) {
     printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out)
-        fprintf(out, "dtype,kv_bytes,max_abs_dlogit,max_rel_dlogit,max_rel_l2,mean_kl,max_kl,top1_agree,n,"
-                     "mean_abs_dnll\n");
+        fprintf(
+            out,
+            "dtype,kv_bytes,max_abs_dlogit,max_rel_dlogit,max_rel_l2,mean_kl,max_kl,top1_agree,n,"
+            "mean_abs_dnll\n");
     for (int d = 0; d < KV_DTYPE_COUNT; d++) {
         const kv_precision_row *r = &rows[d];
         printf("| %s | %zu | %.3f | %.4f | %.2e | %.2e | %.2e | %.2e | %d/%d | %.4f |\n",
                kv_dtype_name(r->dtype), r->kv_bytes,
                (double)r->kv_bytes / (double)rows[KV_DTYPE_F32].kv_bytes, r->max_abs_dlogit,
-               r->max_rel_dlogit, r->max_rel_l2, r->mean_kl, r->max_kl, r->top1_agree, r->n, r->mean_abs_dnll);
+               r->max_rel_dlogit, r->max_rel_l2, r->mean_kl, r->max_kl, r->top1_agree, r->n,
+               r->mean_abs_dnll);
         if (out)
             fprintf(out, "%s,%zu,%.6g,%.6g,%.6g,%.6g,%.6g,%d,%d,%.6g\n", kv_dtype_name(r->dtype),
-                    r->kv_bytes, r->max_abs_dlogit, r->max_rel_dlogit, r->max_rel_l2, r->mean_kl, r->max_kl,
-                    r->top1_agree, r->n, r->mean_abs_dnll);
+                    r->kv_bytes, r->max_abs_dlogit, r->max_rel_dlogit, r->max_rel_l2, r->mean_kl,
+                    r->max_kl, r->top1_agree, r->n, r->mean_abs_dnll);
     }
     if (out) fclose(out);
     engine_free(e);

@@ -77,11 +77,11 @@
 #define IS_SOURCE_DIR "."
 #endif
 
-#define MAX_LEVELS 16
+#define MAX_LEVELS        16
 #define OPT_COLD_SESSIONS 0x1300 /* a long option without a short one */
-#define MAX_RUNS 128
-#define MAX_CONVS 64
-#define ERR_LEN 200
+#define MAX_RUNS          128
+#define MAX_CONVS         64
+#define ERR_LEN           200
 
 static const char *k_mode_names[3] = {"kv", "prompt", "off"};
 
@@ -94,43 +94,43 @@ typedef struct run_spec {
 typedef struct opts {
     const char *model;
     const char *locomo_dir;
-    const char *embedder;     /* NULL: the repository's default if present, else none */
+    const char *embedder; /* NULL: the repository's default if present, else none */
     const char *backend;
-    const char *cuda_opts;    /* --cuda-opt: the CUDA backend's options (NULL: its defaults) */
-    const char *data_dir;     /* NULL: a temporary one, removed at the end */
-    const char *log_path;     /* NULL: no request log */
+    const char *cuda_opts; /* --cuda-opt: the CUDA backend's options (NULL: its defaults) */
+    const char *data_dir;  /* NULL: a temporary one, removed at the end */
+    const char *log_path;  /* NULL: no request log */
     const char *csv_path;
     int32_t levels[MAX_LEVELS];
     int n_levels;
     int modes[3];
     int n_modes;
-    int32_t requests;         /* per run; 0: max(min_requests, per_client * clients) */
+    int32_t requests; /* per run; 0: max(min_requests, per_client * clients) */
     int32_t min_requests;
     int32_t per_client;
-    int32_t max_tokens;       /* of the run under way (chat_body) */
-    int32_t k;                /* of the run under way (chat_body) */
-    int32_t ks[MAX_LEVELS];   /* --k list */
+    int32_t max_tokens;     /* of the run under way (chat_body) */
+    int32_t k;              /* of the run under way (chat_body) */
+    int32_t ks[MAX_LEVELS]; /* --k list */
     int n_ks;
-    run_spec runs[MAX_RUNS];  /* --runs, or the product of --k, --clients and --modes */
+    run_spec runs[MAX_RUNS]; /* --runs, or the product of --k, --clients and --modes */
     int n_runs;
-    double zipf;              /* > 0: each request's user drawn with popularity rank^-zipf */
-    double fact_cache_gb;     /* 0: the server's default */
-    double host_cache_gb;     /* < 0: the server's default */
+    double zipf;          /* > 0: each request's user drawn with popularity rank^-zipf */
+    double fact_cache_gb; /* 0: the server's default */
+    double host_cache_gb; /* < 0: the server's default */
     int32_t step_tokens, prefill_chunk; /* 0: the server's defaults */
-    const char *label;        /* first CSV column (e.g. the regime) */
+    const char *label;                  /* first CSV column (e.g. the regime) */
     int32_t facts_per_user;
-    int32_t users;            /* 0: the largest client count */
+    int32_t users; /* 0: the largest client count */
     int32_t threads;
     int32_t max_running;
     int32_t kv_mib;
-    int32_t n_ctx;            /* 0: the model's */
+    int32_t n_ctx; /* 0: the model's */
     int32_t time_limit_s;
     int32_t request_timeout_s;
     int32_t encode_timeout_s;
     bool warmup;
-    int32_t ingest_clients;   /* concurrent clients adding the users' facts */
-    bool ingest_only;         /* measure the ingestion, run no chat */
-    bool cold_sessions;       /* restart the server without its KV records before each run */
+    int32_t ingest_clients; /* concurrent clients adding the users' facts */
+    bool ingest_only;       /* measure the ingestion, run no chat */
+    bool cold_sessions;     /* restart the server without its KV records before each run */
 } opts;
 
 /* ---- time and statistics ------------------------------------------------------------- */
@@ -395,8 +395,8 @@ static int64_t add_memories(int port, user *users, int32_t n_users, int32_t clie
     if (!w) return -1;
     int32_t started = 0;
     for (; started < clients; started++) {
-        w[started] = (add_worker){.port = port, .users = users, .n_users = n_users,
-                                  .first = started, .stride = clients};
+        w[started] = (add_worker){
+            .port = port, .users = users, .n_users = n_users, .first = started, .stride = clients};
         if (pthread_create(&w[started].th, NULL, add_worker_main, &w[started]) != 0) break;
     }
     int64_t added = 0, kept = 0;
@@ -408,8 +408,9 @@ static int64_t add_memories(int port, user *users, int32_t n_users, int32_t clie
         failed |= w[t].failed;
     }
     free(w);
-    if (kept) fprintf(stderr, "memory: %lld users already had their facts (reused --data)\n",
-                      (long long)kept);
+    if (kept)
+        fprintf(stderr, "memory: %lld users already had their facts (reused --data)\n",
+                (long long)kept);
     return failed ? -1 : added;
 }
 
@@ -456,14 +457,16 @@ static bool wait_encoded(int port, double base_encoded, int64_t want, const user
             }
             if (ready == total) {
                 if (!*t_done) *t_done = t;
-                fprintf(stderr, "memory: %lld facts of %d users, all with KV ready (waited %.1f s)\n",
+                fprintf(stderr,
+                        "memory: %lld facts of %d users, all with KV ready (waited %.1f s)\n",
                         (long long)total, n_users, (t - t0) / 1e3);
                 ok = true;
                 break;
             }
         }
         if (t - t0 > timeout_s * 1e3) {
-            fprintf(stderr, "error: not every fact's KV was encoded after %d s (--encode-timeout)\n",
+            fprintf(stderr,
+                    "error: not every fact's KV was encoded after %d s (--encode-timeout)\n",
                     timeout_s);
             break;
         }
@@ -486,16 +489,16 @@ typedef struct sample {
     double e2e_ms;      /* client: sent -> stream complete */
     double srv_ttft_ms; /* usage.ttft_ms */
     int32_t completion_tokens, memory_tokens, injected_tokens;
-    int32_t tiers[5];   /* usage.facts: gpu, host, disk, text, encoded */
+    int32_t tiers[5]; /* usage.facts: gpu, host, disk, text, encoded */
     char err[ERR_LEN];
 } sample;
 
 typedef struct stream_state {
     CURL *c;
     double t0;
-    long status;        /* 0 until the first bytes */
-    buf raw;            /* a non-200 body */
-    buf pend;           /* SSE bytes not yet split into events */
+    long status; /* 0 until the first bytes */
+    buf raw;     /* a non-200 body */
+    buf pend;    /* SSE bytes not yet split into events */
     bool got_content, got_usage, got_done, got_error;
     sample *s;
 } stream_state;
@@ -629,11 +632,11 @@ typedef struct run {
     int32_t clients, n_requests;
     atomic_int next;
     double deadline_ms;
-    pthread_mutex_t mu;  /* ready, go: every client starts at once */
+    pthread_mutex_t mu; /* ready, go: every client starts at once */
     pthread_cond_t cv;
     int ready;
     bool go;
-    sample *samples;   /* by request number */
+    sample *samples; /* by request number */
     atomic_int taken;
     const double *zipf_cdf; /* [n_users], or NULL: client t is user t */
     int32_t n_users;
@@ -842,8 +845,9 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     w.done = n_ok;
     /* Where the run's facts came from (usage.facts), for reading a tiered run. */
     if (tiers[0] + tiers[1] + tiers[2] + tiers[3] + tiers[4] > 0)
-        fprintf(stderr, "note: k %d, %d clients: facts from gpu %lld, host tier %lld, disk %lld, "
-                        "encoded for the request %lld, as text %lld\n",
+        fprintf(stderr,
+                "note: k %d, %d clients: facts from gpu %lld, host tier %lld, disk %lld, "
+                "encoded for the request %lld, as text %lld\n",
                 (int)o->k, (int)clients, tiers[0], tiers[1], tiers[2], tiers[4], tiers[3]);
     if (n_first > 0 && ttft_first && ttft_later) {
         qsort(ttft_first, (size_t)n_first, sizeof(double), bench_cmp_double);
@@ -894,7 +898,8 @@ static void print_row(FILE *f, const row *w) {
     if (isnan(w->kv_hit)) snprintf(hit, sizeof hit, "-");
     else snprintf(hit, sizeof hit, "%.1f", w->kv_hit);
     fprintf(f,
-            "%4d %4d %7d %-6s %8d %6d %8.2f %9.2f %9.2f %9.2f %9.2f %9.1f %9.1f %8.1f %8.1f %8.1f %6s\n",
+            "%4d %4d %7d %-6s %8d %6d %8.2f %9.2f %9.2f %9.2f %9.2f %9.1f %9.1f %8.1f %8.1f %8.1f "
+            "%6s\n",
             w->k, w->max_tokens, w->clients, k_mode_names[w->mode], w->requests,
             w->errors + w->not_started, w->rps, w->ttft50, w->ttft99, w->sttft50, w->sttft99,
             w->e2e50, w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, hit);
@@ -905,7 +910,8 @@ static void print_row(FILE *f, const row *w) {
  * stopped by a time limit keeps the rows before it. */
 static void csv_row(FILE *f, const char *label, const row *w) {
     if (!f) return;
-    fprintf(f, "%s,%d,%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+    fprintf(f,
+            "%s,%d,%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
             label ? label : "", w->k, w->max_tokens, w->clients, k_mode_names[w->mode], w->requests,
             w->errors, w->not_started, w->wall_s, w->rps, w->ttft50, w->ttft99, w->sttft50,
             w->sttft99, w->e2e50, w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, w->kv_hit);
@@ -915,61 +921,73 @@ static void csv_row(FILE *f, const char *label, const row *w) {
 /* ---- options ------------------------------------------------------------------------ */
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: bench_load [options]\n\n"
-            "A bounded load test of the HTTP server, started in-process on 127.0.0.1 (a free port,\n"
-            "a temporary data directory): for each client count and memory mode, that many\n"
-            "concurrent loopback clients (each a different user with LoCoMo facts in memory) send\n"
-            "a fixed number of streaming chat completions. Prints errors, requests/s, tokens/s and\n"
-            "TTFT / end-to-end percentiles per (clients, mode). Exit status 0 only with zero errors.\n\n"
-            "  -c, --clients LIST       client counts (default 1,10,50,100)\n"
-            "      --modes LIST         memory modes, of kv,prompt,off (default kv,prompt,off)\n"
-            "  -n, --requests N         requests per (clients, mode) run (default: max(MIN, PER x clients))\n"
-            "      --per-client PER     (default 2)\n"
-            "      --min-requests MIN   (default 20)\n"
-            "      --max-tokens N       max_tokens of each request (default 16; greedy decoding)\n"
-            "  -k, --k LIST             memory.k: facts retrieved per request (default 10); a list\n"
-            "                           (5,20,50,100) runs every client count and mode at each\n"
-            "      --runs SPEC          the runs instead of the product of --k, --clients, --modes and\n"
-            "                           --max-tokens: K/CLIENTS/MODE/MAX_TOKENS,... (e.g. 50/1/kv/1,50/100/kv/32)\n"
-            "      --zipf S             each request's user drawn from --users with popularity rank^-S\n"
-            "                           (1: Zipf's law; default 0: client t is always user t)\n"
-            "      --fact-cache-gb GB   the server's GPU fact cache (cuda; default: what is left)\n"
-            "      --host-cache-gb GB   the server's pinned host tier (cuda; default: the server's; 0: off)\n"
-            "      --step-tokens N      the server's tokens per engine step (default: by backend)\n"
-            "      --prefill-chunk N    the server's prompt tokens of one request a step (default: by backend)\n"
-            "      --label NAME         first column of the CSV (e.g. the regime: hot, tiered, cold)\n"
-            "      --facts-per-user F   LoCoMo facts stored for each user (default 10)\n"
-            "      --users U            users with memory (default: the largest client count)\n"
-            "  -m, --model PATH         GGUF model (default %s/models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
-            "      --locomo DIR         LoCoMo conversations (default %s/../shared/data/locomo)\n"
-            "      --embedder DIR       sentence embedder for retrieval (default models/all-MiniLM-L6-v2\n"
-            "                           of the repository if present; 'none': BM25 only)\n"
-            "      --backend B          cpu | cuda (default cpu)\n"
-            "      --cuda-opt LIST      the server's CUDA backend options, key=value,...\n"
-            "                           (cuda/options.h; bench_gpu -h lists them)\n"
-            "  -t, --threads N          engine threads (default: all cores)\n"
-            "      --max-running N      requests in the server's running batch (default 32)\n"
-            "      --kv-mem MIB         KV cache pool (default 1024)\n"
-            "      --ctx N              context per request (default: the model's)\n"
-            "      --time-limit S       per run: no request starts after S seconds (default 300)\n"
-            "      --request-timeout S  per request (default 120)\n"
-            "      --encode-timeout S   wait for the facts' KV encoding (default 900)\n"
-            "      --no-warmup          skip the one untimed request per mode before the runs\n"
-            "      --ingest-clients N   concurrent clients adding the users' facts (default 1); the\n"
-            "                           line 'ingestion:' gives facts/s stored and with KV encoded\n"
-            "      --ingest-only        stop after the ingestion (no chat runs)\n"
-            "      --cold-sessions      before each run, restart the server without its KV records (the\n"
-            "                           facts stay), so a user's first request of the run is the first of\n"
-            "                           a session on this node: its facts' KV is encoded on demand. A\n"
-            "                           'sessions:' line splits the TTFT of those first requests from\n"
-            "                           the later ones' (use --zipf or more requests than clients)\n"
-            "      --data DIR           memory data directory to use and keep (default: temporary);\n"
-            "                           users that already hold their facts are not loaded again\n"
-            "      --log FILE           the server's request log (default: none)\n"
-            "  -o, --csv FILE           also write the table as CSV\n"
-            "  -h, --help               this help\n",
-            IS_SOURCE_DIR, IS_SOURCE_DIR);
+    fprintf(
+        f,
+        "usage: bench_load [options]\n\n"
+        "A bounded load test of the HTTP server, started in-process on 127.0.0.1 (a free port,\n"
+        "a temporary data directory): for each client count and memory mode, that many\n"
+        "concurrent loopback clients (each a different user with LoCoMo facts in memory) send\n"
+        "a fixed number of streaming chat completions. Prints errors, requests/s, tokens/s and\n"
+        "TTFT / end-to-end percentiles per (clients, mode). Exit status 0 only with zero "
+        "errors.\n\n"
+        "  -c, --clients LIST       client counts (default 1,10,50,100)\n"
+        "      --modes LIST         memory modes, of kv,prompt,off (default kv,prompt,off)\n"
+        "  -n, --requests N         requests per (clients, mode) run (default: max(MIN, PER x "
+        "clients))\n"
+        "      --per-client PER     (default 2)\n"
+        "      --min-requests MIN   (default 20)\n"
+        "      --max-tokens N       max_tokens of each request (default 16; greedy decoding)\n"
+        "  -k, --k LIST             memory.k: facts retrieved per request (default 10); a list\n"
+        "                           (5,20,50,100) runs every client count and mode at each\n"
+        "      --runs SPEC          the runs instead of the product of --k, --clients, --modes "
+        "and\n"
+        "                           --max-tokens: K/CLIENTS/MODE/MAX_TOKENS,... (e.g. "
+        "50/1/kv/1,50/100/kv/32)\n"
+        "      --zipf S             each request's user drawn from --users with popularity "
+        "rank^-S\n"
+        "                           (1: Zipf's law; default 0: client t is always user t)\n"
+        "      --fact-cache-gb GB   the server's GPU fact cache (cuda; default: what is left)\n"
+        "      --host-cache-gb GB   the server's pinned host tier (cuda; default: the server's; 0: "
+        "off)\n"
+        "      --step-tokens N      the server's tokens per engine step (default: by backend)\n"
+        "      --prefill-chunk N    the server's prompt tokens of one request a step (default: by "
+        "backend)\n"
+        "      --label NAME         first column of the CSV (e.g. the regime: hot, tiered, cold)\n"
+        "      --facts-per-user F   LoCoMo facts stored for each user (default 10)\n"
+        "      --users U            users with memory (default: the largest client count)\n"
+        "  -m, --model PATH         GGUF model (default "
+        "%s/models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+        "      --locomo DIR         LoCoMo conversations (default %s/../shared/data/locomo)\n"
+        "      --embedder DIR       sentence embedder for retrieval (default "
+        "models/all-MiniLM-L6-v2\n"
+        "                           of the repository if present; 'none': BM25 only)\n"
+        "      --backend B          cpu | cuda (default cpu)\n"
+        "      --cuda-opt LIST      the server's CUDA backend options, key=value,...\n"
+        "                           (cuda/options.h; bench_gpu -h lists them)\n"
+        "  -t, --threads N          engine threads (default: all cores)\n"
+        "      --max-running N      requests in the server's running batch (default 32)\n"
+        "      --kv-mem MIB         KV cache pool (default 1024)\n"
+        "      --ctx N              context per request (default: the model's)\n"
+        "      --time-limit S       per run: no request starts after S seconds (default 300)\n"
+        "      --request-timeout S  per request (default 120)\n"
+        "      --encode-timeout S   wait for the facts' KV encoding (default 900)\n"
+        "      --no-warmup          skip the one untimed request per mode before the runs\n"
+        "      --ingest-clients N   concurrent clients adding the users' facts (default 1); the\n"
+        "                           line 'ingestion:' gives facts/s stored and with KV encoded\n"
+        "      --ingest-only        stop after the ingestion (no chat runs)\n"
+        "      --cold-sessions      before each run, restart the server without its KV records "
+        "(the\n"
+        "                           facts stay), so a user's first request of the run is the first "
+        "of\n"
+        "                           a session on this node: its facts' KV is encoded on demand. A\n"
+        "                           'sessions:' line splits the TTFT of those first requests from\n"
+        "                           the later ones' (use --zipf or more requests than clients)\n"
+        "      --data DIR           memory data directory to use and keep (default: temporary);\n"
+        "                           users that already hold their facts are not loaded again\n"
+        "      --log FILE           the server's request log (default: none)\n"
+        "  -o, --csv FILE           also write the table as CSV\n"
+        "  -h, --help               this help\n",
+        IS_SOURCE_DIR, IS_SOURCE_DIR);
 }
 
 static bool parse_int(const char *s, const char *what, long lo, long hi, int32_t *out) {
@@ -1033,17 +1051,20 @@ static bool parse_runs(const char *s, opts *o) {
     for (char *sv, *t = strtok_r(tmp, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
         char mode[16];
         int k, c, x, used = 0;
-        if (sscanf(t, "%d/%d/%15[a-z]/%d%n", &k, &c, mode, &x, &used) != 4 || t[used] ||
-            k < 1 || k > 1000 || c < 1 || c > 1000 || x < 1 || x > 4096 || mode_of(mode) < 0) {
-            fprintf(stderr, "error: --runs entry '%s' is not K/CLIENTS/MODE/MAX_TOKENS (k 1-1000, "
-                            "clients 1-1000, mode kv|prompt|off, max_tokens 1-4096)\n", t);
+        if (sscanf(t, "%d/%d/%15[a-z]/%d%n", &k, &c, mode, &x, &used) != 4 || t[used] || k < 1 ||
+            k > 1000 || c < 1 || c > 1000 || x < 1 || x > 4096 || mode_of(mode) < 0) {
+            fprintf(stderr,
+                    "error: --runs entry '%s' is not K/CLIENTS/MODE/MAX_TOKENS (k 1-1000, "
+                    "clients 1-1000, mode kv|prompt|off, max_tokens 1-4096)\n",
+                    t);
             return false;
         }
         if (o->n_runs == MAX_RUNS) {
             fprintf(stderr, "error: at most %d runs\n", MAX_RUNS);
             return false;
         }
-        o->runs[o->n_runs++] = (run_spec){.k = k, .clients = c, .max_tokens = x, .mode = mode_of(mode)};
+        o->runs[o->n_runs++] =
+            (run_spec){.k = k, .clients = c, .max_tokens = x, .mode = mode_of(mode)};
     }
     if (!o->n_runs) {
         fprintf(stderr, "error: --runs needs at least one run\n");
@@ -1129,32 +1150,58 @@ int main(int argc, char **argv) {
         .model = IS_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
         .locomo_dir = IS_SOURCE_DIR "/../shared/data/locomo",
         .backend = "cpu",
-        .min_requests = 20, .per_client = 2, .max_tokens = 16, .k = 10, .facts_per_user = 10,
-        .kv_mib = 1024, .time_limit_s = 300, .request_timeout_s = 120, .encode_timeout_s = 900,
-        .warmup = true, .host_cache_gb = -1, .ingest_clients = 1,
+        .min_requests = 20,
+        .per_client = 2,
+        .max_tokens = 16,
+        .k = 10,
+        .facts_per_user = 10,
+        .kv_mib = 1024,
+        .time_limit_s = 300,
+        .request_timeout_s = 120,
+        .encode_timeout_s = 900,
+        .warmup = true,
+        .host_cache_gb = -1,
+        .ingest_clients = 1,
     };
     parse_levels("1,10,50,100", &o);
     parse_modes("kv,prompt,off", &o);
     parse_ks("10", &o);
     static const struct option longopts[] = {
-        {"clients", required_argument, 0, 'c'},     {"modes", required_argument, 0, 'M'},
-        {"requests", required_argument, 0, 'n'},    {"per-client", required_argument, 0, 'P'},
-        {"min-requests", required_argument, 0, 'N'}, {"max-tokens", required_argument, 0, 'x'},
-        {"k", required_argument, 0, 'k'},           {"facts-per-user", required_argument, 0, 'F'},
-        {"users", required_argument, 0, 'U'},       {"model", required_argument, 0, 'm'},
-        {"locomo", required_argument, 0, 'l'},      {"embedder", required_argument, 0, 'E'},
-        {"backend", required_argument, 0, 'B'},     {"threads", required_argument, 0, 't'},
-        {"max-running", required_argument, 0, 'R'}, {"kv-mem", required_argument, 0, 'V'},
-        {"time-limit", required_argument, 0, 'T'},  {"request-timeout", required_argument, 0, 'O'},
-        {"encode-timeout", required_argument, 0, 'e'}, {"no-warmup", no_argument, 0, 'W'},
+        {"clients", required_argument, 0, 'c'},
+        {"modes", required_argument, 0, 'M'},
+        {"requests", required_argument, 0, 'n'},
+        {"per-client", required_argument, 0, 'P'},
+        {"min-requests", required_argument, 0, 'N'},
+        {"max-tokens", required_argument, 0, 'x'},
+        {"k", required_argument, 0, 'k'},
+        {"facts-per-user", required_argument, 0, 'F'},
+        {"users", required_argument, 0, 'U'},
+        {"model", required_argument, 0, 'm'},
+        {"locomo", required_argument, 0, 'l'},
+        {"embedder", required_argument, 0, 'E'},
+        {"backend", required_argument, 0, 'B'},
+        {"threads", required_argument, 0, 't'},
+        {"max-running", required_argument, 0, 'R'},
+        {"kv-mem", required_argument, 0, 'V'},
+        {"time-limit", required_argument, 0, 'T'},
+        {"request-timeout", required_argument, 0, 'O'},
+        {"encode-timeout", required_argument, 0, 'e'},
+        {"no-warmup", no_argument, 0, 'W'},
         {"cold-sessions", no_argument, 0, OPT_COLD_SESSIONS},
-        {"data", required_argument, 0, 'D'},        {"log", required_argument, 0, 'L'},
-        {"csv", required_argument, 0, 'o'},         {"help", no_argument, 0, 'h'},
-        {"runs", required_argument, 0, 'r'},        {"zipf", required_argument, 0, 'z'},
-        {"fact-cache-gb", required_argument, 0, 'g'}, {"step-tokens", required_argument, 0, 'S'},
-        {"prefill-chunk", required_argument, 0, 'C'}, {"label", required_argument, 0, 'b'},
-        {"ctx", required_argument, 0, 'X'},         {"host-cache-gb", required_argument, 0, 'H'},
-        {"ingest-clients", required_argument, 0, 'I'}, {"ingest-only", no_argument, 0, 'Y'},
+        {"data", required_argument, 0, 'D'},
+        {"log", required_argument, 0, 'L'},
+        {"csv", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'},
+        {"runs", required_argument, 0, 'r'},
+        {"zipf", required_argument, 0, 'z'},
+        {"fact-cache-gb", required_argument, 0, 'g'},
+        {"step-tokens", required_argument, 0, 'S'},
+        {"prefill-chunk", required_argument, 0, 'C'},
+        {"label", required_argument, 0, 'b'},
+        {"ctx", required_argument, 0, 'X'},
+        {"host-cache-gb", required_argument, 0, 'H'},
+        {"ingest-clients", required_argument, 0, 'I'},
+        {"ingest-only", no_argument, 0, 'Y'},
         {"cuda-opt", required_argument, 0, 'Z'},
         {0, 0, 0, 0},
     };
@@ -1215,8 +1262,10 @@ int main(int argc, char **argv) {
                                 MAX_RUNS);
                         return 1;
                     }
-                    o.runs[o.n_runs++] = (run_spec){.k = o.ks[ki], .clients = o.levels[li],
-                                                    .max_tokens = o.max_tokens, .mode = o.modes[mi]};
+                    o.runs[o.n_runs++] = (run_spec){.k = o.ks[ki],
+                                                    .clients = o.levels[li],
+                                                    .max_tokens = o.max_tokens,
+                                                    .mode = o.modes[mi]};
                 }
     }
     int32_t max_clients = 0, max_k = 0;
@@ -1227,8 +1276,10 @@ int main(int argc, char **argv) {
     o.k = max_k;
     if (!o.users) o.users = max_clients;
     if (o.users < max_clients && o.zipf == 0) {
-        fprintf(stderr, "error: --users %d is fewer than %d clients (each client is a different "
-                        "user)\n", o.users, max_clients);
+        fprintf(stderr,
+                "error: --users %d is fewer than %d clients (each client is a different "
+                "user)\n",
+                o.users, max_clients);
         return 1;
     }
     if (max_k > o.facts_per_user)
@@ -1303,7 +1354,8 @@ int main(int argc, char **argv) {
     if (o.step_tokens) p.sched.step_tokens = o.step_tokens;
     if (o.prefill_chunk) p.sched.prefill_chunk = o.prefill_chunk;
     p.fact_cache_bytes = (size_t)(o.fact_cache_gb * (double)(1 << 30));
-    if (o.host_cache_gb >= 0) p.sched.host_tier_bytes = (int64_t)(o.host_cache_gb * (double)(1 << 30));
+    if (o.host_cache_gb >= 0)
+        p.sched.host_tier_bytes = (int64_t)(o.host_cache_gb * (double)(1 << 30));
     if (p.sched.max_queued < 2 * max_clients) p.sched.max_queued = 2 * max_clients;
     p.http.host = "127.0.0.1";
     p.http.port = 0;
@@ -1359,7 +1411,8 @@ int main(int argc, char **argv) {
         double cpu_s = (ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
                        (ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
                        ((ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) +
-                        (ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec)) / 1e6;
+                        (ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec)) /
+                           1e6;
         printf("ingestion: %lld facts, %d users, %d clients: stored in %.2f s (%.1f facts/s), "
                "with KV in %.2f s (%.1f facts/s); CPU %.1f ms a fact\n",
                (long long)added, o.users, o.ingest_clients < o.users ? o.ingest_clients : o.users,
@@ -1379,8 +1432,8 @@ int main(int argc, char **argv) {
             chat_once(c, port, body, o.request_timeout_s, &s);
             free(body);
             if (!s.ok) {
-                fprintf(stderr, "error: warm-up request (%s) failed: %s\n", k_mode_names[o.modes[mi]],
-                        s.err);
+                fprintf(stderr, "error: warm-up request (%s) failed: %s\n",
+                        k_mode_names[o.modes[mi]], s.err);
                 curl_easy_cleanup(c);
                 goto done;
             }
@@ -1400,10 +1453,11 @@ int main(int argc, char **argv) {
             fprintf(stderr, "error: cannot write '%s': %s\n", o.csv_path, strerror(errno));
             goto done;
         }
-        fprintf(csvf, "label,k,max_tokens,clients,mode,requests,errors,not_started,wall_s,req_per_s,"
-                      "ttft_p50_ms,ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,"
-                      "e2e_p99_ms,tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,"
-                      "kv_hit_pct\n");
+        fprintf(csvf,
+                "label,k,max_tokens,clients,mode,requests,errors,not_started,wall_s,req_per_s,"
+                "ttft_p50_ms,ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,"
+                "e2e_p99_ms,tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,"
+                "kv_hit_pct\n");
         fflush(csvf);
     }
     for (int ri = 0; ri < o.n_runs; ri++) {
@@ -1440,7 +1494,8 @@ int main(int argc, char **argv) {
     printf("total %.1f s (including start-up, memory load and KV encoding)\n",
            (bench_now_ms() - t_all) / 1e3);
     rc = all_ok ? 0 : 1;
-    if (!all_ok) fprintf(stderr, "bench_load: FAILED (errors or requests not started; see above)\n");
+    if (!all_ok)
+        fprintf(stderr, "bench_load: FAILED (errors or requests not started; see above)\n");
 
 done:
     if (csvf) fclose(csvf);

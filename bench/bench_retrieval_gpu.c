@@ -63,7 +63,8 @@ static void unit_vector(float *x, int32_t dim) {
 }
 
 static void die(const char *what, is_status st) {
-    fprintf(stderr, "bench_retrieval_gpu: %s: %s (%s)\n", what, is_status_to_string(st), is_error_last());
+    fprintf(stderr, "bench_retrieval_gpu: %s: %s (%s)\n", what, is_status_to_string(st),
+            is_error_last());
     exit(1);
 }
 
@@ -114,8 +115,11 @@ int main(int argc, char **argv) {
         case 's': rng_state = strtoull(optarg, NULL, 10); break;
         case 'o': csv = optarg; break;
         default:
-            fprintf(stderr, "usage: %s [-e MODEL_DIR] [-n 1000,10000,100000] [-k 50] [-r REPS] [-t THREADS] "
-                            "[-s SEED] [-o CSV]\n", argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [-e MODEL_DIR] [-n 1000,10000,100000] [-k 50] [-r REPS] [-t THREADS] "
+                "[-s SEED] [-o CSV]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -149,14 +153,15 @@ int main(int argc, char **argv) {
     }
     const int32_t dim = cpu ? embedder_dim(cpu) : 384;
 
-    const char *query = "What did Caroline say about the adoption agency she visited with her kids after the "
-                        "LGBTQ support group meeting in the city last Friday?";
+    const char *query =
+        "What did Caroline say about the adoption agency she visited with her kids after the "
+        "LGBTQ support group meeting in the city last Friday?";
     int32_t q_tokens = 0;
     float *qv = malloc((size_t)dim * sizeof(float));
     if (cpu) {
         int32_t ids[512];
-        is_status st = wordpiece_encode(embedder_tokenizer(cpu), query, strlen(query), embedder_max_tokens(cpu),
-                                        ids, &q_tokens);
+        is_status st = wordpiece_encode(embedder_tokenizer(cpu), query, strlen(query),
+                                        embedder_max_tokens(cpu), ids, &q_tokens);
         if (st != IS_OK) die("tokenise", st);
         if ((st = embedder_embed(cpu, &query, 1, qv)) != IS_OK) die("embedder_embed", st);
     } else {
@@ -172,16 +177,19 @@ int main(int argc, char **argv) {
         for (int32_t i0 = 0; i0 < max_n; i0 += batch) {
             const int32_t m = max_n - i0 < batch ? max_n - i0 : batch;
             for (int32_t i = 0; i < m; i++) texts[i] = sentence();
-            is_status st = cuda_embedder_embed(gpu, (const char *const *)texts, m, facts + (size_t)i0 * dim);
+            is_status st =
+                cuda_embedder_embed(gpu, (const char *const *)texts, m, facts + (size_t)i0 * dim);
             if (st != IS_OK) die("cuda_embedder_embed (facts)", st);
             if (i0 == 0) { /* the GPU's fact vectors against the CPU's, on a sample */
                 float *c = malloc((size_t)64 * dim * sizeof(float));
                 const int32_t s = m < 64 ? m : 64;
-                if ((st = embedder_embed(cpu, (const char *const *)texts, s, c)) != IS_OK) die("embedder_embed", st);
+                if ((st = embedder_embed(cpu, (const char *const *)texts, s, c)) != IS_OK)
+                    die("embedder_embed", st);
                 double worst = 1.0;
                 for (int32_t i = 0; i < s; i++) {
                     double dot = 0;
-                    for (int32_t d = 0; d < dim; d++) dot += (double)c[i * dim + d] * facts[(size_t)i * dim + d];
+                    for (int32_t d = 0; d < dim; d++)
+                        dot += (double)c[i * dim + d] * facts[(size_t)i * dim + d];
                     if (dot < worst) worst = dot;
                 }
                 printf("fact embeddings: GPU vs CPU cosine >= %.7f on %d sentences\n", worst, s);
@@ -190,27 +198,33 @@ int main(int argc, char **argv) {
             for (int32_t i = 0; i < m; i++) free(texts[i]);
         }
         free(texts);
-        printf("facts: MiniLM embeddings of %d synthetic sentences (embedded on the GPU in %.0f ms)\n", max_n,
-               bench_now_ms() - t0);
+        printf(
+            "facts: MiniLM embeddings of %d synthetic sentences (embedded on the GPU in %.0f ms)\n",
+            max_n, bench_now_ms() - t0);
     } else {
-        for (size_t i = 0; i < (size_t)max_n; i++) {
-            unit_vector(facts + i * dim, dim);
-        }
+        for (size_t i = 0; i < (size_t)max_n; i++) { unit_vector(facts + i * dim, dim); }
         printf("facts: %d random unit vectors of %d floats\n", max_n, dim);
     }
 
     float *qdev = NULL;
     cuda_die("cudaMalloc", cudaMalloc((void **)&qdev, (size_t)dim * sizeof(float)));
-    if (!gpu) cuda_die("cudaMemcpy", cudaMemcpy(qdev, qv, (size_t)dim * sizeof(float), cudaMemcpyHostToDevice));
+    if (!gpu)
+        cuda_die("cudaMemcpy",
+                 cudaMemcpy(qdev, qv, (size_t)dim * sizeof(float), cudaMemcpyHostToDevice));
     const int64_t pcie = gpu ? (int64_t)(q_tokens + 2) * 4 + (int64_t)k * 8 : (int64_t)k * 8;
 
     FILE *out = csv ? fopen(csv, "w") : NULL;
-    printf("\nquery: %d tokens; k = %d; medians of %d runs after %d warm-up\n\n", q_tokens, k, reps, WARMUP);
-    printf("| facts N | CPU embed ms | CPU search ms | GPU embed ms | GPU search ms | GPU embed+search ms "
-           "| PCIe bytes/request (GPU) | same top-%d |\n", k);
+    printf("\nquery: %d tokens; k = %d; medians of %d runs after %d warm-up\n\n", q_tokens, k, reps,
+           WARMUP);
+    printf("| facts N | CPU embed ms | CPU search ms | GPU embed ms | GPU search ms | GPU "
+           "embed+search ms "
+           "| PCIe bytes/request (GPU) | same top-%d |\n",
+           k);
     printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    double *tc_e = malloc((size_t)reps * sizeof(double)), *tc_s = malloc((size_t)reps * sizeof(double));
-    double *tg_e = malloc((size_t)reps * sizeof(double)), *tg_s = malloc((size_t)reps * sizeof(double));
+    double *tc_e = malloc((size_t)reps * sizeof(double)),
+           *tc_s = malloc((size_t)reps * sizeof(double));
+    double *tg_e = malloc((size_t)reps * sizeof(double)),
+           *tg_s = malloc((size_t)reps * sizeof(double));
     double *tg_r = malloc((size_t)reps * sizeof(double));
     char lines[16 * 128]; /* the CSV lines, printed after the table */
     size_t at = 0;
@@ -225,34 +239,41 @@ int main(int argc, char **argv) {
         char id[32];
         for (int32_t i = 0; i < N; i++) {
             snprintf(id, sizeof id, "%d", i);
-            mem_doc d = {.id = id, .tenant = "bench", .user = "user", .embedding = facts + (size_t)i * dim};
+            mem_doc d = {
+                .id = id, .tenant = "bench", .user = "user", .embedding = facts + (size_t)i * dim};
             if ((st = mem_index_upsert(ix, &d)) != IS_OK) die("mem_index_upsert", st);
         }
         cuda_fact_matrix *m = NULL;
         if ((st = cuda_fact_matrix_create(0, dim, &m)) != IS_OK) die("cuda_fact_matrix_create", st);
         int32_t *rows = malloc((size_t)N * sizeof *rows);
         for (int32_t i = 0; i < N; i++) rows[i] = i;
-        if ((st = cuda_fact_matrix_set_rows(m, rows, N, facts)) != IS_OK) die("cuda_fact_matrix_set_rows", st);
+        if ((st = cuda_fact_matrix_set_rows(m, rows, N, facts)) != IS_OK)
+            die("cuda_fact_matrix_set_rows", st);
         free(rows);
         const mem_filter f = {.tenant = "bench", .user = "user"};
         int32_t nh = 0, ng = 0;
 
         for (int r = -WARMUP; r < reps; r++) {
             double a = bench_now_ms();
-            if (cpu && (st = embedder_embed(cpu, &query, 1, qv)) != IS_OK) die("embedder_embed", st);
+            if (cpu && (st = embedder_embed(cpu, &query, 1, qv)) != IS_OK)
+                die("embedder_embed", st);
             double b = bench_now_ms();
             if ((st = mem_index_search(ix, &f, qv, NULL, k, MEM_SEARCH_DENSE, hits, &nh)) != IS_OK)
                 die("mem_index_search", st);
             double c = bench_now_ms();
             if (gpu) {
-                if ((st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK) die("embed_device", st);
+                if ((st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK)
+                    die("embed_device", st);
                 cuda_die("sync", cudaStreamSynchronize(cudaStreamPerThread));
             }
             double d = bench_now_ms();
-            if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK) die("search", st);
+            if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK)
+                die("search", st);
             double e = bench_now_ms();
-            if (gpu && (st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK) die("embed_device", st);
-            if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK) die("search", st);
+            if (gpu && (st = cuda_embedder_embed_device(gpu, &query, 1, qdev)) != IS_OK)
+                die("embed_device", st);
+            if ((st = cuda_fact_matrix_search(m, qdev, k, idx, score, &ng)) != IS_OK)
+                die("search", st);
             double g = bench_now_ms();
             if (r >= 0) {
                 tc_e[r] = b - a;
@@ -271,11 +292,13 @@ int main(int argc, char **argv) {
                     break;
                 }
         const double ce = cpu ? bench_median(tc_e, reps) : NAN, cs = bench_median(tc_s, reps);
-        const double ge = gpu ? bench_median(tg_e, reps) : NAN, gs = bench_median(tg_s, reps), gr = bench_median(tg_r, reps);
-        printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %lld | %d/%d |\n", N, ce, cs, ge, gs, gr, (long long)pcie,
-               same, nh);
-        at += snprintf(lines + at, sizeof lines - at, "retrieval,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%lld,%d\n", N, k,
-                       ce, cs, ge, gs, gr, (long long)pcie, same);
+        const double ge = gpu ? bench_median(tg_e, reps) : NAN, gs = bench_median(tg_s, reps),
+                     gr = bench_median(tg_r, reps);
+        printf("| %d | %.3f | %.3f | %.3f | %.3f | %.3f | %lld | %d/%d |\n", N, ce, cs, ge, gs, gr,
+               (long long)pcie, same, nh);
+        at += snprintf(lines + at, sizeof lines - at,
+                       "retrieval,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%lld,%d\n", N, k, ce, cs, ge, gs,
+                       gr, (long long)pcie, same);
         cuda_fact_matrix_free(m);
         mem_index_free(ix);
     }

@@ -60,12 +60,12 @@ static void normalize(float *x, int dim) {
 /* ---- words ------------------------------------------------------------------ */
 
 typedef struct words {
-    char **w;       /* distinct words */
-    double *cum;    /* cumulative frequency, for sampling */
+    char **w;    /* distinct words */
+    double *cum; /* cumulative frequency, for sampling */
     int n, cap;
     char **questions;
     int n_q, cap_q;
-    strmap map;     /* word -> index */
+    strmap map; /* word -> index */
 } words;
 
 static void words_add(words *ws, const char *s, size_t len, double count) {
@@ -212,7 +212,8 @@ static stats run_queries(mem_index *ix, int dim, int n_queries, int k, mem_searc
         int qi = i % n_queries;
         int32_t n = 0;
         double c0 = cpu_s(), t0 = now_s();
-        is_status st = mem_index_search(ix, &f, qemb + (size_t)qi * dim, qtext[qi], k, mode, hits, &n);
+        is_status st =
+            mem_index_search(ix, &f, qemb + (size_t)qi * dim, qtext[qi], k, mode, hits, &n);
         double t1 = now_s(), c1 = cpu_s();
         if (st != IS_OK) {
             fprintf(stderr, "search failed: %s\n", is_status_to_string(st));
@@ -231,7 +232,8 @@ static stats run_queries(mem_index *ix, int dim, int n_queries, int k, mem_searc
     int i99 = (int)ceil(0.99 * n_queries) - 1;
     s.p99 = t[i99 < 0 ? 0 : i99];
     qsort(tc, (size_t)n_queries, sizeof *tc, bench_cmp_double);
-    s.cpu_median = n_queries % 2 ? tc[n_queries / 2] : 0.5 * (tc[n_queries / 2 - 1] + tc[n_queries / 2]);
+    s.cpu_median =
+        n_queries % 2 ? tc[n_queries / 2] : 0.5 * (tc[n_queries / 2 - 1] + tc[n_queries / 2]);
     free(hits);
     free(t);
     free(tc);
@@ -243,7 +245,8 @@ static void make_embeddings(float *e, int n, int dim, const float *centres, int 
     for (int i = 0; i < n; i++) {
         float *x = e + (size_t)i * dim;
         if (centres) {
-            const float *c = centres + (size_t)(bench_splitmix(&rng_state) % (uint64_t)n_centres) * dim;
+            const float *c =
+                centres + (size_t)(bench_splitmix(&rng_state) % (uint64_t)n_centres) * dim;
             for (int j = 0; j < dim; j++) x[j] = c[j] + 0.06f * bench_normal(&rng_state);
         } else {
             for (int j = 0; j < dim; j++) x[j] = bench_normal(&rng_state);
@@ -267,8 +270,10 @@ int main(int argc, char **argv) {
         case 's': rng_state = strtoull(optarg, NULL, 10); break;
         case 'm': snprintf(modes_arg, sizeof modes_arg, "%s", optarg); break;
         default:
-            fprintf(stderr, "usage: %s [-n 1000,10000,100000] [-q QUERIES] [-k K] [-D DIM] "
-                            "[-d LOCOMO_DIR] [-s SEED] [-m dense,bm25,hybrid]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [-n 1000,10000,100000] [-q QUERIES] [-k K] [-D DIM] "
+                    "[-d LOCOMO_DIR] [-s SEED] [-m dense,bm25,hybrid]\n",
+                    argv[0]);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -320,8 +325,8 @@ int main(int argc, char **argv) {
                 make_embeddings(emb, 1, dim, clustered ? centres : NULL, N_CENTRES);
                 make_sentence(&ws, 6, 20, text, sizeof text);
                 snprintf(id, sizeof id, "fact-%08d", i);
-                mem_doc d = {.id = id, .tenant = "bench", .user = "user", .text = text,
-                             .embedding = emb};
+                mem_doc d = {
+                    .id = id, .tenant = "bench", .user = "user", .text = text, .embedding = emb};
                 double t0 = now_s();
                 if (mem_index_upsert(ix, &d) != IS_OK) return 1;
                 build += now_s() - t0;

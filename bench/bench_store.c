@@ -31,7 +31,7 @@
 #include <unistd.h>
 
 enum { OP_INSERT, OP_GET, OP_GET50, OP_LIST, OP_UPDATE, OP_DELETE, OP_INSERT_MANY, N_OPS };
-static const char *const OP_NAME[N_OPS] = {"insert", "get",    "get50",  "list",
+static const char *const OP_NAME[N_OPS] = {"insert", "get",    "get50",   "list",
                                            "update", "delete", "insert/b"};
 static int g_batch = 16; /* -b: facts a batch of OP_INSERT_MANY */
 
@@ -64,7 +64,7 @@ static int one_run(const char *path, int n_facts, int n_users, int dim, uint64_t
     uint64_t rs = seed;
     double *lat = malloc((size_t)(n_facts > 4 * n_users ? n_facts : 4 * n_users) * sizeof *lat);
     float *emb = malloc((size_t)dim * sizeof *emb);
-    char (*ids)[MEM_ID_MAX + 1] = calloc((size_t)n_facts, sizeof *ids);
+    char(*ids)[MEM_ID_MAX + 1] = calloc((size_t)n_facts, sizeof *ids);
     int vocab_n;
     const char *const *vocab = bench_vocab(&vocab_n);
     char user[32], text[256];
@@ -77,8 +77,13 @@ static int one_run(const char *path, int n_facts, int n_users, int dim, uint64_t
                                   vocab[bench_splitmix(&rs) % (uint64_t)vocab_n]);
         snprintf(ids[i], sizeof ids[i], "fact-%08d", i);
         snprintf(user, sizeof user, "user-%d", i % n_users);
-        mem_fact f = {.tenant = "bench", .user = user, .text = text, .embedding = emb, .dim = dim,
-                      .version = 1, .kv_window = 0};
+        mem_fact f = {.tenant = "bench",
+                      .user = user,
+                      .text = text,
+                      .embedding = emb,
+                      .dim = dim,
+                      .version = 1,
+                      .kv_window = 0};
         snprintf(f.id, sizeof f.id, "%s", ids[i]);
         mem_text_hash_hex(text, f.hash);
         double t = bench_now_ms();
@@ -130,7 +135,11 @@ static int one_run(const char *path, int n_facts, int n_users, int dim, uint64_t
     for (int i = 0; i < n_upd && !rc; i++) {
         snprintf(user, sizeof user, "user-%d", i % n_users);
         snprintf(text, sizeof text, "updated fact number %d", i);
-        mem_fact f = {.tenant = "bench", .user = user, .text = text, .embedding = emb, .dim = dim,
+        mem_fact f = {.tenant = "bench",
+                      .user = user,
+                      .text = text,
+                      .embedding = emb,
+                      .dim = dim,
                       .version = 2};
         snprintf(f.id, sizeof f.id, "%s", ids[i]);
         mem_text_hash_hex(text, f.hash);
@@ -164,8 +173,12 @@ static int one_run(const char *path, int n_facts, int n_users, int dim, uint64_t
                 l += (size_t)snprintf(btext[j] + l, sizeof btext[j] - l, "%s%s", w ? " " : "",
                                       vocab[bench_splitmix(&rs) % (uint64_t)vocab_n]);
             snprintf(buser[j], sizeof buser[j], "user-%d", i % n_users);
-            batch[j] = (mem_fact){.tenant = "bench", .user = buser[j], .text = btext[j],
-                                  .embedding = e, .dim = dim, .version = 1};
+            batch[j] = (mem_fact){.tenant = "bench",
+                                  .user = buser[j],
+                                  .text = btext[j],
+                                  .embedding = e,
+                                  .dim = dim,
+                                  .version = 1};
             snprintf(batch[j].id, sizeof batch[j].id, "batch-%08d", i);
             mem_text_hash_hex(btext[j], batch[j].hash);
         }
@@ -201,7 +214,8 @@ static int run_store(const char *kind, const char *base, int n_facts, int n_user
             char schema[64];
             snprintf(schema, sizeof schema, "bench_%d_%d", (int)getpid(), r);
             char cmd[1400];
-            snprintf(cmd, sizeof cmd, "psql -q '%s' -c 'CREATE SCHEMA %s' >/dev/null", base, schema);
+            snprintf(cmd, sizeof cmd, "psql -q '%s' -c 'CREATE SCHEMA %s' >/dev/null", base,
+                     schema);
             if (system(cmd) != 0) {
                 fprintf(stderr, "bench_store: cannot create schema %s (psql)\n", schema);
                 return 1;
@@ -246,17 +260,20 @@ int main(int argc, char **argv) {
         case 'b': g_batch = atoi(optarg); break;
         case 's': seed = strtoull(optarg, NULL, 10); break;
         default:
-            fprintf(stderr, "usage: bench_store [-n FACTS] [-u USERS] [-r REPEATS] [-D DIM] [-b BATCH] "
-                            "[-s SEED]\n"
-                            "  -b BATCH  facts a transaction in the batched inserts (insert/b; default 16)\n"
-                            "  PostgreSQL too when IS_PG_URL is set (scripts/pg_temp.sh bench_store)\n");
+            fprintf(
+                stderr,
+                "usage: bench_store [-n FACTS] [-u USERS] [-r REPEATS] [-D DIM] [-b BATCH] "
+                "[-s SEED]\n"
+                "  -b BATCH  facts a transaction in the batched inserts (insert/b; default 16)\n"
+                "  PostgreSQL too when IS_PG_URL is set (scripts/pg_temp.sh bench_store)\n");
             return c == 'h' ? 0 : 2;
         }
     }
     if (n_facts < 4 || n_users < 1 || n_users > n_facts || repeats < 1 || dim < 1 || g_batch < 1 ||
         g_batch > n_facts) {
-        fprintf(stderr, "bench_store: need FACTS >= 4, 1 <= USERS <= FACTS, REPEATS >= 1, DIM >= 1, "
-                        "1 <= BATCH <= FACTS\n");
+        fprintf(stderr,
+                "bench_store: need FACTS >= 4, 1 <= USERS <= FACTS, REPEATS >= 1, DIM >= 1, "
+                "1 <= BATCH <= FACTS\n");
         return 2;
     }
     const char *pg = getenv("IS_PG_URL");

@@ -72,7 +72,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (conv->n_facts < k_max) {
-        fprintf(stderr, "error: %s has %d facts, fewer than k = %d\n", locomo, conv->n_facts, k_max);
+        fprintf(stderr, "error: %s has %d facts, fewer than k = %d\n", locomo, conv->n_facts,
+                k_max);
         return 1;
     }
     engine_params ep = engine_default_params();
@@ -85,8 +86,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", is_error_last());
         return 1;
     }
-    char (*ids)[32] = calloc((size_t)k_max, sizeof *ids);
-    const char **idp = calloc((size_t)k_max, sizeof *idp), **texts = calloc((size_t)k_max, sizeof *texts);
+    char(*ids)[32] = calloc((size_t)k_max, sizeof *ids);
+    const char **idp = calloc((size_t)k_max, sizeof *idp),
+               **texts = calloc((size_t)k_max, sizeof *texts);
     const char **ctx = calloc((size_t)(window > 0 ? window : 1), sizeof *ctx);
     for (int i = 0; i < k_max; i++) {
         snprintf(ids[i], sizeof ids[i], "fact%d", i);
@@ -104,21 +106,32 @@ int main(int argc, char **argv) {
     printf("model %s, %d threads, facts from %s (w=%d, %s records), query \"%s\"\n", model_path,
            threads, locomo, window, kv_dtype_name(dtype), query);
     printf("TTFT medians of %d runs, ms\n\n", reps);
-    printf("| k | memory tokens | prompt TTFT | kv TTFT | kv: fetch | inject | prefill | prompt / kv |\n");
+    printf("| k | memory tokens | prompt TTFT | kv TTFT | kv: fetch | inject | prefill | prompt / "
+           "kv |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     FILE *out = csv ? fopen(csv, "w") : NULL;
-    if (out) fprintf(out, "k,memory_tokens,prompt_ttft_ms,kv_ttft_ms,kv_fetch_ms,kv_inject_ms,kv_prefill_ms\n");
+    if (out)
+        fprintf(
+            out,
+            "k,memory_tokens,prompt_ttft_ms,kv_ttft_ms,kv_fetch_ms,kv_inject_ms,kv_prefill_ms\n");
     double *pr = malloc(sizeof(double) * reps), *kv = malloc(sizeof(double) * reps);
-    double *fe = malloc(sizeof(double) * reps), *in = malloc(sizeof(double) * reps), *pf = malloc(sizeof(double) * reps);
+    double *fe = malloc(sizeof(double) * reps), *in = malloc(sizeof(double) * reps),
+           *pf = malloc(sizeof(double) * reps);
     for (int ki = 0; ki < n_k; ki++) {
         int k = ks[ki];
         int mem_tokens = 0;
         for (int r = -1; r < reps; r++) {
             /* Alternate the modes so drift hits both alike. */
             for (int mode = 0; mode < 2; mode++) {
-                ask_request req = {.mode = mode == 0 ? ASK_MODE_PROMPT : ASK_MODE_KV, .query = query,
-                                   .fact_ids = idp, .fact_texts = texts, .n_facts = k,
-                                   .max_tokens = 1, .temperature = 0, .top_k = 0, .top_p = 1.0f};
+                ask_request req = {.mode = mode == 0 ? ASK_MODE_PROMPT : ASK_MODE_KV,
+                                   .query = query,
+                                   .fact_ids = idp,
+                                   .fact_texts = texts,
+                                   .n_facts = k,
+                                   .max_tokens = 1,
+                                   .temperature = 0,
+                                   .top_k = 0,
+                                   .top_p = 1.0f};
                 ask_timing t;
                 if (ask_run(ac, &req, NULL, NULL, &t) != IS_OK) {
                     fprintf(stderr, "error: %s\n", is_error_last());
@@ -137,11 +150,13 @@ int main(int argc, char **argv) {
             }
         }
         double mp = bench_median(pr, reps), mk = bench_median(kv, reps);
-        double mf = bench_median(fe, reps), mi = bench_median(in, reps), mpf = bench_median(pf, reps);
-        printf("| %d | %d | %.1f | %.1f | %.2f | %.2f | %.1f | %.1fx |\n", k, mem_tokens, mp, mk, mf,
-               mi, mpf, mp / mk);
+        double mf = bench_median(fe, reps), mi = bench_median(in, reps),
+               mpf = bench_median(pf, reps);
+        printf("| %d | %d | %.1f | %.1f | %.2f | %.2f | %.1f | %.1fx |\n", k, mem_tokens, mp, mk,
+               mf, mi, mpf, mp / mk);
         fflush(stdout);
-        if (out) fprintf(out, "%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f\n", k, mem_tokens, mp, mk, mf, mi, mpf);
+        if (out)
+            fprintf(out, "%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f\n", k, mem_tokens, mp, mk, mf, mi, mpf);
     }
     if (out) fclose(out);
     ask_ctx_free(ac);

@@ -54,15 +54,19 @@ static inline float bench_normal(uint64_t *s) {
 /* Words of LoCoMo-like facts, for synthetic text where the data is absent. */
 static inline const char *const *bench_vocab(int *n) {
     static const char *const words[] = {
-        "Caroline", "Melanie", "went", "to", "the", "a", "with", "her", "his", "family", "kids",
-        "adoption", "agency", "painting", "pottery", "class", "camping", "beach", "museum", "concert",
-        "support", "group", "LGBTQ", "community", "mentor", "friends", "hiking", "mountain", "road",
-        "trip", "Grand", "Canyon", "son", "daughter", "birthday", "violin", "guitar", "reading",
-        "running", "charity", "race", "mental", "health", "counseling", "career", "school", "event",
-        "speech", "necklace", "grandmother", "Sweden", "bowl", "art", "show", "library", "books",
-        "dog", "cat", "guinea", "pig", "Oscar", "horse", "riding", "park", "volunteer", "shelter",
-        "last", "week", "year", "month", "Friday", "Saturday", "summer", "2022", "2023", "loves",
-        "enjoys", "plans", "started", "finished", "recently", "is", "and", "in", "of", "for", "on",
+        "Caroline",    "Melanie",    "went",      "to",       "the",      "a",        "with",
+        "her",         "his",        "family",    "kids",     "adoption", "agency",   "painting",
+        "pottery",     "class",      "camping",   "beach",    "museum",   "concert",  "support",
+        "group",       "LGBTQ",      "community", "mentor",   "friends",  "hiking",   "mountain",
+        "road",        "trip",       "Grand",     "Canyon",   "son",      "daughter", "birthday",
+        "violin",      "guitar",     "reading",   "running",  "charity",  "race",     "mental",
+        "health",      "counseling", "career",    "school",   "event",    "speech",   "necklace",
+        "grandmother", "Sweden",     "bowl",      "art",      "show",     "library",  "books",
+        "dog",         "cat",        "guinea",    "pig",      "Oscar",    "horse",    "riding",
+        "park",        "volunteer",  "shelter",   "last",     "week",     "year",     "month",
+        "Friday",      "Saturday",   "summer",    "2022",     "2023",     "loves",    "enjoys",
+        "plans",       "started",    "finished",  "recently", "is",       "and",      "in",
+        "of",          "for",        "on",
     };
     *n = (int)(sizeof words / sizeof *words);
     return words;

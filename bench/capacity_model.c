@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KIB 1024.0
-#define GIB 1073741824.0
-#define TIB 1099511627776.0
+#define KIB        1024.0
+#define GIB        1073741824.0
+#define TIB        1099511627776.0
 #define KV_8B_BF16 (128 * KIB) /* bytes of KV per token, Llama-3.1-8B shape, bf16 */
 
 /* ---- measured figures (BENCHMARKS.md, served on the GPU, 8B shape) ---------------------- */
@@ -48,7 +48,7 @@ static const double TIER_TOK[] = {187, 738};
 static const double TIER_MS[] = {22.1, 104.6};
 /* Cold start (page cache dropped, nothing resident), k = 50: p50 of the first 30 requests. */
 #define COLD_TOK 1974.0
-#define COLD_MS 240.9
+#define COLD_MS  240.9
 
 typedef struct fit {
     double hot_ms0, hot_us_per_token, prefill_us_per_token, engine_ms, host_gbps, disk_gbps;
@@ -83,7 +83,8 @@ static fit calibrate(void) {
         ms += TIER_MS[i] - (f.hot_ms0 + TIER_TOK[i] * f.hot_us_per_token / 1e3);
     }
     f.host_gbps = bytes / ms / 1e6;
-    f.disk_gbps = COLD_TOK * KV_8B_BF16 / (COLD_MS - (f.hot_ms0 + COLD_TOK * f.hot_us_per_token / 1e3)) / 1e6;
+    f.disk_gbps =
+        COLD_TOK * KV_8B_BF16 / (COLD_MS - (f.hot_ms0 + COLD_TOK * f.hot_us_per_token / 1e3)) / 1e6;
     return f;
 }
 
@@ -138,8 +139,9 @@ static void print_calibration(void) {
            "%.2f us/token; engine time %.3f ms/request; host tier %.2f GB/s; disk %.2f GB/s\n\n",
            f.hot_ms0, f.hot_us_per_token, f.prefill_us_per_token, f.engine_ms, f.host_gbps,
            f.disk_gbps);
-    printf("| figure (BENCHMARKS.md, served, 8B shape, H200) | measured | model | model vs measured "
-           "| role |\n|---|---:|---:|---:|---|\n");
+    printf(
+        "| figure (BENCHMARKS.md, served, 8B shape, H200) | measured | model | model vs measured "
+        "| role |\n|---|---:|---:|---:|---|\n");
     char w[160];
     for (int i = 0; i < 4; i++) {
         snprintf(w, sizeof w, "kv TTFT p50 ms, hot, %.0f memory tokens", HOT_TOK[i]);
@@ -147,7 +149,8 @@ static void print_calibration(void) {
             i < N_FIT ? "fits hot TTFT (least squares, k = 5, 20, 50)" : "check (row not clean)");
     }
     for (int i = 0; i < 4; i++) {
-        snprintf(w, sizeof w, "prompt TTFT p50 ms, %.0f tokens -> model: encoded on demand", HOT_TOK[i]);
+        snprintf(w, sizeof w, "prompt TTFT p50 ms, %.0f tokens -> model: encoded on demand",
+                 HOT_TOK[i]);
         row(w, PROMPT_MS[i], one_node(&f, HOT_TOK[i], 1, CAP_TIER_NONE).ttft_p50_ms,
             i < N_FIT ? "fits prefill us/token (slope, k = 5, 20, 50)" : "check (row not clean)");
     }
@@ -173,39 +176,41 @@ static void print_calibration(void) {
 /* ---- the fleet ----------------------------------------------------------------------------- */
 
 static void usage(FILE *o) {
-    fprintf(o,
-            "usage: capacity_model [options]\n"
-            "Predicts per-tier hit rates, TTFT percentiles and engine utilisation of a fleet of\n"
-            "serving nodes with per-user memory (bench/capacity_sim.h: the model), with the\n"
-            "engine calibrated on the measured figures of BENCHMARKS.md.\n\n"
-            "  --calibrate            print the fit: each measured figure against the model, exit\n"
-            "  --nodes LIST           node counts, comma-separated (default 4,8,16,32)\n"
-            "  --find-nodes           the fewest nodes meeting --max-util and --p99-ms at --load\n"
-            "  --max-util U           engine utilisation bound of the busiest node (default 0.8)\n"
-            "  --p99-ms MS            TTFT p99 bound (default 250)\n"
-            "population and load:\n"
-            "  --users N              users (default 1000000)\n"
-            "  --zipf S               activity skew, Zipf exponent (default 1.0; 0 uniform)\n"
-            "  --load RPS             requests/s over the fleet (default 700)\n"
-            "  --session-len N        mean requests per session, geometric (default 10)\n"
-            "  --think S              mean seconds between an answer and the next request (default 20)\n"
-            "memory:\n"
-            "  --facts N              facts per user (default 200)\n"
-            "  --tokens-per-fact T    (default 25)\n"
-            "  --k K                  facts per request (default 50)\n"
-            "  --kv-bytes-per-token B (default 131072: Llama-3.1-8B shape, bf16)\n"
-            "each node:\n"
-            "  --gpu-gib G            GPU fact cache (default 77.8, the served default on an H200)\n"
-            "  --host-gib H           pinned host tier (default 256)\n"
-            "  --disk-tib D           local disk tier (default 3.5)\n"
-            "  --host-gbps X          host tier read speed, GB/s (default: calibrated)\n"
-            "  --disk-gbps X          disk tier read speed, GB/s (default: calibrated)\n"
-            "run:\n"
-            "  --requests N           measured requests a run (default 4000000)\n"
-            "  --warmup N             requests before measuring, so the tiers are full (default 16000000)\n"
-            "  --seed S               (default 1)\n"
-            "  --csv FILE             also write the rows as CSV\n"
-            "  -h, --help             this text\n");
+    fprintf(
+        o, "usage: capacity_model [options]\n"
+           "Predicts per-tier hit rates, TTFT percentiles and engine utilisation of a fleet of\n"
+           "serving nodes with per-user memory (bench/capacity_sim.h: the model), with the\n"
+           "engine calibrated on the measured figures of BENCHMARKS.md.\n\n"
+           "  --calibrate            print the fit: each measured figure against the model, exit\n"
+           "  --nodes LIST           node counts, comma-separated (default 4,8,16,32)\n"
+           "  --find-nodes           the fewest nodes meeting --max-util and --p99-ms at --load\n"
+           "  --max-util U           engine utilisation bound of the busiest node (default 0.8)\n"
+           "  --p99-ms MS            TTFT p99 bound (default 250)\n"
+           "population and load:\n"
+           "  --users N              users (default 1000000)\n"
+           "  --zipf S               activity skew, Zipf exponent (default 1.0; 0 uniform)\n"
+           "  --load RPS             requests/s over the fleet (default 700)\n"
+           "  --session-len N        mean requests per session, geometric (default 10)\n"
+           "  --think S              mean seconds between an answer and the next request (default "
+           "20)\n"
+           "memory:\n"
+           "  --facts N              facts per user (default 200)\n"
+           "  --tokens-per-fact T    (default 25)\n"
+           "  --k K                  facts per request (default 50)\n"
+           "  --kv-bytes-per-token B (default 131072: Llama-3.1-8B shape, bf16)\n"
+           "each node:\n"
+           "  --gpu-gib G            GPU fact cache (default 77.8, the served default on an H200)\n"
+           "  --host-gib H           pinned host tier (default 256)\n"
+           "  --disk-tib D           local disk tier (default 3.5)\n"
+           "  --host-gbps X          host tier read speed, GB/s (default: calibrated)\n"
+           "  --disk-gbps X          disk tier read speed, GB/s (default: calibrated)\n"
+           "run:\n"
+           "  --requests N           measured requests a run (default 4000000)\n"
+           "  --warmup N             requests before measuring, so the tiers are full (default "
+           "16000000)\n"
+           "  --seed S               (default 1)\n"
+           "  --csv FILE             also write the rows as CSV\n"
+           "  -h, --help             this text\n");
 }
 
 static bool parse_double(const char *s, double *out) {
@@ -277,7 +282,8 @@ int main(int argc, char **argv) {
             continue;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "capacity_model: unknown option or missing value: %s (see --help)\n", a);
+            fprintf(stderr, "capacity_model: unknown option or missing value: %s (see --help)\n",
+                    a);
             return 2;
         }
         const char *v = argv[++i];
@@ -285,7 +291,8 @@ int main(int argc, char **argv) {
         bool ok = true;
         if (!strcmp(a, "--nodes")) nodes_list = v;
         else if (!strcmp(a, "--csv")) csv = v;
-        else if (!(ok = parse_double(v, &d))) ;
+        else if (!(ok = parse_double(v, &d)))
+            ;
         else if (!strcmp(a, "--max-util")) max_util = d;
         else if (!strcmp(a, "--p99-ms")) p99_ms = d;
         else if (!strcmp(a, "--users")) p.users = (int64_t)d;
@@ -323,13 +330,14 @@ int main(int argc, char **argv) {
         fprintf(cf, "nodes,gpu_hit,host_hit,disk_hit,encoded,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,"
                     "util_mean,util_max\n");
     double bb = cap_block_bytes(&p);
-    printf("%lld users, Zipf %.2f, %.0f requests/s, sessions of %.1f requests %.0f s apart; %d facts "
-           "of %.0f tokens a user, k = %d (%.0f MiB of KV a request, %.1f TiB in all); a node: GPU "
-           "cache %.1f GiB, host %.0f GiB at %.2f GB/s, disk %.2f TiB at %.2f GB/s\n\n",
-           (long long)p.users, p.zipf, p.load_rps, p.session_len, p.think_s, p.facts_per_user,
-           p.tokens_per_fact, p.k, bb / (1024 * KIB),
-           (double)p.users * p.facts_per_user * p.tokens_per_fact * p.kv_bytes_per_token / TIB,
-           p.gpu_bytes / GIB, p.host_bytes / GIB, p.host_gbps, p.disk_bytes / TIB, p.disk_gbps);
+    printf(
+        "%lld users, Zipf %.2f, %.0f requests/s, sessions of %.1f requests %.0f s apart; %d facts "
+        "of %.0f tokens a user, k = %d (%.0f MiB of KV a request, %.1f TiB in all); a node: GPU "
+        "cache %.1f GiB, host %.0f GiB at %.2f GB/s, disk %.2f TiB at %.2f GB/s\n\n",
+        (long long)p.users, p.zipf, p.load_rps, p.session_len, p.think_s, p.facts_per_user,
+        p.tokens_per_fact, p.k, bb / (1024 * KIB),
+        (double)p.users * p.facts_per_user * p.tokens_per_fact * p.kv_bytes_per_token / TIB,
+        p.gpu_bytes / GIB, p.host_bytes / GIB, p.host_gbps, p.disk_bytes / TIB, p.disk_gbps);
     print_header();
     if (find) {
         /* Doubling, then bisection between the last failing and the first passing count. */
@@ -356,8 +364,9 @@ int main(int argc, char **argv) {
             if (o.r.util_max <= max_util && o.r.ttft_p99_ms <= p99_ms) hi = mid;
             else lo = mid;
         }
-        printf("\nnodes needed at %.0f requests/s (busiest engine <= %.2f, TTFT p99 <= %.0f ms): %d\n",
-               p.load_rps, max_util, p99_ms, hi);
+        printf(
+            "\nnodes needed at %.0f requests/s (busiest engine <= %.2f, TTFT p99 <= %.0f ms): %d\n",
+            p.load_rps, max_util, p99_ms, hi);
     } else {
         const char *s = nodes_list;
         while (*s) {

@@ -47,9 +47,9 @@ static double rng_exp(rng *r, double mean) { return mean > 0 ? -mean * log(rng_u
 
 typedef struct tiers {
     int32_t nodes;
-    int32_t cap[3];       /* blocks per node in each tier */
-    uint8_t *tier;        /* [blocks] cap_tier */
-    int32_t *prev, *next; /* [blocks] list links, toward the top / the bottom */
+    int32_t cap[3];               /* blocks per node in each tier */
+    uint8_t *tier;                /* [blocks] cap_tier */
+    int32_t *prev, *next;         /* [blocks] list links, toward the top / the bottom */
     int32_t *head, *tail, *count; /* [nodes * 3] */
 } tiers;
 
@@ -182,12 +182,25 @@ static event heap_pop(heap *h) {
 /* ---- the simulation ---------------------------------------------------------------------- */
 
 cap_params cap_default_params(void) {
-    return (cap_params){
-        .users = 1000000, .zipf = 1.0, .load_rps = 700, .session_len = 10, .think_s = 20,
-        .facts_per_user = 200, .k = 50, .tokens_per_fact = 25, .kv_bytes_per_token = 131072,
-        .nodes = 8, .gpu_bytes = 77.8 * 1073741824.0, .host_bytes = 256 * 1073741824.0,
-        .disk_bytes = 3.5 * 1099511627776.0, .host_gbps = 1, .disk_gbps = 1,
-        .preload = CAP_TIER_NONE, .requests = 4000000, .warmup = 16000000, .seed = 1};
+    return (cap_params){.users = 1000000,
+                        .zipf = 1.0,
+                        .load_rps = 700,
+                        .session_len = 10,
+                        .think_s = 20,
+                        .facts_per_user = 200,
+                        .k = 50,
+                        .tokens_per_fact = 25,
+                        .kv_bytes_per_token = 131072,
+                        .nodes = 8,
+                        .gpu_bytes = 77.8 * 1073741824.0,
+                        .host_bytes = 256 * 1073741824.0,
+                        .disk_bytes = 3.5 * 1099511627776.0,
+                        .host_gbps = 1,
+                        .disk_gbps = 1,
+                        .preload = CAP_TIER_NONE,
+                        .requests = 4000000,
+                        .warmup = 16000000,
+                        .seed = 1};
 }
 
 static int32_t blocks_per_user(const cap_params *p) {
@@ -198,7 +211,9 @@ double cap_request_tokens(const cap_params *p) {
     return (p->facts_per_user < p->k ? p->facts_per_user : p->k) * p->tokens_per_fact;
 }
 
-double cap_block_bytes(const cap_params *p) { return cap_request_tokens(p) * p->kv_bytes_per_token; }
+double cap_block_bytes(const cap_params *p) {
+    return cap_request_tokens(p) * p->kv_bytes_per_token;
+}
 
 static int32_t node_of(int64_t user, int32_t nodes) {
     uint64_t x = (uint64_t)user ^ 0x5bd1e995u;
@@ -243,7 +258,8 @@ int cap_simulate(const cap_params *p, cap_result *res, char *err, int err_len) {
         p->tokens_per_fact <= 0 || p->kv_bytes_per_token <= 0 || p->requests <= 0 ||
         p->warmup < 0 || p->session_len < 1 || p->think_s < 0 || p->zipf < 0)
         FAIL("bad population, memory or run parameters");
-    if (p->closed_clients <= 0 && !(p->load_rps > 0)) FAIL("load_rps must be > 0 (or closed_clients set)");
+    if (p->closed_clients <= 0 && !(p->load_rps > 0))
+        FAIL("load_rps must be > 0 (or closed_clients set)");
     if (!(p->engine_ms > 0) || p->hot_ms0 < 0 || p->hot_us_per_token < 0 ||
         !(p->prefill_us_per_token > 0))
         FAIL("the engine parameters are not set (engine_ms, prefill_us_per_token > 0)");
@@ -253,9 +269,11 @@ int cap_simulate(const cap_params *p, cap_result *res, char *err, int err_len) {
     int64_t blocks = p->users * bpu;
     if (blocks > INT32_MAX - 1) FAIL("too many blocks (%lld)", (long long)blocks);
     double bb = cap_block_bytes(p), tok = cap_request_tokens(p);
-    double capd[3] = {floor(p->gpu_bytes / bb), floor(p->host_bytes / bb), floor(p->disk_bytes / bb)};
+    double capd[3] = {floor(p->gpu_bytes / bb), floor(p->host_bytes / bb),
+                      floor(p->disk_bytes / bb)};
     int32_t cap[3];
-    for (int i = 0; i < 3; i++) cap[i] = capd[i] > (double)blocks ? (int32_t)blocks : (int32_t)capd[i];
+    for (int i = 0; i < 3; i++)
+        cap[i] = capd[i] > (double)blocks ? (int32_t)blocks : (int32_t)capd[i];
     if (tiers_init(&t, p->nodes, blocks, cap) != 0) FAIL("out of memory");
     tiers_ok = true;
 
@@ -357,7 +375,7 @@ int cap_simulate(const cap_params *p, cap_result *res, char *err, int err_len) {
         int32_t node = node_of(user, p->nodes);
         int32_t b = (int32_t)(user * bpu + (bpu > 1 ? (int64_t)(rng_next(&r) % (uint64_t)bpu) : 0));
         cap_tier from = tiers_access(&t, node, b);
-        double load_ms = from == CAP_TIER_HOST ? bb / (p->host_gbps * 1e6)
+        double load_ms = from == CAP_TIER_HOST   ? bb / (p->host_gbps * 1e6)
                          : from == CAP_TIER_DISK ? bb / (p->disk_gbps * 1e6)
                                                  : 0;
         double enc_ms = from == CAP_TIER_NONE ? tok * p->prefill_us_per_token / 1e3 : 0;
@@ -398,7 +416,8 @@ int cap_simulate(const cap_params *p, cap_result *res, char *err, int err_len) {
             work[node] += svc_s;
         }
         if (ss[s].left < 0 || --ss[s].left > 0) {
-            if (heap_push(&h, t_now + ms / 1e3 + rng_exp(&r, p->think_s), s) != 0) FAIL("out of memory");
+            if (heap_push(&h, t_now + ms / 1e3 + rng_exp(&r, p->think_s), s) != 0)
+                FAIL("out of memory");
         } else {
             free_s[n_free++] = s;
         }

@@ -44,44 +44,44 @@ typedef enum cap_tier {
 
 typedef struct cap_params {
     /* population and load */
-    int64_t users;            /* > 0 */
-    double zipf;              /* activity exponent (0: uniform) */
-    double load_rps;          /* requests/s over the fleet (open mode) */
-    double session_len;       /* mean requests per session (>= 1) */
-    double think_s;           /* mean think time after an answer (0: none) */
-    int32_t closed_clients;   /* > 0: closed mode with that many users, load_rps unused */
+    int64_t users;          /* > 0 */
+    double zipf;            /* activity exponent (0: uniform) */
+    double load_rps;        /* requests/s over the fleet (open mode) */
+    double session_len;     /* mean requests per session (>= 1) */
+    double think_s;         /* mean think time after an answer (0: none) */
+    int32_t closed_clients; /* > 0: closed mode with that many users, load_rps unused */
     /* memory */
-    int32_t facts_per_user;   /* > 0 */
-    int32_t k;                /* facts a request retrieves (> 0) */
-    double tokens_per_fact;   /* > 0 */
+    int32_t facts_per_user; /* > 0 */
+    int32_t k;              /* facts a request retrieves (> 0) */
+    double tokens_per_fact; /* > 0 */
     double kv_bytes_per_token;
     /* fleet: each node */
-    int32_t nodes;            /* > 0 */
+    int32_t nodes;                            /* > 0 */
     double gpu_bytes, host_bytes, disk_bytes; /* tier sizes per node (bytes) */
-    double host_gbps, disk_gbps; /* read speed of a tier into the GPU (1e9 bytes/s) */
+    double host_gbps, disk_gbps;              /* read speed of a tier into the GPU (1e9 bytes/s) */
     /* engine, calibrated on measured figures (capacity_model.c) */
     double hot_ms0, hot_us_per_token; /* TTFT with the facts on the GPU, nothing queued */
-    double engine_ms;         /* engine time per request (1 / saturated requests/s) */
-    double prefill_us_per_token; /* encode on demand: time per token, latency and engine */
-    cap_tier preload;         /* every block starts in this tier (capacity permitting;
+    double engine_ms;                 /* engine time per request (1 / saturated requests/s) */
+    double prefill_us_per_token;      /* encode on demand: time per token, latency and engine */
+    cap_tier preload;                 /* every block starts in this tier (capacity permitting;
                                  CAP_TIER_NONE: all start uncached) */
     /* run */
-    int64_t requests;         /* measured requests */
-    int64_t warmup;           /* requests simulated before measuring */
+    int64_t requests; /* measured requests */
+    int64_t warmup;   /* requests simulated before measuring */
     uint64_t seed;
 } cap_params;
 
 typedef struct cap_result {
     int64_t measured;
-    double tier_share[4];     /* share of measured requests served from each cap_tier */
+    double tier_share[4]; /* share of measured requests served from each cap_tier */
     double ttft_mean_ms, ttft_p50_ms, ttft_p90_ms, ttft_p99_ms;
-    double throughput_rps;    /* measured requests / measured time */
+    double throughput_rps;      /* measured requests / measured time */
     double util_mean, util_max; /* engine busy share per node */
     /* Little's law on node 0's engine queue: the number of requests in it
      * seen by arriving requests, and the arrival rate times the mean time
      * a request spends in it (wait + engine time). */
     double queue_seen_mean, queue_little;
-    double wait_mean_ms;      /* node 0: mean wait for the engine */
+    double wait_mean_ms;                          /* node 0: mean wait for the engine */
     int32_t blocks_gpu, blocks_host, blocks_disk; /* tier sizes in blocks, per node */
 } cap_result;
 

@@ -17,7 +17,7 @@
 
 namespace {
 struct record {
-    uint64_t id;    /* 0: free, or kept for the current call only */
+    uint64_t id; /* 0: free, or kept for the current call only */
     int32_t n_tokens;
     std::vector<int32_t> pages;
     uint64_t stamp; /* the call that last used it */
@@ -104,10 +104,10 @@ void cuda_arena_free(cuda_arena *a) {
     delete a;
 }
 
-bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads,
-                        int32_t head_dim, bool fp8) {
-    return a && a->n_layers == n_layers && a->n_kv_heads == n_kv_heads &&
-           a->head_dim == head_dim && a->fp8 == fp8;
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                        bool fp8) {
+    return a && a->n_layers == n_layers && a->n_kv_heads == n_kv_heads && a->head_dim == head_dim &&
+           a->fp8 == fp8;
 }
 
 const void *cuda_arena_data(const cuda_arena *a) { return a->data; }
@@ -165,7 +165,8 @@ static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
                       const std::vector<int32_t> &pages) {
     const size_t n = (size_t)a->n_layers * f->n_tokens * a->kv_dim;
     is_status st = grow((void **)&a->staging, &a->staging_cap, 2 * n * sizeof(float), s);
-    if (st == IS_OK) st = grow((void **)&a->dpages, &a->dpages_cap, pages.size() * sizeof(int32_t), s);
+    if (st == IS_OK)
+        st = grow((void **)&a->dpages, &a->dpages_cap, pages.size() * sizeof(int32_t), s);
     if (st != IS_OK) return st;
     /* From pageable memory: each copy is staged before it returns, and
      * lands after the work queued before it (so after earlier fills). */
@@ -258,11 +259,11 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
             }
             a->stats.misses++;
             if (!f->k || !f->v)
-                st = is_error_set(IS_ERR_INVALID_ARG,
-                                  "cuda arena: fact %d (id %016llx) is not resident and has no values",
-                                  (int)i, (unsigned long long)f->id);
-            else
-                st = fill(a, s, f, r.pages);
+                st = is_error_set(
+                    IS_ERR_INVALID_ARG,
+                    "cuda arena: fact %d (id %016llx) is not resident and has no values", (int)i,
+                    (unsigned long long)f->id);
+            else st = fill(a, s, f, r.pages);
             if (st != IS_OK) {
                 /* Never leave a record that was not filled (a transient one
                  * is dropped here, not again after the loop). */
@@ -332,15 +333,16 @@ is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *p
     is_status st = IS_OK;
     cuda_upload_pages pg;
     for (int32_t t0 = 0; t0 < f->n_tokens && st == IS_OK; t0 += CUDA_UPLOAD_MAX_TOKENS) {
-        const int32_t n = f->n_tokens - t0 < CUDA_UPLOAD_MAX_TOKENS ? f->n_tokens - t0
-                                                                   : CUDA_UPLOAD_MAX_TOKENS;
+        const int32_t n =
+            f->n_tokens - t0 < CUDA_UPLOAD_MAX_TOKENS ? f->n_tokens - t0 : CUDA_UPLOAD_MAX_TOKENS;
         for (int32_t j = 0; j < n; j++) pg.page[j] = r.pages[(size_t)(t0 + j)];
-        st = cuda_upload_record(a->up, (__nv_bfloat16 *)a->data, &pg, f->k, f->v, f->dtype, t0, n, f->n_tokens,
-                                a->n_layers, a->kv_dim);
+        st = cuda_upload_record(a->up, (__nv_bfloat16 *)a->data, &pg, f->k, f->v, f->dtype, t0, n,
+                                f->n_tokens, a->n_layers, a->kv_dim);
     }
     if (st == IS_OK) {
         cudaError_t e = cudaEventRecord(a->ev_up, a->up);
-        if (e != cudaSuccess) st = cuda_status_from(e, "cudaEventRecord(ev_up)", __FILE__, __LINE__);
+        if (e != cudaSuccess)
+            st = cuda_status_from(e, "cudaEventRecord(ev_up)", __FILE__, __LINE__);
     }
     if (st != IS_OK) {
         drop_record(a, ri);

@@ -38,8 +38,8 @@ is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_hea
                             int32_t head_dim, bool fp8, cuda_arena **out);
 void cuda_arena_free(cuda_arena *a);
 
-bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads,
-                        int32_t head_dim, bool fp8);
+bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
+                        bool fp8);
 const void *cuda_arena_data(const cuda_arena *a);
 
 /* Makes the facts resident (filling misses from the host on stream s) and

@@ -78,8 +78,7 @@ is_status cuda_argmax_rows(cudaStream_t s, int32_t *out, const float *x, int32_t
     static_assert(ARGMAX_THREADS / 32 == 32, "the block's second step is one warp");
     if (n % 4 == 0 && cuda_aligned16(x))
         argmax_kernel<true><<<(unsigned)rows, ARGMAX_THREADS, 0, s>>>(out, x, n);
-    else
-        argmax_kernel<false><<<(unsigned)rows, ARGMAX_THREADS, 0, s>>>(out, x, n);
+    else argmax_kernel<false><<<(unsigned)rows, ARGMAX_THREADS, 0, s>>>(out, x, n);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

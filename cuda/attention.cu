@@ -66,9 +66,9 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32)
             }
             if (vis) {
                 const CT *kr =
-                    k_cache +
-                    (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size + j % block_size) *
-                        head_dim;
+                    k_cache + (((int64_t)bt[j / block_size] * n_kv_heads + kh) * block_size +
+                               j % block_size) *
+                                  head_dim;
                 float d = 0.0f;
                 if (vec4) { /* f32 caches only */
                     for (int32_t i = 0; i < head_dim; i += 4) {
@@ -167,9 +167,9 @@ static void attn_launch(cudaStream_t s, float *out, const float *q, const float 
 }
 
 is_status cuda_attention(cudaStream_t s, float *out, const float *q, const float *q_prefix,
-                         const void *k_cache, const void *v_cache, cuda_attn_meta meta,
-                         int32_t T, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                         int32_t block_size, bool bf16) {
+                         const void *k_cache, const void *v_cache, cuda_attn_meta meta, int32_t T,
+                         int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                         bool bf16) {
     if (T <= 0) return IS_OK;
     if (head_dim <= 0 || head_dim > CUDA_ATTN_MAX_HEAD_DIM)
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda attention: head_dim %d (at most %d)",

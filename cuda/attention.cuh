@@ -42,8 +42,8 @@ typedef struct cuda_attn_meta {
  * kv.cuh (bf16 or f32). IS_ERR_UNSUPPORTED when head_dim >
  * CUDA_ATTN_MAX_HEAD_DIM. */
 is_status cuda_attention(cudaStream_t s, float *out, const float *q, const float *q_prefix,
-                         const void *k_cache, const void *v_cache, cuda_attn_meta meta,
-                         int32_t T, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                         int32_t block_size, bool bf16);
+                         const void *k_cache, const void *v_cache, cuda_attn_meta meta, int32_t T,
+                         int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                         bool bf16);
 
 #endif

@@ -58,7 +58,7 @@ typedef struct dev_stage {
     bool valid;
 } dev_stage;
 
-#define ROPE_MAX_HALF 512
+#define ROPE_MAX_HALF          512
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's own default on Hopper */
 
 /* A matmul input in bf16 ([2][T][cols] when split) and what it holds: the
@@ -73,14 +73,14 @@ typedef struct bf16_input {
 } bf16_input;
 
 typedef struct cuda_ctx {
-    backend *be;        /* the backend this is the context of (its fault injection state) */
+    backend *be; /* the backend this is the context of (its fault injection state) */
     int32_t device;
     cudaStream_t stream;
     cublasHandle_t cublas;
-    is_status err;      /* first failure of an op, latched until recover (backend.h) */
+    is_status err; /* first failure of an op, latched until recover (backend.h) */
     char err_msg[512];
 
-    cuda_options opt;   /* the configuration (options.h); kv: for engines created after a change */
+    cuda_options opt; /* the configuration (options.h); kv: for engines created after a change */
     int32_t n_sms;
     /* Matmul inputs in bf16. xbf: conversions, and the copies RMSNorm and
      * SwiGLU write beside their f32 output; gbf: the copy the fused gate/up
@@ -100,13 +100,13 @@ typedef struct cuda_ctx {
     /* The arena and its pointer: the host tier's threads prefetch into it
      * (fact_prefetch) while the engine thread injects from it. */
     pthread_mutex_t arena_mu;
-    float *inj_rows;    /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
+    float *inj_rows;     /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
     size_t inj_rows_cap; /* floats */
-    float *ypart;       /* split or stacked products before their sum or split: [2][T][rows] */
-    size_t ypart_cap;   /* elements */
+    float *ypart;        /* split or stacked products before their sum or split: [2][T][rows] */
+    size_t ypart_cap;    /* elements */
     dev_stage st_tokens, st_rope, st_slots, st_attn;
-    int32_t *pack;      /* host: attention metadata being packed */
-    size_t pack_cap;    /* elements */
+    int32_t *pack;   /* host: attention metadata being packed */
+    size_t pack_cap; /* elements */
 
     /* cos/sin table, the CPU reference's: [rope_n_pos][n_rot/2][cos, sin]. */
     float *rope_host;
@@ -118,9 +118,9 @@ typedef struct cuda_ctx {
     float rope_factors[ROPE_MAX_HALF];
 
     cuda_profiler *prof; /* op profiler (profiler.cuh); NULL until first begun */
-    int32_t *argmax_out;   /* the argmax op's device results */
+    int32_t *argmax_out; /* the argmax op's device results */
     size_t argmax_cap;
-    void *cublas_ws;       /* cuBLAS workspace of its own (recover writes it to test the device) */
+    void *cublas_ws; /* cuBLAS workspace of its own (recover writes it to test the device) */
 } cuda_ctx;
 
 static cuda_ctx *ctx_of(backend *be) { return (cuda_ctx *)be->ctx; }
@@ -248,7 +248,8 @@ static void cu_upload(backend *be, void *dst, const void *src, size_t bytes) {
     OP_SPAN(c, CUDA_OP_UPLOAD);
     touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
-    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(upload)", __FILE__, __LINE__));
+    if (e != cudaSuccess)
+        op_note(c, cuda_status_from(e, "cudaMemcpyAsync(upload)", __FILE__, __LINE__));
 }
 
 static void cu_download(backend *be, void *dst, const void *src, size_t bytes) {
@@ -266,11 +267,12 @@ static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     OP_SPAN(c, CUDA_OP_COPY);
     touch(c, dst, bytes);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream);
-    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
+    if (e != cudaSuccess)
+        op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
 }
 
-static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src,
-                       size_t src_pitch, size_t width, size_t height) {
+static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                       size_t width, size_t height) {
     cuda_ctx *c = ctx_of(be);
     if (!width || !height || !op_begin(c)) return;
     OP_SPAN(c, CUDA_OP_COPY);
@@ -315,8 +317,8 @@ static is_status weight_check(const gguf_tensor *t) {
         return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: tensor '%s' has %u dims", t->name,
                             t->n_dims);
     if (!quant_can_dequantize(t->type))
-        return is_error_set(IS_ERR_UNSUPPORTED,
-                            "cuda backend: tensor '%s' has unsupported type %u", t->name, t->type);
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: tensor '%s' has unsupported type %u",
+                            t->name, t->type);
     return IS_OK;
 }
 
@@ -368,10 +370,10 @@ static is_status cu_weight_create_stacked(backend *be, const gguf_tensor *const 
         is_status st = weight_check(ts[i]);
         if (st != IS_OK) return st;
         if (ts[i]->n_dims != 2 || ts[i]->ne[1] < 2 || ts[i]->ne[0] != ts[0]->ne[0])
-            return is_error_set(IS_ERR_INVALID_ARG,
-                                "cuda backend: '%s' cannot be stacked with '%s' (widths %lld, %lld)",
-                                ts[i]->name, ts[0]->name, (long long)ts[i]->ne[0],
-                                (long long)ts[0]->ne[0]);
+            return is_error_set(
+                IS_ERR_INVALID_ARG,
+                "cuda backend: '%s' cannot be stacked with '%s' (widths %lld, %lld)", ts[i]->name,
+                ts[0]->name, (long long)ts[i]->ne[0], (long long)ts[0]->ne[0]);
         total += (size_t)(ts[i]->ne[0] * ts[i]->ne[1]) * 2;
     }
     CUDA_CHECK(cudaSetDevice(c->device));
@@ -381,9 +383,10 @@ static is_status cu_weight_create_stacked(backend *be, const gguf_tensor *const 
     if (e != cudaSuccess) {
         cudaGetLastError();
         free(sk);
-        return is_error_set(e == cudaErrorMemoryAllocation ? IS_ERR_NOMEM : IS_ERR_INTERNAL,
-                            "cuda backend: cannot place %d stacked tensors from '%s' (%zu bytes): %s",
-                            n, ts[0]->name, total, cudaGetErrorString(e));
+        return is_error_set(
+            e == cudaErrorMemoryAllocation ? IS_ERR_NOMEM : IS_ERR_INTERNAL,
+            "cuda backend: cannot place %d stacked tensors from '%s' (%zu bytes): %s", n,
+            ts[0]->name, total, cudaGetErrorString(e));
     }
     is_status st = IS_OK;
     size_t off = 0;
@@ -483,8 +486,8 @@ static void norm_op(backend *be, float *out, float *x, const float *res, const b
     touch(c, out, total * sizeof(float));
     bool split;
     __nv_bfloat16 *obf = bf16_copy_of(c, total, &split);
-    is_status st = cuda_add_rmsnorm(c->stream, out, x, res, (const float *)gw->data, T, n, eps,
-                                    obf, split, c->opt.pdl);
+    is_status st = cuda_add_rmsnorm(c->stream, out, x, res, (const float *)gw->data, T, n, eps, obf,
+                                    split, c->opt.pdl);
     if (obf) produced(c, out, total, split, st);
     op_note(c, st);
 }
@@ -551,8 +554,8 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
         bias_data = (const float *)bias->data;
     }
     if (!w->bf16) {
-        CUBLAS_CHECK(cublasSgemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, T, (int)cols,
-                                 &one, (const float *)w->data, (int)cols, x, (int)cols, &zero, y,
+        CUBLAS_CHECK(cublasSgemm(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, T, (int)cols, &one,
+                                 (const float *)w->data, (int)cols, x, (int)cols, &zero, y,
                                  (int)rows));
         return bias ? cuda_add_bias(c->stream, y, bias_data, T, rows) : IS_OK;
     }
@@ -596,8 +599,7 @@ static void cu_matmul(backend *be, float *y, const float *x, const backend_weigh
 static bool stacked_one(const cuda_ctx *c, const cuda_weight *const *ws,
                         const cuda_weight *const *bs, int32_t n, int32_t T, int64_t *rows) {
     const int64_t cols = ws[0]->base.shape.cols;
-    bool one = c->opt.stacked && T <= STACKED_MAX_T && n > 1 && n <= CUDA_SPLIT_MAX &&
-               ws[0]->stack;
+    bool one = c->opt.stacked && T <= STACKED_MAX_T && n > 1 && n <= CUDA_SPLIT_MAX && ws[0]->stack;
     *rows = 0;
     for (int32_t i = 0; i < n && one; i++) {
         one = ws[i]->stack == ws[0]->stack && ws[i]->base.shape.cols == cols &&
@@ -644,8 +646,7 @@ static is_status matmul_n_impl(cuda_ctx *c, float *const *ys, const float *x,
     }
     is_status st = stacked_product(c, x, ws[0], rows, T);
     if (st != IS_OK) return st;
-    return cuda_split_columns(c->stream, &sp, c->ypart, rows, T,
-                              split_inputs(c));
+    return cuda_split_columns(c->stream, &sp, c->ypart, rows, T, split_inputs(c));
 }
 
 static void cu_matmul_n(backend *be, float *const *ys, const float *x,
@@ -677,8 +678,7 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
      * one kernel (cuda_wgmma_swiglu: the same bits as the two below). */
     if (one && c->opt.fused_convert && c->opt.precision == CUDA_MATMUL_BF16 &&
         cuda_product_on(&c->opt, T, rows, cols, NULL) == CUDA_PRODUCT_WGMMA &&
-        cuda_wgmma_swiglu_supports(T, ffn, cols) &&
-        cuda_aligned16(wg->data)) {
+        cuda_wgmma_swiglu_supports(T, ffn, cols) && cuda_aligned16(wg->data)) {
         st = input_bf16(c, x, T, cols, false);
         if (st != IS_OK) return st;
         if (c->xin != c->gbf.buf) {
@@ -703,8 +703,8 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
     touch(c, out, n * sizeof(float));
     bool split;
     __nv_bfloat16 *obf = bf16_copy_of(c, n, &split);
-    st = one ? cuda_swiglu_stacked(c->stream, out, c->ypart, ffn, T,
-                                   split_inputs(c), obf, split, c->opt.pdl)
+    st = one ? cuda_swiglu_stacked(c->stream, out, c->ypart, ffn, T, split_inputs(c), obf, split,
+                                   c->opt.pdl)
              : cuda_swiglu(c->stream, out, out, up_scratch, (int64_t)n, obf, split);
     if (obf) produced(c, out, n, split, st);
     return st;
@@ -726,7 +726,8 @@ static is_status rope_table(cuda_ctx *c, const rope_params *rp, int32_t max_pos)
     const int32_t half = rp->n_rot / 2;
     IS_ASSERT(half > 0 && half <= ROPE_MAX_HALF);
     bool same = c->rope_host && c->rope_n_rot == rp->n_rot && c->rope_base == rp->freq_base &&
-                c->rope_scale == rp->freq_scale && c->rope_has_factors == (rp->freq_factors != NULL);
+                c->rope_scale == rp->freq_scale &&
+                c->rope_has_factors == (rp->freq_factors != NULL);
     if (same && rp->freq_factors)
         same = memcmp(c->rope_factors, rp->freq_factors, (size_t)half * sizeof(float)) == 0;
     if (same && max_pos < c->rope_n_pos) return IS_OK;
@@ -873,11 +874,10 @@ static is_status matmul_rope_store_impl(cuda_ctx *c, float *q, float *k, float *
     touch(c, q, (size_t)T * q_dim * sizeof(float));
     const float *b[3];
     for (int i = 0; i < 3; i++) b[i] = bs[i] ? (const float *)bs[i]->data : NULL;
-    return cuda_rope_store_stacked(c->stream, q, c->ypart, T, split_inputs(c),
-                                   b[0], b[1], b[2], k_cache, v_cache, (const int32_t *)dpos,
-                                   (const int32_t *)dslots, n_heads, n_kv_heads, head_dim,
-                                   block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX,
-                                   c->rope_dev, kv_bf16(c), c->opt.pdl);
+    return cuda_rope_store_stacked(
+        c->stream, q, c->ypart, T, split_inputs(c), b[0], b[1], b[2], k_cache, v_cache,
+        (const int32_t *)dpos, (const int32_t *)dslots, n_heads, n_kv_heads, head_dim, block_size,
+        rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, kv_bf16(c), c->opt.pdl);
 }
 
 static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, const float *x,
@@ -897,8 +897,8 @@ static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, cons
 
 static void cu_rope_store(backend *be, float *q, float *k, const float *v, float *k_cache,
                           float *v_cache, const int32_t *pos, const int32_t *slots, int32_t T,
-                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                          int32_t block_size, const rope_params *rp) {
+                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                          const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
     if (T <= 0 || !op_begin(c)) return;
     OP_SPAN(c, CUDA_OP_ROPE);
@@ -993,12 +993,13 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
         c->tiles_cap = (size_t)T;
     }
     /* c->pack holds attn_meta's host copy: bt_off at 2T (offsets into flat). */
-    const cuda_flash_plan plan = cuda_flash_plan_batch(
-        b->seq_of_token, b->pos, T, c->pack + 2 * (size_t)T, n_heads, n_kv_heads, head_dim, c->n_sms,
-        !c->opt.flash_clusters ? CUDA_FLASH_CHOICE_NO_CLUSTER
-        : c->opt.flash_wide    ? CUDA_FLASH_CHOICE_AUTO
-                               : CUDA_FLASH_CHOICE_NO_WIDE,
-        c->opt.flash_wgmma, c->tiles);
+    const cuda_flash_plan plan =
+        cuda_flash_plan_batch(b->seq_of_token, b->pos, T, c->pack + 2 * (size_t)T, n_heads,
+                              n_kv_heads, head_dim, c->n_sms,
+                              !c->opt.flash_clusters ? CUDA_FLASH_CHOICE_NO_CLUSTER
+                              : c->opt.flash_wide    ? CUDA_FLASH_CHOICE_AUTO
+                                                     : CUDA_FLASH_CHOICE_NO_WIDE,
+                              c->opt.flash_wgmma, c->tiles);
     size_t n_ints = (size_t)plan.n_tiles * FLASH_TILE_INTS;
     if (b->mem_span) {
         int32_t *span = c->tiles + n_ints;
@@ -1029,9 +1030,9 @@ static is_status flash_impl(cuda_ctx *c, float *out, const float *q, const float
     cuda_bf16_out ob = {NULL, (int64_t)n, false};
     ob.p = bf16_copy_of(c, n, &ob.split);
     st = cuda_flash_attention_mem(c->stream, out, q, (const __nv_bfloat16 *)k_cache,
-                                  (const __nv_bfloat16 *)v_cache, m.flat,
-                                  (const int32_t *)dtiles, plan, c->partial, n_heads, n_kv_heads,
-                                  head_dim, block_size, ob, c->opt.pdl, mem);
+                                  (const __nv_bfloat16 *)v_cache, m.flat, (const int32_t *)dtiles,
+                                  plan, c->partial, n_heads, n_kv_heads, head_dim, block_size, ob,
+                                  c->opt.pdl, mem);
     if (ob.p) produced(c, out, n, ob.split, st);
     return st;
 }
@@ -1085,8 +1086,8 @@ static void cu_argmax(backend *be, int32_t *out, const float *x, int32_t rows, i
     cuda_ctx *c = ctx_of(be);
     if (rows <= 0 || !op_begin(c)) return;
     OP_SPAN(c, CUDA_OP_DOWNLOAD);
-    is_status st = scratch_reserve(c, (void **)&c->argmax_out, &c->argmax_cap, (size_t)rows,
-                                   sizeof(int32_t));
+    is_status st =
+        scratch_reserve(c, (void **)&c->argmax_out, &c->argmax_cap, (size_t)rows, sizeof(int32_t));
     if (st == IS_OK) st = cuda_argmax_rows(c->stream, c->argmax_out, x, rows, n);
     if (st == IS_OK) {
         cudaError_t e = cudaMemcpyAsync(out, c->argmax_out, (size_t)rows * sizeof(int32_t),
@@ -1101,7 +1102,8 @@ static void cu_sync(backend *be) {
     cuda_ctx *c = ctx_of(be);
     if (!op_begin(c)) return;
     cudaError_t e = cudaStreamSynchronize(c->stream);
-    if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
+    if (e != cudaSuccess)
+        op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
 }
 
 static size_t cu_kv_elem_size(backend *be) { return kv_bf16(ctx_of(be)) ? 2 : 4; }
@@ -1115,7 +1117,8 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
                             const backend_inject *in, int32_t total) {
     const int32_t kv_dim = in->n_kv_heads * in->head_dim;
     const size_t n = (size_t)total * kv_dim;
-    is_status st = scratch_reserve(c, (void **)&c->inj_rows, &c->inj_rows_cap, 2 * n, sizeof(float));
+    is_status st =
+        scratch_reserve(c, (void **)&c->inj_rows, &c->inj_rows_cap, 2 * n, sizeof(float));
     if (st != IS_OK) return st;
     int32_t *pos = (int32_t *)malloc((size_t)total * sizeof *pos);
     if (!pos) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
@@ -1131,7 +1134,8 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
             if (e == cudaSuccess)
                 e = cudaMemcpyAsync(v + at, bf->v + src, rows * sizeof(float),
                                     cudaMemcpyHostToDevice, c->stream);
-            if (e != cudaSuccess) st = cuda_status_from(e, "cudaMemcpyAsync(inject)", __FILE__, __LINE__);
+            if (e != cudaSuccess)
+                st = cuda_status_from(e, "cudaMemcpyAsync(inject)", __FILE__, __LINE__);
             at += rows;
         }
         if (st == IS_OK) st = rope_impl(c, k, pos, total, in->n_kv_heads, in->head_dim, in->rope);
@@ -1169,7 +1173,8 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     int64_t total = 0;
     for (int32_t f = 0; f < in->n_facts; f++) total += in->facts[f].n_tokens;
     if (total <= 0) return IS_OK;
-    if (total > INT32_MAX / 4) return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: too many tokens");
+    if (total > INT32_MAX / 4)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: too many tokens");
     const rope_params *rp = in->rope;
     IS_ASSERT(rp->n_rot > 0 && rp->n_rot % 2 == 0 && rp->n_rot <= in->head_dim);
     if (!kv_bf16(c)) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
@@ -1199,7 +1204,8 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
         caches[in->n_layers + l] = v_cache[l];
     }
     const void *dcaches;
-    st = stage_upload(c, &c->st_caches, caches, 2 * (size_t)in->n_layers * sizeof(void *), &dcaches);
+    st =
+        stage_upload(c, &c->st_caches, caches, 2 * (size_t)in->n_layers * sizeof(void *), &dcaches);
     free(caches);
     if (st != IS_OK) return st;
     /* One launch for the whole list whenever the arena holds it whole (the
@@ -1218,14 +1224,14 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
         for (int64_t i = 0; i < n; i++)
             c->pack[2 * n + i] = in->pos ? in->pos[t0 + i] : in->pos0 + (int32_t)(t0 + i);
         const void *dpack;
-        if ((st = stage_upload(c, &c->st_inject, c->pack, 3 * (size_t)n * sizeof(int32_t), &dpack)) !=
-            IS_OK)
+        if ((st = stage_upload(c, &c->st_inject, c->pack, 3 * (size_t)n * sizeof(int32_t),
+                               &dpack)) != IS_OK)
             break;
         const int32_t *dp = (const int32_t *)dpack;
-        st = cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena),
-                         c->arena_fp8, dp, dp + n, dp + 2 * n, (int32_t)n, in->n_layers,
-                         in->n_kv_heads, in->head_dim, in->block_size, rp->n_rot,
-                         rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, kv_bf16(c));
+        st = cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), c->arena_fp8,
+                         dp, dp + n, dp + 2 * n, (int32_t)n, in->n_layers, in->n_kv_heads,
+                         in->head_dim, in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX,
+                         c->rope_dev, kv_bf16(c));
         if (st == IS_OK) st = cuda_arena_injected(c->arena, c->stream);
         f0 += placed;
         t0 += n;
@@ -1293,8 +1299,8 @@ static bool host_readable(const void *p) {
 static bool cu_fact_prefetch(backend *be, const backend_fact_host *f) {
     cuda_ctx *c = ctx_of(be);
     if (!kv_bf16(c) || !f->id) return false;
-    if (f->k && (!f->v || (f->dtype != 1 && f->dtype != 2) || !host_readable(f->k) ||
-                 !host_readable(f->v)))
+    if (f->k &&
+        (!f->v || (f->dtype != 1 && f->dtype != 2) || !host_readable(f->k) || !host_readable(f->v)))
         return false;
     if (cudaSetDevice(c->device) != cudaSuccess) {
         cudaGetLastError();
@@ -1414,9 +1420,7 @@ static is_status cu_set_option(backend *be, backend_option opt, uint64_t value) 
     case BACKEND_OPT_FACT_CACHE_BYTES:
         backend_cuda_set_arena_bytes(be, (size_t)value);
         return IS_OK;
-    case BACKEND_OPT_FACT_CACHE_FP8:
-        backend_cuda_set_arena_fp8(be, value != 0);
-        return IS_OK;
+    case BACKEND_OPT_FACT_CACHE_FP8: backend_cuda_set_arena_fp8(be, value != 0); return IS_OK;
     }
     return IS_ERR_UNSUPPORTED;
 }
@@ -1480,16 +1484,19 @@ static is_status device_usable(int32_t device) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: no usable CUDA driver or device (%s)",
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "cuda backend: no usable CUDA driver or device (%s)",
                             cudaGetErrorString(e));
     }
     if (device < 0 || device >= n)
-        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: no device %d (%d present)", device, n);
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: no device %d (%d present)", device,
+                            n);
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     if (prop.major < 8) /* bf16 matrix products */
-        return is_error_set(IS_ERR_UNSUPPORTED, "cuda backend: device %d (%s) is sm_%d%d, need sm_80+",
-                            device, prop.name, prop.major, prop.minor);
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "cuda backend: device %d (%s) is sm_%d%d, need sm_80+", device,
+                            prop.name, prop.major, prop.minor);
     CUDA_CHECK(cudaSetDevice(device));
     cudaFuncAttributes attr;
     e = cudaFuncGetAttributes(&attr, probe_kernel);
@@ -1631,7 +1638,8 @@ extern "C" is_status backend_cuda_check(backend *be) {
     if (c->err == IS_OK) {
         cudaError_t e = cudaSetDevice(c->device);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-        if (e != cudaSuccess) op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
+        if (e != cudaSuccess)
+            op_note(c, cuda_status_from(e, "cudaStreamSynchronize", __FILE__, __LINE__));
     }
     if (c->err != IS_OK) return is_error_set(c->err, "%s", c->err_msg);
     return IS_OK;

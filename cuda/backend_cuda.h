@@ -98,17 +98,27 @@ void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out);
  * much of the GPU's span ran ops rather than waiting for the host (launch
  * overhead). At most 16384 ops per window (more are counted in dropped). */
 typedef enum cuda_op_kind {
-    CUDA_OP_UPLOAD, CUDA_OP_DOWNLOAD, CUDA_OP_COPY, CUDA_OP_GET_ROWS, CUDA_OP_RMSNORM,
-    CUDA_OP_MATMUL, CUDA_OP_ROPE, CUDA_OP_KV_STORE, CUDA_OP_ATTENTION, CUDA_OP_SWIGLU,
-    CUDA_OP_ADD, CUDA_OP_INJECT, CUDA_OP_N
+    CUDA_OP_UPLOAD,
+    CUDA_OP_DOWNLOAD,
+    CUDA_OP_COPY,
+    CUDA_OP_GET_ROWS,
+    CUDA_OP_RMSNORM,
+    CUDA_OP_MATMUL,
+    CUDA_OP_ROPE,
+    CUDA_OP_KV_STORE,
+    CUDA_OP_ATTENTION,
+    CUDA_OP_SWIGLU,
+    CUDA_OP_ADD,
+    CUDA_OP_INJECT,
+    CUDA_OP_N
 } cuda_op_kind;
 
 typedef struct cuda_op_profile {
     int64_t count[CUDA_OP_N];
     double gpu_ms[CUDA_OP_N];
-    double busy_ms;  /* sum over all ops */
-    double span_ms;  /* GPU time from the first op's start to the last op's end */
-    double wall_ms;  /* host clock from begin to end */
+    double busy_ms; /* sum over all ops */
+    double span_ms; /* GPU time from the first op's start to the last op's end */
+    double wall_ms; /* host clock from begin to end */
     int64_t dropped;
 } cuda_op_profile;
 

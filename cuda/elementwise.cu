@@ -23,9 +23,8 @@ static __global__ void swiglu_kernel(float *out, const float *gate, const float 
 /* Block (x, t): a stretch of row t. Gate and up are the two halves of the
  * stacked product's row, summed with its lo half first where there is one,
  * as cuda_split_columns sums them. */
-static __global__ void swiglu_stacked_kernel(float *out, const float *part, int32_t rows,
-                                             int32_t T, bool halves, __nv_bfloat16 *obf,
-                                             bool split) {
+static __global__ void swiglu_stacked_kernel(float *out, const float *part, int32_t rows, int32_t T,
+                                             bool halves, __nv_bfloat16 *obf, bool split) {
     pdl_wait(); /* launched as a dependent: nothing before this */
     const int32_t t = blockIdx.y;
     const int64_t n = (int64_t)T * rows, part_n = 2 * n; /* one half of the product */
@@ -139,8 +138,8 @@ is_status cuda_f32_to_bf16_split(cudaStream_t s, __nv_bfloat16 *dst, const float
     return IS_OK;
 }
 
-is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const float *bias,
-                          int32_t T, int64_t rows) {
+is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const float *bias, int32_t T,
+                          int64_t rows) {
     int64_t n = (int64_t)T * rows;
     if (n <= 0) return IS_OK;
     sum_halves_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(y, part, bias, rows, n);
@@ -219,10 +218,8 @@ is_status cuda_split_columns(cudaStream_t s, cuda_split *sp, const float *part, 
     int64_t bx = (per_row + 255) / 256;
     if (bx > 64) bx = 64;
     const dim3 grid((unsigned)bx, (unsigned)T, (unsigned)sp->n);
-    if (vec)
-        split_columns_kernel<true><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
-    else
-        split_columns_kernel<false><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
+    if (vec) split_columns_kernel<true><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
+    else split_columns_kernel<false><<<grid, 256, 0, s>>>(*sp, part, rows, n, halves);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }
@@ -233,8 +230,7 @@ is_status cuda_get_rows(cudaStream_t s, float *out, const void *emb, bool emb_bf
     int threads = cols >= 256 ? 256 : 64;
     if (emb_bf16)
         get_rows_kernel<<<T, threads, 0, s>>>(out, (const __nv_bfloat16 *)emb, cols, tokens);
-    else
-        get_rows_kernel<<<T, threads, 0, s>>>(out, (const float *)emb, cols, tokens);
+    else get_rows_kernel<<<T, threads, 0, s>>>(out, (const float *)emb, cols, tokens);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

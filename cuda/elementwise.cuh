@@ -37,8 +37,8 @@ is_status cuda_f32_to_bf16_split(cudaStream_t s, __nv_bfloat16 *dst, const float
 
 /* y[t][i] = part[t][i] + part[T + t][i] (+ bias[i] when bias is not NULL),
  * t < T, i < rows: the two halves of a split product summed. */
-is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const float *bias,
-                          int32_t T, int64_t rows);
+is_status cuda_sum_halves(cudaStream_t s, float *y, const float *part, const float *bias, int32_t T,
+                          int64_t rows);
 
 /* The outputs of a product of stacked weights: columns [off_i, off_i +
  * rows_i) of its [T][sum rows] result go to y_i[T][rows_i], off_i the sum
@@ -48,7 +48,7 @@ typedef struct cuda_split_out {
     float *y;
     const float *bias; /* [rows] or NULL */
     int64_t rows;
-    int64_t off;       /* set by cuda_split_columns */
+    int64_t off; /* set by cuda_split_columns */
 } cuda_split_out;
 typedef struct cuda_split {
     cuda_split_out out[CUDA_SPLIT_MAX];

@@ -30,9 +30,9 @@
 /* Texts are tokenised this many at a time (host buffer of TOKENIZE_TEXTS *
  * max_tokens ids). */
 #define TOKENIZE_TEXTS 256
-#define LN_THREADS 128
-#define ATT_WARPS 4
-#define POOL_THREADS 128
+#define LN_THREADS     128
+#define ATT_WARPS      4
+#define POOL_THREADS   128
 
 /* ---- kernels ----------------------------------------------------------- */
 
@@ -59,8 +59,8 @@ template <typename T> static __device__ T block_sum(T v, T *red) {
 /* row = LayerNorm(row) * g + b in place, row already summed; the CPU's two
  * passes (mean, then the variance of the differences). Each thread reads
  * back only the elements it wrote. */
-static __device__ void layernorm_row(float *row, const float *g, const float *b, int32_t n, float eps,
-                                     float *red) {
+static __device__ void layernorm_row(float *row, const float *g, const float *b, int32_t n,
+                                     float eps, float *red) {
     float s = 0.0f;
     for (int32_t i = threadIdx.x; i < n; i += blockDim.x) s += row[i];
     const float mean = block_sum(s, red) / (float)n;
@@ -71,16 +71,17 @@ static __device__ void layernorm_row(float *row, const float *g, const float *b,
     }
     const float var = block_sum(v, red) / (float)n;
     const float inv = 1.0f / sqrtf(var + eps);
-    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) row[i] = (row[i] - mean) * inv * g[i] + b[i];
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
+        row[i] = (row[i] - mean) * inv * g[i] + b[i];
 }
 
 /* Block (text i, position p): x[off[i] + p] = LayerNorm(word + position +
  * type-0 embedding). Blocks past a text's length return at once. */
-static __global__ void embed_ln_kernel(float *__restrict__ x, const int32_t *__restrict__ ids,
-                                       const int32_t *__restrict__ off, const float *__restrict__ tok_emb,
-                                       const float *__restrict__ pos_emb, const float *__restrict__ type_emb,
-                                       const float *__restrict__ g, const float *__restrict__ b, int32_t H,
-                                       float eps) {
+static __global__ void
+embed_ln_kernel(float *__restrict__ x, const int32_t *__restrict__ ids,
+                const int32_t *__restrict__ off, const float *__restrict__ tok_emb,
+                const float *__restrict__ pos_emb, const float *__restrict__ type_emb,
+                const float *__restrict__ g, const float *__restrict__ b, int32_t H, float eps) {
     __shared__ float red[33];
     const int32_t o = off[blockIdx.x], len = off[blockIdx.x + 1] - o, p = blockIdx.y;
     if (p >= len) return; /* the whole block */
@@ -121,8 +122,8 @@ static __device__ __forceinline__ float gelu_erf(float v) {
 }
 
 /* ff[t][j] = GELU(ff[t][j] + bias[j]) over n = T * I values. */
-static __global__ void bias_gelu_kernel(float *__restrict__ ff, const float *__restrict__ bias, int64_t n,
-                                        int32_t I) {
+static __global__ void bias_gelu_kernel(float *__restrict__ ff, const float *__restrict__ bias,
+                                        int64_t n, int32_t I) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         ff[i] = gelu_erf(ff[i] + bias[i % I]);
@@ -132,7 +133,8 @@ static __global__ void bias_gelu_kernel(float *__restrict__ ff, const float *__r
  * K [L][dh + 1] (padded: lanes read different keys' same column), V
  * [L][dh], and per warp a query row [dh] and a row of probabilities [L]. */
 static size_t attention_smem(int32_t L, int32_t dh) {
-    return ((size_t)L * (size_t)(2 * dh + 1) + (size_t)ATT_WARPS * (size_t)(dh + L)) * sizeof(float);
+    return ((size_t)L * (size_t)(2 * dh + 1) + (size_t)ATT_WARPS * (size_t)(dh + L)) *
+           sizeof(float);
 }
 
 /* One block per (text, head): ctx rows of the text, head h's columns =
@@ -140,16 +142,17 @@ static size_t attention_smem(int32_t L, int32_t dh) {
  * query rows in turn; lanes split the keys for the scores and the head's
  * columns for the weighted sum. qkv holds the projections without bias. */
 static __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attention_kernel(float *__restrict__ ctx, const float *__restrict__ qkv, const float *__restrict__ bqkv,
-                     const int32_t *__restrict__ off, int32_t n_heads, int32_t H, int32_t dh, float scale) {
+    attention_kernel(float *__restrict__ ctx, const float *__restrict__ qkv,
+                     const float *__restrict__ bqkv, const int32_t *__restrict__ off,
+                     int32_t n_heads, int32_t H, int32_t dh, float scale) {
     extern __shared__ float sm[];
     const int32_t text = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     const int32_t o = off[text], len = off[text + 1] - o;
     const int32_t ld = 3 * H, kd = dh + 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *ks = sm;                                              /* [len][dh + 1] */
-    float *vs = ks + (size_t)len * kd;                           /* [len][dh] */
-    float *qs = vs + (size_t)len * dh + (size_t)warp * dh;       /* [dh] this warp's */
+    float *ks = sm;                                        /* [len][dh + 1] */
+    float *vs = ks + (size_t)len * kd;                     /* [len][dh] */
+    float *qs = vs + (size_t)len * dh + (size_t)warp * dh; /* [dh] this warp's */
     float *ps = vs + (size_t)len * dh + (size_t)ATT_WARPS * dh + (size_t)warp * len; /* [len] */
     const float *base = qkv + (int64_t)o * ld + (int64_t)h * dh;
     const float *bq = bqkv + (int64_t)h * dh, *bk = bq + H, *bv = bq + 2 * H;
@@ -234,7 +237,7 @@ struct retrieval_encoder {
     const void *tokenizer;
     cublasHandle_t cublas;
 
-    float *weights; /* one device allocation holding every tensor below */
+    float *weights;        /* one device allocation holding every tensor below */
     const float *tok_emb;  /* (n_vocab, H) */
     const float *pos_emb;  /* (max_tokens, H): the rows a text can reach */
     const float *type_emb; /* (H) */
@@ -278,7 +281,8 @@ static is_status put(cuda_embedder *g, size_t *at, const float *h, size_t n, con
 
 static is_status upload_weights(cuda_embedder *g, const encoder_weights *w) {
     const size_t H = (size_t)g->H, I = (size_t)g->I;
-    size_t total = padded((size_t)g->n_vocab * H) + padded((size_t)g->max_tokens * H) + 3 * padded(H);
+    size_t total =
+        padded((size_t)g->n_vocab * H) + padded((size_t)g->max_tokens * H) + 3 * padded(H);
     /* wqkv, bqkv, wo, then six H-vectors (bo, ln1 g/b, b2, ln2 g/b), w1, b1, w2. */
     const size_t per_layer = padded(3 * H * H) + padded(3 * H) + padded(H * H) + 6 * padded(H) +
                              padded(I * H) + padded(I) + padded(H * I);
@@ -290,18 +294,22 @@ static is_status upload_weights(cuda_embedder *g, const encoder_weights *w) {
     is_status st;
     if ((st = put(g, &at, w->tok_emb, (size_t)g->n_vocab * H, &g->tok_emb)) ||
         (st = put(g, &at, w->pos_emb, (size_t)g->max_tokens * H, &g->pos_emb)) ||
-        (st = put(g, &at, w->type_emb, H, &g->type_emb)) || (st = put(g, &at, w->emb_ln_g, H, &g->emb_ln_g)) ||
+        (st = put(g, &at, w->type_emb, H, &g->type_emb)) ||
+        (st = put(g, &at, w->emb_ln_g, H, &g->emb_ln_g)) ||
         (st = put(g, &at, w->emb_ln_b, H, &g->emb_ln_b)))
         return st;
     for (int32_t l = 0; l < g->n_layers; l++) {
         const encoder_layer_weights lw = w->layers[l];
         gpu_layer *L = &g->layers[l];
-        if ((st = put(g, &at, lw.wqkv, 3 * H * H, &L->wqkv)) || (st = put(g, &at, lw.bqkv, 3 * H, &L->bqkv)) ||
+        if ((st = put(g, &at, lw.wqkv, 3 * H * H, &L->wqkv)) ||
+            (st = put(g, &at, lw.bqkv, 3 * H, &L->bqkv)) ||
             (st = put(g, &at, lw.wo, H * H, &L->wo)) || (st = put(g, &at, lw.bo, H, &L->bo)) ||
-            (st = put(g, &at, lw.ln1_g, H, &L->ln1_g)) || (st = put(g, &at, lw.ln1_b, H, &L->ln1_b)) ||
+            (st = put(g, &at, lw.ln1_g, H, &L->ln1_g)) ||
+            (st = put(g, &at, lw.ln1_b, H, &L->ln1_b)) ||
             (st = put(g, &at, lw.w1, I * H, &L->w1)) || (st = put(g, &at, lw.b1, I, &L->b1)) ||
             (st = put(g, &at, lw.w2, H * I, &L->w2)) || (st = put(g, &at, lw.b2, H, &L->b2)) ||
-            (st = put(g, &at, lw.ln2_g, H, &L->ln2_g)) || (st = put(g, &at, lw.ln2_b, H, &L->ln2_b)))
+            (st = put(g, &at, lw.ln2_g, H, &L->ln2_g)) ||
+            (st = put(g, &at, lw.ln2_b, H, &L->ln2_b)))
             return st;
     }
     IS_ASSERT(at == total);
@@ -345,18 +353,18 @@ static is_status ensure_workspace(cuda_embedder *g, int32_t T) {
 
 /* c[T][n_out] = a[T][k_in] w[n_out][k_in]^T (row-major; cuBLAS sees the
  * column-major transposes: c^T = w a^T). */
-static is_status linear(cuda_embedder *g, float *c, const float *a, const float *w, int32_t T, int32_t n_out,
-                        int32_t k_in) {
+static is_status linear(cuda_embedder *g, float *c, const float *a, const float *w, int32_t T,
+                        int32_t n_out, int32_t k_in) {
     const float one = 1.0f, zero = 0.0f;
-    CUBLAS_CHECK(cublasSgemm(g->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, k_in, &one, w, k_in, a, k_in, &zero,
-                             c, n_out));
+    CUBLAS_CHECK(cublasSgemm(g->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, k_in, &one, w, k_in, a,
+                             k_in, &zero, c, n_out));
     return IS_OK;
 }
 
 /* Runs the encoder on n texts of T tokens in all (T <= CHUNK_TOKENS),
  * writing their embeddings to out_dev[n][H]. */
-static is_status forward(cuda_embedder *g, const int32_t *const *ids, const int32_t *lens, int32_t n,
-                         float *out_dev) {
+static is_status forward(cuda_embedder *g, const int32_t *const *ids, const int32_t *lens,
+                         int32_t n, float *out_dev) {
     cudaStream_t s = RETRIEVAL_STREAM;
     const int32_t H = g->H, I = g->I;
     int32_t T = 0, L = 0;
@@ -384,7 +392,8 @@ static is_status forward(cuda_embedder *g, const int32_t *const *ids, const int3
     const int32_t *ids_d = g->meta_dev, *off_d = g->meta_dev + T;
 
     embed_ln_kernel<<<dim3((unsigned)n, (unsigned)L), LN_THREADS, 0, s>>>(
-        g->x, ids_d, off_d, g->tok_emb, g->pos_emb, g->type_emb, g->emb_ln_g, g->emb_ln_b, H, g->ln_eps);
+        g->x, ids_d, off_d, g->tok_emb, g->pos_emb, g->type_emb, g->emb_ln_g, g->emb_ln_b, H,
+        g->ln_eps);
     CUDA_CHECK_LAUNCH();
     const size_t att_smem = attention_smem(L, g->dh);
     const float scale = 1.0f / sqrtf((float)g->dh);
@@ -396,13 +405,15 @@ static is_status forward(cuda_embedder *g, const int32_t *const *ids, const int3
             g->ctx, g->qkv, W->bqkv, off_d, g->n_heads, H, g->dh, scale);
         CUDA_CHECK_LAUNCH();
         if ((st = linear(g, g->tmp, g->ctx, W->wo, T, H, H)) != IS_OK) return st;
-        add_ln_kernel<<<(unsigned)T, LN_THREADS, 0, s>>>(g->x, g->tmp, W->bo, W->ln1_g, W->ln1_b, H, g->ln_eps);
+        add_ln_kernel<<<(unsigned)T, LN_THREADS, 0, s>>>(g->x, g->tmp, W->bo, W->ln1_g, W->ln1_b, H,
+                                                         g->ln_eps);
         CUDA_CHECK_LAUNCH();
         if ((st = linear(g, g->ff, g->x, W->w1, T, I, H)) != IS_OK) return st;
         bias_gelu_kernel<<<cuda_blocks_for(n_ff, 256), 256, 0, s>>>(g->ff, W->b1, n_ff, I);
         CUDA_CHECK_LAUNCH();
         if ((st = linear(g, g->tmp, g->ff, W->w2, T, H, I)) != IS_OK) return st;
-        add_ln_kernel<<<(unsigned)T, LN_THREADS, 0, s>>>(g->x, g->tmp, W->b2, W->ln2_g, W->ln2_b, H, g->ln_eps);
+        add_ln_kernel<<<(unsigned)T, LN_THREADS, 0, s>>>(g->x, g->tmp, W->b2, W->ln2_g, W->ln2_b, H,
+                                                         g->ln_eps);
         CUDA_CHECK_LAUNCH();
     }
     pool_kernel<<<(unsigned)n, POOL_THREADS, 0, s>>>(out_dev, g->x, off_d, H, g->pool_cls);
@@ -411,17 +422,18 @@ static is_status forward(cuda_embedder *g, const int32_t *const *ids, const int3
 }
 
 /* Checks n texts of ids as embedder_embed_ids does. */
-static is_status check_ids(const cuda_embedder *g, const int32_t *const *ids, const int32_t *lens, int32_t n,
-                           const void *out, const char *who) {
+static is_status check_ids(const cuda_embedder *g, const int32_t *const *ids, const int32_t *lens,
+                           int32_t n, const void *out, const char *who) {
     if (!g || n < 0 || (n > 0 && (!ids || !lens || !out)))
         return is_error_set(IS_ERR_INVALID_ARG, "%s: bad argument", who);
     for (int32_t i = 0; i < n; i++) {
         if (!ids[i] || lens[i] < 1 || lens[i] > g->max_tokens)
-            return is_error_set(IS_ERR_INVALID_ARG, "%s: text %d has %d tokens (1..%d)", who, i, lens[i],
-                                g->max_tokens);
+            return is_error_set(IS_ERR_INVALID_ARG, "%s: text %d has %d tokens (1..%d)", who, i,
+                                lens[i], g->max_tokens);
         for (int32_t p = 0; p < lens[i]; p++)
             if (ids[i][p] < 0 || ids[i][p] >= g->n_vocab)
-                return is_error_set(IS_ERR_INVALID_ARG, "%s: token id %d out of range", who, ids[i][p]);
+                return is_error_set(IS_ERR_INVALID_ARG, "%s: token id %d out of range", who,
+                                    ids[i][p]);
     }
     return IS_OK;
 }
@@ -429,11 +441,12 @@ static is_status check_ids(const cuda_embedder *g, const int32_t *const *ids, co
 /* Embeds checked texts in chunks of at most CHUNK_TOKENS tokens, into
  * device memory (out_host NULL: out_dev[n][H]) or host memory (out_host,
  * through the chunk buffer g->out). */
-static is_status run_ids(cuda_embedder *g, const int32_t *const *ids, const int32_t *lens, int32_t n,
-                         float *out_dev, float *out_host) {
+static is_status run_ids(cuda_embedder *g, const int32_t *const *ids, const int32_t *lens,
+                         int32_t n, float *out_dev, float *out_host) {
     CUDA_CHECK(cudaSetDevice(g->device));
     if (out_host && !g->out)
-        CUDA_CHECK(cudaMalloc((void **)&g->out, (size_t)CHUNK_TOKENS * (size_t)g->H * sizeof(float)));
+        CUDA_CHECK(
+            cudaMalloc((void **)&g->out, (size_t)CHUNK_TOKENS * (size_t)g->H * sizeof(float)));
     if (g->done_pending) CUDA_CHECK(cudaStreamWaitEvent(RETRIEVAL_STREAM, g->done, 0));
     int32_t i = 0;
     while (i < n) {
@@ -444,8 +457,8 @@ static is_status run_ids(cuda_embedder *g, const int32_t *const *ids, const int3
         if (st != IS_OK) return st;
         if (out_host) /* to pageable memory: returns once copied */
             CUDA_CHECK(cudaMemcpyAsync(out_host + (int64_t)i * g->H, g->out,
-                                       (size_t)(j - i) * (size_t)g->H * sizeof(float), cudaMemcpyDeviceToHost,
-                                       RETRIEVAL_STREAM));
+                                       (size_t)(j - i) * (size_t)g->H * sizeof(float),
+                                       cudaMemcpyDeviceToHost, RETRIEVAL_STREAM));
         i = j;
     }
     CUDA_CHECK(cudaEventRecord(g->done, RETRIEVAL_STREAM));
@@ -511,7 +524,8 @@ static is_status create(cuda_embedder *g, const encoder_weights *wp) {
     const encoder_weights w = *wp;
     if (!w.layers || !w.tokenize || w.hidden < 1 || w.n_layers < 1 || w.n_heads < 1 ||
         w.head_dim * w.n_heads != w.hidden || w.max_tokens < 1 || w.max_tokens > w.max_pos)
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda_embedder_create: inconsistent encoder weights");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "cuda_embedder_create: inconsistent encoder weights");
     g->H = w.hidden;
     g->n_layers = w.n_layers;
     g->n_heads = w.n_heads;
@@ -525,11 +539,13 @@ static is_status create(cuda_embedder *g, const encoder_weights *wp) {
     g->tokenizer = w.tokenizer;
     const size_t smem = attention_smem(g->max_tokens, g->dh);
     int optin = 0;
-    is_status st = retrieval_use_device(g->device, smem, (const void *)attention_kernel, "cuda embedder", &optin);
+    is_status st = retrieval_use_device(g->device, smem, (const void *)attention_kernel,
+                                        "cuda embedder", &optin);
     if (st != IS_OK) return st;
     /* The attribute belongs to the kernel, shared by every embedder: the
      * device's limit suits them all. */
-    CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
     if ((st = upload_weights(g, &w)) != IS_OK) return st;
     CUBLAS_CHECK(cublasCreate(&g->cublas));
     /* Plain f32 products (no TF32), on the calling thread's stream. */
@@ -543,7 +559,8 @@ static is_status create(cuda_embedder *g, const encoder_weights *wp) {
     return IS_OK;
 }
 
-extern "C" is_status cuda_embedder_create(const encoder_weights *w, int32_t device, cuda_embedder **out) {
+extern "C" is_status cuda_embedder_create(const encoder_weights *w, int32_t device,
+                                          cuda_embedder **out) {
     if (!w || !out) return is_error_set(IS_ERR_INVALID_ARG, "cuda_embedder_create: NULL argument");
     cuda_embedder *g = (cuda_embedder *)calloc(1, sizeof *g);
     if (!g) return is_error_set(IS_ERR_NOMEM, "cuda embedder: out of memory");
@@ -558,27 +575,31 @@ extern "C" is_status cuda_embedder_create(const encoder_weights *w, int32_t devi
 }
 
 extern "C" int32_t cuda_embedder_dim(const cuda_embedder *g) { return g ? g->H : 0; }
-extern "C" int32_t cuda_embedder_max_tokens(const cuda_embedder *g) { return g ? g->max_tokens : 0; }
+extern "C" int32_t cuda_embedder_max_tokens(const cuda_embedder *g) {
+    return g ? g->max_tokens : 0;
+}
 
 extern "C" is_status cuda_embedder_embed_ids_device(cuda_embedder *g, const int32_t *const *ids,
-                                                    const int32_t *lens, int32_t n, float *out_dev) {
+                                                    const int32_t *lens, int32_t n,
+                                                    float *out_dev) {
     is_status st = check_ids(g, ids, lens, n, out_dev, "cuda_embedder_embed_ids_device");
     if (st != IS_OK || n == 0) return st;
     return run_ids(g, ids, lens, n, out_dev, NULL);
 }
 
-extern "C" is_status cuda_embedder_embed_ids(cuda_embedder *g, const int32_t *const *ids, const int32_t *lens,
-                                             int32_t n, float *out) {
+extern "C" is_status cuda_embedder_embed_ids(cuda_embedder *g, const int32_t *const *ids,
+                                             const int32_t *lens, int32_t n, float *out) {
     is_status st = check_ids(g, ids, lens, n, out, "cuda_embedder_embed_ids");
     if (st != IS_OK || n == 0) return st;
     return run_ids(g, ids, lens, n, NULL, out);
 }
 
-extern "C" is_status cuda_embedder_embed_device(cuda_embedder *g, const char *const *texts, int32_t n,
-                                                float *out_dev) {
+extern "C" is_status cuda_embedder_embed_device(cuda_embedder *g, const char *const *texts,
+                                                int32_t n, float *out_dev) {
     return run_texts(g, texts, n, out_dev, NULL, "cuda_embedder_embed_device");
 }
 
-extern "C" is_status cuda_embedder_embed(cuda_embedder *g, const char *const *texts, int32_t n, float *out) {
+extern "C" is_status cuda_embedder_embed(cuda_embedder *g, const char *const *texts, int32_t n,
+                                         float *out) {
     return run_texts(g, texts, n, NULL, out, "cuda_embedder_embed");
 }

@@ -82,8 +82,8 @@ static __global__ void __launch_bounds__(MERGE_THREADS)
 #pragma unroll
             for (int e = 0; e < PER; e++) acc[e] += col[z * split_stride + e] * wz;
         }
-        const int64_t at = (int64_t)(t0 + r / G) * n_heads * D + (int64_t)(kh * G + r % G) * D +
-                           lane * PER;
+        const int64_t at =
+            (int64_t)(t0 + r / G) * n_heads * D + (int64_t)(kh * G + r % G) * D + lane * PER;
         const float inv = 1.0f / den;
 #pragma unroll
         for (int e = 0; e < PER; e++) {
@@ -121,8 +121,8 @@ static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
     *smem = wg ? flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, true, BN>()
                : flash_smem_bytes<D, FLASH_BM, FLASH_STAGES, KS, false, BN>();
     if (!attr_set[wg]) {
-        CUDA_CHECK(cudaFuncSetAttribute(*fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)*smem));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(*fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));
         attr_set[wg] = true;
     }
     return IS_OK;
@@ -134,8 +134,7 @@ static is_status flash_prepare(bool wg, flash_fn *fn, size_t *smem) {
  * blocks. The plan counts its waves by them: with one block a
  * multiprocessor (two key warps) a cluster needs that many free
  * multiprocessors in one GPC. */
-template <int D, int KS, int BN>
-static int32_t resident(bool wg, int32_t size) {
+template <int D, int KS, int BN> static int32_t resident(bool wg, int32_t size) {
     static int32_t n_of[2][FLASH_CLUSTER_MAX + 1];
     static bool asked[2][FLASH_CLUSTER_MAX + 1];
     if (size == 1 || size < 0 || size > FLASH_CLUSTER_MAX) return 0;
@@ -185,12 +184,11 @@ int32_t cuda_flash_max_clusters(int32_t head_dim, int32_t key_warps, int32_t siz
 }
 
 template <int D, int KS, int BN>
-static is_status flash_launch(cudaStream_t s, float *out, const float *q,
-                              const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
-                              const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
-                              float *partial, int32_t n_heads, int32_t n_kv_heads,
-                              int32_t block_size, cuda_bf16_out ob, bool pdl,
-                              const cuda_flash_mem &mem) {
+static is_status
+flash_launch(cudaStream_t s, float *out, const float *q, const __nv_bfloat16 *k_cache,
+             const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
+             cuda_flash_plan plan, float *partial, int32_t n_heads, int32_t n_kv_heads,
+             int32_t block_size, cuda_bf16_out ob, bool pdl, const cuda_flash_mem &mem) {
     flash_fn fn = NULL;
     size_t smem = 0;
     is_status st = flash_prepare<D, KS, BN>(plan.wgmma != 0, &fn, &smem);
@@ -202,13 +200,11 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
                             plan.splits);
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     /* The kernel begins with pdl_wait(). */
-    CUDA_CHECK(cuda_launch_ex(fn, dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads,
-                                   (unsigned)plan.splits),
-                              dim3(FLASH_BM * 2 * KS), smem, s,
-                              dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), pdl,
-                              out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads,
-                              block_size, scale_log2, plan.splits, cluster, partial, ob.p, ob.n,
-                              ob.split, mem.span, mem.mul_log2, mem.add_log2));
+    CUDA_CHECK(cuda_launch_ex(
+        fn, dim3((unsigned)plan.n_tiles, (unsigned)n_kv_heads, (unsigned)plan.splits),
+        dim3(FLASH_BM * 2 * KS), smem, s, dim3(1, 1, cluster ? (unsigned)plan.splits : 1u), pdl,
+        out, q, k_cache, v_cache, flat, tiles, n_heads, n_kv_heads, block_size, scale_log2,
+        plan.splits, cluster, partial, ob.p, ob.n, ob.split, mem.span, mem.mul_log2, mem.add_log2));
     if (plan.splits > 1 && !cluster) {
         CUDA_CHECK(cuda_launch_dependent(
             flash_merge_kernel<D, FLASH_BM>,
@@ -222,9 +218,8 @@ static is_status flash_launch(cudaStream_t s, float *out, const float *q,
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
-                               float *partial, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool pdl) {
+                               float *partial, int32_t n_heads, int32_t n_kv_heads,
+                               int32_t head_dim, int32_t block_size, cuda_bf16_out ob, bool pdl) {
     const cuda_flash_mem none = {NULL, 1.0f, 0.0f};
     return cuda_flash_attention_mem(s, out, q, k_cache, v_cache, flat, tiles, plan, partial,
                                     n_heads, n_kv_heads, head_dim, block_size, ob, pdl, none);
@@ -234,8 +229,8 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
                                    const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                    const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                    float *partial, int32_t n_heads, int32_t n_kv_heads,
-                                   int32_t head_dim, int32_t block_size, cuda_bf16_out ob,
-                                   bool pdl, cuda_flash_mem mem) {
+                                   int32_t head_dim, int32_t block_size, cuda_bf16_out ob, bool pdl,
+                                   cuda_flash_mem mem) {
     if (plan.n_tiles <= 0) return IS_OK;
     if (!cuda_flash_supports(head_dim, n_heads, n_kv_heads, block_size))
         return is_error_set(IS_ERR_UNSUPPORTED,
@@ -253,7 +248,7 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
                             "cuda flash attention: tiles of %d keys with %d key warps",
                             plan.key_tile, plan.key_warps);
 #define FLASH_LAUNCH(D, KS, BN)                                                                    \
-    flash_launch<D, KS, BN>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, n_heads,     \
+    flash_launch<D, KS, BN>(s, out, q, k_cache, v_cache, flat, tiles, plan, partial, n_heads,      \
                             n_kv_heads, block_size, ob, pdl, mem)
     if (plan.key_tile == FLASH_BN_WIDE)
         return head_dim == 64 ? FLASH_LAUNCH(64, 2, FLASH_BN_WIDE)
@@ -287,14 +282,14 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
  * from 590 to 2590 keys, 0.90 of it with one key warp, 0.78 with two; with
  * 0.85 the plans are mma.sync's (4c, 2 at k = 5; 6c, 2 at k = 50). (A first
  * guess of 0.35 chose one split at k = 5: 14.6 us against 4c's 12.4.) */
-#define PLAN_WG_TILE 0.85
-#define PLAN_TILE_US 3.26
-#define PLAN_FIXED_US 4.8
-#define PLAN_MERGE_US 4.7
+#define PLAN_WG_TILE        0.85
+#define PLAN_TILE_US        3.26
+#define PLAN_FIXED_US       4.8
+#define PLAN_MERGE_US       4.7
 #define PLAN_PART_US_PER_MB 1.9
-#define PLAN_KW2_TILE 0.684
-#define PLAN_KW2_FIXED_US 0.8
-#define PLAN_CLUSTER_US 5.5
+#define PLAN_KW2_TILE       0.684
+#define PLAN_KW2_FIXED_US   0.8
+#define PLAN_CLUSTER_US     5.5
 #define PLAN_KW2_CLUSTER_US 3.8
 /* Wide tiles (FLASH_BN_WIDE keys, two key warps, wgmma): a wide tile costs
  * PLAN_WIDE_TILE of two 64-key tiles (the per-tile steps paid once for both
@@ -307,7 +302,7 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
  * layer) and a 64-key one 1.1-1.4 (2c 39.0, 4c 25.3, 6c 20.8), so 0.78:
  * k = 20, 50 and now 100 take wide tiles (6cw 19.9 against 6c 20.8), k = 5
  * and 10 keep 64-key ones (one tile a block either way). */
-#define PLAN_WIDE_TILE 0.78
+#define PLAN_WIDE_TILE     0.78
 #define PLAN_WIDE_FIXED_US 0.3
 
 /* Splits, key warps, keys a tile and merge for tiles of up to max_keys
@@ -333,9 +328,9 @@ static void plan_splits(cuda_flash_plan *plan, int32_t pairs, int32_t max_keys, 
          * SM with one key warp and one with two, as on mma.sync at D = 128. */
         const int32_t per_sm = flash_resident(head_dim, kw, wg, 0, bn);
         const int32_t slots = (per_sm > 0 ? per_sm : kw == 1 ? 2 : 1) * n_sms;
-        const double tile_us =
-            (kw == 1 ? PLAN_TILE_US : PLAN_TILE_US * PLAN_KW2_TILE) * (wg ? PLAN_WG_TILE : 1.0) *
-            (bn == FLASH_BN ? 1.0 : 2.0 * PLAN_WIDE_TILE);
+        const double tile_us = (kw == 1 ? PLAN_TILE_US : PLAN_TILE_US * PLAN_KW2_TILE) *
+                               (wg ? PLAN_WG_TILE : 1.0) *
+                               (bn == FLASH_BN ? 1.0 : 2.0 * PLAN_WIDE_TILE);
         const double fixed_us = (kw == 1 ? PLAN_FIXED_US : PLAN_FIXED_US + PLAN_KW2_FIXED_US) +
                                 (bn == FLASH_BN ? 0.0 : PLAN_WIDE_FIXED_US);
         for (int32_t splits = 1; splits <= max_kt && splits <= FLASH_MAX_SPLITS; splits++) {

@@ -51,7 +51,7 @@
 /* The (keys a tile, key warps) shapes a plan may take: wide tiles take two
  * key warps (a key part of 64 keys each). */
 static const int32_t FLASH_TILE_SHAPES[3][2] = {{FLASH_BN, 1}, {FLASH_BN, 2}, {FLASH_BN_WIDE, 2}};
-#define FLASH_MAX_SPLITS 64
+#define FLASH_MAX_SPLITS  64
 #define FLASH_CLUSTER_MAX 8 /* splits merged in a cluster: the portable cluster size */
 /* A query tile, as cuda_flash_plan_batch writes it: first batch token,
  * tokens, where its sequence's block table starts in `flat`, and position
@@ -60,8 +60,7 @@ static const int32_t FLASH_TILE_SHAPES[3][2] = {{FLASH_BN, 1}, {FLASH_BN, 2}, {F
 
 /* Whether the kernel takes this shape: head_dim 64 or 128, whole groups,
  * cache blocks of a power of two tokens (the engine's default is 16). */
-bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads,
-                         int32_t block_size);
+bool cuda_flash_supports(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads, int32_t block_size);
 
 /* How a batch is cut for cuda_flash_attention. */
 typedef struct cuda_flash_plan {
@@ -80,8 +79,8 @@ bool cuda_flash_wgmma_supports(int32_t head_dim);
 /* Which plan cuda_flash_plan_batch makes; all but the first for A/B
  * measurements (bench_attn_gpu). */
 typedef enum cuda_flash_choice {
-    CUDA_FLASH_CHOICE_AUTO = 0, /* serving's: splits by the cost model, none empty */
-    CUDA_FLASH_CHOICE_LEGACY,   /* the first plan: splits filling two blocks a
+    CUDA_FLASH_CHOICE_AUTO = 0,   /* serving's: splits by the cost model, none empty */
+    CUDA_FLASH_CHOICE_LEGACY,     /* the first plan: splits filling two blocks a
                                    multiprocessor (the last ones possibly empty) */
     CUDA_FLASH_CHOICE_NO_CLUSTER, /* AUTO's model without cluster merges */
     CUDA_FLASH_CHOICE_NO_WIDE,    /* AUTO's model without wide key tiles */
@@ -157,9 +156,8 @@ typedef struct cuda_bf16_out {
 is_status cuda_flash_attention(cudaStream_t s, float *out, const float *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
-                               float *partial, int32_t n_heads,
-                               int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                               cuda_bf16_out ob, bool pdl);
+                               float *partial, int32_t n_heads, int32_t n_kv_heads,
+                               int32_t head_dim, int32_t block_size, cuda_bf16_out ob, bool pdl);
 
 /* Memory scaling for the tiled kernel (attn_batch.mem_span): span, device
  * int32 [plan.n_tiles][2], the memory keys [begin, end) of each tile's
@@ -177,7 +175,7 @@ is_status cuda_flash_attention_mem(cudaStream_t s, float *out, const float *q,
                                    const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache,
                                    const int32_t *flat, const int32_t *tiles, cuda_flash_plan plan,
                                    float *partial, int32_t n_heads, int32_t n_kv_heads,
-                                   int32_t head_dim, int32_t block_size, cuda_bf16_out ob,
-                                   bool pdl, cuda_flash_mem mem);
+                                   int32_t head_dim, int32_t block_size, cuda_bf16_out ob, bool pdl,
+                                   cuda_flash_mem mem);
 
 #endif

@@ -87,8 +87,7 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p)
  * mma.sync's, so the softmax and the merges are shared. */
 /* The byte offset of 16-byte unit u (0 .. D / 8 - 1) of row r in a tile
  * of ROWS rows (its 64-column chunks ROWS * 128 bytes apart). */
-template <int ROWS>
-static __device__ __forceinline__ uint32_t swz_offset(int r, int u) {
+template <int ROWS> static __device__ __forceinline__ uint32_t swz_offset(int r, int u) {
     return (uint32_t)((u >> 3) * (ROWS * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4));
 }
 
@@ -136,8 +135,7 @@ static __device__ __forceinline__ void wg_commit_wait() {
  * accumulator is read (or A register reused) in between, as CUTLASS's
  * warpgroup_fence_operand does. (They were not the cause of the wrong D = 64
  * results the first wgmma build gave: Q's tile in the kernel below says what was.) */
-template <int N>
-static __device__ __forceinline__ void wg_pin(float *d) {
+template <int N> static __device__ __forceinline__ void wg_pin(float *d) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
@@ -145,7 +143,7 @@ static __device__ __forceinline__ void wg_pin(uint32_t *a) {
     asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3])::"memory");
 }
 
-#define WG_R4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WG_R4(i)  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_R16(i) WG_R4(i), WG_R4(i + 4), WG_R4(i + 8), WG_R4(i + 12)
 /* d[64 x N] += A[64 x 16] B[16 x N], A in registers (a: this thread's 4
  * words of the warpgroup's fragment), B N-major by descriptor: P V. */
@@ -246,9 +244,9 @@ static __device__ __forceinline__ unsigned long long global_ns(void) {
  * that its instruction fetches stalled the output after it, in Nsight
  * Compute's stall reasons.) */
 template <int UMAX, int D, int WS, int THREADS>
-static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_group &cl,
-                                                   float *mine, const float *wrow, int32_t r0,
-                                                   int32_t n_u, int32_t n_splits) {
+static __device__ __forceinline__ void cluster_sum(float4 *acc, cg::cluster_group &cl, float *mine,
+                                                   const float *wrow, int32_t r0, int32_t n_u,
+                                                   int32_t n_splits) {
     constexpr int CH = D / 4, PLD = D + 4;
     int32_t off[UMAX], wi[UMAX];
 #pragma unroll
@@ -281,16 +279,15 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     flash_kernel(float *out, const float *q, const __nv_bfloat16 *k_cache,
                  const __nv_bfloat16 *v_cache, const int32_t *flat, const int32_t *tiles,
                  int32_t n_heads, int32_t n_kv_heads, int32_t block_size, float scale_log2,
-                 int32_t n_splits, bool cluster, float *partial,
-                 __nv_bfloat16 *obf, int64_t out_n, bool obf_split,
-                 const int32_t *mem, float mem_mul, float mem_add) {
+                 int32_t n_splits, bool cluster, float *partial, __nv_bfloat16 *obf, int64_t out_n,
+                 bool obf_split, const int32_t *mem, float mem_mul, float mem_add) {
     /* A warp per 16 rows and 1/KS of each key tile: with KS = 2, two warps
      * take a tile's halves for the same rows and merge at the end, so a
      * tile costs half the chain of dependent steps (see flash.cuh). */
     constexpr int THREADS = BM * 2 * KS;
     constexpr int LD = WG ? D : D + 8; /* bf16 per smem row (WG: swizzled, not padded) */
-    constexpr int NT = BN / 8 / KS; /* 8-key tiles of S a warp takes */
-    constexpr int DT = D / 8;        /* 8-wide tiles of O */
+    constexpr int NT = BN / 8 / KS;    /* 8-key tiles of S a warp takes */
+    constexpr int DT = D / 8;          /* 8-wide tiles of O */
     constexpr int STAGE = 2 * BN * LD; /* bf16 of one stage's K and V */
     static_assert(!WG || BM == 64, "flash: the WG engine takes one warpgroup of rows");
     /* STAGES stages of K and V tiles: tiles kt + 1 .. kt + STAGES - 1 are
@@ -629,7 +626,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
                     /* matrices: keys 16kk..+7 and +8..+15 x cols of tile dt; then dt+1 */
                     const int mi = lane >> 3, rr = lane & 7;
                     uint32_t b[4];
-                    ldsm_x4_trans(b, sV + (kk * 16 + (mi & 1) * 8 + rr) * LD + (dt + (mi >> 1)) * 8);
+                    ldsm_x4_trans(b,
+                                  sV + (kk * 16 + (mi & 1) * 8 + rr) * LD + (dt + (mi >> 1)) * 8);
                     mma_bf16(o[dt], pa, b[0], b[1]);
                     mma_bf16(o[dt + 1], pa, b[2], b[3]);
                 }
@@ -646,7 +644,7 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
     if (tr) tr[FLASH_TRACE_LOOP] = clock64();
     /* Past the loop the K/V stages are free: the key warps' merge uses
      * their first KS_BYTES, a cluster's merge the rows after them. */
-    constexpr int DTK = DT / KS; /* 8-wide tiles of O a key part keeps past its merge */
+    constexpr int DTK = DT / KS;   /* 8-wide tiles of O a key part keeps past its merge */
     constexpr int W = DTK * 4 + 4; /* floats a lane leaves its partner: O's half, m, l */
     constexpr size_t KS_BYTES = (size_t)KS * (BM / 16) * 32 * W * sizeof(float);
     /* Whether 8-wide O tile dt is this key part's to merge and write. */
@@ -849,8 +847,8 @@ static __global__ void __launch_bounds__(BM * 2 * KS)
 /* The kernel's type, the same for every instantiation. */
 typedef void (*flash_fn)(float *, const float *, const __nv_bfloat16 *, const __nv_bfloat16 *,
                          const int32_t *, const int32_t *, int32_t, int32_t, int32_t, float,
-                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool,
-                         const int32_t *, float, float);
+                         int32_t, bool, float *, __nv_bfloat16 *, int64_t, bool, const int32_t *,
+                         float, float);
 
 /* flash_wgmma.cu: the WG engine's kernel for this head size, key warps and
  * keys a tile (FLASH_BN_WIDE with two key warps only),

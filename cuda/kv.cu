@@ -75,8 +75,8 @@ typedef struct rs_src {
     const float *bq, *bk, *bv;
 } rs_src;
 
-static __device__ __forceinline__ float rs_load(const float *row, int64_t lo_off,
-                                                const float *bias, int32_t col) {
+static __device__ __forceinline__ float rs_load(const float *row, int64_t lo_off, const float *bias,
+                                                int32_t col) {
     float x = row[col];
     if (lo_off) x += row[lo_off + col];
     if (bias) x += bias[col];
@@ -90,11 +90,10 @@ static __device__ __forceinline__ float rs_load(const float *row, int64_t lo_off
  * several blocks (12 for the 8B shape) instead of one: a 30-token query is
  * otherwise 30 blocks, too few to keep the memory busy. */
 template <typename CT>
-static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *v_cache,
-                                         const int32_t *pos, const int32_t *slots,
-                                         int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                         int32_t block_size, int32_t half, bool neox,
-                                         const float *cs, int32_t q_blocks) {
+static __global__ void
+rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *v_cache, const int32_t *pos,
+                  const int32_t *slots, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                  int32_t block_size, int32_t half, bool neox, const float *cs, int32_t q_blocks) {
     pdl_wait(); /* launched as a dependent: nothing before this */
     const int32_t t = blockIdx.x, p = pos[t];
     const float *tab = cs + (int64_t)(p < 0 ? -p : p) * half * 2;
@@ -125,8 +124,8 @@ static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *
     const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim + d;
     const int32_t h0 = h * head_dim;
     kv_put(k_cache + dst,
-           rope_element([=](int32_t i) { return rs_load(kt, src.lo_off, src.bk, h0 + i); }, d,
-                        half, neox, tab, p < 0));
+           rope_element([=](int32_t i) { return rs_load(kt, src.lo_off, src.bk, h0 + i); }, d, half,
+                        neox, tab, p < 0));
     kv_put(v_cache + dst, rs_load(vt, src.lo_off, src.bv, e));
 }
 
@@ -134,23 +133,22 @@ static __global__ void rope_store_kernel(float *q, rs_src src, CT *k_cache, CT *
 
 static is_status rope_store_launch(cudaStream_t s, float *q, const rs_src &src, void *k_cache,
                                    void *v_cache, const int32_t *pos, const int32_t *slots,
-                                   int32_t T, int32_t n_heads, int32_t n_kv_heads,
-                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
-                                   const float *cs, bool bf16, bool pdl) {
+                                   int32_t T, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   int32_t block_size, int32_t n_rot, bool neox, const float *cs,
+                                   bool bf16, bool pdl) {
     if (T <= 0) return IS_OK;
     const int32_t half = n_rot / 2;
     const int32_t q_blocks = (n_heads * half + ROPE_STORE_THREADS - 1) / ROPE_STORE_THREADS;
     const int32_t kv_blocks = (n_kv_heads * head_dim + ROPE_STORE_THREADS - 1) / ROPE_STORE_THREADS;
     if (q_blocks + kv_blocks > 65535)
-        return is_error_set(IS_ERR_UNSUPPORTED, "cuda rope_store: %d heads of %d too wide",
-                            n_heads, head_dim);
+        return is_error_set(IS_ERR_UNSUPPORTED, "cuda rope_store: %d heads of %d too wide", n_heads,
+                            head_dim);
     const dim3 grid((unsigned)T, (unsigned)(q_blocks + kv_blocks));
     if (bf16)
-        CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<__nv_bfloat16>, grid,
-                                         dim3(ROPE_STORE_THREADS), 0, s, pdl, q, src,
-                                         (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos,
-                                         slots, n_heads, n_kv_heads, head_dim, block_size, half,
-                                         neox, cs, q_blocks));
+        CUDA_CHECK(cuda_launch_dependent(
+            rope_store_kernel<__nv_bfloat16>, grid, dim3(ROPE_STORE_THREADS), 0, s, pdl, q, src,
+            (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos, slots, n_heads, n_kv_heads,
+            head_dim, block_size, half, neox, cs, q_blocks));
     else
         CUDA_CHECK(cuda_launch_dependent(rope_store_kernel<float>, grid, dim3(ROPE_STORE_THREADS),
                                          0, s, pdl, q, src, (float *)k_cache, (float *)v_cache, pos,
@@ -177,8 +175,9 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   const float *cs, bool bf16, bool pdl) {
     const int64_t q_dim = (int64_t)n_heads * head_dim, kv_dim = (int64_t)n_kv_heads * head_dim;
     const int64_t rows = q_dim + 2 * kv_dim;
-    const rs_src src = {part,  part + q_dim, part + q_dim + kv_dim, rows, rows,
-                        halves ? (int64_t)T * rows : 0, bq, bk, bv};
+    const rs_src src = {part, part + q_dim, part + q_dim + kv_dim,
+                        rows, rows,         halves ? (int64_t)T * rows : 0,
+                        bq,   bk,           bv};
     return rope_store_launch(s, q, src, k_cache, v_cache, pos, slots, T, n_heads, n_kv_heads,
                              head_dim, block_size, n_rot, neox, cs, bf16, pdl);
 }
@@ -187,14 +186,14 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
  * kv_dim keys (rotated with its pair partner, as rope_kernel rotates: the
  * same table, the same expressions) and values. */
 template <typename CT>
-static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *arena,
-                                     const int32_t *pages, const int32_t *slots,
-                                     const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
-                                     int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
-                                     const float *cs) {
+static __global__ void
+inject_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
+              const int32_t *slots, const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
+              int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox, const float *cs) {
     const int32_t i = blockIdx.x, l = blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos[i];
-    const __nv_bfloat16 *kr = arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
+    const __nv_bfloat16 *kr =
+        arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
     const __nv_bfloat16 *vr = kr + (int64_t)n_layers * kv_dim;
     CT *kc = (CT *)caches[l], *vc = (CT *)caches[n_layers + l];
     const int32_t slot = slots[i];
@@ -325,12 +324,11 @@ static __global__ void __launch_bounds__(256)
 /* inject_kernel from an fp8 arena: each key element is its code's value
  * times its head's scale (exact in f32), then rotated as there. */
 template <typename CT>
-static __global__ void inject_fp8_kernel(void *const *caches, const uint8_t *arena,
-                                         const int32_t *pages, const int32_t *slots,
-                                         const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
-                                         int32_t head_dim, int32_t block_size, int32_t n_rot,
-                                         bool neox, const float *cs, int64_t page_bytes,
-                                         int64_t codes_bytes) {
+static __global__ void
+inject_fp8_kernel(void *const *caches, const uint8_t *arena, const int32_t *pages,
+                  const int32_t *slots, const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
+                  int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox, const float *cs,
+                  int64_t page_bytes, int64_t codes_bytes) {
     const int32_t i = blockIdx.x, l = blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos[i];
     const uint8_t *page = arena + (int64_t)pages[i] * page_bytes;
@@ -359,7 +357,8 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, 
     if (arena_fp8) {
         const int64_t page_bytes =
             (int64_t)cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, true);
-        const int64_t codes_bytes = ((int64_t)2 * n_layers * n_kv_heads * head_dim + 15) & ~(int64_t)15;
+        const int64_t codes_bytes =
+            ((int64_t)2 * n_layers * n_kv_heads * head_dim + 15) & ~(int64_t)15;
         const dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
         const int32_t kv_dim = n_kv_heads * head_dim;
         const int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
@@ -369,10 +368,9 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, 
                 caches, a, pages, slots, pos, n_layers, n_kv_heads, head_dim, block_size, n_rot,
                 neox, cs, page_bytes, codes_bytes);
         else
-            inject_fp8_kernel<float><<<grid, threads, 0, s>>>(caches, a, pages, slots, pos,
-                                                              n_layers, n_kv_heads, head_dim,
-                                                              block_size, n_rot, neox, cs,
-                                                              page_bytes, codes_bytes);
+            inject_fp8_kernel<float><<<grid, threads, 0, s>>>(
+                caches, a, pages, slots, pos, n_layers, n_kv_heads, head_dim, block_size, n_rot,
+                neox, cs, page_bytes, codes_bytes);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
@@ -398,16 +396,16 @@ is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, 
                                                               block_size, n_rot, neox, cs);
     else
         inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos, n_layers,
-                                                      n_kv_heads, head_dim, block_size, n_rot,
-                                                      neox, cs);
+                                                      n_kv_heads, head_dim, block_size, n_rot, neox,
+                                                      cs);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }
 
 /* One block per (token, layer). */
-static __global__ void arena_fill_kernel(__nv_bfloat16 *arena, const int32_t *pages,
-                                         const float *k, const float *v, int32_t n_tokens,
-                                         int32_t n_layers, int32_t kv_dim) {
+static __global__ void arena_fill_kernel(__nv_bfloat16 *arena, const int32_t *pages, const float *k,
+                                         const float *v, int32_t n_tokens, int32_t n_layers,
+                                         int32_t kv_dim) {
     const int32_t j = blockIdx.x, l = blockIdx.y;
     __nv_bfloat16 *kd = arena + (int64_t)pages[j] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
     __nv_bfloat16 *vd = kd + (int64_t)n_layers * kv_dim;
@@ -452,10 +450,12 @@ is_status cuda_arena_fill(cudaStream_t s, void *arena, const int32_t *pages, con
     const int32_t kv_dim = n_kv_heads * head_dim;
     dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
     if (fp8) {
-        const int64_t page_bytes = (int64_t)cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, true);
+        const int64_t page_bytes =
+            (int64_t)cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, true);
         const int64_t codes_bytes = ((int64_t)2 * n_layers * kv_dim + 15) & ~(int64_t)15;
-        arena_fill_fp8_kernel<<<grid, 256, 0, s>>>((uint8_t *)arena, pages, k, v, n_tokens, n_layers,
-                                                   n_kv_heads, head_dim, page_bytes, codes_bytes);
+        arena_fill_fp8_kernel<<<grid, 256, 0, s>>>((uint8_t *)arena, pages, k, v, n_tokens,
+                                                   n_layers, n_kv_heads, head_dim, page_bytes,
+                                                   codes_bytes);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }

@@ -101,7 +101,8 @@ static __global__ void rmsnorm_vec_kernel(float *out, float *x, const float *res
                 ((__nv_bfloat162 *)ob)[2 * i + 1] = h1;
                 if (split_off) {
                     __nv_bfloat162 *ol = (__nv_bfloat162 *)(ob + split_off);
-                    ol[2 * i] = __floats2bfloat162_rn(y.x - __low2float(h0), y.y - __high2float(h0));
+                    ol[2 * i] =
+                        __floats2bfloat162_rn(y.x - __low2float(h0), y.y - __high2float(h0));
                     ol[2 * i + 1] =
                         __floats2bfloat162_rn(y.z - __low2float(h1), y.w - __high2float(h1));
                 }
@@ -123,7 +124,8 @@ is_status cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *re
     const int64_t split_off = obf && split ? (int64_t)T * n : 0;
     const int32_t per = (n / 4 + NORM_THREADS - 1) / NORM_THREADS; /* float4s a thread */
     const bool vec = n % 4 == 0 && per <= 8 && cuda_aligned16(out) && cuda_aligned16(x) &&
-                     (!res || cuda_aligned16(res)) && cuda_aligned16(g) && ((uintptr_t)obf & 7) == 0;
+                     (!res || cuda_aligned16(res)) && cuda_aligned16(g) &&
+                     ((uintptr_t)obf & 7) == 0;
     void (*k)(float *, float *, const float *, const float *, int32_t, float, __nv_bfloat16 *,
               int64_t) = !vec       ? rmsnorm_kernel
                          : per <= 1 ? rmsnorm_vec_kernel<1>

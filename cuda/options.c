@@ -53,10 +53,18 @@ static const opt_def defs[] = {
 
 cuda_options cuda_options_default(void) {
     const cuda_options o = {
-        .precision = CUDA_MATMUL_BF16X2, .kv = CUDA_KV_F32,
-        .flash = true, .flash_clusters = true, .flash_wide = true, .flash_wgmma = true,
-        .skinny = true, .skinny_splits = 0, .wgmma = true,
-        .stacked = true, .fused_convert = true, .pdl = true,
+        .precision = CUDA_MATMUL_BF16X2,
+        .kv = CUDA_KV_F32,
+        .flash = true,
+        .flash_clusters = true,
+        .flash_wide = true,
+        .flash_wgmma = true,
+        .skinny = true,
+        .skinny_splits = 0,
+        .wgmma = true,
+        .stacked = true,
+        .fused_convert = true,
+        .pdl = true,
     };
     return o;
 }

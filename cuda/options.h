@@ -95,8 +95,7 @@ typedef struct cuda_options {
  * cache with the per-(token, head) attention, a product per weight, every
  * product on cuBLAS, matmul inputs converted by a pass of their own. The
  * "before" of the benchmarks (bench_gpu's configuration "legacy"). */
-#define CUDA_OPTIONS_PLAINEST \
-    "kv=f32,flash=off,stacked=off,fused_convert=off,skinny=off,wgmma=off"
+#define CUDA_OPTIONS_PLAINEST "kv=f32,flash=off,stacked=off,fused_convert=off,skinny=off,wgmma=off"
 
 /* The defaults of the table above (each measured faster on the 8B shape,
  * BENCHMARKS.md, except kv, which the server sets to bf16). */

@@ -8,12 +8,12 @@
 #include <time.h>
 
 struct cuda_profiler {
-    bool on;              /* a window is open */
-    cudaEvent_t *ev;      /* [2 * CUDA_PROFILER_MAX_OPS]: each op's start and end */
-    int32_t n;            /* ops recorded */
-    int32_t dropped;      /* ops past CUDA_PROFILER_MAX_OPS */
+    bool on;         /* a window is open */
+    cudaEvent_t *ev; /* [2 * CUDA_PROFILER_MAX_OPS]: each op's start and end */
+    int32_t n;       /* ops recorded */
+    int32_t dropped; /* ops past CUDA_PROFILER_MAX_OPS */
     uint8_t kind[CUDA_PROFILER_MAX_OPS];
-    double t0;            /* host clock at begin, ms */
+    double t0; /* host clock at begin, ms */
 };
 
 static double host_ms(void) {
@@ -26,14 +26,13 @@ static double host_ms(void) {
  * back to back, so their events time the GPU alone, not the host. */
 static __global__ void hold_kernel(long long cycles) {
     const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
-    }
+    while (clock64() - t0 < cycles) {}
 }
 
 extern "C" const char *cuda_op_kind_name(cuda_op_kind k) {
     static const char *const names[CUDA_OP_N] = {
-        "upload", "download", "copy", "get_rows", "rmsnorm", "matmul",
-        "rope", "kv_store", "attention", "swiglu", "add", "inject",
+        "upload", "download", "copy",      "get_rows", "rmsnorm", "matmul",
+        "rope",   "kv_store", "attention", "swiglu",   "add",     "inject",
     };
     return k >= 0 && k < CUDA_OP_N ? names[k] : "?";
 }

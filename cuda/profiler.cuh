@@ -22,8 +22,7 @@ typedef struct cuda_profiler cuda_profiler;
 is_status cuda_profiler_begin(cuda_profiler **p, int32_t device, cudaStream_t s, double hold_ms);
 /* Ends the window: waits for the stream and fills *out (zeros first).
  * IS_ERR_INVALID_ARG when no window is open. */
-is_status cuda_profiler_end(cuda_profiler *p, int32_t device, cudaStream_t s,
-                            cuda_op_profile *out);
+is_status cuda_profiler_end(cuda_profiler *p, int32_t device, cudaStream_t s, cuda_op_profile *out);
 /* NULL: nothing. */
 void cuda_profiler_free(cuda_profiler *p);
 

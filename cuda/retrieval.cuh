@@ -30,14 +30,15 @@ static inline is_status retrieval_use_device(int32_t device, size_t smem, const 
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if ((size_t)*optin < smem)
-        return is_error_set(IS_ERR_UNSUPPORTED, "%s: needs %zu bytes of shared memory per block, device %d has %d",
-                            who, smem, device, *optin);
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "%s: needs %zu bytes of shared memory per block, device %d has %d", who,
+                            smem, device, *optin);
     cudaFuncAttributes attr;
     e = cudaFuncGetAttributes(&attr, probe);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return is_error_set(IS_ERR_UNSUPPORTED, "%s: this build has no code for device %d: %s", who, device,
-                            cudaGetErrorString(e));
+        return is_error_set(IS_ERR_UNSUPPORTED, "%s: this build has no code for device %d: %s", who,
+                            device, cudaGetErrorString(e));
     }
     return IS_OK;
 }

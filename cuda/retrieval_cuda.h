@@ -93,8 +93,8 @@ int32_t cuda_embedder_max_tokens(const cuda_embedder *g); /* per text, [CLS] and
  * work is queued (see Streams). IS_ERR_INVALID_ARG for n < 0, NULL pointers
  * (ids, lens, out_dev may be NULL when n == 0), a bad length or id.
  * out_dev is unspecified on failure. */
-is_status cuda_embedder_embed_ids_device(cuda_embedder *g, const int32_t *const *ids, const int32_t *lens,
-                                         int32_t n, float *out_dev);
+is_status cuda_embedder_embed_ids_device(cuda_embedder *g, const int32_t *const *ids,
+                                         const int32_t *lens, int32_t n, float *out_dev);
 
 /* The same into host memory out[n][H]; returns when out holds the result. */
 is_status cuda_embedder_embed_ids(cuda_embedder *g, const int32_t *const *ids, const int32_t *lens,
@@ -103,7 +103,8 @@ is_status cuda_embedder_embed_ids(cuda_embedder *g, const int32_t *const *ids, c
 /* Tokenises n NUL-terminated texts on the host (the CPU embedder's
  * tokenizer, truncated to max_tokens) and embeds them into out_dev[n][H].
  * Only token ids cross PCIe. IS_ERR_INVALID_ARG for n < 0 or a NULL text. */
-is_status cuda_embedder_embed_device(cuda_embedder *g, const char *const *texts, int32_t n, float *out_dev);
+is_status cuda_embedder_embed_device(cuda_embedder *g, const char *const *texts, int32_t n,
+                                     float *out_dev);
 
 /* The same into host memory out[n][H] (for tests and bulk embedding). */
 is_status cuda_embedder_embed(cuda_embedder *g, const char *const *texts, int32_t n, float *out);
@@ -136,7 +137,8 @@ int32_t cuda_fact_matrix_dim(const cuda_fact_matrix *m);
  * row, a gap, a non-finite value, NULL pointers when n > 0, a count past
  * INT32_MAX - 1): the matrix is unchanged. IS_ERR_NOMEM when growing
  * fails: unchanged too. IS_ERR_INTERNAL when a copy fails: rows unspecified. */
-is_status cuda_fact_matrix_set_rows(cuda_fact_matrix *m, const int32_t *rows, int32_t n, const float *data);
+is_status cuda_fact_matrix_set_rows(cuda_fact_matrix *m, const int32_t *rows, int32_t n,
+                                    const float *data);
 
 /* The same with data_dev[n][dim] in device memory (e.g. embeddings left
  * there by cuda_embedder_embed_device on this thread); values are not
@@ -157,8 +159,8 @@ is_status cuda_fact_matrix_remove_row(cuda_fact_matrix *m, int32_t row, int32_t 
  * k > CUDA_TOPK_MAX, NULL pointers (idx_out, score_out may be NULL when
  * k == 0). Only the k pairs cross PCIe. On failure *n_out and the outputs
  * are unchanged. */
-is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *query_dev, int32_t k, int32_t *idx_out,
-                                  float *score_out, int32_t *n_out);
+is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *query_dev, int32_t k,
+                                  int32_t *idx_out, float *score_out, int32_t *n_out);
 
 /* The scores of the listed rows rows[0..n) (each in [0, count), repeats
  * allowed) against query_dev[dim] into score_out[n]: the values a search
@@ -167,8 +169,8 @@ is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *query_dev, i
  * BM25-only hits (memory/dense_gpu.h); 4 bytes a row go up and come back.
  * IS_ERR_INVALID_ARG for n < 0, n > CUDA_TOPK_MAX, a row out of range,
  * NULL pointers when n > 0. */
-is_status cuda_fact_matrix_score_rows(cuda_fact_matrix *m, const float *query_dev, const int32_t *rows, int32_t n,
-                                      float *score_out);
+is_status cuda_fact_matrix_score_rows(cuda_fact_matrix *m, const float *query_dev,
+                                      const int32_t *rows, int32_t n, float *score_out);
 
 #ifdef __cplusplus
 }

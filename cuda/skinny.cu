@@ -17,14 +17,14 @@
 
 namespace cg = cooperative_groups;
 
-#define SK_WARPS (SKINNY_BLOCK_ROWS / 16)
+#define SK_WARPS   (SKINNY_BLOCK_ROWS / 16)
 #define SK_THREADS (32 * SK_WARPS)
 /* x comes into shared memory a chunk of SK_CHUNK columns at a time (two
  * buffers: the next chunk's copies fly while this one is read), and each
  * warp keeps SK_CHUNK / 64 steps of its weight rows in registers, so a
  * chunk's steps index them with constants: 4 steps of 2 KiB a warp in
  * flight (16-byte loads that skip L1, 256-byte L2 prefetch). */
-#define SK_CHUNK 256
+#define SK_CHUNK  256
 #define SK_STAGES (SK_CHUNK / 64)
 /* bf16 a row of x takes in shared memory: a pitch of 64 modulo 128 bytes
  * puts the 8 lanes of a 16-byte load phase (2 rows x 4 lanes) in distinct
@@ -90,8 +90,8 @@ static __device__ __forceinline__ void load_step(uint4 *a, const __nv_bfloat16 *
 
 template <int NT>
 static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
-    skinny_kernel(float *y, const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 *x,
-                  int32_t n, int32_t rows, int32_t cols, int32_t kc) {
+    skinny_kernel(float *y, const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 *x, int32_t n,
+                  int32_t rows, int32_t cols, int32_t kc) {
     /* This block's sums, [token][row]: read by the cluster's blocks. */
     __shared__ __align__(16) float red[NT * 8][SK_RED_LD];
     extern __shared__ __align__(16) __nv_bfloat16 xs[]; /* [2][NT * 8][SK_XLD] */
@@ -136,7 +136,7 @@ static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
 
     for (int j = 0; j < n_chunks; j++) {
         if (j + 1 < n_chunks) load_x(j + 1);
-        else cp_commit(); /* an empty group: the wait below counts the same */
+        else cp_commit();      /* an empty group: the wait below counts the same */
         cp_wait_all_but_one(); /* this thread's copies of chunk j have landed */
         __syncthreads();       /* and everyone's */
         const __nv_bfloat16 *xb = xs + (size_t)(j & 1) * NT * 8 * SK_XLD + g * SK_XLD + 8 * c;
@@ -149,8 +149,8 @@ static __global__ void __launch_bounds__(SK_THREADS, NT <= 4 ? 2 : 1)
                 uint4 b[NT];
 #pragma unroll
                 for (int t = 0; t < NT; t++)
-                    b[t] = *reinterpret_cast<const uint4 *>(xb + t * 8 * SK_XLD + 64 * d +
-                                                            32 * half);
+                    b[t] =
+                        *reinterpret_cast<const uint4 *>(xb + t * 8 * SK_XLD + 64 * d + 32 * half);
                 const uint4 r0 = a[d][half], r1 = a[d][2 + half];
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
@@ -270,21 +270,20 @@ template <int NT>
 static is_status launch(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
                         const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols, bool pdl) {
     CUDA_CHECK(cuda_launch_ex(skinny_kernel<NT>, dim3((unsigned)p->row_blocks, (unsigned)p->splits),
-                              dim3(SK_THREADS), x_smem(NT), s, dim3(1, (unsigned)p->splits, 1),
-                              pdl, y, w, x, n, (int32_t)rows, (int32_t)cols, p->kc));
+                              dim3(SK_THREADS), x_smem(NT), s, dim3(1, (unsigned)p->splits, 1), pdl,
+                              y, w, x, n, (int32_t)rows, (int32_t)cols, p->kc));
     return IS_OK;
 }
 
-is_status cuda_skinny_gemm(cudaStream_t s, const skinny_plan *p, float *y,
-                           const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
-                           int64_t rows, int64_t cols, bool pdl) {
-    if (!cuda_skinny_supports(n, rows, cols) || p->splits < 1 ||
-        p->splits > SKINNY_MAX_SPLITS || p->kc % 64 != 0 ||
-        (int64_t)p->kc * (p->splits - 1) >= cols || (int64_t)p->kc * p->splits < cols ||
-        (int64_t)p->row_blocks * SKINNY_BLOCK_ROWS < rows)
+is_status cuda_skinny_gemm(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
+                           const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols,
+                           bool pdl) {
+    if (!cuda_skinny_supports(n, rows, cols) || p->splits < 1 || p->splits > SKINNY_MAX_SPLITS ||
+        p->kc % 64 != 0 || (int64_t)p->kc * (p->splits - 1) >= cols ||
+        (int64_t)p->kc * p->splits < cols || (int64_t)p->row_blocks * SKINNY_BLOCK_ROWS < rows)
         return is_error_set(IS_ERR_INVALID_ARG,
-                            "cuda skinny: product %d x %lld x %lld not taken (plan %d x %d, %d)",
-                            n, (long long)rows, (long long)cols, p->row_blocks, p->splits, p->kc);
+                            "cuda skinny: product %d x %lld x %lld not taken (plan %d x %d, %d)", n,
+                            (long long)rows, (long long)cols, p->row_blocks, p->splits, p->kc);
     switch (nt_index(n)) {
     case 0: return launch<1>(s, p, y, w, x, n, rows, cols, pdl);
     case 1: return launch<2>(s, p, y, w, x, n, rows, cols, pdl);

@@ -66,8 +66,7 @@ bool cuda_skinny_one_wave(const skinny_plan *p, int32_t n);
 /* y[n][rows] = x W^T. pdl: launched as a programmatic dependent of the
  * stream's previous kernel (its weights are read before that kernel ends;
  * x after). */
-is_status cuda_skinny_gemm(cudaStream_t s, const skinny_plan *p, float *y,
-                           const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
-                           int64_t rows, int64_t cols, bool pdl);
+is_status cuda_skinny_gemm(cudaStream_t s, const skinny_plan *p, float *y, const __nv_bfloat16 *w,
+                           const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols, bool pdl);
 
 #endif

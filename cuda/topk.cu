@@ -35,11 +35,11 @@
 #include <string.h>
 
 #define SCORE_THREADS 256
-#define TOPK_THREADS 1024
+#define TOPK_THREADS  1024
 /* Largest chunk a block sorts; (key, row) pairs take 12 bytes each. */
-#define TOPK_CHUNK_MAX 8192
+#define TOPK_CHUNK_MAX  8192
 #define TOPK_PAIR_BYTES (sizeof(uint64_t) + sizeof(int32_t))
-#define TOPK_SMEM_MAX ((size_t)TOPK_CHUNK_MAX * TOPK_PAIR_BYTES)
+#define TOPK_SMEM_MAX   ((size_t)TOPK_CHUNK_MAX * TOPK_PAIR_BYTES)
 
 /* ---- kernels ----------------------------------------------------------- */
 
@@ -60,8 +60,9 @@ static __device__ __forceinline__ double score_of(uint64_t k) {
  * dim % 4 == 0 and q is 16-byte aligned (rows then are too). The one
  * summation order of every score, so a row scored by score_rows_kernel
  * gets the value a search gives it. */
-static __device__ __forceinline__ double row_dot(const float *__restrict__ row, const float *__restrict__ q,
-                                                 int32_t dim, bool vec4, int lane) {
+static __device__ __forceinline__ double row_dot(const float *__restrict__ row,
+                                                 const float *__restrict__ q, int32_t dim,
+                                                 bool vec4, int lane) {
     double acc = 0.0;
     if (vec4) {
         const float4 *r4 = (const float4 *)row, *q4 = (const float4 *)q;
@@ -73,7 +74,8 @@ static __device__ __forceinline__ double row_dot(const float *__restrict__ row, 
             acc = fma((double)a.w, (double)b.w, acc);
         }
     } else {
-        for (int32_t i = lane; i < dim; i += 32) acc = fma((double)row[i], (double)__ldg(q + i), acc);
+        for (int32_t i = lane; i < dim; i += 32)
+            acc = fma((double)row[i], (double)__ldg(q + i), acc);
     }
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, off);
     return acc;
@@ -81,8 +83,8 @@ static __device__ __forceinline__ double row_dot(const float *__restrict__ row, 
 
 /* keys[r] = key_of(M[r] . q) for r < n, one warp a row. */
 static __global__ void __launch_bounds__(SCORE_THREADS)
-    score_kernel(uint64_t *__restrict__ keys, const float *__restrict__ M, const float *__restrict__ q, int32_t n,
-                 int32_t dim, bool vec4) {
+    score_kernel(uint64_t *__restrict__ keys, const float *__restrict__ M,
+                 const float *__restrict__ q, int32_t n, int32_t dim, bool vec4) {
     const int lane = threadIdx.x & 31;
     const int64_t n_warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = (((int64_t)blockIdx.x * blockDim.x) + threadIdx.x) >> 5; r < n; r += n_warps) {
@@ -93,8 +95,9 @@ static __global__ void __launch_bounds__(SCORE_THREADS)
 
 /* out[i] = (float)(M[rows[i]] . q) for i < n, one warp a listed row. */
 static __global__ void __launch_bounds__(SCORE_THREADS)
-    score_rows_kernel(float *__restrict__ out, const int32_t *__restrict__ rows, const float *__restrict__ M,
-                      const float *__restrict__ q, int32_t n, int32_t dim, bool vec4) {
+    score_rows_kernel(float *__restrict__ out, const int32_t *__restrict__ rows,
+                      const float *__restrict__ M, const float *__restrict__ q, int32_t n,
+                      int32_t dim, bool vec4) {
     const int lane = threadIdx.x & 31;
     const int64_t n_warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t i = (((int64_t)blockIdx.x * blockDim.x) + threadIdx.x) >> 5; i < n; i += n_warps) {
@@ -114,11 +117,11 @@ static __device__ __forceinline__ bool better(uint64_t ka, int32_t ia, uint64_t 
  * first `keep` pairs: to out_keys/out_idx[b * keep ...), or, in the last
  * round (one block), rows to out_idx and float scores to out_score. */
 static __global__ void __launch_bounds__(TOPK_THREADS)
-    topk_block_kernel(const uint64_t *__restrict__ in_keys, const int32_t *__restrict__ in_idx, int64_t m,
-                      int32_t chunk, int32_t keep, uint64_t *__restrict__ out_keys, int32_t *__restrict__ out_idx,
-                      float *__restrict__ out_score) {
-    extern __shared__ uint64_t sk[];          /* [chunk] keys */
-    int32_t *si = (int32_t *)(sk + chunk);    /* [chunk] rows */
+    topk_block_kernel(const uint64_t *__restrict__ in_keys, const int32_t *__restrict__ in_idx,
+                      int64_t m, int32_t chunk, int32_t keep, uint64_t *__restrict__ out_keys,
+                      int32_t *__restrict__ out_idx, float *__restrict__ out_score) {
+    extern __shared__ uint64_t sk[];       /* [chunk] keys */
+    int32_t *si = (int32_t *)(sk + chunk); /* [chunk] rows */
     const int64_t base = (int64_t)blockIdx.x * chunk;
     for (int32_t i = threadIdx.x; i < chunk; i += blockDim.x) {
         const int64_t gi = base + i;
@@ -165,16 +168,16 @@ static __global__ void __launch_bounds__(TOPK_THREADS)
 struct retrieval_matrix {
     int32_t device;
     int32_t dim;
-    int32_t count;      /* rows in use */
-    int32_t cap;        /* rows allocated */
-    float *rows;        /* device (cap, dim) */
-    uint64_t *keys;     /* device (key_cap) scores of a search */
+    int32_t count;  /* rows in use */
+    int32_t cap;    /* rows allocated */
+    float *rows;    /* device (cap, dim) */
+    uint64_t *keys; /* device (key_cap) scores of a search */
     int32_t key_cap;
     uint64_t *cand_keys[2]; /* device (cand_cap) candidates between rounds, ping-pong */
     int32_t *cand_idx[2];
     int64_t cand_cap;
-    void *result;       /* device: k rows (int32), then k scores (float); room for CUDA_TOPK_MAX */
-    void *result_host;  /* host copy of the same */
+    void *result;      /* device: k rows (int32), then k scores (float); room for CUDA_TOPK_MAX */
+    void *result_host; /* host copy of the same */
 };
 
 static void free_candidates(cuda_fact_matrix *m) {
@@ -215,7 +218,8 @@ static is_status create(cuda_fact_matrix *m) {
 
 extern "C" is_status cuda_fact_matrix_create(int32_t device, int32_t dim, cuda_fact_matrix **out) {
     if (!out || dim < 1 || dim > 65536)
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda_fact_matrix_create: bad argument (dim %d)", dim);
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda_fact_matrix_create: bad argument (dim %d)",
+                            dim);
     cuda_fact_matrix *m = (cuda_fact_matrix *)calloc(1, sizeof *m);
     if (!m) return is_error_set(IS_ERR_NOMEM, "cuda fact matrix: out of memory");
     m->device = device;
@@ -242,8 +246,9 @@ static is_status reserve(cuda_fact_matrix *m, int32_t rows) {
     float *nr = NULL;
     CUDA_CHECK(cudaMalloc((void **)&nr, (size_t)cap * (size_t)m->dim * sizeof(float)));
     if (m->count > 0) {
-        cudaError_t e = cudaMemcpyAsync(nr, m->rows, (size_t)m->count * (size_t)m->dim * sizeof(float),
-                                        cudaMemcpyDeviceToDevice, RETRIEVAL_STREAM);
+        cudaError_t e =
+            cudaMemcpyAsync(nr, m->rows, (size_t)m->count * (size_t)m->dim * sizeof(float),
+                            cudaMemcpyDeviceToDevice, RETRIEVAL_STREAM);
         if (e == cudaSuccess) e = cudaStreamSynchronize(RETRIEVAL_STREAM);
         if (e != cudaSuccess) {
             cudaFree(nr);
@@ -257,8 +262,8 @@ static is_status reserve(cuda_fact_matrix *m, int32_t rows) {
 }
 
 /* Checks rows[0..n) against the rules of set_rows and gives the new count. */
-static is_status check_rows(const cuda_fact_matrix *m, const int32_t *rows, int32_t n, int32_t *new_count,
-                            const char *who) {
+static is_status check_rows(const cuda_fact_matrix *m, const int32_t *rows, int32_t n,
+                            int32_t *new_count, const char *who) {
     int64_t top = m->count;
     for (int32_t i = 0; i < n; i++) {
         if (rows[i] < 0 || rows[i] >= INT32_MAX - 1)
@@ -280,16 +285,18 @@ static is_status check_rows(const cuda_fact_matrix *m, const int32_t *rows, int3
     }
     for (int64_t r = m->count; r < top && st == IS_OK; r++)
         if (!(seen[r >> 3] & (1u << (r & 7))))
-            st = is_error_set(IS_ERR_INVALID_ARG, "%s: row %lld is neither present nor given (a gap)", who,
+            st = is_error_set(IS_ERR_INVALID_ARG,
+                              "%s: row %lld is neither present nor given (a gap)", who,
                               (long long)r);
     free(seen);
     *new_count = (int32_t)top;
     return st;
 }
 
-static is_status set_rows(cuda_fact_matrix *m, const int32_t *rows, int32_t n, const float *data, bool on_device,
-                          const char *who) {
-    if (!m || n < 0 || (n > 0 && (!rows || !data))) return is_error_set(IS_ERR_INVALID_ARG, "%s: bad argument", who);
+static is_status set_rows(cuda_fact_matrix *m, const int32_t *rows, int32_t n, const float *data,
+                          bool on_device, const char *who) {
+    if (!m || n < 0 || (n > 0 && (!rows || !data)))
+        return is_error_set(IS_ERR_INVALID_ARG, "%s: bad argument", who);
     if (n == 0) return IS_OK;
     int32_t new_count = 0;
     is_status st = check_rows(m, rows, n, &new_count, who);
@@ -298,8 +305,8 @@ static is_status set_rows(cuda_fact_matrix *m, const int32_t *rows, int32_t n, c
     if (!on_device)
         for (size_t i = 0; i < (size_t)n * dim; i++)
             if (!isfinite(data[i]))
-                return is_error_set(IS_ERR_INVALID_ARG, "%s: value %zu of row %d is not finite", who, i % dim,
-                                    rows[i / dim]);
+                return is_error_set(IS_ERR_INVALID_ARG, "%s: value %zu of row %d is not finite",
+                                    who, i % dim, rows[i / dim]);
     CUDA_CHECK(cudaSetDevice(m->device));
     if ((st = reserve(m, new_count)) != IS_OK) return st;
     const cudaMemcpyKind kind = on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
@@ -320,21 +327,24 @@ extern "C" is_status cuda_fact_matrix_set_rows(cuda_fact_matrix *m, const int32_
     return set_rows(m, rows, n, data, false, "cuda_fact_matrix_set_rows");
 }
 
-extern "C" is_status cuda_fact_matrix_set_rows_device(cuda_fact_matrix *m, const int32_t *rows, int32_t n,
-                                                      const float *data_dev) {
+extern "C" is_status cuda_fact_matrix_set_rows_device(cuda_fact_matrix *m, const int32_t *rows,
+                                                      int32_t n, const float *data_dev) {
     return set_rows(m, rows, n, data_dev, true, "cuda_fact_matrix_set_rows_device");
 }
 
-extern "C" is_status cuda_fact_matrix_remove_row(cuda_fact_matrix *m, int32_t row, int32_t *moved_from) {
+extern "C" is_status cuda_fact_matrix_remove_row(cuda_fact_matrix *m, int32_t row,
+                                                 int32_t *moved_from) {
     if (!m || !moved_from || row < 0 || row >= m->count)
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda_fact_matrix_remove_row: row %d not in [0, %d)", row,
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "cuda_fact_matrix_remove_row: row %d not in [0, %d)", row,
                             m ? m->count : 0);
     const int32_t last = m->count - 1;
     if (row != last) {
         CUDA_CHECK(cudaSetDevice(m->device));
         const size_t dim = (size_t)m->dim;
-        CUDA_CHECK(cudaMemcpyAsync(m->rows + (size_t)row * dim, m->rows + (size_t)last * dim, dim * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, RETRIEVAL_STREAM));
+        CUDA_CHECK(cudaMemcpyAsync(m->rows + (size_t)row * dim, m->rows + (size_t)last * dim,
+                                   dim * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   RETRIEVAL_STREAM));
         CUDA_CHECK(cudaStreamSynchronize(RETRIEVAL_STREAM));
     }
     *moved_from = row != last ? last : -1;
@@ -361,8 +371,10 @@ static is_status regrow(void **buf, size_t n, size_t size) {
 
 extern "C" is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *query_dev, int32_t k,
                                              int32_t *idx_out, float *score_out, int32_t *n_out) {
-    if (!m || !n_out || k < 0 || k > CUDA_TOPK_MAX || (k > 0 && (!query_dev || !idx_out || !score_out)))
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda_fact_matrix_search: bad argument (k %d, at most %d)", k,
+    if (!m || !n_out || k < 0 || k > CUDA_TOPK_MAX ||
+        (k > 0 && (!query_dev || !idx_out || !score_out)))
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "cuda_fact_matrix_search: bad argument (k %d, at most %d)", k,
                             CUDA_TOPK_MAX);
     const int32_t n = m->count;
     if (k == 0 || n == 0) {
@@ -385,7 +397,8 @@ extern "C" is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *q
     if (n_cand > m->cand_cap) {
         free_candidates(m);
         for (int i = 0; i < 2; i++) {
-            if ((st = regrow((void **)&m->cand_keys[i], (size_t)n_cand, sizeof(uint64_t))) != IS_OK ||
+            if ((st = regrow((void **)&m->cand_keys[i], (size_t)n_cand, sizeof(uint64_t))) !=
+                    IS_OK ||
                 (st = regrow((void **)&m->cand_idx[i], (size_t)n_cand, sizeof(int32_t))) != IS_OK) {
                 free_candidates(m);
                 return st;
@@ -396,8 +409,8 @@ extern "C" is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *q
 
     cudaStream_t s = RETRIEVAL_STREAM;
     const bool vec4 = m->dim % 4 == 0 && ((uintptr_t)query_dev & 15) == 0;
-    score_kernel<<<cuda_blocks_for((int64_t)n * 32, SCORE_THREADS), SCORE_THREADS, 0, s>>>(m->keys, m->rows,
-                                                                                          query_dev, n, m->dim, vec4);
+    score_kernel<<<cuda_blocks_for((int64_t)n * 32, SCORE_THREADS), SCORE_THREADS, 0, s>>>(
+        m->keys, m->rows, query_dev, n, m->dim, vec4);
     CUDA_CHECK_LAUNCH();
     const uint64_t *keys = m->keys;
     const int32_t *idx = NULL;
@@ -419,10 +432,11 @@ extern "C" is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *q
     /* Rows then scores, packed: one copy of 8 kk bytes. */
     int32_t *res_idx = (int32_t *)m->result;
     float *res_score = (float *)(res_idx + kk);
-    topk_block_kernel<<<1, threads, (size_t)last * TOPK_PAIR_BYTES, s>>>(keys, idx, cur, last, kk, NULL, res_idx,
-                                                                           res_score);
+    topk_block_kernel<<<1, threads, (size_t)last * TOPK_PAIR_BYTES, s>>>(keys, idx, cur, last, kk,
+                                                                         NULL, res_idx, res_score);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpyAsync(m->result_host, m->result, (size_t)kk * 8, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(
+        cudaMemcpyAsync(m->result_host, m->result, (size_t)kk * 8, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     memcpy(idx_out, m->result_host, (size_t)kk * sizeof(int32_t));
     memcpy(score_out, (const int32_t *)m->result_host + kk, (size_t)kk * sizeof(float));
@@ -430,14 +444,16 @@ extern "C" is_status cuda_fact_matrix_search(cuda_fact_matrix *m, const float *q
     return IS_OK;
 }
 
-extern "C" is_status cuda_fact_matrix_score_rows(cuda_fact_matrix *m, const float *query_dev, const int32_t *rows,
-                                                 int32_t n, float *score_out) {
+extern "C" is_status cuda_fact_matrix_score_rows(cuda_fact_matrix *m, const float *query_dev,
+                                                 const int32_t *rows, int32_t n, float *score_out) {
     if (!m || n < 0 || n > CUDA_TOPK_MAX || (n > 0 && (!query_dev || !rows || !score_out)))
-        return is_error_set(IS_ERR_INVALID_ARG, "cuda_fact_matrix_score_rows: bad argument (n %d, at most %d)", n,
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "cuda_fact_matrix_score_rows: bad argument (n %d, at most %d)", n,
                             CUDA_TOPK_MAX);
     for (int32_t i = 0; i < n; i++)
         if (rows[i] < 0 || rows[i] >= m->count)
-            return is_error_set(IS_ERR_INVALID_ARG, "cuda_fact_matrix_score_rows: row %d not in [0, %d)", rows[i],
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "cuda_fact_matrix_score_rows: row %d not in [0, %d)", rows[i],
                                 m->count);
     if (n == 0) return IS_OK;
     CUDA_CHECK(cudaSetDevice(m->device));
@@ -447,12 +463,14 @@ extern "C" is_status cuda_fact_matrix_score_rows(cuda_fact_matrix *m, const floa
     int32_t *d_rows = (int32_t *)m->result;
     float *d_score = (float *)(d_rows + n);
     memcpy(m->result_host, rows, (size_t)n * sizeof(int32_t));
-    CUDA_CHECK(cudaMemcpyAsync(d_rows, m->result_host, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d_rows, m->result_host, (size_t)n * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, s));
     const bool vec4 = m->dim % 4 == 0 && ((uintptr_t)query_dev & 15) == 0;
-    score_rows_kernel<<<cuda_blocks_for((int64_t)n * 32, SCORE_THREADS), SCORE_THREADS, 0, s>>>(d_score, d_rows, m->rows,
-                                                                                               query_dev, n, m->dim, vec4);
+    score_rows_kernel<<<cuda_blocks_for((int64_t)n * 32, SCORE_THREADS), SCORE_THREADS, 0, s>>>(
+        d_score, d_rows, m->rows, query_dev, n, m->dim, vec4);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpyAsync(score_out, d_score, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(
+        cudaMemcpyAsync(score_out, d_score, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
     return IS_OK;
 }
@@ -460,7 +478,8 @@ extern "C" is_status cuda_fact_matrix_score_rows(cuda_fact_matrix *m, const floa
 /* ---- the retrieval interface (backend/retrieval.h) -------------------- */
 
 static is_status vector_alloc(int32_t device, int32_t n, float **out_dev) {
-    if (n < 1 || !out_dev) return is_error_set(IS_ERR_INVALID_ARG, "cuda retrieval: bad vector size %d", n);
+    if (n < 1 || !out_dev)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda retrieval: bad vector size %d", n);
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
         cudaGetLastError();

@@ -41,8 +41,8 @@ static is_status for_each_row(const gguf_tensor *t, void *dst, bool bf16) {
         free(tmp);
     }
     if (failed & 2) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
-    if (failed) return is_error_set(IS_ERR_FORMAT, "cuda backend: cannot dequantise tensor '%s'",
-                                    t->name);
+    if (failed)
+        return is_error_set(IS_ERR_FORMAT, "cuda backend: cannot dequantise tensor '%s'", t->name);
     return IS_OK;
 }
 

@@ -10,8 +10,8 @@
 namespace cg = cooperative_groups;
 
 #define WG_THREADS 160 /* one consumer warpgroup (warps 0-3), one producer warp */
-#define WG_BK 64       /* columns a stage: 128 bytes of bf16, the swizzle's row */
-#define WG_PLD 36      /* floats a row of a block's partial sums (16-byte rows) */
+#define WG_BK      64  /* columns a stage: 128 bytes of bf16, the swizzle's row */
+#define WG_PLD     36  /* floats a row of a block's partial sums (16-byte rows) */
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -22,23 +22,21 @@ static __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
 static __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                 "r"(bytes)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
 static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT_%=;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n"
+                 "}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
 }
 /* A box of the 2-D tensor map at (c0 = column, c1 = row) into shared memory
  * at dst, counted on bar. */
@@ -88,9 +86,10 @@ static __device__ __forceinline__ void glu_put(float *y, __nv_bfloat16 *obf, int
  * instead of the product. */
 template <int MB, int STAGES>
 static __global__ void __launch_bounds__(WG_THREADS)
-    wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
-                      float *y, int32_t n, int32_t rows, int32_t kt_total, int32_t splits,
-                      int32_t trigger, int32_t glu, __nv_bfloat16 *obf) {
+    wgmma_gemm_kernel(const __grid_constant__ CUtensorMap tw,
+                      const __grid_constant__ CUtensorMap tx, float *y, int32_t n, int32_t rows,
+                      int32_t kt_total, int32_t splits, int32_t trigger, int32_t glu,
+                      __nv_bfloat16 *obf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (trigger) pdl_trigger(); /* measured slower: benchmarks only */
     constexpr int BM = 64 * MB;
@@ -213,8 +212,8 @@ static __global__ void __launch_bounds__(WG_THREADS)
     auto sum_ranks = [&](int32_t r, int32_t c4) {
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int32_t z = 0; z < splits; z++) {
-            const float4 v =
-                *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, z) + r * WG_PLD + 4 * c4);
+            const float4 v = *reinterpret_cast<const float4 *>(cl.map_shared_rank(part, z) +
+                                                               r * WG_PLD + 4 * c4);
             a.x += v.x;
             a.y += v.y;
             a.z += v.z;
@@ -255,8 +254,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
         tried = true;
         void *p = NULL;
         cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                             cudaEnableDefault, &q) == cudaSuccess &&
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
             q == cudaDriverEntryPointSuccess)
             fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
         cudaGetLastError();
@@ -273,10 +272,10 @@ static is_status tensor_map(CUtensorMap *m, const void *p, int64_t inner, int64_
     const cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer};
     const cuuint64_t strides[1] = {(cuuint64_t)inner * 2};
     const cuuint32_t box[2] = {WG_BK, box_outer}, estr[2] = {1, 1};
-    const CUresult r = fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims,
-                          strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r =
+        fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(p), dims, strides, box, estr,
+           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return is_error_set(IS_ERR_INTERNAL, "cuda wgmma gemm: cuTensorMapEncodeTiled failed (%d)",
                             (int)r);
@@ -390,9 +389,9 @@ bool cuda_wgmma_supports(int32_t n, int64_t rows, int64_t cols) {
            cols % WG_BK == 0 && default_cfg(rows, cols).mb != 0 && encode_fn() && cuda_sm90a_runs();
 }
 
-is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
-                          const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols,
-                          bool pdl, bool trigger, const cuda_wgmma_cfg *cfg) {
+is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+                          int32_t n, int64_t rows, int64_t cols, bool pdl, bool trigger,
+                          const cuda_wgmma_cfg *cfg) {
     if (n < 1 || n > WGMMA_MAX_N || rows <= 0 || rows > INT32_MAX || cols <= 0 ||
         cols % WG_BK != 0 || !cuda_aligned16(w) || !cuda_aligned16(x))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: n %d, %lld x %lld", n,
@@ -421,8 +420,8 @@ is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
         return wgmma_launch<MB_, ST_>(s, y, tw, tx, n, rows, cols, c.splits, pdl, trigger);
     WGMMA_VARIANTS(X)
 #undef X
-    return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma gemm: no kernel for %d x 64 rows, %d stages",
-                        c.mb, c.stages);
+    return is_error_set(IS_ERR_INVALID_ARG,
+                        "cuda wgmma gemm: no kernel for %d x 64 rows, %d stages", c.mb, c.stages);
 }
 
 bool cuda_wgmma_swiglu_supports(int32_t n, int64_t ffn, int64_t cols) {
@@ -431,9 +430,9 @@ bool cuda_wgmma_swiglu_supports(int32_t n, int64_t ffn, int64_t cols) {
            default_cfg(2 * ffn, cols).mb != 0 && encode_fn() && cuda_sm90a_runs();
 }
 
-is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf,
-                            const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
-                            int64_t ffn, int64_t cols, bool pdl) {
+is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf, const __nv_bfloat16 *w,
+                            const __nv_bfloat16 *x, int32_t n, int64_t ffn, int64_t cols,
+                            bool pdl) {
     if (!cuda_wgmma_swiglu_supports(n, ffn, cols) || !cuda_aligned16(w) || !cuda_aligned16(x))
         return is_error_set(IS_ERR_INVALID_ARG, "cuda wgmma swiglu: n %d, ffn %lld, cols %lld", n,
                             (long long)ffn, (long long)cols);

@@ -64,9 +64,9 @@ const cuda_wgmma_cfg *cuda_wgmma_variants(int *count);
  * if a dependent, launch as soon as all this one's blocks run (so that a
  * product after it can stream its weights in early). cfg: NULL for the
  * default. */
-is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
-                          const __nv_bfloat16 *x, int32_t n, int64_t rows, int64_t cols,
-                          bool pdl, bool trigger, const cuda_wgmma_cfg *cfg);
+is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w, const __nv_bfloat16 *x,
+                          int32_t n, int64_t rows, int64_t cols, bool pdl, bool trigger,
+                          const cuda_wgmma_cfg *cfg);
 
 /* The gate and up product and SwiGLU in one kernel: w stacks gate
  * [ffn][cols] over up [ffn][cols]; y[n][ffn] = silu(x gate^T) * (x up^T)
@@ -77,8 +77,7 @@ is_status cuda_wgmma_gemm(cudaStream_t s, float *y, const __nv_bfloat16 *w,
  * and their 64 up rows (two boxes a stage). Takes: 1 <= n <= 32, ffn a
  * multiple of 64 with at most two blocks an SM, cols a multiple of 64. */
 bool cuda_wgmma_swiglu_supports(int32_t n, int64_t ffn, int64_t cols);
-is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf,
-                            const __nv_bfloat16 *w, const __nv_bfloat16 *x, int32_t n,
-                            int64_t ffn, int64_t cols, bool pdl);
+is_status cuda_wgmma_swiglu(cudaStream_t s, float *y, __nv_bfloat16 *obf, const __nv_bfloat16 *w,
+                            const __nv_bfloat16 *x, int32_t n, int64_t ffn, int64_t cols, bool pdl);
 
 #endif

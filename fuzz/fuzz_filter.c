@@ -19,9 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) __builtin_trap();                                                                \
+    } while (0)
 
-static mem_fact fact(const char *user, const char *agent, const char *run, const char *meta, int64_t t) {
+static mem_fact fact(const char *user, const char *agent, const char *run, const char *meta,
+                     int64_t t) {
     mem_fact f;
     memset(&f, 0, sizeof f);
     f.user = (char *)user;
@@ -51,7 +55,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     CHECK(e != NULL);
     mem_fact facts[] = {
-        fact("alice", "bot", "r1", "{\"topic\":\"food\",\"stars\":4,\"tags\":[\"x\"],\"ok\":true,\"n\":null}",
+        fact("alice", "bot", "r1",
+             "{\"topic\":\"food\",\"stars\":4,\"tags\":[\"x\"],\"ok\":true,\"n\":null}",
              1721044800000LL),
         fact(NULL, "bot", NULL, NULL, 0),
         fact("bob", NULL, "r2", "{\"nested\":{\"a\":1}}", -5),

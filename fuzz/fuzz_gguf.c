@@ -14,7 +14,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) __builtin_trap();                                                                \
+    } while (0)
 
 static volatile uint8_t sink;
 
@@ -26,21 +29,30 @@ static void touch(const uint8_t *file, size_t size, const void *p, uint64_t n) {
     if (n) sink ^= b[0] ^ b[n - 1];
 }
 
-static void walk_key(const gguf_ctx *ctx, const uint8_t *file, size_t size,
-                     int64_t i) {
+static void walk_key(const gguf_ctx *ctx, const uint8_t *file, size_t size, int64_t i) {
     const char *k = gguf_key_name(ctx, i);
     CHECK(k != NULL && k[0] != '\0');
     CHECK(gguf_find_key(ctx, k) == i);
     gguf_value_type t = gguf_key_type(ctx, i);
     CHECK(t < GGUF_VALUE_COUNT_);
 
-    uint32_t u32; int32_t i32; uint64_t u64; int64_t i64;
-    float f32; double f64; bool b; gguf_string s;
+    uint32_t u32;
+    int32_t i32;
+    uint64_t u64;
+    int64_t i64;
+    float f32;
+    double f64;
+    bool b;
+    gguf_string s;
     is_status st;
-    st = gguf_get_u32(ctx, k, &u32); CHECK(st == IS_OK || st == IS_ERR_FORMAT);
-    st = gguf_get_i32(ctx, k, &i32); CHECK(st == IS_OK || st == IS_ERR_FORMAT);
-    st = gguf_get_u64(ctx, k, &u64); CHECK(st == IS_OK || st == IS_ERR_FORMAT);
-    st = gguf_get_i64(ctx, k, &i64); CHECK(st == IS_OK || st == IS_ERR_FORMAT);
+    st = gguf_get_u32(ctx, k, &u32);
+    CHECK(st == IS_OK || st == IS_ERR_FORMAT);
+    st = gguf_get_i32(ctx, k, &i32);
+    CHECK(st == IS_OK || st == IS_ERR_FORMAT);
+    st = gguf_get_u64(ctx, k, &u64);
+    CHECK(st == IS_OK || st == IS_ERR_FORMAT);
+    st = gguf_get_i64(ctx, k, &i64);
+    CHECK(st == IS_OK || st == IS_ERR_FORMAT);
     st = gguf_get_f32(ctx, k, &f32);
     CHECK((st == IS_OK) == (t == GGUF_VALUE_FLOAT32 || t == GGUF_VALUE_FLOAT64));
     st = gguf_get_f64(ctx, k, &f64);
@@ -102,8 +114,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(t->n_dims <= GGUF_MAX_DIMS);
         CHECK(tensor_type_get(t->type) != NULL);
         CHECK(t->offset % a == 0);
-        CHECK(t->nbytes == tensor_type_row_bytes(t->type, t->ne[0]) *
-                               (size_t)(t->ne[1] * t->ne[2] * t->ne[3]));
+        CHECK(t->nbytes ==
+              tensor_type_row_bytes(t->type, t->ne[0]) * (size_t)(t->ne[1] * t->ne[2] * t->ne[3]));
         touch(data, size, t->data, t->nbytes);
     }
     CHECK(gguf_tensor_at(ctx, gguf_n_tensors(ctx)) == NULL);

@@ -30,7 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) __builtin_trap();                                                                \
+    } while (0)
 
 /* ---- references ------------------------------------------------------------------ */
 
@@ -42,11 +45,19 @@ static bool ref_utf8_valid(const uint8_t *s, size_t len) {
         uint8_t c = s[i];
         uint32_t cp;
         int n;
-        if (c < 0x80) { i++; continue; }
-        else if ((c & 0xE0) == 0xC0) { n = 2; cp = c & 0x1F; }
-        else if ((c & 0xF0) == 0xE0) { n = 3; cp = c & 0x0F; }
-        else if ((c & 0xF8) == 0xF0) { n = 4; cp = c & 0x07; }
-        else return false;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            n = 2;
+            cp = c & 0x1F;
+        } else if ((c & 0xF0) == 0xE0) {
+            n = 3;
+            cp = c & 0x0F;
+        } else if ((c & 0xF8) == 0xF0) {
+            n = 4;
+            cp = c & 0x07;
+        } else return false;
         if (len - i < (size_t)n) return false;
         for (int k = 1; k < n; k++) {
             if ((s[i + k] & 0xC0) != 0x80) return false;
@@ -273,8 +284,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size) memcpy(b, data, size);
 
     parse_limits def = parse_default_limits();
-    parse_limits tiny = {.max_tokens = 8, .default_max_tokens = 4, .max_k = 3, .default_k = 2,
-                         .default_top_k = 1, .max_messages = 2, .max_facts = 2};
+    parse_limits tiny = {.max_tokens = 8,
+                         .default_max_tokens = 4,
+                         .max_k = 3,
+                         .default_k = 2,
+                         .default_top_k = 1,
+                         .max_messages = 2,
+                         .max_facts = 2};
     fuzz_chat(b, size, &def);
     fuzz_chat(b, size, &tiny);
     fuzz_add(b, size, &def);

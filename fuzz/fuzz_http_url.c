@@ -25,7 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) __builtin_trap();                                                                \
+    } while (0)
 #define MAX_ARGS 64
 
 static bool has_ctl(const char *s, size_t n) {
@@ -48,11 +51,19 @@ static bool ref_id_ok(const uint8_t *s, size_t n) {
         uint8_t c = s[i];
         uint32_t cp;
         int k;
-        if (c < 0x80) { cp = c; k = 1; }
-        else if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; k = 2; }
-        else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; k = 3; }
-        else if ((c & 0xF8) == 0xF0) { cp = c & 0x07; k = 4; }
-        else return false;
+        if (c < 0x80) {
+            cp = c;
+            k = 1;
+        } else if ((c & 0xE0) == 0xC0) {
+            cp = c & 0x1F;
+            k = 2;
+        } else if ((c & 0xF0) == 0xE0) {
+            cp = c & 0x0F;
+            k = 3;
+        } else if ((c & 0xF8) == 0xF0) {
+            cp = c & 0x07;
+            k = 4;
+        } else return false;
         if (n - i < (size_t)k) return false;
         for (int j = 1; j < k; j++) {
             if ((s[i + j] & 0xC0) != 0x80) return false;

@@ -121,12 +121,12 @@ typedef enum is_finish_reason {
 } is_finish_reason;
 
 typedef struct is_gen_params {
-    int32_t max_tokens;       /* tokens to generate at most */
-    float temperature;        /* 0 = greedy */
-    int32_t top_k;            /* 0 = off */
-    float top_p;              /* 1 = off */
-    uint64_t seed;            /* sampling seed */
-    const char *const *stop;  /* stop strings, or NULL */
+    int32_t max_tokens;      /* tokens to generate at most */
+    float temperature;       /* 0 = greedy */
+    int32_t top_k;           /* 0 = off */
+    float top_p;             /* 1 = off */
+    uint64_t seed;           /* sampling seed */
+    const char *const *stop; /* stop strings, or NULL */
     size_t n_stop;
 } is_gen_params;
 
@@ -136,8 +136,8 @@ typedef struct is_gen_stats {
     int32_t n_prompt;        /* prompt tokens given */
     int32_t n_prompt_reused; /* of those, found already in the session's KV */
     int32_t n_generated;
-    double prefill_ms;       /* prompt processing, up to the first sampled token */
-    double decode_ms;        /* the remaining tokens */
+    double prefill_ms; /* prompt processing, up to the first sampled token */
+    double decode_ms;  /* the remaining tokens */
     is_finish_reason finish;
 } is_gen_stats;
 
@@ -190,8 +190,9 @@ void is_memory_close(is_memory *mem);
  * turns before it (context[n_context], oldest first, or NULL), encoded
  * with it when the store has a model. The fact's id goes to id_out (may be
  * NULL). IS_ERR_INVALID_ARG for a bad argument (nothing stored). */
-is_status is_memory_add(is_memory *mem, const char *user, const char *text, const char *const *context,
-                        size_t n_context, char id_out[IS_MEMORY_ID_SIZE]);
+is_status is_memory_add(is_memory *mem, const char *user, const char *text,
+                        const char *const *context, size_t n_context,
+                        char id_out[IS_MEMORY_ID_SIZE]);
 
 typedef struct is_memory_hit {
     char id[IS_MEMORY_ID_SIZE];
@@ -218,8 +219,9 @@ typedef enum is_memory_mode {
  * retrieved fact has no KV yet; IS_ERR_UNSUPPORTED for stop strings (not
  * applied here). stats may be NULL; n_prompt counts the tokens prefilled
  * (the memory's, in kv mode, are not). Asks run one at a time. */
-is_status is_memory_ask(is_memory *mem, const char *user, const char *query, int32_t k, is_memory_mode mode,
-                        is_gen_params params, is_text_cb cb, void *user_data, is_gen_stats *stats);
+is_status is_memory_ask(is_memory *mem, const char *user, const char *query, int32_t k,
+                        is_memory_mode mode, is_gen_params params, is_text_cb cb, void *user_data,
+                        is_gen_stats *stats);
 
 #ifdef __cplusplus
 }

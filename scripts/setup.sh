@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES="build-essential cmake pkg-config libpcre2-dev libopenblas-openmp-dev libutf8proc-dev \
 libcjson-dev libmicrohttpd-dev libcurl4-openssl-dev libcmocka-dev libsqlite3-dev python3 python3-pip \
-unzip curl nettle-dev libpq-dev postgresql haproxy"
+unzip curl nettle-dev libpq-dev postgresql haproxy clang-format"
 
 missing=""
 for p in $PACKAGES; do

@@ -73,8 +73,8 @@ void cli_progress(const char *what, int64_t done, int64_t total, double t0_ms) {
     double rate = secs > 0 ? done / secs : 0;
     double eta = rate > 0 ? (total - done) / rate : 0;
     if (!tty) {
-        fprintf(stderr, "%s: %lld/%lld  %.1f/s  ETA %.0fs\n", what, (long long)done, (long long)total,
-                rate, eta);
+        fprintf(stderr, "%s: %lld/%lld  %.1f/s  ETA %.0fs\n", what, (long long)done,
+                (long long)total, rate, eta);
         fflush(stderr);
         return;
     }

@@ -70,8 +70,8 @@ static int facts_load(const char *path, fact_line **out, int32_t *n_out) {
         cJSON *j = cJSON_Parse(p);
         const cJSON *text = cJSON_GetObjectItem(j, "text");
         if (!cJSON_IsObject(j) || !cJSON_IsString(text) || !text->valuestring[0]) {
-            fprintf(stderr, "error: %s:%d: expected a JSON object with a non-empty \"text\"\n", path,
-                    lineno);
+            fprintf(stderr, "error: %s:%d: expected a JSON object with a non-empty \"text\"\n",
+                    path, lineno);
             cJSON_Delete(j);
             rc = 1;
             break;
@@ -161,48 +161,58 @@ static bool print_piece(const char *t, size_t l, void *ud) {
 }
 
 static void ask_usage(FILE *f) {
-    fprintf(f,
-            "usage: inferscale ask --facts FILE --query TEXT [options]\n\n"
-            "Answers a question with facts as memory: injected as KV (kv), pasted as text\n"
-            "(prompt), or not at all (off). Facts not yet in the record store are encoded first.\n\n"
-            "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
-            "      --facts FILE     JSON lines: {\"text\": ..., \"id\": ..., \"context\": [turns]}\n"
-            "      --locomo FILE    or: the observations of a LoCoMo conversation as facts\n"
-            "  -q, --query TEXT     the question\n"
-            "  -k, --k N            facts to retrieve (default 5)\n"
-            "      --mode MODE      kv | prompt | off (default kv)\n"
-            "  -w, --window W       context turns encoded with each fact (default 0; -1: no\n"
-            "                       context at all, not even the serving prefix)\n"
-            "      --recompute M    kv: the first M tokens of every fact computed again, with the\n"
-            "                       facts before them visible, in the query's own forward\n"
-            "                       (default 0: none)\n"
-            "      --blend R        kv: CacheBlend, the share R (0..1) of the memory's tokens\n"
-            "                       whose second-layer K/V deviate most recomputed (default 0)\n"
-            "      --data DIR       where records are stored (default ./inferscale-data)\n"
-            "      --kv-dtype T     record precision: f32 | f16 | bf16 | fp8 (default f32)\n"
-            "      --embedder DIR   sentence-embedding model (default %s if present;\n"
-            "                       'none' for BM25 retrieval only)\n"
-            "      --retrieval R    cpu | cuda (default cpu): cuda embeds the query and takes the\n"
-            "                       dense top-k on GPU 0 (needs the embedder and a CUDA build)\n"
-            "  -n, --max-tokens N   tokens to generate (default 128)\n"
-            "      --temp T         temperature, 0 = greedy (default 0)\n"
-            "      --seed S         sampling seed (default 0)\n"
-            "  -t, --threads N      CPU threads (default: all cores)\n"
-            "  -h, --help           this help\n",
-            CLI_DEFAULT_MODEL, STACK_DEFAULT_EMBEDDER);
+    fprintf(
+        f,
+        "usage: inferscale ask --facts FILE --query TEXT [options]\n\n"
+        "Answers a question with facts as memory: injected as KV (kv), pasted as text\n"
+        "(prompt), or not at all (off). Facts not yet in the record store are encoded first.\n\n"
+        "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
+        "      --facts FILE     JSON lines: {\"text\": ..., \"id\": ..., \"context\": [turns]}\n"
+        "      --locomo FILE    or: the observations of a LoCoMo conversation as facts\n"
+        "  -q, --query TEXT     the question\n"
+        "  -k, --k N            facts to retrieve (default 5)\n"
+        "      --mode MODE      kv | prompt | off (default kv)\n"
+        "  -w, --window W       context turns encoded with each fact (default 0; -1: no\n"
+        "                       context at all, not even the serving prefix)\n"
+        "      --recompute M    kv: the first M tokens of every fact computed again, with the\n"
+        "                       facts before them visible, in the query's own forward\n"
+        "                       (default 0: none)\n"
+        "      --blend R        kv: CacheBlend, the share R (0..1) of the memory's tokens\n"
+        "                       whose second-layer K/V deviate most recomputed (default 0)\n"
+        "      --data DIR       where records are stored (default ./inferscale-data)\n"
+        "      --kv-dtype T     record precision: f32 | f16 | bf16 | fp8 (default f32)\n"
+        "      --embedder DIR   sentence-embedding model (default %s if present;\n"
+        "                       'none' for BM25 retrieval only)\n"
+        "      --retrieval R    cpu | cuda (default cpu): cuda embeds the query and takes the\n"
+        "                       dense top-k on GPU 0 (needs the embedder and a CUDA build)\n"
+        "  -n, --max-tokens N   tokens to generate (default 128)\n"
+        "      --temp T         temperature, 0 = greedy (default 0)\n"
+        "      --seed S         sampling seed (default 0)\n"
+        "  -t, --threads N      CPU threads (default: all cores)\n"
+        "  -h, --help           this help\n",
+        CLI_DEFAULT_MODEL, STACK_DEFAULT_EMBEDDER);
 }
 
 int cmd_ask(int argc, char **argv) {
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},  {"facts", required_argument, 0, 'F'},
-        {"query", required_argument, 0, 'q'},  {"k", required_argument, 0, 'k'},
-        {"mode", required_argument, 0, 'M'},   {"window", required_argument, 0, 'w'},
-        {"data", required_argument, 0, 'D'},   {"kv-dtype", required_argument, 0, 'd'},
-        {"embedder", required_argument, 0, 'E'}, {"max-tokens", required_argument, 0, 'n'},
-        {"locomo", required_argument, 0, 'L'}, {"retrieval", required_argument, 0, 'G'},
-        {"temp", required_argument, 0, 'T'},   {"seed", required_argument, 0, 'S'},
-        {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-        {"recompute", required_argument, 0, 'R'}, {"blend", required_argument, 0, 'B'},
+        {"model", required_argument, 0, 'm'},
+        {"facts", required_argument, 0, 'F'},
+        {"query", required_argument, 0, 'q'},
+        {"k", required_argument, 0, 'k'},
+        {"mode", required_argument, 0, 'M'},
+        {"window", required_argument, 0, 'w'},
+        {"data", required_argument, 0, 'D'},
+        {"kv-dtype", required_argument, 0, 'd'},
+        {"embedder", required_argument, 0, 'E'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"locomo", required_argument, 0, 'L'},
+        {"retrieval", required_argument, 0, 'G'},
+        {"temp", required_argument, 0, 'T'},
+        {"seed", required_argument, 0, 'S'},
+        {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},
+        {"recompute", required_argument, 0, 'R'},
+        {"blend", required_argument, 0, 'B'},
         {0, 0, 0, 0},
     };
     const char *model_path = cli_default_model(), *facts_path = NULL, *query = NULL, *locomo = NULL;
@@ -221,11 +231,21 @@ int cmd_ask(int argc, char **argv) {
         case 'F': facts_path = optarg; break;
         case 'L': locomo = optarg; break;
         case 'q': query = optarg; break;
-        case 'k': if (!cli_parse_int(optarg, "--k", 0, 100000, &k)) return 1; break;
-        case 'w': if (!cli_parse_int(optarg, "--window", -1, 1000, &window)) return 1; break;
-        case 'n': if (!cli_parse_int(optarg, "--max-tokens", 0, 1 << 20, &max_tokens)) return 1; break;
-        case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &threads)) return 1; break;
-        case 'T': if (!cli_parse_float(optarg, "--temp", 0.0f, 100.0f, &temp)) return 1; break;
+        case 'k':
+            if (!cli_parse_int(optarg, "--k", 0, 100000, &k)) return 1;
+            break;
+        case 'w':
+            if (!cli_parse_int(optarg, "--window", -1, 1000, &window)) return 1;
+            break;
+        case 'n':
+            if (!cli_parse_int(optarg, "--max-tokens", 0, 1 << 20, &max_tokens)) return 1;
+            break;
+        case 't':
+            if (!cli_parse_int(optarg, "--threads", 1, 1024, &threads)) return 1;
+            break;
+        case 'T':
+            if (!cli_parse_float(optarg, "--temp", 0.0f, 100.0f, &temp)) return 1;
+            break;
         case 'S': {
             int32_t s32;
             if (!cli_parse_int(optarg, "--seed", 0, INT32_MAX, &s32)) return 1;
@@ -238,18 +258,27 @@ int cmd_ask(int argc, char **argv) {
                 return 1;
             }
             break;
-        case 'd': if (!cli_parse_kv_dtype(optarg, &dtype)) return 1; break;
+        case 'd':
+            if (!cli_parse_kv_dtype(optarg, &dtype)) return 1;
+            break;
         case 'D': data = optarg; break;
         case 'E': emb_dir = optarg; break;
-        case 'G': if (!cli_parse_retrieval(optarg, &gpu_retrieval)) return 1; break;
-        case 'R': if (!cli_parse_int(optarg, "--recompute", 0, 100000, &recompute)) return 1; break;
-        case 'B': if (!cli_parse_float(optarg, "--blend", 0.0f, 1.0f, &blend)) return 1; break;
+        case 'G':
+            if (!cli_parse_retrieval(optarg, &gpu_retrieval)) return 1;
+            break;
+        case 'R':
+            if (!cli_parse_int(optarg, "--recompute", 0, 100000, &recompute)) return 1;
+            break;
+        case 'B':
+            if (!cli_parse_float(optarg, "--blend", 0.0f, 1.0f, &blend)) return 1;
+            break;
         case 'h': ask_usage(stdout); return 0;
         default: ask_usage(stderr); return 1;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale ask --help')\n", argv[optind]);
+        fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale ask --help')\n",
+                argv[optind]);
         return 1;
     }
     if ((!facts_path == !locomo) || !query) {
@@ -263,7 +292,8 @@ int cmd_ask(int argc, char **argv) {
     }
     fact_line *facts = NULL;
     int32_t n_facts = 0;
-    if (facts_path ? facts_load(facts_path, &facts, &n_facts) : facts_from_locomo(locomo, &facts, &n_facts))
+    if (facts_path ? facts_load(facts_path, &facts, &n_facts)
+                   : facts_from_locomo(locomo, &facts, &n_facts))
         return 1;
 
     int rc = 1;
@@ -280,8 +310,11 @@ int cmd_ask(int argc, char **argv) {
 
     /* The model's half of the stack over DIR/kv; the facts are indexed here. */
     snprintf(kvdir, sizeof kvdir, "%s/kv", data);
-    stack_records_params sp = {.model_path = model_path, .backend = "cpu", .n_threads = threads,
-                               .records_dir = kvdir, .cache_bytes = (size_t)256 << 20,
+    stack_records_params sp = {.model_path = model_path,
+                               .backend = "cpu",
+                               .n_threads = threads,
+                               .records_dir = kvdir,
+                               .cache_bytes = (size_t)256 << 20,
                                .dtype = dtype};
     if ((st = stack_open_records(&sp, &sk)) != IS_OK) goto fail;
     ac = sk->ask;
@@ -328,14 +361,18 @@ int cmd_ask(int argc, char **argv) {
         for (int32_t i = 0; i < n_facts; i++) vecs[i] = 1.0f; /* BM25 ranks; dense unused */
     }
     for (int32_t i = 0; i < n_facts; i++) {
-        mem_doc d = {.id = facts[i].id, .tenant = "local", .user = "local", .text = facts[i].text,
+        mem_doc d = {.id = facts[i].id,
+                     .tenant = "local",
+                     .user = "local",
+                     .text = facts[i].text,
                      .embedding = vecs + (size_t)i * dim};
         if ((st = mem_index_upsert(ix, &d)) != IS_OK) goto fail;
     }
     if (gpu_retrieval) {
         if ((st = dense_gpu_create(emb, 0, &gpu)) != IS_OK) goto fail;
         for (int32_t i = 0; i < n_facts; i++)
-            if ((st = dense_gpu_stage(gpu, "local", "local", facts[i].id, vecs + (size_t)i * dim)) != IS_OK)
+            if ((st = dense_gpu_stage(gpu, "local", "local", facts[i].id,
+                                      vecs + (size_t)i * dim)) != IS_OK)
                 goto fail;
         if ((st = dense_gpu_flush(gpu)) != IS_OK) goto fail;
     }
@@ -349,11 +386,13 @@ int cmd_ask(int argc, char **argv) {
     /* The first GPU search loads each kernel's module (lazy loading) and
      * warms cuBLAS up, a cost a server pays once: searched once untimed. */
     if (gpu && mode != ASK_MODE_OFF && kk > 0 &&
-        (st = dense_gpu_search(gpu, ix, &flt, query, kk, MEM_SEARCH_HYBRID, hits, &n_hits, &on_gpu)) != IS_OK)
+        (st = dense_gpu_search(gpu, ix, &flt, query, kk, MEM_SEARCH_HYBRID, hits, &n_hits,
+                               &on_gpu)) != IS_OK)
         goto fail;
     double t0 = now_ms();
     if (gpu && mode != ASK_MODE_OFF && kk > 0 &&
-        (st = dense_gpu_search(gpu, ix, &flt, query, kk, MEM_SEARCH_HYBRID, hits, &n_hits, &on_gpu)) != IS_OK)
+        (st = dense_gpu_search(gpu, ix, &flt, query, kk, MEM_SEARCH_HYBRID, hits, &n_hits,
+                               &on_gpu)) != IS_OK)
         goto fail;
     if (!on_gpu && mode != ASK_MODE_OFF && kk > 0) {
         float *qv = vecs + (size_t)n_facts * dim;
@@ -370,9 +409,17 @@ int cmd_ask(int argc, char **argv) {
         for (int32_t j = 0; j < n_facts; j++)
             if (strcmp(facts[j].id, hits[i].id) == 0) texts[i] = facts[j].text;
     }
-    ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts,
-                       .n_facts = n_hits, .max_tokens = max_tokens, .temperature = temp,
-                       .top_k = 40, .top_p = 0.95f, .seed = seed, .recompute = recompute,
+    ask_request req = {.mode = mode,
+                       .query = query,
+                       .fact_ids = ids,
+                       .fact_texts = texts,
+                       .n_facts = n_hits,
+                       .max_tokens = max_tokens,
+                       .temperature = temp,
+                       .top_k = 40,
+                       .top_p = 0.95f,
+                       .seed = seed,
+                       .recompute = recompute,
                        .blend = blend};
     ask_timing tm;
     if ((st = ask_run(ac, &req, print_piece, NULL, &tm)) != IS_OK) goto fail;
@@ -383,7 +430,9 @@ int cmd_ask(int argc, char **argv) {
             "(%d tokens) + sampling\n"
             "decode: %d tokens in %.1f ms\n",
             ask_mode_name(mode), n_hits, tm.n_memory_tokens,
-            !emb ? "bm25" : on_gpu ? "hybrid (dense on the GPU, after one warm-up search)" : "hybrid",
+            !emb     ? "bm25"
+            : on_gpu ? "hybrid (dense on the GPU, after one warm-up search)"
+                     : "hybrid",
             retrieval_ms + tm.ttft_ms, retrieval_ms, tm.fetch_ms, tm.inject_ms, tm.prefill_ms,
             tm.n_prefilled, tm.n_generated, tm.decode_ms);
     rc = 0;

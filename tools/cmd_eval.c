@@ -40,18 +40,18 @@
 #include <string.h>
 #include <time.h>
 
-#define EVAL_DEFAULT_DATA "../shared/data/locomo"
+#define EVAL_DEFAULT_DATA     "../shared/data/locomo"
 #define EVAL_DEFAULT_EMBEDDER STACK_DEFAULT_EMBEDDER
-#define EVAL_DEFAULT_STORE "inferscale-data/locomo-eval"
-#define EVAL_INSTRUCTION " Answer in a few words."
-#define EVAL_MAX_MODES 14
-#define EVAL_MAX_CONVS 64
+#define EVAL_DEFAULT_STORE    "inferscale-data/locomo-eval"
+#define EVAL_INSTRUCTION      " Answer in a few words."
+#define EVAL_MAX_MODES        14
+#define EVAL_MAX_CONVS        64
 
 typedef struct eval_mode {
     ask_mode mode;
     int32_t window; /* kv modes: encoding context turns */
     char name[24];
-    float temp, mass; /* kv modes: engine_set_memory_scale (1, 1: plain attention) */
+    float temp, mass;  /* kv modes: engine_set_memory_scale (1, 1: plain attention) */
     int32_t recompute; /* kv modes: first tokens of each fact recomputed */
     float blend;       /* kv modes: CacheBlend share of the memory recomputed (0: none) */
 } eval_mode;
@@ -78,53 +78,56 @@ static double now_ms(void) {
 }
 
 static void eval_usage(FILE *f) {
-    fprintf(f,
-            "usage: inferscale eval locomo [options]\n\n"
-            "Answers LoCoMo's questions with k retrieved facts in each mode and reports LoCoMo's\n"
-            "F1 and exact match, recall@k of the evidence turns, kv-vs-prompt agreement and TTFT\n"
-            "by category (1-4; 5, adversarial, separately).\n\n"
-            "      --data-dir DIR   LoCoMo conversations, one JSON file each (default %s)\n"
-            "      --conv LIST      conversations by name, e.g. 26,30 (default: all in DIR)\n"
-            "  -k, --k N            facts retrieved per question (default 20)\n"
-            "      --modes LIST     of prompt, off, kvW (W context turns encoded with each fact,\n"
-            "                       -1: no context at all) (default prompt,kv0,kv20); a kv mode\n"
-            "                       may add tT and/or sS (e.g. kv0t0.8s2): the query's logits\n"
-            "                       over the injected facts divided by T, their softmax mass\n"
-            "                       multiplied by S (memory scaling; records shared with kvW);\n"
-            "                       and rM: the first M tokens of every fact recomputed after\n"
-            "                       injection with the facts before them visible, e.g. kv0r4,\n"
-            "                       kv0t0.85r2; or bR: CacheBlend, the share R (0 < R <= 1) of\n"
-            "                       the memory's tokens whose second-layer K/V deviate most\n"
-            "                       recomputed, e.g. kv0b0.15\n"
-            "      --limit N        only the first N questions of each conversation (default all)\n"
-            "      --out FILE       CSV, one row per (question, mode); the table goes to FILE.md\n"
-            "                       (default locomo-eval.csv)\n"
-            "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
-            "      --embedder DIR   sentence-embedding model (default %s)\n"
-            "      --store DIR      where fact KV records are kept between runs (default %s)\n"
-            "      --kv-dtype T     record precision: f32 | f16 | bf16 | fp8 (default f32)\n"
-            "  -n, --max-tokens N   answer length limit in tokens (default 32)\n"
-            "      --instruction T  appended to each question (default \"%s\")\n"
-            "  -t, --threads N      CPU threads (default: all cores)\n"
-            "      --backend B      cpu | cuda (default cpu)\n"
-            "      --save-retrieval FILE  write each question's retrieved facts (for --load-retrieval)\n"
-            "      --retrieve-only  only retrieve (and --save-retrieval): recall@k by category, no\n"
-            "                       model run\n"
-            "      --load-retrieval FILE  take the retrieved facts from FILE instead of embedding\n"
-            "                       and searching (no embedding model needed): the same retrieval\n"
-            "                       can then be answered on another machine or backend\n"
-            "      --nll            also score the gold answer teacher-forced in prompt, off and\n"
-            "                       every kv mode: mean token NLL, recovered share, KL and top-1\n"
-            "                       agreement with prompt mode and P(list item) of the first answer\n"
-            "                       token, by category with bootstrap intervals; per question in\n"
-            "                       FILE.nll.csv (categories 1-4)\n"
-            "      --no-generate    with --nll: no generated answers (no F1/EM), likelihoods only\n"
-            "      --no-dates       show and encode facts without their session's date (default:\n"
-            "                       \"[8 May 2023] fact\" in every mode; retrieval uses the bare text)\n"
-            "      --bootstrap N    resamples for the --nll intervals (default 2000, fixed seed)\n"
-            "  -h, --help           this help\n",
-            EVAL_DEFAULT_DATA, CLI_DEFAULT_MODEL, EVAL_DEFAULT_EMBEDDER, EVAL_DEFAULT_STORE,
-            EVAL_INSTRUCTION + 1);
+    fprintf(
+        f,
+        "usage: inferscale eval locomo [options]\n\n"
+        "Answers LoCoMo's questions with k retrieved facts in each mode and reports LoCoMo's\n"
+        "F1 and exact match, recall@k of the evidence turns, kv-vs-prompt agreement and TTFT\n"
+        "by category (1-4; 5, adversarial, separately).\n\n"
+        "      --data-dir DIR   LoCoMo conversations, one JSON file each (default %s)\n"
+        "      --conv LIST      conversations by name, e.g. 26,30 (default: all in DIR)\n"
+        "  -k, --k N            facts retrieved per question (default 20)\n"
+        "      --modes LIST     of prompt, off, kvW (W context turns encoded with each fact,\n"
+        "                       -1: no context at all) (default prompt,kv0,kv20); a kv mode\n"
+        "                       may add tT and/or sS (e.g. kv0t0.8s2): the query's logits\n"
+        "                       over the injected facts divided by T, their softmax mass\n"
+        "                       multiplied by S (memory scaling; records shared with kvW);\n"
+        "                       and rM: the first M tokens of every fact recomputed after\n"
+        "                       injection with the facts before them visible, e.g. kv0r4,\n"
+        "                       kv0t0.85r2; or bR: CacheBlend, the share R (0 < R <= 1) of\n"
+        "                       the memory's tokens whose second-layer K/V deviate most\n"
+        "                       recomputed, e.g. kv0b0.15\n"
+        "      --limit N        only the first N questions of each conversation (default all)\n"
+        "      --out FILE       CSV, one row per (question, mode); the table goes to FILE.md\n"
+        "                       (default locomo-eval.csv)\n"
+        "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
+        "      --embedder DIR   sentence-embedding model (default %s)\n"
+        "      --store DIR      where fact KV records are kept between runs (default %s)\n"
+        "      --kv-dtype T     record precision: f32 | f16 | bf16 | fp8 (default f32)\n"
+        "  -n, --max-tokens N   answer length limit in tokens (default 32)\n"
+        "      --instruction T  appended to each question (default \"%s\")\n"
+        "  -t, --threads N      CPU threads (default: all cores)\n"
+        "      --backend B      cpu | cuda (default cpu)\n"
+        "      --save-retrieval FILE  write each question's retrieved facts (for "
+        "--load-retrieval)\n"
+        "      --retrieve-only  only retrieve (and --save-retrieval): recall@k by category, no\n"
+        "                       model run\n"
+        "      --load-retrieval FILE  take the retrieved facts from FILE instead of embedding\n"
+        "                       and searching (no embedding model needed): the same retrieval\n"
+        "                       can then be answered on another machine or backend\n"
+        "      --nll            also score the gold answer teacher-forced in prompt, off and\n"
+        "                       every kv mode: mean token NLL, recovered share, KL and top-1\n"
+        "                       agreement with prompt mode and P(list item) of the first answer\n"
+        "                       token, by category with bootstrap intervals; per question in\n"
+        "                       FILE.nll.csv (categories 1-4)\n"
+        "      --no-generate    with --nll: no generated answers (no F1/EM), likelihoods only\n"
+        "      --no-dates       show and encode facts without their session's date (default:\n"
+        "                       \"[8 May 2023] fact\" in every mode; retrieval uses the bare "
+        "text)\n"
+        "      --bootstrap N    resamples for the --nll intervals (default 2000, fixed seed)\n"
+        "  -h, --help           this help\n",
+        EVAL_DEFAULT_DATA, CLI_DEFAULT_MODEL, EVAL_DEFAULT_EMBEDDER, EVAL_DEFAULT_STORE,
+        EVAL_INSTRUCTION + 1);
 }
 
 static bool parse_modes(const char *s, eval_opts *o) {
@@ -162,11 +165,13 @@ static bool parse_modes(const char *s, eval_opts *o) {
             int32_t w, rm;
             float temp, mass, blend;
             if (bad) {
-                fprintf(stderr, "error: --modes: '%s' is not kvW[tT][sS][rM][bR] (e.g. kv0t0.8s2)\n", t);
+                fprintf(stderr,
+                        "error: --modes: '%s' is not kvW[tT][sS][rM][bR] (e.g. kv0t0.8s2)\n", t);
                 return false;
             }
             if (!cli_parse_int(num[0], "the window of a kv mode", -1, 1000, &w) ||
-                !cli_parse_float(num[1], "a kv mode's memory temperature (t)", 0.01f, 100.0f, &temp) ||
+                !cli_parse_float(num[1], "a kv mode's memory temperature (t)", 0.01f, 100.0f,
+                                 &temp) ||
                 !cli_parse_float(num[2], "a kv mode's memory mass (s)", 0.001f, 1000.0f, &mass) ||
                 !cli_parse_int(num[3], "a kv mode's recomputed tokens (r)", 0, 1000, &rm) ||
                 !cli_parse_float(num[4], "a kv mode's blend ratio (b)", 0.0f, 1.0f, &blend))
@@ -217,13 +222,15 @@ static int cmp_cstr(const void *a, const void *b) {
 static bool list_convs(eval_opts *o) {
     DIR *d = opendir(o->data_dir);
     if (!d) {
-        fprintf(stderr, "error: cannot open data directory '%s': %s\n", o->data_dir, strerror(errno));
+        fprintf(stderr, "error: cannot open data directory '%s': %s\n", o->data_dir,
+                strerror(errno));
         return false;
     }
     struct dirent *de;
     while ((de = readdir(d)) && o->n_convs < EVAL_MAX_CONVS) {
         size_t l = strlen(de->d_name);
-        if (l > 5 && strcmp(de->d_name + l - 5, ".json") == 0) o->convs[o->n_convs++] = strndup(de->d_name, l - 5);
+        if (l > 5 && strcmp(de->d_name + l - 5, ".json") == 0)
+            o->convs[o->n_convs++] = strndup(de->d_name, l - 5);
     }
     closedir(d);
     qsort(o->convs, (size_t)o->n_convs, sizeof *o->convs, cmp_cstr);
@@ -255,7 +262,8 @@ static bool collect_answer(const char *t, size_t l, void *ud) {
 
 static void trim(char *s) {
     size_t n = strlen(s), i = 0;
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) s[--n] = 0;
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r'))
+        s[--n] = 0;
     while (s[i] == ' ' || s[i] == '\n' || s[i] == '\t') i++;
     memmove(s, s + i, n - i + 1);
 }
@@ -320,8 +328,8 @@ static bool retrieval_cache_load(const char *path, retrieval_cache *c) {
         lineno++;
         retrieval_entry r = {0};
         int used = 0;
-        if (sscanf(line, "%63[^\t]\t%d\t%d\t%lf\t%n", r.conv, &r.q, &r.k, &r.ms, &used) != 4 || r.q < 0 ||
-            r.k < 0 || r.k > 1000) {
+        if (sscanf(line, "%63[^\t]\t%d\t%d\t%lf\t%n", r.conv, &r.q, &r.k, &r.ms, &used) != 4 ||
+            r.q < 0 || r.k < 0 || r.k > 1000) {
             fprintf(stderr, "error: %s:%lld: not a retrieval line\n", path, (long long)lineno);
             ok = false;
             break;
@@ -353,7 +361,8 @@ static bool retrieval_cache_load(const char *path, retrieval_cache *c) {
     return ok;
 }
 
-static const retrieval_entry *retrieval_cache_find(const retrieval_cache *c, const char *conv, int32_t q) {
+static const retrieval_entry *retrieval_cache_find(const retrieval_cache *c, const char *conv,
+                                                   int32_t q) {
     for (int32_t i = 0; i < c->n; i++)
         if (c->e[i].q == q && strcmp(c->e[i].conv, conv) == 0) return &c->e[i];
     return NULL;
@@ -376,7 +385,8 @@ typedef struct eval_env {
     nll_report *rep;
     FILE *nll_csv;
     int32_t n_slots;
-    int32_t slot_mode[NLL_REPORT_MAX_SLOTS]; /* kv slots: index in o->modes; -1 for prompt and off */
+    int32_t
+        slot_mode[NLL_REPORT_MAX_SLOTS]; /* kv slots: index in o->modes; -1 for prompt and off */
     const char *slot_name[NLL_REPORT_MAX_SLOTS];
     bool *list_mask; /* [n_vocab] */
     float *lp;       /* [n_slots][n_vocab] first answer token's log-probabilities */
@@ -396,9 +406,8 @@ static void record_id(char *buf, size_t cap, const char *conv, int32_t i, int32_
  * report row and one CSV row per slot. gen_f1/gen_em: the generated answers'
  * scores by mode index (< 0: not generated). */
 static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *shown, int32_t q,
-                              const char *query,
-                              const int32_t *hits, int32_t n_hits, const double *gen_f1,
-                              const double *gen_em) {
+                              const char *query, const int32_t *hits, int32_t n_hits,
+                              const double *gen_f1, const double *gen_em) {
     const eval_opts *o = env->o;
     const locomo_question *lq = &c->questions[q];
     if (lq->category < 1 || lq->category > 4 || !lq->answer[0]) return IS_OK;
@@ -416,11 +425,16 @@ static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *
         int32_t gm = env->slot_mode[s];
         ask_mode mode = s == 0 ? ASK_MODE_PROMPT : s == 1 ? ASK_MODE_OFF : ASK_MODE_KV;
         for (int32_t h = 0; h < n_hits; h++) {
-            record_id(rids[h], sizeof rids[h], c->name, hits[h], gm >= 0 ? o->modes[gm].window : 0, !o->no_dates);
+            record_id(rids[h], sizeof rids[h], c->name, hits[h], gm >= 0 ? o->modes[gm].window : 0,
+                      !o->no_dates);
             ids[h] = rids[h];
             texts[h] = shown[hits[h]];
         }
-        ask_request req = {.mode = mode, .query = query, .fact_ids = ids, .fact_texts = texts, .n_facts = n_hits,
+        ask_request req = {.mode = mode,
+                           .query = query,
+                           .fact_ids = ids,
+                           .fact_texts = texts,
+                           .n_facts = n_hits,
                            .recompute = gm >= 0 ? o->modes[gm].recompute : 0,
                            .blend = gm >= 0 ? o->modes[gm].blend : 0.0f};
         float *lp = env->lp + (size_t)s * nv;
@@ -451,8 +465,9 @@ static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *
             int32_t top = nll_argmax(env->lp + (size_t)s * nv, nv);
             size_t pl = tokenizer_token_to_piece(m->tok, top, true, piece, sizeof piece - 1);
             piece[pl < sizeof piece - 1 ? pl : sizeof piece - 1] = 0;
-            fprintf(env->nll_csv, "%s,%d,%d,%s,%d,%.6f,%.6f,%.6f,%d,", c->name, q, lq->category, env->slot_name[s],
-                    n_ans, row.nll[s], row.plist[s], row.kl[s], (int)row.agree[s]);
+            fprintf(env->nll_csv, "%s,%d,%d,%s,%d,%.6f,%.6f,%.6f,%d,", c->name, q, lq->category,
+                    env->slot_name[s], n_ans, row.nll[s], row.plist[s], row.kl[s],
+                    (int)row.agree[s]);
             csv_field(env->nll_csv, piece);
             if (row.f1[s] >= 0) fprintf(env->nll_csv, ",%.6f,%d\n", row.f1[s], (int)row.em[s]);
             else fprintf(env->nll_csv, ",,\n");
@@ -483,20 +498,25 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     const char **texts = malloc((size_t)(nf ? nf : 1) * sizeof *texts);
     int32_t *hit_fact = malloc((size_t)(nq ? nq : 1) * (k ? k : 1) * sizeof *hit_fact);
     int32_t *n_hits = calloc((size_t)(nq ? nq : 1), sizeof *n_hits);
-    double *recall = calloc((size_t)(nq ? nq : 1), sizeof *recall), *retr_ms = calloc((size_t)(nq ? nq : 1), sizeof(double));
+    double *recall = calloc((size_t)(nq ? nq : 1), sizeof *recall),
+           *retr_ms = calloc((size_t)(nq ? nq : 1), sizeof(double));
     bool *needed = calloc((size_t)(nf ? nf : 1), sizeof *needed);
     mem_hit *hits = calloc((size_t)(k ? k : 1), sizeof *hits);
-    const char **ev_ids = malloc((size_t)(k ? k : 1) * sizeof *ev_ids); /* evidence turns of the hits */
+    const char **ev_ids =
+        malloc((size_t)(k ? k : 1) * sizeof *ev_ids); /* evidence turns of the hits */
     q_result *res = calloc((size_t)o->n_modes, sizeof *res);
-    char **shown = calloc((size_t)(nf ? nf : 1), sizeof *shown); /* fact texts as the model sees them */
+    char **shown =
+        calloc((size_t)(nf ? nf : 1), sizeof *shown); /* fact texts as the model sees them */
     if (!shown) {
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int32_t i = 0; i < nf && st == IS_OK; i++)
-        st = memory_prompt_dated_text(o->no_dates ? NULL : c->facts[i].date, c->facts[i].text, &shown[i]);
+        st = memory_prompt_dated_text(o->no_dates ? NULL : c->facts[i].date, c->facts[i].text,
+                                      &shown[i]);
     if (st != IS_OK) goto done;
-    if (!vecs || !texts || !hit_fact || !n_hits || !recall || !retr_ms || !needed || !hits || !ev_ids || !res) {
+    if (!vecs || !texts || !hit_fact || !n_hits || !recall || !retr_ms || !needed || !hits ||
+        !ev_ids || !res) {
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -509,7 +529,10 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         for (int32_t i = 0; i < nf; i++) {
             char id[MEM_ID_MAX + 1];
             fact_id(id, sizeof id, c->name, i);
-            mem_doc d = {.id = id, .tenant = "locomo", .user = c->name, .text = texts[i],
+            mem_doc d = {.id = id,
+                         .tenant = "locomo",
+                         .user = c->name,
+                         .text = texts[i],
                          .embedding = vecs + (size_t)i * dim};
             if ((st = mem_index_upsert(ix, &d)) != IS_OK) goto done;
         }
@@ -523,15 +546,17 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         if (env->load_retrieval) {
             const retrieval_entry *r = retrieval_cache_find(env->load_retrieval, c->name, q);
             if (!r || r->k != o->k) {
-                st = is_error_set(IS_ERR_NOT_FOUND,
-                                  "--load-retrieval: no entry for conversation %s question %d with k = %d",
-                                  c->name, q, o->k);
+                st = is_error_set(
+                    IS_ERR_NOT_FOUND,
+                    "--load-retrieval: no entry for conversation %s question %d with k = %d",
+                    c->name, q, o->k);
                 goto done;
             }
             for (int32_t h = 0; h < r->n && h < k; h++) {
                 if (r->facts[h] >= nf) {
-                    st = is_error_set(IS_ERR_FORMAT, "--load-retrieval: conversation %s has no fact %d",
-                                      c->name, r->facts[h]);
+                    st = is_error_set(IS_ERR_FORMAT,
+                                      "--load-retrieval: conversation %s has no fact %d", c->name,
+                                      r->facts[h]);
                     goto done;
                 }
                 hit_fact[(size_t)q * k + nh++] = r->facts[h];
@@ -543,7 +568,9 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             const char *qt = lq->question;
             if (k > 0) {
                 if ((st = embedder_embed(env->emb, &qt, 1, qv)) != IS_OK) goto done;
-                if ((st = mem_index_search(ix, &flt, qv, qt, k, MEM_SEARCH_HYBRID, hits, &nh)) != IS_OK) goto done;
+                if ((st = mem_index_search(ix, &flt, qv, qt, k, MEM_SEARCH_HYBRID, hits, &nh)) !=
+                    IS_OK)
+                    goto done;
             }
             retr_ms[q] = now_ms() - t0;
             for (int32_t h = 0; h < nh; h++) {
@@ -560,7 +587,8 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             ev_ids[n_ev++] = c->facts[fi].dia_id;
         }
         n_hits[q] = nh;
-        recall[q] = locomo_eval_recall((const char *const *)lq->evidence, lq->n_evidence, ev_ids, n_ev);
+        recall[q] =
+            locomo_eval_recall((const char *const *)lq->evidence, lq->n_evidence, ev_ids, n_ev);
         if (env->save_retrieval) {
             fprintf(env->save_retrieval, "%s\t%d\t%d\t%.3f\t", c->name, q, o->k, retr_ms[q]);
             for (int32_t h = 0; h < nh; h++)
@@ -593,14 +621,16 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             if (!needed[i]) continue;
             char rid[72];
             record_id(rid, sizeof rid, c->name, i, w, !o->no_dates);
-            int32_t n_ctx = locomo_fact_context(c, &c->facts[i], w > 1024 ? 1024 : (w < 0 ? 0 : w), ctx);
+            int32_t n_ctx =
+                locomo_fact_context(c, &c->facts[i], w > 1024 ? 1024 : (w < 0 ? 0 : w), ctx);
             ask_fact af = {rid, shown[i], ctx, n_ctx};
             bool did;
             if ((st = ask_encode_fact(env->ask, &af, w, &did)) != IS_OK) goto done;
             encoded += did;
             cli_progress(what, ++done_n, n_needed, t0);
         }
-        fprintf(stderr, "conv %s: w=%d: %d of %d retrieved facts encoded (%.1f s), %d already stored\n",
+        fprintf(stderr,
+                "conv %s: w=%d: %d of %d retrieved facts encoded (%.1f s), %d already stored\n",
                 c->name, w, encoded, n_needed, (now_ms() - t0) / 1e3, n_needed - encoded);
     }
     *t_encode += now_ms() - te;
@@ -609,7 +639,8 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     double ta = now_ms();
     char what[64];
     snprintf(what, sizeof what, "conv %s: answering", c->name);
-    const char **ids = malloc((size_t)(k ? k : 1) * sizeof *ids), **ftexts = malloc((size_t)(k ? k : 1) * sizeof *ftexts);
+    const char **ids = malloc((size_t)(k ? k : 1) * sizeof *ids),
+               **ftexts = malloc((size_t)(k ? k : 1) * sizeof *ftexts);
     char(*rids)[72] = malloc((size_t)(k ? k : 1) * sizeof *rids);
     if (!ids || !ftexts || !rids) {
         free(ids);
@@ -637,10 +668,18 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             }
             answer_buf ab = {.n = 0};
             ab.s[0] = 0;
-            ask_request req = {.mode = em->mode, .query = query, .fact_ids = ids, .fact_texts = ftexts,
-                               .n_facts = n_hits[q], .max_tokens = o->max_tokens, .temperature = 0.0f,
-                               .top_k = 0, .top_p = 1.0f, .seed = 0,
-                               .recompute = em->recompute, .blend = em->blend};
+            ask_request req = {.mode = em->mode,
+                               .query = query,
+                               .fact_ids = ids,
+                               .fact_texts = ftexts,
+                               .n_facts = n_hits[q],
+                               .max_tokens = o->max_tokens,
+                               .temperature = 0.0f,
+                               .top_k = 0,
+                               .top_p = 1.0f,
+                               .seed = 0,
+                               .recompute = em->recompute,
+                               .blend = em->blend};
             st = engine_set_memory_scale(env->e, em->temp, em->mass);
             if (st == IS_OK) st = ask_run(env->ask, &req, collect_answer, &ab, &res[m].tm);
             snprintf(res[m].answer, sizeof res[m].answer, "%s", ab.s);
@@ -655,13 +694,16 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         for (int32_t m = 0; m < EVAL_MAX_MODES; m++) gen_f1[m] = gen_em[m] = -1;
         /* Score, compare with prompt mode, write rows. */
         char *norm_prompt = NULL;
-        if (!o->no_generate && env->prompt_mode >= 0 && (st = locomo_eval_normalize(res[env->prompt_mode].answer, &norm_prompt)) != IS_OK)
+        if (!o->no_generate && env->prompt_mode >= 0 &&
+            (st = locomo_eval_normalize(res[env->prompt_mode].answer, &norm_prompt)) != IS_OK)
             break;
         for (int32_t m = 0; m < o->n_modes && st == IS_OK && !o->no_generate; m++) {
             locomo_eval_result r = {.recall = recall[q], .ttft_ms = res[m].tm.ttft_ms, .agree = -1};
             bool em;
-            if ((st = locomo_eval_score(res[m].answer, lq->answer, lq->category, &r.f1)) != IS_OK) break;
-            if ((st = locomo_eval_exact(res[m].answer, lq->answer, lq->category, &em)) != IS_OK) break;
+            if ((st = locomo_eval_score(res[m].answer, lq->answer, lq->category, &r.f1)) != IS_OK)
+                break;
+            if ((st = locomo_eval_exact(res[m].answer, lq->answer, lq->category, &em)) != IS_OK)
+                break;
             r.em = em;
             gen_f1[m] = r.f1;
             gen_em[m] = r.em;
@@ -670,16 +712,19 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
                 if ((st = locomo_eval_normalize(res[m].answer, &nm)) != IS_OK) break;
                 r.agree = strcmp(nm, norm_prompt) == 0;
                 free(nm);
-                if ((st = locomo_eval_f1(res[m].answer, res[env->prompt_mode].answer, &r.f1_vs_prompt)) != IS_OK) break;
+                if ((st = locomo_eval_f1(res[m].answer, res[env->prompt_mode].answer,
+                                         &r.f1_vs_prompt)) != IS_OK)
+                    break;
             }
-            if (lq->category >= 1 && lq->category <= 5) locomo_eval_acc_add(&env->tab->acc[m][lq->category], &r);
+            if (lq->category >= 1 && lq->category <= 5)
+                locomo_eval_acc_add(&env->tab->acc[m][lq->category], &r);
             if (env->csv) {
-                fprintf(env->csv, "%s,%d,%d,%s,%.6f,%d,%.6f,", c->name, q, lq->category, o->modes[m].name, r.f1,
-                        (int)r.em, r.recall);
+                fprintf(env->csv, "%s,%d,%d,%s,%.6f,%d,%.6f,", c->name, q, lq->category,
+                        o->modes[m].name, r.f1, (int)r.em, r.recall);
                 if (r.agree >= 0) fprintf(env->csv, "%d,%.6f,", (int)r.agree, r.f1_vs_prompt);
                 else fprintf(env->csv, ",,");
-                fprintf(env->csv, "%.2f,%.2f,%.2f,%d,%d,", res[m].tm.ttft_ms, retr_ms[q], res[m].tm.prefill_ms,
-                        res[m].tm.n_memory_tokens, res[m].tm.n_generated);
+                fprintf(env->csv, "%.2f,%.2f,%.2f,%d,%d,", res[m].tm.ttft_ms, retr_ms[q],
+                        res[m].tm.prefill_ms, res[m].tm.n_memory_tokens, res[m].tm.n_generated);
                 csv_field(env->csv, res[m].answer);
                 fputc(',', env->csv);
                 csv_field(env->csv, lq->answer);
@@ -691,7 +736,8 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         free(norm_prompt);
         if (env->csv) fflush(env->csv);
         if (st == IS_OK && o->nll)
-            st = nll_question(env, c, shown, q, query, hit_fact + (size_t)q * k, n_hits[q], gen_f1, gen_em);
+            st = nll_question(env, c, shown, q, query, hit_fact + (size_t)q * k, n_hits[q], gen_f1,
+                              gen_em);
         free(query);
     }
     free(ids);
@@ -725,9 +771,12 @@ static void fmt_val(char *buf, size_t cap, double v) {
 }
 
 static void print_table(FILE *f, const eval_opts *o, const eval_tables *t, int prompt_mode) {
-    static const char *const cat_names[] = {"", "1 multi-hop", "2 temporal", "3 open-domain", "4 single-hop",
-                                            "5 adversarial"};
-    fprintf(f, "| mode | category | n | F1 | EM | recall@%d | agree w/ prompt | F1 vs prompt | TTFT ms* |\n", o->k);
+    static const char *const cat_names[] = {
+        "", "1 multi-hop", "2 temporal", "3 open-domain", "4 single-hop", "5 adversarial"};
+    fprintf(f,
+            "| mode | category | n | F1 | EM | recall@%d | agree w/ prompt | F1 vs prompt | TTFT "
+            "ms* |\n",
+            o->k);
     fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int32_t m = 0; m < o->n_modes; m++) {
         locomo_eval_acc all = {0};
@@ -757,8 +806,9 @@ static void print_table(FILE *f, const eval_opts *o, const eval_tables *t, int p
             char agree[16], f1p[16];
             fmt_val(agree, sizeof agree, r.agree);
             fmt_val(f1p, sizeof f1p, r.f1_vs_prompt);
-            fprintf(f, "| %s | %s | %lld | %.3f | %.3f | %.3f | %s | %s | %.0f |\n", o->modes[m].name, label,
-                    (long long)a->n, r.f1, r.em, r.recall, agree, f1p, r.ttft_ms);
+            fprintf(f, "| %s | %s | %lld | %.3f | %.3f | %.3f | %s | %s | %.0f |\n",
+                    o->modes[m].name, label, (long long)a->n, r.f1, r.em, r.recall, agree, f1p,
+                    r.ttft_ms);
         }
     }
     fprintf(f, "\n*TTFT: from the request (facts chosen) to the first answer token: record fetch, "
@@ -775,30 +825,51 @@ int cmd_eval(int argc, char **argv) {
         return argc < 2 ? 1 : 0;
     }
     if (strcmp(argv[1], "locomo") != 0) {
-        fprintf(stderr, "error: unknown benchmark '%s' (only 'locomo'; see 'inferscale eval --help')\n", argv[1]);
+        fprintf(stderr,
+                "error: unknown benchmark '%s' (only 'locomo'; see 'inferscale eval --help')\n",
+                argv[1]);
         return 1;
     }
     argc--;
     argv++;
     static const struct option longopts[] = {
-        {"data-dir", required_argument, 0, 'D'}, {"conv", required_argument, 0, 'C'},
-        {"k", required_argument, 0, 'k'},        {"modes", required_argument, 0, 'M'},
-        {"limit", required_argument, 0, 'l'},    {"out", required_argument, 0, 'o'},
-        {"model", required_argument, 0, 'm'},    {"embedder", required_argument, 0, 'E'},
-        {"store", required_argument, 0, 'S'},    {"kv-dtype", required_argument, 0, 'd'},
-        {"max-tokens", required_argument, 0, 'n'}, {"instruction", required_argument, 0, 'I'},
-        {"threads", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
-        {"backend", required_argument, 0, 'B'},  {"save-retrieval", required_argument, 0, 'R'},
-        {"load-retrieval", required_argument, 0, 'L'}, {"retrieve-only", no_argument, 0, 'r'},
-        {"nll", no_argument, 0, 'N'}, {"no-generate", no_argument, 0, 'G'},
-        {"bootstrap", required_argument, 0, 'b'}, {"no-dates", no_argument, 0, 'A'},
+        {"data-dir", required_argument, 0, 'D'},
+        {"conv", required_argument, 0, 'C'},
+        {"k", required_argument, 0, 'k'},
+        {"modes", required_argument, 0, 'M'},
+        {"limit", required_argument, 0, 'l'},
+        {"out", required_argument, 0, 'o'},
+        {"model", required_argument, 0, 'm'},
+        {"embedder", required_argument, 0, 'E'},
+        {"store", required_argument, 0, 'S'},
+        {"kv-dtype", required_argument, 0, 'd'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"instruction", required_argument, 0, 'I'},
+        {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},
+        {"backend", required_argument, 0, 'B'},
+        {"save-retrieval", required_argument, 0, 'R'},
+        {"load-retrieval", required_argument, 0, 'L'},
+        {"retrieve-only", no_argument, 0, 'r'},
+        {"nll", no_argument, 0, 'N'},
+        {"no-generate", no_argument, 0, 'G'},
+        {"bootstrap", required_argument, 0, 'b'},
+        {"no-dates", no_argument, 0, 'A'},
         {0, 0, 0, 0},
     };
-    eval_opts o = {.data_dir = EVAL_DEFAULT_DATA, .model = cli_default_model(),
-                   .embedder = EVAL_DEFAULT_EMBEDDER, .store = EVAL_DEFAULT_STORE,
-                   .out = "locomo-eval.csv", .instruction = EVAL_INSTRUCTION,
-                   .k = 20, .limit = 0, .max_tokens = 32, .threads = 0, .dtype = KV_DTYPE_F32,
-                   .backend = "cpu", .n_boot = 2000};
+    eval_opts o = {.data_dir = EVAL_DEFAULT_DATA,
+                   .model = cli_default_model(),
+                   .embedder = EVAL_DEFAULT_EMBEDDER,
+                   .store = EVAL_DEFAULT_STORE,
+                   .out = "locomo-eval.csv",
+                   .instruction = EVAL_INSTRUCTION,
+                   .k = 20,
+                   .limit = 0,
+                   .max_tokens = 32,
+                   .threads = 0,
+                   .dtype = KV_DTYPE_F32,
+                   .backend = "cpu",
+                   .n_boot = 2000};
     parse_modes("prompt,kv0,kv20", &o);
     const char *conv_arg = NULL;
     int c, rc = 1;
@@ -807,9 +878,15 @@ int cmd_eval(int argc, char **argv) {
         switch (c) {
         case 'D': o.data_dir = optarg; break;
         case 'C': conv_arg = optarg; break;
-        case 'k': if (!cli_parse_int(optarg, "--k", 0, 1000, &o.k)) return 1; break;
-        case 'M': if (!parse_modes(optarg, &o)) return 1; break;
-        case 'l': if (!cli_parse_int(optarg, "--limit", 0, INT32_MAX, &o.limit)) return 1; break;
+        case 'k':
+            if (!cli_parse_int(optarg, "--k", 0, 1000, &o.k)) return 1;
+            break;
+        case 'M':
+            if (!parse_modes(optarg, &o)) return 1;
+            break;
+        case 'l':
+            if (!cli_parse_int(optarg, "--limit", 0, INT32_MAX, &o.limit)) return 1;
+            break;
         case 'o': o.out = optarg; break;
         case 'm': o.model = optarg; break;
         case 'E': o.embedder = optarg; break;
@@ -820,18 +897,27 @@ int cmd_eval(int argc, char **argv) {
         case 'N': o.nll = true; break;
         case 'A': o.no_dates = true; break;
         case 'G': o.no_generate = true; break;
-        case 'b': if (!cli_parse_int(optarg, "--bootstrap", 10, 1000000, &o.n_boot)) return 1; break;
+        case 'b':
+            if (!cli_parse_int(optarg, "--bootstrap", 10, 1000000, &o.n_boot)) return 1;
+            break;
         case 'S': o.store = optarg; break;
         case 'I': o.instruction = optarg; break;
-        case 'n': if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1; break;
-        case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &o.threads)) return 1; break;
-        case 'd': if (!cli_parse_kv_dtype(optarg, &o.dtype)) return 1; break;
+        case 'n':
+            if (!cli_parse_int(optarg, "--max-tokens", 1, 4096, &o.max_tokens)) return 1;
+            break;
+        case 't':
+            if (!cli_parse_int(optarg, "--threads", 1, 1024, &o.threads)) return 1;
+            break;
+        case 'd':
+            if (!cli_parse_kv_dtype(optarg, &o.dtype)) return 1;
+            break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 1;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale eval --help')\n", argv[optind]);
+        fprintf(stderr, "error: unexpected argument '%s' (see 'inferscale eval --help')\n",
+                argv[optind]);
         return 1;
     }
     if (o.no_generate && !o.nll) {
@@ -878,9 +964,12 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!o.retrieve_only) {
         /* The model's half of the stack; the facts are indexed per conversation here. */
-        stack_records_params sp = {.model_path = o.model, .backend = o.backend,
-                                   .n_threads = o.threads, .n_ctx_max = 4096,
-                                   .records_dir = o.store, .cache_bytes = (size_t)512 << 20,
+        stack_records_params sp = {.model_path = o.model,
+                                   .backend = o.backend,
+                                   .n_threads = o.threads,
+                                   .n_ctx_max = 4096,
+                                   .records_dir = o.store,
+                                   .cache_bytes = (size_t)512 << 20,
                                    .dtype = o.dtype};
         if ((st = stack_open_records(&sp, &sk)) != IS_OK) goto fail;
         m = sk->model;
@@ -890,7 +979,8 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!o.load_retrieval) {
         char ename[256];
-        if ((st = stack_embedder_open(o.embedder, false, o.threads, &emb, ename, sizeof ename)) != IS_OK)
+        if ((st = stack_embedder_open(o.embedder, false, o.threads, &emb, ename, sizeof ename)) !=
+            IS_OK)
             goto fail;
         if (!emb) {
             fprintf(stderr, "error: eval retrieves with the embedding model (--embedder DIR), or "
@@ -903,10 +993,18 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "error: cannot write '%s': %s\n", o.out, strerror(errno));
         goto out;
     }
-    fprintf(csv, "conv,question,category,mode,f1,em,recall,agree_prompt,f1_vs_prompt,ttft_ms,retrieval_ms,"
-                 "prefill_ms,memory_tokens,generated_tokens,answer,gold,question_text\n");
-    eval_env env = {.o = &o, .ask = ac, .emb = emb, .csv = csv, .tab = tab, .prompt_mode = -1,
-                    .save_retrieval = save_r, .load_retrieval = o.load_retrieval ? &rcache : NULL};
+    fprintf(
+        csv,
+        "conv,question,category,mode,f1,em,recall,agree_prompt,f1_vs_prompt,ttft_ms,retrieval_ms,"
+        "prefill_ms,memory_tokens,generated_tokens,answer,gold,question_text\n");
+    eval_env env = {.o = &o,
+                    .ask = ac,
+                    .emb = emb,
+                    .csv = csv,
+                    .tab = tab,
+                    .prompt_mode = -1,
+                    .save_retrieval = save_r,
+                    .load_retrieval = o.load_retrieval ? &rcache : NULL};
     for (int32_t i = 0; i < o.n_modes; i++)
         if (o.modes[i].mode == ASK_MODE_PROMPT) env.prompt_mode = i;
     env.e = e; /* the memory scaling of each kv mode is set on it */
@@ -937,8 +1035,10 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "error: cannot write '%s': %s\n", nllpath, strerror(errno));
             goto out;
         }
-        fprintf(nll_csv, "conv,question,category,mode,answer_tokens,nll,p_list,kl_vs_prompt,top1_agree_prompt,"
-                         "top1_piece,f1,em\n");
+        fprintf(
+            nll_csv,
+            "conv,question,category,mode,answer_tokens,nll,p_list,kl_vs_prompt,top1_agree_prompt,"
+            "top1_piece,f1,em\n");
         env.rep = rep;
         env.nll_csv = nll_csv;
         env.list_mask = list_mask;
@@ -952,26 +1052,29 @@ int cmd_eval(int argc, char **argv) {
     char scope[64];
     if (o.limit) snprintf(scope, sizeof scope, "the first %d questions", o.limit);
     else snprintf(scope, sizeof scope, "all questions");
-    printf("LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs, scope, o.k,
-           o.model, o.backend);
+    printf("LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs,
+           scope, o.k, o.model, o.backend);
     if (!o.no_generate) print_table(stdout, &o, tab, env.prompt_mode);
     if (rep) {
-        printf("\nTeacher-forced instrument, %d questions of categories 1-4:\n\n", nll_report_n_rows(rep));
+        printf("\nTeacher-forced instrument, %d questions of categories 1-4:\n\n",
+               nll_report_n_rows(rep));
         nll_report_print(rep, stdout, o.n_boot, 1234);
     }
-    printf("\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3, t_answer / 1e3);
+    printf("\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3,
+           t_answer / 1e3);
     snprintf(mdpath, sizeof mdpath, "%s.md", o.out);
     md = fopen(mdpath, "w");
     if (md) {
-        fprintf(md, "LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs, scope,
-                o.k, o.model, o.backend);
+        fprintf(md, "LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n",
+                o.n_convs, scope, o.k, o.model, o.backend);
         if (!o.no_generate) print_table(md, &o, tab, env.prompt_mode);
         if (rep) {
-            fprintf(md, "\nTeacher-forced instrument, %d questions of categories 1-4:\n\n", nll_report_n_rows(rep));
+            fprintf(md, "\nTeacher-forced instrument, %d questions of categories 1-4:\n\n",
+                    nll_report_n_rows(rep));
             nll_report_print(rep, md, o.n_boot, 1234);
         }
-        fprintf(md, "\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s, t_encode / 1e3,
-                t_answer / 1e3);
+        fprintf(md, "\ntime: %.1f s total (encoding %.1f s, answering %.1f s)\n", total_s,
+                t_encode / 1e3, t_answer / 1e3);
     }
     fprintf(stderr, "wrote %s and %s\n", o.out, mdpath);
     rc = 0;

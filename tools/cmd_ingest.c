@@ -44,31 +44,33 @@ static double now_ms(void) {
 }
 
 static void ingest_usage(FILE *f) {
-    fprintf(f,
-            "usage: inferscale ingest locomo FILE... --data DIR [options]\n"
-            "       inferscale ingest facts FILE.jsonl --user U --data DIR [options]\n\n"
-            "Adds facts to the memory in DIR (created if missing): text, embedding, index entry\n"
-            "and KV record, each fact atomically. Re-running skips facts already present.\n\n"
-            "      --data DIR       data directory (memory.db and kv/)\n"
-            "      --tenant T       tenant (default 'default', the tenant of 'serve --no-auth')\n"
-            "  -w, --window W       context turns encoded with each fact (default 0; -1: none,\n"
-            "                       not even the serving prefix)\n"
-            "  -m, --model PATH     GGUF model that encodes the KV (default: $INFERSCALE_MODEL or\n"
-            "                       %s)\n"
-            "      --no-kv          store facts without KV records (encode them later)\n"
-            "      --kv-dtype T     f16 | bf16 | f32 | fp8 (default f16, what `serve` reads by default)\n"
-            "      --embedder DIR   sentence-embedding model (default %s; 'none': BM25 only)\n"
-            "  -t, --threads N      CPU threads (default: all cores)\n"
-            "locomo:\n"
-            "      --user-by M      speaker (user '<speaker>', e.g. 'caroline') | conversation (user\n"
-            "                       '<conv>-<speaker>'); default: speaker for one file, conversation\n"
-            "                       for several (speakers of different conversations stay apart)\n"
-            "facts:\n"
-            "      --user U         the user the facts belong to (required)\n"
-            "      --agent A        agent_id of every fact\n"
-            "      --run R          run_id of every fact\n"
-            "  -h, --help           this help\n",
-            CLI_DEFAULT_MODEL, STACK_DEFAULT_EMBEDDER);
+    fprintf(
+        f,
+        "usage: inferscale ingest locomo FILE... --data DIR [options]\n"
+        "       inferscale ingest facts FILE.jsonl --user U --data DIR [options]\n\n"
+        "Adds facts to the memory in DIR (created if missing): text, embedding, index entry\n"
+        "and KV record, each fact atomically. Re-running skips facts already present.\n\n"
+        "      --data DIR       data directory (memory.db and kv/)\n"
+        "      --tenant T       tenant (default 'default', the tenant of 'serve --no-auth')\n"
+        "  -w, --window W       context turns encoded with each fact (default 0; -1: none,\n"
+        "                       not even the serving prefix)\n"
+        "  -m, --model PATH     GGUF model that encodes the KV (default: $INFERSCALE_MODEL or\n"
+        "                       %s)\n"
+        "      --no-kv          store facts without KV records (encode them later)\n"
+        "      --kv-dtype T     f16 | bf16 | f32 | fp8 (default f16, what `serve` reads by "
+        "default)\n"
+        "      --embedder DIR   sentence-embedding model (default %s; 'none': BM25 only)\n"
+        "  -t, --threads N      CPU threads (default: all cores)\n"
+        "locomo:\n"
+        "      --user-by M      speaker (user '<speaker>', e.g. 'caroline') | conversation (user\n"
+        "                       '<conv>-<speaker>'); default: speaker for one file, conversation\n"
+        "                       for several (speakers of different conversations stay apart)\n"
+        "facts:\n"
+        "      --user U         the user the facts belong to (required)\n"
+        "      --agent A        agent_id of every fact\n"
+        "      --run R          run_id of every fact\n"
+        "  -h, --help           this help\n",
+        CLI_DEFAULT_MODEL, STACK_DEFAULT_EMBEDDER);
 }
 
 typedef struct progress_ctx {
@@ -148,10 +150,16 @@ static int ingest_jsonl(memory *mem, const char *path, const ingest_opts *o,
         if (s == IS_OK) {
             st->skipped++;
         } else {
-            memory_add_req r = {.tenant = o->tenant, .user = o->user,
-                                .agent_id = agent ? agent : o->agent, .run_id = run ? run : o->run,
-                                .text = text, .metadata_json = meta, .source = source,
-                                .context = turns, .n_context = n_ctx, .window = o->window};
+            memory_add_req r = {.tenant = o->tenant,
+                                .user = o->user,
+                                .agent_id = agent ? agent : o->agent,
+                                .run_id = run ? run : o->run,
+                                .text = text,
+                                .metadata_json = meta,
+                                .source = source,
+                                .context = turns,
+                                .n_context = n_ctx,
+                                .window = o->window};
             s = memory_add(mem, &r, NULL);
             if (s == IS_OK) {
                 st->added++;
@@ -195,11 +203,15 @@ int cmd_ingest(int argc, char **argv) {
         switch (c) {
         case 'D': data = optarg; break;
         case 'T': o.tenant = optarg; break;
-        case 'w': if (!cli_parse_int(optarg, "--window", -1, MEMORY_MAX_CONTEXT, &o.window)) return 1; break;
+        case 'w':
+            if (!cli_parse_int(optarg, "--window", -1, MEMORY_MAX_CONTEXT, &o.window)) return 1;
+            break;
         case 'm': model_path = optarg; break;
         case 'N': no_kv = true; break;
         case 'E': emb_dir = optarg; break;
-        case 't': if (!cli_parse_int(optarg, "--threads", 1, 1024, &threads)) return 1; break;
+        case 't':
+            if (!cli_parse_int(optarg, "--threads", 1, 1024, &threads)) return 1;
+            break;
         case 'U': o.user = optarg; break;
         case 'A': o.agent = optarg; break;
         case 'R': o.run = optarg; break;
@@ -208,11 +220,14 @@ int cmd_ingest(int argc, char **argv) {
             if (strcmp(optarg, "speaker") == 0) by_speaker = true;
             else if (strcmp(optarg, "conversation") == 0) by_speaker = false;
             else {
-                fprintf(stderr, "error: --user-by must be conversation or speaker, got '%s'\n", optarg);
+                fprintf(stderr, "error: --user-by must be conversation or speaker, got '%s'\n",
+                        optarg);
                 return 1;
             }
             break;
-        case 'd': if (!cli_parse_kv_dtype(optarg, &dtype)) return 1; break;
+        case 'd':
+            if (!cli_parse_kv_dtype(optarg, &dtype)) return 1;
+            break;
         case 'h': ingest_usage(stdout); return 0;
         default: ingest_usage(stderr); return 1;
         }
@@ -220,7 +235,8 @@ int cmd_ingest(int argc, char **argv) {
     const char *kind = optind < argc ? argv[optind++] : NULL;
     bool locomo = kind && strcmp(kind, "locomo") == 0, facts = kind && strcmp(kind, "facts") == 0;
     if (!locomo && !facts) {
-        fprintf(stderr, "error: ingest needs 'locomo' or 'facts' (see 'inferscale ingest --help')\n");
+        fprintf(stderr,
+                "error: ingest needs 'locomo' or 'facts' (see 'inferscale ingest --help')\n");
         return 1;
     }
     if (optind >= argc || !data) {
@@ -268,14 +284,17 @@ int cmd_ingest(int argc, char **argv) {
         fprintf(stderr, "encoded %lld stored facts that had no KV record\n", (long long)n_enc);
         if (st != IS_OK) goto fail;
     } else if (rep.n_missing_kv > 0) {
-        fprintf(stderr, "note: %lld facts have no KV record yet (run ingest with a model to encode "
-                        "them)\n", (long long)rep.n_missing_kv);
+        fprintf(stderr,
+                "note: %lld facts have no KV record yet (run ingest with a model to encode "
+                "them)\n",
+                (long long)rep.n_missing_kv);
     }
 
     if (locomo && !by_set) by_speaker = argc - optind == 1;
     if (locomo)
         fprintf(stderr, "users: %s, tenant '%s'\n",
-                by_speaker ? "one per speaker ('caroline')" : "one per conversation and speaker ('26-caroline')",
+                by_speaker ? "one per speaker ('caroline')"
+                           : "one per conversation and speaker ('26-caroline')",
                 o.tenant);
     memory_import_stats total = {0};
     for (int i = optind; i < argc; i++) {
@@ -289,8 +308,10 @@ int cmd_ingest(int argc, char **argv) {
             char what[300];
             snprintf(what, sizeof what, "locomo %s", conv->name);
             progress_ctx pc = {what, now_ms()};
-            memory_locomo_opts lo = {.tenant = o.tenant, .user_by_speaker = by_speaker,
-                                     .window = o.window, .progress = on_progress,
+            memory_locomo_opts lo = {.tenant = o.tenant,
+                                     .user_by_speaker = by_speaker,
+                                     .window = o.window,
+                                     .progress = on_progress,
                                      .progress_user_data = &pc};
             st = memory_import_locomo(mem, conv, &lo, &fs);
             locomo_free(conv);

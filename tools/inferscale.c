@@ -18,7 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 typedef struct options {
     const char *model;
     const char *prompt;
@@ -34,20 +33,22 @@ typedef struct options {
 
 static void usage(FILE *f, const char *cmd) {
     if (!cmd) {
-        fprintf(f,
-                "usage: inferscale <command> [options]\n\n"
-                "commands:\n"
-                "  generate   complete a prompt, printing tokens as they come\n"
-                "  chat       interactive chat using the model's chat template\n"
-                "  ask        answer a question with facts as memory (kv, prompt or off)\n"
-                "  ingest     add facts to a memory (LoCoMo conversations, JSON lines)\n"
-                "  eval       score memory modes on a benchmark (eval locomo)\n"
-                "  serve      HTTP API: OpenAI-compatible chat with memory, Mem0-style memories\n"
-                "  fsck       check a memory data directory; --repair repairs it, deleting nothing\n\n"
-                "Every command takes --verify: model files (GGUF, the embedder's safetensors) are\n"
-                "checked at load against their SHA-256 sidecar FILE.sha256 (sha256sum's format;\n"
-                "make one with 'sha256sum FILE > FILE.sha256'); a missing or different one is an error.\n\n"
-                "Run 'inferscale <command> --help' for a command's options.\n");
+        fprintf(
+            f,
+            "usage: inferscale <command> [options]\n\n"
+            "commands:\n"
+            "  generate   complete a prompt, printing tokens as they come\n"
+            "  chat       interactive chat using the model's chat template\n"
+            "  ask        answer a question with facts as memory (kv, prompt or off)\n"
+            "  ingest     add facts to a memory (LoCoMo conversations, JSON lines)\n"
+            "  eval       score memory modes on a benchmark (eval locomo)\n"
+            "  serve      HTTP API: OpenAI-compatible chat with memory, Mem0-style memories\n"
+            "  fsck       check a memory data directory; --repair repairs it, deleting nothing\n\n"
+            "Every command takes --verify: model files (GGUF, the embedder's safetensors) are\n"
+            "checked at load against their SHA-256 sidecar FILE.sha256 (sha256sum's format;\n"
+            "make one with 'sha256sum FILE > FILE.sha256'); a missing or different one is an "
+            "error.\n\n"
+            "Run 'inferscale <command> --help' for a command's options.\n");
         return;
     }
     fprintf(f,
@@ -75,13 +76,20 @@ static void usage(FILE *f, const char *cmd) {
 /* Returns 0 on success, 1 on a usage error, 2 when --help was printed. */
 static int parse_options(int argc, char **argv, const char *cmd, options *o) {
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},  {"prompt", required_argument, 0, 'p'},
-        {"max-tokens", required_argument, 0, 'n'}, {"temp", required_argument, 0, 'T'},
-        {"top-k", required_argument, 0, 'K'},  {"top-p", required_argument, 0, 'P'},
-        {"seed", required_argument, 0, 'S'},   {"stop", required_argument, 0, 'X'},
-        {"ctx", required_argument, 0, 'c'},    {"threads", required_argument, 0, 't'},
-        {"chat", no_argument, 0, 'C'},         {"system", required_argument, 0, 'Y'},
-        {"no-stats", no_argument, 0, 'N'},     {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, 'T'},
+        {"top-k", required_argument, 0, 'K'},
+        {"top-p", required_argument, 0, 'P'},
+        {"seed", required_argument, 0, 'S'},
+        {"stop", required_argument, 0, 'X'},
+        {"ctx", required_argument, 0, 'c'},
+        {"threads", required_argument, 0, 't'},
+        {"chat", no_argument, 0, 'C'},
+        {"system", required_argument, 0, 'Y'},
+        {"no-stats", no_argument, 0, 'N'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);
@@ -195,7 +203,8 @@ static int cmd_generate(int argc, char **argv) {
         if ((st = is_chat_render(m, msgs, nm, true, &text)) != IS_OK) goto done;
     }
     const char *prompt = o.chat ? text : o.prompt;
-    if ((st = is_tokenize(m, prompt, strlen(prompt), !o.chat, o.chat, &toks, &n)) != IS_OK) goto done;
+    if ((st = is_tokenize(m, prompt, strlen(prompt), !o.chat, o.chat, &toks, &n)) != IS_OK)
+        goto done;
     is_session_params sp = is_session_default_params();
     sp.n_ctx = o.n_ctx;
     if ((st = is_session_create(m, sp, &s)) != IS_OK) goto done;

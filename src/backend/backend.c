@@ -23,8 +23,8 @@ is_status backend_configure(backend *be, const char *spec, char *desc, size_t n)
     if (!be) return is_error_set(IS_ERR_INVALID_ARG, "backend_configure: no backend");
     if (be->ops->configure) return be->ops->configure(be, spec, desc, n);
     if (spec && spec[strspn(spec, " ,")])
-        return is_error_set(IS_ERR_UNSUPPORTED, "%s backend: no settings (got '%s')",
-                            be->ops->name, spec);
+        return is_error_set(IS_ERR_UNSUPPORTED, "%s backend: no settings (got '%s')", be->ops->name,
+                            spec);
     if (desc && n) desc[0] = '\0';
     return IS_OK;
 }

@@ -47,12 +47,13 @@ typedef struct rope_params {
  * This is the segment-masked reference for memory injection. Host memory. */
 typedef struct attn_batch {
     int32_t n_tokens;
-    const int32_t *pos;           /* [T] position of each token in its sequence */
-    const int32_t *seq_of_token;  /* [T] index into block_tables */
+    const int32_t *pos;          /* [T] position of each token in its sequence */
+    const int32_t *seq_of_token; /* [T] index into block_tables */
     int32_t n_seqs;
     const int32_t *const *block_tables; /* [n_seqs] -> block ids */
-    const int32_t *seq_len;       /* [n_seqs] positions readable (after this batch's writes) */
-    const int32_t *const *seq_segments; /* [n_seqs] -> [seq_len] segment of each position, or NULL entries */
+    const int32_t *seq_len; /* [n_seqs] positions readable (after this batch's writes) */
+    const int32_t *const
+        *seq_segments; /* [n_seqs] -> [seq_len] segment of each position, or NULL entries */
     /* For the reference only: queries rotated to the position they had at
      * encoding time, used when scoring segment-0 keys, so each fact sees the
      * serving prefix at the distance it saw it when encoded. [T][n_heads*head_dim]
@@ -210,9 +211,8 @@ typedef struct backend_ops {
      * attention's q, k, v; the FFN's gate and up). A backend reads stacked
      * weights in one pass; it gives the same results as the n matmuls up
      * to the order of the sums inside a product. */
-    void (*matmul_n)(backend *be, float *const *ys, const float *x,
-                     const backend_weight *const *ws, const backend_weight *const *bs, int32_t n,
-                     int32_t T);
+    void (*matmul_n)(backend *be, float *const *ys, const float *x, const backend_weight *const *ws,
+                     const backend_weight *const *bs, int32_t n, int32_t T);
     /* Optional (NULL = rope on q, rope on k, kv_store): q[T][n_heads][head_dim]
      * rotated in place, and k rotated, with v, written into the slots of the
      * caches, by the same rotation as rope's. k is input only: afterwards it
@@ -239,9 +239,8 @@ typedef struct backend_ops {
     void (*matmul_rope_store)(backend *be, float *q, float *k, float *v, const float *x,
                               const backend_weight *const *w, const backend_weight *const *b,
                               float *k_cache, float *v_cache, const int32_t *pos,
-                              const int32_t *slots, int32_t T, int32_t n_heads,
-                              int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                              const rope_params *rp);
+                              const int32_t *slots, int32_t T, int32_t n_heads, int32_t n_kv_heads,
+                              int32_t head_dim, int32_t block_size, const rope_params *rp);
     /* Optional (NULL = download each row, then vmath_argmax): out[r] (host
      * memory) = vmath_argmax of row r of x[rows][n], its rule exactly (the
      * first of equal maxima, NaN skipped, 0 where nothing passes -inf).

@@ -15,7 +15,8 @@ uint8_t fp8_e4m3_from_f32(float x) {
     if (a > 0x7F800000u) return FP8_E4M3_NAN;
     if (a >= 0x43E00000u) return sign | 0x7E; /* >= 448 (and infinities): saturate */
     const int32_t eb = (int32_t)(a >> 23);    /* f32 biased exponent */
-    const uint32_t sig = (a & 0x7FFFFFu) | (eb ? 0x800000u : 0); /* value = sig * 2^(max(eb,1) - 150) */
+    const uint32_t sig =
+        (a & 0x7FFFFFu) | (eb ? 0x800000u : 0); /* value = sig * 2^(max(eb,1) - 150) */
     if (eb < 121) {
         /* Below e4m3's smallest normal (2^-6): the code is the value in
          * units of 2^-9, rounded to an integer (0..8; 8 is the smallest

@@ -20,19 +20,17 @@
 
 /* Records a formatted message for the current thread and returns `st`, so a
  * failure path reads `return is_error_set(IS_ERR_FORMAT, "...", ...);`. */
-is_status is_error_set(is_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+is_status is_error_set(is_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Forgets the current thread's message. */
 void is_error_clear(void);
 
-#define IS_ASSERT(cond)                                                        \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__,         \
-                    __LINE__, #cond);                                          \
-            abort();                                                           \
-        }                                                                      \
+#define IS_ASSERT(cond)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #cond);           \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 #endif

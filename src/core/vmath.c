@@ -16,7 +16,8 @@ static inline __m256 exp256(__m256 x) {
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     x = _mm256_min_ps(x, hi);
     x = _mm256_max_ps(x, lo);
-    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 fx =
+        _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm256_fnmadd_ps(fx, c1, x);
     x = _mm256_fnmadd_ps(fx, c2, x);
     __m256 z = _mm256_mul_ps(x, x);

@@ -26,7 +26,7 @@ struct is_session {
     int32_t seq;
     int32_t *tokens; /* [n_ctx] tokens whose KV the sequence holds */
     int32_t n_tokens;
-    float *logits;   /* [n_vocab] */
+    float *logits; /* [n_vocab] */
 };
 
 is_model_params is_model_default_params(void) {
@@ -127,8 +127,13 @@ void is_session_free(is_session *s) {
 
 is_gen_params is_gen_default_params(void) {
     is_gen_params p = {
-        .max_tokens = 256, .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 0,
-        .stop = NULL, .n_stop = 0,
+        .max_tokens = 256,
+        .temperature = 0.8f,
+        .top_k = 40,
+        .top_p = 0.95f,
+        .seed = 0,
+        .stop = NULL,
+        .n_stop = 0,
     };
     return p;
 }
@@ -172,13 +177,14 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
     if (n_prompt == 0) return is_error_set(IS_ERR_INVALID_ARG, "empty prompt");
     int32_t n_ctx = engine_n_ctx(s->eng);
     if ((int64_t)n_prompt > n_ctx)
-        return is_error_set(IS_ERR_CONTEXT_FULL, "prompt of %zu tokens is longer than the context of %d",
-                            n_prompt, n_ctx);
+        return is_error_set(IS_ERR_CONTEXT_FULL,
+                            "prompt of %zu tokens is longer than the context of %d", n_prompt,
+                            n_ctx);
     for (size_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= c->n_vocab)
             return is_error_set(IS_ERR_INVALID_ARG, "token id %d out of range", prompt[i]);
-    sampler_params sp = {.temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p,
-                         .seed = p.seed};
+    sampler_params sp = {
+        .temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p, .seed = p.seed};
     sampler *smp = NULL;
     is_status st = sampler_create(sp, c->n_vocab, &smp);
     if (st != IS_OK) return st;
@@ -186,7 +192,8 @@ is_status is_session_generate(is_session *s, const int32_t *prompt, size_t n_pro
     /* Reuse the longest common prefix, but always recompute at least the
      * last prompt token so its logits are fresh. */
     int32_t keep = 0;
-    while (keep < s->n_tokens && (size_t)keep < n_prompt - 1 && s->tokens[keep] == prompt[keep]) keep++;
+    while (keep < s->n_tokens && (size_t)keep < n_prompt - 1 && s->tokens[keep] == prompt[keep])
+        keep++;
     kv_seq_truncate(engine_kv(s->eng), s->seq, keep);
     s->n_tokens = keep;
     st_out.n_prompt_reused = keep;

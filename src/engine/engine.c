@@ -23,23 +23,24 @@ struct engine {
     float **k_cache, **v_cache; /* [n_layers] -> [n_blocks][n_kv_heads][block_size][head_dim] */
     void *k_all, *v_all;        /* the layers' caches, one after the other, layer_bytes apart */
     size_t layer_bytes;
-    size_t kv_esize;            /* bytes per cache element (backend's kv_elem_size) */
-    seq_state *seqs;            /* [max_seqs] */
+    size_t kv_esize; /* bytes per cache element (backend's kv_elem_size) */
+    seq_state *seqs; /* [max_seqs] */
     /* Sequences present in one forward chunk, [max_seqs] each. */
     int32_t *u_seq, *u_len;
     const int32_t **u_table, **u_seg;
     int32_t *u_mem; /* [max_seqs][2] memory spans of the chunk's sequences */
 
     /* Activation scratch for one chunk of up to max_batch tokens. */
-    float *x;      /* [B][dim] residual stream */
-    float *xb;     /* [B][dim] normed input / attention projection output */
-    float *q;      /* [B][n_heads*head_dim] */
-    float *k, *v;  /* [B][n_kv_heads*head_dim] */
-    float *att;    /* [B][n_heads*head_dim] attention output */
+    float *x;       /* [B][dim] residual stream */
+    float *xb;      /* [B][dim] normed input / attention projection output */
+    float *q;       /* [B][n_heads*head_dim] */
+    float *k, *v;   /* [B][n_kv_heads*head_dim] */
+    float *att;     /* [B][n_heads*head_dim] attention output */
     float *hg, *hu; /* [B][ffn_dim] gate, up */
-    float *logits; /* [B][n_vocab] */
-    float *q2;     /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
-    int32_t *pos, *rpos, *rpos2, *slots, *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
+    float *logits;  /* [B][n_vocab] */
+    float *q2;      /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
+    int32_t *pos, *rpos, *rpos2, *slots,
+        *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
 };
 
 /* A forward over some of the layers (engine_recompute_blend): layers
@@ -60,8 +61,13 @@ typedef struct fwd_range {
 
 engine_params engine_default_params(void) {
     engine_params p = {
-        .n_ctx = 0, .max_seqs = 8, .n_blocks = 0, .block_size = 16, .max_batch = 512,
-        .mem_temp = 1.0f, .mem_mass = 1.0f,
+        .n_ctx = 0,
+        .max_seqs = 8,
+        .n_blocks = 0,
+        .block_size = 16,
+        .max_batch = 512,
+        .mem_temp = 1.0f,
+        .mem_mass = 1.0f,
     };
     return p;
 }
@@ -102,8 +108,12 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     e->be = m->be;
     e->p = p;
     kv_cache_params kp = {
-        .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-        .block_size = p.block_size, .n_blocks = p.n_blocks, .max_seqs = p.max_seqs,
+        .n_layers = c->n_layers,
+        .n_kv_heads = c->n_kv_heads,
+        .head_dim = c->head_dim,
+        .block_size = p.block_size,
+        .n_blocks = p.n_blocks,
+        .max_seqs = p.max_seqs,
     };
     is_status st = kv_cache_create(kp, &e->kv);
     if (st != IS_OK) goto fail;
@@ -127,7 +137,8 @@ is_status engine_create(model *m, engine_params p, engine **out) {
     }
     e->kv_esize = e->be->ops->kv_elem_size ? e->be->ops->kv_elem_size(e->be) : sizeof(float);
     /* One allocation per cache, so a block of every layer is one strided copy. */
-    size_t layer_bytes = (size_t)p.n_blocks * p.block_size * c->n_kv_heads * c->head_dim * e->kv_esize;
+    size_t layer_bytes =
+        (size_t)p.n_blocks * p.block_size * c->n_kv_heads * c->head_dim * e->kv_esize;
     e->layer_bytes = layer_bytes;
     if ((st = e->be->ops->alloc(e->be, layer_bytes * c->n_layers, &e->k_all)) != IS_OK ||
         (st = e->be->ops->alloc(e->be, layer_bytes * c->n_layers, &e->v_all)) != IS_OK)
@@ -142,8 +153,7 @@ is_status engine_create(model *m, engine_params p, engine **out) {
         (st = alloc_f32(e, &e->q, B * q_dim)) || (st = alloc_f32(e, &e->k, B * kv_dim)) ||
         (st = alloc_f32(e, &e->v, B * kv_dim)) || (st = alloc_f32(e, &e->att, B * q_dim)) ||
         (st = alloc_f32(e, &e->hg, B * c->ffn_dim)) ||
-        (st = alloc_f32(e, &e->hu, B * c->ffn_dim)) ||
-        (st = alloc_f32(e, &e->q2, B * q_dim)) ||
+        (st = alloc_f32(e, &e->hu, B * c->ffn_dim)) || (st = alloc_f32(e, &e->q2, B * q_dim)) ||
         (st = alloc_f32(e, &e->logits, B * c->n_vocab)))
         goto fail;
     *out = e;
@@ -216,7 +226,8 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n) {
             kv_seq_truncate(e->kv, dst, 0);
             return st;
         }
-        int32_t sb = kv_cache_slot(e->kv, src, shared) / bs, db = kv_cache_slot(e->kv, dst, shared) / bs;
+        int32_t sb = kv_cache_slot(e->kv, src, shared) / bs,
+                db = kv_cache_slot(e->kv, dst, shared) / bs;
         /* The trailing block is copied whole, every head and row: one copy
          * per layer and cache instead of one per head (a GPU pays ~5 us per
          * copy call: 512 of them were 2.5 ms of an 8B fork). Rows past the
@@ -305,9 +316,8 @@ static void add_norm(backend *be, float *out, float *x, const float *res, const 
 
 /* Products that share their input, in one call where the backend can
  * (stacked weights read in one pass). */
-static void matmul_n(backend *be, float *const *ys, const float *x,
-                     const backend_weight *const *ws, const backend_weight *const *bs, int32_t n,
-                     int32_t T) {
+static void matmul_n(backend *be, float *const *ys, const float *x, const backend_weight *const *ws,
+                     const backend_weight *const *bs, int32_t n, int32_t T) {
     const backend_ops *op = be->ops;
     if (op->matmul_n) {
         op->matmul_n(be, ys, x, ws, bs, n, T);
@@ -424,12 +434,18 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     for (int32_t i = 0; i < n; i++)
         if (e->rpos2[i] != e->rpos[i]) shifted = true;
     attn_batch ab = {
-        .n_tokens = n, .pos = e->pos, .seq_of_token = e->seq_idx, .n_seqs = n_uniq,
-        .block_tables = tables, .seq_len = lens, .seq_segments = any_seg ? segs : NULL,
+        .n_tokens = n,
+        .pos = e->pos,
+        .seq_of_token = e->seq_idx,
+        .n_seqs = n_uniq,
+        .block_tables = tables,
+        .seq_len = lens,
+        .seq_segments = any_seg ? segs : NULL,
         .q_prefix = shifted ? e->q2 : NULL,
         /* Plain attention (and its fast paths) unless the memory is mapped. */
         .mem_span = any_mem && (e->p.mem_temp != 1.0f || e->p.mem_mass != 1.0f) ? e->u_mem : NULL,
-        .mem_temp = e->p.mem_temp, .mem_mass = e->p.mem_mass,
+        .mem_temp = e->p.mem_temp,
+        .mem_mass = e->p.mem_mass,
     };
     /* Captured rows of this chunk: batch tokens [cap0, cap1). */
     const engine_kv_capture *cap = b->capture;
@@ -443,8 +459,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     const bool store = range ? range->store : true;
     if (range && range->x_in)
         op->copy(be, e->x, range->x_in + (size_t)t0 * c->dim, (size_t)n * c->dim * sizeof(float));
-    else
-        op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
+    else op->get_rows(be, e->x, m->token_embd, b->tokens + t0, n);
     for (int32_t l = l0; l < l1; l++) {
         const model_layer *L = &m->layers[l];
         /* Later layers' first norm comes with the previous layer's last add. */
@@ -490,8 +505,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
         op->matmul(be, e->xb, e->hg, L->w_down, NULL, n);
         if (l + 1 < c->n_layers)
             add_norm(be, e->xb, e->x, e->xb, m->layers[l + 1].attn_norm, n, c->dim, c->rms_eps);
-        else
-            op->add(be, e->x, e->xb, (int64_t)n * c->dim); /* the head normalises selected rows */
+        else op->add(be, e->x, e->xb, (int64_t)n * c->dim); /* the head normalises selected rows */
     }
     if (range && !range->head) {
         /* No head. Stopped before layer l1: x is its residual input, xb its norm. */
@@ -528,8 +542,7 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
     }
     if (n_out > 0 && out->logits)
         op->download(be, out->logits, e->logits, (size_t)n_out * c->n_vocab * sizeof(float));
-    else if (n_out > 0)
-        greedy_rows(e, out, n_out);
+    else if (n_out > 0) greedy_rows(e, out, n_out);
     op->sync(be);
     return n_out;
 }
@@ -552,7 +565,8 @@ static is_status check_rewrite(engine *e, const engine_batch *b, int32_t *last) 
         if (last[s] == -2)
             return is_error_set(IS_ERR_INVALID_ARG,
                                 "recompute: batch token %d recomputes position %d after tokens "
-                                "appended to its sequence", t, p);
+                                "appended to its sequence",
+                                t, p);
         if (p < ss->mem_begin || p >= ss->mem_end || p >= len || p <= last[s])
             return is_error_set(IS_ERR_INVALID_ARG,
                                 "recompute: position %d is not after %d inside the memory [%d, %d)",
@@ -620,8 +634,8 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         if (!add[s]) continue;
         if (base_len[s] + add[s] > e->p.n_ctx) {
             st = is_error_set(IS_ERR_CONTEXT_FULL,
-                              "engine: sequence %d would hold %d tokens, past the context of %d",
-                              s, base_len[s] + add[s], e->p.n_ctx);
+                              "engine: sequence %d would hold %d tokens, past the context of %d", s,
+                              base_len[s] + add[s], e->p.n_ctx);
             break;
         }
         if ((st = kv_seq_grow(e->kv, s, add[s])) != IS_OK) break;
@@ -633,7 +647,8 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         for (int32_t t = 0; t < b->n_tokens && st == IS_OK; t++) {
             int32_t s = b->seq[t];
             if (b->rewrite && b->rewrite[t] >= 0) continue; /* its slot keeps its segment */
-            st = seq_set_segments(e, s, base_len[s] + seen[s]++, b->segment ? &b->segment[t] : NULL, 1);
+            st = seq_set_segments(e, s, base_len[s] + seen[s]++, b->segment ? &b->segment[t] : NULL,
+                                  1);
         }
         free(seen);
     }
@@ -692,7 +707,8 @@ is_status engine_inject(engine *e, int32_t seq, const engine_fact *facts, int32_
 
 bool engine_fact_resident(engine *e, uint64_t cache_id, int32_t n_tokens) {
     const backend_ops *op = e->be->ops;
-    return cache_id && op->inject && op->fact_resident && op->fact_resident(e->be, cache_id, n_tokens);
+    return cache_id && op->inject && op->fact_resident &&
+           op->fact_resident(e->be, cache_id, n_tokens);
 }
 
 /* Checks one sequence's facts before anything changes: ids, lengths, and
@@ -710,7 +726,8 @@ static is_status inject_check(engine *e, int32_t seq, const engine_fact *facts,
         if ((!facts[f].k || !facts[f].v) &&
             !engine_fact_resident(e, cache_ids ? cache_ids[f] : 0, facts[f].n_tokens))
             return is_error_set(IS_ERR_INVALID_ARG,
-                                "inject: fact %d has no values and the backend does not hold it", f);
+                                "inject: fact %d has no values and the backend does not hold it",
+                                f);
         *total += facts[f].n_tokens;
     }
     return IS_OK;
@@ -718,7 +735,7 @@ static is_status inject_check(engine *e, int32_t seq, const engine_fact *facts,
 
 /* What a sequence held before its facts were placed, to put it back. */
 typedef struct inject_undo {
-    int32_t base, total;    /* length before; tokens placed (0: nothing to undo) */
+    int32_t base, total; /* length before; tokens placed (0: nothing to undo) */
     int32_t mem_begin, mem_end;
 } inject_undo;
 
@@ -895,9 +912,16 @@ is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t 
         at += undo[i].total;
     }
     backend_inject in = {
-        .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-        .block_size = e->p.block_size, .facts = bf, .n_facts = (int32_t)all_facts, .pos0 = 0,
-        .slots = slots, .pos = pos, .rope = &c->rope,
+        .n_layers = c->n_layers,
+        .n_kv_heads = c->n_kv_heads,
+        .head_dim = c->head_dim,
+        .block_size = e->p.block_size,
+        .facts = bf,
+        .n_facts = (int32_t)all_facts,
+        .pos0 = 0,
+        .slots = slots,
+        .pos = pos,
+        .rope = &c->rope,
     };
     op->inject(be, e->k_cache, e->v_cache, &in);
     free(bf);
@@ -926,8 +950,8 @@ is_status engine_seq_read_kv(engine *e, int32_t seq, int32_t pos, int32_t n, voi
     const model_config *c = &e->m->cfg;
     if (seq < 0 || seq >= e->p.max_seqs || pos < 0 || n < 0 ||
         (int64_t)pos + n > kv_seq_length(e->kv, seq))
-        return is_error_set(IS_ERR_INVALID_ARG, "read_kv: positions [%d, %lld) of sequence %d",
-                            pos, (long long)pos + n, seq);
+        return is_error_set(IS_ERR_INVALID_ARG, "read_kv: positions [%d, %lld) of sequence %d", pos,
+                            (long long)pos + n, seq);
     if (n == 0) return IS_OK;
     int32_t *slots = malloc((size_t)n * sizeof *slots);
     if (!slots) return is_error_set(IS_ERR_NOMEM, "read_kv: out of memory");
@@ -939,8 +963,10 @@ is_status engine_seq_read_kv(engine *e, int32_t seq, int32_t pos, int32_t n, voi
             for (int32_t h = 0; h < kh; h++) {
                 const size_t src = ((size_t)(slots[i] / bs) * kh + h) * bs + slots[i] % bs;
                 const size_t dst = (((size_t)l * n + i) * kh + h) * row;
-                e->be->ops->download(e->be, (char *)k + dst, (const char *)e->k_cache[l] + src * row, row);
-                e->be->ops->download(e->be, (char *)v + dst, (const char *)e->v_cache[l] + src * row, row);
+                e->be->ops->download(e->be, (char *)k + dst,
+                                     (const char *)e->k_cache[l] + src * row, row);
+                e->be->ops->download(e->be, (char *)v + dst,
+                                     (const char *)e->v_cache[l] + src * row, row);
             }
     free(slots);
     return backend_status(e->be);
@@ -1014,8 +1040,8 @@ is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int
     }
     for (int32_t i = 0; i < n; i++) seqs[i] = seq;
     /* A batch of recomputed tokens only: nothing appended. */
-    engine_batch b = {.n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want,
-                      .rewrite = pos};
+    engine_batch b = {
+        .n_tokens = n, .tokens = tokens, .seq = seqs, .want_logits = want, .rewrite = pos};
     is_status st = decode_impl(e, &b, NULL, NULL);
     free(seqs);
     free(want);
@@ -1067,8 +1093,10 @@ static is_status blend_check(engine *e, int32_t seq, const engine_blend *bl, int
         return is_error_set(IS_ERR_INVALID_ARG, "blend: ratio %g is not in [0, 1]",
                             (double)bl->ratio);
     if (c->n_layers < 2)
-        return is_error_set(IS_ERR_INVALID_ARG, "blend: a model of %d layer has no second layer "
-                                                "to compare", c->n_layers);
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "blend: a model of %d layer has no second layer "
+                            "to compare",
+                            c->n_layers);
     const seq_state *ss = &e->seqs[seq];
     const int32_t len = kv_seq_length(e->kv, seq);
     *total = 0;
@@ -1080,8 +1108,10 @@ static is_status blend_check(engine *e, int32_t seq, const engine_blend *bl, int
     }
     const int32_t mem_end = ss->mem_end < len ? ss->mem_end : len;
     if (ss->mem_begin + *total > mem_end)
-        return is_error_set(IS_ERR_INVALID_ARG, "blend: %d fact tokens do not lie in the memory "
-                                                "[%d, %d)", *total, ss->mem_begin, mem_end);
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "blend: %d fact tokens do not lie in the memory "
+                            "[%d, %d)",
+                            *total, ss->mem_begin, mem_end);
     return IS_OK;
 }
 
@@ -1162,9 +1192,12 @@ static is_status blend_prepare(engine *e, int32_t seq, int32_t len, const engine
     return st;
 }
 
-is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts,
-                                 int32_t n_facts, float ratio, bool *selected, float *deviation) {
-    engine_blend bl = {.facts = facts, .n_facts = n_facts, .ratio = ratio, .selected = selected,
+is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts,
+                                 float ratio, bool *selected, float *deviation) {
+    engine_blend bl = {.facts = facts,
+                       .n_facts = n_facts,
+                       .ratio = ratio,
+                       .selected = selected,
                        .deviation = deviation};
     int32_t total;
     is_status st = blend_check(e, seq, &bl, &total);
@@ -1215,8 +1248,8 @@ static is_status blend_forward(engine *e, const engine_batch *b, const int32_t *
     if (st == IS_OK) st = alloc_f32(e, &hcat, (size_t)n * c->dim);
     if (st == IS_OK) {
         /* The batch through layer 0, stored, its output after the chosen rows. */
-        fwd_range first = {.l0 = 0, .l1 = 1, .x_out = hcat + (size_t)bs.n_sel * c->dim,
-                           .store = true};
+        fwd_range first = {
+            .l0 = 0, .l1 = 1, .x_out = hcat + (size_t)bs.n_sel * c->dim, .store = true};
         for (int32_t t0 = 0; st == IS_OK && t0 < nq; t0 += e->p.max_batch) {
             int32_t m = nq - t0 < e->p.max_batch ? nq - t0 : e->p.max_batch;
             forward_chunk(e, b, t0, m, base_len, co, &first);
@@ -1233,8 +1266,8 @@ static is_status blend_forward(engine *e, const engine_batch *b, const int32_t *
             seqs[i] = seq;
             want[i] = !mem && (b->want_logits ? b->want_logits[i - bs.n_sel] : i == n - 1);
         }
-        engine_batch fb = {.n_tokens = n, .tokens = toks, .seq = seqs, .want_logits = want,
-                           .rewrite = rw};
+        engine_batch fb = {
+            .n_tokens = n, .tokens = toks, .seq = seqs, .want_logits = want, .rewrite = rw};
         fwd_range rest = {.l0 = 1, .l1 = c->n_layers, .x_in = hcat, .store = true, .head = true};
         for (int32_t t0 = 0; st == IS_OK && t0 < n; t0 += e->p.max_batch) {
             int32_t m = n - t0 < e->p.max_batch ? n - t0 : e->p.max_batch;
@@ -1264,7 +1297,8 @@ bool engine_host_tier(engine *e) {
 }
 
 is_status engine_host_alloc(engine *e, size_t bytes, void **out) {
-    if (!e->be->ops->host_alloc) return is_error_set(IS_ERR_UNSUPPORTED, "backend has no host tier");
+    if (!e->be->ops->host_alloc)
+        return is_error_set(IS_ERR_UNSUPPORTED, "backend has no host tier");
     return e->be->ops->host_alloc(e->be, bytes, out);
 }
 
@@ -1280,8 +1314,13 @@ bool engine_fact_prefetch(engine *e, uint64_t cache_id, int32_t n_tokens, int32_
                           const void *k, const void *v) {
     if (!cache_id || n_tokens <= 0 || !engine_host_tier(e)) return false;
     const model_config *c = &e->m->cfg;
-    backend_fact_host f = {.id = cache_id, .n_tokens = n_tokens, .n_layers = c->n_layers,
-                           .kv_dim = c->n_kv_heads * c->head_dim, .dtype = dtype, .k = k, .v = v};
+    backend_fact_host f = {.id = cache_id,
+                           .n_tokens = n_tokens,
+                           .n_layers = c->n_layers,
+                           .kv_dim = c->n_kv_heads * c->head_dim,
+                           .dtype = dtype,
+                           .k = k,
+                           .v = v};
     return e->be->ops->fact_prefetch(e->be, &f);
 }
 

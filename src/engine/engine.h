@@ -56,23 +56,24 @@ is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n);
 /* Keys (before RoPE) and values of a range of batch tokens, copied out
  * during the forward pass: how a fact's KV is captured at encoding time. */
 typedef struct engine_kv_capture {
-    int32_t first;  /* first batch token captured */
-    int32_t n;      /* tokens captured */
-    float *k;       /* [n_layers][n][n_kv_heads*head_dim] host memory, pre-RoPE */
-    float *v;       /* [n_layers][n][n_kv_heads*head_dim] host memory */
+    int32_t first; /* first batch token captured */
+    int32_t n;     /* tokens captured */
+    float *k;      /* [n_layers][n][n_kv_heads*head_dim] host memory, pre-RoPE */
+    float *v;      /* [n_layers][n][n_kv_heads*head_dim] host memory */
 } engine_kv_capture;
 
 typedef struct engine_blend engine_blend; /* below */
 
 typedef struct engine_batch {
     int32_t n_tokens;
-    const int32_t *tokens;      /* [n] token ids */
-    const int32_t *seq;         /* [n] sequence of each token */
-    const bool *want_logits;    /* [n] which tokens produce logits; NULL = the last token only */
+    const int32_t *tokens;   /* [n] token ids */
+    const int32_t *seq;      /* [n] sequence of each token */
+    const bool *want_logits; /* [n] which tokens produce logits; NULL = the last token only */
     /* Optional, for the segment-masked reference and for encoding: */
-    const int32_t *segment;     /* [n] segment ids (backend.h attn_batch), or NULL */
-    const int32_t *pos;         /* [n] RoPE positions, or NULL = the slot index */
-    const int32_t *prefix_shift; /* [n] the token scores segment-0 keys as if at pos - shift, or NULL */
+    const int32_t *segment; /* [n] segment ids (backend.h attn_batch), or NULL */
+    const int32_t *pos;     /* [n] RoPE positions, or NULL = the slot index */
+    const int32_t
+        *prefix_shift; /* [n] the token scores segment-0 keys as if at pos - shift, or NULL */
     engine_kv_capture *capture; /* or NULL */
     /* Optional, for recomputation fused into a forward (NULL = every token
      * appended): [n] the position a token recomputes in place, a slot its
@@ -216,8 +217,8 @@ is_status engine_recompute(engine *e, int32_t seq, const int32_t *pos, const int
  * without values or that do not lie in the memory segment, a model of one
  * layer; on a backend failure the memory's slots are undefined: close the
  * sequence. */
-is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts,
-                                 int32_t n_facts, float ratio, bool *selected, float *deviation);
+is_status engine_recompute_blend(engine *e, int32_t seq, const engine_fact *facts, int32_t n_facts,
+                                 float ratio, bool *selected, float *deviation);
 
 /* Sets mem_temp and mem_mass (engine_params) for the forwards from here
  * on. IS_ERR_INVALID_ARG (nothing changed) unless both are positive and

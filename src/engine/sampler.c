@@ -36,12 +36,12 @@ typedef struct cand {
 struct sampler {
     sampler_params params;
     int32_t n_vocab;
-    uint64_t seed;    /* the seed in use (never 0) */
-    uint64_t rng[4];  /* xoshiro256** state */
-    cand *cand;       /* [n_vocab] candidates (best first on the top-k path) */
-    float *w_by_pos;  /* [n_vocab] weight of cand[j] */
-    float *w_by_id;   /* [n_vocab] weight of token i (paths over all tokens) */
-    cand *edge;       /* [n_vocab] tokens of the nucleus' boundary bucket */
+    uint64_t seed;       /* the seed in use (never 0) */
+    uint64_t rng[4];     /* xoshiro256** state */
+    cand *cand;          /* [n_vocab] candidates (best first on the top-k path) */
+    float *w_by_pos;     /* [n_vocab] weight of cand[j] */
+    float *w_by_id;      /* [n_vocab] weight of token i (paths over all tokens) */
+    cand *edge;          /* [n_vocab] tokens of the nucleus' boundary bucket */
     double *bucket_mass; /* [NUCLEUS_BUCKETS] weight held by each bucket */
 };
 
@@ -71,9 +71,7 @@ static uint64_t rng_next(uint64_t *s) {
 }
 
 /* Uniform in [0, 1) with 53 random bits. */
-static double rng_uniform(uint64_t *s) {
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
+static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
 
 /* A seed for p.seed == 0: the clock, the sampler's address and a counter,
  * so that two samplers created in the same nanosecond still differ. */
@@ -239,8 +237,7 @@ static int32_t sample_nucleus_all(sampler *s, const float *logits, double total)
     }
     /* gathered in id order: already best first when their logits are equal */
     bool sorted = true;
-    for (int32_t j = 1; j < ne && sorted; j++)
-        sorted = !cand_worse(s->edge[j - 1], s->edge[j]);
+    for (int32_t j = 1; j < ne && sorted; j++) sorted = !cand_worse(s->edge[j - 1], s->edge[j]);
     if (!sorted) qsort(s->edge, (size_t)ne, sizeof *s->edge, cand_cmp_best_first);
     double cum = above;
     for (int32_t j = 0; j < ne; j++) {

@@ -28,10 +28,10 @@
 #include <stddef.h>
 
 typedef struct textout {
-    char *buf;             /* everything generated so far (NUL-terminated) */
+    char *buf; /* everything generated so far (NUL-terminated) */
     size_t len, cap;
-    size_t emitted;        /* bytes of buf already given out */
-    size_t stop_at;        /* where the stop string begins, once one completed */
+    size_t emitted; /* bytes of buf already given out */
+    size_t stop_at; /* where the stop string begins, once one completed */
     bool stopped;
     const char *const *stop; /* borrowed; must outlive the textout */
     size_t n_stop;

@@ -61,7 +61,7 @@ is_status kv_precision_run(engine *e, const locomo_conv *conv, const kv_precisio
     ask_ctx *ac[KV_DTYPE_COUNT] = {0};
     float *logits = malloc((size_t)KV_DTYPE_COUNT * n_vocab * sizeof(float));
     float *lp = malloc(2 * (size_t)n_vocab * sizeof(float));
-    char (*ids)[24] = calloc((size_t)p->k, sizeof *ids);
+    char(*ids)[24] = calloc((size_t)p->k, sizeof *ids);
     const char **idp = calloc((size_t)p->k, sizeof *idp);
     const char **ctx = calloc((size_t)(p->window > 0 ? p->window : 1), sizeof *ctx);
     bool *encoded = calloc((size_t)conv->n_facts, sizeof *encoded);
@@ -105,8 +105,12 @@ is_status kv_precision_run(engine *e, const locomo_conv *conv, const kv_precisio
         if (st == IS_OK) st = teacher_answer_tokens(mdl, q->answer, &ans, &n_ans);
         double nll[KV_DTYPE_COUNT];
         for (int d = 0; d < KV_DTYPE_COUNT && st == IS_OK; d++) {
-            ask_request r = {.mode = ASK_MODE_KV, .query = q->question, .fact_ids = idp,
-                             .n_facts = p->k, .max_tokens = 1, .top_p = 1.0f};
+            ask_request r = {.mode = ASK_MODE_KV,
+                             .query = q->question,
+                             .fact_ids = idp,
+                             .n_facts = p->k,
+                             .max_tokens = 1,
+                             .top_p = 1.0f};
             st = teacher_score_request(e, store[d], ac[d], &r, ans, n_ans, &nll[d],
                                        logits + (size_t)d * n_vocab);
         }

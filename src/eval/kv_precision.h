@@ -36,15 +36,15 @@ typedef struct kv_precision_params {
 /* One record dtype against f32 records, over the questions scored. */
 typedef struct kv_precision_row {
     kv_dtype dtype;
-    int32_t n;               /* questions scored */
-    double max_abs_dlogit;   /* max over questions and vocabulary of |logit - logit_f32| */
-    double max_rel_dlogit;   /* the same, each question's divided by its f32 logits' range */
-    double max_rel_l2;       /* max over questions of |logits - logits_f32|_2 / |logits_f32|_2
+    int32_t n;              /* questions scored */
+    double max_abs_dlogit;  /* max over questions and vocabulary of |logit - logit_f32| */
+    double max_rel_dlogit;  /* the same, each question's divided by its f32 logits' range */
+    double max_rel_l2;      /* max over questions of |logits - logits_f32|_2 / |logits_f32|_2
                               * (the measure of the project's bf16 tolerance, 1e-2) */
-    double mean_kl, max_kl;  /* KL(p_f32 || p) of the first answer token, nats */
-    double mean_abs_dnll;    /* mean |NLL - NLL_f32| of the whole gold answer, nats/token */
-    int32_t top1_agree;      /* questions whose most likely first token is f32's */
-    size_t kv_bytes;         /* k and v sections of the k facts of the last question */
+    double mean_kl, max_kl; /* KL(p_f32 || p) of the first answer token, nats */
+    double mean_abs_dnll;   /* mean |NLL - NLL_f32| of the whole gold answer, nats/token */
+    int32_t top1_agree;     /* questions whose most likely first token is f32's */
+    size_t kv_bytes;        /* k and v sections of the k facts of the last question */
 } kv_precision_row;
 
 /* Runs the comparison on `e` (an engine with at least KV_DTYPE_COUNT + 2

@@ -59,8 +59,7 @@ static char *us_encode(const int32_t *c, int32_t n) {
     char *out = malloc((size_t)n * 4 + 1);
     if (!out) return NULL;
     size_t len = 0;
-    for (int32_t i = 0; i < n; i++)
-        len += utf8_encode((uint32_t)c[i], out + len);
+    for (int32_t i = 0; i < n; i++) len += utf8_encode((uint32_t)c[i], out + len);
     out[len] = '\0';
     return out;
 }
@@ -71,8 +70,8 @@ static char *us_encode(const int32_t *c, int32_t n) {
 static bool py_isspace(int32_t c) {
     if (c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F)) return true;
     if (c < 0x85) return false;
-    return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+    return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+           c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 /* string.punctuation. */
@@ -84,19 +83,26 @@ static bool py_ispunct_ascii(int32_t c) {
  * punctuation, join controls. Alphabetic = letters, Nl and the circled
  * letters (So with Other_Alphabetic). */
 static bool regex_isword(int32_t c) {
-    if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (c < 0x80)
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+               c == '_';
     if (c == 0x200C || c == 0x200D) return true;
     if ((c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
         (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189))
         return true;
     switch (utf8proc_category(c)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
-        return true;
-    default:
-        return false;
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_PC: return true;
+    default: return false;
     }
 }
 
@@ -107,10 +113,23 @@ static bool is_cased(int32_t c) {
 
 static bool is_case_ignorable(int32_t c) {
     switch (c) {
-    case 0x27: case 0x2E: case 0x3A: case 0xB7: case 0x387: case 0x55F: case 0x5F4:
-    case 0x2018: case 0x2019: case 0x2024: case 0x2027: case 0xFE13: case 0xFE52:
-    case 0xFE55: case 0xFF07: case 0xFF0E: case 0xFF1A:
-        return true;
+    case 0x27:
+    case 0x2E:
+    case 0x3A:
+    case 0xB7:
+    case 0x387:
+    case 0x55F:
+    case 0x5F4:
+    case 0x2018:
+    case 0x2019:
+    case 0x2024:
+    case 0x2027:
+    case 0xFE13:
+    case 0xFE52:
+    case 0xFE55:
+    case 0xFF07:
+    case 0xFF0E:
+    case 0xFF1A: return true;
     }
     utf8proc_category_t k = utf8proc_category(c);
     return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_ME || k == UTF8PROC_CATEGORY_CF ||
@@ -196,10 +215,12 @@ static bool normalize_cp(const ustr *in, ustr *out) {
 }
 
 is_status locomo_eval_normalize(const char *text, char **out) {
-    if (!text || !out) return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_normalize: NULL argument");
+    if (!text || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_normalize: NULL argument");
     ustr in = {0}, norm = {0};
     char *s = NULL;
-    if (us_decode(text, strlen(text), &in) && normalize_cp(&in, &norm)) s = us_encode(norm.c, norm.n);
+    if (us_decode(text, strlen(text), &in) && normalize_cp(&in, &norm))
+        s = us_encode(norm.c, norm.n);
     free(in.c);
     free(norm.c);
     if (!s) return is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -288,14 +309,14 @@ static void p_set(pword *w, int32_t drop, const char *repl) {
 }
 
 typedef enum p_cond {
-    P_NONE,   /* unconditional */
-    P_M0,     /* measure(stem) > 0 */
-    P_M1,     /* measure(stem) > 1 */
-    P_ION,    /* measure(stem) > 1 and stem ends in s or t */
-    P_LOGI,   /* measure(word[:-3]) > 0 */
-    P_LL,     /* measure(word[:-1]) > 1 */
-    P_E_CVC,  /* measure(stem) == 1 and stem ends cvc */
-    P_Y,      /* len(stem) > 1 and stem's last letter is a consonant */
+    P_NONE,  /* unconditional */
+    P_M0,    /* measure(stem) > 0 */
+    P_M1,    /* measure(stem) > 1 */
+    P_ION,   /* measure(stem) > 1 and stem ends in s or t */
+    P_LOGI,  /* measure(word[:-3]) > 0 */
+    P_LL,    /* measure(word[:-1]) > 1 */
+    P_E_CVC, /* measure(stem) == 1 and stem ends cvc */
+    P_Y,     /* len(stem) > 1 and stem's last letter is a consonant */
 } p_cond;
 
 typedef struct p_rule {
@@ -326,7 +347,8 @@ static bool p_apply(pword *w, const p_rule *rules, int32_t n_rules) {
     for (int32_t r = 0; r < n_rules; r++) {
         if (!p_ends(w, rules[r].suffix)) continue;
         int32_t stem_n = w->n - (int32_t)strlen(rules[r].suffix);
-        if (p_check(rules[r].cond, w, stem_n)) p_set(w, (int32_t)strlen(rules[r].suffix), rules[r].repl);
+        if (p_check(rules[r].cond, w, stem_n))
+            p_set(w, (int32_t)strlen(rules[r].suffix), rules[r].repl);
         return true;
     }
     return false;
@@ -340,7 +362,10 @@ static void p_step1a(pword *w) {
         return;
     }
     static const p_rule rules[] = {
-        {"sses", "ss", P_NONE}, {"ies", "i", P_NONE}, {"ss", "ss", P_NONE}, {"s", "", P_NONE},
+        {"sses", "ss", P_NONE},
+        {"ies", "i", P_NONE},
+        {"ss", "ss", P_NONE},
+        {"s", "", P_NONE},
     };
     p_apply(w, rules, N_RULES(rules));
 }
@@ -364,7 +389,8 @@ static void p_step1b(pword *w) {
     }
     if (!ok) return;
     /* The rule list applied to the intermediate stem. */
-    static const p_rule first[] = {{"at", "ate", P_NONE}, {"bl", "ble", P_NONE}, {"iz", "ize", P_NONE}};
+    static const p_rule first[] = {
+        {"at", "ate", P_NONE}, {"bl", "ble", P_NONE}, {"iz", "ize", P_NONE}};
     if (p_apply(w, first, N_RULES(first))) return;
     /* "*d": a double consonant loses one letter unless it is l, s or z. The
      * reference also tries the literal suffix "*d" at this point. */
@@ -419,11 +445,11 @@ static void p_step3(pword *w) {
 
 static void p_step4(pword *w) {
     static const p_rule rules[] = {
-        {"al", "", P_M1},   {"ance", "", P_M1}, {"ence", "", P_M1},  {"er", "", P_M1},
-        {"ic", "", P_M1},   {"able", "", P_M1}, {"ible", "", P_M1},  {"ant", "", P_M1},
+        {"al", "", P_M1},    {"ance", "", P_M1}, {"ence", "", P_M1}, {"er", "", P_M1},
+        {"ic", "", P_M1},    {"able", "", P_M1}, {"ible", "", P_M1}, {"ant", "", P_M1},
         {"ement", "", P_M1}, {"ment", "", P_M1}, {"ent", "", P_M1},  {"ion", "", P_ION},
-        {"ou", "", P_M1},   {"ism", "", P_M1},  {"ate", "", P_M1},   {"iti", "", P_M1},
-        {"ous", "", P_M1},  {"ive", "", P_M1},  {"ize", "", P_M1},
+        {"ou", "", P_M1},    {"ism", "", P_M1},  {"ate", "", P_M1},  {"iti", "", P_M1},
+        {"ous", "", P_M1},   {"ive", "", P_M1},  {"ize", "", P_M1},
     };
     p_apply(w, rules, N_RULES(rules));
 }
@@ -442,11 +468,12 @@ static void p_step5b(pword *w) {
 /* Irregular forms NLTK maps directly (its `pool`). */
 static const char *p_irregular(const int32_t *c, int32_t n) {
     static const char *const pool[][2] = {
-        {"sky", "sky"},         {"skies", "sky"},     {"dying", "die"},     {"lying", "lie"},
-        {"tying", "tie"},       {"news", "news"},     {"innings", "inning"}, {"inning", "inning"},
-        {"outings", "outing"},  {"outing", "outing"}, {"cannings", "canning"},
-        {"canning", "canning"}, {"howe", "howe"},     {"proceed", "proceed"},
-        {"exceed", "exceed"},   {"succeed", "succeed"},
+        {"sky", "sky"},         {"skies", "sky"},        {"dying", "die"},
+        {"lying", "lie"},       {"tying", "tie"},        {"news", "news"},
+        {"innings", "inning"},  {"inning", "inning"},    {"outings", "outing"},
+        {"outing", "outing"},   {"cannings", "canning"}, {"canning", "canning"},
+        {"howe", "howe"},       {"proceed", "proceed"},  {"exceed", "exceed"},
+        {"succeed", "succeed"},
     };
     for (size_t k = 0; k < sizeof pool / sizeof pool[0]; k++) {
         const char *s = pool[k][0];
@@ -533,7 +560,8 @@ static bool tokens_of(const char *text, size_t len, bool stem, toks *out) {
     ustr in = {0}, norm = {0}, word = {0}, st = {0};
     bool ok = us_decode(text, len, &in) && normalize_cp(&in, &norm);
     int32_t n_words = 0;
-    for (int32_t i = 0; ok && i < norm.n; i++) n_words += norm.c[i] != ' ' && (i == 0 || norm.c[i - 1] == ' ');
+    for (int32_t i = 0; ok && i < norm.n; i++)
+        n_words += norm.c[i] != ' ' && (i == 0 || norm.c[i - 1] == ' ');
     if (ok) {
         out->t = calloc((size_t)(n_words ? n_words : 1), sizeof *out->t);
         ok = out->t != NULL;
@@ -601,7 +629,8 @@ static bool f1_range(const char *p, size_t pl, const char *g, size_t gl, double 
 }
 
 is_status locomo_eval_f1(const char *prediction, const char *gold, double *out) {
-    if (!prediction || !gold || !out) return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_f1: NULL argument");
+    if (!prediction || !gold || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_f1: NULL argument");
     if (!f1_range(prediction, strlen(prediction), gold, strlen(gold), out))
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     return IS_OK;
@@ -640,7 +669,8 @@ is_status locomo_eval_f1_multi(const char *prediction, const char *gold, double 
 static is_status adversarial(const char *prediction, bool *out) {
     ustr in = {0}, low = {0};
     char *s = NULL;
-    if (us_decode(prediction, strlen(prediction), &in) && py_lower(&in, &low)) s = us_encode(low.c, low.n);
+    if (us_decode(prediction, strlen(prediction), &in) && py_lower(&in, &low))
+        s = us_encode(low.c, low.n);
     free(in.c);
     free(low.c);
     if (!s) return is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -654,10 +684,13 @@ static char *gold_for(const char *gold, int32_t category) {
     return category == 3 ? strndup(gold, strcspn(gold, ";")) : strdup(gold);
 }
 
-is_status locomo_eval_score(const char *prediction, const char *gold, int32_t category, double *out) {
-    if (!prediction || !gold || !out) return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_score: NULL argument");
+is_status locomo_eval_score(const char *prediction, const char *gold, int32_t category,
+                            double *out) {
+    if (!prediction || !gold || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_score: NULL argument");
     if (category < 1 || category > 5)
-        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_score: category %d is not 1-5", category);
+        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_score: category %d is not 1-5",
+                            category);
     if (category == 5) {
         bool hit;
         is_status st = adversarial(prediction, &hit);
@@ -666,7 +699,8 @@ is_status locomo_eval_score(const char *prediction, const char *gold, int32_t ca
     }
     char *g = gold_for(gold, category);
     if (!g) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    is_status st = category == 1 ? locomo_eval_f1_multi(prediction, g, out) : locomo_eval_f1(prediction, g, out);
+    is_status st = category == 1 ? locomo_eval_f1_multi(prediction, g, out)
+                                 : locomo_eval_f1(prediction, g, out);
     free(g);
     return st;
 }
@@ -675,7 +709,8 @@ is_status locomo_eval_exact_match(const char *prediction, const char *gold, bool
     if (!prediction || !gold || !out)
         return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_exact_match: NULL argument");
     toks a = {0}, b = {0};
-    if (!tokens_of(prediction, strlen(prediction), false, &a)) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (!tokens_of(prediction, strlen(prediction), false, &a))
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
     if (!tokens_of(gold, strlen(gold), false, &b)) {
         toks_free(&a);
         return is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -699,9 +734,11 @@ is_status locomo_eval_exact_match(const char *prediction, const char *gold, bool
 }
 
 is_status locomo_eval_exact(const char *prediction, const char *gold, int32_t category, bool *out) {
-    if (!prediction || !gold || !out) return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_exact: NULL argument");
+    if (!prediction || !gold || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_exact: NULL argument");
     if (category < 1 || category > 5)
-        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_exact: category %d is not 1-5", category);
+        return is_error_set(IS_ERR_INVALID_ARG, "locomo_eval_exact: category %d is not 1-5",
+                            category);
     if (category == 5) return adversarial(prediction, out);
     char *g = gold_for(gold, category);
     if (!g) return is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -710,8 +747,8 @@ is_status locomo_eval_exact(const char *prediction, const char *gold, int32_t ca
     return st;
 }
 
-double locomo_eval_recall(const char *const *evidence, int32_t n_evidence, const char *const *retrieved,
-                          int32_t n_retrieved) {
+double locomo_eval_recall(const char *const *evidence, int32_t n_evidence,
+                          const char *const *retrieved, int32_t n_retrieved) {
     if (n_evidence <= 0) return 1.0;
     int32_t found = 0;
     for (int32_t i = 0; i < n_evidence; i++) {

@@ -84,7 +84,7 @@ double locomo_eval_recall(const char *const *evidence, int32_t n_evidence,
 typedef struct locomo_eval_acc {
     int64_t n;
     double f1, em, recall, ttft_ms;
-    int64_t n_agree;       /* questions with an agreement value */
+    int64_t n_agree; /* questions with an agreement value */
     double agree, f1_vs_prompt;
 } locomo_eval_acc;
 

@@ -20,7 +20,8 @@ struct nll_report {
 
 is_status nll_report_create(const char *const *names, int32_t n_slots, nll_report **out) {
     if (!names || n_slots < 2 || n_slots > NLL_REPORT_MAX_SLOTS)
-        return is_error_set(IS_ERR_INVALID_ARG, "nll report: %d slots (2..%d)", n_slots, NLL_REPORT_MAX_SLOTS);
+        return is_error_set(IS_ERR_INVALID_ARG, "nll report: %d slots (2..%d)", n_slots,
+                            NLL_REPORT_MAX_SLOTS);
     nll_report *r = calloc(1, sizeof *r);
     if (!r) return is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i < n_slots; i++) snprintf(r->names[i], sizeof r->names[i], "%s", names[i]);
@@ -50,8 +51,8 @@ is_status nll_report_add(nll_report *r, const nll_row *row) {
 int32_t nll_report_n_rows(const nll_report *r) { return r->n; }
 
 /* "0.123 [0.100, 0.150]" or "-" */
-static void fmt_ci(char *buf, size_t cap, const double *a, const double *b, int32_t n, int32_t n_boot,
-                   uint64_t seed, double scale, int prec) {
+static void fmt_ci(char *buf, size_t cap, const double *a, const double *b, int32_t n,
+                   int32_t n_boot, uint64_t seed, double scale, int prec) {
     double p, lo, hi;
     if (n == 0 || !nll_bootstrap(a, b, n, n_boot, seed, 0.05, &p, &lo, &hi) || isnan(p)) {
         snprintf(buf, cap, "-");
@@ -71,15 +72,16 @@ void nll_report_print(const nll_report *r, FILE *f, int32_t n_boot, uint64_t see
         fprintf(f, "(out of memory)\n");
         return;
     }
-    fprintf(f, "| category | mode | n | gold NLL | recovered share %% | KL(prompt‖mode) | top-1 = prompt %% "
+    fprintf(f, "| category | mode | n | gold NLL | recovered share %% | KL(prompt‖mode) | top-1 = "
+               "prompt %% "
                "| P(list item) %% | F1 | EM |\n");
     fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int cat = 1; cat <= 5; cat++) {
         int want = cat == 5 ? 0 : cat;
         for (int32_t s = 0; s < r->n_slots; s++) {
             int32_t n = 0, nf = 0;
-            char c_nll[64], c_rec[64] = "-", c_kl[64] = "-", c_ag[64] = "-", c_pl[64], c_f1[64] = "-",
-                            c_em[64] = "-";
+            char c_nll[64], c_rec[64] = "-", c_kl[64] = "-", c_ag[64] = "-", c_pl[64],
+                            c_f1[64] = "-", c_em[64] = "-";
 #define COLLECT(expr)                                                                              \
     do {                                                                                           \
         n = 0;                                                                                     \
@@ -119,16 +121,18 @@ void nll_report_print(const nll_report *r, FILE *f, int32_t n_boot, uint64_t see
             }
 #undef COLLECT
             if (n == 0) continue;
-            fprintf(f, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", cat_names[want], r->names[s], n,
-                    c_nll, c_rec, c_kl, c_ag, c_pl, c_f1, c_em);
+            fprintf(f, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", cat_names[want],
+                    r->names[s], n, c_nll, c_rec, c_kl, c_ag, c_pl, c_f1, c_em);
         }
     }
-    fprintf(f, "\nTeacher-forced on the gold answer: mean token NLL (nats); recovered share = "
-               "sum(NLL_off - NLL_mode) / sum(NLL_off - NLL_prompt); KL and top-1 of the first answer "
-               "token's distribution against prompt mode's; P(list item): its probability of opening a "
-               "list item ('-', '*', '+', bullet, '1.'). Brackets: 95%% paired bootstrap intervals "
-               "(%d resamples of questions, fixed seed).\n",
-            n_boot);
+    fprintf(
+        f,
+        "\nTeacher-forced on the gold answer: mean token NLL (nats); recovered share = "
+        "sum(NLL_off - NLL_mode) / sum(NLL_off - NLL_prompt); KL and top-1 of the first answer "
+        "token's distribution against prompt mode's; P(list item): its probability of opening a "
+        "list item ('-', '*', '+', bullet, '1.'). Brackets: 95%% paired bootstrap intervals "
+        "(%d resamples of questions, fixed seed).\n",
+        n_boot);
     free(a);
     free(b);
 }

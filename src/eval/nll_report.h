@@ -25,13 +25,13 @@
 #define NLL_REPORT_MAX_SLOTS 16
 
 typedef struct nll_row {
-    int32_t category;                  /* 1..4 (others are not reported) */
-    double nll[NLL_REPORT_MAX_SLOTS];  /* gold answer's mean token NLL (nats) */
+    int32_t category;                   /* 1..4 (others are not reported) */
+    double nll[NLL_REPORT_MAX_SLOTS];   /* gold answer's mean token NLL (nats) */
     double plist[NLL_REPORT_MAX_SLOTS]; /* P(first answer token opens a list item) */
-    double kl[NLL_REPORT_MAX_SLOTS];   /* KL(prompt || slot) of the first answer token (slot 0: 0) */
+    double kl[NLL_REPORT_MAX_SLOTS]; /* KL(prompt || slot) of the first answer token (slot 0: 0) */
     double agree[NLL_REPORT_MAX_SLOTS]; /* 1 when its top-1 first token is prompt's (slot 0: 1) */
-    double f1[NLL_REPORT_MAX_SLOTS];   /* LoCoMo F1 of the generated answer, < 0 if not generated */
-    double em[NLL_REPORT_MAX_SLOTS];   /* exact match, < 0 if not generated */
+    double f1[NLL_REPORT_MAX_SLOTS]; /* LoCoMo F1 of the generated answer, < 0 if not generated */
+    double em[NLL_REPORT_MAX_SLOTS]; /* exact match, < 0 if not generated */
 } nll_row;
 
 typedef struct nll_report nll_report;

@@ -53,7 +53,9 @@ int32_t nll_list_mask(const tokenizer *t, bool *mask) {
     char buf[256];
     for (int32_t id = 0; id < n; id++) {
         tokenizer_token_type ty = tokenizer_token_get_type(t, id);
-        size_t l = ty == TOKENIZER_TOKEN_CONTROL ? 0 : tokenizer_token_to_piece(t, id, false, buf, sizeof buf);
+        size_t l = ty == TOKENIZER_TOKEN_CONTROL
+                       ? 0
+                       : tokenizer_token_to_piece(t, id, false, buf, sizeof buf);
         if (l > sizeof buf) l = sizeof buf;
         mask[id] = nll_piece_is_list_item(buf, l);
         count += mask[id];

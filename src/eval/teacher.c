@@ -22,7 +22,8 @@ is_status teacher_score_tokens(engine *e, int32_t seq, const int32_t *context, i
     int32_t *toks = malloc((size_t)n * sizeof *toks), *seqs = malloc((size_t)n * sizeof *seqs);
     bool *want = calloc((size_t)n, sizeof *want);
     float *logits = malloc((size_t)n_answer * nv * sizeof *logits);
-    is_status st = toks && seqs && want && logits ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status st =
+        toks && seqs && want && logits ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) {
         memcpy(toks, context, (size_t)n_context * sizeof *toks);
         memcpy(toks + n_context, answer, (size_t)(n_answer - 1) * sizeof *toks);
@@ -52,7 +53,8 @@ is_status teacher_score_tokens(engine *e, int32_t seq, const int32_t *context, i
 }
 
 /* Appends the tokens of a fact line to *mem. */
-static is_status append_fact(const memory_prompt *mp, const char *text, int32_t **mem, int32_t *n_mem) {
+static is_status append_fact(const memory_prompt *mp, const char *text, int32_t **mem,
+                             int32_t *n_mem) {
     int32_t *ft, nf;
     is_status st = memory_prompt_fact(mp, text, &ft, &nf);
     if (st != IS_OK) return st;
@@ -78,9 +80,12 @@ static is_status recompute_first(engine *e, int32_t seq, const engine_fact *fact
     for (int32_t i = 0; i < n; i++) off += facts[i].n_tokens;
     if (total == 0) return IS_OK;
     if (off != me - mb)
-        return is_error_set(IS_ERR_INVALID_ARG, "teacher: memory segment [%d, %d) is not the "
-                                                "facts' %d tokens", mb, me, off);
-    int32_t *pos = malloc((size_t)total * sizeof *pos), *toks = malloc((size_t)total * sizeof *toks);
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "teacher: memory segment [%d, %d) is not the "
+                            "facts' %d tokens",
+                            mb, me, off);
+    int32_t *pos = malloc((size_t)total * sizeof *pos),
+            *toks = malloc((size_t)total * sizeof *toks);
     is_status st = pos && toks ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) {
         recompute_first_list(facts, n, m, mb, pos, toks);
@@ -110,10 +115,12 @@ is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, cons
     engine_fact *facts = calloc((size_t)(n ? n : 1), sizeof *facts);
     float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
     uint64_t *ids = calloc((size_t)(n ? n : 1), sizeof *ids);
-    is_status st = held && facts && bufs && ids ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status st =
+        held && facts && bufs && ids ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = memory_prompt_suffix(mp, r->query, &suffix, &n_suffix);
     if (st == IS_OK && r->mode == ASK_MODE_PROMPT)
-        for (int32_t i = 0; i < n && st == IS_OK; i++) st = append_fact(mp, r->fact_texts[i], &ctx, &n_ctx);
+        for (int32_t i = 0; i < n && st == IS_OK; i++)
+            st = append_fact(mp, r->fact_texts[i], &ctx, &n_ctx);
     /* All records are fetched, then injected together, as ask_run does (a
      * record the backend holds resident comes back without values and must
      * be injected before any other injection). */
@@ -148,7 +155,8 @@ is_status teacher_score_request(engine *e, record_store *store, ask_ctx *a, cons
         if (held[i]) record_store_release(store, held[i]);
         free(bufs[i]);
     }
-    if (st == IS_OK) st = teacher_score_tokens(e, seq, ctx, n_ctx, answer, n_answer, nll_mean, first_logits);
+    if (st == IS_OK)
+        st = teacher_score_tokens(e, seq, ctx, n_ctx, answer, n_answer, nll_mean, first_logits);
     if (seq >= 0) engine_seq_close(e, seq);
     free(held);
     free(facts);

@@ -40,25 +40,25 @@
 /* Smallest encodings, used to bound counts by the bytes left: a kv pair is a
  * non-empty key (8 + 1), a type (4) and a 1-byte value; a tensor info is a
  * non-empty name (8 + 1), n_dims (4), type (4), offset (8) with n_dims 0. */
-#define GGUF_MIN_KV_BYTES 14u
+#define GGUF_MIN_KV_BYTES     14u
 #define GGUF_MIN_TENSOR_BYTES 25u
 
 /* ---- context --------------------------------------------------------------- */
 
 typedef struct gguf_kv {
-    size_t key_off;       /* key in ctx->names (NUL-terminated) */
-    size_t key_pos;       /* file offset of the key, for messages */
+    size_t key_off; /* key in ctx->names (NUL-terminated) */
+    size_t key_pos; /* file offset of the key, for messages */
     gguf_value_type type;
     union {
-        uint64_t u;       /* UINT8/16/32/64, BOOL */
-        int64_t i;        /* INT8/16/32/64 */
-        double f;         /* FLOAT32 (exactly widened), FLOAT64 */
+        uint64_t u; /* UINT8/16/32/64, BOOL */
+        int64_t i;  /* INT8/16/32/64 */
+        double f;   /* FLOAT32 (exactly widened), FLOAT64 */
     } num;
-    gguf_string str;      /* STRING */
+    gguf_string str;          /* STRING */
     gguf_value_type arr_type; /* ARRAY: element type (never ARRAY) */
-    uint64_t arr_count;   /* ARRAY: number of elements */
-    uint64_t arr_pos;     /* ARRAY: file offset of the first element */
-    uint64_t *arr_str_pos; /* ARRAY of STRING: (arr_count) file offset of
+    uint64_t arr_count;       /* ARRAY: number of elements */
+    uint64_t arr_pos;         /* ARRAY: file offset of the first element */
+    uint64_t *arr_str_pos;    /* ARRAY of STRING: (arr_count) file offset of
                               each element's u64 length; NULL otherwise */
 } gguf_kv;
 
@@ -75,25 +75,25 @@ typedef struct name_table {
 } name_table;
 
 struct gguf_ctx {
-    const uint8_t *data;  /* whole file */
-    size_t size;          /* bytes at data */
-    bool mapped;          /* data is our mmap (gguf_open), else borrowed */
+    const uint8_t *data; /* whole file */
+    size_t size;         /* bytes at data */
+    bool mapped;         /* data is our mmap (gguf_open), else borrowed */
     uint32_t version;
     uint32_t alignment;
     uint64_t data_offset; /* start of the data section */
 
     /* The arrays grow as entries are parsed (not sized from the counts the
      * file claims), so a lying header costs no more memory than its bytes. */
-    int64_t n_kv;         /* entries parsed so far; the file's count at the end */
+    int64_t n_kv; /* entries parsed so far; the file's count at the end */
     int64_t kv_cap;
-    gguf_kv *kv;          /* (kv_cap), zeroed past n_kv */
+    gguf_kv *kv; /* (kv_cap), zeroed past n_kv */
     int64_t n_tensors;
     int64_t tensor_cap;
     gguf_tensor *tensors; /* (tensor_cap) */
     int64_t tname_cap;
-    tensor_name *tnames;  /* (tname_cap) where each tensor's name is */
+    tensor_name *tnames; /* (tname_cap) where each tensor's name is */
 
-    char *names;          /* arena of NUL-terminated keys and tensor names */
+    char *names; /* arena of NUL-terminated keys and tensor names */
     size_t names_len;
     size_t names_cap;
 
@@ -107,12 +107,12 @@ static const struct {
     const char *name;
     uint32_t size; /* bytes of one scalar value; 0 for STRING and ARRAY */
 } value_types[GGUF_VALUE_COUNT_] = {
-    [GGUF_VALUE_UINT8] = {"u8", 1},    [GGUF_VALUE_INT8] = {"i8", 1},
-    [GGUF_VALUE_UINT16] = {"u16", 2},  [GGUF_VALUE_INT16] = {"i16", 2},
-    [GGUF_VALUE_UINT32] = {"u32", 4},  [GGUF_VALUE_INT32] = {"i32", 4},
-    [GGUF_VALUE_FLOAT32] = {"f32", 4}, [GGUF_VALUE_BOOL] = {"bool", 1},
+    [GGUF_VALUE_UINT8] = {"u8", 1},      [GGUF_VALUE_INT8] = {"i8", 1},
+    [GGUF_VALUE_UINT16] = {"u16", 2},    [GGUF_VALUE_INT16] = {"i16", 2},
+    [GGUF_VALUE_UINT32] = {"u32", 4},    [GGUF_VALUE_INT32] = {"i32", 4},
+    [GGUF_VALUE_FLOAT32] = {"f32", 4},   [GGUF_VALUE_BOOL] = {"bool", 1},
     [GGUF_VALUE_STRING] = {"string", 0}, [GGUF_VALUE_ARRAY] = {"array", 0},
-    [GGUF_VALUE_UINT64] = {"u64", 8},  [GGUF_VALUE_INT64] = {"i64", 8},
+    [GGUF_VALUE_UINT64] = {"u64", 8},    [GGUF_VALUE_INT64] = {"i64", 8},
     [GGUF_VALUE_FLOAT64] = {"f64", 8},
 };
 
@@ -186,15 +186,13 @@ static str_result rd_string(reader *r, gguf_string *s, uint64_t *len_out) {
     return STR_OK;
 }
 
-static is_status string_error(const reader *r, str_result res, uint64_t len,
-                              const char *what, int64_t index) {
-    if (res == STR_NO_LEN)
-        return truncated(r, "the length of %s #%lld", what, (long long)index);
+static is_status string_error(const reader *r, str_result res, uint64_t len, const char *what,
+                              int64_t index) {
+    if (res == STR_NO_LEN) return truncated(r, "the length of %s #%lld", what, (long long)index);
     return is_error_set(IS_ERR_FORMAT,
                         "gguf: %s #%lld: string length %llu at byte %zu runs "
                         "past end of file (%zu bytes)",
-                        what, (long long)index, (unsigned long long)len,
-                        r->pos, r->size);
+                        what, (long long)index, (unsigned long long)len, r->pos, r->size);
 }
 
 /* ---- names: arena and hash table ------------------------------------------------ */
@@ -212,8 +210,7 @@ static is_status reserve(void **p, int64_t *cap, int64_t need, size_t elem) {
     int64_t nc = *cap ? *cap * 2 : 16;
     while (nc < need) nc *= 2;
     char *q = realloc(*p, (size_t)nc * elem);
-    if (q == NULL)
-        return is_error_set(IS_ERR_NOMEM, "gguf: out of memory for the header");
+    if (q == NULL) return is_error_set(IS_ERR_NOMEM, "gguf: out of memory for the header");
     memset(q + (size_t)*cap * elem, 0, (size_t)(nc - *cap) * elem);
     *p = q;
     *cap = nc;
@@ -231,28 +228,26 @@ static bool table_init(name_table *t, int64_t n) {
 /* Slot for `name`: either the slot holding it or the empty slot where it
  * would go. `name_off[i]` gives the arena offset of entry i's name, with
  * `stride` bytes between consecutive offsets (kv[] or tnames[]). */
-static uint32_t *table_slot(const name_table *t, const char *names,
-                            const void *offs, size_t stride, const char *name) {
+static uint32_t *table_slot(const name_table *t, const char *names, const void *offs, size_t stride,
+                            const char *name) {
     uint64_t i = name_hash(name) & t->mask;
     for (;;) {
         uint32_t *slot = &t->slots[i];
         if (*slot == 0) return slot;
         size_t off;
-        memcpy(&off, (const char *)offs + (size_t)(*slot - 1) * stride,
-               sizeof off);
+        memcpy(&off, (const char *)offs + (size_t)(*slot - 1) * stride, sizeof off);
         if (strcmp(names + off, name) == 0) return slot;
         i = (i + 1) & t->mask;
     }
 }
 
 static uint32_t *kv_slot(const gguf_ctx *ctx, const char *key) {
-    return table_slot(&ctx->kv_index, ctx->names, &ctx->kv[0].key_off,
-                      sizeof(gguf_kv), key);
+    return table_slot(&ctx->kv_index, ctx->names, &ctx->kv[0].key_off, sizeof(gguf_kv), key);
 }
 
 static uint32_t *tensor_slot(const gguf_ctx *ctx, const char *name) {
-    return table_slot(&ctx->tensor_index, ctx->names, &ctx->tnames[0].off,
-                      sizeof(tensor_name), name);
+    return table_slot(&ctx->tensor_index, ctx->names, &ctx->tnames[0].off, sizeof(tensor_name),
+                      name);
 }
 
 /* Builds both name indexes once every entry is parsed (so their size follows
@@ -267,8 +262,7 @@ static is_status index_keys(gguf_ctx *ctx) {
             return is_error_set(IS_ERR_FORMAT,
                                 "gguf: duplicate key '%s' at byte %zu (first "
                                 "at byte %zu)",
-                                key, ctx->kv[i].key_pos,
-                                ctx->kv[*slot - 1].key_pos);
+                                key, ctx->kv[i].key_pos, ctx->kv[*slot - 1].key_pos);
         *slot = (uint32_t)i + 1;
     }
     return IS_OK;
@@ -284,8 +278,7 @@ static is_status index_tensors(gguf_ctx *ctx) {
             return is_error_set(IS_ERR_FORMAT,
                                 "gguf: duplicate tensor '%s' at byte %zu "
                                 "(first at byte %zu)",
-                                name, ctx->tnames[i].pos,
-                                ctx->tnames[*slot - 1].pos);
+                                name, ctx->tnames[i].pos, ctx->tnames[*slot - 1].pos);
         *slot = (uint32_t)i + 1;
     }
     return IS_OK;
@@ -293,28 +286,25 @@ static is_status index_tensors(gguf_ctx *ctx) {
 
 /* Validates a key or tensor name read at byte `pos` and copies it into the
  * arena; *off receives its arena offset. */
-static is_status name_copy(gguf_ctx *ctx, gguf_string s, size_t pos,
-                           const char *what, int64_t index, size_t *off) {
+static is_status name_copy(gguf_ctx *ctx, gguf_string s, size_t pos, const char *what,
+                           int64_t index, size_t *off) {
     if (s.len == 0)
-        return is_error_set(IS_ERR_FORMAT, "gguf: %s #%lld at byte %zu is empty",
-                            what, (long long)index, pos);
+        return is_error_set(IS_ERR_FORMAT, "gguf: %s #%lld at byte %zu is empty", what,
+                            (long long)index, pos);
     if (s.len > GGUF_MAX_NAME)
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: %s #%lld at byte %zu is %llu bytes long "
                             "(max %u)",
-                            what, (long long)index, pos,
-                            (unsigned long long)s.len, GGUF_MAX_NAME);
+                            what, (long long)index, pos, (unsigned long long)s.len, GGUF_MAX_NAME);
     if (memchr(s.data, '\0', (size_t)s.len) != NULL)
-        return is_error_set(IS_ERR_FORMAT,
-                            "gguf: %s #%lld at byte %zu contains a NUL byte",
-                            what, (long long)index, pos);
+        return is_error_set(IS_ERR_FORMAT, "gguf: %s #%lld at byte %zu contains a NUL byte", what,
+                            (long long)index, pos);
     size_t need = (size_t)s.len + 1;
     if (ctx->names_cap - ctx->names_len < need) {
         size_t cap = ctx->names_cap ? ctx->names_cap : 1024;
         while (cap - ctx->names_len < need) cap *= 2;
         char *p = realloc(ctx->names, cap);
-        if (p == NULL)
-            return is_error_set(IS_ERR_NOMEM, "gguf: out of memory for names");
+        if (p == NULL) return is_error_set(IS_ERR_NOMEM, "gguf: out of memory for names");
         ctx->names = p;
         ctx->names_cap = cap;
     }
@@ -332,13 +322,38 @@ static void decode_scalar(gguf_kv *kv, gguf_value_type t, const uint8_t *b) {
     case GGUF_VALUE_UINT8:
     case GGUF_VALUE_BOOL: kv->num.u = b[0]; break;
     case GGUF_VALUE_INT8: kv->num.i = (int8_t)b[0]; break;
-    case GGUF_VALUE_UINT16: { uint16_t v; memcpy(&v, b, 2); kv->num.u = v; break; }
-    case GGUF_VALUE_INT16: { int16_t v; memcpy(&v, b, 2); kv->num.i = v; break; }
-    case GGUF_VALUE_UINT32: { uint32_t v; memcpy(&v, b, 4); kv->num.u = v; break; }
-    case GGUF_VALUE_INT32: { int32_t v; memcpy(&v, b, 4); kv->num.i = v; break; }
+    case GGUF_VALUE_UINT16: {
+        uint16_t v;
+        memcpy(&v, b, 2);
+        kv->num.u = v;
+        break;
+    }
+    case GGUF_VALUE_INT16: {
+        int16_t v;
+        memcpy(&v, b, 2);
+        kv->num.i = v;
+        break;
+    }
+    case GGUF_VALUE_UINT32: {
+        uint32_t v;
+        memcpy(&v, b, 4);
+        kv->num.u = v;
+        break;
+    }
+    case GGUF_VALUE_INT32: {
+        int32_t v;
+        memcpy(&v, b, 4);
+        kv->num.i = v;
+        break;
+    }
     case GGUF_VALUE_UINT64: memcpy(&kv->num.u, b, 8); break;
     case GGUF_VALUE_INT64: memcpy(&kv->num.i, b, 8); break;
-    case GGUF_VALUE_FLOAT32: { float v; memcpy(&v, b, 4); kv->num.f = v; break; }
+    case GGUF_VALUE_FLOAT32: {
+        float v;
+        memcpy(&v, b, 4);
+        kv->num.f = v;
+        break;
+    }
     case GGUF_VALUE_FLOAT64: memcpy(&kv->num.f, b, 8); break;
     default: IS_ASSERT(!"not a scalar type");
     }
@@ -348,8 +363,7 @@ static is_status parse_array(reader *r, gguf_kv *kv, const char *key) {
     uint32_t et;
     uint64_t count;
     size_t type_pos = r->pos;
-    if (!rd_u32(r, &et))
-        return truncated(r, "the element type of array '%s'", key);
+    if (!rd_u32(r, &et)) return truncated(r, "the element type of array '%s'", key);
     if (et == GGUF_VALUE_ARRAY)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "gguf: key '%s' at byte %zu is an array of arrays "
@@ -361,8 +375,7 @@ static is_status parse_array(reader *r, gguf_kv *kv, const char *key) {
                             "type %u",
                             key, type_pos, et);
     size_t count_pos = r->pos;
-    if (!rd_u64(r, &count))
-        return truncated(r, "the length of array '%s'", key);
+    if (!rd_u64(r, &count)) return truncated(r, "the length of array '%s'", key);
     kv->arr_type = (gguf_value_type)et;
     kv->arr_count = count;
     kv->arr_pos = r->pos;
@@ -373,14 +386,11 @@ static is_status parse_array(reader *r, gguf_kv *kv, const char *key) {
             return is_error_set(IS_ERR_FORMAT,
                                 "gguf: array '%s' at byte %zu claims %llu "
                                 "strings, more than the %zu bytes left can hold",
-                                key, count_pos, (unsigned long long)count,
-                                rd_left(r));
+                                key, count_pos, (unsigned long long)count, rd_left(r));
         if (count > 0) {
             kv->arr_str_pos = malloc((size_t)count * sizeof *kv->arr_str_pos);
             if (kv->arr_str_pos == NULL)
-                return is_error_set(IS_ERR_NOMEM,
-                                    "gguf: out of memory indexing array '%s'",
-                                    key);
+                return is_error_set(IS_ERR_NOMEM, "gguf: out of memory indexing array '%s'", key);
         }
         for (uint64_t i = 0; i < count; i++) {
             gguf_string s;
@@ -395,8 +405,8 @@ static is_status parse_array(reader *r, gguf_kv *kv, const char *key) {
                                     "gguf: array '%s' string %llu: length %llu "
                                     "at byte %zu runs past end of file (%zu "
                                     "bytes)",
-                                    key, (unsigned long long)i,
-                                    (unsigned long long)len, r->pos, r->size);
+                                    key, (unsigned long long)i, (unsigned long long)len, r->pos,
+                                    r->size);
         }
         return IS_OK;
     }
@@ -406,8 +416,7 @@ static is_status parse_array(reader *r, gguf_kv *kv, const char *key) {
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: array '%s' at byte %zu claims %llu elements "
                             "of %u bytes, more than the %zu bytes left",
-                            key, count_pos, (unsigned long long)count, esize,
-                            rd_left(r));
+                            key, count_pos, (unsigned long long)count, esize, rd_left(r));
     const uint8_t *b;
     bool ok = rd_bytes(r, count * esize, &b);
     IS_ASSERT(ok);
@@ -447,8 +456,7 @@ static is_status parse_kv(gguf_ctx *ctx, reader *r, int64_t index) {
 
     if (type == GGUF_VALUE_STRING) {
         res = rd_string(r, &kv->str, &len);
-        if (res == STR_NO_LEN)
-            return truncated(r, "the length of string '%s'", key);
+        if (res == STR_NO_LEN) return truncated(r, "the length of string '%s'", key);
         if (res == STR_PAST_END)
             return is_error_set(IS_ERR_FORMAT,
                                 "gguf: string '%s': length %llu at byte %zu "
@@ -460,8 +468,7 @@ static is_status parse_kv(gguf_ctx *ctx, reader *r, int64_t index) {
 
     const uint8_t *b;
     if (!rd_bytes(r, value_types[type].size, &b))
-        return truncated(r, "the %s value of key '%s'", value_types[type].name,
-                         key);
+        return truncated(r, "the %s value of key '%s'", value_types[type].name, key);
     if (type == GGUF_VALUE_BOOL && b[0] > 1)
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: key '%s' at byte %zu is bool %u (must be 0 "
@@ -477,13 +484,11 @@ static is_status read_alignment(gguf_ctx *ctx) {
     if (i < 0) return IS_OK;
     const gguf_kv *kv = &ctx->kv[i];
     if (kv->type != GGUF_VALUE_UINT32)
-        return is_error_set(IS_ERR_FORMAT,
-                            "gguf: general.alignment is %s, expected u32",
+        return is_error_set(IS_ERR_FORMAT, "gguf: general.alignment is %s, expected u32",
                             gguf_value_type_name(kv->type));
     uint64_t a = kv->num.u;
     if (a == 0 || (a & (a - 1)) != 0)
-        return is_error_set(IS_ERR_FORMAT,
-                            "gguf: general.alignment %llu is not a power of two",
+        return is_error_set(IS_ERR_FORMAT, "gguf: general.alignment %llu is not a power of two",
                             (unsigned long long)a);
     ctx->alignment = (uint32_t)a;
     return IS_OK;
@@ -505,8 +510,7 @@ static is_status parse_tensor(gguf_ctx *ctx, reader *r, int64_t index) {
     const char *name = ctx->names + tn->off;
 
     size_t dims_pos = r->pos;
-    if (!rd_u32(r, &t->n_dims))
-        return truncated(r, "n_dims of tensor '%s'", name);
+    if (!rd_u32(r, &t->n_dims)) return truncated(r, "n_dims of tensor '%s'", name);
     if (t->n_dims > GGUF_MAX_DIMS)
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: tensor '%s' at byte %zu has %u dimensions "
@@ -515,8 +519,7 @@ static is_status parse_tensor(gguf_ctx *ctx, reader *r, int64_t index) {
     for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
         uint64_t ne;
-        if (!rd_u64(r, &ne))
-            return truncated(r, "ne[%u] of tensor '%s'", d, name);
+        if (!rd_u64(r, &ne)) return truncated(r, "ne[%u] of tensor '%s'", d, name);
         if (ne > (uint64_t)INT64_MAX)
             return is_error_set(IS_ERR_FORMAT,
                                 "gguf: tensor '%s' ne[%u] = %llu at byte %zu "
@@ -525,23 +528,19 @@ static is_status parse_tensor(gguf_ctx *ctx, reader *r, int64_t index) {
         t->ne[d] = (int64_t)ne;
     }
     size_t type_pos = r->pos;
-    if (!rd_u32(r, &t->type))
-        return truncated(r, "the type of tensor '%s'", name);
+    if (!rd_u32(r, &t->type)) return truncated(r, "the type of tensor '%s'", name);
     const tensor_type_info *info = tensor_type_get(t->type);
     if (info == NULL)
-        return is_error_set(IS_ERR_FORMAT,
-                            "gguf: tensor '%s' at byte %zu has unknown type %u",
+        return is_error_set(IS_ERR_FORMAT, "gguf: tensor '%s' at byte %zu has unknown type %u",
                             name, type_pos, t->type);
     size_t offset_pos = r->pos;
-    if (!rd_u64(r, &t->offset))
-        return truncated(r, "the offset of tensor '%s'", name);
+    if (!rd_u64(r, &t->offset)) return truncated(r, "the offset of tensor '%s'", name);
 
     if (t->ne[0] % info->block_elems != 0)
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: tensor '%s' has rows of %lld values, not a "
                             "multiple of the %s block size %u",
-                            name, (long long)t->ne[0], info->name,
-                            info->block_elems);
+                            name, (long long)t->ne[0], info->name, info->block_elems);
     /* Order-independent overflow check: a zero dimension must not hide the
      * absurd product of the others. */
     int64_t n = 1, bound = 1;
@@ -551,31 +550,28 @@ static is_status parse_tensor(gguf_ctx *ctx, reader *r, int64_t index) {
             return is_error_set(IS_ERR_FORMAT,
                                 "gguf: tensor '%s' shape [%lld, %lld, %lld, "
                                 "%lld] overflows int64",
-                                name, (long long)t->ne[0], (long long)t->ne[1],
-                                (long long)t->ne[2], (long long)t->ne[3]);
+                                name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                                (long long)t->ne[3]);
         n *= ne;
     }
     t->n_elements = n;
     uint64_t nbytes = (uint64_t)t->ne[0] / info->block_elems;
-    bool overflow = __builtin_mul_overflow(nbytes, (uint64_t)info->block_bytes,
-                                           &nbytes);
+    bool overflow = __builtin_mul_overflow(nbytes, (uint64_t)info->block_bytes, &nbytes);
     for (int d = 1; d < GGUF_MAX_DIMS; d++)
         overflow |= __builtin_mul_overflow(nbytes, (uint64_t)t->ne[d], &nbytes);
     if (overflow || nbytes > ctx->size)
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: tensor '%s' of shape [%lld, %lld, %lld, "
                             "%lld] %s is larger than the file (%zu bytes)",
-                            name, (long long)t->ne[0], (long long)t->ne[1],
-                            (long long)t->ne[2], (long long)t->ne[3],
-                            info->name, ctx->size);
+                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                            (long long)t->ne[3], info->name, ctx->size);
     t->nbytes = (size_t)nbytes;
 
     if (t->offset % ctx->alignment != 0)
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: tensor '%s' offset %llu at byte %zu is not "
                             "a multiple of the alignment %u",
-                            name, (unsigned long long)t->offset, offset_pos,
-                            ctx->alignment);
+                            name, (unsigned long long)t->offset, offset_pos, ctx->alignment);
     return IS_OK;
 }
 
@@ -595,15 +591,13 @@ static is_status check_tensor_data(gguf_ctx *ctx) {
                                 "gguf: tensor '%s' data [%llu+%zu] past end "
                                 "of file (%zu bytes; data section at byte "
                                 "%llu)",
-                                t->name, (unsigned long long)t->offset,
-                                t->nbytes, ctx->size,
+                                t->name, (unsigned long long)t->offset, t->nbytes, ctx->size,
                                 (unsigned long long)ctx->data_offset);
         t->data = ctx->data + ctx->data_offset + t->offset;
     }
 
     uint32_t *order = malloc((size_t)ctx->n_tensors * sizeof *order);
-    if (order == NULL)
-        return is_error_set(IS_ERR_NOMEM, "gguf: out of memory");
+    if (order == NULL) return is_error_set(IS_ERR_NOMEM, "gguf: out of memory");
     for (int64_t i = 0; i < ctx->n_tensors; i++) order[i] = (uint32_t)i;
     /* Bottom-up merge sort of `order` by offset (stable, no globals). */
     uint32_t *tmp = malloc((size_t)ctx->n_tensors * sizeof *tmp);
@@ -618,8 +612,7 @@ static is_status check_tensor_data(gguf_ctx *ctx) {
             size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
             size_t a = lo, b = mid, k = lo;
             while (a < mid && b < hi)
-                tmp[k++] = ctx->tensors[order[b]].offset <
-                                   ctx->tensors[order[a]].offset
+                tmp[k++] = ctx->tensors[order[b]].offset < ctx->tensors[order[a]].offset
                                ? order[b++]
                                : order[a++];
             while (a < mid) tmp[k++] = order[a++];
@@ -640,9 +633,8 @@ static is_status check_tensor_data(gguf_ctx *ctx) {
             st = is_error_set(IS_ERR_FORMAT,
                               "gguf: tensor '%s' data [%llu+%zu] overlaps "
                               "tensor '%s' data [%llu+%zu]",
-                              t->name, (unsigned long long)t->offset, t->nbytes,
-                              prev->name, (unsigned long long)prev->offset,
-                              prev->nbytes);
+                              t->name, (unsigned long long)t->offset, t->nbytes, prev->name,
+                              (unsigned long long)prev->offset, prev->nbytes);
             break;
         }
         prev = t;
@@ -666,8 +658,7 @@ static is_status parse(gguf_ctx *ctx) {
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: bad magic %02x %02x %02x %02x at byte 0 "
                             "(expected \"GGUF\")",
-                            ctx->data[0], ctx->data[1], ctx->data[2],
-                            ctx->data[3]);
+                            ctx->data[0], ctx->data[1], ctx->data[2], ctx->data[3]);
     r->pos = 4;
     if (!rd_u32(r, &ctx->version)) return truncated(r, "the version");
     uint32_t v = ctx->version;
@@ -677,8 +668,7 @@ static is_status parse(gguf_ctx *ctx) {
                                 "gguf: big-endian GGUF (version %u byte-"
                                 "swapped) is not supported",
                                 __builtin_bswap32(v));
-        return is_error_set(IS_ERR_UNSUPPORTED,
-                            "gguf: version %u is not supported (only 2 and 3)",
+        return is_error_set(IS_ERR_UNSUPPORTED, "gguf: version %u is not supported (only 2 and 3)",
                             v);
     }
 
@@ -686,29 +676,24 @@ static is_status parse(gguf_ctx *ctx) {
     if (!rd_u64(r, &n_tensors)) return truncated(r, "the tensor count");
     if (!rd_u64(r, &n_kv)) return truncated(r, "the key/value count");
     size_t left = rd_left(r);
-    if (n_kv > left / GGUF_MIN_KV_BYTES ||
-        n_tensors > left / GGUF_MIN_TENSOR_BYTES ||
+    if (n_kv > left / GGUF_MIN_KV_BYTES || n_tensors > left / GGUF_MIN_TENSOR_BYTES ||
         n_kv * GGUF_MIN_KV_BYTES > left - n_tensors * GGUF_MIN_TENSOR_BYTES)
         return is_error_set(IS_ERR_FORMAT,
                             "gguf: header claims %llu key/value pairs and %llu "
                             "tensors, more than the %zu bytes after byte %zu "
                             "can hold",
-                            (unsigned long long)n_kv,
-                            (unsigned long long)n_tensors, left, r->pos);
+                            (unsigned long long)n_kv, (unsigned long long)n_tensors, left, r->pos);
     if (n_kv >= UINT32_MAX / 2 || n_tensors >= UINT32_MAX / 2)
         return is_error_set(IS_ERR_UNSUPPORTED,
                             "gguf: %llu key/value pairs and %llu tensors are "
                             "more than we index",
-                            (unsigned long long)n_kv,
-                            (unsigned long long)n_tensors);
+                            (unsigned long long)n_kv, (unsigned long long)n_tensors);
 
     /* Every array has at least one item, so index [0] is always valid. */
     is_status st;
     if ((st = reserve((void **)&ctx->kv, &ctx->kv_cap, 1, sizeof *ctx->kv)) ||
-        (st = reserve((void **)&ctx->tensors, &ctx->tensor_cap, 1,
-                      sizeof *ctx->tensors)) ||
-        (st = reserve((void **)&ctx->tnames, &ctx->tname_cap, 1,
-                      sizeof *ctx->tnames)))
+        (st = reserve((void **)&ctx->tensors, &ctx->tensor_cap, 1, sizeof *ctx->tensors)) ||
+        (st = reserve((void **)&ctx->tnames, &ctx->tname_cap, 1, sizeof *ctx->tnames)))
         return st;
     for (int64_t i = 0; i < (int64_t)n_kv; i++) {
         st = reserve((void **)&ctx->kv, &ctx->kv_cap, i + 1, sizeof *ctx->kv);
@@ -719,10 +704,8 @@ static is_status parse(gguf_ctx *ctx) {
     if ((st = index_keys(ctx)) != IS_OK) return st;
     if ((st = read_alignment(ctx)) != IS_OK) return st;
     for (int64_t i = 0; i < (int64_t)n_tensors; i++) {
-        if ((st = reserve((void **)&ctx->tensors, &ctx->tensor_cap, i + 1,
-                          sizeof *ctx->tensors)) ||
-            (st = reserve((void **)&ctx->tnames, &ctx->tname_cap, i + 1,
-                          sizeof *ctx->tnames)))
+        if ((st = reserve((void **)&ctx->tensors, &ctx->tensor_cap, i + 1, sizeof *ctx->tensors)) ||
+            (st = reserve((void **)&ctx->tnames, &ctx->tname_cap, i + 1, sizeof *ctx->tnames)))
             return st;
         ctx->n_tensors = i + 1;
         if ((st = parse_tensor(ctx, r, i)) != IS_OK) return st;
@@ -738,8 +721,7 @@ static is_status parse(gguf_ctx *ctx) {
     return check_tensor_data(ctx);
 }
 
-static is_status open_buffer(const void *data, size_t size, bool mapped,
-                             gguf_ctx **out) {
+static is_status open_buffer(const void *data, size_t size, bool mapped, gguf_ctx **out) {
     gguf_ctx *ctx = calloc(1, sizeof *ctx);
     if (ctx == NULL) return is_error_set(IS_ERR_NOMEM, "gguf: out of memory");
     ctx->data = data;
@@ -757,8 +739,7 @@ static is_status open_buffer(const void *data, size_t size, bool mapped,
 
 is_status gguf_open_memory(const void *data, size_t size, gguf_ctx **out) {
     if (out == NULL || (data == NULL && size > 0))
-        return is_error_set(IS_ERR_INVALID_ARG,
-                            "gguf_open_memory: NULL argument");
+        return is_error_set(IS_ERR_INVALID_ARG, "gguf_open_memory: NULL argument");
     return open_buffer(data, size, false, out);
 }
 
@@ -766,25 +747,20 @@ is_status gguf_open(const char *path, gguf_ctx **out) {
     if (path == NULL || out == NULL)
         return is_error_set(IS_ERR_INVALID_ARG, "gguf_open: NULL argument");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return is_error_set(IS_ERR_IO, "gguf: cannot open '%s': %s", path,
-                            strerror(errno));
+    if (fd < 0) return is_error_set(IS_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
         close(fd);
-        return is_error_set(IS_ERR_IO, "gguf: cannot stat '%s': %s", path,
-                            strerror(e));
+        return is_error_set(IS_ERR_IO, "gguf: cannot stat '%s': %s", path, strerror(e));
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return is_error_set(IS_ERR_IO, "gguf: '%s' is not a regular file",
-                            path);
+        return is_error_set(IS_ERR_IO, "gguf: '%s' is not a regular file", path);
     }
     if ((uint64_t)sb.st_size > SIZE_MAX) {
         close(fd);
-        return is_error_set(IS_ERR_UNSUPPORTED,
-                            "gguf: '%s' is too large to map", path);
+        return is_error_set(IS_ERR_UNSUPPORTED, "gguf: '%s' is too large to map", path);
     }
     size_t size = (size_t)sb.st_size;
     void *map = NULL;
@@ -793,8 +769,7 @@ is_status gguf_open(const char *path, gguf_ctx **out) {
         if (map == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return is_error_set(IS_ERR_IO, "gguf: cannot map '%s': %s", path,
-                                strerror(e));
+            return is_error_set(IS_ERR_IO, "gguf: cannot map '%s': %s", path, strerror(e));
         }
     }
     close(fd); /* the mapping keeps the file */
@@ -859,61 +834,51 @@ gguf_value_type gguf_key_type(const gguf_ctx *ctx, int64_t i) {
     return ctx->kv[i].type;
 }
 
-static is_status find_kv(const gguf_ctx *ctx, const char *key,
-                         const gguf_kv **kv) {
-    if (ctx == NULL || key == NULL)
-        return is_error_set(IS_ERR_INVALID_ARG, "gguf: NULL argument");
+static is_status find_kv(const gguf_ctx *ctx, const char *key, const gguf_kv **kv) {
+    if (ctx == NULL || key == NULL) return is_error_set(IS_ERR_INVALID_ARG, "gguf: NULL argument");
     int64_t i = gguf_find_key(ctx, key);
-    if (i < 0)
-        return is_error_set(IS_ERR_NOT_FOUND, "gguf: key '%s' not found", key);
+    if (i < 0) return is_error_set(IS_ERR_NOT_FOUND, "gguf: key '%s' not found", key);
     *kv = &ctx->kv[i];
     return IS_OK;
 }
 
-static is_status wrong_type(const char *key, const gguf_kv *kv,
-                            const char *want) {
+static is_status wrong_type(const char *key, const gguf_kv *kv, const char *want) {
     return is_error_set(IS_ERR_FORMAT, "gguf: key '%s' is %s, expected %s", key,
                         gguf_value_type_name(kv->type), want);
 }
 
 static bool is_signed_int(gguf_value_type t) {
-    return t == GGUF_VALUE_INT8 || t == GGUF_VALUE_INT16 ||
-           t == GGUF_VALUE_INT32 || t == GGUF_VALUE_INT64;
+    return t == GGUF_VALUE_INT8 || t == GGUF_VALUE_INT16 || t == GGUF_VALUE_INT32 ||
+           t == GGUF_VALUE_INT64;
 }
 
 static bool is_unsigned_int(gguf_value_type t) {
-    return t == GGUF_VALUE_UINT8 || t == GGUF_VALUE_UINT16 ||
-           t == GGUF_VALUE_UINT32 || t == GGUF_VALUE_UINT64;
+    return t == GGUF_VALUE_UINT8 || t == GGUF_VALUE_UINT16 || t == GGUF_VALUE_UINT32 ||
+           t == GGUF_VALUE_UINT64;
 }
 
 /* An integer value of any width, checked to lie in [lo, hi]. On success
  * exactly one of: *neg set true and *sval the (negative) value, or *neg false
  * and *uval the non-negative value. */
-static is_status get_int(const gguf_ctx *ctx, const char *key, const char *want,
-                         int64_t lo, uint64_t hi, bool *neg, int64_t *sval,
-                         uint64_t *uval) {
+static is_status get_int(const gguf_ctx *ctx, const char *key, const char *want, int64_t lo,
+                         uint64_t hi, bool *neg, int64_t *sval, uint64_t *uval) {
     const gguf_kv *kv;
     is_status st = find_kv(ctx, key, &kv);
     if (st != IS_OK) return st;
     if (is_signed_int(kv->type) && kv->num.i < 0) {
         if (kv->num.i < lo)
-            return is_error_set(IS_ERR_FORMAT,
-                                "gguf: key '%s' = %lld does not fit %s", key,
+            return is_error_set(IS_ERR_FORMAT, "gguf: key '%s' = %lld does not fit %s", key,
                                 (long long)kv->num.i, want);
         *neg = true;
         *sval = kv->num.i;
         return IS_OK;
     }
     uint64_t u;
-    if (is_signed_int(kv->type))
-        u = (uint64_t)kv->num.i;
-    else if (is_unsigned_int(kv->type))
-        u = kv->num.u;
-    else
-        return wrong_type(key, kv, want);
+    if (is_signed_int(kv->type)) u = (uint64_t)kv->num.i;
+    else if (is_unsigned_int(kv->type)) u = kv->num.u;
+    else return wrong_type(key, kv, want);
     if (u > hi)
-        return is_error_set(IS_ERR_FORMAT,
-                            "gguf: key '%s' = %llu does not fit %s", key,
+        return is_error_set(IS_ERR_FORMAT, "gguf: key '%s' = %llu does not fit %s", key,
                             (unsigned long long)u, want);
     *neg = false;
     *uval = u;
@@ -1002,16 +967,15 @@ is_status gguf_get_str(const gguf_ctx *ctx, const char *key, gguf_string *out) {
     return IS_OK;
 }
 
-static is_status find_arr(const gguf_ctx *ctx, const char *key,
-                          const gguf_kv **kv) {
+static is_status find_arr(const gguf_ctx *ctx, const char *key, const gguf_kv **kv) {
     is_status st = find_kv(ctx, key, kv);
     if (st != IS_OK) return st;
     if ((*kv)->type != GGUF_VALUE_ARRAY) return wrong_type(key, *kv, "array");
     return IS_OK;
 }
 
-is_status gguf_get_arr(const gguf_ctx *ctx, const char *key,
-                       gguf_value_type *elem_type, uint64_t *count) {
+is_status gguf_get_arr(const gguf_ctx *ctx, const char *key, gguf_value_type *elem_type,
+                       uint64_t *count) {
     const gguf_kv *kv;
     is_status st = find_arr(ctx, key, &kv);
     if (st != IS_OK) return st;
@@ -1020,8 +984,7 @@ is_status gguf_get_arr(const gguf_ctx *ctx, const char *key,
     return IS_OK;
 }
 
-is_status gguf_get_arr_data(const gguf_ctx *ctx, const char *key,
-                            const void **data) {
+is_status gguf_get_arr_data(const gguf_ctx *ctx, const char *key, const void **data) {
     const gguf_kv *kv;
     if (data == NULL) return is_error_set(IS_ERR_INVALID_ARG, "gguf: NULL out");
     is_status st = find_arr(ctx, key, &kv);
@@ -1035,22 +998,19 @@ is_status gguf_get_arr_data(const gguf_ctx *ctx, const char *key,
     return IS_OK;
 }
 
-is_status gguf_get_arr_str(const gguf_ctx *ctx, const char *key, uint64_t i,
-                           gguf_string *out) {
+is_status gguf_get_arr_str(const gguf_ctx *ctx, const char *key, uint64_t i, gguf_string *out) {
     const gguf_kv *kv;
     if (out == NULL) return is_error_set(IS_ERR_INVALID_ARG, "gguf: NULL out");
     is_status st = find_arr(ctx, key, &kv);
     if (st != IS_OK) return st;
     if (kv->arr_type != GGUF_VALUE_STRING)
-        return is_error_set(IS_ERR_FORMAT,
-                            "gguf: array '%s' holds %s, expected strings", key,
+        return is_error_set(IS_ERR_FORMAT, "gguf: array '%s' holds %s, expected strings", key,
                             gguf_value_type_name(kv->arr_type));
     if (i >= kv->arr_count)
         return is_error_set(IS_ERR_INVALID_ARG,
                             "gguf: index %llu out of range for array '%s' of "
                             "%llu strings",
-                            (unsigned long long)i, key,
-                            (unsigned long long)kv->arr_count);
+                            (unsigned long long)i, key, (unsigned long long)kv->arr_count);
     uint64_t pos = kv->arr_str_pos[i], len;
     memcpy(&len, ctx->data + pos, 8);
     out->data = (const char *)ctx->data + pos + 8;
@@ -1066,8 +1026,7 @@ const gguf_tensor *gguf_tensor_at(const gguf_ctx *ctx, int64_t i) {
 }
 
 const gguf_tensor *gguf_find_tensor(const gguf_ctx *ctx, const char *name) {
-    if (ctx == NULL || name == NULL || ctx->tensor_index.slots == NULL)
-        return NULL;
+    if (ctx == NULL || name == NULL || ctx->tensor_index.slots == NULL) return NULL;
     uint32_t slot = *tensor_slot(ctx, name);
     return slot == 0 ? NULL : &ctx->tensors[slot - 1];
 }

@@ -69,7 +69,7 @@
 #include <stdint.h>
 
 #define GGUF_DEFAULT_ALIGNMENT 32u
-#define GGUF_MAX_DIMS 4
+#define GGUF_MAX_DIMS          4
 
 typedef struct gguf_ctx gguf_ctx;
 
@@ -99,14 +99,14 @@ typedef struct gguf_string {
 } gguf_string;
 
 typedef struct gguf_tensor {
-    const char *name;      /* NUL-terminated copy owned by the ctx */
-    uint32_t n_dims;       /* 0..4 as written in the file */
+    const char *name;          /* NUL-terminated copy owned by the ctx */
+    uint32_t n_dims;           /* 0..4 as written in the file */
     int64_t ne[GGUF_MAX_DIMS]; /* (ne[0] fastest-varying, ..., ne[3]); unused dims = 1 */
-    uint32_t type;         /* tensor_type id; tensor_type_get(type) != NULL */
-    uint64_t offset;       /* from the start of the data section */
-    const void *data;      /* file data + data section + offset */
-    size_t nbytes;         /* bytes of the whole tensor */
-    int64_t n_elements;    /* ne[0]*ne[1]*ne[2]*ne[3] */
+    uint32_t type;             /* tensor_type id; tensor_type_get(type) != NULL */
+    uint64_t offset;           /* from the start of the data section */
+    const void *data;          /* file data + data section + offset */
+    size_t nbytes;             /* bytes of the whole tensor */
+    int64_t n_elements;        /* ne[0]*ne[1]*ne[2]*ne[3] */
 } gguf_tensor;
 
 /* ---- open / close ---------------------------------------------------------- */
@@ -130,8 +130,8 @@ void gguf_close(gguf_ctx *ctx);
 
 /* ---- file ------------------------------------------------------------------- */
 
-uint32_t gguf_version(const gguf_ctx *ctx);     /* 2 or 3 */
-uint32_t gguf_alignment(const gguf_ctx *ctx);   /* general.alignment or 32 */
+uint32_t gguf_version(const gguf_ctx *ctx);   /* 2 or 3 */
+uint32_t gguf_alignment(const gguf_ctx *ctx); /* general.alignment or 32 */
 size_t gguf_file_size(const gguf_ctx *ctx);
 const void *gguf_file_data(const gguf_ctx *ctx); /* whole file, read-only */
 /* Byte offset of the data section in the file (a multiple of the alignment). */
@@ -179,12 +179,10 @@ is_status gguf_get_str(const gguf_ctx *ctx, const char *key, gguf_string *out);
  * string offsets is built at open). IS_ERR_FORMAT if the array holds another
  * type, IS_ERR_INVALID_ARG if i >= count.
  * All three leave their outputs unchanged on failure. */
-is_status gguf_get_arr(const gguf_ctx *ctx, const char *key,
-                       gguf_value_type *elem_type, uint64_t *count);
-is_status gguf_get_arr_data(const gguf_ctx *ctx, const char *key,
-                            const void **data);
-is_status gguf_get_arr_str(const gguf_ctx *ctx, const char *key, uint64_t i,
-                           gguf_string *out);
+is_status gguf_get_arr(const gguf_ctx *ctx, const char *key, gguf_value_type *elem_type,
+                       uint64_t *count);
+is_status gguf_get_arr_data(const gguf_ctx *ctx, const char *key, const void **data);
+is_status gguf_get_arr_str(const gguf_ctx *ctx, const char *key, uint64_t i, gguf_string *out);
 
 /* ---- tensors ------------------------------------------------------------------------ */
 

@@ -37,8 +37,8 @@
 #define QUANT_HAVE_F16C 1
 #endif
 
-#define QK 32     /* values per block of the legacy types */
-#define QK_K 256  /* values per K-quant super-block */
+#define QK   32  /* values per block of the legacy types */
+#define QK_K 256 /* values per K-quant super-block */
 
 /* ---- scalar conversions ------------------------------------------------- */
 
@@ -97,9 +97,7 @@ uint16_t quant_f32_to_f16(float f) {
     return (uint16_t)(sign | q);
 }
 
-float quant_bf16_to_f32(uint16_t b) {
-    return f32_from_bits((uint32_t)b << 16);
-}
+float quant_bf16_to_f32(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
 
 uint16_t quant_f32_to_bf16(float f) {
     uint32_t x = f32_bits(f);
@@ -245,7 +243,7 @@ static void deq_q6_k(const uint8_t *b, float *restrict y) {
     const int8_t *sc = (const int8_t *)(b + 192);
     const float d = load_f16(b + 208);
     for (int h = 0; h < 2; h++) { /* halves of 128 values */
-        float ds[8]; /* d * scale for the eight 16-value groups of this half */
+        float ds[8];              /* d * scale for the eight 16-value groups of this half */
         for (int g = 0; g < 8; g++) ds[g] = d * (float)sc[g];
         for (int l = 0; l < 32; l++) {
             const int g = l / 16;
@@ -270,9 +268,9 @@ static void deq_q6_k(const uint8_t *b, float *restrict y) {
 /* A row loop per type, so that the block kernel is inlined into it. */
 typedef void (*row_fn)(const uint8_t *src, float *restrict y, int64_t n_blocks);
 
-#define ROW_FN(name, kernel, bytes, elems)                                     \
-    static void name(const uint8_t *src, float *restrict y, int64_t nb) {      \
-        for (int64_t i = 0; i < nb; i++) kernel(src + i * (bytes), y + i * (elems)); \
+#define ROW_FN(name, kernel, bytes, elems)                                                         \
+    static void name(const uint8_t *src, float *restrict y, int64_t nb) {                          \
+        for (int64_t i = 0; i < nb; i++) kernel(src + i * (bytes), y + i * (elems));               \
     }
 ROW_FN(row_q4_0, deq_q4_0, 18, QK)
 ROW_FN(row_q4_1, deq_q4_1, 20, QK)
@@ -305,8 +303,8 @@ static const row_kernel *row_kernel_find(uint32_t type) {
 }
 
 bool quant_can_dequantize(uint32_t type) {
-    return type == TENSOR_TYPE_F32 || type == TENSOR_TYPE_F16 ||
-           type == TENSOR_TYPE_BF16 || row_kernel_find(type) != NULL;
+    return type == TENSOR_TYPE_F32 || type == TENSOR_TYPE_F16 || type == TENSOR_TYPE_BF16 ||
+           row_kernel_find(type) != NULL;
 }
 
 is_status quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n) {

@@ -52,8 +52,9 @@ is_status verify_sha256(const char *path, const void *data, size_t len) {
         return is_error_set(IS_ERR_INVALID_ARG, "--verify: path too long: %s", path);
     FILE *f = fopen(side, "r");
     if (!f)
-        return is_error_set(IS_ERR_IO, "--verify: no checksum file %s (%s); make one with: "
-                                       "sha256sum %s > %s",
+        return is_error_set(IS_ERR_IO,
+                            "--verify: no checksum file %s (%s); make one with: "
+                            "sha256sum %s > %s",
                             side, strerror(errno), path, side);
     char line[256] = "";
     bool got = fgets(line, sizeof line, f) != NULL;
@@ -66,12 +67,13 @@ is_status verify_sha256(const char *path, const void *data, size_t len) {
     }
     want[n] = '\0';
     if (n != 64 || isxdigit((unsigned char)line[64]))
-        return is_error_set(IS_ERR_FORMAT, "--verify: %s does not start with a SHA-256 (64 hex digits)", side);
+        return is_error_set(IS_ERR_FORMAT,
+                            "--verify: %s does not start with a SHA-256 (64 hex digits)", side);
     char have[65];
     is_status st = verify_sha256_hex(data, len, have);
     if (st != IS_OK) return st;
     if (strcmp(have, want) != 0)
-        return is_error_set(IS_ERR_FORMAT, "--verify: %s is damaged: its SHA-256 is %s, %s says %s", path,
-                            have, side, want);
+        return is_error_set(IS_ERR_FORMAT, "--verify: %s is damaged: its SHA-256 is %s, %s says %s",
+                            path, have, side, want);
     return IS_OK;
 }

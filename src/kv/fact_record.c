@@ -139,9 +139,7 @@ static uint64_t xxh64(const void *data, size_t n) {
     return xxh64_digest(&s);
 }
 
-uint64_t fact_text_hash(const char *text, size_t len) {
-    return xxh64(len ? text : "", len);
-}
+uint64_t fact_text_hash(const char *text, size_t len) { return xxh64(len ? text : "", len); }
 
 uint64_t fact_rope_factors_hash(const float *factors, int32_t n) {
     if (!factors || n <= 0) return 0;
@@ -220,7 +218,8 @@ void fact_kv_to_f32(kv_dtype dtype, const void *src, float *dst, size_t n) {
         size_t i = 0;
 #if defined(__F16C__)
         for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
+            _mm256_storeu_ps(dst + i,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
 #endif
         for (; i < n; i++) {
             uint16_t h;
@@ -239,8 +238,7 @@ void fact_kv_to_f32(kv_dtype dtype, const void *src, float *dst, size_t n) {
             memcpy(dst + i, &u, 4);
         }
         return;
-    case KV_DTYPE_FP8:
-        break; /* needs its scales: fact_kv_widen */
+    case KV_DTYPE_FP8: break; /* needs its scales: fact_kv_widen */
     }
     IS_ASSERT(!"fact_kv_to_f32: invalid dtype");
 }
@@ -263,8 +261,7 @@ void fact_kv_from_f32(kv_dtype dtype, const float *src, void *dst, size_t n) {
             memcpy(d + 2 * i, &b, 2);
         }
         return;
-    case KV_DTYPE_FP8:
-        break; /* needs its scales: fact_kv_narrow */
+    case KV_DTYPE_FP8: break; /* needs its scales: fact_kv_narrow */
     }
     IS_ASSERT(!"fact_kv_from_f32: invalid dtype");
 }
@@ -337,11 +334,11 @@ static const char *meta_problem(const fact_kv_meta *m, const char *fp, char *why
             snprintf(why, cap, "model fingerprint character %d is not a lowercase hex digit", i);
             return why;
         }
-#define RANGE(field, lo, hi)                                                                  \
-    if (m->field < (lo) || m->field > (hi)) {                                                 \
-        snprintf(why, cap, #field " is %lld, must be in [%lld, %lld]", (long long)m->field,   \
-                 (long long)(lo), (long long)(hi));                                          \
-        return why;                                                                           \
+#define RANGE(field, lo, hi)                                                                       \
+    if (m->field < (lo) || m->field > (hi)) {                                                      \
+        snprintf(why, cap, #field " is %lld, must be in [%lld, %lld]", (long long)m->field,        \
+                 (long long)(lo), (long long)(hi));                                                \
+        return why;                                                                                \
     }
     RANGE(dtype, 0, KV_DTYPE_COUNT - 1)
     RANGE(n_layers, 1, FACT_MAX_LAYERS)
@@ -387,9 +384,10 @@ is_status fact_meta_check(const fact_kv_meta *r, const fact_kv_meta *e) {
     if (r->dtype != e->dtype)
         return is_error_set(IS_ERR_MISMATCH, "fact record dtype is %s, expected %s",
                             kv_dtype_name(r->dtype), kv_dtype_name(e->dtype));
-#define SAME_INT(field, what)                                                              \
-    if (r->field != e->field)                                                              \
-        return is_error_set(IS_ERR_MISMATCH, "fact record has " what " %lld, serving model has %lld", \
+#define SAME_INT(field, what)                                                                      \
+    if (r->field != e->field)                                                                      \
+        return is_error_set(IS_ERR_MISMATCH,                                                       \
+                            "fact record has " what " %lld, serving model has %lld",               \
                             (long long)r->field, (long long)e->field);
     SAME_INT(n_layers, "n_layers")
     SAME_INT(n_kv_heads, "n_kv_heads")
@@ -406,10 +404,10 @@ is_status fact_meta_check(const fact_kv_meta *r, const fact_kv_meta *e) {
                             "fact record has RoPE freq_scale %.9g, serving model has %.9g",
                             r->rope_freq_scale, e->rope_freq_scale);
     if (r->rope_factors_hash != e->rope_factors_hash)
-        return is_error_set(IS_ERR_MISMATCH,
-                            "fact record has RoPE frequency factors %016llx, serving model has %016llx",
-                            (unsigned long long)r->rope_factors_hash,
-                            (unsigned long long)e->rope_factors_hash);
+        return is_error_set(
+            IS_ERR_MISMATCH,
+            "fact record has RoPE frequency factors %016llx, serving model has %016llx",
+            (unsigned long long)r->rope_factors_hash, (unsigned long long)e->rope_factors_hash);
     return IS_OK;
 }
 
@@ -501,8 +499,8 @@ is_status fact_record_encode_into(const fact_kv_meta *meta, const int32_t *token
         return is_error_set(IS_ERR_INVALID_ARG, "fact record: NULL tokens, k, v or buffer");
     record_layout l = layout_of(meta);
     if (len != l.total)
-        return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is %zu bytes, record needs %zu",
-                            len, l.total);
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "fact record: buffer is %zu bytes, record needs %zu", len, l.total);
     for (int32_t i = 0; i < meta->n_tokens; i++)
         if (tokens[i] < 0)
             return is_error_set(IS_ERR_INVALID_ARG, "fact record: token %d has negative id %d", i,
@@ -614,7 +612,8 @@ is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
                             dtype);
     if (meta_problem(&m, (const char *)b + OFF_FINGERPRINT, why, sizeof why))
         return is_error_set(IS_ERR_FORMAT, "fact record: %s", why);
-    if (!all_zero(b + OFF_RESERVED0, 4) || !all_zero(b + OFF_RESERVED1, OFF_CHECKSUM - OFF_RESERVED1))
+    if (!all_zero(b + OFF_RESERVED0, 4) ||
+        !all_zero(b + OFF_RESERVED1, OFF_CHECKSUM - OFF_RESERVED1))
         return is_error_set(IS_ERR_FORMAT, "fact record: reserved header bytes are not zero");
 
     /* The fields are within the limits, so the layout's arithmetic cannot

@@ -91,13 +91,13 @@ typedef enum kv_dtype {
 
 #define KV_DTYPE_COUNT 4 /* dtypes 0 .. KV_DTYPE_COUNT - 1 */
 
-#define FACT_RECORD_VERSION 1
+#define FACT_RECORD_VERSION      1
 #define FACT_RECORD_HEADER_BYTES 128
-#define FACT_RECORD_ALIGN 64   /* sections start at multiples of this */
-#define FACT_MAX_LAYERS 4096
-#define FACT_MAX_KV_HEADS 4096
-#define FACT_MAX_HEAD_DIM 8192
-#define FACT_MAX_TOKENS (1 << 20)
+#define FACT_RECORD_ALIGN        64 /* sections start at multiples of this */
+#define FACT_MAX_LAYERS          4096
+#define FACT_MAX_KV_HEADS        4096
+#define FACT_MAX_HEAD_DIM        8192
+#define FACT_MAX_TOKENS          (1 << 20)
 
 typedef struct fact_kv_meta {
     char model_fingerprint[17]; /* 16 lowercase hex digits + NUL (model->fingerprint) */
@@ -111,8 +111,8 @@ typedef struct fact_kv_meta {
     float rope_freq_base;       /* theta base */
     float rope_freq_scale;      /* linear position scale */
     uint64_t rope_factors_hash; /* fact_rope_factors_hash() of llama-3 freq factors, 0 if none */
-    int32_t window;             /* w: context turns used at encoding; -1 = no context at all (ablation) */
-    uint64_t text_hash;         /* fact_text_hash() of the fact's text */
+    int32_t window;     /* w: context turns used at encoding; -1 = no context at all (ablation) */
+    uint64_t text_hash; /* fact_text_hash() of the fact's text */
 } fact_kv_meta;
 
 /* One fact's KV as the record store hands it out (or as the caller builds it

@@ -109,9 +109,8 @@ is_status kv_seq_grow(kv_cache *c, int32_t seq, int32_t n) {
     int64_t need_blocks = (need_len + bs - 1) / bs;
     int64_t extra = need_blocks - s->n_blocks;
     if (extra > c->n_free)
-        return is_error_set(IS_ERR_CONTEXT_FULL,
-                            "kv cache: need %lld more blocks, %d free", (long long)extra,
-                            c->n_free);
+        return is_error_set(IS_ERR_CONTEXT_FULL, "kv cache: need %lld more blocks, %d free",
+                            (long long)extra, c->n_free);
     is_status st = seq_reserve_entries(s, (int32_t)need_blocks);
     if (st != IS_OK) return st;
     for (int64_t i = 0; i < extra; i++) {

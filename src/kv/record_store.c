@@ -26,54 +26,54 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define RS_EXT ".fkv"
+#define RS_EXT      ".fkv"
 #define RS_TMP_MARK ".fkv.tmp."
 /* "<id>.fkv.tmp.<pid>.<counter>" fits easily. */
 #define RS_NAME_CAP (RECORD_STORE_ID_MAX + 64)
 
 typedef struct rs_entry rs_entry;
 struct rs_entry {
-    fact_kv kv;             /* what callers get; first, so a fact_kv* is an rs_entry* */
-    record_store *store;    /* owner, checked on release */
+    fact_kv kv;          /* what callers get; first, so a fact_kv* is an rs_entry* */
+    record_store *store; /* owner, checked on release */
     char id[RECORD_STORE_ID_MAX + 1];
-    void *base;             /* the record's bytes: a mapping or an aligned malloc */
-    size_t len;             /* bytes at base */
-    bool mapped;            /* munmap (true) or free (false) */
-    int32_t refs;           /* holders that have not released it */
-    bool cached;            /* linked into the table and the LRU list */
-    rs_entry *prev, *next;  /* LRU list, most recent at head */
-    rs_entry *hnext;        /* hash chain */
+    void *base;            /* the record's bytes: a mapping or an aligned malloc */
+    size_t len;            /* bytes at base */
+    bool mapped;           /* munmap (true) or free (false) */
+    int32_t refs;          /* holders that have not released it */
+    bool cached;           /* linked into the table and the LRU list */
+    rs_entry *prev, *next; /* LRU list, most recent at head */
+    rs_entry *hnext;       /* hash chain */
 };
 
 /* A record file, or a pinned id, known to the disk cap's bookkeeping. */
 typedef struct rs_disk rs_disk;
 struct rs_disk {
     char id[RECORD_STORE_ID_MAX + 1];
-    uint64_t bytes;         /* the file's size (0 while not on disk) */
-    bool on_disk;           /* in the LRU list and counted in disk_bytes */
-    int32_t pins;           /* record_store_pin calls not yet undone */
-    uint64_t batch;         /* the put that last wrote it (its records are not evicted by it) */
-    rs_disk *prev, *next;   /* disk LRU list, most recent at head (on_disk only) */
-    rs_disk *hnext;         /* hash chain */
+    uint64_t bytes;       /* the file's size (0 while not on disk) */
+    bool on_disk;         /* in the LRU list and counted in disk_bytes */
+    int32_t pins;         /* record_store_pin calls not yet undone */
+    uint64_t batch;       /* the put that last wrote it (its records are not evicted by it) */
+    rs_disk *prev, *next; /* disk LRU list, most recent at head (on_disk only) */
+    rs_disk *hnext;       /* hash chain */
 };
 
 struct record_store {
     pthread_mutex_t mu;
-    char *dir;              /* as given, for messages */
-    int dir_fd;             /* the directory; every file op is relative to it */
-    int lock_fd;            /* <dir>/.lock, flock()ed */
-    size_t cache_cap;       /* bytes */
-    rs_entry **buckets;     /* [n_buckets] hash chains of cached entries */
-    size_t n_buckets;       /* power of two */
+    char *dir;          /* as given, for messages */
+    int dir_fd;         /* the directory; every file op is relative to it */
+    int lock_fd;        /* <dir>/.lock, flock()ed */
+    size_t cache_cap;   /* bytes */
+    rs_entry **buckets; /* [n_buckets] hash chains of cached entries */
+    size_t n_buckets;   /* power of two */
     rs_entry *lru_head, *lru_tail;
     record_store_stats stats;
-    uint64_t generation;    /* bumped whenever an id's file changes */
-    uint64_t tmp_counter;   /* makes temporary names unique within the process */
+    uint64_t generation;  /* bumped whenever an id's file changes */
+    uint64_t tmp_counter; /* makes temporary names unique within the process */
     record_store_fault_fn fault;
     void *fault_user;
     /* The disk cap (record_store_set_disk_cap): tracked only when disk_cap > 0. */
     uint64_t disk_cap;
-    rs_disk **d_buckets;    /* [d_n_buckets] hash chains of every rs_disk */
+    rs_disk **d_buckets; /* [d_n_buckets] hash chains of every rs_disk */
     size_t d_n_buckets, d_n;
     rs_disk *d_head, *d_tail;
     uint64_t batch_counter;
@@ -113,10 +113,8 @@ static size_t id_hash(const char *id) {
 /* ---- entries and the cache (caller holds s->mu) ----------------------------------- */
 
 static void entry_destroy(rs_entry *e) {
-    if (e->mapped)
-        munmap(e->base, e->len);
-    else
-        free(e->base);
+    if (e->mapped) munmap(e->base, e->len);
+    else free(e->base);
     free(e);
 }
 
@@ -127,15 +125,18 @@ static rs_entry *cache_find(record_store *s, const char *id) {
 }
 
 static void lru_unlink(record_store *s, rs_entry *e) {
-    if (e->prev) e->prev->next = e->next; else s->lru_head = e->next;
-    if (e->next) e->next->prev = e->prev; else s->lru_tail = e->prev;
+    if (e->prev) e->prev->next = e->next;
+    else s->lru_head = e->next;
+    if (e->next) e->next->prev = e->prev;
+    else s->lru_tail = e->prev;
     e->prev = e->next = NULL;
 }
 
 static void lru_push_front(record_store *s, rs_entry *e) {
     e->prev = NULL;
     e->next = s->lru_head;
-    if (s->lru_head) s->lru_head->prev = e; else s->lru_tail = e;
+    if (s->lru_head) s->lru_head->prev = e;
+    else s->lru_tail = e;
     s->lru_head = e;
 }
 
@@ -194,8 +195,8 @@ static void cache_insert(record_store *s, rs_entry *e) {
 /* Makes an entry for the record in base[len] (parsed again here, so a
  * record in memory is always one that passed every check). On failure
  * base is left to the caller. */
-static is_status entry_create(record_store *s, const char *id, void *base, size_t len,
-                              bool mapped, rs_entry **out) {
+static is_status entry_create(record_store *s, const char *id, void *base, size_t len, bool mapped,
+                              rs_entry **out) {
     rs_entry *e = calloc(1, sizeof *e);
     if (!e) return is_error_set(IS_ERR_NOMEM, "record store: out of memory");
     is_status st = fact_record_parse(base, len, &e->kv.meta, &e->kv.tokens, &e->kv.k, &e->kv.v);
@@ -223,15 +224,18 @@ static rs_disk *disk_find(record_store *s, const char *id) {
 }
 
 static void disk_unlink_lru(record_store *s, rs_disk *d) {
-    if (d->prev) d->prev->next = d->next; else s->d_head = d->next;
-    if (d->next) d->next->prev = d->prev; else s->d_tail = d->prev;
+    if (d->prev) d->prev->next = d->next;
+    else s->d_head = d->next;
+    if (d->next) d->next->prev = d->prev;
+    else s->d_tail = d->prev;
     d->prev = d->next = NULL;
 }
 
 static void disk_push_front(record_store *s, rs_disk *d) {
     d->prev = NULL;
     d->next = s->d_head;
-    if (s->d_head) s->d_head->prev = d; else s->d_tail = d;
+    if (s->d_head) s->d_head->prev = d;
+    else s->d_tail = d;
     s->d_head = d;
 }
 
@@ -370,13 +374,15 @@ is_status record_store_set_disk_cap(record_store *s, uint64_t bytes) {
         DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
         if (!dir) {
             if (fd >= 0) close(fd);
-            st = is_error_set(IS_ERR_IO, "record store: cannot list %s: %s", s->dir, strerror(errno));
+            st = is_error_set(IS_ERR_IO, "record store: cannot list %s: %s", s->dir,
+                              strerror(errno));
         }
         if (dir) rewinddir(dir);
         struct dirent *de;
         while (st == IS_OK && (de = readdir(dir)) != NULL) {
             size_t l = strlen(de->d_name);
-            if (l <= strlen(RS_EXT) || strcmp(de->d_name + l - strlen(RS_EXT), RS_EXT) != 0) continue;
+            if (l <= strlen(RS_EXT) || strcmp(de->d_name + l - strlen(RS_EXT), RS_EXT) != 0)
+                continue;
             char id[RECORD_STORE_ID_MAX + 1];
             size_t il = l - strlen(RS_EXT);
             if (il > RECORD_STORE_ID_MAX) continue;
@@ -421,7 +427,8 @@ is_status record_store_set_disk_cap(record_store *s, uint64_t bytes) {
                 s->stats.disk_bytes += d->bytes;
                 d->prev = s->d_tail;
                 d->next = NULL;
-                if (s->d_tail) s->d_tail->next = d; else s->d_head = d;
+                if (s->d_tail) s->d_tail->next = d;
+                else s->d_head = d;
                 s->d_tail = d;
             }
         } else {
@@ -672,7 +679,7 @@ is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *
                             s->dir, name);
     return IS_OK;
 
-io_fail: {
+io_fail : {
     int err = errno;
     if (fd >= 0) close(fd);
     unlinkat(s->dir_fd, tmp, 0);
@@ -684,9 +691,9 @@ io_fail: {
 
 /* One record of a batch on its way to disk. */
 typedef struct put_item {
-    rs_entry *e;              /* the encoded record, entered into the cache at its rename */
-    int fd;                   /* the temporary file while open, else -1 */
-    bool created;             /* the temporary file exists */
+    rs_entry *e;  /* the encoded record, entered into the cache at its rename */
+    int fd;       /* the temporary file while open, else -1 */
+    bool created; /* the temporary file exists */
     char tmp[RS_NAME_CAP];
     char name[RS_NAME_CAP];
 } put_item;
@@ -727,7 +734,8 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
         void *buf;
         size_t len;
         if ((st = check_id(ids[made])) != IS_OK) break;
-        if ((st = fact_record_encode(metas[made], tokens[made], k[made], v[made], &buf, &len)) != IS_OK)
+        if ((st = fact_record_encode(metas[made], tokens[made], k[made], v[made], &buf, &len)) !=
+            IS_OK)
             break;
         if ((st = entry_create(s, ids[made], buf, len, false, &it[made].e)) != IS_OK) {
             free(buf);
@@ -758,12 +766,14 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
         const uint8_t *buf = p->e->base;
         size_t len = p->e->len, half = len / 2;
         if (!step_ok(fault, fault_user, RECORD_STORE_STEP_CREATE) ||
-            (p->fd = openat(s->dir_fd, p->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0) {
+            (p->fd = openat(s->dir_fd, p->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) <
+                0) {
             st = batch_fail(s, it, 0, n, "create", p->tmp, status);
             goto out;
         }
         p->created = true;
-        if (!step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE) || write_all(p->fd, buf, half) != 0 ||
+        if (!step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE) ||
+            write_all(p->fd, buf, half) != 0 ||
             !step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE_REST) ||
             write_all(p->fd, buf + half, len - half) != 0) {
             st = batch_fail(s, it, 0, n, "write", p->tmp, status);
@@ -839,8 +849,7 @@ static is_status load_file(record_store *s, const char *id, rs_entry **out) {
     int fd = openat(s->dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
-            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id,
-                                s->dir);
+            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id, s->dir);
         return is_error_set(IS_ERR_IO, "record store: cannot open %s/%s: %s", s->dir, name,
                             strerror(errno));
     }
@@ -1042,8 +1051,7 @@ is_status record_store_delete(record_store *s, const char *id) {
     pthread_mutex_unlock(&s->mu);
     if (rc != 0) {
         if (err == ENOENT)
-            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id,
-                                s->dir);
+            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id, s->dir);
         return is_error_set(IS_ERR_IO, "record store: cannot remove %s/%s: %s", s->dir, name,
                             strerror(err));
     }

@@ -49,12 +49,12 @@ typedef struct record_store record_store;
 #define RECORD_STORE_ID_MAX 64
 
 typedef struct record_store_stats {
-    uint64_t hits;         /* gets served from the memory cache */
-    uint64_t misses;       /* gets that went to disk (whatever the outcome) */
-    uint64_t evictions;    /* records dropped from the cache to make room */
-    size_t bytes_cached;   /* bytes of the records in the cache */
-    size_t n_cached;       /* records in the cache */
-    size_t n_held;         /* records handed out and not yet released */
+    uint64_t hits;       /* gets served from the memory cache */
+    uint64_t misses;     /* gets that went to disk (whatever the outcome) */
+    uint64_t evictions;  /* records dropped from the cache to make room */
+    size_t bytes_cached; /* bytes of the records in the cache */
+    size_t n_cached;     /* records in the cache */
+    size_t n_held;       /* records handed out and not yet released */
     /* With a disk cap (record_store_set_disk_cap; all 0 without one): */
     uint64_t disk_bytes;     /* bytes of the record files in the directory */
     uint64_t n_disk;         /* record files in the directory */

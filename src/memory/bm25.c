@@ -23,11 +23,10 @@
 
 /* Lucene's English stop set plus the pieces contractions split into. */
 static const char *const bm25_stopwords[] = {
-    "a",    "an",   "and",   "are",  "as",   "at",    "be",   "but",  "by",
-    "for",  "if",   "in",    "into", "is",   "it",    "no",   "not",  "of",
-    "on",   "or",   "such",  "that", "the",  "their", "then", "there", "these",
-    "they", "this", "to",    "was",  "will", "with",  "s",    "t",    "d",
-    "ll",   "m",    "re",    "ve",
+    "a",    "an",   "and",  "are",   "as",   "at",    "be",    "but",  "by",   "for",
+    "if",   "in",   "into", "is",    "it",   "no",    "not",   "of",   "on",   "or",
+    "such", "that", "the",  "their", "then", "there", "these", "they", "this", "to",
+    "was",  "will", "with", "s",     "t",    "d",     "ll",    "m",    "re",   "ve",
 };
 
 static bool bm25_is_stopword(const char *s, int32_t len) {
@@ -48,12 +47,15 @@ static bool bm25_is_cjk(utf8proc_int32_t c) {
 
 static bool bm25_is_word_char(utf8proc_int32_t c) {
     switch (utf8proc_category(c)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO:
-    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
-        return true;
-    default:
-        return false;
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO: return true;
+    default: return false;
     }
 }
 
@@ -68,10 +70,10 @@ is_status bm25_tokenize(const char *text, bm25_tokens *out) {
     memset(out, 0, sizeof *out);
     if (!text || !*text) return IS_OK;
     utf8proc_uint8_t *norm = NULL;
-    utf8proc_ssize_t nn = utf8proc_map(
-        (const utf8proc_uint8_t *)text, 0, &norm,
-        UTF8PROC_NULLTERM | UTF8PROC_STABLE | UTF8PROC_COMPAT | UTF8PROC_COMPOSE |
-            UTF8PROC_CASEFOLD | UTF8PROC_STRIPMARK | UTF8PROC_IGNORE);
+    utf8proc_ssize_t nn =
+        utf8proc_map((const utf8proc_uint8_t *)text, 0, &norm,
+                     UTF8PROC_NULLTERM | UTF8PROC_STABLE | UTF8PROC_COMPAT | UTF8PROC_COMPOSE |
+                         UTF8PROC_CASEFOLD | UTF8PROC_STRIPMARK | UTF8PROC_IGNORE);
     if (nn < 0) {
         if (nn == UTF8PROC_ERROR_NOMEM) return is_error_set(IS_ERR_NOMEM, "bm25: out of memory");
         return is_error_set(IS_ERR_INVALID_ARG, "bm25: text: %s", utf8proc_errmsg(nn));
@@ -84,8 +86,8 @@ is_status bm25_tokenize(const char *text, bm25_tokens *out) {
     t.off = malloc(sizeof *t.off * (size_t)cap_tok);
     t.len = malloc(sizeof *t.len * (size_t)cap_tok);
     if (!t.buf || !t.off || !t.len) goto nomem;
-    int32_t w = 0;          /* write position in buf */
-    int32_t start = -1;     /* start of the open token in buf, or -1 */
+    int32_t w = 0;      /* write position in buf */
+    int32_t start = -1; /* start of the open token in buf, or -1 */
     utf8proc_ssize_t r = 0;
     for (;;) {
         utf8proc_int32_t c = -1;
@@ -159,19 +161,19 @@ typedef struct bm25_posting {
 } bm25_posting;
 
 typedef struct bm25_term {
-    char *text;         /* owned, NUL-terminated; the vocabulary's key */
-    int32_t n_post;     /* = document frequency */
+    char *text;     /* owned, NUL-terminated; the vocabulary's key */
+    int32_t n_post; /* = document frequency */
     int32_t cap_post;
     bm25_posting *post; /* [cap_post] */
 } bm25_term;
 
 struct bm25_index {
-    strmap vocab;        /* term text -> term id */
-    bm25_term *terms;    /* [cap_terms] */
+    strmap vocab;     /* term text -> term id */
+    bm25_term *terms; /* [cap_terms] */
     int32_t n_terms, cap_terms;
-    bm25_doc *rows;      /* [cap_rows] per row: its terms and length */
+    bm25_doc *rows; /* [cap_rows] per row: its terms and length */
     int32_t n_rows, cap_rows;
-    int64_t total_len;   /* sum of rows' len */
+    int64_t total_len; /* sum of rows' len */
 };
 
 is_status bm25_create(bm25_index **out) {
@@ -331,8 +333,8 @@ void bm25_remove(bm25_index *ix, int32_t row) {
     memset(&ix->rows[last], 0, sizeof ix->rows[last]);
 }
 
-is_status bm25_score(const bm25_index *ix, const bm25_tokens *query, float *acc,
-                     int32_t *touched, int32_t *n_touched) {
+is_status bm25_score(const bm25_index *ix, const bm25_tokens *query, float *acc, int32_t *touched,
+                     int32_t *n_touched) {
     *n_touched = 0;
     if (ix->n_rows == 0 || query->n == 0 || ix->total_len == 0) return IS_OK;
     int32_t *ids = malloc(sizeof *ids * (size_t)query->n);
@@ -400,6 +402,5 @@ bool bm25_check(const bm25_index *ix) {
         int64_t id;
         if (!strmap_get(&ix->vocab, term->text, strlen(term->text), &id) || id != t) return false;
     }
-    return total == ix->total_len && n_pairs == n_post &&
-           ix->vocab.n == (uint32_t)ix->n_terms;
+    return total == ix->total_len && n_pairs == n_post && ix->vocab.n == (uint32_t)ix->n_terms;
 }

@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 #define BM25_K1 1.2f
-#define BM25_B 0.75f
+#define BM25_B  0.75f
 
 /* ---- tokenizer ------------------------------------------------------------ */
 
@@ -69,9 +69,9 @@ typedef struct bm25_index bm25_index;
 
 /* A document made ready for bm25_add: its distinct terms and counts. */
 typedef struct bm25_doc {
-    int32_t *pairs;  /* [n_terms][2]: term id, term frequency */
+    int32_t *pairs; /* [n_terms][2]: term id, term frequency */
     int32_t n_terms;
-    int32_t len;     /* tokens in the document */
+    int32_t len; /* tokens in the document */
 } bm25_doc;
 
 is_status bm25_create(bm25_index **out);
@@ -99,8 +99,8 @@ void bm25_remove(bm25_index *ix, int32_t row);
  * touched[0..*n_touched) (touched: [n_docs]); their scores are > 0, the
  * others' stay 0. Read-only on the index. IS_ERR_NOMEM (outputs then
  * undefined). */
-is_status bm25_score(const bm25_index *ix, const bm25_tokens *query, float *acc,
-                     int32_t *touched, int32_t *n_touched);
+is_status bm25_score(const bm25_index *ix, const bm25_tokens *query, float *acc, int32_t *touched,
+                     int32_t *n_touched);
 
 /* Checks that postings, document frequencies, per-row term lists and the
  * total length agree. For asserts and tests. */

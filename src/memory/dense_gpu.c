@@ -29,7 +29,7 @@
 #define DG_STAGE_MAX 4096
 
 typedef struct dg_part {
-    char *key;             /* tenant '\0' user, owned; the partition map's key */
+    char *key; /* tenant '\0' user, owned; the partition map's key */
     size_t key_len;
     retrieval_matrix *mat; /* rows [0, n - n_staged) */
     char **ids;            /* [cap] row -> fact id, owned; the id map's keys */
@@ -37,19 +37,19 @@ typedef struct dg_part {
     strmap map;            /* fact id -> row */
     float *staged;         /* [cap_staged][dim]: rows n - n_staged .. n - 1 */
     int32_t n_staged, cap_staged;
-    bool stale;            /* rows may not match the facts: searched on the CPU */
+    bool stale; /* rows may not match the facts: searched on the CPU */
 } dg_part;
 
 struct dense_gpu {
     const retrieval_ops *ops; /* the device's retrieval calls */
-    embedder *emb;         /* the embedder's device copy */
+    embedder *emb;            /* the embedder's device copy */
     int32_t device, dim;
-    float *q_dev;          /* device [dim]: the query of the search under way */
-    pthread_mutex_t mu;    /* everything below, and all device work */
-    strmap parts;          /* partition key -> index in part[] */
-    dg_part **part;        /* [cap_part] */
+    float *q_dev;       /* device [dim]: the query of the search under way */
+    pthread_mutex_t mu; /* everything below, and all device work */
+    strmap parts;       /* partition key -> index in part[] */
+    dg_part **part;     /* [cap_part] */
     int32_t n_part, cap_part;
-    int64_t n_staged;      /* all partitions */
+    int64_t n_staged; /* all partitions */
     int64_t searches, declined;
     int32_t idx[RETRIEVAL_TOPK_MAX]; /* a search's rows and scores */
     float score[RETRIEVAL_TOPK_MAX];
@@ -82,7 +82,8 @@ static bool part_key(const char *tenant, const char *user, char *buf, size_t cap
 
 /* The partition of (tenant, user): NULL when absent and !create, or when
  * creating it fails (status in *st). */
-static dg_part *part_get(dense_gpu *g, const char *tenant, const char *user, bool create, is_status *st) {
+static dg_part *part_get(dense_gpu *g, const char *tenant, const char *user, bool create,
+                         is_status *st) {
     *st = IS_OK;
     size_t lt = strlen(tenant), lu = strlen(user), len = lt + 1 + lu;
     char small[256], *key = len + 1 <= sizeof small ? small : malloc(len + 1);
@@ -184,9 +185,12 @@ static is_status part_reserve(dense_gpu *g, dg_part *p) {
 static is_status stage_locked(dense_gpu *g, const char *tenant, const char *user, const char *id,
                               const float *e, dg_part **out) {
     if (!tenant || !user || !id || !*id || !e)
-        return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu: a fact needs tenant, user, id and embedding");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "dense_gpu: a fact needs tenant, user, id and embedding");
     for (int32_t j = 0; j < g->dim; j++)
-        if (!isfinite(e[j])) return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu: embedding[%d] is not finite", (int)j);
+        if (!isfinite(e[j]))
+            return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu: embedding[%d] is not finite",
+                                (int)j);
     is_status st;
     dg_part *p = part_get(g, tenant, user, true, &st);
     if (!p) return st;
@@ -282,7 +286,8 @@ is_status dense_gpu_put(dense_gpu *g, const char *tenant, const char *user, cons
 }
 
 is_status dense_gpu_remove(dense_gpu *g, const char *tenant, const char *user, const char *id) {
-    if (!tenant || !user || !id) return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu_remove: NULL argument");
+    if (!tenant || !user || !id)
+        return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu_remove: NULL argument");
     pthread_mutex_lock(&g->mu);
     is_status st;
     int64_t v;
@@ -388,10 +393,12 @@ is_status dense_gpu_search(dense_gpu *g, mem_index *ix, const mem_filter *f, con
         return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu_search: NULL argument");
     *handled = false;
     if (!f || !f->tenant || !f->user || !query || k < 0)
-        return is_error_set(IS_ERR_INVALID_ARG, "dense_gpu_search: needs tenant, user, a query and k >= 0");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "dense_gpu_search: needs tenant, user, a query and k >= 0");
     const int32_t depth = mode == MEM_SEARCH_HYBRID && k < MEM_HYBRID_DEPTH ? MEM_HYBRID_DEPTH : k;
     pthread_mutex_lock(&g->mu);
-    if (mode == MEM_SEARCH_BM25 || f->agent_id || f->run_id || f->n_meta != 0 || depth >= RETRIEVAL_TOPK_MAX) {
+    if (mode == MEM_SEARCH_BM25 || f->agent_id || f->run_id || f->n_meta != 0 ||
+        depth >= RETRIEVAL_TOPK_MAX) {
         g->declined++;
         pthread_mutex_unlock(&g->mu);
         return IS_OK;

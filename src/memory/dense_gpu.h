@@ -102,10 +102,10 @@ is_status dense_gpu_search(dense_gpu *g, mem_index *ix, const mem_filter *f, con
                            bool *handled);
 
 typedef struct dense_gpu_stats {
-    int64_t facts;        /* rows held, all users (staged ones included) */
-    int64_t searches;     /* searches served */
-    int64_t declined;     /* searches left to the CPU */
-    int32_t stale_users;  /* users whose copy is stale */
+    int64_t facts;       /* rows held, all users (staged ones included) */
+    int64_t searches;    /* searches served */
+    int64_t declined;    /* searches left to the CPU */
+    int32_t stale_users; /* users whose copy is stale */
 } dense_gpu_stats;
 
 void dense_gpu_get_stats(dense_gpu *g, dense_gpu_stats *out);

@@ -46,10 +46,10 @@ struct embedder {
      * type_emb is (n_types, H); row 0 is used (single segment). */
     encoder_weights w;
     embedder_pooling pooling;
-    bert_layer *layers;    /* (n_layers) */
-    float **owned;         /* tensors converted from F16/BF16, freed with e */
+    bert_layer *layers; /* (n_layers) */
+    float **owned;      /* tensors converted from F16/BF16, freed with e */
     int32_t n_owned, cap_owned;
-    int32_t n_threads;     /* 0: all cores */
+    int32_t n_threads; /* 0: all cores */
 
     /* Work buffers, grown on demand; sized for ws_tokens tokens. */
     size_t ws_tokens;
@@ -60,7 +60,7 @@ struct embedder {
     float *ff;     /* (T, I) */
     float *scores; /* (threads, max_tokens) one attention row per thread */
     int32_t scores_threads;
-    int32_t *tok;  /* (tok_texts, max_tokens) token ids of a chunk of texts */
+    int32_t *tok; /* (tok_texts, max_tokens) token ids of a chunk of texts */
     int32_t tok_texts;
 
     /* A device embedder (embedder_create_on) runs the forward pass through
@@ -138,8 +138,9 @@ static is_status json_int(const cJSON *j, const char *file, const char *key, int
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(j, key);
     if (!cJSON_IsNumber(it) || it->valuedouble < lo || it->valuedouble > hi ||
         floor(it->valuedouble) != it->valuedouble)
-        return is_error_set(IS_ERR_FORMAT, "embedder: %s: \"%s\" missing or not an integer in [%d, %d]",
-                            file, key, lo, hi);
+        return is_error_set(IS_ERR_FORMAT,
+                            "embedder: %s: \"%s\" missing or not an integer in [%d, %d]", file, key,
+                            lo, hi);
     *v = (int32_t)it->valuedouble;
     return IS_OK;
 }
@@ -165,7 +166,8 @@ static is_status read_config(embedder *e, const char *dir, wordpiece_params *wpp
         (st = json_int(cfg, "config.json", "max_position_embeddings", 2, 1 << 20, &e->w.max_pos)))
         goto done;
     if (e->w.hidden % e->w.n_heads != 0) {
-        st = is_error_set(IS_ERR_FORMAT, "embedder: config.json: hidden_size %d not a multiple of %d heads",
+        st = is_error_set(IS_ERR_FORMAT,
+                          "embedder: config.json: hidden_size %d not a multiple of %d heads",
                           e->w.hidden, e->w.n_heads);
         goto done;
     }
@@ -179,7 +181,8 @@ static is_status read_config(embedder *e, const char *dir, wordpiece_params *wpp
     }
     const cJSON *pet = cJSON_GetObjectItemCaseSensitive(cfg, "position_embedding_type");
     if (pet && (!cJSON_IsString(pet) || strcmp(pet->valuestring, "absolute") != 0)) {
-        st = is_error_set(IS_ERR_UNSUPPORTED, "embedder: config.json: only absolute position embeddings");
+        st = is_error_set(IS_ERR_UNSUPPORTED,
+                          "embedder: config.json: only absolute position embeddings");
         goto done;
     }
 
@@ -192,8 +195,8 @@ static is_status read_config(embedder *e, const char *dir, wordpiece_params *wpp
     }
 
     e->w.max_tokens = e->w.max_pos < 512 ? e->w.max_pos : 512;
-    if (sbert && (st = json_int(sbert, "sentence_bert_config.json", "max_seq_length", 2, e->w.max_pos,
-                                &e->w.max_tokens)))
+    if (sbert && (st = json_int(sbert, "sentence_bert_config.json", "max_seq_length", 2,
+                                e->w.max_pos, &e->w.max_tokens)))
         goto done;
 
     e->pooling = EMBEDDER_POOLING_MEAN;
@@ -205,8 +208,9 @@ static is_status read_config(embedder *e, const char *dir, wordpiece_params *wpp
                      json_bool(pool, "pooling_mode_weightedmean_tokens", false) ||
                      json_bool(pool, "pooling_mode_lasttoken", false);
         if (mean + cls != 1 || other) {
-            st = is_error_set(IS_ERR_UNSUPPORTED,
-                              "embedder: 1_Pooling/config.json: only one of mean or CLS pooling is supported");
+            st = is_error_set(
+                IS_ERR_UNSUPPORTED,
+                "embedder: 1_Pooling/config.json: only one of mean or CLS pooling is supported");
             goto done;
         }
         e->pooling = cls ? EMBEDDER_POOLING_CLS : EMBEDDER_POOLING_MEAN;
@@ -223,8 +227,8 @@ done:
 
 /* The F32 data of tensor `name` (prefix + name) with the given shape (d1 = 0
  * for a vector). F16/BF16 are converted into a buffer owned by e. */
-static is_status get_tensor(embedder *e, const char *prefix, const char *name, int64_t d0, int64_t d1,
-                            const float **out) {
+static is_status get_tensor(embedder *e, const char *prefix, const char *name, int64_t d0,
+                            int64_t d1, const float **out) {
     char full[256];
     snprintf(full, sizeof full, "%s%s", prefix, name);
     const safetensors_tensor *t = safetensors_find(e->st, full);
@@ -238,21 +242,24 @@ static is_status get_tensor(embedder *e, const char *prefix, const char *name, i
             t = safetensors_find(e->st, alt);
         }
     }
-    if (!t) return is_error_set(IS_ERR_FORMAT, "embedder: model.safetensors lacks tensor \"%s\"", full);
+    if (!t)
+        return is_error_set(IS_ERR_FORMAT, "embedder: model.safetensors lacks tensor \"%s\"", full);
     bool ok = d1 ? (t->n_dims == 2 && t->shape[0] == d0 && t->shape[1] == d1)
                  : (t->n_dims == 1 && t->shape[0] == d0);
     if (!ok)
-        return is_error_set(IS_ERR_FORMAT, "embedder: tensor \"%s\" has shape [%lld%s%lld], expected [%lld%s%lld]",
+        return is_error_set(IS_ERR_FORMAT,
+                            "embedder: tensor \"%s\" has shape [%lld%s%lld], expected [%lld%s%lld]",
                             full, (long long)t->shape[0], t->n_dims > 1 ? ", " : "",
-                            t->n_dims > 1 ? (long long)t->shape[1] : 0ll, (long long)d0, d1 ? ", " : "",
-                            (long long)d1);
+                            t->n_dims > 1 ? (long long)t->shape[1] : 0ll, (long long)d0,
+                            d1 ? ", " : "", (long long)d1);
     if (t->dtype == SAFETENSORS_DTYPE_F32 && ((uintptr_t)t->data & 3) == 0) {
         *out = t->data;
         return IS_OK;
     }
     if (t->dtype != SAFETENSORS_DTYPE_F32 && t->dtype != SAFETENSORS_DTYPE_F16 &&
         t->dtype != SAFETENSORS_DTYPE_BF16)
-        return is_error_set(IS_ERR_UNSUPPORTED, "embedder: tensor \"%s\" is not F32, F16 or BF16", full);
+        return is_error_set(IS_ERR_UNSUPPORTED, "embedder: tensor \"%s\" is not F32, F16 or BF16",
+                            full);
     if (e->n_owned == e->cap_owned) {
         int32_t cap = e->cap_owned ? 2 * e->cap_owned : 16;
         float **no = realloc(e->owned, (size_t)cap * sizeof *no);
@@ -278,18 +285,21 @@ static is_status get_tensor(embedder *e, const char *prefix, const char *name, i
 
 static is_status load_weights(embedder *e) {
     const int64_t H = e->w.hidden, FI = e->w.inter;
-    const char *pre = safetensors_find(e->st, "embeddings.word_embeddings.weight") ? ""
+    const char *pre = safetensors_find(e->st, "embeddings.word_embeddings.weight")        ? ""
                       : safetensors_find(e->st, "bert.embeddings.word_embeddings.weight") ? "bert."
-                                                                                              : "";
+                                                                                          : "";
     const safetensors_tensor *tt = NULL;
     char name[256];
     snprintf(name, sizeof name, "%sembeddings.token_type_embeddings.weight", pre);
     tt = safetensors_find(e->st, name);
     int64_t n_types = tt && tt->n_dims == 2 ? tt->shape[0] : 1;
     is_status st;
-    if ((st = get_tensor(e, pre, "embeddings.word_embeddings.weight", e->w.n_vocab, H, &e->w.tok_emb)) ||
-        (st = get_tensor(e, pre, "embeddings.position_embeddings.weight", e->w.max_pos, H, &e->w.pos_emb)) ||
-        (st = get_tensor(e, pre, "embeddings.token_type_embeddings.weight", n_types, H, &e->w.type_emb)) ||
+    if ((st = get_tensor(e, pre, "embeddings.word_embeddings.weight", e->w.n_vocab, H,
+                         &e->w.tok_emb)) ||
+        (st = get_tensor(e, pre, "embeddings.position_embeddings.weight", e->w.max_pos, H,
+                         &e->w.pos_emb)) ||
+        (st = get_tensor(e, pre, "embeddings.token_type_embeddings.weight", n_types, H,
+                         &e->w.type_emb)) ||
         (st = get_tensor(e, pre, "embeddings.LayerNorm.weight", H, 0, &e->w.emb_ln_g)) ||
         (st = get_tensor(e, pre, "embeddings.LayerNorm.bias", H, 0, &e->w.emb_ln_b)))
         return st;
@@ -300,24 +310,39 @@ static is_status load_weights(embedder *e) {
         const float *q, *k, *v, *bq, *bk, *bv;
         char n[16][128];
         static const char *const suffix[] = {
-            "attention.self.query.weight",   "attention.self.query.bias",
-            "attention.self.key.weight",     "attention.self.key.bias",
-            "attention.self.value.weight",   "attention.self.value.bias",
-            "attention.output.dense.weight", "attention.output.dense.bias",
-            "attention.output.LayerNorm.weight", "attention.output.LayerNorm.bias",
-            "intermediate.dense.weight",     "intermediate.dense.bias",
-            "output.dense.weight",           "output.dense.bias",
-            "output.LayerNorm.weight",       "output.LayerNorm.bias",
+            "attention.self.query.weight",
+            "attention.self.query.bias",
+            "attention.self.key.weight",
+            "attention.self.key.bias",
+            "attention.self.value.weight",
+            "attention.self.value.bias",
+            "attention.output.dense.weight",
+            "attention.output.dense.bias",
+            "attention.output.LayerNorm.weight",
+            "attention.output.LayerNorm.bias",
+            "intermediate.dense.weight",
+            "intermediate.dense.bias",
+            "output.dense.weight",
+            "output.dense.bias",
+            "output.LayerNorm.weight",
+            "output.LayerNorm.bias",
         };
-        for (int i = 0; i < 16; i++) snprintf(n[i], sizeof n[i], "encoder.layer.%d.%s", l, suffix[i]);
-        if ((st = get_tensor(e, pre, n[0], H, H, &q)) || (st = get_tensor(e, pre, n[1], H, 0, &bq)) ||
-            (st = get_tensor(e, pre, n[2], H, H, &k)) || (st = get_tensor(e, pre, n[3], H, 0, &bk)) ||
-            (st = get_tensor(e, pre, n[4], H, H, &v)) || (st = get_tensor(e, pre, n[5], H, 0, &bv)) ||
-            (st = get_tensor(e, pre, n[6], H, H, &L->wo)) || (st = get_tensor(e, pre, n[7], H, 0, &L->bo)) ||
+        for (int i = 0; i < 16; i++)
+            snprintf(n[i], sizeof n[i], "encoder.layer.%d.%s", l, suffix[i]);
+        if ((st = get_tensor(e, pre, n[0], H, H, &q)) ||
+            (st = get_tensor(e, pre, n[1], H, 0, &bq)) ||
+            (st = get_tensor(e, pre, n[2], H, H, &k)) ||
+            (st = get_tensor(e, pre, n[3], H, 0, &bk)) ||
+            (st = get_tensor(e, pre, n[4], H, H, &v)) ||
+            (st = get_tensor(e, pre, n[5], H, 0, &bv)) ||
+            (st = get_tensor(e, pre, n[6], H, H, &L->wo)) ||
+            (st = get_tensor(e, pre, n[7], H, 0, &L->bo)) ||
             (st = get_tensor(e, pre, n[8], H, 0, &L->ln1_g)) ||
             (st = get_tensor(e, pre, n[9], H, 0, &L->ln1_b)) ||
-            (st = get_tensor(e, pre, n[10], FI, H, &L->w1)) || (st = get_tensor(e, pre, n[11], FI, 0, &L->b1)) ||
-            (st = get_tensor(e, pre, n[12], H, FI, &L->w2)) || (st = get_tensor(e, pre, n[13], H, 0, &L->b2)) ||
+            (st = get_tensor(e, pre, n[10], FI, H, &L->w1)) ||
+            (st = get_tensor(e, pre, n[11], FI, 0, &L->b1)) ||
+            (st = get_tensor(e, pre, n[12], H, FI, &L->w2)) ||
+            (st = get_tensor(e, pre, n[13], H, 0, &L->b2)) ||
             (st = get_tensor(e, pre, n[14], H, 0, &L->ln2_g)) ||
             (st = get_tensor(e, pre, n[15], H, 0, &L->ln2_b)))
             return st;
@@ -402,8 +427,8 @@ void embedder_set_n_threads(embedder *e, int32_t n) {
 }
 
 /* wordpiece_encode behind the encoder_weights tokenizer callback. */
-static is_status tokenize_wordpiece(const void *tok, const char *text, size_t len, int32_t max_len, int32_t *ids,
-                                    int32_t *n_out) {
+static is_status tokenize_wordpiece(const void *tok, const char *text, size_t len, int32_t max_len,
+                                    int32_t *ids, int32_t *n_out) {
     return wordpiece_encode(tok, text, len, max_len, ids, n_out);
 }
 
@@ -416,9 +441,12 @@ void embedder_get_weights(const embedder *e, encoder_weights *out) {
     out->tokenizer = e->wp;
 }
 
-is_status embedder_create_on(const embedder *cpu, const char *backend, int32_t device, embedder **out) {
-    if (!cpu || !backend || !out) return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: NULL argument");
-    if (cpu->base) return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: needs a CPU embedder");
+is_status embedder_create_on(const embedder *cpu, const char *backend, int32_t device,
+                             embedder **out) {
+    if (!cpu || !backend || !out)
+        return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: NULL argument");
+    if (cpu->base)
+        return is_error_set(IS_ERR_INVALID_ARG, "embedder_create_on: needs a CPU embedder");
     const retrieval_ops *ops;
     is_status st = retrieval_backend_get(backend, &ops);
     if (st != IS_OK) return st;
@@ -445,7 +473,8 @@ const char *embedder_backend(const embedder *e) { return e && e->ops ? e->ops->n
 is_status embedder_embed_device(embedder *e, const char *const *texts, int32_t n, float *out_dev) {
     if (!e) return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_device: NULL embedder");
     if (!e->ops)
-        return is_error_set(IS_ERR_UNSUPPORTED, "embedder_embed_device: a CPU embedder has no device memory");
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "embedder_embed_device: a CPU embedder has no device memory");
     return e->ops->encoder_embed_device(e->enc, texts, n, out_dev);
 }
 
@@ -500,7 +529,8 @@ static void add_layernorm_rows(float *x, const float *r, const float *bias, cons
                 float d = row[i + k] - mean;
                 acc[k] += d * d;
             }
-        float var = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        float var =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         for (; i < n; i++) var += (row[i] - mean) * (row[i] - mean);
         var /= (float)n;
         const float inv = 1.0f / sqrtf(var + eps);
@@ -571,8 +601,10 @@ static void fill_bias(float *c, const float *bias, int64_t T, int32_t n, int32_t
 }
 
 /* c[T, n] = a[T, k] * w[n, k]^T + beta * c (PyTorch's Linear, bias apart). */
-static void linear(const float *a, const float *w, float *c, int64_t T, int32_t n, int32_t k, float beta) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, n, k, 1.0f, a, k, w, k, beta, c, n);
+static void linear(const float *a, const float *w, float *c, int64_t T, int32_t n, int32_t k,
+                   float beta) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, n, k, 1.0f, a, k, w, k, beta,
+                c, n);
 }
 
 /* ---- forward pass ------------------------------------------------------ */
@@ -649,7 +681,7 @@ static is_status forward(embedder *e, const int32_t *const *ids, const int32_t *
     off[0] = 0;
     for (int32_t i = 0; i < n; i++) off[i + 1] = off[i] + lens[i];
 
-    /* Embeddings: word + position + token type 0, then LayerNorm. */
+        /* Embeddings: word + position + token type 0, then LayerNorm. */
 #pragma omp parallel for schedule(static) num_threads(nt) if (n > 1)
     for (int32_t i = 0; i < n; i++) {
         for (int32_t p = 0; p < lens[i]; p++) {
@@ -669,16 +701,15 @@ static is_status forward(embedder *e, const int32_t *const *ids, const int32_t *
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (T > 16)
         for (int32_t task = 0; task < n_tasks; task++) {
             int32_t i = task / e->w.n_heads, h = task % e->w.n_heads;
-            attention_head(e, off[i], lens[i], h, e->scores + (size_t)omp_get_thread_num() * e->w.max_tokens);
+            attention_head(e, off[i], lens[i], h,
+                           e->scores + (size_t)omp_get_thread_num() * e->w.max_tokens);
         }
         linear(e->ctx, L->wo, e->tmp, T, H, H, 0.0f);
         add_layernorm_rows(e->x, e->tmp, L->bo, L->ln1_g, L->ln1_b, T, H, e->w.ln_eps, nt);
         fill_bias(e->ff, L->b1, T, FI, nt);
         linear(e->x, L->w1, e->ff, T, FI, H, 1.0f);
 #pragma omp parallel for schedule(static) num_threads(nt) if (T > 16)
-        for (int64_t t = 0; t < T; t++) {
-            gelu_row(e->ff + t * FI, FI);
-        }
+        for (int64_t t = 0; t < T; t++) { gelu_row(e->ff + t * FI, FI); }
         linear(e->ff, L->w2, e->tmp, T, H, FI, 0.0f);
         add_layernorm_rows(e->x, e->tmp, L->b2, L->ln2_g, L->ln2_b, T, H, e->w.ln_eps, nt);
     }
@@ -709,8 +740,8 @@ static is_status forward(embedder *e, const int32_t *const *ids, const int32_t *
 
 /* Cuts n texts into chunks of at most CHUNK_TOKENS tokens (a text longer
  * than that is a chunk of its own) and runs each. */
-static is_status forward_chunked(embedder *e, const int32_t *const *ids, const int32_t *lens, int32_t n,
-                                 float *out) {
+static is_status forward_chunked(embedder *e, const int32_t *const *ids, const int32_t *lens,
+                                 int32_t n, float *out) {
     int32_t i = 0;
     while (i < n) {
         int32_t j = i;
@@ -732,12 +763,13 @@ is_status embedder_embed_ids(embedder *e, const int32_t *const *ids, const int32
         return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: bad argument");
     for (int32_t i = 0; i < n; i++) {
         if (!ids[i] || lens[i] < 1 || lens[i] > e->w.max_tokens)
-            return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: text %d has %d tokens (1..%d)", i,
-                                lens[i], e->w.max_tokens);
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "embedder_embed_ids: text %d has %d tokens (1..%d)", i, lens[i],
+                                e->w.max_tokens);
         for (int32_t p = 0; p < lens[i]; p++)
             if (ids[i][p] < 0 || ids[i][p] >= e->w.n_vocab)
-                return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed_ids: token id %d out of range",
-                                    ids[i][p]);
+                return is_error_set(IS_ERR_INVALID_ARG,
+                                    "embedder_embed_ids: token id %d out of range", ids[i][p]);
     }
     threads_attach(); /* BLAS's count is the process's, set once (core/threads.h) */
     return forward_chunked(e, ids, lens, n, out);
@@ -751,7 +783,8 @@ is_status embedder_embed(embedder *e, const char *const *texts, int32_t n, float
     if (!e || n < 0 || (n > 0 && (!texts || !out)))
         return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: bad argument");
     for (int32_t i = 0; i < n; i++)
-        if (!texts[i]) return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: text %d is NULL", i);
+        if (!texts[i])
+            return is_error_set(IS_ERR_INVALID_ARG, "embedder_embed: text %d is NULL", i);
     threads_attach(); /* BLAS's count is the process's, set once (core/threads.h) */
     const int32_t M = e->w.max_tokens, nt = n_threads_eff(e);
     int32_t lens[TOKENIZE_TEXTS];

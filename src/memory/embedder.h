@@ -82,7 +82,8 @@ is_status embedder_load(const char *dir, embedder **out);
  * it instead), a backend this build lacks, no such device, or a model the
  * device kernels do not handle; IS_ERR_INVALID_ARG for NULL or a `cpu`
  * that is itself a device copy; IS_ERR_NOMEM. *out unchanged on failure. */
-is_status embedder_create_on(const embedder *cpu, const char *backend, int32_t device, embedder **out);
+is_status embedder_create_on(const embedder *cpu, const char *backend, int32_t device,
+                             embedder **out);
 
 /* "cpu", or the backend a device embedder runs on. */
 const char *embedder_backend(const embedder *e);

@@ -126,8 +126,8 @@ static const cJSON *find_facts(const cJSON *o, int depth) {
  * "key: value; ..." so that what the model said is kept. malloc'd; NULL
  * when the object has nothing to say (or out of memory). */
 static char *object_fact_text(const cJSON *o) {
-    static const char *const keys[] = {"fact", "text", "memory", "content", "description",
-                                       "statement", "value"};
+    static const char *const keys[] = {"fact",        "text",      "memory", "content",
+                                       "description", "statement", "value"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
         if (cJSON_IsString(v) && v->valuestring[0]) return strdup(v->valuestring);
@@ -159,7 +159,9 @@ static char *object_fact_text(const cJSON *o) {
     return out;
 }
 
-static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+static bool is_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n_facts) {
     if ((!reply && len) || !facts || !n_facts)
@@ -169,11 +171,16 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
     obj_scan sc;
     scan_init(&sc);
     if (len) scan_feed(&sc, reply, len);
-    if (sc.start < 0) return is_error_set(IS_ERR_FORMAT, "extract: the reply holds no JSON object: \"%s\"", snip);
+    if (sc.start < 0)
+        return is_error_set(IS_ERR_FORMAT, "extract: the reply holds no JSON object: \"%s\"", snip);
     if (sc.end < 0)
-        return is_error_set(IS_ERR_FORMAT, "extract: the reply's JSON object is not closed (cut short?): \"%s\"", snip);
+        return is_error_set(IS_ERR_FORMAT,
+                            "extract: the reply's JSON object is not closed (cut short?): \"%s\"",
+                            snip);
     cJSON *root = cJSON_ParseWithLength(reply + sc.start, (size_t)(sc.end - sc.start));
-    if (!root) return is_error_set(IS_ERR_FORMAT, "extract: the reply's object is not valid JSON: \"%s\"", snip);
+    if (!root)
+        return is_error_set(IS_ERR_FORMAT, "extract: the reply's object is not valid JSON: \"%s\"",
+                            snip);
     is_status st = IS_OK;
     const cJSON *arr = cJSON_IsObject(root) ? find_facts(root, 0) : NULL, *it;
     char **out = NULL;
@@ -184,7 +191,8 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
     }
     int32_t count = cJSON_GetArraySize(arr);
     if (count > EXTRACT_MAX_FACTS) {
-        st = is_error_set(IS_ERR_FORMAT, "extract: the reply lists %d facts, more than %d", count, EXTRACT_MAX_FACTS);
+        st = is_error_set(IS_ERR_FORMAT, "extract: the reply lists %d facts, more than %d", count,
+                          EXTRACT_MAX_FACTS);
         goto done;
     }
     out = calloc((size_t)(count ? count : 1), sizeof *out);
@@ -196,11 +204,14 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
     cJSON_ArrayForEach(it, arr) {
         char *obj_text = NULL;
         if (cJSON_IsObject(it) && !(obj_text = object_fact_text(it))) {
-            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is an object with no text: \"%s\"", idx, snip);
+            st = is_error_set(IS_ERR_FORMAT,
+                              "extract: fact %d of the reply is an object with no text: \"%s\"",
+                              idx, snip);
             goto done;
         }
         if (!obj_text && !cJSON_IsString(it)) {
-            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not a string: \"%s\"", idx, snip);
+            st = is_error_set(IS_ERR_FORMAT,
+                              "extract: fact %d of the reply is not a string: \"%s\"", idx, snip);
             goto done;
         }
         const char *s = obj_text ? obj_text : it->valuestring;
@@ -214,17 +225,20 @@ is_status extract_parse(const char *reply, size_t len, char ***facts, int32_t *n
         }
         if (l > EXTRACT_MAX_FACT_BYTES) {
             free(obj_text);
-            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply has %zu bytes, more than %d", idx, l,
+            st = is_error_set(IS_ERR_FORMAT,
+                              "extract: fact %d of the reply has %zu bytes, more than %d", idx, l,
                               EXTRACT_MAX_FACT_BYTES);
             goto done;
         }
         if (!utf8_valid(s, l)) {
             free(obj_text);
-            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not valid UTF-8", idx);
+            st = is_error_set(IS_ERR_FORMAT, "extract: fact %d of the reply is not valid UTF-8",
+                              idx);
             goto done;
         }
         bool dup = false;
-        for (int32_t j = 0; j < n && !dup; j++) dup = strlen(out[j]) == l && memcmp(out[j], s, l) == 0;
+        for (int32_t j = 0; j < n && !dup; j++)
+            dup = strlen(out[j]) == l && memcmp(out[j], s, l) == 0;
         idx++;
         if (dup) {
             free(obj_text);

@@ -46,7 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EXTRACT_MAX_FACTS 50
+#define EXTRACT_MAX_FACTS      50
 #define EXTRACT_MAX_FACT_BYTES 500
 
 /* The fixed system prompt (a constant string). */

@@ -18,25 +18,45 @@
 #define MAX_DEPTH 32
 
 typedef enum node_kind { NODE_AND, NODE_OR, NODE_NOT, NODE_COND } node_kind;
-typedef enum field_kind { FIELD_USER, FIELD_AGENT, FIELD_RUN, FIELD_CREATED, FIELD_UPDATED, FIELD_META } field_kind;
-typedef enum op_kind { OP_EQ, OP_NE, OP_IN, OP_NIN, OP_GT, OP_GTE, OP_LT, OP_LTE, OP_CONTAINS, OP_ICONTAINS, OP_ANY } op_kind;
+typedef enum field_kind {
+    FIELD_USER,
+    FIELD_AGENT,
+    FIELD_RUN,
+    FIELD_CREATED,
+    FIELD_UPDATED,
+    FIELD_META
+} field_kind;
+typedef enum op_kind {
+    OP_EQ,
+    OP_NE,
+    OP_IN,
+    OP_NIN,
+    OP_GT,
+    OP_GTE,
+    OP_LT,
+    OP_LTE,
+    OP_CONTAINS,
+    OP_ICONTAINS,
+    OP_ANY
+} op_kind;
 
-static const char *const OP_NAMES[] = {"eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "contains", "icontains"};
+static const char *const OP_NAMES[] = {"eq",  "ne", "in",  "nin",      "gt",
+                                       "gte", "lt", "lte", "contains", "icontains"};
 #define N_OPS ((int)(sizeof OP_NAMES / sizeof OP_NAMES[0]))
 
 /* Mem0 fields this store has no column or meaning for. */
-static const char *const UNSUPPORTED[] = {"app_id", "categories", "keywords", "expiration_date",
-                                          "memory_ids", "immutable", "timestamp", "org_id",
-                                          "project_id"};
+static const char *const UNSUPPORTED[] = {"app_id",          "categories", "keywords",
+                                          "expiration_date", "memory_ids", "immutable",
+                                          "timestamp",       "org_id",     "project_id"};
 
 struct mem_filter_expr {
     node_kind kind;
     mem_filter_expr **kids; /* [n_kids] for AND, OR, NOT */
     int n_kids;
-    field_kind field;       /* NODE_COND */
-    char *key;              /* metadata key (FIELD_META) */
+    field_kind field; /* NODE_COND */
+    char *key;        /* metadata key (FIELD_META) */
     op_kind op;
-    cJSON *value;           /* owned; times already in unix ms (numbers) */
+    cJSON *value; /* owned; times already in unix ms (numbers) */
 };
 
 void mem_filter_expr_free(mem_filter_expr *e) {
@@ -154,7 +174,8 @@ static is_status time_value(const cJSON *v, const char *field, cJSON **out) {
     } else
         return is_error_set(IS_ERR_INVALID_ARG,
                             "filters: %s needs ISO 8601 dates (2024-07-01 or 2024-07-01T10:00:00Z) "
-                            "or unix seconds", field);
+                            "or unix seconds",
+                            field);
     *out = cJSON_CreateNumber((double)ms);
     return *out ? IS_OK : IS_ERR_NOMEM;
 }
@@ -177,8 +198,9 @@ static is_status cond_new(field_kind fk, const char *key, op_kind op, const cJSO
             cJSON *c = NULL;
             if (!is_scalar(it)) {
                 cJSON_Delete(val);
-                return is_error_set(IS_ERR_INVALID_ARG, "filters: %s: \"%s\" takes a list of scalars",
-                                    name, OP_NAMES[op]);
+                return is_error_set(IS_ERR_INVALID_ARG,
+                                    "filters: %s: \"%s\" takes a list of scalars", name,
+                                    OP_NAMES[op]);
             }
             if (is_time) {
                 if ((st = time_value(it, name, &c)) != IS_OK) {
@@ -226,14 +248,16 @@ static is_status field_conds(field_kind fk, const char *key, const cJSON *v, con
     if (cJSON_IsObject(v)) {
         if (!v->child)
             return fail("filters: %s: an empty object (give a value or operators such as "
-                        "{\"in\": [...]})", name);
+                        "{\"in\": [...]})",
+                        name);
         const cJSON *o;
         cJSON_ArrayForEach(o, v) {
             int op = op_of(o->string);
             if (op < 0)
                 return is_error_set(IS_ERR_INVALID_ARG,
                                     "filters: %s: unknown operator \"%.60s\" (eq, ne, in, nin, "
-                                    "gt, gte, lt, lte, contains, icontains)", name, o->string);
+                                    "gt, gte, lt, lte, contains, icontains)",
+                                    name, o->string);
             if ((st = cond_new(fk, key, (op_kind)op, o, name, &c)) != IS_OK) return st;
             if (!add_kid(parent, c)) {
                 mem_filter_expr_free(c);
@@ -316,23 +340,26 @@ static is_status parse_object(const cJSON *o, int depth, mem_filter_expr **out) 
             if (!cJSON_IsObject(it)) st = fail("filters: %s must be an object", k);
             const cJSON *m;
             if (st == IS_OK) cJSON_ArrayForEach(m, it) {
-                char name[128];
-                snprintf(name, sizeof name, "metadata.%.100s", m->string);
-                if ((st = field_conds(FIELD_META, m->string, m, name, and)) != IS_OK) break;
-            }
+                    char name[128];
+                    snprintf(name, sizeof name, "metadata.%.100s", m->string);
+                    if ((st = field_conds(FIELD_META, m->string, m, name, and)) != IS_OK) break;
+                }
         } else {
             for (size_t i = 0; i < sizeof UNSUPPORTED / sizeof UNSUPPORTED[0]; i++)
                 if (strcmp(k, UNSUPPORTED[i]) == 0) {
-                    st = is_error_set(IS_ERR_INVALID_ARG,
-                                      "filters: \"%s\" is not supported by this server (its memories "
-                                      "have no %s; see the Mem0 feature table in the README)", k, k);
+                    st = is_error_set(
+                        IS_ERR_INVALID_ARG,
+                        "filters: \"%s\" is not supported by this server (its memories "
+                        "have no %s; see the Mem0 feature table in the README)",
+                        k, k);
                     break;
                 }
             if (st == IS_OK) {
                 if (cJSON_IsObject(it) && it->child && op_of(it->child->string) < 0)
                     st = is_error_set(IS_ERR_INVALID_ARG,
                                       "filters: \"%.60s\" is read as a metadata key, and its value "
-                                      "must be a scalar or an object of operators", k);
+                                      "must be a scalar or an object of operators",
+                                      k);
                 else st = field_conds(FIELD_META, k, it, k, and);
             }
         }
@@ -360,7 +387,7 @@ is_status mem_filter_parse(const char *json, size_t len, mem_filter_expr **out) 
 
 typedef struct match_ctx {
     const mem_fact *f;
-    cJSON *meta;     /* the fact's metadata, parsed at the first metadata condition */
+    cJSON *meta; /* the fact's metadata, parsed at the first metadata condition */
     bool meta_done;
 } match_ctx;
 
@@ -485,7 +512,8 @@ bool mem_filter_match(const mem_filter_expr *e, const mem_fact *f) {
 const char *mem_filter_user(const mem_filter_expr *e) {
     if (e->kind == NODE_COND)
         return e->field == FIELD_USER && e->op == OP_EQ && cJSON_IsString(e->value)
-                   ? e->value->valuestring : NULL;
+                   ? e->value->valuestring
+                   : NULL;
     if (e->kind != NODE_AND) return NULL;
     for (int i = 0; i < e->n_kids; i++) {
         const char *u = mem_filter_user(e->kids[i]);
@@ -495,7 +523,8 @@ const char *mem_filter_user(const mem_filter_expr *e) {
 }
 
 bool mem_filter_has_scope(const mem_filter_expr *e) {
-    if (e->kind == NODE_COND) return e->field == FIELD_USER || e->field == FIELD_AGENT || e->field == FIELD_RUN;
+    if (e->kind == NODE_COND)
+        return e->field == FIELD_USER || e->field == FIELD_AGENT || e->field == FIELD_RUN;
     for (int i = 0; i < e->n_kids; i++)
         if (mem_filter_has_scope(e->kids[i])) return true;
     return false;

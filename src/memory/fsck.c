@@ -43,7 +43,10 @@ static int cmp_str(const void *a, const void *b) {
 static is_status list_records(const char *dir, id_list *l) {
     memset(l, 0, sizeof *l);
     DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? IS_OK : is_error_set(IS_ERR_IO, "fsck: cannot list %s: %s", dir, strerror(errno));
+    if (!d)
+        return errno == ENOENT
+                   ? IS_OK
+                   : is_error_set(IS_ERR_IO, "fsck: cannot list %s: %s", dir, strerror(errno));
     struct dirent *de;
     is_status st = IS_OK;
     const size_t ext = strlen(REC_EXT);
@@ -60,7 +63,8 @@ static is_status list_records(const char *dir, id_list *l) {
             l->ids = ni;
             l->cap = nc;
         }
-        if (!(l->ids[l->n] = strndup(de->d_name, len - ext))) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        if (!(l->ids[l->n] = strndup(de->d_name, len - ext)))
+            st = is_error_set(IS_ERR_NOMEM, "out of memory");
         else l->n++;
     }
     closedir(d);
@@ -78,7 +82,9 @@ typedef struct claim_ctx {
 
 static is_status claim(const char *rid, void *ud) {
     claim_ctx *c = ud;
-    char **hit = c->files->n ? bsearch(&rid, c->files->ids, (size_t)c->files->n, sizeof(char *), cmp_str) : NULL;
+    char **hit = c->files->n
+                     ? bsearch(&rid, c->files->ids, (size_t)c->files->n, sizeof(char *), cmp_str)
+                     : NULL;
     if (hit) c->files->claimed[hit - c->files->ids] = true;
     else c->n_missing++;
     return IS_OK;
@@ -111,7 +117,9 @@ static bool split_record_id(const char *rid, char *fact_id, size_t cap, int32_t 
     if (!v || v == rid || v[1] != 'v' || !v[2]) return false;
     char *end;
     long n = strtol(v + 2, &end, 10);
-    if (*end || n < 1 || n > INT32_MAX || (size_t)(v - rid) >= cap || (size_t)(v - rid) > MEM_ID_MAX) return false;
+    if (*end || n < 1 || n > INT32_MAX || (size_t)(v - rid) >= cap ||
+        (size_t)(v - rid) > MEM_ID_MAX)
+        return false;
     memcpy(fact_id, rid, (size_t)(v - rid));
     fact_id[v - rid] = '\0';
     *version = (int32_t)n;
@@ -120,8 +128,8 @@ static bool split_record_id(const char *rid, char *fact_id, size_t cap, int32_t 
 
 /* One record into a row of s; false (with *why) if its text cannot be
  * recovered exactly. */
-static is_status rebuild_one(mem_store *s, const char *kv_dir, const char *rid, const memory_fsck_params *p,
-                             int32_t dim, bool *ok, const char **why) {
+static is_status rebuild_one(mem_store *s, const char *kv_dir, const char *rid,
+                             const memory_fsck_params *p, int32_t dim, bool *ok, const char **why) {
     *ok = false;
     char fid[MEM_ID_MAX + 1];
     int32_t version;
@@ -183,9 +191,10 @@ static is_status rebuild_one(mem_store *s, const char *kv_dir, const char *rid, 
 static is_status rebuild(const char *data_dir, const char *db_path, const id_list *files,
                          const memory_fsck_params *p, memory_fsck_report *r, FILE *out) {
     if (!p->text_of)
-        return is_error_set(IS_ERR_INVALID_ARG, "fsck: rebuilding the store from KV records needs the "
-                                                "model that encoded them (--model): the records keep "
-                                                "token ids, not text");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "fsck: rebuilding the store from KV records needs the "
+                            "model that encoded them (--model): the records keep "
+                            "token ids, not text");
     struct stat sb;
     const char *suffix[] = {"", "-wal", "-shm"};
     long long now = (long long)time(NULL);
@@ -194,7 +203,8 @@ static is_status rebuild(const char *data_dir, const char *db_path, const id_lis
         snprintf(from, sizeof from, "%s%s", db_path, suffix[i]);
         snprintf(to, sizeof to, "%s.damaged-%lld%s", db_path, now, suffix[i]);
         if (stat(from, &sb) != 0) continue;
-        if (rename(from, to) != 0) return is_error_set(IS_ERR_IO, "fsck: cannot rename %s: %s", from, strerror(errno));
+        if (rename(from, to) != 0)
+            return is_error_set(IS_ERR_IO, "fsck: cannot rename %s: %s", from, strerror(errno));
         if (out) fprintf(out, "fsck: kept the damaged %s as %s\n", from, to);
     }
     mem_store *s = NULL;
@@ -202,7 +212,8 @@ static is_status rebuild(const char *data_dir, const char *db_path, const id_lis
     const int32_t dim = p->embedder ? embedder_dim(p->embedder) : 1;
     char dim_s[32];
     snprintf(dim_s, sizeof dim_s, "%d", (int)dim);
-    if (st == IS_OK) st = mem_store_meta_set(s, "embed_name", p->embed_name ? p->embed_name : "none");
+    if (st == IS_OK)
+        st = mem_store_meta_set(s, "embed_name", p->embed_name ? p->embed_name : "none");
     if (st == IS_OK) st = mem_store_meta_set(s, "embed_dim", dim_s);
     char kv_dir[PATH_MAX];
     snprintf(kv_dir, sizeof kv_dir, "%s/kv", data_dir);
@@ -234,7 +245,8 @@ static int64_t count_files(const char *dir) {
 
 is_status memory_fsck(const char *data_dir, const memory_fsck_params *p, memory_fsck_report *r,
                       FILE *out) {
-    if (!data_dir || !p || !r) return is_error_set(IS_ERR_INVALID_ARG, "memory_fsck: NULL argument");
+    if (!data_dir || !p || !r)
+        return is_error_set(IS_ERR_INVALID_ARG, "memory_fsck: NULL argument");
     memset(r, 0, sizeof *r);
     char db_path[PATH_MAX], wal[PATH_MAX + 8], kv_dir[PATH_MAX], aside[PATH_MAX + 16];
     snprintf(db_path, sizeof db_path, "%s/memory.db", data_dir);
@@ -287,26 +299,35 @@ is_status memory_fsck(const char *data_dir, const memory_fsck_params *p, memory_
     }
     for (int64_t i = 0; i < files.n; i++) r->n_unclaimed += !files.claimed[i];
     const bool unreadable = strncmp(r->integrity, "unreadable", 10) == 0;
-    const bool store_lost = r->db_missing || r->db_empty || unreadable || strstr(r->missing_tables, "facts") ||
+    const bool store_lost = r->db_missing || r->db_empty || unreadable ||
+                            strstr(r->missing_tables, "facts") ||
                             (r->n_facts == 0 && r->n_history <= 0 && files.n > 1);
     const bool rebuild_needed = store_lost && files.n > 0;
-    r->problems = rebuild_needed || (!store_lost && (r->missing_tables[0] || r->n_bad_rows > 0 ||
-                                                     r->n_unclaimed > 0 || strcmp(r->integrity, "ok") != 0));
+    r->problems =
+        rebuild_needed || (!store_lost && (r->missing_tables[0] || r->n_bad_rows > 0 ||
+                                           r->n_unclaimed > 0 || strcmp(r->integrity, "ok") != 0));
     if (out) {
         fprintf(out, "fsck: %s: %s\n", db_path,
-                r->db_missing ? "MISSING" : r->db_empty ? "EMPTY" : r->integrity);
+                r->db_missing ? "MISSING"
+                : r->db_empty ? "EMPTY"
+                              : r->integrity);
         if (r->missing_tables[0]) fprintf(out, "fsck: missing tables: %s\n", r->missing_tables);
-        fprintf(out, "fsck: %lld facts, %lld bad rows, %lld already quarantined, %lld history rows\n",
+        fprintf(out,
+                "fsck: %lld facts, %lld bad rows, %lld already quarantined, %lld history rows\n",
                 (long long)r->n_facts, (long long)r->n_bad_rows, (long long)r->n_quarantined,
                 (long long)r->n_history);
-        fprintf(out, "fsck: %lld KV records in %s: %lld that no fact points to; %lld facts without "
-                     "their record; %lld set aside in %s\n",
-                (long long)r->n_records, kv_dir, (long long)r->n_unclaimed, (long long)r->n_missing_kv,
-                (long long)(r->n_set_aside > 0 ? r->n_set_aside : 0), aside);
+        fprintf(out,
+                "fsck: %lld KV records in %s: %lld that no fact points to; %lld facts without "
+                "their record; %lld set aside in %s\n",
+                (long long)r->n_records, kv_dir, (long long)r->n_unclaimed,
+                (long long)r->n_missing_kv, (long long)(r->n_set_aside > 0 ? r->n_set_aside : 0),
+                aside);
         if (rebuild_needed)
-            fprintf(out, "fsck: the store is lost beside %lld KV records: --repair rebuilds the facts "
-                         "from them (text exactly, as checked against each record's hash; not the "
-                         "owner, metadata or history)\n", (long long)files.n);
+            fprintf(out,
+                    "fsck: the store is lost beside %lld KV records: --repair rebuilds the facts "
+                    "from them (text exactly, as checked against each record's hash; not the "
+                    "owner, metadata or history)\n",
+                    (long long)files.n);
     }
     record_store_close(rs);
     if (p->repair && r->problems) {
@@ -322,8 +343,9 @@ is_status memory_fsck(const char *data_dir, const memory_fsck_params *p, memory_
             if (st == IS_OK) {
                 if (out) {
                     if (rebuild_needed)
-                        fprintf(out, "fsck: rebuilt %lld facts from KV records (owner %s/%s); %lld "
-                                     "records could not be\n",
+                        fprintf(out,
+                                "fsck: rebuilt %lld facts from KV records (owner %s/%s); %lld "
+                                "records could not be\n",
                                 (long long)r->n_rebuilt, p->tenant ? p->tenant : "default",
                                 p->user ? p->user : "recovered", (long long)r->n_not_rebuilt);
                     if (rep.repairs[0]) fprintf(out, "fsck: repaired: %s\n", rep.repairs);

@@ -51,17 +51,17 @@ typedef struct memory_fsck_params {
 } memory_fsck_params;
 
 typedef struct memory_fsck_report {
-    bool db_missing, db_empty;  /* memory.db absent / of 0 bytes (and no WAL) */
-    char integrity[128];        /* quick_check: "ok" or its first complaint */
-    char missing_tables[128];   /* "" if none */
+    bool db_missing, db_empty; /* memory.db absent / of 0 bytes (and no WAL) */
+    char integrity[128];       /* quick_check: "ok" or its first complaint */
+    char missing_tables[128];  /* "" if none */
     int64_t n_facts, n_bad_rows, n_quarantined, n_history;
-    int64_t n_records;          /* files in kv/ */
-    int64_t n_unclaimed;        /* records in kv/ no row points to */
-    int64_t n_missing_kv;       /* rows whose record is not in kv/ */
-    int64_t n_set_aside;        /* files in kv/orphans/ */
-    int64_t n_rebuilt;          /* repair: facts rebuilt from records */
-    int64_t n_not_rebuilt;      /* repair: records whose text could not be recovered */
-    bool problems;              /* anything above that needs a repair */
+    int64_t n_records;     /* files in kv/ */
+    int64_t n_unclaimed;   /* records in kv/ no row points to */
+    int64_t n_missing_kv;  /* rows whose record is not in kv/ */
+    int64_t n_set_aside;   /* files in kv/orphans/ */
+    int64_t n_rebuilt;     /* repair: facts rebuilt from records */
+    int64_t n_not_rebuilt; /* repair: records whose text could not be recovered */
+    bool problems;         /* anything above that needs a repair */
 } memory_fsck_report;
 
 /* Checks (and with p->repair, repairs) data_dir, writing one line per

@@ -92,10 +92,10 @@ struct mem_index {
     int32_t stride_f; /* dim rounded up to 8 */
     int32_t stride_q; /* dim rounded up to 32 */
     pthread_rwlock_t lock;
-    strmap parts;     /* partition key -> index in part[] */
-    mem_part **part;  /* [cap_part] */
+    strmap parts;    /* partition key -> index in part[] */
+    mem_part **part; /* [cap_part] */
     int32_t n_part, cap_part;
-    strmap ids;       /* fact id -> (partition << 32) | row */
+    strmap ids; /* fact id -> (partition << 32) | row */
     int64_t n_docs;
 };
 
@@ -480,10 +480,10 @@ typedef struct mem_prep {
     char *id;
     char *key; /* partition key */
     size_t key_len;
-    char **meta;  /* [n_meta][2] key, canonical value (owned) */
+    char **meta; /* [n_meta][2] key, canonical value (owned) */
     int32_t n_meta;
-    float *emb;   /* [stride_f] */
-    int8_t *q8;   /* [stride_q] */
+    float *emb; /* [stride_f] */
+    int8_t *q8; /* [stride_q] */
     float q_scale, q_err, norm;
     bm25_tokens tokens;
 } mem_prep;
@@ -522,7 +522,8 @@ static is_status mem_parse_meta(const char *json, mem_prep *p) {
             goto done;
         }
         bool dup = false;
-        for (int32_t i = 0; i < p->n_meta && !dup; i++) dup = strcmp(p->meta[2 * i], it->string) == 0;
+        for (int32_t i = 0; i < p->n_meta && !dup; i++)
+            dup = strcmp(p->meta[2 * i], it->string) == 0;
         if (dup) continue;
         char *k = strdup(it->string), *v = metadata_scalar_string(it);
         if (!k || !v) {
@@ -543,7 +544,8 @@ done:
 static is_status mem_prepare(const mem_index *ix, const mem_doc *d, mem_prep *p) {
     memset(p, 0, sizeof *p);
     if (!d || !d->id || !d->tenant || !d->user || !d->embedding)
-        return is_error_set(IS_ERR_INVALID_ARG, "index: document lacks id, tenant, user or embedding");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "index: document lacks id, tenant, user or embedding");
     size_t id_len = strlen(d->id);
     if (id_len == 0 || id_len > MEM_ID_MAX)
         return is_error_set(IS_ERR_INVALID_ARG, "index: id length %zu (1..%d)", id_len, MEM_ID_MAX);
@@ -581,7 +583,8 @@ static is_status mem_get_part(mem_index *ix, const char *key, size_t key_len, in
     is_status st = strmap_reserve(&ix->parts, 1);
     if (st) return st;
     if (ix->n_part == ix->cap_part) {
-        if (ix->cap_part >= INT32_MAX / 2) return is_error_set(IS_ERR_NOMEM, "index: too many users");
+        if (ix->cap_part >= INT32_MAX / 2)
+            return is_error_set(IS_ERR_NOMEM, "index: too many users");
         int32_t cap = ix->cap_part ? ix->cap_part * 2 : 16;
         mem_part **a = realloc(ix->part, sizeof *a * cap);
         if (!a) return is_error_set(IS_ERR_NOMEM, "index: out of memory");
@@ -671,8 +674,7 @@ is_status mem_index_remove(mem_index *ix, const char *id) {
     is_status st = IS_OK;
     if (strmap_get(&ix->ids, id, strlen(id), &v))
         mem_part_remove_row(ix, mem_unpack_part(v), mem_unpack_row(v));
-    else
-        st = is_error_set(IS_ERR_NOT_FOUND, "index: no fact \"%.80s\"", id);
+    else st = is_error_set(IS_ERR_NOT_FOUND, "index: no fact \"%.80s\"", id);
     pthread_rwlock_unlock(&ix->lock);
     return st;
 }
@@ -681,12 +683,12 @@ is_status mem_index_remove(mem_index *ix, const char *id) {
 
 /* A filter resolved to a partition's symbols. */
 typedef struct mem_qfilter {
-    bool any;       /* at least one condition beyond tenant and user */
-    bool none;      /* some value is unknown to the partition: nothing matches */
-    int32_t agent;  /* -1: any */
-    int32_t run;    /* -1: any */
+    bool any;      /* at least one condition beyond tenant and user */
+    bool none;     /* some value is unknown to the partition: nothing matches */
+    int32_t agent; /* -1: any */
+    int32_t run;   /* -1: any */
     int32_t n_meta;
-    int32_t *meta;  /* [n_meta][2] */
+    int32_t *meta; /* [n_meta][2] */
 } mem_qfilter;
 
 static bool mem_row_match(const mem_row *r, const mem_qfilter *f) {
@@ -732,9 +734,9 @@ static is_status mem_resolve_filter(const mem_part *p, const mem_filter *f, mem_
 
 /* A query made ready for the dense kernels. */
 typedef struct mem_query {
-    float *f;      /* [stride_f] the query, zero-padded */
-    int8_t *q8;    /* [stride_q] quantised */
-    int8_t *q8abs; /* [stride_q] |q8| */
+    float *f;                      /* [stride_f] the query, zero-padded */
+    int8_t *q8;                    /* [stride_q] quantised */
+    int8_t *q8abs;                 /* [stride_q] |q8| */
     float scale, err, norm, qnorm; /* as mem_quantize gives them */
 } mem_query;
 
@@ -822,10 +824,11 @@ static is_status mem_dense_topk(const mem_index *ix, const mem_part *p, const me
             ub[i] = -INFINITY; /* filtered out (a real bound is finite) */
             continue;
         }
-        const int32_t d = mem_dot_i8(p->q8 + (size_t)i * ix->stride_q, q->q8, q->q8abs, ix->stride_q);
+        const int32_t d =
+            mem_dot_i8(p->q8 + (size_t)i * ix->stride_q, q->q8, q->q8abs, ix->stride_q);
         const float a = q->scale * p->q_scale[i] * (float)d;
-        const float b = 1.001f * (q->err * p->norm[i] + q->qnorm * p->q_err[i]) +
-                        rnd * p->norm[i] + 1e-6f;
+        const float b =
+            1.001f * (q->err * p->norm[i] + q->qnorm * p->q_err[i]) + rnd * p->norm[i] + 1e-6f;
         ub[i] = a + b;
         if (n_lb < depth || a - b > L) {
             mem_fheap_push(lbh, &n_lb, depth, a - b);
@@ -899,10 +902,12 @@ typedef struct mem_ext_dense {
 /* The external list's documents of partition pi, in its order, into h (at
  * most h->cap); ids of other partitions or of none (removed since the list
  * was made) are skipped. */
-static void mem_ext_dense_rows(const mem_index *ix, int32_t pi, const mem_ext_dense *ext, mem_heap *h) {
+static void mem_ext_dense_rows(const mem_index *ix, int32_t pi, const mem_ext_dense *ext,
+                               mem_heap *h) {
     for (int32_t i = 0; i < ext->n && h->n < h->cap; i++) {
         int64_t v;
-        if (!strmap_get(&ix->ids, ext->ids[i], strlen(ext->ids[i]), &v) || mem_unpack_part(v) != pi) continue;
+        if (!strmap_get(&ix->ids, ext->ids[i], strlen(ext->ids[i]), &v) || mem_unpack_part(v) != pi)
+            continue;
         h->c[h->n++] = (mem_cand){ext->scores[i], mem_unpack_row(v)};
     }
 }
@@ -911,8 +916,9 @@ static void mem_ext_dense_rows(const mem_index *ix, int32_t pi, const mem_ext_de
  * written only once nothing can fail any more. With ext, the dense list is
  * ext's (q is unused) and a hybrid hit outside it gets dense = NAN. */
 static is_status mem_search_locked(const mem_index *ix, int32_t pi, const mem_filter *f,
-                                   const mem_query *q, const mem_ext_dense *ext, const bm25_tokens *t,
-                                   int32_t k, mem_search_mode mode, mem_hit *hits, int32_t *n_hits) {
+                                   const mem_query *q, const mem_ext_dense *ext,
+                                   const bm25_tokens *t, int32_t k, mem_search_mode mode,
+                                   mem_hit *hits, int32_t *n_hits) {
     const mem_part *p = ix->part[pi];
     mem_qfilter qf;
     is_status st = mem_resolve_filter(p, f, &qf);
@@ -948,8 +954,8 @@ static is_status mem_search_locked(const mem_index *ix, int32_t pi, const mem_fi
         *n_hits = dh.n < k ? dh.n : k;
     } else if (mode == MEM_SEARCH_BM25) {
         for (int32_t i = 0; i < bh.n && i < k; i++)
-            mem_hit_set(&hits[i], p->rows[bh.c[i].row].id, bh.c[i].score, 0.0f, bh.c[i].score,
-                        -1, i + 1);
+            mem_hit_set(&hits[i], p->rows[bh.c[i].row].id, bh.c[i].score, 0.0f, bh.c[i].score, -1,
+                        i + 1);
         *n_hits = bh.n < k ? bh.n : k;
     } else {
         int32_t nf = 0;
@@ -979,7 +985,7 @@ static is_status mem_search_locked(const mem_index *ix, int32_t pi, const mem_fi
             const float dense =
                 fu[i].dense_rank > 0 ? dh.c[fu[i].dense_rank - 1].score
                 : ext                ? NAN
-                                     : mem_dot_f32(p->emb + (size_t)r * ix->stride_f, q->f, ix->stride_f);
+                      : mem_dot_f32(p->emb + (size_t)r * ix->stride_f, q->f, ix->stride_f);
             mem_hit_set(&hits[i], p->rows[r].id, fu[i].rrf, dense, acc ? acc[r] : 0.0f,
                         fu[i].dense_rank, fu[i].bm25_rank);
         }
@@ -1063,14 +1069,15 @@ out:
 }
 
 is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *query_embedding,
-                           const char *query_text, int32_t k, mem_search_mode mode,
-                           mem_hit *out, int32_t *n_out) {
+                           const char *query_text, int32_t k, mem_search_mode mode, mem_hit *out,
+                           int32_t *n_out) {
     return mem_search(ix, f, query_embedding, NULL, query_text, k, mode, out, n_out);
 }
 
-is_status mem_index_search_dense_list(mem_index *ix, const mem_filter *f, const char *const *dense_ids,
-                                      const float *dense_scores, int32_t n_dense, const char *query_text,
-                                      int32_t k, mem_search_mode mode, mem_hit *out, int32_t *n_out) {
+is_status mem_index_search_dense_list(mem_index *ix, const mem_filter *f,
+                                      const char *const *dense_ids, const float *dense_scores,
+                                      int32_t n_dense, const char *query_text, int32_t k,
+                                      mem_search_mode mode, mem_hit *out, int32_t *n_out) {
     if (mode == MEM_SEARCH_BM25 || n_dense < 0 || (n_dense > 0 && (!dense_ids || !dense_scores)))
         return is_error_set(IS_ERR_INVALID_ARG, "index: bad external dense list (n %d, mode %d)",
                             (int)n_dense, (int)mode);
@@ -1079,8 +1086,8 @@ is_status mem_index_search_dense_list(mem_index *ix, const mem_filter *f, const 
                             "index: an external dense list serves unfiltered searches only");
     for (int32_t i = 0; i < n_dense; i++)
         if (!dense_ids[i] || !isfinite(dense_scores[i]))
-            return is_error_set(IS_ERR_INVALID_ARG, "index: dense list entry %d is NULL or not finite",
-                                (int)i);
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "index: dense list entry %d is NULL or not finite", (int)i);
     const mem_ext_dense ext = {dense_ids, dense_scores, n_dense};
     return mem_search(ix, f, NULL, &ext, query_text, k, mode, out, n_out);
 }

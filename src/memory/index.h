@@ -64,12 +64,12 @@ typedef struct mem_filter {
 
 /* One fact, as given to mem_index_upsert (which copies what it keeps). */
 typedef struct mem_doc {
-    const char *id;       /* 1..MEM_ID_MAX bytes, unique across the index */
-    const char *tenant;   /* required, non-empty */
-    const char *user;     /* required, non-empty */
-    const char *agent_id; /* optional (NULL) */
-    const char *run_id;   /* optional (NULL) */
-    const char *text;     /* UTF-8, for BM25; NULL is empty */
+    const char *id;         /* 1..MEM_ID_MAX bytes, unique across the index */
+    const char *tenant;     /* required, non-empty */
+    const char *user;       /* required, non-empty */
+    const char *agent_id;   /* optional (NULL) */
+    const char *run_id;     /* optional (NULL) */
+    const char *text;       /* UTF-8, for BM25; NULL is empty */
     const float *embedding; /* [dim], finite */
     /* Optional flat JSON object (NULL or "" for none). Values that are
      * strings compare as themselves, numbers as their shortest round-trip
@@ -132,8 +132,8 @@ is_status mem_index_remove(mem_index *ix, const char *id);
  * for the mode, a non-finite query value, invalid UTF-8 query text.
  * IS_ERR_NOMEM. On failure *n_out and out are unchanged. */
 is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *query_embedding,
-                           const char *query_text, int32_t k, mem_search_mode mode,
-                           mem_hit *out, int32_t *n_out);
+                           const char *query_text, int32_t k, mem_search_mode mode, mem_hit *out,
+                           int32_t *n_out);
 
 /* mem_index_search with the dense list computed elsewhere (memory/
  * dense_gpu.h computes it on the GPU): dense_ids[0..n_dense) with
@@ -148,9 +148,10 @@ is_status mem_index_search(mem_index *ix, const mem_filter *f, const float *quer
  * agent_id, run_id or metadata filter is IS_ERR_INVALID_ARG (the list was
  * not filtered), as are mode BM25, a NULL or non-finite entry. Otherwise as
  * mem_index_search. */
-is_status mem_index_search_dense_list(mem_index *ix, const mem_filter *f, const char *const *dense_ids,
-                                      const float *dense_scores, int32_t n_dense, const char *query_text,
-                                      int32_t k, mem_search_mode mode, mem_hit *out, int32_t *n_out);
+is_status mem_index_search_dense_list(mem_index *ix, const mem_filter *f,
+                                      const char *const *dense_ids, const float *dense_scores,
+                                      int32_t n_dense, const char *query_text, int32_t k,
+                                      mem_search_mode mode, mem_hit *out, int32_t *n_out);
 
 /* Checks the invariants: the id map agrees with every partition's rows,
  * int8 copies agree with the float rows, BM25 postings agree (bm25_check).

@@ -107,17 +107,17 @@ is_status locomo_load(const char *path, locomo_conv **out) {
             const char *tx = cJSON_GetStringValue(cJSON_GetObjectItem(t, "text"));
             const char *cap = cJSON_GetStringValue(cJSON_GetObjectItem(t, "blip_caption"));
             if (!spk || !dia || !tx) {
-                st = is_error_set(IS_ERR_FORMAT, "locomo: %s: a turn of session %d lacks speaker, dia_id or text", path, s);
+                st = is_error_set(IS_ERR_FORMAT,
+                                  "locomo: %s: a turn of session %d lacks speaker, dia_id or text",
+                                  path, s);
                 break;
             }
             c->turns = realloc(c->turns, (size_t)(c->n_turns + 1) * sizeof *c->turns);
             locomo_turn *lt = &c->turns[c->n_turns++];
             size_t len = strlen(spk) + strlen(tx) + (cap ? strlen(cap) + 16 : 0) + 8;
             lt->text = malloc(len);
-            if (cap)
-                snprintf(lt->text, len, "%s: %s [shares %s]", spk, tx, cap);
-            else
-                snprintf(lt->text, len, "%s: %s", spk, tx);
+            if (cap) snprintf(lt->text, len, "%s: %s [shares %s]", spk, tx, cap);
+            else snprintf(lt->text, len, "%s: %s", spk, tx);
             lt->speaker = dup_str(spk);
             lt->dia_id = dup_str(dia);
             lt->session = s;
@@ -187,7 +187,8 @@ is_status locomo_load(const char *path, locomo_conv **out) {
         }
     }
     cJSON_Delete(root);
-    if (st == IS_OK && c->n_turns == 0) st = is_error_set(IS_ERR_FORMAT, "locomo: %s has no sessions", path);
+    if (st == IS_OK && c->n_turns == 0)
+        st = is_error_set(IS_ERR_FORMAT, "locomo: %s has no sessions", path);
     if (st != IS_OK) {
         locomo_free(c);
         return st;
@@ -207,7 +208,8 @@ char *locomo_short_date(const char *t, char *buf, size_t cap) {
     return buf;
 }
 
-int32_t locomo_fact_context(const locomo_conv *c, const locomo_fact *f, int32_t w, const char **turns) {
+int32_t locomo_fact_context(const locomo_conv *c, const locomo_fact *f, int32_t w,
+                            const char **turns) {
     if (f->turn < 0 || w <= 0) return 0;
     int32_t first = f->turn - w < 0 ? 0 : f->turn - w;
     int32_t n = 0;

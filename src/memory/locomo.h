@@ -18,29 +18,29 @@
 typedef struct locomo_turn {
     char *speaker;
     char *dia_id;
-    char *text;     /* "Speaker: text" (with "[shares <caption>]" for photos) */
+    char *text; /* "Speaker: text" (with "[shares <caption>]" for photos) */
     int32_t session;
 } locomo_turn;
 
 typedef struct locomo_fact {
-    char *speaker;  /* whose fact */
+    char *speaker; /* whose fact */
     char *text;
-    char *dia_id;   /* evidence turn */
+    char *dia_id; /* evidence turn */
     int32_t session;
-    int32_t turn;   /* index of the evidence turn in turns, -1 if it is missing */
-    char *date;     /* the session's date as "8 May 2023" (locomo_short_date), "" if undated */
+    int32_t turn; /* index of the evidence turn in turns, -1 if it is missing */
+    char *date;   /* the session's date as "8 May 2023" (locomo_short_date), "" if undated */
 } locomo_fact;
 
 typedef struct locomo_question {
     char *question;
-    char *answer;   /* gold answer (adversarial_answer for category 5), "" if none */
+    char *answer;    /* gold answer (adversarial_answer for category 5), "" if none */
     char **evidence; /* dia_ids */
     int32_t n_evidence;
     int32_t category; /* 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial */
 } locomo_question;
 
 typedef struct locomo_conv {
-    char *name;       /* file name without directory and extension */
+    char *name; /* file name without directory and extension */
     char *speaker_a, *speaker_b;
     locomo_turn *turns;
     int32_t n_turns;

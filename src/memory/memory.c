@@ -36,7 +36,7 @@ struct memory {
     void *encode_ud;
     memory_fault_fn fault;
     void *fault_ud;
-    memory_change_fn change;  /* another node changed a fact (store watch) */
+    memory_change_fn change; /* another node changed a fact (store watch) */
     void *change_ud;
     pthread_mutex_t write_mu; /* one write at a time, encode to index */
     pthread_mutex_t emb_mu;   /* the embedder keeps work buffers */
@@ -109,15 +109,20 @@ static is_status embed_texts(memory *m, const char *const *texts, int32_t n, flo
         return IS_OK;
     }
     pthread_mutex_lock(&m->emb_mu);
-    is_status st = m->emb ? embedder_embed(m->emb, texts, n, out)
-                          : m->embed(m->embed_ud, texts, n, out);
+    is_status st =
+        m->emb ? embedder_embed(m->emb, texts, n, out) : m->embed(m->embed_ud, texts, n, out);
     pthread_mutex_unlock(&m->emb_mu);
     return st;
 }
 
 static is_status index_put(memory *m, const mem_fact *f) {
-    mem_doc d = {.id = f->id, .tenant = f->tenant, .user = f->user, .agent_id = f->agent_id,
-                 .run_id = f->run_id, .text = f->text, .embedding = f->embedding,
+    mem_doc d = {.id = f->id,
+                 .tenant = f->tenant,
+                 .user = f->user,
+                 .agent_id = f->agent_id,
+                 .run_id = f->run_id,
+                 .text = f->text,
+                 .embedding = f->embedding,
                  .metadata_json = f->metadata};
     return mem_index_upsert(m->ix, &d);
 }
@@ -198,8 +203,9 @@ typedef struct open_scan {
 static is_status open_row(const mem_fact *f, void *ud) {
     open_scan *o = ud;
     if (f->dim != o->m->dim)
-        return is_error_set(IS_ERR_FORMAT, "memory: fact %s has an embedding of %d floats, the "
-                                           "store's are %d",
+        return is_error_set(IS_ERR_FORMAT,
+                            "memory: fact %s has an embedding of %d floats, the "
+                            "store's are %d",
                             f->id, (int)f->dim, (int)o->m->dim);
     is_status st = index_put(o->m, f);
     if (st == IS_OK && o->m->gpu)
@@ -288,8 +294,9 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     if (!p->embedder && p->embed && (p->embed_dim <= 0 || p->embed_dim > 65536))
         return is_error_set(IS_ERR_INVALID_ARG, "memory_open: embed_dim %d", (int)p->embed_dim);
     if (p->gpu_retrieval && !p->embedder)
-        return is_error_set(IS_ERR_INVALID_ARG, "memory_open: GPU retrieval needs a loaded embedder "
-                                                "(memory_params.embedder): it copies its weights");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "memory_open: GPU retrieval needs a loaded embedder "
+                            "(memory_params.embedder): it copies its weights");
     memory *m = calloc(1, sizeof *m);
     if (!m) return is_error_set(IS_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&m->write_mu, NULL);
@@ -326,8 +333,8 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     if (p->gpu_retrieval && (st = dense_gpu_create(p->embedder, p->gpu_device, &m->gpu)) != IS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", is_error_last());
-        st = is_error_set(st, "memory_open: GPU retrieval was asked for on device %d: %s", (int)p->gpu_device,
-                          msg);
+        st = is_error_set(st, "memory_open: GPU retrieval was asked for on device %d: %s",
+                          (int)p->gpu_device, msg);
         goto fail;
     }
     /* The record store first: its lock makes the directory ours alone, which
@@ -345,9 +352,10 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
                    (stat(db_path, &db_st) != 0 ||
                     (db_st.st_size == 0 && (stat(wal_path, &wal_st) != 0 || wal_st.st_size == 0)));
     if (db_gone && files.n > 0) {
-        st = is_error_set(IS_ERR_IO, "memory: the fact store %s is %s but %s holds %lld KV "
-                                     "records: refusing to start with an empty store (restore "
-                                     "the file, or run `inferscale fsck --data %s`)",
+        st = is_error_set(IS_ERR_IO,
+                          "memory: the fact store %s is %s but %s holds %lld KV "
+                          "records: refusing to start with an empty store (restore "
+                          "the file, or run `inferscale fsck --data %s`)",
                           db_path, stat(db_path, &db_st) != 0 ? "missing" : "empty", m->kv_dir,
                           (long long)files.n, data_dir);
         goto fail;
@@ -360,9 +368,10 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
      * one a crash during its very first add leaves (writes are serialised,
      * so a crash leaves at most one record without its row). */
     if (files.n > 1 && mem_store_count(m->store) == 0 && mem_store_count_history(m->store) <= 0) {
-        st = is_error_set(IS_ERR_IO, "memory: the fact store %s has no facts and no history but "
-                                     "%s holds %lld KV records: refusing to start (restore the "
-                                     "file, or run `inferscale fsck --data %s`)",
+        st = is_error_set(IS_ERR_IO,
+                          "memory: the fact store %s has no facts and no history but "
+                          "%s holds %lld KV records: refusing to start (restore the "
+                          "file, or run `inferscale fsck --data %s`)",
                           db_path, m->kv_dir, (long long)files.n, data_dir);
         goto fail;
     }
@@ -439,7 +448,8 @@ static is_status add_check(memory *m, const memory_add_req *r, add_prep *p) {
         return is_error_set(IS_ERR_INVALID_ARG, "memory: a fact needs a tenant and a user_id");
     if (!r->text || !*r->text)
         return is_error_set(IS_ERR_INVALID_ARG, "memory: a fact needs a non-empty text");
-    if (!utf8_valid(r->text, strlen(r->text))) return is_error_set(IS_ERR_INVALID_ARG, "memory: text is not valid UTF-8");
+    if (!utf8_valid(r->text, strlen(r->text)))
+        return is_error_set(IS_ERR_INVALID_ARG, "memory: text is not valid UTF-8");
     if (r->n_context < 0 || (r->n_context > 0 && !r->context))
         return is_error_set(IS_ERR_INVALID_ARG, "memory: bad context");
     for (int32_t i = 0; i < r->n_context; i++)
@@ -462,8 +472,8 @@ static is_status add_check(memory *m, const memory_add_req *r, add_prep *p) {
  * (a group commit: one durable commit for the batch, and a crash leaves
  * the whole batch or none of it, never part of a fact), then indexed.
  * Takes the writer lock. status[i] and id_out[i] (may be NULL) per fact. */
-static void add_write_many(memory *m, const add_prep *const *p, const float *const *emb,
-                           int32_t n, char *const *id_out, is_status *status) {
+static void add_write_many(memory *m, const add_prep *const *p, const float *const *emb, int32_t n,
+                           char *const *id_out, is_status *status) {
     mem_fact *f = calloc((size_t)n, sizeof *f);
     char(*rid)[RECORD_STORE_ID_MAX + 1] = calloc((size_t)n, sizeof *rid);
     is_status *sst = calloc((size_t)n, sizeof *sst);
@@ -525,9 +535,8 @@ static void add_write_many(memory *m, const add_prep *const *p, const float *con
                 /* Only out of memory gets here (the fact was checked): undo. */
                 mem_store_delete(m->store, f[j].tenant, f[j].user, f[j].id, NULL);
                 record_drop(m, rid[j]);
-            } else if (m->gpu &&
-                       (st = dense_gpu_put(m->gpu, f[j].tenant, f[j].user, f[j].id, emb[i])) !=
-                           IS_OK) {
+            } else if (m->gpu && (st = dense_gpu_put(m->gpu, f[j].tenant, f[j].user, f[j].id,
+                                                     emb[i])) != IS_OK) {
                 /* Device memory or a device failure: undo as above. */
                 mem_index_remove(m->ix, f[j].id);
                 mem_store_delete(m->store, f[j].tenant, f[j].user, f[j].id, NULL);
@@ -577,13 +586,15 @@ is_status memory_add_batch(memory *m, const memory_add_req *r, int32_t n,
         texts[nv++] = r[i].text;
     }
     emb = malloc((size_t)(nv ? nv : 1) * (size_t)m->dim * sizeof(float));
-    is_status est = emb ? embed_texts(m, texts, nv, emb) : is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status est =
+        emb ? embed_texts(m, texts, nv, emb) : is_error_set(IS_ERR_NOMEM, "out of memory");
     /* The valid facts, written together: one group commit of their rows. */
     const add_prep **vp = calloc((size_t)(nv ? nv : 1), sizeof *vp);
     const float **ve = calloc((size_t)(nv ? nv : 1), sizeof *ve);
     char **vid = calloc((size_t)(nv ? nv : 1), sizeof *vid);
     is_status *vst = calloc((size_t)(nv ? nv : 1), sizeof *vst);
-    if (est == IS_OK && (!vp || !ve || !vid || !vst)) est = is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (est == IS_OK && (!vp || !ve || !vid || !vst))
+        est = is_error_set(IS_ERR_NOMEM, "out of memory");
     if (est == IS_OK) {
         for (int32_t i = 0; i < n; i++) {
             if (slot[i] < 0) continue;
@@ -711,8 +722,8 @@ is_status memory_delete_all(memory *m, const mem_filter *f, int32_t *n_deleted) 
         if (n) step(m, MEMORY_STEP_KV_DELETED);
         for (int32_t i = 0; i < n; i++) {
             mem_index_remove(m->ix, rows[i].id);
-            is_status gs = m->gpu ? dense_gpu_remove(m->gpu, rows[i].tenant, rows[i].user, rows[i].id)
-                                  : IS_OK;
+            is_status gs =
+                m->gpu ? dense_gpu_remove(m->gpu, rows[i].tenant, rows[i].user, rows[i].id) : IS_OK;
             if (gs != IS_OK && gs != IS_ERR_NOT_FOUND && st == IS_OK) st = gs;
         }
         if (n_deleted) *n_deleted = n;
@@ -762,7 +773,8 @@ void memory_fact_refs_free(memory_fact_ref *r, int64_t n) {
 }
 
 is_status memory_list_missing(memory *m, memory_fact_ref **out, int64_t *n) {
-    if (!m || !out || !n) return is_error_set(IS_ERR_INVALID_ARG, "memory_list_missing: NULL argument");
+    if (!m || !out || !n)
+        return is_error_set(IS_ERR_INVALID_ARG, "memory_list_missing: NULL argument");
     missing_scan s = {.m = m};
     is_status st = mem_store_foreach(m->store, false, missing_row, &s);
     if (st != IS_OK) {
@@ -854,7 +866,7 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     mem_fact *f = calloc((size_t)n, sizeof *f);
     memory_encode_job *jobs = calloc((size_t)n, sizeof *jobs);
     int32_t *row = calloc((size_t)n, sizeof *row); /* the fact of each job */
-    char (*rid)[RECORD_STORE_ID_MAX + 1] = calloc((size_t)n, sizeof *rid);
+    char(*rid)[RECORD_STORE_ID_MAX + 1] = calloc((size_t)n, sizeof *rid);
     is_status *jst = calloc((size_t)n, sizeof *jst), *set_st = calloc((size_t)n, sizeof *set_st);
     mem_store_kv_set *sets = calloc((size_t)n, sizeof *sets);
     if (!f || !jobs || !row || !rid || !jst || !set_st || !sets) {
@@ -925,7 +937,8 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     pthread_mutex_unlock(&m->write_mu);
     is_status first = IS_OK;
     for (int32_t i = 0; i < n; i++) {
-        if (first == IS_OK && status[i] != IS_OK && status[i] != IS_ERR_NOT_FOUND) first = status[i];
+        if (first == IS_OK && status[i] != IS_OK && status[i] != IS_ERR_NOT_FOUND)
+            first = status[i];
         if (f[i].tenant) mem_fact_clear(&f[i]);
     }
     free(f), free(jobs), free(row), free(rid), free(jst), free(set_st), free(sets);
@@ -999,7 +1012,8 @@ is_status memory_search_mode(memory *m, const mem_filter *f, const char *query, 
         st = dense_gpu_search(m->gpu, m->ix, f, query, k, mode, hits, &nh, &on_gpu);
     if (st == IS_OK && !on_gpu && mode != MEM_SEARCH_BM25) st = embed_texts(m, &query, 1, qv);
     if (st == IS_OK && !on_gpu && k > 0)
-        st = mem_index_search(m->ix, f, mode != MEM_SEARCH_BM25 ? qv : NULL, query, k, mode, hits, &nh);
+        st = mem_index_search(m->ix, f, mode != MEM_SEARCH_BM25 ? qv : NULL, query, k, mode, hits,
+                              &nh);
     /* The rows are the truth (another node may have changed them): all the
      * hits' rows in one read. */
     const char **hid = st == IS_OK && nh > 0 ? malloc((size_t)nh * sizeof *hid) : NULL;
@@ -1007,7 +1021,8 @@ is_status memory_search_mode(memory *m, const mem_filter *f, const char *query, 
     mem_fact *rows = found ? calloc((size_t)nh, sizeof *rows) : NULL;
     if (st == IS_OK && nh > 0 && !rows) st = is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; st == IS_OK && i < nh; i++) hid[i] = hits[i].id;
-    if (st == IS_OK && nh > 0) st = mem_store_get_many(m->store, f->tenant, f->user, hid, nh, rows, found);
+    if (st == IS_OK && nh > 0)
+        st = mem_store_get_many(m->store, f->tenant, f->user, hid, nh, rows, found);
     for (int32_t i = 0; st == IS_OK && i < nh; i++) {
         if (!found[i]) continue; /* deleted since the search */
         res[n].fact = rows[i];
@@ -1064,8 +1079,9 @@ static is_status check_row(const mem_fact *f, void *ud) {
         bool same = kv->meta.text_hash == fact_text_hash(f->text, strlen(f->text));
         record_store_release(m->rs, kv);
         if (!same)
-            return is_error_set(IS_ERR_INTERNAL, "check: fact %s: record %s was made for another "
-                                                 "text",
+            return is_error_set(IS_ERR_INTERNAL,
+                                "check: fact %s: record %s was made for another "
+                                "text",
                                 f->id, f->kv_record);
         record_files_claim(c->files, f->kv_record);
     }
@@ -1113,7 +1129,8 @@ is_status memory_check(memory *m, bool require_kv) {
         st = is_error_set(IS_ERR_INTERNAL, "check: %lld facts in the index, %lld rows",
                           (long long)mem_index_count(m->ix), (long long)c.n);
     for (int64_t i = 0; st == IS_OK && i < files.n; i++) {
-        if (!files.claimed[i]) st = is_error_set(IS_ERR_INTERNAL, "check: record %s has no fact", files.ids[i]);
+        if (!files.claimed[i])
+            st = is_error_set(IS_ERR_INTERNAL, "check: record %s has no fact", files.ids[i]);
     }
     /* Each user's partition holds exactly that user's rows: a dense search
      * one deeper than the row count must return exactly them. */
@@ -1143,14 +1160,15 @@ is_status memory_check(memory *m, bool require_kv) {
         dense_gpu_stats gs;
         dense_gpu_get_stats(m->gpu, &gs);
         if (gs.stale_users > 0)
-            st = is_error_set(IS_ERR_INTERNAL, "check: %d users' GPU copies are stale", (int)gs.stale_users);
+            st = is_error_set(IS_ERR_INTERNAL, "check: %d users' GPU copies are stale",
+                              (int)gs.stale_users);
         else if (gs.facts != c.n)
-            st = is_error_set(IS_ERR_INTERNAL, "check: %lld facts on the GPU, %lld rows", (long long)gs.facts,
-                              (long long)c.n);
+            st = is_error_set(IS_ERR_INTERNAL, "check: %lld facts on the GPU, %lld rows",
+                              (long long)gs.facts, (long long)c.n);
         for (int64_t r = 0; st == IS_OK && r < c.n; r++)
             if (!dense_gpu_has(m->gpu, c.rows[r].tenant, c.rows[r].user, c.rows[r].id))
-                st = is_error_set(IS_ERR_INTERNAL, "check: fact %s is not on the GPU under its user",
-                                  c.rows[r].id);
+                st = is_error_set(IS_ERR_INTERNAL,
+                                  "check: fact %s is not on the GPU under its user", c.rows[r].id);
     }
     free(hits);
     mem_facts_free(c.rows, (int32_t)c.n);
@@ -1179,8 +1197,8 @@ typedef struct locomo_pending {
 
 static void note_failure(memory_import_stats *stats, const locomo_pending *pe) {
     if (stats->first_error[0]) return;
-    snprintf(stats->first_error, sizeof stats->first_error, "%.200s (user %.100s): %.200s", pe->source,
-             pe->user, is_error_last());
+    snprintf(stats->first_error, sizeof stats->first_error, "%.200s (user %.100s): %.200s",
+             pe->source, pe->user, is_error_last());
 }
 
 static void import_flush(memory *m, memory_add_req *reqs, locomo_pending *pend, int32_t n,
@@ -1291,9 +1309,14 @@ is_status memory_import_locomo(memory *m, const locomo_conv *c, const memory_loc
             break;
         }
         int32_t nt = window > 0 ? locomo_fact_context(c, f, window, pe->turns) : 0;
-        reqs[n] = (memory_add_req){.tenant = o->tenant, .user = pe->user, .text = f->text,
-                                   .metadata_json = pe->metadata, .source = pe->source,
-                                   .context = pe->turns, .n_context = nt, .window = window};
+        reqs[n] = (memory_add_req){.tenant = o->tenant,
+                                   .user = pe->user,
+                                   .text = f->text,
+                                   .metadata_json = pe->metadata,
+                                   .source = pe->source,
+                                   .context = pe->turns,
+                                   .n_context = nt,
+                                   .window = window};
         if (++n == batch) {
             import_flush(m, reqs, pend, n, stats, &done, c->n_facts, o);
             n = 0;

@@ -144,13 +144,14 @@ typedef is_status (*memory_encode_fn)(void *user_data, record_store *store,
 typedef struct memory_params {
     /* Embedding: an embedder, else embed/embed_dim/embed_name, else none
      * (BM25 only). */
-    embedder *embedder;      /* borrowed; must outlive the service */
+    embedder *embedder; /* borrowed; must outlive the service */
     memory_embed_fn embed;
     void *embed_user_data;
     int32_t embed_dim;
-    const char *embed_name;  /* identifies the model in the store (default: "embedder:<dim>" or "none") */
-    int32_t kv_window;       /* default w for facts added without one (default 0) */
-    size_t kv_cache_bytes;   /* record store cache (default 64 MiB) */
+    const char
+        *embed_name;   /* identifies the model in the store (default: "embedder:<dim>" or "none") */
+    int32_t kv_window; /* default w for facts added without one (default 0) */
+    size_t kv_cache_bytes; /* record store cache (default 64 MiB) */
     /* GPU retrieval (see the top of this file; default off). Needs
      * `embedder` (IS_ERR_INVALID_ARG with an embed function or none) and a
      * build with CUDA and a usable device gpu_device: without them
@@ -158,7 +159,7 @@ typedef struct memory_params {
      * CPU silently. Device memory: the embedder's weights (90 MB for
      * MiniLM) plus 4 * dim bytes a fact (1.5 KB at dim 384). */
     bool gpu_retrieval;
-    int32_t gpu_device;      /* CUDA device (default 0) */
+    int32_t gpu_device; /* CUDA device (default 0) */
     /* The fact store: NULL for <data_dir>/memory.db (SQLite), or a
      * postgres:// URL of a store several nodes share (see "Several nodes"
      * below); the KV records stay in <data_dir>/kv/, this node's cache. */
@@ -169,11 +170,11 @@ memory_params memory_default_params(void);
 
 /* What memory_open found. */
 typedef struct memory_open_report {
-    int64_t n_facts;         /* rows, all tenants */
-    int64_t n_orphans;       /* KV records no row points to, moved to kv/orphans/ */
-    int64_t n_missing_kv;    /* facts without a KV record (see memory_encode_missing) */
-    int64_t n_quarantined;   /* bad rows moved to the table facts_quarantine */
-    char repairs[512];       /* what the store's open repaired, one line ("" if nothing) */
+    int64_t n_facts;       /* rows, all tenants */
+    int64_t n_orphans;     /* KV records no row points to, moved to kv/orphans/ */
+    int64_t n_missing_kv;  /* facts without a KV record (see memory_encode_missing) */
+    int64_t n_quarantined; /* bad rows moved to the table facts_quarantine */
+    char repairs[512];     /* what the store's open repaired, one line ("" if nothing) */
 } memory_open_report;
 
 /* Opens (creating it if missing) the data directory: the fact store, the
@@ -213,16 +214,16 @@ void memory_set_encoder(memory *m, memory_encode_fn fn, void *user_data);
 /* ---- writes -------------------------------------------------------------------- */
 
 typedef struct memory_add_req {
-    const char *tenant;        /* required, non-empty */
-    const char *user;          /* required, non-empty */
-    const char *agent_id;      /* optional */
-    const char *run_id;        /* optional */
-    const char *text;          /* required, non-empty, valid UTF-8 */
-    const char *metadata_json; /* optional flat JSON object */
-    const char *source;        /* optional: where the fact came from */
+    const char *tenant;         /* required, non-empty */
+    const char *user;           /* required, non-empty */
+    const char *agent_id;       /* optional */
+    const char *run_id;         /* optional */
+    const char *text;           /* required, non-empty, valid UTF-8 */
+    const char *metadata_json;  /* optional flat JSON object */
+    const char *source;         /* optional: where the fact came from */
     const char *const *context; /* optional: turns before the fact, oldest first */
     int32_t n_context;
-    int32_t window;            /* turns of context to encode with; MEMORY_WINDOW_DEFAULT */
+    int32_t window; /* turns of context to encode with; MEMORY_WINDOW_DEFAULT */
 } memory_add_req;
 
 /* Adds one fact (embed, encode, commit, index: see the top of this file);
@@ -343,9 +344,9 @@ is_status memory_find_source(memory *m, const char *tenant, const char *user, co
                              const char *text, char id_out[MEMORY_ID_SIZE]);
 
 typedef struct memory_hit {
-    mem_fact fact;  /* no embedding */
-    float score;    /* RRF (hybrid) or BM25 (no embedder) */
-    float dense;    /* dot product with the query embedding */
+    mem_fact fact; /* no embedding */
+    float score;   /* RRF (hybrid) or BM25 (no embedder) */
+    float dense;   /* dot product with the query embedding */
     float bm25;
 } memory_hit;
 
@@ -390,9 +391,9 @@ typedef struct memory_import_stats {
 
 typedef struct memory_locomo_opts {
     const char *tenant;
-    bool user_by_speaker;  /* user = speaker lowercased; default (false): "<conv>-<speaker>" */
-    int32_t window;        /* context turns per fact (MEMORY_WINDOW_DEFAULT: the service's) */
-    int32_t batch;         /* facts embedded per batch (<= 0: 32) */
+    bool user_by_speaker; /* user = speaker lowercased; default (false): "<conv>-<speaker>" */
+    int32_t window;       /* context turns per fact (MEMORY_WINDOW_DEFAULT: the service's) */
+    int32_t batch;        /* facts embedded per batch (<= 0: 32) */
     memory_progress_fn progress;
     void *progress_user_data;
 } memory_locomo_opts;
@@ -419,10 +420,10 @@ is_status memory_import_locomo(memory *m, const locomo_conv *c, const memory_loc
  * store's (mem_store_set_fault_hook on memory_fact_store), they cover every
  * point of a write. */
 typedef enum memory_step {
-    MEMORY_STEP_EMBEDDED = 0,    /* embedding done, nothing written */
-    MEMORY_STEP_KV_WRITTEN = 1,  /* new record written, row not committed */
-    MEMORY_STEP_COMMITTED = 2,   /* row committed, old record / index not yet updated */
-    MEMORY_STEP_KV_DELETED = 3,  /* old record deleted, index not yet updated */
+    MEMORY_STEP_EMBEDDED = 0,   /* embedding done, nothing written */
+    MEMORY_STEP_KV_WRITTEN = 1, /* new record written, row not committed */
+    MEMORY_STEP_COMMITTED = 2,  /* row committed, old record / index not yet updated */
+    MEMORY_STEP_KV_DELETED = 3, /* old record deleted, index not yet updated */
     MEMORY_STEP_COUNT_ = 4,
 } memory_step;
 

@@ -23,7 +23,7 @@
 #define SAFETENSORS_MAX_HEADER (100u << 20)
 
 struct safetensors {
-    void *map;      /* the whole file, read-only */
+    void *map; /* the whole file, read-only */
     size_t map_len;
     int32_t n;
     safetensors_tensor *t; /* (n) */
@@ -58,12 +58,12 @@ static int dtype_parse(const char *s, safetensors_dtype *dt, uint64_t *size) {
         safetensors_dtype dt;
         uint64_t size;
     } k[] = {
-        {"F32", SAFETENSORS_DTYPE_F32, 4},  {"F16", SAFETENSORS_DTYPE_F16, 2},
-        {"BF16", SAFETENSORS_DTYPE_BF16, 2}, {"I64", SAFETENSORS_DTYPE_I64, 8},
-        {"I32", SAFETENSORS_DTYPE_I32, 4},  {"F64", SAFETENSORS_DTYPE_OTHER, 8},
-        {"U64", SAFETENSORS_DTYPE_OTHER, 8}, {"I16", SAFETENSORS_DTYPE_OTHER, 2},
-        {"U16", SAFETENSORS_DTYPE_OTHER, 2}, {"U32", SAFETENSORS_DTYPE_OTHER, 4},
-        {"I8", SAFETENSORS_DTYPE_OTHER, 1},  {"U8", SAFETENSORS_DTYPE_OTHER, 1},
+        {"F32", SAFETENSORS_DTYPE_F32, 4},    {"F16", SAFETENSORS_DTYPE_F16, 2},
+        {"BF16", SAFETENSORS_DTYPE_BF16, 2},  {"I64", SAFETENSORS_DTYPE_I64, 8},
+        {"I32", SAFETENSORS_DTYPE_I32, 4},    {"F64", SAFETENSORS_DTYPE_OTHER, 8},
+        {"U64", SAFETENSORS_DTYPE_OTHER, 8},  {"I16", SAFETENSORS_DTYPE_OTHER, 2},
+        {"U16", SAFETENSORS_DTYPE_OTHER, 2},  {"U32", SAFETENSORS_DTYPE_OTHER, 4},
+        {"I8", SAFETENSORS_DTYPE_OTHER, 1},   {"U8", SAFETENSORS_DTYPE_OTHER, 1},
         {"BOOL", SAFETENSORS_DTYPE_OTHER, 1},
     };
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
@@ -88,7 +88,8 @@ static int json_u64(const cJSON *j, uint64_t *v) {
 is_status safetensors_open(const char *path, safetensors **out) {
     if (!path || !out) return is_error_set(IS_ERR_INVALID_ARG, "safetensors: NULL argument");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return is_error_set(IS_ERR_IO, "safetensors: cannot open %s: %s", path, strerror(errno));
+    if (fd < 0)
+        return is_error_set(IS_ERR_IO, "safetensors: cannot open %s: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
@@ -131,8 +132,9 @@ is_status safetensors_open(const char *path, safetensors **out) {
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | base[i];
     if (hlen == 0 || hlen > SAFETENSORS_MAX_HEADER || hlen > flen - 8) {
         safetensors_close(st);
-        return is_error_set(IS_ERR_FORMAT, "safetensors: %s: header length %llu invalid for a %zu-byte file",
-                            path, (unsigned long long)hlen, flen);
+        return is_error_set(IS_ERR_FORMAT,
+                            "safetensors: %s: header length %llu invalid for a %zu-byte file", path,
+                            (unsigned long long)hlen, flen);
     }
     char *hdr = malloc(hlen + 1);
     if (!hdr) {
@@ -179,15 +181,17 @@ is_status safetensors_open(const char *path, safetensors **out) {
         const cJSON *js = cJSON_GetObjectItemCaseSensitive(it, "shape");
         const cJSON *jo = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
         uint64_t esize = 0, begin = 0, end = 0;
-        if (!cJSON_IsObject(it) || !cJSON_IsString(jd) || !cJSON_IsArray(js) || !cJSON_IsArray(jo) ||
-            cJSON_GetArraySize(jo) != 2) {
-            status = is_error_set(IS_ERR_FORMAT, "safetensors: %s: tensor \"%s\" lacks dtype, shape or data_offsets",
-                                  path, name);
+        if (!cJSON_IsObject(it) || !cJSON_IsString(jd) || !cJSON_IsArray(js) ||
+            !cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2) {
+            status = is_error_set(
+                IS_ERR_FORMAT, "safetensors: %s: tensor \"%s\" lacks dtype, shape or data_offsets",
+                path, name);
             break;
         }
         if (!dtype_parse(jd->valuestring, &t->dtype, &esize)) {
-            status = is_error_set(IS_ERR_FORMAT, "safetensors: %s: tensor \"%s\" has unknown dtype \"%s\"",
-                                  path, name, jd->valuestring);
+            status = is_error_set(IS_ERR_FORMAT,
+                                  "safetensors: %s: tensor \"%s\" has unknown dtype \"%s\"", path,
+                                  name, jd->valuestring);
             break;
         }
         int nd = cJSON_GetArraySize(js);
@@ -204,8 +208,8 @@ is_status safetensors_open(const char *path, safetensors **out) {
             /* Each dimension and the running product stay below 2^48, so
              * product * esize cannot overflow. */
             if (!json_u64(jv, &v) || v > (1ull << 48) || (v && ne > (1ull << 48) / v)) {
-                status = is_error_set(IS_ERR_FORMAT, "safetensors: %s: tensor \"%s\" has a bad shape",
-                                      path, name);
+                status = is_error_set(IS_ERR_FORMAT,
+                                      "safetensors: %s: tensor \"%s\" has a bad shape", path, name);
                 break;
             }
             t->shape[d] = (int64_t)v;
@@ -215,15 +219,16 @@ is_status safetensors_open(const char *path, safetensors **out) {
         if (!json_u64(jo->child, &begin) || !json_u64(jo->child->next, &end) || begin > end ||
             end > data_len) {
             status = is_error_set(IS_ERR_FORMAT,
-                                  "safetensors: %s: tensor \"%s\" has data offsets outside the %llu-byte data section",
+                                  "safetensors: %s: tensor \"%s\" has data offsets outside the "
+                                  "%llu-byte data section",
                                   path, name, (unsigned long long)data_len);
             break;
         }
         if (end - begin != ne * esize) {
-            status = is_error_set(IS_ERR_FORMAT,
-                                  "safetensors: %s: tensor \"%s\" holds %llu bytes, its shape needs %llu",
-                                  path, name, (unsigned long long)(end - begin),
-                                  (unsigned long long)(ne * esize));
+            status = is_error_set(
+                IS_ERR_FORMAT,
+                "safetensors: %s: tensor \"%s\" holds %llu bytes, its shape needs %llu", path, name,
+                (unsigned long long)(end - begin), (unsigned long long)(ne * esize));
             break;
         }
         t->n_elements = (int64_t)ne;

@@ -40,12 +40,12 @@ typedef enum safetensors_dtype {
 } safetensors_dtype;
 
 typedef struct safetensors_tensor {
-    const char *name;              /* NUL-terminated, owned by the file handle */
+    const char *name; /* NUL-terminated, owned by the file handle */
     safetensors_dtype dtype;
-    int32_t n_dims;                /* 0..SAFETENSORS_MAX_DIMS */
+    int32_t n_dims; /* 0..SAFETENSORS_MAX_DIMS */
     int64_t shape[SAFETENSORS_MAX_DIMS];
-    int64_t n_elements;            /* product of shape (1 for a scalar) */
-    const void *data;              /* into the mapping; n_bytes long */
+    int64_t n_elements; /* product of shape (1 for a scalar) */
+    const void *data;   /* into the mapping; n_bytes long */
     uint64_t n_bytes;
 } safetensors_tensor;
 

@@ -181,7 +181,8 @@ is_status store_check_filter(const mem_filter *f) {
         return is_error_set(IS_ERR_INVALID_ARG, "fact store: a filter needs tenant and user");
     for (int32_t i = 0; i < f->n_meta; i++)
         if (!f->meta_keys[i] || !f->meta_values[i])
-            return is_error_set(IS_ERR_INVALID_ARG, "fact store: NULL metadata filter key or value");
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "fact store: NULL metadata filter key or value");
     return IS_OK;
 }
 
@@ -192,9 +193,8 @@ void store_note_repair(mem_store *s, const char *fmt, const char *arg) {
     snprintf(s->repairs + l, sizeof s->repairs - l, fmt, arg);
 }
 
-const char *store_row_problem(const char *id, const char *text, const char *hash,
-                              int32_t version, const void *emb, int64_t bytes, int32_t dim,
-                              const char *ctx) {
+const char *store_row_problem(const char *id, const char *text, const char *hash, int32_t version,
+                              const void *emb, int64_t bytes, int32_t dim, const char *ctx) {
     if (!id || !*id || strlen(id) > MEM_ID_MAX) return "bad id";
     if (version < 1) return "bad version";
     char h[17];
@@ -220,7 +220,8 @@ const char *store_row_problem(const char *id, const char *text, const char *hash
 /* ---- open and dispatch ------------------------------------------------------------ */
 
 bool mem_store_is_url(const char *path) {
-    return path && (strncmp(path, "postgres://", 11) == 0 || strncmp(path, "postgresql://", 13) == 0);
+    return path &&
+           (strncmp(path, "postgres://", 11) == 0 || strncmp(path, "postgresql://", 13) == 0);
 }
 
 is_status mem_store_open(const char *path, mem_store **out) {
@@ -251,8 +252,9 @@ const char *mem_store_repairs(const mem_store *s) { return s->repairs; }
 is_status mem_store_watch(mem_store *s, mem_store_change_fn fn, void *user_data) {
     if (!s || !fn) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_watch: NULL argument");
     if (!s->ops->watch)
-        return is_error_set(IS_ERR_UNSUPPORTED, "fact store: a %s store has no other writers to "
-                                                "watch",
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "fact store: a %s store has no other writers to "
+                            "watch",
                             s->ops->name);
     return s->ops->watch(s, fn, user_data);
 }
@@ -487,8 +489,7 @@ typedef struct delete_all_args {
     int32_t n;
 } delete_all_args;
 
-static is_status delete_all_body(mem_store *s, void *ud, int32_t i, int64_t now,
-                                 is_status *item) {
+static is_status delete_all_body(mem_store *s, void *ud, int32_t i, int64_t now, is_status *item) {
     delete_all_args *a = ud;
     return s->ops->delete_all(s, a->f, &a->rows, &a->n, now);
 }
@@ -514,8 +515,7 @@ is_status mem_store_history(mem_store *s, const char *tenant, const char *user, 
 }
 
 is_status mem_store_find_source(mem_store *s, const char *tenant, const char *user,
-                                const char *source, const char *hash,
-                                char id_out[MEM_ID_MAX + 1]) {
+                                const char *source, const char *hash, char id_out[MEM_ID_MAX + 1]) {
     LOCKED(s, is_status, s->ops->find_source(s, tenant, user, source, hash, id_out));
 }
 
@@ -535,7 +535,7 @@ is_status mem_store_users(mem_store *s, const char *tenant, char ***out, int32_t
 
 is_status mem_store_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn,
                             void *user_data) {
-    LOCKED(s, is_status, s->ops->foreach(s, with_embedding, fn, user_data));
+    LOCKED(s, is_status, s->ops->foreach (s, with_embedding, fn, user_data));
 }
 
 is_status mem_store_quarantine_bad_rows(mem_store *s, int32_t dim, int64_t *n_out) {

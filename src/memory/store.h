@@ -67,21 +67,21 @@ typedef struct mem_fact {
     char id[MEM_ID_MAX + 1];
     char *tenant;
     char *user;
-    char *agent_id;   /* NULL if none */
-    char *run_id;     /* NULL if none */
+    char *agent_id; /* NULL if none */
+    char *run_id;   /* NULL if none */
     char *text;
-    char *metadata;   /* canonical JSON object (cJSON unformatted), NULL if none */
-    char *source;     /* NULL if none */
-    char hash[17];    /* 16 lowercase hex digits of fact_text_hash(text) */
+    char *metadata;     /* canonical JSON object (cJSON unformatted), NULL if none */
+    char *source;       /* NULL if none */
+    char hash[17];      /* 16 lowercase hex digits of fact_text_hash(text) */
     int64_t created_at; /* unix ms */
     int64_t updated_at; /* unix ms */
-    float *embedding; /* [dim], NULL when not asked for */
+    float *embedding;   /* [dim], NULL when not asked for */
     int32_t dim;
-    char **context;   /* [n_context] turns the KV is encoded with, oldest first */
+    char **context; /* [n_context] turns the KV is encoded with, oldest first */
     int32_t n_context;
     int32_t kv_window; /* w given at encoding (-1: no context at all) */
-    char *kv_record;  /* record store id, NULL when the fact has no KV record */
-    int32_t version;  /* 1 at add, +1 per update */
+    char *kv_record;   /* record store id, NULL when the fact has no KV record */
+    int32_t version;   /* 1 at add, +1 per update */
 } mem_fact;
 
 typedef enum mem_event { MEM_EVENT_ADD = 0, MEM_EVENT_UPDATE = 1, MEM_EVENT_DELETE = 2 } mem_event;
@@ -90,12 +90,12 @@ typedef enum mem_event { MEM_EVENT_ADD = 0, MEM_EVENT_UPDATE = 1, MEM_EVENT_DELE
 const char *mem_event_name(mem_event e);
 
 typedef struct mem_history {
-    int64_t id;       /* increasing with time */
+    int64_t id; /* increasing with time */
     char fact_id[MEM_ID_MAX + 1];
     mem_event event;
-    char *old_text;   /* NULL for ADD */
-    char *new_text;   /* NULL for DELETE */
-    int64_t at;       /* unix ms */
+    char *old_text; /* NULL for ADD */
+    char *new_text; /* NULL for DELETE */
+    int64_t at;     /* unix ms */
 } mem_history;
 
 /* Frees the strings and embedding of f and zeroes it. NULL is a no-op. */
@@ -213,8 +213,7 @@ is_status mem_store_history(mem_store *s, const char *tenant, const char *user, 
 /* The id of a fact of (tenant, user) with this source and content hash
  * into id_out. IS_ERR_NOT_FOUND if none. Used to make imports resumable. */
 is_status mem_store_find_source(mem_store *s, const char *tenant, const char *user,
-                                const char *source, const char *hash,
-                                char id_out[MEM_ID_MAX + 1]);
+                                const char *source, const char *hash, char id_out[MEM_ID_MAX + 1]);
 
 /* Number of facts (all tenants). */
 int64_t mem_store_count(mem_store *s);
@@ -263,7 +262,7 @@ typedef enum mem_change_op {
 
 typedef struct mem_change {
     mem_change_op op;
-    const char *tenant;     /* NULL for RESYNC */
+    const char *tenant; /* NULL for RESYNC */
     const char *user;
     const char *id;
     int32_t version;        /* the row's version after the change (0 for DELETE) */

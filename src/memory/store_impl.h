@@ -64,8 +64,8 @@ typedef struct mem_store_ops {
                             int64_t now);
     is_status (*history)(mem_store *s, const char *tenant, const char *user, const char *id,
                          mem_history **out, int32_t *n);
-    is_status (*find_source)(mem_store *s, const char *tenant, const char *user,
-                             const char *source, const char *hash, char id_out[MEM_ID_MAX + 1]);
+    is_status (*find_source)(mem_store *s, const char *tenant, const char *user, const char *source,
+                             const char *hash, char id_out[MEM_ID_MAX + 1]);
     int64_t (*count)(mem_store *s);
     is_status (*owner)(mem_store *s, const char *tenant, const char *id, char **user);
     is_status (*users)(mem_store *s, const char *tenant, char ***out, int32_t *n);
@@ -86,7 +86,7 @@ struct mem_store {
     const char *where;        /* the store in messages: a file path, "postgres db@host" */
     mem_store_fault_fn fault; /* called before every COMMIT (tests) */
     void *fault_user;
-    char repairs[512];        /* what open and the quarantine repaired ("" if nothing) */
+    char repairs[512]; /* what open and the quarantine repaired ("" if nothing) */
 };
 
 /* The implementations' open functions (store.c picks one by the name). */
@@ -107,9 +107,8 @@ is_status store_check_filter(const mem_filter *f);
 /* Why a row cannot be served (the quarantine's rules), NULL if it can. The
  * columns as stored: text may be NULL, emb/bytes the raw embedding, ctx
  * the context column or NULL. */
-const char *store_row_problem(const char *id, const char *text, const char *hash,
-                              int32_t version, const void *emb, int64_t bytes, int32_t dim,
-                              const char *ctx);
+const char *store_row_problem(const char *id, const char *text, const char *hash, int32_t version,
+                              const void *emb, int64_t bytes, int32_t dim, const char *ctx);
 /* Appends "; "-separated text to s->repairs (fmt has one %s). */
 void store_note_repair(mem_store *s, const char *fmt, const char *arg);
 

@@ -47,17 +47,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PG_CHANNEL "inferscale_facts"
+#define PG_CHANNEL    "inferscale_facts"
 #define PG_MAX_PARAMS 20
 
 typedef struct pg_store {
-    mem_store base;          /* first: a mem_store * is a pg_store * */
+    mem_store base; /* first: a mem_store * is a pg_store * */
     PGconn *conn;
-    char *url;               /* to open the watch's connection */
-    char where[160];         /* "postgres db@host" for messages (no password) */
-    char origin[17];         /* this store's name in the changes it announces */
+    char *url;       /* to open the watch's connection */
+    char where[160]; /* "postgres db@host" for messages (no password) */
+    char origin[17]; /* this store's name in the changes it announces */
     bool readonly;
-    pthread_mutex_t mu;      /* one caller at a time on conn */
+    pthread_mutex_t mu; /* one caller at a time on conn */
     /* the watch */
     pthread_t watch_thread;
     bool watching;
@@ -265,8 +265,7 @@ static const char *const TABLES[] = {"facts", "meta", "tenants", "users", "histo
 static int32_t read_version(mem_store *s, bool *facts_exist) {
     PGresult *r = NULL;
     int32_t v = -1;
-    if (run(s,
-            "SELECT to_regclass('schema_version') IS NOT NULL, to_regclass('facts') IS NOT NULL",
+    if (run(s, "SELECT to_regclass('schema_version') IS NOT NULL, to_regclass('facts') IS NOT NULL",
             NULL, "read the schema version", &r) == IS_OK) {
         bool have = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
         *facts_exist = strcmp(PQgetvalue(r, 0, 1), "t") == 0;
@@ -290,12 +289,14 @@ static is_status migrate(mem_store *s) {
     int32_t v = st == IS_OK ? read_version(s, &facts_exist) : -1;
     if (st == IS_OK && v < 0) st = pg_err(s, NULL, "read the schema version");
     if (st == IS_OK && v > MEM_STORE_SCHEMA_VERSION)
-        st = is_error_set(IS_ERR_FORMAT, "fact store %s: schema version %d is newer than this "
-                                         "program's (%d)",
+        st = is_error_set(IS_ERR_FORMAT,
+                          "fact store %s: schema version %d is newer than this "
+                          "program's (%d)",
                           PG(s)->where, v, MEM_STORE_SCHEMA_VERSION);
     if (st == IS_OK && v == 0 && facts_exist)
-        st = is_error_set(IS_ERR_FORMAT, "fact store %s: the database has a facts table but no "
-                                         "schema_version: not a fact store",
+        st = is_error_set(IS_ERR_FORMAT,
+                          "fact store %s: the database has a facts table but no "
+                          "schema_version: not a fact store",
                           PG(s)->where);
     if (st == IS_OK && v < MEM_STORE_SCHEMA_VERSION) {
         st = run0(s, "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)", NULL,
@@ -364,7 +365,8 @@ is_status store_pg_open(const char *url, bool readonly, mem_store **out) {
     PG(s)->conn = PQconnectdb(url);
     if (!PG(s)->conn || PQstatus(PG(s)->conn) != CONNECTION_OK) {
         char msg[512];
-        snprintf(msg, sizeof msg, "%s", PG(s)->conn ? PQerrorMessage(PG(s)->conn) : "out of memory");
+        snprintf(msg, sizeof msg, "%s",
+                 PG(s)->conn ? PQerrorMessage(PG(s)->conn) : "out of memory");
         size_t l = strlen(msg);
         while (l && (msg[l - 1] == '\n' || msg[l - 1] == ' ')) msg[--l] = '\0';
         st = is_error_set(IS_ERR_IO, "fact store: cannot connect to PostgreSQL: %s", msg);
@@ -379,8 +381,9 @@ is_status store_pg_open(const char *url, bool readonly, mem_store **out) {
         int32_t v = read_version(s, &facts_exist);
         if (v < 0) st = pg_err(s, NULL, "read the schema version");
         else if (v > MEM_STORE_SCHEMA_VERSION || (v == 0 && facts_exist))
-            st = is_error_set(IS_ERR_FORMAT, "fact store %s: schema version %d is not this "
-                                             "program's (%d)",
+            st = is_error_set(IS_ERR_FORMAT,
+                              "fact store %s: schema version %d is not this "
+                              "program's (%d)",
                               PG(s)->where, v, MEM_STORE_SCHEMA_VERSION);
         if (st == IS_OK)
             st = run0(s, "SET default_transaction_read_only = on", NULL, "set read-only");
@@ -399,10 +402,10 @@ fail:
 
 /* Columns 0..14 as in the SQLite store, 15 the embedding's bytes, 16 the
  * embedding itself (NULL unless asked for). */
-#define COLS_BASE                                                                               \
-    "id, tenant, user_id, agent_id, run_id, text, metadata, created_at, updated_at, source, "   \
+#define COLS_BASE                                                                                  \
+    "id, tenant, user_id, agent_id, run_id, text, metadata, created_at, updated_at, source, "      \
     "hash, context, kv_window, kv_record, version, octet_length(embedding)"
-#define COLS_EMB COLS_BASE ", embedding"
+#define COLS_EMB   COLS_BASE ", embedding"
 #define COLS_NOEMB COLS_BASE ", NULL::bytea"
 
 static is_status row_to_fact(const PGresult *r, int row, bool with_embedding, mem_fact *f) {
@@ -429,10 +432,9 @@ static is_status row_to_fact(const PGresult *r, int row, bool with_embedding, me
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK && with_embedding) {
         size_t n = 0;
-        unsigned char *b =
-            PQgetisnull(r, row, 16)
-                ? NULL
-                : PQunescapeBytea((const unsigned char *)PQgetvalue(r, row, 16), &n);
+        unsigned char *b = PQgetisnull(r, row, 16)
+                               ? NULL
+                               : PQunescapeBytea((const unsigned char *)PQgetvalue(r, row, 16), &n);
         if (!b || n == 0 || n % sizeof(float) != 0) {
             st = is_error_set(IS_ERR_FORMAT, "fact %s: embedding of %zu bytes", f->id, n);
         } else if (!(f->embedding = malloc(n))) {
@@ -481,8 +483,9 @@ static is_status pg_insert(mem_store *s, const mem_fact *f, int64_t now) {
     pq_params p = {0};
     p_text(&p, f->tenant);
     p_int(&p, now);
-    is_status st = run0(s, "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", &p,
-              "insert tenant");
+    is_status st =
+        run0(s, "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT DO NOTHING", &p,
+             "insert tenant");
     if (st == IS_OK) {
         p = (pq_params){0};
         p_text(&p, f->tenant);
@@ -533,7 +536,8 @@ static is_status pg_insert(mem_store *s, const mem_fact *f, int64_t now) {
             st = is_error_set(IS_ERR_INVALID_ARG, "fact store: fact id %s exists already", f->id);
         PQclear(r);
     }
-    if (st == IS_OK) st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_ADD, NULL, f->text, now);
+    if (st == IS_OK)
+        st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_ADD, NULL, f->text, now);
     if (st == IS_OK) st = notify(s, "add", f->tenant, f->user, f->id, f->version, NULL);
     free(ctx);
     return st;
@@ -544,7 +548,8 @@ static is_status pg_insert(mem_store *s, const mem_fact *f, int64_t now) {
 static is_status get_locked(mem_store *s, const char *tenant, const char *user, const char *id,
                             bool with_embedding, bool for_update, mem_fact *out) {
     char sql[512];
-    snprintf(sql, sizeof sql, "SELECT %s FROM facts WHERE id = $1 AND tenant = $2 AND user_id = $3%s",
+    snprintf(sql, sizeof sql,
+             "SELECT %s FROM facts WHERE id = $1 AND tenant = $2 AND user_id = $3%s",
              with_embedding ? COLS_EMB : COLS_NOEMB, for_update ? " FOR UPDATE" : "");
     pq_params p = {0};
     p_text(&p, id);
@@ -554,8 +559,7 @@ static is_status get_locked(mem_store *s, const char *tenant, const char *user, 
     is_status st = run(s, sql, &p, "read fact", &r);
     if (st == IS_OK && PQntuples(r) == 0)
         st = is_error_set(IS_ERR_NOT_FOUND, "no memory with id %s", id);
-    else if (st == IS_OK)
-        st = row_to_fact(r, 0, with_embedding, out);
+    else if (st == IS_OK) st = row_to_fact(r, 0, with_embedding, out);
     PQclear(r);
     return st;
 }
@@ -667,8 +671,7 @@ static is_status pg_list(mem_store *s, const mem_filter *f, bool with_embedding,
 
 /* ---- update ------------------------------------------------------------------------------------------ */
 
-static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_version,
-                           int64_t now) {
+static is_status pg_update(mem_store *s, const mem_fact *f, int32_t expected_version, int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
     mem_fact old = {0};
@@ -790,8 +793,7 @@ static is_status pg_history(mem_store *s, const char *tenant, const char *user, 
 }
 
 static is_status pg_find_source(mem_store *s, const char *tenant, const char *user,
-                                const char *source, const char *hash,
-                                char id_out[MEM_ID_MAX + 1]) {
+                                const char *source, const char *hash, char id_out[MEM_ID_MAX + 1]) {
     pq_params p = {0};
     p_text(&p, tenant);
     p_text(&p, user);
@@ -804,8 +806,7 @@ static is_status pg_find_source(mem_store *s, const char *tenant, const char *us
                        &p, "find source", &r);
     if (st == IS_OK && PQntuples(r) == 0)
         st = is_error_set(IS_ERR_NOT_FOUND, "no memory from source %s", source ? source : "");
-    else if (st == IS_OK)
-        snprintf(id_out, MEM_ID_MAX + 1, "%s", PQgetvalue(r, 0, 0));
+    else if (st == IS_OK) snprintf(id_out, MEM_ID_MAX + 1, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     return st;
 }
@@ -815,11 +816,12 @@ static is_status pg_owner(mem_store *s, const char *tenant, const char *id, char
     p_text(&p, id);
     p_text(&p, tenant);
     PGresult *r = NULL;
-    is_status st = run(s,
-                       "SELECT user_id, 0 AS o FROM facts WHERE id = $1 AND tenant = $2 "
-                       "UNION ALL SELECT user_id, 1 FROM history WHERE fact_id = $1 AND tenant = $2 "
-                       "ORDER BY o LIMIT 1",
-                       &p, "owner", &r);
+    is_status st =
+        run(s,
+            "SELECT user_id, 0 AS o FROM facts WHERE id = $1 AND tenant = $2 "
+            "UNION ALL SELECT user_id, 1 FROM history WHERE fact_id = $1 AND tenant = $2 "
+            "ORDER BY o LIMIT 1",
+            &p, "owner", &r);
     if (st == IS_OK && PQntuples(r) == 0) st = is_error_set(IS_ERR_NOT_FOUND, "no memory %s", id);
     else if (st == IS_OK && !(*user = col_dup(r, 0, 0)))
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -837,7 +839,8 @@ static is_status pg_users(mem_store *s, const char *tenant, char ***out, int32_t
                        &p, "list users", &r);
     int32_t n = st == IS_OK ? PQntuples(r) : 0;
     char **u = NULL;
-    if (n > 0 && !(u = calloc((size_t)n, sizeof *u))) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (n > 0 && !(u = calloc((size_t)n, sizeof *u)))
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; st == IS_OK && i < n; i++)
         if (!(u[i] = col_dup(r, i, 0))) st = is_error_set(IS_ERR_NOMEM, "out of memory");
     PQclear(r);
@@ -893,10 +896,11 @@ static is_status foreach_row(mem_store *s, const PGresult *r, void *ud) {
 
 static is_status pg_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn fn, void *ud) {
     foreach_ctx c = {with_embedding, fn, ud};
-    is_status st = scan(s,
-                        with_embedding ? "SELECT " COLS_EMB " FROM facts ORDER BY id COLLATE \"C\""
-                                       : "SELECT " COLS_NOEMB " FROM facts ORDER BY id COLLATE \"C\"",
-                        foreach_row, &c, "scan facts");
+    is_status st =
+        scan(s,
+             with_embedding ? "SELECT " COLS_EMB " FROM facts ORDER BY id COLLATE \"C\""
+                            : "SELECT " COLS_NOEMB " FROM facts ORDER BY id COLLATE \"C\"",
+             foreach_row, &c, "scan facts");
     return st;
 }
 
@@ -912,8 +916,8 @@ static is_status record_row(mem_store *s, const PGresult *r, void *ud) {
 
 static is_status pg_foreach_record(mem_store *s, mem_store_record_fn fn, void *ud) {
     record_ctx c = {fn, ud};
-    is_status st = scan(s, "SELECT kv_record FROM facts WHERE kv_record IS NOT NULL", record_row, &c,
-                        "scan records");
+    is_status st = scan(s, "SELECT kv_record FROM facts WHERE kv_record IS NOT NULL", record_row,
+                        &c, "scan records");
     return st;
 }
 
@@ -946,11 +950,12 @@ typedef struct bad_rows {
 static is_status bad_row(mem_store *s, const PGresult *r, void *ud) {
     bad_rows *b = ud;
     size_t n = 0;
-    unsigned char *emb =
-        PQgetisnull(r, 0, 16) ? NULL : PQunescapeBytea((const unsigned char *)PQgetvalue(r, 0, 16), &n);
-    const char *p = store_row_problem(PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 5), PQgetvalue(r, 0, 10),
-                                      (int32_t)col_i64(r, 0, 14), emb, (int64_t)n, b->dim,
-                                      PQgetisnull(r, 0, 11) ? NULL : PQgetvalue(r, 0, 11));
+    unsigned char *emb = PQgetisnull(r, 0, 16)
+                             ? NULL
+                             : PQunescapeBytea((const unsigned char *)PQgetvalue(r, 0, 16), &n);
+    const char *p = store_row_problem(
+        PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 5), PQgetvalue(r, 0, 10), (int32_t)col_i64(r, 0, 14),
+        emb, (int64_t)n, b->dim, PQgetisnull(r, 0, 11) ? NULL : PQgetvalue(r, 0, 11));
     PQfreemem(emb);
     if (!p) return IS_OK;
     if (b->n == b->cap) {
@@ -977,20 +982,22 @@ static is_status pg_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
          * reason), in one transaction: the rest is served, nothing is lost. */
         st = pg_begin(s);
         if (st == IS_OK)
-            st = run0(s,
-                      "CREATE TABLE IF NOT EXISTS facts_quarantine AS SELECT *, ''::text AS reason, "
-                      "0::bigint AS quarantined_at FROM facts WHERE false",
-                      NULL, "quarantine");
+            st =
+                run0(s,
+                     "CREATE TABLE IF NOT EXISTS facts_quarantine AS SELECT *, ''::text AS reason, "
+                     "0::bigint AS quarantined_at FROM facts WHERE false",
+                     NULL, "quarantine");
         for (int64_t i = 0; st == IS_OK && i < b.n; i++) {
             pq_params p = {0};
             p_text(&p, b.why[i]);
             p_int(&p, store_now_unix_ms());
             p_text(&p, b.ids[i]);
-            st = run0(s, "INSERT INTO facts_quarantine SELECT *, $1, $2 FROM facts WHERE id = $3", &p,
-                      "quarantine a row");
+            st = run0(s, "INSERT INTO facts_quarantine SELECT *, $1, $2 FROM facts WHERE id = $3",
+                      &p, "quarantine a row");
             pq_params d = {0};
             p_text(&d, b.ids[i]);
-            if (st == IS_OK) st = run0(s, "DELETE FROM facts WHERE id = $1", &d, "remove a quarantined row");
+            if (st == IS_OK)
+                st = run0(s, "DELETE FROM facts WHERE id = $1", &d, "remove a quarantined row");
         }
         if (st == IS_OK) st = pg_commit(s);
         if (st != IS_OK) pg_rollback(s);

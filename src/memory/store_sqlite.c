@@ -19,33 +19,25 @@
 #include <time.h>
 
 typedef struct sq_store {
-    mem_store base;          /* first: a mem_store * is a sq_store * */
+    mem_store base; /* first: a mem_store * is a sq_store * */
     sqlite3 *db;
-    char *path;              /* for messages */
-    pthread_mutex_t mu;      /* one caller at a time on the connection */
+    char *path;         /* for messages */
+    pthread_mutex_t mu; /* one caller at a time on the connection */
 } sq_store;
 
 #define SQ(s) ((sq_store *)(s))
 
 /* ---- small helpers ------------------------------------------------------------ */
 
-
 static is_status sql_err(mem_store *s, const char *what) {
-    return is_error_set(IS_ERR_IO, "fact store %s: %s: %s", SQ(s)->path, what, sqlite3_errmsg(SQ(s)->db));
+    return is_error_set(IS_ERR_IO, "fact store %s: %s: %s", SQ(s)->path, what,
+                        sqlite3_errmsg(SQ(s)->db));
 }
 
 static char *dup_or_null(const unsigned char *t) { return t ? strdup((const char *)t) : NULL; }
 
-
-
-
-
-
-
 /* True if the fact's metadata holds every (key, value) of the filter, with
  * the first of a repeated key counting (as the index does). */
-
-
 
 /* ---- open / close ------------------------------------------------------------- */
 
@@ -101,8 +93,9 @@ static void find_missing_tables(mem_store *s, char *missing, size_t cap) {
     for (size_t i = 0; i < sizeof TABLES / sizeof TABLES[0]; i++) {
         sqlite3_stmt *q;
         int found = 0;
-        if (sqlite3_prepare_v2(SQ(s)->db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
-                               -1, &q, NULL) == SQLITE_OK) {
+        if (sqlite3_prepare_v2(
+                SQ(s)->db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+                -1, &q, NULL) == SQLITE_OK) {
             sqlite3_bind_text(q, 1, TABLES[i], -1, SQLITE_STATIC);
             if (sqlite3_step(q) == SQLITE_ROW) found = sqlite3_column_int(q, 0);
             sqlite3_finalize(q);
@@ -119,12 +112,13 @@ static is_status repair_schema(mem_store *s) {
     find_missing_tables(s, missing, sizeof missing);
     if (!missing[0]) return IS_OK;
     char sql[4096];
-    snprintf(sql, sizeof sql,
-             "BEGIN; %s"
-             "INSERT OR IGNORE INTO tenants SELECT tenant, min(created_at) FROM facts GROUP BY tenant;"
-             "INSERT OR IGNORE INTO users SELECT tenant, user_id, min(created_at) FROM facts "
-             "GROUP BY tenant, user_id; COMMIT;",
-             SCHEMA);
+    snprintf(
+        sql, sizeof sql,
+        "BEGIN; %s"
+        "INSERT OR IGNORE INTO tenants SELECT tenant, min(created_at) FROM facts GROUP BY tenant;"
+        "INSERT OR IGNORE INTO users SELECT tenant, user_id, min(created_at) FROM facts "
+        "GROUP BY tenant, user_id; COMMIT;",
+        SCHEMA);
     char *err = NULL;
     if (sqlite3_exec(SQ(s)->db, sql, NULL, NULL, &err) != SQLITE_OK) {
         is_status st = is_error_set(IS_ERR_IO, "fact store %s: recreating missing tables (%s): %s",
@@ -172,8 +166,8 @@ static is_status sq_open(const char *path, mem_store **out) {
     s->where = SQ(s)->path;
     pthread_mutex_init(&SQ(s)->mu, NULL);
     is_status st = IS_OK;
-    int rc = sqlite3_open_v2(path, &SQ(s)->db,
-                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    int rc = sqlite3_open_v2(
+        path, &SQ(s)->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {
         st = is_error_set(IS_ERR_IO, "fact store %s: cannot open: %s", path,
                           SQ(s)->db ? sqlite3_errmsg(SQ(s)->db) : sqlite3_errstr(rc));
@@ -202,8 +196,9 @@ static is_status sq_open(const char *path, mem_store **out) {
         goto fail;
     }
     if (version > MEM_STORE_SCHEMA_VERSION) {
-        st = is_error_set(IS_ERR_FORMAT, "fact store %s: schema version %d is newer than this "
-                                         "program's (%d)",
+        st = is_error_set(IS_ERR_FORMAT,
+                          "fact store %s: schema version %d is newer than this "
+                          "program's (%d)",
                           path, version, MEM_STORE_SCHEMA_VERSION);
         goto fail;
     }
@@ -217,8 +212,9 @@ static is_status sq_open(const char *path, mem_store **out) {
             sqlite3_finalize(q);
         }
         if (n_tables > 0) {
-            st = is_error_set(IS_ERR_FORMAT, "fact store %s: a database but not a fact store "
-                                             "(no schema version)",
+            st = is_error_set(IS_ERR_FORMAT,
+                              "fact store %s: a database but not a fact store "
+                              "(no schema version)",
                               path);
             goto fail;
         }
@@ -311,8 +307,8 @@ static is_status history_add(mem_store *s, const char *fact_id, const char *tena
     return step_done(s, q, "insert history");
 }
 
-#define FACT_COLUMNS                                                                           \
-    "id, tenant, user_id, agent_id, run_id, text, metadata, created_at, updated_at, source, "  \
+#define FACT_COLUMNS                                                                               \
+    "id, tenant, user_id, agent_id, run_id, text, metadata, created_at, updated_at, source, "      \
     "hash, context, kv_window, kv_record, version, embedding"
 
 /* Reads the current row of a statement that selected FACT_COLUMNS. */
@@ -388,7 +384,6 @@ static is_status sq_meta_set(mem_store *s, const char *key, const char *value) {
 
 /* ---- insert ---------------------------------------------------------------------- */
 
-
 static is_status sq_insert(mem_store *s, const mem_fact *f, int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -401,7 +396,8 @@ static is_status sq_insert(mem_store *s, const mem_fact *f, int64_t now) {
         st = step_done(s, q, "insert tenant");
     }
     if (st == IS_OK &&
-        (st = prepare(s, "INSERT OR IGNORE INTO users (tenant, user_id, created_at) VALUES (?, ?, ?)",
+        (st = prepare(s,
+                      "INSERT OR IGNORE INTO users (tenant, user_id, created_at) VALUES (?, ?, ?)",
                       &q)) == IS_OK) {
         bind_text(q, 1, f->tenant);
         bind_text(q, 2, f->user);
@@ -417,14 +413,13 @@ static is_status sq_insert(mem_store *s, const mem_fact *f, int64_t now) {
             if (rc == SQLITE_ROW)
                 st = is_error_set(IS_ERR_INVALID_ARG, "fact store: fact id %s exists already",
                                   f->id);
-            else if (rc != SQLITE_DONE)
-                st = sql_err(s, "look up fact id");
+            else if (rc != SQLITE_DONE) st = sql_err(s, "look up fact id");
         }
     }
-    if (st == IS_OK &&
-        (st = prepare(s, "INSERT INTO facts (" FACT_COLUMNS ") VALUES "
-                         "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      &q)) == IS_OK) {
+    if (st == IS_OK && (st = prepare(s,
+                                     "INSERT INTO facts (" FACT_COLUMNS ") VALUES "
+                                     "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                     &q)) == IS_OK) {
         bind_text(q, 1, f->id);
         bind_text(q, 2, f->tenant);
         bind_text(q, 3, f->user);
@@ -443,7 +438,8 @@ static is_status sq_insert(mem_store *s, const mem_fact *f, int64_t now) {
         sqlite3_bind_blob(q, 16, f->embedding, f->dim * (int)sizeof(float), SQLITE_TRANSIENT);
         st = step_done(s, q, "insert fact");
     }
-    if (st == IS_OK) st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_ADD, NULL, f->text, now);
+    if (st == IS_OK)
+        st = history_add(s, f->id, f->tenant, f->user, MEM_EVENT_ADD, NULL, f->text, now);
     free(ctx);
     return st;
 }
@@ -453,10 +449,8 @@ static is_status sq_insert(mem_store *s, const mem_fact *f, int64_t now) {
 static is_status get_locked(mem_store *s, const char *tenant, const char *user, const char *id,
                             bool with_embedding, mem_fact *out) {
     sqlite3_stmt *q;
-    is_status st = prepare(s,
-                           "SELECT " FACT_COLUMNS
-                           " FROM facts WHERE id = ? AND tenant = ? AND user_id = ?",
-                           &q);
+    is_status st = prepare(
+        s, "SELECT " FACT_COLUMNS " FROM facts WHERE id = ? AND tenant = ? AND user_id = ?", &q);
     if (st != IS_OK) return st;
     bind_text(q, 1, id);
     bind_text(q, 2, tenant);
@@ -485,8 +479,9 @@ static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
     sqlite3_stmt *q = NULL;
     is_status st = exec(s, "BEGIN");
     if (st == IS_OK) {
-        st = prepare(s, "SELECT " FACT_COLUMNS " FROM facts WHERE id = ? AND tenant = ? AND user_id = ?",
-                     &q);
+        st = prepare(
+            s, "SELECT " FACT_COLUMNS " FROM facts WHERE id = ? AND tenant = ? AND user_id = ?",
+            &q);
         for (int32_t i = 0; st == IS_OK && i < n; i++) {
             sqlite3_reset(q);
             bind_text(q, 1, ids[i]);
@@ -502,9 +497,8 @@ static is_status sq_get_many(mem_store *s, const char *tenant, const char *user,
     return st; /* store.c clears out and found on failure */
 }
 
-
-static is_status list_locked(mem_store *s, const mem_filter *f, bool with_embedding,
-                             mem_fact **out, int32_t *n_out) {
+static is_status list_locked(mem_store *s, const mem_filter *f, bool with_embedding, mem_fact **out,
+                             int32_t *n_out) {
     sqlite3_stmt *q;
     is_status st = prepare(s,
                            "SELECT " FACT_COLUMNS " FROM facts WHERE tenant = ?1 AND user_id = ?2 "
@@ -556,8 +550,7 @@ static is_status sq_list(mem_store *s, const mem_filter *f, bool with_embedding,
 
 /* ---- update ------------------------------------------------------------------------ */
 
-static is_status sq_update(mem_store *s, const mem_fact *f, int32_t expected_version,
-                           int64_t now) {
+static is_status sq_update(mem_store *s, const mem_fact *f, int32_t expected_version, int64_t now) {
     char *ctx = store_context_to_json(f->context, f->n_context);
     if (!ctx) return is_error_set(IS_ERR_NOMEM, "out of memory");
     mem_fact old = {0};
@@ -644,10 +637,11 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
     sqlite3_stmt *q;
     mem_history *h = NULL;
     int32_t n = 0, cap = 0;
-    is_status st = prepare(s,
-                           "SELECT id, event, old_text, new_text, at FROM history WHERE fact_id = ? "
-                           "AND tenant = ? AND user_id = ? ORDER BY id",
-                           &q);
+    is_status st =
+        prepare(s,
+                "SELECT id, event, old_text, new_text, at FROM history WHERE fact_id = ? "
+                "AND tenant = ? AND user_id = ? ORDER BY id",
+                &q);
     if (st == IS_OK) {
         bind_text(q, 1, id);
         bind_text(q, 2, tenant);
@@ -690,8 +684,7 @@ static is_status sq_history(mem_store *s, const char *tenant, const char *user, 
 }
 
 static is_status sq_find_source(mem_store *s, const char *tenant, const char *user,
-                                const char *source, const char *hash,
-                                char id_out[MEM_ID_MAX + 1]) {
+                                const char *source, const char *hash, char id_out[MEM_ID_MAX + 1]) {
     sqlite3_stmt *q;
     is_status st = prepare(s,
                            "SELECT id FROM facts WHERE tenant = ? AND user_id = ? AND source = ? "
@@ -707,15 +700,15 @@ static is_status sq_find_source(mem_store *s, const char *tenant, const char *us
             snprintf(id_out, MEM_ID_MAX + 1, "%s", (const char *)sqlite3_column_text(q, 0));
         else if (rc == SQLITE_DONE)
             st = is_error_set(IS_ERR_NOT_FOUND, "no memory from source %s", source ? source : "");
-        else
-            st = sql_err(s, "find source");
+        else st = sql_err(s, "find source");
         sqlite3_finalize(q);
     }
     return st;
 }
 
 static is_status sq_owner(mem_store *s, const char *tenant, const char *id, char **user) {
-    if (!s || !tenant || !id || !user) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_owner: NULL argument");
+    if (!s || !tenant || !id || !user)
+        return is_error_set(IS_ERR_INVALID_ARG, "mem_store_owner: NULL argument");
     sqlite3_stmt *q;
     is_status st = prepare(s,
                            "SELECT user_id FROM facts WHERE id = ? AND tenant = ? "
@@ -781,7 +774,8 @@ static is_status sq_foreach(mem_store *s, bool with_embedding, mem_store_fact_fn
 static const char *row_problem(sqlite3_stmt *q, int32_t dim) {
     static const int text_cols[] = {0, 1, 2, 5, 10};
     for (size_t i = 0; i < sizeof text_cols / sizeof text_cols[0]; i++)
-        if (sqlite3_column_type(q, text_cols[i]) != SQLITE_TEXT) return "a required text column is not text";
+        if (sqlite3_column_type(q, text_cols[i]) != SQLITE_TEXT)
+            return "a required text column is not text";
     if (sqlite3_column_type(q, 15) != SQLITE_BLOB) return "embedding is not a blob";
     return store_row_problem((const char *)sqlite3_column_text(q, 0),
                              (const char *)sqlite3_column_text(q, 5),
@@ -863,11 +857,14 @@ static is_status sq_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
                          "BEGIN; CREATE TABLE IF NOT EXISTS facts_quarantine AS SELECT *, "
                          "'' AS reason, 0 AS quarantined_at FROM facts WHERE 0;",
                          NULL, NULL, &err) != SQLITE_OK) {
-            st = is_error_set(IS_ERR_IO, "fact store %s: quarantine: %s", SQ(s)->path, err ? err : "?");
+            st = is_error_set(IS_ERR_IO, "fact store %s: quarantine: %s", SQ(s)->path,
+                              err ? err : "?");
             sqlite3_free(err);
         }
         sqlite3_stmt *ins = NULL, *del = NULL;
-        if (st == IS_OK) st = prepare(s, "INSERT INTO facts_quarantine SELECT *, ?, ? FROM facts WHERE rowid = ?", &ins);
+        if (st == IS_OK)
+            st = prepare(
+                s, "INSERT INTO facts_quarantine SELECT *, ?, ? FROM facts WHERE rowid = ?", &ins);
         if (st == IS_OK) st = prepare(s, "DELETE FROM facts WHERE rowid = ?", &del);
         for (int64_t i = 0; st == IS_OK && i < n; i++) {
             sqlite3_reset(ins);
@@ -900,18 +897,22 @@ static is_status sq_quarantine(mem_store *s, int32_t dim, bool move, int64_t *n_
     return st;
 }
 
-static int64_t sq_count_history(mem_store *s) { return count_rows(s, "SELECT count(*) FROM history", -1); }
+static int64_t sq_count_history(mem_store *s) {
+    return count_rows(s, "SELECT count(*) FROM history", -1);
+}
 
 static int64_t sq_count_quarantined(mem_store *s) {
     return count_rows(s, "SELECT count(*) FROM facts_quarantine", 0);
 }
 
 static is_status sq_users(mem_store *s, const char *tenant, char ***out, int32_t *n_out) {
-    if (!s || !tenant || !out || !n_out) return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
+    if (!s || !tenant || !out || !n_out)
+        return is_error_set(IS_ERR_INVALID_ARG, "mem_store_users: NULL argument");
     sqlite3_stmt *q;
     char **u = NULL;
     int32_t n = 0, cap = 0;
-    is_status st = prepare(s, "SELECT DISTINCT user_id FROM facts WHERE tenant = ? ORDER BY user_id", &q);
+    is_status st =
+        prepare(s, "SELECT DISTINCT user_id FROM facts WHERE tenant = ? ORDER BY user_id", &q);
     if (st == IS_OK) {
         bind_text(q, 1, tenant);
         int rc;

@@ -19,10 +19,10 @@
 struct wordpiece {
     wordpiece_params params;
     int32_t n_vocab;
-    char *arena;       /* all tokens, each NUL-terminated */
-    uint32_t *offset;  /* (n_vocab) start of token i in arena */
-    uint32_t *len;     /* (n_vocab) byte length of token i */
-    int32_t *table;    /* (table_mask + 1) open addressing, id or -1 */
+    char *arena;      /* all tokens, each NUL-terminated */
+    uint32_t *offset; /* (n_vocab) start of token i in arena */
+    uint32_t *len;    /* (n_vocab) byte length of token i */
+    int32_t *table;   /* (table_mask + 1) open addressing, id or -1 */
     uint32_t table_mask;
     uint32_t max_token_bytes; /* longest token, to bound lookups */
     int32_t cls_id, sep_id, unk_id, pad_id;
@@ -125,7 +125,8 @@ is_status wordpiece_load_buffer(const char *data, size_t n, wordpiece_params par
         uint32_t i = (uint32_t)hash_bytes(wp->arena + wp->offset[id], tl) & wp->table_mask;
         while (wp->table[i] >= 0) {
             int32_t o = wp->table[i];
-            if (wp->len[o] == tl && memcmp(wp->arena + wp->offset[o], wp->arena + wp->offset[id], tl) == 0) {
+            if (wp->len[o] == tl &&
+                memcmp(wp->arena + wp->offset[o], wp->arena + wp->offset[id], tl) == 0) {
                 is_status st = is_error_set(IS_ERR_FORMAT,
                                             "wordpiece: duplicate token \"%s\" on lines %d and %d",
                                             wp->arena + wp->offset[id], o + 1, id + 1);
@@ -156,7 +157,9 @@ is_status wordpiece_load_buffer(const char *data, size_t n, wordpiece_params par
 is_status wordpiece_load(const char *vocab_path, wordpiece_params params, wordpiece **out) {
     if (!vocab_path || !out) return is_error_set(IS_ERR_INVALID_ARG, "wordpiece: NULL argument");
     FILE *f = fopen(vocab_path, "rb");
-    if (!f) return is_error_set(IS_ERR_IO, "wordpiece: cannot open %s: %s", vocab_path, strerror(errno));
+    if (!f)
+        return is_error_set(IS_ERR_IO, "wordpiece: cannot open %s: %s", vocab_path,
+                            strerror(errno));
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -224,10 +227,8 @@ static bool is_other(uint32_t c) {
     case UTF8PROC_CATEGORY_CC:
     case UTF8PROC_CATEGORY_CF:
     case UTF8PROC_CATEGORY_CS:
-    case UTF8PROC_CATEGORY_CO:
-        return true;
-    default:
-        return false;
+    case UTF8PROC_CATEGORY_CO: return true;
+    default: return false;
     }
 }
 
@@ -242,10 +243,8 @@ static bool is_punct(uint32_t c) {
     case UTF8PROC_CATEGORY_PE:
     case UTF8PROC_CATEGORY_PI:
     case UTF8PROC_CATEGORY_PF:
-    case UTF8PROC_CATEGORY_PO:
-        return true;
-    default:
-        return false;
+    case UTF8PROC_CATEGORY_PO: return true;
+    default: return false;
     }
 }
 

@@ -56,9 +56,9 @@ typedef struct wordpiece wordpiece;
 
 /* Normalisation switches, from the model's tokenizer_config.json. */
 typedef struct wordpiece_params {
-    bool lowercase;              /* do_lower_case */
-    int32_t strip_accents;       /* -1: follow lowercase (HF's null), 0: no, 1: yes */
-    bool tokenize_chinese_chars; /* space around CJK ideographs */
+    bool lowercase;                   /* do_lower_case */
+    int32_t strip_accents;            /* -1: follow lowercase (HF's null), 0: no, 1: yes */
+    bool tokenize_chinese_chars;      /* space around CJK ideographs */
     int32_t max_input_chars_per_word; /* longer words become [UNK]; HF: 100 */
 } wordpiece_params;
 

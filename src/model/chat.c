@@ -42,7 +42,10 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
         size_t c = b->cap ? b->cap : 256;
         while (c < b->n + n + 1) c *= 2;
         char *q = realloc(b->p, c);
-        if (!q) { b->oom = true; return; }
+        if (!q) {
+            b->oom = true;
+            return;
+        }
         b->p = q;
         b->cap = c;
     }
@@ -63,9 +66,9 @@ static size_t py_space_len(const unsigned char *s, size_t n) {
     if (c == 0xC2 && n >= 2 && (s[1] == 0x85 || s[1] == 0xA0)) return 2;
     if (c == 0xE1 && n >= 3 && s[1] == 0x9A && s[2] == 0x80) return 3; /* U+1680 */
     if (c == 0xE2 && n >= 3) {
-        if (s[1] == 0x80 && ((s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 ||
-                             s[2] == 0xA9 || s[2] == 0xAF))
-            return 3; /* U+2000..200A, 2028, 2029, 202F */
+        if (s[1] == 0x80 &&
+            ((s[2] >= 0x80 && s[2] <= 0x8A) || s[2] == 0xA8 || s[2] == 0xA9 || s[2] == 0xAF))
+            return 3;                               /* U+2000..200A, 2028, 2029, 202F */
         if (s[1] == 0x81 && s[2] == 0x9F) return 3; /* U+205F */
     }
     if (c == 0xE3 && n >= 3 && s[1] == 0x80 && s[2] == 0x80) return 3; /* U+3000 */
@@ -82,7 +85,10 @@ static size_t trim_span(const char *s, size_t *start) {
     size_t end = i, j = i;
     while (j < n) {
         k = py_space_len(u + j, n - j);
-        if (k) { j += k; continue; }
+        if (k) {
+            j += k;
+            continue;
+        }
         j++;
         while (j < n && (u[j] & 0xC0) == 0x80) j++; /* rest of the character */
         end = j;
@@ -99,13 +105,16 @@ static void sb_trimmed(sbuf *b, const char *s) {
 /* ---- template inspection -------------------------------------------------------- */
 
 typedef struct tmpl_info {
-    char *text;       /* tokenizer.chat_template, NUL-terminated copy, or NULL */
-    char *bos, *eos;  /* token texts, or NULL */
+    char *text;      /* tokenizer.chat_template, NUL-terminated copy, or NULL */
+    char *bos, *eos; /* token texts, or NULL */
 } tmpl_info;
 
 static char *dup_n(const char *s, size_t n) {
     char *p = malloc(n + 1);
-    if (p) { memcpy(p, s, n); p[n] = '\0'; }
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
     return p;
 }
 
@@ -168,13 +177,21 @@ static char *jinja_literal(const char *p) {
             case 'n': c = '\n'; break;
             case 't': c = '\t'; break;
             case 'r': c = '\r'; break;
-            case '\\': case '\'': case '"': c = *p; break;
-            default: sb_add(&b, "\\", 1); c = *p; break;
+            case '\\':
+            case '\'':
+            case '"': c = *p; break;
+            default:
+                sb_add(&b, "\\", 1);
+                c = *p;
+                break;
             }
         }
         sb_add(&b, &c, 1);
     }
-    if (*p != q || b.oom) { free(b.p); return NULL; }
+    if (*p != q || b.oom) {
+        free(b.p);
+        return NULL;
+    }
     return b.p;
 }
 
@@ -314,7 +331,8 @@ is_status chat_render(chat_template_kind kind, const gguf_ctx *g_or_null, const 
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return is_error_set(IS_ERR_INVALID_ARG, "chat_render: message %zu has a NULL field", i);
-    if (kind != CHAT_TEMPLATE_CHATML && kind != CHAT_TEMPLATE_LLAMA3 && kind != CHAT_TEMPLATE_MISTRAL)
+    if (kind != CHAT_TEMPLATE_CHATML && kind != CHAT_TEMPLATE_LLAMA3 &&
+        kind != CHAT_TEMPLATE_MISTRAL)
         return is_error_set(IS_ERR_INVALID_ARG, "chat_render: unknown template kind %d", (int)kind);
     tmpl_info ti;
     is_status st = tmpl_read(g_or_null, &ti);

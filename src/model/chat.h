@@ -62,9 +62,8 @@ const char *chat_template_name(chat_template_kind kind);
  * a system message not first, or user/assistant not alternating from user,
  * which the reference template rejects too), IS_ERR_NOMEM. *out unchanged on
  * failure. */
-is_status chat_render(chat_template_kind kind, const gguf_ctx *g_or_null,
-                      const chat_message *msgs, size_t n, bool add_assistant,
-                      char **out);
+is_status chat_render(chat_template_kind kind, const gguf_ctx *g_or_null, const chat_message *msgs,
+                      size_t n, bool add_assistant, char **out);
 
 /* The part of a message's content that `kind` writes into the rendered
  * text: bytes [*start, *start + return value) of content. All of it, except

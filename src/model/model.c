@@ -72,8 +72,9 @@ is_status model_config_read(const gguf_ctx *g, model_config *out) {
         (st = arch_u32(g, a, "context_length", false, &c.n_ctx_train)) != IS_OK)
         return st;
     if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0)
-        return is_error_set(IS_ERR_FORMAT, "model: %d heads do not divide width %d into %d kv groups",
-                            c.n_heads, c.dim, c.n_kv_heads);
+        return is_error_set(IS_ERR_FORMAT,
+                            "model: %d heads do not divide width %d into %d kv groups", c.n_heads,
+                            c.dim, c.n_kv_heads);
     c.head_dim = c.dim / c.n_heads;
     if ((st = arch_u32(g, a, "attention.key_length", false, &c.head_dim)) != IS_OK) return st;
     c.rope.n_rot = c.head_dim;
@@ -115,8 +116,8 @@ is_status model_config_read(const gguf_ctx *g, model_config *out) {
 
 /* Tensor `name` after checking its shape (cols x rows; rows = 1 for
  * vectors); *out = NULL for a missing optional one. */
-static is_status find_weight(model *m, const char *name, int64_t cols, int64_t rows,
-                             bool optional, const gguf_tensor **out) {
+static is_status find_weight(model *m, const char *name, int64_t cols, int64_t rows, bool optional,
+                             const gguf_tensor **out) {
     const gguf_tensor *t = gguf_find_tensor(m->gguf, name);
     *out = t;
     if (!t) {
@@ -125,16 +126,15 @@ static is_status find_weight(model *m, const char *name, int64_t cols, int64_t r
     }
     int64_t t_rows = t->ne[1] * t->ne[2] * t->ne[3];
     if (t->ne[0] != cols || t_rows != rows)
-        return is_error_set(IS_ERR_FORMAT,
-                            "model: tensor '%s' is %lld x %lld, expected %lld x %lld", name,
-                            (long long)t->ne[0], (long long)t_rows, (long long)cols,
-                            (long long)rows);
+        return is_error_set(
+            IS_ERR_FORMAT, "model: tensor '%s' is %lld x %lld, expected %lld x %lld", name,
+            (long long)t->ne[0], (long long)t_rows, (long long)cols, (long long)rows);
     return IS_OK;
 }
 
 /* Creates weight `name` on the backend after checking its shape. */
-static is_status load_weight(model *m, const char *name, int64_t cols, int64_t rows,
-                             bool optional, backend_weight **out) {
+static is_status load_weight(model *m, const char *name, int64_t cols, int64_t rows, bool optional,
+                             backend_weight **out) {
     const gguf_tensor *t;
     *out = NULL;
     is_status st = find_weight(m, name, cols, rows, optional, &t);
@@ -200,7 +200,8 @@ static void model_fingerprint(model *m) {
 
 static is_status load_weights(model *m) {
     const model_config *c = &m->cfg;
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim,
+            kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     is_status st;
     if ((st = load_weight(m, "token_embd.weight", c->dim, c->n_vocab, false, &m->token_embd)) ||
         (st = load_weight(m, "output_norm.weight", c->dim, 1, false, &m->output_norm)))
@@ -215,13 +216,14 @@ static is_status load_weights(model *m) {
     for (int32_t l = 0; l < c->n_layers; l++) {
         model_layer *L = &m->layers[l];
         char n[96];
-#define W(field, suffix, cols, rows, opt)                                                         \
+#define W(field, suffix, cols, rows, opt)                                                          \
     snprintf(n, sizeof n, "blk.%d." suffix, l);                                                    \
     if ((st = load_weight(m, n, cols, rows, opt, &L->field)) != IS_OK) return st;
         W(attn_norm, "attn_norm.weight", c->dim, 1, false)
-        st = load_stack(m, l, (const char *const[]){"attn_q.weight", "attn_k.weight", "attn_v.weight"},
+        st = load_stack(m, l,
+                        (const char *const[]){"attn_q.weight", "attn_k.weight", "attn_v.weight"},
                         (const int64_t[]){q_dim, kv_dim, kv_dim}, 3, c->dim,
-                        (backend_weight **const[]){&L->wq, &L->wk, &L->wv});
+                        (backend_weight * *const[]){&L->wq, &L->wk, &L->wv});
         if (st != IS_OK) return st;
         W(bq, "attn_q.bias", q_dim, 1, !c->has_qkv_bias)
         W(bk, "attn_k.bias", kv_dim, 1, !c->has_qkv_bias)
@@ -230,7 +232,7 @@ static is_status load_weights(model *m) {
         W(ffn_norm, "ffn_norm.weight", c->dim, 1, false)
         st = load_stack(m, l, (const char *const[]){"ffn_gate.weight", "ffn_up.weight"},
                         (const int64_t[]){c->ffn_dim, c->ffn_dim}, 2, c->dim,
-                        (backend_weight **const[]){&L->w_gate, &L->w_up});
+                        (backend_weight * *const[]){&L->w_gate, &L->w_up});
         if (st != IS_OK) return st;
         W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, false)
 #undef W
@@ -275,8 +277,9 @@ void model_free(model *m) {
     if (m->layers) {
         for (int32_t l = 0; l < m->cfg.n_layers; l++) {
             model_layer *L = &m->layers[l];
-            backend_weight *ws[] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv,
-                                    L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+            backend_weight *ws[] = {L->attn_norm, L->wq,     L->wk,   L->wv,
+                                    L->bq,        L->bk,     L->bv,   L->wo,
+                                    L->ffn_norm,  L->w_gate, L->w_up, L->w_down};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) be->ops->weight_free(be, ws[i]);
         }
         free(m->layers);

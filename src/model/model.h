@@ -24,30 +24,30 @@ typedef struct model_config {
     int32_t n_vocab;     /* rows of the embedding */
     int32_t n_ctx_train; /* context length the model was trained for */
     float rms_eps;
-    rope_params rope;    /* freq_factors point into the model's memory */
+    rope_params rope; /* freq_factors point into the model's memory */
     bool has_qkv_bias;
-    bool tied_output;    /* output head shares token_embd */
+    bool tied_output; /* output head shares token_embd */
 } model_config;
 
 typedef struct model_layer {
-    backend_weight *attn_norm; /* [dim] */
-    backend_weight *wq;        /* [n_heads*head_dim][dim] */
-    backend_weight *wk;        /* [n_kv_heads*head_dim][dim] */
-    backend_weight *wv;        /* [n_kv_heads*head_dim][dim] */
+    backend_weight *attn_norm;    /* [dim] */
+    backend_weight *wq;           /* [n_heads*head_dim][dim] */
+    backend_weight *wk;           /* [n_kv_heads*head_dim][dim] */
+    backend_weight *wv;           /* [n_kv_heads*head_dim][dim] */
     backend_weight *bq, *bk, *bv; /* biases or NULL */
-    backend_weight *wo;        /* [dim][n_heads*head_dim] */
-    backend_weight *ffn_norm;  /* [dim] */
-    backend_weight *w_gate;    /* [ffn_dim][dim] */
-    backend_weight *w_up;      /* [ffn_dim][dim] */
-    backend_weight *w_down;    /* [dim][ffn_dim] */
+    backend_weight *wo;           /* [dim][n_heads*head_dim] */
+    backend_weight *ffn_norm;     /* [dim] */
+    backend_weight *w_gate;       /* [ffn_dim][dim] */
+    backend_weight *w_up;         /* [ffn_dim][dim] */
+    backend_weight *w_down;       /* [dim][ffn_dim] */
 } model_layer;
 
 typedef struct model {
     model_config cfg;
-    gguf_ctx *gguf;         /* kept open: tokenizer strings point into it */
+    gguf_ctx *gguf; /* kept open: tokenizer strings point into it */
     tokenizer *tok;
-    backend *be;            /* not owned */
-    backend_weight *token_embd; /* [n_vocab][dim] */
+    backend *be;                 /* not owned */
+    backend_weight *token_embd;  /* [n_vocab][dim] */
     backend_weight *output_norm; /* [dim] */
     backend_weight *output;      /* [n_vocab][dim]; == token_embd when tied */
     model_layer *layers;         /* [n_layers] */

@@ -50,8 +50,7 @@ static uint32_t gpt2_byte_to_cp(int b) {
         return (uint32_t)b;
     int n = 0;
     for (int x = 0; x < b; x++)
-        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)))
-            n++;
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
     return 256u + (uint32_t)n;
 }
 
@@ -60,13 +59,18 @@ static uint32_t gpt2_byte_to_cp(int b) {
 static uint64_t hash_bytes(const char *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then a final mix */
     for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 0x100000001b3ull;
-    h ^= h >> 31; h *= 0x7fb5d329728ea185ull; h ^= h >> 27;
+    h ^= h >> 31;
+    h *= 0x7fb5d329728ea185ull;
+    h ^= h >> 27;
     return h;
 }
 
 static uint64_t hash_u64(uint64_t x) {
-    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
     return x;
 }
 
@@ -94,26 +98,26 @@ typedef enum pre_kind {
 struct tokenizer {
     tokenizer_type type;
     pre_kind pre;
-    bool ignore_merges;    /* BPE: a word already in the vocab is one token */
-    bool nfc;              /* BPE: the reference NFC-normalises text */
+    bool ignore_merges; /* BPE: a word already in the vocab is one token */
+    bool nfc;           /* BPE: the reference NFC-normalises text */
     bool add_bos;
     bool add_space_prefix; /* SPM */
     int32_t n_vocab;
     int32_t bos, eos, unk;
 
-    char *text_pool;       /* raw vocab strings, each followed by a NUL */
-    uint64_t *text_off;    /* [n_vocab] into text_pool */
-    uint32_t *text_len;    /* [n_vocab] */
-    char *piece_pool;      /* decoded bytes of each token */
-    uint64_t *piece_off;   /* [n_vocab] */
-    uint32_t *piece_len;   /* [n_vocab] */
-    uint8_t *types;        /* [n_vocab] tokenizer_token_type */
-    float *scores;         /* [n_vocab] SPM scores */
-    uint8_t *eog;          /* [n_vocab] 1 if end of generation */
+    char *text_pool;     /* raw vocab strings, each followed by a NUL */
+    uint64_t *text_off;  /* [n_vocab] into text_pool */
+    uint32_t *text_len;  /* [n_vocab] */
+    char *piece_pool;    /* decoded bytes of each token */
+    uint64_t *piece_off; /* [n_vocab] */
+    uint32_t *piece_len; /* [n_vocab] */
+    uint8_t *types;      /* [n_vocab] tokenizer_token_type */
+    float *scores;       /* [n_vocab] SPM scores */
+    uint8_t *eog;        /* [n_vocab] 1 if end of generation */
 
-    int32_t *vocab_slots;  /* string -> id, open addressing, -1 empty */
+    int32_t *vocab_slots; /* string -> id, open addressing, -1 empty */
     uint32_t vocab_mask;
-    merge_slot *merges;    /* BPE (left,right) -> rank, result */
+    merge_slot *merges; /* BPE (left,right) -> rank, result */
     uint32_t merge_mask;
 
     /* BPE: id of the single GPT-2 character of each byte; SPM: id of <0xNN>.
@@ -125,8 +129,8 @@ struct tokenizer {
     int32_t *special;
     uint32_t special_start[257];
 
-    pcre2_code *re;        /* the family's word regex (BPE) */
-    pcre2_code *re_digit;  /* \p{N}, for PRE_SMOLLM */
+    pcre2_code *re;       /* the family's word regex (BPE) */
+    pcre2_code *re_digit; /* \p{N}, for PRE_SMOLLM */
 };
 
 static const char *tok_text(const tokenizer *t, int32_t id) {
@@ -167,10 +171,18 @@ void tokenizer_spec_init(tokenizer_spec *spec) {
 
 void tokenizer_free(tokenizer *t) {
     if (!t) return;
-    free(t->text_pool); free(t->text_off); free(t->text_len);
-    free(t->piece_pool); free(t->piece_off); free(t->piece_len);
-    free(t->types); free(t->scores); free(t->eog);
-    free(t->vocab_slots); free(t->merges); free(t->special);
+    free(t->text_pool);
+    free(t->text_off);
+    free(t->text_len);
+    free(t->piece_pool);
+    free(t->piece_off);
+    free(t->piece_len);
+    free(t->types);
+    free(t->scores);
+    free(t->eog);
+    free(t->vocab_slots);
+    free(t->merges);
+    free(t->special);
     pcre2_code_free(t->re);
     pcre2_code_free(t->re_digit);
     free(t);
@@ -178,19 +190,27 @@ void tokenizer_free(tokenizer *t) {
 
 /* Pre-tokenizer names, as llama.cpp groups them (llama-vocab.cpp). */
 static int pre_from_name(const char *name, pre_kind *out) {
-    static const struct { const char *name; pre_kind kind; } names[] = {
-        {"default", PRE_GPT2}, {"gpt2", PRE_GPT2}, {"gpt-2", PRE_GPT2},
-        {"mpt", PRE_GPT2}, {"olmo", PRE_GPT2}, {"jais", PRE_GPT2},
-        {"smollm", PRE_SMOLLM}, {"starcoder", PRE_SMOLLM},
-        {"refact", PRE_SMOLLM}, {"command-r", PRE_SMOLLM},
-        {"codeshell", PRE_SMOLLM}, {"exaone", PRE_SMOLLM},
-        {"llama3", PRE_LLAMA3}, {"llama-v3", PRE_LLAMA3},
-        {"llama-bpe", PRE_LLAMA3}, {"dbrx", PRE_LLAMA3}, {"smaug-bpe", PRE_LLAMA3},
-        {"qwen2", PRE_QWEN2}, {"stablelm2", PRE_QWEN2},
+    static const struct {
+        const char *name;
+        pre_kind kind;
+    } names[] = {
+        {"default", PRE_GPT2},     {"gpt2", PRE_GPT2},        {"gpt-2", PRE_GPT2},
+        {"mpt", PRE_GPT2},         {"olmo", PRE_GPT2},        {"jais", PRE_GPT2},
+        {"smollm", PRE_SMOLLM},    {"starcoder", PRE_SMOLLM}, {"refact", PRE_SMOLLM},
+        {"command-r", PRE_SMOLLM}, {"codeshell", PRE_SMOLLM}, {"exaone", PRE_SMOLLM},
+        {"llama3", PRE_LLAMA3},    {"llama-v3", PRE_LLAMA3},  {"llama-bpe", PRE_LLAMA3},
+        {"dbrx", PRE_LLAMA3},      {"smaug-bpe", PRE_LLAMA3}, {"qwen2", PRE_QWEN2},
+        {"stablelm2", PRE_QWEN2},
     };
-    if (!name || !*name) { *out = PRE_GPT2; return 1; }
+    if (!name || !*name) {
+        *out = PRE_GPT2;
+        return 1;
+    }
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(names[i].name, name) == 0) { *out = names[i].kind; return 1; }
+        if (strcmp(names[i].name, name) == 0) {
+            *out = names[i].kind;
+            return 1;
+        }
     return 0;
 }
 
@@ -198,10 +218,11 @@ static int pre_from_name(const char *name, pre_kind *out) {
  * regex; the Split patterns of Llama 3 and Qwen2.5), with \s spelled out:
  * HF runs them with Oniguruma, whose \s is Unicode White_Space, while
  * PCRE2's \s also matches U+180E MONGOLIAN VOWEL SEPARATOR. */
-#define WS "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-static const char RE_GPT2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+"
-    "|[" WS "]+(?![^" WS "])|[" WS "]+";
+#define WS                                                                                         \
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}" \
+    "\\x{3000}"
+static const char RE_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+"
+                              "|[" WS "]+(?![^" WS "])|[" WS "]+";
 static const char RE_LLAMA3[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
     "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+";
@@ -233,8 +254,7 @@ static bool is_special_type(uint8_t ty) {
 }
 
 /* Decoded bytes of token `id` into out (at most 4 * text_len bytes). */
-static size_t piece_build(const tokenizer *t, int32_t id, const int32_t *cp_to_byte,
-                          char *out) {
+static size_t piece_build(const tokenizer *t, int32_t id, const int32_t *cp_to_byte, char *out) {
     const uint8_t *s = (const uint8_t *)tok_text(t, id);
     size_t n = t->text_len[id], o = 0;
     uint8_t ty = t->types[id];
@@ -252,7 +272,8 @@ static size_t piece_build(const tokenizer *t, int32_t id, const int32_t *cp_to_b
         }
         for (size_t i = 0; i < n;) {
             if (i + 3 <= n && memcmp(s + i, "\xE2\x96\x81", 3) == 0) {
-                out[o++] = ' '; i += 3;
+                out[o++] = ' ';
+                i += 3;
             } else {
                 out[o++] = (char)s[i++];
             }
@@ -262,9 +283,15 @@ static size_t piece_build(const tokenizer *t, int32_t id, const int32_t *cp_to_b
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int k = utf8_decode((const char *)s + i, n - i, &cp);
-        if (k < 0) { out[o++] = (char)s[i++]; continue; }
+        if (k < 0) {
+            out[o++] = (char)s[i++];
+            continue;
+        }
         if (cp < 324 && cp_to_byte[cp] >= 0) out[o++] = (char)cp_to_byte[cp];
-        else { memcpy(out + o, s + i, (size_t)k); o += (size_t)k; }
+        else {
+            memcpy(out + o, s + i, (size_t)k);
+            o += (size_t)k;
+        }
         i += (size_t)k;
     }
     return o;
@@ -316,7 +343,8 @@ is_status tokenizer_create(const tokenizer_spec *spec, tokenizer **out) {
     /* Vocab strings, types, scores. */
     uint64_t total = 0;
     for (int32_t i = 0; i < nv; i++) {
-        if (spec->tokens[i].len > UINT32_MAX / 8 || (spec->tokens[i].len && !spec->tokens[i].data)) {
+        if (spec->tokens[i].len > UINT32_MAX / 8 ||
+            (spec->tokens[i].len && !spec->tokens[i].data)) {
             tokenizer_free(t);
             return is_error_set(IS_ERR_INVALID_ARG, "tokenizer_create: token %d too long", i);
         }
@@ -355,7 +383,10 @@ is_status tokenizer_create(const tokenizer_spec *spec, tokenizer **out) {
         uint32_t i = (uint32_t)hash_bytes(p, n) & t->vocab_mask;
         for (;;) {
             int32_t o = t->vocab_slots[i];
-            if (o < 0) { t->vocab_slots[i] = id; break; }
+            if (o < 0) {
+                t->vocab_slots[i] = id;
+                break;
+            }
             if (t->text_len[o] == n && memcmp(tok_text(t, o), p, n) == 0) {
                 t->vocab_slots[i] = id;
                 break;
@@ -395,7 +426,8 @@ is_status tokenizer_create(const tokenizer_spec *spec, tokenizer **out) {
         uint64_t o = 0;
         char *tmp = NULL;
         uint32_t maxlen = 0;
-        for (int32_t i = 0; i < nv; i++) if (t->text_len[i] > maxlen) maxlen = t->text_len[i];
+        for (int32_t i = 0; i < nv; i++)
+            if (t->text_len[i] > maxlen) maxlen = t->text_len[i];
         tmp = malloc((size_t)maxlen + 8);
         if (!tmp) goto fail;
         for (int32_t i = 0; i < nv; i++) {
@@ -479,12 +511,22 @@ is_status tokenizer_create(const tokenizer_spec *spec, tokenizer **out) {
     /* End of generation. */
     {
         static const char *const eog_names[] = {
-            "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-            "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<|return|>",
-            ("<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"), /* DeepSeek */
+            "<|eot_id|>",
+            "<|im_end|>",
+            "<|end|>",
+            "<end_of_turn>",
+            "<|endoftext|>",
+            "<|eom_id|>",
+            "<EOT>",
+            "_<EOT>",
+            "<|end_of_text|>",
+            "<|return|>",
+            ("<\xEF\xBD\x9C"
+             "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"), /* DeepSeek */
         };
         int32_t ids[] = {spec->eos_id, spec->eot_id, spec->eom_id};
-        for (size_t i = 0; i < 3; i++) if (ids[i] >= 0) t->eog[ids[i]] = 1;
+        for (size_t i = 0; i < 3; i++)
+            if (ids[i] >= 0) t->eog[ids[i]] = 1;
         for (size_t i = 0; i < sizeof eog_names / sizeof eog_names[0]; i++) {
             int32_t id = vocab_lookup(t, eog_names[i], strlen(eog_names[i]));
             if (id >= 0 && (t->types[id] == TOKENIZER_TOKEN_CONTROL ||
@@ -517,7 +559,10 @@ static is_status gguf_opt_id(const gguf_ctx *g, const char *key, int32_t *id) {
     is_status st = gguf_get_u32(g, key, &v);
     if (st != IS_OK) {
         int32_t s;
-        if (gguf_get_i32(g, key, &s) == IS_OK && s == -1) { *id = -1; return IS_OK; }
+        if (gguf_get_i32(g, key, &s) == IS_OK && s == -1) {
+            *id = -1;
+            return IS_OK;
+        }
         return st;
     }
     *id = (int32_t)(v > INT32_MAX ? INT32_MAX : v);
@@ -543,9 +588,12 @@ is_status tokenizer_load(const gguf_ctx *g, tokenizer **out) {
         spec.type = TOKENIZER_TYPE_BPE;
     } else if (model.len == 5 && memcmp(model.data, "llama", 5) == 0) {
         spec.type = TOKENIZER_TYPE_SPM;
-        spec.bos_id = 1; spec.eos_id = 2; spec.unk_id = 0; /* llama.cpp's SPM defaults */
+        spec.bos_id = 1;
+        spec.eos_id = 2;
+        spec.unk_id = 0; /* llama.cpp's SPM defaults */
     } else {
-        return is_error_set(IS_ERR_UNSUPPORTED, "tokenizer: model \"%.*s\" is not supported "
+        return is_error_set(IS_ERR_UNSUPPORTED,
+                            "tokenizer: model \"%.*s\" is not supported "
                             "(only \"gpt2\" byte-level BPE and \"llama\" SentencePiece)",
                             (int)(model.len > 64 ? 64 : model.len), model.data);
     }
@@ -576,7 +624,8 @@ is_status tokenizer_load(const gguf_ctx *g, tokenizer **out) {
     tokenizer_str *merges = NULL;
     if (!toks) return is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory");
     for (int32_t i = 0; i < nv; i++) {
-        if ((st = gguf_get_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, &s)) != IS_OK) goto done;
+        if ((st = gguf_get_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, &s)) != IS_OK)
+            goto done;
         toks[i].data = s.data;
         toks[i].len = (size_t)s.len;
     }
@@ -586,13 +635,17 @@ is_status tokenizer_load(const gguf_ctx *g, tokenizer **out) {
         const void *d;
         if ((st = gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &n)) != IS_OK) goto done;
         if ((et != GGUF_VALUE_INT32 && et != GGUF_VALUE_UINT32) || n != (uint64_t)nv) {
-            st = is_error_set(IS_ERR_FORMAT, "tokenizer.ggml.token_type: want %d int32, got %llu %s",
-                              nv, (unsigned long long)n, gguf_value_type_name(et));
+            st =
+                is_error_set(IS_ERR_FORMAT, "tokenizer.ggml.token_type: want %d int32, got %llu %s",
+                             nv, (unsigned long long)n, gguf_value_type_name(et));
             goto done;
         }
         if ((st = gguf_get_arr_data(g, "tokenizer.ggml.token_type", &d)) != IS_OK) goto done;
         types = malloc(sizeof *types * (size_t)nv);
-        if (!types) { st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        if (!types) {
+            st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory");
+            goto done;
+        }
         memcpy(types, d, sizeof *types * (size_t)nv); /* may be unaligned in the file */
         spec.token_types = types;
     }
@@ -600,13 +653,16 @@ is_status tokenizer_load(const gguf_ctx *g, tokenizer **out) {
         const void *d;
         if ((st = gguf_get_arr(g, "tokenizer.ggml.scores", &et, &n)) != IS_OK) goto done;
         if (et != GGUF_VALUE_FLOAT32 || n != (uint64_t)nv) {
-            st = is_error_set(IS_ERR_FORMAT, "tokenizer.ggml.scores: want %d f32, got %llu %s",
-                              nv, (unsigned long long)n, gguf_value_type_name(et));
+            st = is_error_set(IS_ERR_FORMAT, "tokenizer.ggml.scores: want %d f32, got %llu %s", nv,
+                              (unsigned long long)n, gguf_value_type_name(et));
             goto done;
         }
         if ((st = gguf_get_arr_data(g, "tokenizer.ggml.scores", &d)) != IS_OK) goto done;
         scores = malloc(sizeof *scores * (size_t)nv);
-        if (!scores) { st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        if (!scores) {
+            st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory");
+            goto done;
+        }
         memcpy(scores, d, sizeof *scores * (size_t)nv);
         spec.scores = scores;
     }
@@ -617,7 +673,10 @@ is_status tokenizer_load(const gguf_ctx *g, tokenizer **out) {
             goto done;
         }
         merges = malloc(sizeof *merges * (size_t)(n ? n : 1));
-        if (!merges) { st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory"); goto done; }
+        if (!merges) {
+            st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory");
+            goto done;
+        }
         for (uint64_t i = 0; i < n; i++) {
             if ((st = gguf_get_arr_str(g, "tokenizer.ggml.merges", i, &s)) != IS_OK) goto done;
             merges[i].data = s.data;
@@ -636,17 +695,22 @@ is_status tokenizer_load(const gguf_ctx *g, tokenizer **out) {
         (st = gguf_opt_bool(g, "tokenizer.ggml.add_bos_token", &spec.add_bos)) != IS_OK ||
         (st = gguf_opt_bool(g, "tokenizer.ggml.add_space_prefix", &spec.add_space_prefix)) != IS_OK)
         goto done;
-    int32_t *idp[] = {&spec.bos_id, &spec.eos_id, &spec.eot_id, &spec.eom_id, &spec.unk_id, &spec.pad_id};
+    int32_t *idp[] = {&spec.bos_id, &spec.eos_id, &spec.eot_id,
+                      &spec.eom_id, &spec.unk_id, &spec.pad_id};
     for (size_t i = 0; i < sizeof idp / sizeof idp[0]; i++) {
         if (*idp[i] >= nv) {
-            st = is_error_set(IS_ERR_FORMAT, "tokenizer: special token id %d out of range (n_vocab %d)",
-                              *idp[i], nv);
+            st = is_error_set(IS_ERR_FORMAT,
+                              "tokenizer: special token id %d out of range (n_vocab %d)", *idp[i],
+                              nv);
             goto done;
         }
     }
     st = tokenizer_create(&spec, out);
 done:
-    free(toks); free(types); free(scores); free(merges);
+    free(toks);
+    free(types);
+    free(scores);
+    free(merges);
     return st;
 }
 
@@ -678,17 +742,17 @@ int32_t tokenizer_find(const tokenizer *t, const char *text) {
 /* ============================ encode state ============================== */
 
 typedef struct sym {
-    int32_t id;     /* BPE: token id; SPM: unused */
+    int32_t id; /* BPE: token id; SPM: unused */
     int32_t prev, next;
     uint32_t start, len; /* bytes in the word / fragment */
 } sym;
 
 typedef struct bigram {
-    uint32_t key;   /* BPE: rank; SPM: -score as an ordered integer. Lower pops first */
+    uint32_t key; /* BPE: rank; SPM: -score as an ordered integer. Lower pops first */
     int32_t left, right;
-    uint32_t size;  /* SPM: bytes of the pair when pushed (staleness check) */
+    uint32_t size;    /* SPM: bytes of the pair when pushed (staleness check) */
     int32_t lid, rid; /* BPE: ids when pushed */
-    int32_t res;    /* BPE: id of the merged pair */
+    int32_t res;      /* BPE: id of the merged pair */
 } bigram;
 
 /* Maps a float to a uint32 with the same order (for heap keys). */
@@ -706,7 +770,7 @@ typedef struct enc {
     size_t syms_cap;
     bigram *heap;
     size_t heap_n, heap_cap;
-    char *buf;      /* SPM fragment text / BPE mapped word */
+    char *buf; /* SPM fragment text / BPE mapped word */
     size_t buf_cap;
     pcre2_match_data *md;
     is_status st;
@@ -726,12 +790,12 @@ static bool grow_to(void *old, void **out, size_t *cap, size_t need, size_t elem
     *cap = c;
     return true;
 }
-#define GROW(ptr, cap, need)                                                   \
-    __extension__({                                                            \
-        void *np_;                                                             \
-        bool ok_ = grow_to((ptr), &np_, &(cap), (need), sizeof *(ptr));        \
-        (ptr) = np_;                                                           \
-        ok_;                                                                   \
+#define GROW(ptr, cap, need)                                                                       \
+    __extension__({                                                                                \
+        void *np_;                                                                                 \
+        bool ok_ = grow_to((ptr), &np_, &(cap), (need), sizeof *(ptr));                            \
+        (ptr) = np_;                                                                               \
+        ok_;                                                                                       \
     })
 
 static bool emit(enc *e, int32_t id) {
@@ -913,10 +977,15 @@ static bool spm_fragment(enc *e, const char *s, size_t n, bool prefix) {
     size_t cap = n * 3 + 3;
     if (!GROW(e->buf, e->buf_cap, cap)) goto nomem;
     size_t m = 0;
-    if (prefix) { memcpy(e->buf, "\xE2\x96\x81", 3); m = 3; }
+    if (prefix) {
+        memcpy(e->buf, "\xE2\x96\x81", 3);
+        m = 3;
+    }
     for (size_t i = 0; i < n; i++) {
-        if (s[i] == ' ') { memcpy(e->buf + m, "\xE2\x96\x81", 3); m += 3; }
-        else e->buf[m++] = s[i];
+        if (s[i] == ' ') {
+            memcpy(e->buf + m, "\xE2\x96\x81", 3);
+            m += 3;
+        } else e->buf[m++] = s[i];
     }
     if (m > INT32_MAX) goto nomem;
     if (!GROW(e->syms, e->syms_cap, m)) goto nomem;
@@ -935,8 +1004,7 @@ static bool spm_fragment(enc *e, const char *s, size_t n, bool prefix) {
     while (e->heap_n) {
         bigram b = heap_pop(e);
         sym *L = &e->syms[b.left], *R = &e->syms[b.right];
-        if (L->len == 0 || R->len == 0 || L->next != b.right || L->len + R->len != b.size)
-            continue;
+        if (L->len == 0 || R->len == 0 || L->next != b.right || L->len + R->len != b.size) continue;
         L->len += R->len;
         R->len = 0;
         L->next = R->next;
@@ -997,7 +1065,8 @@ is_status tokenizer_encode(const tokenizer *t, const char *text, size_t len, boo
     if (!t || !out || !n_out || (!text && len))
         return is_error_set(IS_ERR_INVALID_ARG, "tokenizer_encode: NULL argument");
     if (len > TOKENIZER_MAX_TEXT)
-        return is_error_set(IS_ERR_INVALID_ARG, "tokenizer_encode: text of %zu bytes exceeds 1 GiB", len);
+        return is_error_set(IS_ERR_INVALID_ARG, "tokenizer_encode: text of %zu bytes exceeds 1 GiB",
+                            len);
     char *fixed = NULL;
     size_t flen = 0;
     is_status st = utf8_sanitize(text, len, &fixed, &flen);
@@ -1008,7 +1077,10 @@ is_status tokenizer_encode(const tokenizer *t, const char *text, size_t len, boo
     enc e = {.t = t, .st = IS_OK};
     if (t->type == TOKENIZER_TYPE_BPE) {
         e.md = pcre2_match_data_create_from_pattern(t->re, NULL);
-        if (!e.md) { e.st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory"); goto end; }
+        if (!e.md) {
+            e.st = is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory");
+            goto end;
+        }
     }
     if (add_bos && t->add_bos && t->bos >= 0 && !emit(&e, t->bos)) goto end;
 
@@ -1051,8 +1123,8 @@ end:
 
 /* ============================== decode ================================= */
 
-size_t tokenizer_token_to_piece(const tokenizer *t, int32_t id, bool render_special,
-                                char *buf, size_t cap) {
+size_t tokenizer_token_to_piece(const tokenizer *t, int32_t id, bool render_special, char *buf,
+                                size_t cap) {
     if (!t || id < 0 || id >= t->n_vocab) return 0;
     uint8_t ty = t->types[id];
     if (!render_special && (ty == TOKENIZER_TOKEN_CONTROL || ty == TOKENIZER_TOKEN_UNKNOWN))
@@ -1067,7 +1139,8 @@ is_status tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, boo
     if (!t || !out || !n_out || (!ids && n))
         return is_error_set(IS_ERR_INVALID_ARG, "tokenizer_decode: NULL argument");
     size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += tokenizer_token_to_piece(t, ids[i], render_special, NULL, 0);
+    for (size_t i = 0; i < n; i++)
+        total += tokenizer_token_to_piece(t, ids[i], render_special, NULL, 0);
     char *o = malloc(total + 1);
     if (!o) return is_error_set(IS_ERR_NOMEM, "tokenizer: out of memory");
     size_t m = 0;

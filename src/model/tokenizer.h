@@ -74,11 +74,11 @@ typedef struct tokenizer_spec {
      * llama.cpp names that share these regexes). Ignored for SPM. */
     const char *pre;
     int32_t n_vocab;
-    const tokenizer_str *tokens;   /* [n_vocab] raw vocab strings */
-    const int32_t *token_types;    /* [n_vocab] tokenizer_token_type, or NULL: all NORMAL */
-    const float *scores;           /* [n_vocab] SPM merge scores, or NULL: all 0 */
-    int64_t n_merges;              /* BPE */
-    const tokenizer_str *merges;   /* [n_merges] "left right", rank = index */
+    const tokenizer_str *tokens; /* [n_vocab] raw vocab strings */
+    const int32_t *token_types;  /* [n_vocab] tokenizer_token_type, or NULL: all NORMAL */
+    const float *scores;         /* [n_vocab] SPM merge scores, or NULL: all 0 */
+    int64_t n_merges;            /* BPE */
+    const tokenizer_str *merges; /* [n_merges] "left right", rank = index */
     int32_t bos_id, eos_id, eot_id, eom_id, unk_id, pad_id; /* -1: none */
     int8_t add_bos;          /* 1 / 0, or -1: per model type like llama.cpp */
     int8_t add_space_prefix; /* SPM: 1 / 0, or -1: default (1) */
@@ -126,25 +126,24 @@ bool tokenizer_add_bos(const tokenizer *t);
  * NULL when *n_out is 0). Errors: IS_ERR_INVALID_ARG (NULL pointers, text
  * NULL with len > 0, len > 1 GiB), IS_ERR_NOMEM, IS_ERR_INTERNAL (a PCRE2
  * match error). Outputs unchanged on failure. */
-is_status tokenizer_encode(const tokenizer *t, const char *text, size_t len,
-                           bool add_bos, bool parse_special, int32_t **out,
-                           size_t *n_out);
+is_status tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_bos,
+                           bool parse_special, int32_t **out, size_t *n_out);
 
 /* The bytes token `id` contributes to the output: byte-level BPE unmaps the
  * GPT-2 alphabet, SPM turns "▁" into ' ' and <0xNN> into that byte. Control
  * and unknown tokens give their text if render_special, else nothing.
  * Writes min(result, cap) bytes to buf (no NUL) and returns the full length,
  * so a caller can retry with a bigger buffer. Ids out of range give 0. */
-size_t tokenizer_token_to_piece(const tokenizer *t, int32_t id,
-                                bool render_special, char *buf, size_t cap);
+size_t tokenizer_token_to_piece(const tokenizer *t, int32_t id, bool render_special, char *buf,
+                                size_t cap);
 
 /* Concatenates the pieces of `ids`; for SPM with a space prefix, drops the
  * leading space of the first text token if only special tokens precede it
  * (sentencepiece's DecodeIds). *out is malloc'd and NUL-terminated (the
  * bytes may contain NULs; *n_out is the length). Errors: IS_ERR_INVALID_ARG,
  * IS_ERR_NOMEM; outputs unchanged on failure. */
-is_status tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n,
-                           bool render_special, char **out, size_t *n_out);
+is_status tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, bool render_special,
+                           char **out, size_t *n_out);
 
 /* The raw vocab string of `id` (NUL-terminated; "" if out of range), for
  * debugging. */

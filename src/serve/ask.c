@@ -17,7 +17,7 @@ struct ask_ctx {
     memory_prompt *mp;
     int32_t prefix_seq; /* holds the serving prefix for every request to fork */
     int32_t n_prefix;
-    float *logits;      /* [n_vocab] */
+    float *logits;        /* [n_vocab] */
     ask_encode_stats enc; /* what the encodings took, since creation */
 };
 
@@ -55,8 +55,8 @@ static is_status feed(ask_ctx *a, int32_t seq, const int32_t *toks, int32_t n,
     int32_t *seqs = malloc((size_t)(n ? n : 1) * sizeof *seqs);
     if (!seqs) return is_error_set(IS_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i < n; i++) seqs[i] = seq;
-    engine_batch b = {.n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap, .rewrite = rw,
-                      .blend = bl};
+    engine_batch b = {
+        .n_tokens = n, .tokens = toks, .seq = seqs, .capture = cap, .rewrite = rw, .blend = bl};
     is_status st =
         greedy ? engine_decode_greedy(a->e, &b, greedy) : engine_decode(a->e, &b, a->logits);
     free(seqs);
@@ -134,14 +134,14 @@ is_status ask_encode_fact(ask_ctx *a, const ask_fact *f, int32_t window, bool *e
 
 /* One fact of a batched encoding: its tokens and where they go. */
 typedef struct enc_item {
-    int32_t *fact, *ctx;      /* tokens (malloc'd) */
+    int32_t *fact, *ctx; /* tokens (malloc'd) */
     int32_t n_fact, n_ctx;
     int32_t meta_window;
     uint64_t text_hash;
-    bool todo;                /* still to encode (checked, not skipped, not failed) */
-    int32_t seq;              /* while in a forward */
-    int32_t cap_off;          /* first row of its tokens in the capture */
-    void *k, *v;              /* the record's keys and values in the ask_ctx's dtype */
+    bool todo;       /* still to encode (checked, not skipped, not failed) */
+    int32_t seq;     /* while in a forward */
+    int32_t cap_off; /* first row of its tokens in the capture */
+    void *k, *v;     /* the record's keys and values in the ask_ctx's dtype */
 } enc_item;
 
 /* Copies fact j's rows out of the capture ([n_layers][n_cap][kv_dim], f32)
@@ -230,8 +230,7 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         int fail = 0;
         threads_attach();
 #pragma omp parallel for schedule(dynamic) reduction(| : fail) if (n > 1)
-        for (int32_t j = 0; j < n; j++)
-            fail |= take_rows(a, &it[g[j]], ck, cv, n_fact) != IS_OK;
+        for (int32_t j = 0; j < n; j++) fail |= take_rows(a, &it[g[j]], ck, cv, n_fact) != IS_OK;
         if (fail) st = is_error_set(IS_ERR_NOMEM, "out of memory");
     }
     if (st == IS_OK) {
@@ -363,11 +362,12 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
             g[ng++] = j;
             tokens += t;
         }
-        is_status st = ng > 0 ? IS_OK
-                              : is_error_set(IS_ERR_CONTEXT_FULL, "encode: no free sequence");
+        is_status st =
+            ng > 0 ? IS_OK : is_error_set(IS_ERR_CONTEXT_FULL, "encode: no free sequence");
         /* The serving prefix is shared from the cached sequence, not recomputed. */
         for (int32_t j = 0; st == IS_OK && j < ng; j++)
-            if (window[g[j]] >= 0) st = engine_seq_fork(a->e, it[g[j]].seq, a->prefix_seq, a->n_prefix);
+            if (window[g[j]] >= 0)
+                st = engine_seq_fork(a->e, it[g[j]].seq, a->prefix_seq, a->n_prefix);
         if (st == IS_OK) st = encode_group(a, it, g, ng);
         for (int32_t j = 0; j < ng; j++) {
             engine_seq_close(a->e, it[g[j]].seq);
@@ -419,7 +419,8 @@ static is_status fetch_record(ask_ctx *a, const char *id, bool may_skip, const f
     is_status st = record_store_get(a->store, id, &want, held);
     if (st != IS_OK) return st;
     const fact_kv *kv = *held;
-    size_t elems = (size_t)m->cfg.n_layers * kv->meta.n_tokens * m->cfg.n_kv_heads * m->cfg.head_dim;
+    size_t elems =
+        (size_t)m->cfg.n_layers * kv->meta.n_tokens * m->cfg.n_kv_heads * m->cfg.head_dim;
     const float *k = kv->k, *v = kv->v;
     if (may_skip && engine_fact_resident(a->e, kv->content_id, kv->meta.n_tokens)) {
         k = v = NULL; /* the backend has it: no widening on the request path */
@@ -486,7 +487,8 @@ is_status ask_run(ask_ctx *a, const ask_request *r, ask_text_cb cb, void *ud, as
     sampler *smp = NULL;
     is_status st = held && facts && bufs ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = memory_prompt_suffix(a->mp, r->query, &suffix, &n_suffix);
-    sampler_params sp = {.temperature = r->temperature, .top_k = r->top_k, .top_p = r->top_p, .seed = r->seed};
+    sampler_params sp = {
+        .temperature = r->temperature, .top_k = r->top_k, .top_p = r->top_p, .seed = r->seed};
     if (st == IS_OK) st = sampler_create(sp, m->cfg.n_vocab, &smp);
     if (st == IS_OK && r->mode == ASK_MODE_KV) st = fetch_facts(a, r, held, facts, bufs);
     if (st == IS_OK && r->mode == ASK_MODE_PROMPT) {

@@ -41,9 +41,9 @@ record_store *ask_ctx_store(const ask_ctx *a);
 /* Where the encodings' time went, summed since the context was created
  * (written by the thread that encodes: read it there, or when it is quiet). */
 typedef struct ask_encode_stats {
-    double forward_ms;  /* the forwards, their captured rows downloaded */
-    double convert_ms;  /* rows cut into records and narrowed to the record dtype */
-    double write_ms;    /* records written and group-committed */
+    double forward_ms; /* the forwards, their captured rows downloaded */
+    double convert_ms; /* rows cut into records and narrowed to the record dtype */
+    double write_ms;   /* records written and group-committed */
     int64_t n_forwards, n_tokens, n_facts;
 } ask_encode_stats;
 ask_encode_stats ask_ctx_encode_stats(const ask_ctx *a);
@@ -54,9 +54,9 @@ int32_t ask_ctx_prefix_seq(const ask_ctx *a, int32_t *n_prefix);
 
 /* A fact to encode: its text and the conversation turns before it. */
 typedef struct ask_fact {
-    const char *id;              /* record store id */
+    const char *id; /* record store id */
     const char *text;
-    const char *const *context;  /* turns before the fact, oldest first */
+    const char *const *context; /* turns before the fact, oldest first */
     int32_t n_context;
 } ask_fact;
 
@@ -119,13 +119,13 @@ is_status ask_fetch_record(ask_ctx *a, const char *id, const fact_kv **held, eng
                            float **buf);
 
 typedef struct ask_timing {
-    double fetch_ms;    /* records from the store (kv) */
-    double inject_ms;   /* fork + rotate + scatter (kv) */
-    double prefill_ms;  /* the forward pass up to the first token's logits */
-    double ttft_ms;     /* from the call to the first sampled token */
-    double decode_ms;   /* the rest */
+    double fetch_ms;   /* records from the store (kv) */
+    double inject_ms;  /* fork + rotate + scatter (kv) */
+    double prefill_ms; /* the forward pass up to the first token's logits */
+    double ttft_ms;    /* from the call to the first sampled token */
+    double decode_ms;  /* the rest */
     int32_t n_memory_tokens;
-    int32_t n_prefilled;  /* tokens that went through the forward pass before the first token */
+    int32_t n_prefilled; /* tokens that went through the forward pass before the first token */
     int32_t n_generated;
 } ask_timing;
 
@@ -134,11 +134,14 @@ typedef bool (*ask_text_cb)(const char *text, size_t len, void *user_data);
 typedef struct ask_request {
     ask_mode mode;
     const char *query;
-    const char *const *fact_ids;  /* kv: record ids */
+    const char *const *fact_ids;   /* kv: record ids */
     const char *const *fact_texts; /* prompt: texts (same order) */
     int32_t n_facts;
     int32_t max_tokens;
-    float temperature; int32_t top_k; float top_p; uint64_t seed;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    uint64_t seed;
     /* Recovery of the facts' cross-attention (kv mode; 0 = none): the
      * first `recompute` tokens of every fact computed again in the query's
      * own forward (engine_batch.rewrite), and/or the CacheBlend share

@@ -10,7 +10,7 @@ is_status encoder_batch_fn(void *ud, record_store *store, const memory_encode_jo
     const encoder_params *p = ud;
     if (!p || !p->ask || store != ask_ctx_store(p->ask)) {
         is_status st = is_error_set(IS_ERR_INVALID_ARG, "encoder: the memory's record store is not "
-                                                         "the one the ask context writes to");
+                                                        "the one the ask context writes to");
         for (int32_t i = 0; i < n; i++) status[i] = st;
         return st;
     }
@@ -49,7 +49,8 @@ void encoder_run_for_request(memory *mem, const encoder_params *p, const memory_
     for (int32_t i = 0; i < n; i++) {
         if (sts[i] != IS_OK) {
             encoded[i] = false;
-            if (n_failed && sts[i] != IS_ERR_NOT_FOUND && sts[i] != IS_ERR_CONTEXT_FULL) (*n_failed)++;
+            if (n_failed && sts[i] != IS_ERR_NOT_FOUND && sts[i] != IS_ERR_CONTEXT_FULL)
+                (*n_failed)++;
             continue;
         }
         /* The row names the record now: the name it had, or the one the

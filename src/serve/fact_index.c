@@ -31,7 +31,8 @@ static uint64_t id_hash(const char *s) {
 }
 
 is_status fact_index_create(int64_t max_entries, fact_index **out) {
-    if (!out || max_entries < 1) return is_error_set(IS_ERR_INVALID_ARG, "fact_index_create: bad arguments");
+    if (!out || max_entries < 1)
+        return is_error_set(IS_ERR_INVALID_ARG, "fact_index_create: bad arguments");
     fact_index *x = calloc(1, sizeof *x);
     if (!x) return is_error_set(IS_ERR_NOMEM, "out of memory");
     x->n_buckets = 1024;

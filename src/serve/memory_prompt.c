@@ -10,14 +10,14 @@
 /* Placeholders cut out of a rendered conversation to find where memory and
  * query go; chosen so no template or tokenizer treats them specially. */
 #define MARK_MEMORY "\x01MEMORY\x01"
-#define MARK_QUERY "\x01QUERY\x01"
+#define MARK_QUERY  "\x01QUERY\x01"
 
 struct memory_prompt {
     const model *m;
     chat_template_kind kind;
-    char *header;        /* the memory section's header, as given */
-    char *prefix_text;   /* the rendered text the prefix tokens come from */
-    int32_t *prefix; /* serving prefix tokens */
+    char *header;      /* the memory section's header, as given */
+    char *prefix_text; /* the rendered text the prefix tokens come from */
+    int32_t *prefix;   /* serving prefix tokens */
     int32_t n_prefix;
     char *suffix_before; /* text between the memory and the query */
     char *suffix_after;  /* text after the query */
@@ -26,8 +26,8 @@ struct memory_prompt {
 /* Template text is tokenised with control tokens recognised; user text
  * (facts, turns, queries) without, so "<|im_end|>" typed by a user stays
  * text and cannot close a turn. */
-static is_status tokenize(const model *m, const char *text, size_t len, bool special, int32_t **toks,
-                          int32_t *n) {
+static is_status tokenize(const model *m, const char *text, size_t len, bool special,
+                          int32_t **toks, int32_t *n) {
     size_t nn = 0;
     is_status st = tokenizer_encode(m->tok, text, len, false, special, toks, &nn);
     if (st == IS_OK) *n = (int32_t)nn;
@@ -153,7 +153,8 @@ is_status memory_prompt_context(const memory_prompt *p, const char *const *turns
     return st;
 }
 
-is_status memory_prompt_suffix(const memory_prompt *p, const char *query, int32_t **toks, int32_t *n) {
+is_status memory_prompt_suffix(const memory_prompt *p, const char *query, int32_t **toks,
+                               int32_t *n) {
     int32_t *a = NULL, *b = NULL, *c = NULL, na = 0, nb = 0, nc = 0;
     is_status st = tokenize(p->m, p->suffix_before, strlen(p->suffix_before), true, &a, &na);
     if (st == IS_OK) st = tokenize(p->m, query, strlen(query), false, &b, &nb);
@@ -181,7 +182,8 @@ typedef struct tok_list {
     int32_t n, cap;
 } tok_list;
 
-static is_status tl_add_text(const model *m, tok_list *l, const char *text, size_t len, bool special) {
+static is_status tl_add_text(const model *m, tok_list *l, const char *text, size_t len,
+                             bool special) {
     if (len == 0) return IS_OK;
     int32_t *t = NULL, nt = 0;
     is_status st = tokenize(m, text, len, special, &t, &nt);
@@ -204,7 +206,7 @@ static is_status tl_add_text(const model *m, tok_list *l, const char *text, size
 }
 
 /* Placeholder of message i: no role, template or tokenizer produces \x01. */
-#define MARK_MSG_FMT "\x01MSG%d\x01"
+#define MARK_MSG_FMT  "\x01MSG%d\x01"
 #define MARK_MSG_SIZE 24
 
 static bool role_ok(const char *r) {
@@ -220,8 +222,8 @@ static is_status render_chat(const memory_prompt *p, const chat_message *msgs, i
         return is_error_set(IS_ERR_INVALID_ARG, "chat prompt: no messages");
     for (int32_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content)
-            return is_error_set(IS_ERR_INVALID_ARG, "chat prompt: message %d has no role or content",
-                                (int)i);
+            return is_error_set(IS_ERR_INVALID_ARG,
+                                "chat prompt: message %d has no role or content", (int)i);
         if (!role_ok(msgs[i].role))
             return is_error_set(IS_ERR_INVALID_ARG,
                                 "chat prompt: message %d has role \"%.40s\" (system, user or "
@@ -234,7 +236,8 @@ static is_status render_chat(const memory_prompt *p, const chat_message *msgs, i
     tok_list out = {0};
     is_status st = ph && cm ? IS_OK : is_error_set(IS_ERR_NOMEM, "memory prompt: out of memory");
     int32_t k = 0, first = 0;
-    for (int32_t i = 0; st == IS_OK && i < n; i++) snprintf(ph[i], MARK_MSG_SIZE, MARK_MSG_FMT, (int)i);
+    for (int32_t i = 0; st == IS_OK && i < n; i++)
+        snprintf(ph[i], MARK_MSG_SIZE, MARK_MSG_FMT, (int)i);
     if (st == IS_OK && with_memory) {
         /* Mistral's template keeps one system message, the first: the
          * client's joins the memory one, after the memory segment. */
@@ -243,12 +246,14 @@ static is_status render_chat(const memory_prompt *p, const chat_message *msgs, i
         if (!(sys = malloc(len))) {
             st = is_error_set(IS_ERR_NOMEM, "memory prompt: out of memory");
         } else {
-            snprintf(sys, len, "%s%s%s%s", p->header, MARK_MEMORY, merge ? "\n\n" : "", merge ? ph[0] : "");
+            snprintf(sys, len, "%s%s%s%s", p->header, MARK_MEMORY, merge ? "\n\n" : "",
+                     merge ? ph[0] : "");
             cm[k++] = (chat_message){"system", sys};
             first = merge ? 1 : 0;
         }
     }
-    for (int32_t i = first; st == IS_OK && i < n; i++) cm[k++] = (chat_message){msgs[i].role, ph[i]};
+    for (int32_t i = first; st == IS_OK && i < n; i++)
+        cm[k++] = (chat_message){msgs[i].role, ph[i]};
     if (st == IS_OK) st = chat_render(p->kind, p->m->gguf, cm, (size_t)k, true, &text);
     const char *cur = text;
     if (st == IS_OK && with_memory) {
@@ -258,14 +263,13 @@ static is_status render_chat(const memory_prompt *p, const chat_message *msgs, i
             st = is_error_set(IS_ERR_UNSUPPORTED,
                               "chat prompt: the chat template does not render the serving prefix "
                               "the same way for this conversation");
-        else
-            cur = mem + strlen(MARK_MEMORY);
+        else cur = mem + strlen(MARK_MEMORY);
     }
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
         const char *at = strstr(cur, ph[i]);
         if (!at) {
-            st = is_error_set(IS_ERR_UNSUPPORTED, "chat prompt: the chat template dropped message %d",
-                              (int)i);
+            st = is_error_set(IS_ERR_UNSUPPORTED,
+                              "chat prompt: the chat template dropped message %d", (int)i);
             break;
         }
         st = tl_add_text(p->m, &out, cur, (size_t)(at - cur), true);

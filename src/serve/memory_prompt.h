@@ -25,7 +25,7 @@ typedef struct memory_prompt memory_prompt;
 
 /* Default memory-section header placed in the system message. */
 #define MEMORY_PROMPT_DEFAULT_HEADER                                                               \
-    "You are a helpful assistant with a long-term memory of the user. Answer the user's "         \
+    "You are a helpful assistant with a long-term memory of the user. Answer the user's "          \
     "question using what you remember. What you remember:\n"
 
 /* Renders the layout for `m`'s chat template. header may be NULL (default). */
@@ -51,7 +51,8 @@ is_status memory_prompt_context(const memory_prompt *p, const char *const *turns
 
 /* Tokens after the memory segment: end of the system message, the query as
  * the user's message, and the assistant header. */
-is_status memory_prompt_suffix(const memory_prompt *p, const char *query, int32_t **toks, int32_t *n);
+is_status memory_prompt_suffix(const memory_prompt *p, const char *query, int32_t **toks,
+                               int32_t *n);
 
 /* Tokens after the memory segment for a conversation (the client's
  * messages, oldest first): the end of the memory system message, each

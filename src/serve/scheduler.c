@@ -36,7 +36,7 @@
 #define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
 /* Threads that read records into the host tier beside the submitting one:
  * enough to keep a disk and the copy engine busy, few beside the cores. */
-#define SCHED_IO_THREADS 8
+#define SCHED_IO_THREADS        8
 #define SCHED_JOB_BACKEND_TRIES 3 /* backend failures an encode job may meet before it is dropped */
 
 typedef enum req_state { RS_QUEUED = 0, RS_PREFILL = 1, RS_DECODE = 2, RS_ENDED = 3 } req_state;
@@ -50,7 +50,7 @@ typedef struct req_fact {
     uint64_t text_hash;
     int32_t *toks;
     int32_t n_toks;
-    bool known;          /* content_id and n_kv_tokens are the record's */
+    bool known; /* content_id and n_kv_tokens are the record's */
     uint64_t content_id;
     int32_t n_kv_tokens;
     /* Loaded on the submitting thread (prefetch_fact) for the engine
@@ -64,12 +64,12 @@ typedef struct req_fact {
      * pin on its GPU copy, held until its injection. */
     const fact_kv *ht_held;
     bool pinned;
-    uint8_t tier;            /* FACT_TIER_*: where submit found it */
+    uint8_t tier; /* FACT_TIER_*: where submit found it */
     /* The stored fact (sched_request.fact_rows), for encoding its KV on demand: */
     char *tenant, *user, *id; /* all set, or all NULL */
-    bool rec_pinned;         /* `record` is pinned in the record store */
-    bool encoded;            /* its record was encoded at admission */
-    bool late_tried;         /* admission's late load ran: the record is not read again */
+    bool rec_pinned;          /* `record` is pinned in the record store */
+    bool encoded;             /* its record was encoded at admission */
+    bool late_tried;          /* admission's late load ran: the record is not read again */
 } req_fact;
 
 enum { FACT_TIER_GPU = 0, FACT_TIER_HOST = 1, FACT_TIER_DISK = 2, FACT_TIER_ENCODED = 3 };
@@ -87,7 +87,7 @@ struct sched_handle {
     bool ended;            /* terminal event sent (or never will be) */
     bool released;         /* under cb_mu: no more events */
     atomic_bool cancelled;
-    sched_handle *next;    /* queue link (s->mu) */
+    sched_handle *next; /* queue link (s->mu) */
 
     /* The request, fixed at submit. */
     ask_mode mode;
@@ -134,10 +134,10 @@ struct sched {
     sched_params p;
     int32_t max_running;
     int32_t n_vocab, n_ctx, block_size, n_blocks;
-    ask_ctx *ask; /* the serving prefix, its layout and the encoder */
-    fact_index *facts; /* records seen: what injecting a resident one needs */
-    host_tier *ht;     /* pinned records (NULL: the backend has no host tier) */
-    io_pool *io;       /* reads a request's missing records at once (with ht) */
+    ask_ctx *ask;                   /* the serving prefix, its layout and the encoder */
+    fact_index *facts;              /* records seen: what injecting a resident one needs */
+    host_tier *ht;                  /* pinned records (NULL: the backend has no host tier) */
+    io_pool *io;                    /* reads a request's missing records at once (with ht) */
     _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
     int32_t prefix_seq, n_prefix, prefix_blocks;
 
@@ -159,18 +159,18 @@ struct sched {
     int32_t *b_tok, *b_seq;
     int32_t *b_rw; /* [step_tokens] engine_batch.rewrite */
     bool *b_want;
-    sched_handle **rows; /* owner of each logits row */
-    float *logits;       /* [max_running][n_vocab] */
-    int32_t *greedy;     /* [max_running]: a step's choices when every row is greedy */
+    sched_handle **rows;  /* owner of each logits row */
+    float *logits;        /* [max_running][n_vocab] */
+    int32_t *greedy;      /* [max_running]: a step's choices when every row is greedy */
     int64_t steps_waited; /* steps since an encode job could have run */
     bool encode_starved;  /* a job waits for a sequence: hold admission */
 
     /* Backend failures (s->mu): while failed, submits are refused and the
      * engine thread only tries to recover, every SCHED_RECOVER_EVERY_MS. */
     bool failed;
-    double recover_at;       /* engine clock (now_ms) of the next attempt */
+    double recover_at; /* engine clock (now_ms) of the next attempt */
     int64_t n_failures, n_recoveries;
-    char fail_msg[600];      /* the latest failure */
+    char fail_msg[600]; /* the latest failure */
 };
 
 static double now_ms(void) {
@@ -181,8 +181,12 @@ static double now_ms(void) {
 
 sched_params sched_default_params(void) {
     sched_params p = {
-        .max_running = 32, .max_queued = 256, .step_tokens = 0, .prefill_chunk = 0,
-        .record_dtype = KV_DTYPE_F16, .prefetch_bytes = SCHED_PREFETCH_MAX_BYTES,
+        .max_running = 32,
+        .max_queued = 256,
+        .step_tokens = 0,
+        .prefill_chunk = 0,
+        .record_dtype = KV_DTYPE_F16,
+        .prefetch_bytes = SCHED_PREFETCH_MAX_BYTES,
         .host_tier_bytes = SCHED_HOST_TIER_BYTES,
     };
     return p;
@@ -532,7 +536,8 @@ static void run_job(sched *s, bool idle) {
         }
         pthread_mutex_lock(&s->mu);
         if (sts[i] == IS_OK && did[i]) s->st.facts_encoded++;
-        else if (sts[i] != IS_OK && sts[i] != IS_ERR_NOT_FOUND) s->st.encode_failures++; /* not found: deleted */
+        else if (sts[i] != IS_OK && sts[i] != IS_ERR_NOT_FOUND)
+            s->st.encode_failures++; /* not found: deleted */
         pthread_mutex_unlock(&s->mu);
         job_free(batch[i]);
     }
@@ -644,11 +649,11 @@ static is_status encode_on_demand(sched *s, sched_handle *h) {
  * the facts it injects, in order, and the records it holds for them. */
 typedef struct admission {
     sched_handle *h;
-    engine_fact *inj;      /* [n_facts] */
-    const fact_kv **held;  /* [n_facts] records to release (NULL entries) */
-    float **bufs;          /* [n_facts] widened values to free (NULL entries) */
-    uint64_t *ids;         /* [n_facts] content ids: the GPU arena's keys */
-    const char **rec;      /* [n_facts] record ids of inj */
+    engine_fact *inj;     /* [n_facts] */
+    const fact_kv **held; /* [n_facts] records to release (NULL entries) */
+    float **bufs;         /* [n_facts] widened values to free (NULL entries) */
+    uint64_t *ids;        /* [n_facts] content ids: the GPU arena's keys */
+    const char **rec;     /* [n_facts] record ids of inj */
     int32_t n, n_inj, n_text_tokens;
 } admission;
 
@@ -684,7 +689,8 @@ static void late_load_item(void *arg, int32_t i) {
     f->late_tried = true;
     if (ask_load_record(s->ask, f->record, &f->pre_held, &f->pre, &f->pre_buf) == IS_OK) {
         const fact_kv *kv = f->pre_held;
-        fact_index_entry e = {.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+        fact_index_entry e = {.content_id = kv->content_id,
+                              .text_hash = kv->meta.text_hash,
                               .n_tokens = kv->meta.n_tokens};
         fact_index_put(s->facts, f->record, &e);
         if (kv->meta.text_hash == f->text_hash) {
@@ -838,14 +844,17 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
             if (f->known) fact_index_set_resident(s->facts, f->record, false);
             if (f->encoded) tier = FACT_TIER_ENCODED;
             /* With a host tier, always with its values (see above). */
-            is_status fs = s->ht ? ask_load_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj])
-                                 : ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
+            is_status fs =
+                s->ht
+                    ? ask_load_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj])
+                    : ask_fetch_record(s->ask, f->record, &held[n_inj], &inj[n_inj], &bufs[n_inj]);
             /* A record made from another text (the fact changed since) is stale. */
             ok = fs == IS_OK && held[n_inj]->meta.text_hash == f->text_hash;
             if (fs == IS_ERR_NOMEM) st = fs;
             if (ok) {
                 const fact_kv *kv = held[n_inj];
-                fact_index_entry e = {.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+                fact_index_entry e = {.content_id = kv->content_id,
+                                      .text_hash = kv->meta.text_hash,
                                       .n_tokens = kv->meta.n_tokens};
                 fact_index_put(s->facts, f->record, &e);
                 ids[n_inj] = kv->content_id;
@@ -881,8 +890,9 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
     h->usage.memory_tokens = h->usage.injected_tokens + n_text_tokens;
     h->usage.prompt_tokens = s->n_prefix + h->usage.injected_tokens + h->n_prompt - h->n_rw;
     if (st == IS_OK && h->usage.prompt_tokens + h->max_tokens > s->n_ctx)
-        st = is_error_set(IS_ERR_CONTEXT_FULL, "prompt of %d tokens plus max_tokens %d is past the "
-                                               "context of %d",
+        st = is_error_set(IS_ERR_CONTEXT_FULL,
+                          "prompt of %d tokens plus max_tokens %d is past the "
+                          "context of %d",
                           (int)h->usage.prompt_tokens, (int)h->max_tokens, (int)s->n_ctx);
     return st;
 }
@@ -895,7 +905,8 @@ static is_status finish_start(sched *s, admission *a, is_status inject) {
     sched_handle *h = a->h;
     /* Before the records go: the recomputed tokens are theirs. */
     is_status st = inject;
-    if (st == IS_OK && a->n_inj > 0 && s->p.recompute > 0) st = add_recompute(s, h, a->inj, a->n_inj);
+    if (st == IS_OK && a->n_inj > 0 && s->p.recompute > 0)
+        st = add_recompute(s, h, a->inj, a->n_inj);
     for (int32_t i = 0; i < h->n_facts; i++)
         if (h->facts[i].pinned) {
             engine_fact_unpin(s->e, h->facts[i].content_id);
@@ -1030,8 +1041,8 @@ static void admit(sched *s) {
         h->next = NULL;
         if (!fits) {
             char msg[160];
-            snprintf(msg, sizeof msg, "the request needs %d KV blocks, %d are free", (int)h->reserve,
-                     (int)avail);
+            snprintf(msg, sizeof msg, "the request needs %d KV blocks, %d are free",
+                     (int)h->reserve, (int)avail);
             finish_error(s, h, IS_ERR_CONTEXT_FULL, msg);
             handle_unref(h);
             continue;
@@ -1162,15 +1173,18 @@ static void step(sched *s) {
         n += c;
     }
     if (n == 0) return;
-    engine_batch b = {.n_tokens = n, .tokens = s->b_tok, .seq = s->b_seq, .want_logits = s->b_want,
+    engine_batch b = {.n_tokens = n,
+                      .tokens = s->b_tok,
+                      .seq = s->b_seq,
+                      .want_logits = s->b_want,
                       .rewrite = any_rw ? s->b_rw : NULL};
     /* A step whose every row is greedy takes its choices from the backend:
      * no logits leave it (on the GPU, 4 bytes a row instead of the
      * vocabulary's floats). */
     bool greedy = n_rows > 0;
     for (int32_t r = 0; r < n_rows && greedy; r++) greedy = sampler_is_greedy(s->rows[r]->smp);
-    is_status st = greedy ? engine_decode_greedy(s->e, &b, s->greedy)
-                          : engine_decode(s->e, &b, s->logits);
+    is_status st =
+        greedy ? engine_decode_greedy(s->e, &b, s->greedy) : engine_decode(s->e, &b, s->logits);
     int64_t prefilled = 0, generated = 0;
     if (st != IS_OK && engine_status(s->e) != IS_OK) {
         backend_failed(s, st);
@@ -1195,8 +1209,8 @@ static void step(sched *s) {
     }
     for (int32_t r = 0; r < n_rows; r++) {
         sched_handle *h = s->rows[r];
-        int32_t tok = greedy ? s->greedy[r]
-                             : sampler_sample(h->smp, s->logits + (size_t)r * s->n_vocab);
+        int32_t tok =
+            greedy ? s->greedy[r] : sampler_sample(h->smp, s->logits + (size_t)r * s->n_vocab);
         on_token(s, h, tok, &generated);
     }
     compact_run(s);
@@ -1270,7 +1284,8 @@ static void *engine_main(void *arg) {
         step(s);
         if (jobs && s->mem) {
             /* Requests keep coming: a job still gets a turn now and then. */
-            if (++s->steps_waited >= SCHED_ENCODE_EVERY || s->encode_starved) run_job(s, s->n_run == 0);
+            if (++s->steps_waited >= SCHED_ENCODE_EVERY || s->encode_starved)
+                run_job(s, s->n_run == 0);
         }
     }
     shutdown_all(s);
@@ -1280,7 +1295,9 @@ static void *engine_main(void *arg) {
 /* ---- create / free ----------------------------------------------------------------------- */
 
 /* The host tier's memory is the backend's (pinned, where the GPU reads it). */
-static is_status tier_alloc(void *ud, size_t bytes, void **out) { return engine_host_alloc(ud, bytes, out); }
+static is_status tier_alloc(void *ud, size_t bytes, void **out) {
+    return engine_host_alloc(ud, bytes, out);
+}
 static void tier_free(void *ud, void *p) { engine_host_free(ud, p); }
 static void tier_quiesce(void *ud) { engine_host_wait(ud); }
 
@@ -1293,7 +1310,8 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
      * served by small chunks between the others' decode tokens. */
     bool gpu = strcmp(engine_model(e)->be->ops->name, "cpu") != 0;
     if (p.step_tokens == 0) p.step_tokens = gpu ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS;
-    if (p.prefill_chunk == 0) p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
+    if (p.prefill_chunk == 0)
+        p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
         p.prefetch_bytes < 0 || p.host_tier_bytes < 0 || p.recompute < 0 ||
         (unsigned)p.record_dtype >= KV_DTYPE_COUNT)
@@ -1326,13 +1344,14 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     s->b_rw = malloc((size_t)p.step_tokens * sizeof *s->b_rw);
     s->logits = malloc((size_t)s->max_running * s->n_vocab * sizeof *s->logits);
     s->greedy = malloc((size_t)s->max_running * sizeof *s->greedy);
-    is_status st = s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->b_rw && s->logits &&
-                           s->greedy
-                       ? IS_OK
-                       : is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status st =
+        s->run && s->rows && s->b_tok && s->b_seq && s->b_want && s->b_rw && s->logits && s->greedy
+            ? IS_OK
+            : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = fact_index_create(SCHED_FACT_INDEX_MAX, &s->facts);
     if (st == IS_OK && mem && p.host_tier_bytes >= ((int64_t)1 << 20) && engine_host_tier(e)) {
-        host_tier_alloc al = {.alloc = tier_alloc, .free = tier_free, .quiesce = tier_quiesce, .ud = e};
+        host_tier_alloc al = {
+            .alloc = tier_alloc, .free = tier_free, .quiesce = tier_quiesce, .ud = e};
         st = host_tier_create(memory_record_store(mem), (size_t)p.host_tier_bytes, al, &s->ht);
         if (st == IS_OK) st = io_pool_create(SCHED_IO_THREADS, &s->io);
     }
@@ -1350,8 +1369,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
         s->st.kv_blocks_used = s->n_blocks - free_blocks;
         if (pthread_create(&s->thread, NULL, engine_main, s) != 0)
             st = is_error_set(IS_ERR_INTERNAL, "sched_create: cannot start the engine thread");
-        else
-            s->thread_started = true;
+        else s->thread_started = true;
     }
     if (st != IS_OK) {
         sched_free(s);
@@ -1397,7 +1415,8 @@ static is_status check_request(const sched *s, const sched_request *r) {
     if (r->mode != ASK_MODE_OFF && !s->mem)
         return is_error_set(IS_ERR_INVALID_ARG, "request: memory mode '%s' needs a memory service",
                             ask_mode_name(r->mode));
-    if (r->max_tokens <= 0) return is_error_set(IS_ERR_INVALID_ARG, "request: max_tokens must be > 0");
+    if (r->max_tokens <= 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "request: max_tokens must be > 0");
     if (!(r->temperature >= 0.0f) || !isfinite(r->temperature))
         return is_error_set(IS_ERR_INVALID_ARG, "request: temperature must be >= 0");
     if (!(r->top_p > 0.0f && r->top_p <= 1.0f))
@@ -1441,7 +1460,8 @@ static void prefetch_fact(sched *s, req_fact *rf) {
             ask_load_record(s->ask, rf->record, &rf->pre_held, &rf->pre, &rf->pre_buf) == IS_OK) {
             const fact_kv *kv = rf->pre_held;
             rf->pre_bytes = bytes;
-            ne = (fact_index_entry){.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+            ne = (fact_index_entry){.content_id = kv->content_id,
+                                    .text_hash = kv->meta.text_hash,
                                     .n_tokens = kv->meta.n_tokens};
         } else {
             if (rf->pre_held) record_store_release(memory_record_store(s->mem), rf->pre_held);
@@ -1449,7 +1469,8 @@ static void prefetch_fact(sched *s, req_fact *rf) {
             rf->pre_held = NULL;
             rf->pre_buf = NULL;
             atomic_fetch_sub(&s->prefetch_bytes, bytes);
-            if (ask_peek_record(s->ask, rf->record, &ne.content_id, &ne.n_tokens, &ne.text_hash) != IS_OK)
+            if (ask_peek_record(s->ask, rf->record, &ne.content_id, &ne.n_tokens, &ne.text_hash) !=
+                IS_OK)
                 return; /* the engine thread finds it unusable and prefills the text */
         }
         ne.resident = have && e.content_id == ne.content_id && e.resident;
@@ -1479,8 +1500,7 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
     fact_index_entry e;
     bool have = fact_index_get(s->facts, rf->record, &e);
     if (have && e.text_hash != rf->text_hash) return true; /* another text: prefilled */
-    if (have && e.resident &&
-        engine_fact_prefetch(s->e, e.content_id, e.n_tokens, 0, NULL, NULL)) {
+    if (have && e.resident && engine_fact_prefetch(s->e, e.content_id, e.n_tokens, 0, NULL, NULL)) {
         rf->known = rf->pinned = true;
         rf->content_id = e.content_id;
         rf->n_kv_tokens = e.n_tokens;
@@ -1496,7 +1516,8 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
         is_error_clear();
         return st != IS_ERR_NOMEM; /* unusable: the engine thread finds so */
     }
-    fact_index_entry ne = {.content_id = kv->content_id, .text_hash = kv->meta.text_hash,
+    fact_index_entry ne = {.content_id = kv->content_id,
+                           .text_hash = kv->meta.text_hash,
                            .n_tokens = kv->meta.n_tokens};
     fact_index_put(s->facts, rf->record, &ne);
     if (kv->meta.text_hash != rf->text_hash) {
@@ -1525,16 +1546,17 @@ static void prefetch_item(void *arg, int32_t i) {
  * tokenizer and the layout are read-only). */
 static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
     const memory_prompt *mp = ask_ctx_prompt(s->ask);
-    is_status st = r->mode == ASK_MODE_OFF
-                       ? memory_prompt_chat_plain(mp, r->messages, r->n_messages, &h->suffix, &h->n_suffix)
-                       : memory_prompt_chat_suffix(mp, r->messages, r->n_messages, &h->suffix,
-                                                   &h->n_suffix);
+    is_status st =
+        r->mode == ASK_MODE_OFF
+            ? memory_prompt_chat_plain(mp, r->messages, r->n_messages, &h->suffix, &h->n_suffix)
+            : memory_prompt_chat_suffix(mp, r->messages, r->n_messages, &h->suffix, &h->n_suffix);
     if (st != IS_OK) return st;
     if (r->reply_prefix && *r->reply_prefix) {
         int32_t *rp = NULL, *grown;
         size_t n_rp = 0;
         const tokenizer *tok = engine_model(s->e)->tok;
-        st = tokenizer_encode(tok, r->reply_prefix, strlen(r->reply_prefix), false, false, &rp, &n_rp);
+        st = tokenizer_encode(tok, r->reply_prefix, strlen(r->reply_prefix), false, false, &rp,
+                              &n_rp);
         if (st != IS_OK) return st;
         grown = realloc(h->suffix, ((size_t)h->n_suffix + n_rp) * sizeof *grown);
         if (!grown) {
@@ -1557,8 +1579,8 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
         if (f->kv_record && !(rf->record = strdup(f->kv_record)))
             return is_error_set(IS_ERR_NOMEM, "out of memory");
         const memory_fact_ref *row = r->fact_rows ? &r->fact_rows[i] : NULL;
-        if (r->mode == ASK_MODE_KV && row && row->id[0] && row->tenant && *row->tenant && row->user &&
-            *row->user) {
+        if (r->mode == ASK_MODE_KV && row && row->id[0] && row->tenant && *row->tenant &&
+            row->user && *row->user) {
             if (!(rf->tenant = strdup(row->tenant)) || !(rf->user = strdup(row->user)) ||
                 !(rf->id = strdup(row->id)))
                 return is_error_set(IS_ERR_NOMEM, "out of memory");
@@ -1595,10 +1617,11 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
             return is_error_set(IS_ERR_NOMEM, "out of memory");
         h->n_stop = r->n_stop;
         for (int32_t i = 0; i < r->n_stop; i++)
-            if (!(h->stop[i] = strdup(r->stop[i]))) return is_error_set(IS_ERR_NOMEM, "out of memory");
+            if (!(h->stop[i] = strdup(r->stop[i])))
+                return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
-    h->sp = (sampler_params){.temperature = r->temperature, .top_k = r->top_k, .top_p = r->top_p,
-                             .seed = r->seed};
+    h->sp = (sampler_params){
+        .temperature = r->temperature, .top_k = r->top_k, .top_p = r->top_p, .seed = r->seed};
     return IS_OK;
 }
 

@@ -73,15 +73,15 @@
 typedef struct sched sched;
 
 typedef struct sched_params {
-    int32_t max_running;   /* requests in the running batch at once (default 32) */
-    int32_t max_queued;    /* waiting requests beyond which submit refuses (default 256) */
-    int32_t step_tokens;   /* most tokens in one engine step (0, the default: by backend,
+    int32_t max_running;     /* requests in the running batch at once (default 32) */
+    int32_t max_queued;      /* waiting requests beyond which submit refuses (default 256) */
+    int32_t step_tokens;     /* most tokens in one engine step (0, the default: by backend,
                               SCHED_CPU_STEP_TOKENS or SCHED_GPU_STEP_TOKENS) */
-    int32_t prefill_chunk; /* most prompt tokens of one request per step (0, the default:
+    int32_t prefill_chunk;   /* most prompt tokens of one request per step (0, the default:
                               SCHED_CPU_PREFILL_CHUNK or SCHED_GPU_PREFILL_CHUNK) */
-    kv_dtype record_dtype; /* dtype of the KV records the encode jobs write and the kv
+    kv_dtype record_dtype;   /* dtype of the KV records the encode jobs write and the kv
                               requests read; a record of another dtype is a miss (default f16) */
-    int64_t prefetch_bytes; /* host memory for records loaded (widened to f32) on the
+    int64_t prefetch_bytes;  /* host memory for records loaded (widened to f32) on the
                                submitting threads ahead of admission (default
                                SCHED_PREFETCH_MAX_BYTES; 0: only read into the record store's
                                cache, the engine thread widens them) */
@@ -89,7 +89,7 @@ typedef struct sched_params {
                                 backend has a host tier (CUDA, bf16 cache): a miss is read there
                                 from its file and copied to the GPU as soon as submit names it
                                 (default SCHED_HOST_TIER_BYTES; 0: off, the path above) */
-    int32_t recompute;     /* kv requests: the first tokens of every injected fact computed
+    int32_t recompute;       /* kv requests: the first tokens of every injected fact computed
                               again in the request's first prefill forward (engine_batch
                               .rewrite; default 0: none) */
 } sched_params;
@@ -101,9 +101,9 @@ typedef struct sched_params {
 #define SCHED_PREFETCH_MAX_BYTES ((int64_t)4 << 30)
 
 /* Step sizes by backend (a step_tokens or prefill_chunk of 0 takes these). */
-#define SCHED_CPU_STEP_TOKENS 256
+#define SCHED_CPU_STEP_TOKENS   256
 #define SCHED_CPU_PREFILL_CHUNK 128
-#define SCHED_GPU_STEP_TOKENS 2048
+#define SCHED_GPU_STEP_TOKENS   2048
 #define SCHED_GPU_PREFILL_CHUNK 2048
 
 sched_params sched_default_params(void);
@@ -139,8 +139,8 @@ typedef struct sched_fact {
 typedef struct sched_request {
     const chat_message *messages; /* the client's conversation, at least one */
     int32_t n_messages;
-    ask_mode mode;                /* kv, prompt, off */
-    const sched_fact *facts;      /* copied at submit (ignored in mode off) */
+    ask_mode mode;           /* kv, prompt, off */
+    const sched_fact *facts; /* copied at submit (ignored in mode off) */
     int32_t n_facts;
     /* The stored rows of facts[] ([n_facts], copied at submit), or NULL.
      * With its row (a non-empty id, tenant and user), a kv request's fact
@@ -150,13 +150,13 @@ typedef struct sched_request {
      * the request's other such facts (serve/encoder.h), and injected;
      * without one it is prefilled as text. */
     const memory_fact_ref *fact_rows;
-    int32_t max_tokens;           /* > 0 */
-    float temperature;            /* 0 = greedy */
-    float top_p;                  /* (0, 1] */
-    int32_t top_k;                /* 0 = off */
-    uint64_t seed;                /* 0 = random */
-    const char *const *stop;      /* stop strings (copied, non-empty), or NULL */
-    int32_t n_stop;               /* at most SCHED_MAX_STOP */
+    int32_t max_tokens;      /* > 0 */
+    float temperature;       /* 0 = greedy */
+    float top_p;             /* (0, 1] */
+    int32_t top_k;           /* 0 = off */
+    uint64_t seed;           /* 0 = random */
+    const char *const *stop; /* stop strings (copied, non-empty), or NULL */
+    int32_t n_stop;          /* at most SCHED_MAX_STOP */
     /* Text that begins the assistant's reply (e.g. the opening of a JSON
      * object the model is to complete), or NULL: prefilled after the
      * assistant header as plain text (no control tokens) and not emitted;
@@ -183,26 +183,26 @@ typedef struct sched_usage {
      * admission (no KV on this node: fact_rows), or prefilled as text (no
      * usable KV, and none could be encoded). */
     int32_t facts_gpu, facts_host, facts_disk, facts_encoded, facts_text;
-    double queue_ms;          /* submit -> admitted */
-    double ttft_ms;           /* submit -> first token sampled */
-    double total_ms;          /* submit -> done */
+    double queue_ms; /* submit -> admitted */
+    double ttft_ms;  /* submit -> first token sampled */
+    double total_ms; /* submit -> done */
 } sched_usage;
 
 typedef struct sched_event {
     sched_event_kind kind;
-    const char *text;          /* TEXT: not NUL-terminated */
+    const char *text; /* TEXT: not NUL-terminated */
     size_t len;
-    is_finish_reason finish;   /* DONE */
-    sched_usage usage;         /* DONE (and ERROR, as far as it got) */
-    is_status status;          /* ERROR */
-    const char *message;       /* ERROR */
+    is_finish_reason finish; /* DONE */
+    sched_usage usage;       /* DONE (and ERROR, as far as it got) */
+    is_status status;        /* ERROR */
+    const char *message;     /* ERROR */
 } sched_event;
 
 typedef void (*sched_event_fn)(const sched_event *ev, void *user_data);
 
-#define SCHED_ENCODE_EVERY 8 /* steps an encode job waits at most for an idle engine */
-#define SCHED_MAX_STOP 16     /* stop strings per request */
-#define SCHED_MAX_FACTS 1024  /* facts per request */
+#define SCHED_ENCODE_EVERY     8    /* steps an encode job waits at most for an idle engine */
+#define SCHED_MAX_STOP         16   /* stop strings per request */
+#define SCHED_MAX_FACTS        1024 /* facts per request */
 #define SCHED_RECOVER_EVERY_MS 1000 /* between attempts to recover a failed backend */
 
 typedef struct sched_handle sched_handle;
@@ -259,13 +259,13 @@ is_status sched_encode_missing(sched *s);
 
 /* A snapshot for /metrics and /health. */
 typedef struct sched_stats {
-    int32_t queued;            /* requests waiting */
-    int32_t running;           /* requests in the batch */
-    int32_t encode_queued;     /* encode jobs waiting */
+    int32_t queued;        /* requests waiting */
+    int32_t running;       /* requests in the batch */
+    int32_t encode_queued; /* encode jobs waiting */
     int32_t kv_blocks_used;
     int32_t kv_blocks_free;
-    int64_t steps;             /* engine steps run */
-    int64_t tokens_prefilled;  /* tokens through the forward pass, prompt side */
+    int64_t steps;            /* engine steps run */
+    int64_t tokens_prefilled; /* tokens through the forward pass, prompt side */
     int64_t tokens_generated;
     int64_t last_batch_tokens; /* tokens in the latest step */
     int64_t facts_kv_hits;     /* facts injected from a ready record */
@@ -274,11 +274,11 @@ typedef struct sched_stats {
     int64_t encode_failures;
     int64_t facts_gpu, facts_host, facts_disk, facts_text; /* sched_usage's, summed */
     int64_t facts_encoded_served; /* sched_usage.facts_encoded, summed (not in facts_encoded) */
-    int64_t requests_done;     /* DONE events (finished or cancelled) */
-    int64_t requests_failed;   /* ERROR events */
-    int64_t inject_calls;      /* injections: one a step that admitted kv requests */
-    int64_t inject_requests;   /* requests injected by them */
-    int32_t inject_max_requests; /* most requests one injection took */
+    int64_t requests_done;        /* DONE events (finished or cancelled) */
+    int64_t requests_failed;      /* ERROR events */
+    int64_t inject_calls;         /* injections: one a step that admitted kv requests */
+    int64_t inject_requests;      /* requests injected by them */
+    int32_t inject_max_requests;  /* most requests one injection took */
 } sched_stats;
 
 void sched_get_stats(sched *s, sched_stats *out);

@@ -48,9 +48,9 @@ typedef struct stack_params {
      * N > 0: adds only store, and the caller encodes the missing KV N facts
      * a forward (serve/encoder.h's encoder_encode_missing over `ask`). */
     int32_t encode_batch;
-    bool gpu_retrieval;       /* dense search on the GPU (memory_params.gpu_retrieval) */
+    bool gpu_retrieval; /* dense search on the GPU (memory_params.gpu_retrieval) */
     int32_t gpu_device;
-    const char *store_url;    /* the fact store (memory_params.store_url): NULL for SQLite */
+    const char *store_url; /* the fact store (memory_params.store_url): NULL for SQLite */
     /* embedder_dir NULL and STACK_DEFAULT_EMBEDDER missing: BM25 only (emb
      * NULL) instead of IS_ERR_NOT_FOUND. */
     bool embedder_optional;
@@ -59,10 +59,10 @@ typedef struct stack_params {
 stack_params stack_default_params(void);
 
 typedef struct stack {
-    embedder *emb; /* NULL: BM25 only */
-    memory *mem;  /* NULL for stack_open_records */
+    embedder *emb;    /* NULL: BM25 only */
+    memory *mem;      /* NULL for stack_open_records */
     record_store *rs; /* stack_open_records: the record store it owns (else NULL: the memory's) */
-    backend *be; /* these four NULL without a model */
+    backend *be;      /* these four NULL without a model */
     model *model;
     engine *eng;
     ask_ctx *ask;

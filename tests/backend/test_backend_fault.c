@@ -48,15 +48,15 @@ static void test_fault_fails_the_aimed_op_and_latches(void **state) {
     fill(b, 2.0f);
     fill(c, 0.0f);
     backend_fault_arm(be, 3, false);
-    be->ops->add(be, a, b, N);            /* op 1: runs */
-    be->ops->copy(be, c, a, sizeof a);    /* op 2: runs */
+    be->ops->add(be, a, b, N);         /* op 1: runs */
+    be->ops->copy(be, c, a, sizeof a); /* op 2: runs */
     assert_true(a[0] == 3.0f && c[0] == 3.0f);
     assert_int_equal(backend_status(be), IS_OK);
-    be->ops->add(be, a, b, N);            /* op 3: the fault, nothing written */
+    be->ops->add(be, a, b, N); /* op 3: the fault, nothing written */
     assert_true(a[0] == 3.0f);
     assert_int_equal(backend_status(be), IS_ERR_INTERNAL);
     assert_non_null(strstr(is_error_last(), "injected fault"));
-    be->ops->copy(be, c, b, sizeof b);    /* latched: skipped */
+    be->ops->copy(be, c, b, sizeof b); /* latched: skipped */
     be->ops->add(be, a, b, N);
     assert_true(a[0] == 3.0f && c[0] == 3.0f);
     assert_int_equal(backend_status(be), IS_ERR_INTERNAL); /* still, until recover */

@@ -243,13 +243,21 @@ static void test_backend_matmul(void **state) {
         uint32_t type = types[i];
         int64_t rows = 75, cols = block_cols(type) == 256 ? 512 : 320;
         qweight w = qweight_random(type, rows, cols);
-        gguf_tensor t = {.name = "w", .n_dims = 2, .ne = {cols, rows, 1, 1}, .type = type,
-                         .data = w.raw, .nbytes = tensor_type_row_bytes(type, cols) * rows,
+        gguf_tensor t = {.name = "w",
+                         .n_dims = 2,
+                         .ne = {cols, rows, 1, 1},
+                         .type = type,
+                         .data = w.raw,
+                         .nbytes = tensor_type_row_bytes(type, cols) * rows,
                          .n_elements = rows * cols};
         float bias_v[75];
         for (int64_t r = 0; r < rows; r++) bias_v[r] = rnd_uniform(-1.0f, 1.0f);
-        gguf_tensor tb = {.name = "b", .n_dims = 1, .ne = {rows, 1, 1, 1},
-                          .type = TENSOR_TYPE_F32, .data = bias_v, .nbytes = sizeof bias_v,
+        gguf_tensor tb = {.name = "b",
+                          .n_dims = 1,
+                          .ne = {rows, 1, 1, 1},
+                          .type = TENSOR_TYPE_F32,
+                          .data = bias_v,
+                          .nbytes = sizeof bias_v,
                           .n_elements = rows};
         backend_weight *bw, *bb;
         assert_int_equal(be->ops->weight_create(be, &t, &bw), IS_OK);

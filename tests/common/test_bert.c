@@ -17,9 +17,9 @@ static const char vocab_text[] =
     "##s\n##ing\n##ed\nun\n##able\n,\n.\n!\n?\nin\n";
 
 const char *const test_bert_words[] = {
-    "the",  "cat",      "dog",     "sat",  "on",    "mat",  "a",    "and",  "ran",  "to",
-    "park", "she",      "he",      "likes", "pizza", "caroline", "melanie", "went", "beach", "with",
-    "her",  "kids",     "last",    "week", "painting", "in", NULL,
+    "the",   "cat",  "dog", "sat",  "on",    "mat",   "a",        "and",     "ran",
+    "to",    "park", "she", "he",   "likes", "pizza", "caroline", "melanie", "went",
+    "beach", "with", "her", "kids", "last",  "week",  "painting", "in",      NULL,
 };
 
 static uint64_t rng_next(uint64_t *s) {
@@ -65,10 +65,13 @@ static int st_write(const char *path, const st_tensor *t, int32_t n) {
     if (!h) return -1;
     hl += (size_t)snprintf(h + hl, hcap - hl, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int32_t i = 0; i < n; i++) {
-        hl += (size_t)snprintf(h + hl, hcap - hl, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", t[i].name);
+        hl += (size_t)snprintf(h + hl, hcap - hl, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[",
+                               t[i].name);
         for (int32_t d = 0; d < t[i].n_dims; d++)
-            hl += (size_t)snprintf(h + hl, hcap - hl, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
-        hl += (size_t)snprintf(h + hl, hcap - hl, "],\"data_offsets\":[%zu,%zu]}", dl, dl + 4 * st_numel(&t[i]));
+            hl += (size_t)snprintf(h + hl, hcap - hl, "%s%lld", d ? "," : "",
+                                   (long long)t[i].shape[d]);
+        hl += (size_t)snprintf(h + hl, hcap - hl, "],\"data_offsets\":[%zu,%zu]}", dl,
+                               dl + 4 * st_numel(&t[i]));
         dl += 4 * st_numel(&t[i]);
     }
     hl += (size_t)snprintf(h + hl, hcap - hl, "}");
@@ -86,8 +89,8 @@ static int st_write(const char *path, const st_tensor *t, int32_t n) {
     return rc;
 }
 
-static int add_tensor(st_tensor *t, int32_t *n, uint64_t *rng, const char *name, int64_t d0, int64_t d1,
-                      float scale, float offset) {
+static int add_tensor(st_tensor *t, int32_t *n, uint64_t *rng, const char *name, int64_t d0,
+                      int64_t d1, float scale, float offset) {
     st_tensor *x = &t[(*n)++];
     snprintf(x->name, sizeof x->name, "%s", name);
     x->n_dims = d1 ? 2 : 1;
@@ -107,12 +110,13 @@ int test_bert_write(const char *parent, const test_bert_cfg *c, uint64_t *rng) {
         return -1;
     }
     snprintf(path, sizeof path, "%s/config.json", dir);
-    int len = snprintf(buf, sizeof buf,
-                       "{\"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,"
-                       " \"intermediate_size\": %d, \"vocab_size\": %d, \"max_position_embeddings\": %d,"
-                       " \"hidden_act\": \"gelu\", \"layer_norm_eps\": %g, \"type_vocab_size\": 2,"
-                       " \"position_embedding_type\": \"absolute\"}",
-                       (int)c->H, (int)c->layers, (int)c->heads, (int)c->I, TEST_BERT_VOCAB, (int)c->P, c->eps);
+    int len = snprintf(
+        buf, sizeof buf,
+        "{\"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d,"
+        " \"intermediate_size\": %d, \"vocab_size\": %d, \"max_position_embeddings\": %d,"
+        " \"hidden_act\": \"gelu\", \"layer_norm_eps\": %g, \"type_vocab_size\": 2,"
+        " \"position_embedding_type\": \"absolute\"}",
+        (int)c->H, (int)c->layers, (int)c->heads, (int)c->I, TEST_BERT_VOCAB, (int)c->P, c->eps);
     if (write_file(path, buf, (size_t)len)) return -1;
     snprintf(path, sizeof path, "%s/vocab.txt", dir);
     if (write_file(path, vocab_text, sizeof vocab_text - 1)) return -1;
@@ -136,9 +140,11 @@ int test_bert_write(const char *parent, const test_bert_cfg *c, uint64_t *rng) {
     st_tensor t[8 + 16 * 16];
     int32_t n = 0;
     int rc = 0;
-    rc |= add_tensor(t, &n, rng, "embeddings.word_embeddings.weight", TEST_BERT_VOCAB, H, c->emb, 0.0f);
+    rc |= add_tensor(t, &n, rng, "embeddings.word_embeddings.weight", TEST_BERT_VOCAB, H, c->emb,
+                     0.0f);
     rc |= add_tensor(t, &n, rng, "embeddings.position_embeddings.weight", c->P, H, c->emb, 0.0f);
-    rc |= add_tensor(t, &n, rng, "embeddings.token_type_embeddings.weight", 2, H, 0.5f * c->emb, 0.0f);
+    rc |= add_tensor(t, &n, rng, "embeddings.token_type_embeddings.weight", 2, H, 0.5f * c->emb,
+                     0.0f);
     rc |= add_tensor(t, &n, rng, "embeddings.LayerNorm.weight", H, 0, 0.2f, 1.0f);
     rc |= add_tensor(t, &n, rng, "embeddings.LayerNorm.bias", H, 0, 0.1f, 0.0f);
     for (int32_t l = 0; l < c->layers; l++) {

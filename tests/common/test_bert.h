@@ -17,12 +17,12 @@
 #define TEST_BERT_VOCAB 40
 
 typedef struct test_bert_cfg {
-    const char *name; /* the folder's name under the parent directory */
+    const char *name;               /* the folder's name under the parent directory */
     int32_t H, heads, I, layers, P; /* hidden, heads, intermediate, layers, positions */
-    int32_t max_seq;  /* 0: no sentence_bert_config.json (max tokens = P) */
-    double eps;       /* LayerNorm epsilon */
-    int cls;          /* CLS pooling (1_Pooling/config.json), else mean */
-    float emb;        /* scale of the embedding tables */
+    int32_t max_seq;                /* 0: no sentence_bert_config.json (max tokens = P) */
+    double eps;                     /* LayerNorm epsilon */
+    int cls;                        /* CLS pooling (1_Pooling/config.json), else mean */
+    float emb;                      /* scale of the embedding tables */
 } test_bert_cfg;
 
 /* A: hidden 64, 2 heads of 32, 2 layers, mean pooling, max_seq_length 24

@@ -47,7 +47,8 @@ bool test_file_exists(const char *path);
 
 /* The usual reasons (IS_DEFAULT_MODEL and IS_SOURCE_DIR are defined for every
  * test by tests/CMakeLists.txt). */
-#define TEST_NEEDS_MODEL "needs the default model " IS_DEFAULT_MODEL " (scripts/setup.sh installs it)"
+#define TEST_NEEDS_MODEL                                                                           \
+    "needs the default model " IS_DEFAULT_MODEL " (scripts/setup.sh installs it)"
 #define TEST_NEEDS_EMBEDDER                                                                        \
     "needs the embedder models/all-MiniLM-L6-v2 (scripts/setup.sh installs it)"
 #define TEST_NEEDS_LOCOMO "needs LoCoMo in ../shared/data/locomo"

@@ -49,7 +49,8 @@ static void test_reference_table(void **state) {
         }
     }
     fclose(fp);
-    printf("fp8 reference: %d codes decoded, %d f32 inputs encoded, %d differ\n", n_dec, n_enc, bad);
+    printf("fp8 reference: %d codes decoded, %d f32 inputs encoded, %d differ\n", n_dec, n_enc,
+           bad);
     assert_int_equal(n_dec, 256);
     assert_true(n_enc > 5000);
     assert_int_equal(bad, 0);
@@ -66,11 +67,12 @@ static void test_edges(void **state) {
     assert_int_equal(fp8_e4m3_from_f32(NAN), FP8_E4M3_NAN);
     assert_int_equal(fp8_e4m3_from_f32(-0.0f), 0x80);
     assert_int_equal(fp8_e4m3_from_f32(1.0f), 0x38);
-    assert_int_equal(fp8_e4m3_from_f32(1.0625f), 0x38); /* tie between 1 and 1.125: even */
-    assert_int_equal(fp8_e4m3_from_f32(1.1875f), 0x3A); /* tie between 1.125 and 1.25: even */
+    assert_int_equal(fp8_e4m3_from_f32(1.0625f), 0x38);  /* tie between 1 and 1.125: even */
+    assert_int_equal(fp8_e4m3_from_f32(1.1875f), 0x3A);  /* tie between 1.125 and 1.25: even */
     assert_int_equal(fp8_e4m3_from_f32(0x1p-10f), 0x00); /* half the smallest subnormal: even (0) */
     assert_int_equal(fp8_e4m3_from_f32(0x1.8p-9f), 0x02); /* 1.5 units: even (2) */
-    assert_int_equal(fp8_e4m3_from_f32(0x1.ep-7f), 0x08); /* 7.5 units rounds up to the smallest normal */
+    assert_int_equal(fp8_e4m3_from_f32(0x1.ep-7f),
+                     0x08); /* 7.5 units rounds up to the smallest normal */
     assert_true(isnan(fp8_e4m3_to_f32(0x7F)) && isnan(fp8_e4m3_to_f32(0xFF)));
     assert_true(fp8_e4m3_to_f32(0x01) == 0x1p-9f);
     assert_true(fp8_e4m3_to_f32(0x7E) == 448.0f);
@@ -82,7 +84,7 @@ static void test_scales(void **state) {
     assert_true(fp8_scale_for_amax(NAN) == 1.0f);
     assert_true(fp8_scale_for_amax(INFINITY) == 1.0f);
     assert_true(fp8_scale_for_amax(448.0f) == 1.0f);
-    assert_true(fp8_scale_for_amax(464.0f) == 1.0f);     /* still rounds to 448 */
+    assert_true(fp8_scale_for_amax(464.0f) == 1.0f); /* still rounds to 448 */
     assert_true(fp8_scale_for_amax(464.00003f) == 2.0f);
     assert_true(fp8_scale_for_amax(232.0f) == 0.5f);
     assert_true(fp8_scale_for_amax(232.00002f) == 1.0f);

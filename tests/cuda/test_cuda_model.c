@@ -44,9 +44,9 @@
 #include "serve/memory_prompt.h"
 #include "test_util.h"
 
-#define REL_TOL 1e-2      /* the bf16 bar, for the default precision */
+#define REL_TOL      1e-2   /* the bf16 bar, for the default precision */
 #define REL_TOL_BF16 1.5e-2 /* CUDA_MATMUL_BF16 (see test_default_model) */
-#define ARGMAX_MIN 0.99
+#define ARGMAX_MIN   0.99
 /* Random-weight models (vocabulary 320) have near-ties: top-2 margins down
  * to 1e-4 of the logits. A simulation of this rounding on them
  * (cuda/predict_precision.py) kept the argmax at 98.3% to 100% of positions, so they
@@ -127,9 +127,9 @@ static engine *make_engine(model *m, int32_t n_ctx) {
 }
 
 typedef struct agreement {
-    double rel;      /* |gpu - cpu| / |cpu| over all positions */
-    double worst;    /* the largest per-position relative error */
-    double same;     /* fraction of positions with the same argmax */
+    double rel;   /* |gpu - cpu| / |cpu| over all positions */
+    double worst; /* the largest per-position relative error */
+    double same;  /* fraction of positions with the same argmax */
 } agreement;
 
 static agreement compare_logits(const float *gpu, const float *cpu, int32_t n_pos, int32_t V) {
@@ -157,8 +157,8 @@ static agreement compare_logits(const float *gpu, const float *cpu, int32_t n_po
 
 static void expect_agreement(const char *what, agreement a, int32_t n_pos, double tol,
                              double argmax_min) {
-    printf("  %-44s %4d positions: rel err %.3e (worst position %.3e), same argmax %.2f%%\n",
-           what, n_pos, a.rel, a.worst, 100.0 * a.same);
+    printf("  %-44s %4d positions: rel err %.3e (worst position %.3e), same argmax %.2f%%\n", what,
+           n_pos, a.rel, a.worst, 100.0 * a.same);
     if (!(a.rel <= tol)) fail_msg("%s: relative error %.3e > %.1e", what, a.rel, tol);
     if (!(a.same >= argmax_min))
         fail_msg("%s: same argmax on %.2f%% < %.0f%%", what, 100.0 * a.same, 100.0 * argmax_min);
@@ -168,8 +168,8 @@ static void expect_agreement(const char *what, agreement a, int32_t n_pos, doubl
  * token from a decode step: out[n_prefill + n_decode][V]. */
 /* The prefill in chunks of at most `chunk` tokens (0: one), then the
  * decode steps; logits of every position into out. */
-static void run_stream_chunked(model *m, const int32_t *tokens, int32_t n_prefill,
-                               int32_t n_decode, float *out, int32_t chunk, int32_t *greedy) {
+static void run_stream_chunked(model *m, const int32_t *tokens, int32_t n_prefill, int32_t n_decode,
+                               float *out, int32_t chunk, int32_t *greedy) {
     const int32_t V = m->cfg.n_vocab;
     engine *e = make_engine(m, 1024);
     int32_t seq;
@@ -238,12 +238,12 @@ static void compare_stream(const char *what, model *mc, model *mg, const int32_t
     compare_stream_chunked(what, mc, mg, tokens, n_prefill, n_decode, 0, tol, argmax_min);
 }
 
-
 static void test_default_model(void **state) {
     if (!g_mg) skip();
     int32_t *toks;
     size_t n;
-    assert_int_equal(tokenizer_encode(g_mc->tok, TEXT, strlen(TEXT), true, false, &toks, &n), IS_OK);
+    assert_int_equal(tokenizer_encode(g_mc->tok, TEXT, strlen(TEXT), true, false, &toks, &n),
+                     IS_OK);
     const int32_t n_prefill = 256, n_decode = 64, total = n_prefill + n_decode;
     int32_t *stream = malloc((size_t)total * sizeof *stream);
     for (int32_t i = 0; i < total; i++) stream[i] = toks[(size_t)i % n]; /* the text, repeated */
@@ -384,7 +384,8 @@ static void encode(engine *e, const model *m, const memory_prompt *mp, const cha
     int32_t np;
     const int32_t *pre = memory_prompt_prefix(mp, &np);
     int32_t total = np + out->n_ctx + out->n;
-    int32_t *toks = malloc((size_t)total * sizeof *toks), *seqs = malloc((size_t)total * sizeof *seqs);
+    int32_t *toks = malloc((size_t)total * sizeof *toks),
+            *seqs = malloc((size_t)total * sizeof *seqs);
     memcpy(toks, pre, (size_t)np * sizeof *toks);
     if (out->n_ctx) memcpy(toks + np, out->ctx, (size_t)out->n_ctx * sizeof *toks);
     memcpy(toks + np + out->n_ctx, out->toks, (size_t)out->n * sizeof *toks);
@@ -397,8 +398,8 @@ static void encode(engine *e, const model *m, const memory_prompt *mp, const cha
     for (int32_t i = 0; i < total; i++) seqs[i] = seq;
     float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
     bool *want = first_only(total);
-    engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .want_logits = want,
-                      .capture = &cap};
+    engine_batch b = {
+        .n_tokens = total, .tokens = toks, .seq = seqs, .want_logits = want, .capture = &cap};
     assert_int_equal(engine_decode(e, &b, logits), IS_OK);
     engine_seq_close(e, seq);
     free(want);
@@ -470,7 +471,10 @@ static void run_reference(model *m, const memory_prompt *mp, int n_facts, int w,
     bool want[1024];
     int32_t t = 0, s_i = np;
     for (int32_t i = 0; i < np; i++, t++) {
-        toks[t] = pre[i]; seg[t] = 0; pos[t] = i; shift[t] = 0;
+        toks[t] = pre[i];
+        seg[t] = 0;
+        pos[t] = i;
+        shift[t] = 0;
     }
     for (int f = 0; f < n_facts; f++) {
         int32_t *ft, nf, *ct, nc;
@@ -478,17 +482,26 @@ static void run_reference(model *m, const memory_prompt *mp, int n_facts, int w,
         assert_int_equal(memory_prompt_context(mp, TURNS, w, &ct, &nc), IS_OK);
         int32_t delta = s_i - nc - np;
         for (int32_t j = 0; j < nc; j++, t++) {
-            toks[t] = ct[j]; seg[t] = -(f + 1); pos[t] = s_i - nc + j; shift[t] = delta;
+            toks[t] = ct[j];
+            seg[t] = -(f + 1);
+            pos[t] = s_i - nc + j;
+            shift[t] = delta;
         }
         for (int32_t j = 0; j < nf; j++, t++) {
-            toks[t] = ft[j]; seg[t] = f + 1; pos[t] = s_i + j; shift[t] = delta;
+            toks[t] = ft[j];
+            seg[t] = f + 1;
+            pos[t] = s_i + j;
+            shift[t] = delta;
         }
         s_i += nf;
         free(ft);
         free(ct);
     }
     for (int32_t j = 0; j < ns; j++, t++) {
-        toks[t] = suf[j]; seg[t] = 0; pos[t] = s_i + j; shift[t] = 0;
+        toks[t] = suf[j];
+        seg[t] = 0;
+        pos[t] = s_i + j;
+        shift[t] = 0;
     }
     assert_true(t <= 1024);
     int32_t seq;
@@ -498,8 +511,13 @@ static void run_reference(model *m, const memory_prompt *mp, int n_facts, int w,
         want[i] = true;
     }
     float *all = malloc((size_t)t * V * sizeof(float));
-    engine_batch b = {.n_tokens = t, .tokens = toks, .seq = sq, .want_logits = want,
-                      .segment = seg, .pos = pos, .prefix_shift = shift};
+    engine_batch b = {.n_tokens = t,
+                      .tokens = toks,
+                      .seq = sq,
+                      .want_logits = want,
+                      .segment = seg,
+                      .pos = pos,
+                      .prefix_shift = shift};
     assert_int_equal(engine_decode(e, &b, all), IS_OK);
     memcpy(out, all + (size_t)(t - ns) * V, (size_t)ns * V * sizeof(float));
     free(all);
@@ -513,7 +531,8 @@ static void test_injection_on_gpu(void **state) {
     memory_prompt *mp;
     assert_int_equal(memory_prompt_create(g_mg, NULL, &mp), IS_OK);
     const char *query = "Where did Caroline move from, and what does Melanie play?";
-    float *inj = malloc((size_t)256 * V * sizeof(float)), *ref = malloc((size_t)256 * V * sizeof(float));
+    float *inj = malloc((size_t)256 * V * sizeof(float)),
+          *ref = malloc((size_t)256 * V * sizeof(float));
     float *cref = malloc((size_t)256 * V * sizeof(float));
     for (int w = 0; w <= 2; w += 2) {
         int32_t ns;
@@ -565,7 +584,8 @@ static void test_injection_on_gpu(void **state) {
         assert_int_equal(a2.hits - a1.hits, 4);
         assert_int_equal(a2.bytes_uploaded, a1.bytes_uploaded);
         printf("  inject through the arena, w=%d: 4 fills, then 4 hits, then 4 hits without values;"
-               " logits identical\n", w);
+               " logits identical\n",
+               w);
         free(inj16);
     }
     free(inj);

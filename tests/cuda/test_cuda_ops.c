@@ -71,7 +71,9 @@ static uint64_t rng_next(void) {
 }
 
 /* Uniform in [-1, 1). */
-static float frand(void) { return (float)((double)(rng_next() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
+static float frand(void) {
+    return (float)((double)(rng_next() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
 
 static int32_t irand(int32_t n) { return (int32_t)(rng_next() % (uint64_t)n); }
 
@@ -150,9 +152,9 @@ static void cuda_opts(backend *be, const char *spec) {
 /* ---- weights ------------------------------------------------------------------ */
 
 typedef struct test_weight {
-    gguf_tensor t;   /* describes data; the CPU weight may keep pointing at it */
-    void *data;      /* packed rows of t.type */
-    float *values;   /* [rows][cols] what quant_dequantize makes of data */
+    gguf_tensor t; /* describes data; the CPU weight may keep pointing at it */
+    void *data;    /* packed rows of t.type */
+    float *values; /* [rows][cols] what quant_dequantize makes of data */
     backend_weight *cpu, *gpu;
 } test_weight;
 
@@ -166,7 +168,10 @@ static int f16_fields(uint32_t type, int offs[2]) {
     case TENSOR_TYPE_Q4_1:
     case TENSOR_TYPE_Q5_1:
     case TENSOR_TYPE_Q4_K:
-    case TENSOR_TYPE_Q5_K: offs[0] = 0; offs[1] = 2; return 2;
+    case TENSOR_TYPE_Q5_K:
+        offs[0] = 0;
+        offs[1] = 2;
+        return 2;
     case TENSOR_TYPE_Q6_K: offs[0] = 208; return 1;
     default: return 0;
     }
@@ -220,7 +225,8 @@ static void weight_make(test_weight *w, uint32_t type, int64_t cols, int64_t row
     w->values = malloc((size_t)(rows * cols) * sizeof(float));
     assert_non_null(w->values);
     for (int64_t r = 0; r < rows; r++)
-        assert_int_equal(quant_dequantize(type, d + r * row_bytes, w->values + r * cols, cols), IS_OK);
+        assert_int_equal(quant_dequantize(type, d + r * row_bytes, w->values + r * cols, cols),
+                         IS_OK);
     assert_int_equal(g_cpu->ops->weight_create(g_cpu, &w->t, &w->cpu), IS_OK);
     is_status st = g_gpu->ops->weight_create(g_gpu, &w->t, &w->gpu);
     if (st != IS_OK) fprintf(stderr, "weight_create: %s\n", is_error_last());
@@ -290,7 +296,7 @@ static void test_memory(void **state) {
         assert_int_equal(g_gpu->ops->alloc(g_gpu, n, (void **)&a), IS_OK);
         assert_int_equal(g_gpu->ops->alloc(g_gpu, n + 8, (void **)&b), IS_OK);
         g_gpu->ops->upload(g_gpu, a, h, n);
-        g_gpu->ops->copy(g_gpu, b + 5, a, n); /* unaligned destination */
+        g_gpu->ops->copy(g_gpu, b + 5, a, n);  /* unaligned destination */
         g_gpu->ops->upload(g_gpu, a, back, 0); /* zero bytes: no-op */
         g_gpu->ops->download(g_gpu, back, b + 5, n);
         assert_memory_equal(back, h, n);
@@ -343,8 +349,13 @@ static void test_weight_types(void **state) {
 static void test_weight_refusals(void **state) {
     SKIP_WITHOUT_GPU();
     uint8_t data[256] = {0};
-    gguf_tensor t = {.name = "bad", .n_dims = 2, .ne = {256, 1, 1, 1}, .type = TENSOR_TYPE_Q2_K,
-                     .data = data, .nbytes = sizeof data, .n_elements = 256};
+    gguf_tensor t = {.name = "bad",
+                     .n_dims = 2,
+                     .ne = {256, 1, 1, 1},
+                     .type = TENSOR_TYPE_Q2_K,
+                     .data = data,
+                     .nbytes = sizeof data,
+                     .n_elements = 256};
     backend_weight *w = (backend_weight *)&w;
     assert_int_equal(g_gpu->ops->weight_create(g_gpu, &t, &w), IS_ERR_UNSUPPORTED);
     t.type = TENSOR_TYPE_F32;
@@ -421,7 +432,13 @@ static void test_add_rmsnorm(void **state) {
         snprintf(what, sizeof what, "add_rmsnorm T=%d n=%d (same bits as add, rmsnorm)", T, n);
         expect_close(what, fused_o, cpu_o, N, 1e-5);
         g_cpu->ops->release(g_cpu, xc);
-        free(fused_x); free(fused_o); free(sep_x); free(sep_o); free(cpu_o); free(x); free(res);
+        free(fused_x);
+        free(fused_o);
+        free(sep_x);
+        free(sep_o);
+        free(cpu_o);
+        free(x);
+        free(res);
         weight_drop(&g);
     }
 }
@@ -496,12 +513,12 @@ static void test_matmul(void **state) {
         cuda_matmul_precision prec = p % 2 ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2;
         check_matmul(TENSOR_TYPE_F32, 1, 576, 576, false, prec);
         check_matmul(TENSOR_TYPE_F32, 7, 1536, 576, true, prec);
-        check_matmul(TENSOR_TYPE_Q4_1, 3, 192, 576, false, prec); /* the CPU's quantised kernel */
+        check_matmul(TENSOR_TYPE_Q4_1, 3, 192, 576, false, prec);   /* the CPU's quantised kernel */
         check_matmul(TENSOR_TYPE_Q8_0, 64, 576, 1536, false, prec); /* sgemm on the CPU */
         check_matmul(TENSOR_TYPE_Q4_K, 300, 320, 512, true, prec);
-        check_matmul(TENSOR_TYPE_F32, 5, 49, 96, true, prec);     /* odd sizes */
-        check_matmul(TENSOR_TYPE_F32, 300, 49, 96, false, prec);  /* scratch grows */
-        check_matmul(TENSOR_TYPE_F32, 5, 1, 576, false, prec);    /* a vector: f32 on the GPU */
+        check_matmul(TENSOR_TYPE_F32, 5, 49, 96, true, prec);    /* odd sizes */
+        check_matmul(TENSOR_TYPE_F32, 300, 49, 96, false, prec); /* scratch grows */
+        check_matmul(TENSOR_TYPE_F32, 5, 1, 576, false, prec);   /* a vector: f32 on the GPU */
         /* The skinny kernel (GEMM columns <= 8, cols % 64 == 0): rows
          * that end inside a block of 128, column ranges summed in a
          * cluster (its plan: 8 ranges of 512 at 1000 x 4096), 8 rows
@@ -572,16 +589,15 @@ static void check_matmul_n(int32_t n, const int64_t *rows, int64_t cols, bool wi
             float *ys = poisoned(g_gpu, N), *yc = poisoned(g_cpu, N);
             g_gpu->ops->matmul(g_gpu, ys, xg, w[i].gpu, bg[i], T);
             g_cpu->ops->matmul(g_cpu, yc, xc, w[i].cpu, with_bias ? b[i].cpu : NULL, T);
-            float *got = take(g_gpu, yg[i], N), *sep = take(g_gpu, ys, N), *cpu = take(g_cpu, yc, N);
+            float *got = take(g_gpu, yg[i], N), *sep = take(g_gpu, ys, N),
+                  *cpu = take(g_cpu, yc, N);
             gpu_ok();
             char what[128];
             snprintf(what, sizeof what, "matmul_n %s %d of %d (%lldx%lld) T=%d%s%s vs one product",
                      prec == CUDA_MATMUL_BF16 ? "bf16  " : "bf16x2", i + 1, n, (long long)rows[i],
                      (long long)cols, T, with_bias ? " +bias" : "", stacked ? "" : " (unstacked)");
-            if (stacked)
-                expect_close(what, got, sep, N, 1e-5);
-            else
-                assert_memory_equal(got, sep, N * sizeof(float));
+            if (stacked) expect_close(what, got, sep, N, 1e-5);
+            else assert_memory_equal(got, sep, N * sizeof(float));
             snprintf(what, sizeof what, "  ... vs CPU");
             expect_close(what, got, cpu, N, 1e-2);
             free(got);
@@ -748,8 +764,11 @@ static void test_rope(void **state) {
         const rope_case *rc = &cases[k];
         float factors[128];
         for (int32_t i = 0; i < rc->n_rot / 2; i++) factors[i] = 1.0f + 7.0f * fabsf(frand());
-        rope_params rp = {.layout = rc->layout, .n_rot = rc->n_rot, .freq_base = rc->base,
-                          .freq_scale = rc->scale, .freq_factors = rc->factors ? factors : NULL};
+        rope_params rp = {.layout = rc->layout,
+                          .n_rot = rc->n_rot,
+                          .freq_base = rc->base,
+                          .freq_scale = rc->scale,
+                          .freq_factors = rc->factors ? factors : NULL};
         const int32_t T = 13;
         int32_t pos[13] = {0, 1, 2, 17, -1, -300, 4095, 4096, 9000, 123, 77, 3000, -4100};
         for (int32_t t = 9; t < T - 1; t++) pos[t] = irand(6000) - 1000;
@@ -778,10 +797,10 @@ static void test_rope_table_switches(void **state) {
     SKIP_WITHOUT_GPU();
     backend *be;
     assert_int_equal(backend_cuda_create(0, &be), IS_OK);
-    const rope_params a = {.layout = ROPE_LAYOUT_NORM, .n_rot = 64, .freq_base = 10000.0f,
-                           .freq_scale = 1.0f};
-    const rope_params b = {.layout = ROPE_LAYOUT_NEOX, .n_rot = 64, .freq_base = 500000.0f,
-                           .freq_scale = 1.0f};
+    const rope_params a = {
+        .layout = ROPE_LAYOUT_NORM, .n_rot = 64, .freq_base = 10000.0f, .freq_scale = 1.0f};
+    const rope_params b = {
+        .layout = ROPE_LAYOUT_NEOX, .n_rot = 64, .freq_base = 500000.0f, .freq_scale = 1.0f};
     const int32_t T = 2, pos[2] = {3, 5000};
     const size_t n = (size_t)T * 2 * 64;
     float *x = rand_f32(n, 1.0f), *ref = malloc(n * sizeof(float));
@@ -831,8 +850,14 @@ static void test_kv_store(void **state) {
     g_cpu->ops->release(g_cpu, vc);
     g_gpu->ops->release(g_gpu, kg);
     g_gpu->ops->release(g_gpu, vg);
-    free(a); free(b); free(c); free(d);
-    free(kc0); free(vc0); free(k); free(v);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(kc0);
+    free(vc0);
+    free(k);
+    free(v);
 }
 
 /* One attention scenario: sequences with their lengths and the positions
@@ -845,7 +870,7 @@ typedef struct attn_case {
     int32_t q_from[4], q_n[4]; /* queries of seq s: positions q_from .. q_from + q_n - 1 */
     bool segments[4];          /* does seq s have segment ids */
     bool q_prefix;
-    bool interleave;           /* alternate sequences token by token in the batch */
+    bool interleave; /* alternate sequences token by token in the batch */
 } attn_case;
 
 /* A segment layout as the masked reference uses it: prefix (0), then facts
@@ -979,9 +1004,14 @@ static void check_attention_slope(const attn_case *ac, int mode, float key_slope
         float *q = put(be, qh, q_n);
         float *qp = ac->q_prefix ? put(be, qph, q_n) : NULL;
         float *o = poisoned(be, q_n);
-        attn_batch b = {.n_tokens = T, .pos = pos, .seq_of_token = sot, .n_seqs = S,
-                        .block_tables = tables, .seq_len = ac->seq_len,
-                        .seq_segments = seg_ptrs, .q_prefix = qp};
+        attn_batch b = {.n_tokens = T,
+                        .pos = pos,
+                        .seq_of_token = sot,
+                        .n_seqs = S,
+                        .block_tables = tables,
+                        .seq_len = ac->seq_len,
+                        .seq_segments = seg_ptrs,
+                        .q_prefix = qp};
         be->ops->attention(be, o, q, k, v, &b, H, KH, hd, bs);
         if (i == 1 && mode == 1) expect_feeds_matmul(be, o, T, (int64_t)H * hd);
         out[i] = take(be, o, q_n);
@@ -994,16 +1024,24 @@ static void check_attention_slope(const attn_case *ac, int mode, float key_slope
     cuda_opts(g_gpu, "kv=f32");
     cuda_opts(g_gpu, "flash=on");
     /* Where the tiled kernel runs (cu_attention's rule). */
-    bool tiled = mode == 1 && (hd == 64 || hd == 128) && (bs & (bs - 1)) == 0 && !ac->q_prefix &&
-                 !any_seg;
+    bool tiled =
+        mode == 1 && (hd == 64 || hd == 128) && (bs & (bs - 1)) == 0 && !ac->q_prefix && !any_seg;
     char what[96];
     snprintf(what, sizeof what, "attention %s%s (T=%d)", ac->name,
-             mode == 0 ? "" : tiled ? " [bf16, tiled]" : " [bf16, exact]", T);
+             mode == 0 ? ""
+             : tiled   ? " [bf16, tiled]"
+                       : " [bf16, exact]",
+             T);
     expect_close(what, out[1], out[0], q_n, tiled ? 1e-2 : 1e-5);
     free(out[0]);
     free(out[1]);
-    free(kh); free(vh); free(qh); free(qph);
-    free(pos); free(sot); free(perm);
+    free(kh);
+    free(vh);
+    free(qh);
+    free(qph);
+    free(pos);
+    free(sot);
+    free(perm);
     for (int32_t s = 0; s < S; s++) free(segs[s]);
 }
 
@@ -1016,41 +1054,117 @@ static void check_attention(const attn_case *ac) { check_attention_mode(ac, 0); 
 static const attn_case BF16_CASES[] = {
     {"prefill", 9, 3, 64, 16, 1, {50}, {0}, {50}, {false}, false, false},
     {"chunk after 100", 9, 3, 64, 16, 1, {120}, {100}, {20}, {false}, false, false},
-    {"decode, 4 sequences", 32, 8, 128, 16, 4, {1, 17, 250, 1000}, {0, 16, 249, 999},
-     {1, 1, 1, 1}, {false}, false, false},
-    {"mixed batch, d=128", 32, 8, 128, 16, 3, {30, 71, 52}, {0, 70, 40}, {30, 1, 12},
-     {false}, false, false},
-    {"interleaved", 6, 2, 64, 16, 3, {40, 33, 9}, {30, 31, 0}, {10, 2, 9}, {false}, false,
-     true},
-    {"query after memory (split keys)", 32, 8, 128, 16, 1, {1400}, {1370}, {30}, {false},
-     false, false},
-    {"prefill 300, 8B heads", 32, 8, 128, 16, 1, {300}, {0}, {300}, {false}, false, false},
-    {"group of 7, d=128", 28, 4, 128, 16, 2, {200, 90}, {150, 0}, {50, 90}, {false}, false,
+    {"decode, 4 sequences",
+     32,
+     8,
+     128,
+     16,
+     4,
+     {1, 17, 250, 1000},
+     {0, 16, 249, 999},
+     {1, 1, 1, 1},
+     {false},
+     false,
      false},
-    {"no GQA, d=64, block 32", 8, 8, 64, 32, 2, {130, 65}, {0, 60}, {130, 5}, {false}, false,
+    {"mixed batch, d=128",
+     32,
+     8,
+     128,
+     16,
+     3,
+     {30, 71, 52},
+     {0, 70, 40},
+     {30, 1, 12},
+     {false},
+     false,
+     false},
+    {"interleaved", 6, 2, 64, 16, 3, {40, 33, 9}, {30, 31, 0}, {10, 2, 9}, {false}, false, true},
+    {"query after memory (split keys)",
+     32,
+     8,
+     128,
+     16,
+     1,
+     {1400},
+     {1370},
+     {30},
+     {false},
+     false,
+     false},
+    {"prefill 300, 8B heads", 32, 8, 128, 16, 1, {300}, {0}, {300}, {false}, false, false},
+    {"group of 7, d=128", 28, 4, 128, 16, 2, {200, 90}, {150, 0}, {50, 90}, {false}, false, false},
+    {"no GQA, d=64, block 32",
+     8,
+     8,
+     64,
+     32,
+     2,
+     {130, 65},
+     {0, 60},
+     {130, 5},
+     {false},
+     false,
      false},
     {"segments (exact kernel)", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, false, false},
     {"segments + q_prefix (exact)", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, true, false},
-    {"d=24 (exact kernel)", 4, 2, 24, 8, 3, {30, 71, 52}, {0, 70, 40}, {30, 1, 12}, {false},
-     false, false},
+    {"d=24 (exact kernel)",
+     4,
+     2,
+     24,
+     8,
+     3,
+     {30, 71, 52},
+     {0, 70, 40},
+     {30, 1, 12},
+     {false},
+     false,
+     false},
     /* The product's shape, split by cuda_flash_plan_batch's cost model: a
      * 30-token query after k = 50 facts of memory; 32 and 33 tokens (two
      * and three 16-token tiles); two such queries after different memories
      * in one batch (the shorter one's tile gets empty splits); a decode
      * step over 2000 keys; a group of 7 at d = 64 (18 tokens). */
-    {"query of 30 after 1310 keys, 8B", 32, 8, 128, 16, 1, {1340}, {1310}, {30}, {false},
-     false, false},
+    {"query of 30 after 1310 keys, 8B",
+     32,
+     8,
+     128,
+     16,
+     1,
+     {1340},
+     {1310},
+     {30},
+     {false},
+     false,
+     false},
     {"query of 32 after 600", 32, 8, 128, 16, 1, {632}, {600}, {32}, {false}, false, false},
     {"query of 33 after 600", 32, 8, 128, 16, 1, {633}, {600}, {33}, {false}, false, false},
-    {"two queries of 30 after 590, 1340", 32, 8, 128, 16, 2, {620, 1370}, {590, 1340},
-     {30, 30}, {false}, false, false},
-    {"decode over 2000 keys, 8B", 32, 8, 128, 16, 1, {2000}, {1999}, {1}, {false}, false,
+    {"two queries of 30 after 590, 1340",
+     32,
+     8,
+     128,
+     16,
+     2,
+     {620, 1370},
+     {590, 1340},
+     {30, 30},
+     {false},
+     false,
      false},
-    {"group of 7, d=64, run of 18", 28, 4, 64, 16, 1, {500}, {482}, {18}, {false}, false,
-     false},
+    {"decode over 2000 keys, 8B", 32, 8, 128, 16, 1, {2000}, {1999}, {1}, {false}, false, false},
+    {"group of 7, d=64, run of 18", 28, 4, 64, 16, 1, {500}, {482}, {18}, {false}, false, false},
     /* Blocks of 24 tokens (not a power of two): the exact kernel. */
-    {"query after memory, blocks of 24 (exact kernel)", 32, 8, 128, 24, 1, {700}, {670}, {30},
-     {false}, false, false},
+    {"query after memory, blocks of 24 (exact kernel)",
+     32,
+     8,
+     128,
+     24,
+     1,
+     {700},
+     {670},
+     {30},
+     {false},
+     false,
+     false},
 };
 
 /* Attention over a bf16 cache: the tiled kernel where it applies, then the
@@ -1069,8 +1183,7 @@ static void test_attention_bf16(void **state) {
         print_message("key splits merged %s%s, %s\n",
                       clusters ? "in clusters" : "by a second kernel",
                       pass == 2 ? ", no programmatic dependent launch" : "",
-                      pass >= 3 ? "mma.sync"
-                                : "the default engine (wgmma on an sm_90a GPU)");
+                      pass >= 3 ? "mma.sync" : "the default engine (wgmma on an sm_90a GPU)");
         for (size_t k = 0; k < sizeof BF16_CASES / sizeof BF16_CASES[0]; k++) {
             /* Both layouts of the output's bf16 copy (expect_feeds_matmul). */
             cuda_opts(g_gpu, k % 2 ? "precision=bf16" : "precision=bf16x2");
@@ -1086,16 +1199,56 @@ static void test_attention(void **state) {
     const attn_case cases[] = {
         {"prefill", 9, 3, 64, 16, 1, {50}, {0}, {50}, {false}, false, false},
         {"chunk after 100", 9, 3, 64, 16, 1, {120}, {100}, {20}, {false}, false, false},
-        {"decode, 4 sequences", 32, 8, 128, 16, 4, {1, 17, 250, 1000}, {0, 16, 249, 999},
-         {1, 1, 1, 1}, {false}, false, false},
-        {"mixed batch, d=24", 4, 2, 24, 8, 3, {30, 71, 52}, {0, 70, 40}, {30, 1, 12},
-         {false}, false, false},
-        {"interleaved", 6, 2, 64, 16, 3, {40, 33, 9}, {30, 31, 0}, {10, 2, 9}, {false}, false,
+        {"decode, 4 sequences",
+         32,
+         8,
+         128,
+         16,
+         4,
+         {1, 17, 250, 1000},
+         {0, 16, 249, 999},
+         {1, 1, 1, 1},
+         {false},
+         false,
+         false},
+        {"mixed batch, d=24",
+         4,
+         2,
+         24,
+         8,
+         3,
+         {30, 71, 52},
+         {0, 70, 40},
+         {30, 1, 12},
+         {false},
+         false,
+         false},
+        {"interleaved",
+         6,
+         2,
+         64,
+         16,
+         3,
+         {40, 33, 9},
+         {30, 31, 0},
+         {10, 2, 9},
+         {false},
+         false,
          true},
         {"segments", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, false, false},
         {"segments + q_prefix", 9, 3, 64, 16, 1, {70}, {0}, {70}, {true}, true, false},
-        {"segments on one of two, d=256", 8, 8, 256, 32, 2, {90, 45}, {80, 0}, {10, 45},
-         {true, false}, true, false},
+        {"segments on one of two, d=256",
+         8,
+         8,
+         256,
+         32,
+         2,
+         {90, 45},
+         {80, 0},
+         {10, 45},
+         {true, false},
+         true,
+         false},
         {"d=18 (scalar loads)", 2, 1, 18, 16, 1, {40}, {0}, {40}, {false}, false, false},
         {"long prefill", 4, 1, 128, 16, 1, {600}, {0}, {600}, {true}, false, false},
     };
@@ -1195,7 +1348,12 @@ static void test_kv_store_bf16(void **state) {
     printf("  kv_store bf16: %d rows scattered, caches identical to the CPU's rounded\n", T);
     g_gpu->ops->release(g_gpu, kg);
     g_gpu->ops->release(g_gpu, vg);
-    free(kr); free(vr); free(kc0); free(vc0); free(k); free(v);
+    free(kr);
+    free(vr);
+    free(kc0);
+    free(vc0);
+    free(k);
+    free(v);
 }
 
 /* rope_store (one launch) gives the bits of rope on q, rope on k and
@@ -1254,7 +1412,8 @@ static void test_rope_store(void **state) {
                 cuda_opts(g_gpu, bf ? "kv=bf16" : "kv=f32");
                 const size_t es = g_gpu->ops->kv_elem_size(g_gpu), cb = cache_n * es;
                 rope_params rp = {.layout = layout ? ROPE_LAYOUT_NEOX : ROPE_LAYOUT_NORM,
-                                  .n_rot = part ? hd / 2 : hd, .freq_base = 10000.0f,
+                                  .n_rot = part ? hd / 2 : hd,
+                                  .freq_base = 10000.0f,
                                   .freq_scale = 1.0f};
                 void *kc[2], *vc[2];
                 float *qs[2], *ks[2], *vs[2];
@@ -1270,8 +1429,8 @@ static void test_rope_store(void **state) {
                 g_gpu->ops->rope(g_gpu, qs[0], pos, T, n_h, hd, &rp);
                 g_gpu->ops->rope(g_gpu, ks[0], pos, T, n_kv, hd, &rp);
                 g_gpu->ops->kv_store(g_gpu, kc[0], vc[0], ks[0], vs[0], perm, T, n_kv, hd, bs);
-                g_gpu->ops->rope_store(g_gpu, qs[1], ks[1], vs[1], kc[1], vc[1], pos, perm, T,
-                                       n_h, n_kv, hd, bs, &rp);
+                g_gpu->ops->rope_store(g_gpu, qs[1], ks[1], vs[1], kc[1], vc[1], pos, perm, T, n_h,
+                                       n_kv, hd, bs, &rp);
                 expect_same_rope_store(qs, kc, vc, ks, vs, q_n, cb, cache0);
                 printf("  rope_store %s cache, %s, n_rot %d: q and caches identical to rope, rope, "
                        "kv_store\n",
@@ -1291,8 +1450,7 @@ static void test_rope_store(void **state) {
  * them, partial rotations passed through); unstacked ones, or more rows
  * than one stacked product takes, the two ops. */
 static void check_matmul_rope_store(int32_t T, bool stack, bool bias, bool bf16_cache,
-                                    rope_layout layout, int32_t n_rot,
-                                    cuda_matmul_precision prec) {
+                                    rope_layout layout, int32_t n_rot, cuda_matmul_precision prec) {
     const int32_t n_h = 8, n_kv = 2, hd = 128, bs = 16, cols = 512;
     const int32_t n_blocks = (T + bs - 1) / bs + 2;
     const int64_t rows[3] = {(int64_t)n_h * hd, (int64_t)n_kv * hd, (int64_t)n_kv * hd};
@@ -1315,7 +1473,8 @@ static void check_matmul_rope_store(int32_t T, bool stack, bool bias, bool bf16_
     cuda_opts(g_gpu, bf16_cache ? "kv=bf16" : "kv=f32");
     const size_t cache_n = (size_t)n_blocks * n_kv * bs * hd;
     const size_t cb = cache_n * g_gpu->ops->kv_elem_size(g_gpu);
-    int32_t *perm = malloc((size_t)n_blocks * bs * sizeof *perm), *pos = malloc((size_t)T * sizeof *pos);
+    int32_t *perm = malloc((size_t)n_blocks * bs * sizeof *perm),
+            *pos = malloc((size_t)T * sizeof *pos);
     for (int32_t i = 0; i < n_blocks * bs; i++) perm[i] = i;
     for (int32_t i = n_blocks * bs - 1; i > 0; i--) {
         int32_t j = irand(i + 1), tmp = perm[i];
@@ -1370,10 +1529,9 @@ static void test_matmul_rope_store(void **state) {
     for (int bf = 0; bf <= 1; bf++)
         for (int layout = 0; layout <= 1; layout++)
             for (int part = 0; part <= 1; part++)
-                check_matmul_rope_store(30, true, layout == part, bf,
-                                        layout ? ROPE_LAYOUT_NEOX : ROPE_LAYOUT_NORM,
-                                        part ? 64 : 128,
-                                        bf ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
+                check_matmul_rope_store(
+                    30, true, layout == part, bf, layout ? ROPE_LAYOUT_NEOX : ROPE_LAYOUT_NORM,
+                    part ? 64 : 128, bf ? CUDA_MATMUL_BF16 : CUDA_MATMUL_BF16X2);
     check_matmul_rope_store(30, false, true, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(300, true, true, true, ROPE_LAYOUT_NORM, 128, CUDA_MATMUL_BF16);
     check_matmul_rope_store(1, true, false, true, ROPE_LAYOUT_NEOX, 128, CUDA_MATMUL_BF16X2);
@@ -1407,19 +1565,32 @@ static void test_argmax(void **state) {
             float *row = x + (size_t)r * n;
             const int32_t at = irand(n), at2 = irand(n);
             switch (r) {
-            case 0: break; /* random */
+            case 0: break;                             /* random */
             case 1: row[at] = row[at2] = 1e30f; break; /* a tie: the lower index */
             case 2: row[n - 1] = 1e30f; break;
-            case 3: row[0] = 1e30f; row[at] = NAN; break;
-            case 4: for (int32_t i = 0; i < n; i++) row[i] = NAN; break;
-            case 5: for (int32_t i = 0; i < n; i++) row[i] = i % 3 ? NAN : -INFINITY; break;
+            case 3:
+                row[0] = 1e30f;
+                row[at] = NAN;
+                break;
+            case 4:
+                for (int32_t i = 0; i < n; i++) row[i] = NAN;
+                break;
+            case 5:
+                for (int32_t i = 0; i < n; i++) row[i] = i % 3 ? NAN : -INFINITY;
+                break;
             case 6: /* +0 and -0 tie */
                 for (int32_t i = 0; i < n; i++) row[i] = -1.0f;
                 row[at] = -0.0f;
                 row[at2] = 0.0f;
                 break;
-            case 7: row[at] = INFINITY; row[at2] = NAN; break;
-            default: row[at] = NAN; row[at2] = 1e30f; break;
+            case 7:
+                row[at] = INFINITY;
+                row[at2] = NAN;
+                break;
+            default:
+                row[at] = NAN;
+                row[at2] = 1e30f;
+                break;
             }
         }
         float *d = put(g_gpu, x, (size_t)rows * n);
@@ -1428,7 +1599,8 @@ static void test_argmax(void **state) {
         assert_int_equal(backend_cuda_check(g_gpu), IS_OK);
         for (int32_t r = 0; r < rows; r++) {
             const int32_t want = vmath_argmax(x + (size_t)r * n, n);
-            if (got[r] != want) fail_msg("argmax n=%d row %d: %d, the host's %d", n, r, got[r], want);
+            if (got[r] != want)
+                fail_msg("argmax n=%d row %d: %d, the host's %d", n, r, got[r], want);
             n_rows++;
         }
         /* A row at an offset that is not 16-byte aligned: the element path. */
@@ -1524,11 +1696,18 @@ static float **inject_on(backend *be, const inj_shape *sh, const inj_facts *f, i
     for (int32_t i = 0; i < f->n; i++) {
         bf[i] = (backend_fact){f->id[i], f->len[i], f->k[i], f->v[i]};
         /* What a server does: no values for a record the backend holds. */
-        if (g_omit_resident && be->ops->fact_resident(be, f->id[i], f->len[i])) bf[i].k = bf[i].v = NULL;
+        if (g_omit_resident && be->ops->fact_resident(be, f->id[i], f->len[i]))
+            bf[i].k = bf[i].v = NULL;
     }
-    backend_inject in = {.n_layers = sh->n_layers, .n_kv_heads = sh->n_kv, .head_dim = sh->hd,
-                         .block_size = sh->bs, .facts = bf, .n_facts = f->n, .pos0 = pos0,
-                         .slots = slots, .rope = &sh->rp};
+    backend_inject in = {.n_layers = sh->n_layers,
+                         .n_kv_heads = sh->n_kv,
+                         .head_dim = sh->hd,
+                         .block_size = sh->bs,
+                         .facts = bf,
+                         .n_facts = f->n,
+                         .pos0 = pos0,
+                         .slots = slots,
+                         .rope = &sh->rp};
     be->ops->inject(be, dev, dev + sh->n_layers, &in);
     float **out = calloc(2 * (size_t)sh->n_layers, sizeof *out);
     for (int32_t i = 0; i < 2 * sh->n_layers; i++)
@@ -1545,7 +1724,7 @@ static void caches_free(float **c, int32_t n) {
 /* Injects f on `be` into caches of random content and compares with the
  * CPU reference: the written rows within the tolerance, the rest unchanged. */
 static void check_inject(backend *be, const char *what, const inj_shape *sh, const inj_facts *f,
-                            bool bf16) {
+                         bool bf16) {
     const size_t cache_n = (size_t)sh->n_blocks * sh->n_kv * sh->bs * sh->hd;
     int32_t total = 0;
     for (int32_t i = 0; i < f->n; i++) total += f->len[i];
@@ -1574,7 +1753,8 @@ static void check_inject(backend *be, const char *what, const inj_shape *sh, con
     inject_reference(sh, f, pos0, perm, ref, ref + sh->n_layers, bf16);
     /* Compare the written rows only (the rest must be untouched: exact). */
     const int32_t kv_dim = sh->n_kv * sh->hd;
-    float *a = malloc((size_t)total * kv_dim * sizeof(float)), *b = malloc((size_t)total * kv_dim * sizeof(float));
+    float *a = malloc((size_t)total * kv_dim * sizeof(float)),
+          *b = malloc((size_t)total * kv_dim * sizeof(float));
     double worst = 0;
     for (int32_t i = 0; i < 2 * sh->n_layers; i++) {
         if (bf16)
@@ -1583,8 +1763,10 @@ static void check_inject(backend *be, const char *what, const inj_shape *sh, con
             int32_t slot = perm[t], blk = slot / sh->bs, off = slot % sh->bs;
             for (int32_t h = 0; h < sh->n_kv; h++) {
                 size_t at = (((size_t)blk * sh->n_kv + h) * sh->bs + off) * sh->hd;
-                memcpy(a + ((size_t)t * sh->n_kv + h) * sh->hd, got[i] + at, sh->hd * sizeof(float));
-                memcpy(b + ((size_t)t * sh->n_kv + h) * sh->hd, ref[i] + at, sh->hd * sizeof(float));
+                memcpy(a + ((size_t)t * sh->n_kv + h) * sh->hd, got[i] + at,
+                       sh->hd * sizeof(float));
+                memcpy(b + ((size_t)t * sh->n_kv + h) * sh->hd, ref[i] + at,
+                       sh->hd * sizeof(float));
                 memcpy(got[i] + at, ref[i] + at, sh->hd * sizeof(float)); /* for the exact check */
             }
         }
@@ -1619,8 +1801,7 @@ static void test_inject(void **state) {
             inj_facts f;
             inj_facts_make(&shapes[s_i], &f, 4, lens, 0); /* id 0: not kept */
             char what[96];
-            snprintf(what, sizeof what, "inject %s, %s cache", names[s_i],
-                     bf16 ? "bf16" : "f32");
+            snprintf(what, sizeof what, "inject %s, %s cache", names[s_i], bf16 ? "bf16" : "f32");
             check_inject(g_gpu, what, &shapes[s_i], &f, bf16);
             inj_facts_free(&f);
         }
@@ -1678,8 +1859,14 @@ static void test_arena(void **state) {
     cuda_opts(be, "kv=f32");
     assert_false(be->ops->fact_resident(be, 1000, 17)); /* an f32 cache does not use the arena */
     inj_facts CA = {.n = 2};
-    CA.len[0] = C.len[0]; CA.id[0] = C.id[0]; CA.k[0] = C.k[0]; CA.v[0] = C.v[0];
-    CA.len[1] = A.len[0]; CA.id[1] = A.id[0]; CA.k[1] = A.k[0]; CA.v[1] = A.v[0];
+    CA.len[0] = C.len[0];
+    CA.id[0] = C.id[0];
+    CA.k[0] = C.k[0];
+    CA.v[0] = C.v[0];
+    CA.len[1] = A.len[0];
+    CA.id[1] = A.id[0];
+    CA.k[1] = A.k[0];
+    CA.v[1] = A.v[0];
     g_omit_resident = true;
     check_inject(be, "arena: C (miss, evicts B) + A (hit, no values)", &sh, &CA, true);
     g_omit_resident = false;
@@ -1717,8 +1904,18 @@ static void test_arena(void **state) {
  * rarely past a block's first tile). */
 static void test_attention_rising(void **state) {
     SKIP_WITHOUT_GPU();
-    const attn_case ac = {"rising scores after 1310 keys, 8B", 32, 8, 128, 16, 1, {1340},
-                          {1310}, {30}, {false}, false, false};
+    const attn_case ac = {"rising scores after 1310 keys, 8B",
+                          32,
+                          8,
+                          128,
+                          16,
+                          1,
+                          {1340},
+                          {1310},
+                          {30},
+                          {false},
+                          false,
+                          false};
     const float slopes[2] = {1.0f / 32, 0.5f};
     for (int cl = 0; cl <= 1; cl++)
         for (int si = 0; si < 2; si++) {
@@ -1749,25 +1946,38 @@ static void test_swiglu_add(void **state) {
     gpu_ok();
     expect_close("swiglu n=100003 in place", out[1], out[0], (size_t)n, 1e-6);
     expect_close("add n=100003", sum[1], sum[0], (size_t)n, 0.0);
-    free(out[0]); free(out[1]); free(sum[0]); free(sum[1]);
-    free(gate); free(up);
+    free(out[0]);
+    free(out[1]);
+    free(sum[0]);
+    free(sum[1]);
+    free(gate);
+    free(up);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_create_errors),  cmocka_unit_test(test_memory),
-        cmocka_unit_test(test_weight_types),   cmocka_unit_test(test_weight_refusals),
-        cmocka_unit_test(test_rmsnorm),        cmocka_unit_test(test_add_rmsnorm),
-        cmocka_unit_test(test_matmul),         cmocka_unit_test(test_matmul_n),
+        cmocka_unit_test(test_create_errors),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_weight_types),
+        cmocka_unit_test(test_weight_refusals),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_add_rmsnorm),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_matmul_swiglu),
-        cmocka_unit_test(test_rope),           cmocka_unit_test(test_rope_table_switches),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_table_switches),
         cmocka_unit_test(test_kv_store),
-        cmocka_unit_test(test_attention),      cmocka_unit_test(test_swiglu_add),
-        cmocka_unit_test(test_options), cmocka_unit_test(test_kv_store_bf16),  cmocka_unit_test(test_attention_bf16),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_options),
+        cmocka_unit_test(test_kv_store_bf16),
+        cmocka_unit_test(test_attention_bf16),
         cmocka_unit_test(test_attention_rising),
         cmocka_unit_test(test_rope_store),
         cmocka_unit_test(test_matmul_rope_store),
-        cmocka_unit_test(test_inject),         cmocka_unit_test(test_arena),
+        cmocka_unit_test(test_inject),
+        cmocka_unit_test(test_arena),
         cmocka_unit_test(test_argmax),
     };
     /* IS_TEST_FILTER (a cmocka pattern) runs a subset, e.g. one test under

@@ -92,8 +92,7 @@ static void refused(const char *spec, const char *needle) {
     cuda_options o = cuda_options_default();
     assert_int_equal(cuda_options_parse(&o, "kv=bf16"), IS_OK);
     const cuda_options before = o;
-    if (cuda_options_parse(&o, spec) != IS_ERR_INVALID_ARG)
-        fail_msg("'%s' was accepted", spec);
+    if (cuda_options_parse(&o, spec) != IS_ERR_INVALID_ARG) fail_msg("'%s' was accepted", spec);
     if (!strstr(is_error_last(), needle))
         fail_msg("'%s': message '%s' does not name '%s'", spec, is_error_last(), needle);
     assert_true(same(&o, &before));
@@ -136,8 +135,9 @@ static void test_environment_variable(void **state) {
 static void test_help_lists_every_key(void **state) {
     (void)state;
     const char *h = cuda_options_help();
-    const char *keys[] = {"precision", "kv", "flash", "clusters", "wide", "flash_wgmma", "skinny",
-                          "skinny_splits", "wgmma", "stacked", "fused_convert", "pdl", "defaults:"};
+    const char *keys[] = {"precision",     "kv",     "flash",         "clusters", "wide",
+                          "flash_wgmma",   "skinny", "skinny_splits", "wgmma",    "stacked",
+                          "fused_convert", "pdl",    "defaults:"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!strstr(h, keys[i])) fail_msg("help lacks '%s'", keys[i]);
 }

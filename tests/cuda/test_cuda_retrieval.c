@@ -64,7 +64,9 @@ static uint64_t rng_next(void) {
 }
 
 /* Uniform in [-a, a). */
-static float urand(float a) { return (float)(((double)(rng_next() >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a); }
+static float urand(float a) {
+    return (float)(((double)(rng_next() >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a);
+}
 
 static int32_t irand(int32_t n) { return (int32_t)(rng_next() % (uint64_t)n); }
 
@@ -95,7 +97,8 @@ static char g_tmp[256];
 
 /* Fails unless every row of got[n][dim] is within cosine 0.99999 and 1e-4
  * per element of want's; prints the worst of both. */
-static void expect_embeddings(const char *what, const float *got, const float *want, int32_t n, int32_t dim) {
+static void expect_embeddings(const char *what, const float *got, const float *want, int32_t n,
+                              int32_t dim) {
     double worst_cos = 1.0, worst_abs = 0.0;
     for (int32_t i = 0; i < n; i++) {
         const float *a = got + (size_t)i * dim, *b = want + (size_t)i * dim;
@@ -113,7 +116,8 @@ static void expect_embeddings(const char *what, const float *got, const float *w
         if (cosv < worst_cos) worst_cos = cosv;
         if (mx > worst_abs) worst_abs = mx;
         if (!(cosv >= 0.99999) || !(mx <= 1e-4))
-            fail_msg("%s: text %d: cosine %.8f, max abs diff %.3g (need >= 0.99999, <= 1e-4)", what, i, cosv, mx);
+            fail_msg("%s: text %d: cosine %.8f, max abs diff %.3g (need >= 0.99999, <= 1e-4)", what,
+                     i, cosv, mx);
     }
     printf("  %-40s n=%-4d cosine >= %.9f, max abs diff %.3g\n", what, n, worst_cos, worst_abs);
 }
@@ -129,8 +133,8 @@ static double max_diff(const float *a, const float *b, size_t n) {
 }
 
 /* Embeds texts and id sequences with both embedders and compares. */
-static void compare_embedders(const char *label, embedder *cpu, cuda_embedder *gpu, const char *const *texts,
-                              int32_t n_texts) {
+static void compare_embedders(const char *label, embedder *cpu, cuda_embedder *gpu,
+                              const char *const *texts, int32_t n_texts) {
     const int32_t dim = embedder_dim(cpu), M = embedder_max_tokens(cpu);
     assert_int_equal(cuda_embedder_dim(gpu), dim);
     assert_int_equal(cuda_embedder_max_tokens(gpu), M);
@@ -208,14 +212,16 @@ static const char *const short_texts[] = {
     "the cat sat on the mat.",
     "Caroline went to the beach with her kids last week!",
     "zzz qqq unable unknowable",
-    "she likes painting, he likes pizza? the dog ran to the park and the cat sat on a mat in the park "
+    "she likes painting, he likes pizza? the dog ran to the park and the cat sat on a mat in the "
+    "park "
     "with her kids and the dog likes the beach and the cat likes pizza last week",
 };
 #define N_SHORT ((int32_t)(sizeof short_texts / sizeof *short_texts))
 
-static const char *const words[] = {"the", "cat", "dog", "sat", "on", "mat", "a", "and", "ran", "to",
-                                    "park", "she", "he", "likes", "pizza", "caroline", "painting", "!",
-                                    ",", "unable", "xyz", "kids", "beach"};
+static const char *const words[] = {"the", "cat",    "dog",   "sat",      "on",       "mat",
+                                    "a",   "and",    "ran",   "to",       "park",     "she",
+                                    "he",  "likes",  "pizza", "caroline", "painting", "!",
+                                    ",",   "unable", "xyz",   "kids",     "beach"};
 
 /* A batch of n random texts of 0..40 words (many over max_seq_length). */
 static char **random_texts(int32_t n) {
@@ -369,10 +375,12 @@ static void test_embedder_minilm(void **state) {
     const char *texts[] = {
         "",
         "Hi",
-        "Caroline attended an LGBTQ support group recently and found the transgender stories inspiring.",
+        "Caroline attended an LGBTQ support group recently and found the transgender stories "
+        "inspiring.",
         "Jon lost his job as a banker and decided to open his own dance studio.",
         "What did Melanie paint last year?",
-        "Audrey adopted two dachshunds named Pepper and Panda last spring, caf\xc3\xa9 \xe6\x9d\xb1 ok.",
+        "Audrey adopted two dachshunds named Pepper and Panda last spring, caf\xc3\xa9 "
+        "\xe6\x9d\xb1 ok.",
         long_text,
     };
     compare_embedders("MiniLM", cpu, gpu, texts, (int32_t)(sizeof texts / sizeof *texts));
@@ -413,8 +421,8 @@ static int32_t g_unaligned; /* searches with the query one float off alignment *
 
 /* Searches m (whose rows are M[n][dim] on the host) for q with every k of
  * ks and compares with the brute force. */
-static void expect_search(const char *what, cuda_fact_matrix *m, const float *M, int32_t n, int32_t dim,
-                          const float *q) {
+static void expect_search(const char *what, cuda_fact_matrix *m, const float *M, int32_t n,
+                          int32_t dim, const float *q) {
     assert_int_equal(cuda_fact_matrix_count(m), n);
     ref_hit *ref = brute_force(M, n, dim, q);
     float *dq = dev_alloc((size_t)dim + 1);
@@ -430,11 +438,12 @@ static void expect_search(const char *what, cuda_fact_matrix *m, const float *M,
         if (got != want) fail_msg("%s k=%d: %d results, want %d", what, k, got, want);
         for (int32_t i = 0; i < want; i++) {
             if (idx[i] != ref[i].i)
-                fail_msg("%s n=%d k=%d: result %d is row %d (score %.9g), want row %d (score %.12g)", what, n, k,
-                         i, idx[i], (double)score[i], ref[i].i, ref[i].s);
+                fail_msg(
+                    "%s n=%d k=%d: result %d is row %d (score %.9g), want row %d (score %.12g)",
+                    what, n, k, i, idx[i], (double)score[i], ref[i].i, ref[i].s);
             if (!(fabs((double)score[i] - ref[i].s) <= 1e-6))
-                fail_msg("%s n=%d k=%d: result %d score %.9g, want %.12g", what, n, k, i, (double)score[i],
-                         ref[i].s);
+                fail_msg("%s n=%d k=%d: result %d score %.9g, want %.12g", what, n, k, i,
+                         (double)score[i], ref[i].s);
         }
     }
     /* score_rows on the last search's rows, in reverse order: the very
@@ -446,13 +455,14 @@ static void expect_search(const char *what, cuda_fact_matrix *m, const float *M,
     ok(cuda_fact_matrix_score_rows(m, qd, rev, last, rs));
     for (int32_t i = 0; i < last; i++)
         if (rs[i] != score[last - 1 - i])
-            fail_msg("%s: score_rows gives row %d %.9g, the search %.9g", what, rev[i], (double)rs[i],
-                     (double)score[last - 1 - i]);
+            fail_msg("%s: score_rows gives row %d %.9g, the search %.9g", what, rev[i],
+                     (double)rs[i], (double)score[last - 1 - i]);
     if (n > 0) {
         const int32_t bad[2] = {0, n};
         assert_int_equal(cuda_fact_matrix_score_rows(m, qd, bad, 2, rs), IS_ERR_INVALID_ARG);
     }
-    printf("  %-40s n=%-8d dim=%-4d k=1..1024 identical (top score %.6f)\n", what, n, dim, ref[0].s);
+    printf("  %-40s n=%-8d dim=%-4d k=1..1024 identical (top score %.6f)\n", what, n, dim,
+           ref[0].s);
     cuda_ok(cudaFree(dq));
     free(ref);
 }
@@ -472,7 +482,8 @@ static void unit_rows(float *M, int32_t n, int32_t dim) {
 
 static cuda_fact_matrix *new_matrix(int32_t dim) {
     cuda_fact_matrix *m = NULL;
-    if (cuda_fact_matrix_create(0, dim, &m) != IS_OK) fail_msg("cuda_fact_matrix_create: %s", is_error_last());
+    if (cuda_fact_matrix_create(0, dim, &m) != IS_OK)
+        fail_msg("cuda_fact_matrix_create: %s", is_error_last());
     assert_int_equal(cuda_fact_matrix_count(m), 0);
     assert_int_equal(cuda_fact_matrix_dim(m), dim);
     return m;
@@ -501,7 +512,8 @@ static void upload(cuda_fact_matrix *m, const float *M, int32_t n, int32_t dim, 
     }
     int32_t *rows = shuffled(0, n);
     float *data = xmalloc((size_t)n * dim * sizeof(float));
-    for (int32_t i = 0; i < n; i++) memcpy(data + (size_t)i * dim, M + (size_t)rows[i] * dim, (size_t)dim * 4);
+    for (int32_t i = 0; i < n; i++)
+        memcpy(data + (size_t)i * dim, M + (size_t)rows[i] * dim, (size_t)dim * 4);
     ok(cuda_fact_matrix_set_rows(m, rows, n, data));
     free(data);
     free(rows);
@@ -516,8 +528,12 @@ static void test_topk_random(void **state) {
         float *M = xmalloc((size_t)n * dim * sizeof(float));
         unit_rows(M, n, dim);
         if (n >= 1000) /* exact duplicates of row 20: equal scores, ordered by row */
-            for (int32_t r = 0; r < 3; r++) memcpy(M + (size_t)(r == 0 ? 10 : r == 1 ? 500 : n - 1) * dim,
-                                                   M + (size_t)20 * dim, (size_t)dim * sizeof(float));
+            for (int32_t r = 0; r < 3; r++)
+                memcpy(M + (size_t)(r == 0   ? 10
+                                    : r == 1 ? 500
+                                             : n - 1) *
+                               dim,
+                       M + (size_t)20 * dim, (size_t)dim * sizeof(float));
         cuda_fact_matrix *m = new_matrix(dim);
         upload(m, M, n, dim, n == 1000);
         float q[384];
@@ -545,9 +561,7 @@ static void ternary(float *x, size_t n) {
 
 static void test_topk_ties(void **state) {
     (void)state;
-    static const struct {
-        int32_t n, dim;
-    } cases[] = {{1000003, 16}, {50000, 13}};
+    static const struct { int32_t n, dim; } cases[] = {{1000003, 16}, {50000, 13}};
     for (size_t t = 0; t < sizeof cases / sizeof *cases; t++) {
         const int32_t n = cases[t].n, dim = cases[t].dim;
         float *M = xmalloc((size_t)n * dim * sizeof(float));
@@ -581,7 +595,8 @@ static void test_topk_updates(void **state) {
     ok(cuda_fact_matrix_search(m, dq, 10, idx, score, &got));
     assert_int_equal(got, 0);
     assert_int_equal(cuda_fact_matrix_search(m, dq, -1, idx, score, &got), IS_ERR_INVALID_ARG);
-    assert_int_equal(cuda_fact_matrix_search(m, dq, CUDA_TOPK_MAX + 1, idx, score, &got), IS_ERR_INVALID_ARG);
+    assert_int_equal(cuda_fact_matrix_search(m, dq, CUDA_TOPK_MAX + 1, idx, score, &got),
+                     IS_ERR_INVALID_ARG);
     assert_int_equal(cuda_fact_matrix_search(m, NULL, 1, idx, score, &got), IS_ERR_INVALID_ARG);
     cuda_fact_matrix *bad = (cuda_fact_matrix *)0x1;
     assert_int_equal(cuda_fact_matrix_create(0, 0, &bad), IS_ERR_INVALID_ARG);
@@ -614,7 +629,8 @@ static void test_topk_updates(void **state) {
         const int32_t r = i == 0 ? n - 1 : irand(n);
         ok(cuda_fact_matrix_remove_row(m, r, &moved));
         assert_int_equal(moved, r == n - 1 ? -1 : n - 1);
-        if (r != n - 1) memcpy(M + (size_t)r * dim, M + (size_t)(n - 1) * dim, (size_t)dim * sizeof(float));
+        if (r != n - 1)
+            memcpy(M + (size_t)r * dim, M + (size_t)(n - 1) * dim, (size_t)dim * sizeof(float));
         n--;
     }
     expect_search("after 50 removes", m, M, n, dim, q);
@@ -636,17 +652,20 @@ static void test_topk_updates(void **state) {
     unit_rows(data, 50, dim);
     memcpy(data + (size_t)7 * dim, q, sizeof q); /* one of them is the query: first hit */
     ok(cuda_fact_matrix_set_rows(m, rows, 50, data));
-    for (int32_t i = 0; i < 50; i++) memcpy(M + (size_t)rows[i] * dim, data + (size_t)i * dim, (size_t)dim * 4);
+    for (int32_t i = 0; i < 50; i++)
+        memcpy(M + (size_t)rows[i] * dim, data + (size_t)i * dim, (size_t)dim * 4);
     n += 20;
     expect_search("after replacements and appends", m, M, n, dim, q);
 
     /* From device memory: 10 appends (a run) and 2 replacements. */
-    const int32_t drows[12] = {n, n + 1, n + 2, n + 3, n + 4, 0, n + 5, n + 6, n + 7, n + 8, n + 9, 17};
+    const int32_t drows[12] = {n,     n + 1, n + 2, n + 3, n + 4, 0,
+                               n + 5, n + 6, n + 7, n + 8, n + 9, 17};
     unit_rows(data, 12, dim);
     float *dd = dev_alloc((size_t)12 * dim);
     cuda_ok(cudaMemcpy(dd, data, (size_t)12 * dim * sizeof(float), cudaMemcpyHostToDevice));
     ok(cuda_fact_matrix_set_rows_device(m, drows, 12, dd));
-    for (int32_t i = 0; i < 12; i++) memcpy(M + (size_t)drows[i] * dim, data + (size_t)i * dim, (size_t)dim * 4);
+    for (int32_t i = 0; i < 12; i++)
+        memcpy(M + (size_t)drows[i] * dim, data + (size_t)i * dim, (size_t)dim * 4);
     n += 10;
     expect_search("after updates from device memory", m, M, n, dim, q);
 
@@ -681,7 +700,10 @@ static int setup(void **state) {
     printf("seed %llu\n", (unsigned long long)g_rng);
     snprintf(g_tmp, sizeof g_tmp, "/tmp/test_cuda_retrieval.XXXXXX");
     if (!mkdtemp(g_tmp)) return -1;
-    return test_bert_write(g_tmp, &test_bert_a, &g_rng) || test_bert_write(g_tmp, &test_bert_b, &g_rng) ? -1 : 0;
+    return test_bert_write(g_tmp, &test_bert_a, &g_rng) ||
+                   test_bert_write(g_tmp, &test_bert_b, &g_rng)
+               ? -1
+               : 0;
 }
 
 static int teardown(void **state) {
@@ -692,9 +714,9 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedder_random), cmocka_unit_test(test_embedder_interface),
-        cmocka_unit_test(test_embedder_errors),
-        cmocka_unit_test(test_embedder_minilm), cmocka_unit_test(test_topk_random),
-        cmocka_unit_test(test_topk_ties),       cmocka_unit_test(test_topk_updates),
+        cmocka_unit_test(test_embedder_errors), cmocka_unit_test(test_embedder_minilm),
+        cmocka_unit_test(test_topk_random),     cmocka_unit_test(test_topk_ties),
+        cmocka_unit_test(test_topk_updates),
     };
     if (getenv("IS_TEST_FILTER")) cmocka_set_test_filter(getenv("IS_TEST_FILTER"));
     /* Without a device every test would skip: let ctest report the program

@@ -41,7 +41,7 @@ extern "C" { /* this cmocka.h declares its functions for C only */
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
         if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));           \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
             fail();                                                                                \
         }                                                                                          \
     } while (0)
@@ -83,7 +83,8 @@ static int check_shape(const shape &s) {
                 kh[at] = __float2bfloat16(urand());
                 vh[at] = __float2bfloat16(urand());
             }
-    std::vector<int32_t> sot((size_t)s.T, 0), pos((size_t)s.T), tiles((size_t)s.T * FLASH_TILE_INTS);
+    std::vector<int32_t> sot((size_t)s.T, 0), pos((size_t)s.T),
+        tiles((size_t)s.T * FLASH_TILE_INTS);
     for (int32_t t = 0; t < s.T; t++) pos[(size_t)t] = s.pos0 + t;
     const int32_t bt_off[1] = {0};
 
@@ -109,9 +110,9 @@ static int check_shape(const shape &s) {
         for (int si = 0; si < 3; si++)
             for (int cl = 0; cl <= 1; cl++) {
                 const int32_t bn = shape[0], kw = shape[1];
-                cuda_flash_plan plan = cuda_flash_plan_batch(
-                    sot.data(), pos.data(), s.T, bt_off, s.H, s.KH, s.D, g_sms,
-                    CUDA_FLASH_CHOICE_AUTO, true, tiles.data());
+                cuda_flash_plan plan =
+                    cuda_flash_plan_batch(sot.data(), pos.data(), s.T, bt_off, s.H, s.KH, s.D,
+                                          g_sms, CUDA_FLASH_CHOICE_AUTO, true, tiles.data());
                 const int32_t max_kt = (keys + bn - 1) / bn;
                 plan.splits = splits_of[si];
                 plan.key_warps = kw;

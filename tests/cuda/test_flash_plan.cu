@@ -21,14 +21,15 @@ struct tile {
     int32_t t0, n, bt_at, pos0;
 };
 
-static std::vector<tile> plan_tiles(const std::vector<int32_t> &seq, const std::vector<int32_t> &pos,
+static std::vector<tile> plan_tiles(const std::vector<int32_t> &seq,
+                                    const std::vector<int32_t> &pos,
                                     const std::vector<int32_t> &bt_off, int32_t n_heads,
                                     int32_t n_kv_heads) {
     const int32_t T = (int32_t)seq.size();
     std::vector<int32_t> raw((size_t)T * FLASH_TILE_INTS, -1);
-    const cuda_flash_plan p = cuda_flash_plan_batch(seq.data(), pos.data(), T, bt_off.data(), n_heads,
-                                                    n_kv_heads, 128, 132, CUDA_FLASH_CHOICE_AUTO,
-                                                    true, raw.data());
+    const cuda_flash_plan p =
+        cuda_flash_plan_batch(seq.data(), pos.data(), T, bt_off.data(), n_heads, n_kv_heads, 128,
+                              132, CUDA_FLASH_CHOICE_AUTO, true, raw.data());
     std::vector<tile> out;
     for (int32_t i = 0; i < p.n_tiles; i++) {
         const int32_t *r = raw.data() + (size_t)i * FLASH_TILE_INTS;
@@ -49,8 +50,8 @@ static void expect_tile(const tile &got, tile want) {
  * run is a tile of its own, at its own position. */
 static void test_interleaved(void **state) {
     (void)state;
-    const std::vector<tile> t = plan_tiles({0, 0, 0, 1, 1, 0, 2, 2, 2, 2},
-                                           {10, 11, 12, 5, 6, 13, 0, 1, 2, 3}, {0, 100, 200}, 32, 8);
+    const std::vector<tile> t = plan_tiles(
+        {0, 0, 0, 1, 1, 0, 2, 2, 2, 2}, {10, 11, 12, 5, 6, 13, 0, 1, 2, 3}, {0, 100, 200}, 32, 8);
     assert_int_equal((int)t.size(), 4);
     expect_tile(t[0], {0, 3, 0, 10});
     expect_tile(t[1], {3, 2, 100, 5});

@@ -79,7 +79,8 @@ static void test_host_conversions(void **state) {
         q.__x = (__nv_fp8_storage_t)c;
         const float want = (float)q, got = fp8_e4m3_to_f32((uint8_t)c);
         if (isnan(want) ? !isnan(got) : bits_of(want) != bits_of(got)) {
-            if (bad++ < 10) printf("decode %02x: cuda %08x, fp8.c %08x\n", c, bits_of(want), bits_of(got));
+            if (bad++ < 10)
+                printf("decode %02x: cuda %08x, fp8.c %08x\n", c, bits_of(want), bits_of(got));
         }
     }
     const std::vector<uint32_t> in = inputs();
@@ -125,14 +126,16 @@ static void test_device_conversions(void **state) {
     for (int c = 0; c < 256; c++) {
         const float got = fp8_e4m3_to_f32((uint8_t)c);
         if (isnan(dec[c]) ? !isnan(got) : bits_of(dec[c]) != bits_of(got))
-            if (bad++ < 10) printf("decode %02x: gpu %08x, fp8.c %08x\n", c, bits_of(dec[c]), bits_of(got));
+            if (bad++ < 10)
+                printf("decode %02x: gpu %08x, fp8.c %08x\n", c, bits_of(dec[c]), bits_of(got));
     }
     for (int64_t i = 0; i < n; i++) {
         const uint8_t got = fp8_e4m3_from_f32(float_of(in[(size_t)i]));
         if (codes[(size_t)i] != got && bad++ < 10)
             printf("encode %08x: gpu %02x, fp8.c %02x\n", in[(size_t)i], codes[(size_t)i], got);
     }
-    printf("device: 256 codes decoded, %lld f32 encoded: %d differ from fp8.c\n", (long long)n, bad);
+    printf("device: 256 codes decoded, %lld f32 encoded: %d differ from fp8.c\n", (long long)n,
+           bad);
     cudaFree(dx);
     cudaFree(dc);
     cudaFree(ddec);
@@ -175,7 +178,8 @@ static void test_arena_fill(void **state) {
     cudaMemcpy(dp, pages, sizeof pages, cudaMemcpyHostToDevice);
     assert_int_equal(cuda_arena_fill(0, arena, dp, dk, dv, T, L, H, D, true), IS_OK);
     std::vector<uint8_t> got(page * T);
-    assert_int_equal(cudaMemcpy(got.data(), arena, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(got.data(), arena, got.size(), cudaMemcpyDeviceToHost),
+                     cudaSuccess);
     /* Expected: fp8_quantize_rows of each (layer, token) row, placed as kv.cuh says. */
     std::vector<uint8_t> codes(n);
     std::vector<float> scales((size_t)L * T * H);
@@ -301,10 +305,10 @@ static void test_injection(void **state) {
     fp8_dequantize_rows(codes.data(), sc.data(), n / c->head_dim, c->head_dim, vq.data());
 
     std::vector<float> bf_q, f8_q, f8_raw, bf_raw;
-    run(false, kq, vq, false, bf_q);  /* bf16 arena, fp8-grid values */
-    run(true, kq, vq, true, f8_q);    /* fp8 arena, the same values; then resident */
-    run(true, k, v, true, f8_raw);    /* fp8 arena quantising f32 values */
-    run(false, k, v, false, bf_raw);  /* bf16 arena, f32 values */
+    run(false, kq, vq, false, bf_q); /* bf16 arena, fp8-grid values */
+    run(true, kq, vq, true, f8_q);   /* fp8 arena, the same values; then resident */
+    run(true, k, v, true, f8_raw);   /* fp8 arena quantising f32 values */
+    run(false, k, v, false, bf_raw); /* bf16 arena, f32 values */
     const size_t bytes = bf_q.size() * sizeof(float);
     const bool same_grid = memcmp(bf_q.data(), f8_q.data(), bytes) == 0;
     const bool same_quant = memcmp(bf_q.data(), f8_raw.data(), bytes) == 0;

@@ -66,11 +66,11 @@
 #include "test_bert.h"
 #include "test_util.h"
 
-#define TOL 1e-5   /* GPU against CPU scores */
-#define AMBIG 2e-5 /* different CPU scores closer than this may swap */
+#define TOL      1e-5 /* GPU against CPU scores */
+#define AMBIG    2e-5 /* different CPU scores closer than this may swap */
 #define TIE_TEXT "the cat sat on the mat"
-#define N_TIE 110
-#define BIG_TIE 1030
+#define N_TIE    110
+#define BIG_TIE  1030
 #define MAX_LIST 4096
 
 static uint64_t g_rng = 1;
@@ -102,7 +102,8 @@ static char *random_text(char *buf, size_t cap, int32_t lo, int32_t hi) {
     size_t at = 0;
     buf[0] = 0;
     for (int32_t j = 0; j < w; j++)
-        at += (size_t)snprintf(buf + at, cap - at, "%s%s", j ? " " : "", test_bert_words[irand(n_words())]);
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", j ? " " : "",
+                               test_bert_words[irand(n_words())]);
     return buf;
 }
 
@@ -114,7 +115,8 @@ static memory *open_mem(bool gpu) {
     p.embed_name = "bert-a";
     p.gpu_retrieval = gpu;
     memory *m = NULL;
-    if (memory_open(g_data, &p, &m, NULL) != IS_OK) fail_msg("memory_open (gpu %d): %s", gpu, is_error_last());
+    if (memory_open(g_data, &p, &m, NULL) != IS_OK)
+        fail_msg("memory_open (gpu %d): %s", gpu, is_error_last());
     return m;
 }
 
@@ -126,14 +128,17 @@ static void check(memory *m) {
  * in batches of `batch`. Copies of a text are exact ties only when added
  * in batches of one: the CPU embedder's output depends on a text's place
  * in its batch (OpenBLAS's blocking), by an ulp or so. */
-static void add_many(memory *m, const char *tenant, const char *user, const char *const *texts, int32_t n,
-                     const char *agent, char (*ids)[MEMORY_ID_SIZE], int32_t batch) {
+static void add_many(memory *m, const char *tenant, const char *user, const char *const *texts,
+                     int32_t n, const char *agent, char (*ids)[MEMORY_ID_SIZE], int32_t batch) {
     for (int32_t at = 0; at < n; at += batch) {
         const int32_t b = n - at < batch ? n - at : batch;
         memory_add_req r[100];
         for (int32_t i = 0; i < b; i++)
-            r[i] = (memory_add_req){.tenant = tenant, .user = user, .text = texts[at + i],
-                                    .agent_id = (at + i) % 7 == 3 ? agent : NULL, .window = MEMORY_WINDOW_DEFAULT};
+            r[i] = (memory_add_req){.tenant = tenant,
+                                    .user = user,
+                                    .text = texts[at + i],
+                                    .agent_id = (at + i) % 7 == 3 ? agent : NULL,
+                                    .window = MEMORY_WINDOW_DEFAULT};
         ok(memory_add_batch(m, r, b, ids ? ids + at : NULL, NULL));
     }
 }
@@ -141,8 +146,14 @@ static void add_many(memory *m, const char *tenant, const char *user, const char
 /* ---- the reference: the CPU path on the memory's rows ---------------------------- */
 
 static is_status ref_row(const mem_fact *f, void *ud) {
-    mem_doc d = {.id = f->id, .tenant = f->tenant, .user = f->user, .agent_id = f->agent_id,
-                 .run_id = f->run_id, .text = f->text, .embedding = f->embedding, .metadata_json = f->metadata};
+    mem_doc d = {.id = f->id,
+                 .tenant = f->tenant,
+                 .user = f->user,
+                 .agent_id = f->agent_id,
+                 .run_id = f->run_id,
+                 .text = f->text,
+                 .embedding = f->embedding,
+                 .metadata_json = f->metadata};
     return mem_index_upsert(ud, &d);
 }
 
@@ -154,8 +165,8 @@ static mem_index *build_ref(memory *m) {
 }
 
 /* The CPU's search into out[MAX_LIST]. */
-static int32_t ref_search(mem_index *ix, const mem_filter *f, const char *q, int32_t k, mem_search_mode mode,
-                          mem_hit *out) {
+static int32_t ref_search(mem_index *ix, const mem_filter *f, const char *q, int32_t k,
+                          mem_search_mode mode, mem_hit *out) {
     float qv[64];
     assert_true(embedder_dim(g_emb) <= 64);
     ok(embedder_embed(g_emb, &q, 1, qv));
@@ -165,8 +176,8 @@ static int32_t ref_search(mem_index *ix, const mem_filter *f, const char *q, int
 }
 
 /* The memory's search, as (id, score, dense, bm25) into out[MAX_LIST]. */
-static int32_t mem_search(memory *m, const mem_filter *f, const char *q, int32_t k, mem_search_mode mode,
-                          mem_hit *out) {
+static int32_t mem_search(memory *m, const mem_filter *f, const char *q, int32_t k,
+                          mem_search_mode mode, mem_hit *out) {
     memory_hit *h = NULL;
     int32_t n = 0;
     ok(memory_search_mode(m, f, q, k, mode, &h, &n));
@@ -220,8 +231,8 @@ static bool ambiguous(const lists *L, int32_t upto) {
     return false;
 }
 
-static void check_dense(memory *m, mem_index *ix, const mem_filter *f, const char *q, int32_t k, const lists *L,
-                        tally *t) {
+static void check_dense(memory *m, mem_index *ix, const mem_filter *f, const char *q, int32_t k,
+                        const lists *L, tally *t) {
     static mem_hit R[MAX_LIST], H[MAX_LIST];
     const int32_t nR = ref_search(ix, f, q, k, MEM_SEARCH_DENSE, R);
     const int32_t nH = mem_search(m, f, q, k, MEM_SEARCH_DENSE, H);
@@ -229,14 +240,18 @@ static void check_dense(memory *m, mem_index *ix, const mem_filter *f, const cha
     for (int32_t i = 0; i < nH; i++) {
         /* The prefix of the GPU's own full order: ties cut at k resolved by id. */
         if (strcmp(H[i].id, L->G[i].id) != 0 || H[i].score != L->G[i].score)
-            fail_msg("dense '%s' k=%d: hit %d is %s (%.9g), the full GPU list has %s (%.9g)", q, k, i, H[i].id,
-                     (double)H[i].score, L->G[i].id, (double)L->G[i].score);
-        if (H[i].dense != H[i].score || H[i].bm25 != 0.0f) fail_msg("dense '%s': dense/bm25 fields", q);
+            fail_msg("dense '%s' k=%d: hit %d is %s (%.9g), the full GPU list has %s (%.9g)", q, k,
+                     i, H[i].id, (double)H[i].score, L->G[i].id, (double)L->G[i].score);
+        if (H[i].dense != H[i].score || H[i].bm25 != 0.0f)
+            fail_msg("dense '%s': dense/bm25 fields", q);
         const mem_hit *s = find(L->S, L->nS, H[i].id);
-        if (!s) fail_msg("dense '%s' k=%d: GPU hit %s is not among the user's facts", q, k, H[i].id);
-        if (!(fabs((double)H[i].score - R[i].score) <= TOL) || !(fabs((double)s->score - R[i].score) <= TOL))
-            fail_msg("dense '%s' k=%d: position %d: GPU %s %.9g (CPU score %.9g), CPU %s %.9g", q, k, i, H[i].id,
-                     (double)H[i].score, (double)s->score, R[i].id, (double)R[i].score);
+        if (!s)
+            fail_msg("dense '%s' k=%d: GPU hit %s is not among the user's facts", q, k, H[i].id);
+        if (!(fabs((double)H[i].score - R[i].score) <= TOL) ||
+            !(fabs((double)s->score - R[i].score) <= TOL))
+            fail_msg("dense '%s' k=%d: position %d: GPU %s %.9g (CPU score %.9g), CPU %s %.9g", q,
+                     k, i, H[i].id, (double)H[i].score, (double)s->score, R[i].id,
+                     (double)R[i].score);
     }
     if (ambiguous(L, nR)) {
         t->dense_ambiguous++;
@@ -244,7 +259,8 @@ static void check_dense(memory *m, mem_index *ix, const mem_filter *f, const cha
     }
     for (int32_t i = 0; i < nH; i++)
         if (strcmp(H[i].id, R[i].id) != 0)
-            fail_msg("dense '%s' k=%d: position %d: GPU %s, CPU %s (no near tie)", q, k, i, H[i].id, R[i].id);
+            fail_msg("dense '%s' k=%d: position %d: GPU %s, CPU %s (no near tie)", q, k, i, H[i].id,
+                     R[i].id);
     t->dense_strict++;
 }
 
@@ -294,8 +310,8 @@ static int32_t fuse(const mem_hit *dl, int32_t nd, const mem_hit *bl, int32_t nb
  * entries) and L->B: same ids in the same order, RRF and BM25 scores equal;
  * dense scores equal to dl's, and within TOL of the CPU's for hits outside
  * dl. */
-static void expect_fused(const char *who, const char *q, int32_t k, const mem_hit *H, int32_t nH, const mem_hit *dl,
-                         int32_t n_dl, const lists *L) {
+static void expect_fused(const char *who, const char *q, int32_t k, const mem_hit *H, int32_t nH,
+                         const mem_hit *dl, int32_t n_dl, const lists *L) {
     static fused E[2 * MAX_LIST];
     const int32_t depth = k > MEM_HYBRID_DEPTH ? k : MEM_HYBRID_DEPTH;
     const int32_t nd = n_dl < depth ? n_dl : depth, nb = L->nB < depth ? L->nB : depth;
@@ -304,20 +320,22 @@ static void expect_fused(const char *who, const char *q, int32_t k, const mem_hi
     if (nH != nE) fail_msg("%s hybrid '%s' k=%d: %d hits, the fusion has %d", who, q, k, nH, nE);
     for (int32_t i = 0; i < nH; i++) {
         if (strcmp(H[i].id, E[i].id) != 0 || H[i].score != E[i].rrf)
-            fail_msg("%s hybrid '%s' k=%d: hit %d is %s (%.9g), the fusion gives %s (%.9g)", who, q, k, i, H[i].id,
-                     (double)H[i].score, E[i].id, (double)E[i].rrf);
+            fail_msg("%s hybrid '%s' k=%d: hit %d is %s (%.9g), the fusion gives %s (%.9g)", who, q,
+                     k, i, H[i].id, (double)H[i].score, E[i].id, (double)E[i].rrf);
         const mem_hit *b = find(L->B, L->nB, H[i].id), *s = find(L->S, L->nS, H[i].id);
         assert_non_null(s);
         if (H[i].bm25 != (b ? b->score : 0.0f))
-            fail_msg("%s hybrid '%s' k=%d: bm25 of %s is %.9g, the BM25 list has %.9g", who, q, k, H[i].id,
-                     (double)H[i].bm25, b ? (double)b->score : 0.0);
-        if (E[i].dr > 0 ? H[i].dense != dl[E[i].dr - 1].score : !(fabs((double)H[i].dense - s->score) <= TOL))
-            fail_msg("%s hybrid '%s' k=%d: dense of %s (dense rank %d) is %.9g, CPU %.9g", who, q, k, H[i].id,
-                     E[i].dr, (double)H[i].dense, (double)s->score);
+            fail_msg("%s hybrid '%s' k=%d: bm25 of %s is %.9g, the BM25 list has %.9g", who, q, k,
+                     H[i].id, (double)H[i].bm25, b ? (double)b->score : 0.0);
+        if (E[i].dr > 0 ? H[i].dense != dl[E[i].dr - 1].score
+                        : !(fabs((double)H[i].dense - s->score) <= TOL))
+            fail_msg("%s hybrid '%s' k=%d: dense of %s (dense rank %d) is %.9g, CPU %.9g", who, q,
+                     k, H[i].id, E[i].dr, (double)H[i].dense, (double)s->score);
     }
 }
 
-static void check_hybrid(memory *m, const mem_filter *f, const char *q, int32_t k, const lists *L, tally *t) {
+static void check_hybrid(memory *m, const mem_filter *f, const char *q, int32_t k, const lists *L,
+                         tally *t) {
     static mem_hit H[MAX_LIST];
     const int32_t nH = mem_search(m, f, q, k, MEM_SEARCH_HYBRID, H);
     expect_fused("GPU", q, k, H, nH, L->G, L->nG, L);
@@ -342,8 +360,8 @@ static void get_lists(memory *m, mem_index *ix, const mem_filter *f, const char 
     for (int32_t i = 0; i + 1 < L->nG; i++) {
         const mem_hit *a = &L->G[i], *b = &L->G[i + 1];
         if (a->score < b->score || (a->score == b->score && strcmp(a->id, b->id) >= 0))
-            fail_msg("'%s': the GPU's full list is out of order at %d: %s %.9g, %s %.9g", q, i, a->id,
-                     (double)a->score, b->id, (double)b->score);
+            fail_msg("'%s': the GPU's full list is out of order at %d: %s %.9g, %s %.9g", q, i,
+                     a->id, (double)a->score, b->id, (double)b->score);
     }
 }
 
@@ -358,14 +376,15 @@ static void make_queries(void) {
     int32_t n = 0;
     snprintf(g_queries[n++], 256, "%s", TIE_TEXT);
     for (int i = 0; i < 4; i++) snprintf(g_queries[n++], 256, "%s", u2_dups[i]);
-    for (int i = 0; i < 5; i++) snprintf(g_queries[n++], 256, "%s", test_bert_words[irand(n_words())]);
+    for (int i = 0; i < 5; i++)
+        snprintf(g_queries[n++], 256, "%s", test_bert_words[irand(n_words())]);
     snprintf(g_queries[n++], 256, "cat sat mat"); /* near the tie text */
     snprintf(g_queries[n++], 256, "zzz qqq");     /* [UNK]s only: no BM25 match */
     while (n < N_QUERIES) random_text(g_queries[n++], 256, 2, 14);
 }
 
-static const mem_filter g_users[3] = {{.tenant = "t", .user = "u1"}, {.tenant = "t", .user = "u2"},
-                                      {.tenant = "t2", .user = "u1"}};
+static const mem_filter g_users[3] = {
+    {.tenant = "t", .user = "u1"}, {.tenant = "t", .user = "u2"}, {.tenant = "t2", .user = "u1"}};
 
 static void round_compare(memory *m, const char *label) {
     mem_index *ix = build_ref(m);
@@ -380,10 +399,11 @@ static void round_compare(memory *m, const char *label) {
                 check_hybrid(m, &g_users[u], g_queries[qi], ks[ki], &L, &t);
             }
         }
-    printf("  %-28s dense: %lld identical, %lld with near ties (scores within 1e-5); hybrid: %lld fused "
+    printf("  %-28s dense: %lld identical, %lld with near ties (scores within 1e-5); hybrid: %lld "
+           "fused "
            "exactly, %lld identical to the CPU\n",
-           label, (long long)t.dense_strict, (long long)t.dense_ambiguous, (long long)t.hybrid_fused,
-           (long long)t.hybrid_strict);
+           label, (long long)t.dense_strict, (long long)t.dense_ambiguous,
+           (long long)t.hybrid_fused, (long long)t.hybrid_strict);
     /* Most comparisons must be strict, or the test proves little. */
     assert_true(t.dense_strict >= (t.dense_strict + t.dense_ambiguous) / 2);
     assert_true(t.hybrid_strict >= t.hybrid_fused / 2);
@@ -403,12 +423,14 @@ static void cpu_equals_ref(memory *m) {
             L.nS = ref_search(ix, &g_users[u], g_queries[qi], MAX_LIST, MEM_SEARCH_DENSE, L.S);
             L.nB = mem_search(m, &g_users[u], g_queries[qi], MAX_LIST, MEM_SEARCH_BM25, L.B);
             for (int ki = 0; ki < 3; ki++) {
-                const int32_t nR = ref_search(ix, &g_users[u], g_queries[qi], ks[ki], MEM_SEARCH_DENSE, R);
+                const int32_t nR =
+                    ref_search(ix, &g_users[u], g_queries[qi], ks[ki], MEM_SEARCH_DENSE, R);
                 int32_t nH = mem_search(m, &g_users[u], g_queries[qi], ks[ki], MEM_SEARCH_DENSE, H);
                 assert_int_equal(nH, nR);
                 for (int32_t i = 0; i < nH; i++) {
                     assert_string_equal(H[i].id, R[i].id);
-                    assert_true(H[i].score == R[i].score && H[i].dense == R[i].dense && H[i].bm25 == R[i].bm25);
+                    assert_true(H[i].score == R[i].score && H[i].dense == R[i].dense &&
+                                H[i].bm25 == R[i].bm25);
                 }
                 nH = mem_search(m, &g_users[u], g_queries[qi], ks[ki], MEM_SEARCH_HYBRID, H);
                 expect_fused("CPU", g_queries[qi], ks[ki], H, nH, L.S, L.nS, &L);
@@ -430,7 +452,8 @@ static void *search_thread(void *arg) {
         const mem_filter *f = &g_users[(s->seed + i) % 3];
         memory_hit *h = NULL;
         int32_t n = 0;
-        if (memory_search(s->m, f, g_queries[(s->seed * 7 + i) % N_QUERIES], 1 + (i % 3) * 20, &h, &n) != IS_OK)
+        if (memory_search(s->m, f, g_queries[(s->seed * 7 + i) % N_QUERIES], 1 + (i % 3) * 20, &h,
+                          &n) != IS_OK)
             return (void *)1;
         memory_hits_free(h, n);
     }
@@ -496,11 +519,13 @@ static void test_gpu_retrieval(void **state) {
     int32_t nH = mem_search(m, &fa, TIE_TEXT, 10, MEM_SEARCH_DENSE, H);
     assert_true(nR > 0);
     assert_int_equal(nH, nR);
-    for (int32_t i = 0; i < nH; i++) assert_true(strcmp(H[i].id, R[i].id) == 0 && H[i].score == R[i].score);
+    for (int32_t i = 0; i < nH; i++)
+        assert_true(strcmp(H[i].id, R[i].id) == 0 && H[i].score == R[i].score);
     nR = ref_search(ix, &g_users[0], "pizza park", 1024, MEM_SEARCH_DENSE, R);
     nH = mem_search(m, &g_users[0], "pizza park", 1024, MEM_SEARCH_DENSE, H);
     assert_int_equal(nH, nR);
-    for (int32_t i = 0; i < nH; i++) assert_true(strcmp(H[i].id, R[i].id) == 0 && H[i].score == R[i].score);
+    for (int32_t i = 0; i < nH; i++)
+        assert_true(strcmp(H[i].id, R[i].id) == 0 && H[i].score == R[i].score);
     nH = mem_search(m, &g_users[0], "pizza park", 10, MEM_SEARCH_BM25, H);
     assert_true(nH > 0);
     mem_index_free(ix);
@@ -518,7 +543,9 @@ static void test_gpu_retrieval(void **state) {
     }
     for (int32_t i = 0; i < 30; i++) {
         char id[MEMORY_ID_SIZE];
-        memory_add_req r = {.tenant = "t", .user = i % 2 ? "u1" : "u2", .text = random_text(buf, sizeof buf, 2, 8),
+        memory_add_req r = {.tenant = "t",
+                            .user = i % 2 ? "u1" : "u2",
+                            .text = random_text(buf, sizeof buf, 2, 8),
                             .window = MEMORY_WINDOW_DEFAULT};
         ok(memory_add(m, &r, id));
         if (i % 3 == 0) ok(memory_update(m, "t", r.user, id, TIE_TEXT, NULL));

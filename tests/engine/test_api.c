@@ -146,10 +146,12 @@ static void test_prompt_past_context_is_refused(void **state) {
     for (int i = 0; i < 100; i++) toks[i] = 1000 + i;
     text t = {0};
     is_gen_stats st;
-    assert_int_equal(is_session_generate(s, toks, 100, greedy(4), collect, &t, &st), IS_ERR_CONTEXT_FULL);
+    assert_int_equal(is_session_generate(s, toks, 100, greedy(4), collect, &t, &st),
+                     IS_ERR_CONTEXT_FULL);
     assert_int_equal(t.n, 0);
     toks[3] = -5;
-    assert_int_equal(is_session_generate(s, toks, 10, greedy(4), collect, &t, &st), IS_ERR_INVALID_ARG);
+    assert_int_equal(is_session_generate(s, toks, 10, greedy(4), collect, &t, &st),
+                     IS_ERR_INVALID_ARG);
     /* Generation that reaches the end of the context stops cleanly. */
     assert_int_equal(is_session_generate(s, toks + 4, 60, greedy(100), collect, &t, &st), IS_OK);
     assert_true(st.n_generated <= 5);

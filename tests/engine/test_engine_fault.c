@@ -53,10 +53,10 @@ static int32_t g_vocab;
 
 /* What one request produced. */
 typedef struct outcome {
-    is_status st;   /* first failure, or IS_OK */
-    const char *at; /* the call that failed */
-    float *logits;  /* [n_vocab] of the query's last token */
-    int32_t tok;    /* greedy token after it */
+    is_status st;       /* first failure, or IS_OK */
+    const char *at;     /* the call that failed */
+    float *logits;      /* [n_vocab] of the query's last token */
+    int32_t tok;        /* greedy token after it */
     int64_t ops_end[4]; /* backend_op_count after fork, inject, prefill, decode */
 } outcome;
 
@@ -65,7 +65,8 @@ static int setup(void **state) {
     if (stat(IS_DEFAULT_MODEL, &sb) != 0) return 0;
     if (backend_create(FAULT_BACKEND, 0, &g_be) != IS_OK) return -1;
 #ifdef FAULT_CUDA
-    if (backend_set_option(g_be, BACKEND_OPT_KV_COMPACT, 1) != IS_OK) return -1; /* the fact arena */
+    if (backend_set_option(g_be, BACKEND_OPT_KV_COMPACT, 1) != IS_OK)
+        return -1; /* the fact arena */
 #endif
     if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
     const model_config *c = &g_model->cfg;
@@ -138,7 +139,8 @@ static outcome run_request(float *logits) {
     o.ops_end[0] = backend_op_count(g_be);
     assert_int_equal(kv_seq_length(kv, d), N_PREFIX);
     len = N_PREFIX;
-    engine_fact facts[2] = {{g_flen[0], NULL, g_fk[0], g_fv[0]}, {g_flen[1], NULL, g_fk[1], g_fv[1]}};
+    engine_fact facts[2] = {{g_flen[0], NULL, g_fk[0], g_fv[0]},
+                            {g_flen[1], NULL, g_fk[1], g_fv[1]}};
     if ((o.st = engine_inject_ids(g_e, d, facts, g_fid, 2)) != IS_OK) {
         o.at = "inject";
         goto done;

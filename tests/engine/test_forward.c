@@ -29,8 +29,8 @@ typedef struct golden_prompt {
     char name[32];
     int32_t *tokens;
     int32_t n_tokens;
-    float *last;     /* [n_vocab] */
-    float *all;      /* [n_tokens][n_vocab] or NULL */
+    float *last; /* [n_vocab] */
+    float *all;  /* [n_tokens][n_vocab] or NULL */
     int32_t greedy[32];
 } golden_prompt;
 
@@ -163,7 +163,8 @@ static void test_all_positions_match_reference(void **state) {
         engine *e = make_engine(2, 512);
         int32_t seq;
         assert_int_equal(engine_seq_open(e, &seq), IS_OK);
-        engine_batch b = {.n_tokens = g->n_tokens, .tokens = g->tokens, .seq = s, .want_logits = want};
+        engine_batch b = {
+            .n_tokens = g->n_tokens, .tokens = g->tokens, .seq = s, .want_logits = want};
         assert_int_equal(engine_decode(e, &b, logits), IS_OK);
         for (int32_t t = 0; t < g->n_tokens; t++) {
             double err = test_rel_range_err(logits + (size_t)t * V, g->all + (size_t)t * V, V);
@@ -288,9 +289,18 @@ static void test_paged_cache_chunking_and_interleaving(void **state) {
         int32_t toks[3 * 21], seqs[3 * 21];
         bool want[3 * 21] = {0};
         int32_t m = 0;
-        for (int32_t i = 0; i < cnt; i++) { toks[m] = rev[done + i]; seqs[m++] = b; }
-        for (int32_t i = 0; i < cnt; i++) { toks[m] = g->tokens[done + i]; seqs[m++] = a; }
-        for (int32_t i = 0; i < cnt; i++) { toks[m] = g->tokens[(done + i + 5) % n]; seqs[m++] = c; }
+        for (int32_t i = 0; i < cnt; i++) {
+            toks[m] = rev[done + i];
+            seqs[m++] = b;
+        }
+        for (int32_t i = 0; i < cnt; i++) {
+            toks[m] = g->tokens[done + i];
+            seqs[m++] = a;
+        }
+        for (int32_t i = 0; i < cnt; i++) {
+            toks[m] = g->tokens[(done + i + 5) % n];
+            seqs[m++] = c;
+        }
         bool last = done + cnt >= n;
         want[2 * cnt - 1] = last;
         engine_batch bt = {.n_tokens = m, .tokens = toks, .seq = seqs, .want_logits = want};
@@ -321,7 +331,10 @@ static void test_context_overflow_is_refused(void **state) {
     int32_t seq;
     assert_int_equal(engine_seq_open(e, &seq), IS_OK);
     int32_t toks[40], s[40];
-    for (int i = 0; i < 40; i++) { toks[i] = 100 + i; s[i] = seq; }
+    for (int i = 0; i < 40; i++) {
+        toks[i] = 100 + i;
+        s[i] = seq;
+    }
     float *logits = malloc((size_t)g_model->cfg.n_vocab * sizeof(float));
     engine_batch b = {.n_tokens = 20, .tokens = toks, .seq = s};
     assert_int_equal(engine_decode(e, &b, logits), IS_OK);

@@ -75,11 +75,11 @@ static const char *TURNS[] = {
 };
 
 typedef struct encoded {
-    int32_t *ctx;   /* context tokens */
+    int32_t *ctx; /* context tokens */
     int32_t n_ctx;
-    int32_t *toks;  /* fact tokens */
+    int32_t *toks; /* fact tokens */
     int32_t n;
-    float *k, *v;   /* [n_layers][n][kv_dim] pre-RoPE */
+    float *k, *v; /* [n_layers][n][kv_dim] pre-RoPE */
 } encoded;
 
 static int setup(void **state) {
@@ -171,7 +171,8 @@ static void test_position_invariance(void **state) {
             kerr = fmax(kerr, fabs(a.k[i] - b.k[i]));
             verr = fmax(verr, fabs(a.v[i] - b.v[i]));
         }
-        printf("  w=%d: keys max |diff| / max |k| = %.2e, values %.2e\n", w, kerr / kmax, verr / vmax);
+        printf("  w=%d: keys max |diff| / max |k| = %.2e, values %.2e\n", w, kerr / kmax,
+               verr / vmax);
         assert_true(kerr / kmax <= 1e-5);
         assert_true(verr / vmax <= 1e-5);
         encoded_free(&a);
@@ -217,39 +218,60 @@ static void check_fact_set(engine *e, const int *idx, int n_facts, int w, const 
         extra += enc[i].n_ctx;
     }
     int32_t total = np + mem + extra + ns;
-    int32_t *toks = malloc((size_t)total * sizeof *toks), *seg = malloc((size_t)total * sizeof *seg);
-    int32_t *pos = malloc((size_t)total * sizeof *pos), *shift = malloc((size_t)total * sizeof *shift);
+    int32_t *toks = malloc((size_t)total * sizeof *toks),
+            *seg = malloc((size_t)total * sizeof *seg);
+    int32_t *pos = malloc((size_t)total * sizeof *pos),
+            *shift = malloc((size_t)total * sizeof *shift);
     bool *rwant = calloc((size_t)total, 1);
     int32_t t = 0, s_i = np;
     for (int32_t i = 0; i < np; i++, t++) {
-        toks[t] = pre[i]; seg[t] = 0; pos[t] = i; shift[t] = 0;
+        toks[t] = pre[i];
+        seg[t] = 0;
+        pos[t] = i;
+        shift[t] = 0;
     }
     for (int i = 0; i < n_facts; i++) {
         int32_t delta = s_i - enc[i].n_ctx - np;
         for (int32_t j = 0; j < enc[i].n_ctx; j++, t++) {
-            toks[t] = enc[i].ctx[j]; seg[t] = -(i + 1); pos[t] = s_i - enc[i].n_ctx + j; shift[t] = delta;
+            toks[t] = enc[i].ctx[j];
+            seg[t] = -(i + 1);
+            pos[t] = s_i - enc[i].n_ctx + j;
+            shift[t] = delta;
         }
         for (int32_t j = 0; j < enc[i].n; j++, t++) {
-            toks[t] = enc[i].toks[j]; seg[t] = i + 1; pos[t] = s_i + j; shift[t] = delta;
+            toks[t] = enc[i].toks[j];
+            seg[t] = i + 1;
+            pos[t] = s_i + j;
+            shift[t] = delta;
         }
         s_i += enc[i].n;
     }
     for (int32_t j = 0; j < ns; j++, t++) {
-        toks[t] = suf[j]; seg[t] = 0; pos[t] = s_i + j; shift[t] = 0; rwant[t] = true;
+        toks[t] = suf[j];
+        seg[t] = 0;
+        pos[t] = s_i + j;
+        shift[t] = 0;
+        rwant[t] = true;
     }
     int32_t sr;
     assert_int_equal(engine_seq_open(e, &sr), IS_OK);
     int32_t *sqr = malloc((size_t)total * sizeof *sqr);
     for (int32_t i = 0; i < total; i++) sqr[i] = sr;
-    engine_batch br = {.n_tokens = total, .tokens = toks, .seq = sqr, .want_logits = rwant,
-                       .segment = seg, .pos = pos, .prefix_shift = shift};
+    engine_batch br = {.n_tokens = total,
+                       .tokens = toks,
+                       .seq = sqr,
+                       .want_logits = rwant,
+                       .segment = seg,
+                       .pos = pos,
+                       .prefix_shift = shift};
     assert_int_equal(engine_decode(e, &br, ref), IS_OK);
 
     double worst = 0;
     for (int32_t j = 0; j < ns; j++) {
         double err = test_rel_range_err(inj + (size_t)j * V, ref + (size_t)j * V, V);
         if (err > worst) worst = err;
-        assert_int_equal(sampler_argmax(inj + (size_t)j * V, V), sampler_argmax(ref + (size_t)j * V, V));
+        assert_int_equal(sampler_argmax(inj + (size_t)j * V, V),
+                         sampler_argmax(ref + (size_t)j * V, V));
     }
     printf("  %2d facts, w=%d: %d memory tokens, %d query tokens, max |diff| / range = %.2e\n",
            n_facts, w, mem, ns, worst);
@@ -264,7 +286,8 @@ static void check_fact_set(engine *e, const int *idx, int n_facts, int w, const 
         engine_batch gi = {.n_tokens = 1, .tokens = &ti, .seq = &si};
         assert_int_equal(engine_decode(e, &gi, inj), IS_OK);
         int32_t zero = 0;
-        engine_batch gr = {.n_tokens = 1, .tokens = &tr, .seq = &sr, .segment = &zero, .pos = &next_pos};
+        engine_batch gr = {
+            .n_tokens = 1, .tokens = &tr, .seq = &sr, .segment = &zero, .pos = &next_pos};
         assert_int_equal(engine_decode(e, &gr, ref), IS_OK);
         next_pos++;
         ti = sampler_argmax(inj, V);
@@ -273,8 +296,19 @@ static void check_fact_set(engine *e, const int *idx, int n_facts, int w, const 
     engine_seq_close(e, si);
     engine_seq_close(e, sr);
     for (int i = 0; i < n_facts; i++) encoded_free(&enc[i]);
-    free(enc); free(facts); free(suf); free(inj); free(ref); free(want); free(sq);
-    free(toks); free(seg); free(pos); free(shift); free(rwant); free(sqr);
+    free(enc);
+    free(facts);
+    free(suf);
+    free(inj);
+    free(ref);
+    free(want);
+    free(sq);
+    free(toks);
+    free(seg);
+    free(pos);
+    free(shift);
+    free(rwant);
+    free(sqr);
 }
 
 static void test_injection_equals_segment_masked_reference(void **state) {
@@ -288,7 +322,9 @@ static void test_injection_equals_segment_masked_reference(void **state) {
         for (int si = 0; si < 4; si++) {
             int idx[32];
             for (int i = 0; i < sizes[si]; i++) {
-                rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
                 idx[i] = (int)(rng % N_FACTS_AVAILABLE);
             }
             check_fact_set(e, idx, sizes[si], w, queries[si % 2]);
@@ -333,7 +369,9 @@ static void test_single_fact_equals_plain_prefill(void **state) {
     assert_true(err <= 1e-4);
     assert_int_equal(sampler_argmax(a, V), sampler_argmax(b, V));
     encoded_free(&f);
-    free(suf); free(a); free(b);
+    free(suf);
+    free(a);
+    free(b);
     engine_free(e);
 }
 
@@ -360,7 +398,8 @@ static void test_fork_shares_prefix_blocks(void **state) {
     encode(e, FACTS[7], 0, 0, &f);
     engine_fact fact = {f.n, f.toks, f.k, f.v};
     int32_t *suf, ns;
-    assert_int_equal(memory_prompt_suffix(g_mp, "How long has Melanie been married?", &suf, &ns), IS_OK);
+    assert_int_equal(memory_prompt_suffix(g_mp, "How long has Melanie been married?", &suf, &ns),
+                     IS_OK);
     assert_int_equal(engine_inject(e, s1, &fact, 1), IS_OK);
     for (int i = 0; i < 512; i++) sq[i] = s1;
     engine_batch b1 = {.n_tokens = ns, .tokens = suf, .seq = sq};
@@ -375,7 +414,9 @@ static void test_fork_shares_prefix_blocks(void **state) {
     for (int32_t i = 0; i < V; i++) assert_true(a[i] == b[i]);
     assert_true(kv_cache_check(engine_kv(e)));
     encoded_free(&f);
-    free(suf); free(a); free(b);
+    free(suf);
+    free(a);
+    free(b);
     engine_free(e);
 }
 

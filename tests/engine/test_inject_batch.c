@@ -93,7 +93,8 @@ static void encode(engine *e, const char *text, encoded *out) {
     int32_t np;
     const int32_t *pre = memory_prompt_prefix(g_mp, &np);
     int32_t total = np + out->n, seq;
-    int32_t *toks = malloc((size_t)total * sizeof *toks), *seqs = malloc((size_t)total * sizeof *seqs);
+    int32_t *toks = malloc((size_t)total * sizeof *toks),
+            *seqs = malloc((size_t)total * sizeof *seqs);
     memcpy(toks, pre, (size_t)np * sizeof *toks);
     memcpy(toks + np, out->toks, (size_t)out->n * sizeof *toks);
     size_t sz = (size_t)g_model->cfg.n_layers * out->n * kv_dim();
@@ -280,7 +281,8 @@ static void test_refused_sequence_left_unchanged(void **state) {
      * `extra` with a fact without values. */
     int32_t reps = n_ctx / g_enc[0].n + 1;
     engine_fact *big = malloc((size_t)reps * sizeof *big);
-    for (int32_t i = 0; i < reps; i++) big[i] = (engine_fact){g_enc[0].n, g_enc[0].toks, g_enc[0].k, g_enc[0].v};
+    for (int32_t i = 0; i < reps; i++)
+        big[i] = (engine_fact){g_enc[0].n, g_enc[0].toks, g_enc[0].k, g_enc[0].v};
     engine_fact novals = {g_enc[1].n, g_enc[1].toks, NULL, NULL};
     const uint64_t noval_id = 99;
     engine_fact f[N_SEQS][4];

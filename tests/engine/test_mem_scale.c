@@ -101,8 +101,8 @@ static void ref_attention(float *out, const float *q, const float *kc, const flo
             for (int32_t j = 0; j <= qp; j++) {
                 w[j] = -INFINITY;
                 if (!ref_visible(qp, j, seg)) continue;
-                const float *k = kc + (((size_t)b->block_tables[s][j / bs] * KH + kh) * bs +
-                                       j % bs) * hd;
+                const float *k =
+                    kc + (((size_t)b->block_tables[s][j / bs] * KH + kh) * bs + j % bs) * hd;
                 double d = 0;
                 for (int32_t i = 0; i < hd; i++) d += (double)qv[i] * k[i];
                 d /= sqrt((double)hd);
@@ -120,8 +120,8 @@ static void ref_attention(float *out, const float *q, const float *kc, const flo
                 double acc = 0;
                 for (int32_t j = 0; j <= qp; j++) {
                     if (w[j] == 0.0) continue;
-                    const float *v = vc + (((size_t)b->block_tables[s][j / bs] * KH + kh) * bs +
-                                           j % bs) * hd;
+                    const float *v =
+                        vc + (((size_t)b->block_tables[s][j / bs] * KH + kh) * bs + j % bs) * hd;
                     acc += w[j] * v[i];
                 }
                 o[i] = (float)(acc / sum);
@@ -147,11 +147,21 @@ static const mem_case CASES[] = {
     {"decode-sized", 1, {150, 0, 0}, {{20, 120}, {0, 0}, {0, 0}}, {144, 0, 0}, {6, 0, 0}, false},
     /* a prefill-sized run that starts inside the memory: its first rows
      * are not scaled, the rest are */
-    {"prefill across the memory's end", 1, {200, 0, 0}, {{33, 170}, {0, 0}, {0, 0}},
-     {150, 0, 0}, {50, 0, 0}, false},
+    {"prefill across the memory's end",
+     1,
+     {200, 0, 0},
+     {{33, 170}, {0, 0}, {0, 0}},
+     {150, 0, 0},
+     {50, 0, 0},
+     false},
     /* three sequences: memory, none, memory at the start */
-    {"three sequences", 3, {180, 90, 130}, {{17, 150}, {0, 0}, {0, 100}}, {160, 70, 110},
-     {20, 20, 20}, false},
+    {"three sequences",
+     3,
+     {180, 90, 130},
+     {{17, 150}, {0, 0}, {0, 100}},
+     {160, 70, 110},
+     {20, 20, 20},
+     false},
     /* with segment masks (the reference layout's) */
     {"segments", 1, {160, 0, 0}, {{16, 140}, {0, 0}, {0, 0}}, {140, 0, 0}, {20, 0, 0}, true},
 };
@@ -200,10 +210,16 @@ static double run_case(const mem_case *mc, float temp, float mass, int mode, flo
             kh[i] = bf16_round(kh[i]);
             vh[i] = bf16_round(vh[i]);
         }
-    attn_batch b = {.n_tokens = T, .pos = pos, .seq_of_token = sot, .n_seqs = S,
-                    .block_tables = tables, .seq_len = mc->len,
+    attn_batch b = {.n_tokens = T,
+                    .pos = pos,
+                    .seq_of_token = sot,
+                    .n_seqs = S,
+                    .block_tables = tables,
+                    .seq_len = mc->len,
                     .seq_segments = mc->segments ? (const int32_t *const *)segs : NULL,
-                    .mem_span = span, .mem_temp = temp, .mem_mass = mass};
+                    .mem_span = span,
+                    .mem_temp = temp,
+                    .mem_mass = mass};
     float *want = malloc(q_n * sizeof *want), *plain = malloc(q_n * sizeof *plain);
     float *got = malloc(q_n * sizeof *got);
     ref_attention(want, qh, kh, vh, &b, H, KH, hd, bs);
@@ -247,8 +263,16 @@ static double run_case(const mem_case *mc, float temp, float mass, int mode, flo
     op->release(be, v);
     op->release(be, q);
     op->release(be, o);
-    free(want); free(plain); free(got); free(kh); free(vh); free(qh);
-    free(pos); free(sot); free(perm); free(segs[0]);
+    free(want);
+    free(plain);
+    free(got);
+    free(kh);
+    free(vh);
+    free(qh);
+    free(pos);
+    free(sot);
+    free(perm);
+    free(segs[0]);
     return err;
 }
 
@@ -260,8 +284,8 @@ static void check_cases(int mode, double tol) {
             /* The tiled kernel takes no segment masks (the exact one runs). */
             float shift;
             double err = run_case(mc, params[p][0], params[p][1], mode, &shift);
-            printf("  %-32s T=%.1f S=%.1f%s: err %.2e (the scaling moves it by %.2e)\n",
-                   mc->name, params[p][0], params[p][1], mode ? " [bf16]" : "", err, shift);
+            printf("  %-32s T=%.1f S=%.1f%s: err %.2e (the scaling moves it by %.2e)\n", mc->name,
+                   params[p][0], params[p][1], mode ? " [bf16]" : "", err, shift);
             assert_true(err <= tol);
             /* Else a backend that ignored the scaling would pass. */
             assert_true(shift > 1e-2 && shift > 5 * err);
@@ -343,8 +367,8 @@ static void encode_fact(engine *e, const int32_t *pre, int32_t np, const int32_t
 /* Logits of the query's last token: injected (0) or prefilled in place
  * with the fact's slots marked as memory (1). */
 static void query_logits(engine *e, int how, const int32_t *pre, int32_t np, const int32_t *ft,
-                         int32_t nf, const float *k, const float *v, const int32_t *suf,
-                         int32_t ns, float *out) {
+                         int32_t nf, const float *k, const float *v, const int32_t *suf, int32_t ns,
+                         float *out) {
     int32_t seq, seqs[512], toks[512];
     assert_int_equal(engine_seq_open(e, &seq), IS_OK);
     for (int i = 0; i < 512; i++) seqs[i] = seq;
@@ -390,10 +414,9 @@ static void test_engine_injected_equals_prefill(void **state) {
     const int32_t V = g_model->cfg.n_vocab;
     int32_t np, nf, ns, *ft, *suf;
     const int32_t *pre = memory_prompt_prefix(g_mp, &np);
-    assert_int_equal(memory_prompt_fact(g_mp, "Caroline moved from Sweden four years ago.", &ft,
-                                        &nf), IS_OK);
-    assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns),
-                     IS_OK);
+    assert_int_equal(
+        memory_prompt_fact(g_mp, "Caroline moved from Sweden four years ago.", &ft, &nf), IS_OK);
+    assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
     assert_true(np + nf + ns < 512);
     float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
     float *plain = malloc((size_t)V * sizeof(float));
@@ -439,7 +462,13 @@ static void test_engine_injected_equals_prefill(void **state) {
     ep.mem_mass = NAN;
     assert_int_equal(engine_create(g_model, ep, &bad), IS_ERR_INVALID_ARG);
     assert_null(bad);
-    free(k); free(v); free(a); free(b); free(plain); free(ft); free(suf);
+    free(k);
+    free(v);
+    free(a);
+    free(b);
+    free(plain);
+    free(ft);
+    free(suf);
 }
 
 /* ---- setup ---------------------------------------------------------------- */

@@ -144,7 +144,8 @@ static void test_recompute(void **state) {
     int32_t ps, seqs[512];
     assert_int_equal(engine_seq_open(e, &ps), IS_OK);
     for (int i = 0; i < 512; i++) seqs[i] = ps;
-    float *pre_before = malloc((size_t)V * sizeof(float)), *pre_after = malloc((size_t)V * sizeof(float));
+    float *pre_before = malloc((size_t)V * sizeof(float)),
+          *pre_after = malloc((size_t)V * sizeof(float));
     engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = seqs};
     assert_int_equal(engine_decode(e, &bp, pre_before), IS_OK);
 
@@ -174,7 +175,8 @@ static void test_recompute(void **state) {
     kv_logits(e, ps, f, 3, suf, ns, some);
     double e_none = test_rel_range_err(none, kv, V), e_all = test_rel_range_err(all, prompt, V);
     double kv_vs_prompt = test_rel_range_err(kv, prompt, V);
-    double some_kv = test_rel_range_err(some, kv, V), some_prompt = test_rel_range_err(some, prompt, V);
+    double some_kv = test_rel_range_err(some, kv, V),
+           some_prompt = test_rel_range_err(some, prompt, V);
     printf("  none recomputed vs kv %.2e; all recomputed vs prompt %.2e (kv vs prompt %.2e)\n",
            e_none, e_all, kv_vs_prompt);
     printf("  first 3 recomputed: vs kv %.2e, vs prompt %.2e\n", some_kv, some_prompt);
@@ -189,8 +191,8 @@ static void test_recompute(void **state) {
     double e_fused = test_rel_range_err(fused, some, V);
     kv_logits_x(e, ps, f, 1000, true, suf, ns, fused);
     double e_fused_all = test_rel_range_err(fused, prompt, V);
-    printf("  fused, first 3: vs recompute then query %.2e; fused, all: vs prompt %.2e\n",
-           e_fused, e_fused_all);
+    printf("  fused, first 3: vs recompute then query %.2e; fused, all: vs prompt %.2e\n", e_fused,
+           e_fused_all);
     assert_true(e_fused <= 1e-5);
     assert_true(e_fused_all <= 1e-4);
     free(fused);
@@ -235,7 +237,13 @@ static void test_recompute(void **state) {
         free(f[i].k);
         free(f[i].v);
     }
-    free(suf); free(pre_before); free(pre_after); free(prompt); free(kv); free(none); free(all);
+    free(suf);
+    free(pre_before);
+    free(pre_after);
+    free(prompt);
+    free(kv);
+    free(none);
+    free(all);
     free(some);
     engine_free(e);
 }

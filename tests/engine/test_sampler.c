@@ -190,7 +190,7 @@ static void test_greedy_and_top_k_1(void **state) {
     static float l[N];
     uint64_t x = 7;
     /* temperature 0 with any k/p, and top_k 1 at any temperature */
-    sampler *ss[] = {make(0, 0, 1, 1, N),   make(0, 40, 0.5f, 2, N), make(0.1f, 1, 1, 3, N),
+    sampler *ss[] = {make(0, 0, 1, 1, N),    make(0, 40, 0.5f, 2, N), make(0.1f, 1, 1, 3, N),
                      make(1, 1, 0.9f, 4, N), make(5, 1, 1, 5, N),     make(100, 1, 0.1f, 6, N)};
     for (int r = 0; r < 300; r++) {
         random_logits(l, N, &x);
@@ -217,7 +217,10 @@ static void test_seeds(void **state) {
     float l[N];
     uint64_t x = 99;
     for (int32_t i = 0; i < N; i++) l[i] = (float)(lcg(&x) % 1000) / 500.0f; /* near flat */
-    const struct { int32_t k; float p; } cfg[] = {{0, 1}, {50, 1}, {0, 0.9f}, {40, 0.95f}};
+    const struct {
+        int32_t k;
+        float p;
+    } cfg[] = {{0, 1}, {50, 1}, {0, 0.9f}, {40, 0.95f}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         int32_t a[T], b[T], d[T];
         sampler *s1 = make(0.9f, cfg[c].k, cfg[c].p, 42, N);
@@ -401,7 +404,10 @@ static void test_nan_and_inf(void **state) {
     const float half[6] = {NAN, 1.0f, NAN, 1.0f, -INFINITY, NAN};
     const float infs[5] = {0, INFINITY, 3, INFINITY, NAN};
     const float neg[4] = {-INFINITY, NAN, -INFINITY, -INFINITY};
-    const struct { int32_t k; float p; } cfg[] = {{0, 1}, {2, 1}, {0, 0.5f}, {3, 0.99f}};
+    const struct {
+        int32_t k;
+        float p;
+    } cfg[] = {{0, 1}, {2, 1}, {0, 0.5f}, {3, 0.99f}};
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         sampler *s3 = make(1, cfg[c].k, cfg[c].p, 9, 3);
         sampler *s6 = make(1, cfg[c].k, cfg[c].p, 9, 6);
@@ -438,9 +444,8 @@ static void test_params(void **state) {
     sampler_free(s);
 
     const sampler_params bad[] = {
-        {-0.1f, 40, 0.9f, 1}, {NAN, 40, 0.9f, 1},  {INFINITY, 40, 0.9f, 1},
-        {0.8f, -1, 0.9f, 1},  {0.8f, 40, 0.0f, 1}, {0.8f, 40, -0.5f, 1},
-        {0.8f, 40, 1.01f, 1}, {0.8f, 40, NAN, 1},
+        {-0.1f, 40, 0.9f, 1}, {NAN, 40, 0.9f, 1},   {INFINITY, 40, 0.9f, 1}, {0.8f, -1, 0.9f, 1},
+        {0.8f, 40, 0.0f, 1},  {0.8f, 40, -0.5f, 1}, {0.8f, 40, 1.01f, 1},    {0.8f, 40, NAN, 1},
     };
     sampler *const sentinel = (sampler *)&d;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -467,9 +472,12 @@ int main(void) {
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_argmax_long_rows),
         cmocka_unit_test(test_greedy_and_top_k_1),
-        cmocka_unit_test(test_seeds),          cmocka_unit_test(test_top_p_support),
-        cmocka_unit_test(test_top_k_support),  cmocka_unit_test(test_distribution),
-        cmocka_unit_test(test_top_p_borders),  cmocka_unit_test(test_top_p_large_vocab),
+        cmocka_unit_test(test_seeds),
+        cmocka_unit_test(test_top_p_support),
+        cmocka_unit_test(test_top_k_support),
+        cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_top_p_borders),
+        cmocka_unit_test(test_top_p_large_vocab),
         cmocka_unit_test(test_nan_and_inf),
         cmocka_unit_test(test_params),
     };

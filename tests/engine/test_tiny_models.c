@@ -28,10 +28,10 @@
 #include "test_util.h"
 #include "engine/sampler.h"
 
-#define N_GREEDY 16
-#define MAX_MODELS 16
+#define N_GREEDY    16
+#define MAX_MODELS  16
 #define MAX_PROMPTS 8
-#define TOLERANCE 1e-3 /* of the reference's logit range; never loosened */
+#define TOLERANCE   1e-3 /* of the reference's logit range; never loosened */
 
 typedef struct tiny_prompt {
     char name[32];
@@ -46,9 +46,9 @@ typedef struct tiny_model {
     char gguf[1024];
     char arch[32];
     int32_t n_vocab;
-    int32_t head_dim;     /* expected from the config */
+    int32_t head_dim; /* expected from the config */
     bool qkv_bias;
-    bool rope_scaled;     /* llama3 scaling: expects rope_freqs */
+    bool rope_scaled; /* llama3 scaling: expects rope_freqs */
     tiny_prompt prompts[MAX_PROMPTS];
     int n_prompts;
 } tiny_model;
@@ -177,8 +177,8 @@ static void check_all_positions(model *m, const tiny_model *tm, const tiny_promp
         }
         if (bad_argmax < 0 && argmax(got, V) != argmax(ref, V)) bad_argmax = t;
     }
-    printf("  %-12s %-7s %4d tokens: max |diff| / range = %.2e (position %d)\n", tm->name,
-           p->name, n, worst, worst_t);
+    printf("  %-12s %-7s %4d tokens: max |diff| / range = %.2e (position %d)\n", tm->name, p->name,
+           n, worst, worst_t);
     if (worst > TOLERANCE)
         fail_msg("%s/%s: position %d differs by %.2e of the logit range", tm->name, p->name,
                  worst_t, worst);
@@ -233,8 +233,8 @@ static void test_model(void **state) {
     assert_int_equal(c->has_qkv_bias, tm->qkv_bias);
     assert_false(c->tied_output);
     assert_true(c->n_kv_heads < c->n_heads);
-    assert_int_equal(c->rope.layout, strcmp(tm->arch, "qwen2") == 0 ? ROPE_LAYOUT_NEOX
-                                                                     : ROPE_LAYOUT_NORM);
+    assert_int_equal(c->rope.layout,
+                     strcmp(tm->arch, "qwen2") == 0 ? ROPE_LAYOUT_NEOX : ROPE_LAYOUT_NORM);
     assert_int_equal(c->rope.freq_factors != NULL, tm->rope_scaled);
     for (int i = 0; i < tm->n_prompts; i++) {
         check_all_positions(m, tm, &tm->prompts[i]);
@@ -251,8 +251,8 @@ int main(void) {
     }
     struct CMUnitTest tests[MAX_MODELS];
     for (int i = 0; i < g_n_models; i++) {
-        struct CMUnitTest t = {.name = g_models[i].name, .test_func = test_model,
-                               .initial_state = &g_models[i]};
+        struct CMUnitTest t = {
+            .name = g_models[i].name, .test_func = test_model, .initial_state = &g_models[i]};
         tests[i] = t;
     }
     int rc = _cmocka_run_group_tests("test_tiny_models", tests, (size_t)g_n_models, NULL, NULL);

@@ -64,7 +64,8 @@ static void test_golden_stem(void **state) {
         char *s;
         assert_int_equal(locomo_eval_stem(str_at(e, 0), &s), IS_OK);
         if (strcmp(s, str_at(e, 1)) != 0) {
-            if (bad++ < 20) fprintf(stderr, "stem('%s') = '%s', want '%s'\n", str_at(e, 0), s, str_at(e, 1));
+            if (bad++ < 20)
+                fprintf(stderr, "stem('%s') = '%s', want '%s'\n", str_at(e, 0), s, str_at(e, 1));
         }
         free(s);
     }
@@ -79,7 +80,9 @@ static void test_golden_normalize(void **state) {
         char *s;
         assert_int_equal(locomo_eval_normalize(str_at(e, 0), &s), IS_OK);
         if (strcmp(s, str_at(e, 1)) != 0) {
-            if (bad++ < 20) fprintf(stderr, "normalize('%s') = '%s', want '%s'\n", str_at(e, 0), s, str_at(e, 1));
+            if (bad++ < 20)
+                fprintf(stderr, "normalize('%s') = '%s', want '%s'\n", str_at(e, 0), s,
+                        str_at(e, 1));
         }
         free(s);
     }
@@ -102,8 +105,8 @@ static void test_golden_pairs(void **state) {
         n_partial += want_f1 > 0 && want_f1 < 1;
         if (em != want_em || fabs(f1 - want_f1) > 1e-12 || fabs(multi - want_multi) > 1e-12) {
             if (bad++ < 20)
-                fprintf(stderr, "'%s' vs '%s': em %d f1 %.17g multi %.17g, want %d %.17g %.17g\n", p, g,
-                        em, f1, multi, want_em, want_f1, want_multi);
+                fprintf(stderr, "'%s' vs '%s': em %d f1 %.17g multi %.17g, want %d %.17g %.17g\n",
+                        p, g, em, f1, multi, want_em, want_f1, want_multi);
         }
     }
     assert_int_equal(bad, 0);
@@ -119,7 +122,8 @@ static void test_golden_questions(void **state) {
         int32_t cat = cJSON_GetObjectItem(q, "category")->valueint;
         const char *ans = cJSON_GetObjectItem(q, "answer")->valuestring;
         const char *pred = cJSON_GetObjectItem(q, "prediction")->valuestring;
-        const cJSON *ev = cJSON_GetObjectItem(q, "evidence"), *ret = cJSON_GetObjectItem(q, "retrieved");
+        const cJSON *ev = cJSON_GetObjectItem(q, "evidence"),
+                    *ret = cJSON_GetObjectItem(q, "retrieved");
         const char *evs[16], *rets[16];
         int32_t ne = 0, nr = 0;
         for (int i = 0; i < cJSON_GetArraySize(ev) && ne < 16; i++) evs[ne++] = str_at(ev, i);
@@ -127,7 +131,9 @@ static void test_golden_questions(void **state) {
         double score;
         assert_int_equal(locomo_eval_score(pred, ans, cat, &score), IS_OK);
         double want = cJSON_GetObjectItem(q, "score")->valuedouble;
-        if (fabs(score - want) > 1e-12) fprintf(stderr, "cat %d '%s' vs '%s': %.17g, want %.17g\n", cat, pred, ans, score, want);
+        if (fabs(score - want) > 1e-12)
+            fprintf(stderr, "cat %d '%s' vs '%s': %.17g, want %.17g\n", cat, pred, ans, score,
+                    want);
         assert_true(fabs(score - want) <= 1e-12);
         assert_true(fabs(locomo_eval_recall(evs, ne, rets, nr) -
                          cJSON_GetObjectItem(q, "recall")->valuedouble) <= 1e-12);
@@ -188,9 +194,11 @@ static void test_rules_hand(void **state) {
 
 static void test_aggregate(void **state) {
     locomo_eval_acc acc = {0};
-    locomo_eval_result r1 = {.f1 = 1.0, .em = 1.0, .recall = 0.5, .ttft_ms = 10, .agree = 1, .f1_vs_prompt = 1};
+    locomo_eval_result r1 = {
+        .f1 = 1.0, .em = 1.0, .recall = 0.5, .ttft_ms = 10, .agree = 1, .f1_vs_prompt = 1};
     locomo_eval_result r2 = {.f1 = 0.5, .em = 0.0, .recall = 1.0, .ttft_ms = 30, .agree = -1};
-    locomo_eval_result r3 = {.f1 = 0.0, .em = 0.0, .recall = 0.0, .ttft_ms = 20, .agree = 0, .f1_vs_prompt = 0.5};
+    locomo_eval_result r3 = {
+        .f1 = 0.0, .em = 0.0, .recall = 0.0, .ttft_ms = 20, .agree = 0, .f1_vs_prompt = 0.5};
     locomo_eval_acc_add(&acc, &r1);
     locomo_eval_acc_add(&acc, &r2);
     locomo_eval_acc_add(&acc, &r3);
@@ -227,10 +235,10 @@ static void test_bad_args(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_stem),      cmocka_unit_test(test_golden_normalize),
-        cmocka_unit_test(test_golden_pairs),     cmocka_unit_test(test_golden_questions),
-        cmocka_unit_test(test_recall_hand),      cmocka_unit_test(test_rules_hand),
-        cmocka_unit_test(test_aggregate),        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_golden_stem),  cmocka_unit_test(test_golden_normalize),
+        cmocka_unit_test(test_golden_pairs), cmocka_unit_test(test_golden_questions),
+        cmocka_unit_test(test_recall_hand),  cmocka_unit_test(test_rules_hand),
+        cmocka_unit_test(test_aggregate),    cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -51,8 +51,10 @@ static int setup(void **state) {
     engine_params ep = engine_default_params();
     ep.max_seqs = 3;
     ep.n_ctx = 1024;
-    if (backend_cpu_create(0, &g_be) != IS_OK || model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
-        engine_create(g_model, ep, &g_engine) != IS_OK || record_store_open(g_dir, 64 << 20, &g_store) != IS_OK ||
+    if (backend_cpu_create(0, &g_be) != IS_OK ||
+        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
+        engine_create(g_model, ep, &g_engine) != IS_OK ||
+        record_store_open(g_dir, 64 << 20, &g_store) != IS_OK ||
         ask_ctx_create(g_engine, g_store, KV_DTYPE_F32, &g_ask) != IS_OK) {
         fprintf(stderr, "setup: %s\n", is_error_last());
         return -1;
@@ -126,8 +128,10 @@ static void test_teacher_bad_args(void **state) {
     SKIP_WITHOUT_MODEL();
     int32_t t = 1;
     double nll;
-    assert_int_equal(teacher_score_tokens(g_engine, 0, &t, 0, &t, 1, &nll, NULL), IS_ERR_INVALID_ARG);
-    assert_int_equal(teacher_score_tokens(g_engine, 0, &t, 1, &t, 0, &nll, NULL), IS_ERR_INVALID_ARG);
+    assert_int_equal(teacher_score_tokens(g_engine, 0, &t, 0, &t, 1, &nll, NULL),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(teacher_score_tokens(g_engine, 0, &t, 1, &t, 0, &nll, NULL),
+                     IS_ERR_INVALID_ARG);
     int32_t *toks, n;
     assert_int_equal(teacher_answer_tokens(g_model, "", &toks, &n), IS_ERR_INVALID_ARG);
     assert_int_equal(teacher_answer_tokens(g_model, "7 May 2023", &toks, &n), IS_OK);
@@ -152,8 +156,10 @@ static void test_kv_equals_prompt_one_fact(void **state) {
     double nll[3];
     ask_mode modes[3] = {ASK_MODE_PROMPT, ASK_MODE_KV, ASK_MODE_OFF};
     for (int i = 0; i < 3; i++) {
-        ask_request r = {.mode = modes[i], .query = q, .fact_ids = ids, .fact_texts = texts, .n_facts = 1};
-        assert_int_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &nll[i], lp + (size_t)i * nv),
+        ask_request r = {
+            .mode = modes[i], .query = q, .fact_ids = ids, .fact_texts = texts, .n_facts = 1};
+        assert_int_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &nll[i],
+                                               lp + (size_t)i * nv),
                          IS_OK);
     }
     fprintf(stderr, "NLL prompt %.6f kv %.6f off %.6f\n", nll[0], nll[1], nll[2]);
@@ -166,9 +172,11 @@ static void test_kv_equals_prompt_one_fact(void **state) {
     assert_true(nll_kl(lp, lp + 2 * (size_t)nv, nv) > 1e-3);
     /* A record that is not there is an error, not a score. */
     const char *missing[] = {"nll-missing"};
-    ask_request r = {.mode = ASK_MODE_KV, .query = q, .fact_ids = missing, .fact_texts = texts, .n_facts = 1};
+    ask_request r = {
+        .mode = ASK_MODE_KV, .query = q, .fact_ids = missing, .fact_texts = texts, .n_facts = 1};
     double x;
-    assert_int_not_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &x, NULL), IS_OK);
+    assert_int_not_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &x, NULL),
+                         IS_OK);
     free(lp);
     free(ans);
 }
@@ -255,11 +263,13 @@ static void test_list_mask_vocab(void **state) {
 static void test_dated_facts(void **state) {
     char buf[64];
     assert_string_equal(locomo_short_date("1:56 pm on 8 May, 2023", buf, sizeof buf), "8 May 2023");
-    assert_string_equal(locomo_short_date("12:09 am on 13 September, 2023", buf, sizeof buf), "13 September 2023");
+    assert_string_equal(locomo_short_date("12:09 am on 13 September, 2023", buf, sizeof buf),
+                        "13 September 2023");
     assert_string_equal(locomo_short_date("May, 2023", buf, sizeof buf), "May 2023");
     assert_string_equal(locomo_short_date("1:56 pm on 8 May, 2023", buf, 5), "8 Ma");
     char *t;
-    assert_int_equal(memory_prompt_dated_text("8 May 2023", "Caroline went to a support group.", &t), IS_OK);
+    assert_int_equal(
+        memory_prompt_dated_text("8 May 2023", "Caroline went to a support group.", &t), IS_OK);
     assert_string_equal(t, "[8 May 2023] Caroline went to a support group.");
     free(t);
     assert_int_equal(memory_prompt_dated_text("", "x", &t), IS_OK);
@@ -353,11 +363,11 @@ static void test_report(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_softmax_kl),        cmocka_unit_test(test_list_item_rule),
-        cmocka_unit_test(test_bootstrap),         cmocka_unit_test(test_report),
-        cmocka_unit_test(test_dated_facts),
-        cmocka_unit_test(test_nll_golden),        cmocka_unit_test(test_teacher_bad_args),
-        cmocka_unit_test(test_kv_equals_prompt_one_fact), cmocka_unit_test(test_list_mask_vocab),
+        cmocka_unit_test(test_softmax_kl),       cmocka_unit_test(test_list_item_rule),
+        cmocka_unit_test(test_bootstrap),        cmocka_unit_test(test_report),
+        cmocka_unit_test(test_dated_facts),      cmocka_unit_test(test_nll_golden),
+        cmocka_unit_test(test_teacher_bad_args), cmocka_unit_test(test_kv_equals_prompt_one_fact),
+        cmocka_unit_test(test_list_mask_vocab),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -90,16 +90,15 @@ static size_t gw_key(gw *w, const char *key, uint32_t type) {
     return kv_pos(w->kv.len);
 }
 
-static size_t gw_scalar(gw *w, const char *key, gguf_value_type t,
-                        const void *v, size_t n) {
+static size_t gw_scalar(gw *w, const char *key, gguf_value_type t, const void *v, size_t n) {
     size_t pos = gw_key(w, key, t);
     buf_put(&w->kv, v, n);
     return pos;
 }
-#define GW_SCALAR(w, key, t, ctype, val)                                       \
-    do {                                                                       \
-        ctype v_ = (val);                                                      \
-        gw_scalar((w), (key), (t), &v_, sizeof v_);                            \
+#define GW_SCALAR(w, key, t, ctype, val)                                                           \
+    do {                                                                                           \
+        ctype v_ = (val);                                                                          \
+        gw_scalar((w), (key), (t), &v_, sizeof v_);                                                \
     } while (0)
 
 /* Returns the file offset of the string's length field. */
@@ -110,8 +109,8 @@ static size_t gw_str(gw *w, const char *key, const char *s) {
 }
 
 /* Returns the file offset of the array's element type (count follows it). */
-static size_t gw_arr(gw *w, const char *key, gguf_value_type et,
-                     uint64_t count, const void *elems, size_t elem_size) {
+static size_t gw_arr(gw *w, const char *key, gguf_value_type et, uint64_t count, const void *elems,
+                     size_t elem_size) {
     size_t pos = gw_key(w, key, GGUF_VALUE_ARRAY);
     put_u32(&w->kv, et);
     put_u64(&w->kv, count);
@@ -119,8 +118,7 @@ static size_t gw_arr(gw *w, const char *key, gguf_value_type et,
     return pos;
 }
 
-static size_t gw_arr_str(gw *w, const char *key, const char *const *s,
-                         uint64_t count) {
+static size_t gw_arr_str(gw *w, const char *key, const char *const *s, uint64_t count) {
     size_t pos = gw_key(w, key, GGUF_VALUE_ARRAY);
     put_u32(&w->kv, GGUF_VALUE_STRING);
     put_u64(&w->kv, count);
@@ -136,8 +134,8 @@ static void gw_alignment(gw *w, uint32_t a) {
 /* Appends a tensor whose `nbytes` data bytes are `bytes` (computed by the
  * caller from the block sizes, not by the library). Returns the file offset
  * of its info record (the name's length field). */
-static size_t gw_tensor(gw *w, const char *name, uint32_t type, uint32_t n_dims,
-                        const int64_t *ne, const void *bytes, size_t nbytes) {
+static size_t gw_tensor(gw *w, const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
+                        const void *bytes, size_t nbytes) {
     size_t rel = w->ti.len;
     while (w->data.len % w->alignment) buf_put(&w->data, "\0", 1);
     put_str(&w->ti, name);
@@ -178,8 +176,7 @@ static void put_at_u32(uint8_t *f, size_t pos, uint32_t v) { memcpy(f + pos, &v,
 
 /* Opens a copy of `f` and expects `want`; on failure the out pointer must be
  * untouched and a "gguf: " message recorded. */
-static void expect_open(const uint8_t *f, size_t size, is_status want,
-                        const char *msg_part) {
+static void expect_open(const uint8_t *f, size_t size, is_status want, const char *msg_part) {
     uint8_t *copy = malloc(size ? size : 1);
     assert_non_null(copy);
     memcpy(copy, f, size);
@@ -187,8 +184,8 @@ static void expect_open(const uint8_t *f, size_t size, is_status want,
     is_error_clear();
     is_status st = gguf_open_memory(copy, size, &ctx);
     if (st != want)
-        fail_msg("expected %s, got %s (%s)", is_status_to_string(want),
-                 is_status_to_string(st), is_error_last());
+        fail_msg("expected %s, got %s (%s)", is_status_to_string(want), is_status_to_string(st),
+                 is_error_last());
     if (st == IS_OK) {
         gguf_close(ctx);
     } else {
@@ -304,8 +301,8 @@ static void write_reference(gw *w, uint32_t alignment, bool tensors) {
 }
 #define N_REFERENCE_KEYS 28
 
-static void check_arr(const gguf_ctx *ctx, const char *key, gguf_value_type et,
-                      const void *want, uint64_t count, size_t esize) {
+static void check_arr(const gguf_ctx *ctx, const char *key, gguf_value_type et, const void *want,
+                      uint64_t count, size_t esize) {
     gguf_value_type t = GGUF_VALUE_COUNT_;
     uint64_t n = 0;
     const void *data = NULL;
@@ -316,8 +313,7 @@ static void check_arr(const gguf_ctx *ctx, const char *key, gguf_value_type et,
     assert_memory_equal(data, want, count * esize);
 }
 
-static void check_reference(const gguf_ctx *ctx, uint32_t alignment,
-                            bool tensors) {
+static void check_reference(const gguf_ctx *ctx, uint32_t alignment, bool tensors) {
     assert_int_equal(gguf_version(ctx), 3);
     assert_int_equal(gguf_alignment(ctx), alignment);
     assert_int_equal(gguf_n_keys(ctx), N_REFERENCE_KEYS + (alignment != 32));
@@ -387,8 +383,7 @@ static void check_reference(const gguf_ctx *ctx, uint32_t alignment,
     assert_int_equal(gguf_get_arr(ctx, "a.str_empty", &et, &u64), IS_OK);
     assert_int_equal(et, GGUF_VALUE_STRING);
     assert_int_equal(u64, 0);
-    assert_int_equal(gguf_get_arr_str(ctx, "a.str_empty", 0, &s),
-                     IS_ERR_INVALID_ARG);
+    assert_int_equal(gguf_get_arr_str(ctx, "a.str_empty", 0, &s), IS_ERR_INVALID_ARG);
     const void *data;
     assert_int_equal(gguf_get_arr_data(ctx, "a.str", &data), IS_ERR_FORMAT);
 
@@ -399,8 +394,7 @@ static void check_reference(const gguf_ctx *ctx, uint32_t alignment,
         assert_int_equal(gguf_find_key(ctx, k), i);
     }
     assert_string_equal(gguf_key_name(ctx, alignment != 32 ? 1 : 0), "t.u8");
-    assert_int_equal(gguf_key_type(ctx, gguf_find_key(ctx, "a.str")),
-                     GGUF_VALUE_ARRAY);
+    assert_int_equal(gguf_key_type(ctx, gguf_find_key(ctx, "a.str")), GGUF_VALUE_ARRAY);
     assert_null(gguf_key_name(ctx, -1));
     assert_null(gguf_key_name(ctx, gguf_n_keys(ctx)));
     assert_int_equal(gguf_key_type(ctx, gguf_n_keys(ctx)), GGUF_VALUE_COUNT_);
@@ -425,8 +419,7 @@ static void check_reference(const gguf_ctx *ctx, uint32_t alignment,
         for (int d = 0; d < 4; d++) assert_int_equal(t->ne[d], sp->ne[d]);
         assert_int_equal(t->type, sp->type);
         assert_int_equal(t->nbytes, sp->nbytes);
-        assert_int_equal(t->n_elements,
-                         sp->ne[0] * sp->ne[1] * sp->ne[2] * sp->ne[3]);
+        assert_int_equal(t->n_elements, sp->ne[0] * sp->ne[1] * sp->ne[2] * sp->ne[3]);
         assert_int_equal(t->offset % alignment, 0);
         assert_true(t->offset >= prev_end);
         prev_end = t->offset + t->nbytes;
@@ -455,8 +448,7 @@ static void read_back(uint32_t alignment, bool tensors) {
     is_status st = gguf_open_memory(f, size, &ctx);
     if (st != IS_OK) fail_msg("%s", is_error_last());
     char seed[64];
-    snprintf(seed, sizeof seed, "test_ref_a%u_%s", alignment,
-             tensors ? "tensors" : "kv_only");
+    snprintf(seed, sizeof seed, "test_ref_a%u_%s", alignment, tensors ? "tensors" : "kv_only");
     save_seed(seed, f, size);
     assert_ptr_equal(gguf_file_data(ctx), f);
     assert_int_equal(gguf_file_size(ctx), size);
@@ -602,8 +594,7 @@ static void test_getter_conversions(void **state) {
     assert_false(b);
     assert_null(s.data);
 
-    assert_int_equal(gguf_get_u32(ctx, "llama.block_count", &u32),
-                     IS_ERR_NOT_FOUND);
+    assert_int_equal(gguf_get_u32(ctx, "llama.block_count", &u32), IS_ERR_NOT_FOUND);
     assert_non_null(strstr(is_error_last(), "llama.block_count"));
     assert_int_equal(gguf_get_arr(ctx, "missing", NULL, NULL), IS_ERR_NOT_FOUND);
     assert_int_equal(u32, 99);
@@ -696,8 +687,8 @@ static void truncate_everywhere(uint32_t alignment, bool tensors) {
         gguf_ctx *ctx = NULL;
         is_status st = gguf_open_memory(copy, len, &ctx);
         if (st != IS_ERR_FORMAT)
-            fail_msg("prefix of %zu of %zu bytes: %s (%s)", len, size,
-                     is_status_to_string(st), is_error_last());
+            fail_msg("prefix of %zu of %zu bytes: %s (%s)", len, size, is_status_to_string(st),
+                     is_error_last());
         assert_null(ctx);
         free(copy);
     }
@@ -750,7 +741,7 @@ static uint8_t *corruptible(positions *at, size_t *size) {
 
 /* Offsets inside a tensor info record named with 2 bytes. */
 #define TI_NDIMS 10
-#define TI_NE0 14
+#define TI_NE0   14
 static size_t ti_type(uint8_t *f, size_t t) {
     uint32_t n_dims;
     memcpy(&n_dims, f + t + TI_NDIMS, 4);
@@ -770,10 +761,12 @@ static void expect_corrupt(corrupt_fn fn, is_status want, const char *msg) {
     free(f);
 }
 
-#define CORRUPT(name, body)                                                    \
-    static void name(uint8_t *f, size_t size, const positions *at) {           \
-        (void)f; (void)size; (void)at;                                         \
-        body;                                                                  \
+#define CORRUPT(name, body)                                                                        \
+    static void name(uint8_t *f, size_t size, const positions *at) {                               \
+        (void)f;                                                                                   \
+        (void)size;                                                                                \
+        (void)at;                                                                                  \
+        body;                                                                                      \
     }
 
 CORRUPT(str_len_huge, put_at_u64(f, at->str_value, 1ull << 63))
@@ -884,7 +877,8 @@ static void walk(const gguf_ctx *ctx) {
         (void)gguf_get_u32(ctx, k, &u32);
         (void)gguf_get_f64(ctx, k, &f64);
         (void)gguf_get_bool(ctx, k, &b);
-        if (gguf_get_str(ctx, k, &s) == IS_OK && s.len) (void)((volatile const char *)s.data)[s.len - 1];
+        if (gguf_get_str(ctx, k, &s) == IS_OK && s.len)
+            (void)((volatile const char *)s.data)[s.len - 1];
         if (gguf_get_arr(ctx, k, &et, &n) != IS_OK) continue;
         if (et == GGUF_VALUE_STRING) {
             for (uint64_t j = 0; j < n; j++) {
@@ -953,9 +947,7 @@ static void test_random_damage(void **state) {
 static void test_default_model(void **state) {
     (void)state;
     struct stat sb;
-    if (stat(IS_DEFAULT_MODEL, &sb) != 0) {
-        TEST_SKIP(TEST_NEEDS_MODEL);
-    }
+    if (stat(IS_DEFAULT_MODEL, &sb) != 0) { TEST_SKIP(TEST_NEEDS_MODEL); }
     gguf_ctx *ctx = NULL;
     is_status st = gguf_open(IS_DEFAULT_MODEL, &ctx);
     if (st != IS_OK) fail_msg("%s", is_error_last());
@@ -989,18 +981,12 @@ static void test_default_model(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_read_all_types),
-        cmocka_unit_test(test_custom_alignment),
-        cmocka_unit_test(test_open_file),
-        cmocka_unit_test(test_open_io_errors),
-        cmocka_unit_test(test_getter_conversions),
-        cmocka_unit_test(test_edge_tensors),
-        cmocka_unit_test(test_versions),
-        cmocka_unit_test(test_truncate_every_offset),
-        cmocka_unit_test(test_corrupt_fields),
-        cmocka_unit_test(test_bad_alignment),
-        cmocka_unit_test(test_random_damage),
-        cmocka_unit_test(test_default_model),
+        cmocka_unit_test(test_read_all_types),     cmocka_unit_test(test_custom_alignment),
+        cmocka_unit_test(test_open_file),          cmocka_unit_test(test_open_io_errors),
+        cmocka_unit_test(test_getter_conversions), cmocka_unit_test(test_edge_tensors),
+        cmocka_unit_test(test_versions),           cmocka_unit_test(test_truncate_every_offset),
+        cmocka_unit_test(test_corrupt_fields),     cmocka_unit_test(test_bad_alignment),
+        cmocka_unit_test(test_random_damage),      cmocka_unit_test(test_default_model),
     };
     return test_run_group(tests, NULL, NULL);
 }

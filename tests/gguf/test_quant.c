@@ -35,7 +35,8 @@ static float float_of(uint32_t u) {
 }
 
 /* Bitwise equality of two float arrays, reporting the first difference. */
-static void assert_floats_bitwise(const float *got, const float *want, int64_t n, const char *what) {
+static void assert_floats_bitwise(const float *got, const float *want, int64_t n,
+                                  const char *what) {
     for (int64_t i = 0; i < n; i++) {
         if (bits_of(got[i]) != bits_of(want[i])) {
             print_error("%s: value %lld: got %.9g (0x%08x), want %.9g (0x%08x)\n", what,
@@ -118,8 +119,8 @@ static void check_f32_to_f16(float f) {
     if (fabs(want) >= 65536.0) want = copysign(INFINITY, f); /* overflow */
     float got = quant_f16_to_f32(h);
     if (bits_of(got) != bits_of((float)want)) {
-        print_error("f32_to_f16(%.9g = 0x%08x) = 0x%04x (%.9g), want %.9g\n", f, bits_of(f), h,
-                    got, want);
+        print_error("f32_to_f16(%.9g = 0x%08x) = 0x%04x (%.9g), want %.9g\n", f, bits_of(f), h, got,
+                    want);
         fail();
     }
 }
@@ -136,7 +137,8 @@ static void test_f32_to_f16(void **state) {
         for (int s = 0; s < 2; s++) {
             uint16_t a = (uint16_t)(h | (s << 15));
             double lo = ref_f16_value(a);
-            double hi = (h + 1 == 0x7c00) ? copysign(65536.0, lo) : ref_f16_value((uint16_t)(a + 1));
+            double hi =
+                (h + 1 == 0x7c00) ? copysign(65536.0, lo) : ref_f16_value((uint16_t)(a + 1));
             float mid = (float)((lo + hi) / 2); /* exact: needs 12 bits */
             assert_true((double)mid == (lo + hi) / 2);
             check_f32_to_f16(mid);
@@ -161,12 +163,12 @@ static void test_f32_to_f16(void **state) {
     assert_int_equal(quant_f32_to_f16(INFINITY), 0x7c00);
     assert_int_equal(quant_f32_to_f16(-INFINITY), 0xfc00);
     assert_int_equal(quant_f32_to_f16(-0.0f), 0x8000);
-    assert_int_equal(quant_f32_to_f16(ldexpf(1, -25)), 0x0000);               /* tie -> even 0 */
+    assert_int_equal(quant_f32_to_f16(ldexpf(1, -25)), 0x0000); /* tie -> even 0 */
     assert_int_equal(quant_f32_to_f16(nextafterf(ldexpf(1, -25), 1)), 0x0001);
-    assert_int_equal(quant_f32_to_f16(ldexpf(3, -25)), 0x0002);               /* 1.5 ulp -> 2 */
-    assert_int_equal(quant_f32_to_f16(ldexpf(5, -25)), 0x0002);               /* 2.5 ulp -> 2 */
-    assert_int_equal(quant_f32_to_f16(ldexpf(2047, -25)), 0x0400);            /* up to min normal */
-    assert_int_equal(quant_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00);        /* tie -> even */
+    assert_int_equal(quant_f32_to_f16(ldexpf(3, -25)), 0x0002);        /* 1.5 ulp -> 2 */
+    assert_int_equal(quant_f32_to_f16(ldexpf(5, -25)), 0x0002);        /* 2.5 ulp -> 2 */
+    assert_int_equal(quant_f32_to_f16(ldexpf(2047, -25)), 0x0400);     /* up to min normal */
+    assert_int_equal(quant_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00); /* tie -> even */
     assert_int_equal(quant_f32_to_f16(1.0f + ldexpf(3, -11)), 0x3c02);
     assert_int_equal(quant_f32_to_f16(NAN) & 0x7e00, 0x7e00);
 }
@@ -218,10 +220,10 @@ static void test_bf16(void **state) {
         rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
         check_f32_to_bf16(float_of((top << 16) | (uint32_t)(rnd >> 48)));
     }
-    assert_int_equal(quant_f32_to_bf16(FLT_MAX), 0x7f80); /* rounds up to inf */
-    assert_int_equal(quant_f32_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80);    /* tie -> even */
+    assert_int_equal(quant_f32_to_bf16(FLT_MAX), 0x7f80);              /* rounds up to inf */
+    assert_int_equal(quant_f32_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80); /* tie -> even */
     assert_int_equal(quant_f32_to_bf16(1.0f + ldexpf(3, -8)), 0x3f82);
-    assert_int_equal(quant_f32_to_bf16(float_of(0x00008000)), 0x0000);     /* subnormal tie */
+    assert_int_equal(quant_f32_to_bf16(float_of(0x00008000)), 0x0000); /* subnormal tie */
     assert_int_equal(quant_f32_to_bf16(float_of(0x00018000)), 0x0002);
 }
 
@@ -275,7 +277,8 @@ static void pack_legacy(uint8_t *qs, uint8_t *qh, const int *q) {
         qs[i % 16] |= (uint8_t)((q[i] & 15) << (i < 16 ? 0 : 4));
         h |= (uint32_t)((q[i] >> 4) & 1) << i;
     }
-    if (qh) for (int k = 0; k < 4; k++) qh[k] = (uint8_t)(h >> (8 * k));
+    if (qh)
+        for (int k = 0; k < 4; k++) qh[k] = (uint8_t)(h >> (8 * k));
 }
 
 static void test_q4_legacy(void **state) {
@@ -388,9 +391,9 @@ static void test_k_quants(void **state) {
         }
         /* a few values worked out by hand */
         if (!five) {
-            assert_true(want[0] == -15.75f);           /* 0.5*0*0 - 0.25*63 */
-            assert_true(want[255] == 0.5f * 17 * 15 - 4.0f);  /* sub-block 7 */
-            assert_true(want[256 + 32 * 4 + 1] == -33.0f * 15);   /* -1*33*15 + 0.5*0 */
+            assert_true(want[0] == -15.75f);                    /* 0.5*0*0 - 0.25*63 */
+            assert_true(want[255] == 0.5f * 17 * 15 - 4.0f);    /* sub-block 7 */
+            assert_true(want[256 + 32 * 4 + 1] == -33.0f * 15); /* -1*33*15 + 0.5*0 */
         }
         check_blocks(type, b, 2, want, five ? "q5_k" : "q4_k");
         free(b);
@@ -499,15 +502,25 @@ static void test_errors(void **state) {
     (void)state;
     uint8_t src[512] = {0};
     float dst[256];
-    const uint32_t readable[] = {TENSOR_TYPE_F32, TENSOR_TYPE_F16, TENSOR_TYPE_BF16,
+    const uint32_t readable[] = {TENSOR_TYPE_F32,  TENSOR_TYPE_F16,  TENSOR_TYPE_BF16,
                                  TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q5_0,
                                  TENSOR_TYPE_Q5_1, TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q4_K,
                                  TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K};
     for (size_t i = 0; i < sizeof readable / sizeof readable[0]; i++)
         assert_true(quant_can_dequantize(readable[i]));
-    const uint32_t unreadable[] = {TENSOR_TYPE_Q2_K, TENSOR_TYPE_Q3_K, TENSOR_TYPE_Q8_1,
-                                   TENSOR_TYPE_Q8_K, TENSOR_TYPE_I8, TENSOR_TYPE_I32,
-                                   TENSOR_TYPE_F64, 4, 5, 39, 40, 1000, UINT32_MAX};
+    const uint32_t unreadable[] = {TENSOR_TYPE_Q2_K,
+                                   TENSOR_TYPE_Q3_K,
+                                   TENSOR_TYPE_Q8_1,
+                                   TENSOR_TYPE_Q8_K,
+                                   TENSOR_TYPE_I8,
+                                   TENSOR_TYPE_I32,
+                                   TENSOR_TYPE_F64,
+                                   4,
+                                   5,
+                                   39,
+                                   40,
+                                   1000,
+                                   UINT32_MAX};
     for (size_t i = 0; i < sizeof unreadable / sizeof unreadable[0]; i++) {
         assert_false(quant_can_dequantize(unreadable[i]));
         dst[0] = 42.0f;

@@ -54,15 +54,15 @@ static void write_file(const char *path, const void *data, size_t n) {
 
 static void sha256sum(const char *path) {
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "cd '%s' && sha256sum '%s' > '%s.sha256'", g_dir, strrchr(path, '/') + 1,
-             strrchr(path, '/') + 1);
+    snprintf(cmd, sizeof cmd, "cd '%s' && sha256sum '%s' > '%s.sha256'", g_dir,
+             strrchr(path, '/') + 1, strrchr(path, '/') + 1);
     assert_int_equal(system(cmd), 0);
 }
 
 /* The whole sequence for one file of `n` bytes whose byte `flip` lies
  * inside tensor data. */
-static void check_file(const char *kind, const char *path, const uint8_t *data, size_t n, size_t flip,
-                       open_fn open) {
+static void check_file(const char *kind, const char *path, const uint8_t *data, size_t n,
+                       size_t flip, open_fn open) {
     char side[640], c[160];
     snprintf(side, sizeof side, "%s.sha256", path);
     write_file(path, data, n);

@@ -48,10 +48,10 @@ static float rnd(void) { /* uniform in [-4, 4), with plenty of low mantissa bits
 /* k, v in f32 and narrowed to the meta's dtype; tokens 100 + i. */
 typedef struct sample {
     fact_kv_meta m;
-    size_t n;              /* elements of k (= of v) */
-    float *kf, *vf;        /* [n] */
-    void *k, *v;           /* [n] in m.dtype */
-    int32_t *tokens;       /* [n_tokens] */
+    size_t n;        /* elements of k (= of v) */
+    float *kf, *vf;  /* [n] */
+    void *k, *v;     /* [n] in m.dtype */
+    int32_t *tokens; /* [n_tokens] */
 } sample;
 
 static sample sample_make(fact_kv_meta m) {
@@ -402,8 +402,8 @@ static void test_meta_check_refuses_other_settings(void **state) {
     variants[4].rope_n_rot = 32;
     variants[5].rope_freq_scale = 0.5f;
     variants[6].rope_factors_hash = 1;
-    const char *field[7] = {"n_layers", "n_kv_heads", "head_dim", "layout", "n_rot",
-                            "freq_scale", "frequency factors"};
+    const char *field[7] = {"n_layers", "n_kv_heads", "head_dim",         "layout",
+                            "n_rot",    "freq_scale", "frequency factors"};
     for (int i = 0; i < 7; i++) {
         assert_int_equal(fact_meta_check(&variants[i], &want), IS_ERR_MISMATCH);
         assert_non_null(strstr(is_error_last(), field[i]));

@@ -8,8 +8,12 @@
 #include "kv/kv_cache.h"
 
 static kv_cache *make(int32_t n_blocks, int32_t max_seqs) {
-    kv_cache_params p = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 8, .block_size = 4,
-                         .n_blocks = n_blocks, .max_seqs = max_seqs};
+    kv_cache_params p = {.n_layers = 2,
+                         .n_kv_heads = 2,
+                         .head_dim = 8,
+                         .block_size = 4,
+                         .n_blocks = n_blocks,
+                         .max_seqs = max_seqs};
     kv_cache *c = NULL;
     assert_int_equal(kv_cache_create(p, &c), IS_OK);
     return c;
@@ -98,7 +102,8 @@ static void test_share_prefix_refcounts(void **state) {
     assert_int_equal(kv_seq_create(c, &d1), IS_OK);
     assert_int_equal(kv_seq_create(c, &d2), IS_OK);
     assert_int_equal(kv_seq_grow(c, src, 8), IS_OK);
-    assert_int_equal(kv_seq_share_prefix(c, d1, src, 6), IS_ERR_INVALID_ARG); /* not block aligned */
+    assert_int_equal(kv_seq_share_prefix(c, d1, src, 6),
+                     IS_ERR_INVALID_ARG); /* not block aligned */
     assert_int_equal(kv_seq_share_prefix(c, d1, src, 8), IS_OK);
     assert_int_equal(kv_seq_share_prefix(c, d2, src, 4), IS_OK);
     assert_int_equal(kv_cache_slot(c, d1, 5), kv_cache_slot(c, src, 5));

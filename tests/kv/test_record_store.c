@@ -517,7 +517,8 @@ static void test_crash_at_every_step(void **state) {
         assert_int_equal(WEXITSTATUS(status), 0);
         /* Before the rename the old record stands; after it, the new. */
         bool renamed = at > RECORD_STORE_STEP_RENAME;
-        assert_int_equal(count_files(dir, ".tmp."), at == RECORD_STORE_STEP_CREATE || renamed ? 0 : 1);
+        assert_int_equal(count_files(dir, ".tmp."),
+                         at == RECORD_STORE_STEP_CREATE || renamed ? 0 : 1);
 
         assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
         assert_int_equal(count_files(dir, ".tmp."), 0);
@@ -572,7 +573,6 @@ static void test_failure_at_every_step(void **state) {
         free(dir);
     }
 }
-
 
 /* ---- threads --------------------------------------------------------------------------------- */
 
@@ -667,14 +667,16 @@ static void test_put_batch_failure_at_every_step(void **state) {
         record_store *s;
         assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
         put_version(s, "b2", 1);
-        nth_plan plan = {(record_store_step)at, at == RECORD_STORE_STEP_DIR_FSYNC ? 1 : 3, 0, false};
+        nth_plan plan = {(record_store_step)at, at == RECORD_STORE_STEP_DIR_FSYNC ? 1 : 3, 0,
+                         false};
         record_store_set_fault_hook(s, nth_hook, &plan);
         is_status st[NB];
         assert_int_equal(put_five(s, st), IS_ERR_IO);
         record_store_set_fault_hook(s, NULL, NULL);
         int n_new = at == RECORD_STORE_STEP_RENAME ? 2 : at == RECORD_STORE_STEP_DIR_FSYNC ? NB : 0;
         for (int i = 0; i < NB; i++)
-            assert_int_equal(st[i], i < n_new && at == RECORD_STORE_STEP_RENAME ? IS_OK : IS_ERR_IO);
+            assert_int_equal(st[i],
+                             i < n_new && at == RECORD_STORE_STEP_RENAME ? IS_OK : IS_ERR_IO);
         assert_int_equal(count_files(dir, ".tmp."), 0);
         for (int pass = 0; pass < 2; pass++) {
             assert_batch_state(s, n_new);
@@ -715,7 +717,9 @@ static void test_put_batch_crash_at_every_step(void **state) {
         assert_int_equal(WEXITSTATUS(status), 0);
         assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
         assert_int_equal(count_files(dir, ".tmp."), 0);
-        assert_batch_state(s, at == RECORD_STORE_STEP_RENAME ? 2 : at == RECORD_STORE_STEP_DIR_FSYNC ? NB : 0);
+        assert_batch_state(s, at == RECORD_STORE_STEP_RENAME      ? 2
+                              : at == RECORD_STORE_STEP_DIR_FSYNC ? NB
+                                                                  : 0);
         record_store_close(s);
         remove_tree(dir);
         free(dir);
@@ -785,7 +789,7 @@ static void test_disk_cap(void **state) {
     put_version(s, "r5", 5);   /* over the cap: r3 is held, r4 the next */
     assert_true(file_exists(dir, "r3"));
     assert_false(file_exists(dir, "r4"));
-    put_version(s, "r9", 9);   /* r3 held, r1 and r9 pinned: r5 goes */
+    put_version(s, "r9", 9); /* r3 held, r1 and r9 pinned: r5 goes */
     assert_false(file_exists(dir, "r5"));
     assert_true(file_exists(dir, "r1") && file_exists(dir, "r9") && file_exists(dir, "r3"));
     assert_is_version(held, 3); /* still readable */
@@ -795,7 +799,7 @@ static void test_disk_cap(void **state) {
     record_store_unpin(s, "r1");
     record_store_unpin(s, "r9");
     record_store_unpin(s, "nothing"); /* never pinned: no-op */
-    put_version(s, "r7", 7); /* r1 the least recent, unpinned now */
+    put_version(s, "r7", 7);          /* r1 the least recent, unpinned now */
     assert_false(file_exists(dir, "r1"));
     st = record_store_get_stats(s);
     assert_int_equal(st.n_disk, 3);
@@ -835,7 +839,6 @@ static void test_disk_cap(void **state) {
     remove_tree(dir);
     free(dir);
 }
-
 
 /* Readers and writers on a few ids at once: every get gives a whole record
  * of some version; the cache stays within bounds (checked by ASan/TSan runs

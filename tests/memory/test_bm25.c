@@ -46,7 +46,9 @@ static void test_tokenize(void **state) {
     tokens_joined("Melanie's son isn't here, I'm sure we'll go", buf, sizeof buf);
     assert_string_equal(buf, "melanie|son|isn|here|i|sure|we|go");
     /* NFKC: ligature, fullwidth letters and digits; case folding of ß. */
-    tokens_joined("\xef\xac\x81le \xef\xbc\xa1\xef\xbc\xa2\xef\xbc\xa3 \xef\xbc\x92\xef\xbc\x90 STRASSE Stra\xc3\x9f" "e",
+    tokens_joined("\xef\xac\x81le \xef\xbc\xa1\xef\xbc\xa2\xef\xbc\xa3 \xef\xbc\x92\xef\xbc\x90 "
+                  "STRASSE Stra\xc3\x9f"
+                  "e",
                   buf, sizeof buf);
     assert_string_equal(buf, "file|abc|20|strasse|strasse");
     /* Numbers and mixed words stay whole; punctuation splits. */
@@ -61,7 +63,9 @@ static void test_tokenize(void **state) {
     assert_string_equal(buf, "σοφια|москва");
     /* Default-ignorable characters (soft hyphen, zero-width space) vanish
      * inside a word. */
-    tokens_joined("co\xc2\xad" "operate zero\xe2\x80\x8bwidth", buf, sizeof buf);
+    tokens_joined("co\xc2\xad"
+                  "operate zero\xe2\x80\x8bwidth",
+                  buf, sizeof buf);
     assert_string_equal(buf, "cooperate|zerowidth");
     tokens_joined("", buf, sizeof buf);
     assert_string_equal(buf, "");
@@ -108,8 +112,8 @@ static void test_tokenize(void **state) {
  *   D3 = 2 * 0.4782013 + 0.6682933 = 1.6246959
  * Query "Dogs!": D2 = 1.2039728 * 1.1255814 = 1.3551694.
  */
-static const char *const hand_docs[4] = {
-    "The cat sat on the mat", "The dog chased the cat", "Dogs and cats", "A cat, a dog, a cat!"};
+static const char *const hand_docs[4] = {"The cat sat on the mat", "The dog chased the cat",
+                                         "Dogs and cats", "A cat, a dog, a cat!"};
 
 static bm25_index *hand_index(void) {
     bm25_index *ix;
@@ -171,13 +175,15 @@ static void test_hand_through_index(void **state) {
     const float e[2] = {1.0f, 0.0f};
     const char *ids[4] = {"d0", "d1", "d2", "d3"};
     for (int i = 0; i < 4; i++) {
-        mem_doc d = {.id = ids[i], .tenant = "t", .user = "u", .text = hand_docs[i], .embedding = e};
+        mem_doc d = {
+            .id = ids[i], .tenant = "t", .user = "u", .text = hand_docs[i], .embedding = e};
         assert_int_equal(mem_index_upsert(ix, &d), IS_OK);
     }
     mem_filter f = {.tenant = "t", .user = "u"};
     mem_hit hits[10];
     int32_t n = -1;
-    assert_int_equal(mem_index_search(ix, &f, NULL, "CAT, dog?", 10, MEM_SEARCH_BM25, hits, &n), IS_OK);
+    assert_int_equal(mem_index_search(ix, &f, NULL, "CAT, dog?", 10, MEM_SEARCH_BM25, hits, &n),
+                     IS_OK);
     assert_int_equal(n, 3);
     assert_string_equal(hits[0].id, "d3");
     assert_string_equal(hits[1].id, "d1");
@@ -191,7 +197,8 @@ static void test_hand_through_index(void **state) {
         assert_int_equal(hits[i].dense_rank, -1);
     }
     /* k smaller than the matches keeps the best. */
-    assert_int_equal(mem_index_search(ix, &f, NULL, "cat dog", 1, MEM_SEARCH_BM25, hits, &n), IS_OK);
+    assert_int_equal(mem_index_search(ix, &f, NULL, "cat dog", 1, MEM_SEARCH_BM25, hits, &n),
+                     IS_OK);
     assert_int_equal(n, 1);
     assert_string_equal(hits[0].id, "d3");
     mem_index_free(ix);
@@ -201,8 +208,9 @@ static void test_hand_through_index(void **state) {
  * scores as an index built from the remaining documents. */
 static void test_remove_consistency(void **state) {
     (void)state;
-    static const char *words[] = {"apple", "river", "mountain", "guitar", "pottery", "camping",
-                                  "adoption", "painting", "violin", "beach", "museum", "Oscar"};
+    static const char *words[] = {"apple",   "river",   "mountain", "guitar",
+                                  "pottery", "camping", "adoption", "painting",
+                                  "violin",  "beach",   "museum",   "Oscar"};
     enum { N = 60 };
     char docs[N][128];
     uint32_t rng = 12345;

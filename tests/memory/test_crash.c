@@ -70,23 +70,21 @@
 #include "memory/memory.h"
 #include "serve/ask.h"
 
-
-#define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
+#define LOCOMO_26    IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 #define EMBEDDER_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
 
 static char g_dir[256];
 static const char *g_pg; /* IS_PG_URL: the fact store is this PostgreSQL database */
 
 static int setup(void **state) {
-    snprintf(g_dir, sizeof g_dir, "%s/is_test_crash_XXXXXX", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+    snprintf(g_dir, sizeof g_dir, "%s/is_test_crash_XXXXXX",
+             access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
     if (!mkdtemp(g_dir)) return -1;
     if (g_pg) return test_pg_reset(g_pg) ? 0 : -1; /* every case starts from an empty database */
     return 0;
 }
 
-static int teardown(void **state) {
-    return test_remove_tree(g_dir);
-}
+static int teardown(void **state) { return test_remove_tree(g_dir); }
 
 static double now_ms(void) {
     struct timespec ts;
@@ -129,8 +127,8 @@ static const char *PART_TENANT[N_PARTS] = {"t", "t", "t2"};
 static const char *PART_USER[N_PARTS] = {"u0", "u1", "u0"};
 
 static void text_of(int32_t textno, char *out, size_t cap) {
-    static const char *words[] = {"apples", "boston", "cello", "dogs", "everest", "falafel",
-                                  "guitar", "hiking", "iceland", "jazz", "kayak", "lisbon"};
+    static const char *words[] = {"apples", "boston", "cello",   "dogs", "everest", "falafel",
+                                  "guitar", "hiking", "iceland", "jazz", "kayak",   "lisbon"};
     snprintf(out, cap, "fact %d: likes %s and %s, version %d", (int)textno, words[textno % 12],
              words[(textno / 12) % 12], (int)(textno % 7));
 }
@@ -138,16 +136,16 @@ static void text_of(int32_t textno, char *out, size_t cap) {
 static const char *agent_of(int32_t textno) { return textno % 2 ? "a1" : "a0"; }
 
 typedef struct crash_cfg {
-    bool real;            /* real models (else fakes) */
-    int32_t n_ops;        /* operations per child */
-    int64_t kill_step;    /* step mode: die at this fault point (1-based); 0: never */
+    bool real;         /* real models (else fakes) */
+    int32_t n_ops;     /* operations per child */
+    int64_t kill_step; /* step mode: die at this fault point (1-based); 0: never */
     uint64_t seed;
-    int32_t textno_base;  /* texts of this child: base, base+1, ... */
+    int32_t textno_base; /* texts of this child: base, base+1, ... */
 } crash_cfg;
 
 typedef struct child_state {
-    int fd;               /* pipe to the parent */
-    int64_t steps;        /* fault points passed */
+    int fd;        /* pipe to the parent */
+    int64_t steps; /* fault points passed */
     int64_t kill_step;
 } child_state;
 
@@ -259,9 +257,12 @@ static void child_main(const crash_cfg *cfg, int fd) {
             text_of(textno, text, sizeof text);
             say("B A %d %d\n", part, (int)textno);
             char id[MEMORY_ID_SIZE];
-            memory_add_req req = {.tenant = PART_TENANT[part], .user = PART_USER[part],
-                                  .agent_id = agent_of(textno), .text = text,
-                                  .context = ctx, .n_context = 3,
+            memory_add_req req = {.tenant = PART_TENANT[part],
+                                  .user = PART_USER[part],
+                                  .agent_id = agent_of(textno),
+                                  .text = text,
+                                  .context = ctx,
+                                  .n_context = 3,
                                   .window = MEMORY_WINDOW_DEFAULT};
             if (memory_add(m, &req, id) != IS_OK) CHILD_FAIL("add");
             say("E A %d %d %s\n", part, (int)textno, id);
@@ -276,9 +277,12 @@ static void child_main(const crash_cfg *cfg, int fd) {
             memory_add_req reqs[CRASH_BATCH];
             for (int j = 0; j < CRASH_BATCH; j++) {
                 text_of(textno + j, texts[j], sizeof texts[j]);
-                reqs[j] = (memory_add_req){.tenant = PART_TENANT[part], .user = PART_USER[part],
-                                           .agent_id = agent_of(textno + j), .text = texts[j],
-                                           .context = ctx, .n_context = 3,
+                reqs[j] = (memory_add_req){.tenant = PART_TENANT[part],
+                                           .user = PART_USER[part],
+                                           .agent_id = agent_of(textno + j),
+                                           .text = texts[j],
+                                           .context = ctx,
+                                           .n_context = 3,
                                            .window = MEMORY_WINDOW_DEFAULT};
             }
             say("B M %d %d\n", part, (int)textno);
@@ -295,7 +299,8 @@ static void child_main(const crash_cfg *cfg, int fd) {
             /* Keep the agent of the fact's first text: parity of textno. */
             text_of(textno, text, sizeof text);
             say("B U %s %d\n", k->id, (int)textno);
-            if (memory_update(m, PART_TENANT[k->part], PART_USER[k->part], k->id, text, NULL) != IS_OK)
+            if (memory_update(m, PART_TENANT[k->part], PART_USER[k->part], k->id, text, NULL) !=
+                IS_OK)
                 CHILD_FAIL("update");
             say("E U %s %d\n", k->id, (int)textno);
             textno++;
@@ -389,8 +394,8 @@ typedef struct pending {
 } pending;
 
 typedef struct child_result {
-    int64_t steps;      /* "S": fault points of a full run */
-    int killed_kind;    /* "K": the fault point it died at, -1 if none */
+    int64_t steps;   /* "S": fault points of a full run */
+    int killed_kind; /* "K": the fault point it died at, -1 if none */
     bool failed;
     char fail_msg[256];
 } child_result;
@@ -662,11 +667,17 @@ static void test_crash_fakes(void **state) {
     /* Some children died inside a batch add. */
     assert_true(n_batch > 0);
     /* Every kind of fault point was crashed at. */
-    const int kinds[] = {MEMORY_STEP_EMBEDDED, MEMORY_STEP_KV_WRITTEN, MEMORY_STEP_COMMITTED,
-                         MEMORY_STEP_KV_DELETED, 10 + RECORD_STORE_STEP_CREATE,
-                         10 + RECORD_STORE_STEP_WRITE, 10 + RECORD_STORE_STEP_WRITE_REST,
-                         10 + RECORD_STORE_STEP_FSYNC, 10 + RECORD_STORE_STEP_RENAME,
-                         10 + RECORD_STORE_STEP_DIR_FSYNC, 20};
+    const int kinds[] = {MEMORY_STEP_EMBEDDED,
+                         MEMORY_STEP_KV_WRITTEN,
+                         MEMORY_STEP_COMMITTED,
+                         MEMORY_STEP_KV_DELETED,
+                         10 + RECORD_STORE_STEP_CREATE,
+                         10 + RECORD_STORE_STEP_WRITE,
+                         10 + RECORD_STORE_STEP_WRITE_REST,
+                         10 + RECORD_STORE_STEP_FSYNC,
+                         10 + RECORD_STORE_STEP_RENAME,
+                         10 + RECORD_STORE_STEP_DIR_FSYNC,
+                         20};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         if (!kinds_hit[kinds[i]]) fail_msg("no crash at fault point kind %d", kinds[i]);
     }
@@ -678,7 +689,8 @@ static void test_crash_fakes(void **state) {
            iters, n_step, n_timer, (long long)steps, n_applied, n_not, n_batch, (int)ms.n,
            (now_ms() - t0) / 1e3);
     assert_true(iters >= 50);
-    printf("fault-matrix: crash-points|kill -9 of a writer (add, batch add, update, delete) at each of its "
+    printf("fault-matrix: crash-points|kill -9 of a writer (add, batch add, update, delete) at "
+           "each of its "
            "fault points and at random times, fake models%s|%d|every fact whole or absent after "
            "reopen; the in-flight operation applied %d times, not applied %d times\n",
            g_pg ? ", PostgreSQL store" : "", iters, n_applied, n_not);

@@ -62,7 +62,8 @@ static cJSON *load_golden(const char *name) {
 
 static bool have_model(void) { return access(MODEL_DIR "/model.safetensors", R_OK) == 0; }
 
-static void encode_str(const wordpiece *wp, const char *s, int32_t max_len, int32_t *ids, int32_t *n) {
+static void encode_str(const wordpiece *wp, const char *s, int32_t max_len, int32_t *ids,
+                       int32_t *n) {
     assert_int_equal(wordpiece_encode(wp, s, strlen(s), max_len, ids, n), IS_OK);
 }
 
@@ -79,16 +80,16 @@ static void assert_ids(const int32_t *got, int32_t n, const int32_t *want, int32
 
 /* ---- wordpiece on a hand vocabulary ------------------------------------------- */
 
-static const char hand_vocab[] =
-    "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"    /* 0-4 */
-    "un\n##aff\n##able\nhello\n,\n!\n"        /* 5-10 */
-    "want\n##want\n##ed\na\n##a\ncaf\n##e\n"  /* 11-17 */
-    "\xe6\x9d\xb1\nunaff\n";                  /* 18: 東, 19: unaff */
+static const char hand_vocab[] = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"   /* 0-4 */
+                                 "un\n##aff\n##able\nhello\n,\n!\n"       /* 5-10 */
+                                 "want\n##want\n##ed\na\n##a\ncaf\n##e\n" /* 11-17 */
+                                 "\xe6\x9d\xb1\nunaff\n";                 /* 18: 東, 19: unaff */
 
 static wordpiece *hand_wp(void) {
     wordpiece *wp = NULL;
-    assert_int_equal(wordpiece_load_buffer(hand_vocab, sizeof hand_vocab - 1, wordpiece_default_params(), &wp),
-                     IS_OK);
+    assert_int_equal(
+        wordpiece_load_buffer(hand_vocab, sizeof hand_vocab - 1, wordpiece_default_params(), &wp),
+        IS_OK);
     return wp;
 }
 
@@ -192,7 +193,8 @@ static void test_wordpiece_params(void **state) {
     wordpiece *wp = NULL;
     assert_int_equal(wordpiece_load_buffer(hand_vocab, sizeof hand_vocab - 1, p, &wp), IS_OK);
     int32_t ids[16], n;
-    encode_str(wp, "Hello hello caf\xc3\xa9", 16, ids, &n); /* cased: no lowercasing, no stripping */
+    encode_str(wp, "Hello hello caf\xc3\xa9", 16, ids,
+               &n); /* cased: no lowercasing, no stripping */
     assert_ids(ids, n, (int32_t[]){2, 1, 8, 1, 3}, 5);
     wordpiece_free(wp);
 }
@@ -201,22 +203,28 @@ static void test_wordpiece_bad_vocab(void **state) {
     (void)state;
     wordpiece *wp = (wordpiece *)0x1;
     const char dup[] = "[CLS]\n[SEP]\n[UNK]\na\na\n";
-    assert_int_equal(wordpiece_load_buffer(dup, sizeof dup - 1, wordpiece_default_params(), &wp), IS_ERR_FORMAT);
+    assert_int_equal(wordpiece_load_buffer(dup, sizeof dup - 1, wordpiece_default_params(), &wp),
+                     IS_ERR_FORMAT);
     const char nocls[] = "[SEP]\n[UNK]\na\n";
-    assert_int_equal(wordpiece_load_buffer(nocls, sizeof nocls - 1, wordpiece_default_params(), &wp),
-                     IS_ERR_FORMAT);
+    assert_int_equal(
+        wordpiece_load_buffer(nocls, sizeof nocls - 1, wordpiece_default_params(), &wp),
+        IS_ERR_FORMAT);
     const char empty_line[] = "[CLS]\n\n[SEP]\n[UNK]\n";
-    assert_int_equal(wordpiece_load_buffer(empty_line, sizeof empty_line - 1, wordpiece_default_params(), &wp),
-                     IS_ERR_FORMAT);
+    assert_int_equal(
+        wordpiece_load_buffer(empty_line, sizeof empty_line - 1, wordpiece_default_params(), &wp),
+        IS_ERR_FORMAT);
     const char bad_utf8[] = "[CLS]\n[SEP]\n[UNK]\n\xff\n";
-    assert_int_equal(wordpiece_load_buffer(bad_utf8, sizeof bad_utf8 - 1, wordpiece_default_params(), &wp),
-                     IS_ERR_FORMAT);
+    assert_int_equal(
+        wordpiece_load_buffer(bad_utf8, sizeof bad_utf8 - 1, wordpiece_default_params(), &wp),
+        IS_ERR_FORMAT);
     assert_int_equal(wordpiece_load_buffer("", 0, wordpiece_default_params(), &wp), IS_ERR_FORMAT);
-    assert_int_equal(wordpiece_load("/nonexistent/vocab.txt", wordpiece_default_params(), &wp), IS_ERR_IO);
+    assert_int_equal(wordpiece_load("/nonexistent/vocab.txt", wordpiece_default_params(), &wp),
+                     IS_ERR_IO);
     assert_ptr_equal(wp, (wordpiece *)0x1); /* unchanged on failure */
     /* CRLF line ends and a missing final newline are fine. */
     const char crlf[] = "[CLS]\r\n[SEP]\r\n[UNK]\r\nab";
-    assert_int_equal(wordpiece_load_buffer(crlf, sizeof crlf - 1, wordpiece_default_params(), &wp), IS_OK);
+    assert_int_equal(wordpiece_load_buffer(crlf, sizeof crlf - 1, wordpiece_default_params(), &wp),
+                     IS_OK);
     assert_int_equal(wordpiece_token_id(wp, "ab", 2), 3);
     assert_int_equal(wordpiece_token_id(wp, "[SEP]", 5), 1);
     wordpiece_free(wp);
@@ -240,10 +248,13 @@ static size_t st_build(const st_tensor *t, int32_t n, uint8_t **out) {
     for (int32_t i = 0; i < n; i++) {
         int64_t ne = 1;
         for (int32_t d = 0; d < t[i].n_dims; d++) ne *= t[i].shape[d];
-        hl += (size_t)snprintf(h + hl, hcap - hl, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", t[i].name);
+        hl += (size_t)snprintf(h + hl, hcap - hl, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[",
+                               t[i].name);
         for (int32_t d = 0; d < t[i].n_dims; d++)
-            hl += (size_t)snprintf(h + hl, hcap - hl, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
-        hl += (size_t)snprintf(h + hl, hcap - hl, "],\"data_offsets\":[%zu,%zu]}", dl, dl + 4 * (size_t)ne);
+            hl += (size_t)snprintf(h + hl, hcap - hl, "%s%lld", d ? "," : "",
+                                   (long long)t[i].shape[d]);
+        hl += (size_t)snprintf(h + hl, hcap - hl, "],\"data_offsets\":[%zu,%zu]}", dl,
+                               dl + 4 * (size_t)ne);
         dl += 4 * (size_t)ne;
     }
     hl += (size_t)snprintf(h + hl, hcap - hl, "}");
@@ -355,15 +366,17 @@ static float frand(void) { /* deterministic values in [-0.5, 0.5) */
 }
 
 static const char tiny_config[] =
-    "{\"hidden_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"intermediate_size\": 16,"
+    "{\"hidden_size\": 8, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+    "\"intermediate_size\": 16,"
     " \"vocab_size\": 20, \"max_position_embeddings\": 16, \"hidden_act\": \"gelu\","
-    " \"layer_norm_eps\": 1e-12, \"type_vocab_size\": 2, \"position_embedding_type\": \"absolute\"}";
+    " \"layer_norm_eps\": 1e-12, \"type_vocab_size\": 2, \"position_embedding_type\": "
+    "\"absolute\"}";
 
 /* Writes the tiny model into dir g_tmp/name; `skip` omits one tensor by
  * name, `bad_shape` gives that tensor a wrong first dimension, `trunc`
  * cuts that many bytes off the weights. */
-static void write_tiny_model(const char *name, const char *config, const char *skip, const char *bad_shape,
-                             size_t trunc) {
+static void write_tiny_model(const char *name, const char *config, const char *skip,
+                             const char *bad_shape, size_t trunc) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/%s", g_tmp, name);
     mkdir(dir, 0755);
@@ -375,18 +388,18 @@ static void write_tiny_model(const char *name, const char *config, const char *s
     static float data[64][TP * TI * 2];
     st_tensor t[64];
     int32_t n = 0;
-#define ADD(nm, d0, d1)                                                                       \
-    do {                                                                                      \
-        snprintf(names[n], sizeof names[n], "%s", nm);                                        \
-        int64_t ne = (int64_t)(d0) * ((d1) ? (d1) : 1);                                       \
-        for (int64_t q = 0; q < ne; q++) data[n][q] = frand();                                \
-        if (strstr(nm, "LayerNorm.weight"))                                                   \
-            for (int64_t q = 0; q < ne; q++) data[n][q] += 1.0f;                              \
-        if (!skip || strcmp(skip, nm) != 0) {                                                 \
-            t[n] = (st_tensor){names[n], (d1) ? 2 : 1, {(d0), (d1)}, data[n]};                \
-            if (bad_shape && strcmp(bad_shape, nm) == 0) t[n].shape[0]--;                     \
-            n++;                                                                              \
-        }                                                                                     \
+#define ADD(nm, d0, d1)                                                                            \
+    do {                                                                                           \
+        snprintf(names[n], sizeof names[n], "%s", nm);                                             \
+        int64_t ne = (int64_t)(d0) * ((d1) ? (d1) : 1);                                            \
+        for (int64_t q = 0; q < ne; q++) data[n][q] = frand();                                     \
+        if (strstr(nm, "LayerNorm.weight"))                                                        \
+            for (int64_t q = 0; q < ne; q++) data[n][q] += 1.0f;                                   \
+        if (!skip || strcmp(skip, nm) != 0) {                                                      \
+            t[n] = (st_tensor){names[n], (d1) ? 2 : 1, {(d0), (d1)}, data[n]};                     \
+            if (bad_shape && strcmp(bad_shape, nm) == 0) t[n].shape[0]--;                          \
+            n++;                                                                                   \
+        }                                                                                          \
     } while (0)
     ADD("embeddings.word_embeddings.weight", TV, TH);
     ADD("embeddings.position_embeddings.weight", TP, TH);
@@ -395,10 +408,10 @@ static void write_tiny_model(const char *name, const char *config, const char *s
     ADD("embeddings.LayerNorm.bias", TH, 0);
     for (int l = 0; l < TL; l++) {
         char nm[96];
-#define LADD(sfx, d0, d1)                                                \
-    do {                                                                 \
-        snprintf(nm, sizeof nm, "encoder.layer.%d.%s", l, sfx);          \
-        ADD(nm, d0, d1);                                                 \
+#define LADD(sfx, d0, d1)                                                                          \
+    do {                                                                                           \
+        snprintf(nm, sizeof nm, "encoder.layer.%d.%s", l, sfx);                                    \
+        ADD(nm, d0, d1);                                                                           \
     } while (0)
         LADD("attention.self.query.weight", TH, TH);
         LADD("attention.self.query.bias", TH, 0);
@@ -424,7 +437,9 @@ static void write_tiny_model(const char *name, const char *config, const char *s
     free(f);
 }
 
-static void tiny_dir(const char *name, char *dir, size_t cap) { snprintf(dir, cap, "%s/%s", g_tmp, name); }
+static void tiny_dir(const char *name, char *dir, size_t cap) {
+    snprintf(dir, cap, "%s/%s", g_tmp, name);
+}
 
 static void test_embedder_tiny(void **state) {
     (void)state;
@@ -435,8 +450,8 @@ static void test_embedder_tiny(void **state) {
     assert_int_equal(embedder_load(dir, &e), IS_OK);
     assert_int_equal(embedder_dim(e), TH);
     assert_int_equal(embedder_max_tokens(e), TP); /* no sentence_bert_config: min(512, positions) */
-    const char *texts[] = {"hello, unaffable!", "", "caf\xc3\xa9 \xe6\x9d\xb1", "a a a a a a a a a a a a a a a a a a",
-                           "hello"};
+    const char *texts[] = {"hello, unaffable!", "", "caf\xc3\xa9 \xe6\x9d\xb1",
+                           "a a a a a a a a a a a a a a a a a a", "hello"};
     const int32_t n = 5;
     float out[5 * TH], one[TH];
     assert_int_equal(embedder_embed(e, texts, n, out), IS_OK);
@@ -474,7 +489,8 @@ static void test_embedder_tiny(void **state) {
     assert_int_equal(embedder_create_on(e, "tpu", 0, &d), IS_ERR_UNSUPPORTED);
     assert_int_equal(embedder_create_on(NULL, "cuda", 0, &d), IS_ERR_INVALID_ARG);
     assert_int_equal(embedder_create_on(e, NULL, 0, &d), IS_ERR_INVALID_ARG);
-    assert_int_equal(embedder_create_on(e, "cuda", 999, &d), IS_ERR_UNSUPPORTED); /* no such device */
+    assert_int_equal(embedder_create_on(e, "cuda", 999, &d),
+                     IS_ERR_UNSUPPORTED); /* no such device */
     assert_ptr_equal(d, (embedder *)0x1);
     assert_int_equal(embedder_embed_device(e, texts, 1, out), IS_ERR_UNSUPPORTED);
     /* Where a GPU is present the device copy must give the CPU's vectors
@@ -504,8 +520,9 @@ static void expect_load(const char *name, is_status want) {
     tiny_dir(name, dir, sizeof dir);
     embedder *e = (embedder *)0x1;
     is_status st = embedder_load(dir, &e);
-    if (st != want) fail_msg("%s: got %s (%s), want %s", name, is_status_to_string(st), is_error_last(),
-                             is_status_to_string(want));
+    if (st != want)
+        fail_msg("%s: got %s (%s), want %s", name, is_status_to_string(st), is_error_last(),
+                 is_status_to_string(want));
     assert_ptr_equal(e, (embedder *)0x1);
 }
 
@@ -515,7 +532,8 @@ static void test_embedder_broken(void **state) {
     expect_load("does-not-exist", IS_ERR_IO);
     write_tiny_model("no-tensor", tiny_config, "encoder.layer.1.output.dense.weight", NULL, 0);
     expect_load("no-tensor", IS_ERR_FORMAT);
-    write_tiny_model("bad-shape", tiny_config, NULL, "encoder.layer.0.intermediate.dense.weight", 0);
+    write_tiny_model("bad-shape", tiny_config, NULL, "encoder.layer.0.intermediate.dense.weight",
+                     0);
     expect_load("bad-shape", IS_ERR_FORMAT);
     write_tiny_model("truncated", tiny_config, NULL, NULL, 100);
     expect_load("truncated", IS_ERR_FORMAT);
@@ -642,10 +660,12 @@ static void test_golden_embeddings(void **state) {
         ref_ptrs[i] = ref_ids[i];
         int32_t d = 0;
         const cJSON *v;
-        cJSON_ArrayForEach(v, cJSON_GetObjectItem(it, "embedding")) ref[(size_t)i * D + d++] = (float)v->valuedouble;
+        cJSON_ArrayForEach(v, cJSON_GetObjectItem(it, "embedding")) ref[(size_t)i * D + d++] =
+            (float)v->valuedouble;
         assert_int_equal(d, D);
         int32_t k;
-        assert_int_equal(wordpiece_encode(embedder_tokenizer(e), texts[i], strlen(texts[i]), M, ids, &k), IS_OK);
+        assert_int_equal(
+            wordpiece_encode(embedder_tokenizer(e), texts[i], strlen(texts[i]), M, ids, &k), IS_OK);
         if (k != ref_lens[i] || memcmp(ids, ref_ids[i], sizeof(int32_t) * (size_t)k) != 0) {
             fprintf(stderr, "sentence %d: token ids differ\n", i);
             assert_ids(ids, k, ref_ids[i], ref_lens[i]);
@@ -670,9 +690,10 @@ static void test_golden_embeddings(void **state) {
         double cs = cosine(one, got + (size_t)i * D, D);
         if (cs < min_self) min_self = cs;
     }
-    print_message("embeddings: %d sentences, min cosine to reference %.9f (1 - cos = %.1e, sentence %d); "
-                  "from the reference's ids %.9f; alone vs in a batch %.9f\n",
-                  n, min_cos, 1.0 - min_cos, worst, min_cos_ids, min_self);
+    print_message(
+        "embeddings: %d sentences, min cosine to reference %.9f (1 - cos = %.1e, sentence %d); "
+        "from the reference's ids %.9f; alone vs in a batch %.9f\n",
+        n, min_cos, 1.0 - min_cos, worst, min_cos_ids, min_self);
     assert_true(min_cos_ids >= 0.999);
     assert_true(min_self >= 0.99999);
     for (i = 0; i < n; i++) free(ref_ids[i]);

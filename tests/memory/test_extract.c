@@ -53,7 +53,8 @@ static void test_valid(void **state) {
     const char *two[] = {"Name is Sam", "Lives in Lisbon"};
     expect_facts("{\"facts\": [\"Name is Sam\", \"Lives in Lisbon\"]}", 2, two);
     /* Text around the object, a code fence, trailing chatter. */
-    expect_facts("Sure! Here are the facts:\n```json\n{\"facts\": [\"Name is Sam\", \"Lives in Lisbon\"]}\n```\n"
+    expect_facts("Sure! Here are the facts:\n```json\n{\"facts\": [\"Name is Sam\", \"Lives in "
+                 "Lisbon\"]}\n```\n"
                  "Let me know if you need more.",
                  2, two);
     /* Empty list: nothing to remember, still a valid answer. */
@@ -75,10 +76,12 @@ static void test_valid(void **state) {
      * another object is found. */
     const char *nested[] = {"I love pizza", "name: Pizza; type: food"};
     expect_facts("{\"facts\": [{\"name\": \"Pizza\", \"description\": \"I love pizza\"}, "
-                 "{\"name\": \"Pizza\", \"type\": \"food\", \"tags\": [\"x\"]}]}", 2, nested);
+                 "{\"name\": \"Pizza\", \"type\": \"food\", \"tags\": [\"x\"]}]}",
+                 2, nested);
     const char *wrapped[] = {"Name is Sam"};
     expect_facts("{\"result\": {\"facts\": [\"Name is Sam\"]}}", 1, wrapped);
-    expect_facts("{\"facts\": [{\"text\": \"Name is Sam\", \"meta\": {\"a\": {\"b\": 1}}}]}", 1, wrapped);
+    expect_facts("{\"facts\": [{\"text\": \"Name is Sam\", \"meta\": {\"a\": {\"b\": 1}}}]}", 1,
+                 wrapped);
     /* The first balanced object is the one taken. */
     const char *first[] = {"first"};
     expect_facts("{\"facts\": [\"first\"]} {\"facts\": [\"second\"]}", 1, first);
@@ -152,7 +155,8 @@ static void test_huge(void **state) {
     char *buf = malloc(1 << 20);
     for (int count = 50; count <= 51; count++) {
         size_t o = (size_t)sprintf(buf, "{\"facts\": [");
-        for (int i = 0; i < count; i++) o += (size_t)sprintf(buf + o, "%s\"fact %d\"", i ? ", " : "", i);
+        for (int i = 0; i < count; i++)
+            o += (size_t)sprintf(buf + o, "%s\"fact %d\"", i ? ", " : "", i);
         sprintf(buf + o, "]}");
         char **f;
         int32_t n;
@@ -217,9 +221,12 @@ static void test_bad_args(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid),     cmocka_unit_test(test_stray_quote),
-        cmocka_unit_test(test_junk),      cmocka_unit_test(test_partial),
-        cmocka_unit_test(test_nested_and_types), cmocka_unit_test(test_huge),
+        cmocka_unit_test(test_valid),
+        cmocka_unit_test(test_stray_quote),
+        cmocka_unit_test(test_junk),
+        cmocka_unit_test(test_partial),
+        cmocka_unit_test(test_nested_and_types),
+        cmocka_unit_test(test_huge),
         cmocka_unit_test(test_bad_args),
     };
     return test_run_group(tests, NULL, NULL);

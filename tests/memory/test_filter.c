@@ -45,12 +45,14 @@ static void refused(const char *json, const char *words) {
     mem_filter_expr *e = NULL;
     assert_int_equal(mem_filter_parse(json, strlen(json), &e), IS_ERR_INVALID_ARG);
     assert_null(e);
-    if (!strstr(is_error_last(), words)) fail_msg("%s: message '%s' lacks '%s'", json, is_error_last(), words);
+    if (!strstr(is_error_last(), words))
+        fail_msg("%s: message '%s' lacks '%s'", json, is_error_last(), words);
 }
 
 static void test_ids(void **state) {
     (void)state;
-    mem_fact a = fact("alice", "bot", NULL, NULL, T_JULY), none = fact(NULL, "bot", "r1", NULL, T_JULY);
+    mem_fact a = fact("alice", "bot", NULL, NULL, T_JULY),
+             none = fact(NULL, "bot", "r1", NULL, T_JULY);
     assert_true(m("{\"user_id\": \"alice\"}", &a));
     assert_false(m("{\"user_id\": \"bob\"}", &a));
     assert_false(m("{\"user_id\": \"alice\"}", &none));
@@ -74,19 +76,23 @@ static void test_logic(void **state) {
     assert_false(m("{\"NOT\": [{\"user_id\": \"bob\"}, {\"agent_id\": \"bot\"}]}", &a));
     assert_true(m("{\"NOT\": [{\"user_id\": \"bob\"}]}", &a));
     assert_true(m("{\"AND\": [{\"OR\": [{\"user_id\": \"x\"}, {\"user_id\": \"alice\"}]}, "
-                  "{\"NOT\": {\"metadata\": {\"topic\": \"travel\"}}}]}", &a));
+                  "{\"NOT\": {\"metadata\": {\"topic\": \"travel\"}}}]}",
+                  &a));
     assert_true(m("{}", &a)); /* no condition: everything */
 }
 
 static void test_metadata(void **state) {
     (void)state;
-    mem_fact a = fact("alice", NULL, NULL, "{\"topic\":\"food\",\"stars\":4,\"tags\":[\"x\",\"y\"],\"ok\":true}", T_JULY);
+    mem_fact a =
+        fact("alice", NULL, NULL,
+             "{\"topic\":\"food\",\"stars\":4,\"tags\":[\"x\",\"y\"],\"ok\":true}", T_JULY);
     mem_fact bare = fact("alice", NULL, NULL, NULL, T_JULY);
     assert_true(m("{\"metadata\": {\"topic\": \"food\"}}", &a));
     assert_true(m("{\"topic\": \"food\"}", &a)); /* shorthand */
     assert_true(m("{\"metadata\": {\"stars\": {\"gte\": 4}}}", &a));
     assert_false(m("{\"metadata\": {\"stars\": {\"gt\": 4}}}", &a));
-    assert_true(m("{\"metadata\": {\"stars\": \"4\"}}", &a)); /* canonical equality, as the store's */
+    assert_true(
+        m("{\"metadata\": {\"stars\": \"4\"}}", &a)); /* canonical equality, as the store's */
     assert_true(m("{\"metadata\": {\"stars\": {\"in\": [1, 4]}}}", &a));
     assert_true(m("{\"metadata\": {\"tags\": {\"contains\": \"y\"}}}", &a));
     assert_true(m("{\"metadata\": {\"topic\": {\"icontains\": \"OO\"}}}", &a));
@@ -159,9 +165,12 @@ static void test_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ids),   cmocka_unit_test(test_logic),
-        cmocka_unit_test(test_metadata), cmocka_unit_test(test_dates),
-        cmocka_unit_test(test_user_and_scope), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_logic),
+        cmocka_unit_test(test_metadata),
+        cmocka_unit_test(test_dates),
+        cmocka_unit_test(test_user_and_scope),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,9 +116,9 @@ static void expect_ranking(ref_hit *ref, int n, int k, const mem_hit *hits, int3
             }
         }
         if (i > 0) {
-            assert_true(hits[i - 1].score > hits[i].score ||
-                        (hits[i - 1].score == hits[i].score &&
-                         strcmp(hits[i - 1].id, hits[i].id) < 0));
+            assert_true(
+                hits[i - 1].score > hits[i].score ||
+                (hits[i - 1].score == hits[i].score && strcmp(hits[i - 1].id, hits[i].id) < 0));
         }
     }
     free(by_id);
@@ -133,14 +133,11 @@ static void make_data(uint64_t *s, int kind, int n, int dim, float *emb) {
     for (int i = 0; i < n; i++) {
         float *x = emb + (size_t)i * dim;
         switch (kind) {
-        case DATA_UNIT:
-            random_unit(s, x, dim);
-            break;
+        case DATA_UNIT: random_unit(s, x, dim); break;
         case DATA_DUPLICATES: /* a quarter of the rows repeat an earlier one exactly */
             if (i > 0 && rng_next(s) % 4 == 0)
                 memcpy(x, emb + (size_t)(rng_next(s) % i) * dim, sizeof(float) * dim);
-            else
-                random_unit(s, x, dim);
+            else random_unit(s, x, dim);
             break;
         case DATA_NEAR: { /* one dominant axis: int8 rounds the rest away */
             random_unit(s, x, dim);
@@ -175,7 +172,7 @@ static void check_exact(int kind, int dim, int n, uint64_t seed) {
     mem_index *ix;
     assert_int_equal(mem_index_create(dim, &ix), IS_OK);
     float *emb = malloc(sizeof(float) * (size_t)n * dim);
-    char (*ids)[16] = malloc(sizeof *ids * (size_t)n);
+    char(*ids)[16] = malloc(sizeof *ids * (size_t)n);
     assert_non_null(emb);
     make_data(&s, kind, n, dim, emb);
     for (int i = 0; i < n; i++) {
@@ -193,23 +190,19 @@ static void check_exact(int kind, int dim, int n, uint64_t seed) {
     mem_hit *hits = malloc(sizeof *hits * (size_t)(n + 10));
     mem_filter f = {.tenant = "t", .user = "u"};
     for (int qi = 0; qi < 6; qi++) {
-        if (qi == 0)
-            memcpy(q, emb, sizeof(float) * dim); /* a stored row itself */
-        else if (kind == DATA_NEAR && qi < 3)
-            make_data(&s, DATA_NEAR, 1, dim, q);
+        if (qi == 0) memcpy(q, emb, sizeof(float) * dim); /* a stored row itself */
+        else if (kind == DATA_NEAR && qi < 3) make_data(&s, DATA_NEAR, 1, dim, q);
         else if (kind == DATA_SCALES && qi < 4) {
             memset(q, 0, sizeof(float) * dim);
             q[0] = qi == 1 ? 1.0f : qi == 2 ? 0.5f : -1.0f;
             if (qi == 3 && dim > 1) q[1] = 0.01f;
-        }
-        else
-            random_unit(&s, q, dim);
+        } else random_unit(&s, q, dim);
         for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
             for (int i = 0; i < n; i++)
                 ref[i] = (ref_hit){ids[i], dot_d(q, emb + (size_t)i * dim, dim)};
             int32_t nh = -1;
-            assert_int_equal(
-                mem_index_search(ix, &f, q, NULL, ks[ki], MEM_SEARCH_DENSE, hits, &nh), IS_OK);
+            assert_int_equal(mem_index_search(ix, &f, q, NULL, ks[ki], MEM_SEARCH_DENSE, hits, &nh),
+                             IS_OK);
             expect_ranking(ref, n, ks[ki], hits, nh);
             for (int i = 0; i < nh; i++) {
                 assert_int_equal(hits[i].dense_rank, i + 1);
@@ -287,8 +280,15 @@ static const char *f_meta_value(int m, const char *key) {
         {{NULL, NULL}},
         {{"topic", "food"}, {"priority", "3"}, {"pinned", "true"}, {NULL, NULL}},
         {{"topic", "food"}, {NULL, NULL}},
-        {{"topic", "travel"}, {"priority", "3"}, {"pinned", "false"}, {"score", "0.5"}, {NULL, NULL}},
-        {{"priority", "3"}, {"topic", "travel"}, {"note", "null"}, {NULL, NULL}}, /* first key wins */
+        {{"topic", "travel"},
+         {"priority", "3"},
+         {"pinned", "false"},
+         {"score", "0.5"},
+         {NULL, NULL}},
+        {{"priority", "3"},
+         {"topic", "travel"},
+         {"note", "null"},
+         {NULL, NULL}}, /* first key wins */
     };
     for (int i = 0; i < 5 && table[m][i][0]; i++)
         if (strcmp(table[m][i][0], key) == 0) return table[m][i][1];
@@ -330,9 +330,14 @@ static void test_filters(void **state) {
                     d->run = r;
                     d->meta = m;
                     random_unit(&s, d->emb, DIM);
-                    mem_doc md = {.id = d->id, .tenant = "t", .user = "u", .agent_id = F_AGENTS[a],
-                                  .run_id = F_RUNS[r], .embedding = d->emb,
-                                  .metadata_json = F_META[m], .text = "shared words here"};
+                    mem_doc md = {.id = d->id,
+                                  .tenant = "t",
+                                  .user = "u",
+                                  .agent_id = F_AGENTS[a],
+                                  .run_id = F_RUNS[r],
+                                  .embedding = d->emb,
+                                  .metadata_json = F_META[m],
+                                  .text = "shared words here"};
                     assert_int_equal(mem_index_upsert(ix, &md), IS_OK);
                     n++;
                 }
@@ -348,25 +353,29 @@ static void test_filters(void **state) {
         {NULL, NULL, {0}, {0}, 0, n},
         {"a1", NULL, {0}, {0}, 0, n / 3},
         {"a1", "r2", {0}, {0}, 0, n / 9},
-        {"a3", NULL, {0}, {0}, 0, 0},               /* unknown agent */
+        {"a3", NULL, {0}, {0}, 0, 0},                          /* unknown agent */
         {NULL, NULL, {"topic"}, {"food"}, 1, 3 * 3 * 2 * PER}, /* sets 1, 2 (4: first wins) */
         {NULL, NULL, {"topic", "priority"}, {"food", "3"}, 2, 3 * 3 * 1 * PER}, /* set 1 */
-        {NULL, NULL, {"priority"}, {"3"}, 1, 3 * 3 * 3 * PER}, /* 3, "3", 3.0 */
+        {NULL, NULL, {"priority"}, {"3"}, 1, 3 * 3 * 3 * PER},                  /* 3, "3", 3.0 */
         {NULL, NULL, {"pinned"}, {"true"}, 1, 3 * 3 * PER},
         {NULL, NULL, {"pinned"}, {"false"}, 1, 3 * 3 * PER},
         {NULL, NULL, {"score"}, {"0.5"}, 1, 3 * 3 * PER},
         {NULL, NULL, {"note"}, {"null"}, 1, 3 * 3 * PER},
-        {NULL, NULL, {"missing"}, {"food"}, 1, 0},  /* missing key: no match */
+        {NULL, NULL, {"missing"}, {"food"}, 1, 0}, /* missing key: no match */
         {NULL, NULL, {"topic", "topic"}, {"food", "travel"}, 2, 0},
         {"a2", "r1", {"topic", "pinned"}, {"travel", "false"}, 2, PER},
-        {NULL, NULL, {"food"}, {"topic"}, 1, 0},    /* key and value swapped */
+        {NULL, NULL, {"food"}, {"topic"}, 1, 0}, /* key and value swapped */
     };
     mem_hit hits[512];
     float q[DIM];
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-        mem_filter f = {.tenant = "t", .user = "u", .agent_id = cases[ci].agent,
-                        .run_id = cases[ci].run, .meta_keys = cases[ci].keys,
-                        .meta_values = cases[ci].values, .n_meta = cases[ci].n_meta};
+        mem_filter f = {.tenant = "t",
+                        .user = "u",
+                        .agent_id = cases[ci].agent,
+                        .run_id = cases[ci].run,
+                        .meta_keys = cases[ci].keys,
+                        .meta_values = cases[ci].values,
+                        .n_meta = cases[ci].n_meta};
         random_unit(&s, q, DIM);
         for (int mode = MEM_SEARCH_DENSE; mode <= MEM_SEARCH_HYBRID; mode++) {
             int32_t nh = -1;
@@ -398,24 +407,33 @@ static void test_filters(void **state) {
         for (int i = 0; i < n; i++)
             if (f_match(&docs[i], agent, run, keys, vals, nm))
                 ref[nr++] = (ref_hit){docs[i].id, dot_d(q, docs[i].emb, DIM)};
-        mem_filter f = {.tenant = "t", .user = "u", .agent_id = agent, .run_id = run,
-                        .meta_keys = keys, .meta_values = vals, .n_meta = nm};
+        mem_filter f = {.tenant = "t",
+                        .user = "u",
+                        .agent_id = agent,
+                        .run_id = run,
+                        .meta_keys = keys,
+                        .meta_values = vals,
+                        .n_meta = nm};
         int32_t nh = -1;
         assert_int_equal(mem_index_search(ix, &f, q, NULL, 10, MEM_SEARCH_DENSE, hits, &nh), IS_OK);
         expect_ranking(ref, nr, 10, hits, nh);
     }
 
     /* Bad metadata is refused, and the index stays as it was. */
-    const char *bad[] = {"{\"a\": {\"b\": 1}}", "{\"a\": [1, 2]}", "[1, 2]", "\"text\"", "{oops",
-                         "42"};
+    const char *bad[] = {
+        "{\"a\": {\"b\": 1}}", "{\"a\": [1, 2]}", "[1, 2]", "\"text\"", "{oops", "42"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        mem_doc md = {.id = "doc000", .tenant = "t", .user = "u", .embedding = docs[1].emb,
+        mem_doc md = {.id = "doc000",
+                      .tenant = "t",
+                      .user = "u",
+                      .embedding = docs[1].emb,
                       .metadata_json = bad[i]};
         assert_int_equal(mem_index_upsert(ix, &md), IS_ERR_INVALID_ARG);
     }
     mem_filter f = {.tenant = "t", .user = "u"};
     int32_t nh;
-    assert_int_equal(mem_index_search(ix, &f, docs[0].emb, NULL, 1, MEM_SEARCH_DENSE, hits, &nh), IS_OK);
+    assert_int_equal(mem_index_search(ix, &f, docs[0].emb, NULL, 1, MEM_SEARCH_DENSE, hits, &nh),
+                     IS_OK);
     assert_string_equal(hits[0].id, "doc000");
     assert_float_equal(hits[0].score, 1.0, 1e-5);
     assert_int_equal(mem_index_count(ix), n);
@@ -443,8 +461,12 @@ static void test_isolation(void **state) {
                 snprintf(user, sizeof user, "user%d", u);
                 snprintf(id, sizeof id, "t%d-u%d-%d", t, u, i);
                 snprintf(text, sizeof text, "fact %d of user%d tenant0 t0-u0-%d", i % PER, u, i);
-                mem_doc d = {.id = id, .tenant = tenant, .user = user, .agent_id = "agent",
-                             .text = text, .embedding = shared[i % PER]};
+                mem_doc d = {.id = id,
+                             .tenant = tenant,
+                             .user = user,
+                             .agent_id = "agent",
+                             .text = text,
+                             .embedding = shared[i % PER]};
                 assert_int_equal(mem_index_upsert(ix, &d), IS_OK);
             }
     /* Tricky keys: ("a", "bc") against ("ab", "c"). */
@@ -476,7 +498,8 @@ static void test_isolation(void **state) {
     for (int i = 0; i < 2; i++) {
         mem_filter f = {.tenant = pairs[i][0], .user = pairs[i][1]};
         int32_t nh;
-        assert_int_equal(mem_index_search(ix, &f, shared[0], "fact", 64, MEM_SEARCH_HYBRID, hits, &nh), IS_OK);
+        assert_int_equal(
+            mem_index_search(ix, &f, shared[0], "fact", 64, MEM_SEARCH_HYBRID, hits, &nh), IS_OK);
         assert_int_equal(nh, 1);
         assert_string_equal(hits[0].id, i == 0 ? "x1" : "x2");
     }
@@ -484,10 +507,12 @@ static void test_isolation(void **state) {
      * unknown user has nothing. */
     mem_filter f = {.tenant = "tenant9", .user = "user0"};
     int32_t nh = -1;
-    assert_int_equal(mem_index_search(ix, &f, shared[0], "fact", 64, MEM_SEARCH_HYBRID, hits, &nh), IS_OK);
+    assert_int_equal(mem_index_search(ix, &f, shared[0], "fact", 64, MEM_SEARCH_HYBRID, hits, &nh),
+                     IS_OK);
     assert_int_equal(nh, 0);
     f = (mem_filter){.tenant = "tenant0", .user = "nobody"};
-    assert_int_equal(mem_index_search(ix, &f, shared[0], "fact", 64, MEM_SEARCH_DENSE, hits, &nh), IS_OK);
+    assert_int_equal(mem_index_search(ix, &f, shared[0], "fact", 64, MEM_SEARCH_DENSE, hits, &nh),
+                     IS_OK);
     assert_int_equal(nh, 0);
     /* A search must name both tenant and user. */
     nh = 42;
@@ -512,8 +537,13 @@ static void test_upsert_replace(void **state) {
     assert_int_equal(mem_index_create(DIM, &ix), IS_OK);
     const float e1[DIM] = {1, 0, 0, 0}, e2[DIM] = {0, 1, 0, 0}, e3[DIM] = {0, 0, 1, 0};
     mem_doc other = {.id = "other", .tenant = "t", .user = "u", .text = "pear", .embedding = e3};
-    mem_doc x = {.id = "X", .tenant = "t", .user = "u", .agent_id = "a1", .text = "apple pie",
-                 .embedding = e1, .metadata_json = "{\"k\": \"v1\"}"};
+    mem_doc x = {.id = "X",
+                 .tenant = "t",
+                 .user = "u",
+                 .agent_id = "a1",
+                 .text = "apple pie",
+                 .embedding = e1,
+                 .metadata_json = "{\"k\": \"v1\"}"};
     assert_int_equal(mem_index_upsert(ix, &other), IS_OK);
     assert_int_equal(mem_index_upsert(ix, &x), IS_OK);
     mem_filter f = {.tenant = "t", .user = "u"};
@@ -539,7 +569,8 @@ static void test_upsert_replace(void **state) {
     assert_float_equal(hits[0].score, 1.0, 1e-6);
     assert_int_equal(mem_index_search(ix, &f, NULL, "apple", 4, MEM_SEARCH_BM25, hits, &nh), IS_OK);
     assert_int_equal(nh, 0);
-    assert_int_equal(mem_index_search(ix, &f, NULL, "banana", 4, MEM_SEARCH_BM25, hits, &nh), IS_OK);
+    assert_int_equal(mem_index_search(ix, &f, NULL, "banana", 4, MEM_SEARCH_BM25, hits, &nh),
+                     IS_OK);
     assert_int_equal(nh, 1);
     assert_string_equal(hits[0].id, "X");
     mem_filter fa1 = {.tenant = "t", .user = "u", .agent_id = "a1"};
@@ -558,11 +589,13 @@ static void test_upsert_replace(void **state) {
     assert_int_equal(mem_index_upsert(ix, &x), IS_OK);
     assert_int_equal(mem_index_count(ix), 2);
     assert_true(mem_index_check(ix));
-    assert_int_equal(mem_index_search(ix, &f, e2, "banana", 4, MEM_SEARCH_HYBRID, hits, &nh), IS_OK);
+    assert_int_equal(mem_index_search(ix, &f, e2, "banana", 4, MEM_SEARCH_HYBRID, hits, &nh),
+                     IS_OK);
     assert_int_equal(nh, 1);
     assert_string_equal(hits[0].id, "other");
     mem_filter fw = {.tenant = "t", .user = "w"};
-    assert_int_equal(mem_index_search(ix, &fw, e2, "banana", 4, MEM_SEARCH_HYBRID, hits, &nh), IS_OK);
+    assert_int_equal(mem_index_search(ix, &fw, e2, "banana", 4, MEM_SEARCH_HYBRID, hits, &nh),
+                     IS_OK);
     assert_int_equal(nh, 1);
     assert_string_equal(hits[0].id, "X");
 
@@ -570,7 +603,8 @@ static void test_upsert_replace(void **state) {
     assert_int_equal(mem_index_remove(ix, "X"), IS_OK);
     assert_int_equal(mem_index_remove(ix, "X"), IS_ERR_NOT_FOUND);
     assert_int_equal(mem_index_remove(ix, "never"), IS_ERR_NOT_FOUND);
-    assert_int_equal(mem_index_search(ix, &fw, e2, "banana", 4, MEM_SEARCH_HYBRID, hits, &nh), IS_OK);
+    assert_int_equal(mem_index_search(ix, &fw, e2, "banana", 4, MEM_SEARCH_HYBRID, hits, &nh),
+                     IS_OK);
     assert_int_equal(nh, 0);
     assert_int_equal(mem_index_count(ix), 1);
     assert_true(mem_index_check(ix));
@@ -610,7 +644,10 @@ static void test_churn(void **state) {
                 strcat(m[i].text, words[rng_next(&s) % 8]);
                 strcat(m[i].text, " ");
             }
-            mem_doc d = {.id = m[i].id, .tenant = "t", .user = users[m[i].user], .text = m[i].text,
+            mem_doc d = {.id = m[i].id,
+                         .tenant = "t",
+                         .user = users[m[i].user],
+                         .text = m[i].text,
                          .embedding = m[i].emb};
             assert_int_equal(mem_index_upsert(ix, &d), IS_OK);
         }
@@ -627,13 +664,15 @@ static void test_churn(void **state) {
         random_unit(&s, q, DIM);
         int nr = 0;
         for (int i = 0; i < IDS; i++)
-            if (m[i].alive && m[i].user == u) ref[nr++] = (ref_hit){m[i].id, dot_d(q, m[i].emb, DIM)};
+            if (m[i].alive && m[i].user == u)
+                ref[nr++] = (ref_hit){m[i].id, dot_d(q, m[i].emb, DIM)};
         mem_filter f = {.tenant = "t", .user = users[u]};
         int32_t nh;
         assert_int_equal(mem_index_search(ix, &f, q, NULL, 25, MEM_SEARCH_DENSE, hits, &nh), IS_OK);
         expect_ranking(ref, nr, 25, hits, nh);
         /* BM25 matches exactly the alive docs of the user holding "cat". */
-        assert_int_equal(mem_index_search(ix, &f, NULL, "cat", IDS, MEM_SEARCH_BM25, hits, &nh), IS_OK);
+        assert_int_equal(mem_index_search(ix, &f, NULL, "cat", IDS, MEM_SEARCH_BM25, hits, &nh),
+                         IS_OK);
         int want = 0;
         for (int i = 0; i < IDS; i++)
             if (m[i].alive && m[i].user == u && strstr(m[i].text, "cat ")) want++;
@@ -718,7 +757,8 @@ static void test_rrf_tie(void **state) {
     mem_index *ix;
     assert_int_equal(mem_index_create(2, &ix), IS_OK);
     const float ep[2] = {0.8f, 0.6f}, eq[2] = {0.6f, 0.8f};
-    mem_doc p = {.id = "p-doc", .tenant = "t", .user = "u", .text = "kiwi fig fig", .embedding = ep};
+    mem_doc p = {
+        .id = "p-doc", .tenant = "t", .user = "u", .text = "kiwi fig fig", .embedding = ep};
     mem_doc q = {.id = "a-doc", .tenant = "t", .user = "u", .text = "kiwi", .embedding = eq};
     assert_int_equal(mem_index_upsert(ix, &p), IS_OK);
     assert_int_equal(mem_index_upsert(ix, &q), IS_OK);
@@ -741,7 +781,8 @@ static void test_rrf_tie(void **state) {
 static void test_dense_list(void **state) {
     (void)state;
     enum { DIM = 24, N = 300 };
-    static const char *const words[] = {"lion", "tiger", "zebra", "kiwi", "fig", "apple", "pear", "plum"};
+    static const char *const words[] = {"lion", "tiger", "zebra", "kiwi",
+                                        "fig",  "apple", "pear",  "plum"};
     uint64_t s = 42;
     mem_index *ix;
     assert_int_equal(mem_index_create(DIM, &ix), IS_OK);
@@ -755,7 +796,10 @@ static void test_dense_list(void **state) {
                            words[rng_next(&s) % 8]);
         if (i % 10 == 3) memcpy(emb[i], emb[i - 1], sizeof emb[i]); /* exact ties */
         else random_unit(&s, emb[i], DIM);
-        mem_doc d = {.id = ids[i], .tenant = "t", .user = i < 250 ? "u" : "v", .text = texts[i],
+        mem_doc d = {.id = ids[i],
+                     .tenant = "t",
+                     .user = i < 250 ? "u" : "v",
+                     .text = texts[i],
                      .embedding = emb[i]};
         assert_int_equal(mem_index_upsert(ix, &d), IS_OK);
     }
@@ -771,9 +815,11 @@ static void test_dense_list(void **state) {
         for (int ki = 0; ki < 4; ki++) {
             const int32_t k = ks[ki];
             for (int mode = MEM_SEARCH_DENSE; mode <= MEM_SEARCH_HYBRID; mode += 2) {
-                const int32_t depth = mode == MEM_SEARCH_HYBRID && k < MEM_HYBRID_DEPTH ? MEM_HYBRID_DEPTH : k;
+                const int32_t depth =
+                    mode == MEM_SEARCH_HYBRID && k < MEM_HYBRID_DEPTH ? MEM_HYBRID_DEPTH : k;
                 int32_t nd = 0, nw = 0, ng = 0;
-                assert_int_equal(mem_index_search(ix, &f, q, NULL, depth, MEM_SEARCH_DENSE, dl, &nd), IS_OK);
+                assert_int_equal(
+                    mem_index_search(ix, &f, q, NULL, depth, MEM_SEARCH_DENSE, dl, &nd), IS_OK);
                 /* An id of another user and one of nobody first: skipped. */
                 dl_ids[0] = ids[260]; /* user v's */
                 dl_scores[0] = 2.0f;
@@ -784,8 +830,8 @@ static void test_dense_list(void **state) {
                     dl_scores[i + 2] = dl[i].score;
                 }
                 assert_int_equal(mem_index_search(ix, &f, q, text, k, mode, want, &nw), IS_OK);
-                assert_int_equal(mem_index_search_dense_list(ix, &f, dl_ids, dl_scores, nd + 2, text, k, mode, got,
-                                                             &ng),
+                assert_int_equal(mem_index_search_dense_list(ix, &f, dl_ids, dl_scores, nd + 2,
+                                                             text, k, mode, got, &ng),
                                  IS_OK);
                 assert_int_equal(ng, nw);
                 for (int32_t i = 0; i < ng; i++) {
@@ -804,25 +850,34 @@ static void test_dense_list(void **state) {
     float one_score[1] = {0.5f};
     mem_hit h[4];
     int32_t n = -1;
-    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4, MEM_SEARCH_BM25, h, &n),
-                     IS_ERR_INVALID_ARG);
+    assert_int_equal(
+        mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4, MEM_SEARCH_BM25, h, &n),
+        IS_ERR_INVALID_ARG);
     const mem_filter fa = {.tenant = "t", .user = "u", .agent_id = "x"};
-    assert_int_equal(mem_index_search_dense_list(ix, &fa, one_id, one_score, 1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+    assert_int_equal(mem_index_search_dense_list(ix, &fa, one_id, one_score, 1, "fig", 4,
+                                                 MEM_SEARCH_HYBRID, h, &n),
                      IS_ERR_INVALID_ARG);
     one_score[0] = NAN;
-    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4,
+                                                 MEM_SEARCH_HYBRID, h, &n),
                      IS_ERR_INVALID_ARG);
     one_id[0] = NULL;
     one_score[0] = 0.5f;
-    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+    assert_int_equal(mem_index_search_dense_list(ix, &f, one_id, one_score, 1, "fig", 4,
+                                                 MEM_SEARCH_HYBRID, h, &n),
                      IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search_dense_list(ix, &f, NULL, NULL, -1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
-                     IS_ERR_INVALID_ARG);
+    assert_int_equal(
+        mem_index_search_dense_list(ix, &f, NULL, NULL, -1, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+        IS_ERR_INVALID_ARG);
     assert_int_equal(n, -1);
     /* An empty list: hybrid is BM25's order, dense finds nothing. */
-    assert_int_equal(mem_index_search_dense_list(ix, &f, NULL, NULL, 0, "fig", 4, MEM_SEARCH_HYBRID, h, &n), IS_OK);
+    assert_int_equal(
+        mem_index_search_dense_list(ix, &f, NULL, NULL, 0, "fig", 4, MEM_SEARCH_HYBRID, h, &n),
+        IS_OK);
     assert_true(n > 0 && h[0].dense_rank == -1 && h[0].bm25_rank == 1 && isnan(h[0].dense));
-    assert_int_equal(mem_index_search_dense_list(ix, &f, NULL, NULL, 0, "fig", 4, MEM_SEARCH_DENSE, h, &n), IS_OK);
+    assert_int_equal(
+        mem_index_search_dense_list(ix, &f, NULL, NULL, 0, "fig", 4, MEM_SEARCH_DENSE, h, &n),
+        IS_OK);
     assert_int_equal(n, 0);
     mem_index_free(ix);
 }
@@ -872,19 +927,30 @@ static void test_bad_args(void **state) {
     assert_int_equal(n, 1);
     assert_string_equal(h[0].id, long_id);
     n = 7;
-    assert_int_equal(mem_index_search(ix, &f, e, NULL, -1, MEM_SEARCH_DENSE, h, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search(ix, &f, NULL, "x", 2, MEM_SEARCH_DENSE, h, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search(ix, &f, NULL, "x", 2, MEM_SEARCH_HYBRID, h, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search(ix, &f, e, NULL, 2, MEM_SEARCH_BM25, h, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search(ix, &f, nan_e, NULL, 2, MEM_SEARCH_DENSE, h, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search(ix, &f, NULL, "\xff", 2, MEM_SEARCH_BM25, h, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search(ix, &f, e, NULL, 2, (mem_search_mode)7, h, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(mem_index_search(ix, &f, e, NULL, 2, MEM_SEARCH_DENSE, NULL, &n), IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, e, NULL, -1, MEM_SEARCH_DENSE, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, NULL, "x", 2, MEM_SEARCH_DENSE, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, NULL, "x", 2, MEM_SEARCH_HYBRID, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, e, NULL, 2, MEM_SEARCH_BM25, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, nan_e, NULL, 2, MEM_SEARCH_DENSE, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, NULL, "\xff", 2, MEM_SEARCH_BM25, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, e, NULL, 2, (mem_search_mode)7, h, &n),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &f, e, NULL, 2, MEM_SEARCH_DENSE, NULL, &n),
+                     IS_ERR_INVALID_ARG);
     const char *keys[] = {"k"};
-    mem_filter fm = {.tenant = "t", .user = "u", .meta_keys = keys, .meta_values = NULL, .n_meta = 1};
-    assert_int_equal(mem_index_search(ix, &fm, e, NULL, 2, MEM_SEARCH_DENSE, h, &n), IS_ERR_INVALID_ARG);
+    mem_filter fm = {
+        .tenant = "t", .user = "u", .meta_keys = keys, .meta_values = NULL, .n_meta = 1};
+    assert_int_equal(mem_index_search(ix, &fm, e, NULL, 2, MEM_SEARCH_DENSE, h, &n),
+                     IS_ERR_INVALID_ARG);
     fm.n_meta = -1;
-    assert_int_equal(mem_index_search(ix, &fm, e, NULL, 2, MEM_SEARCH_DENSE, h, &n), IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_index_search(ix, &fm, e, NULL, 2, MEM_SEARCH_DENSE, h, &n),
+                     IS_ERR_INVALID_ARG);
     assert_int_equal(n, 7);
     assert_int_equal(mem_index_remove(ix, NULL), IS_ERR_INVALID_ARG);
     /* BM25 with text that has only stopwords: no hits, not an error. */
@@ -940,8 +1006,12 @@ static void th_upsert(mem_index *ix, uint64_t *s, int i) {
     int u = i % TH_USERS;
     snprintf(id, sizeof id, "%s-%d", users[u], i);
     random_unit(s, e, TH_DIM);
-    mem_doc d = {.id = id, .tenant = "t", .user = users[u], .embedding = e,
-                 .text = (i % 2) ? "alpha gamma" : "beta delta", .agent_id = "ag"};
+    mem_doc d = {.id = id,
+                 .tenant = "t",
+                 .user = users[u],
+                 .embedding = e,
+                 .text = (i % 2) ? "alpha gamma" : "beta delta",
+                 .agent_id = "ag"};
     assert_int_equal(mem_index_upsert(ix, &d), IS_OK);
 }
 
@@ -952,7 +1022,8 @@ static void test_threads(void **state) {
     uint64_t s = 3;
     for (int i = 0; i < TH_BASE; i++) th_upsert(c.ix, &s, i);
     pthread_t th[TH_READERS];
-    for (int i = 0; i < TH_READERS; i++) assert_int_equal(pthread_create(&th[i], NULL, th_reader, &c), 0);
+    for (int i = 0; i < TH_READERS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, th_reader, &c), 0);
     for (int w = 0; w < TH_WRITES; w++) {
         int i = (int)(rng_next(&s) % (2 * TH_BASE));
         if (rng_next(&s) % 3 == 0) {
@@ -974,16 +1045,11 @@ static void test_threads(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exact_topk),
-        cmocka_unit_test(test_ties_by_id),
-        cmocka_unit_test(test_filters),
-        cmocka_unit_test(test_isolation),
-        cmocka_unit_test(test_upsert_replace),
-        cmocka_unit_test(test_churn),
-        cmocka_unit_test(test_rrf_hand),
-        cmocka_unit_test(test_rrf_tie),
-        cmocka_unit_test(test_dense_list),
-        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_exact_topk),     cmocka_unit_test(test_ties_by_id),
+        cmocka_unit_test(test_filters),        cmocka_unit_test(test_isolation),
+        cmocka_unit_test(test_upsert_replace), cmocka_unit_test(test_churn),
+        cmocka_unit_test(test_rrf_hand),       cmocka_unit_test(test_rrf_tie),
+        cmocka_unit_test(test_dense_list),     cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -58,7 +58,7 @@
 #include "backend_cuda.h"
 #endif
 
-#define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
+#define LOCOMO_26    IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 #define EMBEDDER_DIR IS_SOURCE_DIR "/models/all-MiniLM-L6-v2"
 
 static char g_dir[256];
@@ -68,14 +68,11 @@ static int setup(void **state) {
     return mkdtemp(g_dir) ? 0 : -1;
 }
 
-static int teardown(void **state) {
-    return test_remove_tree(g_dir);
-}
+static int teardown(void **state) { return test_remove_tree(g_dir); }
 
 /* ---- fakes --------------------------------------------------------------------- */
 
 #define FAKE_DIM TEST_FAKE_DIM
-
 
 typedef struct fake_encoder {
     int32_t calls;
@@ -88,7 +85,8 @@ static is_status fake_encode(void *ud, record_store *rs, const memory_encode_job
     fe->calls++;
     if (fe->fail_at && fe->calls == fe->fail_at)
         return is_error_set(IS_ERR_INTERNAL, "fake encoder: injected failure");
-    int32_t used = job->window < 0 ? 0 : (job->window < job->n_context ? job->window : job->n_context);
+    int32_t used =
+        job->window < 0 ? 0 : (job->window < job->n_context ? job->window : job->n_context);
     return test_fake_record_put(rs, job, used);
 }
 
@@ -116,7 +114,6 @@ static char *kv_path(const char *rid) {
     return p;
 }
 
-
 static int32_t count_kv_files(void) {
     char cmd[400];
     snprintf(cmd, sizeof cmd, "ls '%s/kv' | grep -c '\\.fkv$'", g_dir);
@@ -129,7 +126,10 @@ static int32_t count_kv_files(void) {
 
 static is_status add(memory *m, const char *tenant, const char *user, const char *text,
                      const char *meta, char id[MEMORY_ID_SIZE]) {
-    memory_add_req r = {.tenant = tenant, .user = user, .text = text, .metadata_json = meta,
+    memory_add_req r = {.tenant = tenant,
+                        .user = user,
+                        .text = text,
+                        .metadata_json = meta,
                         .window = MEMORY_WINDOW_DEFAULT};
     return memory_add(m, &r, id);
 }
@@ -157,16 +157,21 @@ static void test_crud_history_search(void **state) {
     memory *m = open_fake(&fe, NULL);
     char a[MEMORY_ID_SIZE], b[MEMORY_ID_SIZE], c[MEMORY_ID_SIZE];
     const char *ctx[] = {"Bob: where do you eat?", "Alice: at the sushi bar", "Bob: nice"};
-    memory_add_req r = {.tenant = "acme", .user = "alice", .agent_id = "planner",
+    memory_add_req r = {.tenant = "acme",
+                        .user = "alice",
+                        .agent_id = "planner",
                         .text = "Alice eats sushi every Friday.",
-                        .metadata_json = "{\"topic\": \"food\"}", .source = "chat:1",
-                        .context = ctx, .n_context = 3, .window = MEMORY_WINDOW_DEFAULT};
+                        .metadata_json = "{\"topic\": \"food\"}",
+                        .source = "chat:1",
+                        .context = ctx,
+                        .n_context = 3,
+                        .window = MEMORY_WINDOW_DEFAULT};
     assert_int_equal(memory_add(m, &r, a), IS_OK);
     assert_int_equal(strlen(a), 36);
     assert_int_equal(a[14], '4'); /* uuid version 4 */
     assert_int_equal(add(m, "acme", "alice", "Alice works as a nurse in Boston.", NULL, b), IS_OK);
-    assert_int_equal(add(m, "acme", "alice", "Alice has a dog named Rex.", "{\"topic\":\"pets\"}", c),
-                     IS_OK);
+    assert_int_equal(
+        add(m, "acme", "alice", "Alice has a dog named Rex.", "{\"topic\":\"pets\"}", c), IS_OK);
     assert_int_equal(fe.calls, 3);
     check_ok(m, true);
 
@@ -219,8 +224,8 @@ static void test_crud_history_search(void **state) {
                      IS_OK);
     assert_int_equal(fe.calls, 4);
     const char *mk[] = {"v"}, *mv[] = {"2"};
-    mem_filter fv = {.tenant = "acme", .user = "alice", .meta_keys = mk, .meta_values = mv,
-                     .n_meta = 1};
+    mem_filter fv = {
+        .tenant = "acme", .user = "alice", .meta_keys = mk, .meta_values = mv, .n_meta = 1};
     assert_int_equal(search_ids(m, &fv, "Alice", 5, ids), 1);
     assert_string_equal(ids[0], a);
     /* Same text again: nothing to re-encode either. */
@@ -303,7 +308,10 @@ static void test_isolation(void **state) {
     const char *users[] = {"alice", "alice", "bob"};
     const char *owns[] = {ia, ib, ic};
     for (int t = 0; t < 3; t++) {
-        mem_filter f = {.tenant = tenants[t], .user = users[t], .meta_keys = mk, .meta_values = mv,
+        mem_filter f = {.tenant = tenants[t],
+                        .user = users[t],
+                        .meta_keys = mk,
+                        .meta_values = mv,
                         .n_meta = 1};
         char ids[8][MEMORY_ID_SIZE];
         assert_int_equal(search_ids(m, &f, text, 10, ids), 1);
@@ -357,9 +365,13 @@ static void test_search_filters(void **state) {
     };
     char ids[4][MEMORY_ID_SIZE];
     for (int i = 0; i < 4; i++) {
-        memory_add_req r = {.tenant = "t", .user = "u", .agent_id = rows[i].agent,
-                            .run_id = rows[i].run, .text = rows[i].text,
-                            .metadata_json = rows[i].meta, .window = MEMORY_WINDOW_DEFAULT};
+        memory_add_req r = {.tenant = "t",
+                            .user = "u",
+                            .agent_id = rows[i].agent,
+                            .run_id = rows[i].run,
+                            .text = rows[i].text,
+                            .metadata_json = rows[i].meta,
+                            .window = MEMORY_WINDOW_DEFAULT};
         assert_int_equal(memory_add(m, &r, ids[i]), IS_OK);
     }
     char got[8][MEMORY_ID_SIZE];
@@ -474,8 +486,10 @@ static void test_reconcile(void **state) {
         assert_int_equal(add(m, "t", "u", text, NULL, ids[i]), IS_OK);
     }
     /* Orphans, as a crash leaves them: records with no row. */
-    memory_encode_job orphan1 = {"0f0f0f0f-dead-4bad-8bad-000000000001-v1", "lost fact", NULL, 0, 0};
-    memory_encode_job orphan2 = {"00000000-0000-4000-8000-000000000002-v3", "lost update", NULL, 0, 0};
+    memory_encode_job orphan1 = {"0f0f0f0f-dead-4bad-8bad-000000000001-v1", "lost fact", NULL, 0,
+                                 0};
+    memory_encode_job orphan2 = {"00000000-0000-4000-8000-000000000002-v3", "lost update", NULL, 0,
+                                 0};
     assert_int_equal(fake_encode(&fe, memory_record_store(m), &orphan1), IS_OK);
     assert_int_equal(fake_encode(&fe, memory_record_store(m), &orphan2), IS_OK);
     /* And a missing record: fact 2's file removed behind our back. */
@@ -598,8 +612,10 @@ static void test_encode_one(void **state) {
     assert_int_equal(fe.calls, 1);
 
     /* Another tenant or user: not found, nothing encoded. */
-    assert_int_equal(memory_encode_one(m, "other", "u", b, fake_encode, &fe, &did), IS_ERR_NOT_FOUND);
-    assert_int_equal(memory_encode_one(m, "t", "someone", b, fake_encode, &fe, &did), IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_encode_one(m, "other", "u", b, fake_encode, &fe, &did),
+                     IS_ERR_NOT_FOUND);
+    assert_int_equal(memory_encode_one(m, "t", "someone", b, fake_encode, &fe, &did),
+                     IS_ERR_NOT_FOUND);
     assert_int_equal(fe.calls, 1);
 
     /* Updated before the job runs: encoded in its current text (the
@@ -762,7 +778,8 @@ static void test_locomo_import(void **state) {
     int32_t total = 0;
     for (int s = 0; s < 2; s++) {
         int32_t want = 0;
-        for (int32_t i = 0; i < c->n_facts; i++) want += strcmp(c->facts[i].speaker, speakers[s]) == 0;
+        for (int32_t i = 0; i < c->n_facts; i++)
+            want += strcmp(c->facts[i].speaker, speakers[s]) == 0;
         char user[256];
         memory_locomo_user(c, speakers[s], false, user, sizeof user);
         mem_filter f = {.tenant = "demo", .user = user};
@@ -846,8 +863,8 @@ static void test_real_embedder(void **state) {
     char ids[4][MEMORY_ID_SIZE];
     memory_add_req r[4];
     for (int i = 0; i < 4; i++)
-        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = facts[i],
-                                .window = MEMORY_WINDOW_DEFAULT};
+        r[i] = (memory_add_req){
+            .tenant = "t", .user = "u", .text = facts[i], .window = MEMORY_WINDOW_DEFAULT};
     is_status sts[4];
     assert_int_equal(memory_add_batch(m, r, 4, ids, sts), IS_OK);
     mem_filter f = {.tenant = "t", .user = "u"};
@@ -856,7 +873,8 @@ static void test_real_embedder(void **state) {
     /* The query shares no word with the right fact but "Caroline": meaning
      * decides the dense ranking. (The fused order may tie: RRF of ranks
      * (1, 2) equals that of (2, 1), and ties go by the random ids.) */
-    const char *queries[2] = {"Where did Caroline live before?", "What kind of art does Melanie make?"};
+    const char *queries[2] = {"Where did Caroline live before?",
+                              "What kind of art does Melanie make?"};
     const int want[2] = {3, 2};
     for (int q = 0; q < 2; q++) {
         assert_int_equal(memory_search(m, &f, queries[q], 4, &h, &n), IS_OK);

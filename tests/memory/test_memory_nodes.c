@@ -35,7 +35,6 @@
 #include "test_fakes.h"
 #include "test_util.h"
 
-
 #define FAKE_DIM TEST_FAKE_DIM
 
 static char g_dir[256];
@@ -49,7 +48,6 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) { return test_remove_tree(g_dir); }
-
 
 /* A small valid record carrying the text's hash. */
 static is_status fake_encode(void *ud, record_store *rs, const memory_encode_job *job) {
@@ -120,12 +118,13 @@ static const char *top_text(memory *m, const char *query, char *rid, size_t cap)
 #define WAIT_FOR(cond)                                                                             \
     ({                                                                                             \
         bool ok_ = false;                                                                          \
-        for (int i_ = 0; i_ < 1000 && !(ok_ = (cond)); i_++) usleep(10000);                       \
+        for (int i_ = 0; i_ < 1000 && !(ok_ = (cond)); i_++) usleep(10000);                        \
         ok_;                                                                                       \
     })
 
 static void test_two_nodes(void **state) {
-    if (!g_pg) TEST_SKIP("needs a PostgreSQL store: IS_PG_URL (ctest runs it under scripts/pg_temp.sh)");
+    if (!g_pg)
+        TEST_SKIP("needs a PostgreSQL store: IS_PG_URL (ctest runs it under scripts/pg_temp.sh)");
     memory *a = open_node("a"), *b = open_node("b");
     memory_set_encoder(a, fake_encode, NULL);
     asked heard = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -133,13 +132,16 @@ static void test_two_nodes(void **state) {
     usleep(200000); /* both watches listen */
 
     /* Added through A. */
-    memory_add_req r = {.tenant = "acme", .user = "alice", .text = "Alice keeps bees in Lyon.",
+    memory_add_req r = {.tenant = "acme",
+                        .user = "alice",
+                        .text = "Alice keeps bees in Lyon.",
                         .window = MEMORY_WINDOW_DEFAULT};
     char id[MEMORY_ID_SIZE];
     assert_int_equal(memory_add(a, &r, id), IS_OK);
     /* Another fact, which a query of the updated text's words must rank
      * below it only if B's index follows the update. */
-    memory_add_req r2 = {.tenant = "acme", .user = "alice",
+    memory_add_req r2 = {.tenant = "acme",
+                         .user = "alice",
                          .text = "Marseille hives are sold at the market.",
                          .window = MEMORY_WINDOW_DEFAULT};
     char id2[MEMORY_ID_SIZE];
@@ -162,8 +164,8 @@ static void test_two_nodes(void **state) {
     snprintf(rid_v1, sizeof rid_v1, "%s", rid);
 
     /* Updated through A. */
-    assert_int_equal(memory_update(a, "acme", "alice", id, "Alice moved her hives to Marseille.", NULL),
-                     IS_OK);
+    assert_int_equal(
+        memory_update(a, "acme", "alice", id, "Alice moved her hives to Marseille.", NULL), IS_OK);
     t = top_text(b, "keeps bees Lyon", rid, sizeof rid);
     assert_non_null(t);
     assert_string_equal(t, "Alice moved her hives to Marseille."); /* the row, at once */

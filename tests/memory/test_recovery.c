@@ -42,7 +42,7 @@
 #include "test_fakes.h"
 #include "test_util.h"
 
-#define DIM 16
+#define DIM     16
 #define N_FACTS 6
 
 static char g_dir[256];
@@ -85,7 +85,8 @@ static is_status fake_embed(void *ud, const char *const *texts, int32_t n, float
 
 /* A record whose tokens are the bytes of tok_text and whose hash is that
  * of hash_text (the same text for a sound record). */
-static is_status put_record(record_store *rs, const char *rid, const char *tok_text, const char *hash_text) {
+static is_status put_record(record_store *rs, const char *rid, const char *tok_text,
+                            const char *hash_text) {
     fact_kv_meta m;
     test_fake_meta(&m, (int32_t)strlen(tok_text), 0, hash_text);
     int32_t *tok = malloc((size_t)m.n_tokens * sizeof *tok);
@@ -141,7 +142,8 @@ static void make_store(char ids[N_FACTS][MEMORY_ID_SIZE]) {
     reset_dir();
     memory *m = open_ok(NULL);
     for (int i = 0; i < N_FACTS; i++) {
-        memory_add_req r = {.tenant = "t", .user = "u", .text = fact_text(i), .window = MEMORY_WINDOW_DEFAULT};
+        memory_add_req r = {
+            .tenant = "t", .user = "u", .text = fact_text(i), .window = MEMORY_WINDOW_DEFAULT};
         assert_int_equal(memory_add(m, &r, ids[i]), IS_OK);
     }
     memory_close(m);
@@ -179,7 +181,8 @@ static void remove_db(void) {
 /* The store gone three ways: each refused naming the file, no record touched. */
 static void test_lost_store_refused(void **state) {
     char ids[N_FACTS][MEMORY_ID_SIZE];
-    const char *cases[] = {"memory.db missing beside KV records", "memory.db of 0 bytes beside KV records",
+    const char *cases[] = {"memory.db missing beside KV records",
+                           "memory.db of 0 bytes beside KV records",
                            "a fresh store (no facts, no history) beside KV records"};
     for (int c = 0; c < 3; c++) {
         make_store(ids);
@@ -200,7 +203,8 @@ static void test_lost_store_refused(void **state) {
         }
         memory *m = NULL;
         is_status st = try_open(&m, NULL);
-        bool ok = st == IS_ERR_IO && strstr(is_error_last(), "memory.db") && count_files("kv") == N_FACTS;
+        bool ok =
+            st == IS_ERR_IO && strstr(is_error_last(), "memory.db") && count_files("kv") == N_FACTS;
         if (!ok) fprintf(stderr, "case %d: status %d: %s\n", c, st, is_error_last());
         matrix(cases[c], 1, ok ? "refused, naming the file; every KV record kept" : "FAIL");
         assert_true(ok);
@@ -220,7 +224,9 @@ static void test_missing_tables(void **state) {
         memory *m = open_ok(&rep);
         assert_int_equal(rep.n_facts, N_FACTS);
         assert_non_null(strstr(rep.repairs, tables[c]));
-        memory_add_req r = {.tenant = "t", .user = "u", .text = "added after the repair",
+        memory_add_req r = {.tenant = "t",
+                            .user = "u",
+                            .text = "added after the repair",
                             .window = MEMORY_WINDOW_DEFAULT};
         char id[MEMORY_ID_SIZE];
         assert_int_equal(memory_add(m, &r, id), IS_OK);
@@ -244,7 +250,8 @@ static void test_bad_rows_quarantined(void **state) {
     snprintf(stmt, sizeof stmt,
              "UPDATE facts SET text = 'tampered' WHERE id = '%s';"
              "UPDATE facts SET embedding = x'00000000' WHERE id = '%s';"
-             "PRAGMA ignore_check_constraints=ON; UPDATE facts SET context = '{not json' WHERE id = '%s';",
+             "PRAGMA ignore_check_constraints=ON; UPDATE facts SET context = '{not json' WHERE id "
+             "= '%s';",
              ids[1], ids[3], ids[4]);
     sql(stmt);
     memory_open_report rep;

@@ -52,8 +52,8 @@
 #endif
 
 static char g_dir[256];
-static char g_path[1024];   /* the SQLite file, or the PostgreSQL URL */
-static const char *g_pg;    /* IS_PG_URL, NULL: SQLite */
+static char g_path[1024]; /* the SQLite file, or the PostgreSQL URL */
+static const char *g_pg;  /* IS_PG_URL, NULL: SQLite */
 
 /* One SQL statement on the store's database behind the store's back,
  * returning the first column of the first row as an integer (-1 on error). */
@@ -97,9 +97,7 @@ static int setup(void **state) {
     return 0;
 }
 
-static int teardown(void **state) {
-    return test_remove_tree(g_dir);
-}
+static int teardown(void **state) { return test_remove_tree(g_dir); }
 
 /* A fact with a 4-float embedding derived from `seed`. */
 typedef struct test_fact {
@@ -233,20 +231,20 @@ static void test_list_filters(void **state) {
     const char *ids[16];
     mem_fact *out;
     int32_t n;
-#define LIST(...)                                                                                \
-    do {                                                                                         \
-        mem_filter f_ = {__VA_ARGS__};                                                           \
-        assert_int_equal(mem_store_list(s, &f_, false, &out, &n), IS_OK);                        \
-        ids_of(out, n, ids);                                                                     \
+#define LIST(...)                                                                                  \
+    do {                                                                                           \
+        mem_filter f_ = {__VA_ARGS__};                                                             \
+        assert_int_equal(mem_store_list(s, &f_, false, &out, &n), IS_OK);                          \
+        ids_of(out, n, ids);                                                                       \
     } while (0)
-#define EXPECT(...)                                                                              \
-    do {                                                                                         \
-        const char *want_[] = {__VA_ARGS__};                                                     \
-        int32_t nw_ = (int32_t)(sizeof want_ / sizeof want_[0]);                                 \
-        if (nw_ == 1 && want_[0] == NULL) nw_ = 0;                                               \
-        assert_int_equal(n, nw_);                                                                \
-        for (int32_t i_ = 0; i_ < nw_; i_++) assert_string_equal(ids[i_], want_[i_]);            \
-        mem_facts_free(out, n);                                                                  \
+#define EXPECT(...)                                                                                \
+    do {                                                                                           \
+        const char *want_[] = {__VA_ARGS__};                                                       \
+        int32_t nw_ = (int32_t)(sizeof want_ / sizeof want_[0]);                                   \
+        if (nw_ == 1 && want_[0] == NULL) nw_ = 0;                                                 \
+        assert_int_equal(n, nw_);                                                                  \
+        for (int32_t i_ = 0; i_ < nw_; i_++) assert_string_equal(ids[i_], want_[i_]);              \
+        mem_facts_free(out, n);                                                                    \
     } while (0)
 
     LIST(.tenant = "acme", .user = "alice");
@@ -450,8 +448,12 @@ static void test_delete_all_filtered(void **state) {
     int32_t nd;
     const char *k[] = {"keep"}, *v[] = {"true"};
     /* agent a1 AND keep=true: d4 only. */
-    mem_filter f1 = {.tenant = "acme", .user = "alice", .agent_id = "a1", .meta_keys = k,
-                     .meta_values = v, .n_meta = 1};
+    mem_filter f1 = {.tenant = "acme",
+                     .user = "alice",
+                     .agent_id = "a1",
+                     .meta_keys = k,
+                     .meta_values = v,
+                     .n_meta = 1};
     assert_int_equal(mem_store_delete_all(s, &f1, &del, &nd), IS_OK);
     assert_int_equal(nd, 1);
     assert_string_equal(del[0].id, "d4");
@@ -536,7 +538,8 @@ static void test_find_source_meta_foreach(void **state) {
     assert_int_equal(got[0].dim, 4);
     for (int i = 0; i < 5; i++) mem_fact_clear(&got[i]);
     assert_int_equal(mem_store_get_many(s, "acme", "alice", want_ids, 0, got, found), IS_OK);
-    assert_int_equal(mem_store_get_many(s, NULL, "alice", want_ids, 5, got, found), IS_ERR_INVALID_ARG);
+    assert_int_equal(mem_store_get_many(s, NULL, "alice", want_ids, 5, got, found),
+                     IS_ERR_INVALID_ARG);
 
     int n = 0;
     assert_int_equal(mem_store_foreach(s, true, foreach_fn, &n), IS_OK);
@@ -692,7 +695,8 @@ static void test_refusals(void **state) {
         assert_int_equal(mem_store_open(g_path, &s), IS_OK);
         assert_string_equal(mem_store_kind(s), "postgres");
         mem_store_close(s);
-        assert_int_equal(raw_sql("SELECT max(version) FROM schema_version"), MEM_STORE_SCHEMA_VERSION);
+        assert_int_equal(raw_sql("SELECT max(version) FROM schema_version"),
+                         MEM_STORE_SCHEMA_VERSION);
         assert_int_equal(raw_sql("UPDATE schema_version SET version = 99"), 0);
         s = NULL;
         assert_int_equal(mem_store_open(g_path, &s), IS_ERR_FORMAT);
@@ -755,7 +759,8 @@ static void on_change(const mem_change *c, void *ud) {
         h->op[h->n] = c->op;
         snprintf(h->id[h->n], sizeof h->id[0], "%s", c->id);
         h->version[h->n] = c->version;
-        snprintf(h->old_record[h->n], sizeof h->old_record[0], "%s", c->old_record ? c->old_record : "");
+        snprintf(h->old_record[h->n], sizeof h->old_record[0], "%s",
+                 c->old_record ? c->old_record : "");
         h->n++;
     }
     pthread_mutex_unlock(&h->mu);
@@ -840,9 +845,10 @@ static void test_two_nodes(void **state) {
     /* The server drops every connection of the stores (as a restart does):
      * the next call opens its connection again, and each watch, once it
      * listens again, says that it may have missed changes. */
-    assert_int_equal(raw_sql("SELECT (count(pg_terminate_backend(pid)) > 0)::int FROM pg_stat_activity "
-                             "WHERE pid <> pg_backend_pid() AND usename = current_user"),
-                     1);
+    assert_int_equal(
+        raw_sql("SELECT (count(pg_terminate_backend(pid)) > 0)::int FROM pg_stat_activity "
+                "WHERE pid <> pg_backend_pid() AND usename = current_user"),
+        1);
     assert_int_equal(mem_store_get(a, "acme", "bob", "n3", false, &g), IS_OK);
     mem_fact_clear(&g);
     for (int i = 0; i < 500 && (ha.resyncs == 0 || hb.resyncs == 0); i++) usleep(10000);

@@ -55,7 +55,8 @@ static chat_template_kind kind_of(const char *s) {
 
 /* Renders one golden case with `g` (may be NULL) and checks it. Returns 1 if
  * compared, 0 if skipped. */
-static int check_case(const cJSON *c, const gguf_ctx *g, chat_template_kind kind, const char *label) {
+static int check_case(const cJSON *c, const gguf_ctx *g, chat_template_kind kind,
+                      const char *label) {
     const cJSON *msgs = cJSON_GetObjectItem(c, "messages");
     size_t n = (size_t)cJSON_GetArraySize(msgs), i = 0;
     chat_message *m = calloc(n, sizeof *m);
@@ -168,14 +169,18 @@ static void test_bad_arguments(void **state) {
     chat_message ok[] = {{"user", "hi"}};
     chat_message null_content[] = {{"user", NULL}};
     char *out = (char *)0x1;
-    assert_int_equal(chat_render(CHAT_TEMPLATE_CHATML, NULL, ok, 0, true, &out), IS_ERR_INVALID_ARG);
-    assert_int_equal(chat_render(CHAT_TEMPLATE_CHATML, NULL, NULL, 1, true, &out), IS_ERR_INVALID_ARG);
+    assert_int_equal(chat_render(CHAT_TEMPLATE_CHATML, NULL, ok, 0, true, &out),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(chat_render(CHAT_TEMPLATE_CHATML, NULL, NULL, 1, true, &out),
+                     IS_ERR_INVALID_ARG);
     assert_int_equal(chat_render(CHAT_TEMPLATE_LLAMA3, NULL, null_content, 1, true, &out),
                      IS_ERR_INVALID_ARG);
-    assert_int_equal(chat_render((chat_template_kind)7, NULL, ok, 1, true, &out), IS_ERR_INVALID_ARG);
+    assert_int_equal(chat_render((chat_template_kind)7, NULL, ok, 1, true, &out),
+                     IS_ERR_INVALID_ARG);
     assert_ptr_equal(out, (char *)0x1); /* unchanged on failure */
     chat_message bad_role[] = {{"user", "a"}, {"tool", "b"}};
-    assert_int_equal(chat_render(CHAT_TEMPLATE_MISTRAL, NULL, bad_role, 2, true, &out), IS_ERR_INVALID_ARG);
+    assert_int_equal(chat_render(CHAT_TEMPLATE_MISTRAL, NULL, bad_role, 2, true, &out),
+                     IS_ERR_INVALID_ARG);
     assert_int_equal(chat_template_detect(NULL), CHAT_TEMPLATE_CHATML);
     assert_string_equal(chat_template_name(CHAT_TEMPLATE_MISTRAL), "mistral");
 }

@@ -205,7 +205,8 @@ static int compare_entries(const tokenizer *t, const cJSON *entries, const char 
 
 /* GPT-2's byte -> code point map (the byte-level BPE alphabet). */
 static uint32_t gpt2_cp(int b) {
-    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return (uint32_t)b;
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))
+        return (uint32_t)b;
     int n = 0;
     for (int x = 0; x < b; x++)
         if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
@@ -222,7 +223,10 @@ static size_t bpe_representable(const tokenizer *t, const char *in, size_t len, 
         uint32_t cp = gpt2_cp(b);
         char s[3] = {0};
         if (cp < 0x80) s[0] = (char)cp;
-        else { s[0] = (char)(0xC0 | (cp >> 6)); s[1] = (char)(0x80 | (cp & 0x3F)); }
+        else {
+            s[0] = (char)(0xC0 | (cp >> 6));
+            s[1] = (char)(0x80 | (cp & 0x3F));
+        }
         have[b] = tokenizer_find(t, s) >= 0;
     }
     size_t m = 0;
@@ -305,14 +309,23 @@ static void test_tiny_golden(void **state) {
     cJSON *j = load_json("tokenizer_tiny.json");
     const cJSON *jt = cJSON_GetObjectItem(j, "tokens"), *jm = cJSON_GetObjectItem(j, "merges");
     int32_t nv = cJSON_GetArraySize(jt), nm = cJSON_GetArraySize(jm), i = 0;
-    tokenizer_str *toks = calloc((size_t)nv, sizeof *toks), *merges = calloc((size_t)nm, sizeof *merges);
+    tokenizer_str *toks = calloc((size_t)nv, sizeof *toks),
+                  *merges = calloc((size_t)nm, sizeof *merges);
     int32_t *types = calloc((size_t)nv, sizeof *types);
     const cJSON *it;
-    cJSON_ArrayForEach(it, jt) { toks[i].data = it->valuestring; toks[i].len = strlen(it->valuestring); i++; }
+    cJSON_ArrayForEach(it, jt) {
+        toks[i].data = it->valuestring;
+        toks[i].len = strlen(it->valuestring);
+        i++;
+    }
     i = 0;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(j, "types")) types[i++] = it->valueint;
     i = 0;
-    cJSON_ArrayForEach(it, jm) { merges[i].data = it->valuestring; merges[i].len = strlen(it->valuestring); i++; }
+    cJSON_ArrayForEach(it, jm) {
+        merges[i].data = it->valuestring;
+        merges[i].len = strlen(it->valuestring);
+        i++;
+    }
     int bad = 0;
     const cJSON *fam;
     cJSON_ArrayForEach(fam, cJSON_GetObjectItem(j, "families")) {
@@ -371,7 +384,9 @@ static void test_spm_golden(void **state) {
             print_message("  ROUND TRIP spm / %s\n", cJSON_GetObjectItem(e, "name")->valuestring);
             rt++;
         }
-        free(text); free(back); free(ids);
+        free(text);
+        free(back);
+        free(ids);
     }
     print_message("spm        %d encodings checked, %d mismatches, %d round-trip failures\n",
                   checked, bad, rt);
@@ -441,8 +456,9 @@ static void test_encode_speed(void **state) {
     if (!have_default_model()) TEST_SKIP(TEST_NEEDS_MODEL);
     cJSON *j = load_json("tokenizer_bpe.json");
     const cJSON *e, *entry = NULL;
-    cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "entries"))
-        if (strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "locomo47_long") == 0) entry = e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(
+                              j, "entries")) if (strcmp(cJSON_GetObjectItem(e, "name")->valuestring,
+                                                        "locomo47_long") == 0) entry = e;
     assert_non_null(entry);
     size_t len;
     char *text = unhex(cJSON_GetObjectItem(entry, "hex")->valuestring, &len);
@@ -462,10 +478,13 @@ static void test_encode_speed(void **state) {
     }
     for (int a = 1; a < RUNS; a++) /* median */
         for (int b = a; b > 0 && times[b] < times[b - 1]; b--) {
-            double x = times[b]; times[b] = times[b - 1]; times[b - 1] = x;
+            double x = times[b];
+            times[b] = times[b - 1];
+            times[b - 1] = x;
         }
     double med = times[RUNS / 2];
-    print_message("encode: %zu bytes -> %zu tokens in %.3f ms (median of %d)\n", len, n, med * 1e3, RUNS);
+    print_message("encode: %zu bytes -> %zu tokens in %.3f ms (median of %d)\n", len, n, med * 1e3,
+                  RUNS);
     assert_true(n >= 1900);
 #if !defined(__SANITIZE_ADDRESS__)
     assert_true(med < 0.010);
@@ -595,9 +614,12 @@ static void test_random_bytes(void **state) {
             char buf[64];
             size_t len = (size_t)(r % 64);
             for (size_t i = 0; i < len; i++) {
-                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
                 /* bias toward the interesting bytes */
-                static const char pick[] = "ab c<x>> \n\t1'\xC3\xA9\xE2\x80\x80\xF0\x9F\x98\x80\xFF\x80";
+                static const char pick[] =
+                    "ab c<x>> \n\t1'\xC3\xA9\xE2\x80\x80\xF0\x9F\x98\x80\xFF\x80";
                 buf[i] = (x & 1) ? (char)(x >> 8) : pick[(x >> 8) % (sizeof pick - 1)];
             }
             int32_t *ids;
@@ -612,14 +634,10 @@ static void test_random_bytes(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tiny_vocab),
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_random_bytes),
-        cmocka_unit_test(test_tiny_golden),
-        cmocka_unit_test(test_spm_golden),
-        cmocka_unit_test(test_default_model_properties),
-        cmocka_unit_test(test_bpe_golden),
-        cmocka_unit_test(test_encode_speed),
+        cmocka_unit_test(test_tiny_vocab),   cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_random_bytes), cmocka_unit_test(test_tiny_golden),
+        cmocka_unit_test(test_spm_golden),   cmocka_unit_test(test_default_model_properties),
+        cmocka_unit_test(test_bpe_golden),   cmocka_unit_test(test_encode_speed),
     };
     return test_run_group(tests, NULL, NULL);
 }

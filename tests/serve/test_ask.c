@@ -48,7 +48,8 @@ static int setup(void **state) {
     engine_params ep = engine_default_params();
     ep.max_seqs = 3;
     ep.n_ctx = 2048;
-    if (backend_cpu_create(0, &g_be) != IS_OK || model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
+    if (backend_cpu_create(0, &g_be) != IS_OK ||
+        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
         engine_create(g_model, ep, &g_engine) != IS_OK ||
         record_store_open(g_dir, 64 << 20, &g_store) != IS_OK ||
         ask_ctx_create(g_engine, g_store, KV_DTYPE_F32, &g_ask) != IS_OK) {
@@ -75,15 +76,24 @@ static int teardown(void **state) {
         if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);                                                 \
     } while (0)
 
-static ask_request greedy(ask_mode mode, const char *q, const char *const *ids, const char *const *texts, int n) {
-    ask_request r = {.mode = mode, .query = q, .fact_ids = ids, .fact_texts = texts, .n_facts = n,
-                     .max_tokens = 24, .temperature = 0, .top_k = 0, .top_p = 1.0f};
+static ask_request greedy(ask_mode mode, const char *q, const char *const *ids,
+                          const char *const *texts, int n) {
+    ask_request r = {.mode = mode,
+                     .query = q,
+                     .fact_ids = ids,
+                     .fact_texts = texts,
+                     .n_facts = n,
+                     .max_tokens = 24,
+                     .temperature = 0,
+                     .top_k = 0,
+                     .top_p = 1.0f};
     return r;
 }
 
 static void test_single_fact_kv_equals_prompt(void **state) {
     SKIP_WITHOUT_MODEL();
-    ask_fact f = {"melanie-clarinet", "Melanie plays the clarinet and started as a child.", NULL, 0};
+    ask_fact f = {"melanie-clarinet", "Melanie plays the clarinet and started as a child.", NULL,
+                  0};
     bool did;
     assert_int_equal(ask_encode_fact(g_ask, &f, 0, &did), IS_OK);
     assert_true(did);
@@ -164,9 +174,14 @@ static void test_bad_records_fail_cleanly(void **state) {
     assert_int_equal(record_store_open(g_dir, 64 << 20, &g_store), IS_OK);
     assert_int_equal(ask_ctx_create(g_engine, g_store, KV_DTYPE_F32, &g_ask), IS_OK);
 
-    struct { const char *id; is_status want; } cases[] = {
-        {"other-model", IS_ERR_MISMATCH}, {"corrupt", IS_ERR_FORMAT},
-        {"truncated", IS_ERR_FORMAT}, {"missing", IS_ERR_NOT_FOUND},
+    struct {
+        const char *id;
+        is_status want;
+    } cases[] = {
+        {"other-model", IS_ERR_MISMATCH},
+        {"corrupt", IS_ERR_FORMAT},
+        {"truncated", IS_ERR_FORMAT},
+        {"missing", IS_ERR_NOT_FOUND},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *ids[] = {"good", cases[i].id}, *texts[] = {good.text, "x"};

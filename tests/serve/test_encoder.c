@@ -67,7 +67,8 @@ static int setup(void **state) {
     engine_params ep = engine_default_params();
     ep.max_seqs = N_FACTS + 4;
     ep.n_ctx = 2048;
-    if (backend_cpu_create(0, &g_be) != IS_OK || model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
+    if (backend_cpu_create(0, &g_be) != IS_OK ||
+        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
         engine_create(g_model, ep, &g_engine) != IS_OK) {
         fprintf(stderr, "setup: %s\n", is_error_last());
         return -1;
@@ -205,7 +206,8 @@ static void test_bad_fact_alone_fails(void **state) {
     record_store *rs;
     ask_ctx *a;
     open_ctx("bad", &rs, &a);
-    ask_fact f[3] = {{"ok-1", k_texts[0], NULL, 0}, {"bad/id", k_texts[1], NULL, 0},
+    ask_fact f[3] = {{"ok-1", k_texts[0], NULL, 0},
+                     {"bad/id", k_texts[1], NULL, 0},
                      {"ok-2", k_texts[2], NULL, 0}};
     int32_t w[3] = {0, 0, 0};
     is_status st[3];
@@ -233,8 +235,11 @@ static void test_memory_encode_batch(void **state) {
     memory_add_req r[N_FACTS];
     char ids[N_FACTS][MEMORY_ID_SIZE];
     for (int i = 0; i < N_FACTS; i++)
-        r[i] = (memory_add_req){.tenant = "t", .user = i % 2 ? "caroline" : "melanie",
-                                .text = k_texts[i], .context = k_turns, .n_context = i % 4,
+        r[i] = (memory_add_req){.tenant = "t",
+                                .user = i % 2 ? "caroline" : "melanie",
+                                .text = k_texts[i],
+                                .context = k_turns,
+                                .n_context = i % 4,
                                 .window = i % 3 == 0 ? 0 : 2};
     assert_int_equal(memory_add_batch(m, r, N_FACTS, ids, NULL), IS_OK);
     assert_int_equal(memory_check(m, false), IS_OK);
@@ -282,8 +287,8 @@ static void test_run_for_request(void **state) {
     memory_add_req r[N];
     char ids[N][MEMORY_ID_SIZE];
     for (int i = 0; i < N; i++)
-        r[i] = (memory_add_req){.tenant = "t", .user = "melanie", .text = k_texts[i],
-                                .window = MEMORY_WINDOW_DEFAULT};
+        r[i] = (memory_add_req){
+            .tenant = "t", .user = "melanie", .text = k_texts[i], .window = MEMORY_WINDOW_DEFAULT};
     assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
     assert_int_equal(memory_delete(m, "t", "melanie", ids[1]), IS_OK);
     memory_fact_ref refs[N];

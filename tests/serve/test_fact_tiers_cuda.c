@@ -94,7 +94,8 @@ static int setup(void **state) {
     struct stat sb;
     if (stat(model_path(), &sb) != 0) return 0;
     if (backend_create("cuda", 0, &g_be) != IS_OK) return -1;
-    if (backend_cuda_configure(g_be, "kv=bf16") != IS_OK) fail_msg("kv=bf16: %s", is_error_last()); /* the serving configuration: the fact arena */
+    if (backend_cuda_configure(g_be, "kv=bf16") != IS_OK)
+        fail_msg("kv=bf16: %s", is_error_last()); /* the serving configuration: the fact arena */
     if (model_load(model_path(), g_be, &g_model) != IS_OK) return -1;
     const model_config *c = &g_model->cfg;
     g_vocab = c->n_vocab;

@@ -41,11 +41,11 @@
 #include "test_util.h"
 #include "serve/http/app.h"
 
-#define KEY_A "sk-test-tenant-a-0001"
-#define KEY_B "sk-test-tenant-b-0002"
-#define N_CTX 2048
-#define MAX_PROMPT 3000
-#define MAX_BODY (64 * 1024)
+#define KEY_A         "sk-test-tenant-a-0001"
+#define KEY_B         "sk-test-tenant-b-0002"
+#define N_CTX         2048
+#define MAX_PROMPT    3000
+#define MAX_BODY      (64 * 1024)
 #define MAX_IN_FLIGHT 3
 
 static http_app *g_app;
@@ -102,7 +102,8 @@ static void expect_error(resp *r, long status, const char *code, const char *par
 }
 
 static void expect_ok(resp *r) {
-    if (r->status != 200) fprintf(stderr, "expected 200, got %ld: %s\n", r->status, r->body ? r->body : "");
+    if (r->status != 200)
+        fprintf(stderr, "expected 200, got %ld: %s\n", r->status, r->body ? r->body : "");
     assert_int_equal(r->status, 200);
     assert_non_null(r->json);
 }
@@ -146,7 +147,8 @@ static int list_count(const char *key, const char *query, const char *id, bool *
     assert_true(cJSON_IsArray(res));
     if (has) *has = false;
     cJSON_ArrayForEach(it, res) {
-        if (id && has && strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(it, "id")), id) == 0) *has = true;
+        if (id && has && strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(it, "id")), id) == 0)
+            *has = true;
     }
     int n = cJSON_GetArraySize(res);
     resp_free(&r);
@@ -293,7 +295,8 @@ static void test_health_models_metrics(void **state) {
     const cJSON *data = cJSON_GetObjectItem(r.json, "data");
     assert_int_equal(cJSON_GetArraySize(data), g_model ? 1 : 0);
     if (g_model) {
-        const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(data, 0), "id"));
+        const char *id =
+            cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(data, 0), "id"));
         assert_string_equal(id, "SmolLM2-135M-Instruct.Q4_1");
         resp_free(&r);
         r = request("GET", "/v1/models/SmolLM2-135M-Instruct.Q4_1", KEY_A, NULL);
@@ -410,9 +413,12 @@ static void test_memory_routes(void **state) {
     bool has;
     assert_int_equal(list_count(KEY_A, "user_id=dana&agent_id=assistant-1", ids[0], &has), 2);
     assert_true(has);
-    assert_int_equal(list_count(KEY_A, "user_id=dana&metadata=%7B%22source%22%3A%22form%22%7D", ids[2], &has), 1);
+    assert_int_equal(
+        list_count(KEY_A, "user_id=dana&metadata=%7B%22source%22%3A%22form%22%7D", ids[2], &has),
+        1);
     assert_true(has);
-    assert_int_equal(list_count(KEY_A, "user_id=dana&metadata=%7B%22session%22%3A3%7D", NULL, NULL), 2);
+    assert_int_equal(list_count(KEY_A, "user_id=dana&metadata=%7B%22session%22%3A3%7D", NULL, NULL),
+                     2);
     assert_int_equal(list_count(KEY_A, "user_id=dana&run_id=nope", NULL, NULL), 0);
     assert_int_equal(list_count(KEY_A, "user_id=nobody", NULL, NULL), 0);
     r = request("GET", "/v1/memories/", KEY_A, NULL);
@@ -426,9 +432,11 @@ static void test_memory_routes(void **state) {
     expect_ok(&r);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "memory")), facts[1]);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "user_id")), "dana");
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "agent_id")), "assistant-1");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "agent_id")),
+                        "assistant-1");
     assert_int_equal((int)cJSON_GetNumberValue(
-                         cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "metadata"), "session")), 3);
+                         cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "metadata"), "session")),
+                     3);
     resp_free(&r);
     snprintf(path, sizeof path, "/v1/memories/%s", ids[1]); /* no trailing slash */
     r = request("GET", path, KEY_A, NULL);
@@ -436,21 +444,27 @@ static void test_memory_routes(void **state) {
     resp_free(&r);
 
     /* Search, with filters. BM25 alone needs a word of the fact ("quartet"); MiniLM does not. */
-    r = request("POST", "/v1/memories/search/", KEY_A,
-                g_dense ? "{\"query\":\"Which instrument does Dana play?\",\"user_id\":\"dana\",\"top_k\":2}"
-                        : "{\"query\":\"Which instrument does Dana play in a quartet?\",\"user_id\":\"dana\",\"top_k\":2}");
+    r = request(
+        "POST", "/v1/memories/search/", KEY_A,
+        g_dense
+            ? "{\"query\":\"Which instrument does Dana play?\",\"user_id\":\"dana\",\"top_k\":2}"
+            : "{\"query\":\"Which instrument does Dana play in a "
+              "quartet?\",\"user_id\":\"dana\",\"top_k\":2}");
     expect_ok(&r);
     res = cJSON_GetObjectItem(r.json, "results");
     assert_int_equal(cJSON_GetArraySize(res), 2);
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "id")), ids[0]);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "id")),
+                        ids[0]);
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "score")));
     resp_free(&r);
     r = request("POST", "/v1/memories/search/", KEY_A,
-                "{\"query\":\"violin Dana\",\"filters\":{\"user_id\":\"dana\",\"metadata\":{\"source\":\"form\"}}}");
+                "{\"query\":\"violin "
+                "Dana\",\"filters\":{\"user_id\":\"dana\",\"metadata\":{\"source\":\"form\"}}}");
     expect_ok(&r);
     res = cJSON_GetObjectItem(r.json, "results");
     assert_int_equal(cJSON_GetArraySize(res), 1); /* "Dana" is the word BM25 alone matches */
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "id")), ids[2]);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "id")),
+                        ids[2]);
     resp_free(&r);
 
     /* Update, then history shows ADD and UPDATE. */
@@ -465,7 +479,8 @@ static void test_memory_routes(void **state) {
     expect_ok(&r);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "memory")),
                         "Dana plays the cello in a quartet");
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "metadata"), "source")),
+    assert_string_equal(cJSON_GetStringValue(
+                            cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "metadata"), "source")),
                         "edited");
     resp_free(&r);
     r = request("PUT", path, KEY_A, "{}");
@@ -522,7 +537,8 @@ static void test_memory_routes(void **state) {
     expect_error(&r, 400, "unknown_field", "agentid");
     resp_free(&r);
     assert_int_equal(list_count(KEY_A, "user_id=dana", NULL, NULL), 4);
-    r = request("DELETE", "/v1/memories/?user_id=dana&metadata=%7B%22source%22%3A%22form%22%7D", KEY_A, NULL);
+    r = request("DELETE", "/v1/memories/?user_id=dana&metadata=%7B%22source%22%3A%22form%22%7D",
+                KEY_A, NULL);
     expect_ok(&r);
     assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "deleted")), 1);
     resp_free(&r);
@@ -574,8 +590,9 @@ static void test_isolation(void **state) {
         resp_free(&r);
     }
     /* Search with B's very words: only A's facts come back. */
-    resp r = request("POST", "/v1/memories/search/", KEY_A,
-                     "{\"query\":\"bees roof bank PIN blue notebook\",\"user_id\":\"erin\",\"top_k\":10}");
+    resp r = request(
+        "POST", "/v1/memories/search/", KEY_A,
+        "{\"query\":\"bees roof bank PIN blue notebook\",\"user_id\":\"erin\",\"top_k\":10}");
     expect_ok(&r);
     const cJSON *res = cJSON_GetObjectItem(r.json, "results"), *it;
     assert_true(cJSON_GetArraySize(res) <= 2);
@@ -584,7 +601,8 @@ static void test_isolation(void **state) {
         assert_true(strcmp(id, g_a_ids[0]) == 0 || strcmp(id, g_a_ids[1]) == 0);
     }
     resp_free(&r);
-    r = request("POST", "/v1/memories/search/", KEY_A, "{\"query\":\"exists\",\"user_id\":\"zed\"}");
+    r = request("POST", "/v1/memories/search/", KEY_A,
+                "{\"query\":\"exists\",\"user_id\":\"zed\"}");
     expect_ok(&r);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 0);
     resp_free(&r);
@@ -608,7 +626,8 @@ static void test_isolation(void **state) {
     if (!g_model) return;
     /* Injection: A's chat as erin uses A's facts only; as zed, none. ("Erin" lets BM25
      * alone find A's facts; the rest of the query is about B's.) */
-    char *body = chat_body("erin", "kv", 10, "What do you know about Erin, my bees and my PIN?", 4, false);
+    char *body =
+        chat_body("erin", "kv", 10, "What do you know about Erin, my bees and my PIN?", 4, false);
     r = request("POST", "/v1/chat/completions", KEY_A, body);
     free(body);
     expect_ok(&r);
@@ -628,7 +647,9 @@ static void test_isolation(void **state) {
     mem = cJSON_GetObjectItem(r.json, "memory");
     assert_false(cJSON_IsTrue(cJSON_GetObjectItem(mem, "user_known")));
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(mem, "facts")), 0);
-    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "memory_tokens")), 0);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(
+                         cJSON_GetObjectItem(r.json, "usage"), "memory_tokens")),
+                     0);
     resp_free(&r);
 }
 
@@ -638,7 +659,8 @@ static const char *content_of(const cJSON *chat) {
 }
 
 static int usage_of(const cJSON *chat, const char *field) {
-    return (int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(chat, "usage"), field));
+    return (int)cJSON_GetNumberValue(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(chat, "usage"), field));
 }
 
 static void test_chat_plain(void **state) {
@@ -647,8 +669,10 @@ static void test_chat_plain(void **state) {
     resp r = request("POST", "/v1/chat/completions", KEY_A, body);
     free(body);
     expect_ok(&r);
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "object")), "chat.completion");
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "model")), "SmolLM2-135M-Instruct.Q4_1");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "object")),
+                        "chat.completion");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "model")),
+                        "SmolLM2-135M-Instruct.Q4_1");
     assert_non_null(content_of(r.json));
     const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(r.json, "choices"), 0);
     const char *fin = cJSON_GetStringValue(cJSON_GetObjectItem(c0, "finish_reason"));
@@ -658,16 +682,18 @@ static void test_chat_plain(void **state) {
     assert_true(pt > 5);
     assert_int_equal(usage_of(r.json, "total_tokens"), pt + ct);
     assert_int_equal(usage_of(r.json, "memory_tokens"), 0);
-    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "ttft_ms")) > 0);
+    assert_true(cJSON_GetNumberValue(
+                    cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "ttft_ms")) > 0);
     assert_null(cJSON_GetObjectItem(r.json, "memory")); /* no user: no memory */
     if (strcmp(fin, "length") == 0) assert_int_equal(ct, 5);
     resp_free(&r);
 
     /* A system message and content parts are accepted; stop strings too. */
-    r = request("POST", "/v1/chat/completions", KEY_A,
-                "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
-                "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Count: 1, 2,\"}]}],"
-                "\"max_tokens\":6,\"temperature\":0,\"stop\":[\"\\n\\n\"]}");
+    r = request(
+        "POST", "/v1/chat/completions", KEY_A,
+        "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Count: 1, 2,\"}]}],"
+        "\"max_tokens\":6,\"temperature\":0,\"stop\":[\"\\n\\n\"]}");
     expect_ok(&r);
     resp_free(&r);
 }
@@ -712,26 +738,30 @@ static void test_chat_memory(void **state) {
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(mem, "user_known")));
     assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(mem, "k")), 2);
     assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(mem, "kv_ready")), 2);
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItem(mem, "facts"), 0)), ids[1]);
+    assert_string_equal(
+        cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItem(mem, "facts"), 0)), ids[1]);
     int kv_mem = usage_of(r.json, "memory_tokens"), kv_inj = usage_of(r.json, "injected_tokens");
-    int kv_prompt = usage_of(r.json, "prompt_tokens"), kv_pref = usage_of(r.json, "prefilled_tokens");
+    int kv_prompt = usage_of(r.json, "prompt_tokens"),
+        kv_pref = usage_of(r.json, "prefilled_tokens");
     assert_true(kv_mem > 0);
     assert_int_equal(kv_inj, kv_mem);
     /* usage.facts: where the two facts came from (none as text). */
     const cJSON *uf = cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "facts");
     int served = 0;
     for (int t = 0; t < 3; t++)
-        served += (int)cJSON_GetNumberValue(cJSON_GetObjectItem(uf, (const char *[]){"gpu", "host", "disk"}[t]));
+        served += (int)cJSON_GetNumberValue(
+            cJSON_GetObjectItem(uf, (const char *[]){"gpu", "host", "disk"}[t]));
     assert_int_equal(served, 2);
     assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(uf, "text")), 0);
     assert_true(metric("inferscale_facts_served_total{tier=\"gpu\"}") +
                     metric("inferscale_facts_served_total{tier=\"host\"}") +
-                    metric("inferscale_facts_served_total{tier=\"disk\"}") >= 2);
+                    metric("inferscale_facts_served_total{tier=\"disk\"}") >=
+                2);
     assert_true(usage_of(r.json, "prefix_cached_tokens") > 0);
     assert_int_equal(
-        (int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"),
-                                                                          "prompt_tokens_details"),
-                                                      "cached_tokens")),
+        (int)cJSON_GetNumberValue(cJSON_GetObjectItem(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "prompt_tokens_details"),
+            "cached_tokens")),
         kv_prompt - kv_pref);
     char *kv_text = strdup(content_of(r.json));
     resp_free(&r);
@@ -742,7 +772,9 @@ static void test_chat_memory(void **state) {
     r = request("POST", "/v1/chat/completions", KEY_A, body);
     free(body);
     expect_ok(&r);
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "memory"), "mode")), "prompt");
+    assert_string_equal(
+        cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "memory"), "mode")),
+        "prompt");
     assert_int_equal(usage_of(r.json, "memory_tokens"), kv_mem);
     assert_int_equal(usage_of(r.json, "injected_tokens"), 0);
     assert_int_equal(usage_of(r.json, "prompt_tokens"), kv_prompt);
@@ -798,7 +830,8 @@ static void test_chat_memory(void **state) {
     free(body);
     expect_ok(&r);
     mem = cJSON_GetObjectItem(r.json, "memory");
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItem(mem, "facts"), 0)), fid[0]);
+    assert_string_equal(
+        cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItem(mem, "facts"), 0)), fid[0]);
     assert_true(usage_of(r.json, "memory_tokens") > 0);
     resp_free(&r);
 }
@@ -831,7 +864,8 @@ static void test_chat_stream(void **state) {
     for (int i = 0; i < n - 1; i++) {
         cJSON *j = cJSON_Parse(ev[i]);
         assert_non_null(j);
-        assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "object")), "chat.completion.chunk");
+        assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "object")),
+                            "chat.completion.chunk");
         const cJSON *ch = cJSON_GetObjectItem(j, "choices");
         if (cJSON_GetArraySize(ch) == 0) {
             /* the final usage chunk, after the finish */
@@ -845,7 +879,9 @@ static void test_chat_stream(void **state) {
             saw_usage = true;
         } else {
             const cJSON *c0 = cJSON_GetArrayItem(ch, 0), *d = cJSON_GetObjectItem(c0, "delta");
-            if (i == 0) assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(d, "role")), "assistant");
+            if (i == 0)
+                assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(d, "role")),
+                                    "assistant");
             const char *t = cJSON_GetStringValue(cJSON_GetObjectItem(d, "content"));
             if (t) strncat(text, t, sizeof text - strlen(text) - 1);
             const cJSON *f = cJSON_GetObjectItem(c0, "finish_reason");
@@ -874,9 +910,10 @@ static void test_chat_stream(void **state) {
     free(body);
 
     /* stream_options.include_usage=false: no usage chunk. */
-    r = request("POST", "/v1/chat/completions", KEY_A,
-                "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":2,\"stream\":true,"
-                "\"stream_options\":{\"include_usage\":false}}");
+    r = request(
+        "POST", "/v1/chat/completions", KEY_A,
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":2,\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":false}}");
     assert_int_equal(r.status, 200);
     assert_null(strstr(r.body, "\"usage\""));
     assert_non_null(strstr(r.body, "data: [DONE]\n\n"));
@@ -900,40 +937,91 @@ static void test_bad_input(void **state) {
         {"/v1/chat/completions", "{}", 400, "missing_field", "messages"},
         {"/v1/chat/completions", "{\"messages\":\"hi\"}", 400, "invalid_type", "messages"},
         {"/v1/chat/completions", "{\"messages\":[]}", 400, "invalid_value", "messages"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "invalid_type", "messages[0]"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400, "invalid_value", "messages[0]"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"5\"}", 400, "invalid_type", "max_tokens"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2.5}", 400, "invalid_type", "max_tokens"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400, "invalid_value", "max_tokens"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", 400, "invalid_value", "max_tokens"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400, "invalid_type", "temperature"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "invalid_value", "temperature"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":0}", 400, "invalid_value", "top_p"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", 400, "invalid_type", "stream"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}", 400, "invalid_type", "stop"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "invalid_value", "n"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":7}", 400, "invalid_type", "user"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{\"k\":101}}", 400, "invalid_value", "memory.k"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{\"k\":-1}}", 400, "invalid_value", "memory.k"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{\"k\":2.5}}", 400, "invalid_type", "memory.k"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{\"mode\":\"fast\"}}", 400, "invalid_value", "memory.mode"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{\"kk\":1}}", 400, "unknown_field", "memory"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"memory\":[]}", 400, "invalid_type", "memory"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", 400, "invalid_json", NULL},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
+         "invalid_type", "messages[0]"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400,
+         "invalid_value", "messages[0]"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"5\"}", 400,
+         "invalid_type", "max_tokens"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":2.5}", 400,
+         "invalid_type", "max_tokens"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400,
+         "invalid_value", "max_tokens"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", 400,
+         "invalid_value", "max_tokens"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400,
+         "invalid_type", "temperature"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400,
+         "invalid_value", "temperature"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":0}", 400, "invalid_value",
+         "top_p"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", 400,
+         "invalid_type", "stream"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}", 400, "invalid_type",
+         "stop"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}",
+         400, "invalid_value", "n"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":7}", 400, "invalid_type",
+         "user"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{"
+         "\"k\":101}}",
+         400, "invalid_value", "memory.k"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{"
+         "\"k\":-1}}",
+         400, "invalid_value", "memory.k"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{"
+         "\"k\":2.5}}",
+         400, "invalid_type", "memory.k"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{"
+         "\"mode\":\"fast\"}}",
+         400, "invalid_value", "memory.mode"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"gina\",\"memory\":{"
+         "\"kk\":1}}",
+         400, "unknown_field", "memory"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"memory\":[]}", 400,
+         "invalid_type", "memory"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}",
+         400, "invalid_json", NULL},
         {"/v1/memories/", "{\"facts\":[\"x\"]}", 400, "missing_field", "user_id"},
         {"/v1/memories/", "{\"user_id\":\"gina\"}", 400, "missing_field", "messages"},
         {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":\"x\"}", 400, "invalid_type", "facts"},
-        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"  \"]}", 400, "invalid_value", "facts"},
-        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"x\"],\"metadata\":{\"a\":{\"b\":1}}}", 400, "invalid_value", "metadata"},
-        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"x\"],\"infer\":\"no\"}", 400, "invalid_type", "infer"},
-        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"x\"],\"colour\":1}", 400, "unknown_field", "colour"},
+        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"  \"]}", 400, "invalid_value",
+         "facts"},
+        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"x\"],\"metadata\":{\"a\":{\"b\":1}}}",
+         400, "invalid_value", "metadata"},
+        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"x\"],\"infer\":\"no\"}", 400,
+         "invalid_type", "infer"},
+        {"/v1/memories/", "{\"user_id\":\"gina\",\"facts\":[\"x\"],\"colour\":1}", 400,
+         "unknown_field", "colour"},
         {"/v1/memories/", "{\"user_id\":\"\",\"facts\":[\"x\"]}", 400, "invalid_value", "user_id"},
         {"/v1/memories/search/", "{\"user_id\":\"gina\"}", 400, "missing_field", "query"},
         {"/v1/memories/search/", "{\"query\":\"x\"}", 400, "missing_field", "user_id"},
-        {"/v1/memories/search/", "{\"query\":\"x\",\"user_id\":\"gina\",\"top_k\":0}", 400, "invalid_value", "top_k"},
-        {"/v1/memories/search/", "{\"query\":\"x\",\"user_id\":\"gina\",\"top_k\":1000}", 400, "invalid_value", "top_k"},
-        {"/v1/memories/search/", "{\"query\":\"x\",\"user_id\":\"gina\",\"filters\":{\"user_id\":\"other\"}}", 400, "invalid_value", "user_id"},
-        {"/v1/memories/search/", "{\"query\":\"x\",\"user_id\":\"gina\",\"filters\":{\"tags\":[1]}}", 400, "invalid_type", "filters"},
+        {"/v1/memories/search/", "{\"query\":\"x\",\"user_id\":\"gina\",\"top_k\":0}", 400,
+         "invalid_value", "top_k"},
+        {"/v1/memories/search/", "{\"query\":\"x\",\"user_id\":\"gina\",\"top_k\":1000}", 400,
+         "invalid_value", "top_k"},
+        {"/v1/memories/search/",
+         "{\"query\":\"x\",\"user_id\":\"gina\",\"filters\":{\"user_id\":\"other\"}}", 400,
+         "invalid_value", "user_id"},
+        {"/v1/memories/search/",
+         "{\"query\":\"x\",\"user_id\":\"gina\",\"filters\":{\"tags\":[1]}}", 400, "invalid_type",
+         "filters"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         resp r = request("POST", cases[i].path, KEY_A, cases[i].body);
@@ -1103,7 +1191,8 @@ static void test_disconnect_mid_stream(void **state) {
     fprintf(stderr, "disconnect: blocks freed after %.2f s, %.0f tokens generated of 1500\n",
             (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9, gen);
     assert_true(gen < 1500);
-    assert_true(metric("inferscale_chat_requests_total{mode=\"kv\",result=\"error\"}") >= errs0 + 1);
+    assert_true(metric("inferscale_chat_requests_total{mode=\"kv\",result=\"error\"}") >=
+                errs0 + 1);
     /* And the next request is served. */
     body = chat_body("frank", "kv", 2, "What is my dog called?", 3, false);
     resp r = request("POST", "/v1/chat/completions", KEY_A, body);
@@ -1161,7 +1250,8 @@ static void test_in_flight_limit(void **state) {
     /* /health is not counted. */
     r = request("GET", "/health", NULL, NULL);
     expect_ok(&r);
-    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "requests_in_flight")), MAX_IN_FLIGHT);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "requests_in_flight")),
+                     MAX_IN_FLIGHT);
     resp_free(&r);
     for (int i = 0; i < MAX_IN_FLIGHT; i++) {
         resp *rr;
@@ -1192,16 +1282,17 @@ static void test_in_flight_limit(void **state) {
 
 static void test_infer_extraction(void **state) {
     SKIP_WITHOUT_MODEL();
-    resp r = request("POST", "/v1/memories/", KEY_A,
-                     "{\"user_id\":\"hana\",\"messages\":["
-                     "{\"role\":\"user\",\"content\":\"Hi, I'm Hana. I am vegetarian and I live in Kyoto.\"},"
-                     "{\"role\":\"assistant\",\"content\":\"Nice to meet you, Hana!\"}]}");
+    resp r = request(
+        "POST", "/v1/memories/", KEY_A,
+        "{\"user_id\":\"hana\",\"messages\":["
+        "{\"role\":\"user\",\"content\":\"Hi, I'm Hana. I am vegetarian and I live in Kyoto.\"},"
+        "{\"role\":\"assistant\",\"content\":\"Nice to meet you, Hana!\"}]}");
     expect_ok(&r);
     const cJSON *res = cJSON_GetObjectItem(r.json, "results"), *it;
     assert_true(cJSON_IsArray(res));
     const cJSON *w = cJSON_GetObjectItem(r.json, "warnings");
-    fprintf(stderr, "infer: %d facts extracted%s%s\n", cJSON_GetArraySize(res), w ? "; warning: " : "",
-            w ? cJSON_GetStringValue(cJSON_GetArrayItem(w, 0)) : "");
+    fprintf(stderr, "infer: %d facts extracted%s%s\n", cJSON_GetArraySize(res),
+            w ? "; warning: " : "", w ? cJSON_GetStringValue(cJSON_GetArrayItem(w, 0)) : "");
     /* Whatever the small model wrote: what is reported stored is stored. */
     int n = cJSON_GetArraySize(res);
     cJSON_ArrayForEach(it, res) {
@@ -1209,7 +1300,8 @@ static void test_infer_extraction(void **state) {
         assert_non_null(text);
         assert_true(text[0] != '\0');
         char path[256];
-        snprintf(path, sizeof path, "/v1/memories/%s/", cJSON_GetStringValue(cJSON_GetObjectItem(it, "id")));
+        snprintf(path, sizeof path, "/v1/memories/%s/",
+                 cJSON_GetStringValue(cJSON_GetObjectItem(it, "id")));
         resp g = request("GET", path, KEY_A, NULL);
         expect_ok(&g);
         assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(g.json, "memory")), text);
@@ -1246,8 +1338,9 @@ static void test_infer_fallback_reject(void **state) {
     assert_int_equal(http_app_start(&p, &app), IS_OK);
     int saved_port = g_port, saved_n = g_requests; /* this server logs nothing */
     g_port = http_app_port(app);
-    resp r = request("POST", "/v1/memories/", NULL,
-                     "{\"user_id\":\"ivy\",\"messages\":[{\"role\":\"user\",\"content\":\"I live in Oslo.\"}]}");
+    resp r = request(
+        "POST", "/v1/memories/", NULL,
+        "{\"user_id\":\"ivy\",\"messages\":[{\"role\":\"user\",\"content\":\"I live in Oslo.\"}]}");
     expect_error(&r, 422, "extraction_failed", "infer");
     resp_free(&r);
     r = request("GET", "/v1/memories/?user_id=ivy", NULL, NULL);
@@ -1256,7 +1349,8 @@ static void test_infer_fallback_reject(void **state) {
     resp_free(&r);
     /* infer=false still stores the messages as they are. */
     r = request("POST", "/v1/memories/", NULL,
-                "{\"user_id\":\"ivy\",\"infer\":false,\"messages\":[{\"role\":\"user\",\"content\":\"I live in Oslo.\"}]}");
+                "{\"user_id\":\"ivy\",\"infer\":false,\"messages\":[{\"role\":\"user\",\"content\":"
+                "\"I live in Oslo.\"}]}");
     expect_ok(&r);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 1);
     resp_free(&r);
@@ -1273,17 +1367,20 @@ static void test_mem0_routes(void **state) {
     resp r = request("GET", "/v1/ping/", KEY_A, NULL);
     expect_ok(&r);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "org_id")), "inferscale");
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "project_id")), "tenant-a");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(r.json, "project_id")),
+                        "tenant-a");
     resp_free(&r);
     /* An agent-only memory, with the fields 2.x always sends. */
     r = request("POST", "/v3/memories/add/", KEY_A,
                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Answer in French.\"}],"
                 "\"filters\":{\"agent_id\":\"ag1\"},\"infer\":false,\"output_format\":\"v1.1\","
-                "\"version\":\"v2\",\"async_mode\":true,\"org_id\":\"inferscale\",\"project_id\":\"tenant-a\"}");
+                "\"version\":\"v2\",\"async_mode\":true,\"org_id\":\"inferscale\",\"project_id\":"
+                "\"tenant-a\"}");
     expect_ok(&r);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 1);
     resp_free(&r);
-    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"OR\":[{\"agent_id\":\"ag1\"},{\"run_id\":\"nope\"}]}}");
+    r = request("POST", "/v3/memories/", KEY_A,
+                "{\"filters\":{\"OR\":[{\"agent_id\":\"ag1\"},{\"run_id\":\"nope\"}]}}");
     expect_ok(&r);
     assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "count")), 1);
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(r.json, "next")));
@@ -1296,28 +1393,33 @@ static void test_mem0_routes(void **state) {
     expect_ok(&r);
     assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(r.json, "count")), 0);
     resp_free(&r);
-    r = request("POST", "/v3/memories/search/", KEY_A, "{\"query\":\"French\",\"filters\":{\"agent_id\":\"ag1\"}}");
+    r = request("POST", "/v3/memories/search/", KEY_A,
+                "{\"query\":\"French\",\"filters\":{\"agent_id\":\"ag1\"}}");
     expect_ok(&r);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")), 1);
     resp_free(&r);
     /* Refusals that name the field or the feature; never a 404 for a client route. */
-    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"agent_id\":\"ag1\"},\"app_id\":\"x\"}");
+    r = request("POST", "/v3/memories/", KEY_A,
+                "{\"filters\":{\"agent_id\":\"ag1\"},\"app_id\":\"x\"}");
     expect_error(&r, 400, "unsupported_feature", "app_id");
     resp_free(&r);
-    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"agent_id\":\"ag1\"},\"colour\":1}");
+    r = request("POST", "/v3/memories/", KEY_A,
+                "{\"filters\":{\"agent_id\":\"ag1\"},\"colour\":1}");
     expect_error(&r, 400, "unknown_field", "colour");
     resp_free(&r);
     r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"metadata\":{\"a\":1}}}");
     expect_error(&r, 400, "missing_field", "user_id");
     resp_free(&r);
-    r = request("POST", "/v3/memories/", KEY_A, "{\"filters\":{\"agent_id\":\"ag1\"},\"project_id\":\"tenant-b\"}");
+    r = request("POST", "/v3/memories/", KEY_A,
+                "{\"filters\":{\"agent_id\":\"ag1\"},\"project_id\":\"tenant-b\"}");
     expect_error(&r, 400, "invalid_value", "project_id");
     resp_free(&r);
     r = request("POST", "/v1/summary/", KEY_A, "{}");
     expect_error(&r, 400, "unsupported_feature", NULL);
     resp_free(&r);
-    r = request("PUT", "/v1/batch/", KEY_A,
-                "{\"memories\":[{\"memory_id\":\"00000000-0000-4000-8000-000000000000\",\"text\":\"x\"}]}");
+    r = request(
+        "PUT", "/v1/batch/", KEY_A,
+        "{\"memories\":[{\"memory_id\":\"00000000-0000-4000-8000-000000000000\",\"text\":\"x\"}]}");
     expect_error(&r, 404, "memory_not_found", "memory_id");
     resp_free(&r);
     /* delete_all with a Python-repr filters parameter (what httpx sends for a dict). */
@@ -1357,7 +1459,10 @@ static void test_log_and_clean_stop(void **state) {
     int lines = 0, bad = 0;
     while (getline(&line, &cap, f) > 0) {
         cJSON *j = cJSON_Parse(line);
-        if (!j) { bad++; continue; }
+        if (!j) {
+            bad++;
+            continue;
+        }
         if (cJSON_GetObjectItem(j, "status") && cJSON_GetObjectItem(j, "path") &&
             cJSON_GetObjectItem(j, "ms"))
             lines++;
@@ -1384,7 +1489,8 @@ static void test_log_and_clean_stop(void **state) {
     memory_open_report rep;
     assert_int_equal(memory_open(g_data, &mp, &m, &rep), IS_OK);
     assert_int_equal(memory_check(m, false), IS_OK);
-    mem_filter fa = {.tenant = "tenant-a", .user = "frank"}, fb = {.tenant = "tenant-b", .user = "erin"};
+    mem_filter fa = {.tenant = "tenant-a", .user = "frank"},
+               fb = {.tenant = "tenant-b", .user = "erin"};
     mem_fact *facts;
     int32_t n;
     assert_int_equal(memory_get_all(m, &fa, &facts, &n), IS_OK);

@@ -42,13 +42,13 @@
 #include "serve/http/app.h"
 #include "test_util.h"
 
-#define KEY_A "sk-hostile-tenant-a-01"
-#define KEY_B "sk-hostile-tenant-b-02"
-#define MAX_IN_FLIGHT 8
+#define KEY_A                "sk-hostile-tenant-a-01"
+#define KEY_B                "sk-hostile-tenant-b-02"
+#define MAX_IN_FLIGHT        8
 #define MAX_IN_FLIGHT_TENANT 4
-#define MAX_CONNECTIONS 24
-#define TIMEOUT_S 2
-#define IDLE_S 3
+#define MAX_CONNECTIONS      24
+#define TIMEOUT_S            2
+#define IDLE_S               3
 
 static http_app *g_app;
 static int g_port;
@@ -88,11 +88,11 @@ static bool send_all(int fd, const char *buf, size_t len) {
 }
 
 typedef struct raw_resp {
-    int status;       /* 0: no status line */
-    bool closed;      /* the server closed (or reset) the connection */
-    char *text;       /* everything read */
+    int status;  /* 0: no status line */
+    bool closed; /* the server closed (or reset) the connection */
+    char *text;  /* everything read */
     size_t len;
-    cJSON *json;      /* the body, if it parses */
+    cJSON *json; /* the body, if it parses */
 } raw_resp;
 
 static void raw_free(raw_resp *r) {
@@ -141,9 +141,11 @@ static raw_resp raw_request(const char *method, const char *target, const char *
     size_t blen = body ? strlen(body) : 0;
     size_t cap = strlen(target) + blen + 512;
     char *req = malloc(cap);
-    int n = snprintf(req, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%s"
-                     "Content-Length: %zu\r\n\r\n%s", method, target, key ? "Authorization: Bearer " : "",
-                     key ? key : "", key ? "\r\n" : "", blen, body ? body : "");
+    int n = snprintf(req, cap,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s%s"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     method, target, key ? "Authorization: Bearer " : "", key ? key : "",
+                     key ? "\r\n" : "", blen, body ? body : "");
     send_all(fd, req, (size_t)n);
     free(req);
     raw_resp r = raw_read(fd, 10000);
@@ -287,7 +289,8 @@ static void test_nul_in_path(void **state) {
 static void test_control_chars_in_ids(void **state) {
     (void)state;
     int tries = 0;
-    static const char *const targets[] = {"/v1/memories/?user_id=a%0Ab", "/v1/memories/?user_id=a%1Bb",
+    static const char *const targets[] = {"/v1/memories/?user_id=a%0Ab",
+                                          "/v1/memories/?user_id=a%1Bb",
                                           "/v1/memories/?user_id=a%7Fb"};
     for (size_t i = 0; i < sizeof targets / sizeof *targets; i++, tries++) {
         raw_resp r = raw_request("GET", targets[i], KEY_A, NULL);
@@ -323,8 +326,9 @@ static void test_unauthenticated_hold(void **state) {
     int answered = 0;
     for (int i = 0; i < N; i++) {
         fds[i] = conn_open();
-        static const char h[] = "POST /v1/memories/search/ HTTP/1.1\r\nHost: x\r\n"
-                                "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"qu";
+        static const char h[] =
+            "POST /v1/memories/search/ HTTP/1.1\r\nHost: x\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{\"qu";
         send_all(fds[i], h, sizeof h - 1);
     }
     int closed = 0;
@@ -347,8 +351,9 @@ static void test_unauthenticated_hold(void **state) {
     raw_free(&r);
     for (int i = 0; i < N; i++) close(fds[i]);
     char out[128];
-    snprintf(out, sizeof out, "%d/%d answered 401 without the body, %d closed; keyed request %d in %.2f s",
-             answered, N, closed, keyed, keyed_s);
+    snprintf(out, sizeof out,
+             "%d/%d answered 401 without the body, %d closed; keyed request %d in %.2f s", answered,
+             N, closed, keyed, keyed_s);
     matrix("no_key_large_body_hold", N + 1, out);
     assert_int_equal(answered, N);
     assert_int_equal(closed, N);
@@ -366,9 +371,11 @@ static void test_tenant_starvation(void **state) {
     for (int i = 0; i < N; i++) {
         fds[i] = conn_open();
         char h[256];
-        int n = snprintf(h, sizeof h,
-                         "POST /v1/memories/search/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-                         "Content-Length: 1000\r\n\r\n{\"q", KEY_A);
+        int n =
+            snprintf(h, sizeof h,
+                     "POST /v1/memories/search/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                     "Content-Length: 1000\r\n\r\n{\"q",
+                     KEY_A);
         send_all(fds[i], h, (size_t)n);
     }
     /* Collect the refusals as they come (a loaded machine takes its
@@ -503,7 +510,8 @@ static void test_slow_body(void **state) {
     char h[256];
     int n = snprintf(h, sizeof h,
                      "POST /v1/memories/search/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
-                     "Content-Length: 500\r\n\r\n{", KEY_A);
+                     "Content-Length: 500\r\n\r\n{",
+                     KEY_A);
     double t0 = now_s();
     send_all(fd, h, (size_t)n);
     bool closed = false;
@@ -649,7 +657,7 @@ static void test_mhd_errors(void **state) {
         big,
     };
     static const char *const names[] = {"bad_content_length", "bad_chunk_size", "http_9_9",
-                                         "garbage_request_line", "head_of_600_kib"};
+                                        "garbage_request_line", "head_of_600_kib"};
     for (size_t i = 0; i < sizeof reqs / sizeof *reqs; i++) {
         int fd = conn_open();
         /* Bounded: a server that stops reading must not hang the test. */
@@ -660,9 +668,9 @@ static void test_mhd_errors(void **state) {
         close(fd);
         char out[96];
         if (r.status)
-            snprintf(out, sizeof out, "status %d %s", r.status, r.json ? "json" : "not json (libmicrohttpd's own page)");
-        else
-            snprintf(out, sizeof out, "closed without a response (libmicrohttpd)");
+            snprintf(out, sizeof out, "status %d %s", r.status,
+                     r.json ? "json" : "not json (libmicrohttpd's own page)");
+        else snprintf(out, sizeof out, "closed without a response (libmicrohttpd)");
         matrix(names[i], 1, out);
         assert_true(r.status >= 400 || r.closed);
         raw_free(&r);

@@ -26,13 +26,17 @@
 static void test_chat_parse(void **state) {
     parse_chat c;
     parse_error e;
-    const char *ok = "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":\"sys\"},"
-                     "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
-                     "{\"role\":\"assistant\",\"content\":\"c\"},{\"role\":\"user\",\"content\":\"last\"}],"
-                     "\"max_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"seed\":42,\"stop\":[\"x\",\"\",\"y\"],"
-                     "\"stream\":true,\"stream_options\":{\"include_usage\":false},\"user\":\"u1\","
-                     "\"memory\":{\"k\":3,\"mode\":\"prompt\",\"filters\":{\"agent_id\":\"a\",\"topic\":\"food\","
-                     "\"metadata\":{\"n\":2.0,\"f\":0.5,\"b\":true}}},\"frequency_penalty\":0}";
+    const char *ok =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":\"sys\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
+        "\"text\":\"b\"}]},"
+        "{\"role\":\"assistant\",\"content\":\"c\"},{\"role\":\"user\",\"content\":\"last\"}],"
+        "\"max_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"seed\":42,\"stop\":[\"x\",\"\",\"y\"]"
+        ","
+        "\"stream\":true,\"stream_options\":{\"include_usage\":false},\"user\":\"u1\","
+        "\"memory\":{\"k\":3,\"mode\":\"prompt\",\"filters\":{\"agent_id\":\"a\",\"topic\":"
+        "\"food\","
+        "\"metadata\":{\"n\":2.0,\"f\":0.5,\"b\":true}}},\"frequency_penalty\":0}";
     assert_int_equal(CHAT(ok), IS_OK);
     assert_string_equal(c.model, "m");
     assert_int_equal(c.n_messages, 4);
@@ -75,18 +79,29 @@ static void test_chat_parse(void **state) {
     struct {
         const char *body, *param, *code;
     } bad[] = {
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1e300}", "max_tokens", "invalid_value"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-0.1}", "temperature", "invalid_value"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":1.5}", "seed", "invalid_type"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1e300}",
+         "max_tokens", "invalid_value"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-0.1}",
+         "temperature", "invalid_value"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"seed\":1.5}", "seed",
+         "invalid_type"},
         {"{\"messages\":[{\"role\":\"user\"}]}", "messages[0]", "invalid_type"},
         {"{\"messages\":[{\"content\":\"x\"}]}", "messages[0]", "invalid_type"},
         {"{\"messages\":[1]}", "messages[0]", "invalid_type"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages[0]", "invalid_value"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{}]}", "tools", "unsupported"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"memory\":{\"filters\":{\"metadata\":[]}}}", "memory.filters", "invalid_type"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"memory\":{\"filters\":{\"a\":1,\"metadata\":{\"a\":2}}}}", "memory.filters", "invalid_value"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":1}", "stream_options", "invalid_type"},
-        {"{\"a\":\"\\\\u0000\"}", "messages", "missing_field"}, /* an escaped backslash, not a NUL */
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
+         "messages[0]", "invalid_value"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{}]}", "tools",
+         "unsupported"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"memory\":{\"filters\":{"
+         "\"metadata\":[]}}}",
+         "memory.filters", "invalid_type"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"memory\":{\"filters\":{\"a\":1,"
+         "\"metadata\":{\"a\":2}}}}",
+         "memory.filters", "invalid_value"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":1}",
+         "stream_options", "invalid_type"},
+        {"{\"a\":\"\\\\u0000\"}", "messages",
+         "missing_field"}, /* an escaped backslash, not a NUL */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memset(&e, 0, sizeof e);
@@ -102,7 +117,8 @@ static void test_chat_parse(void **state) {
     }
     /* Bodies that are not one UTF-8 JSON object. */
     const char with_nul[] = "{\"messages\":[]}\0x";
-    assert_int_equal(parse_chat_request(with_nul, sizeof with_nul - 1, NULL, &c, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_chat_request(with_nul, sizeof with_nul - 1, NULL, &c, &e),
+                     IS_ERR_INVALID_ARG);
     assert_string_equal(e.code, "invalid_json");
     parse_chat_free(&c);
     assert_int_equal(parse_chat_request("{\"a\":\"\xff\"}", 8, NULL, &c, &e), IS_ERR_INVALID_ARG);
@@ -134,8 +150,10 @@ static void test_chat_parse(void **state) {
 static void test_memory_parse(void **state) {
     parse_mem_add a;
     parse_error e;
-    const char *b = "{\"user_id\":\"u\",\"agent_id\":\"ag\",\"run_id\":\"r\",\"metadata\":{\"k\":1},"
-                    "\"messages\":[{\"role\":\"user\",\"content\":\"m1\"}],\"facts\":[\"f1\",\"f2\"],\"infer\":false}";
+    const char *b =
+        "{\"user_id\":\"u\",\"agent_id\":\"ag\",\"run_id\":\"r\",\"metadata\":{\"k\":1},"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"m1\"}],\"facts\":[\"f1\",\"f2\"],\"infer\":"
+        "false}";
     assert_int_equal(parse_memory_add(b, strlen(b), NULL, &a, &e), IS_OK);
     assert_string_equal(a.user_id, "u");
     assert_string_equal(a.agent_id, "ag");
@@ -163,7 +181,8 @@ static void test_memory_parse(void **state) {
     parse_mem_add_free(&a);
 
     parse_mem_search s;
-    b = "{\"query\":\"q\",\"limit\":3,\"filters\":{\"user_id\":\"u\",\"run_id\":\"r\",\"lang\":\"pt\"}}";
+    b = "{\"query\":\"q\",\"limit\":3,\"filters\":{\"user_id\":\"u\",\"run_id\":\"r\",\"lang\":"
+        "\"pt\"}}";
     assert_int_equal(parse_memory_search(b, strlen(b), NULL, &s, &e), IS_OK);
     assert_int_equal(s.top_k, 3);
     assert_string_equal(s.filters.user_id, "u");
@@ -209,7 +228,8 @@ static void test_memory_parse(void **state) {
      * trailing word, or an escaped NUL that would cut "x\u0000y" to "x"
      * and widen a delete, is refused (found by fuzz_http_parse). */
     const char *k5[] = {"user_id", "metadata"};
-    const char *bad_meta[] = {"{\"a\":\"x\"} garbage", "{\"a\":\"x\\u0000y\"}", "{\"a\\u0000b\":1}"};
+    const char *bad_meta[] = {"{\"a\":\"x\"} garbage", "{\"a\":\"x\\u0000y\"}",
+                              "{\"a\\u0000b\":1}"};
     for (size_t i = 0; i < sizeof bad_meta / sizeof *bad_meta; i++) {
         const char *v5[] = {"u", bad_meta[i]};
         assert_int_equal(parse_memory_query(k5, v5, 2, true, &f, &e), IS_ERR_INVALID_ARG);
@@ -231,14 +251,18 @@ static void test_ids_and_urls(void **state) {
     (void)state;
     parse_error e;
     assert_int_equal(parse_id_check("user_id", "alice", 5, &e), IS_OK);
-    assert_int_equal(parse_id_check("user_id", "b\xc3\xb6" "b", 4, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id",
+                                    "b\xc3\xb6"
+                                    "b",
+                                    4, &e),
+                     IS_OK);
     assert_int_equal(parse_id_check("user_id", "", 0, &e), IS_ERR_INVALID_ARG);
     assert_int_equal(parse_id_check("user_id", "victim\0attacker", 15, &e), IS_ERR_INVALID_ARG);
     assert_string_equal(e.param, "user_id");
     assert_int_equal(parse_id_check("user_id", "a\nb", 3, &e), IS_ERR_INVALID_ARG);
     assert_int_equal(parse_id_check("user_id", "a\x7f", 2, &e), IS_ERR_INVALID_ARG);
     assert_int_equal(parse_id_check("user_id", "a\xc2\x85", 3, &e), IS_ERR_INVALID_ARG); /* C1 */
-    assert_int_equal(parse_id_check("user_id", "a\xc3", 2, &e), IS_ERR_INVALID_ARG);     /* cut UTF-8 */
+    assert_int_equal(parse_id_check("user_id", "a\xc3", 2, &e), IS_ERR_INVALID_ARG); /* cut UTF-8 */
     char long_id[PARSE_MAX_ID + 2];
     memset(long_id, 'x', sizeof long_id);
     assert_int_equal(parse_id_check("user_id", long_id, PARSE_MAX_ID, &e), IS_OK);
@@ -258,7 +282,8 @@ static void test_ids_and_urls(void **state) {
     parse_mem_search ms;
     assert_int_equal(parse_memory_search(cb, strlen(cb), NULL, &ms, &e), IS_ERR_INVALID_ARG);
     parse_mem_search_free(&ms);
-    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"a\\u001bb\"}";
+    const char *chat =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":\"a\\u001bb\"}";
     parse_chat c;
     assert_int_equal(parse_chat_request(chat, strlen(chat), NULL, &c, &e), IS_ERR_INVALID_ARG);
     assert_string_equal(e.param, "user");
@@ -273,7 +298,7 @@ static void test_ids_and_urls(void **state) {
         assert_int_equal(e.status, 400);
         assert_string_equal(e.code, "invalid_url");
     }
-    const char *pct = "/a%zz%4";   /* not escapes: kept as they are */
+    const char *pct = "/a%zz%4"; /* not escapes: kept as they are */
     assert_int_equal(parse_url_check(pct, strlen(pct), &e), IS_OK);
     char *huge = malloc(PARSE_MAX_URL + 2);
     memset(huge, 'a', PARSE_MAX_URL + 1);
@@ -291,8 +316,12 @@ static void test_ids_and_urls(void **state) {
 static void test_guard(void **state) {
     (void)state;
     http_guard *g;
-    http_guard_params p = {.max_connections = 2, .header_timeout_s = 1, .body_timeout_s = 0,
-                           .idle_timeout_s = 0, .max_in_flight = 3, .max_in_flight_tenant = 2};
+    http_guard_params p = {.max_connections = 2,
+                           .header_timeout_s = 1,
+                           .body_timeout_s = 0,
+                           .idle_timeout_s = 0,
+                           .max_in_flight = 3,
+                           .max_in_flight_tenant = 2};
     assert_int_equal(http_guard_create(&p, &g), IS_OK);
     assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_OK);
     assert_int_equal(http_guard_acquire(g, "a"), HTTP_GUARD_SLOT_OK);
@@ -361,9 +390,11 @@ static void test_guard(void **state) {
 
 static void test_auth_keys(void **state) {
     auth_keys *k = NULL;
-    const char *txt = "# comment\n\n  sk-aaaaaaaa1 tenant-a\r\nsk-bbbbbbbb2\tglobex.eu # not allowed\n";
+    const char *txt =
+        "# comment\n\n  sk-aaaaaaaa1 tenant-a\r\nsk-bbbbbbbb2\tglobex.eu # not allowed\n";
     assert_int_equal(auth_keys_parse(txt, strlen(txt), &k), IS_ERR_FORMAT); /* trailing words */
-    txt = "# comment\n\n  sk-aaaaaaaa1 tenant-a\r\nsk-bbbbbbbb2\tglobex.eu\nsk-cccccccc3 tenant-a\n";
+    txt =
+        "# comment\n\n  sk-aaaaaaaa1 tenant-a\r\nsk-bbbbbbbb2\tglobex.eu\nsk-cccccccc3 tenant-a\n";
     assert_int_equal(auth_keys_parse(txt, strlen(txt), &k), IS_OK);
     assert_int_equal(auth_keys_count(k), 3);
     assert_string_equal(auth_tenant(k, "Bearer sk-aaaaaaaa1"), "tenant-a");
@@ -377,8 +408,12 @@ static void test_auth_keys(void **state) {
     assert_null(auth_tenant(k, NULL));
     assert_null(auth_tenant(k, ""));
     auth_keys_free(k);
-    const char *bad[] = {"", "# only comments\n", "short tenant\n", "sk-aaaaaaaa1\n",
-                         "sk-aaaaaaaa1 bad/tenant\n", "sk-aaaaaaaa1 t\nsk-aaaaaaaa1 u\n",
+    const char *bad[] = {"",
+                         "# only comments\n",
+                         "short tenant\n",
+                         "sk-aaaaaaaa1\n",
+                         "sk-aaaaaaaa1 bad/tenant\n",
+                         "sk-aaaaaaaa1 t\nsk-aaaaaaaa1 u\n",
                          "sk-aaaaaaa\x01 t\n"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         k = NULL;
@@ -391,8 +426,13 @@ static void test_auth_keys(void **state) {
 static void test_metrics_render(void **state) {
     metrics *m;
     assert_int_equal(metrics_create(&m), IS_OK);
-    metrics_chat c = {.mode = 0, .ok = true, .ttft_s = 0.02, .total_s = 0.3, .prompt_tokens = 10,
-                      .completion_tokens = 5, .injected_tokens = 4};
+    metrics_chat c = {.mode = 0,
+                      .ok = true,
+                      .ttft_s = 0.02,
+                      .total_s = 0.3,
+                      .prompt_tokens = 10,
+                      .completion_tokens = 5,
+                      .injected_tokens = 4};
     metrics_observe_chat(m, &c);
     c.ttft_s = 3.0;
     c.total_s = 200.0; /* past the last bound: +Inf only */
@@ -414,15 +454,19 @@ static void test_metrics_render(void **state) {
     assert_non_null(strstr(t, "inferscale_ttft_seconds_bucket{mode=\"kv\",le=\"+Inf\"} 2\n"));
     assert_non_null(strstr(t, "inferscale_ttft_seconds_count{mode=\"kv\"} 2\n"));
     assert_non_null(strstr(t, "inferscale_ttft_seconds_sum{mode=\"kv\"} 3.020000\n"));
-    assert_non_null(strstr(t, "inferscale_request_duration_seconds_bucket{mode=\"kv\",le=\"120\"} 1\n"));
-    assert_non_null(strstr(t, "inferscale_request_duration_seconds_bucket{mode=\"kv\",le=\"+Inf\"} 2\n"));
+    assert_non_null(
+        strstr(t, "inferscale_request_duration_seconds_bucket{mode=\"kv\",le=\"120\"} 1\n"));
+    assert_non_null(
+        strstr(t, "inferscale_request_duration_seconds_bucket{mode=\"kv\",le=\"+Inf\"} 2\n"));
     /* A failed request counts as an error, not in the latency histograms. */
     assert_non_null(strstr(t, "inferscale_chat_requests_total{mode=\"off\",result=\"error\"} 1\n"));
     assert_non_null(strstr(t, "inferscale_ttft_seconds_count{mode=\"off\"} 0\n"));
     assert_non_null(strstr(t, "inferscale_completion_tokens_total{mode=\"kv\"} 10\n"));
     assert_non_null(strstr(t, "inferscale_memory_tokens_total{mode=\"kv\",how=\"injected\"} 8\n"));
-    assert_non_null(strstr(t, "inferscale_http_requests_total{route=\"chat_completions\",code=\"200\"} 1\n"));
-    assert_non_null(strstr(t, "inferscale_http_requests_total{route=\"chat_completions\",code=\"other\"} 1\n"));
+    assert_non_null(
+        strstr(t, "inferscale_http_requests_total{route=\"chat_completions\",code=\"200\"} 1\n"));
+    assert_non_null(
+        strstr(t, "inferscale_http_requests_total{route=\"chat_completions\",code=\"other\"} 1\n"));
     assert_non_null(strstr(t, "inferscale_tokens_per_second 1.5\n")); /* 15 tokens / 10 s */
     /* Every line is a comment or "name{labels} value". */
     for (char *p = t; *p;) {
@@ -443,12 +487,9 @@ static void test_metrics_render(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chat_parse),
-        cmocka_unit_test(test_memory_parse),
-        cmocka_unit_test(test_ids_and_urls),
-        cmocka_unit_test(test_guard),
-        cmocka_unit_test(test_auth_keys),
-        cmocka_unit_test(test_metrics_render),
+        cmocka_unit_test(test_chat_parse),   cmocka_unit_test(test_memory_parse),
+        cmocka_unit_test(test_ids_and_urls), cmocka_unit_test(test_guard),
+        cmocka_unit_test(test_auth_keys),    cmocka_unit_test(test_metrics_render),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

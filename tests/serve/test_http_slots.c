@@ -35,10 +35,10 @@
 #include "serve/http/app.h"
 #include "test_util.h"
 
-#define KEY_A "sk-slots-tenant-a-0001"
-#define KEY_B "sk-slots-tenant-b-0002"
+#define KEY_A    "sk-slots-tenant-a-0001"
+#define KEY_B    "sk-slots-tenant-b-0002"
 #define N_MEMORY 300 /* sequential memory requests per case */
-#define N_CHAT 24    /* sequential chats per kind */
+#define N_CHAT   24  /* sequential chats per kind */
 
 typedef struct server {
     http_app *app;
@@ -146,7 +146,8 @@ static int setup(void **state) {
     (void)state;
     struct stat sb;
     g_model = stat(IS_DEFAULT_MODEL, &sb) == 0;
-    if (!g_model) fprintf(stderr, "test_http_slots: %s missing: chat cases skip\n", IS_DEFAULT_MODEL);
+    if (!g_model)
+        fprintf(stderr, "test_http_slots: %s missing: chat cases skip\n", IS_DEFAULT_MODEL);
     if (start(&g_all, 1, 1) != 0) return -1;
     return start(&g_tenant, 8, 1);
 }
@@ -239,10 +240,8 @@ static void test_tenant_limit_stream(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_all_limit_memory),
-        cmocka_unit_test(test_tenant_limit_memory),
-        cmocka_unit_test(test_all_limit_chat),
-        cmocka_unit_test(test_all_limit_stream),
+        cmocka_unit_test(test_all_limit_memory),    cmocka_unit_test(test_tenant_limit_memory),
+        cmocka_unit_test(test_all_limit_chat),      cmocka_unit_test(test_all_limit_stream),
         cmocka_unit_test(test_tenant_limit_stream),
     };
     return test_run_group(tests, setup, teardown);

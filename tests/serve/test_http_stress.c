@@ -44,12 +44,12 @@
 #include "test_http_client.h"
 #include "test_util.h"
 
-#define SEED 27u
+#define SEED         27u
 #define N_SEED_FACTS 24   /* the searched user's facts, added before the load */
-#define MAX_CHATS 6       /* the load phase ends after this many chats ... */
+#define MAX_CHATS    6    /* the load phase ends after this many chats ... */
 #define LOAD_SECONDS 90.0 /* ... or after this long (a safety net on a slow machine) */
-#define MAX_ADDS 60
-#define N_SEARCHERS 3
+#define MAX_ADDS     60
+#define N_SEARCHERS  3
 
 static char g_emb_dir[512];
 
@@ -60,7 +60,8 @@ static char g_emb_dir[512];
 static char *post(int port, const char *path, const char *body) {
     test_resp r = test_http_request(port, "POST", path, NULL, body, strlen(body), false, 120L);
     if (r.curl_rc != CURLE_OK || r.status != 200) {
-        fprintf(stderr, "POST %s: curl %d, status %ld: %s\n", path, r.curl_rc, r.status, r.body ? r.body : "");
+        fprintf(stderr, "POST %s: curl %d, status %ld: %s\n", path, r.curl_rc, r.status,
+                r.body ? r.body : "");
         test_resp_free(&r);
         return NULL;
     }
@@ -78,10 +79,11 @@ static uint32_t lcg(uint32_t *s) {
 }
 
 static const char *const WORDS[] = {
-    "Caroline", "Melanie", "adopted", "a", "dog", "painted", "the", "lake", "at", "sunrise",
-    "visited", "Paris", "with", "her", "sister", "plays", "violin", "on", "Sundays", "bakes",
-    "bread", "every", "Friday", "studied", "marine", "biology", "in", "college", "moved", "to",
-    "Seattle", "last", "spring", "runs", "marathons", "and", "reads", "poetry", "before", "bed",
+    "Caroline", "Melanie", "adopted",   "a",       "dog",   "painted", "the",     "lake",
+    "at",       "sunrise", "visited",   "Paris",   "with",  "her",     "sister",  "plays",
+    "violin",   "on",      "Sundays",   "bakes",   "bread", "every",   "Friday",  "studied",
+    "marine",   "biology", "in",        "college", "moved", "to",      "Seattle", "last",
+    "spring",   "runs",    "marathons", "and",     "reads", "poetry",  "before",  "bed",
 };
 #define N_WORDS ((uint32_t)(sizeof WORDS / sizeof WORDS[0]))
 
@@ -120,8 +122,8 @@ static const char SEARCH_BODY[] =
 static char *chat_text(const char *body) {
     cJSON *j = cJSON_Parse(body);
     const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-    const char *t = cJSON_GetStringValue(
-        cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content"));
+    const char *t =
+        cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content"));
     char *r = t ? strdup(t) : NULL;
     cJSON_Delete(j);
     return r;
@@ -182,7 +184,8 @@ static void *search_loop(void *ud) {
         if (!r) {
             atomic_fetch_add(&l->errors, 1);
         } else if (strcmp(r, l->search_ref) != 0) {
-            if (atomic_fetch_add(&l->search_diff, 1) < 3) fprintf(stderr, "search differs: %s\n", r);
+            if (atomic_fetch_add(&l->search_diff, 1) < 3)
+                fprintf(stderr, "search differs: %s\n", r);
         }
         atomic_fetch_add(&l->searches, 1);
         free(r);
@@ -278,12 +281,16 @@ static void run_setting(int32_t threads) {
     assert_true(strlen(search_ref) > 10);
 
     /* The load. */
-    load l = {.port = port, .deadline = now_s() + LOAD_SECONDS, .chat_ref = chat_ref,
-              .search_ref = search_ref, .add_seed = SEED * 7919u};
+    load l = {.port = port,
+              .deadline = now_s() + LOAD_SECONDS,
+              .chat_ref = chat_ref,
+              .search_ref = search_ref,
+              .add_seed = SEED * 7919u};
     pthread_t tc, ta, ts[N_SEARCHERS];
     assert_int_equal(pthread_create(&tc, NULL, chat_loop, &l), 0);
     assert_int_equal(pthread_create(&ta, NULL, add_loop, &l), 0);
-    for (int i = 0; i < N_SEARCHERS; i++) assert_int_equal(pthread_create(&ts[i], NULL, search_loop, &l), 0);
+    for (int i = 0; i < N_SEARCHERS; i++)
+        assert_int_equal(pthread_create(&ts[i], NULL, search_loop, &l), 0);
     pthread_join(tc, NULL);
     atomic_store(&l.stop, true);
     pthread_join(ta, NULL);
@@ -299,16 +306,18 @@ static void run_setting(int32_t threads) {
     mem_filter f = {.tenant = "default", .user = "added"};
     mem_fact *facts = NULL;
     int32_t n_facts = 0;
-    assert_int_equal(mem_store_list(memory_fact_store(http_app_memory(app)), &f, true, &facts,
-                                    &n_facts), IS_OK);
+    assert_int_equal(
+        mem_store_list(memory_fact_store(http_app_memory(app)), &f, true, &facts, &n_facts), IS_OK);
     float *ref = malloc((size_t)dim * sizeof(float));
     int emb_diff = 0;
     for (int32_t i = 0; i < n_facts; i++) {
         const char *t = facts[i].text;
         assert_int_equal(embedder_embed(e, &t, 1, ref), IS_OK);
-        if (!facts[i].embedding || memcmp(ref, facts[i].embedding, (size_t)dim * sizeof(float)) != 0) {
+        if (!facts[i].embedding ||
+            memcmp(ref, facts[i].embedding, (size_t)dim * sizeof(float)) != 0) {
             double dot = 0;
-            for (int32_t d = 0; facts[i].embedding && d < dim; d++) dot += ref[d] * facts[i].embedding[d];
+            for (int32_t d = 0; facts[i].embedding && d < dim; d++)
+                dot += ref[d] * facts[i].embedding[d];
             fprintf(stderr, "stored embedding differs (cosine %.4f): %s\n", dot, t);
             emb_diff++;
         }
@@ -324,14 +333,15 @@ static void run_setting(int32_t threads) {
     const int chat_diff = atomic_load(&l.chat_diff), search_diff = atomic_load(&l.search_diff);
     const int errors = atomic_load(&l.errors);
     printf("t=%d: %d chats (%d differ), %d searches (%d differ), %d adds (%d of %d stored "
-           "embeddings differ), %d errors\n", threads, chats, chat_diff, searches, search_diff,
-           atomic_load(&l.adds), emb_diff, n_facts, errors);
+           "embeddings differ), %d errors\n",
+           threads, chats, chat_diff, searches, search_diff, atomic_load(&l.adds), emb_diff,
+           n_facts, errors);
     printf("fault-matrix: concurrency|-t %d: identical greedy chats under load|%d|%s\n", threads,
            chats, chat_diff ? "FAIL: answers differ" : "all identical");
     printf("fault-matrix: concurrency|-t %d: identical searches under load|%d|%s\n", threads,
            searches, search_diff ? "FAIL: top-k differs" : "all identical");
-    printf("fault-matrix: concurrency|-t %d: embeddings of facts added under load|%d|%s\n",
-           threads, n_facts, emb_diff ? "FAIL: stored embedding differs" : "all bitwise equal");
+    printf("fault-matrix: concurrency|-t %d: embeddings of facts added under load|%d|%s\n", threads,
+           n_facts, emb_diff ? "FAIL: stored embedding differs" : "all bitwise equal");
     fflush(stdout);
     free(chat_ref);
     free(search_ref);
@@ -349,7 +359,8 @@ int main(void) {
     struct stat sb;
     snprintf(g_emb_dir, sizeof g_emb_dir, "%s/models/all-MiniLM-L6-v2", IS_SOURCE_DIR);
     if (stat(IS_DEFAULT_MODEL, &sb) != 0 || stat(g_emb_dir, &sb) != 0) {
-        fprintf(stderr, "test_http_stress: the default model or the embedder is missing: skipped\n");
+        fprintf(stderr,
+                "test_http_stress: the default model or the embedder is missing: skipped\n");
         return 77;
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);

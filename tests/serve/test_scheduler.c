@@ -53,7 +53,8 @@ static int setup(void **state) {
     struct stat st;
     if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
     if (!mkdtemp(g_dir)) return -1;
-    if (backend_cpu_create(0, &g_be) != IS_OK || model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
+    if (backend_cpu_create(0, &g_be) != IS_OK ||
+        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
         fprintf(stderr, "setup: %s\n", is_error_last());
         return -1;
     }
@@ -186,9 +187,15 @@ static void coll_wait_text(coll *c, int n) {
     pthread_mutex_unlock(&c->mu);
 }
 
-static sched_request greedy_req(const chat_message *msgs, int32_t n, ask_mode mode, int32_t max_tokens) {
-    sched_request r = {.messages = msgs, .n_messages = n, .mode = mode, .max_tokens = max_tokens,
-                       .temperature = 0, .top_p = 1.0f, .top_k = 0};
+static sched_request greedy_req(const chat_message *msgs, int32_t n, ask_mode mode,
+                                int32_t max_tokens) {
+    sched_request r = {.messages = msgs,
+                       .n_messages = n,
+                       .mode = mode,
+                       .max_tokens = max_tokens,
+                       .temperature = 0,
+                       .top_p = 1.0f,
+                       .top_k = 0};
     return r;
 }
 
@@ -225,7 +232,8 @@ static bool collect(const char *t, size_t l, void *ud) {
 
 /* The plain way: the whole prompt in one batch, then one token at a
  * time, greedy, as ask_run decodes. */
-static void ref_plain(engine *e, const int32_t *toks, int32_t n, int32_t max_tokens, text_buf *out) {
+static void ref_plain(engine *e, const int32_t *toks, int32_t n, int32_t max_tokens,
+                      text_buf *out) {
     const model *m = engine_model(e);
     float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
     int32_t *seqs = malloc((size_t)n * sizeof *seqs);
@@ -252,8 +260,15 @@ static void ref_plain(engine *e, const int32_t *toks, int32_t n, int32_t max_tok
 
 static ask_request ask_greedy(ask_mode mode, const char *q, const char *const *ids,
                               const char *const *texts, int n, int max_tokens) {
-    ask_request r = {.mode = mode, .query = q, .fact_ids = ids, .fact_texts = texts, .n_facts = n,
-                     .max_tokens = max_tokens, .temperature = 0, .top_k = 0, .top_p = 1.0f};
+    ask_request r = {.mode = mode,
+                     .query = q,
+                     .fact_ids = ids,
+                     .fact_texts = texts,
+                     .n_facts = n,
+                     .max_tokens = max_tokens,
+                     .temperature = 0,
+                     .top_k = 0,
+                     .top_p = 1.0f};
     return r;
 }
 
@@ -262,7 +277,8 @@ static ask_request ask_greedy(ask_mode mode, const char *q, const char *const *i
 static int32_t *tokenize_text(const char *text, bool special, int32_t *n) {
     int32_t *t = NULL;
     size_t nn = 0;
-    assert_int_equal(tokenizer_encode(g_model->tok, text, strlen(text), false, special, &t, &nn), IS_OK);
+    assert_int_equal(tokenizer_encode(g_model->tok, text, strlen(text), false, special, &t, &nn),
+                     IS_OK);
     *n = (int32_t)nn;
     return t;
 }
@@ -358,8 +374,8 @@ static void test_layout(void **state) {
 
 /* User messages from a few words to ~150 tokens. */
 static char *make_question(int i) {
-    static const char *topics[] = {"the moon", "bread", "rivers", "violins", "snow",
-                                   "bees", "trains", "the ocean", "mountains", "libraries"};
+    static const char *topics[] = {"the moon", "bread",  "rivers",    "violins",   "snow",
+                                   "bees",     "trains", "the ocean", "mountains", "libraries"};
     char *q = malloc(4096);
     int o = snprintf(q, 4096, "Tell me one fact about %s.", topics[i % 10]);
     for (int k = 0; k < i * i / 7; k++)
@@ -398,7 +414,8 @@ static void test_batching_invariance(void **state) {
             lens[i] = -1;
         } else {
             int32_t *toks, n;
-            assert_int_equal(memory_prompt_chat_plain(ask_ctx_prompt(ac), msgs[i], 1, &toks, &n), IS_OK);
+            assert_int_equal(memory_prompt_chat_plain(ask_ctx_prompt(ac), msgs[i], 1, &toks, &n),
+                             IS_OK);
             lens[i] = n;
             ref_plain(e, toks, n, max_tokens, &ref[i]);
             free(toks);
@@ -435,18 +452,21 @@ static void test_batching_invariance(void **state) {
     double t2 = now_s();
     sched_stats stats;
     sched_get_stats(s, &stats);
-    printf("  alone %.2f s, together %.2f s, %lld steps\n", t1 - t0, t2 - t1, (long long)stats.steps);
+    printf("  alone %.2f s, together %.2f s, %lld steps\n", t1 - t0, t2 - t1,
+           (long long)stats.steps);
     int chunked = 0, differ = 0;
     for (int i = 0; i < N_BATCH; i++) {
         int32_t prompt = alone[i].usage.prompt_tokens;
         if (alone[i].usage.prefilled_tokens > sp.prefill_chunk) chunked++;
-        printf("  [%d] %-6s prompt %3d: \"%s\"\n", i, ask_mode_name(modes[i]), (int)prompt, together[i].text);
+        printf("  [%d] %-6s prompt %3d: \"%s\"\n", i, ask_mode_name(modes[i]), (int)prompt,
+               together[i].text);
         if (lens[i] >= 0) assert_int_equal(prompt, lens[i]);
         assert_int_equal(alone[i].n_terminal, 1);
         assert_int_equal(together[i].n_terminal, 1);
         assert_int_equal(alone[i].usage.completion_tokens, together[i].usage.completion_tokens);
         if (strcmp(ref[i].s, alone[i].text) != 0 || strcmp(alone[i].text, together[i].text) != 0) {
-            printf("  DIFFER [%d]\n    reference: \"%s\"\n    alone:     \"%s\"\n    together:  \"%s\"\n",
+            printf("  DIFFER [%d]\n    reference: \"%s\"\n    alone:     \"%s\"\n    together:  "
+                   "\"%s\"\n",
                    i, ref[i].s, alone[i].text, together[i].text);
             differ++;
         }
@@ -480,7 +500,8 @@ static void test_memory_modes(void **state) {
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
     memory_set_encoder(mem, ask_memory_encoder, ac);
     for (int i = 0; i < 3; i++) {
-        memory_add_req r = {.tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
+        memory_add_req r = {
+            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
         assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
         mem_fact f;
         assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
@@ -490,7 +511,8 @@ static void test_memory_modes(void **state) {
     }
     memory_set_encoder(mem, NULL, NULL);
     for (int i = 0; i < 3; i++) {
-        memory_add_req r = {.tenant = "t", .user = "u", .text = texts_nokv[i], .window = MEMORY_WINDOW_DEFAULT};
+        memory_add_req r = {
+            .tenant = "t", .user = "u", .text = texts_nokv[i], .window = MEMORY_WINDOW_DEFAULT};
         assert_int_equal(memory_add(mem, &r, nokv_ids[i]), IS_OK);
     }
     const char *rid_ptrs[] = {rids[0], rids[1], rids[2]};
@@ -536,7 +558,8 @@ static void test_memory_modes(void **state) {
         assert_int_equal(all[i]->kind, SCHED_EV_DONE);
         sched_release(all[i]->h);
     }
-    printf("  kv:     \"%s\"\n  prompt: \"%s\"\n  misses: \"%s\"\n", ckv.text, cprompt.text, cmiss.text);
+    printf("  kv:     \"%s\"\n  prompt: \"%s\"\n  misses: \"%s\"\n", ckv.text, cprompt.text,
+           cmiss.text);
     assert_string_equal(ckv.text, ref_kv.s);
     assert_string_equal(cprompt.text, ref_prompt.s);
     assert_string_equal(cmiss.text, ref_miss.s);
@@ -702,7 +725,8 @@ static void test_admission_small_pool(void **state) {
     for (int i = 0; i < 3; i++) {
         msgs[i][0] = (chat_message){"user", qs[i]};
         int32_t *toks, n;
-        assert_int_equal(memory_prompt_chat_plain(ask_ctx_prompt(ac), msgs[i], 1, &toks, &n), IS_OK);
+        assert_int_equal(memory_prompt_chat_plain(ask_ctx_prompt(ac), msgs[i], 1, &toks, &n),
+                         IS_OK);
         ref_plain(probe, toks, n, 16, &ref[i]);
         int32_t need = (n + 16 + bs - 1) / bs;
         if (need > need_max) need_max = need;
@@ -897,7 +921,8 @@ static void test_encode_jobs(void **state) {
     assert_int_equal(before.usage.injected_tokens, 0);
 
     assert_int_equal(sched_encode(s, "t", "u", id), IS_OK);
-    assert_int_equal(sched_encode(s, "t", "u", "00000000-0000-4000-8000-00000000dead"), IS_OK); /* gone: skipped */
+    assert_int_equal(sched_encode(s, "t", "u", "00000000-0000-4000-8000-00000000dead"),
+                     IS_OK); /* gone: skipped */
     wait_encoded(s, 1);
     assert_int_equal(memory_get(mem, "t", "u", id, &f), IS_OK);
     assert_non_null(f.kv_record);
@@ -1018,8 +1043,8 @@ static void test_admit_many_in_one_step(void **state) {
                              "Caroline has a guinea pig named Oscar.",
                              "Melanie's son broke his arm playing soccer.",
                              "Caroline volunteers at a youth center on weekends."};
-    const char *qs[NR] = {"What does Melanie play?", "Where is Caroline from?",
-                          "What is Melanie learning?", "What is the name of Caroline's pet?",
+    const char *qs[NR] = {"What does Melanie play?",         "Where is Caroline from?",
+                          "What is Melanie learning?",       "What is the name of Caroline's pet?",
                           "What happened to Melanie's son?", "Where does Caroline volunteer?"};
     static const int set_len[NR] = {1, 2, 3, 4, 2, 3};
     static const int set[NR][4] = {{0}, {1, 0}, {2, 3, 1}, {3, 4, 5, 0}, {4, 2}, {5, 1, 3}};
@@ -1028,7 +1053,8 @@ static void test_admit_many_in_one_step(void **state) {
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
     memory_set_encoder(mem, ask_memory_encoder, ac);
     for (int i = 0; i < NF; i++) {
-        memory_add_req r = {.tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
+        memory_add_req r = {
+            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
         assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
         mem_fact f;
         assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);

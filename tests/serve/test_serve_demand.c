@@ -48,15 +48,15 @@
 #ifdef DEMAND_CUDA
 #include "backend_cuda.h"
 #define DEMAND_BACKEND "cuda"
-#define ON_GPU 1
+#define ON_GPU         1
 #else
 #define DEMAND_BACKEND "cpu"
-#define ON_GPU 0
+#define ON_GPU         0
 #endif
 
 #define MAX_TOKENS 8
-#define N_FACTS 3
-#define N_CTX 1024
+#define N_FACTS    3
+#define N_CTX      1024
 
 static char g_dir[] = "/tmp/test_serve_demand_XXXXXX";
 static bool g_model;
@@ -146,9 +146,10 @@ static answer chat(http_app *a, int user) {
     if (r.status != 200) fail_msg("chat: %ld %s", r.status, r.body ? r.body : "");
     answer ans;
     memset(&ans, 0, sizeof ans);
-    const cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r.json, "choices"), 0),
-                                           "message");
-    snprintf(ans.text, sizeof ans.text, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content")));
+    const cJSON *msg = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(r.json, "choices"), 0), "message");
+    snprintf(ans.text, sizeof ans.text, "%s",
+             cJSON_GetStringValue(cJSON_GetObjectItem(msg, "content")));
     const cJSON *f = cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "facts");
     ans.gpu = usage_int(f, "gpu");
     ans.host = usage_int(f, "host");
@@ -159,7 +160,8 @@ static answer chat(http_app *a, int user) {
     ans.n_ids = cJSON_GetArraySize(ids);
     assert_int_equal(ans.n_ids, N_FACTS);
     for (int i = 0; i < ans.n_ids; i++)
-        snprintf(ans.ids[i], sizeof ans.ids[i], "%s", cJSON_GetStringValue(cJSON_GetArrayItem(ids, i)));
+        snprintf(ans.ids[i], sizeof ans.ids[i], "%s",
+                 cJSON_GetStringValue(cJSON_GetArrayItem(ids, i)));
     printf("  %s: \"%s\" (facts: gpu %d, host %d, disk %d, encoded %d, text %d)\n", g_users[user],
            ans.text, ans.gpu, ans.host, ans.disk, ans.encoded, ans.text_facts);
     test_resp_free(&r);
@@ -238,7 +240,8 @@ static void ask_reference(memory *mem, int user, const answer *order, const char
     bool did[N_FACTS];
     /* The server's encoding forward takes a step's tokens at most. */
     assert_int_equal(ask_encode_facts(ac, f, w, N_FACTS,
-                                      ON_GPU ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS, sts, did),
+                                      ON_GPU ? SCHED_GPU_STEP_TOKENS : SCHED_CPU_STEP_TOKENS, sts,
+                                      did),
                      IS_OK);
     for (int i = 0; i < N_FACTS; i++) assert_true(did[i]);
     /* The server's records of the same facts are these records, bit for bit. */
@@ -260,9 +263,15 @@ static void ask_reference(memory *mem, int user, const answer *order, const char
         }
         record_store_close(srs);
     }
-    ask_request ar = {.mode = ASK_MODE_KV, .query = g_queries[user], .fact_ids = ids,
-                      .fact_texts = texts, .n_facts = N_FACTS, .max_tokens = MAX_TOKENS,
-                      .temperature = 0, .top_k = 0, .top_p = 1.0f};
+    ask_request ar = {.mode = ASK_MODE_KV,
+                      .query = g_queries[user],
+                      .fact_ids = ids,
+                      .fact_texts = texts,
+                      .n_facts = N_FACTS,
+                      .max_tokens = MAX_TOKENS,
+                      .temperature = 0,
+                      .top_k = 0,
+                      .top_p = 1.0f};
     text_out[0] = '\0';
     ask_timing t;
     assert_int_equal(ask_run(ac, &ar, collect, text_out, &t), IS_OK);
@@ -291,8 +300,8 @@ static void test_kv_on_demand(void **state) {
     http_app *a = start(a_dir, NULL, -1);
     for (int u = 0; u < 2; u++) {
         char body[1024];
-        snprintf(body, sizeof body, "{\"user_id\":\"%s\",\"facts\":[\"%s\",\"%s\",\"%s\"]}", g_users[u],
-                 g_facts[u][0], g_facts[u][1], g_facts[u][2]);
+        snprintf(body, sizeof body, "{\"user_id\":\"%s\",\"facts\":[\"%s\",\"%s\",\"%s\"]}",
+                 g_users[u], g_facts[u][0], g_facts[u][1], g_facts[u][2]);
         test_resp r = test_http_request(http_app_port(a), "POST", "/v1/memories/", NULL, body,
                                         strlen(body), false, 60);
         if (r.status != 200) fail_msg("add: %ld %s", r.status, r.body ? r.body : "");
@@ -333,7 +342,8 @@ static void test_kv_on_demand(void **state) {
             struct stat sb;
             char path[700];
             snprintf(path, sizeof path, "%s/%s", b_kv, de->d_name);
-            if (strstr(de->d_name, ".fkv") && stat(path, &sb) == 0 && (size_t)sb.st_size > rec_bytes)
+            if (strstr(de->d_name, ".fkv") && stat(path, &sb) == 0 &&
+                (size_t)sb.st_size > rec_bytes)
                 rec_bytes = (size_t)sb.st_size;
         }
         if (d) closedir(d);
@@ -383,7 +393,8 @@ static void test_kv_on_demand(void **state) {
     assert_string_equal(al.text, first.text);
     /* At the start, then (CPU) at every chat: the GPU still holds the KV of
      * records evicted from disk, so it encodes nothing again. */
-    assert_true(metric(b, "inferscale_fact_kv_disk_evictions_total ") >= (ON_GPU ? 3 : 3 * N_FACTS));
+    assert_true(metric(b, "inferscale_fact_kv_disk_evictions_total ") >=
+                (ON_GPU ? 3 : 3 * N_FACTS));
     http_app_stop(b);
 }
 

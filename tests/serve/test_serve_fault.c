@@ -130,8 +130,12 @@ static const chat_message MSG[] = {{"user", "Name three colors of the rainbow."}
 
 static is_status submit(result *r, sched_handle **h) {
     result_init(r);
-    sched_request q = {.messages = MSG, .n_messages = 1, .mode = ASK_MODE_OFF, .max_tokens = 12,
-                       .temperature = 0.0f, .top_p = 1.0f};
+    sched_request q = {.messages = MSG,
+                       .n_messages = 1,
+                       .mode = ASK_MODE_OFF,
+                       .max_tokens = 12,
+                       .temperature = 0.0f,
+                       .top_p = 1.0f};
     return sched_submit(g_s, &q, on_event, r, h);
 }
 
@@ -267,14 +271,15 @@ static void test_sched_stuck_fault(void **state) {
 static http_app *g_app;
 static int g_port;
 static char g_dir[] = "/tmp/test_serve_fault_XXXXXX";
-static char g_ref[4096]; /* the clean kv chat's answer */
+static char g_ref[4096];   /* the clean kv chat's answer */
 static int64_t g_chat_ops; /* backend ops of one clean kv chat */
 
 typedef test_resp resp;
 #define resp_free test_resp_free
 
 static resp request(const char *method, const char *path, const char *body) {
-    resp r = test_http_request(g_port, method, path, NULL, body, body ? strlen(body) : 0, false, (long)WAIT_S);
+    resp r = test_http_request(g_port, method, path, NULL, body, body ? strlen(body) : 0, false,
+                               (long)WAIT_S);
     assert_int_equal(r.curl_rc, CURLE_OK);
     return r;
 }
@@ -294,7 +299,8 @@ static const char *content_of(const resp *r) {
 
 /* A 500 or 503 chat: an OpenAI error whose message names the failure. */
 static void expect_chat_error(const resp *r, long status) {
-    if (r->status != status) fprintf(stderr, "expected %ld, got %ld: %s\n", status, r->status, r->body);
+    if (r->status != status)
+        fprintf(stderr, "expected %ld, got %ld: %s\n", status, r->status, r->body);
     assert_int_equal(r->status, status);
     const cJSON *e = cJSON_GetObjectItem(r->json, "error");
     assert_true(cJSON_IsObject(e));

@@ -246,7 +246,8 @@ static int setup(void **state) {
     if (!mkdtemp(g_dir)) return -1;
     if (backend_create(TIERS_BACKEND, 0, &g_be) != IS_OK) return -1;
 #ifdef TIERS_CUDA
-    if (backend_cuda_configure(g_be, "kv=bf16") != IS_OK) fail_msg("kv=bf16: %s", is_error_last()); /* the serving configuration */
+    if (backend_cuda_configure(g_be, "kv=bf16") != IS_OK)
+        fail_msg("kv=bf16: %s", is_error_last()); /* the serving configuration */
 #endif
     if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
         fprintf(stderr, "setup: %s\n", is_error_last());

@@ -59,10 +59,10 @@ typedef struct cpu_weight {
 
 typedef struct cpu_ctx {
     int32_t n_threads;
-    float *rope_cs;        /* [rope_n_pos][n_rot/2][cos, sin] */
-    int32_t rope_n_pos;    /* positions in the table */
-    rope_params rope_key;  /* parameters the table was built for */
-    is_status err;         /* first failure of an op since the last recover, latched */
+    float *rope_cs;       /* [rope_n_pos][n_rot/2][cos, sin] */
+    int32_t rope_n_pos;   /* positions in the table */
+    rope_params rope_key; /* parameters the table was built for */
+    is_status err;        /* first failure of an op since the last recover, latched */
     char err_msg[512];
 } cpu_ctx;
 
@@ -121,8 +121,8 @@ static void cpu_copy(backend *be, void *dst, const void *src, size_t bytes) {
 
 static is_status cpu_weight_create(backend *be, const gguf_tensor *t, backend_weight **out) {
     if (t->n_dims > 2 || t->ne[2] != 1 || t->ne[3] != 1)
-        return is_error_set(IS_ERR_UNSUPPORTED, "cpu backend: tensor '%s' has %u dims",
-                            t->name, t->n_dims);
+        return is_error_set(IS_ERR_UNSUPPORTED, "cpu backend: tensor '%s' has %u dims", t->name,
+                            t->n_dims);
     if (!quant_can_dequantize(t->type))
         return is_error_set(IS_ERR_UNSUPPORTED, "cpu backend: tensor '%s' has unsupported type %u",
                             t->name, t->type);
@@ -178,8 +178,8 @@ static void cpu_get_rows(backend *be, float *out, const backend_weight *emb, con
     }
 }
 
-static void cpu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g,
-                        int32_t T, int32_t n, float eps) {
+static void cpu_rmsnorm(backend *be, float *out, const float *x, const backend_weight *g, int32_t T,
+                        int32_t n, float eps) {
     if (!op_begin(be)) return;
     threads_attach();
     const float *gw = wdata(g);
@@ -208,8 +208,8 @@ static void cpu_matmul(backend *be, float *y, const float *x, const backend_weig
         cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)rows, (blasint)cols, 1.0f, wdata(w),
                     (blasint)cols, x, 1, 0.0f, y, 1);
     else if (!done)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (blasint)rows, (blasint)cols,
-                    1.0f, x, (blasint)cols, wdata(w), (blasint)cols, 0.0f, y, (blasint)rows);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (blasint)rows, (blasint)cols, 1.0f,
+                    x, (blasint)cols, wdata(w), (blasint)cols, 0.0f, y, (blasint)rows);
     if (bias) {
         const float *b = wdata(bias);
         for (int32_t t = 0; t < T; t++)
@@ -359,7 +359,8 @@ static void cpu_inject(backend *be, float *const *k_cache, float *const *v_cache
         const float *cs = table + (size_t)(in->pos ? in->pos[i] : in->pos0 + i) * half * 2;
         int32_t block = in->slots[i] / in->block_size, off = in->slots[i] % in->block_size;
         for (int32_t h = 0; h < in->n_kv_heads; h++) {
-            size_t dst = (((size_t)block * in->n_kv_heads + h) * in->block_size + off) * in->head_dim;
+            size_t dst =
+                (((size_t)block * in->n_kv_heads + h) * in->block_size + off) * in->head_dim;
             const float *ks = fa->k + src + (size_t)h * in->head_dim;
             rope_head(k_cache[l] + dst, ks, cs, 1.0f, rp->layout, half, in->head_dim, rp->n_rot);
             memcpy(v_cache[l] + dst, fa->v + src + (size_t)h * in->head_dim,
@@ -396,8 +397,8 @@ static inline bool attn_visible(int32_t qp, int32_t kp, const int32_t *seg) {
 }
 
 /* Copies positions [0, n) of one KV head of a sequence into dst[n][head_dim]. */
-static void gather_head(float *dst, const float *cache, const int32_t *blocks, int32_t n,
-                        int32_t h, int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
+static void gather_head(float *dst, const float *cache, const int32_t *blocks, int32_t n, int32_t h,
+                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
     for (int32_t p0 = 0; p0 < n; p0 += block_size) {
         int32_t cnt = n - p0 < block_size ? n - p0 : block_size;
         const float *src =
@@ -476,15 +477,17 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                     for (int32_t h = 0; h < n_heads; h++) {
                         int32_t kh = h / n_rep;
                         const float *qv = q + (size_t)t * q_stride + (size_t)h * head_dim;
-                        const float *qpre = b->q_prefix ? b->q_prefix + (size_t)t * q_stride +
-                                                              (size_t)h * head_dim
-                                                        : qv;
+                        const float *qpre =
+                            b->q_prefix ? b->q_prefix + (size_t)t * q_stride + (size_t)h * head_dim
+                                        : qv;
                         int32_t qp = b->pos[t];
                         for (int32_t j = 0; j < n_keys; j++) {
                             const float *qj = (seg && seg[j] == 0) ? qpre : qv;
-                            const float *kv = k_cache + (((size_t)blocks[j / block_size] *
-                                                              n_kv_heads + kh) * block_size +
-                                                         j % block_size) * head_dim;
+                            const float *kv =
+                                k_cache +
+                                (((size_t)blocks[j / block_size] * n_kv_heads + kh) * block_size +
+                                 j % block_size) *
+                                    head_dim;
                             float d = 0.0f;
                             for (int32_t i = 0; i < head_dim; i++) d += qj[i] * kv[i];
                             scores[j] = d;
@@ -495,9 +498,11 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                         for (int32_t j = 0; j < n_keys; j++) {
                             float pj = scores[j];
                             if (pj == 0.0f) continue;
-                            const float *vv = v_cache + (((size_t)blocks[j / block_size] *
-                                                              n_kv_heads + kh) * block_size +
-                                                         j % block_size) * head_dim;
+                            const float *vv =
+                                v_cache +
+                                (((size_t)blocks[j / block_size] * n_kv_heads + kh) * block_size +
+                                 j % block_size) *
+                                    head_dim;
                             for (int32_t i = 0; i < head_dim; i++) o[i] += pj * vv[i];
                         }
                     }
@@ -546,18 +551,20 @@ static void cpu_attention(backend *be, float *out, const float *q, const float *
                 for (int32_t t = 0; t < cn; t++)
                     for (int32_t r = 0; r < n_rep; r++)
                         memcpy(qbuf + ((size_t)t * n_rep + r) * head_dim,
-                               q + (size_t)(c0 + t) * q_stride + (size_t)(kh * n_rep + r) * head_dim,
+                               q + (size_t)(c0 + t) * q_stride +
+                                   (size_t)(kh * n_rep + r) * head_dim,
                                (size_t)head_dim * sizeof(float));
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, ck, head_dim, 1.0f, qbuf,
                             head_dim, kbuf, head_dim, 0.0f, sbuf, ck);
                 for (int32_t row = 0; row < m; row++)
                     masked_softmax(sbuf + (size_t)row * ck, ck, b->pos[c0 + row / n_rep], seg,
                                    scale, &mm);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, head_dim, ck, 1.0f,
-                            sbuf, ck, vbuf, head_dim, 0.0f, obuf, head_dim);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, head_dim, ck, 1.0f, sbuf,
+                            ck, vbuf, head_dim, 0.0f, obuf, head_dim);
                 for (int32_t t = 0; t < cn; t++)
                     for (int32_t r = 0; r < n_rep; r++)
-                        memcpy(out + (size_t)(c0 + t) * q_stride + (size_t)(kh * n_rep + r) * head_dim,
+                        memcpy(out + (size_t)(c0 + t) * q_stride +
+                                   (size_t)(kh * n_rep + r) * head_dim,
                                obuf + ((size_t)t * n_rep + r) * head_dim,
                                (size_t)head_dim * sizeof(float));
             }

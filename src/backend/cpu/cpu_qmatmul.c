@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define AI static inline __attribute__((always_inline))
+#define AI       static inline __attribute__((always_inline))
 #define MAX_TILE 8
 /* How far ahead of the block being expanded to prefetch. At one token the
  * kernel expands a block in 2-3 ns, faster than a miss returns, and with
@@ -66,13 +66,19 @@ AI __m256 f16_bcast(const uint8_t *p) { return _mm256_broadcast_ss(f16_ref(p)); 
 
 /* 8 signed bytes at p, extended to 32-bit lanes (the load folds into the
  * extension). */
-AI __m256i i8x8(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+AI __m256i i8x8(const uint8_t *p) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
 
 /* Bytes 0..7 and 8..15 of v, zero- or sign-extended and converted to float. */
 AI __m256 u8_lo_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-AI __m256 u8_hi_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))); }
+AI __m256 u8_hi_ps(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+}
 AI __m256 i8_lo_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-AI __m256 i8_hi_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))); }
+AI __m256 i8_hi_ps(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+}
 
 /* ---- block expansion --------------------------------------------------------
  * DEQ(b, s, w) puts values 32*s .. 32*s+31 of the block at b in w[0..3].
@@ -188,45 +194,44 @@ AI float hsum(__m256 v) {
  * of a sub-block is then at a fixed offset from one pointer). */
 typedef void (*tile_fn)(const uint8_t *wr, int64_t nb, const float *xp, float *dst, int64_t ldy);
 
-#define DEFINE_TILE(DEQ, BB, SUBS, TT)                                                          \
-    static void tile_##DEQ##_##TT(const uint8_t *wr, int64_t nb, const float *xp, float *dst, \
-                                  int64_t ldy) {                                              \
-        enum { NA = TT == 1 ? 4 : TT <= 4 ? 2 : 1 }; /* accumulators per token */            \
-        __m256 acc[TT][NA];                                                                    \
-        for (int t = 0; t < TT; t++)                                                           \
-            for (int a = 0; a < NA; a++) acc[t][a] = _mm256_setzero_ps();                     \
-        for (int64_t ib = 0; ib < nb; ib++) {                                                  \
-            for (int s = 0; s < SUBS; s++) {                                                   \
-                _mm_prefetch((const char *)wr + ib * (BB) + s * ((BB) / (SUBS)) + PREFETCH_BYTES, \
-                             _MM_HINT_T0);                                                     \
-                __m256 w[4];                                                                   \
-                DEQ(wr + ib * (BB), s, w);                                                     \
-                for (int t = 0; t < TT; t++)                                                   \
-                    for (int k = 0; k < 4; k++)                                                \
-                        acc[t][k % NA] = _mm256_fmadd_ps(                                      \
-                            w[k], _mm256_loadu_ps(xp + t * 32 + 8 * k), acc[t][k % NA]);      \
-                xp += TT * 32;                                                                 \
-            }                                                                                  \
-        }                                                                                      \
-        for (int t = 0; t < TT; t++) {                                                         \
-            __m256 v = acc[t][0];                                                              \
-            for (int a = 1; a < NA; a++) v = _mm256_add_ps(v, acc[t][a]);                     \
-            dst[t * ldy] = hsum(v);                                                            \
-        }                                                                                      \
+#define DEFINE_TILE(DEQ, BB, SUBS, TT)                                                             \
+    static void tile_##DEQ##_##TT(const uint8_t *wr, int64_t nb, const float *xp, float *dst,      \
+                                  int64_t ldy) {                                                   \
+        enum { NA = TT == 1 ? 4 : TT <= 4 ? 2 : 1 }; /* accumulators per token */                  \
+        __m256 acc[TT][NA];                                                                        \
+        for (int t = 0; t < TT; t++)                                                               \
+            for (int a = 0; a < NA; a++) acc[t][a] = _mm256_setzero_ps();                          \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                      \
+            for (int s = 0; s < SUBS; s++) {                                                       \
+                _mm_prefetch((const char *)wr + ib * (BB) + s * ((BB) / (SUBS)) + PREFETCH_BYTES,  \
+                             _MM_HINT_T0);                                                         \
+                __m256 w[4];                                                                       \
+                DEQ(wr + ib * (BB), s, w);                                                         \
+                for (int t = 0; t < TT; t++)                                                       \
+                    for (int k = 0; k < 4; k++)                                                    \
+                        acc[t][k % NA] = _mm256_fmadd_ps(                                          \
+                            w[k], _mm256_loadu_ps(xp + t * 32 + 8 * k), acc[t][k % NA]);           \
+                xp += TT * 32;                                                                     \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < TT; t++) {                                                             \
+            __m256 v = acc[t][0];                                                                  \
+            for (int a = 1; a < NA; a++) v = _mm256_add_ps(v, acc[t][a]);                          \
+            dst[t * ldy] = hsum(v);                                                                \
+        }                                                                                          \
     }
 
-#define DEFINE_TILES(DEQ, BB, SUBS)                                                            \
-    DEFINE_TILE(DEQ, BB, SUBS, 1)                                                              \
-    DEFINE_TILE(DEQ, BB, SUBS, 2)                                                              \
-    DEFINE_TILE(DEQ, BB, SUBS, 3)                                                              \
-    DEFINE_TILE(DEQ, BB, SUBS, 4)                                                              \
-    DEFINE_TILE(DEQ, BB, SUBS, 5)                                                              \
-    DEFINE_TILE(DEQ, BB, SUBS, 6)                                                              \
-    DEFINE_TILE(DEQ, BB, SUBS, 7)                                                              \
-    DEFINE_TILE(DEQ, BB, SUBS, 8)                                                              \
-    static const tile_fn tiles_##DEQ[MAX_TILE] = {tile_##DEQ##_1, tile_##DEQ##_2,             \
-                                                  tile_##DEQ##_3, tile_##DEQ##_4,             \
-                                                  tile_##DEQ##_5, tile_##DEQ##_6,             \
+#define DEFINE_TILES(DEQ, BB, SUBS)                                                                \
+    DEFINE_TILE(DEQ, BB, SUBS, 1)                                                                  \
+    DEFINE_TILE(DEQ, BB, SUBS, 2)                                                                  \
+    DEFINE_TILE(DEQ, BB, SUBS, 3)                                                                  \
+    DEFINE_TILE(DEQ, BB, SUBS, 4)                                                                  \
+    DEFINE_TILE(DEQ, BB, SUBS, 5)                                                                  \
+    DEFINE_TILE(DEQ, BB, SUBS, 6)                                                                  \
+    DEFINE_TILE(DEQ, BB, SUBS, 7)                                                                  \
+    DEFINE_TILE(DEQ, BB, SUBS, 8)                                                                  \
+    static const tile_fn tiles_##DEQ[MAX_TILE] = {tile_##DEQ##_1, tile_##DEQ##_2, tile_##DEQ##_3,  \
+                                                  tile_##DEQ##_4, tile_##DEQ##_5, tile_##DEQ##_6,  \
                                                   tile_##DEQ##_7, tile_##DEQ##_8};
 
 DEFINE_TILES(deq_q4_0, 18, 1)

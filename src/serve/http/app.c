@@ -87,7 +87,8 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
 
     if (!hc.no_auth) {
         if (!p->keys_path) {
-            st = is_error_set(IS_ERR_INVALID_ARG, "an API keys file is required (or no-auth for local use)");
+            st = is_error_set(IS_ERR_INVALID_ARG,
+                              "an API keys file is required (or no-auth for local use)");
             goto fail;
         }
         if ((st = auth_keys_load(p->keys_path, &a->keys)) != IS_OK) goto fail;
@@ -107,12 +108,15 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     a->mem = a->st->mem;
     const memory_open_report rep = a->st->report;
     if (!a->st->emb && !p->embedder_dir)
-        fprintf(notes, "warning: embedding model %s not found (scripts/fetch_embedder.sh "
-                       "fetches it): memory search is BM25 only\n", STACK_DEFAULT_EMBEDDER);
+        fprintf(notes,
+                "warning: embedding model %s not found (scripts/fetch_embedder.sh "
+                "fetches it): memory search is BM25 only\n",
+                STACK_DEFAULT_EMBEDDER);
     if (rep.n_orphans)
         fprintf(notes, "memory: set aside %lld KV records no fact points to in %s/kv/orphans/\n",
                 (long long)rep.n_orphans, p->data_dir);
-    if (rep.repairs[0]) fprintf(notes, "memory: warning: %s (inferscale fsck lists them)\n", rep.repairs);
+    if (rep.repairs[0])
+        fprintf(notes, "memory: warning: %s (inferscale fsck lists them)\n", rep.repairs);
     if ((st = set_record_cap(a, p, notes)) != IS_OK) goto fail;
 
     if (p->model_path) {
@@ -152,7 +156,9 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
             }
             if (backend_set_option(a->be, BACKEND_OPT_FACT_CACHE_BYTES, fc) == IS_OK)
                 fprintf(notes, "fact cache: %.2f GiB of GPU memory%s\n", (double)fc / (1 << 30),
-                        p->fact_cache_bytes ? "" : " (what the weights and the KV pool leave, less a margin)");
+                        p->fact_cache_bytes
+                            ? ""
+                            : " (what the weights and the KV pool leave, less a margin)");
             /* fp8 records: the fact cache keeps their codes and scales too. */
             if (p->sched.record_dtype == KV_DTYPE_FP8 &&
                 backend_set_option(a->be, BACKEND_OPT_FACT_CACHE_FP8, 1) == IS_OK)
@@ -165,8 +171,10 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
          * evicted or lost) are encoded by the first request that needs
          * them, not now: a shared store holds every user's facts. */
         if (rep.n_missing_kv > 0)
-            fprintf(notes, "memory: %lld facts have no KV record on this node: each is encoded "
-                           "at the first request that needs it\n", (long long)rep.n_missing_kv);
+            fprintf(notes,
+                    "memory: %lld facts have no KV record on this node: each is encoded "
+                    "at the first request that needs it\n",
+                    (long long)rep.n_missing_kv);
         if (p->model_name) snprintf(a->model_id, sizeof a->model_id, "%s", p->model_name);
         else model_name(p->model_path, a->model_id, sizeof a->model_id);
         hc.tok = a->m->tok;
@@ -183,10 +191,12 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
     if ((st = http_server_start(&hc, &a->srv)) != IS_OK) goto fail;
     fprintf(notes, "memory: %lld facts in %s (search: %s)\n", (long long)rep.n_facts,
             p->store_url ? "the PostgreSQL store" : p->data_dir,
-            !a->st->emb ? "BM25 only" : p->gpu_retrieval ? "dense on the GPU + BM25" : "dense + BM25");
+            !a->st->emb        ? "BM25 only"
+            : p->gpu_retrieval ? "dense on the GPU + BM25"
+                               : "dense + BM25");
     *out = a;
     return IS_OK;
-fail: {
+fail : {
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", is_error_last());
     http_app_stop(a);

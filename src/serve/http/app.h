@@ -45,36 +45,36 @@ typedef struct http_app http_app;
 #define HTTP_APP_ENCODE_SEQS 64
 
 typedef struct http_app_params {
-    const char *model_path;   /* GGUF; NULL: no model (memory routes only) */
-    const char *model_name;   /* id in /v1/models (NULL: the file name without .gguf) */
-    const char *backend;      /* "cpu" (default) or "cuda" */
+    const char *model_path;      /* GGUF; NULL: no model (memory routes only) */
+    const char *model_name;      /* id in /v1/models (NULL: the file name without .gguf) */
+    const char *backend;         /* "cpu" (default) or "cuda" */
     const char *backend_options; /* the backend's own settings, "key=value,..." (cuda:
                                     cuda/options.h; NULL: its defaults); printed at start */
-    const char *data_dir;     /* required: the memory's data directory */
-    const char *store_url;    /* the fact store (memory_params.store_url): NULL for SQLite */
-    const char *embedder_dir; /* NULL: HTTP_APP_DEFAULT_EMBEDDER if present, else BM25 only
+    const char *data_dir;        /* required: the memory's data directory */
+    const char *store_url;       /* the fact store (memory_params.store_url): NULL for SQLite */
+    const char *embedder_dir;    /* NULL: HTTP_APP_DEFAULT_EMBEDDER if present, else BM25 only
                                  (with a warning); "none": BM25 only */
-    const char *keys_path;    /* API keys file (auth.h); required unless http.no_auth */
-    int32_t threads;          /* CPU threads (0: all cores) */
-    int32_t n_ctx;            /* context per sequence (0: the model's) */
-    size_t kv_bytes;          /* KV cache pool (default 1 GiB) */
-    bool kv_cache_f32;        /* cuda: an f32 KV cache (exact, no GPU fact arena) instead of
+    const char *keys_path;       /* API keys file (auth.h); required unless http.no_auth */
+    int32_t threads;             /* CPU threads (0: all cores) */
+    int32_t n_ctx;               /* context per sequence (0: the model's) */
+    size_t kv_bytes;             /* KV cache pool (default 1 GiB) */
+    bool kv_cache_f32;           /* cuda: an f32 KV cache (exact, no GPU fact arena) instead of
                                  the default bf16 one (tiled attention, fact arena) */
-    size_t fact_cache_bytes;  /* cuda, bf16 cache: the GPU fact-KV arena (0: the device memory
+    size_t fact_cache_bytes;     /* cuda, bf16 cache: the GPU fact-KV arena (0: the device memory
                                  free after the weights and the KV pool, less
                                  HTTP_APP_FACT_CACHE_MARGIN) */
-    int32_t kv_window;        /* context turns encoded with each new fact (default 0) */
+    int32_t kv_window;           /* context turns encoded with each new fact (default 0) */
     /* Bytes of KV record files kept in <data_dir>/kv/, least recently used
      * deleted past it (record_store_set_disk_cap; they are encoded again
      * when needed): 0, the default, takes half the size of the file system
      * holding data_dir; < 0: no cap. */
     int64_t record_cache_bytes;
-    bool gpu_retrieval;       /* memory search's query embedding and dense top-k on CUDA device
+    bool gpu_retrieval; /* memory search's query embedding and dense top-k on CUDA device
                                  0 (memory_params.gpu_retrieval; needs the embedder) */
-    sched_params sched;       /* sched_default_params() */
-    http_config http;         /* host, port, limits, no_auth, log...; keys, sched, mem, tok
+    sched_params sched; /* sched_default_params() */
+    http_config http;   /* host, port, limits, no_auth, log...; keys, sched, mem, tok
                                  and model_id are set here */
-    FILE *notes;              /* start-up lines and warnings (NULL: stderr) */
+    FILE *notes;        /* start-up lines and warnings (NULL: stderr) */
 } http_app_params;
 
 http_app_params http_app_default_params(void);
@@ -85,7 +85,7 @@ is_status http_app_start(const http_app_params *p, http_app **out);
 
 int http_app_port(const http_app *a);
 http_server *http_app_server(http_app *a);
-sched *http_app_sched(http_app *a);   /* NULL without a model */
+sched *http_app_sched(http_app *a); /* NULL without a model */
 memory *http_app_memory(http_app *a);
 backend *http_app_backend(http_app *a); /* NULL without a model; for fault-injection tests */
 

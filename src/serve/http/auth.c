@@ -85,7 +85,8 @@ is_status auth_keys_parse(const char *text, size_t len, auth_keys **out) {
         if (!auth_tenant_valid(tenant)) {
             st = is_error_set(IS_ERR_FORMAT,
                               "keys file line %d: a tenant must be 1 to %d characters of "
-                              "[A-Za-z0-9_.-]", lineno, AUTH_TENANT_MAX);
+                              "[A-Za-z0-9_.-]",
+                              lineno, AUTH_TENANT_MAX);
             break;
         }
         for (int32_t j = 0; j < k->n; j++)

@@ -34,10 +34,10 @@ struct chat_job {
     pthread_cond_t cv;
     int refs;
     http_server *srv;
-    sched_handle *h;      /* NULL once released */
+    sched_handle *h; /* NULL once released */
     bool cancelled;
     /* Written by the engine thread. */
-    char *text;           /* whole reply so far (non-stream) or not yet sent (stream) */
+    char *text; /* whole reply so far (non-stream) or not yet sent (stream) */
     size_t len, cap;
     bool nomem;
     bool done;
@@ -55,15 +55,15 @@ struct chat_job {
     struct http_req *req; /* the request while it lives, for its slot (NULL after) */
     char *out;            /* SSE bytes not yet handed to MHD */
     size_t out_len, out_pos, out_cap;
-    char hold[8];         /* an unfinished UTF-8 sequence */
+    char hold[8]; /* an unfinished UTF-8 sequence */
     size_t hold_len;
-    int stage;            /* 0: nothing sent, 1: role sent, 2: all queued */
+    int stage; /* 0: nothing sent, 1: role sent, 2: all queued */
     char cid[48];
     int64_t created;
-    cJSON *memory_info;   /* owned */
+    cJSON *memory_info; /* owned */
     bool include_usage;
     int mode;
-    bool observed;        /* metrics recorded */
+    bool observed; /* metrics recorded */
 };
 
 static void job_unref(chat_job *j) {
@@ -147,7 +147,8 @@ is_status chat_job_submit(http_server *srv, const sched_request *req, bool stop_
     j->stop_on_object = stop_on_object;
     /* The reply begun for the model opens the object: count its braces, or
      * the first nested object's close would be taken for the end. */
-    if (stop_on_object && req->reply_prefix) scan_object(j, req->reply_prefix, strlen(req->reply_prefix));
+    if (stop_on_object && req->reply_prefix)
+        scan_object(j, req->reply_prefix, strlen(req->reply_prefix));
     j->mode = req->mode;
     sched_handle *h = NULL;
     /* The handle is stored under the lock: a cancel from another thread
@@ -291,7 +292,8 @@ static void observe(chat_job *j) {
                        .prompt_tokens = j->usage.prompt_tokens,
                        .completion_tokens = j->usage.completion_tokens,
                        .injected_tokens = j->usage.injected_tokens,
-                       .memory_prefilled_tokens = j->usage.memory_tokens - j->usage.injected_tokens};
+                       .memory_prefilled_tokens =
+                           j->usage.memory_tokens - j->usage.injected_tokens};
     metrics_observe_chat(j->srv->met, &mc);
 }
 
@@ -323,8 +325,8 @@ static bool sse_event(chat_job *j, cJSON *o) {
     char *txt = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!txt) return false;
-    bool ok = out_append(j, "data: ", 6) && out_append(j, txt, strlen(txt)) &&
-              out_append(j, "\n\n", 2);
+    bool ok =
+        out_append(j, "data: ", 6) && out_append(j, txt, strlen(txt)) && out_append(j, "\n\n", 2);
     free(txt);
     return ok;
 }
@@ -476,7 +478,9 @@ void chat_job_on_completed(http_req *r, bool error) {
 /* ---- the handler ----------------------------------------------------------------------- */
 
 static ask_mode to_ask_mode(parse_mode m) {
-    return m == PARSE_MODE_KV ? ASK_MODE_KV : m == PARSE_MODE_PROMPT ? ASK_MODE_PROMPT : ASK_MODE_OFF;
+    return m == PARSE_MODE_KV       ? ASK_MODE_KV
+           : m == PARSE_MODE_PROMPT ? ASK_MODE_PROMPT
+                                    : ASK_MODE_OFF;
 }
 
 /* Tokens of the client's messages (not the template's): what
@@ -522,8 +526,8 @@ enum MHD_Result http_chat(http_req *r) {
         /* Clients send whatever their default is; answering with the one
          * model we serve is friendlier than a 404. The response names it. */
     }
-    ask_mode mode = c.mode == PARSE_MODE_DEFAULT ? (c.user ? ASK_MODE_KV : ASK_MODE_OFF)
-                                                 : to_ask_mode(c.mode);
+    ask_mode mode =
+        c.mode == PARSE_MODE_DEFAULT ? (c.user ? ASK_MODE_KV : ASK_MODE_OFF) : to_ask_mode(c.mode);
     if (c.user) snprintf(r->user, sizeof r->user, "%s", c.user);
     if (mode != ASK_MODE_OFF && !c.user) {
         res = http_send_error(r, 400, "user", "missing_field",
@@ -555,7 +559,9 @@ enum MHD_Result http_chat(http_req *r) {
                                   "memory needs a non-empty user message to search with");
             goto out;
         }
-        mem_filter f = {.tenant = r->tenant, .user = c.user, .agent_id = c.filters.agent_id,
+        mem_filter f = {.tenant = r->tenant,
+                        .user = c.user,
+                        .agent_id = c.filters.agent_id,
                         .run_id = c.filters.run_id,
                         .meta_keys = (const char *const *)c.filters.meta_keys,
                         .meta_values = (const char *const *)c.filters.meta_values,
@@ -587,8 +593,8 @@ enum MHD_Result http_chat(http_req *r) {
         cJSON_AddNumberToObject(meminfo, "requested_k", c.k);
         if (!known) {
             mode = ASK_MODE_OFF;
-            cJSON_AddStringToObject(meminfo, "note",
-                                    "no memories are stored for this user: answered without memory");
+            cJSON_AddStringToObject(
+                meminfo, "note", "no memories are stored for this user: answered without memory");
         }
         cJSON_AddStringToObject(meminfo, "mode", ask_mode_name(mode));
         cJSON_AddNumberToObject(meminfo, "k", n_hits);
@@ -626,18 +632,25 @@ enum MHD_Result http_chat(http_req *r) {
         msgs[i] = (chat_message){c.messages[i].role, c.messages[i].content};
     uint64_t seed = c.has_seed ? c.seed : 0;
     if (c.has_seed && seed == 0) seed = 1; /* 0 means "random" to the scheduler */
-    sched_request req = {.messages = msgs, .n_messages = c.n_messages, .mode = mode,
-                         .facts = facts, .n_facts = mode == ASK_MODE_OFF ? 0 : n_hits,
+    sched_request req = {.messages = msgs,
+                         .n_messages = c.n_messages,
+                         .mode = mode,
+                         .facts = facts,
+                         .n_facts = mode == ASK_MODE_OFF ? 0 : n_hits,
                          .fact_rows = rows,
-                         .max_tokens = c.max_tokens, .temperature = c.temperature,
-                         .top_p = c.top_p, .top_k = c.top_k, .seed = seed,
-                         .stop = (const char *const *)c.stop, .n_stop = c.n_stop};
+                         .max_tokens = c.max_tokens,
+                         .temperature = c.temperature,
+                         .top_p = c.top_p,
+                         .top_k = c.top_k,
+                         .seed = seed,
+                         .stop = (const char *const *)c.stop,
+                         .n_stop = c.n_stop};
     st = chat_job_submit(s, &req, false, &job);
     if (st != IS_OK) {
-        res = st == IS_ERR_BUSY ? http_send_error(r, 503, NULL, "overloaded",
-                                                  "the server is busy (%s); retry later",
-                                                  is_error_last())
-                                : http_send_status(r, st, "chat");
+        res = st == IS_ERR_BUSY
+                  ? http_send_error(r, 503, NULL, "overloaded",
+                                    "the server is busy (%s); retry later", is_error_last())
+                  : http_send_status(r, st, "chat");
         goto out;
     }
     struct timespec now;
@@ -654,8 +667,8 @@ enum MHD_Result http_chat(http_req *r) {
         meminfo = NULL;
         job->refs = 2; /* the response's and the request's */
         r->job = job;
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, job, stream_free);
+        struct MHD_Response *resp = MHD_create_response_from_callback(
+            MHD_SIZE_UNKNOWN, 4096, stream_read, job, stream_free);
         if (!resp) {
             r->job = NULL;
             job->refs = 1;
@@ -680,7 +693,9 @@ enum MHD_Result http_chat(http_req *r) {
     const char *jmsg;
     if (chat_job_failed(job, &jst, &jmsg)) {
         observe(job);
-        int code = jst == IS_ERR_CONTEXT_FULL ? 400 : jst == IS_ERR_CANCELLED || jst == IS_ERR_BUSY ? 503 : 500;
+        int code = jst == IS_ERR_CONTEXT_FULL                      ? 400
+                   : jst == IS_ERR_CANCELLED || jst == IS_ERR_BUSY ? 503
+                                                                   : 500;
         res = http_send_error(r, code, NULL,
                               jst == IS_ERR_CONTEXT_FULL ? "context_length_exceeded"
                               : code == 503              ? "cancelled"

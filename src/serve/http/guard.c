@@ -16,15 +16,15 @@
 #define GUARD_TICK_MS 200
 /* How long, and how much, a connection answered before its body was read
  * reads and drops before closing (http_guard_set_linger). */
-#define GUARD_LINGER_MS 250
+#define GUARD_LINGER_MS    250
 #define GUARD_LINGER_BYTES ((size_t)256 << 10)
 
 struct http_guard_conn {
     int fd;
     http_guard_state state;
-    bool first;           /* no request completed on it yet */
-    bool closing;         /* shut down by the reaper or by eviction */
-    double since;         /* monotonic ms of the last state change */
+    bool first;   /* no request completed on it yet */
+    bool closing; /* shut down by the reaper or by eviction */
+    double since; /* monotonic ms of the last state change */
     http_guard_conn *prev, *next;
 };
 
@@ -92,7 +92,7 @@ static void *reaper_main(void *arg) {
         for (http_guard_conn *c = g->head.next; c != &g->head; c = c->next) {
             if (c->closing || c->state == HTTP_GUARD_BUSY) continue;
             bool body = c->state == HTTP_GUARD_BODY || c->state == HTTP_GUARD_DRAIN;
-            int32_t lim = body ? g->p.body_timeout_s
+            int32_t lim = body       ? g->p.body_timeout_s
                           : c->first ? g->p.header_timeout_s
                                      : g->p.idle_timeout_s;
             if (lim <= 0 || t - c->since < lim * 1e3) continue;
@@ -184,7 +184,6 @@ http_guard_conn *http_guard_open(http_guard *g, int fd) {
     pthread_mutex_unlock(&g->mu);
     return c;
 }
-
 
 /* Reads and drops what the peer still sends, until it closes, a quarter
  * second passes or GUARD_LINGER_BYTES came: bounded, so a hostile client

@@ -50,9 +50,9 @@ typedef struct http_guard_params {
 } http_guard_params;
 
 typedef enum http_guard_state {
-    HTTP_GUARD_HEAD = 0, /* waiting for a request's headers */
-    HTTP_GUARD_BODY = 1, /* headers in, receiving the body */
-    HTTP_GUARD_BUSY = 2, /* a handler runs or a response is being sent */
+    HTTP_GUARD_HEAD = 0,  /* waiting for a request's headers */
+    HTTP_GUARD_BODY = 1,  /* headers in, receiving the body */
+    HTTP_GUARD_BUSY = 2,  /* a handler runs or a response is being sent */
     HTTP_GUARD_DRAIN = 3, /* receiving a body that holds no slot: a refused request's (read
                              and dropped) or one of a route that takes no key; timed like
                              a body, and evictable like a connection waiting for headers */

@@ -15,7 +15,7 @@
 #include <stdatomic.h>
 
 struct http_server {
-    http_config cfg;      /* strings below are owned copies */
+    http_config cfg; /* strings below are owned copies */
     char *host, *tenant0, *model_id;
     struct MHD_Daemon *d;
     int port;
@@ -26,7 +26,7 @@ struct http_server {
     atomic_ullong next_id;
     pthread_mutex_t log_mu;
     FILE *log;
-    int64_t created;      /* unix seconds, for /v1/models */
+    int64_t created; /* unix seconds, for /v1/models */
 };
 
 struct chat_job;
@@ -36,12 +36,12 @@ typedef struct http_req {
     http_server *srv;
     struct MHD_Connection *conn;
     uint64_t id;
-    double t0;            /* monotonic ms */
+    double t0; /* monotonic ms */
     char method[16];
     char path[256];
     char *body;
     size_t len, cap;
-    bool responded;       /* a response is queued */
+    bool responded; /* a response is queued */
     /* An error found before the body was read (key, limits): answered
      * once the body has been read and dropped, because a server that
      * answers and closes while the client still sends makes the client's
@@ -49,20 +49,20 @@ typedef struct http_req {
     int early_status;
     char early_code[32];
     char early_msg[160];
-    size_t dropped;       /* body bytes read and dropped */
-    bool counted;         /* holds an in-flight slot */
-    bool started;         /* the access handler has seen the headers */
-    bool linger;          /* answered before its body: linger once sent (guard.h) */
+    size_t dropped;             /* body bytes read and dropped */
+    bool counted;               /* holds an in-flight slot */
+    bool started;               /* the access handler has seen the headers */
+    bool linger;                /* answered before its body: linger once sent (guard.h) */
     struct http_guard_conn *gc; /* the connection's guard record (may be NULL) */
-    parse_error url_err;  /* the raw URL's check (status 0: fine) */
-    bool api;             /* a route that needs a key */
+    parse_error url_err;        /* the raw URL's check (status 0: fine) */
+    bool api;                   /* a route that needs a key */
     char tenant[AUTH_TENANT_MAX + 1];
     metrics_route route;
     int status;
-    size_t bytes_out;     /* body bytes of a buffered response */
+    size_t bytes_out; /* body bytes of a buffered response */
     char err_code[64];
     /* chat, for the log */
-    int mode;             /* -1 if not a chat */
+    int mode; /* -1 if not a chat */
     int32_t n_facts;
     char user[80];
     bool has_usage;

@@ -21,11 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_QUERY_ARGS 64
-#define MAX_BATCH 1000
+#define MAX_QUERY_ARGS    64
+#define MAX_BATCH         1000
 #define DEFAULT_PAGE_SIZE 100
-#define MAX_PAGE_SIZE 1000
-#define ORG_ID "inferscale"
+#define MAX_PAGE_SIZE     1000
+#define ORG_ID            "inferscale"
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
@@ -34,7 +34,8 @@ static bool is_no_user(const char *u) { return u && strcmp(u, HTTP_MEM0_NO_USER)
 static enum MHD_Result unsupported(http_req *r, const char *param, const char *what) {
     return http_send_error(r, 400, param, "unsupported_feature",
                            "%s is not supported by this server (InferScale); see the Mem0 feature "
-                           "table in the README", what);
+                           "table in the README",
+                           what);
 }
 
 /* Fields every route accepts and ignores; project_id must be the tenant. */
@@ -59,12 +60,31 @@ static bool common_field(http_req *r, const char *k, const cJSON *v, enum MHD_Re
 
 /* Mem0 options without an equivalent here: refused when set (not null,
  * not false, not empty). */
-static const char *const UNSUPPORTED_FIELDS[] = {
-    "app_id", "custom_categories", "custom_instructions", "agent_custom_instructions",
-    "includes", "excludes", "timestamp", "expiration_date", "structured_data_schema",
-    "enable_graph", "immutable", "categories", "rerank", "keyword_search", "fields",
-    "reference_date", "start_date", "end_date", "latest_only", "show_expired", "delete_linked",
-    "filter_memories", "only_metadata_based_search", "memory_depth", "usecase_setting"};
+static const char *const UNSUPPORTED_FIELDS[] = {"app_id",
+                                                 "custom_categories",
+                                                 "custom_instructions",
+                                                 "agent_custom_instructions",
+                                                 "includes",
+                                                 "excludes",
+                                                 "timestamp",
+                                                 "expiration_date",
+                                                 "structured_data_schema",
+                                                 "enable_graph",
+                                                 "immutable",
+                                                 "categories",
+                                                 "rerank",
+                                                 "keyword_search",
+                                                 "fields",
+                                                 "reference_date",
+                                                 "start_date",
+                                                 "end_date",
+                                                 "latest_only",
+                                                 "show_expired",
+                                                 "delete_linked",
+                                                 "filter_memories",
+                                                 "only_metadata_based_search",
+                                                 "memory_depth",
+                                                 "usecase_setting"};
 
 static bool unsupported_field(const char *k, const cJSON *v) {
     for (size_t i = 0; i < sizeof UNSUPPORTED_FIELDS / sizeof UNSUPPORTED_FIELDS[0]; i++)
@@ -111,7 +131,11 @@ static char *pyrepr_to_json(const char *s) {
             *w++ = '"';
             while (*p && *p != q) {
                 if (*p == '\\' && p[1]) {
-                    if (p[1] == '\'') { *w++ = '\''; p += 2; continue; }
+                    if (p[1] == '\'') {
+                        *w++ = '\'';
+                        p += 2;
+                        continue;
+                    }
                     *w++ = *p++;
                     *w++ = *p++;
                     continue;
@@ -180,18 +204,20 @@ static mem_filter_expr *build_filter(http_req *r, const cJSON *filters, const ch
         }
         if (strstr(msg, "\"org_id\" is not") || strstr(msg, "\"project_id\" is not"))
             snprintf(param, sizeof param, "filters");
-        *res = st == IS_ERR_NOMEM ? http_send_error(r, 500, NULL, "out_of_memory", "out of memory")
-                                  : http_send_error(r, 400, param,
-                                                    strstr(msg, "not supported") ? "unsupported_feature"
-                                                                                 : "invalid_value",
-                                                    "%s", msg);
+        *res = st == IS_ERR_NOMEM
+                   ? http_send_error(r, 500, NULL, "out_of_memory", "out of memory")
+                   : http_send_error(r, 400, param,
+                                     strstr(msg, "not supported") ? "unsupported_feature"
+                                                                  : "invalid_value",
+                                     "%s", msg);
         return NULL;
     }
     if (require_scope && !mem_filter_has_scope(e)) {
         mem_filter_expr_free(e);
-        *res = http_send_error(r, 400, "user_id", "missing_field",
-                               "name the memories: user_id, agent_id or run_id (at the top level or "
-                               "in filters; {\"user_id\": \"*\"} for every user)");
+        *res =
+            http_send_error(r, 400, "user_id", "missing_field",
+                            "name the memories: user_id, agent_id or run_id (at the top level or "
+                            "in filters; {\"user_id\": \"*\"} for every user)");
         return NULL;
     }
     return e;
@@ -305,7 +331,8 @@ enum MHD_Result http_mem0_add(http_req *r) {
         if (strcmp(k, "filters") == 0) {
             if (cJSON_IsNull(it)) continue;
             if (!cJSON_IsObject(it)) {
-                res = http_send_error(r, 400, "filters", "invalid_type", "filters must be an object");
+                res =
+                    http_send_error(r, 400, "filters", "invalid_type", "filters must be an object");
                 goto done;
             }
             /* 2.x's add names its scope in filters: equalities on the ids only. */
@@ -320,13 +347,14 @@ enum MHD_Result http_mem0_add(http_req *r) {
                     }
                     res = http_send_error(r, 400, "filters", "invalid_value",
                                           "an add's filters name its scope (user_id, agent_id, "
-                                          "run_id); \"%.60s\" is not one", f->string);
+                                          "run_id); \"%.60s\" is not one",
+                                          f->string);
                     goto done;
                 }
                 if (cJSON_IsNull(f)) continue;
                 if (!cJSON_IsString(f)) {
-                    res = http_send_error(r, 400, f->string, "invalid_type", "filters.%s must be a string",
-                                          f->string);
+                    res = http_send_error(r, 400, f->string, "invalid_type",
+                                          "filters.%s must be a string", f->string);
                     goto done;
                 }
                 if (idv[i] && strcmp(idv[i], f->valuestring) != 0) {
@@ -347,7 +375,8 @@ enum MHD_Result http_mem0_add(http_req *r) {
                 goto done;
             }
             if (idv[i] && strcmp(idv[i], it->valuestring) != 0) {
-                res = http_send_error(r, 400, k, "invalid_value", "%s is given twice with different values", k);
+                res = http_send_error(r, 400, k, "invalid_value",
+                                      "%s is given twice with different values", k);
                 goto done;
             }
             idv[i] = it->valuestring;
@@ -358,7 +387,8 @@ enum MHD_Result http_mem0_add(http_req *r) {
         cJSON_AddItemToObject(out, k, cJSON_Duplicate(it, true));
     }
     if (idv[0] && (!*idv[0] || is_no_user(idv[0]))) {
-        res = http_send_error(r, 400, "user_id", "invalid_value", "user_id must be a non-empty name");
+        res =
+            http_send_error(r, 400, "user_id", "invalid_value", "user_id must be a non-empty name");
         goto done;
     }
     if (!idv[0] && !idv[1] && !idv[2]) {
@@ -404,10 +434,18 @@ static bool scope_field(http_req *r, const char *k, const cJSON *v, scope_args *
         return false;
     }
     if (known_unsupported(k)) return true;
-    if (strcmp(k, "filters") == 0) { a->filters = v; return true; }
-    if (strcmp(k, "metadata") == 0) { a->metadata = v; return true; }
-    const char **dst = strcmp(k, "user_id") == 0 ? &a->user : strcmp(k, "agent_id") == 0 ? &a->agent
-                     : strcmp(k, "run_id") == 0 ? &a->run : NULL;
+    if (strcmp(k, "filters") == 0) {
+        a->filters = v;
+        return true;
+    }
+    if (strcmp(k, "metadata") == 0) {
+        a->metadata = v;
+        return true;
+    }
+    const char **dst = strcmp(k, "user_id") == 0    ? &a->user
+                       : strcmp(k, "agent_id") == 0 ? &a->agent
+                       : strcmp(k, "run_id") == 0   ? &a->run
+                                                    : NULL;
     if (!dst) {
         *handled = false;
         return true;
@@ -421,8 +459,8 @@ static bool scope_field(http_req *r, const char *k, const cJSON *v, scope_args *
     return true;
 }
 
-static bool int_field(http_req *r, const char *k, const cJSON *v, int32_t lo, int32_t hi, int32_t *out,
-                      enum MHD_Result *res) {
+static bool int_field(http_req *r, const char *k, const cJSON *v, int32_t lo, int32_t hi,
+                      int32_t *out, enum MHD_Result *res) {
     double d = 0;
     if (cJSON_IsNumber(v)) d = v->valuedouble;
     else if (cJSON_IsString(v)) {
@@ -431,7 +469,8 @@ static bool int_field(http_req *r, const char *k, const cJSON *v, int32_t lo, in
         if (end == v->valuestring || *end) d = -1e300;
     } else d = -1e300;
     if (d != (double)(int64_t)d || d < lo || d > hi) {
-        *res = http_send_error(r, 400, k, "invalid_value", "%s must be an integer in [%d, %d]", k, lo, hi);
+        *res = http_send_error(r, 400, k, "invalid_value", "%s must be an integer in [%d, %d]", k,
+                               lo, hi);
         return false;
     }
     *out = (int32_t)d;
@@ -470,7 +509,8 @@ static enum MHD_Result list_v2(http_req *r) {
         } else if (strcmp(it->string, "top_k") == 0 || strcmp(it->string, "limit") == 0) {
             if (!int_field(r, it->string, it, 1, MAX_PAGE_SIZE, &size, &res)) goto done;
         } else {
-            res = http_send_error(r, 400, it->string, "unknown_field", "unknown field \"%.60s\"", it->string);
+            res = http_send_error(r, 400, it->string, "unknown_field", "unknown field \"%.60s\"",
+                                  it->string);
             goto done;
         }
     }
@@ -485,11 +525,13 @@ static enum MHD_Result list_v2(http_req *r) {
             if (!int_field(r, "page_size", &tmp, 1, MAX_PAGE_SIZE, &size, &res)) goto done;
             paged = true;
         } else if (strcmp(keys[i], "org_id") != 0 && strcmp(keys[i], "project_id") != 0) {
-            res = http_send_error(r, 400, keys[i], "unknown_field", "unknown query parameter \"%.60s\"", keys[i]);
+            res = http_send_error(r, 400, keys[i], "unknown_field",
+                                  "unknown query parameter \"%.60s\"", keys[i]);
             goto done;
         }
     }
-    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, &res))) goto done;
+    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, &res)))
+        goto done;
     is_status st = collect(r, e, &fs);
     if (st != IS_OK) {
         res = http_send_status(r, st, "listing memories");
@@ -504,7 +546,8 @@ static enum MHD_Result list_v2(http_req *r) {
     if (paged && page > 1) page_url(r, page - 1, size, o, "previous");
     else cJSON_AddNullToObject(o, "previous");
     cJSON *results = cJSON_AddArrayToObject(o, "results");
-    for (int64_t i = first; i < last && i < fs.n; i++) cJSON_AddItemToArray(results, http_fact_json(&fs.f[i]));
+    for (int64_t i = first; i < last && i < fs.n; i++)
+        cJSON_AddItemToArray(results, http_fact_json(&fs.f[i]));
     res = http_send_json(r, 200, o);
 done:
     fact_set_free(&fs);
@@ -514,9 +557,9 @@ done:
 }
 
 typedef struct scored {
-    mem_fact *f;   /* borrowed from the hits */
+    mem_fact *f; /* borrowed from the hits */
     float rank, dense;
-    float key;     /* what the results are ordered by */
+    float key; /* what the results are ordered by */
 } scored;
 
 static int by_key(const void *x, const void *y) {
@@ -534,7 +577,8 @@ static enum MHD_Result search_v2(http_req *r) {
     if (!b) return res;
     scope_args a = {0};
     const char *query = NULL;
-    int32_t top_k = r->srv->cfg.limits.parse.default_top_k > 0 ? r->srv->cfg.limits.parse.default_top_k : 10;
+    int32_t top_k =
+        r->srv->cfg.limits.parse.default_top_k > 0 ? r->srv->cfg.limits.parse.default_top_k : 10;
     int32_t max_k = r->srv->cfg.limits.parse.max_k > 0 ? r->srv->cfg.limits.parse.max_k : 100;
     double threshold = -2.0;
     mem_filter_expr *e = NULL;
@@ -550,7 +594,8 @@ static enum MHD_Result search_v2(http_req *r) {
         if (handled) continue;
         if (strcmp(k, "query") == 0) {
             if (!cJSON_IsString(it) || !it->valuestring[strspn(it->valuestring, " \t\r\n")]) {
-                res = http_send_error(r, 400, "query", "invalid_value", "query must be a non-empty string");
+                res = http_send_error(r, 400, "query", "invalid_value",
+                                      "query must be a non-empty string");
                 goto done;
             }
             query = it->valuestring;
@@ -559,8 +604,9 @@ static enum MHD_Result search_v2(http_req *r) {
         } else if (strcmp(k, "threshold") == 0) {
             if (cJSON_IsNull(it)) continue;
             if (!cJSON_IsNumber(it) || it->valuedouble < -1.0 || it->valuedouble > 1.0) {
-                res = http_send_error(r, 400, "threshold", "invalid_value",
-                                      "threshold must be a number in [-1, 1] (a cosine similarity)");
+                res =
+                    http_send_error(r, 400, "threshold", "invalid_value",
+                                    "threshold must be a number in [-1, 1] (a cosine similarity)");
                 goto done;
             }
             threshold = it->valuedouble;
@@ -579,7 +625,8 @@ static enum MHD_Result search_v2(http_req *r) {
                           "ranks by BM25 alone)");
         goto done;
     }
-    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, &res))) goto done;
+    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, &res)))
+        goto done;
     is_status st = collect(r, e, &fs);
     if (st != IS_OK) {
         res = http_send_status(r, st, "searching memories");
@@ -610,7 +657,8 @@ static enum MHD_Result search_v2(http_req *r) {
         int32_t n_all = 0;
         if ((st = memory_get_all(r->srv->cfg.mem, &f, &all, &n_all)) != IS_OK) break;
         mem_facts_free(all, n_all);
-        if ((st = memory_search(r->srv->cfg.mem, &f, query, n_all, &hits[u], &nh[u])) != IS_OK) break;
+        if ((st = memory_search(r->srv->cfg.mem, &f, query, n_all, &hits[u], &nh[u])) != IS_OK)
+            break;
         for (int32_t i = 0; i < nh[u]; i++) {
             if (!bsearch(&hits[u][i].fact, fs.f, (size_t)fs.n, sizeof *fs.f, by_id)) continue;
             if (threshold > -2.0 && hits[u][i].dense < threshold) continue;
@@ -695,7 +743,8 @@ enum MHD_Result http_mem0_delete_all(http_req *r) {
         bool handled;
         if (!scope_field(r, k, &tmp, &a, &res, &handled)) goto done;
         if (!handled) {
-            res = http_send_error(r, 400, k, "unknown_field", "unknown query parameter \"%.60s\"", k);
+            res =
+                http_send_error(r, 400, k, "unknown_field", "unknown query parameter \"%.60s\"", k);
             goto done;
         }
     }
@@ -732,14 +781,17 @@ static enum MHD_Result batch(http_req *r, bool del) {
             bool handled;
             if (!common_field(r, it->string, it, &res, &handled)) goto done;
             if (!handled) {
-                res = http_send_error(r, 400, it->string, "unknown_field", "unknown field \"%.60s\"", it->string);
+                res = http_send_error(r, 400, it->string, "unknown_field",
+                                      "unknown field \"%.60s\"", it->string);
                 goto done;
             }
         }
     }
-    if (!cJSON_IsArray(mems) || cJSON_GetArraySize(mems) == 0 || cJSON_GetArraySize(mems) > MAX_BATCH) {
+    if (!cJSON_IsArray(mems) || cJSON_GetArraySize(mems) == 0 ||
+        cJSON_GetArraySize(mems) > MAX_BATCH) {
         res = http_send_error(r, 400, "memories", "invalid_value",
-                              "memories must be a list of 1 to %d objects with a memory_id", MAX_BATCH);
+                              "memories must be a list of 1 to %d objects with a memory_id",
+                              MAX_BATCH);
         goto done;
     }
     n = cJSON_GetArraySize(mems);
@@ -748,45 +800,52 @@ static enum MHD_Result batch(http_req *r, bool del) {
         res = http_send_error(r, 500, NULL, "out_of_memory", "out of memory");
         goto done;
     }
-    size_t max_bytes = (size_t)(r->srv->cfg.limits.max_fact_bytes > 0 ? r->srv->cfg.limits.max_fact_bytes : 4096);
+    size_t max_bytes =
+        (size_t)(r->srv->cfg.limits.max_fact_bytes > 0 ? r->srv->cfg.limits.max_fact_bytes : 4096);
     /* Check every item (and that each memory exists) before changing any. */
     int32_t i = 0;
     cJSON_ArrayForEach(it, mems) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "memory_id");
         if (!cJSON_IsObject(it) || !cJSON_IsString(id) ||
             !parse_memory_id_valid(id->valuestring, strlen(id->valuestring))) {
-            res = http_send_error(r, 400, "memories", "invalid_value", "memories[%d] needs a valid memory_id", i);
+            res = http_send_error(r, 400, "memories", "invalid_value",
+                                  "memories[%d] needs a valid memory_id", i);
             goto done;
         }
         const cJSON *f;
         cJSON_ArrayForEach(f, it) {
             const char *k = f->string;
-            bool ok = strcmp(k, "memory_id") == 0 ||
-                      (!del && ((strcmp(k, "text") == 0 && cJSON_IsString(f) && *f->valuestring &&
-                                 strlen(f->valuestring) <= max_bytes &&
-                                 utf8_valid(f->valuestring, strlen(f->valuestring))) ||
-                                (strcmp(k, "metadata") == 0 && (cJSON_IsObject(f) || cJSON_IsNull(f)))));
+            bool ok =
+                strcmp(k, "memory_id") == 0 ||
+                (!del && ((strcmp(k, "text") == 0 && cJSON_IsString(f) && *f->valuestring &&
+                           strlen(f->valuestring) <= max_bytes &&
+                           utf8_valid(f->valuestring, strlen(f->valuestring))) ||
+                          (strcmp(k, "metadata") == 0 && (cJSON_IsObject(f) || cJSON_IsNull(f)))));
             if (!ok) {
-                res = http_send_error(r, 400, "memories", "invalid_value",
-                                      "memories[%d].%.40s is not valid here (%s)", i, k,
-                                      del ? "a batch delete takes memory_id only"
-                                          : "memory_id, text (a non-empty string) and metadata (an object)");
+                res = http_send_error(
+                    r, 400, "memories", "invalid_value",
+                    "memories[%d].%.40s is not valid here (%s)", i, k,
+                    del ? "a batch delete takes memory_id only"
+                        : "memory_id, text (a non-empty string) and metadata (an object)");
                 goto done;
             }
         }
-        if (!del && !cJSON_GetObjectItemCaseSensitive(it, "text") && !cJSON_GetObjectItemCaseSensitive(it, "metadata")) {
-            res = http_send_error(r, 400, "memories", "invalid_value", "memories[%d] changes nothing (give text or metadata)", i);
+        if (!del && !cJSON_GetObjectItemCaseSensitive(it, "text") &&
+            !cJSON_GetObjectItemCaseSensitive(it, "metadata")) {
+            res = http_send_error(r, 400, "memories", "invalid_value",
+                                  "memories[%d] changes nothing (give text or metadata)", i);
             goto done;
         }
-        is_status st = mem_store_owner(memory_fact_store(r->srv->cfg.mem), r->tenant, id->valuestring, &owners[i]);
+        is_status st = mem_store_owner(memory_fact_store(r->srv->cfg.mem), r->tenant,
+                                       id->valuestring, &owners[i]);
         mem_fact probe;
         if (st == IS_OK) {
             st = memory_get(r->srv->cfg.mem, r->tenant, owners[i], id->valuestring, &probe);
             if (st == IS_OK) mem_fact_clear(&probe);
         }
         if (st == IS_ERR_NOT_FOUND) {
-            res = http_send_error(r, 404, "memory_id", "memory_not_found", "memories[%d]: memory %s not found", i,
-                                  id->valuestring);
+            res = http_send_error(r, 404, "memory_id", "memory_not_found",
+                                  "memories[%d]: memory %s not found", i, id->valuestring);
             goto done;
         }
         if (st != IS_OK) {
@@ -806,9 +865,11 @@ static enum MHD_Result batch(http_req *r, bool del) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "text");
             const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "metadata");
             char *mj = m ? (cJSON_IsNull(m) ? strdup("{}") : cJSON_PrintUnformatted(m)) : NULL;
-            st = memory_update(r->srv->cfg.mem, r->tenant, owners[i], id, t ? t->valuestring : NULL, mj);
+            st = memory_update(r->srv->cfg.mem, r->tenant, owners[i], id, t ? t->valuestring : NULL,
+                               mj);
             free(mj);
-            if (st == IS_OK && t && r->srv->cfg.sched) sched_encode(r->srv->cfg.sched, r->tenant, owners[i], id);
+            if (st == IS_OK && t && r->srv->cfg.sched)
+                sched_encode(r->srv->cfg.sched, r->tenant, owners[i], id);
         }
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "memory_id", id);
@@ -838,7 +899,8 @@ typedef struct entity {
     int64_t created, updated;
 } entity;
 
-static entity *entity_find(entity **es, int32_t *n, int32_t *cap, const char *type, const char *name) {
+static entity *entity_find(entity **es, int32_t *n, int32_t *cap, const char *type,
+                           const char *name) {
     for (int32_t i = 0; i < *n; i++)
         if (strcmp((*es)[i].type, type) == 0 && strcmp((*es)[i].name, name) == 0) return &(*es)[i];
     if (*n == *cap) {
@@ -862,7 +924,8 @@ static enum MHD_Result entities_list(http_req *r) {
     int32_t nq = http_query_args(r->conn, keys, vals, MAX_QUERY_ARGS);
     for (int32_t i = 0; i < nq && i < MAX_QUERY_ARGS; i++)
         if (strcmp(keys[i], "org_id") != 0 && strcmp(keys[i], "project_id") != 0)
-            return http_send_error(r, 400, keys[i], "unknown_field", "unknown query parameter \"%.60s\"", keys[i]);
+            return http_send_error(r, 400, keys[i], "unknown_field",
+                                   "unknown query parameter \"%.60s\"", keys[i]);
     fact_set fs = {0};
     mem_filter_expr *all = NULL;
     is_status st = mem_filter_parse("{}", 2, &all);
@@ -873,7 +936,8 @@ static enum MHD_Result entities_list(http_req *r) {
     int32_t n = 0, cap = 0;
     for (int32_t i = 0; i < fs.n && st == IS_OK; i++) {
         const char *types[3] = {"user", "agent", "run"};
-        const char *names[3] = {is_no_user(fs.f[i].user) ? NULL : fs.f[i].user, fs.f[i].agent_id, fs.f[i].run_id};
+        const char *names[3] = {is_no_user(fs.f[i].user) ? NULL : fs.f[i].user, fs.f[i].agent_id,
+                                fs.f[i].run_id};
         for (int t = 0; t < 3; t++) {
             if (!names[t]) continue;
             entity *e = entity_find(&es, &n, &cap, types[t], names[t]);
@@ -917,8 +981,10 @@ static enum MHD_Result entities_list(http_req *r) {
 }
 
 static enum MHD_Result entity_delete(http_req *r, const char *type, const char *name) {
-    const char *field = strcmp(type, "user") == 0 ? "user_id" : strcmp(type, "agent") == 0 ? "agent_id"
-                      : strcmp(type, "run") == 0 ? "run_id" : NULL;
+    const char *field = strcmp(type, "user") == 0    ? "user_id"
+                        : strcmp(type, "agent") == 0 ? "agent_id"
+                        : strcmp(type, "run") == 0   ? "run_id"
+                                                     : NULL;
     if (strcmp(type, "app") == 0) return unsupported(r, "type", "an app entity (app_id)");
     if (!field)
         return http_send_error(r, 400, "type", "invalid_value",
@@ -935,7 +1001,8 @@ static enum MHD_Result entity_delete(http_req *r, const char *type, const char *
     mem_filter_expr_free(e);
     if (st != IS_OK) return http_send_status(r, st, "deleting the entity");
     if (n == 0)
-        return http_send_error(r, 404, "name", "entity_not_found", "no %s %.100s has memories", type, name);
+        return http_send_error(r, 404, "name", "entity_not_found", "no %s %.100s has memories",
+                               type, name);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "message", "Entity deleted successfully!");
     cJSON_AddNumberToObject(o, "deleted", n);
@@ -953,20 +1020,23 @@ static const struct {
     {"/v1/summary", "memory summaries (get_summary)"},
     {"/v1/feedback", "feedback on memories (feedback)"},
     {"/v2/profiles", "user profiles (profile settings and jobs)"},
-    {"/api/v1/orgs", "organisation and project management (project.*, get_project, update_project)"},
+    {"/api/v1/orgs",
+     "organisation and project management (project.*, get_project, update_project)"},
     {"/api/v1/webhooks", "webhooks"},
     {"/v1/memory_export", "memory exports"},
 };
 
 static bool path_is(const char *path, const char *route) {
     size_t n = strlen(route);
-    return strncmp(path, route, n) == 0 && (path[n] == '\0' || (path[n] == '/' && path[n + 1] == '\0'));
+    return strncmp(path, route, n) == 0 &&
+           (path[n] == '\0' || (path[n] == '/' && path[n + 1] == '\0'));
 }
 
 static const char *unsupported_route(const char *path) {
     for (size_t i = 0; i < sizeof UNSUPPORTED_ROUTES / sizeof UNSUPPORTED_ROUTES[0]; i++) {
         size_t n = strlen(UNSUPPORTED_ROUTES[i].prefix);
-        if (strncmp(path, UNSUPPORTED_ROUTES[i].prefix, n) == 0 && (path[n] == '\0' || path[n] == '/'))
+        if (strncmp(path, UNSUPPORTED_ROUTES[i].prefix, n) == 0 &&
+            (path[n] == '\0' || path[n] == '/'))
             return UNSUPPORTED_ROUTES[i].feature;
     }
     if (strncmp(path, "/v2/entities/", 13) == 0 && strstr(path, "/profile"))
@@ -975,11 +1045,11 @@ static const char *unsupported_route(const char *path) {
 }
 
 bool http_mem0_route(const char *path) {
-    return path_is(path, "/v1/ping") || path_is(path, "/v2/memories") || path_is(path, "/v3/memories") ||
-           path_is(path, "/v2/memories/search") || path_is(path, "/v3/memories/search") ||
-           path_is(path, "/v3/memories/add") || path_is(path, "/v1/batch") ||
-           path_is(path, "/v1/entities") || strncmp(path, "/v2/entities/", 13) == 0 ||
-           unsupported_route(path) != NULL;
+    return path_is(path, "/v1/ping") || path_is(path, "/v2/memories") ||
+           path_is(path, "/v3/memories") || path_is(path, "/v2/memories/search") ||
+           path_is(path, "/v3/memories/search") || path_is(path, "/v3/memories/add") ||
+           path_is(path, "/v1/batch") || path_is(path, "/v1/entities") ||
+           strncmp(path, "/v2/entities/", 13) == 0 || unsupported_route(path) != NULL;
 }
 
 enum MHD_Result http_mem0(http_req *r) {
@@ -1007,7 +1077,8 @@ enum MHD_Result http_mem0(http_req *r) {
         return list_v2(r);
     }
     if (path_is(p, "/v1/batch")) {
-        if (!put && !del) return http_send_error(r, 405, NULL, "method_not_allowed", "use PUT or DELETE");
+        if (!put && !del)
+            return http_send_error(r, 405, NULL, "method_not_allowed", "use PUT or DELETE");
         return batch(r, del);
     }
     if (path_is(p, "/v1/entities")) {
@@ -1018,14 +1089,16 @@ enum MHD_Result http_mem0(http_req *r) {
     char type[16], name[PARSE_MAX_ID + 1];
     const char *s = p + 13, *slash = strchr(s, '/');
     if (!slash || (size_t)(slash - s) >= sizeof type)
-        return http_send_error(r, 400, "type", "invalid_value", "use /v2/entities/{user|agent|run}/{name}/");
+        return http_send_error(r, 400, "type", "invalid_value",
+                               "use /v2/entities/{user|agent|run}/{name}/");
     memcpy(type, s, (size_t)(slash - s));
     type[slash - s] = '\0';
     s = slash + 1;
     size_t l = strlen(s);
     if (l && s[l - 1] == '/') l--;
     if (l == 0 || l > PARSE_MAX_ID || memchr(s, '/', l))
-        return http_send_error(r, 400, "name", "invalid_value", "use /v2/entities/{user|agent|run}/{name}/");
+        return http_send_error(r, 400, "name", "invalid_value",
+                               "use /v2/entities/{user|agent|run}/{name}/");
     memcpy(name, s, l);
     name[l] = '\0';
     if (!del) return http_send_error(r, 405, NULL, "method_not_allowed", "use DELETE");

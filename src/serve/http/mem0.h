@@ -26,7 +26,9 @@
 #include <stdbool.h>
 
 /* The user of memories added without a user_id (agent or run scope only). */
-#define HTTP_MEM0_NO_USER "\x1f" "no-user"
+#define HTTP_MEM0_NO_USER                                                                          \
+    "\x1f"                                                                                         \
+    "no-user"
 
 /* True if path is one of the routes above that memories.c does not serve. */
 bool http_mem0_route(const char *path);

@@ -24,7 +24,7 @@
 #include <strings.h>
 
 #define MAX_QUERY_ARGS 64
-#define CONTEXT_TURNS 16 /* turns before a fact kept as its encoding context */
+#define CONTEXT_TURNS  16 /* turns before a fact kept as its encoding context */
 
 cJSON *http_fact_json(const mem_fact *f) {
     cJSON *o = cJSON_CreateObject();
@@ -39,7 +39,8 @@ cJSON *http_fact_json(const mem_fact *f) {
     cJSON_AddStringToObject(o, "created_at", ts);
     http_iso_time(f->updated_at, ts);
     cJSON_AddStringToObject(o, "updated_at", ts);
-    if (f->user && strcmp(f->user, HTTP_MEM0_NO_USER) != 0) cJSON_AddStringToObject(o, "user_id", f->user);
+    if (f->user && strcmp(f->user, HTTP_MEM0_NO_USER) != 0)
+        cJSON_AddStringToObject(o, "user_id", f->user);
     else cJSON_AddNullToObject(o, "user_id");
     if (f->agent_id) cJSON_AddStringToObject(o, "agent_id", f->agent_id);
     if (f->run_id) cJSON_AddStringToObject(o, "run_id", f->run_id);
@@ -49,9 +50,13 @@ cJSON *http_fact_json(const mem_fact *f) {
 }
 
 static mem_filter to_filter(const char *tenant, const parse_filters *p) {
-    return (mem_filter){.tenant = tenant, .user = p->user_id, .agent_id = p->agent_id,
-                        .run_id = p->run_id, .meta_keys = (const char *const *)p->meta_keys,
-                        .meta_values = (const char *const *)p->meta_values, .n_meta = p->n_meta};
+    return (mem_filter){.tenant = tenant,
+                        .user = p->user_id,
+                        .agent_id = p->agent_id,
+                        .run_id = p->run_id,
+                        .meta_keys = (const char *const *)p->meta_keys,
+                        .meta_values = (const char *const *)p->meta_values,
+                        .n_meta = p->n_meta};
 }
 
 /* Queues the fact's KV encoding; a failure only delays it to the next start. */
@@ -60,7 +65,9 @@ static void encode_later(http_req *r, const char *user, const char *id) {
     if (!s) return;
     if (sched_encode(s, r->tenant, user, id) != IS_OK) {
         pthread_mutex_lock(&r->srv->log_mu);
-        fprintf(r->srv->log, "{\"warning\":\"KV encoding of fact %s not queued (encoded at the next start)\"}\n", id);
+        fprintf(r->srv->log,
+                "{\"warning\":\"KV encoding of fact %s not queued (encoded at the next start)\"}\n",
+                id);
         fflush(r->srv->log);
         pthread_mutex_unlock(&r->srv->log_mu);
     }
@@ -90,8 +97,8 @@ static bool find_owner(http_req *r, const char *id, const char *want, char **use
 /* ---- add --------------------------------------------------------------------------- */
 
 typedef struct pending_fact {
-    char *text;        /* owned */
-    char **context;    /* owned strings */
+    char *text;     /* owned */
+    char **context; /* owned strings */
     int32_t n_context;
 } pending_fact;
 
@@ -155,23 +162,29 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
     }
     if (n_turns == 0) {
         free(input);
-        cJSON_AddItemToArray(warnings, cJSON_CreateString("no user or assistant messages to extract from"));
+        cJSON_AddItemToArray(warnings,
+                             cJSON_CreateString("no user or assistant messages to extract from"));
         return true;
     }
     chat_message msgs[2] = {{"system", extract_system_prompt()}, {"user", input}};
-    sched_request req = {.messages = msgs, .n_messages = 2, .mode = ASK_MODE_OFF,
-                         .max_tokens = s->cfg.limits.extract_max_tokens > 0
-                                           ? s->cfg.limits.extract_max_tokens : 512,
-                         .temperature = 0.0f, .top_p = 1.0f, .top_k = 0, .seed = 1,
-                         .reply_prefix = extract_reply_start()};
+    sched_request req = {
+        .messages = msgs,
+        .n_messages = 2,
+        .mode = ASK_MODE_OFF,
+        .max_tokens = s->cfg.limits.extract_max_tokens > 0 ? s->cfg.limits.extract_max_tokens : 512,
+        .temperature = 0.0f,
+        .top_p = 1.0f,
+        .top_k = 0,
+        .seed = 1,
+        .reply_prefix = extract_reply_start()};
     chat_job *job = NULL;
     is_status st = chat_job_submit(s, &req, true, &job);
     free(input);
     if (st != IS_OK) {
-        *res = st == IS_ERR_BUSY ? http_send_error(r, 503, NULL, "overloaded",
-                                                   "the server is busy (%s); retry later",
-                                                   is_error_last())
-                                 : http_send_status(r, st, "fact extraction");
+        *res = st == IS_ERR_BUSY
+                   ? http_send_error(r, 503, NULL, "overloaded",
+                                     "the server is busy (%s); retry later", is_error_last())
+                   : http_send_status(r, st, "fact extraction");
         return false;
     }
     chat_job_wait(job, r->conn);
@@ -180,10 +193,11 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
     size_t len;
     const char *reply = chat_job_text(job, &len);
     if (chat_job_failed(job, &jst, &jmsg)) {
-        *res = http_send_error(r, jst == IS_ERR_CONTEXT_FULL ? 400 : 503,
-                               jst == IS_ERR_CONTEXT_FULL ? "messages" : NULL,
-                               jst == IS_ERR_CONTEXT_FULL ? "context_length_exceeded" : "extraction_failed",
-                               "fact extraction: %s", jmsg && *jmsg ? jmsg : is_status_to_string(jst));
+        *res = http_send_error(
+            r, jst == IS_ERR_CONTEXT_FULL ? 400 : 503,
+            jst == IS_ERR_CONTEXT_FULL ? "messages" : NULL,
+            jst == IS_ERR_CONTEXT_FULL ? "context_length_exceeded" : "extraction_failed",
+            "fact extraction: %s", jmsg && *jmsg ? jmsg : is_status_to_string(jst));
         chat_job_free(job);
         return false;
     }
@@ -205,10 +219,12 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
     free(whole);
     if (st == IS_ERR_FORMAT) {
         char w[700];
-        snprintf(w, sizeof w, "the model's extraction reply was not usable, nothing was extracted: %s",
+        snprintf(w, sizeof w,
+                 "the model's extraction reply was not usable, nothing was extracted: %s",
                  is_error_last());
         char *clean = utf8_sanitized_copy(w, strlen(w));
-        cJSON_AddItemToArray(warnings, cJSON_CreateString(clean ? clean : "extraction reply unusable"));
+        cJSON_AddItemToArray(warnings,
+                             cJSON_CreateString(clean ? clean : "extraction reply unusable"));
         free(clean);
         chat_job_free(job);
         return true;
@@ -283,10 +299,11 @@ enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len
     pending_fact *p = NULL;
     int32_t n = 0;
     memory_add_req *reqs = NULL;
-    char (*ids)[MEMORY_ID_SIZE] = NULL;
+    char(*ids)[MEMORY_ID_SIZE] = NULL;
     is_status *sts = NULL;
     const char *source = "api";
-    size_t max_bytes = (size_t)(s->cfg.limits.max_fact_bytes > 0 ? s->cfg.limits.max_fact_bytes : 4096);
+    size_t max_bytes =
+        (size_t)(s->cfg.limits.max_fact_bytes > 0 ? s->cfg.limits.max_fact_bytes : 4096);
 
     /* Check sizes before anything is stored or run. */
     for (int32_t i = 0; i < a.n_facts; i++)
@@ -300,7 +317,8 @@ enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len
             if (strlen(a.messages[i].content) > max_bytes) {
                 res = http_send_error(r, 400, "messages", "fact_too_long",
                                       "messages[%d].content is longer than %zu bytes (stored as "
-                                      "one memory with infer=false)", i, max_bytes);
+                                      "one memory with infer=false)",
+                                      i, max_bytes);
                 goto out;
             }
 
@@ -318,18 +336,22 @@ enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len
              * is better than a 200 that stored nothing. */
             if (s->cfg.infer_fallback == HTTP_INFER_FALLBACK_REJECT) {
                 cJSON *w = cJSON_GetArrayItem(warnings, 0);
-                res = http_send_error(r, 422, "infer", "extraction_failed",
-                                      "the model extracted no facts from the messages, so nothing was "
-                                      "stored (%s); send infer=false to store the messages as they are",
-                                      cJSON_IsString(w) ? w->valuestring : "an empty list");
+                res = http_send_error(
+                    r, 422, "infer", "extraction_failed",
+                    "the model extracted no facts from the messages, so nothing was "
+                    "stored (%s); send infer=false to store the messages as they are",
+                    cJSON_IsString(w) ? w->valuestring : "an empty list");
                 goto out;
             }
             for (int32_t i = 0; i < a.n_messages; i++)
-                if (strcmp(a.messages[i].role, "user") == 0 && strlen(a.messages[i].content) > max_bytes) {
-                    res = http_send_error(r, 422, "messages", "extraction_failed",
-                                          "the model extracted no facts, and messages[%d].content is "
-                                          "longer than %zu bytes, too long to store as one memory; "
-                                          "nothing was stored", i, max_bytes);
+                if (strcmp(a.messages[i].role, "user") == 0 &&
+                    strlen(a.messages[i].content) > max_bytes) {
+                    res =
+                        http_send_error(r, 422, "messages", "extraction_failed",
+                                        "the model extracted no facts, and messages[%d].content is "
+                                        "longer than %zu bytes, too long to store as one memory; "
+                                        "nothing was stored",
+                                        i, max_bytes);
                     goto out;
                 }
             pending_free(p, n);
@@ -343,7 +365,9 @@ enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len
                                       "message to store; nothing was stored");
                 goto out;
             }
-            cJSON_AddItemToArray(warnings, cJSON_CreateString(
+            cJSON_AddItemToArray(
+                warnings,
+                cJSON_CreateString(
                     "the model extracted no facts, so the user's messages were stored as they are "
                     "(serve --infer-fallback store; 'reject' fails such adds with 422 instead)"));
         }
@@ -360,7 +384,8 @@ enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len
         source = "api:messages";
     }
     if (a.n_facts) {
-        pending_fact *np = realloc(p, ((size_t)(uint32_t)n + (size_t)(uint32_t)a.n_facts) * sizeof *np);
+        pending_fact *np =
+            realloc(p, ((size_t)(uint32_t)n + (size_t)(uint32_t)a.n_facts) * sizeof *np);
         if (!np) goto oom;
         p = np;
         for (int32_t i = 0; i < a.n_facts; i++) {
@@ -381,9 +406,12 @@ enum MHD_Result http_memories_add_body(http_req *r, const char *body, size_t len
             goto oom;
         }
         for (int32_t i = 0; i < n; i++)
-            reqs[i] = (memory_add_req){.tenant = r->tenant, .user = a.user_id,
-                                       .agent_id = a.agent_id, .run_id = a.run_id,
-                                       .text = p[i].text, .metadata_json = a.metadata_json,
+            reqs[i] = (memory_add_req){.tenant = r->tenant,
+                                       .user = a.user_id,
+                                       .agent_id = a.agent_id,
+                                       .run_id = a.run_id,
+                                       .text = p[i].text,
+                                       .metadata_json = a.metadata_json,
                                        .source = source,
                                        .context = (const char *const *)p[i].context,
                                        .n_context = p[i].n_context,
@@ -519,7 +547,8 @@ static enum MHD_Result update_one(http_req *r, const char *id) {
     }
     enum MHD_Result res;
     char *user = NULL;
-    size_t max_bytes = (size_t)(r->srv->cfg.limits.max_fact_bytes > 0 ? r->srv->cfg.limits.max_fact_bytes : 4096);
+    size_t max_bytes =
+        (size_t)(r->srv->cfg.limits.max_fact_bytes > 0 ? r->srv->cfg.limits.max_fact_bytes : 4096);
     if (u.text && strlen(u.text) > max_bytes) {
         res = http_send_error(r, 400, "text", "fact_too_long", "the text is longer than %zu bytes",
                               max_bytes);
@@ -555,11 +584,13 @@ out:
 static enum MHD_Result delete_one(http_req *r, const char *id) {
     enum MHD_Result res;
     /* mem0ai 2.x's delete(id, delete_linked=True): no linked memories here. */
-    const char *linked = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "delete_linked");
+    const char *linked =
+        MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "delete_linked");
     if (linked && strcasecmp(linked, "false") != 0)
-        return http_send_error(r, 400, "delete_linked", "unsupported_feature",
-                               "delete_linked is not supported by this server (InferScale): memories "
-                               "have no linked versions here; see the Mem0 feature table in the README");
+        return http_send_error(
+            r, 400, "delete_linked", "unsupported_feature",
+            "delete_linked is not supported by this server (InferScale): memories "
+            "have no linked versions here; see the Mem0 feature table in the README");
     const char *want = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "user_id");
     char *user = NULL;
     if (!find_owner(r, id, want, &user, &res)) return res;

@@ -13,9 +13,9 @@
 
 /* Seconds: from a few ms (a cached prefix on a GPU) to minutes (a long
  * answer on a CPU). */
-static const double k_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+static const double k_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1,  0.25, 0.5,
                                   1.0,   2.5,  5.0,   10.0, 30.0, 60.0, 120.0};
-#define N_BOUNDS ((int)(sizeof k_bounds / sizeof k_bounds[0]))
+#define N_BOUNDS    ((int)(sizeof k_bounds / sizeof k_bounds[0]))
 #define RATE_WINDOW 10
 
 static const char *const k_modes[METRICS_N_MODES] = {"kv", "prompt", "off"};
@@ -91,7 +91,8 @@ void metrics_observe_chat(metrics *m, const metrics_chat *c) {
     m->prompt_tokens[md] += (uint64_t)(c->prompt_tokens > 0 ? c->prompt_tokens : 0);
     m->completion_tokens[md] += (uint64_t)(c->completion_tokens > 0 ? c->completion_tokens : 0);
     m->injected[md] += (uint64_t)(c->injected_tokens > 0 ? c->injected_tokens : 0);
-    m->mem_prefilled[md] += (uint64_t)(c->memory_prefilled_tokens > 0 ? c->memory_prefilled_tokens : 0);
+    m->mem_prefilled[md] +=
+        (uint64_t)(c->memory_prefilled_tokens > 0 ? c->memory_prefilled_tokens : 0);
     int slot = (int)(s % RATE_WINDOW);
     if (m->rate_sec[slot] != s) {
         m->rate_sec[slot] = s;
@@ -160,7 +161,8 @@ static void render_hist(sbuf *b, const char *name, const char *help, const histo
         sb_printf(b, "%s_bucket{mode=\"%s\",le=\"+Inf\"} %llu\n", name, k_modes[md],
                   (unsigned long long)cum);
         sb_printf(b, "%s_sum{mode=\"%s\"} %.6f\n", name, k_modes[md], h[md].sum);
-        sb_printf(b, "%s_count{mode=\"%s\"} %llu\n", name, k_modes[md], (unsigned long long)h[md].n);
+        sb_printf(b, "%s_count{mode=\"%s\"} %llu\n", name, k_modes[md],
+                  (unsigned long long)h[md].n);
     }
 }
 
@@ -189,8 +191,8 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
     sb_printf(&b, "# HELP inferscale_chat_requests_total Chat completions finished, by mode and "
                   "result.\n# TYPE inferscale_chat_requests_total counter\n");
     for (int md = 0; md < METRICS_N_MODES; md++) {
-        sb_printf(&b, "inferscale_chat_requests_total{mode=\"%s\",result=\"ok\"} %llu\n", k_modes[md],
-                  (unsigned long long)cp.chat_ok[md]);
+        sb_printf(&b, "inferscale_chat_requests_total{mode=\"%s\",result=\"ok\"} %llu\n",
+                  k_modes[md], (unsigned long long)cp.chat_ok[md]);
         sb_printf(&b, "inferscale_chat_requests_total{mode=\"%s\",result=\"error\"} %llu\n",
                   k_modes[md], (unsigned long long)cp.chat_failed[md]);
     }
@@ -254,47 +256,53 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                   ss->kv_blocks_free);
             gauge(&b, "inferscale_engine_steps_total", "Engine steps run.", "counter",
                   (double)ss->steps);
-            gauge(&b, "inferscale_tokens_prefilled_total", "Prompt tokens through the forward pass.",
-                  "counter", (double)ss->tokens_prefilled);
+            gauge(&b, "inferscale_tokens_prefilled_total",
+                  "Prompt tokens through the forward pass.", "counter",
+                  (double)ss->tokens_prefilled);
             gauge(&b, "inferscale_tokens_generated_total", "Tokens generated.", "counter",
                   (double)ss->tokens_generated);
-            gauge(&b, "inferscale_facts_encoded_total", "Facts whose KV was encoded in the background.",
-                  "counter", (double)ss->facts_encoded);
+            gauge(&b, "inferscale_facts_encoded_total",
+                  "Facts whose KV was encoded in the background.", "counter",
+                  (double)ss->facts_encoded);
             gauge(&b, "inferscale_encode_failures_total", "Background KV encodings that failed.",
                   "counter", (double)ss->encode_failures);
-            sb_printf(&b, "# HELP inferscale_scheduler_requests_total Requests the scheduler ended: "
-                          "done (finished or cancelled) or failed.\n"
-                          "# TYPE inferscale_scheduler_requests_total counter\n"
-                          "inferscale_scheduler_requests_total{result=\"done\"} %lld\n"
-                          "inferscale_scheduler_requests_total{result=\"failed\"} %lld\n",
+            sb_printf(&b,
+                      "# HELP inferscale_scheduler_requests_total Requests the scheduler ended: "
+                      "done (finished or cancelled) or failed.\n"
+                      "# TYPE inferscale_scheduler_requests_total counter\n"
+                      "inferscale_scheduler_requests_total{result=\"done\"} %lld\n"
+                      "inferscale_scheduler_requests_total{result=\"failed\"} %lld\n",
                       (long long)ss->requests_done, (long long)ss->requests_failed);
-            sb_printf(&b, "# HELP inferscale_fact_kv_total Facts of kv-mode requests: injected from "
-                          "a ready KV record (hit) or prefilled as text (miss).\n"
-                          "# TYPE inferscale_fact_kv_total counter\n"
-                          "inferscale_fact_kv_total{result=\"hit\"} %lld\n"
-                          "inferscale_fact_kv_total{result=\"miss\"} %lld\n",
+            sb_printf(&b,
+                      "# HELP inferscale_fact_kv_total Facts of kv-mode requests: injected from "
+                      "a ready KV record (hit) or prefilled as text (miss).\n"
+                      "# TYPE inferscale_fact_kv_total counter\n"
+                      "inferscale_fact_kv_total{result=\"hit\"} %lld\n"
+                      "inferscale_fact_kv_total{result=\"miss\"} %lld\n",
                       (long long)ss->facts_kv_hits, (long long)ss->facts_kv_misses);
-            sb_printf(&b, "# HELP inferscale_facts_served_total Facts of kv-mode requests by where "
-                          "submit found them: resident on the GPU, in the pinned host tier, read "
-                          "from disk, encoded for the request (no KV on this node), or prefilled "
-                          "as text.\n"
-                          "# TYPE inferscale_facts_served_total counter\n"
-                          "inferscale_facts_served_total{tier=\"gpu\"} %lld\n"
-                          "inferscale_facts_served_total{tier=\"host\"} %lld\n"
-                          "inferscale_facts_served_total{tier=\"disk\"} %lld\n"
-                          "inferscale_facts_served_total{tier=\"encoded\"} %lld\n"
-                          "inferscale_facts_served_total{tier=\"text\"} %lld\n",
+            sb_printf(&b,
+                      "# HELP inferscale_facts_served_total Facts of kv-mode requests by where "
+                      "submit found them: resident on the GPU, in the pinned host tier, read "
+                      "from disk, encoded for the request (no KV on this node), or prefilled "
+                      "as text.\n"
+                      "# TYPE inferscale_facts_served_total counter\n"
+                      "inferscale_facts_served_total{tier=\"gpu\"} %lld\n"
+                      "inferscale_facts_served_total{tier=\"host\"} %lld\n"
+                      "inferscale_facts_served_total{tier=\"disk\"} %lld\n"
+                      "inferscale_facts_served_total{tier=\"encoded\"} %lld\n"
+                      "inferscale_facts_served_total{tier=\"text\"} %lld\n",
                       (long long)ss->facts_gpu, (long long)ss->facts_host,
                       (long long)ss->facts_disk, (long long)ss->facts_encoded_served,
                       (long long)ss->facts_text);
         }
         const record_store_stats *rs = live->store_stats;
         if (rs) {
-            sb_printf(&b, "# HELP inferscale_fact_kv_tier_total KV record lookups by storage tier: "
-                          "the host-memory cache served it (hit) or it was read from disk (miss).\n"
-                          "# TYPE inferscale_fact_kv_tier_total counter\n"
-                          "inferscale_fact_kv_tier_total{tier=\"host\",result=\"hit\"} %llu\n"
-                          "inferscale_fact_kv_tier_total{tier=\"host\",result=\"miss\"} %llu\n",
+            sb_printf(&b,
+                      "# HELP inferscale_fact_kv_tier_total KV record lookups by storage tier: "
+                      "the host-memory cache served it (hit) or it was read from disk (miss).\n"
+                      "# TYPE inferscale_fact_kv_tier_total counter\n"
+                      "inferscale_fact_kv_tier_total{tier=\"host\",result=\"hit\"} %llu\n"
+                      "inferscale_fact_kv_tier_total{tier=\"host\",result=\"miss\"} %llu\n",
                       (unsigned long long)rs->hits, (unsigned long long)rs->misses);
             gauge(&b, "inferscale_fact_kv_cache_bytes", "Bytes of KV records in the host cache.",
                   "gauge", (double)rs->bytes_cached);

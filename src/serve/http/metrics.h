@@ -52,9 +52,9 @@ is_status metrics_create(metrics **out);
 void metrics_free(metrics *m);
 
 typedef struct metrics_chat {
-    int mode;                 /* 0..2 */
-    bool ok;                  /* finished normally (not an error or a cancel) */
-    double ttft_s;            /* < 0: no first token */
+    int mode;      /* 0..2 */
+    bool ok;       /* finished normally (not an error or a cancel) */
+    double ttft_s; /* < 0: no first token */
     double total_s;
     int32_t prompt_tokens;
     int32_t completion_tokens;
@@ -67,12 +67,12 @@ void metrics_observe_http(metrics *m, metrics_route r, int status);
 
 /* Gauges read at scrape time; any pointer may be NULL (not exported). */
 typedef struct metrics_live {
-    const void *sched_stats;  /* const sched_stats * */
-    const void *store_stats;  /* const record_store_stats * */
+    const void *sched_stats; /* const sched_stats * */
+    const void *store_stats; /* const record_store_stats * */
     int32_t in_flight;
-    int64_t n_facts;          /* facts in the store, < 0: unknown (or not shown) */
-    int64_t conns_timed_out;  /* connections closed for slow headers, body or idleness */
-    int64_t conns_evicted;    /* idle connections closed to admit a new one at the limit */
+    int64_t n_facts;         /* facts in the store, < 0: unknown (or not shown) */
+    int64_t conns_timed_out; /* connections closed for slow headers, body or idleness */
+    int64_t conns_evicted;   /* idle connections closed to admit a new one at the limit */
 } metrics_live;
 
 /* The whole exposition, malloc'd and NUL-terminated; NULL when out of

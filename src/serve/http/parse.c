@@ -13,8 +13,12 @@
 #include <string.h>
 
 parse_limits parse_default_limits(void) {
-    return (parse_limits){.max_tokens = 4096, .default_max_tokens = 256, .max_k = 100,
-                          .default_k = 10, .default_top_k = 10, .max_messages = 1024,
+    return (parse_limits){.max_tokens = 4096,
+                          .default_max_tokens = 256,
+                          .max_k = 100,
+                          .default_k = 10,
+                          .default_top_k = 10,
+                          .max_messages = 1024,
                           .max_facts = 1000};
 }
 
@@ -58,7 +62,8 @@ static bool has_escaped_nul(const char *s, size_t len) {
 /* The body as one JSON object, or NULL with err set. */
 static cJSON *parse_object(const char *body, size_t len, parse_error *err) {
     if (!body || len == 0) {
-        parse_fail(err, 400, NULL, "invalid_json", "the request body is empty: expected a JSON object");
+        parse_fail(err, 400, NULL, "invalid_json",
+                   "the request body is empty: expected a JSON object");
         return NULL;
     }
     if (memchr(body, '\0', len)) {
@@ -151,8 +156,8 @@ static is_status get_int(const cJSON *obj, const char *name, const char *shown, 
     return IS_OK;
 }
 
-static is_status get_number(const cJSON *obj, const char *name, double lo, double hi,
-                            bool lo_open, float *out, parse_error *err) {
+static is_status get_number(const cJSON *obj, const char *name, double lo, double hi, bool lo_open,
+                            float *out, parse_error *err) {
     const cJSON *v = field(obj, name);
     if (!v) return IS_OK;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
@@ -234,7 +239,8 @@ static is_status parse_filters_obj(const cJSON *obj, const char *where, parse_fi
         else if (strcmp(k, "metadata") == 0) {
             if (cJSON_IsNull(it)) continue;
             if (!cJSON_IsObject(it))
-                return parse_fail(err, 400, where, "invalid_type", "'metadata' filter must be an object");
+                return parse_fail(err, 400, where, "invalid_type",
+                                  "'metadata' filter must be an object");
             const cJSON *m;
             st = IS_OK;
             cJSON_ArrayForEach(m, it) {
@@ -292,7 +298,8 @@ static is_status parse_messages(const cJSON *arr, int32_t max, bool chat, parse_
                 if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
                     strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(t))
                     return parse_fail(err, 400, where, "invalid_value",
-                                      "%s.content: only parts of type \"text\" are supported", where);
+                                      "%s.content: only parts of type \"text\" are supported",
+                                      where);
                 total += strlen(t->valuestring);
             }
             text = malloc(total + 1);
@@ -364,7 +371,8 @@ static is_status parse_memory_opts(const cJSON *mem, const parse_limits *lim, pa
     const cJSON *mode = field(mem, "mode");
     if (mode) {
         if (!cJSON_IsString(mode))
-            return parse_fail(err, 400, "memory.mode", "invalid_type", "'memory.mode' must be a string");
+            return parse_fail(err, 400, "memory.mode", "invalid_type",
+                              "'memory.mode' must be a string");
         if (strcmp(mode->valuestring, "kv") == 0) c->mode = PARSE_MODE_KV;
         else if (strcmp(mode->valuestring, "prompt") == 0) c->mode = PARSE_MODE_PROMPT;
         else if (strcmp(mode->valuestring, "off") == 0) c->mode = PARSE_MODE_OFF;
@@ -396,22 +404,26 @@ is_status parse_chat_request(const char *body, size_t len, const parse_limits *l
         st = parse_fail(err, 400, "messages", "missing_field", "'messages' is required");
         goto done;
     }
-    if ((st = parse_messages(msgs, lim.max_messages, true, &c->messages, &c->n_messages, err)) != IS_OK)
+    if ((st = parse_messages(msgs, lim.max_messages, true, &c->messages, &c->n_messages, err)) !=
+        IS_OK)
         goto done;
     if ((st = get_string(root, "model", false, false, 256, &c->model, err)) != IS_OK) goto done;
     if ((st = get_int(root, "max_completion_tokens", "max_completion_tokens", 1, lim.max_tokens,
                       &present, &v, err)) != IS_OK)
         goto done;
     if (present) c->max_tokens = (int32_t)v;
-    if ((st = get_int(root, "max_tokens", "max_tokens", 1, lim.max_tokens, &present, &v, err)) != IS_OK)
+    if ((st = get_int(root, "max_tokens", "max_tokens", 1, lim.max_tokens, &present, &v, err)) !=
+        IS_OK)
         goto done;
     if (present) c->max_tokens = (int32_t)v;
-    if ((st = get_number(root, "temperature", 0.0, 2.0, false, &c->temperature, err)) != IS_OK) goto done;
+    if ((st = get_number(root, "temperature", 0.0, 2.0, false, &c->temperature, err)) != IS_OK)
+        goto done;
     if ((st = get_number(root, "top_p", 0.0, 1.0, true, &c->top_p, err)) != IS_OK) goto done;
     if ((st = get_int(root, "top_k", "top_k", 0, 1 << 20, &present, &v, err)) != IS_OK) goto done;
     if (present) c->top_k = (int32_t)v;
     /* OpenAI seeds are any 64-bit integer; doubles hold them exactly to 2^53. */
-    if ((st = get_int(root, "seed", "seed", -(1LL << 53), 1LL << 53, &c->has_seed, &v, err)) != IS_OK)
+    if ((st = get_int(root, "seed", "seed", -(1LL << 53), 1LL << 53, &c->has_seed, &v, err)) !=
+        IS_OK)
         goto done;
     if (c->has_seed) c->seed = (uint64_t)v;
     if ((st = get_int(root, "n", "n", 1, 1, NULL, &v, err)) != IS_OK) goto done;
@@ -419,7 +431,8 @@ is_status parse_chat_request(const char *body, size_t len, const parse_limits *l
     const cJSON *so = field(root, "stream_options");
     if (so) {
         if (!cJSON_IsObject(so)) {
-            st = parse_fail(err, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
+            st = parse_fail(err, 400, "stream_options", "invalid_type",
+                            "'stream_options' must be an object");
             goto done;
         }
         if ((st = get_bool(so, "include_usage", &c->include_usage, err)) != IS_OK) goto done;
@@ -427,29 +440,39 @@ is_status parse_chat_request(const char *body, size_t len, const parse_limits *l
     const cJSON *stop = field(root, "stop");
     if (cJSON_IsString(stop)) {
         if (stop->valuestring[0]) {
-            if (!(c->stop[0] = strdup(stop->valuestring))) { st = nomem(err); goto done; }
+            if (!(c->stop[0] = strdup(stop->valuestring))) {
+                st = nomem(err);
+                goto done;
+            }
             c->n_stop = 1;
         }
     } else if (cJSON_IsArray(stop)) {
         const cJSON *s;
         cJSON_ArrayForEach(s, stop) {
             if (!cJSON_IsString(s)) {
-                st = parse_fail(err, 400, "stop", "invalid_type", "'stop' must be a string or an array of strings");
+                st = parse_fail(err, 400, "stop", "invalid_type",
+                                "'stop' must be a string or an array of strings");
                 goto done;
             }
             if (!s->valuestring[0]) continue;
             if (c->n_stop >= PARSE_MAX_STOP) {
-                st = parse_fail(err, 400, "stop", "invalid_value", "at most %d stop strings", PARSE_MAX_STOP);
+                st = parse_fail(err, 400, "stop", "invalid_value", "at most %d stop strings",
+                                PARSE_MAX_STOP);
                 goto done;
             }
-            if (!(c->stop[c->n_stop] = strdup(s->valuestring))) { st = nomem(err); goto done; }
+            if (!(c->stop[c->n_stop] = strdup(s->valuestring))) {
+                st = nomem(err);
+                goto done;
+            }
             c->n_stop++;
         }
     } else if (stop) {
-        st = parse_fail(err, 400, "stop", "invalid_type", "'stop' must be a string or an array of strings");
+        st = parse_fail(err, 400, "stop", "invalid_type",
+                        "'stop' must be a string or an array of strings");
         goto done;
     }
-    if ((st = get_string(root, "user", false, true, PARSE_MAX_ID, &c->user, err)) != IS_OK) goto done;
+    if ((st = get_string(root, "user", false, true, PARSE_MAX_ID, &c->user, err)) != IS_OK)
+        goto done;
     if (c->user && (st = parse_id_check("user", c->user, strlen(c->user), err)) != IS_OK) goto done;
     if ((st = parse_memory_opts(field(root, "memory"), &lim, c, err)) != IS_OK) goto done;
     const cJSON *tools = field(root, "tools");
@@ -514,8 +537,8 @@ is_status parse_memory_add(const char *body, size_t len, const parse_limits *lim
     a->infer = true;
     cJSON *root = parse_object(body, len, err);
     if (!root) return IS_ERR_INVALID_ARG;
-    static const char *const allowed[] = {"messages", "facts", "user_id", "agent_id", "run_id",
-                                          "metadata", "infer", NULL};
+    static const char *const allowed[] = {"messages", "facts",    "user_id", "agent_id",
+                                          "run_id",   "metadata", "infer",   NULL};
     is_status st = only_fields(root, allowed, err);
     if (st != IS_OK) goto done;
     if ((st = set_id(&a->user_id, field(root, "user_id"), "user_id", err)) != IS_OK) goto done;
@@ -537,7 +560,8 @@ is_status parse_memory_add(const char *body, size_t len, const parse_limits *lim
         goto done;
     if (facts) {
         if (!cJSON_IsArray(facts)) {
-            st = parse_fail(err, 400, "facts", "invalid_type", "'facts' must be an array of strings");
+            st = parse_fail(err, 400, "facts", "invalid_type",
+                            "'facts' must be an array of strings");
             goto done;
         }
         int n = cJSON_GetArraySize(facts);
@@ -546,7 +570,10 @@ is_status parse_memory_add(const char *body, size_t len, const parse_limits *lim
                             lim.max_facts);
             goto done;
         }
-        if (!(a->facts = calloc((size_t)n, sizeof *a->facts))) { st = nomem(err); goto done; }
+        if (!(a->facts = calloc((size_t)n, sizeof *a->facts))) {
+            st = nomem(err);
+            goto done;
+        }
         const cJSON *f;
         cJSON_ArrayForEach(f, facts) {
             if (!cJSON_IsString(f) || !f->valuestring[strspn(f->valuestring, " \t\r\n")]) {
@@ -554,7 +581,10 @@ is_status parse_memory_add(const char *body, size_t len, const parse_limits *lim
                                 "facts[%d] must be a non-empty string", a->n_facts);
                 goto done;
             }
-            if (!(a->facts[a->n_facts] = strdup(f->valuestring))) { st = nomem(err); goto done; }
+            if (!(a->facts[a->n_facts] = strdup(f->valuestring))) {
+                st = nomem(err);
+                goto done;
+            }
             a->n_facts++;
         }
     }
@@ -578,8 +608,8 @@ is_status parse_memory_search(const char *body, size_t len, const parse_limits *
     s->top_k = lim.default_top_k;
     cJSON *root = parse_object(body, len, err);
     if (!root) return IS_ERR_INVALID_ARG;
-    static const char *const allowed[] = {"query", "top_k", "limit", "user_id", "agent_id",
-                                          "run_id", "filters", NULL};
+    static const char *const allowed[] = {"query",    "top_k",  "limit",   "user_id",
+                                          "agent_id", "run_id", "filters", NULL};
     is_status st = only_fields(root, allowed, err);
     if (st != IS_OK) goto done;
     if ((st = get_string(root, "query", true, true, 0, &s->query, err)) != IS_OK) goto done;
@@ -593,10 +623,13 @@ is_status parse_memory_search(const char *body, size_t len, const parse_limits *
     if (present) s->top_k = (int32_t)v;
     if ((st = get_int(root, "top_k", "top_k", 1, lim.max_k, &present, &v, err)) != IS_OK) goto done;
     if (present) s->top_k = (int32_t)v;
-    if ((st = set_id(&s->filters.user_id, field(root, "user_id"), "user_id", err)) != IS_OK) goto done;
-    if ((st = set_id(&s->filters.agent_id, field(root, "agent_id"), "agent_id", err)) != IS_OK) goto done;
+    if ((st = set_id(&s->filters.user_id, field(root, "user_id"), "user_id", err)) != IS_OK)
+        goto done;
+    if ((st = set_id(&s->filters.agent_id, field(root, "agent_id"), "agent_id", err)) != IS_OK)
+        goto done;
     if ((st = set_id(&s->filters.run_id, field(root, "run_id"), "run_id", err)) != IS_OK) goto done;
-    if ((st = parse_filters_obj(field(root, "filters"), "filters", &s->filters, err)) != IS_OK) goto done;
+    if ((st = parse_filters_obj(field(root, "filters"), "filters", &s->filters, err)) != IS_OK)
+        goto done;
     if (!s->filters.user_id) {
         st = parse_fail(err, 400, "user_id", "missing_field",
                         "'user_id' is required (at the top level or in 'filters')");
@@ -616,8 +649,7 @@ void parse_mem_update_free(parse_mem_update *u) {
     memset(u, 0, sizeof *u);
 }
 
-is_status parse_memory_update(const char *body, size_t len, parse_mem_update *u,
-                              parse_error *err) {
+is_status parse_memory_update(const char *body, size_t len, parse_mem_update *u, parse_error *err) {
     memset(u, 0, sizeof *u);
     cJSON *root = parse_object(body, len, err);
     if (!root) return IS_ERR_INVALID_ARG;
@@ -635,13 +667,17 @@ is_status parse_memory_update(const char *body, size_t len, parse_mem_update *u,
         }
         if ((st = get_string(root, names[i], true, true, 0, &u->text, err)) != IS_OK) goto done;
         if (!u->text[strspn(u->text, " \t\r\n")]) {
-            st = parse_fail(err, 400, names[i], "invalid_value", "'%s' must not be blank", names[i]);
+            st =
+                parse_fail(err, 400, names[i], "invalid_value", "'%s' must not be blank", names[i]);
             goto done;
         }
     }
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     if (cJSON_IsNull(md)) {
-        if (!(u->metadata_json = strdup("{}"))) { st = nomem(err); goto done; }
+        if (!(u->metadata_json = strdup("{}"))) {
+            st = nomem(err);
+            goto done;
+        }
     } else if ((st = metadata_field(root, &u->metadata_json, err)) != IS_OK) {
         goto done;
     }
@@ -699,7 +735,8 @@ is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
              * a key or value short and widen a delete filter. */
             size_t vl = strlen(v);
             const char *end = NULL;
-            cJSON *m = has_escaped_nul(v, vl) ? NULL : cJSON_ParseWithLengthOpts(v, vl, &end, false);
+            cJSON *m =
+                has_escaped_nul(v, vl) ? NULL : cJSON_ParseWithLengthOpts(v, vl, &end, false);
             for (const char *p = end; m && p && p < v + vl; p++) {
                 if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
                     cJSON_Delete(m);
@@ -719,7 +756,8 @@ is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
             cJSON_Delete(m);
         } else {
             st = parse_fail(err, 400, k, "unknown_field",
-                            "unknown query parameter '%.60s' (user_id, agent_id, run_id, metadata)", k);
+                            "unknown query parameter '%.60s' (user_id, agent_id, run_id, metadata)",
+                            k);
         }
     }
     if (st == IS_OK && require_user && !f->user_id)

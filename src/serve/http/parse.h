@@ -36,15 +36,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PARSE_MAX_STOP 16     /* stop strings per request */
-#define PARSE_MAX_META 32     /* metadata equality filters */
-#define PARSE_MAX_ID 256      /* bytes of a user_id, agent_id or run_id */
+#define PARSE_MAX_STOP 16  /* stop strings per request */
+#define PARSE_MAX_META 32  /* metadata equality filters */
+#define PARSE_MAX_ID   256 /* bytes of a user_id, agent_id or run_id */
 
 typedef struct parse_error {
-    int status;        /* HTTP status: 400 (or 413) */
+    int status; /* HTTP status: 400 (or 413) */
     char message[512];
-    char param[64];    /* the offending field, "" if none */
-    char code[64];     /* machine-readable code, "" if none */
+    char param[64]; /* the offending field, "" if none */
+    char code[64];  /* machine-readable code, "" if none */
 } parse_error;
 
 /* Sets err (all fields) and returns IS_ERR_INVALID_ARG. param/code may be
@@ -67,7 +67,7 @@ parse_limits parse_default_limits(void);
 /* ---- filters --------------------------------------------------------------------- */
 
 typedef struct parse_filters {
-    char *user_id;   /* NULL if absent */
+    char *user_id; /* NULL if absent */
     char *agent_id;
     char *run_id;
     char *meta_keys[PARSE_MAX_META];
@@ -92,31 +92,31 @@ typedef enum parse_mode {
 } parse_mode;
 
 typedef struct parse_chat {
-    char *model;               /* NULL if absent */
+    char *model; /* NULL if absent */
     parse_message *messages;
     int32_t n_messages;
-    int32_t max_tokens;        /* max_tokens or max_completion_tokens, else the default */
-    float temperature;         /* default 1.0 (OpenAI's) */
-    float top_p;               /* default 1.0 */
-    int32_t top_k;             /* extension; default 0 (off) */
-    uint64_t seed;             /* 0 if absent */
+    int32_t max_tokens; /* max_tokens or max_completion_tokens, else the default */
+    float temperature;  /* default 1.0 (OpenAI's) */
+    float top_p;        /* default 1.0 */
+    int32_t top_k;      /* extension; default 0 (off) */
+    uint64_t seed;      /* 0 if absent */
     bool has_seed;
     char *stop[PARSE_MAX_STOP];
     int32_t n_stop;
     bool stream;
-    bool include_usage;        /* stream_options.include_usage (default true) */
-    char *user;                /* NULL if absent */
-    bool has_memory;           /* a "memory" object was given */
-    int32_t k;                 /* memory.k (default limits->default_k) */
-    parse_mode mode;           /* memory.mode */
-    parse_filters filters;     /* memory.filters */
+    bool include_usage;    /* stream_options.include_usage (default true) */
+    char *user;            /* NULL if absent */
+    bool has_memory;       /* a "memory" object was given */
+    int32_t k;             /* memory.k (default limits->default_k) */
+    parse_mode mode;       /* memory.mode */
+    parse_filters filters; /* memory.filters */
 } parse_chat;
 
 /* Parses a POST /v1/chat/completions body. lim may be NULL (defaults).
  * IS_OK, or IS_ERR_INVALID_ARG with *err set; IS_ERR_NOMEM. *out must be
  * freed with parse_chat_free in every case. */
-is_status parse_chat_request(const char *body, size_t len, const parse_limits *lim,
-                             parse_chat *out, parse_error *err);
+is_status parse_chat_request(const char *body, size_t len, const parse_limits *lim, parse_chat *out,
+                             parse_error *err);
 void parse_chat_free(parse_chat *c);
 
 /* The text retrieval uses: the content of the last user message, NULL if
@@ -137,7 +137,7 @@ typedef struct parse_mem_add {
     char *user_id;
     char *agent_id;
     char *run_id;
-    char *metadata_json;       /* a flat object, unformatted; NULL if absent */
+    char *metadata_json; /* a flat object, unformatted; NULL if absent */
     bool infer;
 } parse_mem_add;
 
@@ -194,7 +194,7 @@ is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
  * IS_ERR_INVALID_ARG with *err set (400, code invalid_value). */
 is_status parse_id_check(const char *name, const char *s, size_t len, parse_error *err);
 
-#define PARSE_MAX_URL 8192    /* bytes of a request target (path and query), raw */
+#define PARSE_MAX_URL 8192 /* bytes of a request target (path and query), raw */
 
 /* Checks a raw request target (as received, before percent-decoding):
  * at most PARSE_MAX_URL bytes (414 above, code uri_too_long), and neither

@@ -19,16 +19,25 @@
 #include <unistd.h>
 
 http_limits http_default_limits(void) {
-    return (http_limits){.max_body_bytes = 1u << 20, .max_prompt_tokens = 4096,
-                         .max_in_flight = 64, .max_in_flight_tenant = -1,
-                         .max_connections = 512, .connection_timeout_s = 30,
-                         .header_timeout_s = 10, .body_timeout_s = 60, .max_fact_bytes = 4096,
-                         .extract_max_tokens = 512, .parse = parse_default_limits()};
+    return (http_limits){.max_body_bytes = 1u << 20,
+                         .max_prompt_tokens = 4096,
+                         .max_in_flight = 64,
+                         .max_in_flight_tenant = -1,
+                         .max_connections = 512,
+                         .connection_timeout_s = 30,
+                         .header_timeout_s = 10,
+                         .body_timeout_s = 60,
+                         .max_fact_bytes = 4096,
+                         .extract_max_tokens = 512,
+                         .parse = parse_default_limits()};
 }
 
 http_config http_default_config(void) {
-    return (http_config){.host = "127.0.0.1", .port = 8080, .limits = http_default_limits(),
-                         .no_auth_tenant = "default", .model_id = "inferscale"};
+    return (http_config){.host = "127.0.0.1",
+                         .port = 8080,
+                         .limits = http_default_limits(),
+                         .no_auth_tenant = "default",
+                         .model_id = "inferscale"};
 }
 
 double http_now_ms(void) {
@@ -72,7 +81,8 @@ static enum MHD_Result queue_buffer(http_req *r, int status, char *buf, size_t l
      * client refused once gets no kept-alive connection to hold. */
     if (r->early_status) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     /* Overload and shutdown are passing states: say when to come back. */
-    if (status == 429 || status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (status == 429 || status == 503)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     /* The answer is complete: its slot goes now, not at MHD's completion
@@ -89,8 +99,9 @@ enum MHD_Result http_send_json(http_req *r, int status, cJSON *body) {
     char *txt = body ? cJSON_PrintUnformatted(body) : NULL;
     cJSON_Delete(body);
     if (!txt) {
-        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                                  "\"param\":null,\"code\":\"out_of_memory\"}}";
+        static const char oom[] =
+            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+            "\"param\":null,\"code\":\"out_of_memory\"}}";
         txt = strdup(oom);
         status = 500;
         if (!txt) return MHD_NO;
@@ -142,16 +153,12 @@ enum MHD_Result http_send_status(http_req *r, is_status st, const char *what) {
     switch (st) {
     case IS_ERR_INVALID_ARG:
         return http_send_error(r, 400, NULL, "invalid_value", "%s: %s", what, msg);
-    case IS_ERR_NOT_FOUND:
-        return http_send_error(r, 404, NULL, "not_found", "%s: %s", what, msg);
+    case IS_ERR_NOT_FOUND: return http_send_error(r, 404, NULL, "not_found", "%s: %s", what, msg);
     case IS_ERR_CONTEXT_FULL:
         return http_send_error(r, 400, "messages", "context_length_exceeded", "%s: %s", what, msg);
-    case IS_ERR_BUSY:
-        return http_send_error(r, 503, NULL, "overloaded", "%s: %s", what, msg);
-    case IS_ERR_CANCELLED:
-        return http_send_error(r, 503, NULL, "cancelled", "%s: %s", what, msg);
-    default:
-        return http_send_error(r, 500, NULL, "internal_error", "%s: %s", what, msg);
+    case IS_ERR_BUSY: return http_send_error(r, 503, NULL, "overloaded", "%s: %s", what, msg);
+    case IS_ERR_CANCELLED: return http_send_error(r, 503, NULL, "cancelled", "%s: %s", what, msg);
+    default: return http_send_error(r, 500, NULL, "internal_error", "%s: %s", what, msg);
     }
 }
 
@@ -268,8 +275,8 @@ static enum MHD_Result send_models(http_req *r, const char *id) {
     http_server *s = r->srv;
     if (id && *id) {
         if (strcmp(id, s->model_id) != 0)
-            return http_send_error(r, 404, "model", "model_not_found", "The model '%.200s' does not exist",
-                                   id);
+            return http_send_error(r, 404, "model", "model_not_found",
+                                   "The model '%.200s' does not exist", id);
         return http_send_json(r, 200, model_object(s));
     }
     cJSON *o = cJSON_CreateObject();
@@ -284,7 +291,8 @@ static enum MHD_Result send_models(http_req *r, const char *id) {
 static metrics_route classify(const char *path, const char **rest) {
     *rest = NULL;
     if (strcmp(path, "/health") == 0 || strcmp(path, "/health/") == 0) return METRICS_ROUTE_HEALTH;
-    if (strcmp(path, "/metrics") == 0 || strcmp(path, "/metrics/") == 0) return METRICS_ROUTE_METRICS;
+    if (strcmp(path, "/metrics") == 0 || strcmp(path, "/metrics/") == 0)
+        return METRICS_ROUTE_METRICS;
     if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/chat/completions/") == 0)
         return METRICS_ROUTE_CHAT;
     if (strncmp(path, "/v1/models", 10) == 0 && (path[10] == '\0' || path[10] == '/')) {
@@ -331,8 +339,7 @@ static enum MHD_Result dispatch(http_req *r) {
     case METRICS_ROUTE_SEARCH:
         if (!post) return http_send_error(r, 405, NULL, "method_not_allowed", "use POST");
         return http_memories(r, rest);
-    case METRICS_ROUTE_MEMORIES:
-        return http_memories(r, rest);
+    case METRICS_ROUTE_MEMORIES: return http_memories(r, rest);
     default:
         (void)s;
         return http_send_error(r, 404, NULL, "not_found", "no route %.200s %.200s", r->method,
@@ -367,8 +374,8 @@ static enum MHD_Result send_early(http_req *r) {
  * daemon's memory limit (HTTP_MHD_MEMORY) is set well above it so that
  * such requests reach this check instead of MHD's own error page. */
 #define HTTP_MAX_HEADER_BYTES ((size_t)32 << 10)
-#define HTTP_MAX_QUERY_ARGS 64
-#define HTTP_MHD_MEMORY ((size_t)512 << 10)
+#define HTTP_MAX_QUERY_ARGS   64
+#define HTTP_MHD_MEMORY       ((size_t)512 << 10)
 
 static http_req *req_new(http_server *s, struct MHD_Connection *conn) {
     http_req *r = calloc(1, sizeof *r);
@@ -433,7 +440,8 @@ static bool admit(http_req *r, unsigned long long *announced) {
             size_t hl = 0;
             const char *h = NULL;
             if (MHD_lookup_connection_value_n(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
-                                              strlen(MHD_HTTP_HEADER_AUTHORIZATION), &h, &hl) != MHD_YES)
+                                              strlen(MHD_HTTP_HEADER_AUTHORIZATION), &h,
+                                              &hl) != MHD_YES)
                 h = NULL;
             const char *t = h && strlen(h) == hl ? auth_tenant(s->cfg.keys, h) : NULL;
             if (!t) {
@@ -445,7 +453,8 @@ static bool admit(http_req *r, unsigned long long *announced) {
             snprintf(r->tenant, sizeof r->tenant, "%s", t);
         }
     }
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
         char *end;
         errno = 0;
@@ -503,7 +512,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                  r->route != METRICS_ROUTE_OTHER;
         unsigned long long announced = 0;
         if (!admit(r, &announced)) {
-            const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+            const char *ex =
+                MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
             /* A 413 is answered at once too when the client waits for a
              * go-ahead before sending its body. */
             if (r->early_status != 413 || announced > DROP_MAX ||
@@ -532,7 +542,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
             free(r->body);
             r->body = NULL;
             r->len = r->cap = 0;
-            set_early(r, 413, "request_too_large", "the request body is larger than %zu bytes", max_body);
+            set_early(r, 413, "request_too_large", "the request body is larger than %zu bytes",
+                      max_body);
             return MHD_YES;
         }
         if (r->len + n + 1 > r->cap) {
@@ -580,10 +591,10 @@ static void log_request(http_server *s, http_req *r, enum MHD_RequestTermination
     if (r->err_code[0]) cJSON_AddStringToObject(o, "error", r->err_code);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         cJSON_AddStringToObject(o, "terminated",
-                                toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? "timeout"
+                                toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED   ? "timeout"
                                 : toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? "shutdown"
-                                : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? "client_abort"
-                                                                              : "error");
+                                : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT    ? "client_abort"
+                                                                                : "error");
     if (r->mode >= 0) {
         static const char *const modes[] = {"kv", "prompt", "off"};
         cJSON_AddStringToObject(o, "mode", modes[r->mode]);
@@ -654,12 +665,14 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
 static is_status bind_listen(const char *host, int port, int *fd_out, int *port_out, bool *v6) {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
     struct addrinfo *res = NULL;
     int gai = getaddrinfo(host, ps, &hints, &res);
     if (gai != 0)
-        return is_error_set(IS_ERR_INVALID_ARG, "cannot resolve host '%s': %s", host, gai_strerror(gai));
+        return is_error_set(IS_ERR_INVALID_ARG, "cannot resolve host '%s': %s", host,
+                            gai_strerror(gai));
     int err = 0;
     for (struct addrinfo *a = res; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -691,7 +704,8 @@ static is_status bind_listen(const char *host, int port, int *fd_out, int *port_
 is_status http_server_start(const http_config *c, http_server **out) {
     if (!c || !out) return is_error_set(IS_ERR_INVALID_ARG, "http_server_start: NULL argument");
     if (!c->no_auth && (!c->keys || auth_keys_count(c->keys) == 0))
-        return is_error_set(IS_ERR_INVALID_ARG, "no API keys given (a keys file, or no_auth for local use)");
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "no API keys given (a keys file, or no_auth for local use)");
     if (c->port < 0 || c->port > 65535)
         return is_error_set(IS_ERR_INVALID_ARG, "port %d is out of range", c->port);
     const char *t0 = c->no_auth_tenant ? c->no_auth_tenant : "default";
@@ -735,18 +749,15 @@ is_status http_server_start(const http_config *c, http_server **out) {
     /* The guard decides who gets in (evicting idle connections at the
      * limit); MHD's own limit sits above it, for evicted connections whose
      * threads are still closing. */
-    s->d = MHD_start_daemon(flags, 0, on_accept, s, on_access, s,
-                            MHD_OPTION_LISTEN_SOCKET, fd,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTP_MHD_MEMORY,
-                            MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)(s->cfg.limits.max_connections + HTTP_GUARD_EVICT_SLACK),
-                            MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)(s->cfg.limits.connection_timeout_s > 0
-                                           ? s->cfg.limits.connection_timeout_s : 0),
-                            MHD_OPTION_END);
+    s->d = MHD_start_daemon(
+        flags, 0, on_accept, s, on_access, s, MHD_OPTION_LISTEN_SOCKET, fd,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        HTTP_MHD_MEMORY, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(s->cfg.limits.max_connections + HTTP_GUARD_EVICT_SLACK),
+        MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)(s->cfg.limits.connection_timeout_s > 0 ? s->cfg.limits.connection_timeout_s : 0),
+        MHD_OPTION_END);
     if (!s->d) {
         close(fd);
         st = is_error_set(IS_ERR_IO, "cannot start the HTTP daemon on %s:%d", s->host, s->port);

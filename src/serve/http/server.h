@@ -84,22 +84,22 @@ typedef struct http_limits {
 } http_limits;
 
 typedef struct http_config {
-    const char *host;             /* address to bind (default "127.0.0.1"; "::1", "0.0.0.0", a name) */
-    int port;                     /* 0: a free port, see http_server_port (default 8080) */
+    const char *host; /* address to bind (default "127.0.0.1"; "::1", "0.0.0.0", a name) */
+    int port;         /* 0: a free port, see http_server_port (default 8080) */
     http_limits limits;
-    const auth_keys *keys;        /* borrowed; required unless no_auth */
-    bool no_auth;                 /* every request is tenant no_auth_tenant */
-    const char *no_auth_tenant;   /* default "default" */
-    const char *model_id;         /* name in /v1/models and in responses (default "inferscale") */
-    sched *sched;                 /* borrowed; NULL: chat and infer=true answer 503 */
-    memory *mem;                  /* borrowed; NULL: memory routes answer 503 */
-    const tokenizer *tok;         /* borrowed; for max_prompt_tokens (NULL: unchecked) */
-    FILE *log;                    /* request log (NULL: stderr) */
-    bool quiet;                   /* no request log at all */
-    int infer_fallback;           /* an infer=true add whose extraction yields no fact:
+    const auth_keys *keys;      /* borrowed; required unless no_auth */
+    bool no_auth;               /* every request is tenant no_auth_tenant */
+    const char *no_auth_tenant; /* default "default" */
+    const char *model_id;       /* name in /v1/models and in responses (default "inferscale") */
+    sched *sched;               /* borrowed; NULL: chat and infer=true answer 503 */
+    memory *mem;                /* borrowed; NULL: memory routes answer 503 */
+    const tokenizer *tok;       /* borrowed; for max_prompt_tokens (NULL: unchecked) */
+    FILE *log;                  /* request log (NULL: stderr) */
+    bool quiet;                 /* no request log at all */
+    int infer_fallback;         /* an infer=true add whose extraction yields no fact:
                                      HTTP_INFER_FALLBACK_STORE (default) stores the user's
                                      messages as they are, _REJECT answers 422 */
-    bool public_stats;            /* /health and /metrics show counts over all tenants (facts)
+    bool public_stats;          /* /health and /metrics show counts over all tenants (facts)
                                      to callers without a key (default false) */
 } http_config;
 
