@@ -25,8 +25,9 @@ bool cli_parse_kv_dtype(const char *s, kv_dtype *out);
 /* --retrieval: "cpu" or "cuda" (*gpu = true: GPU retrieval, memory/dense_gpu.h). */
 bool cli_parse_retrieval(const char *s, bool *gpu);
 
-/* Progress of long work on stderr with rate and ETA, redrawn in place when
- * stderr is a terminal (at most ~10 times a second) and silent otherwise.
+/* Progress of long work on stderr with rate and ETA: a bar redrawn in place
+ * when stderr is a terminal (at most ~10 times a second), otherwise one plain
+ * line every few seconds and one at the end.
  * t0_ms: when the work started (CLOCK_MONOTONIC ms). */
 void cli_progress(const char *what, int64_t done, int64_t total, double t0_ms);
 

@@ -401,6 +401,12 @@ static void record_id(char *buf, size_t cap, const char *conv, int32_t i, int32_
     snprintf(buf, cap, "%s-%d-w%d%s", conv, i, w, dated ? "-d" : "");
 }
 
+/* Whether the teacher-forced instrument scores a question: categories 1-4
+ * with a gold answer (category 5 has no answer to force). */
+static bool nll_scores(const locomo_question *lq) {
+    return lq->category >= 1 && lq->category <= 4 && lq->answer[0];
+}
+
 /* The teacher-forced instrument for one question (categories 1-4 with a
  * gold answer): one pass per slot on the same retrieved facts, then a
  * report row and one CSV row per slot. gen_f1/gen_em: the generated answers'
@@ -410,7 +416,7 @@ static is_status nll_question(eval_env *env, const locomo_conv *c, char *const *
                               const double *gen_f1, const double *gen_em) {
     const eval_opts *o = env->o;
     const locomo_question *lq = &c->questions[q];
-    if (lq->category < 1 || lq->category > 4 || !lq->answer[0]) return IS_OK;
+    if (!nll_scores(lq)) return IS_OK;
     const model *m = engine_model(env->e);
     const int32_t nv = m->cfg.n_vocab;
     int32_t *ans = NULL, n_ans = 0;
@@ -649,6 +655,13 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         st = is_error_set(IS_ERR_NOMEM, "out of memory");
         goto done;
     }
+    /* Without generation the answering bar never moves: count the scored
+     * questions instead, the only long work left. */
+    char what_nll[64];
+    snprintf(what_nll, sizeof what_nll, "conv %s: scoring questions", c->name);
+    int32_t n_scored = 0, n_to_score = 0;
+    for (int32_t q = 0; q < nq && o->nll && o->no_generate; q++)
+        n_to_score += nll_scores(&c->questions[q]);
     for (int32_t q = 0; q < nq && st == IS_OK; q++) {
         const locomo_question *lq = &c->questions[q];
         size_t ql = strlen(lq->question) + strlen(o->instruction) + 1;
@@ -738,6 +751,8 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
         if (st == IS_OK && o->nll)
             st = nll_question(env, c, shown, q, query, hit_fact + (size_t)q * k, n_hits[q], gen_f1,
                               gen_em);
+        if (st == IS_OK && n_to_score > 0 && nll_scores(lq))
+            cli_progress(what_nll, ++n_scored, n_to_score, ta);
         free(query);
     }
     free(ids);
