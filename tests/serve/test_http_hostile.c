@@ -361,11 +361,12 @@ static void test_unauthenticated_hold(void **state) {
     assert_true(keyed_s < 2.0);
 }
 
-/* Tenant A fills every global slot with requests whose bodies never come;
- * tenant B is still served, and A's requests past its share get 429 with
- * Retry-After. */
-static void test_tenant_starvation(void **state) {
-    (void)state;
+/* One round of tenant A filling every global slot with requests whose
+ * bodies never come: how many were refused 429 (with Retry-After), how many
+ * of the admitted ones timed out while the round watched, and tenant B's
+ * status meanwhile. */
+static void starve_round(int *refused_out, int *retry_after_out, int *timed_out_out,
+                         int *other_out) {
     enum { N = MAX_IN_FLIGHT };
     int fds[N];
     for (int i = 0; i < N; i++) {
@@ -380,7 +381,7 @@ static void test_tenant_starvation(void **state) {
     }
     /* Collect the refusals as they come (a loaded machine takes its
      * time), then wait a little longer for any refusal too many. */
-    int refused = 0, retry_after = 0;
+    int refused = 0, retry_after = 0, timed_out = 0;
     bool seen[N] = {false};
     double t0 = now_s(), settle = 0;
     while (now_s() - t0 < 10 && (!settle || now_s() < settle)) {
@@ -396,6 +397,8 @@ static void test_tenant_starvation(void **state) {
                 struct pollfd q = {.fd = fds[i], .events = POLLIN};
                 assert_true(r.closed || (poll(&q, 1, 2000) > 0 && recv(fds[i], &c, 1, 0) <= 0));
                 retry_after += has_header(&r, "Retry-After") && is_json_error(&r, 429, NULL);
+            } else {
+                timed_out++; /* admitted, then its body's time ran out */
             }
             raw_free(&r);
         }
@@ -403,13 +406,38 @@ static void test_tenant_starvation(void **state) {
         usleep(20 * 1000);
     }
     raw_resp r = raw_request("GET", "/v1/memories/?user_id=someone", KEY_B, NULL);
-    int other = r.status;
+    *other_out = r.status;
     raw_free(&r);
     for (int i = 0; i < N; i++) close(fds[i]);
-    char out[128];
-    snprintf(out, sizeof out, "tenant A: %d of %d refused 429 (%d with Retry-After); tenant B %d",
-             refused, N, retry_after, other);
+    *refused_out = refused;
+    *retry_after_out = retry_after;
+    *timed_out_out = timed_out;
+}
+
+/* Tenant A fills every global slot with requests whose bodies never come;
+ * tenant B is still served, and A's requests past its share get 429 with
+ * Retry-After. An admitted request whose body does not come within the
+ * body timeout frees its slot, and a later one of A's may then take it:
+ * a round in which that happened before all of A's requests were decided
+ * (a slow machine) says nothing about the share, so it is run again,
+ * after the round's requests have drained, up to three times. A server
+ * that admits past the share keeps its extra requests until they time
+ * out, so every round of it is unclean and the test fails. */
+static void test_tenant_starvation(void **state) {
+    (void)state;
+    enum { N = MAX_IN_FLIGHT };
+    int refused = 0, retry_after = 0, timed_out = 0, other = 0, round = 0;
+    for (; round < 3; round++) {
+        if (round) sleep(TIMEOUT_S + 1);
+        starve_round(&refused, &retry_after, &timed_out, &other);
+        if (timed_out == 0) break;
+    }
+    char out[160];
+    snprintf(out, sizeof out,
+             "tenant A: %d of %d refused 429 (%d with Retry-After); tenant B %d; rounds %d",
+             refused, N, retry_after, other, round + (round < 3));
     matrix("one_tenant_fills_slots", N + 1, out);
+    assert_int_equal(timed_out, 0);
     assert_int_equal(other, 200);
     assert_int_equal(refused, N - MAX_IN_FLIGHT_TENANT);
     assert_int_equal(retry_after, refused);
