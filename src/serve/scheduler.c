@@ -1714,6 +1714,16 @@ is_status sched_encode_missing(sched *s) {
     return job_push(s, j, false);
 }
 
+bool sched_fact_kv_here(sched *s, const char *record) {
+    if (!s || !record || !*record) return false;
+    /* The GPU first: a hash lookup, where the store may ask the disk. */
+    fact_index_entry e;
+    if (fact_index_get(s->facts, record, &e) &&
+        engine_fact_resident(s->e, e.content_id, e.n_tokens))
+        return true;
+    return s->mem && record_store_contains(memory_record_store(s->mem), record);
+}
+
 void sched_hold_admission(sched *s, bool hold) {
     pthread_mutex_lock(&s->mu);
     s->hold = hold;

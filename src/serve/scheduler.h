@@ -257,6 +257,13 @@ is_status sched_encode(sched *s, const char *tenant, const char *user, const cha
  * facts left without KV by a previous run), as one encode job per fact. */
 is_status sched_encode_missing(sched *s);
 
+/* Whether this node can inject the KV of the fact record `record` without
+ * encoding it: the GPU holds the KV the fact index knows the record by, or
+ * the memory's record store holds the record (as the scheduler decides at
+ * admission, so a fact added through another node or evicted from disk is
+ * not ready). False for a NULL or empty record. Any thread. */
+bool sched_fact_kv_here(sched *s, const char *record);
+
 /* A snapshot for /metrics and /health. */
 typedef struct sched_stats {
     int32_t queued;        /* requests waiting */

@@ -5,18 +5,22 @@
  * Node A (its own SQLite store) adds two users' facts through the API and
  * encodes their KV at add time. Node B shares A's rows (store_url: A's
  * memory.db, as nodes share PostgreSQL) and has none of the records:
- *   - starting B encodes nothing;
+ *   - starting B encodes nothing, and the memory routes report none of
+ *     the facts kv_ready on B (their rows name records B does not hold)
+ *     while A reports them all;
  *   - B's first chat of a user encodes the user's facts (usage.facts.encoded)
  *     and injects them: the answer is the greedy text of ask (ask_run) on
  *     records ask_encode_facts made of the same facts in the same batch,
  *     and B's records are bitwise those records; the second chat reads them
  *     from disk (usage.facts.disk) and answers the same; /metrics counts
- *     them under tier "encoded";
+ *     them under tier "encoded"; the user's facts are kv_ready on B from
+ *     that first chat on, the other user's not yet;
  *   - B restarted without its record directory (a lost disk loses only
  *     cache) encodes them again and answers the same;
  *   - B with a record cap of two records: the other user's chat evicts
  *     the first user's records (the least recently used), whose
- *     next chat encodes them again, answering the same.
+ *     next chat encodes them again, answering the same; meanwhile they
+ *     are not kv_ready (on the GPU they are: it still holds their KV).
  *
  * Built twice: for the CPU backend (CI) and, as test_serve_demand_cuda
  * (label gpu, exit 77 without a device), for the CUDA backend as `serve
@@ -125,6 +129,7 @@ static int count_records(const char *dir) {
 typedef struct answer {
     char text[1024];
     int gpu, host, disk, encoded, text_facts;
+    int kv_ready; /* memory.kv_ready: the facts with KV on the node as the chat came */
     char ids[N_FACTS][MEMORY_ID_SIZE];
     int n_ids;
 } answer;
@@ -156,6 +161,7 @@ static answer chat(http_app *a, int user) {
     ans.disk = usage_int(f, "disk");
     ans.encoded = usage_int(f, "encoded");
     ans.text_facts = usage_int(f, "text");
+    ans.kv_ready = usage_int(cJSON_GetObjectItem(r.json, "memory"), "kv_ready");
     const cJSON *ids = cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "memory"), "facts");
     ans.n_ids = cJSON_GetArraySize(ids);
     assert_int_equal(ans.n_ids, N_FACTS);
@@ -168,12 +174,13 @@ static answer chat(http_app *a, int user) {
     return ans;
 }
 
-/* Every fact injected, `encoded` of them encoded for the request and the
- * rest read again: from disk on the CPU (no GPU cache or host tier), from
- * the GPU's fact cache on the GPU. */
+/* Every fact injected, `encoded` of them encoded for the request (the
+ * ones the chat found not kv_ready) and the rest read again: from disk on
+ * the CPU (no GPU cache or host tier), from the GPU's fact cache on the GPU. */
 static void expect_facts(const answer *a, int encoded) {
     assert_int_equal(a->text_facts, 0);
     assert_int_equal(a->encoded, encoded);
+    assert_int_equal(a->kv_ready, N_FACTS - encoded);
     assert_int_equal(a->host, 0);
     assert_int_equal(ON_GPU ? a->gpu : a->disk, N_FACTS - encoded);
 }
@@ -189,6 +196,32 @@ static double metric(http_app *a, const char *line_start) {
     double v = strtod(at + strlen(want), NULL);
     test_resp_free(&r);
     return v;
+}
+
+/* How many of a user's N_FACTS facts report kv_ready, through the list
+ * route of memories.c and Mem0's filtered list of mem0.c (which agree). */
+static int kv_ready(http_app *a, int user) {
+    int n[2] = {0, 0};
+    for (int route = 0; route < 2; route++) {
+        char path[128], body[128];
+        snprintf(path, sizeof path, "/v1/memories/?user_id=%s", g_users[user]);
+        snprintf(body, sizeof body, "{\"filters\":{\"user_id\":\"%s\"}}", g_users[user]);
+        test_resp r =
+            route == 0 ? test_http_request(http_app_port(a), "GET", path, NULL, NULL, 0, false, 30)
+                       : test_http_request(http_app_port(a), "POST", "/v2/memories/", NULL, body,
+                                           strlen(body), false, 30);
+        if (r.status != 200) fail_msg("list: %ld %s", r.status, r.body ? r.body : "");
+        const cJSON *res = cJSON_GetObjectItem(r.json, "results"), *it;
+        assert_int_equal(cJSON_GetArraySize(res), N_FACTS);
+        cJSON_ArrayForEach(it, res) {
+            const cJSON *v = cJSON_GetObjectItem(it, "kv_ready");
+            assert_true(cJSON_IsBool(v));
+            n[route] += cJSON_IsTrue(v);
+        }
+        test_resp_free(&r);
+    }
+    assert_int_equal(n[0], n[1]);
+    return n[0];
 }
 
 /* ---- the reference: ask on the same facts ------------------------------------------ */
@@ -314,6 +347,8 @@ static void test_kv_on_demand(void **state) {
         usleep(100 * 1000);
     }
     assert_int_equal(ss.facts_encoded, 2 * N_FACTS);
+    assert_int_equal(kv_ready(a, 0), N_FACTS);
+    assert_int_equal(kv_ready(a, 1), N_FACTS);
     http_app_stop(a);
 
     /* Node B on A's rows: its start encodes nothing. */
@@ -322,10 +357,15 @@ static void test_kv_on_demand(void **state) {
     sched_get_stats(http_app_sched(b), &ss);
     assert_int_equal(ss.facts_encoded + ss.encode_queued, 0);
     assert_int_equal(count_records(b_kv), 0);
+    /* The rows name records (A's), which B does not hold. */
+    assert_int_equal(kv_ready(b, 0), 0);
+    assert_int_equal(kv_ready(b, 1), 0);
 
     answer first = chat(b, 0);
     expect_facts(&first, N_FACTS);
     assert_int_equal(count_records(b_kv), N_FACTS);
+    assert_int_equal(kv_ready(b, 0), N_FACTS);
+    assert_int_equal(kv_ready(b, 1), 0);
     answer second = chat(b, 0);
     expect_facts(&second, 0);
     assert_string_equal(second.text, first.text);
@@ -334,6 +374,7 @@ static void test_kv_on_demand(void **state) {
                                  : "inferscale_facts_served_total{tier=\"disk\"} ") == N_FACTS);
     answer bob = chat(b, 1);
     expect_facts(&bob, N_FACTS);
+    assert_int_equal(kv_ready(b, 1), N_FACTS);
     size_t rec_bytes = 0;
     {
         DIR *d = opendir(b_kv);
@@ -363,8 +404,10 @@ static void test_kv_on_demand(void **state) {
     assert_int_equal(test_remove_tree(b_kv), 0);
     b = start(b_dir, a_db, -1);
     assert_int_equal(count_records(b_kv), 0);
+    assert_int_equal(kv_ready(b, 0), 0);
     answer again = chat(b, 0);
     expect_facts(&again, N_FACTS);
+    assert_int_equal(kv_ready(b, 0), N_FACTS);
     assert_string_equal(again.text, first.text);
     answer bob_again = chat(b, 1);
     expect_facts(&bob_again, N_FACTS);
@@ -387,6 +430,9 @@ static void test_kv_on_demand(void **state) {
         if (!ON_GPU) assert_int_equal(bo.encoded, N_FACTS); /* alice's chat evicted them */
         assert_string_equal(bo.text, bob.text);
         assert_true(count_records(b_kv) <= N_FACTS);
+        /* Bob's records took the room of alice's, whose KV only the GPU still holds. */
+        assert_int_equal(kv_ready(b, 1), N_FACTS);
+        assert_int_equal(kv_ready(b, 0), ON_GPU ? N_FACTS : 0);
     }
     answer al = chat(b, 0);
     if (!ON_GPU) expect_facts(&al, N_FACTS);

@@ -615,7 +615,7 @@ enum MHD_Result http_chat(http_req *r) {
             snprintf(rows[i].id, sizeof rows[i].id, "%s", hits[i].fact.id);
             rows[i].tenant = hits[i].fact.tenant;
             rows[i].user = hits[i].fact.user;
-            n_ready += hits[i].fact.kv_record != NULL;
+            n_ready += http_fact_kv_ready(r->srv, &hits[i].fact);
             cJSON_AddItemToArray(ids, cJSON_CreateString(hits[i].fact.id));
         }
         cJSON_AddNumberToObject(meminfo, "kv_ready", n_ready);

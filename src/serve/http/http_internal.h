@@ -107,6 +107,12 @@ void http_iso_time(int64_t unix_ms, char out[32]);
 enum MHD_Result http_chat(http_req *r);
 enum MHD_Result http_memories(http_req *r, const char *rest);
 
+/* A fact's kv_ready (memories.c), for the memory routes and chat: whether
+ * this node can inject its KV without encoding it, i.e. the row names a
+ * record and the GPU or this node's record store holds it
+ * (sched_fact_kv_here; without a scheduler, the record store alone). */
+bool http_fact_kv_ready(http_server *srv, const mem_fact *f);
+
 /* ---- scheduler jobs (chat.c), shared with infer=true extraction ---------------- */
 
 typedef struct chat_job chat_job;

@@ -547,7 +547,7 @@ static enum MHD_Result list_v2(http_req *r) {
     else cJSON_AddNullToObject(o, "previous");
     cJSON *results = cJSON_AddArrayToObject(o, "results");
     for (int64_t i = first; i < last && i < fs.n; i++)
-        cJSON_AddItemToArray(results, http_fact_json(&fs.f[i]));
+        cJSON_AddItemToArray(results, http_fact_json(r->srv, &fs.f[i]));
     res = http_send_json(r, 200, o);
 done:
     fact_set_free(&fs);
@@ -679,7 +679,7 @@ static enum MHD_Result search_v2(http_req *r) {
     qsort(sc, (size_t)ns, sizeof *sc, by_key);
     cJSON *o = cJSON_CreateObject(), *results = cJSON_AddArrayToObject(o, "results");
     for (int32_t i = 0; i < ns && i < top_k; i++) {
-        cJSON *j = http_fact_json(sc[i].f);
+        cJSON *j = http_fact_json(r->srv, sc[i].f);
         cJSON_AddNumberToObject(j, "score", dense ? sc[i].dense : sc[i].rank);
         cJSON_AddNumberToObject(j, "rank_score", sc[i].rank);
         cJSON_AddItemToArray(results, j);

@@ -43,8 +43,9 @@ enum MHD_Result http_mem0_delete_all(http_req *r);
 
 /* ---- from memories.c ---------------------------------------------------------------- */
 
-/* A fact in Mem0's shape (user_id null for HTTP_MEM0_NO_USER). */
-cJSON *http_fact_json(const mem_fact *f);
+/* A fact in Mem0's shape (user_id null for HTTP_MEM0_NO_USER), with
+ * kv_ready from http_fact_kv_ready. */
+cJSON *http_fact_json(http_server *srv, const mem_fact *f);
 
 /* The add of memories.c on a body already in its own form (user_id set).
  * owner, when not NULL, replaces the body's user_id after parsing: the

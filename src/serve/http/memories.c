@@ -26,7 +26,13 @@
 #define MAX_QUERY_ARGS 64
 #define CONTEXT_TURNS  16 /* turns before a fact kept as its encoding context */
 
-cJSON *http_fact_json(const mem_fact *f) {
+bool http_fact_kv_ready(http_server *srv, const mem_fact *f) {
+    if (!f->kv_record) return false;
+    if (srv->cfg.sched) return sched_fact_kv_here(srv->cfg.sched, f->kv_record);
+    return srv->cfg.mem && record_store_contains(memory_record_store(srv->cfg.mem), f->kv_record);
+}
+
+cJSON *http_fact_json(http_server *srv, const mem_fact *f) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", f->id);
     cJSON_AddStringToObject(o, "memory", f->text ? f->text : "");
@@ -44,7 +50,7 @@ cJSON *http_fact_json(const mem_fact *f) {
     else cJSON_AddNullToObject(o, "user_id");
     if (f->agent_id) cJSON_AddStringToObject(o, "agent_id", f->agent_id);
     if (f->run_id) cJSON_AddStringToObject(o, "run_id", f->run_id);
-    cJSON_AddBoolToObject(o, "kv_ready", f->kv_record != NULL);
+    cJSON_AddBoolToObject(o, "kv_ready", http_fact_kv_ready(srv, f));
     cJSON_AddNumberToObject(o, "version", f->version);
     return o;
 }
@@ -491,7 +497,8 @@ static enum MHD_Result list_memories(http_req *r) {
         return http_send_status(r, st, "listing memories");
     }
     cJSON *root = cJSON_CreateObject(), *results = cJSON_AddArrayToObject(root, "results");
-    for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(results, http_fact_json(&facts[i]));
+    for (int32_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(results, http_fact_json(r->srv, &facts[i]));
     mem_facts_free(facts, n);
     parse_filters_free(&pf);
     return http_send_json(r, 200, root);
@@ -512,7 +519,7 @@ static enum MHD_Result search_memories(http_req *r) {
     if (st != IS_OK) return http_send_status(r, st, "searching memories");
     cJSON *root = cJSON_CreateObject(), *results = cJSON_AddArrayToObject(root, "results");
     for (int32_t i = 0; i < n; i++) {
-        cJSON *o = http_fact_json(&hits[i].fact);
+        cJSON *o = http_fact_json(r->srv, &hits[i].fact);
         cJSON_AddNumberToObject(o, "score", hits[i].score);
         cJSON_AddItemToArray(results, o);
     }
@@ -533,7 +540,7 @@ static enum MHD_Result get_one(http_req *r, const char *id) {
     if (st == IS_ERR_NOT_FOUND)
         return http_send_error(r, 404, "memory_id", "memory_not_found", "memory %s not found", id);
     if (st != IS_OK) return http_send_status(r, st, "reading the memory");
-    cJSON *o = http_fact_json(&f);
+    cJSON *o = http_fact_json(r->srv, &f);
     mem_fact_clear(&f);
     return http_send_json(r, 200, o);
 }
@@ -571,7 +578,7 @@ static enum MHD_Result update_one(http_req *r, const char *id) {
         goto out;
     }
     if (u.text && !f.kv_record) encode_later(r, user, id);
-    cJSON *o = http_fact_json(&f);
+    cJSON *o = http_fact_json(r->srv, &f);
     cJSON_AddStringToObject(o, "message", "Memory updated successfully!");
     mem_fact_clear(&f);
     res = http_send_json(r, 200, o);
