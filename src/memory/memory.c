@@ -40,6 +40,7 @@ struct memory {
     void *change_ud;
     pthread_mutex_t write_mu; /* one write at a time, encode to index */
     pthread_mutex_t emb_mu;   /* the embedder keeps work buffers */
+    bool wrote_before;        /* the store holds a trace of a write (see memory_open) */
 };
 
 memory_params memory_default_params(void) {
@@ -364,10 +365,16 @@ is_status memory_open(const char *data_dir, const memory_params *p, memory **out
     if ((st = check_embed_meta(m, name)) != IS_OK) goto fail;
     int64_t n_quarantined = 0;
     if ((st = mem_store_quarantine_bad_rows(m->store, m->dim, &n_quarantined)) != IS_OK) goto fail;
-    /* A store that never recorded anything cannot own records, except the
-     * one a crash during its very first add leaves (writes are serialised,
-     * so a crash leaves at most one record without its row). */
-    if (files.n > 1 && mem_store_count(m->store) == 0 && mem_store_count_history(m->store) <= 0) {
+    /* A store that never recorded anything cannot own records. A batch
+     * writes its records before its rows, so the store notes that writes
+     * began (meta "writes_begun") before the first records: a crash during
+     * the very first batch leaves that note beside its records. */
+    char *begun = NULL;
+    m->wrote_before = mem_store_count(m->store) > 0 || mem_store_count_history(m->store) > 0 ||
+                      (mem_store_meta_get(m->store, "writes_begun", &begun) == IS_OK && begun);
+    free(begun);
+    is_error_clear();
+    if (files.n > 1 && !m->wrote_before) {
         st = is_error_set(IS_ERR_IO,
                           "memory: the fact store %s has no facts and no history but "
                           "%s holds %lld KV records: refusing to start (restore the "
@@ -484,6 +491,15 @@ static void add_write_many(memory *m, const add_prep *const *p, const float *con
         goto out;
     }
     pthread_mutex_lock(&m->write_mu);
+    if (!m->wrote_before && m->encode) {
+        is_status st = mem_store_meta_set(m->store, "writes_begun", "1");
+        if (st != IS_OK) {
+            pthread_mutex_unlock(&m->write_mu);
+            for (int32_t i = 0; i < n; i++) status[i] = st;
+            goto out;
+        }
+        m->wrote_before = true;
+    }
     int32_t nf = 0;
     for (int32_t i = 0; i < n; i++) {
         const memory_add_req *r = p[i]->r;
