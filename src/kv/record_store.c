@@ -842,9 +842,10 @@ out:
 
 /* ---- get / release --------------------------------------------------------------------- */
 
-/* Reads and checks <id>.fkv into a new, uncached entry. */
-static is_status load_file(record_store *s, const char *id, rs_entry **out) {
-    char name[RS_NAME_CAP];
+/* Opens <id>.fkv for reading: its descriptor and size (not empty), or the
+ * error that names it. */
+static is_status open_record(record_store *s, const char *id, char name[RS_NAME_CAP], int *fd_out,
+                             struct stat *sb) {
     final_name(name, id);
     int fd = openat(s->dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -853,18 +854,28 @@ static is_status load_file(record_store *s, const char *id, rs_entry **out) {
         return is_error_set(IS_ERR_IO, "record store: cannot open %s/%s: %s", s->dir, name,
                             strerror(errno));
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
+    if (fstat(fd, sb) != 0) {
         int err = errno;
         close(fd);
         return is_error_set(IS_ERR_IO, "record store: cannot stat %s/%s: %s", s->dir, name,
                             strerror(err));
     }
-    if (sb.st_size <= 0) {
+    if (sb->st_size <= 0) {
         close(fd);
         return is_error_set(IS_ERR_FORMAT, "record store: %s/%s is empty (truncated record)",
                             s->dir, name);
     }
+    *fd_out = fd;
+    return IS_OK;
+}
+
+/* Reads and checks <id>.fkv into a new, uncached entry. */
+static is_status load_file(record_store *s, const char *id, rs_entry **out) {
+    char name[RS_NAME_CAP];
+    struct stat sb;
+    int fd = -1;
+    is_status ost = open_record(s, id, name, &fd, &sb);
+    if (ost != IS_OK) return ost;
     size_t len = (size_t)sb.st_size;
     void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
@@ -959,26 +970,10 @@ is_status record_store_read_into(record_store *s, const char *id, const fact_kv_
     if (!alloc || !release || !out || !buf || !len)
         return is_error_set(IS_ERR_INVALID_ARG, "record store: read_into needs its buffers");
     char name[RS_NAME_CAP];
-    final_name(name, id);
-    int fd = openat(s->dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT)
-            return is_error_set(IS_ERR_NOT_FOUND, "record store: no record '%s' in %s", id, s->dir);
-        return is_error_set(IS_ERR_IO, "record store: cannot open %s/%s: %s", s->dir, name,
-                            strerror(errno));
-    }
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int err = errno;
-        close(fd);
-        return is_error_set(IS_ERR_IO, "record store: cannot stat %s/%s: %s", s->dir, name,
-                            strerror(err));
-    }
-    if (sb.st_size <= 0) {
-        close(fd);
-        return is_error_set(IS_ERR_FORMAT, "record store: %s/%s is empty (truncated record)",
-                            s->dir, name);
-    }
+    int fd = -1;
+    is_status ost = open_record(s, id, name, &fd, &sb);
+    if (ost != IS_OK) return ost;
     const size_t n = (size_t)sb.st_size;
     uint8_t *p = alloc(ud, n);
     if (!p) {
