@@ -26,7 +26,7 @@
 # Carry (the repository copy has none of these): .gpudeps (scripts/
 # gpu_prepare.sh --no-model), .whl (the `gguf` wheel), locomo (a copy of
 # ../shared/data/locomo). Environment: USERS (10), FACTS (100), TIER_GB
-# (0.75), TIER_RUNS, TIER_N (200), SKIP_GPU_BENCH=1, STAGES ("hot tiered
+# (0.75), TIER_RUNS, TIER_N (200), SKIP_GPU_BENCH=1, GPU_BENCH_ARGS (bench_gpu's), STAGES ("hot tiered
 # olddefaults cold"; tiered_host and sessions are added by name: which of
 # the bench_load stages run; SESSION_RUNS, SESSION_N), HOST_GB (8), HOT_RUNS, HOT_N, COLD_RUNS, STAGE_S (each
 # stage's time limit, s; default per stage), GPU_TESTS (ctest names of GPU
@@ -71,9 +71,10 @@ done
 
 # 3. The engine in-process.
 if [ "${SKIP_GPU_BENCH:-0}" != 1 ]; then
-  stamp "bench_gpu -k 5,20,50,100 -u 1,10,50,100,200 -K 50 -r 5 -c bf16x2 -t bf16x2"
-  timeout 150 "$BUILD/bench/bench_gpu" -m "$GGUF" -k 5,20,50,100 -u 1,10,50,100,200 -K 50 -r 5 \
-    -c bf16x2 -t bf16x2 -o "$OUT/bench_gpu.csv" 2>&1 | tee "$LOG/bench_gpu.log" | tee -a "$SUMMARY"
+  GB_ARGS=${GPU_BENCH_ARGS:--k 5,20,50,100 -u 1,10,50,100,200 -K 50 -r 5 -c bf16x2 -t bf16x2}
+  stamp "bench_gpu $GB_ARGS"
+  timeout 150 "$BUILD/bench/bench_gpu" -m "$GGUF" $GB_ARGS \
+    -o "$OUT/bench_gpu.csv" 2>&1 | tee "$LOG/bench_gpu.log" | tee -a "$SUMMARY"
   stamp "bench_gpu rc ${PIPESTATUS[0]}"
 fi
 
