@@ -228,7 +228,25 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
             a->recs[(size_t)ri].stamp = a->call;
             a->stats.hits++;
         } else {
-            if (!make_room(a, (size_t)f->n_tokens)) {
+            bool room = make_room(a, (size_t)f->n_tokens);
+            if (!room && i == 0) {
+                /* Nothing placed yet, and hits further down the list hold
+                 * the pages: those that came with their values can be
+                 * filled again when their turn comes, so they give up
+                 * their claim (without this a list longer than the arena
+                 * whose tail is resident never makes progress). */
+                for (int32_t j = 1; j < n_facts; j++) {
+                    const int32_t rj = a->claimed[(size_t)j];
+                    if (rj < 0 || !facts[j].k || !facts[j].v) continue;
+                    a->recs[(size_t)rj].stamp = a->call - 1;
+                    a->claimed[(size_t)j] = -1;
+                }
+                for (int32_t j = 1; j < n_facts; j++) /* the same record, named without values */
+                    if (a->claimed[(size_t)j] >= 0)
+                        a->recs[(size_t)a->claimed[(size_t)j]].stamp = a->call;
+                room = make_room(a, (size_t)f->n_tokens);
+            }
+            if (!room) {
                 /* The rest of the list waits for the next call, in which
                  * the records placed so far may be evicted: their
                  * injection is queued on s before any fill that reuses
@@ -290,7 +308,8 @@ bool cuda_arena_holds(const cuda_arena *a, uint64_t id, int32_t n_tokens) {
 
 is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *pinned) {
     *pinned = false;
-    if (!f->id || f->n_tokens <= 0 || f->n_layers != a->n_layers || f->kv_dim != a->kv_dim)
+    if (!f->id || f->n_tokens <= 0 || f->n_layers != a->n_layers ||
+        f->n_kv_heads != a->n_kv_heads || f->head_dim != a->head_dim)
         return IS_OK;
     auto it = a->by_id.find(f->id);
     if (it != a->by_id.end()) {

@@ -1308,9 +1308,10 @@ static bool cu_fact_prefetch(backend *be, const backend_fact_host *f) {
     }
     bool pinned = false;
     pthread_mutex_lock(&c->arena_mu);
-    /* The arena takes its shape from the first injection, which knows the
-     * heads; until then the caller injects the values itself. */
-    if (c->err == IS_OK && c->arena && cuda_arena_prefetch(c->arena, f, &pinned) != IS_OK)
+    /* A server's first requests prefetch before anything was injected: the
+     * arena is made here then, in the shape the fact names (the model's). */
+    if (c->err == IS_OK && arena_ensure(c, f->n_layers, f->n_kv_heads, f->head_dim) == IS_OK &&
+        cuda_arena_prefetch(c->arena, f, &pinned) != IS_OK)
         pinned = false; /* the caller injects the values itself */
     pthread_mutex_unlock(&c->arena_mu);
     if (!pinned) is_error_clear();

@@ -91,7 +91,7 @@ typedef struct backend_fact {
 typedef struct backend_fact_host {
     uint64_t id;
     int32_t n_tokens;
-    int32_t n_layers, kv_dim;
+    int32_t n_layers, n_kv_heads, head_dim; /* the model's: a backend may shape its cache by them */
     int32_t dtype;
     const void *k, *v;
 } backend_fact_host;

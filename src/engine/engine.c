@@ -1317,7 +1317,8 @@ bool engine_fact_prefetch(engine *e, uint64_t cache_id, int32_t n_tokens, int32_
     backend_fact_host f = {.id = cache_id,
                            .n_tokens = n_tokens,
                            .n_layers = c->n_layers,
-                           .kv_dim = c->n_kv_heads * c->head_dim,
+                           .n_kv_heads = c->n_kv_heads,
+                           .head_dim = c->head_dim,
                            .dtype = dtype,
                            .k = k,
                            .v = v};

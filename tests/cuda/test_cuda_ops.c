@@ -1810,8 +1810,9 @@ static void test_inject(void **state) {
 }
 
 /* The arena: hits skip the upload, the least recently used record goes
- * first, records of the current call are never evicted, and a request
- * larger than the arena is refused. On a backend of its own, since a
+ * first, records of the current call are never evicted, a request larger
+ * than the arena goes in as several placements, and a fact larger than the
+ * arena is refused. On a backend of its own, since a
  * refusal is a sticky failure. */
 static void test_arena(void **state) {
     SKIP_WITHOUT_GPU();
@@ -1877,19 +1878,26 @@ static void test_arena(void **state) {
     printf("  arena: %lld hits, %lld misses, %lld evictions, %lld of %lld pages used\n",
            (long long)st.hits, (long long)st.misses, (long long)st.evictions,
            (long long)st.pages_used, (long long)st.pages_total);
-    /* One request of 41 tokens cannot fit: refused, not truncated. */
+    /* A request of 41 tokens in three facts goes in as two placements
+     * (17 + 17, then 7 over the first part's pages once it is injected). */
     const int32_t big[3] = {17, 17, 7};
     inj_facts D;
     inj_facts_make(&sh, &D, 3, big, 4000);
+    check_inject(be, "arena: 41 tokens of three facts through 40 pages", &sh, &D, true);
+    /* One fact of 41 tokens cannot fit: refused, not truncated. */
+    const int32_t len41[1] = {41};
+    inj_facts E;
+    inj_facts_make(&sh, &E, 1, len41, 5000);
     cuda_opts(be, "kv=bf16");
     float *init = rand_f32((size_t)10 * 2 * 16 * 64, 1.0f);
     int32_t slots[41];
     for (int32_t i = 0; i < 41; i++) slots[i] = i;
-    caches_free(inject_on(be, &sh, &D, 0, slots, init, true), 6);
+    caches_free(inject_on(be, &sh, &E, 0, slots, init, true), 6);
     assert_int_equal(backend_cuda_check(be), IS_ERR_NOMEM);
-    printf("  arena: 41 tokens into 40 pages refused: %s\n", is_error_last());
+    printf("  arena: a fact of 41 tokens into 40 pages refused: %s\n", is_error_last());
     is_error_clear();
     free(init);
+    inj_facts_free(&E);
     inj_facts_free(&A);
     inj_facts_free(&B);
     inj_facts_free(&C);
