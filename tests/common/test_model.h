@@ -50,8 +50,7 @@ void test_facts_to_engine(const test_fact *f, int n, engine_fact *out);
 
 /* Runs toks[0..n) on a new sequence in one batch and closes it: the last
  * token's logits into logits; cap (may be NULL) captures keys and values. */
-void test_prefill(engine *e, const int32_t *toks, int32_t n, engine_kv_capture *cap,
-                  float *logits);
+void test_prefill(engine *e, const int32_t *toks, int32_t n, engine_kv_capture *cap, float *logits);
 
 /* Appends toks[0..n) to sequence seq in one batch: the last token's
  * logits into logits. */

@@ -257,7 +257,8 @@ static void test_batching_invariance(void **state) {
     for (int i = 0; i < N_BATCH; i++) {
         if (modes[i] == ASK_MODE_PROMPT) {
             memset(&ref[i], 0, sizeof ref[i]);
-            ask_request r = test_ask_greedy(ASK_MODE_PROMPT, qs[i], NULL, facts_text, 2, max_tokens);
+            ask_request r =
+                test_ask_greedy(ASK_MODE_PROMPT, qs[i], NULL, facts_text, 2, max_tokens);
             ask_timing t;
             assert_int_equal(ask_run(ac, &r, test_text_collect, &ref[i], &t), IS_OK);
             lens[i] = -1;
