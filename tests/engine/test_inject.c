@@ -32,9 +32,10 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
-#include "test_util.h"
 #include "engine/sampler.h"
 #include "serve/memory_prompt.h"
+#include "test_model.h"
+#include "test_util.h"
 
 static backend *g_be;
 static model *g_model;
@@ -83,18 +84,12 @@ typedef struct encoded {
 } encoded;
 
 static int setup(void **state) {
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
     if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
-    if (memory_prompt_create(g_model, NULL, &g_mp) != IS_OK) return -1;
-    return 0;
+    return test_model_open(g_be, &g_model, &g_mp);
 }
 
 static int teardown(void **state) {
-    memory_prompt_free(g_mp);
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
+    test_model_close(g_be, g_model, g_mp);
     return 0;
 }
 
@@ -104,13 +99,7 @@ static int teardown(void **state) {
     } while (0)
 
 static engine *make_engine(int32_t n_ctx) {
-    engine_params ep = engine_default_params();
-    ep.n_ctx = n_ctx;
-    ep.max_seqs = 4;
-    ep.max_batch = 256;
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
-    return e;
+    return test_engine_create(g_model, test_engine_params(n_ctx, 4, 256));
 }
 
 static int32_t kv_dim(void) { return g_model->cfg.n_kv_heads * g_model->cfg.head_dim; }
