@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "test_model.h"
+#include "test_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,21 @@ void test_model_close(backend *be, model *m, memory_prompt *mp) {
     memory_prompt_free(mp);
     model_free(m);
     if (be) be->ops->free(be);
+}
+
+int test_model_open_scratch(backend *be, model **m, char *dir) {
+    if (test_model_open(be, m, NULL) != 0) return -1;
+    if (*m && !mkdtemp(dir)) {
+        fprintf(stderr, "setup: cannot make %s\n", dir);
+        return -1;
+    }
+    return 0;
+}
+
+int test_model_close_scratch(backend *be, model *m, const char *dir) {
+    bool made = m;
+    test_model_close(be, m, NULL);
+    return made && test_remove_tree(dir) != 0 ? -1 : 0;
 }
 
 engine_params test_engine_params(int32_t n_ctx, int32_t max_seqs, int32_t max_batch) {

@@ -24,6 +24,15 @@ int test_model_open(backend *be, model **m, memory_prompt **mp);
 /* Frees the prompt, the model and the backend (each may be NULL). */
 void test_model_close(backend *be, model *m, memory_prompt *mp);
 
+/* test_model_open without the prompt, and, when the model is there, a
+ * scratch directory made from the mkdtemp template dir (rewritten in
+ * place). 0, or -1 when loading or making the directory fails. */
+int test_model_open_scratch(backend *be, model **m, char *dir);
+
+/* test_model_close, and removes the scratch directory (made when m is not
+ * NULL) with everything in it. 0, or -1 if it could not be removed. */
+int test_model_close_scratch(backend *be, model *m, const char *dir);
+
 /* engine_default_params with these sizes (max_batch 0: the default's). */
 engine_params test_engine_params(int32_t n_ctx, int32_t max_seqs, int32_t max_batch);
 

@@ -53,17 +53,10 @@ static int g_mem_n; /* memory directories made so far */
 
 static int setup(void **state) {
     if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-    if (test_model_open(g_be, &g_model, NULL) != 0) return -1;
-    if (g_model && !mkdtemp(g_dir)) return -1;
-    return 0;
+    return test_model_open_scratch(g_be, &g_model, g_dir);
 }
 
-static int teardown(void **state) {
-    bool made = g_model;
-    test_model_close(g_be, g_model, NULL);
-    if (made && test_remove_tree(g_dir) != 0) return -1;
-    return 0;
-}
+static int teardown(void **state) { return test_model_close_scratch(g_be, g_model, g_dir); }
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \

@@ -248,17 +248,12 @@ static int setup(void **state) {
     if (backend_cuda_configure(g_be, "kv=bf16") != IS_OK)
         fail_msg("kv=bf16: %s", is_error_last()); /* the serving configuration */
 #endif
-    if (test_model_open(g_be, &g_model, NULL) != 0) return -1;
-    if (g_model && !mkdtemp(g_dir)) return -1;
-    return 0;
+    return test_model_open_scratch(g_be, &g_model, g_dir);
 }
 
 static int teardown(void **state) {
     (void)state;
-    bool made = g_model;
-    test_model_close(g_be, g_model, NULL);
-    if (made && test_remove_tree(g_dir) != 0) return -1;
-    return 0;
+    return test_model_close_scratch(g_be, g_model, g_dir);
 }
 
 /* Where the request's facts came from: gpu, host, disk, text. */
