@@ -15,6 +15,38 @@
 #include <string.h>
 #include <sys/stat.h>
 
+const char *const test_locomo_facts[TEST_N_LOCOMO_FACTS] = {
+    "Caroline went to an LGBTQ support group on 7 May 2023.",
+    "Melanie painted a sunrise over a lake last year.",
+    "Caroline is planning to adopt children as a single parent.",
+    "Melanie's kids love going camping in the mountains.",
+    "Caroline moved from Sweden four years ago.",
+    "Melanie ran a charity race for mental health on Saturday.",
+    "Caroline is researching adoption agencies.",
+    "Melanie has been married for five years.",
+    "Caroline gave a talk at a school about her transition.",
+    "Melanie plays the clarinet and started as a child.",
+    "Caroline's grandmother gave her a necklace from Sweden.",
+    "Melanie went to a pottery class with her kids in July.",
+    "Caroline wants to become a counselor for trans youth.",
+    "Melanie read 'Charlotte's Web' to her children.",
+    "Caroline attended a pride parade in June.",
+    "Melanie's family took a road trip to the Grand Canyon.",
+    "Caroline has a guinea pig named Oscar.",
+    "Melanie bought new running shoes last week.",
+    "Caroline's friends threw her a birthday party.",
+    "Melanie is learning to bake sourdough bread.",
+    "Caroline volunteers at a youth center on weekends.",
+    "Melanie's son broke his arm playing soccer.",
+};
+
+const char *const test_locomo_dated_facts[TEST_N_LOCOMO_DATED_FACTS] = {
+    "[7 May 2023] Caroline went to an LGBTQ support group.",
+    "[8 May 2023] Melanie painted a sunrise over a lake last year.",
+    "[25 May 2023] Caroline moved from Sweden four years ago.",
+    "[9 June 2023] Melanie ran a charity race for mental health.",
+};
+
 int test_model_open(backend *be, model **m, memory_prompt **mp) {
     *m = NULL;
     if (mp) *mp = NULL;

@@ -39,6 +39,13 @@ engine_params test_engine_params(int32_t n_ctx, int32_t max_seqs, int32_t max_ba
 /* An engine on m, which must be created. */
 engine *test_engine_create(model *m, engine_params ep);
 
+/* Facts of one LoCoMo conversation (Caroline and Melanie) that the engine
+ * tests encode: as sentences, and led by their session's date. */
+#define TEST_N_LOCOMO_FACTS 22
+extern const char *const test_locomo_facts[TEST_N_LOCOMO_FACTS];
+#define TEST_N_LOCOMO_DATED_FACTS 4
+extern const char *const test_locomo_dated_facts[TEST_N_LOCOMO_DATED_FACTS];
+
 /* A fact's tokens and its keys and values: f32, pre-RoPE,
  * [n_layers][n][n_kv_heads * head_dim]. */
 typedef struct test_fact {

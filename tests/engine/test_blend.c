@@ -56,13 +56,7 @@ static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
 
-static const char *FACTS[] = {
-    "[7 May 2023] Caroline went to an LGBTQ support group.",
-    "[8 May 2023] Melanie painted a sunrise over a lake last year.",
-    "[25 May 2023] Caroline moved from Sweden four years ago.",
-    "[9 June 2023] Melanie ran a charity race for mental health.",
-};
-#define N_FACTS 4
+#define N_FACTS 4 /* of test_locomo_dated_facts */
 
 static int32_t kv_dim(void) { return g_model->cfg.n_kv_heads * g_model->cfg.head_dim; }
 
@@ -127,7 +121,7 @@ static void test_blend(void **state) {
     test_fact f[N_FACTS];
     int32_t total = 0;
     for (int i = 0; i < N_FACTS; i++) {
-        test_fact_encode(e, g_mp, FACTS[i], &f[i]);
+        test_fact_encode(e, g_mp, test_locomo_dated_facts[i], &f[i]);
         total += f[i].n;
     }
     int32_t np, ns, *suf;
@@ -299,7 +293,7 @@ static void test_blend_fault(void **state) {
     const int32_t V = g_model->cfg.n_vocab;
     engine *e = make_engine();
     test_fact f[N_FACTS];
-    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, FACTS[i], &f[i]);
+    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, test_locomo_dated_facts[i], &f[i]);
     int32_t np, ns, *suf;
     memory_prompt_prefix(g_mp, &np);
     assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);

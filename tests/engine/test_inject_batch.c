@@ -44,17 +44,7 @@ static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
 
-static const char *FACTS[] = {
-    "Caroline went to an LGBTQ support group on 7 May 2023.",
-    "Melanie painted a sunrise over a lake last year.",
-    "Caroline is planning to adopt children as a single parent.",
-    "Melanie's kids love going camping in the mountains.",
-    "Caroline moved from Sweden four years ago.",
-    "Melanie ran a charity race for mental health on Saturday.",
-    "Caroline is researching adoption agencies.",
-    "Melanie has been married for five years.",
-};
-#define N_FACTS ((int)(sizeof FACTS / sizeof FACTS[0]))
+#define N_FACTS 8 /* the first of test_locomo_facts */
 
 /* Each fact's pre-RoPE K and V, encoded once. */
 static test_fact g_enc[N_FACTS];
@@ -340,7 +330,7 @@ static int setup(void **state) {
     if (test_model_open(g_be, &g_model, &g_mp) != 0) return -1;
     if (!g_model) return 0;
     engine *e = make_engine(1024);
-    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, FACTS[i], &g_enc[i]);
+    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, test_locomo_facts[i], &g_enc[i]);
     engine_free(e);
     return 0;
 }

@@ -37,12 +37,7 @@ static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
 
-static const char *FACTS[] = {
-    "[7 May 2023] Caroline went to an LGBTQ support group.",
-    "[8 May 2023] Melanie painted a sunrise over a lake last year.",
-    "[25 May 2023] Caroline moved from Sweden four years ago.",
-};
-#define N_FACTS 3
+#define N_FACTS 3 /* the first of test_locomo_dated_facts */
 
 static engine *make_engine(void) {
     return test_engine_create(g_model, test_engine_params(1024, 4, 256));
@@ -101,7 +96,7 @@ static void test_recompute(void **state) {
     const int32_t V = g_model->cfg.n_vocab;
     engine *e = make_engine();
     test_fact f[N_FACTS];
-    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, FACTS[i], &f[i]);
+    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, test_locomo_dated_facts[i], &f[i]);
     int32_t np, ns, *suf;
     memory_prompt_prefix(g_mp, &np);
     assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
