@@ -10,10 +10,36 @@
 
 #include "test_sched.h"
 
+#include "test_model.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+int test_ask_stack_open(test_ask_stack *s, int32_t n_ctx, char *dir) {
+    memset(s, 0, sizeof *s);
+    if (backend_cpu_create(0, &s->be) != IS_OK) return -1;
+    if (test_model_open_scratch(s->be, &s->model, dir) != 0) return -1;
+    if (!s->model) return 0;
+    engine_params ep = engine_default_params();
+    ep.max_seqs = 3;
+    ep.n_ctx = n_ctx;
+    if (engine_create(s->model, ep, &s->engine) != IS_OK ||
+        record_store_open(dir, 64 << 20, &s->store) != IS_OK ||
+        ask_ctx_create(s->engine, s->store, KV_DTYPE_F32, &s->ask) != IS_OK) {
+        fprintf(stderr, "setup: %s\n", is_error_last());
+        return -1;
+    }
+    return 0;
+}
+
+int test_ask_stack_close(test_ask_stack *s, const char *dir) {
+    ask_ctx_free(s->ask);
+    if (s->store) record_store_close(s->store);
+    engine_free(s->engine);
+    return test_model_close_scratch(s->be, s->model, dir);
+}
 
 bool test_text_collect(const char *text, size_t len, void *user_data) {
     test_text *b = user_data;

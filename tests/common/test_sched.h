@@ -18,6 +18,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The ask tests' stack on the default model: a CPU backend, the model, an
+ * engine, a record store in a scratch directory and an ask context over
+ * them (f32 records). */
+typedef struct test_ask_stack {
+    backend *be;
+    model *model; /* NULL when the model is not installed: cases then skip */
+    engine *engine;
+    record_store *store;
+    ask_ctx *ask;
+} test_ask_stack;
+
+/* Opens the stack with an engine of 3 sequences and n_ctx tokens and a
+ * record store (64 MiB cache) in a scratch directory made from the
+ * mkdtemp template dir (rewritten in place). Without the model only the
+ * backend is made. 0, or -1 on a failure (the reason on stderr). */
+int test_ask_stack_open(test_ask_stack *s, int32_t n_ctx, char *dir);
+
+/* Frees the stack and removes its scratch directory: 0, or -1 if that
+ * could not be removed. */
+int test_ask_stack_close(test_ask_stack *s, const char *dir);
+
 /* Text gathered from ask_run (test_text_collect) or a request's events. */
 typedef struct test_text {
     char s[8192]; /* NUL-terminated */
