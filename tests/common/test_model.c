@@ -47,7 +47,8 @@ const char *const test_locomo_dated_facts[TEST_N_LOCOMO_DATED_FACTS] = {
     "[9 June 2023] Melanie ran a charity race for mental health.",
 };
 
-int test_model_open(backend *be, model **m, memory_prompt **mp) {
+/* The default model (and the prompt, mp not NULL) on be; *m NULL without it. */
+static int load(backend *be, model **m, memory_prompt **mp) {
     *m = NULL;
     if (mp) *mp = NULL;
     struct stat st;
@@ -60,14 +61,23 @@ int test_model_open(backend *be, model **m, memory_prompt **mp) {
     return 0;
 }
 
-void test_model_close(backend *be, model *m, memory_prompt *mp) {
+int test_model_open(const char *backend_name, backend **be, model **m, memory_prompt **mp) {
+    if (backend_create(backend_name, 0, be) != IS_OK) {
+        fprintf(stderr, "setup: %s\n", is_error_last());
+        return -1;
+    }
+    return load(*be, m, mp);
+}
+
+int test_model_close(backend *be, model *m, memory_prompt *mp) {
     memory_prompt_free(mp);
     model_free(m);
     if (be) be->ops->free(be);
+    return 0;
 }
 
 int test_model_open_scratch(backend *be, model **m, char *dir) {
-    if (test_model_open(be, m, NULL) != 0) return -1;
+    if (load(be, m, NULL) != 0) return -1;
     if (*m && !mkdtemp(dir)) {
         fprintf(stderr, "setup: cannot make %s\n", dir);
         return -1;

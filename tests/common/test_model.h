@@ -14,19 +14,22 @@
 
 #include <stdint.h>
 
-/* Loads the default model (IS_DEFAULT_MODEL) on be and, when mp is not
- * NULL, its serving prompt (memory_prompt_create with the default header).
- * *m (and *mp) stay NULL when the model is not installed: cases then skip
- * (TEST_SKIP). 0, or -1 when loading fails, with the reason on stderr: a
- * cmocka group setup's return. */
-int test_model_open(backend *be, model **m, memory_prompt **mp);
+/* Makes the backend named backend_name (backend_create: "cpu" or "cuda")
+ * into *be, and loads the default model (IS_DEFAULT_MODEL) on it and, when
+ * mp is not NULL, its serving prompt (memory_prompt_create with the
+ * default header). *m (and *mp) stay NULL when the model is not installed:
+ * cases then skip (TEST_SKIP). 0, or -1 when any of it fails, with the
+ * reason on stderr: a cmocka group setup's return. */
+int test_model_open(const char *backend_name, backend **be, model **m, memory_prompt **mp);
 
-/* Frees the prompt, the model and the backend (each may be NULL). */
-void test_model_close(backend *be, model *m, memory_prompt *mp);
+/* Frees the prompt, the model and the backend (each may be NULL): 0, a
+ * cmocka group teardown's return. */
+int test_model_close(backend *be, model *m, memory_prompt *mp);
 
-/* test_model_open without the prompt, and, when the model is there, a
- * scratch directory made from the mkdtemp template dir (rewritten in
- * place). 0, or -1 when loading or making the directory fails. */
+/* Loads the default model on the backend be, made by the caller (nothing
+ * else: *m stays NULL without the model) and, when the model is there, makes
+ * a scratch directory from the mkdtemp template dir (rewritten in place).
+ * 0, or -1 when loading or making the directory fails. */
 int test_model_open_scratch(backend *be, model **m, char *dir);
 
 /* test_model_close, and removes the scratch directory (made when m is not

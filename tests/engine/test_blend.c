@@ -40,6 +40,9 @@
 #include "test_util.h"
 #ifdef BLEND_CUDA
 #include "backend_cuda.h"
+#define BLEND_BACKEND "cuda"
+#else
+#define BLEND_BACKEND "cpu"
 #endif
 
 /* CPU f32: the same sums up to their order. The GPU's products take other
@@ -365,21 +368,9 @@ static void test_select(void **state) {
     assert_true(sel[4] && sel[1] && !sel[3]);
 }
 
-static int setup(void **state) {
-    (void)state;
-#ifdef BLEND_CUDA
-    if (backend_cuda_create(0, &g_be) != IS_OK) return -1;
-#else
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-#endif
-    return test_model_open(g_be, &g_model, &g_mp);
-}
+static int setup(void **state) { return test_model_open(BLEND_BACKEND, &g_be, &g_model, &g_mp); }
 
-static int teardown(void **state) {
-    (void)state;
-    test_model_close(g_be, g_model, g_mp);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {

@@ -57,15 +57,9 @@ typedef struct encoded {
     float *k, *v; /* [n_layers][n][kv_dim] pre-RoPE */
 } encoded;
 
-static int setup(void **state) {
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-    return test_model_open(g_be, &g_model, &g_mp);
-}
+static int setup(void **state) { return test_model_open("cpu", &g_be, &g_model, &g_mp); }
 
-static int teardown(void **state) {
-    test_model_close(g_be, g_model, g_mp);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \

@@ -38,6 +38,9 @@
 
 #ifdef INJECT_BATCH_CUDA
 #include "backend_cuda.h"
+#define INJECT_BATCH_BACKEND "cuda"
+#else
+#define INJECT_BATCH_BACKEND "cpu"
 #endif
 
 static backend *g_be;
@@ -322,12 +325,7 @@ static void test_backend_failure_undoes_every_sequence(void **state) {
 
 static int setup(void **state) {
     (void)state;
-#ifdef INJECT_BATCH_CUDA
-    if (backend_cuda_create(0, &g_be) != IS_OK) return -1;
-#else
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-#endif
-    if (test_model_open(g_be, &g_model, &g_mp) != 0) return -1;
+    if (test_model_open(INJECT_BATCH_BACKEND, &g_be, &g_model, &g_mp) != 0) return -1;
     if (!g_model) return 0;
     engine *e = make_engine(1024);
     for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, test_locomo_facts[i], &g_enc[i]);
@@ -338,8 +336,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     test_facts_free(g_enc, N_FACTS);
-    test_model_close(g_be, g_model, g_mp);
-    return 0;
+    return test_model_close(g_be, g_model, g_mp);
 }
 
 int main(void) {

@@ -39,12 +39,15 @@
 #include "test_util.h"
 #ifdef MEM_SCALE_CUDA
 #include "backend_cuda.h"
+#define MEM_SCALE_BACKEND "cuda"
 
 /* Applies a configuration list (cuda/options.h) to the test's backend. */
 static void cuda_opt(backend *be, const char *spec) {
     if (backend_cuda_configure(be, spec) != IS_OK)
         fail_msg("cuda options '%s': %s", spec, is_error_last());
 }
+#else
+#define MEM_SCALE_BACKEND "cpu"
 #endif
 
 /* Injected against prefilled logits: f32 on the CPU gives the same sums up
@@ -447,20 +450,10 @@ static void test_engine_injected_equals_prefill(void **state) {
 /* ---- setup ---------------------------------------------------------------- */
 
 static int setup(void **state) {
-    (void)state;
-#ifdef MEM_SCALE_CUDA
-    if (backend_cuda_create(0, &g_be) != IS_OK) return -1;
-#else
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-#endif
-    return test_model_open(g_be, &g_model, &g_mp);
+    return test_model_open(MEM_SCALE_BACKEND, &g_be, &g_model, &g_mp);
 }
 
-static int teardown(void **state) {
-    (void)state;
-    test_model_close(g_be, g_model, g_mp);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {

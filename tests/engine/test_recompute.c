@@ -183,17 +183,9 @@ static void test_recompute(void **state) {
     engine_free(e);
 }
 
-static int setup(void **state) {
-    (void)state;
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-    return test_model_open(g_be, &g_model, &g_mp);
-}
+static int setup(void **state) { return test_model_open("cpu", &g_be, &g_model, &g_mp); }
 
-static int teardown(void **state) {
-    (void)state;
-    test_model_close(g_be, g_model, g_mp);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_recompute)};
