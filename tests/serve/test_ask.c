@@ -58,25 +58,6 @@ static void test_single_fact_kv_equals_prompt(void **state) {
     assert_int_equal(tb.n_prefilled - ta.n_prefilled, tb.n_memory_tokens);
 }
 
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
-static void *read_whole(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *b = malloc(*n);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
-}
-
 /* Every bad record fails the request with a clear status; the good record
  * next to it still serves, and the bad file is left as it was. */
 static void test_bad_records_fail_cleanly(void **state) {
@@ -108,13 +89,15 @@ static void test_bad_records_fail_cleanly(void **state) {
     char path[512];
     size_t n;
     snprintf(path, sizeof path, "%s/corrupt.fkv", g_dir);
-    unsigned char *buf = read_whole(path, &n);
+    unsigned char *buf = test_read_file(path, &n);
+    assert_non_null(buf);
     buf[n / 2] ^= 0x40;
-    write_file(path, buf, n);
+    assert_true(test_write_file(path, buf, n));
     free(buf);
     snprintf(path, sizeof path, "%s/truncated.fkv", g_dir);
-    buf = read_whole(path, &n);
-    write_file(path, buf, n / 3);
+    buf = test_read_file(path, &n);
+    assert_non_null(buf);
+    assert_true(test_write_file(path, buf, n / 3));
     free(buf);
     assert_int_equal(record_store_open(g_dir, 64 << 20, &g_st.store), IS_OK);
     assert_int_equal(ask_ctx_create(g_st.engine, g_st.store, KV_DTYPE_F32, &g_st.ask), IS_OK);
