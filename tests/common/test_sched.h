@@ -3,8 +3,9 @@
  * a collector of one request's events (its text, how many texts and
  * terminal events came, the terminal event's fields; optionally a cancel
  * from inside the callback), a text buffer for ask_run, greedy requests,
- * and facts added with their KV records. The helpers run inside a cmocka
- * case and fail it when a call is refused or a wait runs out.
+ * facts added with their KV records, and the ask tests' stack (model,
+ * engine, record store, ask context). The helpers run inside a cmocka case
+ * and fail it when a call is refused or a wait runs out.
  */
 #ifndef IS_TESTS_TEST_SCHED_H
 #define IS_TESTS_TEST_SCHED_H
