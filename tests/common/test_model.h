@@ -39,7 +39,7 @@ int test_model_close_scratch(backend *be, model *m, const char *dir);
 /* engine_default_params with these sizes (max_batch 0: the default's). */
 engine_params test_engine_params(int32_t n_ctx, int32_t max_seqs, int32_t max_batch);
 
-/* An engine on m, which must be created. */
+/* engine_create on m with ep; the case fails if it refuses. */
 engine *test_engine_create(model *m, engine_params ep);
 
 /* Facts of one LoCoMo conversation (Caroline and Melanie) that the engine
