@@ -499,12 +499,9 @@ static void test_fsck(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lost_store_refused),
-        cmocka_unit_test(test_missing_tables),
-        cmocka_unit_test(test_bad_rows_quarantined),
-        cmocka_unit_test(test_orphans_set_aside),
-        cmocka_unit_test(test_first_batch_crash),
-        cmocka_unit_test(test_fsck),
+        cmocka_unit_test(test_lost_store_refused),   cmocka_unit_test(test_missing_tables),
+        cmocka_unit_test(test_bad_rows_quarantined), cmocka_unit_test(test_orphans_set_aside),
+        cmocka_unit_test(test_first_batch_crash),    cmocka_unit_test(test_fsck),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
