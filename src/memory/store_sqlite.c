@@ -133,7 +133,18 @@ static is_status repair_schema(mem_store *s) {
 
 static const mem_store_ops SQ_OPS;
 
-static is_status sq_open_readonly(const char *path, mem_store **out) {
+static void sq_close(mem_store *s) {
+    if (!s) return;
+    sqlite3_close(SQ(s)->db); /* every statement is finalized by the function that made it */
+    pthread_mutex_destroy(&SQ(s)->mu);
+    free(SQ(s)->path);
+    free(s);
+}
+
+/* A store on a connection to the file at path, opened with SQLite's open
+ * flags (both opens start here: a read-only one stops here). On failure
+ * nothing is left open and *out is unchanged. */
+static is_status sq_connect(const char *path, int flags, mem_store **out) {
     mem_store *s = calloc(1, sizeof(sq_store));
     if (!s || !(SQ(s)->path = strdup(path))) {
         free(s);
@@ -142,43 +153,29 @@ static is_status sq_open_readonly(const char *path, mem_store **out) {
     s->ops = &SQ_OPS;
     s->where = SQ(s)->path;
     pthread_mutex_init(&SQ(s)->mu, NULL);
-    int rc = sqlite3_open_v2(path, &SQ(s)->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+    int rc = sqlite3_open_v2(path, &SQ(s)->db, flags | SQLITE_OPEN_NOMUTEX, NULL);
     if (rc != SQLITE_OK) {
         is_status st = is_error_set(IS_ERR_IO, "fact store %s: cannot open: %s", path,
                                     SQ(s)->db ? sqlite3_errmsg(SQ(s)->db) : sqlite3_errstr(rc));
-        sqlite3_close(SQ(s)->db);
-        pthread_mutex_destroy(&SQ(s)->mu);
-        free(SQ(s)->path);
-        free(s);
+        sq_close(s);
         return st;
     }
     *out = s;
     return IS_OK;
 }
 
+/* Opens (or creates) the store read-write: WAL, full sync, foreign keys,
+ * the schema made, checked or repaired. */
 static is_status sq_open(const char *path, mem_store **out) {
-    mem_store *s = calloc(1, sizeof(sq_store));
-    if (!s || !(SQ(s)->path = strdup(path))) {
-        free(s);
-        return is_error_set(IS_ERR_NOMEM, "out of memory");
-    }
-    s->ops = &SQ_OPS;
-    s->where = SQ(s)->path;
-    pthread_mutex_init(&SQ(s)->mu, NULL);
-    is_status st = IS_OK;
-    int rc = sqlite3_open_v2(
-        path, &SQ(s)->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-    if (rc != SQLITE_OK) {
-        st = is_error_set(IS_ERR_IO, "fact store %s: cannot open: %s", path,
-                          SQ(s)->db ? sqlite3_errmsg(SQ(s)->db) : sqlite3_errstr(rc));
-        goto fail;
-    }
+    mem_store *s = NULL;
+    is_status st = sq_connect(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &s);
+    if (st != IS_OK) return st;
     sqlite3_busy_timeout(SQ(s)->db, 5000);
     char *err = NULL;
     /* journal_mode returns a row; exec ignores it. NOTADB shows up here. */
-    rc = sqlite3_exec(SQ(s)->db,
-                      "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
-                      NULL, NULL, &err);
+    int rc = sqlite3_exec(
+        SQ(s)->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
+        NULL, NULL, &err);
     if (rc != SQLITE_OK) {
         st = is_error_set(rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT ? IS_ERR_FORMAT : IS_ERR_IO,
                           "fact store %s: %s", path, err ? err : sqlite3_errstr(rc));
@@ -232,19 +229,8 @@ static is_status sq_open(const char *path, mem_store **out) {
     *out = s;
     return IS_OK;
 fail:
-    sqlite3_close(SQ(s)->db);
-    pthread_mutex_destroy(&SQ(s)->mu);
-    free(SQ(s)->path);
-    free(s);
+    sq_close(s);
     return st;
-}
-
-static void sq_close(mem_store *s) {
-    if (!s) return;
-    sqlite3_close(SQ(s)->db); /* every statement is finalized by the function that made it */
-    pthread_mutex_destroy(&SQ(s)->mu);
-    free(SQ(s)->path);
-    free(s);
 }
 
 /* ---- statements --------------------------------------------------------------- */
@@ -975,5 +961,5 @@ static const mem_store_ops SQ_OPS = {
 };
 
 is_status store_sqlite_open(const char *path, bool readonly, mem_store **out) {
-    return readonly ? sq_open_readonly(path, out) : sq_open(path, out);
+    return readonly ? sq_connect(path, SQLITE_OPEN_READONLY, out) : sq_open(path, out);
 }

@@ -27,6 +27,13 @@ void *test_read_file(const char *path, size_t *n) {
     return buf;
 }
 
+bool test_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    bool ok = fwrite(data, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
 double test_rel_range_err(const float *a, const float *ref, int32_t n) {
     float lo = ref[0], hi = ref[0];
     double err = 0;

@@ -13,6 +13,10 @@
  * cannot be opened or read. *n (may be NULL) gets its size. free() it. */
 void *test_read_file(const char *path, size_t *n);
 
+/* Writes data[0..n) to path, replacing what was there. True when every
+ * byte was written and the file closed without error. */
+bool test_write_file(const char *path, const void *data, size_t n);
+
 /* max |a[i] - ref[i]| over the range of ref: the measure every logits
  * comparison against a reference uses. */
 double test_rel_range_err(const float *a, const float *ref, int32_t n);

@@ -32,14 +32,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "engine/engine.h"
 #include "engine/recompute.h"
 #include "serve/memory_prompt.h"
+#include "test_model.h"
 #include "test_util.h"
 #ifdef BLEND_CUDA
 #include "backend_cuda.h"
+#define BLEND_BACKEND "cuda"
+#else
+#define BLEND_BACKEND "cpu"
 #endif
 
 /* CPU f32: the same sums up to their order. The GPU's products take other
@@ -56,66 +59,20 @@ static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
 
-static const char *FACTS[] = {
-    "[7 May 2023] Caroline went to an LGBTQ support group.",
-    "[8 May 2023] Melanie painted a sunrise over a lake last year.",
-    "[25 May 2023] Caroline moved from Sweden four years ago.",
-    "[9 June 2023] Melanie ran a charity race for mental health.",
-};
-#define N_FACTS 4
-
-typedef struct fact {
-    int32_t *toks, n;
-    float *k, *v;
-} fact;
+#define N_FACTS 4 /* of test_locomo_dated_facts */
 
 static int32_t kv_dim(void) { return g_model->cfg.n_kv_heads * g_model->cfg.head_dim; }
 
 static engine *make_engine(void) {
-    engine_params ep = engine_default_params();
-    ep.n_ctx = 1024;
-    ep.max_seqs = 4;
-    ep.max_batch = 48; /* smaller than the memory: both passes run in chunks */
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
-    return e;
-}
-
-/* Runs toks on a new sequence, capturing tokens [first, first + n): pre-RoPE
- * K and V [n_layers][n][kv_dim]; logits of the last token into out. */
-static void prefill_capture(engine *e, const int32_t *toks, int32_t nt, int32_t first, int32_t n,
-                            float *k, float *v, float *out) {
-    int32_t seq, seqs[1024];
-    assert_true(nt <= 1024);
-    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
-    for (int i = 0; i < nt; i++) seqs[i] = seq;
-    engine_kv_capture cap = {.first = first, .n = n, .k = k, .v = v};
-    engine_batch b = {.n_tokens = nt, .tokens = toks, .seq = seqs, .capture = k ? &cap : NULL};
-    assert_int_equal(engine_decode(e, &b, out), IS_OK);
-    engine_seq_close(e, seq);
-}
-
-/* A fact's keys and values encoded right after the serving prefix. */
-static void encode(engine *e, const char *text, fact *f) {
-    int32_t np;
-    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
-    assert_int_equal(memory_prompt_fact(g_mp, text, &f->toks, &f->n), IS_OK);
-    size_t sz = (size_t)g_model->cfg.n_layers * f->n * kv_dim();
-    f->k = malloc(sz * sizeof(float));
-    f->v = malloc(sz * sizeof(float));
-    int32_t toks[512];
-    memcpy(toks, pre, (size_t)np * sizeof *toks);
-    memcpy(toks + np, f->toks, (size_t)f->n * sizeof *toks);
-    float *logits = malloc((size_t)g_model->cfg.n_vocab * sizeof(float));
-    prefill_capture(e, toks, np + f->n, np, f->n, f->k, f->v, logits);
-    free(logits);
+    /* A batch smaller than the memory: both passes run in chunks. */
+    return test_engine_create(g_model, test_engine_params(1024, 4, 48));
 }
 
 /* The query's last logits after the facts injected into a fork of the
  * cached prefix, then: how < 0 nothing, 0 engine_recompute of every memory
  * token, 1 the blend at `ratio` (selected, deviation out, or NULL), 2 the
  * same fused into the query's forward. */
-static void kv_logits(engine *e, int32_t ps, const fact *f, int how, float ratio,
+static void kv_logits(engine *e, int32_t ps, const test_fact *f, int how, float ratio,
                       const int32_t *suf, int32_t ns, float *out, bool *selected,
                       float *deviation) {
     int32_t np, seq, seqs[512];
@@ -124,10 +81,8 @@ static void kv_logits(engine *e, int32_t ps, const fact *f, int how, float ratio
     assert_int_equal(engine_seq_fork(e, seq, ps, np), IS_OK);
     engine_fact ef[N_FACTS];
     int32_t total = 0;
-    for (int i = 0; i < N_FACTS; i++) {
-        ef[i] = (engine_fact){f[i].n, f[i].toks, f[i].k, f[i].v};
-        total += f[i].n;
-    }
+    test_facts_to_engine(f, N_FACTS, ef);
+    for (int i = 0; i < N_FACTS; i++) total += f[i].n;
     assert_int_equal(engine_inject(e, seq, ef, N_FACTS), IS_OK);
     if (how == 0) {
         int32_t pos[512], toks[512];
@@ -166,40 +121,30 @@ static void test_blend(void **state) {
 #endif
     const int32_t V = g_model->cfg.n_vocab, L = g_model->cfg.n_layers, D = kv_dim();
     engine *e = make_engine();
-    fact f[N_FACTS];
+    test_fact f[N_FACTS];
     int32_t total = 0;
     for (int i = 0; i < N_FACTS; i++) {
-        encode(e, FACTS[i], &f[i]);
+        test_fact_encode(e, g_mp, test_locomo_dated_facts[i], &f[i]);
         total += f[i].n;
     }
     int32_t np, ns, *suf;
-    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
+    memory_prompt_prefix(g_mp, &np);
     assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
 
     /* The cached prefix, and its logits before anything else. */
-    int32_t ps, seqs[512];
-    assert_int_equal(engine_seq_open(e, &ps), IS_OK);
-    for (int i = 0; i < 512; i++) seqs[i] = ps;
     float *pre_before = malloc((size_t)V * sizeof(float)),
           *pre_after = malloc((size_t)V * sizeof(float));
-    engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = seqs};
-    assert_int_equal(engine_decode(e, &bp, pre_before), IS_OK);
+    int32_t ps = test_prefix_open(e, g_mp, pre_before);
 
     /* Prompt mode, in place, capturing the memory tokens' K and V. */
-    int32_t toks[1024], n = 0;
-    memcpy(toks, pre, (size_t)np * sizeof *toks);
-    n = np;
-    for (int i = 0; i < N_FACTS; i++) {
-        memcpy(toks + n, f[i].toks, (size_t)f[i].n * sizeof *toks);
-        n += f[i].n;
-    }
-    memcpy(toks + n, suf, (size_t)ns * sizeof *toks);
-    n += ns;
+    int32_t toks[1024];
+    int32_t n = test_prompt_tokens(g_mp, f, N_FACTS, suf, ns, toks, 1024);
     float *pk = malloc((size_t)L * total * D * sizeof(float)),
           *pv = malloc((size_t)L * total * D * sizeof(float));
     float *prompt = malloc((size_t)V * sizeof(float)), *kv = malloc((size_t)V * sizeof(float));
     float *full = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
-    prefill_capture(e, toks, n, np, total, pk, pv, prompt);
+    engine_kv_capture cap = {.first = np, .n = total, .k = pk, .v = pv};
+    test_prefill(e, toks, n, &cap, prompt);
 
     kv_logits(e, ps, f, -1, 0, suf, ns, kv, NULL, NULL);
     kv_logits(e, ps, f, 0, 0, suf, ns, full, NULL, NULL);
@@ -311,14 +256,8 @@ static void test_blend(void **state) {
     free(fused);
 
     /* The shared prefix was never written. */
-    int32_t s3, sq3[512];
-    assert_int_equal(engine_seq_open(e, &s3), IS_OK);
-    assert_int_equal(engine_seq_fork(e, s3, ps, np - 1), IS_OK);
-    for (int i = 0; i < 512; i++) sq3[i] = s3;
-    engine_batch bl = {.n_tokens = 1, .tokens = pre + np - 1, .seq = sq3};
-    assert_int_equal(engine_decode(e, &bl, pre_after), IS_OK);
+    test_prefix_logits(e, g_mp, ps, pre_after);
     assert_true(test_rel_range_err(pre_after, pre_before, V) <= LOGIT_TOL);
-    engine_seq_close(e, s3);
 
     /* Bad arguments: refused before anything runs. */
     int32_t seq;
@@ -335,11 +274,7 @@ static void test_blend(void **state) {
     engine_seq_close(e, seq);
 
     engine_seq_close(e, ps);
-    for (int i = 0; i < N_FACTS; i++) {
-        free(f[i].toks);
-        free(f[i].k);
-        free(f[i].v);
-    }
+    test_facts_free(f, N_FACTS);
     free(suf);
     free(pre_before);
     free(pre_after);
@@ -360,19 +295,16 @@ static void test_blend_fault(void **state) {
     if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
     const int32_t V = g_model->cfg.n_vocab;
     engine *e = make_engine();
-    fact f[N_FACTS];
-    for (int i = 0; i < N_FACTS; i++) encode(e, FACTS[i], &f[i]);
-    int32_t np, ns, *suf, ps, seqs[512];
-    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
+    test_fact f[N_FACTS];
+    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, test_locomo_dated_facts[i], &f[i]);
+    int32_t np, ns, *suf;
+    memory_prompt_prefix(g_mp, &np);
     assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
-    assert_int_equal(engine_seq_open(e, &ps), IS_OK);
-    for (int i = 0; i < 512; i++) seqs[i] = ps;
     float *clean = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
     float *junk = malloc((size_t)V * sizeof(float));
-    engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = seqs};
-    assert_int_equal(engine_decode(e, &bp, junk), IS_OK);
+    int32_t ps = test_prefix_open(e, g_mp, junk);
     engine_fact ef[N_FACTS];
-    for (int i = 0; i < N_FACTS; i++) ef[i] = (engine_fact){f[i].n, f[i].toks, f[i].k, f[i].v};
+    test_facts_to_engine(f, N_FACTS, ef);
     engine_blend bl = {ef, N_FACTS, 0.3f, NULL, NULL};
     /* The clean run, counting the fused decode's ops. */
     int64_t n_ops = 0;
@@ -408,11 +340,7 @@ static void test_blend_fault(void **state) {
     /* After three recoveries the clean run's logits again (pass 4 wrote clean). */
     assert_true(test_rel_range_err(clean, got, V) == 0.0);
     engine_seq_close(e, ps);
-    for (int i = 0; i < N_FACTS; i++) {
-        free(f[i].toks);
-        free(f[i].k);
-        free(f[i].v);
-    }
+    test_facts_free(f, N_FACTS);
     free(suf);
     free(clean);
     free(got);
@@ -440,27 +368,9 @@ static void test_select(void **state) {
     assert_true(sel[4] && sel[1] && !sel[3]);
 }
 
-static int setup(void **state) {
-    (void)state;
-#ifdef BLEND_CUDA
-    if (backend_cuda_create(0, &g_be) != IS_OK) return -1;
-#else
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-#endif
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
-    if (memory_prompt_create(g_model, NULL, &g_mp) != IS_OK) return -1;
-    return 0;
-}
+static int setup(void **state) { return test_model_open(BLEND_BACKEND, &g_be, &g_model, &g_mp); }
 
-static int teardown(void **state) {
-    (void)state;
-    memory_prompt_free(g_mp);
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {

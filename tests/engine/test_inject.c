@@ -32,39 +32,14 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
-#include "test_util.h"
 #include "engine/sampler.h"
 #include "serve/memory_prompt.h"
+#include "test_model.h"
+#include "test_util.h"
 
 static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
-
-static const char *FACTS[] = {
-    "Caroline went to an LGBTQ support group on 7 May 2023.",
-    "Melanie painted a sunrise over a lake last year.",
-    "Caroline is planning to adopt children as a single parent.",
-    "Melanie's kids love going camping in the mountains.",
-    "Caroline moved from Sweden four years ago.",
-    "Melanie ran a charity race for mental health on Saturday.",
-    "Caroline is researching adoption agencies.",
-    "Melanie has been married for five years.",
-    "Caroline gave a talk at a school about her transition.",
-    "Melanie plays the clarinet and started as a child.",
-    "Caroline's grandmother gave her a necklace from Sweden.",
-    "Melanie went to a pottery class with her kids in July.",
-    "Caroline wants to become a counselor for trans youth.",
-    "Melanie read 'Charlotte's Web' to her children.",
-    "Caroline attended a pride parade in June.",
-    "Melanie's family took a road trip to the Grand Canyon.",
-    "Caroline has a guinea pig named Oscar.",
-    "Melanie bought new running shoes last week.",
-    "Caroline's friends threw her a birthday party.",
-    "Melanie is learning to bake sourdough bread.",
-    "Caroline volunteers at a youth center on weekends.",
-    "Melanie's son broke his arm playing soccer.",
-};
-#define N_FACTS_AVAILABLE ((int)(sizeof FACTS / sizeof FACTS[0]))
 
 static const char *TURNS[] = {
     "Caroline: Hey Mel! Good to see you! How have you been?",
@@ -82,21 +57,9 @@ typedef struct encoded {
     float *k, *v; /* [n_layers][n][kv_dim] pre-RoPE */
 } encoded;
 
-static int setup(void **state) {
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
-    if (memory_prompt_create(g_model, NULL, &g_mp) != IS_OK) return -1;
-    return 0;
-}
+static int setup(void **state) { return test_model_open("cpu", &g_be, &g_model, &g_mp); }
 
-static int teardown(void **state) {
-    memory_prompt_free(g_mp);
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
@@ -104,13 +67,7 @@ static int teardown(void **state) {
     } while (0)
 
 static engine *make_engine(int32_t n_ctx) {
-    engine_params ep = engine_default_params();
-    ep.n_ctx = n_ctx;
-    ep.max_seqs = 4;
-    ep.max_batch = 256;
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
-    return e;
+    return test_engine_create(g_model, test_engine_params(n_ctx, 4, 256));
 }
 
 static int32_t kv_dim(void) { return g_model->cfg.n_kv_heads * g_model->cfg.head_dim; }
@@ -160,8 +117,8 @@ static void test_position_invariance(void **state) {
     engine *e = make_engine(4096);
     for (int w = 0; w <= 3; w += 3) {
         encoded a, b;
-        encode(e, FACTS[2], w, 0, &a);
-        encode(e, FACTS[2], w, 3000, &b);
+        encode(e, test_locomo_facts[2], w, 0, &a);
+        encode(e, test_locomo_facts[2], w, 3000, &b);
         assert_int_equal(a.n, b.n);
         size_t sz = (size_t)g_model->cfg.n_layers * a.n * kv_dim();
         double kmax = 0, vmax = 0, kerr = 0, verr = 0;
@@ -190,7 +147,7 @@ static void check_fact_set(engine *e, const int *idx, int n_facts, int w, const 
     engine_fact *facts = calloc((size_t)n_facts, sizeof *facts);
     for (int i = 0; i < n_facts; i++) {
         /* Each fact gets its own context: the turns before it, rotated. */
-        encode(e, FACTS[idx[i]], w, 0, &enc[i]);
+        encode(e, test_locomo_facts[idx[i]], w, 0, &enc[i]);
         facts[i] = (engine_fact){enc[i].n, enc[i].toks, enc[i].k, enc[i].v};
     }
     int32_t *suf, ns;
@@ -325,7 +282,7 @@ static void test_injection_equals_segment_masked_reference(void **state) {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                idx[i] = (int)(rng % N_FACTS_AVAILABLE);
+                idx[i] = (int)(rng % TEST_N_LOCOMO_FACTS);
             }
             check_fact_set(e, idx, sizes[si], w, queries[si % 2]);
         }
@@ -340,7 +297,7 @@ static void test_single_fact_equals_plain_prefill(void **state) {
     engine *e = make_engine(4096);
     int32_t V = g_model->cfg.n_vocab;
     encoded f;
-    encode(e, FACTS[4], 0, 0, &f);
+    encode(e, test_locomo_facts[4], 0, 0, &f);
     int32_t np, ns, *suf;
     const int32_t *pre = memory_prompt_prefix(g_mp, &np);
     assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
@@ -395,7 +352,7 @@ static void test_fork_shares_prefix_blocks(void **state) {
     int32_t bs = engine_default_params().block_size;
     assert_int_equal(free_before - kv_cache_free_blocks(engine_kv(e)), np % bs ? 1 : 0);
     encoded f;
-    encode(e, FACTS[7], 0, 0, &f);
+    encode(e, test_locomo_facts[7], 0, 0, &f);
     engine_fact fact = {f.n, f.toks, f.k, f.v};
     int32_t *suf, ns;
     assert_int_equal(memory_prompt_suffix(g_mp, "How long has Melanie been married?", &suf, &ns),

@@ -30,39 +30,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "engine/engine.h"
 #include "serve/memory_prompt.h"
+#include "test_model.h"
 #include "test_util.h"
 
 #ifdef INJECT_BATCH_CUDA
 #include "backend_cuda.h"
+#define INJECT_BATCH_BACKEND "cuda"
+#else
+#define INJECT_BATCH_BACKEND "cpu"
 #endif
 
 static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
 
-static const char *FACTS[] = {
-    "Caroline went to an LGBTQ support group on 7 May 2023.",
-    "Melanie painted a sunrise over a lake last year.",
-    "Caroline is planning to adopt children as a single parent.",
-    "Melanie's kids love going camping in the mountains.",
-    "Caroline moved from Sweden four years ago.",
-    "Melanie ran a charity race for mental health on Saturday.",
-    "Caroline is researching adoption agencies.",
-    "Melanie has been married for five years.",
-};
-#define N_FACTS ((int)(sizeof FACTS / sizeof FACTS[0]))
+#define N_FACTS 8 /* the first of test_locomo_facts */
 
-/* Each fact's pre-RoPE K and V, f32 [n_layers][n][kv_dim], encoded once. */
-typedef struct encoded {
-    int32_t *toks;
-    int32_t n;
-    float *k, *v;
-} encoded;
-static encoded g_enc[N_FACTS];
+/* Each fact's pre-RoPE K and V, encoded once. */
+static test_fact g_enc[N_FACTS];
 
 #define N_SEQS 3
 /* The fact sets: different lengths, a fact shared by two sequences. */
@@ -77,60 +65,23 @@ static const int SET[N_SEQS][4] = {{0, 1, 2, -1}, {3, 4, -1, -1}, {5, 0, 6, 7}};
 static int32_t kv_dim(void) { return g_model->cfg.n_kv_heads * g_model->cfg.head_dim; }
 
 static engine *make_engine(int32_t n_ctx) {
-    engine_params ep = engine_default_params();
-    ep.n_ctx = n_ctx;
-    ep.max_seqs = 8;
-    ep.max_batch = 256;
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
-    return e;
-}
-
-/* A fact encoded right after the serving prefix (w = 0). */
-static void encode(engine *e, const char *text, encoded *out) {
-    memset(out, 0, sizeof *out);
-    assert_int_equal(memory_prompt_fact(g_mp, text, &out->toks, &out->n), IS_OK);
-    int32_t np;
-    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
-    int32_t total = np + out->n, seq;
-    int32_t *toks = malloc((size_t)total * sizeof *toks),
-            *seqs = malloc((size_t)total * sizeof *seqs);
-    memcpy(toks, pre, (size_t)np * sizeof *toks);
-    memcpy(toks + np, out->toks, (size_t)out->n * sizeof *toks);
-    size_t sz = (size_t)g_model->cfg.n_layers * out->n * kv_dim();
-    out->k = malloc(sz * sizeof(float));
-    out->v = malloc(sz * sizeof(float));
-    engine_kv_capture cap = {.first = np, .n = out->n, .k = out->k, .v = out->v};
-    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
-    for (int32_t i = 0; i < total; i++) seqs[i] = seq;
-    float *logits = malloc((size_t)g_model->cfg.n_vocab * sizeof(float));
-    engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .capture = &cap};
-    assert_int_equal(engine_decode(e, &b, logits), IS_OK);
-    engine_seq_close(e, seq);
-    free(logits);
-    free(toks);
-    free(seqs);
+    return test_engine_create(g_model, test_engine_params(n_ctx, 8, 256));
 }
 
 /* The serving prefix in one sequence, and N_SEQS sequences that start
  * from it at different lengths: the prefix; the prefix and 7 more tokens;
  * the prefix less 3 (a fork that ends inside a block). */
 static void open_seqs(engine *e, int32_t *seqs) {
-    int32_t np, sp, sq[512];
-    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
+    int32_t np;
+    memory_prompt_prefix(g_mp, &np);
     float *logits = malloc((size_t)g_model->cfg.n_vocab * sizeof(float));
-    assert_int_equal(engine_seq_open(e, &sp), IS_OK);
-    for (int i = 0; i < 512; i++) sq[i] = sp;
-    engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = sq};
-    assert_int_equal(engine_decode(e, &bp, logits), IS_OK);
+    int32_t sp = test_prefix_open(e, g_mp, logits);
     for (int s = 0; s < N_SEQS; s++) {
         assert_int_equal(engine_seq_open(e, &seqs[s]), IS_OK);
         assert_int_equal(engine_seq_fork(e, seqs[s], sp, s == 2 ? np - 3 : np), IS_OK);
     }
-    for (int i = 0; i < 512; i++) sq[i] = seqs[1];
-    engine_batch bq = {.n_tokens = 7, .tokens = g_enc[7].toks, .seq = sq};
     assert_true(g_enc[7].n >= 7);
-    assert_int_equal(engine_decode(e, &bq, logits), IS_OK);
+    test_decode_seq(e, seqs[1], g_enc[7].toks, 7, logits);
     free(logits);
 }
 
@@ -139,7 +90,7 @@ static void open_seqs(engine *e, int32_t *seqs) {
  * fact and omit_resident is set. */
 static void set_facts(engine *e, int s, bool omit_resident, engine_fact *f, uint64_t *ids) {
     for (int j = 0; j < SET_LEN[s]; j++) {
-        const encoded *x = &g_enc[SET[s][j]];
+        const test_fact *x = &g_enc[SET[s][j]];
         ids[j] = (uint64_t)SET[s][j] + 1;
         f[j] = (engine_fact){x->n, x->toks, x->k, x->v};
         if (omit_resident && engine_fact_resident(e, ids[j], x->n)) f[j].k = f[j].v = NULL;
@@ -163,7 +114,7 @@ static float *decode_queries(engine *e, const int32_t *seqs) {
     bool want[64];
     int32_t n = 0;
     for (int s = 0; s < N_SEQS; s++) {
-        const encoded *q = &g_enc[(s + 4) % N_FACTS];
+        const test_fact *q = &g_enc[(s + 4) % N_FACTS];
         int32_t m = q->n < 9 ? q->n : 9;
         for (int32_t i = 0; i < m; i++, n++) {
             tok[n] = q->toks[i];
@@ -374,32 +325,18 @@ static void test_backend_failure_undoes_every_sequence(void **state) {
 
 static int setup(void **state) {
     (void)state;
-#ifdef INJECT_BATCH_CUDA
-    if (backend_cuda_create(0, &g_be) != IS_OK) return -1;
-#else
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-#endif
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
-    if (memory_prompt_create(g_model, NULL, &g_mp) != IS_OK) return -1;
+    if (test_model_open(INJECT_BATCH_BACKEND, &g_be, &g_model, &g_mp) != 0) return -1;
+    if (!g_model) return 0;
     engine *e = make_engine(1024);
-    for (int i = 0; i < N_FACTS; i++) encode(e, FACTS[i], &g_enc[i]);
+    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, test_locomo_facts[i], &g_enc[i]);
     engine_free(e);
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    for (int i = 0; i < N_FACTS; i++) {
-        free(g_enc[i].toks);
-        free(g_enc[i].k);
-        free(g_enc[i].v);
-    }
-    memory_prompt_free(g_mp);
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    return 0;
+    test_facts_free(g_enc, N_FACTS);
+    return test_model_close(g_be, g_model, g_mp);
 }
 
 int main(void) {

@@ -30,21 +30,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "gguf/quant.h"
 #include "serve/memory_prompt.h"
+#include "test_model.h"
 #include "test_util.h"
 #ifdef MEM_SCALE_CUDA
 #include "backend_cuda.h"
+#define MEM_SCALE_BACKEND "cuda"
 
 /* Applies a configuration list (cuda/options.h) to the test's backend. */
 static void cuda_opt(backend *be, const char *spec) {
     if (backend_cuda_configure(be, spec) != IS_OK)
         fail_msg("cuda options '%s': %s", spec, is_error_last());
 }
+#else
+#define MEM_SCALE_BACKEND "cpu"
 #endif
 
 /* Injected against prefilled logits: f32 on the CPU gives the same sums up
@@ -333,35 +336,10 @@ static void test_unit_scaling_is_plain(void **state) {
     } while (0)
 
 static engine *make_engine(float temp, float mass) {
-    engine_params ep = engine_default_params();
-    ep.n_ctx = 2048;
-    ep.max_seqs = 4;
-    ep.max_batch = 256;
+    engine_params ep = test_engine_params(2048, 4, 256);
     ep.mem_temp = temp;
     ep.mem_mass = mass;
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
-    return e;
-}
-
-/* The fact's pre-RoPE keys and values, encoded right after the prefix. */
-static void encode_fact(engine *e, const int32_t *pre, int32_t np, const int32_t *ft, int32_t nf,
-                        float **k, float **v) {
-    const model_config *c = &g_model->cfg;
-    size_t sz = (size_t)c->n_layers * nf * c->n_kv_heads * c->head_dim;
-    *k = malloc(sz * sizeof(float));
-    *v = malloc(sz * sizeof(float));
-    int32_t toks[512], seqs[512], seq;
-    memcpy(toks, pre, (size_t)np * sizeof *toks);
-    memcpy(toks + np, ft, (size_t)nf * sizeof *toks);
-    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
-    for (int i = 0; i < np + nf; i++) seqs[i] = seq;
-    engine_kv_capture cap = {.first = np, .n = nf, .k = *k, .v = *v};
-    float *logits = malloc((size_t)c->n_vocab * sizeof(float));
-    engine_batch b = {.n_tokens = np + nf, .tokens = toks, .seq = seqs, .capture = &cap};
-    assert_int_equal(engine_decode(e, &b, logits), IS_OK);
-    engine_seq_close(e, seq);
-    free(logits);
+    return test_engine_create(g_model, ep);
 }
 
 /* Logits of the query's last token: injected (0) or prefilled in place
@@ -412,17 +390,17 @@ static void test_engine_injected_equals_prefill(void **state) {
     cuda_opt(g_be, "kv=f32");
 #endif
     const int32_t V = g_model->cfg.n_vocab;
-    int32_t np, nf, ns, *ft, *suf;
+    int32_t np, ns, *suf;
     const int32_t *pre = memory_prompt_prefix(g_mp, &np);
-    assert_int_equal(
-        memory_prompt_fact(g_mp, "Caroline moved from Sweden four years ago.", &ft, &nf), IS_OK);
     assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
-    assert_true(np + nf + ns < 512);
     float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
     float *plain = malloc((size_t)V * sizeof(float));
     engine *e0 = make_engine(1.0f, 1.0f);
-    float *k, *v;
-    encode_fact(e0, pre, np, ft, nf, &k, &v);
+    test_fact fact;
+    test_fact_encode(e0, g_mp, "Caroline moved from Sweden four years ago.", &fact);
+    const int32_t *ft = fact.toks, nf = fact.n;
+    const float *k = fact.k, *v = fact.v;
+    assert_true(np + nf + ns < 512);
     query_logits(e0, 0, pre, np, ft, nf, k, v, suf, ns, plain);
     engine_free(e0);
 
@@ -462,38 +440,20 @@ static void test_engine_injected_equals_prefill(void **state) {
     ep.mem_mass = NAN;
     assert_int_equal(engine_create(g_model, ep, &bad), IS_ERR_INVALID_ARG);
     assert_null(bad);
-    free(k);
-    free(v);
+    test_facts_free(&fact, 1);
     free(a);
     free(b);
     free(plain);
-    free(ft);
     free(suf);
 }
 
 /* ---- setup ---------------------------------------------------------------- */
 
 static int setup(void **state) {
-    (void)state;
-#ifdef MEM_SCALE_CUDA
-    if (backend_cuda_create(0, &g_be) != IS_OK) return -1;
-#else
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-#endif
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
-    if (memory_prompt_create(g_model, NULL, &g_mp) != IS_OK) return -1;
-    return 0;
+    return test_model_open(MEM_SCALE_BACKEND, &g_be, &g_model, &g_mp);
 }
 
-static int teardown(void **state) {
-    (void)state;
-    memory_prompt_free(g_mp);
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {

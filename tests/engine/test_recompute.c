@@ -27,73 +27,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "engine/engine.h"
 #include "serve/memory_prompt.h"
+#include "test_model.h"
 #include "test_util.h"
 
 static backend *g_be;
 static model *g_model;
 static memory_prompt *g_mp;
 
-static const char *FACTS[] = {
-    "[7 May 2023] Caroline went to an LGBTQ support group.",
-    "[8 May 2023] Melanie painted a sunrise over a lake last year.",
-    "[25 May 2023] Caroline moved from Sweden four years ago.",
-};
-#define N_FACTS 3
-
-typedef struct fact {
-    int32_t *toks, n;
-    float *k, *v;
-} fact;
-
-static int32_t kv_dim(void) { return g_model->cfg.n_kv_heads * g_model->cfg.head_dim; }
+#define N_FACTS 3 /* the first of test_locomo_dated_facts */
 
 static engine *make_engine(void) {
-    engine_params ep = engine_default_params();
-    ep.n_ctx = 1024;
-    ep.max_seqs = 4;
-    ep.max_batch = 256;
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
-    return e;
-}
-
-/* Keys and values of a fact encoded right after the serving prefix. */
-static void encode(engine *e, const char *text, fact *f) {
-    int32_t np;
-    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
-    assert_int_equal(memory_prompt_fact(g_mp, text, &f->toks, &f->n), IS_OK);
-    size_t sz = (size_t)g_model->cfg.n_layers * f->n * kv_dim();
-    f->k = malloc(sz * sizeof(float));
-    f->v = malloc(sz * sizeof(float));
-    int32_t toks[512], seqs[512], seq;
-    memcpy(toks, pre, (size_t)np * sizeof *toks);
-    memcpy(toks + np, f->toks, (size_t)f->n * sizeof *toks);
-    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
-    for (int i = 0; i < np + f->n; i++) seqs[i] = seq;
-    engine_kv_capture cap = {.first = np, .n = f->n, .k = f->k, .v = f->v};
-    float *logits = malloc((size_t)g_model->cfg.n_vocab * sizeof(float));
-    engine_batch b = {.n_tokens = np + f->n, .tokens = toks, .seq = seqs, .capture = &cap};
-    assert_int_equal(engine_decode(e, &b, logits), IS_OK);
-    engine_seq_close(e, seq);
-    free(logits);
+    return test_engine_create(g_model, test_engine_params(1024, 4, 256));
 }
 
 /* The query's last logits after the facts injected into a fork of the
  * cached prefix (prefix_seq), with their first m tokens recomputed (m < 0:
  * no call), by engine_recompute before the query's prefill or (fused) in
  * the query's forward. */
-static void kv_logits_x(engine *e, int32_t prefix_seq, const fact *f, int m, bool fused,
+static void kv_logits_x(engine *e, int32_t prefix_seq, const test_fact *f, int m, bool fused,
                         const int32_t *suf, int32_t ns, float *out) {
     int32_t np, seq, seqs[512];
     memory_prompt_prefix(g_mp, &np);
     assert_int_equal(engine_seq_open(e, &seq), IS_OK);
     assert_int_equal(engine_seq_fork(e, seq, prefix_seq, np), IS_OK);
     engine_fact ef[N_FACTS];
-    for (int i = 0; i < N_FACTS; i++) ef[i] = (engine_fact){f[i].n, f[i].toks, f[i].k, f[i].v};
+    test_facts_to_engine(f, N_FACTS, ef);
     assert_int_equal(engine_inject(e, seq, ef, N_FACTS), IS_OK);
     if (m >= 0) {
         int32_t pos[512], toks[512], n = 0, off = np;
@@ -124,7 +85,7 @@ static void kv_logits_x(engine *e, int32_t prefix_seq, const fact *f, int m, boo
     engine_seq_close(e, seq);
 }
 
-static void kv_logits(engine *e, int32_t prefix_seq, const fact *f, int m, const int32_t *suf,
+static void kv_logits(engine *e, int32_t prefix_seq, const test_fact *f, int m, const int32_t *suf,
                       int32_t ns, float *out) {
     kv_logits_x(e, prefix_seq, f, m, false, suf, ns, out);
 }
@@ -134,40 +95,24 @@ static void test_recompute(void **state) {
     if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
     const int32_t V = g_model->cfg.n_vocab;
     engine *e = make_engine();
-    fact f[N_FACTS];
-    for (int i = 0; i < N_FACTS; i++) encode(e, FACTS[i], &f[i]);
+    test_fact f[N_FACTS];
+    for (int i = 0; i < N_FACTS; i++) test_fact_encode(e, g_mp, test_locomo_dated_facts[i], &f[i]);
     int32_t np, ns, *suf;
-    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
+    memory_prompt_prefix(g_mp, &np);
     assert_int_equal(memory_prompt_suffix(g_mp, "Where did Caroline move from?", &suf, &ns), IS_OK);
 
     /* The cached prefix, and what a fork of it gives before anything else. */
-    int32_t ps, seqs[512];
-    assert_int_equal(engine_seq_open(e, &ps), IS_OK);
-    for (int i = 0; i < 512; i++) seqs[i] = ps;
     float *pre_before = malloc((size_t)V * sizeof(float)),
           *pre_after = malloc((size_t)V * sizeof(float));
-    engine_batch bp = {.n_tokens = np, .tokens = pre, .seq = seqs};
-    assert_int_equal(engine_decode(e, &bp, pre_before), IS_OK);
+    int32_t ps = test_prefix_open(e, g_mp, pre_before);
 
     /* Prompt mode: everything prefilled in place. */
     float *prompt = malloc((size_t)V * sizeof(float)), *kv = malloc((size_t)V * sizeof(float));
     float *none = malloc((size_t)V * sizeof(float)), *all = malloc((size_t)V * sizeof(float));
     float *some = malloc((size_t)V * sizeof(float));
-    int32_t toks[512], n = 0, s2, sq2[512];
-    memcpy(toks, pre, (size_t)np * sizeof *toks);
-    n = np;
-    for (int i = 0; i < N_FACTS; i++) {
-        memcpy(toks + n, f[i].toks, (size_t)f[i].n * sizeof *toks);
-        n += f[i].n;
-    }
-    memcpy(toks + n, suf, (size_t)ns * sizeof *toks);
-    n += ns;
-    assert_true(n < 512);
-    assert_int_equal(engine_seq_open(e, &s2), IS_OK);
-    for (int i = 0; i < 512; i++) sq2[i] = s2;
-    engine_batch bw = {.n_tokens = n, .tokens = toks, .seq = sq2};
-    assert_int_equal(engine_decode(e, &bw, prompt), IS_OK);
-    engine_seq_close(e, s2);
+    int32_t toks[512];
+    int32_t n = test_prompt_tokens(g_mp, f, N_FACTS, suf, ns, toks, 512);
+    test_prefill(e, toks, n, NULL, prompt);
 
     kv_logits(e, ps, f, -1, suf, ns, kv);
     kv_logits(e, ps, f, 0, suf, ns, none);
@@ -198,14 +143,8 @@ static void test_recompute(void **state) {
     free(fused);
 
     /* The shared prefix blocks were never written. */
-    int32_t s3, sq3[512];
-    assert_int_equal(engine_seq_open(e, &s3), IS_OK);
-    assert_int_equal(engine_seq_fork(e, s3, ps, np - 1), IS_OK);
-    for (int i = 0; i < 512; i++) sq3[i] = s3;
-    engine_batch bl = {.n_tokens = 1, .tokens = pre + np - 1, .seq = sq3};
-    assert_int_equal(engine_decode(e, &bl, pre_after), IS_OK);
+    test_prefix_logits(e, g_mp, ps, pre_after);
     assert_true(test_rel_range_err(pre_after, pre_before, V) <= 1e-5);
-    engine_seq_close(e, s3);
 
     /* Bad positions: refused, nothing run. */
     int32_t seq;
@@ -232,11 +171,7 @@ static void test_recompute(void **state) {
     engine_seq_close(e, seq);
 
     engine_seq_close(e, ps);
-    for (int i = 0; i < N_FACTS; i++) {
-        free(f[i].toks);
-        free(f[i].k);
-        free(f[i].v);
-    }
+    test_facts_free(f, N_FACTS);
     free(suf);
     free(pre_before);
     free(pre_after);
@@ -248,23 +183,9 @@ static void test_recompute(void **state) {
     engine_free(e);
 }
 
-static int setup(void **state) {
-    (void)state;
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
-    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) return -1;
-    if (memory_prompt_create(g_model, NULL, &g_mp) != IS_OK) return -1;
-    return 0;
-}
+static int setup(void **state) { return test_model_open("cpu", &g_be, &g_model, &g_mp); }
 
-static int teardown(void **state) {
-    (void)state;
-    memory_prompt_free(g_mp);
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    return 0;
-}
+static int teardown(void **state) { return test_model_close(g_be, g_model, g_mp); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_recompute)};

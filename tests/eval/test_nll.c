@@ -33,48 +33,21 @@
 #include "eval/teacher.h"
 #include "memory/locomo.h"
 #include "serve/memory_prompt.h"
+#include "test_sched.h"
 #include "test_util.h"
 
 #define LOCOMO_26 IS_SOURCE_DIR "/../shared/data/locomo/26.json"
 
-static backend *g_be;
-static model *g_model;
-static engine *g_engine;
-static record_store *g_store;
-static ask_ctx *g_ask;
+static test_ask_stack g_st; /* backend, model, engine, record store, ask context */
 static char g_dir[] = "/tmp/test_nll_XXXXXX";
 
-static int setup(void **state) {
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0; /* model tests skip */
-    if (!mkdtemp(g_dir)) return -1;
-    engine_params ep = engine_default_params();
-    ep.max_seqs = 3;
-    ep.n_ctx = 1024;
-    if (backend_cpu_create(0, &g_be) != IS_OK ||
-        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK ||
-        engine_create(g_model, ep, &g_engine) != IS_OK ||
-        record_store_open(g_dir, 64 << 20, &g_store) != IS_OK ||
-        ask_ctx_create(g_engine, g_store, KV_DTYPE_F32, &g_ask) != IS_OK) {
-        fprintf(stderr, "setup: %s\n", is_error_last());
-        return -1;
-    }
-    return 0;
-}
+static int setup(void **state) { return test_ask_stack_open(&g_st, 1024, g_dir); }
 
-static int teardown(void **state) {
-    ask_ctx_free(g_ask);
-    if (g_store) record_store_close(g_store);
-    engine_free(g_engine);
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    if (g_model && test_remove_tree(g_dir) != 0) return -1;
-    return 0;
-}
+static int teardown(void **state) { return test_ask_stack_close(&g_st, g_dir); }
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
-        if (!g_model) skip();                                                                      \
+        if (!g_st.model) skip();                                                                   \
     } while (0)
 
 static int32_t *json_ints(const cJSON *a, int32_t *n) {
@@ -98,13 +71,13 @@ static void test_nll_golden(void **state) {
     int32_t *ans = json_ints(cJSON_GetObjectItem(g, "answer"), &na);
     double want = cJSON_GetObjectItem(g, "nll_mean")->valuedouble;
     int32_t want_top1 = cJSON_GetObjectItem(g, "first_top1")->valueint;
-    int32_t nv = g_model->cfg.n_vocab;
+    int32_t nv = g_st.model->cfg.n_vocab;
     float *first = malloc((size_t)nv * sizeof *first);
     int32_t seq;
-    assert_int_equal(engine_seq_open(g_engine, &seq), IS_OK);
+    assert_int_equal(engine_seq_open(g_st.engine, &seq), IS_OK);
     double nll = -1;
-    assert_int_equal(teacher_score_tokens(g_engine, seq, ctx, nc, ans, na, &nll, first), IS_OK);
-    engine_seq_close(g_engine, seq);
+    assert_int_equal(teacher_score_tokens(g_st.engine, seq, ctx, nc, ans, na, &nll, first), IS_OK);
+    engine_seq_close(g_st.engine, seq);
     /* Per-token NLL moves by about the logit error (1e-3 of the range, a
      * few hundredths of a nat at most); the mean over 5 tokens must agree
      * far more closely than the gaps the instrument reports (tenths). */
@@ -113,10 +86,10 @@ static void test_nll_golden(void **state) {
     assert_int_equal(nll_argmax(first, nv), want_top1);
     /* A changed answer token changes the score: the test can fail. */
     ans[na - 1] = (ans[na - 1] + 1) % nv;
-    assert_int_equal(engine_seq_open(g_engine, &seq), IS_OK);
+    assert_int_equal(engine_seq_open(g_st.engine, &seq), IS_OK);
     double other;
-    assert_int_equal(teacher_score_tokens(g_engine, seq, ctx, nc, ans, na, &other, NULL), IS_OK);
-    engine_seq_close(g_engine, seq);
+    assert_int_equal(teacher_score_tokens(g_st.engine, seq, ctx, nc, ans, na, &other, NULL), IS_OK);
+    engine_seq_close(g_st.engine, seq);
     assert_true(fabs(other - want) > 0.1);
     free(first);
     free(ctx);
@@ -128,13 +101,13 @@ static void test_teacher_bad_args(void **state) {
     SKIP_WITHOUT_MODEL();
     int32_t t = 1;
     double nll;
-    assert_int_equal(teacher_score_tokens(g_engine, 0, &t, 0, &t, 1, &nll, NULL),
+    assert_int_equal(teacher_score_tokens(g_st.engine, 0, &t, 0, &t, 1, &nll, NULL),
                      IS_ERR_INVALID_ARG);
-    assert_int_equal(teacher_score_tokens(g_engine, 0, &t, 1, &t, 0, &nll, NULL),
+    assert_int_equal(teacher_score_tokens(g_st.engine, 0, &t, 1, &t, 0, &nll, NULL),
                      IS_ERR_INVALID_ARG);
     int32_t *toks, n;
-    assert_int_equal(teacher_answer_tokens(g_model, "", &toks, &n), IS_ERR_INVALID_ARG);
-    assert_int_equal(teacher_answer_tokens(g_model, "7 May 2023", &toks, &n), IS_OK);
+    assert_int_equal(teacher_answer_tokens(g_st.model, "", &toks, &n), IS_ERR_INVALID_ARG);
+    assert_int_equal(teacher_answer_tokens(g_st.model, "7 May 2023", &toks, &n), IS_OK);
     assert_true(n >= 3);
     free(toks);
 }
@@ -146,20 +119,20 @@ static void test_kv_equals_prompt_one_fact(void **state) {
     const char *text = "Melanie plays the clarinet in a community band.";
     ask_fact f = {.id = "nll-f0", .text = text, .context = NULL, .n_context = 0};
     bool did;
-    assert_int_equal(ask_encode_fact(g_ask, &f, 0, &did), IS_OK);
+    assert_int_equal(ask_encode_fact(g_st.ask, &f, 0, &did), IS_OK);
     int32_t *ans, na;
-    assert_int_equal(teacher_answer_tokens(g_model, "The clarinet", &ans, &na), IS_OK);
+    assert_int_equal(teacher_answer_tokens(g_st.model, "The clarinet", &ans, &na), IS_OK);
     const char *ids[] = {"nll-f0"}, *texts[] = {text};
     const char *q = "What instrument does Melanie play? Answer in a few words.";
-    int32_t nv = g_model->cfg.n_vocab;
+    int32_t nv = g_st.model->cfg.n_vocab;
     float *lp = malloc((size_t)3 * nv * sizeof *lp);
     double nll[3];
     ask_mode modes[3] = {ASK_MODE_PROMPT, ASK_MODE_KV, ASK_MODE_OFF};
     for (int i = 0; i < 3; i++) {
         ask_request r = {
             .mode = modes[i], .query = q, .fact_ids = ids, .fact_texts = texts, .n_facts = 1};
-        assert_int_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &nll[i],
-                                               lp + (size_t)i * nv),
+        assert_int_equal(teacher_score_request(g_st.engine, g_st.store, g_st.ask, &r, ans, na,
+                                               &nll[i], lp + (size_t)i * nv),
                          IS_OK);
     }
     fprintf(stderr, "NLL prompt %.6f kv %.6f off %.6f\n", nll[0], nll[1], nll[2]);
@@ -175,8 +148,8 @@ static void test_kv_equals_prompt_one_fact(void **state) {
     ask_request r = {
         .mode = ASK_MODE_KV, .query = q, .fact_ids = missing, .fact_texts = texts, .n_facts = 1};
     double x;
-    assert_int_not_equal(teacher_score_request(g_engine, g_store, g_ask, &r, ans, na, &x, NULL),
-                         IS_OK);
+    assert_int_not_equal(
+        teacher_score_request(g_st.engine, g_st.store, g_st.ask, &r, ans, na, &x, NULL), IS_OK);
     free(lp);
     free(ans);
 }
@@ -234,7 +207,7 @@ static void test_list_item_rule(void **state) {
 
 static void test_list_mask_vocab(void **state) {
     SKIP_WITHOUT_MODEL();
-    const tokenizer *t = g_model->tok;
+    const tokenizer *t = g_st.model->tok;
     int32_t nv = tokenizer_n_vocab(t);
     bool *mask = calloc((size_t)nv, sizeof *mask);
     int32_t n = nll_list_mask(t, mask);

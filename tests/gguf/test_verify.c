@@ -45,13 +45,6 @@ static is_status open_st(const char *path) {
     return st;
 }
 
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
 static void sha256sum(const char *path) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "cd '%s' && sha256sum '%s' > '%s.sha256'", g_dir,
@@ -65,7 +58,7 @@ static void check_file(const char *kind, const char *path, const uint8_t *data, 
                        size_t flip, open_fn open) {
     char side[640], c[160];
     snprintf(side, sizeof side, "%s.sha256", path);
-    write_file(path, data, n);
+    assert_true(test_write_file(path, data, n));
 
     verify_set_enabled(true);
     unlink(side);
@@ -81,7 +74,7 @@ static void check_file(const char *kind, const char *path, const uint8_t *data, 
     uint8_t *bad = malloc(n);
     memcpy(bad, data, n);
     bad[flip] ^= 0x10;
-    write_file(path, bad, n);
+    assert_true(test_write_file(path, bad, n));
     free(bad);
     verify_set_enabled(false);
     bool silent = open(path) == IS_OK;
@@ -93,8 +86,8 @@ static void check_file(const char *kind, const char *path, const uint8_t *data, 
     printf("fault-matrix: damaged-files|%s|1|refused with --verify (%s without)\n", c,
            silent ? "loads silently" : "refused");
 
-    write_file(side, "not a checksum\n", 15);
-    write_file(path, data, n);
+    assert_true(test_write_file(side, "not a checksum\n", 15));
+    assert_true(test_write_file(path, data, n));
     assert_int_equal(open(path), IS_ERR_FORMAT);
     snprintf(c, sizeof c, "%s --verify with a malformed checksum file", kind);
     printf("fault-matrix: damaged-files|%s|1|refused\n", c);

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "kv/record_store.h"
+#include "test_util.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -115,25 +116,6 @@ static int count_files(const char *dir, const char *part) {
         if (strstr(de->d_name, part)) n++;
     closedir(d);
     return n;
-}
-
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
-static void *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *b = malloc(*n);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
 }
 
 /* ---- basic operations ------------------------------------------------------------- */
@@ -399,9 +381,10 @@ static void test_corrupt_file_refused_neighbours_load(void **state) {
     char path[512];
     snprintf(path, sizeof path, "%s/b.fkv", dir);
     size_t n;
-    uint8_t *bytes = read_file(path, &n);
+    uint8_t *bytes = test_read_file(path, &n);
+    assert_non_null(bytes);
     bytes[n / 2] ^= 0x10;
-    write_file(path, bytes, n);
+    assert_true(test_write_file(path, bytes, n));
 
     assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
     const fact_kv *kv = (const fact_kv *)0x1;
@@ -419,7 +402,8 @@ static void test_corrupt_file_refused_neighbours_load(void **state) {
     /* The damaged file is left as it is (for inspection), and can be
      * replaced by a new put. */
     size_t n2;
-    uint8_t *after = read_file(path, &n2);
+    uint8_t *after = test_read_file(path, &n2);
+    assert_non_null(after);
     assert_int_equal(n2, n);
     assert_memory_equal(after, bytes, n);
     free(after);
@@ -443,18 +427,19 @@ static void test_leftover_tmp_and_half_written_file(void **state) {
     char path[512];
     snprintf(path, sizeof path, "%s/whole.fkv", dir);
     size_t n;
-    uint8_t *bytes = read_file(path, &n);
+    uint8_t *bytes = test_read_file(path, &n);
+    assert_non_null(bytes);
     /* A writer that died mid-write left a temporary file ... */
     snprintf(path, sizeof path, "%s/whole.fkv.tmp.4242.7", dir);
-    write_file(path, bytes, n / 3);
+    assert_true(test_write_file(path, bytes, n / 3));
     snprintf(path, sizeof path, "%s/other.fkv.tmp.4242.8", dir);
-    write_file(path, bytes, n);
+    assert_true(test_write_file(path, bytes, n));
     /* ... and a file system without rename atomicity (or a hand copy) left
      * a final file cut short, and an empty one. */
     snprintf(path, sizeof path, "%s/half.fkv", dir);
-    write_file(path, bytes, n / 2);
+    assert_true(test_write_file(path, bytes, n / 2));
     snprintf(path, sizeof path, "%s/empty.fkv", dir);
-    write_file(path, bytes, 0);
+    assert_true(test_write_file(path, bytes, 0));
     assert_int_equal(count_files(dir, ".tmp."), 2);
 
     assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);

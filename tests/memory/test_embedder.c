@@ -42,13 +42,6 @@
 
 /* ---- helpers --------------------------------------------------------------- */
 
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
 static cJSON *load_golden(const char *name) {
     char path[1024];
     snprintf(path, sizeof path, "%s/embed/%s", IS_GOLDEN_DIR, name);
@@ -290,7 +283,7 @@ static int tmp_teardown(void **state) {
 
 static void write_raw(const char *name, const void *data, size_t n, char *path, size_t cap) {
     snprintf(path, cap, "%s/%s", g_tmp, name);
-    write_file(path, data, n);
+    assert_true(test_write_file(path, data, n));
 }
 
 static void test_safetensors(void **state) {
@@ -381,9 +374,9 @@ static void write_tiny_model(const char *name, const char *config, const char *s
     snprintf(dir, sizeof dir, "%s/%s", g_tmp, name);
     mkdir(dir, 0755);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    write_file(path, config, strlen(config));
+    assert_true(test_write_file(path, config, strlen(config)));
     snprintf(path, sizeof path, "%s/vocab.txt", dir);
-    write_file(path, hand_vocab, sizeof hand_vocab - 1);
+    assert_true(test_write_file(path, hand_vocab, sizeof hand_vocab - 1));
     static char names[64][96];
     static float data[64][TP * TI * 2];
     st_tensor t[64];
@@ -433,7 +426,7 @@ static void write_tiny_model(const char *name, const char *config, const char *s
     uint8_t *f;
     size_t sz = st_build(t, n, &f);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    write_file(path, f, sz - trunc);
+    assert_true(test_write_file(path, f, sz - trunc));
     free(f);
 }
 
@@ -561,12 +554,12 @@ static void test_embedder_broken(void **state) {
     mkdir(path, 0755);
     snprintf(path, sizeof path, "%s/pool-max/1_Pooling/config.json", g_tmp);
     const char pool[] = "{\"pooling_mode_max_tokens\": true}";
-    write_file(path, pool, sizeof pool - 1);
+    assert_true(test_write_file(path, pool, sizeof pool - 1));
     expect_load("pool-max", IS_ERR_UNSUPPORTED);
     write_tiny_model("seq-too-long", tiny_config, NULL, NULL, 0);
     snprintf(path, sizeof path, "%s/seq-too-long/sentence_bert_config.json", g_tmp);
     const char sb[] = "{\"max_seq_length\": 17}";
-    write_file(path, sb, sizeof sb - 1);
+    assert_true(test_write_file(path, sb, sizeof sb - 1));
     expect_load("seq-too-long", IS_ERR_FORMAT);
 }
 

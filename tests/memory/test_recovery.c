@@ -11,6 +11,12 @@
  *     wrong size, a NULL text): moved to facts_quarantine with the reason,
  *     the rest served; their records set aside in kv/orphans/;
  *   - records no row points to (a crash's leftovers): set aside, not deleted;
+ *   - a crash inside the very first batch add of a new store, after some of
+ *     its records were written and before any row committed (a forked
+ *     writer stopped at the fault hook, at the same step every run): the
+ *     store's note that writes began beside those records lets it open,
+ *     the records set aside, and it works; without the note the same
+ *     directory is refused as a lost store;
  *   - fsck: reports each case without writing; --repair rebuilds a lost
  *     store from the records (exact text, id, version), sets aside the
  *     record whose text cannot be recovered, and refuses to run while the
@@ -33,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/status.h"
@@ -305,6 +312,105 @@ static void test_orphans_set_aside(void **state) {
            "moved to kv/orphans/, not deleted; the store opens");
 }
 
+/* The value of meta's key in the store file, or "" when it has none. */
+static void meta_value(const char *key, char *out, size_t cap) {
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    out[0] = '\0';
+    assert_int_equal(sqlite3_open(g_db, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT value FROM meta WHERE key = ?", -1, &q, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_STATIC);
+    if (sqlite3_step(q) == SQLITE_ROW) snprintf(out, cap, "%s", sqlite3_column_text(q, 0));
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+}
+
+/* Fault hook: the writer dies, as abruptly as a crash, once the second
+ * record of its batch is written (the rows are committed after all of a
+ * batch's records). */
+static void die_at_second_record(memory_step s, void *ud) {
+    int *written = ud;
+    if (s == MEMORY_STEP_KV_WRITTEN && ++*written == 2) _exit(0);
+}
+
+/* A new store in a fresh directory whose very first write, a batch of
+ * three facts, crashes after two records: what a crash leaves there. */
+static void crash_first_batch(void) {
+    reset_dir();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        memory *m = NULL;
+        memory_params p = params();
+        if (memory_open(g_dir, &p, &m, NULL) != IS_OK) _exit(2);
+        memory_set_encoder(m, fake_encode, NULL);
+        int written = 0;
+        memory_set_fault_hook(m, die_at_second_record, &written);
+        char texts[3][64];
+        memory_add_req r[3];
+        for (int i = 0; i < 3; i++) {
+            snprintf(texts[i], sizeof texts[i], "first batch fact %d", i);
+            r[i] = (memory_add_req){
+                .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
+        }
+        memory_add_batch(m, r, 3, NULL, NULL);
+        _exit(3); /* the hook never fired */
+    }
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+        fail_msg("the writer did not stop at its second record (status %d)", ws);
+    /* The state the crash left: two records, no row, the note. */
+    char begun[16];
+    meta_value("writes_begun", begun, sizeof begun);
+    assert_int_equal(count_files("kv"), 2);
+    assert_string_equal(begun, "1");
+}
+
+static void test_first_batch_crash(void **state) {
+    crash_first_batch();
+    memory_open_report rep;
+    memory *m = NULL;
+    is_status st = try_open(&m, &rep);
+    if (st != IS_OK) fail_msg("reopening after the crash: %s", is_error_last());
+    memory_set_encoder(m, fake_encode, NULL);
+    assert_int_equal(rep.n_facts, 0);
+    assert_int_equal(rep.n_orphans, 2);
+    assert_int_equal(count_files("kv"), 0);
+    assert_int_equal(count_files("kv/orphans"), 2);
+    /* It works: an add, a check, and a reopen that finds nothing to do. */
+    memory_add_req r = {
+        .tenant = "t", .user = "u", .text = "after the crash", .window = MEMORY_WINDOW_DEFAULT};
+    char id[MEMORY_ID_SIZE];
+    assert_int_equal(memory_add(m, &r, id), IS_OK);
+    assert_int_equal(memory_check(m, true), IS_OK);
+    memory_close(m);
+    m = open_ok(&rep);
+    assert_int_equal(rep.n_facts, 1);
+    assert_int_equal(rep.n_orphans, 0);
+    mem_fact f;
+    assert_int_equal(memory_get(m, "t", "u", id, &f), IS_OK);
+    assert_string_equal(f.text, "after the crash");
+    mem_fact_clear(&f);
+    memory_close(m);
+
+    /* The note is what tells a crash from a lost store: the same leftovers
+     * without it are refused, every record left where it was. */
+    crash_first_batch();
+    sql("DELETE FROM meta WHERE key = 'writes_begun'");
+    m = NULL;
+    st = try_open(&m, NULL);
+    assert_int_equal(st, IS_ERR_IO);
+    assert_non_null(strstr(is_error_last(), "memory.db"));
+    assert_null(m);
+    assert_int_equal(count_files("kv"), 2);
+    matrix("crash inside the very first batch add (two records, no rows)", 2,
+           "records set aside, the store opens and works; without its note: refused");
+}
+
 static void test_fsck(void **state) {
     char ids[N_FACTS][MEMORY_ID_SIZE];
     make_store(ids);
@@ -393,11 +499,9 @@ static void test_fsck(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lost_store_refused),
-        cmocka_unit_test(test_missing_tables),
-        cmocka_unit_test(test_bad_rows_quarantined),
-        cmocka_unit_test(test_orphans_set_aside),
-        cmocka_unit_test(test_fsck),
+        cmocka_unit_test(test_lost_store_refused),   cmocka_unit_test(test_missing_tables),
+        cmocka_unit_test(test_bad_rows_quarantined), cmocka_unit_test(test_orphans_set_aside),
+        cmocka_unit_test(test_first_batch_crash),    cmocka_unit_test(test_fsck),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

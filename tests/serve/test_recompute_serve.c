@@ -17,129 +17,36 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 
 #include "core/status.h"
 #include "serve/scheduler.h"
+#include "test_model.h"
+#include "test_sched.h"
 #include "test_util.h"
 
 static backend *g_be;
 static model *g_model;
 static char g_dir[] = "/tmp/test_recompute_serve_XXXXXX";
 
-typedef struct text_buf {
-    char s[4096];
-    size_t n;
-} text_buf;
-
-static bool collect(const char *t, size_t l, void *ud) {
-    text_buf *b = ud;
-    if (b->n + l < sizeof b->s) {
-        memcpy(b->s + b->n, t, l);
-        b->n += l;
-        b->s[b->n] = 0;
-    }
-    return true;
-}
-
-typedef struct coll {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    text_buf text;
-    bool done;
-    sched_event_kind kind;
-    sched_usage usage;
-    sched_handle *h;
-} coll;
-
-static void on_event(const sched_event *ev, void *ud) {
-    coll *c = ud;
-    pthread_mutex_lock(&c->mu);
-    if (ev->kind == SCHED_EV_TEXT) {
-        collect(ev->text, ev->len, &c->text);
-    } else {
-        c->done = true;
-        c->kind = ev->kind;
-        c->usage = ev->usage;
-        if (ev->kind != SCHED_EV_DONE)
-            printf("  request failed: %s\n", ev->message ? ev->message : "");
-    }
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void submit(sched *s, const sched_request *r, coll *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    if (sched_submit(s, r, on_event, c, &c->h) != IS_OK)
-        fail_msg("sched_submit: %s", is_error_last());
-}
-
-static void wait_done(coll *c) {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += 120;
-    pthread_mutex_lock(&c->mu);
-    while (!c->done)
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) != 0) {
-            pthread_mutex_unlock(&c->mu);
-            fail_msg("no terminal event within 120 s");
-        }
-    pthread_mutex_unlock(&c->mu);
-    assert_int_equal(c->kind, SCHED_EV_DONE);
-    sched_release(c->h);
-}
-
 static int setup(void **state) {
     (void)state;
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (!mkdtemp(g_dir)) return -1;
-    if (backend_cpu_create(0, &g_be) != IS_OK ||
-        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
-        fprintf(stderr, "setup: %s\n", is_error_last());
-        return -1;
-    }
-    return 0;
+    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
+    return test_model_open_scratch(g_be, &g_model, g_dir);
 }
 
 static int teardown(void **state) {
     (void)state;
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    if (g_model && test_remove_tree(g_dir) != 0) return -1;
-    return 0;
-}
-
-static ask_request ask_greedy(ask_mode mode, const char *q, const char *const *ids,
-                              const char *const *texts, int n, int max_tokens) {
-    ask_request r = {.mode = mode,
-                     .query = q,
-                     .fact_ids = ids,
-                     .fact_texts = texts,
-                     .n_facts = n,
-                     .max_tokens = max_tokens,
-                     .temperature = 0,
-                     .top_k = 0,
-                     .top_p = 1.0f};
-    return r;
+    return test_model_close_scratch(g_be, g_model, g_dir);
 }
 
 static void test_recompute_answers(void **state) {
     (void)state;
     if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
     const int32_t max_tokens = 16;
-    engine_params ep = engine_default_params();
-    ep.n_ctx = 1024;
-    ep.max_seqs = 6;
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
+    engine *e = test_engine_create(g_model, test_engine_params(1024, 6, 0));
     char dir[400];
     snprintf(dir, sizeof dir, "%s/mem", g_dir);
     memory_params mp = memory_default_params(); /* BM25 only: retrieval is not tested here */
@@ -149,38 +56,27 @@ static void test_recompute_answers(void **state) {
                            "Caroline moved from Sweden four years ago.",
                            "Melanie is learning to bake sourdough bread."};
     const char *q = "What does Melanie play, and where is Caroline from?";
-    char ids[3][MEMORY_ID_SIZE], rids[3][RECORD_STORE_ID_MAX + 1];
+    char rids[3][RECORD_STORE_ID_MAX + 1];
     ask_ctx *ac;
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
-    memory_set_encoder(mem, ask_memory_encoder, ac);
-    for (int i = 0; i < 3; i++) {
-        memory_add_req r = {
-            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
-        assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
-        mem_fact f;
-        assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
-        assert_non_null(f.kv_record);
-        snprintf(rids[i], sizeof rids[i], "%s", f.kv_record);
-        mem_fact_clear(&f);
-    }
-    memory_set_encoder(mem, NULL, NULL);
+    test_add_with_records(mem, ac, texts, 3, NULL, rids);
     const char *rid_ptrs[] = {rids[0], rids[1], rids[2]};
 
     /* ask_run */
-    text_buf kv = {0}, prompt = {0}, all = {0}, blend = {0}, two = {0};
+    test_text kv = {0}, prompt = {0}, all = {0}, blend = {0}, two = {0};
     ask_timing tkv, tp, tall, tb, t2;
-    ask_request r = ask_greedy(ASK_MODE_KV, q, rid_ptrs, texts, 3, max_tokens);
-    assert_int_equal(ask_run(ac, &r, collect, &kv, &tkv), IS_OK);
+    ask_request r = test_ask_greedy(ASK_MODE_KV, q, rid_ptrs, texts, 3, max_tokens);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &kv, &tkv), IS_OK);
     r.recompute = 1000;
-    assert_int_equal(ask_run(ac, &r, collect, &all, &tall), IS_OK);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &all, &tall), IS_OK);
     r.recompute = 0;
     r.blend = 1.0f;
-    assert_int_equal(ask_run(ac, &r, collect, &blend, &tb), IS_OK);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &blend, &tb), IS_OK);
     r.blend = 0.0f;
     r.recompute = 2;
-    assert_int_equal(ask_run(ac, &r, collect, &two, &t2), IS_OK);
-    r = ask_greedy(ASK_MODE_PROMPT, q, rid_ptrs, texts, 3, max_tokens);
-    assert_int_equal(ask_run(ac, &r, collect, &prompt, &tp), IS_OK);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &two, &t2), IS_OK);
+    r = test_ask_greedy(ASK_MODE_PROMPT, q, rid_ptrs, texts, 3, max_tokens);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &prompt, &tp), IS_OK);
     printf("  ask kv: \"%s\"\n  ask prompt: \"%s\"\n  ask kv, all recomputed: \"%s\"\n"
            "  ask kv, blend 1: \"%s\"\n  ask kv, recompute 2: \"%s\"\n",
            kv.s, prompt.s, all.s, blend.s, two.s);
@@ -194,7 +90,7 @@ static void test_recompute_answers(void **state) {
 
     /* The scheduler, in prompt chunks of 8 tokens: the rewrites span steps. */
     const int32_t ms[] = {2, 1000};
-    const text_buf *want[] = {&two, &prompt};
+    const test_text *want[] = {&two, &prompt};
     for (int k = 0; k < 2; k++) {
         sched_params sp = sched_default_params();
         sp.record_dtype = KV_DTYPE_F32;
@@ -213,16 +109,16 @@ static void test_recompute_answers(void **state) {
                             .max_tokens = max_tokens,
                             .temperature = 0,
                             .top_p = 1.0f};
-        coll a, b;
-        submit(s, &rq, &a);
-        submit(s, &rq, &b); /* beside another request in the same steps */
-        wait_done(&a);
-        wait_done(&b);
+        test_coll a, b;
+        test_coll_submit(s, &rq, &a);
+        test_coll_submit(s, &rq, &b); /* beside another request in the same steps */
+        test_coll_done(&a);
+        test_coll_done(&b);
         printf("  scheduler, recompute %d: \"%s\" / \"%s\" (%d prompt, %d prefilled tokens)\n",
-               (int)ms[k], a.text.s, b.text.s, (int)a.usage.prompt_tokens,
+               (int)ms[k], a.text, b.text, (int)a.usage.prompt_tokens,
                (int)a.usage.prefilled_tokens);
-        assert_string_equal(a.text.s, want[k]->s);
-        assert_string_equal(b.text.s, want[k]->s);
+        assert_string_equal(a.text, want[k]->s);
+        assert_string_equal(b.text, want[k]->s);
         int32_t n_rw = k == 0 ? 2 * 3 : tkv.n_memory_tokens;
         assert_int_equal(a.usage.prefilled_tokens, (int32_t)tkv.n_prefilled + n_rw);
         assert_int_equal(a.usage.prompt_tokens,

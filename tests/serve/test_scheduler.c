@@ -40,9 +40,11 @@
 #include <unistd.h>
 
 #include "core/status.h"
-#include "test_util.h"
 #include "engine/sampler.h"
 #include "serve/scheduler.h"
+#include "test_model.h"
+#include "test_sched.h"
+#include "test_util.h"
 
 static backend *g_be;
 static model *g_model;
@@ -50,25 +52,11 @@ static char g_dir[] = "/tmp/test_scheduler_XXXXXX";
 static int g_mem_n; /* memory directories made so far */
 
 static int setup(void **state) {
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (!mkdtemp(g_dir)) return -1;
-    if (backend_cpu_create(0, &g_be) != IS_OK ||
-        model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
-        fprintf(stderr, "setup: %s\n", is_error_last());
-        return -1;
-    }
-    return 0;
+    if (backend_cpu_create(0, &g_be) != IS_OK) return -1;
+    return test_model_open_scratch(g_be, &g_model, g_dir);
 }
 
-static int teardown(void **state) {
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    if (g_model) {
-        if (test_remove_tree(g_dir) != 0) return -1;
-    }
-    return 0;
-}
+static int teardown(void **state) { return test_model_close_scratch(g_be, g_model, g_dir); }
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
@@ -76,13 +64,9 @@ static int teardown(void **state) {
     } while (0)
 
 static engine *make_engine(int32_t n_ctx, int32_t max_seqs, int32_t n_blocks) {
-    engine_params ep = engine_default_params();
-    ep.n_ctx = n_ctx;
-    ep.max_seqs = max_seqs;
+    engine_params ep = test_engine_params(n_ctx, max_seqs, 0);
     ep.n_blocks = n_blocks;
-    engine *e = NULL;
-    if (engine_create(g_model, ep, &e) != IS_OK) fail_msg("engine_create: %s", is_error_last());
-    return e;
+    return test_engine_create(g_model, ep);
 }
 
 static memory *open_memory(void) {
@@ -100,140 +84,12 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* ---- collecting events ------------------------------------------------------------- */
-
-typedef struct coll {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    char text[8192];
-    size_t n;
-    int n_text, n_terminal, n_after_release;
-    bool released; /* set by the test before it releases early */
-    sched_event_kind kind;
-    is_finish_reason finish;
-    sched_usage usage;
-    is_status status;
-    char message[256];
-    sched_handle *h;
-    int cancel_after; /* cancel from inside the callback after this many texts (0: never) */
-} coll;
-
-static void coll_init(coll *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-}
-
-static void on_event(const sched_event *ev, void *ud) {
-    coll *c = ud;
-    pthread_mutex_lock(&c->mu);
-    if (c->released) c->n_after_release++;
-    if (ev->kind == SCHED_EV_TEXT) {
-        if (c->n + ev->len < sizeof c->text) {
-            memcpy(c->text + c->n, ev->text, ev->len);
-            c->n += ev->len;
-            c->text[c->n] = 0;
-        }
-        c->n_text++;
-    } else {
-        c->n_terminal++;
-        c->kind = ev->kind;
-        c->finish = ev->finish;
-        c->usage = ev->usage;
-        c->status = ev->status;
-        if (ev->message) snprintf(c->message, sizeof c->message, "%s", ev->message);
-    }
-    bool cancel = c->cancel_after && c->n_text == c->cancel_after && ev->kind == SCHED_EV_TEXT;
-    sched_handle *h = c->h;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    if (cancel) sched_cancel(h);
-}
-
-/* Seconds a wait may take before the test fails (SCHED_TEST_TIMEOUT_S,
- * for runs under valgrind). */
-static int wait_limit_s(void) {
-    const char *e = getenv("SCHED_TEST_TIMEOUT_S");
-    return e && atoi(e) > 0 ? atoi(e) : 120;
-}
-
-/* Waits for the terminal event. */
-static void coll_wait(coll *c) {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += wait_limit_s();
-    pthread_mutex_lock(&c->mu);
-    while (c->n_terminal == 0) {
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) != 0) {
-            pthread_mutex_unlock(&c->mu);
-            fail_msg("no terminal event within %d s", wait_limit_s());
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Waits for at least n text events. */
-static void coll_wait_text(coll *c, int n) {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += wait_limit_s();
-    pthread_mutex_lock(&c->mu);
-    while (c->n_text < n && c->n_terminal == 0) {
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) != 0) {
-            pthread_mutex_unlock(&c->mu);
-            fail_msg("no text within %d s", wait_limit_s());
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static sched_request greedy_req(const chat_message *msgs, int32_t n, ask_mode mode,
-                                int32_t max_tokens) {
-    sched_request r = {.messages = msgs,
-                       .n_messages = n,
-                       .mode = mode,
-                       .max_tokens = max_tokens,
-                       .temperature = 0,
-                       .top_p = 1.0f,
-                       .top_k = 0};
-    return r;
-}
-
-static void submit_ok(sched *s, const sched_request *r, coll *c) {
-    coll_init(c);
-    is_status st = sched_submit(s, r, on_event, c, &c->h);
-    if (st != IS_OK) fail_msg("sched_submit: %s", is_error_last());
-}
-
-/* Submits, waits, releases; the text must end with DONE. */
-static void run_alone(sched *s, const sched_request *r, coll *c) {
-    submit_ok(s, r, c);
-    coll_wait(c);
-    if (c->kind != SCHED_EV_DONE) fail_msg("request failed: %s", c->message);
-    sched_release(c->h);
-}
-
 /* ---- references --------------------------------------------------------------------- */
-
-typedef struct text_buf {
-    char s[8192];
-    size_t n;
-} text_buf;
-
-static bool collect(const char *t, size_t l, void *ud) {
-    text_buf *b = ud;
-    if (b->n + l < sizeof b->s) {
-        memcpy(b->s + b->n, t, l);
-        b->n += l;
-        b->s[b->n] = 0;
-    }
-    return true;
-}
 
 /* The plain way: the whole prompt in one batch, then one token at a
  * time, greedy, as ask_run decodes. */
 static void ref_plain(engine *e, const int32_t *toks, int32_t n, int32_t max_tokens,
-                      text_buf *out) {
+                      test_text *out) {
     const model *m = engine_model(e);
     float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
     int32_t *seqs = malloc((size_t)n * sizeof *seqs);
@@ -248,7 +104,7 @@ static void ref_plain(engine *e, const int32_t *toks, int32_t n, int32_t max_tok
         if (tokenizer_is_eog(m->tok, next)) break;
         char piece[256];
         size_t pl = tokenizer_token_to_piece(m->tok, next, false, piece, sizeof piece);
-        collect(piece, pl < sizeof piece ? pl : sizeof piece, out);
+        test_text_collect(piece, pl < sizeof piece ? pl : sizeof piece, out);
         if (i + 1 == max_tokens) break;
         engine_batch b1 = {.n_tokens = 1, .tokens = &next, .seq = &seq};
         assert_int_equal(engine_decode(e, &b1, logits), IS_OK);
@@ -256,20 +112,6 @@ static void ref_plain(engine *e, const int32_t *toks, int32_t n, int32_t max_tok
     engine_seq_close(e, seq);
     free(seqs);
     free(logits);
-}
-
-static ask_request ask_greedy(ask_mode mode, const char *q, const char *const *ids,
-                              const char *const *texts, int n, int max_tokens) {
-    ask_request r = {.mode = mode,
-                     .query = q,
-                     .fact_ids = ids,
-                     .fact_texts = texts,
-                     .n_facts = n,
-                     .max_tokens = max_tokens,
-                     .temperature = 0,
-                     .top_k = 0,
-                     .top_p = 1.0f};
-    return r;
 }
 
 /* ---- layout ----------------------------------------------------------------------------- */
@@ -401,16 +243,17 @@ static void test_batching_invariance(void **state) {
     }
 
     /* References, before the scheduler owns the engine. */
-    text_buf ref[N_BATCH];
+    test_text ref[N_BATCH];
     int32_t lens[N_BATCH];
     ask_ctx *ac;
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
     for (int i = 0; i < N_BATCH; i++) {
         if (modes[i] == ASK_MODE_PROMPT) {
             memset(&ref[i], 0, sizeof ref[i]);
-            ask_request r = ask_greedy(ASK_MODE_PROMPT, qs[i], NULL, facts_text, 2, max_tokens);
+            ask_request r =
+                test_ask_greedy(ASK_MODE_PROMPT, qs[i], NULL, facts_text, 2, max_tokens);
             ask_timing t;
-            assert_int_equal(ask_run(ac, &r, collect, &ref[i], &t), IS_OK);
+            assert_int_equal(ask_run(ac, &r, test_text_collect, &ref[i], &t), IS_OK);
             lens[i] = -1;
         } else {
             int32_t *toks, n;
@@ -431,21 +274,21 @@ static void test_batching_invariance(void **state) {
     assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
     sched_request reqs[N_BATCH];
     for (int i = 0; i < N_BATCH; i++) {
-        reqs[i] = greedy_req(msgs[i], 1, modes[i], max_tokens);
+        reqs[i] = test_sched_greedy(msgs[i], 1, modes[i], max_tokens);
         if (modes[i] == ASK_MODE_PROMPT) {
             reqs[i].facts = facts;
             reqs[i].n_facts = 2;
         }
     }
     /* Alone. */
-    coll alone[N_BATCH], together[N_BATCH];
+    test_coll alone[N_BATCH], together[N_BATCH];
     double t0 = now_s();
-    for (int i = 0; i < N_BATCH; i++) run_alone(s, &reqs[i], &alone[i]);
+    for (int i = 0; i < N_BATCH; i++) test_coll_run(s, &reqs[i], &alone[i]);
     double t1 = now_s();
     /* Together. */
-    for (int i = 0; i < N_BATCH; i++) submit_ok(s, &reqs[i], &together[i]);
+    for (int i = 0; i < N_BATCH; i++) test_coll_submit(s, &reqs[i], &together[i]);
     for (int i = 0; i < N_BATCH; i++) {
-        coll_wait(&together[i]);
+        test_coll_wait(&together[i]);
         assert_int_equal(together[i].kind, SCHED_EV_DONE);
         sched_release(together[i].h);
     }
@@ -494,22 +337,11 @@ static void test_memory_modes(void **state) {
                                 "Melanie ran a charity race last Saturday."};
     const char *q = "What does Melanie play, and where is Caroline from?";
     const char *q2 = "What is the name of Caroline's pet?";
-    char ids[3][MEMORY_ID_SIZE], rids[3][RECORD_STORE_ID_MAX + 1], nokv_ids[3][MEMORY_ID_SIZE];
-    text_buf ref_kv = {0}, ref_prompt = {0}, ref_miss = {0};
+    char rids[3][RECORD_STORE_ID_MAX + 1], nokv_ids[3][MEMORY_ID_SIZE];
+    test_text ref_kv = {0}, ref_prompt = {0}, ref_miss = {0};
     ask_ctx *ac;
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
-    memory_set_encoder(mem, ask_memory_encoder, ac);
-    for (int i = 0; i < 3; i++) {
-        memory_add_req r = {
-            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
-        assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
-        mem_fact f;
-        assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
-        assert_non_null(f.kv_record);
-        snprintf(rids[i], sizeof rids[i], "%s", f.kv_record);
-        mem_fact_clear(&f);
-    }
-    memory_set_encoder(mem, NULL, NULL);
+    test_add_with_records(mem, ac, texts, 3, NULL, rids);
     for (int i = 0; i < 3; i++) {
         memory_add_req r = {
             .tenant = "t", .user = "u", .text = texts_nokv[i], .window = MEMORY_WINDOW_DEFAULT};
@@ -517,13 +349,13 @@ static void test_memory_modes(void **state) {
     }
     const char *rid_ptrs[] = {rids[0], rids[1], rids[2]};
     ask_timing t;
-    ask_request r = ask_greedy(ASK_MODE_KV, q, rid_ptrs, texts, 3, max_tokens);
-    assert_int_equal(ask_run(ac, &r, collect, &ref_kv, &t), IS_OK);
+    ask_request r = test_ask_greedy(ASK_MODE_KV, q, rid_ptrs, texts, 3, max_tokens);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &ref_kv, &t), IS_OK);
     int32_t injected = t.n_memory_tokens;
     r.mode = ASK_MODE_PROMPT;
-    assert_int_equal(ask_run(ac, &r, collect, &ref_prompt, &t), IS_OK);
-    r = ask_greedy(ASK_MODE_PROMPT, q2, NULL, texts_nokv, 3, max_tokens);
-    assert_int_equal(ask_run(ac, &r, collect, &ref_miss, &t), IS_OK);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &ref_prompt, &t), IS_OK);
+    r = test_ask_greedy(ASK_MODE_PROMPT, q2, NULL, texts_nokv, 3, max_tokens);
+    assert_int_equal(ask_run(ac, &r, test_text_collect, &ref_miss, &t), IS_OK);
     int32_t n_prefix;
     ask_ctx_prefix_seq(ac, &n_prefix);
     ask_ctx_free(ac);
@@ -541,20 +373,20 @@ static void test_memory_modes(void **state) {
     miss_facts[1] = (sched_fact){texts_nokv[1], "no-such-record-v1"};
     miss_facts[2] = (sched_fact){texts_nokv[2], rids[0]};
 
-    coll ckv, cprompt, cmiss;
-    sched_request rq = greedy_req(m1, 1, ASK_MODE_KV, max_tokens);
+    test_coll ckv, cprompt, cmiss;
+    sched_request rq = test_sched_greedy(m1, 1, ASK_MODE_KV, max_tokens);
     rq.facts = kv_facts;
     rq.n_facts = 3;
-    submit_ok(s, &rq, &ckv);
+    test_coll_submit(s, &rq, &ckv);
     rq.mode = ASK_MODE_PROMPT;
-    submit_ok(s, &rq, &cprompt);
-    sched_request rm = greedy_req(m2, 1, ASK_MODE_KV, max_tokens);
+    test_coll_submit(s, &rq, &cprompt);
+    sched_request rm = test_sched_greedy(m2, 1, ASK_MODE_KV, max_tokens);
     rm.facts = miss_facts;
     rm.n_facts = 3;
-    submit_ok(s, &rm, &cmiss);
-    coll *all[] = {&ckv, &cprompt, &cmiss};
+    test_coll_submit(s, &rm, &cmiss);
+    test_coll *all[] = {&ckv, &cprompt, &cmiss};
     for (int i = 0; i < 3; i++) {
-        coll_wait(all[i]);
+        test_coll_wait(all[i]);
         assert_int_equal(all[i]->kind, SCHED_EV_DONE);
         sched_release(all[i]->h);
     }
@@ -585,13 +417,13 @@ static void test_memory_modes(void **state) {
      * the engine thread reads them itself, with the same result. */
     sp.prefetch_bytes = 0;
     assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
-    coll ckv2, cmiss2;
+    test_coll ckv2, cmiss2;
     rq.mode = ASK_MODE_KV;
-    submit_ok(s, &rq, &ckv2);
-    submit_ok(s, &rm, &cmiss2);
-    coll *again[] = {&ckv2, &cmiss2};
+    test_coll_submit(s, &rq, &ckv2);
+    test_coll_submit(s, &rm, &cmiss2);
+    test_coll *again[] = {&ckv2, &cmiss2};
     for (int i = 0; i < 2; i++) {
-        coll_wait(again[i]);
+        test_coll_wait(again[i]);
         assert_int_equal(again[i]->kind, SCHED_EV_DONE);
         sched_release(again[i]->h);
     }
@@ -616,9 +448,9 @@ static void test_stop_string(void **state) {
     sched *s;
     assert_int_equal(sched_create(e, NULL, NULL, &s), IS_OK);
     chat_message m[] = {{"user", "Write two sentences about the sea."}};
-    sched_request r = greedy_req(m, 1, ASK_MODE_OFF, 24);
-    coll a, b;
-    run_alone(s, &r, &a);
+    sched_request r = test_sched_greedy(m, 1, ASK_MODE_OFF, 24);
+    test_coll a, b;
+    test_coll_run(s, &r, &a);
     assert_true(a.n > 12);
     char stop[8];
     memcpy(stop, a.text + a.n / 2, 4);
@@ -626,7 +458,7 @@ static void test_stop_string(void **state) {
     const char *stops[] = {"never appears \x01", stop};
     r.stop = stops;
     r.n_stop = 2;
-    run_alone(s, &r, &b);
+    test_coll_run(s, &r, &b);
     printf("  full: \"%s\"\n  stop \"%s\": \"%s\"\n", a.text, stop, b.text);
     assert_int_equal(b.finish, IS_FINISH_STOP);
     const char *first = strstr(a.text, stop);
@@ -661,18 +493,18 @@ static void test_cancel(void **state) {
     int32_t baseline = st.kv_blocks_used;
     assert_true(baseline > 0); /* the serving prefix */
     chat_message m[] = {{"user", "Count from one to two hundred in words, separated by commas."}};
-    sched_request r = greedy_req(m, 1, ASK_MODE_OFF, 400);
+    sched_request r = test_sched_greedy(m, 1, ASK_MODE_OFF, 400);
 
     /* From inside its own callback, after 3 pieces of text. */
-    coll a, q;
-    coll_init(&a);
+    test_coll a, q;
+    test_coll_init(&a);
     a.cancel_after = 3;
-    assert_int_equal(sched_submit(s, &r, on_event, &a, &a.h), IS_OK);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &a, &a.h), IS_OK);
     /* Queued behind it, cancelled before it ever runs. */
-    submit_ok(s, &r, &q);
+    test_coll_submit(s, &r, &q);
     sched_cancel(q.h);
-    coll_wait(&a);
-    coll_wait(&q);
+    test_coll_wait(&a);
+    test_coll_wait(&q);
     assert_int_equal(a.kind, SCHED_EV_DONE);
     assert_int_equal(a.finish, IS_FINISH_ABORT);
     assert_true(a.usage.completion_tokens >= 3 && a.usage.completion_tokens < 400);
@@ -690,9 +522,9 @@ static void test_cancel(void **state) {
 
     /* Released early, from this thread: no event after release returns,
      * and its blocks go back. */
-    coll c;
-    submit_ok(s, &r, &c);
-    coll_wait_text(&c, 2);
+    test_coll c;
+    test_coll_submit(s, &r, &c);
+    test_coll_wait_text(&c, 2);
     pthread_mutex_lock(&c.mu);
     c.released = true;
     pthread_mutex_unlock(&c.mu);
@@ -721,7 +553,7 @@ static void test_admission_small_pool(void **state) {
     const char *qs[] = {"Name a color.", "Name a fruit.", "Name an animal."};
     chat_message msgs[3][1];
     int32_t need_max = 0;
-    text_buf ref[3];
+    test_text ref[3];
     for (int i = 0; i < 3; i++) {
         msgs[i][0] = (chat_message){"user", qs[i]};
         int32_t *toks, n;
@@ -741,11 +573,11 @@ static void test_admission_small_pool(void **state) {
     sched *s;
     assert_int_equal(sched_create(e, NULL, &sp, &s), IS_OK);
     enum { N = 12 };
-    coll c[N];
+    test_coll c[N];
     sched_request r[N];
     for (int i = 0; i < N; i++) {
-        r[i] = greedy_req(msgs[i % 3], 1, ASK_MODE_OFF, 16);
-        submit_ok(s, &r[i], &c[i]);
+        r[i] = test_sched_greedy(msgs[i % 3], 1, ASK_MODE_OFF, 16);
+        test_coll_submit(s, &r[i], &c[i]);
     }
     int32_t max_running = 0, max_queued = 0;
     for (int done = 0; done < N;) {
@@ -764,7 +596,7 @@ static void test_admission_small_pool(void **state) {
     }
     double max_q = 0, min_total = 1e30;
     for (int i = 0; i < N; i++) {
-        coll_wait(&c[i]);
+        test_coll_wait(&c[i]);
         assert_int_equal(c[i].n_terminal, 1);
         if (c[i].kind != SCHED_EV_DONE) fail_msg("request %d failed: %s", i, c[i].message);
         assert_string_equal(c[i].text, ref[i % 3].s);
@@ -792,8 +624,8 @@ static void test_submit_errors(void **state) {
     sp.max_queued = 2;
     sched *s;
     assert_int_equal(sched_create(e, NULL, &sp, &s), IS_OK);
-    coll c;
-    coll_init(&c);
+    test_coll c;
+    test_coll_init(&c);
     sched_handle *h = NULL;
     chat_message ok[] = {{"user", "Hello!"}};
     /* Past the context: a long prompt; a short one with too many tokens asked. */
@@ -801,57 +633,57 @@ static void test_submit_errors(void **state) {
     longq[0] = 0;
     for (int i = 0; i < 60; i++) strcat(longq, "The quick brown fox jumps. ");
     chat_message lm[] = {{"user", longq}};
-    sched_request r = greedy_req(lm, 1, ASK_MODE_OFF, 8);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_CONTEXT_FULL);
-    r = greedy_req(ok, 1, ASK_MODE_OFF, 250);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_CONTEXT_FULL);
+    sched_request r = test_sched_greedy(lm, 1, ASK_MODE_OFF, 8);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_CONTEXT_FULL);
+    r = test_sched_greedy(ok, 1, ASK_MODE_OFF, 250);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_CONTEXT_FULL);
     /* Bad parameters. */
-    r = greedy_req(ok, 1, ASK_MODE_OFF, 0);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
-    r = greedy_req(ok, 1, ASK_MODE_OFF, 8);
+    r = test_sched_greedy(ok, 1, ASK_MODE_OFF, 0);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
+    r = test_sched_greedy(ok, 1, ASK_MODE_OFF, 8);
     r.top_p = 0;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     r.top_p = 1.5f;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
-    r = greedy_req(ok, 1, ASK_MODE_OFF, 8);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
+    r = test_sched_greedy(ok, 1, ASK_MODE_OFF, 8);
     r.temperature = -1;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     r.temperature = NAN;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
-    r = greedy_req(ok, 1, ASK_MODE_OFF, 8);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
+    r = test_sched_greedy(ok, 1, ASK_MODE_OFF, 8);
     r.top_k = -1;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
-    r = greedy_req(ok, 0, ASK_MODE_OFF, 8);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
+    r = test_sched_greedy(ok, 0, ASK_MODE_OFF, 8);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     chat_message tool[] = {{"tool", "x"}}, nul[] = {{"user", NULL}};
-    r = greedy_req(tool, 1, ASK_MODE_OFF, 8);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
-    r = greedy_req(nul, 1, ASK_MODE_OFF, 8);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    r = test_sched_greedy(tool, 1, ASK_MODE_OFF, 8);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
+    r = test_sched_greedy(nul, 1, ASK_MODE_OFF, 8);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     const char *empty_stop[] = {""};
-    r = greedy_req(ok, 1, ASK_MODE_OFF, 8);
+    r = test_sched_greedy(ok, 1, ASK_MODE_OFF, 8);
     r.stop = empty_stop;
     r.n_stop = 1;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     r.n_stop = SCHED_MAX_STOP + 1;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     /* Memory modes need a memory service (this scheduler has none). */
-    r = greedy_req(ok, 1, ASK_MODE_KV, 8);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    r = test_sched_greedy(ok, 1, ASK_MODE_KV, 8);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     r.mode = ASK_MODE_PROMPT;
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_INVALID_ARG);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_INVALID_ARG);
     assert_null(h);
     assert_int_equal(sched_encode(s, "t", "u", "x"), IS_ERR_INVALID_ARG);
     assert_int_equal(sched_encode_missing(s), IS_ERR_INVALID_ARG);
 
     /* Queue full: one runs, two wait, the next is refused. */
     chat_message lng[] = {{"user", "Count from one to two hundred in words."}};
-    r = greedy_req(lng, 1, ASK_MODE_OFF, 200);
-    coll q[4];
+    r = test_sched_greedy(lng, 1, ASK_MODE_OFF, 200);
+    test_coll q[4];
     int accepted = 0, busy = 0;
     for (int i = 0; i < 4; i++) {
-        coll_init(&q[i]);
-        is_status st = sched_submit(s, &r, on_event, &q[i], &q[i].h);
+        test_coll_init(&q[i]);
+        is_status st = sched_submit(s, &r, test_coll_on_event, &q[i], &q[i].h);
         if (st == IS_OK) accepted++;
         else if (st == IS_ERR_BUSY) busy++, q[i].h = NULL;
         else fail_msg("unexpected status %d", (int)st);
@@ -861,7 +693,7 @@ static void test_submit_errors(void **state) {
         if (q[i].h) sched_cancel(q[i].h);
     for (int i = 0; i < 4; i++) {
         if (!q[i].h) continue;
-        coll_wait(&q[i]);
+        test_coll_wait(&q[i]);
         assert_int_equal(q[i].n_terminal, 1);
         sched_release(q[i].h);
     }
@@ -871,8 +703,8 @@ static void test_submit_errors(void **state) {
     /* Pool: a request that fits the context but never the pool. */
     e = make_engine(256, 4, 8);
     assert_int_equal(sched_create(e, NULL, NULL, &s), IS_OK);
-    r = greedy_req(ok, 1, ASK_MODE_OFF, 200);
-    assert_int_equal(sched_submit(s, &r, on_event, &c, &h), IS_ERR_CONTEXT_FULL);
+    r = test_sched_greedy(ok, 1, ASK_MODE_OFF, 200);
+    assert_int_equal(sched_submit(s, &r, test_coll_on_event, &c, &h), IS_ERR_CONTEXT_FULL);
     sched_free(s);
     engine_free(e);
     /* No refused request produced an event. */
@@ -913,11 +745,11 @@ static void test_encode_jobs(void **state) {
     /* Before encoding, a kv request uses it as text: a miss. */
     chat_message m[] = {{"user", "What is Jolene's favourite board game?"}};
     sched_fact sf = {text, NULL};
-    sched_request r = greedy_req(m, 1, ASK_MODE_KV, 12);
+    sched_request r = test_sched_greedy(m, 1, ASK_MODE_KV, 12);
     r.facts = &sf;
     r.n_facts = 1;
-    coll before, after;
-    run_alone(s, &r, &before);
+    test_coll before, after;
+    test_coll_run(s, &r, &before);
     assert_int_equal(before.usage.injected_tokens, 0);
 
     assert_int_equal(sched_encode(s, "t", "u", id), IS_OK);
@@ -930,7 +762,7 @@ static void test_encode_jobs(void **state) {
     snprintf(rid, sizeof rid, "%s", f.kv_record);
     mem_fact_clear(&f);
     sf.kv_record = rid;
-    run_alone(s, &r, &after);
+    test_coll_run(s, &r, &after);
     assert_true(after.usage.injected_tokens > 0);
     assert_int_equal(after.usage.injected_tokens, before.usage.memory_tokens);
     printf("  as text: \"%s\"\n  injected: \"%s\"\n", before.text, after.text);
@@ -950,9 +782,9 @@ static void test_encode_jobs(void **state) {
     char id2[MEMORY_ID_SIZE];
     assert_int_equal(memory_add(mem, &ar, id2), IS_OK);
     chat_message lm[] = {{"user", "Count from one to two hundred in words, separated by commas."}};
-    sched_request lr = greedy_req(lm, 1, ASK_MODE_OFF, 120);
-    coll busy;
-    submit_ok(s, &lr, &busy);
+    sched_request lr = test_sched_greedy(lm, 1, ASK_MODE_OFF, 120);
+    test_coll busy;
+    test_coll_submit(s, &lr, &busy);
     assert_int_equal(sched_encode(s, "t", "u", id2), IS_OK);
     wait_encoded(s, 2);
     pthread_mutex_lock(&busy.mu);
@@ -965,7 +797,7 @@ static void test_encode_jobs(void **state) {
         printf("  it ended: kind %d, finish %d, status %d '%s', text \"%s\"\n", (int)busy.kind,
                (int)busy.finish, (int)busy.status, busy.message, busy.text);
     assert_int_equal(done_before, 0);
-    coll_wait(&busy);
+    test_coll_wait(&busy);
     printf("  the request: %d pieces in all\n", busy.n_text);
     sched_release(busy.h);
 
@@ -1002,11 +834,11 @@ static void test_shutdown_in_flight(void **state) {
     sched *s;
     assert_int_equal(sched_create(e, NULL, &sp, &s), IS_OK);
     chat_message m[] = {{"user", "Count from one to two hundred in words, separated by commas."}};
-    sched_request r = greedy_req(m, 1, ASK_MODE_OFF, 200);
+    sched_request r = test_sched_greedy(m, 1, ASK_MODE_OFF, 200);
     enum { N = 6 };
-    coll c[N];
-    for (int i = 0; i < N; i++) submit_ok(s, &r, &c[i]);
-    coll_wait_text(&c[0], 2);
+    test_coll c[N];
+    for (int i = 0; i < N; i++) test_coll_submit(s, &r, &c[i]);
+    test_coll_wait_text(&c[0], 2);
     sched_free(s);
     int cancelled = 0;
     for (int i = 0; i < N; i++) {
@@ -1048,22 +880,11 @@ static void test_admit_many_in_one_step(void **state) {
                           "What happened to Melanie's son?", "Where does Caroline volunteer?"};
     static const int set_len[NR] = {1, 2, 3, 4, 2, 3};
     static const int set[NR][4] = {{0}, {1, 0}, {2, 3, 1}, {3, 4, 5, 0}, {4, 2}, {5, 1, 3}};
-    char ids[NF][MEMORY_ID_SIZE], rids[NF][RECORD_STORE_ID_MAX + 1];
+    char rids[NF][RECORD_STORE_ID_MAX + 1];
     ask_ctx *ac;
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F32, &ac), IS_OK);
-    memory_set_encoder(mem, ask_memory_encoder, ac);
-    for (int i = 0; i < NF; i++) {
-        memory_add_req r = {
-            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
-        assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
-        mem_fact f;
-        assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
-        assert_non_null(f.kv_record);
-        snprintf(rids[i], sizeof rids[i], "%s", f.kv_record);
-        mem_fact_clear(&f);
-    }
-    memory_set_encoder(mem, NULL, NULL);
-    text_buf ref[NR];
+    test_add_with_records(mem, ac, texts, NF, NULL, rids);
+    test_text ref[NR];
     sched_fact facts[NR][4];
     int64_t n_facts = 0;
     for (int r = 0; r < NR; r++) {
@@ -1076,8 +897,8 @@ static void test_admit_many_in_one_step(void **state) {
         n_facts += set_len[r];
         memset(&ref[r], 0, sizeof ref[r]);
         ask_timing t;
-        ask_request ar = ask_greedy(ASK_MODE_KV, qs[r], fid, ftext, set_len[r], max_tokens);
-        assert_int_equal(ask_run(ac, &ar, collect, &ref[r], &t), IS_OK);
+        ask_request ar = test_ask_greedy(ASK_MODE_KV, qs[r], fid, ftext, set_len[r], max_tokens);
+        assert_int_equal(ask_run(ac, &ar, test_text_collect, &ref[r], &t), IS_OK);
     }
     ask_ctx_free(ac);
     for (int pass = 0; pass < 2; pass++) {
@@ -1088,13 +909,13 @@ static void test_admit_many_in_one_step(void **state) {
         assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
         sched_hold_admission(s, true);
         chat_message msg[NR][1];
-        coll c[NR];
+        test_coll c[NR];
         for (int r = 0; r < NR; r++) {
             msg[r][0] = (chat_message){"user", qs[r]};
-            sched_request rq = greedy_req(msg[r], 1, ASK_MODE_KV, max_tokens);
+            sched_request rq = test_sched_greedy(msg[r], 1, ASK_MODE_KV, max_tokens);
             rq.facts = facts[r];
             rq.n_facts = set_len[r];
-            submit_ok(s, &rq, &c[r]);
+            test_coll_submit(s, &rq, &c[r]);
         }
         sched_stats st;
         sched_get_stats(s, &st);
@@ -1102,7 +923,7 @@ static void test_admit_many_in_one_step(void **state) {
         assert_int_equal(st.inject_calls, 0);
         sched_hold_admission(s, false);
         for (int r = 0; r < NR; r++) {
-            coll_wait(&c[r]);
+            test_coll_wait(&c[r]);
             if (c[r].kind != SCHED_EV_DONE) fail_msg("request %d failed: %s", r, c[r].message);
             sched_release(c[r].h);
             printf("  pass %d, request %d (%d facts): \"%s\"\n", pass, r, set_len[r], c[r].text);

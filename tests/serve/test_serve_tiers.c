@@ -36,6 +36,8 @@
 #include "core/status.h"
 #include "serve/ask.h"
 #include "serve/scheduler.h"
+#include "test_model.h"
+#include "test_sched.h"
 #include "test_util.h"
 #ifdef TIERS_CUDA
 #include "backend_cuda.h"
@@ -241,92 +243,21 @@ static void fake_clear(void) {
 
 static int setup(void **state) {
     (void)state;
-    struct stat st;
-    if (stat(IS_DEFAULT_MODEL, &st) != 0) return 0;
-    if (!mkdtemp(g_dir)) return -1;
     if (backend_create(TIERS_BACKEND, 0, &g_be) != IS_OK) return -1;
 #ifdef TIERS_CUDA
     if (backend_cuda_configure(g_be, "kv=bf16") != IS_OK)
         fail_msg("kv=bf16: %s", is_error_last()); /* the serving configuration */
 #endif
-    if (model_load(IS_DEFAULT_MODEL, g_be, &g_model) != IS_OK) {
-        fprintf(stderr, "setup: %s\n", is_error_last());
-        return -1;
-    }
-    return 0;
+    return test_model_open_scratch(g_be, &g_model, g_dir);
 }
 
 static int teardown(void **state) {
     (void)state;
-    model_free(g_model);
-    if (g_be) g_be->ops->free(g_be);
-    if (g_model && test_remove_tree(g_dir) != 0) return -1;
-    return 0;
-}
-
-/* ---- events ---------------------------------------------------------------------------- */
-
-typedef struct coll {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool ended;
-    sched_event_kind kind;
-    char text[2048];
-    size_t len;
-    sched_usage usage;
-    sched_handle *h;
-} coll;
-
-static void on_event(const sched_event *ev, void *ud) {
-    coll *c = ud;
-    pthread_mutex_lock(&c->mu);
-    if (ev->kind == SCHED_EV_TEXT) {
-        size_t n = ev->len < sizeof c->text - 1 - c->len ? ev->len : sizeof c->text - 1 - c->len;
-        memcpy(c->text + c->len, ev->text, n);
-        c->len += n;
-        c->text[c->len] = '\0';
-    } else {
-        if (ev->kind == SCHED_EV_ERROR) fprintf(stderr, "request failed: %s\n", ev->message);
-        c->kind = ev->kind;
-        c->usage = ev->usage;
-        c->ended = true;
-        pthread_cond_broadcast(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void submit(sched *s, const sched_request *r, coll *c) {
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    assert_int_equal(sched_submit(s, r, on_event, c, &c->h), IS_OK);
-}
-
-static void wait_done(coll *c) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 300;
-    pthread_mutex_lock(&c->mu);
-    while (!c->ended)
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &until) != 0) break;
-    bool ended = c->ended;
-    pthread_mutex_unlock(&c->mu);
-    assert_true(ended);
-    assert_int_equal(c->kind, SCHED_EV_DONE);
-    sched_release(c->h);
-}
-
-static bool collect(const char *piece, size_t len, void *ud) {
-    char *out = ud;
-    size_t at = strlen(out);
-    if (at + len >= 2048) len = 2047 - at;
-    memcpy(out + at, piece, len);
-    out[at + len] = '\0';
-    return true; /* go on */
+    return test_model_close_scratch(g_be, g_model, g_dir);
 }
 
 /* Where the request's facts came from: gpu, host, disk, text. */
-static void expect_tiers(const coll *c, int gpu, int host, int disk) {
+static void expect_tiers(const test_coll *c, int gpu, int host, int disk) {
     const sched_usage *u = &c->usage;
     if (u->facts_gpu != gpu || u->facts_host != host || u->facts_disk != disk || u->facts_text)
         fprintf(stderr, "facts: gpu %d host %d disk %d text %d; expected %d %d %d 0\n",
@@ -354,11 +285,7 @@ static void gpu_cache_pages(int64_t pages) {
 static void test_chat_equals_ask_from_every_tier(void **state) {
     (void)state;
     if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
-    engine_params ep = engine_default_params();
-    ep.n_ctx = 1024;
-    ep.max_seqs = N_PAR + 2;
-    engine *e = NULL;
-    assert_int_equal(engine_create(g_model, ep, &e), IS_OK);
+    engine *e = test_engine_create(g_model, test_engine_params(1024, N_PAR + 2, 0));
     char dir[400];
     snprintf(dir, sizeof dir, "%s/mem", g_dir);
     memory_params mp = memory_default_params(); /* BM25 only: retrieval is not tested here */
@@ -378,41 +305,23 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     };
     const char *qs[N_SETS] = {"What does Melanie play, and where is Caroline from?",
                               "What is the name of Caroline's pet?", "What is John's job?"};
-    char ids[N_SETS * N_FACTS][MEMORY_ID_SIZE], rids[N_SETS * N_FACTS][RECORD_STORE_ID_MAX + 1];
+    char rids[N_SETS * N_FACTS][RECORD_STORE_ID_MAX + 1];
     const char *rid_ptrs[N_SETS * N_FACTS];
     /* Records in f16, the server's default, encoded as the server does. */
     ask_ctx *ac = NULL;
     assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F16, &ac), IS_OK);
-    memory_set_encoder(mem, ask_memory_encoder, ac);
-    for (int i = 0; i < N_SETS * N_FACTS; i++) {
-        memory_add_req r = {
-            .tenant = "t", .user = "u", .text = texts[i], .window = MEMORY_WINDOW_DEFAULT};
-        assert_int_equal(memory_add(mem, &r, ids[i]), IS_OK);
-        mem_fact f;
-        assert_int_equal(memory_get(mem, "t", "u", ids[i], &f), IS_OK);
-        assert_non_null(f.kv_record);
-        snprintf(rids[i], sizeof rids[i], "%s", f.kv_record);
-        rid_ptrs[i] = rids[i];
-        mem_fact_clear(&f);
-    }
-    memory_set_encoder(mem, NULL, NULL);
-    static char ref[N_SETS][2048];
+    test_add_with_records(mem, ac, texts, N_SETS * N_FACTS, NULL, rids);
+    for (int i = 0; i < N_SETS * N_FACTS; i++) rid_ptrs[i] = rids[i];
+    static test_text ref[N_SETS];
     int32_t tokens[N_SETS], most = 0;
     for (int k = 0; k < N_SETS; k++) {
-        ref[k][0] = '\0';
-        ask_request ar = {.mode = ASK_MODE_KV,
-                          .query = qs[k],
-                          .fact_ids = rid_ptrs + k * N_FACTS,
-                          .fact_texts = texts + k * N_FACTS,
-                          .n_facts = N_FACTS,
-                          .max_tokens = MAX_TOKENS,
-                          .temperature = 0,
-                          .top_k = 0,
-                          .top_p = 1.0f};
+        memset(&ref[k], 0, sizeof ref[k]);
+        ask_request ar = test_ask_greedy(ASK_MODE_KV, qs[k], rid_ptrs + k * N_FACTS,
+                                         texts + k * N_FACTS, N_FACTS, MAX_TOKENS);
         ask_timing t;
-        assert_int_equal(ask_run(ac, &ar, collect, ref[k], &t), IS_OK);
-        printf("  ask %d: \"%s\"\n", k, ref[k]);
-        assert_true(ref[k][0] != '\0');
+        assert_int_equal(ask_run(ac, &ar, test_text_collect, &ref[k], &t), IS_OK);
+        printf("  ask %d: \"%s\"\n", k, ref[k].s);
+        assert_true(ref[k].s[0] != '\0');
         tokens[k] = t.n_memory_tokens;
         if (tokens[k] > most) most = tokens[k];
     }
@@ -432,45 +341,40 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     for (int i = 0; i < N_SETS * N_FACTS; i++) facts[i] = (sched_fact){texts[i], rids[i]};
     for (int k = 0; k < N_SETS; k++) {
         msgs[k][0] = (chat_message){"user", qs[k]};
-        rq[k] = (sched_request){.messages = msgs[k],
-                                .n_messages = 1,
-                                .mode = ASK_MODE_KV,
-                                .facts = facts + k * N_FACTS,
-                                .n_facts = N_FACTS,
-                                .max_tokens = MAX_TOKENS,
-                                .temperature = 0.0f,
-                                .top_p = 1.0f};
+        rq[k] = test_sched_greedy(msgs[k], 1, ASK_MODE_KV, MAX_TOKENS);
+        rq[k].facts = facts + k * N_FACTS;
+        rq[k].n_facts = N_FACTS;
     }
-    coll c;
+    test_coll c;
     /* 1. Cold: read from the record files. */
-    submit(s, &rq[0], &c);
-    wait_done(&c);
+    test_coll_submit(s, &rq[0], &c);
+    test_coll_done(&c);
     printf("  chat, facts from disk: \"%s\"\n", c.text);
-    assert_string_equal(c.text, ref[0]);
+    assert_string_equal(c.text, ref[0].s);
     assert_int_equal(c.usage.injected_tokens, tokens[0]);
     expect_tiers(&c, 0, 0, N_FACTS);
     /* 2. Again: resident on the GPU. */
-    submit(s, &rq[0], &c);
-    wait_done(&c);
-    assert_string_equal(c.text, ref[0]);
+    test_coll_submit(s, &rq[0], &c);
+    test_coll_done(&c);
+    assert_string_equal(c.text, ref[0].s);
     expect_tiers(&c, N_FACTS, 0, 0);
     /* 3. The GPU cache dropped (nothing runs meanwhile): the host tier. */
     gpu_cache_pages(4 * (int64_t)most);
-    submit(s, &rq[0], &c);
-    wait_done(&c);
+    test_coll_submit(s, &rq[0], &c);
+    test_coll_done(&c);
     printf("  chat, facts from the host tier: \"%s\"\n", c.text);
-    assert_string_equal(c.text, ref[0]);
+    assert_string_equal(c.text, ref[0].s);
     expect_tiers(&c, 0, N_FACTS, 0);
     /* 4. Many at once over a cache that holds two requests' facts, not
      * three, and pins one's: copies, pins, refusals and evictions of
      * several queued requests overlap. */
     gpu_cache_pages(2 * (int64_t)most);
-    coll par[N_PAR];
-    for (int i = 0; i < N_PAR; i++) submit(s, &rq[i % N_SETS], &par[i]);
+    test_coll par[N_PAR];
+    for (int i = 0; i < N_PAR; i++) test_coll_submit(s, &rq[i % N_SETS], &par[i]);
     int64_t served = 0;
     for (int i = 0; i < N_PAR; i++) {
-        wait_done(&par[i]);
-        assert_string_equal(par[i].text, ref[i % N_SETS]);
+        test_coll_done(&par[i]);
+        assert_string_equal(par[i].text, ref[i % N_SETS].s);
         assert_int_equal(par[i].usage.facts_text, 0);
         served += par[i].usage.facts_gpu + par[i].usage.facts_host + par[i].usage.facts_disk;
     }
@@ -489,13 +393,13 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
         if (tokens[k] > tokens[largest]) largest = k;
     int other = (largest + 1) % N_SETS;
     gpu_cache_pages(most);
-    submit(s, &rq[other], &c);
-    wait_done(&c);
-    assert_string_equal(c.text, ref[other]);
+    test_coll_submit(s, &rq[other], &c);
+    test_coll_done(&c);
+    assert_string_equal(c.text, ref[other].s);
     assert_int_equal(c.usage.facts_text, 0);
-    submit(s, &rq[largest], &c);
-    wait_done(&c);
-    assert_string_equal(c.text, ref[largest]);
+    test_coll_submit(s, &rq[largest], &c);
+    test_coll_done(&c);
+    assert_string_equal(c.text, ref[largest].s);
     assert_int_equal(c.usage.facts_text, 0);
 #endif
     sched_free(s);
