@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Plots of the served path on the GPU (bench/run_gpu_serve.sh's results).
 
-  python3 bench/plot_serve.py [--results bench/results] [--date 2026-12-04] [--out bench/results]
+  python3 bench/plot_serve.py [--results bench/results] [--date 2026-12-05] [--out bench/results]
 
-Reads gpu_serve_{hot,tiered,cold}_DATE.csv (bench_load, client-measured) and
+Reads gpu_serve_{hot,tiered_host or tiered}_DATE.csv (bench_load, client-measured) and
 gpu_serve_bench_gpu_DATE.csv (bench_gpu, in-process, same device call) and
 writes two PNGs:
   gpu_serve_ttft_DATE.png        TTFT p50 vs memory tokens a request (served kv and
@@ -52,12 +52,14 @@ def ok(r):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default="bench/results")
-    ap.add_argument("--date", default="2026-12-04")
+    ap.add_argument("--date", default="2026-12-05")
     ap.add_argument("--out", default=None, help="folder for the PNGs (default: --results)")
     a = ap.parse_args()
     out = a.out or a.results
     path = lambda name: os.path.join(a.results, f"gpu_serve_{name}_{a.date}.csv")  # noqa: E731
-    hot, tiered = read_load(path("hot")), read_load(path("tiered"))
+    # The tiered regime with the pinned host tier where the call ran it.
+    tier_name = "tiered_host" if os.path.exists(path("tiered_host")) else "tiered"
+    hot, tiered = read_load(path("hot")), read_load(path(tier_name))
     ttft, tp = read_bench_gpu(path("bench_gpu"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
