@@ -239,7 +239,7 @@ static void compare_stream(const char *what, model *mc, model *mg, const int32_t
 }
 
 static void test_default_model(void **state) {
-    if (!g_mg) skip();
+    if (!g_mg) TEST_SKIP(TEST_NEEDS_MODEL);
     int32_t *toks;
     size_t n;
     assert_int_equal(tokenizer_encode(g_mc->tok, TEXT, strlen(TEXT), true, false, &toks, &n),
@@ -283,13 +283,10 @@ static void test_default_model(void **state) {
 }
 
 static void test_tiny_models(void **state) {
-    if (!g_gpu) skip();
+    if (!g_gpu) TEST_SKIP("needs a CUDA device");
     const char *dir_path = IS_GOLDEN_DIR "/tiny";
     DIR *dir = opendir(dir_path);
-    if (!dir) {
-        printf("%s is absent: skipping\n", dir_path);
-        skip();
-    }
+    if (!dir) { TEST_SKIP("needs the tiny golden models in tests/golden/tiny"); }
     int n_models = 0;
     uint64_t rng = 7;
     struct dirent *de;
@@ -344,7 +341,7 @@ static void test_tiny_models(void **state) {
         n_models++;
     }
     closedir(dir);
-    if (n_models == 0) skip();
+    if (n_models == 0) TEST_SKIP("needs the tiny golden models in tests/golden/tiny");
 }
 
 /* ---- injection ------------------------------------------------------------------ */
@@ -526,7 +523,7 @@ static void run_reference(model *m, const memory_prompt *mp, int n_facts, int w,
 }
 
 static void test_injection_on_gpu(void **state) {
-    if (!g_mg) skip();
+    if (!g_mg) TEST_SKIP(TEST_NEEDS_MODEL);
     const int32_t V = g_mg->cfg.n_vocab;
     memory_prompt *mp;
     assert_int_equal(memory_prompt_create(g_mg, NULL, &mp), IS_OK);
@@ -606,5 +603,5 @@ int main(void) {
         printf("no usable CUDA device: the GPU tests are skipped\n");
         return 77;
     }
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

@@ -57,6 +57,7 @@
 #include "core/vmath.h"
 #include "gguf/tensor_type.h"
 #include "gguf/quant.h"
+#include "test_util.h"
 
 static backend *g_cpu, *g_gpu;
 static uint64_t g_rng;
@@ -140,7 +141,7 @@ static void expect_close(const char *what, const float *gpu, const float *cpu, s
 
 #define SKIP_WITHOUT_GPU()                                                                         \
     do {                                                                                           \
-        if (!g_gpu) skip();                                                                        \
+        if (!g_gpu) TEST_SKIP("needs a CUDA device");                                              \
     } while (0)
 
 /* Applies a configuration list (cuda/options.h) to a CUDA backend. */
@@ -1997,5 +1998,5 @@ int main(void) {
         printf("no usable CUDA device: the GPU tests are skipped\n");
         return 77;
     }
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

@@ -362,8 +362,8 @@ static void test_embedder_minilm(void **state) {
     snprintf(dir, sizeof dir, "%s", env && *env ? env : IS_SOURCE_DIR "/models/all-MiniLM-L6-v2");
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (access(path, R_OK) != 0) {
-        printf("  no MiniLM at %s (set IS_EMBEDDER_DIR): skipped\n", dir);
-        skip();
+        printf("  no MiniLM at %s (set IS_EMBEDDER_DIR)\n", dir);
+        TEST_SKIP(TEST_NEEDS_EMBEDDER);
     }
     embedder *cpu = NULL;
     cuda_embedder *gpu = NULL;
@@ -725,5 +725,5 @@ int main(void) {
         printf("no usable CUDA device: the GPU retrieval tests are skipped\n");
         return 77;
     }
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

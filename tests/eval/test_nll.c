@@ -47,7 +47,7 @@ static int teardown(void **state) { return test_ask_stack_close(&g_st, g_dir); }
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
-        if (!g_st.model) skip();                                                                   \
+        if (!g_st.model) TEST_SKIP(TEST_NEEDS_MODEL);                                              \
     } while (0)
 
 static int32_t *json_ints(const cJSON *a, int32_t *n) {
@@ -253,7 +253,7 @@ static void test_dated_facts(void **state) {
     free(t);
     assert_int_equal(memory_prompt_dated_text("d", NULL, &t), IS_ERR_INVALID_ARG);
     locomo_conv *c = NULL;
-    if (locomo_load(LOCOMO_26, &c) != IS_OK) skip();
+    if (locomo_load(LOCOMO_26, &c) != IS_OK) TEST_SKIP(TEST_NEEDS_LOCOMO);
     /* every fact carries its own session's date */
     for (int32_t i = 0; i < c->n_facts; i++) {
         assert_non_null(c->facts[i].date);
@@ -342,5 +342,5 @@ int main(void) {
         cmocka_unit_test(test_teacher_bad_args), cmocka_unit_test(test_kv_equals_prompt_one_fact),
         cmocka_unit_test(test_list_mask_vocab),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

@@ -31,6 +31,7 @@
 #include "kv/host_tier.h"
 #include "kv/record_store.h"
 #include "model/model.h"
+#include "test_util.h"
 
 #define N_PREFIX 21
 #define N_QUERY  6
@@ -147,7 +148,7 @@ static int teardown(void **state) {
 
 #define SKIP_WITHOUT_MODEL()                                                                       \
     do {                                                                                           \
-        if (!g_model) skip();                                                                      \
+        if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);                                                 \
     } while (0)
 
 /* The host tier's view of fact f in dtype. */
@@ -329,5 +330,5 @@ int main(void) {
         cmocka_unit_test(test_miss_f16),
         cmocka_unit_test(test_evicted_pages_wait_for_injection),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

@@ -427,5 +427,5 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_equals_ask_from_every_tier),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }
