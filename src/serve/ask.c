@@ -19,6 +19,13 @@ struct ask_ctx {
     int32_t n_prefix;
     float *logits;        /* [n_vocab] */
     ask_encode_stats enc; /* what the encodings took, since creation */
+    /* The captured rows of the last forward, kept for the next: fresh
+     * pages cost the kernel a zero-fill each (over 10 MB a fact for an 8B
+     * model, more CPU than narrowing them), and a forward of the same size
+     * needs them again. Grown, never shrunk: what stays is the largest
+     * group's peak, which the encoding needed anyway. */
+    float *cap_k, *cap_v;
+    size_t cap_elems;
 };
 
 static double now_ms(void) {
@@ -102,6 +109,8 @@ void ask_ctx_free(ask_ctx *a) {
     if (a->prefix_seq >= 0) engine_seq_close(a->e, a->prefix_seq);
     memory_prompt_free(a->mp);
     free(a->logits);
+    free(a->cap_k);
+    free(a->cap_v);
     free(a);
 }
 
@@ -196,9 +205,17 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     size_t cap_elems = (size_t)c->n_layers * n_fact * c->n_kv_heads * c->head_dim;
     int32_t *toks = malloc((size_t)total * sizeof *toks);
     int32_t *seqs = malloc((size_t)total * sizeof *seqs);
-    float *ck = malloc(cap_elems * sizeof(float));
-    float *cv = malloc(cap_elems * sizeof(float));
-    is_status st = toks && seqs && ck && cv ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (cap_elems > a->cap_elems) {
+        free(a->cap_k);
+        free(a->cap_v);
+        a->cap_k = malloc(cap_elems * sizeof(float));
+        a->cap_v = malloc(cap_elems * sizeof(float));
+        a->cap_elems = a->cap_k && a->cap_v ? cap_elems : 0;
+    }
+    float *ck = a->cap_k, *cv = a->cap_v;
+    is_status st = toks && seqs && a->cap_elems >= cap_elems
+                       ? IS_OK
+                       : is_error_set(IS_ERR_NOMEM, "out of memory");
     int32_t at = 0, off = 0;
     for (int32_t j = 0; st == IS_OK && j < n; j++) {
         enc_item *e = &it[g[j]];
@@ -241,8 +258,6 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     }
     free(toks);
     free(seqs);
-    free(ck);
-    free(cv);
     return st;
 }
 
