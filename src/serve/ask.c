@@ -26,6 +26,10 @@ struct ask_ctx {
      * group's peak, which the encoding needed anyway. */
     float *cap_k, *cap_v;
     size_t cap_elems;
+    /* The facts' narrowed sections until their group is written, kept
+     * between groups for the same reason. */
+    uint8_t *sections;
+    size_t sections_bytes;
 };
 
 static double now_ms(void) {
@@ -111,6 +115,7 @@ void ask_ctx_free(ask_ctx *a) {
     free(a->logits);
     free(a->cap_k);
     free(a->cap_v);
+    free(a->sections);
     free(a);
 }
 
@@ -150,7 +155,8 @@ typedef struct enc_item {
     bool todo;       /* still to encode (checked, not skipped, not failed) */
     int32_t seq;     /* while in a forward */
     int32_t cap_off; /* first row of its tokens in the capture */
-    void *k, *v;     /* the record's keys and values in the ask_ctx's dtype */
+    void *k, *v;     /* the record's keys and values in the ask_ctx's dtype
+                      * (in the ask_ctx's sections: not the item's to free) */
 } enc_item;
 
 /* Copies fact j's rows out of the capture ([n_layers][n_cap][kv_dim], f32)
@@ -168,9 +174,7 @@ static is_status take_rows(ask_ctx *a, enc_item *it, const float *ck, const floa
     size_t rows = (size_t)it->n_fact * kv_dim;
     bool gather = a->dtype == KV_DTYPE_FP8;
     float *wide = gather ? malloc((size_t)c->n_layers * rows * sizeof(float)) : NULL;
-    it->k = malloc(fact_kv_bytes(&meta));
-    it->v = malloc(fact_kv_bytes(&meta));
-    if ((gather && !wide) || !it->k || !it->v) {
+    if (gather && !wide) {
         free(wide);
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
@@ -241,6 +245,30 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         st = engine_decode_greedy(a->e, &b, &next);
     }
     double t1 = now_ms();
+    if (st == IS_OK) {
+        /* Every fact's sections, one after another (each at a multiple of
+         * 64 bytes, as the conversions like it). */
+        fact_kv_meta meta;
+        fact_meta_for_model(engine_model(a->e), a->dtype, &meta);
+        size_t need = 0;
+        for (int32_t j = 0; j < n; j++) {
+            meta.n_tokens = it[g[j]].n_fact;
+            need += 2 * ((fact_kv_bytes(&meta) + 63) & ~(size_t)63);
+        }
+        if (need > a->sections_bytes) {
+            free(a->sections);
+            a->sections = aligned_alloc(64, need);
+            a->sections_bytes = a->sections ? need : 0;
+        }
+        if (!a->sections) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (size_t at_b = 0, j = 0; st == IS_OK && j < (size_t)n; j++) {
+            meta.n_tokens = it[g[j]].n_fact;
+            size_t b = (fact_kv_bytes(&meta) + 63) & ~(size_t)63;
+            it[g[j]].k = a->sections + at_b;
+            it[g[j]].v = a->sections + at_b + b;
+            at_b += 2 * b;
+        }
+    }
     if (st == IS_OK) {
         /* Narrowing every row is as much work as a forward's download on
          * the GPU: the facts are converted in parallel. */
@@ -391,7 +419,6 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
         if (st == IS_ERR_CONTEXT_FULL && ng > 1) {
             limit = ng / 2;
             for (int32_t j = 0; j < ng; j++) {
-                free(it[g[j]].k), free(it[g[j]].v);
                 it[g[j]].k = it[g[j]].v = NULL;
             }
             continue;
@@ -406,7 +433,6 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
         }
         write_group(a, f, it, g, ng, status, encoded);
         for (int32_t j = 0; j < ng; j++) {
-            free(it[g[j]].k), free(it[g[j]].v);
             it[g[j]].k = it[g[j]].v = NULL;
         }
     }
@@ -414,8 +440,6 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
     for (int32_t i = 0; i < n; i++) {
         free(it[i].fact);
         free(it[i].ctx);
-        free(it[i].k);
-        free(it[i].v);
         if (first == IS_OK && status[i] != IS_OK) first = status[i];
     }
     free(it);
