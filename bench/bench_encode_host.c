@@ -71,10 +71,9 @@ int main(int argc, char **argv) {
     kv_dtype dtype = KV_DTYPE_F16;
     const char *dir_opt = NULL;
     static const struct option opts[] = {
-        {"batch", 1, 0, 'B'},  {"tokens", 1, 0, 'T'},   {"reps", 1, 0, 'r'},
-        {"dtype", 1, 0, 'd'},  {"layers", 1, 0, 'L'},   {"heads", 1, 0, 'H'},
-        {"head-dim", 1, 0, 'D'}, {"dir", 1, 0, 'o'},    {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"batch", 1, 0, 'B'},  {"tokens", 1, 0, 'T'}, {"reps", 1, 0, 'r'},     {"dtype", 1, 0, 'd'},
+        {"layers", 1, 0, 'L'}, {"heads", 1, 0, 'H'},  {"head-dim", 1, 0, 'D'}, {"dir", 1, 0, 'o'},
+        {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "B:T:r:h", opts, NULL)) != -1) {
         switch (c) {
@@ -105,9 +104,16 @@ int main(int argc, char **argv) {
     size_t cap_elems = (size_t)L * n_cap * kv_dim;
     float *ck = malloc(cap_elems * sizeof(float)), *cv = malloc(cap_elems * sizeof(float));
     int32_t *toks = malloc((size_t)T * sizeof *toks);
-    fact_kv_meta meta = {.model_fingerprint = "0123456789abcdef", .dtype = dtype, .n_layers = L,
-                         .n_kv_heads = H, .head_dim = D, .n_tokens = T, .rope_layout = 0,
-                         .rope_n_rot = D, .rope_freq_base = 500000.0f, .rope_freq_scale = 1.0f,
+    fact_kv_meta meta = {.model_fingerprint = "0123456789abcdef",
+                         .dtype = dtype,
+                         .n_layers = L,
+                         .n_kv_heads = H,
+                         .head_dim = D,
+                         .n_tokens = T,
+                         .rope_layout = 0,
+                         .rope_n_rot = D,
+                         .rope_freq_base = 500000.0f,
+                         .rope_freq_scale = 1.0f,
                          .window = 0};
     size_t sec = fact_kv_bytes(&meta), esz = kv_dtype_size(dtype);
     void **k = malloc((size_t)B * sizeof *k), **v = malloc((size_t)B * sizeof *v);
@@ -116,7 +122,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint64_t seed = 42;
-    for (size_t i = 0; i < cap_elems; i++) ck[i] = (float)(4 * bench_unit(&seed) - 2), cv[i] = (float)(4 * bench_unit(&seed) - 2);
+    for (size_t i = 0; i < cap_elems; i++)
+        ck[i] = (float)(4 * bench_unit(&seed) - 2), cv[i] = (float)(4 * bench_unit(&seed) - 2);
     for (int32_t t = 0; t < T; t++) toks[t] = 1000 + t;
     for (int32_t j = 0; j < B; j++)
         if (!(k[j] = malloc(sec)) || !(v[j] = malloc(sec))) return 1;
@@ -161,7 +168,8 @@ int main(int argc, char **argv) {
         sink += ((uint8_t *)fk)[r] + ((uint8_t *)fv)[r];
         free(fk), free(fv);
         double f1 = bench_now_ms();
-        memcpy(kept_k, ck, cap_elems * sizeof(float)), memcpy(kept_v, cv, cap_elems * sizeof(float));
+        memcpy(kept_k, ck, cap_elems * sizeof(float)),
+            memcpy(kept_v, cv, cap_elems * sizeof(float));
         sink += ((uint8_t *)kept_k)[r] + ((uint8_t *)kept_v)[r];
         double f2 = bench_now_ms();
         t_fresh[r] = (f1 - f0) / B, t_kept[r] = (f2 - f1) / B;
@@ -196,8 +204,7 @@ int main(int argc, char **argv) {
                 const float *cap = pass ? cv : ck;
                 uint8_t *dst = pass ? v[j] : k[j];
                 for (int32_t l = 0; l < L; l++)
-                    fact_kv_from_f32(dtype,
-                                     cap + ((size_t)l * n_cap + (size_t)j * T) * kv_dim,
+                    fact_kv_from_f32(dtype, cap + ((size_t)l * n_cap + (size_t)j * T) * kv_dim,
                                      dst + (size_t)l * rows * esz, rows);
             }
         double t2 = bench_now_ms();
@@ -239,6 +246,7 @@ int main(int argc, char **argv) {
     record_store_close(store);
     if (!dir_opt) nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     for (int32_t j = 0; j < B; j++) free(k[j]), free(v[j]);
-    free(k), free(v), free(ck), free(cv), free(kept_k), free(kept_v), free(toks), free(ids), free(idp), free(mp), free(tp);
+    free(k), free(v), free(ck), free(cv), free(kept_k), free(kept_v), free(toks), free(ids),
+        free(idp), free(mp), free(tp);
     return 0;
 }
