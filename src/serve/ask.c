@@ -418,7 +418,7 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
         }
         if (st == IS_ERR_CONTEXT_FULL && ng > 1) {
             limit = ng / 2;
-            for (int32_t j = 0; j < ng; j++) { it[g[j]].k = it[g[j]].v = NULL; }
+            for (int32_t j = 0; j < ng; j++) it[g[j]].k = it[g[j]].v = NULL;
             continue;
         }
         if (st != IS_OK) {
@@ -430,7 +430,7 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
             break;
         }
         write_group(a, f, it, g, ng, status, encoded);
-        for (int32_t j = 0; j < ng; j++) { it[g[j]].k = it[g[j]].v = NULL; }
+        for (int32_t j = 0; j < ng; j++) it[g[j]].k = it[g[j]].v = NULL;
     }
     is_status first = IS_OK;
     for (int32_t i = 0; i < n; i++) {
