@@ -105,6 +105,44 @@ uint16_t quant_f32_to_bf16(float f) {
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+void quant_f32_to_f16_row(const float *src, void *dst, size_t n) {
+    uint8_t *d = dst;
+    size_t i = 0;
+#ifdef QUANT_HAVE_F16C
+    /* VCVTPS2PH rounds to nearest even, overflows to inf, gives f32
+     * subnormals (all below f16's range) signed zero and keeps a NaN's
+     * top payload bits with the quiet bit set: the scalar rules above,
+     * checked over every f32 bit pattern by test_quant. */
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(d + 2 * i), h);
+    }
+#endif
+    for (; i < n; i++) {
+        uint16_t h = quant_f32_to_f16(src[i]);
+        memcpy(d + 2 * i, &h, 2);
+    }
+}
+
+void quant_f32_to_bf16_row(const float *src, void *dst, size_t n) {
+    uint8_t *d = dst;
+    /* quant_f32_to_bf16 written without branches (a select for NaN) and
+     * through a local block, so the compiler vectorises it. */
+    for (size_t i = 0; i < n; i += 64) {
+        size_t m = n - i < 64 ? n - i : 64;
+        uint32_t x[64];
+        uint16_t out[64];
+        memcpy(x, src + i, m * sizeof(float));
+        for (size_t j = 0; j < m; j++) {
+            uint32_t r = (x[j] + 0x7fffu + ((x[j] >> 16) & 1u)) >> 16;
+            uint32_t q = (x[j] >> 16) | 0x40u;
+            out[j] = (uint16_t)((x[j] & 0x7fffffffu) > 0x7f800000u ? q : r);
+        }
+        memcpy(d + 2 * i, out, m * sizeof(uint16_t));
+    }
+}
+
 /* ---- block kernels --------------------------------------------------------- */
 
 static inline float load_f16(const uint8_t *p) {

@@ -54,6 +54,13 @@ float quant_bf16_to_f32(uint16_t b);
  * sign, as ggml_compute_fp32_to_bf16 does. */
 uint16_t quant_f32_to_bf16(float f);
 
+/* Rows of the two conversions above: dst[i] (2 bytes each, any alignment)
+ * gets exactly quant_f32_to_f16(src[i]) / quant_f32_to_bf16(src[i]) for
+ * i < n. A fact's KV is millions of values, so these run vectorised (the
+ * f16 one with F16C where the build targets it). */
+void quant_f32_to_f16_row(const float *src, void *dst, size_t n);
+void quant_f32_to_bf16_row(const float *src, void *dst, size_t n);
+
 /* ---- rows ----------------------------------------------------------------- */
 
 /* True if quant_dequantize() reads `type` (a tensor_type id). */

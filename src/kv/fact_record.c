@@ -249,18 +249,8 @@ void fact_kv_from_f32(kv_dtype dtype, const float *src, void *dst, size_t n) {
     case KV_DTYPE_F32:
         if (n) memcpy(dst, src, n * sizeof(float));
         return;
-    case KV_DTYPE_F16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h = quant_f32_to_f16(src[i]);
-            memcpy(d + 2 * i, &h, 2);
-        }
-        return;
-    case KV_DTYPE_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t b = quant_f32_to_bf16(src[i]);
-            memcpy(d + 2 * i, &b, 2);
-        }
-        return;
+    case KV_DTYPE_F16: quant_f32_to_f16_row(src, d, n); return;
+    case KV_DTYPE_BF16: quant_f32_to_bf16_row(src, d, n); return;
     case KV_DTYPE_FP8: break; /* needs its scales: fact_kv_narrow */
     }
     IS_ASSERT(!"fact_kv_from_f32: invalid dtype");

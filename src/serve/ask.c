@@ -19,6 +19,17 @@ struct ask_ctx {
     int32_t n_prefix;
     float *logits;        /* [n_vocab] */
     ask_encode_stats enc; /* what the encodings took, since creation */
+    /* The captured rows of the last forward, kept for the next: fresh
+     * pages cost the kernel a zero-fill each (over 10 MB a fact for an 8B
+     * model, more CPU than narrowing them), and a forward of the same size
+     * needs them again. Grown, never shrunk: what stays is the largest
+     * group's peak, which the encoding needed anyway. */
+    float *cap_k, *cap_v;
+    size_t cap_elems;
+    /* The facts' narrowed sections until their group is written, kept
+     * between groups for the same reason. */
+    uint8_t *sections;
+    size_t sections_bytes;
 };
 
 static double now_ms(void) {
@@ -102,6 +113,9 @@ void ask_ctx_free(ask_ctx *a) {
     if (a->prefix_seq >= 0) engine_seq_close(a->e, a->prefix_seq);
     memory_prompt_free(a->mp);
     free(a->logits);
+    free(a->cap_k);
+    free(a->cap_v);
+    free(a->sections);
     free(a);
 }
 
@@ -141,7 +155,8 @@ typedef struct enc_item {
     bool todo;       /* still to encode (checked, not skipped, not failed) */
     int32_t seq;     /* while in a forward */
     int32_t cap_off; /* first row of its tokens in the capture */
-    void *k, *v;     /* the record's keys and values in the ask_ctx's dtype */
+    void *k, *v;     /* the record's keys and values in the ask_ctx's dtype
+                      * (in the ask_ctx's sections: not the item's to free) */
 } enc_item;
 
 /* Copies fact j's rows out of the capture ([n_layers][n_cap][kv_dim], f32)
@@ -159,9 +174,7 @@ static is_status take_rows(ask_ctx *a, enc_item *it, const float *ck, const floa
     size_t rows = (size_t)it->n_fact * kv_dim;
     bool gather = a->dtype == KV_DTYPE_FP8;
     float *wide = gather ? malloc((size_t)c->n_layers * rows * sizeof(float)) : NULL;
-    it->k = malloc(fact_kv_bytes(&meta));
-    it->v = malloc(fact_kv_bytes(&meta));
-    if ((gather && !wide) || !it->k || !it->v) {
+    if (gather && !wide) {
         free(wide);
         return is_error_set(IS_ERR_NOMEM, "out of memory");
     }
@@ -196,9 +209,17 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     size_t cap_elems = (size_t)c->n_layers * n_fact * c->n_kv_heads * c->head_dim;
     int32_t *toks = malloc((size_t)total * sizeof *toks);
     int32_t *seqs = malloc((size_t)total * sizeof *seqs);
-    float *ck = malloc(cap_elems * sizeof(float));
-    float *cv = malloc(cap_elems * sizeof(float));
-    is_status st = toks && seqs && ck && cv ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (cap_elems > a->cap_elems) {
+        free(a->cap_k);
+        free(a->cap_v);
+        a->cap_k = malloc(cap_elems * sizeof(float));
+        a->cap_v = malloc(cap_elems * sizeof(float));
+        a->cap_elems = a->cap_k && a->cap_v ? cap_elems : 0;
+    }
+    float *ck = a->cap_k, *cv = a->cap_v;
+    is_status st = toks && seqs && a->cap_elems >= cap_elems
+                       ? IS_OK
+                       : is_error_set(IS_ERR_NOMEM, "out of memory");
     int32_t at = 0, off = 0;
     for (int32_t j = 0; st == IS_OK && j < n; j++) {
         enc_item *e = &it[g[j]];
@@ -225,6 +246,30 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     }
     double t1 = now_ms();
     if (st == IS_OK) {
+        /* Every fact's sections, one after another (each at a multiple of
+         * 64 bytes, as the conversions like it). */
+        fact_kv_meta meta;
+        fact_meta_for_model(engine_model(a->e), a->dtype, &meta);
+        size_t need = 0;
+        for (int32_t j = 0; j < n; j++) {
+            meta.n_tokens = it[g[j]].n_fact;
+            need += 2 * ((fact_kv_bytes(&meta) + 63) & ~(size_t)63);
+        }
+        if (need > a->sections_bytes) {
+            free(a->sections);
+            a->sections = aligned_alloc(64, need);
+            a->sections_bytes = a->sections ? need : 0;
+        }
+        if (!a->sections) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        for (size_t at_b = 0, j = 0; st == IS_OK && j < (size_t)n; j++) {
+            meta.n_tokens = it[g[j]].n_fact;
+            size_t b = (fact_kv_bytes(&meta) + 63) & ~(size_t)63;
+            it[g[j]].k = a->sections + at_b;
+            it[g[j]].v = a->sections + at_b + b;
+            at_b += 2 * b;
+        }
+    }
+    if (st == IS_OK) {
         /* Narrowing every row is as much work as a forward's download on
          * the GPU: the facts are converted in parallel. */
         int fail = 0;
@@ -241,8 +286,6 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     }
     free(toks);
     free(seqs);
-    free(ck);
-    free(cv);
     return st;
 }
 
@@ -375,10 +418,7 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
         }
         if (st == IS_ERR_CONTEXT_FULL && ng > 1) {
             limit = ng / 2;
-            for (int32_t j = 0; j < ng; j++) {
-                free(it[g[j]].k), free(it[g[j]].v);
-                it[g[j]].k = it[g[j]].v = NULL;
-            }
+            for (int32_t j = 0; j < ng; j++) it[g[j]].k = it[g[j]].v = NULL;
             continue;
         }
         if (st != IS_OK) {
@@ -390,17 +430,12 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
             break;
         }
         write_group(a, f, it, g, ng, status, encoded);
-        for (int32_t j = 0; j < ng; j++) {
-            free(it[g[j]].k), free(it[g[j]].v);
-            it[g[j]].k = it[g[j]].v = NULL;
-        }
+        for (int32_t j = 0; j < ng; j++) it[g[j]].k = it[g[j]].v = NULL;
     }
     is_status first = IS_OK;
     for (int32_t i = 0; i < n; i++) {
         free(it[i].fact);
         free(it[i].ctx);
-        free(it[i].k);
-        free(it[i].v);
         if (first == IS_OK && status[i] != IS_OK) first = status[i];
     }
     free(it);

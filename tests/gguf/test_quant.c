@@ -197,6 +197,39 @@ static void check_f32_to_bf16(float f) {
     }
 }
 
+/* The row conversions give exactly the scalar ones' bits for every f32
+ * bit pattern, at every offset of the vector loop and its scalar tail
+ * (blocks of 8189 values: not a multiple of any vector width) and with an
+ * odd destination address. */
+static void test_rows_exhaustive(void **state) {
+    (void)state;
+    enum { BLOCK = 8189 };
+    static float src[BLOCK];
+    static uint16_t want_h[BLOCK], want_b[BLOCK];
+    static uint8_t got_h[2 * BLOCK + 1], got_b[2 * BLOCK + 1];
+    uint64_t bad_h = 0, bad_b = 0;
+    for (uint64_t x0 = 0; x0 <= UINT32_MAX; x0 += BLOCK) {
+        size_t m = UINT32_MAX - x0 + 1 < BLOCK ? (size_t)(UINT32_MAX - x0 + 1) : BLOCK;
+        for (size_t j = 0; j < m; j++) {
+            uint32_t x = (uint32_t)(x0 + j);
+            memcpy(&src[j], &x, 4);
+            want_h[j] = quant_f32_to_f16(src[j]);
+            want_b[j] = quant_f32_to_bf16(src[j]);
+        }
+        quant_f32_to_f16_row(src, got_h + 1, m);
+        quant_f32_to_bf16_row(src, got_b + 1, m);
+        bad_h += memcmp(want_h, got_h + 1, 2 * m) != 0;
+        bad_b += memcmp(want_b, got_b + 1, 2 * m) != 0;
+    }
+    assert_int_equal(bad_h, 0);
+    assert_int_equal(bad_b, 0);
+    /* n = 0 writes nothing */
+    got_h[1] = 0xab;
+    quant_f32_to_f16_row(src, got_h + 1, 0);
+    quant_f32_to_bf16_row(src, got_h + 1, 0);
+    assert_int_equal(got_h[1], 0xab);
+}
+
 static void test_bf16(void **state) {
     (void)state;
     static uint16_t all[65536];
@@ -545,6 +578,7 @@ int main(void) {
         cmocka_unit_test(test_f16_to_f32_exhaustive),
         cmocka_unit_test(test_f32_to_f16),
         cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_rows_exhaustive),
         cmocka_unit_test(test_q8_0),
         cmocka_unit_test(test_q4_legacy),
         cmocka_unit_test(test_q5_legacy),
