@@ -788,6 +788,19 @@ is_status engine_inject_ids(engine *e, int32_t seq, const engine_fact *facts,
     return inject_staged(e, seq, facts, n_facts, total, &u);
 }
 
+/* Undoes every sequence of a batch that was placed, last first, gives each
+ * the call's failure st, frees the undo list and returns st. */
+static is_status inject_undo_all(engine *e, const engine_inject_seq *seqs, int32_t n,
+                                 inject_undo *undo, is_status *results, is_status st) {
+    for (int32_t i = n - 1; i >= 0; i--)
+        if (undo[i].total) {
+            inject_undo_apply(e, seqs[i].seq, &undo[i]);
+            if (results) results[i] = st;
+        }
+    free(undo);
+    return st;
+}
+
 is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t n,
                               is_status *results) {
     const model_config *c = &e->m->cfg;
@@ -870,13 +883,7 @@ is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t 
     if (all_tokens > INT32_MAX / 4) {
         st = is_error_set(IS_ERR_INVALID_ARG, "inject: %lld memory tokens in one call",
                           (long long)all_tokens);
-        for (int32_t i = n - 1; i >= 0; i--)
-            if (undo[i].total) {
-                inject_undo_apply(e, seqs[i].seq, &undo[i]);
-                if (results) results[i] = st;
-            }
-        free(undo);
-        return st;
+        return inject_undo_all(e, seqs, n, undo, results, st);
     }
     if (all_tokens == 0) {
         free(undo);
@@ -891,13 +898,7 @@ is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t 
         free(bf);
         free(slots);
         st = is_error_set(IS_ERR_NOMEM, "inject: out of memory");
-        for (int32_t i = n - 1; i >= 0; i--)
-            if (undo[i].total) {
-                inject_undo_apply(e, seqs[i].seq, &undo[i]);
-                if (results) results[i] = st;
-            }
-        free(undo);
-        return st;
+        return inject_undo_all(e, seqs, n, undo, results, st);
     }
     int32_t *pos = slots + all_tokens;
     int64_t nf = 0, at = 0;
@@ -929,15 +930,7 @@ is_status engine_inject_batch(engine *e, const engine_inject_seq *seqs, int32_t 
     /* Without a wait (the injection overlaps what follows): a failure
      * the device meets later is latched by the prefill's download. A
      * failure now undoes every sequence of the call, last first. */
-    if ((st = backend_status(be)) != IS_OK) {
-        for (int32_t i = n - 1; i >= 0; i--)
-            if (undo[i].total) {
-                inject_undo_apply(e, seqs[i].seq, &undo[i]);
-                if (results) results[i] = st;
-            }
-        free(undo);
-        return st;
-    }
+    if ((st = backend_status(be)) != IS_OK) return inject_undo_all(e, seqs, n, undo, results, st);
     free(undo);
     if (first != IS_OK) is_error_set(first, "%s", first_msg);
     return first;
