@@ -20,9 +20,9 @@
  *   narrow (rows)     fact_kv_from_f32 layer by layer into sections kept
  *                     from the last batch, as take_rows does now
  *   record encode     fact_record_encode: header, sections, xxh64 checksum
- *   put_batch         record_store_put_batch of the B records (encode again,
- *                     file writes, fsyncs, renames, one directory fsync),
- *                     wall and CPU time
+ *   put_batch         record_store_put_batch of the B records (header and
+ *                     checksum, the files written from the sections, fsyncs,
+ *                     renames, one directory fsync), wall and CPU time
  */
 #include "core/status.h"
 #include "gguf/quant.h"

@@ -3,7 +3,7 @@
  * in several modes and score the answers as LoCoMo does.
  *
  *   inferscale eval locomo [--data-dir DIR] [--conv 26,30,...] [--k 20]
- *                          [--modes prompt,kv0,kv20] [--limit N] [--out FILE.csv]
+ *                          [--modes prompt,kv0,kv20] [--skip N] [--limit N] [--out FILE.csv]
  *
  * For each conversation: its observations become the facts of one user
  * (both speakers' facts, since questions do not say whose memory to
@@ -63,7 +63,7 @@ typedef struct eval_opts {
     int32_t n_convs;
     eval_mode modes[EVAL_MAX_MODES];
     int32_t n_modes;
-    int32_t k, limit, max_tokens, threads;
+    int32_t k, skip, limit, max_tokens, threads;
     bool retrieve_only;
     bool nll, no_generate; /* teacher-forced instrument; skip generated answers */
     bool no_dates;         /* facts shown without their session date */
@@ -98,6 +98,8 @@ static void eval_usage(FILE *f) {
         "                       the memory's tokens whose second-layer K/V deviate most\n"
         "                       recomputed, e.g. kv0b0.15\n"
         "      --limit N        only the first N questions of each conversation (default all)\n"
+        "      --skip N         leave out the first N questions of each conversation (to\n"
+        "                       finish a stopped run; rows keep their question numbers)\n"
         "      --out FILE       CSV, one row per (question, mode); the table goes to FILE.md\n"
         "                       (default locomo-eval.csv)\n"
         "  -m, --model PATH     GGUF model (default: $INFERSCALE_MODEL or %s)\n"
@@ -498,6 +500,7 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     int32_t nf = c->n_facts, dim = env->emb ? embedder_dim(env->emb) : 1;
     int32_t nq = c->n_questions;
     if (o->limit > 0 && nq > o->limit) nq = o->limit;
+    int32_t q0 = o->skip < nq ? o->skip : nq;
     int32_t k = o->k < nf ? o->k : nf;
     mem_index *ix = NULL;
     float *vecs = malloc((size_t)(nf + 1) * dim * sizeof(float));
@@ -546,7 +549,7 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
 
     /* Retrieval for every question first: it tells which records to encode. */
     mem_filter flt = {.tenant = "locomo", .user = c->name};
-    for (int32_t q = 0; q < nq; q++) {
+    for (int32_t q = q0; q < nq; q++) {
         const locomo_question *lq = &c->questions[q];
         int32_t nh = 0;
         if (env->load_retrieval) {
@@ -604,7 +607,7 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     }
 
     if (o->retrieve_only) {
-        for (int32_t q = 0; q < nq; q++) {
+        for (int32_t q = q0; q < nq; q++) {
             int cat = c->questions[q].category;
             locomo_eval_result r = {.recall = recall[q], .agree = -1};
             if (cat >= 1 && cat <= 5) locomo_eval_acc_add(&env->tab->acc[0][cat], &r);
@@ -660,9 +663,9 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
     char what_nll[64];
     snprintf(what_nll, sizeof what_nll, "conv %s: scoring questions", c->name);
     int32_t n_scored = 0, n_to_score = 0;
-    for (int32_t q = 0; q < nq && o->nll && o->no_generate; q++)
+    for (int32_t q = q0; q < nq && o->nll && o->no_generate; q++)
         n_to_score += nll_scores(&c->questions[q]);
-    for (int32_t q = 0; q < nq && st == IS_OK; q++) {
+    for (int32_t q = q0; q < nq && st == IS_OK; q++) {
         const locomo_question *lq = &c->questions[q];
         size_t ql = strlen(lq->question) + strlen(o->instruction) + 1;
         char *query = malloc(ql);
@@ -697,7 +700,8 @@ static is_status eval_conv(eval_env *env, const char *name, double *t_encode, do
             if (st == IS_OK) st = ask_run(env->ask, &req, collect_answer, &ab, &res[m].tm);
             snprintf(res[m].answer, sizeof res[m].answer, "%s", ab.s);
             trim(res[m].answer);
-            cli_progress(what, (int64_t)q * o->n_modes + m + 1, (int64_t)nq * o->n_modes, ta);
+            cli_progress(what, (int64_t)(q - q0) * o->n_modes + m + 1,
+                         (int64_t)(nq - q0) * o->n_modes, ta);
         }
         if (st != IS_OK) {
             free(query);
@@ -853,6 +857,7 @@ int cmd_eval(int argc, char **argv) {
         {"k", required_argument, 0, 'k'},
         {"modes", required_argument, 0, 'M'},
         {"limit", required_argument, 0, 'l'},
+        {"skip", required_argument, 0, 'J'},
         {"out", required_argument, 0, 'o'},
         {"model", required_argument, 0, 'm'},
         {"embedder", required_argument, 0, 'E'},
@@ -880,6 +885,7 @@ int cmd_eval(int argc, char **argv) {
                    .instruction = EVAL_INSTRUCTION,
                    .k = 20,
                    .limit = 0,
+                   .skip = 0,
                    .max_tokens = 32,
                    .threads = 0,
                    .dtype = KV_DTYPE_F32,
@@ -901,6 +907,9 @@ int cmd_eval(int argc, char **argv) {
             break;
         case 'l':
             if (!cli_parse_int(optarg, "--limit", 0, INT32_MAX, &o.limit)) return 1;
+            break;
+        case 'J':
+            if (!cli_parse_int(optarg, "--skip", 0, INT32_MAX, &o.skip)) return 1;
             break;
         case 'o': o.out = optarg; break;
         case 'm': o.model = optarg; break;
@@ -1065,7 +1074,9 @@ int cmd_eval(int argc, char **argv) {
 
     double total_s = (now_ms() - t_start) / 1e3;
     char scope[64];
-    if (o.limit) snprintf(scope, sizeof scope, "the first %d questions", o.limit);
+    if (o.skip && o.limit) snprintf(scope, sizeof scope, "questions %d-%d", o.skip + 1, o.limit);
+    else if (o.skip) snprintf(scope, sizeof scope, "the questions after the first %d", o.skip);
+    else if (o.limit) snprintf(scope, sizeof scope, "the first %d questions", o.limit);
     else snprintf(scope, sizeof scope, "all questions");
     printf("LoCoMo: %d conversation(s), %s of each, k = %d, model %s, backend %s\n\n", o.n_convs,
            scope, o.k, o.model, o.backend);

@@ -481,23 +481,22 @@ is_status fact_record_size(const fact_kv_meta *meta, size_t *len) {
     return IS_OK;
 }
 
-is_status fact_record_encode_into(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
-                                  const void *v, void *buf, size_t len) {
+static const uint8_t zero_pad[FACT_RECORD_ALIGN];
+
+is_status fact_record_encode_pieces(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
+                                    const void *v, void **head,
+                                    fact_record_piece pieces[FACT_RECORD_PIECES], size_t *total) {
     is_status st = fact_meta_validate(meta);
     if (st != IS_OK) return st;
-    if (!tokens || !k || !v || !buf)
-        return is_error_set(IS_ERR_INVALID_ARG, "fact record: NULL tokens, k, v or buffer");
-    record_layout l = layout_of(meta);
-    if (len != l.total)
-        return is_error_set(IS_ERR_INVALID_ARG,
-                            "fact record: buffer is %zu bytes, record needs %zu", len, l.total);
+    if (!tokens || !k || !v || !head || !pieces || !total)
+        return is_error_set(IS_ERR_INVALID_ARG, "fact record: NULL tokens, k, v or output");
     for (int32_t i = 0; i < meta->n_tokens; i++)
         if (tokens[i] < 0)
             return is_error_set(IS_ERR_INVALID_ARG, "fact record: token %d has negative id %d", i,
                                 tokens[i]);
-
-    uint8_t *b = buf;
-    memset(b, 0, FACT_RECORD_HEADER_BYTES);
+    record_layout l = layout_of(meta);
+    uint8_t *b = calloc(1, l.k_off); /* header, tokens and their padding */
+    if (!b) return is_error_set(IS_ERR_NOMEM, "fact record: out of memory");
     memcpy(b + OFF_MAGIC, record_magic, 4);
     put32(b + OFF_VERSION, FACT_RECORD_VERSION);
     put32(b + OFF_HEADER_BYTES, FACT_RECORD_HEADER_BYTES);
@@ -515,16 +514,47 @@ is_status fact_record_encode_into(const fact_kv_meta *meta, const int32_t *token
     put32(b + OFF_WINDOW, (uint32_t)meta->window);
     put64(b + OFF_TEXT_HASH, meta->text_hash);
     put64(b + OFF_TOTAL_BYTES, (uint64_t)l.total);
+    memcpy(b + l.tokens_off, tokens, l.tokens_bytes);
 
     /* Sections, each followed by zero padding up to the next one. */
-    memcpy(b + l.tokens_off, tokens, l.tokens_bytes);
-    memset(b + l.tokens_off + l.tokens_bytes, 0, l.k_off - l.tokens_off - l.tokens_bytes);
-    memcpy(b + l.k_off, k, l.kv_bytes);
-    memset(b + l.k_off + l.kv_bytes, 0, l.v_off - l.k_off - l.kv_bytes);
-    memcpy(b + l.v_off, v, l.kv_bytes);
-    memset(b + l.v_off + l.kv_bytes, 0, l.total - l.v_off - l.kv_bytes);
+    pieces[0] = (fact_record_piece){b, l.k_off};
+    pieces[1] = (fact_record_piece){k, l.kv_bytes};
+    pieces[2] = (fact_record_piece){zero_pad, l.v_off - l.k_off - l.kv_bytes};
+    pieces[3] = (fact_record_piece){v, l.kv_bytes};
+    pieces[4] = (fact_record_piece){zero_pad, l.total - l.v_off - l.kv_bytes};
 
-    put64(b + OFF_CHECKSUM, record_checksum(b, l.total));
+    /* The checksum of record_checksum(), taken from the pieces where they lie. */
+    xxh64_state h;
+    xxh64_init(&h, 0);
+    xxh64_update(&h, b, OFF_CHECKSUM);
+    xxh64_update(&h, b + FACT_RECORD_HEADER_BYTES, l.k_off - FACT_RECORD_HEADER_BYTES);
+    for (int i = 1; i < FACT_RECORD_PIECES; i++) xxh64_update(&h, pieces[i].data, pieces[i].len);
+    put64(b + OFF_CHECKSUM, xxh64_digest(&h));
+    *head = b;
+    *total = l.total;
+    return IS_OK;
+}
+
+is_status fact_record_encode_into(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
+                                  const void *v, void *buf, size_t len) {
+    is_status st = fact_meta_validate(meta);
+    if (st != IS_OK) return st;
+    if (!buf) return is_error_set(IS_ERR_INVALID_ARG, "fact record: NULL buffer");
+    record_layout l = layout_of(meta);
+    if (len != l.total)
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "fact record: buffer is %zu bytes, record needs %zu", len, l.total);
+    void *head;
+    fact_record_piece pieces[FACT_RECORD_PIECES];
+    size_t total;
+    if ((st = fact_record_encode_pieces(meta, tokens, k, v, &head, pieces, &total)) != IS_OK)
+        return st;
+    uint8_t *b = buf;
+    for (int i = 0; i < FACT_RECORD_PIECES; i++) {
+        memcpy(b, pieces[i].data, pieces[i].len);
+        b += pieces[i].len;
+    }
+    free(head);
     return IS_OK;
 }
 

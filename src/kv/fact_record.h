@@ -217,6 +217,23 @@ is_status fact_record_size(const fact_kv_meta *meta, size_t *len);
 is_status fact_record_encode_into(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
                                   const void *v, void *buf, size_t len);
 
+/* A record without assembling it: the header with the tokens (*head, a new
+ * buffer the caller frees), then the caller's k and v and their zero
+ * padding, in that order, are its bytes; pieces[i] points at each, their
+ * lengths add up to *total. The checksum is taken from the pieces where they
+ * lie, so a record can be written straight from the caller's sections
+ * (writev) with no copy of the payload. k and v must stay unchanged while
+ * the pieces are used. Failures as fact_record_encode_into's, IS_ERR_NOMEM;
+ * nothing is written on failure. */
+#define FACT_RECORD_PIECES 5
+typedef struct fact_record_piece {
+    const void *data;
+    size_t len;
+} fact_record_piece;
+is_status fact_record_encode_pieces(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
+                                    const void *v, void **head,
+                                    fact_record_piece pieces[FACT_RECORD_PIECES], size_t *total);
+
 /* As fact_record_encode_into(), into a new 64-byte-aligned buffer: *buf
  * (free() it) and *len. IS_ERR_INVALID_ARG, IS_ERR_NOMEM; *buf and *len are
  * unchanged on failure. */

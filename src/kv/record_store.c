@@ -24,6 +24,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define RS_EXT      ".fkv"
@@ -596,107 +597,52 @@ static bool step_ok(record_store_fault_fn fault, void *user, record_store_step s
     return false;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
+/* Writes bytes [from, to) of a record given as its pieces. */
+static int write_range(int fd, const fact_record_piece *pc, size_t from, size_t to) {
+    struct iovec iov[FACT_RECORD_PIECES];
+    while (from < to) {
+        int n = 0;
+        size_t at = 0;
+        for (int i = 0; i < FACT_RECORD_PIECES; i++) {
+            size_t a = at, b = at + pc[i].len;
+            at = b;
+            if (b <= from || a >= to) continue;
+            size_t lo = from > a ? from : a, hi = to < b ? to : b;
+            iov[n].iov_base = (void *)((const uint8_t *)pc[i].data + (lo - a));
+            iov[n].iov_len = hi - lo;
+            n++;
+        }
+        ssize_t w = writev(fd, iov, n);
         if (w < 0) {
             if (errno == EINTR) continue;
             return -1;
         }
-        p += w;
-        n -= (size_t)w;
+        from += (size_t)w;
     }
     return 0;
 }
 
 is_status record_store_put(record_store *s, const char *id, const fact_kv_meta *meta,
                            const int32_t *tokens, const void *k, const void *v) {
-    is_status st = check_id(id);
-    if (st != IS_OK) return st;
-    void *buf;
-    size_t len;
-    if ((st = fact_record_encode(meta, tokens, k, v, &buf, &len)) != IS_OK) return st;
-    rs_entry *e = NULL; /* set by entry_create; NULL only on its failure path */
-    if ((st = entry_create(s, id, buf, len, false, &e)) != IS_OK) {
-        free(buf);
-        return st;
-    }
-
-    pthread_mutex_lock(&s->mu);
-    uint64_t counter = s->tmp_counter++;
-    record_store_fault_fn fault = s->fault;
-    void *fault_user = s->fault_user;
-    pthread_mutex_unlock(&s->mu);
-
-    char tmp[RS_NAME_CAP], name[RS_NAME_CAP];
-    snprintf(tmp, sizeof tmp, "%s" RS_TMP_MARK "%ld.%llu", id, (long)getpid(),
-             (unsigned long long)counter);
-    final_name(name, id);
-    const char *what = "create";
-    int fd = -1;
-    size_t half = len / 2;
-    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_CREATE) ||
-        (fd = openat(s->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0)
-        goto io_fail;
-    what = "write";
-    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE) || write_all(fd, buf, half) != 0 ||
-        !step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE_REST) ||
-        write_all(fd, (const uint8_t *)buf + half, len - half) != 0)
-        goto io_fail;
-    what = "fsync";
-    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_FSYNC) || fsync(fd) != 0) goto io_fail;
-    what = "close";
-    int rc = close(fd);
-    fd = -1;
-    if (rc != 0) goto io_fail;
-
-    /* The rename and the cache update happen together under the mutex, so
-     * concurrent puts and deletes of one id leave cache and disk agreeing. */
-    pthread_mutex_lock(&s->mu);
-    what = "rename";
-    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_RENAME) ||
-        renameat(s->dir_fd, tmp, s->dir_fd, name) != 0) {
-        int err = errno;
-        pthread_mutex_unlock(&s->mu);
-        errno = err;
-        goto io_fail;
-    }
-    s->generation++;
-    rs_entry *old = cache_find(s, id);
-    if (old) cache_drop(s, old);
-    uint64_t batch = ++s->batch_counter;
-    rs_disk *d = disk_touch(s, id, len);
-    if (d) d->batch = batch;
-    cache_insert(s, e);
-    if (!e->cached) entry_destroy(e); /* too large for the cache */
-    disk_evict(s, batch);
-    pthread_mutex_unlock(&s->mu);
-
-    if (!step_ok(fault, fault_user, RECORD_STORE_STEP_DIR_FSYNC) || fsync(s->dir_fd) != 0)
-        return is_error_set(IS_ERR_IO,
-                            "record store: fsync of directory %s failed after writing %s: the "
-                            "record may not survive a crash",
-                            s->dir, name);
-    return IS_OK;
-
-io_fail : {
-    int err = errno;
-    if (fd >= 0) close(fd);
-    unlinkat(s->dir_fd, tmp, 0);
-    entry_destroy(e);
-    return is_error_set(IS_ERR_IO, "record store: %s of %s/%s failed: %s", what, s->dir, tmp,
-                        err ? strerror(err) : "injected fault");
-}
+    return record_store_put_batch(s, 1, &id, &meta, &tokens, &k, &v, NULL);
 }
 
 /* One record of a batch on its way to disk. */
 typedef struct put_item {
-    rs_entry *e;  /* the encoded record, entered into the cache at its rename */
+    void *head; /* the record's header piece (fact_record_encode_pieces) */
+    fact_record_piece pieces[FACT_RECORD_PIECES];
+    size_t len;
+    rs_entry *e;  /* the written file mapped, entered into the cache at its rename */
     int fd;       /* the temporary file while open, else -1 */
     bool created; /* the temporary file exists */
     char tmp[RS_NAME_CAP];
     char name[RS_NAME_CAP];
 } put_item;
+
+static void items_free(put_item *it, int32_t n) {
+    for (int32_t i = 0; i < n; i++) free(it[i].head);
+    free(it);
+}
 
 static is_status batch_fail(record_store *s, put_item *it, int32_t from, int32_t n,
                             const char *what, const char *tmp, is_status *status) {
@@ -712,42 +658,47 @@ static is_status batch_fail(record_store *s, put_item *it, int32_t from, int32_t
     return st;
 }
 
+/* The written record mapped from its file, for the cache, if the cache can
+ * keep it. Mapping costs no copy (the pages are the page cache's) and the
+ * entry is checked as a read record is; if either fails the record stays
+ * on disk and the first get reads it (and reports what is wrong). */
+static rs_entry *map_written(record_store *s, const char *id, int fd, size_t len) {
+    if (len > s->cache_cap) return NULL;
+    void *base = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (base == MAP_FAILED) return NULL;
+    rs_entry *e = NULL;
+    if (entry_create(s, id, base, len, true, &e) != IS_OK) {
+        munmap(base, len);
+        return NULL;
+    }
+    return e;
+}
+
 is_status record_store_put_batch(record_store *s, int32_t n, const char *const *ids,
                                  const fact_kv_meta *const *metas, const int32_t *const *tokens,
                                  const void *const *k, const void *const *v, is_status *status) {
     if (n <= 0) return IS_OK;
-    if (n == 1) {
-        is_status st = record_store_put(s, ids[0], metas[0], tokens[0], k[0], v[0]);
-        if (status) status[0] = st;
-        return st;
-    }
+    if (!ids || !metas || !tokens || !k || !v)
+        return is_error_set(IS_ERR_INVALID_ARG, "record store: put of NULL arrays");
     put_item *it = calloc((size_t)n, sizeof *it);
     if (!it) {
         is_status st = is_error_set(IS_ERR_NOMEM, "record store: out of memory");
         for (int32_t i = 0; status && i < n; i++) status[i] = st;
         return st;
     }
+    /* The records are written from the caller's sections, never assembled:
+     * a record is megabytes, and new memory for it costs its zero-fill and a
+     * copy before the file's own copy into the page cache. */
     is_status st = IS_OK;
-    int32_t made = 0;
-    for (; made < n && st == IS_OK; made++) {
-        it[made].fd = -1;
-        void *buf;
-        size_t len;
-        if ((st = check_id(ids[made])) != IS_OK) break;
-        if ((st = fact_record_encode(metas[made], tokens[made], k[made], v[made], &buf, &len)) !=
-            IS_OK)
-            break;
-        if ((st = entry_create(s, ids[made], buf, len, false, &it[made].e)) != IS_OK) {
-            free(buf);
-            break;
-        }
+    for (int32_t i = 0; i < n && st == IS_OK; i++) {
+        it[i].fd = -1;
+        if ((st = check_id(ids[i])) == IS_OK)
+            st = fact_record_encode_pieces(metas[i], tokens[i], k[i], v[i], &it[i].head,
+                                           it[i].pieces, &it[i].len);
     }
     if (st != IS_OK) {
-        for (int32_t i = 0; i < n; i++) {
-            if (i < made) entry_destroy(it[i].e);
-            if (status) status[i] = st;
-        }
-        free(it);
+        for (int32_t i = 0; status && i < n; i++) status[i] = st;
+        items_free(it, n);
         return st;
     }
 
@@ -763,25 +714,24 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
         snprintf(p->tmp, sizeof p->tmp, "%s" RS_TMP_MARK "%ld.%llu", ids[i], (long)getpid(),
                  (unsigned long long)(counter + (uint64_t)i));
         final_name(p->name, ids[i]);
-        const uint8_t *buf = p->e->base;
-        size_t len = p->e->len, half = len / 2;
+        size_t half = p->len / 2;
+        /* Read-write: the cache maps the file through this descriptor. */
         if (!step_ok(fault, fault_user, RECORD_STORE_STEP_CREATE) ||
-            (p->fd = openat(s->dir_fd, p->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) <
-                0) {
+            (p->fd = openat(s->dir_fd, p->tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0) {
             st = batch_fail(s, it, 0, n, "create", p->tmp, status);
             goto out;
         }
         p->created = true;
         if (!step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE) ||
-            write_all(p->fd, buf, half) != 0 ||
+            write_range(p->fd, p->pieces, 0, half) != 0 ||
             !step_ok(fault, fault_user, RECORD_STORE_STEP_WRITE_REST) ||
-            write_all(p->fd, buf + half, len - half) != 0) {
+            write_range(p->fd, p->pieces, half, p->len) != 0) {
             st = batch_fail(s, it, 0, n, "write", p->tmp, status);
             goto out;
         }
 #ifdef SYNC_FILE_RANGE_WRITE
         /* Start the writeback now, so the fsyncs below overlap. */
-        sync_file_range(p->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+        if (n > 1) sync_file_range(p->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 #endif
     }
     for (int32_t i = 0; i < n; i++) {
@@ -792,6 +742,7 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
         }
     }
     for (int32_t i = 0; i < n; i++) {
+        it[i].e = map_written(s, ids[i], it[i].fd, it[i].len);
         int rc = close(it[i].fd);
         it[i].fd = -1;
         if (rc != 0) {
@@ -800,7 +751,8 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
         }
     }
 
-    /* Renames and cache updates under one hold of the mutex, as in a put. */
+    /* The renames and the cache updates happen together under the mutex, so
+     * concurrent puts and deletes of one id leave cache and disk agreeing. */
     pthread_mutex_lock(&s->mu);
     int32_t renamed = 0;
     uint64_t batch = ++s->batch_counter;
@@ -812,11 +764,13 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
         s->generation++;
         rs_entry *old = cache_find(s, ids[renamed]);
         if (old) cache_drop(s, old);
-        rs_disk *d = disk_touch(s, ids[renamed], p->e->len);
+        rs_disk *d = disk_touch(s, ids[renamed], p->len);
         if (d) d->batch = batch;
-        cache_insert(s, p->e);
-        if (!p->e->cached) entry_destroy(p->e); /* too large for the cache */
-        p->e = NULL;
+        if (p->e) {
+            cache_insert(s, p->e);
+            if (!p->e->cached) entry_destroy(p->e);
+            p->e = NULL;
+        }
         if (status) status[renamed] = IS_OK;
     }
     int err = errno;
@@ -828,15 +782,20 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
     }
     if (renamed > 0 &&
         (!step_ok(fault, fault_user, RECORD_STORE_STEP_DIR_FSYNC) || fsync(s->dir_fd) != 0)) {
-        is_status dst = is_error_set(IS_ERR_IO,
-                                     "record store: fsync of directory %s failed after writing %d "
-                                     "records: they may not survive a crash",
-                                     s->dir, (int)renamed);
+        is_status dst =
+            n == 1 ? is_error_set(IS_ERR_IO,
+                                  "record store: fsync of directory %s failed after writing %s: "
+                                  "the record may not survive a crash",
+                                  s->dir, it[0].name)
+                   : is_error_set(IS_ERR_IO,
+                                  "record store: fsync of directory %s failed after writing %d "
+                                  "records: they may not survive a crash",
+                                  s->dir, (int)renamed);
         for (int32_t i = 0; status && i < renamed; i++) status[i] = dst;
         if (st == IS_OK) st = dst;
     }
 out:
-    free(it);
+    items_free(it, n);
     return st;
 }
 

@@ -23,8 +23,9 @@
  * store is open). Every load verifies the record's checksum, so a damaged
  * file is refused (IS_ERR_FORMAT naming it) and touches nothing else.
  *
- * Cache: records read from disk (memory-mapped) or just put (the encoded
- * buffer) are kept in an LRU list bounded by `cache_bytes`; a record larger
+ * Cache: records read from disk or just put (either way the file
+ * memory-mapped: a put writes from the caller's buffers and never
+ * assembles a record in memory) are kept in an LRU list bounded by `cache_bytes`; a record larger
  * than the bound is served but not kept. Records handed out by
  * record_store_get() are reference counted: eviction, overwrite and delete
  * only unlink them from the cache, and the memory goes when the last holder

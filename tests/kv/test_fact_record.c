@@ -358,6 +358,22 @@ static void test_layout_matches_documentation(void **state) {
     assert_memory_equal(enc, b, total);
     save_seed("layout_f16_neox", b, total);
     free(enc);
+
+    /* The same bytes as pieces, the payload where the caller keeps it. */
+    void *head;
+    fact_record_piece pc[FACT_RECORD_PIECES];
+    assert_int_equal(fact_record_encode_pieces(&s.m, s.tokens, s.k, s.v, &head, pc, &len), IS_OK);
+    assert_int_equal(len, total);
+    assert_ptr_equal(pc[1].data, s.k);
+    assert_ptr_equal(pc[3].data, s.v);
+    size_t at = 0;
+    for (int i = 0; i < FACT_RECORD_PIECES; i++) {
+        assert_true(at + pc[i].len <= total);
+        assert_memory_equal(pc[i].data, b + at, pc[i].len);
+        at += pc[i].len;
+    }
+    assert_int_equal(at, total);
+    free(head);
     free(b);
     sample_free(&s);
 }
