@@ -9,7 +9,7 @@ Only conversations whose every question has a row in every mode count:
 a partial conversation is reported and left out.
 
 usage: tools/locomo_table.py [--out MERGED.csv] FILE.csv [FILE.csv ...]
-       tools/locomo_table.py --nll [--same-as OTHER.nll.csv] FILE.nll.csv [...]
+       tools/locomo_table.py --nll [--same-as OTHER.nll.csv] [--out MERGED.nll.csv] FILE.nll.csv [...]
 
 --nll merges the per-question files of `eval locomo --nll` (FILE.nll.csv)
 instead and prints its table (gold NLL, recovered share, first-token KL and
@@ -132,6 +132,14 @@ def nll_table(a):
         other, _ = nll_load([a.same_as])
         full = {key: r for key, r in full.items() if key in other}
     keys = sorted(full)
+    if a.out:
+        fields = next(iter(next(iter(full.values())).values())).keys() if full else []
+        with open(a.out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(fields))
+            w.writeheader()
+            for key in keys:
+                for m in modes:
+                    w.writerow(full[key][m])
     rng_seed = 1234
     print(f"{len(keys)} questions of categories 1-4 complete in every mode "
           f"({len({c for c, _ in keys})} conversations)\n")
