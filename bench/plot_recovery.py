@@ -11,6 +11,12 @@ row, the median of the runs with the same flags. --nll: `eval locomo --nll`'s
 per-question rows; the recovered share is sum(NLL_off - NLL_mode) /
 sum(NLL_off - NLL_prompt) over the questions of categories 1-4 that have a row
 in every mode plotted. Prints the table it plots.
+
+--curve FILE (may repeat; the files' rows are merged by question): a second
+panel, the share against m for the static modes kv0rM (m = 0: kv0) over the
+questions that have every one of them, with the measured TTFT written next to
+the points that --ttft has: how much of each fact must be recomputed to reach
+the target, and what that costs.
 """
 import argparse
 import collections
@@ -38,6 +44,7 @@ def read_ttft(path):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if flags is not None and len(cells) > 3 and cells[0] == "50":
             runs[FLAG_MODE.get(flags, flags)].append(float(cells[3]))
+            runs["prompt"].append(float(cells[2]))
     return {mode: statistics.median(v) for mode, v in runs.items()}
 
 
@@ -52,17 +59,61 @@ def read_shares(path, modes):
     return len(qs), {m: 100 * sum(nll[q]["off"] - nll[q][m] for q in qs) / den for m in modes}
 
 
+def read_curve(paths):
+    rows = []
+    for path in paths:
+        rows += list(csv.DictReader(open(path)))
+    ms = sorted({int(r["mode"][4:]) for r in rows if re.fullmatch(r"kv0r\d+", r["mode"])})
+    modes = ["kv0"] + [f"kv0r{m}" for m in ms]
+    nll = collections.defaultdict(dict)
+    for r in rows:
+        if r["category"] in ("1", "2", "3", "4") and r["nll"]:
+            nll[(r["conv"], r["question"])][r["mode"]] = float(r["nll"])
+    need = set(modes) | {"prompt", "off"}
+    qs = [q for q, m in nll.items() if need <= m.keys()]
+    den = sum(nll[q]["off"] - nll[q]["prompt"] for q in qs)
+    return len(qs), [(0, "kv0")] + [(m, f"kv0r{m}") for m in ms], {
+        m: 100 * sum(nll[q]["off"] - nll[q][m] for q in qs) / den for m in modes}
+
+
+def plot_curve(ax, paths, ttft):
+    n, pts, share = read_curve(paths)
+    xs = [m for m, _ in pts]
+    ys = [share[mode] for _, mode in pts]
+    print(f"curve ({n} questions): " + ", ".join(f"m = {m} {share[mode]:.1f}%" for m, mode in pts))
+    ax.plot(xs, ys, "o-", label=f"k = 20 ({n} questions, CPU f32)")
+    for (m, mode), y in zip(pts, ys):
+        if mode in ttft:
+            ax.annotate(f"{ttft[mode]:.1f} ms", (m, y), textcoords="offset points",
+                        xytext=(4, -12), fontsize=7)
+        elif y > 99.9 and "prompt" in ttft:
+            # Every token of every fact recomputed: prompt mode's work and answer.
+            ax.annotate(f"every token: prompt mode, {ttft['prompt']:.1f} ms", (m, y),
+                        textcoords="offset points", xytext=(-150, -4), fontsize=7)
+    ax.axhline(90, color="grey", ls="--", lw=0.8)
+    ax.set_xlabel("first m tokens of every fact recomputed (fused)")
+    ax.set_ylabel("share recovered, %")
+    ax.set_title("Static recomputation over m (ms: kv TTFT at k = 50, 8B, H200)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ttft", required=True)
     ap.add_argument("--nll", action="append", required=True)
+    ap.add_argument("--curve", action="append")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     ttft = read_ttft(a.ttft)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if a.curve:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        plot_curve(ax2, a.curve, ttft)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
     for path in a.nll:
         k = re.search(r"_k(\d+)_", path)
-        modes = [m for m in ttft if m in open(path).read()]
+        modes = [m for m in ttft if m != "prompt" and m in open(path).read()]
         n, share = read_shares(path, modes)
         label = f"k = {k.group(1) if k else '?'} facts retrieved ({n} questions)"
         print(f"{label}: " + ", ".join(f"{m} {share[m]:.1f}% at {ttft[m]:.2f} ms" for m in modes))
