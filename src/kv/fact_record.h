@@ -213,7 +213,8 @@ is_status fact_record_size(const fact_kv_meta *meta, size_t *len);
 /* Writes the record into buf[len], which must be exactly fact_record_size()
  * bytes (any alignment). tokens [n_tokens], k and v [n_layers][n_tokens]
  * [n_kv_heads*head_dim] in meta->dtype, any alignment. IS_ERR_INVALID_ARG
- * for a bad meta, a NULL pointer or a wrong len (buf then unchanged). */
+ * for a bad meta, a NULL pointer or a wrong len, IS_ERR_NOMEM (buf then
+ * unchanged). */
 is_status fact_record_encode_into(const fact_kv_meta *meta, const int32_t *tokens, const void *k,
                                   const void *v, void *buf, size_t len);
 
