@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Merges CSVs written by `inferscale eval locomo` (one run, or several runs
 over disjoint conversations, e.g. parallel processes on a GPU machine) and
-prints the same table by mode and category that the eval prints.
+prints the same table by mode and category that the eval prints, then each
+mode's F1 over prompt mode's (categories 1-4) with a 95% paired bootstrap
+interval over the questions.
 
 Rows are keyed by (conversation, question, mode); a later file's row replaces
 an earlier one's, so a run interrupted part-way and redone can be merged.
@@ -39,7 +41,7 @@ def main():
     ap.add_argument("--k", type=int, default=None, help="k, for the header")
     ap.add_argument("--nll", action="store_true", help="the files are FILE.nll.csv of `eval locomo --nll`")
     ap.add_argument("--same-as", help="with --nll: only questions complete in this file too")
-    ap.add_argument("--bootstrap", type=int, default=2000, help="with --nll: resamples (default 2000)")
+    ap.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples (default 2000)")
     a = ap.parse_args()
     if a.nll:
         return nll_table(a)
@@ -101,6 +103,8 @@ def main():
             print(f"| {m} | {label} | {int(n)} | {d['f1'] / n:.3f} | {d['em'] / n:.3f} | {d['recall'] / n:.3f} | "
                   f"{ag} | {fp} | {d['ttft'] / n:.0f} |")
 
+    f1_ratios(rows, complete, modes, a.bootstrap)
+
     if a.out:
         with open(a.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=header)
@@ -108,6 +112,33 @@ def main():
             for key in sorted(rows):
                 if key[0] in complete:
                     w.writerow(rows[key])
+
+
+def f1_ratios(rows, complete, modes, n_boot):
+    """Each mode's mean F1 over prompt mode's, categories 1-4, with a 95%
+    paired bootstrap interval over questions (the issue's "kv F1 at least
+    95% of prompt F1")."""
+    import numpy as np
+
+    if "prompt" not in modes:
+        return
+    qs = sorted({(c, q) for (c, q, m), r in rows.items()
+                 if c in complete and int(r["category"]) <= 4})
+    if not qs:
+        return
+    f1 = {m: np.array([float(rows[(c, q, m)]["f1"]) for c, q in qs]) for m in modes}
+    rng = np.random.default_rng(1234)
+    idx = rng.integers(0, len(qs), size=(n_boot, len(qs)))
+    print(f"\nF1 over prompt mode's, categories 1-4 ({len(qs)} questions; 95% paired bootstrap):\n")
+    print("| mode | F1 | F1 / prompt F1 |")
+    print("|---|---:|---:|")
+    for m in modes:
+        if m == "prompt":
+            continue
+        boot = f1[m][idx].sum(axis=1) / np.maximum(f1["prompt"][idx].sum(axis=1), 1e-12)
+        lo, hi = np.percentile(boot, [2.5, 97.5])
+        print(f"| {m} | {f1[m].mean():.3f} | {100 * f1[m].sum() / f1['prompt'].sum():.1f}% "
+              f"[{100 * lo:.1f}, {100 * hi:.1f}] |")
 
 
 def nll_load(paths):
