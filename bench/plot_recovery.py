@@ -48,11 +48,18 @@ def read_ttft(path):
     return {mode: statistics.median(v) for mode, v in runs.items()}
 
 
-def read_shares(path, modes):
+def read_nll(paths):
+    """{(conv, question): {mode: NLL}} over categories 1-4, the files' rows merged."""
     nll = collections.defaultdict(dict)
-    for r in csv.DictReader(open(path)):
-        if r["category"] in ("1", "2", "3", "4") and r["nll"]:
-            nll[(r["conv"], r["question"])][r["mode"]] = float(r["nll"])
+    for path in paths:
+        for r in csv.DictReader(open(path)):
+            if r["category"] in ("1", "2", "3", "4") and r["nll"]:
+                nll[(r["conv"], r["question"])][r["mode"]] = float(r["nll"])
+    return nll
+
+
+def shares(nll, modes):
+    """The questions that have prompt, off and every mode, and each mode's share."""
     need = set(modes) | {"prompt", "off"}
     qs = [q for q, m in nll.items() if need <= m.keys()]
     den = sum(nll[q]["off"] - nll[q]["prompt"] for q in qs)
@@ -60,20 +67,12 @@ def read_shares(path, modes):
 
 
 def read_curve(paths):
-    rows = []
-    for path in paths:
-        rows += list(csv.DictReader(open(path)))
-    ms = sorted({int(r["mode"][4:]) for r in rows if re.fullmatch(r"kv0r\d+", r["mode"])})
-    modes = ["kv0"] + [f"kv0r{m}" for m in ms]
-    nll = collections.defaultdict(dict)
-    for r in rows:
-        if r["category"] in ("1", "2", "3", "4") and r["nll"]:
-            nll[(r["conv"], r["question"])][r["mode"]] = float(r["nll"])
-    need = set(modes) | {"prompt", "off"}
-    qs = [q for q, m in nll.items() if need <= m.keys()]
-    den = sum(nll[q]["off"] - nll[q]["prompt"] for q in qs)
-    return len(qs), [(0, "kv0")] + [(m, f"kv0r{m}") for m in ms], {
-        m: 100 * sum(nll[q]["off"] - nll[q][m] for q in qs) / den for m in modes}
+    nll = read_nll(paths)
+    ms = sorted({int(mode[4:]) for q in nll.values() for mode in q
+                 if re.fullmatch(r"kv0r\d+", mode)})
+    pts = [(0, "kv0")] + [(m, f"kv0r{m}") for m in ms]
+    n, share = shares(nll, [mode for _, mode in pts])
+    return n, pts, share
 
 
 def plot_curve(ax, paths, ttft):
@@ -114,7 +113,7 @@ def main():
     for path in a.nll:
         k = re.search(r"_k(\d+)_", path)
         modes = [m for m in ttft if m != "prompt" and m in open(path).read()]
-        n, share = read_shares(path, modes)
+        n, share = shares(read_nll([path]), modes)
         label = f"k = {k.group(1) if k else '?'} facts retrieved ({n} questions)"
         print(f"{label}: " + ", ".join(f"{m} {share[m]:.1f}% at {ttft[m]:.2f} ms" for m in modes))
         pts = sorted((ttft[m], share[m], m) for m in modes)

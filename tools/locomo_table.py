@@ -144,29 +144,30 @@ def f1_ratios(rows, complete, modes, n_boot):
 def nll_load(paths):
     """{(conv, q): {mode: row}} over the questions complete in every mode."""
     rows = collections.defaultdict(dict)
-    modes = []
+    modes, header = [], []
     for path in paths:
         with open(path, newline="") as f:
-            for row in csv.DictReader(f):
+            r = csv.DictReader(f)
+            header = r.fieldnames
+            for row in r:
                 rows[(row["conv"], int(row["question"]))][row["mode"]] = row
                 if row["mode"] not in modes:
                     modes.append(row["mode"])
     full = {key: r for key, r in rows.items() if all(m in r for m in modes)}
-    return full, modes
+    return full, modes, header
 
 
 def nll_table(a):
     import numpy as np
 
-    full, modes = nll_load(a.csv)
+    full, modes, header = nll_load(a.csv)
     if a.same_as:
-        other, _ = nll_load([a.same_as])
+        other, _, _ = nll_load([a.same_as])
         full = {key: r for key, r in full.items() if key in other}
     keys = sorted(full)
     if a.out:
-        fields = next(iter(next(iter(full.values())).values())).keys() if full else []
         with open(a.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(fields))
+            w = csv.DictWriter(f, fieldnames=header)
             w.writeheader()
             for key in keys:
                 for m in modes:

@@ -286,7 +286,7 @@ static void test_tiny_models(void **state) {
     if (!g_gpu) TEST_SKIP("needs a CUDA device");
     const char *dir_path = IS_GOLDEN_DIR "/tiny";
     DIR *dir = opendir(dir_path);
-    if (!dir) { TEST_SKIP("needs the tiny golden models in tests/golden/tiny"); }
+    if (!dir) TEST_SKIP("needs the tiny golden models in tests/golden/tiny");
     int n_models = 0;
     uint64_t rng = 7;
     struct dirent *de;
