@@ -5,7 +5,7 @@
  * with one group commit), and where the time goes.
  *
  *   bench_ingest [-m MODEL] [--backend cpu|cuda] [--locomo FILE] [-n FACTS]
- *                [-b 1,8,32,64] [-r REPS] [-w WINDOW] [--dtype f16|bf16|f32]
+ *                [-b 1,8,32,64] [-s STEP_TOKENS] [-r REPS] [-w WINDOW] [--dtype f16|bf16|f32]
  *   (bench_ingest --help lists every option)
  *
  * For each batch size B, the first n LoCoMo observations of the file (as
@@ -62,7 +62,11 @@ static void usage(FILE *f) {
             "      --backend B      cpu | cuda (default cpu)\n"
             "      --locomo FILE    a LoCoMo conversation (default ../shared/data/locomo/26.json)\n"
             "  -n, --facts N        facts encoded per batch size and repetition (default 64)\n"
-            "  -b, --batch LIST     facts a forward (default 1,8,32,64)\n"
+            "  -b, --batch LIST     facts a forward (default 1,8,32,64); with -s, facts handed to\n"
+            "                       the encoder at a time, as the server's scheduler does\n"
+            "  -s, --step-tokens N  a forward holds at most N tokens (the server's step: 2048 on\n"
+            "                       the GPU), so a batch is several forwards, each one's records\n"
+            "                       written beside the next one's forward (default: no limit)\n"
             "  -r, --reps R         repetitions; the table gives medians (default 3)\n"
             "  -w, --window W       context turns encoded with each fact (default 0; -1: none)\n"
             "      --dtype D        record dtype: f16 (the server's default), bf16, f32\n"
@@ -106,7 +110,7 @@ int main(int argc, char **argv) {
     const char *model_path = IS_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
     const char *locomo = IS_SOURCE_DIR "/../shared/data/locomo/26.json";
     const char *be_name = "cpu", *dir_opt = NULL;
-    int32_t n_facts = 64, reps = 3, window = 0, threads = 0, kv_mib = 2048;
+    int32_t n_facts = 64, reps = 3, window = 0, threads = 0, kv_mib = 2048, step_tokens = 1 << 20;
     int32_t batches[MAX_BATCHES] = {1, 8, 32, 64};
     int n_batches = 4;
     kv_dtype dtype = KV_DTYPE_F16;
@@ -117,6 +121,7 @@ int main(int argc, char **argv) {
         {"facts", required_argument, 0, 'n'},
         {"batch", required_argument, 0, 'b'},
         {"reps", required_argument, 0, 'r'},
+        {"step-tokens", required_argument, 0, 's'},
         {"window", required_argument, 0, 'w'},
         {"dtype", required_argument, 0, 'd'},
         {"threads", required_argument, 0, 't'},
@@ -126,7 +131,7 @@ int main(int argc, char **argv) {
         {0, 0, 0, 0},
     };
     int ch;
-    while ((ch = getopt_long(argc, argv, "m:n:b:r:w:t:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "m:n:b:r:s:w:t:h", longopts, NULL)) != -1) {
         bool ok = true;
         switch (ch) {
         case 'm': model_path = optarg; break;
@@ -135,6 +140,7 @@ int main(int argc, char **argv) {
         case 'n': ok = parse_int(optarg, "--facts", 1, 100000, &n_facts); break;
         case 'b': ok = parse_list(optarg, batches, &n_batches); break;
         case 'r': ok = parse_int(optarg, "--reps", 1, 100, &reps); break;
+        case 's': ok = parse_int(optarg, "--step-tokens", 1, 1 << 20, &step_tokens); break;
         case 'w': ok = parse_int(optarg, "--window", -1, 64, &window); break;
         case 't': ok = parse_int(optarg, "--threads", 1, 1024, &threads); break;
         case 'V': ok = parse_int(optarg, "--kv-mem", 16, 1 << 20, &kv_mib); break;
@@ -208,9 +214,11 @@ int main(int argc, char **argv) {
         if (engine_create(m, ep, &e) != IS_OK) goto fail;
     }
     printf("bench_ingest: model %s, backend %s, %d LoCoMo facts of %s, window %d, %s records, "
-           "median of %d\n",
+           "median of %d",
            model_path, be_name, (int)n_facts, conv->name, (int)window, kv_dtype_name(dtype),
            (int)reps);
+    if (step_tokens < (1 << 20)) printf(", forwards of at most %d tokens", (int)step_tokens);
+    printf("\n");
     printf("%6s %10s %9s %11s %11s %11s %11s %9s %12s\n", "batch", "facts/s", "wall_ms",
            "forward_ms", "narrow_ms", "write_ms", "tok/forward", "speedup", "cpu_ms/fact");
     double base = 0;
@@ -233,8 +241,8 @@ int main(int argc, char **argv) {
             bool ok = true;
             for (int32_t i = 0; i < n_facts && ok; i += B) {
                 int32_t nb = n_facts - i < B ? n_facts - i : B;
-                /* One forward for the B facts: no token limit below them. */
-                ok = ask_encode_facts(a, facts + i, win + i, nb, 1 << 20, st, did) == IS_OK;
+                /* One forward for the B facts unless -s limits a forward's tokens. */
+                ok = ask_encode_facts(a, facts + i, win + i, nb, step_tokens, st, did) == IS_OK;
             }
             wall[r] = bench_now_ms() - t0;
             cpu[r] = (cpu_ms() - c0) / n_facts;

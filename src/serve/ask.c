@@ -6,6 +6,8 @@
 #include "core/threads.h"
 #include "engine/sampler.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,9 +29,12 @@ struct ask_ctx {
     float *cap_k, *cap_v;
     size_t cap_elems;
     /* The facts' narrowed sections until their group is written, kept
-     * between groups for the same reason. */
-    uint8_t *sections;
-    size_t sections_bytes;
+     * between groups for the same reason; two sets, so that one group's
+     * records are written while the next group's forward runs into the
+     * other (`cur` is the one the next forward fills). */
+    uint8_t *sections[2];
+    size_t sections_bytes[2];
+    int cur;
 };
 
 static double now_ms(void) {
@@ -115,7 +120,8 @@ void ask_ctx_free(ask_ctx *a) {
     free(a->logits);
     free(a->cap_k);
     free(a->cap_v);
-    free(a->sections);
+    free(a->sections[0]);
+    free(a->sections[1]);
     free(a);
 }
 
@@ -255,17 +261,18 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
             meta.n_tokens = it[g[j]].n_fact;
             need += 2 * ((fact_kv_bytes(&meta) + 63) & ~(size_t)63);
         }
-        if (need > a->sections_bytes) {
-            free(a->sections);
-            a->sections = aligned_alloc(64, need);
-            a->sections_bytes = a->sections ? need : 0;
+        int c = a->cur;
+        if (need > a->sections_bytes[c]) {
+            free(a->sections[c]);
+            a->sections[c] = aligned_alloc(64, need);
+            a->sections_bytes[c] = a->sections[c] ? need : 0;
         }
-        if (!a->sections) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        if (!a->sections[c]) st = is_error_set(IS_ERR_NOMEM, "out of memory");
         for (size_t at_b = 0, j = 0; st == IS_OK && j < (size_t)n; j++) {
             meta.n_tokens = it[g[j]].n_fact;
             size_t b = (fact_kv_bytes(&meta) + 63) & ~(size_t)63;
-            it[g[j]].k = a->sections + at_b;
-            it[g[j]].v = a->sections + at_b + b;
+            it[g[j]].k = a->sections[a->cur] + at_b;
+            it[g[j]].v = a->sections[a->cur] + at_b + b;
             at_b += 2 * b;
         }
     }
@@ -289,48 +296,106 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     return st;
 }
 
-/* Writes the records of it[g[0..n)] with one group commit. */
-static is_status write_group(ask_ctx *a, const ask_fact *f, enc_item *it, const int32_t *g,
-                             int32_t n, is_status *status, bool *encoded) {
-    const model *m = engine_model(a->e);
-    const char **ids = malloc((size_t)n * sizeof *ids);
-    fact_kv_meta *meta = malloc((size_t)n * sizeof *meta);
-    const fact_kv_meta **metas = malloc((size_t)n * sizeof *metas);
-    const int32_t **toks = malloc((size_t)n * sizeof *toks);
-    const void **k = malloc((size_t)n * sizeof *k), **v = malloc((size_t)n * sizeof *v);
-    is_status *sts = malloc((size_t)n * sizeof *sts);
-    is_status st = ids && meta && metas && toks && k && v && sts
-                       ? IS_OK
-                       : is_error_set(IS_ERR_NOMEM, "out of memory");
-    for (int32_t j = 0; st == IS_OK && j < n; j++) {
-        enc_item *e = &it[g[j]];
-        fact_meta_for_model(m, a->dtype, &meta[j]);
-        meta[j].n_tokens = e->n_fact;
-        meta[j].window = e->meta_window;
-        meta[j].text_hash = e->text_hash;
-        ids[j] = f[g[j]].id;
-        metas[j] = &meta[j];
-        toks[j] = e->fact;
-        k[j] = e->k;
-        v[j] = e->v;
-    }
+/* One group's record writes (one group commit), on a thread of its own
+ * while the next group's forward runs: the forward is the GPU's work and
+ * the writes are the host's, so in series each waits for the other. The
+ * thread only calls the record store; what the results change (statuses,
+ * counts, the error message) is done by the encoding thread when it
+ * collects them, so nothing else is shared. Writes never overlap each
+ * other: a group's start waits for the one before, so records are written
+ * (and the store's fault hook asked) in group order. */
+typedef struct group_write {
+    record_store *store;
+    int32_t n;
+    int32_t *g; /* the items written, a copy */
+    const char **ids;
+    fact_kv_meta *meta;
+    const fact_kv_meta **metas;
+    const int32_t **toks;
+    const void **k, **v;
+    is_status *sts;
+    is_status st;
+    double ms;
+    char msg[512];
+    pthread_t thread;
+    bool threaded; /* thread to join */
+    bool pending;  /* results to collect */
+} group_write;
+
+static void group_write_clear(group_write *w) {
+    free(w->g);
+    free(w->ids);
+    free(w->meta);
+    free(w->metas);
+    free(w->toks);
+    free(w->k);
+    free(w->v);
+    free(w->sts);
+    memset(w, 0, sizeof *w);
+}
+
+static void *group_write_run(void *p) {
+    group_write *w = p;
     double t0 = now_ms();
-    if (st == IS_OK) st = record_store_put_batch(a->store, n, ids, metas, toks, k, v, sts);
-    a->enc.write_ms += now_ms() - t0;
-    for (int32_t j = 0; j < n; j++) {
-        is_status sj = sts ? sts[j] : st;
-        status[g[j]] = sj;
-        if (sj == IS_OK) encoded[g[j]] = true, a->enc.n_facts++;
-        it[g[j]].todo = false;
+    w->st = w->n > 0 ? record_store_put_batch(w->store, w->n, w->ids, w->metas, w->toks, w->k, w->v,
+                                              w->sts)
+                     : IS_OK;
+    w->ms = now_ms() - t0;
+    if (w->st != IS_OK) snprintf(w->msg, sizeof w->msg, "%s", is_error_last());
+    return NULL;
+}
+
+/* Waits for w's writes and gives their results to the items: status,
+ * `encoded` and the counts. */
+static void group_write_collect(ask_ctx *a, group_write *w, is_status *status, bool *encoded) {
+    if (!w->pending) return;
+    if (w->threaded) pthread_join(w->thread, NULL);
+    if (w->st != IS_OK) is_error_set(w->st, "%s", w->msg);
+    a->enc.write_ms += w->ms;
+    for (int32_t j = 0; j < w->n; j++) {
+        is_status sj = w->sts[j];
+        status[w->g[j]] = sj;
+        if (sj == IS_OK) encoded[w->g[j]] = true, a->enc.n_facts++;
     }
-    free(ids);
-    free(meta);
-    free(metas);
-    free(toks);
-    free(k);
-    free(v);
-    free(sts);
-    return st;
+    group_write_clear(w);
+}
+
+/* Starts the writes of it[g[0..n)] (their sections stay untouched until
+ * collected), on a thread when `overlap`, else here before returning. */
+static is_status group_write_start(ask_ctx *a, const ask_fact *f, enc_item *it, const int32_t *g,
+                                   int32_t n, bool overlap, group_write *w) {
+    const model *m = engine_model(a->e);
+    *w = (group_write){.store = a->store, .n = n};
+    w->g = malloc((size_t)n * sizeof *w->g);
+    w->ids = malloc((size_t)n * sizeof *w->ids);
+    w->meta = malloc((size_t)n * sizeof *w->meta);
+    w->metas = malloc((size_t)n * sizeof *w->metas);
+    w->toks = malloc((size_t)n * sizeof *w->toks);
+    w->k = malloc((size_t)n * sizeof *w->k);
+    w->v = malloc((size_t)n * sizeof *w->v);
+    w->sts = malloc((size_t)n * sizeof *w->sts);
+    if (!w->g || !w->ids || !w->meta || !w->metas || !w->toks || !w->k || !w->v || !w->sts) {
+        group_write_clear(w);
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    for (int32_t j = 0; j < n; j++) {
+        enc_item *e = &it[g[j]];
+        fact_meta_for_model(m, a->dtype, &w->meta[j]);
+        w->meta[j].n_tokens = e->n_fact;
+        w->meta[j].window = e->meta_window;
+        w->meta[j].text_hash = e->text_hash;
+        w->g[j] = g[j];
+        w->ids[j] = f[g[j]].id;
+        w->metas[j] = &w->meta[j];
+        w->toks[j] = e->fact;
+        w->k[j] = e->k;
+        w->v[j] = e->v;
+        w->sts[j] = IS_OK;
+    }
+    w->pending = true;
+    w->threaded = overlap && pthread_create(&w->thread, NULL, group_write_run, w) == 0;
+    if (!w->threaded) group_write_run(w);
+    return IS_OK;
 }
 
 is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window, int32_t n,
@@ -389,6 +454,7 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
      * half of it; a single fact that does not fit fails. */
     int32_t limit = n; /* facts a group may hold */
     is_status fatal = IS_OK;
+    group_write w = {0};
     for (int32_t i = 0; i < n && fatal == IS_OK;) {
         if (!it[i].todo) {
             i++;
@@ -429,9 +495,19 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
                 if (it[j].todo) status[j] = st, it[j].todo = false;
             break;
         }
-        write_group(a, f, it, g, ng, status, encoded);
+        /* This group's writes go beside the next group's forward, into
+         * the other set of sections; the writes before them are done first. */
+        group_write_collect(a, &w, status, encoded);
+        for (int32_t j = 0; j < ng; j++) it[g[j]].todo = false;
+        bool more = false;
+        for (int32_t j = i; j < n && !more; j++) more = it[j].todo;
+        st = group_write_start(a, f, it, g, ng, more, &w);
+        if (st != IS_OK)
+            for (int32_t j = 0; j < ng; j++) status[g[j]] = st;
+        a->cur ^= 1;
         for (int32_t j = 0; j < ng; j++) it[g[j]].k = it[g[j]].v = NULL;
     }
+    group_write_collect(a, &w, status, encoded);
     is_status first = IS_OK;
     for (int32_t i = 0; i < n; i++) {
         free(it[i].fact);
