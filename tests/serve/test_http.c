@@ -682,8 +682,11 @@ static void test_chat_plain(void **state) {
     assert_true(pt > 5);
     assert_int_equal(usage_of(r.json, "total_tokens"), pt + ct);
     assert_int_equal(usage_of(r.json, "memory_tokens"), 0);
-    assert_true(cJSON_GetNumberValue(
-                    cJSON_GetObjectItem(cJSON_GetObjectItem(r.json, "usage"), "ttft_ms")) > 0);
+    const cJSON *u0 = cJSON_GetObjectItem(r.json, "usage");
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(u0, "ttft_ms")) > 0);
+    /* The time before the scheduler: positive, and far under the whole. */
+    double prep = cJSON_GetNumberValue(cJSON_GetObjectItem(u0, "prepare_ms"));
+    assert_true(prep > 0 && prep < cJSON_GetNumberValue(cJSON_GetObjectItem(u0, "total_ms")));
     assert_null(cJSON_GetObjectItem(r.json, "memory")); /* no user: no memory */
     if (strcmp(fin, "length") == 0) assert_int_equal(ct, 5);
     resp_free(&r);
@@ -875,6 +878,8 @@ static void test_chat_stream(void **state) {
             assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(u, "completion_tokens")) >= 1);
             assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(u, "injected_tokens")) > 0);
             assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(u, "ttft_ms")) > 0);
+            /* A kv chat's memory search is before the scheduler. */
+            assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(u, "prepare_ms")) > 0);
             assert_non_null(cJSON_GetObjectItem(j, "memory"));
             saw_usage = true;
         } else {

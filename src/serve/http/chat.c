@@ -63,7 +63,8 @@ struct chat_job {
     cJSON *memory_info; /* owned */
     bool include_usage;
     int mode;
-    bool observed; /* metrics recorded */
+    bool observed;     /* metrics recorded */
+    double prepare_ms; /* request received -> handed to the scheduler */
 };
 
 static void job_unref(chat_job *j) {
@@ -254,7 +255,7 @@ static const char *finish_name(is_finish_reason f) {
     return "stop";
 }
 
-static cJSON *usage_json(const sched_usage *u) {
+static cJSON *usage_json(const sched_usage *u, double prepare_ms) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "prompt_tokens", u->prompt_tokens);
     cJSON_AddNumberToObject(o, "completion_tokens", u->completion_tokens);
@@ -276,6 +277,9 @@ static cJSON *usage_json(const sched_usage *u) {
     cJSON_AddNumberToObject(f, "disk", u->facts_disk);
     cJSON_AddNumberToObject(f, "encoded", u->facts_encoded);
     cJSON_AddNumberToObject(f, "text", u->facts_text);
+    /* Where a request's time went before its first token: this side of the
+     * scheduler (parse, memory search, layout), then the scheduler's. */
+    cJSON_AddNumberToObject(o, "prepare_ms", prepare_ms);
     cJSON_AddNumberToObject(o, "queue_ms", u->queue_ms);
     cJSON_AddNumberToObject(o, "ttft_ms", u->ttft_ms);
     cJSON_AddNumberToObject(o, "total_ms", u->total_ms);
@@ -387,7 +391,7 @@ static bool stream_end(chat_job *j) {
         if (j->include_usage) {
             cJSON *o = chunk_base(j);
             cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToObject(o, "usage", usage_json(&j->usage));
+            cJSON_AddItemToObject(o, "usage", usage_json(&j->usage, j->prepare_ms));
             if (j->memory_info)
                 cJSON_AddItemToObject(o, "memory", cJSON_Duplicate(j->memory_info, true));
             if (!sse_event(j, o)) return false;
@@ -645,6 +649,7 @@ enum MHD_Result http_chat(http_req *r) {
                          .seed = seed,
                          .stop = (const char *const *)c.stop,
                          .n_stop = c.n_stop};
+    double t_submit = http_now_ms();
     st = chat_job_submit(s, &req, false, &job);
     if (st != IS_OK) {
         res = st == IS_ERR_BUSY
@@ -653,6 +658,7 @@ enum MHD_Result http_chat(http_req *r) {
                   : http_send_status(r, st, "chat");
         goto out;
     }
+    job->prepare_ms = t_submit - r->t0;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     job->created = now.tv_sec;
@@ -721,7 +727,7 @@ enum MHD_Result http_chat(http_req *r) {
     cJSON_AddNullToObject(ch, "logprobs");
     cJSON_AddStringToObject(ch, "finish_reason", finish_name(job->finish));
     cJSON_AddItemToArray(choices, ch);
-    cJSON_AddItemToObject(o, "usage", usage_json(&job->usage));
+    cJSON_AddItemToObject(o, "usage", usage_json(&job->usage, job->prepare_ms));
     if (meminfo) {
         cJSON_AddItemToObject(o, "memory", meminfo);
         meminfo = NULL;
