@@ -5,9 +5,9 @@ recovery technique (issue: the cost side of every technique).
   python3 bench/plot_recovery.py --ttft bench/results/gpu_recovery_ttft_DATE.log \
       --nll bench/results/locomo_nll_gpu_k20_DATE.csv [--nll ..._k50_DATE.csv] --out PNG
 
---ttft: the log of bench_gpu runs at k = 50 (".dev"-staged ttft call: a line
-"### bench_gpu ... FLAGS" before each run's table); the kv TTFT of the k = 50
-row, the median of the runs with the same flags. --nll: `eval locomo --nll`'s
+--ttft (may repeat): the log of bench_gpu runs at k = 50 (".dev"-staged ttft
+call: a line "### bench_gpu ... FLAGS" before each run's table); the kv TTFT
+of the k = 50 row, the median of the runs with the same flags over the logs. --nll: `eval locomo --nll`'s
 per-question rows; the recovered share is sum(NLL_off - NLL_mode) /
 sum(NLL_off - NLL_prompt) over the questions of categories 1-4 that have a row
 in every mode plotted. Prints the table it plots.
@@ -29,21 +29,25 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-FLAG_MODE = {"": "kv0", "-R 2": "kv0r2", "-R 4": "kv0r4", "-R 16": "kv0r16",
-             "-B 0.15": "kv0b0.15", "-B 0.3": "kv0b0.3"}
 
 
-def read_ttft(path):
+def flag_mode(flags):
+    """bench_gpu's recovery flags as the eval's mode name: "" kv0, "-R M" kv0rM, "-B R" kv0bR."""
+    m = re.fullmatch(r"-([RB]) ([0-9.]+)", flags)
+    return f"kv0{m.group(1).lower()}{m.group(2)}" if m else (flags or "kv0")
+
+
+def read_ttft(paths):
     runs = collections.defaultdict(list)
     flags = None
-    for line in open(path):
+    for line in (ln for path in paths for ln in open(path)):
         m = re.match(r"### bench_gpu .*-r \d+ ?(.*)$", line.rstrip())
         if m:
             flags = m.group(1).strip()
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if flags is not None and len(cells) > 3 and cells[0] == "50":
-            runs[FLAG_MODE.get(flags, flags)].append(float(cells[3]))
+            runs[flag_mode(flags)].append(float(cells[3]))
             runs["prompt"].append(float(cells[2]))
     return {mode: statistics.median(v) for mode, v in runs.items()}
 
@@ -99,7 +103,7 @@ def plot_curve(ax, paths, ttft):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ttft", required=True)
+    ap.add_argument("--ttft", action="append", required=True)
     ap.add_argument("--nll", action="append", required=True)
     ap.add_argument("--curve", action="append")
     ap.add_argument("--out", required=True)
