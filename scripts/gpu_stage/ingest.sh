@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Call 5 (optional): the served run (served.sh), then bench_ingest of the base tree (bg.sh with
+# BASE_TARGETS=bench_ingest) against this one, and with the server's grouping (-b 256 -s 2048).
+S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
+cp scripts/gpu_stage/*.sh /tmp/src/scripts/gpu_stage/ 2>/dev/null
+cd /tmp/src
+export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+G=/tmp/llama31-8b.f16.gguf
+st "base.done? $(ls /tmp/base.done 2>&1)"
+bash scripts/gpu_stage/served.sh
+ING=(-m $G --backend cuda --locomo locomo/26.json -n 512 -r 5 --kv-mem 16000)
+for who in base new; do
+  b=build-base/bench/bench_ingest; [ $who = new ] && b=build-gpu/bench/bench_ingest
+  echo "### $who: -b 50" >> "$OUT/ingest_ab.log"
+  timeout 90 $b "${ING[@]}" -b 50 --dir /tmp/ing-$who >> "$OUT/ingest_ab.log" 2>&1; st "$who b50 rc $?"
+  tail -1 "$OUT/ingest_ab.log"
+done
+echo "### new: -b 256 -s 2048" >> "$OUT/ingest_ab.log"
+timeout 90 build-gpu/bench/bench_ingest "${ING[@]}" -b 256 -s 2048 --dir /tmp/ing-news >> "$OUT/ingest_ab.log" 2>&1
+st "new b256 s2048 rc $?"; tail -1 "$OUT/ingest_ab.log"
