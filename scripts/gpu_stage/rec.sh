@@ -37,3 +37,4 @@ fi
 st "eval started"
 while [ ! -f /tmp/ev.done ] && [ $(( $(date +%s) - S0 )) -lt ${C3_LIMIT:-540} ]; do sleep 5; done
 st "ev done? $(ls /tmp/ev.done 2>&1)"; tail -5 /tmp/ev.log
+tar -czf "$OUT/ev_sofar.tar.gz" -C /tmp evout 2>/dev/null
