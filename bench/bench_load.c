@@ -823,7 +823,9 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double *sttft = calloc((size_t)n_requests + 1, sizeof(double));
     double *e2e = calloc((size_t)n_requests + 1, sizeof(double));
     double *parts[4];
-    for (int p = 0; p < 4; p++) parts[p] = calloc((size_t)n_requests + 1, sizeof(double));
+    bool parts_ok = true;
+    for (int p = 0; p < 4; p++)
+        parts_ok &= (parts[p] = calloc((size_t)n_requests + 1, sizeof(double))) != NULL;
     int n_ok = 0, n_parts = 0;
     int64_t toks = 0, mem = 0, inj = 0;
     long long tiers[5] = {0, 0, 0, 0, 0};
@@ -844,7 +846,7 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
         sttft[n_ok] = s->srv_ttft_ms;
         e2e[n_ok] = s->e2e_ms;
         n_ok++;
-        if (!isnan(s->prep_ms) && !isnan(s->queue_ms) && parts[3]) {
+        if (!isnan(s->prep_ms) && !isnan(s->queue_ms) && parts_ok) {
             parts[0][n_parts] = s->prep_ms;
             parts[1][n_parts] = s->queue_ms;
             parts[2][n_parts] = s->srv_ttft_ms - s->queue_ms;
@@ -890,7 +892,7 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double *p50[4] = {&w.prep50, &w.queue50, &w.engine50, &w.rest50};
     for (int p = 0; p < 4; p++) {
         *p50[p] = NAN;
-        if (!parts[p] || n_parts == 0) continue;
+        if (n_parts == 0) continue;
         qsort(parts[p], (size_t)n_parts, sizeof(double), bench_cmp_double);
         *p50[p] = pct(parts[p], n_parts, 0.5);
     }

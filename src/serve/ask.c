@@ -271,8 +271,8 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         for (size_t at_b = 0, j = 0; st == IS_OK && j < (size_t)n; j++) {
             meta.n_tokens = it[g[j]].n_fact;
             size_t b = (fact_kv_bytes(&meta) + 63) & ~(size_t)63;
-            it[g[j]].k = a->sections[a->cur] + at_b;
-            it[g[j]].v = a->sections[a->cur] + at_b + b;
+            it[g[j]].k = a->sections[c] + at_b;
+            it[g[j]].v = a->sections[c] + at_b + b;
             at_b += 2 * b;
         }
     }
@@ -337,9 +337,7 @@ static void group_write_clear(group_write *w) {
 static void *group_write_run(void *p) {
     group_write *w = p;
     double t0 = now_ms();
-    w->st = w->n > 0 ? record_store_put_batch(w->store, w->n, w->ids, w->metas, w->toks, w->k, w->v,
-                                              w->sts)
-                     : IS_OK;
+    w->st = record_store_put_batch(w->store, w->n, w->ids, w->metas, w->toks, w->k, w->v, w->sts);
     w->ms = now_ms() - t0;
     if (w->st != IS_OK) snprintf(w->msg, sizeof w->msg, "%s", is_error_last());
     return NULL;

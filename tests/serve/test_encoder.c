@@ -232,9 +232,9 @@ static bool fail_nth_create(record_store_step step, void *ud) {
 /* Groups' writes run beside the next group's forward: a group whose write
  * fails fails alone (every fact of it, with the store's message), the
  * groups after it are still encoded and written, and each written record
- * is the one written without the overlap (the "pairs" store above holds
- * those bits; records are checked against a store written group by group
- * by ask_encode_fact). */
+ * is bit for bit the fact's record encoded alone (groups of at most 32
+ * tokens take the kernels of a fact alone, as test_batch_equals_alone
+ * shows). */
 static void test_failed_group_write(void **state) {
     SKIP_WITHOUT_MODEL();
     ask_fact f[N_FACTS];
