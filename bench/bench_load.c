@@ -78,7 +78,8 @@
 #endif
 
 #define MAX_LEVELS        16
-#define OPT_COLD_SESSIONS 0x1300 /* a long option without a short one */
+#define OPT_COLD_SESSIONS 0x1300 /* long options without a short one */
+#define OPT_RECOMPUTE     0x1301
 #define MAX_RUNS          128
 #define MAX_CONVS         64
 #define ERR_LEN           200
@@ -117,6 +118,7 @@ typedef struct opts {
     double fact_cache_gb; /* 0: the server's default */
     double host_cache_gb; /* < 0: the server's default */
     int32_t step_tokens, prefill_chunk; /* 0: the server's defaults */
+    int32_t recompute;                  /* the server's --recompute (kv requests) */
     const char *label;                  /* first CSV column (e.g. the regime) */
     int32_t facts_per_user;
     int32_t users; /* 0: the largest client count */
@@ -989,6 +991,8 @@ static void usage(FILE *f) {
         "      --step-tokens N      the server's tokens per engine step (default: by backend)\n"
         "      --prefill-chunk N    the server's prompt tokens of one request a step (default: by "
         "backend)\n"
+        "      --recompute M        the server's kv requests recompute the first M tokens of every\n"
+        "                           fact (default 0)\n"
         "      --label NAME         first column of the CSV (e.g. the regime: hot, tiered, cold)\n"
         "      --facts-per-user F   LoCoMo facts stored for each user (default 10)\n"
         "      --users U            users with memory (default: the largest client count)\n"
@@ -1234,6 +1238,7 @@ int main(int argc, char **argv) {
         {"fact-cache-gb", required_argument, 0, 'g'},
         {"step-tokens", required_argument, 0, 'S'},
         {"prefill-chunk", required_argument, 0, 'C'},
+        {"recompute", required_argument, 0, OPT_RECOMPUTE},
         {"label", required_argument, 0, 'b'},
         {"ctx", required_argument, 0, 'X'},
         {"host-cache-gb", required_argument, 0, 'H'},
@@ -1259,6 +1264,7 @@ int main(int argc, char **argv) {
         case 'H': ok = parse_double(optarg, "--host-cache-gb", 0, 1e4, &o.host_cache_gb); break;
         case 'S': ok = parse_int(optarg, "--step-tokens", 1, 1 << 16, &o.step_tokens); break;
         case 'C': ok = parse_int(optarg, "--prefill-chunk", 1, 1 << 16, &o.prefill_chunk); break;
+        case OPT_RECOMPUTE: ok = parse_int(optarg, "--recompute", 0, 100000, &o.recompute); break;
         case 'b': o.label = optarg; break;
         case 'X': ok = parse_int(optarg, "--ctx", 16, 1 << 20, &o.n_ctx); break;
         case 'F': ok = parse_int(optarg, "--facts-per-user", 1, 1000, &o.facts_per_user); break;
@@ -1390,6 +1396,7 @@ int main(int argc, char **argv) {
     if (o.max_running) p.sched.max_running = o.max_running;
     if (o.step_tokens) p.sched.step_tokens = o.step_tokens;
     if (o.prefill_chunk) p.sched.prefill_chunk = o.prefill_chunk;
+    p.sched.recompute = o.recompute;
     p.fact_cache_bytes = (size_t)(o.fact_cache_gb * (double)(1 << 30));
     if (o.host_cache_gb >= 0)
         p.sched.host_tier_bytes = (int64_t)(o.host_cache_gb * (double)(1 << 30));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Call 3 of the recovery loan (README): the model, the build and the 8B GGUF, plain kv TTFT around
 # bench_gpu -R for each of TTFT_FLAGS (default "-R 8,-R 24,-R 48"), bench_encode_host (SKIP_HOST=1:
-# not), then rec_eval.sh in the background; returns when it is done or at C3_LIMIT s (540).
+# not), then rec_eval.sh in the background (EVAL=0: not); returns when it is done or at C3_LIMIT s
+# (540).
 set -u
 S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
 cat /tmp/p1 /tmp/p2 .gm3/part > /tmp/model.gguf
@@ -33,6 +34,7 @@ if [ "${SKIP_HOST:-0}" != 1 ]; then
   timeout 60 build-gpu/bench/bench_encode_host -r 5 > "$OUT/encode_host.log" 2>&1
   st "encode_host rc $?"; tail -12 "$OUT/encode_host.log"
 fi
+[ "${EVAL:-1}" = 0 ] && exit 0
 ( setsid nohup bash scripts/gpu_stage/rec_eval.sh > /tmp/ev.log 2>&1 < /dev/null & )
 st "eval started"
 while [ ! -f /tmp/ev.done ] && [ $(( $(date +%s) - S0 )) -lt ${C3_LIMIT:-540} ]; do sleep 5; done
