@@ -18,9 +18,9 @@ per-question rows; the recovered share is sum(NLL_off - NLL_mode) /
 sum(NLL_off - NLL_prompt) over the questions of categories 1-4 that have a row
 in every mode plotted. Prints the table it plots.
 
---curve FILE (may repeat; the files' rows are merged by question): a second
-panel, the share against m for the static modes kv0rM (m = 0: kv0) over the
-questions that have every one of them, with the measured TTFT written next to
+--curve FILE (may repeat; files whose names say the same _kK are merged by
+question): a second panel, for each k the share against m for the static modes
+kv0rM (m = 0: kv0) over the questions that have every one of them, with the measured TTFT written next to
 the points that --ttft has: how much of each fact must be recomputed to reach
 the target, and what that costs.
 """
@@ -97,19 +97,21 @@ def read_curve(paths):
 
 
 def plot_curve(ax, paths, ttft, where):
-    n, pts, share = read_curve(paths)
-    xs = [m for m, _ in pts]
-    ys = [share[mode] for _, mode in pts]
-    print(f"curve ({n} questions): " + ", ".join(f"m = {m} {share[mode]:.1f}%" for m, mode in pts))
-    ax.plot(xs, ys, "o-", label=f"k = 20 ({n} questions, CPU f32)")
-    for (m, mode), y in zip(pts, ys):
-        if mode in ttft:
-            ax.annotate(f"{ttft[mode]:.1f} ms", (m, y), textcoords="offset points",
-                        xytext=(4, -12), fontsize=7)
-        elif y > 99.9 and "prompt" in ttft:
-            # Every token of every fact recomputed: prompt mode's work and answer.
-            ax.annotate(f"every token: prompt mode, {ttft['prompt']:.1f} ms", (m, y),
-                        textcoords="offset points", xytext=(-150, -4), fontsize=7)
+    groups = collections.defaultdict(list)  # k (from the file name) -> files
+    for path in paths:
+        k = re.search(r"_k(\d+)", path)
+        groups[k.group(1) if k else "?"].append(path)
+    for k, files in sorted(groups.items()):
+        n, pts, share = read_curve(files)
+        xs = [m for m, _ in pts]
+        ys = [share[mode] for _, mode in pts]
+        print(f"curve k = {k} ({n} questions): " +
+              ", ".join(f"m = {m} {share[mode]:.1f}%" for m, mode in pts))
+        ax.plot(xs, ys, "o-", label=f"k = {k} ({n} questions, CPU f32)")
+        for (m, mode), y in zip(pts, ys):
+            if mode in ttft and k == "20":
+                ax.annotate(f"{ttft[mode]:.1f} ms", (m, y), textcoords="offset points",
+                            xytext=(4, -12), fontsize=7)
     ax.axhline(90, color="grey", ls="--", lw=0.8)
     ax.set_xlabel("first m tokens of every fact recomputed (fused)")
     ax.set_ylabel("share recovered, %")
