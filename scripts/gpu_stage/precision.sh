@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call after the README's first two (carry .gm3): the model, then the matmul precision's share of
-# the served-vs-in-process gap. bench_gpu at k = 5, 50, 100 with facts of F_TOK tokens (38: a dated
+# the served-vs-in-process gap. bench_gpu at k = BG_K (5,50) with facts of F_TOK tokens (38: a dated
 # LoCoMo fact) in both precisions, then for each precision a server over the same 10 users x 100
 # facts: a first run at k = 100 (every fact of the users drawn) leaves every fact resident in the
 # GPU fact cache (the hot regime), then kv at k = 5, 20, 50, 100 and prompt at 50, one client; and
@@ -18,7 +18,7 @@ export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIB
 G=/tmp/llama31-8b.f16.gguf
 for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
 st "gguf: $(tail -1 /tmp/gen.log)"
-timeout 150 build-gpu/bench/bench_gpu -m $G -k 5,20,50,100 -F "${F_TOK:-38}" -c bf16x2,bf16 -t '' -r 9 \
+timeout 150 build-gpu/bench/bench_gpu -m $G -k "${BG_K:-5,50}" -F "${F_TOK:-38}" -c bf16x2,bf16 -t '' -r 9 \
   > "$OUT/prec_bench_gpu.log" 2>&1
 st "bench_gpu rc $?"; grep -E "^#|^\| (5|20|50|100) \|" "$OUT/prec_bench_gpu.log"
 LOAD=(-m $G --backend cuda --embedder none --locomo locomo --data /tmp/sv --users 10
