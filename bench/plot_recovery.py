@@ -64,7 +64,8 @@ def read_served(paths):
         m = re.search(r"r(\d+)$", r["label"])
         if not m or r["k"] != "50" or r["clients"] != "1" or r["max_tokens"] != "1":
             continue
-        mode = "prompt" if r["mode"] == "prompt" else flag_mode(f"-R {m.group(1)}" if m.group(1) != "0" else "")
+        m = int(m.group(1))
+        mode = "prompt" if r["mode"] == "prompt" else f"kv0r{m}" if m else "kv0"
         runs[mode].append(float(r["ttft_p50_ms"]))
     return {mode: statistics.median(v) for mode, v in runs.items()}
 
