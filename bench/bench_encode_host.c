@@ -8,17 +8,16 @@
  *   (bench_encode_host --help lists every option)
  *
  * A batch of B facts of T tokens is captured as the forward leaves it
- * ([n_layers][B*T][kv_dim] f32 for K and for V; default the Llama-3.1-8B
- * shape: 32 layers, 8 KV heads of 128). Stages, each timed per fact (median
- * of the repetitions, one thread):
- *   capture rows      the forward's f32 rows written into new buffers
- *                     (malloc'd per batch, as before: the kernel zero-fills
- *                     every page) and into buffers kept from the last batch
- *   narrow (scalar)   the rows narrowed one value at a time through
- *                     quant_f32_to_f16/bf16 into sections malloc'd for each
- *                     fact, as the encode path did before: the "before" line
- *   narrow (rows)     fact_kv_from_f32 layer by layer into sections kept
- *                     from the last batch, as take_rows does now
+ * ([n_layers][B*T][kv_dim] for K and for V; default the Llama-3.1-8B shape:
+ * 32 layers, 8 KV heads of 128). Stages, each timed per fact (median of the
+ * repetitions, one thread), the path before (the capture in f32, narrowed
+ * on the host) against now (the capture narrowed on the backend):
+ *   capture rows      the capture written into buffers kept from the last
+ *                     batch: f32 (before) or the record dtype (now, half
+ *                     the bytes; on the GPU this is the download)
+ *   narrow / cut      fact_kv_from_f32 layer by layer into each fact's
+ *                     sections (before) against one copy a layer of rows
+ *                     already in the record dtype (take_rows now)
  *   record encode     fact_record_encode: header, sections, xxh64 checksum
  *   put_batch         record_store_put_batch of the B records (header and
  *                     checksum, the files written from the sections, fsyncs,
@@ -153,60 +152,50 @@ int main(int argc, char **argv) {
         idp[j] = ids[j], mp[j] = &meta, tp[j] = toks;
     }
 
-    double t_scalar[100], t_rows[100], t_enc[100], t_put[100], c_put[100];
-    double t_fresh[100], t_kept[100];
+    double t_narrow[100], t_cut[100], t_enc[100], t_put[100], c_put[100];
+    double t_cap32[100], t_cap16[100];
     uint64_t sink = 0;
     float *kept_k = malloc(cap_elems * sizeof(float)), *kept_v = malloc(cap_elems * sizeof(float));
-    if (!kept_k || !kept_v) return 1;
+    uint8_t *nk = malloc(cap_elems * esz), *nv = malloc(cap_elems * esz);
+    if (!kept_k || !kept_v || !nk || !nv) return 1;
     memset(kept_k, 0, cap_elems * sizeof(float)), memset(kept_v, 0, cap_elems * sizeof(float));
+    memset(nk, 0, cap_elems * esz), memset(nv, 0, cap_elems * esz);
+    for (int32_t side = 0; side < 2; side++) /* what the backend's narrow gives */
+        fact_kv_from_f32(dtype, side ? cv : ck, side ? nv : nk, cap_elems);
+    uint8_t *dk = malloc(cap_elems * esz), *dv = malloc(cap_elems * esz);
+    if (!dk || !dv) return 1;
+    memset(dk, 0, cap_elems * esz), memset(dv, 0, cap_elems * esz);
     for (int r = 0; r < reps; r++) {
-        /* The forward's capture written into new buffers each batch (as
-         * encode_group did) against buffers kept from the last batch. */
+        /* The capture landing in kept buffers: f32, or the record dtype. */
         double f0 = bench_now_ms();
-        float *fk = malloc(cap_elems * sizeof(float)), *fv = malloc(cap_elems * sizeof(float));
-        if (!fk || !fv) return 1;
-        memcpy(fk, ck, cap_elems * sizeof(float)), memcpy(fv, cv, cap_elems * sizeof(float));
-        sink += ((uint8_t *)fk)[r] + ((uint8_t *)fv)[r];
-        free(fk), free(fv);
-        double f1 = bench_now_ms();
         memcpy(kept_k, ck, cap_elems * sizeof(float)),
             memcpy(kept_v, cv, cap_elems * sizeof(float));
         sink += ((uint8_t *)kept_k)[r] + ((uint8_t *)kept_v)[r];
+        double f1 = bench_now_ms();
+        memcpy(dk, nk, cap_elems * esz), memcpy(dv, nv, cap_elems * esz);
+        sink += dk[r] + dv[r];
         double f2 = bench_now_ms();
-        t_fresh[r] = (f1 - f0) / B, t_kept[r] = (f2 - f1) / B;
-        /* before: one value at a time through the scalar conversion, into
-         * sections malloc'd for each fact */
+        t_cap32[r] = (f1 - f0) / B, t_cap16[r] = (f2 - f1) / B;
+        /* before: each fact's rows narrowed from the f32 capture */
         double t0 = bench_now_ms();
-        void **nk = malloc((size_t)B * sizeof *nk), **nv = malloc((size_t)B * sizeof *nv);
-        if (!nk || !nv) return 1;
-        for (int32_t j = 0; j < B; j++)
-            if (!(nk[j] = malloc(sec)) || !(nv[j] = malloc(sec))) return 1;
         for (int32_t j = 0; j < B; j++)
             for (int pass = 0; pass < 2; pass++) {
-                const float *cap = pass ? cv : ck;
-                uint8_t *dst = pass ? nv[j] : nk[j];
-                for (int32_t l = 0; l < L; l++) {
-                    const float *src = cap + ((size_t)l * n_cap + (size_t)j * T) * kv_dim;
-                    uint8_t *d = dst + (size_t)l * rows * esz;
-                    for (size_t i = 0; i < rows; i++) {
-                        uint16_t h = dtype == KV_DTYPE_F16 ? quant_f32_to_f16(src[i])
-                                                           : quant_f32_to_bf16(src[i]);
-                        memcpy(d + 2 * i, &h, 2);
-                    }
-                }
-            }
-        sink += ((uint8_t *)nk[B - 1])[sec - 1];
-        for (int32_t j = 0; j < B; j++) free(nk[j]), free(nv[j]);
-        free(nk), free(nv);
-        double t1 = bench_now_ms();
-        /* now: take_rows' loop, into sections kept from the last batch */
-        for (int32_t j = 0; j < B; j++)
-            for (int pass = 0; pass < 2; pass++) {
-                const float *cap = pass ? cv : ck;
+                const float *cap = pass ? kept_v : kept_k;
                 uint8_t *dst = pass ? v[j] : k[j];
                 for (int32_t l = 0; l < L; l++)
                     fact_kv_from_f32(dtype, cap + ((size_t)l * n_cap + (size_t)j * T) * kv_dim,
                                      dst + (size_t)l * rows * esz, rows);
+            }
+        sink += ((uint8_t *)k[B - 1])[sec - 1];
+        double t1 = bench_now_ms();
+        /* now: take_rows' copy a layer from a capture in the record dtype */
+        for (int32_t j = 0; j < B; j++)
+            for (int pass = 0; pass < 2; pass++) {
+                const uint8_t *cap = pass ? dv : dk;
+                uint8_t *dst = pass ? v[j] : k[j];
+                for (int32_t l = 0; l < L; l++)
+                    memcpy(dst + (size_t)l * rows * esz,
+                           cap + ((size_t)l * n_cap + (size_t)j * T) * kv_dim * esz, rows * esz);
             }
         double t2 = bench_now_ms();
         for (int32_t j = 0; j < B; j++) {
@@ -223,31 +212,31 @@ int main(int argc, char **argv) {
             return 1;
         }
         double t4 = bench_now_ms(), c4 = cpu_ms();
-        t_scalar[r] = (t1 - t0) / B, t_rows[r] = (t2 - t1) / B, t_enc[r] = (t3 - t2) / B;
+        t_narrow[r] = (t1 - t0) / B, t_cut[r] = (t2 - t1) / B, t_enc[r] = (t3 - t2) / B;
         t_put[r] = (t4 - t3) / B, c_put[r] = (c4 - c3) / B;
     }
-    double ms = bench_median(t_scalar, reps), mr = bench_median(t_rows, reps);
+    double mn = bench_median(t_narrow, reps), mc = bench_median(t_cut, reps);
     double me = bench_median(t_enc, reps), mpw = bench_median(t_put, reps);
     double mpc = bench_median(c_put, reps);
     printf("# %d facts of %d tokens, %d layers x %d KV heads x %d, %s records of %.2f MB; "
            "medians of %d runs, one thread (sink %llu)\n",
            B, T, L, H, D, dtype == KV_DTYPE_F16 ? "f16" : "bf16", 2.0 * sec / 1e6 + 0.0, reps,
            (unsigned long long)(sink & 1));
-    double mf = bench_median(t_fresh, reps), mk = bench_median(t_kept, reps);
+    double m32 = bench_median(t_cap32, reps), m16 = bench_median(t_cap16, reps);
     printf("| stage | ms a fact |\n|---|---:|\n");
-    printf("| capture rows written, new buffers (before) | %.3f |\n", mf);
-    printf("| capture rows written, kept buffers (now) | %.3f |\n", mk);
-    printf("| narrow K+V, scalar, new sections (before) | %.3f |\n", ms);
-    printf("| narrow K+V, rows, kept sections (now) | %.3f |\n", mr);
+    printf("| capture rows written, f32 (before) | %.3f |\n", m32);
+    printf("| capture rows written, record dtype (now) | %.3f |\n", m16);
+    printf("| narrow K+V from the f32 capture (before) | %.3f |\n", mn);
+    printf("| cut K+V from the record-dtype capture (now) | %.3f |\n", mc);
     printf("| record encode (copy + xxh64) | %.3f |\n", me);
     printf("| put_batch wall (encode, write, fsync, rename) | %.3f |\n", mpw);
     printf("| put_batch CPU | %.3f |\n", mpc);
-    printf("| host total before (new capture + scalar + put wall) | %.3f |\n", mf + ms + mpw);
-    printf("| host total now (kept capture + rows + put wall) | %.3f |\n", mk + mr + mpw);
+    printf("| host total before (f32 capture + narrow + put wall) | %.3f |\n", m32 + mn + mpw);
+    printf("| host total now (dtype capture + cut + put wall) | %.3f |\n", m16 + mc + mpw);
     record_store_close(store);
     if (!dir_opt) nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     for (int32_t j = 0; j < B; j++) free(k[j]), free(v[j]);
-    free(k), free(v), free(ck), free(cv), free(kept_k), free(kept_v), free(toks), free(ids),
-        free(idp), free(mp), free(tp);
+    free(k), free(v), free(ck), free(cv), free(kept_k), free(kept_v), free(nk), free(nv), free(dk),
+        free(dv), free(toks), free(ids), free(idp), free(mp), free(tp);
     return 0;
 }

@@ -271,6 +271,14 @@ static void cu_copy(backend *be, void *dst, const void *src, size_t bytes) {
         op_note(c, cuda_status_from(e, "cudaMemcpyAsync(copy)", __FILE__, __LINE__));
 }
 
+static void cu_narrow(backend *be, void *dst, int32_t dtype, const float *x, size_t n) {
+    cuda_ctx *c = ctx_of(be);
+    if (!n || !op_begin(c)) return;
+    OP_SPAN(c, CUDA_OP_COPY);
+    touch(c, dst, n * (dtype == 0 ? 4 : 2));
+    op_note(c, cuda_narrow(c->stream, dst, dtype, x, (int64_t)n));
+}
+
 static void cu_copy_2d(backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
                        size_t width, size_t height) {
     cuda_ctx *c = ctx_of(be);
@@ -1440,6 +1448,7 @@ static const backend_ops cuda_ops = {
     /* .upload = */ cu_upload,
     /* .download = */ cu_download,
     /* .copy = */ cu_copy,
+    /* .narrow = */ cu_narrow,
     /* .weight_create = */ cu_weight_create,
     /* .weight_free = */ cu_weight_free,
     /* .get_rows = */ cu_get_rows,

@@ -57,6 +57,37 @@ static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, 
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+/* quant_f32_to_f16 and quant_f32_to_bf16 (src/gguf/quant.c) in integer
+ * arithmetic, so a record narrowed here is the host's bit for bit (NaN
+ * payloads and subnormals included, which the intrinsics treat otherwise). */
+static __device__ __forceinline__ uint16_t narrow_f16(uint32_t x) {
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+    if (x >= 0x38800000u) {
+        x += 0xfffu + ((x >> 13) & 1u);
+        return (uint16_t)(sign | ((x - 0x38000000u) >> 13));
+    }
+    if (x <= 0x33000000u) return sign;
+    const uint32_t shift = 126 - (x >> 23), mant = (x & 0x7fffffu) | 0x800000u;
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint16_t)(sign | q);
+}
+
+static __device__ __forceinline__ uint16_t narrow_bf16(uint32_t x) {
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static __global__ void narrow_kernel(uint16_t *dst, const uint32_t *src, int64_t n, bool bf16) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = bf16 ? narrow_bf16(src[i]) : narrow_f16(src[i]);
+}
+
 static __global__ void f32_to_bf16_split_kernel(__nv_bfloat16 *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -127,6 +158,21 @@ is_status cuda_add_bias(cudaStream_t s, float *y, const float *bias, int32_t T, 
 is_status cuda_f32_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n) {
     if (n <= 0) return IS_OK;
     f32_to_bf16_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>(dst, src, n);
+    CUDA_CHECK_LAUNCH();
+    return IS_OK;
+}
+
+is_status cuda_narrow(cudaStream_t s, void *dst, int32_t dtype, const float *src, int64_t n) {
+    if (n <= 0) return IS_OK;
+    if (dtype == 0) {
+        CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        return IS_OK;
+    }
+    if (dtype != 1 && dtype != 2)
+        return is_error_set(IS_ERR_INVALID_ARG, "narrow: dtype %d", dtype);
+    narrow_kernel<<<cuda_blocks_for(n, 256), 256, 0, s>>>((uint16_t *)dst, (const uint32_t *)src, n,
+                                                          dtype == 2);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

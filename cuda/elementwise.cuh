@@ -30,6 +30,10 @@ is_status cuda_add_bias(cudaStream_t s, float *y, const float *bias, int32_t T, 
 /* dst[i] = bf16(src[i]) rounded to nearest even, i < n. */
 is_status cuda_f32_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n);
 
+/* dst[i] = src[i] in dtype (0 f32, 1 f16, 2 bf16), rounded bit for bit
+ * as quant_f32_to_f16 / quant_f32_to_bf16 (the record conversions), i < n. */
+is_status cuda_narrow(cudaStream_t s, void *dst, int32_t dtype, const float *src, int64_t n);
+
 /* The activation split of the accurate matmul: hi[i] = bf16(src[i]) and
  * lo[i] = bf16(src[i] - hi[i]) (both to nearest even), so hi + lo carries
  * about 16 significant bits; dst = [hi: n][lo: n]. */

@@ -141,6 +141,12 @@ typedef struct backend_ops {
     void (*download)(backend *be, void *dst, const void *src, size_t bytes);
     /* Copy within backend memory. */
     void (*copy)(backend *be, void *dst, const void *src, size_t bytes);
+    /* dst[n] = x[n] (f32) in dtype, both in backend memory: 0 f32 (a copy),
+     * 1 f16, 2 bf16 (as kv_dtype numbers them), rounded bit for bit as
+     * quant_f32_to_f16 and quant_f32_to_bf16 round. A fact's captured rows
+     * are narrowed where they are computed: half the bytes come down, and
+     * the host converts nothing. */
+    void (*narrow)(backend *be, void *dst, int32_t dtype, const float *x, size_t n);
 
     /* Weights from a GGUF tensor of any readable type. */
     is_status (*weight_create)(backend *be, const gguf_tensor *t, backend_weight **out);

@@ -41,6 +41,11 @@ struct engine {
     float *q2;      /* [B][n_heads*head_dim] queries rotated for the prefix (reference only) */
     int32_t *pos, *rpos, *rpos2, *slots,
         *seq_idx; /* [B] host: slot, RoPE position, shifted, slot id, run */
+    /* A capture's rows in its dtype, in backend memory, until the forward
+     * ends: [2][n_layers][n][kv_dim] (keys, then values). Kept between
+     * forwards (grown, never shrunk): an encoding needs the same again. */
+    void *cap_buf;
+    size_t cap_bytes;
 };
 
 /* A forward over some of the layers (engine_recompute_blend): layers
@@ -176,6 +181,7 @@ void engine_free(engine *e) {
     float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->hg, e->hu, e->q2, e->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->release(be, bufs[i]);
+    if (e->cap_buf) be->ops->release(be, e->cap_buf);
     free(e->pos);
     free(e->rpos);
     free(e->rpos2);
@@ -383,6 +389,33 @@ static void greedy_rows(engine *e, const chunk_out *out, int32_t n_rows) {
 
 /* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
  * already reserved. Writes logits of selected tokens, returns how many. */
+/* Bytes of one captured element: 0 f32, 1 f16, 2 bf16 (0 for others). */
+static size_t capture_elem_size(int32_t dtype) {
+    return dtype == 0 ? 4 : dtype == 1 || dtype == 2 ? 2 : 0;
+}
+
+/* Checks b's capture and makes room for it in e->cap_buf. */
+static is_status capture_prepare(engine *e, const engine_batch *b) {
+    const engine_kv_capture *cap = b->capture;
+    const model_config *c = &e->m->cfg;
+    if (!capture_elem_size(cap->dtype))
+        return is_error_set(IS_ERR_INVALID_ARG, "engine: capture dtype %d (0 f32, 1 f16, 2 bf16)",
+                            cap->dtype);
+    if (cap->first < 0 || cap->n < 0 || cap->n > b->n_tokens - cap->first)
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "engine: capture of tokens [%d, %d) outside a batch of %d", cap->first,
+                            cap->first + cap->n, b->n_tokens);
+    size_t need = 2 * (size_t)c->n_layers * (size_t)cap->n * (size_t)c->n_kv_heads *
+                  (size_t)c->head_dim * capture_elem_size(cap->dtype);
+    if (need <= e->cap_bytes) return IS_OK;
+    if (e->cap_buf) e->be->ops->release(e->be, e->cap_buf);
+    e->cap_buf = NULL;
+    e->cap_bytes = 0;
+    is_status st = e->be->ops->alloc(e->be, need, &e->cap_buf);
+    if (st == IS_OK) e->cap_bytes = need;
+    return st;
+}
+
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
                              const int32_t *base_len, const chunk_out *out,
                              const fwd_range *range) {
@@ -482,14 +515,17 @@ static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32
             matmul_n(be, (float *const[]){e->q, e->k, e->v}, e->xb,
                      (const backend_weight *const[]){L->wq, L->wk, L->wv},
                      (const backend_weight *const[]){L->bq, L->bk, L->bv}, 3, n);
-            /* The captured rows are consecutive on both sides: one copy a
-             * layer, not one a token (each download may wait for the device). */
+            /* The captured rows are consecutive on both sides: one op a
+             * layer, narrowed where they were computed and left there, so
+             * the forward never waits for the host (decode_impl brings the
+             * whole capture down once, after the last chunk). */
             if (cap1 > cap0) {
-                size_t dst = ((size_t)l * cap->n + (cap0 - cap->first)) * kv_dim;
-                size_t src = (size_t)(cap0 - t0) * kv_dim;
-                size_t bytes = (size_t)(cap1 - cap0) * kv_dim * sizeof(float);
-                op->download(be, cap->k + dst, e->k + src, bytes);
-                op->download(be, cap->v + dst, e->v + src, bytes);
+                size_t esz = capture_elem_size(cap->dtype), rows = (size_t)cap->n * kv_dim;
+                size_t dst = ((size_t)l * cap->n + (cap0 - cap->first)) * kv_dim * esz;
+                size_t src = (size_t)(cap0 - t0) * kv_dim, cnt = (size_t)(cap1 - cap0) * kv_dim;
+                uint8_t *ck = e->cap_buf, *cv = ck + (size_t)c->n_layers * rows * esz;
+                op->narrow(be, ck + dst, cap->dtype, e->k + src, cnt);
+                op->narrow(be, cv + dst, cap->dtype, e->v + src, cnt);
             }
             if (shifted) {
                 op->copy(be, e->q2, e->q, (size_t)n * q_dim * sizeof(float));
@@ -664,6 +700,11 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
                 if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
         goto out;
     }
+    if (b->capture && b->capture->n > 0 && (st = capture_prepare(e, b)) != IS_OK) {
+        for (int32_t s = 0; s < max_seqs; s++)
+            if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
+        goto out;
+    }
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
         int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
         int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co, NULL);
@@ -678,6 +719,16 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         }
         if (co.logits) co.logits += (size_t)n_out * c->n_vocab;
         if (co.tokens) co.tokens += n_out;
+    }
+    if (b->capture && b->capture->n > 0) {
+        const engine_kv_capture *cap = b->capture;
+        size_t half = (size_t)c->n_layers * (size_t)cap->n * (size_t)c->n_kv_heads *
+                      (size_t)c->head_dim * capture_elem_size(cap->dtype);
+        e->be->ops->download(e->be, cap->k, e->cap_buf, half);
+        e->be->ops->download(e->be, cap->v, (const uint8_t *)e->cap_buf + half, half);
+        if ((st = backend_status(e->be)) != IS_OK)
+            for (int32_t s = 0; s < max_seqs; s++)
+                if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
     }
 out:
     free(base_len);

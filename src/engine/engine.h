@@ -54,12 +54,17 @@ void engine_seq_close(engine *e, int32_t seq);
 is_status engine_seq_fork(engine *e, int32_t dst, int32_t src, int32_t n);
 
 /* Keys (before RoPE) and values of a range of batch tokens, copied out
- * during the forward pass: how a fact's KV is captured at encoding time. */
+ * during the forward pass: how a fact's KV is captured at encoding time.
+ * The rows are converted to dtype on the backend (0 f32, 1 f16, 2 bf16, as
+ * kv_dtype numbers them; rounded as quant's conversions, bit for bit) and
+ * written to k and v when the forward ends. Host memory from
+ * engine_host_alloc makes that copy fastest. */
 typedef struct engine_kv_capture {
     int32_t first; /* first batch token captured */
     int32_t n;     /* tokens captured */
-    float *k;      /* [n_layers][n][n_kv_heads*head_dim] host memory, pre-RoPE */
-    float *v;      /* [n_layers][n][n_kv_heads*head_dim] host memory */
+    int32_t dtype;
+    void *k; /* [n_layers][n][n_kv_heads*head_dim] host memory, pre-RoPE */
+    void *v; /* [n_layers][n][n_kv_heads*head_dim] host memory */
 } engine_kv_capture;
 
 typedef struct engine_blend engine_blend; /* below */

@@ -21,13 +21,16 @@ struct ask_ctx {
     int32_t n_prefix;
     float *logits;        /* [n_vocab] */
     ask_encode_stats enc; /* what the encodings took, since creation */
-    /* The captured rows of the last forward, kept for the next: fresh
-     * pages cost the kernel a zero-fill each (over 10 MB a fact for an 8B
-     * model, more CPU than narrowing them), and a forward of the same size
-     * needs them again. Grown, never shrunk: what stays is the largest
-     * group's peak, which the encoding needed anyway. */
-    float *cap_k, *cap_v;
-    size_t cap_elems;
+    /* The captured rows of the last forward (in the capture's dtype),
+     * kept for the next: fresh pages cost the kernel a zero-fill each
+     * (over 5 MB a fact for an 8B model), pinning them costs more, and a
+     * forward of the same size needs them again. Grown, never shrunk: what
+     * stays is the largest group's peak, which the encoding needed anyway.
+     * From engine_host_alloc where the backend has it (pinned: the capture
+     * comes down at the bus's rate), else malloc. */
+    void *cap_k, *cap_v;
+    size_t cap_bytes;
+    bool cap_pinned;
     /* The facts' narrowed sections until their group is written, kept
      * between groups for the same reason; two sets, so that one group's
      * records are written while the next group's forward runs into the
@@ -113,13 +116,41 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
     return IS_OK;
 }
 
+static void cap_release(ask_ctx *a) {
+    void *bufs[] = {a->cap_k, a->cap_v};
+    for (int i = 0; i < 2; i++) {
+        if (a->cap_pinned) engine_host_free(a->e, bufs[i]);
+        else free(bufs[i]);
+    }
+    a->cap_k = a->cap_v = NULL;
+    a->cap_bytes = 0;
+}
+
+/* Room for a capture of `bytes` a side in a->cap_k and a->cap_v. */
+static is_status cap_reserve(ask_ctx *a, size_t bytes) {
+    if (bytes <= a->cap_bytes) return IS_OK;
+    cap_release(a);
+    a->cap_pinned = engine_host_alloc(a->e, bytes, &a->cap_k) == IS_OK &&
+                    engine_host_alloc(a->e, bytes, &a->cap_v) == IS_OK;
+    if (!a->cap_pinned) {
+        engine_host_free(a->e, a->cap_k); /* the first of two, or NULL */
+        a->cap_k = malloc(bytes);
+        a->cap_v = malloc(bytes);
+    }
+    if (!a->cap_k || !a->cap_v) {
+        cap_release(a);
+        return is_error_set(IS_ERR_NOMEM, "out of memory");
+    }
+    a->cap_bytes = bytes;
+    return IS_OK;
+}
+
 void ask_ctx_free(ask_ctx *a) {
     if (!a) return;
     if (a->prefix_seq >= 0) engine_seq_close(a->e, a->prefix_seq);
     memory_prompt_free(a->mp);
     free(a->logits);
-    free(a->cap_k);
-    free(a->cap_v);
+    cap_release(a);
     free(a->sections[0]);
     free(a->sections[1]);
     free(a);
@@ -165,12 +196,18 @@ typedef struct enc_item {
                       * (in the ask_ctx's sections: not the item's to free) */
 } enc_item;
 
-/* Copies fact j's rows out of the capture ([n_layers][n_cap][kv_dim], f32)
- * into its own record sections ([n_layers][n_fact][kv_dim] in the record
- * dtype). Element-wise dtypes are narrowed layer by layer straight from the
- * capture; fp8's section keeps its scales after all the codes, so its rows
- * are gathered first and quantised by fact_kv_narrow as one section. */
-static is_status take_rows(ask_ctx *a, enc_item *it, const float *ck, const float *cv,
+/* The dtype a record of `dtype` is captured in: its own, narrowed on the
+ * backend, where that is element-wise; fp8 needs every row of a fact for
+ * its scales, so it comes as f32 and fact_kv_narrow quantises it here. */
+static int32_t capture_dtype(kv_dtype dtype) {
+    return dtype == KV_DTYPE_FP8 ? KV_DTYPE_F32 : (int32_t)dtype;
+}
+
+/* Copies fact j's rows out of the capture ([n_layers][n_cap][kv_dim] in
+ * capture_dtype) into its own record sections ([n_layers][n_fact][kv_dim]
+ * in the record dtype): a copy a layer, or for fp8 the rows gathered and
+ * quantised by fact_kv_narrow as one section (its scales after the codes). */
+static is_status take_rows(ask_ctx *a, enc_item *it, const void *ck, const void *cv,
                            int32_t n_cap) {
     const model_config *c = &engine_model(a->e)->cfg;
     fact_kv_meta meta;
@@ -180,20 +217,15 @@ static is_status take_rows(ask_ctx *a, enc_item *it, const float *ck, const floa
     size_t rows = (size_t)it->n_fact * kv_dim;
     bool gather = a->dtype == KV_DTYPE_FP8;
     float *wide = gather ? malloc((size_t)c->n_layers * rows * sizeof(float)) : NULL;
-    if (gather && !wide) {
-        free(wide);
-        return is_error_set(IS_ERR_NOMEM, "out of memory");
-    }
-    size_t esz = kv_dtype_size(a->dtype);
+    if (gather && !wide) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    size_t esz = kv_dtype_size((kv_dtype)capture_dtype(a->dtype));
     for (int pass = 0; pass < 2; pass++) {
-        const float *cap = pass == 0 ? ck : cv;
-        uint8_t *dst = pass == 0 ? it->k : it->v;
-        for (int32_t l = 0; l < c->n_layers; l++) {
-            const float *src = cap + ((size_t)l * n_cap + it->cap_off) * kv_dim;
-            if (gather) memcpy(wide + (size_t)l * rows, src, rows * sizeof(float));
-            else fact_kv_from_f32(a->dtype, src, dst + (size_t)l * rows * esz, rows);
-        }
-        if (gather) fact_kv_narrow(&meta, wide, dst);
+        const uint8_t *cap = pass == 0 ? ck : cv;
+        uint8_t *dst = gather ? (uint8_t *)wide : pass == 0 ? it->k : it->v;
+        for (int32_t l = 0; l < c->n_layers; l++)
+            memcpy(dst + (size_t)l * rows * esz,
+                   cap + ((size_t)l * n_cap + it->cap_off) * kv_dim * esz, rows * esz);
+        if (gather) fact_kv_narrow(&meta, wide, pass == 0 ? it->k : it->v);
     }
     free(wide);
     return IS_OK;
@@ -212,20 +244,14 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     }
     int32_t total = n_ctx + n_fact;
     double t0 = now_ms();
-    size_t cap_elems = (size_t)c->n_layers * n_fact * c->n_kv_heads * c->head_dim;
+    const int32_t cap_dtype = capture_dtype(a->dtype);
+    size_t cap_bytes = (size_t)c->n_layers * n_fact * c->n_kv_heads * c->head_dim *
+                       kv_dtype_size((kv_dtype)cap_dtype);
     int32_t *toks = malloc((size_t)total * sizeof *toks);
     int32_t *seqs = malloc((size_t)total * sizeof *seqs);
-    if (cap_elems > a->cap_elems) {
-        free(a->cap_k);
-        free(a->cap_v);
-        a->cap_k = malloc(cap_elems * sizeof(float));
-        a->cap_v = malloc(cap_elems * sizeof(float));
-        a->cap_elems = a->cap_k && a->cap_v ? cap_elems : 0;
-    }
-    float *ck = a->cap_k, *cv = a->cap_v;
-    is_status st = toks && seqs && a->cap_elems >= cap_elems
-                       ? IS_OK
-                       : is_error_set(IS_ERR_NOMEM, "out of memory");
+    is_status st =
+        toks && seqs ? cap_reserve(a, cap_bytes) : is_error_set(IS_ERR_NOMEM, "out of memory");
+    const void *ck = a->cap_k, *cv = a->cap_v;
     int32_t at = 0, off = 0;
     for (int32_t j = 0; st == IS_OK && j < n; j++) {
         enc_item *e = &it[g[j]];
@@ -245,7 +271,8 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         /* Tokens keep their order within each sequence, so every fact
          * still follows its own context. Only the last token's greedy
          * choice comes back: the forward is run for its keys and values. */
-        engine_kv_capture cap = {.first = n_ctx, .n = n_fact, .k = ck, .v = cv};
+        engine_kv_capture cap = {
+            .first = n_ctx, .n = n_fact, .dtype = cap_dtype, .k = a->cap_k, .v = a->cap_v};
         engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .capture = &cap};
         int32_t next;
         st = engine_decode_greedy(a->e, &b, &next);
@@ -277,8 +304,8 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         }
     }
     if (st == IS_OK) {
-        /* Narrowing every row is as much work as a forward's download on
-         * the GPU: the facts are converted in parallel. */
+        /* Every fact's rows are megabytes (and fp8's are quantised here):
+         * the facts are cut out in parallel. */
         int fail = 0;
         threads_attach();
 #pragma omp parallel for schedule(dynamic) reduction(| : fail) if (n > 1)

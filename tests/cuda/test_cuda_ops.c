@@ -310,6 +310,52 @@ static void test_memory(void **state) {
     gpu_ok();
 }
 
+/* narrow against the record conversions, bit for bit: every high half of
+ * an f32 (sign, exponent, the top mantissa bits: NaN, inf, subnormals of
+ * both formats) with 256 low halves each (the rounding boundaries of f16's
+ * 13 and bf16's 16 dropped bits, ties of both parities, random others). */
+static void test_narrow(void **state) {
+    SKIP_WITHOUT_GPU();
+    const uint32_t lows[] = {0,      1,      0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000,
+                             0x7fff, 0x8000, 0x8001, 0x9000, 0xefff, 0xf000, 0xffff};
+    const size_t n_low = 256, n = ((size_t)1 << 16) * n_low;
+    uint32_t *h = malloc(n * sizeof *h);
+    uint16_t *back = malloc(n * 2);
+    float *back32 = malloc(n * sizeof(float));
+    for (size_t hi = 0; hi < ((size_t)1 << 16); hi++)
+        for (size_t j = 0; j < n_low; j++) {
+            uint32_t lo =
+                j < sizeof lows / sizeof lows[0] ? lows[j] : (uint32_t)rng_next() & 0xffff;
+            h[hi * n_low + j] = (uint32_t)hi << 16 | lo;
+        }
+    void *src, *dst;
+    assert_int_equal(g_gpu->ops->alloc(g_gpu, n * 4, &src), IS_OK);
+    assert_int_equal(g_gpu->ops->alloc(g_gpu, n * 4, &dst), IS_OK);
+    g_gpu->ops->upload(g_gpu, src, h, n * 4);
+    for (int32_t dtype = 1; dtype <= 2; dtype++) {
+        g_gpu->ops->narrow(g_gpu, dst, dtype, src, n);
+        g_gpu->ops->download(g_gpu, back, dst, n * 2);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, &h[i], 4);
+            uint16_t want = dtype == 1 ? quant_f32_to_f16(f) : quant_f32_to_bf16(f);
+            if (back[i] != want && bad++ < 5)
+                printf("  dtype %d: 0x%08x -> 0x%04x, host 0x%04x\n", dtype, h[i], back[i], want);
+        }
+        assert_int_equal(bad, 0);
+    }
+    g_gpu->ops->narrow(g_gpu, dst, 0, src, n); /* f32: a copy */
+    g_gpu->ops->download(g_gpu, back32, dst, n * 4);
+    assert_memory_equal(back32, h, n * 4);
+    g_gpu->ops->release(g_gpu, src);
+    g_gpu->ops->release(g_gpu, dst);
+    free(h);
+    free(back);
+    free(back32);
+    gpu_ok();
+}
+
 /* Every type the CPU reads: the GPU's rows (through get_rows) are the CPU's
  * values rounded to bf16, bit for bit; vectors stay f32. */
 static void test_weight_types(void **state) {
@@ -1967,6 +2013,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_narrow),
         cmocka_unit_test(test_weight_types),
         cmocka_unit_test(test_weight_refusals),
         cmocka_unit_test(test_rmsnorm),

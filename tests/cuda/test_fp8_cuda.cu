@@ -290,7 +290,7 @@ static void capture_facts(std::vector<float> &k, std::vector<float> &v) {
             toks[i] = 1 + (int32_t)((i * 101 + f * 977 + 13) % (V - 1));
             seqs[i] = seq;
         }
-        engine_kv_capture cap = {N_PREFIX, FACT_TOKENS, k.data() + f * per, v.data() + f * per};
+        engine_kv_capture cap = {N_PREFIX, FACT_TOKENS, 0, k.data() + f * per, v.data() + f * per};
         engine_batch b;
         memset(&b, 0, sizeof b);
         b.n_tokens = T;

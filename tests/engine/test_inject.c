@@ -33,6 +33,8 @@
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "gguf/quant.h"
+#include "kv/kv_cache.h"
 #include "serve/memory_prompt.h"
 #include "test_model.h"
 #include "test_util.h"
@@ -110,6 +112,68 @@ static void encoded_free(encoded *x) {
     free(x->toks);
     free(x->k);
     free(x->v);
+}
+
+/* One forward over [prefix][fact], the fact's rows captured in `dtype`
+ * into k, v; returns the engine's status (the sequence is closed). */
+static is_status capture_as(engine *e, const int32_t *fact, int32_t n, int32_t dtype, int32_t first,
+                            void *k, void *v, int32_t *len_after) {
+    int32_t np;
+    const int32_t *pre = memory_prompt_prefix(g_mp, &np);
+    int32_t total = np + n, seq;
+    int32_t *toks = malloc((size_t)total * sizeof *toks);
+    int32_t *seqs = malloc((size_t)total * sizeof *seqs);
+    memcpy(toks, pre, (size_t)np * sizeof *toks);
+    memcpy(toks + np, fact, (size_t)n * sizeof *toks);
+    assert_int_equal(engine_seq_open(e, &seq), IS_OK);
+    for (int32_t i = 0; i < total; i++) seqs[i] = seq;
+    engine_kv_capture cap = {
+        .first = first < 0 ? np : first, .n = n, .dtype = dtype, .k = k, .v = v};
+    engine_batch b = {.n_tokens = total, .tokens = toks, .seq = seqs, .capture = &cap};
+    int32_t next;
+    is_status st = engine_decode_greedy(e, &b, &next);
+    *len_after = kv_seq_length(engine_kv(e), seq);
+    engine_seq_close(e, seq);
+    free(toks);
+    free(seqs);
+    return st;
+}
+
+/* Rows captured in f16 or bf16 are the f32 capture narrowed by the
+ * record conversions, bit for bit (the backend narrows them where they are
+ * computed); a capture the engine cannot make is refused before the
+ * sequence grows. */
+static void test_capture_dtype(void **state) {
+    SKIP_WITHOUT_MODEL();
+    engine *e = make_engine(4096);
+    int32_t *fact, n, len;
+    assert_int_equal(memory_prompt_fact(g_mp, test_locomo_facts[1], &fact, &n), IS_OK);
+    size_t cnt = (size_t)g_model->cfg.n_layers * n * kv_dim();
+    float *k32 = malloc(cnt * sizeof(float)), *v32 = malloc(cnt * sizeof(float));
+    uint16_t *k16 = malloc(cnt * 2), *v16 = malloc(cnt * 2), *want = malloc(cnt * 2);
+    assert_int_equal(capture_as(e, fact, n, 0, -1, k32, v32, &len), IS_OK);
+    for (int32_t dtype = 1; dtype <= 2; dtype++) {
+        assert_int_equal(capture_as(e, fact, n, dtype, -1, k16, v16, &len), IS_OK);
+        for (int side = 0; side < 2; side++) {
+            const float *src = side ? v32 : k32;
+            if (dtype == 1) quant_f32_to_f16_row(src, want, cnt);
+            else quant_f32_to_bf16_row(src, want, cnt);
+            assert_memory_equal(side ? v16 : k16, want, cnt * 2);
+        }
+    }
+    int32_t np;
+    memory_prompt_prefix(g_mp, &np);
+    assert_int_equal(capture_as(e, fact, n, 3, -1, k16, v16, &len), IS_ERR_INVALID_ARG);
+    assert_int_equal(len, 0);
+    assert_int_equal(capture_as(e, fact, n, 2, np + 1, k16, v16, &len), IS_ERR_INVALID_ARG);
+    assert_int_equal(len, 0);
+    free(fact);
+    free(k32);
+    free(v32);
+    free(k16);
+    free(v16);
+    free(want);
+    engine_free(e);
 }
 
 static void test_position_invariance(void **state) {
@@ -398,6 +462,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_required_unless_resident),
         cmocka_unit_test(test_position_invariance),
+        cmocka_unit_test(test_capture_dtype),
         cmocka_unit_test(test_single_fact_equals_plain_prefill),
         cmocka_unit_test(test_fork_shares_prefix_blocks),
         cmocka_unit_test(test_injection_equals_segment_masked_reference),

@@ -119,6 +119,16 @@ static void cpu_copy(backend *be, void *dst, const void *src, size_t bytes) {
     memcpy(dst, src, bytes);
 }
 
+static void cpu_narrow(backend *be, void *dst, int32_t dtype, const float *x, size_t n) {
+    if (!op_begin(be)) return;
+    switch (dtype) {
+    case 0: memcpy(dst, x, n * sizeof(float)); return;
+    case 1: quant_f32_to_f16_row(x, dst, n); return;
+    case 2: quant_f32_to_bf16_row(x, dst, n); return;
+    }
+    IS_ASSERT(!"cpu_narrow: invalid dtype");
+}
+
 static is_status cpu_weight_create(backend *be, const gguf_tensor *t, backend_weight **out) {
     if (t->n_dims > 2 || t->ne[2] != 1 || t->ne[3] != 1)
         return is_error_set(IS_ERR_UNSUPPORTED, "cpu backend: tensor '%s' has %u dims", t->name,
@@ -615,6 +625,7 @@ static const backend_ops cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
+    .narrow = cpu_narrow,
     .weight_create = cpu_weight_create,
     .weight_free = cpu_weight_free,
     .get_rows = cpu_get_rows,
