@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 5 (optional): the served run (served.sh), then bench_ingest of the base tree (bg.sh with
+# Call 5 (optional): test_cuda_ops and bench_encode_host, the served run (served.sh), then bench_ingest of the base tree (bg.sh with
 # BASE_TARGETS=bench_ingest) against this one, and with the server's grouping (-b 256 -s 2048).
 S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
 cp scripts/gpu_stage/*.sh /tmp/src/scripts/gpu_stage/ 2>/dev/null
@@ -7,6 +7,11 @@ cd /tmp/src
 export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 G=/tmp/llama31-8b.f16.gguf
 st "base.done? $(ls /tmp/base.done 2>&1)"
+# The capture's narrowing on the GPU against the record conversions, and the host path's stages.
+( cd build-gpu && timeout 120 ctest -R '^test_cuda_ops$' --output-on-failure > "$OUT/ctest_ops.log" 2>&1 )
+st "test_cuda_ops rc $? $(grep -E 'tests passed|narrow' "$OUT/ctest_ops.log" | head -3 | tr '\n' ' ')"
+timeout 60 build-gpu/bench/bench_encode_host -r 5 --dir /tmp/beh > "$OUT/encode_host.log" 2>&1
+st "bench_encode_host rc $?"; tail -9 "$OUT/encode_host.log"
 bash scripts/gpu_stage/served.sh
 ING=(-m $G --backend cuda --locomo locomo/26.json -n 512 -r 5 --kv-mem 16000)
 for who in base new; do
