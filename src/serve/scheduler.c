@@ -34,8 +34,9 @@
 #include <time.h>
 
 #define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
-/* Threads that read records into the host tier beside the submitting one:
- * enough to keep a disk and the copy engine busy, few beside the cores. */
+/* Threads that take a request's facts beside the submitting one (tokenise
+ * them, find or read their records): enough to keep a disk and the copy
+ * engine busy, few beside the cores. */
 #define SCHED_IO_THREADS        8
 #define SCHED_JOB_BACKEND_TRIES 3 /* backend failures an encode job may meet before it is dropped */
 
@@ -137,7 +138,7 @@ struct sched {
     ask_ctx *ask;                   /* the serving prefix, its layout and the encoder */
     fact_index *facts;              /* records seen: what injecting a resident one needs */
     host_tier *ht;                  /* pinned records (NULL: the backend has no host tier) */
-    io_pool *io;                    /* reads a request's missing records at once (with ht) */
+    io_pool *io;                    /* takes a request's facts at once (tokens, records) */
     _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
     int32_t prefix_seq, n_prefix, prefix_blocks;
 
@@ -1353,8 +1354,8 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
         host_tier_alloc al = {
             .alloc = tier_alloc, .free = tier_free, .quiesce = tier_quiesce, .ud = e};
         st = host_tier_create(memory_record_store(mem), (size_t)p.host_tier_bytes, al, &s->ht);
-        if (st == IS_OK) st = io_pool_create(SCHED_IO_THREADS, &s->io);
     }
+    if (st == IS_OK) st = io_pool_create(SCHED_IO_THREADS, &s->io);
     if (st == IS_OK)
         st = ask_ctx_create(e, mem ? memory_record_store(mem) : NULL, p.record_dtype, &s->ask);
     if (st == IS_OK) {
@@ -1537,9 +1538,28 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
     return true;
 }
 
-static void prefetch_item(void *arg, int32_t i) {
-    sched_handle *h = arg;
-    if (h->facts[i].record) prefetch_fact(h->s, &h->facts[i]);
+/* A request's facts as prepare hands them to the I/O pool. */
+typedef struct prep_facts {
+    sched_handle *h;
+    const sched_request *r;
+    const memory_prompt *mp;
+    bool *failed; /* [n_facts]: tokenising failed (prepare says why) */
+} prep_facts;
+
+/* One fact of a request, on the I/O pool beside the others (a k = 50
+ * request's facts are tokenised in the time of a few): its tokens and
+ * text hash, then in kv mode its record found ahead of admission. */
+static void prepare_fact(void *arg, int32_t i) {
+    prep_facts *pf = arg;
+    req_fact *rf = &pf->h->facts[i];
+    const char *text = pf->r->facts[i].text;
+    rf->text_hash = fact_text_hash(text, strlen(text));
+    if (memory_prompt_fact(pf->mp, text, &rf->toks, &rf->n_toks) != IS_OK) {
+        is_error_clear();
+        pf->failed[i] = true;
+        return;
+    }
+    if (pf->r->mode == ASK_MODE_KV && rf->record) prefetch_fact(pf->h->s, rf);
 }
 
 /* Lays out and tokenises the request into h (caller's thread: the
@@ -1590,12 +1610,21 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
             record_store_pin(memory_record_store(s->mem), rf->record);
             rf->rec_pinned = true;
         }
-        rf->text_hash = fact_text_hash(f->text, strlen(f->text));
-        if ((st = memory_prompt_fact(mp, f->text, &rf->toks, &rf->n_toks)) != IS_OK) return st;
-        est += rf->n_toks;
     }
-    /* Every fact's record at once: the misses' reads and copies overlap. */
-    if (r->mode == ASK_MODE_KV && nf > 0) io_pool_run(s->io, prefetch_item, h, nf);
+    /* Every fact at once: the tokenisers run side by side, the misses'
+     * reads and copies overlap. */
+    bool *failed = nf > 0 ? calloc((size_t)nf, sizeof *failed) : NULL;
+    if (nf > 0 && !failed) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    prep_facts pf = {h, r, mp, failed};
+    io_pool_run(s->io, prepare_fact, &pf, nf);
+    for (int32_t i = 0; i < nf && st == IS_OK; i++) {
+        /* Again here for the failure's message (a thread's own). */
+        if (failed[i])
+            st = memory_prompt_fact(mp, r->facts[i].text, &h->facts[i].toks, &h->facts[i].n_toks);
+        est += h->facts[i].n_toks;
+    }
+    free(failed);
+    if (st != IS_OK) return st;
     if (r->mode != ASK_MODE_OFF) est += s->n_prefix;
     if (est + r->max_tokens > s->n_ctx)
         return is_error_set(IS_ERR_CONTEXT_FULL,
