@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One call after the README's first two (the first with BASE_TARGETS=bench_load): the hot served
+# rows of the base tree's bench_load against this tree's, alternated ROUNDS times (default 2), over
+# the same 10 users x 100 facts with every fact resident in the GPU fact cache (a first run at
+# k = 100 draws them all), kv at k = 5 and 50 and prompt at 50, one client; then bench_gpu at the
+# same fact length (F_TOK, 38: a dated LoCoMo fact) for the in-process TTFT of the same call.
+set -u
+S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
+cp scripts/gpu_stage/*.sh /tmp/src/scripts/gpu_stage/ 2>/dev/null
+cd /tmp/src
+for i in $(seq 1 200); do [ -f /tmp/build.done ] && [ -f /tmp/base.done ] && break; sleep 2; done
+st "build.done, base.done? $(ls /tmp/build.done /tmp/base.done 2>&1 | tr '\n' ' ')"
+export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+G=/tmp/llama31-8b.f16.gguf
+for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
+st "gguf: $(tail -1 /tmp/gen.log)"
+LOAD=(-m $G --backend cuda --embedder none --locomo locomo --data /tmp/sv --users 10
+  --facts-per-user 100 --zipf 1 --ctx 8192 --kv-mem 40000 --max-running 64 --ingest-clients 8 -n 120
+  --runs 100/50/kv/1,5/1/kv/1,50/1/kv/1,50/1/prompt/1)
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for who in base new; do
+    b=build-base/bench/bench_load; [ $who = new ] && b=build-gpu/bench/bench_load
+    timeout 150 $b "${LOAD[@]}" --label "${who}_$r" -o "$OUT/hot_${who}_$r.csv" > "$OUT/hot_${who}_$r.out" 2>&1
+    st "$who round $r rc $?"
+    grep -E "^ingestion|^timing: k (5|50), 1 " "$OUT/hot_${who}_$r.out" | cut -c1-250
+  done
+done
+timeout 150 build-gpu/bench/bench_gpu -m $G -k 5,50 -F "${F_TOK:-38}" -c bf16x2 -t '' -r 9 \
+  > "$OUT/hot_bench_gpu.log" 2>&1
+st "bench_gpu rc $?"; grep -E "^\| (5|50) \|" "$OUT/hot_bench_gpu.log"
