@@ -776,11 +776,18 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     pthread_cond_init(&r.cv, NULL);
 
     buf mb = {0};
-    double hit0 = 0, miss0 = 0;
-    if (get_metrics(port, &mb)) {
-        hit0 = metric(mb.p, "inferscale_fact_kv_total{result=\"hit\"}");
-        miss0 = metric(mb.p, "inferscale_fact_kv_total{result=\"miss\"}");
-    }
+    /* The server's counters around the run: its facts' hits, and how its
+     * engine batched the requests (steps, prompt tokens, injections). */
+    static const char *const counters[] = {"inferscale_fact_kv_total{result=\"hit\"}",
+                                           "inferscale_fact_kv_total{result=\"miss\"}",
+                                           "inferscale_engine_steps_total",
+                                           "inferscale_tokens_prefilled_total",
+                                           "inferscale_inject_calls_total",
+                                           "inferscale_inject_requests_total"};
+    enum { N_COUNTERS = sizeof counters / sizeof counters[0] };
+    double c0[N_COUNTERS] = {0}, c1[N_COUNTERS] = {0};
+    if (get_metrics(port, &mb))
+        for (int i = 0; i < N_COUNTERS; i++) c0[i] = metric(mb.p, counters[i]);
     int32_t started = 0;
     for (int32_t t = 0; t < clients; t++) {
         args[t] = (client_arg){.r = &r, .t = t};
@@ -803,12 +810,19 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     pthread_mutex_destroy(&r.mu);
     pthread_cond_destroy(&r.cv);
 
-    double hit1 = hit0, miss1 = miss0;
-    if (get_metrics(port, &mb)) {
-        hit1 = metric(mb.p, "inferscale_fact_kv_total{result=\"hit\"}");
-        miss1 = metric(mb.p, "inferscale_fact_kv_total{result=\"miss\"}");
-    }
+    memcpy(c1, c0, sizeof c1);
+    if (get_metrics(port, &mb))
+        for (int i = 0; i < N_COUNTERS; i++) c1[i] = metric(mb.p, counters[i]);
     free(mb.p);
+    double hit0 = c0[0], miss0 = c0[1], hit1 = c1[0], miss1 = c1[1];
+    double steps = c1[2] - c0[2], prefilled = c1[3] - c0[3];
+    double inj_calls = c1[4] - c0[4], inj_reqs = c1[5] - c0[5];
+    if (steps > 0)
+        fprintf(stderr,
+                "engine: k %d, %d clients: %.0f steps, %.0f prompt tokens a step, %.2f steps a "
+                "request; %.0f injections of %.1f requests each\n",
+                (int)o->k, (int)clients, steps, prefilled / steps, steps / n_requests, inj_calls,
+                inj_calls > 0 ? inj_reqs / inj_calls : 0.0);
 
     row w;
     memset(&w, 0, sizeof w);

@@ -261,6 +261,11 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                   (double)ss->tokens_prefilled);
             gauge(&b, "inferscale_tokens_generated_total", "Tokens generated.", "counter",
                   (double)ss->tokens_generated);
+            gauge(&b, "inferscale_inject_calls_total",
+                  "Fact injections: one a step that admitted kv requests.", "counter",
+                  (double)ss->inject_calls);
+            gauge(&b, "inferscale_inject_requests_total", "Requests whose facts those injected.",
+                  "counter", (double)ss->inject_requests);
             gauge(&b, "inferscale_facts_encoded_total",
                   "Facts whose KV was encoded in the background.", "counter",
                   (double)ss->facts_encoded);
