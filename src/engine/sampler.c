@@ -108,17 +108,22 @@ is_status sampler_create(sampler_params p, int32_t n_vocab, sampler **out) {
 
     sampler *s = calloc(1, sizeof *s);
     if (s == NULL) return is_error_set(IS_ERR_NOMEM, "sampler: out of memory");
-    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-    s->w_by_pos = malloc((size_t)n_vocab * sizeof *s->w_by_pos);
-    s->w_by_id = malloc((size_t)n_vocab * sizeof *s->w_by_id);
-    s->edge = malloc((size_t)n_vocab * sizeof *s->edge);
-    s->bucket_mass = malloc(NUCLEUS_BUCKETS * sizeof *s->bucket_mass);
-    if (s->cand == NULL || s->w_by_pos == NULL || s->w_by_id == NULL || s->edge == NULL ||
-        s->bucket_mass == NULL) {
-        sampler_free(s);
-        return is_error_set(IS_ERR_NOMEM, "sampler: out of memory for %d candidates", n_vocab);
-    }
     s->params = p;
+    /* Greedy choice reads none of the tables, and a server creates a
+     * sampler a request: four vocabulary-sized allocations (mapped and
+     * unmapped again, for a large vocabulary) are not for nothing. */
+    if (!sampler_is_greedy(s)) {
+        s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+        s->w_by_pos = malloc((size_t)n_vocab * sizeof *s->w_by_pos);
+        s->w_by_id = malloc((size_t)n_vocab * sizeof *s->w_by_id);
+        s->edge = malloc((size_t)n_vocab * sizeof *s->edge);
+        s->bucket_mass = malloc(NUCLEUS_BUCKETS * sizeof *s->bucket_mass);
+        if (s->cand == NULL || s->w_by_pos == NULL || s->w_by_id == NULL || s->edge == NULL ||
+            s->bucket_mass == NULL) {
+            sampler_free(s);
+            return is_error_set(IS_ERR_NOMEM, "sampler: out of memory for %d candidates", n_vocab);
+        }
+    }
     s->n_vocab = n_vocab;
     s->seed = p.seed ? p.seed : seed_from_clock(s);
     uint64_t x = s->seed;
