@@ -25,6 +25,6 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     grep -E "^ingestion|^timing: k (5|50), 1 " "$OUT/hot_${who}_$r.out" | cut -c1-250
   done
 done
-timeout 150 build-gpu/bench/bench_gpu -m $G -k 5,50 -F "${F_TOK:-38}" -c bf16x2 -t '' -r 9 \
+timeout 150 build-gpu/bench/bench_gpu -m $G -k 5,50 -F "${F_TOK:-38}" -c bf16x2 -t '' -r 9 -o "$OUT/hot_bench_gpu.csv" \
   > "$OUT/hot_bench_gpu.log" 2>&1
 st "bench_gpu rc $?"; grep -E "^\| (5|50) \|" "$OUT/hot_bench_gpu.log"

@@ -18,7 +18,7 @@ export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIB
 G=/tmp/llama31-8b.f16.gguf
 for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
 st "gguf: $(tail -1 /tmp/gen.log)"
-timeout 150 build-gpu/bench/bench_gpu -m $G -k "${BG_K:-5,50}" -F "${F_TOK:-38}" -c bf16x2,bf16 -t '' -r 9 \
+timeout 150 build-gpu/bench/bench_gpu -m $G -k "${BG_K:-5,50}" -F "${F_TOK:-38}" -c bf16x2,bf16 -t '' -r 9 -o "$OUT/prec_bench_gpu.csv" \
   > "$OUT/prec_bench_gpu.log" 2>&1
 st "bench_gpu rc $?"; grep -E "^#|^\| (5|20|50|100) \|" "$OUT/prec_bench_gpu.log"
 LOAD=(-m $G --backend cuda --embedder none --locomo locomo --data /tmp/sv --users 10
