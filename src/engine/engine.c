@@ -387,8 +387,6 @@ static void greedy_rows(engine *e, const chunk_out *out, int32_t n_rows) {
     }
 }
 
-/* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
- * already reserved. Writes logits of selected tokens, returns how many. */
 /* Bytes of one captured element: 0 f32, 1 f16, 2 bf16 (0 for others). */
 static size_t capture_elem_size(int32_t dtype) {
     return dtype == 0 ? 4 : dtype == 1 || dtype == 2 ? 2 : 0;
@@ -407,7 +405,7 @@ static is_status capture_prepare(engine *e, const engine_batch *b) {
                             cap->first + cap->n, b->n_tokens);
     size_t need = 2 * (size_t)c->n_layers * (size_t)cap->n * (size_t)c->n_kv_heads *
                   (size_t)c->head_dim * capture_elem_size(cap->dtype);
-    if (need <= e->cap_bytes) return IS_OK;
+    if (need == 0 || need <= e->cap_bytes) return IS_OK;
     if (e->cap_buf) e->be->ops->release(e->be, e->cap_buf);
     e->cap_buf = NULL;
     e->cap_bytes = 0;
@@ -416,6 +414,8 @@ static is_status capture_prepare(engine *e, const engine_batch *b) {
     return st;
 }
 
+/* One forward over tokens [t0, t0+n) of the batch, whose KV slots are
+ * already reserved. Writes logits of selected tokens, returns how many. */
 static int32_t forward_chunk(engine *e, const engine_batch *b, int32_t t0, int32_t n,
                              const int32_t *base_len, const chunk_out *out,
                              const fwd_range *range) {
@@ -700,7 +700,7 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
                 if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
         goto out;
     }
-    if (b->capture && b->capture->n > 0 && (st = capture_prepare(e, b)) != IS_OK) {
+    if (b->capture && (st = capture_prepare(e, b)) != IS_OK) {
         for (int32_t s = 0; s < max_seqs; s++)
             if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
         goto out;

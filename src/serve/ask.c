@@ -133,7 +133,7 @@ static is_status cap_reserve(ask_ctx *a, size_t bytes) {
     a->cap_pinned = engine_host_alloc(a->e, bytes, &a->cap_k) == IS_OK &&
                     engine_host_alloc(a->e, bytes, &a->cap_v) == IS_OK;
     if (!a->cap_pinned) {
-        is_error_clear(); /* no pinned memory here: ordinary memory does */
+        is_error_clear();                 /* no pinned memory here: ordinary memory does */
         engine_host_free(a->e, a->cap_k); /* the first of two, or NULL */
         a->cap_k = malloc(bytes);
         a->cap_v = malloc(bytes);
