@@ -492,6 +492,7 @@ typedef struct sample {
     double srv_ttft_ms; /* usage.ttft_ms */
     double prep_ms;     /* usage.prepare_ms: received -> handed to the scheduler (NAN: absent) */
     double queue_ms;    /* usage.queue_ms: handed to the scheduler -> admitted (NAN: absent) */
+    double admit_ms;    /* usage.admit_ms: admitted -> facts injected (NAN: absent) */
     int32_t completion_tokens, memory_tokens, injected_tokens;
     int32_t tiers[5]; /* usage.facts: gpu, host, disk, text, encoded */
     char err[ERR_LEN];
@@ -559,6 +560,8 @@ static void on_event(stream_state *st, char *data) {
             cJSON *qm = cJSON_GetObjectItem(u, "queue_ms");
             s->prep_ms = cJSON_IsNumber(pm) ? pm->valuedouble : NAN;
             s->queue_ms = cJSON_IsNumber(qm) ? qm->valuedouble : NAN;
+            cJSON *am = cJSON_GetObjectItem(u, "admit_ms");
+            s->admit_ms = cJSON_IsNumber(am) ? am->valuedouble : NAN;
             s->memory_tokens = cJSON_IsNumber(mt) ? (int32_t)mt->valuedouble : 0;
             s->injected_tokens = cJSON_IsNumber(it) ? (int32_t)it->valuedouble : 0;
             cJSON *fs = cJSON_GetObjectItem(u, "facts");
@@ -743,7 +746,7 @@ typedef struct row {
     double ttft50, ttft99, sttft50, sttft99, e2e50, e2e99;
     /* Medians of the client TTFT's parts: received -> scheduler, queued,
      * admitted -> first token, and the rest (HTTP both ways, the client). */
-    double prep50, queue50, engine50, rest50;
+    double prep50, queue50, engine50, rest50, admit50;
     double mem_tok, inj_tok, kv_hit;
     char first_err[ERR_LEN];
 } row;
@@ -838,9 +841,9 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double *ttft = calloc((size_t)n_requests + 1, sizeof(double));
     double *sttft = calloc((size_t)n_requests + 1, sizeof(double));
     double *e2e = calloc((size_t)n_requests + 1, sizeof(double));
-    double *parts[4];
+    double *parts[5];
     bool parts_ok = true;
-    for (int p = 0; p < 4; p++)
+    for (int p = 0; p < 5; p++)
         parts_ok &= (parts[p] = calloc((size_t)n_requests + 1, sizeof(double))) != NULL;
     int n_ok = 0, n_parts = 0;
     int64_t toks = 0, mem = 0, inj = 0;
@@ -862,11 +865,12 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
         sttft[n_ok] = s->srv_ttft_ms;
         e2e[n_ok] = s->e2e_ms;
         n_ok++;
-        if (!isnan(s->prep_ms) && !isnan(s->queue_ms) && parts_ok) {
+        if (!isnan(s->prep_ms) && !isnan(s->queue_ms) && !isnan(s->admit_ms) && parts_ok) {
             parts[0][n_parts] = s->prep_ms;
             parts[1][n_parts] = s->queue_ms;
             parts[2][n_parts] = s->srv_ttft_ms - s->queue_ms;
             parts[3][n_parts] = s->ttft_ms - s->prep_ms - s->srv_ttft_ms;
+            parts[4][n_parts] = s->admit_ms;
             n_parts++;
         }
         toks += s->completion_tokens;
@@ -905,8 +909,8 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     w.sttft99 = pct(sttft, n_ok, 0.99);
     w.e2e50 = pct(e2e, n_ok, 0.5);
     w.e2e99 = pct(e2e, n_ok, 0.99);
-    double *p50[4] = {&w.prep50, &w.queue50, &w.engine50, &w.rest50};
-    for (int p = 0; p < 4; p++) {
+    double *p50[5] = {&w.prep50, &w.queue50, &w.engine50, &w.rest50, &w.admit50};
+    for (int p = 0; p < 5; p++) {
         *p50[p] = NAN;
         if (n_parts == 0) continue;
         qsort(parts[p], (size_t)n_parts, sizeof(double), bench_cmp_double);
@@ -916,9 +920,10 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
         fprintf(stderr,
                 "timing: k %d, %d clients, %s: client TTFT p50 %.2f ms; medians of its parts: "
                 "received -> scheduler (parse, memory search) %.2f, queued %.2f, admitted -> "
-                "first token %.2f, the rest (HTTP both ways) %.2f ms\n",
+                "first token %.2f (admitted -> facts injected %.2f), the rest (HTTP both ways) "
+                "%.2f ms\n",
                 (int)o->k, (int)clients, k_mode_names[mode], w.ttft50, w.prep50, w.queue50,
-                w.engine50, w.rest50);
+                w.engine50, w.admit50, w.rest50);
     w.rps = wall_s > 0 ? n_ok / wall_s : 0;
     w.tok_s = wall_s > 0 ? (double)toks / wall_s : 0;
     w.mem_tok = n_ok ? (double)mem / n_ok : 0;
@@ -928,7 +933,7 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     free(ttft);
     free(sttft);
     free(e2e);
-    for (int p = 0; p < 4; p++) free(parts[p]);
+    for (int p = 0; p < 5; p++) free(parts[p]);
     free(r.samples);
     free(th);
     free(args);
@@ -963,11 +968,11 @@ static void csv_row(FILE *f, const char *label, const row *w) {
     if (!f) return;
     fprintf(f,
             "%s,%d,%d,%d,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,"
-            "%.3f,%.3f,%.3f,%.3f\n",
+            "%.3f,%.3f,%.3f,%.3f,%.3f\n",
             label ? label : "", w->k, w->max_tokens, w->clients, k_mode_names[w->mode], w->requests,
             w->errors, w->not_started, w->wall_s, w->rps, w->ttft50, w->ttft99, w->sttft50,
             w->sttft99, w->e2e50, w->e2e99, w->tok_s, w->mem_tok, w->inj_tok, w->kv_hit, w->prep50,
-            w->queue50, w->engine50, w->rest50);
+            w->queue50, w->engine50, w->rest50, w->admit50);
     fflush(f);
 }
 
@@ -1516,7 +1521,7 @@ int main(int argc, char **argv) {
                 "ttft_p50_ms,ttft_p99_ms,server_ttft_p50_ms,server_ttft_p99_ms,e2e_p50_ms,"
                 "e2e_p99_ms,tokens_per_s,memory_tokens_per_req,injected_tokens_per_req,"
                 "kv_hit_pct,prepare_p50_ms,queue_p50_ms,admitted_to_token_p50_ms,"
-                "rest_p50_ms\n");
+                "rest_p50_ms,admit_p50_ms\n");
         fflush(csvf);
     }
     for (int ri = 0; ri < o.n_runs; ri++) {

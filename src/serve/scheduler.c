@@ -102,6 +102,7 @@ struct sched_handle {
     char **stop;
     int32_t n_stop;
     double t_submit;
+    double t_admit;
 
     /* Engine thread. */
     req_state state;
@@ -773,7 +774,8 @@ static is_status add_recompute(sched *s, sched_handle *h, const engine_fact *inj
 static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t *hits,
                                int64_t *misses) {
     a->h = h;
-    h->usage.queue_ms = now_ms() - h->t_submit;
+    h->t_admit = now_ms();
+    h->usage.queue_ms = h->t_admit - h->t_submit;
     is_status st = encode_on_demand(s, h);
     if (st != IS_OK) return st;
     textout_init(&h->out, (const char *const *)h->stop, (size_t)h->n_stop);
@@ -904,6 +906,7 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
  * token has come back after the copies. */
 static is_status finish_start(sched *s, admission *a, is_status inject) {
     sched_handle *h = a->h;
+    h->usage.admit_ms = now_ms() - h->t_admit;
     /* Before the records go: the recomputed tokens are theirs. */
     is_status st = inject;
     if (st == IS_OK && a->n_inj > 0 && s->p.recompute > 0)

@@ -184,6 +184,8 @@ typedef struct sched_usage {
      * usable KV, and none could be encoded). */
     int32_t facts_gpu, facts_host, facts_disk, facts_encoded, facts_text;
     double queue_ms; /* submit -> admitted */
+    double admit_ms; /* admitted -> its facts injected: fork, the facts' checks and loads, the
+                      * step's one injection (the rest of ttft_ms is the forward) */
     double ttft_ms;  /* submit -> first token sampled */
     double total_ms; /* submit -> done */
 } sched_usage;

@@ -281,6 +281,7 @@ static cJSON *usage_json(const sched_usage *u, double prepare_ms) {
      * scheduler (parse, memory search, layout), then the scheduler's. */
     cJSON_AddNumberToObject(o, "prepare_ms", prepare_ms);
     cJSON_AddNumberToObject(o, "queue_ms", u->queue_ms);
+    cJSON_AddNumberToObject(o, "admit_ms", u->admit_ms);
     cJSON_AddNumberToObject(o, "ttft_ms", u->ttft_ms);
     cJSON_AddNumberToObject(o, "total_ms", u->total_ms);
     return o;
