@@ -601,6 +601,10 @@ static void test_admission_small_pool(void **state) {
         if (c[i].kind != SCHED_EV_DONE) fail_msg("request %d failed: %s", i, c[i].message);
         assert_string_equal(c[i].text, ref[i % 3].s);
         if (c[i].usage.queue_ms > max_q) max_q = c[i].usage.queue_ms;
+        /* The parts of a TTFT follow each other: queued, admitted, the forward. */
+        const sched_usage *u = &c[i].usage;
+        assert_true(u->queue_ms >= 0 && u->admit_ms > 0);
+        assert_true(u->queue_ms + u->admit_ms <= u->ttft_ms && u->ttft_ms <= u->total_ms);
         if (c[i].usage.total_ms < min_total) min_total = c[i].usage.total_ms;
         sched_release(c[i].h);
     }
