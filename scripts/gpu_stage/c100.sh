@@ -3,14 +3,11 @@
 # 100 users x 50 facts (bench_load prints how the server batched them: steps, prompt tokens a step,
 # requests an injection), then bench_gpu's in-process throughput at 100 users in the same call.
 set -u
-S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
+. "$(dirname "$0")/common.sh"
 cp -r locomo /tmp/src/locomo 2>/dev/null
 cd /tmp/src
-for i in $(seq 1 200); do [ -f /tmp/build.done ] && break; sleep 2; done
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-G=/tmp/llama31-8b.f16.gguf
-for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
-st "build, gguf: $(ls /tmp/build.done) $(tail -1 /tmp/gen.log)"
+wait_for 400 /tmp/build.done
+wait_gguf
 timeout 240 build-gpu/bench/bench_load -m $G --backend cuda --embedder none --locomo locomo \
   --data /tmp/sv100 --users 100 --facts-per-user 50 --zipf 1 --ctx 8192 --kv-mem 40000 \
   --max-running 128 --ingest-clients 8 -n 300 --runs "${C100_RUNS:-100/100/kv/1,50/100/kv/1,50/100/kv/1}" \

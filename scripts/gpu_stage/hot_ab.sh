@@ -5,15 +5,11 @@
 # k = 100 draws them all), kv at k = 5 and 50 and prompt at 50, one client; then bench_gpu at the
 # same fact length (F_TOK, 38: a dated LoCoMo fact) for the in-process TTFT of the same call.
 set -u
-S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
+. "$(dirname "$0")/common.sh"
 cp scripts/gpu_stage/*.sh /tmp/src/scripts/gpu_stage/ 2>/dev/null
 cd /tmp/src
-for i in $(seq 1 200); do [ -f /tmp/build.done ] && [ -f /tmp/base.done ] && break; sleep 2; done
-st "build.done, base.done? $(ls /tmp/build.done /tmp/base.done 2>&1 | tr '\n' ' ')"
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-G=/tmp/llama31-8b.f16.gguf
-for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
-st "gguf: $(tail -1 /tmp/gen.log)"
+wait_for 400 /tmp/build.done /tmp/base.done
+wait_gguf
 LOAD=(-m $G --backend cuda --embedder none --locomo locomo --data /tmp/sv --users 10
   --facts-per-user 100 --zipf 1 --ctx 8192 --kv-mem 40000 --max-running 64 --ingest-clients 8 -n 120
   --runs 100/50/kv/1,5/1/kv/1,50/1/kv/1,50/1/prompt/1)

@@ -1,23 +1,18 @@
 #!/usr/bin/env bash
 # Call 5 (optional): test_cuda_ops and bench_encode_host, the served run (served.sh), then bench_ingest of the base tree (bg.sh with
 # BASE_TARGETS=bench_ingest) against this one, and with the server's grouping (-b 256 -s 2048).
-S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
+. "$(dirname "$0")/common.sh"
 cp scripts/gpu_stage/*.sh /tmp/src/scripts/gpu_stage/ 2>/dev/null
 cd /tmp/src
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-G=/tmp/llama31-8b.f16.gguf
-for i in $(seq 1 200); do [ -f /tmp/build.done ] && break; sleep 2; done
-st "build.done? $(ls /tmp/build.done 2>&1)"
+wait_for 400 /tmp/build.done
 # The capture's narrowing on the GPU against the record conversions, and the host path's stages.
 ( cd build-gpu && timeout 120 ctest -R '^test_cuda_ops$' --output-on-failure > "$OUT/ctest_ops.log" 2>&1 )
 st "test_cuda_ops rc $? $(grep -E 'tests passed|narrow' "$OUT/ctest_ops.log" | head -3 | tr '\n' ' ')"
 timeout 60 build-gpu/bench/bench_encode_host -r 5 --dir /tmp/beh > "$OUT/encode_host.log" 2>&1
 st "bench_encode_host rc $?"; tail -9 "$OUT/encode_host.log"
-for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
-st "gguf: $(tail -1 /tmp/gen.log)"
+wait_gguf
 bash scripts/gpu_stage/served.sh
-for i in $(seq 1 60); do [ -f /tmp/base.done ] && break; sleep 2; done
-st "base.done? $(ls /tmp/base.done 2>&1)"
+wait_for 120 /tmp/base.done
 ING=(-m $G --backend cuda --locomo locomo/26.json -n 512 -r 5 --kv-mem 16000)
 for who in base new; do
   b=build-base/bench/bench_ingest; [ $who = new ] && b=build-gpu/bench/bench_ingest

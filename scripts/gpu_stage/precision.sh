@@ -7,17 +7,13 @@
 # servers with --recompute M (kv at 50). SERVERS: PRECISION:M each (default bf16x2:0 bf16:0
 # bf16:2 bf16:16).
 set -u
-S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
+. "$(dirname "$0")/common.sh"
 cat /tmp/p1 /tmp/p2 .gm3/part > /tmp/model.gguf
 cp scripts/gpu_stage/*.sh /tmp/src/scripts/gpu_stage/ 2>/dev/null
 mkdir -p /tmp/src/models && ln -sf /tmp/model.gguf /tmp/src/models/SmolLM2-135M-Instruct.Q4_1.gguf
 cd /tmp/src
-for i in $(seq 1 150); do [ -f /tmp/build.done ] && break; sleep 2; done
-st "build.done? $(ls /tmp/build.done 2>&1)"
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-G=/tmp/llama31-8b.f16.gguf
-for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
-st "gguf: $(tail -1 /tmp/gen.log)"
+wait_for 300 /tmp/build.done
+wait_gguf
 timeout 150 build-gpu/bench/bench_gpu -m $G -k "${BG_K:-5,50}" -F "${F_TOK:-38}" -c bf16x2,bf16 -t '' -r 9 -o "$OUT/prec_bench_gpu.csv" \
   > "$OUT/prec_bench_gpu.log" 2>&1
 st "bench_gpu rc $?"; grep -E "^#|^\| (5|20|50|100) \|" "$OUT/prec_bench_gpu.log"

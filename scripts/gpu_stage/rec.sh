@@ -4,22 +4,17 @@
 # not), then rec_eval.sh in the background (EVAL=0: not); returns when it is done or at C3_LIMIT s
 # (540).
 set -u
-S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
+. "$(dirname "$0")/common.sh"
 cat /tmp/p1 /tmp/p2 .gm3/part > /tmp/model.gguf
 echo "model sha ok? $( [ "$(sha256sum /tmp/model.gguf | cut -d' ' -f1)" = "$(cat .gm3/sha256)" ] && echo yes || echo NO)"
 cp scripts/gpu_stage/*.sh /tmp/src/scripts/gpu_stage/ 2>/dev/null
 mkdir -p /tmp/src/models && ln -sf /tmp/model.gguf /tmp/src/models/SmolLM2-135M-Instruct.Q4_1.gguf
 cd /tmp/src
-for i in $(seq 1 150); do [ -f /tmp/build.done ] && break; sleep 2; done
-st "build.done? $(ls /tmp/build.done 2>&1)"; cat /tmp/bg.log
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+wait_for 300 /tmp/build.done; cat /tmp/bg.log
 cmake --build build-gpu -j 16 --target bench_encode_host bench_ingest bench_load > /tmp/b3.log 2>&1 &
 B3=$!
-G=/tmp/llama31-8b.f16.gguf
-for i in $(seq 1 120); do [ -s $G ] && grep -q "gen rc" /tmp/gen.log 2>/dev/null && break; sleep 2; done
-st "gguf: $(tail -1 /tmp/gen.log)"
-for i in $(seq 1 20); do [ -f /tmp/base.done ] && break; sleep 2; done
-st "base.done? $(ls /tmp/base.done 2>&1); $(tail -2 /tmp/bg_base.log)"
+wait_gguf
+wait_for 40 /tmp/base.done; st "$(tail -2 /tmp/bg_base.log)"
 # plain kv before and after the recovery flags (TTFT_FLAGS, comma-separated)
 IFS=, read -ra FL <<< "${TTFT_FLAGS:--R 8,-R 24,-R 48}"
 for a in "" "${FL[@]}" ""; do
