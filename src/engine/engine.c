@@ -625,6 +625,7 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     is_status st = backend_status(e->be);
     if (st != IS_OK) return st;
     int32_t max_seqs = e->p.max_seqs;
+    int32_t grown = 0; /* sequences [0, grown) may have grown: undone on failure (out) */
     int32_t *base_len = calloc((size_t)max_seqs, sizeof *base_len);
     int32_t *add = calloc((size_t)max_seqs, sizeof *add);
     chunk_out co = {logits, tokens, NULL};
@@ -665,7 +666,6 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
     }
     for (int32_t t = 0; t < b->n_tokens; t++) base_len[b->seq[t]] = kv_seq_length(e->kv, b->seq[t]);
     /* Reserve all KV slots first so a failure leaves every sequence as it was. */
-    int32_t grown = 0;
     for (int32_t s = 0; s < max_seqs; s++) {
         if (!add[s]) continue;
         if (base_len[s] + add[s] > e->p.n_ctx) {
@@ -688,35 +688,19 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
         }
         free(seen);
     }
-    if (st != IS_OK) {
-        for (int32_t s = 0; s < grown; s++)
-            if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
-        goto out;
-    }
+    if (st != IS_OK) goto out;
     if (blend_total > 0) {
         /* On failure the memory's recomputed slots are undefined (engine.h). */
-        if ((st = blend_forward(e, b, base_len, blend_total, &co)) != IS_OK)
-            for (int32_t s = 0; s < max_seqs; s++)
-                if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
+        st = blend_forward(e, b, base_len, blend_total, &co);
         goto out;
     }
-    if (b->capture && (st = capture_prepare(e, b)) != IS_OK) {
-        for (int32_t s = 0; s < max_seqs; s++)
-            if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
-        goto out;
-    }
+    if (b->capture && (st = capture_prepare(e, b)) != IS_OK) goto out;
     for (int32_t t0 = 0; t0 < b->n_tokens; t0 += e->p.max_batch) {
         int32_t n = b->n_tokens - t0 < e->p.max_batch ? b->n_tokens - t0 : e->p.max_batch;
         int32_t n_out = forward_chunk(e, b, t0, n, base_len, &co, NULL);
         /* Every chunk ends in a download or sync, which latches what the
-         * device met: one check covers each op of the chunk. On failure the
-         * sequences go back to where they were; their slots past that are
-         * written again before anything reads them. */
-        if ((st = backend_status(e->be)) != IS_OK) {
-            for (int32_t s = 0; s < max_seqs; s++)
-                if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
-            goto out;
-        }
+         * device met: one check covers each op of the chunk. */
+        if ((st = backend_status(e->be)) != IS_OK) goto out;
         if (co.logits) co.logits += (size_t)n_out * c->n_vocab;
         if (co.tokens) co.tokens += n_out;
     }
@@ -726,11 +710,15 @@ static is_status decode_impl(engine *e, const engine_batch *b, float *logits, in
                       (size_t)c->head_dim * capture_elem_size(cap->dtype);
         e->be->ops->download(e->be, cap->k, e->cap_buf, half);
         e->be->ops->download(e->be, cap->v, (const uint8_t *)e->cap_buf + half, half);
-        if ((st = backend_status(e->be)) != IS_OK)
-            for (int32_t s = 0; s < max_seqs; s++)
-                if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
+        st = backend_status(e->be);
     }
 out:
+    /* A failure after the slots were reserved puts every sequence back where
+     * it was; their slots past that are written again before anything
+     * reads them. */
+    if (st != IS_OK)
+        for (int32_t s = 0; s < grown; s++)
+            if (add[s]) kv_seq_truncate(e->kv, s, base_len[s]);
     free(base_len);
     free(add);
     free(co.row);
