@@ -3,8 +3,7 @@
 # --nll at k = 20 (G20 modes) and 50 (G50), and with EV_F1=1 (default) F1 with generation at
 # k = 20, one process a conversation and table, EV_T s each (420); /tmp/evout, then /tmp/ev.done.
 cd /tmp/src
-S0=$(date +%s); st() { echo "[$(( $(date +%s) - S0 )) s] $*"; }
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$0")/common.sh"
 command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null && echo "MPS started"
 E=/tmp/evout; mkdir -p $E
 T=${EV_T:-420}

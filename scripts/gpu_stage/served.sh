@@ -3,8 +3,7 @@
 # hot rows whose TTFT is split into its parts (the timing lines); once a loan (/tmp/served.done).
 [ -f /tmp/served.done ] && exit 0
 S1=$(date +%s)
-G=/tmp/llama31-8b.f16.gguf
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$0")/common.sh"
 rm -rf /tmp/sv
 timeout 220 build-gpu/bench/bench_load -m $G --backend cuda --embedder none --locomo locomo --data /tmp/sv \
   --users 10 --facts-per-user 100 --zipf 1 --ctx 8192 --kv-mem 40000 --max-running 64 --ingest-clients 8 \

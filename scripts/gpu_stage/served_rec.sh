@@ -5,8 +5,7 @@
 # mode's once, at M = 0). serve_rec.csv, one label rM a server.
 cd /tmp/src
 S1=$(date +%s)
-G=/tmp/llama31-8b.f16.gguf
-export LD_LIBRARY_PATH="/tmp/src/build-gpu/deps/ldlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$0")/common.sh"
 for m in ${REC_MS:-0 2 8 16 24 48}; do
   runs=50/8/kv/1,50/1/kv/1; [ "$m" = 0 ] && runs=$runs,50/1/prompt/1
   timeout 100 build-gpu/bench/bench_load -m $G --backend cuda --embedder none --locomo locomo \
