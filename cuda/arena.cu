@@ -254,8 +254,10 @@ is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *fa
                 if (i > 0) break;
                 st = is_error_set(IS_ERR_NOMEM,
                                   "cuda arena: %d pages do not hold the facts of one request "
-                                  "(backend_cuda_set_arena_bytes)",
-                                  (int)a->n_pages);
+                                  "(a fact of %d tokens; %lld pages free, %lld pinned by "
+                                  "prefetches; backend_cuda_set_arena_bytes)",
+                                  (int)a->n_pages, (int)f->n_tokens,
+                                  (long long)a->free_pages.size(), (long long)a->pinned_pages);
                 break;
             }
             if (a->free_recs.empty()) {
@@ -315,6 +317,11 @@ is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *p
     if (it != a->by_id.end()) {
         record &r = a->recs[(size_t)it->second];
         if (r.n_tokens == f->n_tokens) {
+            /* Pins hold at most half the pages, a resident record's as a
+             * miss's: under many queued requests, pins of resident records
+             * had filled the cache and a place found no room (a latched
+             * failure for every request of its step). */
+            if (r.pins == 0 && a->pinned_pages + r.n_tokens > a->n_pages / 2) return IS_OK;
             if (r.pins++ == 0) a->pinned_pages += r.n_tokens;
             a->stats.prefetch_hits++;
             *pinned = true;

@@ -62,7 +62,8 @@ void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out);
  * stream, after the injections already queued on other streams have read
  * any pages it reuses (cuda_arena_injected); the next cuda_arena_place
  * makes its stream wait for the copies. Pinned records are never evicted,
- * and pins hold at most half the pages, so a place always has room.
+ * and pins hold at most half the pages (a resident record's pin as a
+ * miss's), so a place always has room.
  * *pinned: whether a pin was taken (false: the caller injects the values
  * itself). A failure (a launch) leaves no record and no pin. */
 is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *pinned);

@@ -300,10 +300,15 @@ static void test_evicted_pages_wait_for_injection(void **state) {
     expect_bitwise(lg, ref, "request whose fact was evicted after its injection");
     engine_seq_close(g_e, d2);
     /* The pins refuse past half the cache: the caller injects itself. */
-    const fact_kv *kv2 = tier_get(2, dt), *kv3 = tier_get(3, dt);
+    const fact_kv *kv1 = tier_get(1, dt), *kv2 = tier_get(2, dt), *kv3 = tier_get(3, dt);
     assert_true(engine_fact_prefetch(g_e, kv3->content_id, kv3->meta.n_tokens, 2, NULL, NULL));
     assert_false(engine_fact_prefetch(g_e, kv2->content_id, kv2->meta.n_tokens, 2, kv2->k, kv2->v));
+    /* A resident record's pin counts too: fact 1 (resident, request 2's)
+     * is refused as well, so the pins never fill the cache. */
+    assert_true(engine_fact_resident(g_e, kv1->content_id, kv1->meta.n_tokens));
+    assert_false(engine_fact_prefetch(g_e, kv1->content_id, kv1->meta.n_tokens, 2, NULL, NULL));
     engine_fact_unpin(g_e, kv3->content_id);
+    host_tier_release(g_ht, kv1);
     /* And memory the device cannot read is refused, never copied from. */
     void *plain = malloc((size_t)g_layers * kv2->meta.n_tokens * g_kv_dim * 2);
     assert_false(engine_fact_prefetch(g_e, kv2->content_id, kv2->meta.n_tokens, 2, plain, plain));
