@@ -17,7 +17,12 @@
  *   kv:     fork the cached prefix, inject the k facts' stored KV (chunked
  *           RoPE + scatter), prefill the query;
  *   kv cold: the same with facts never seen (the GPU arena misses and fills
- *           from host memory: the host tier).
+ *           from f32 values in ordinary host memory);
+ *   kv tier (-H): facts never seen whose records (bf16) lie in pinned host
+ *           memory, prefetched (engine_fact_prefetch: the copy to the GPU
+ *           starts) before the fork and injected with no values, as the
+ *           server's pinned host tier serves a miss; the column the served
+ *           "tiered" rows are the served counterpart of.
  * TTFT runs from the fork to the first token chosen (greedy, on the
  * backend: engine_decode_greedy; with +hostargmax, as it was
  * first measured, from the logits brought to the host). Medians of REPS runs
@@ -75,6 +80,7 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "kv/fact_record.h"
 #include "model/model.h"
 #ifdef IS_HAVE_CUDA
 #include "backend_cuda.h"
@@ -135,6 +141,9 @@ typedef struct bench {
     float blend;              /* -B: CacheBlend share of the memory recomputed after injection */
     int32_t *rw;              /* [cap] engine_batch.rewrite of the -R prefill */
     bool no_sync;             /* no sync between inject and prefill (profiling the GPU alone) */
+    bool tier;                /* -H: the kv tier column */
+    void **tier_rec;          /* -H: [n_pool] -> k then v, bf16, pinned (backend host_alloc) */
+    uint64_t tier_base;       /* -H: the next never-seen fact id */
     int32_t cap;
     /* -L: where set, one_request notes the host's progress on this clock
      * (ns): its call, the fork, the injection's return, the forward's return
@@ -237,7 +246,7 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     fact_list(b, k, id_base, pool_off, f, ids);
     /* -R: the first m tokens of every fact go first in the kv prefill. */
     const int32_t m =
-        mode == 1 && b->recompute > 0 ? (b->recompute < b->F ? b->recompute : b->F) : 0;
+        mode >= 1 && b->recompute > 0 ? (b->recompute < b->F ? b->recompute : b->F) : 0;
     const int32_t n = mode == 0 ? k * b->F + b->Q : k * m + b->Q;
     const int32_t *toks = mode == 0 ? suffix : suffix + k * b->F;
     /* -g: requests that find the GPU idle for a while, as on a server that
@@ -249,13 +258,25 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
     }
     double t0 = bench_now_ms();
     bench_mark(b, 0);
+    if (mode == 2) { /* the host tier: copies started, as the server does at submit */
+        const size_t half = (size_t)b->m->cfg.n_layers * b->F * b->m->cfg.n_kv_heads *
+                            b->m->cfg.head_dim * sizeof(uint16_t);
+        for (int32_t i = 0; i < k; i++) {
+            const char *rec = b->tier_rec[(pool_off + i) % b->n_pool];
+            if (!engine_fact_prefetch(b->e, ids[i], b->F, KV_DTYPE_BF16, rec, rec + half))
+                die("host tier prefetch refused (-A: a larger arena)");
+            f[i].k = f[i].v = NULL;
+        }
+    }
     int32_t s;
     CHECK(engine_seq_open(b->e, &s), "seq_open");
     CHECK(engine_seq_fork(b->e, s, b->prefix_seq, b->P), "fork");
     double t1 = bench_now_ms(), t2 = t1;
     bench_mark(b, 1);
-    if (mode == 1) {
+    if (mode >= 1) {
         CHECK(engine_inject_ids(b->e, s, f, ids, k), "inject");
+        if (mode == 2)
+            for (int32_t i = 0; i < k; i++) engine_fact_unpin(b->e, ids[i]);
         if (b->blend > 0 && m > 0) /* -B with -R: the blend apart, before the prefill */
             CHECK(engine_recompute_blend(b->e, s, f, k, b->blend, NULL, NULL), "blend");
         if (!b->no_sync) b->be->ops->sync(b->be); /* for the breakdown only */
@@ -281,7 +302,7 @@ static ttft_parts one_request(bench *b, int mode, int32_t k, uint64_t id_base, i
         eb.rewrite = b->rw;
     }
     engine_blend bl = {f, k, b->blend, NULL, NULL};
-    if (mode == 1 && b->blend > 0 && m == 0) eb.blend = &bl; /* -B: fused into the prefill */
+    if (mode >= 1 && b->blend > 0 && m == 0) eb.blend = &bl; /* -B: fused into the prefill */
     int32_t first;
     if (b->logits_out) {
         CHECK(engine_decode(b->e, &eb, b->logits), "prefill");
@@ -328,12 +349,14 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
     int32_t *suffix = request_tokens(b, ks, n_k, &k_max);
     printf("\n### TTFT, %s (%s), medians of %d runs, ms\n\n", cfg, b->be_name, reps);
     printf("| k | prompt tokens | prompt TTFT | kv TTFT | kv: fork | inject | prefill |%s prompt / "
-           "kv |\n",
-           cold ? " kv cold TTFT |" : "");
-    printf("|---:|---:|---:|---:|---:|---:|---:|%s---:|\n", cold ? "---:|" : "");
+           "kv |%s\n",
+           cold ? " kv cold TTFT |" : "", b->tier ? " kv tier TTFT |" : "");
+    printf("|---:|---:|---:|---:|---:|---:|---:|%s---:|%s\n", cold ? "---:|" : "",
+           b->tier ? "---:|" : "");
     double *pr = malloc(sizeof(double) * reps), *kv = malloc(sizeof(double) * reps);
     double *fo = malloc(sizeof(double) * reps), *in = malloc(sizeof(double) * reps);
     double *pf = malloc(sizeof(double) * reps), *kc = malloc(sizeof(double) * reps);
+    double *kt = malloc(sizeof(double) * reps);
     static uint64_t cold_base = 1ull << 40;
     int32_t k_lo = 0, k_hi = 0; /* the smallest and largest k, and their kv TTFT */
     double kv_lo = NAN, kv_hi = NAN;
@@ -344,10 +367,11 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
          * that a kv request follows kv requests, not a 1,280-token prompt
          * prefill that leaves the board at its power cap; -i: one of each
          * kind a round. */
-        const int passes = b->interleave ? 1 : 3;
+        const int passes = b->interleave ? 1 : 4;
         for (int pass = 0; pass < passes; pass++) {
             const bool do_p = b->interleave || pass == 0, do_kv = b->interleave || pass == 1;
             const bool do_cold = cold && (b->interleave || pass == 2);
+            const bool do_tier = b->tier && (b->interleave || pass == 3);
             for (int r = -1; r < reps; r++) {
                 if (do_p) {
                     ttft_parts p = one_request(b, 0, k, 0, 0, sfx);
@@ -372,6 +396,13 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
                     b->no_sync = held;
                     cold_base += (uint64_t)k;
                     if (r >= 0) kc[r] = c.total;
+                }
+                if (do_tier) {
+                    b->no_sync = true;
+                    ttft_parts c = one_request(b, 2, k, b->tier_base, 0, sfx);
+                    b->no_sync = held;
+                    b->tier_base += (uint64_t)k;
+                    if (r >= 0) kt[r] = c.total;
                 }
             }
         }
@@ -399,16 +430,17 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
         double mp = bench_median(pr, reps), mk = bench_median(kv, reps),
                mf = bench_median(fo, reps), mi = bench_median(in, reps),
                mpf = bench_median(pf, reps), mc = cold ? bench_median(kc, reps) : NAN;
-        if (cold)
-            printf("| %d | %d | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.1fx |\n", k,
-                   k * b->F + b->Q, mp, mk, mf, mi, mpf, mc, mp / mk);
-        else
-            printf("| %d | %d | %.2f | %.2f | %.3f | %.3f | %.2f | %.1fx |\n", k, k * b->F + b->Q,
-                   mp, mk, mf, mi, mpf, mp / mk);
+        printf("| %d | %d | %.2f | %.2f | %.3f | %.3f | %.2f |", k, k * b->F + b->Q, mp, mk, mf, mi,
+               mpf);
+        if (cold) printf(" %.2f |", mc);
+        printf(" %.1fx |", mp / mk);
+        if (b->tier) printf(" %.2f |", bench_median(kt, reps));
+        printf("\n");
         fflush(stdout);
         if (csv)
-            fprintf(csv, "ttft,%s,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", cfg, k, k * b->F + b->Q,
-                    mp, mk, mf, mi, mpf, mc);
+            fprintf(csv, "ttft,%s,%d,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", cfg, k,
+                    k * b->F + b->Q, mp, mk, mf, mi, mpf, mc,
+                    b->tier ? bench_median(kt, reps) : NAN);
         if (ki == 0 || k < k_lo) {
             k_lo = k;
             kv_lo = mk;
@@ -427,6 +459,7 @@ static void run_ttft(bench *b, const char *cfg, const int *ks, int n_k, int reps
     free(in);
     free(pf);
     free(kc);
+    free(kt);
     free(suffix);
 }
 
@@ -682,13 +715,21 @@ static void tl_short(const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s", name);
 }
 
-static bool tl_request(bench *b, int32_t k, const int32_t *suffix, tl_row *r) {
-    one_request(b, 1, k, 1, 0, suffix); /* warm */
+/* mode 1: kv, resident facts; 2: the host tier (never-seen facts). */
+static uint64_t tl_ids(bench *b, int mode, int32_t k) {
+    if (mode != 2) return 1;
+    const uint64_t id = b->tier_base;
+    b->tier_base += (uint64_t)k;
+    return id;
+}
+
+static bool tl_request(bench *b, int mode, int32_t k, const int32_t *suffix, tl_row *r) {
+    one_request(b, mode, k, tl_ids(b, mode, k), 0, suffix); /* warm */
     if (!timeline_begin()) return false;
     b->no_sync = true;
     b->clock_ns = timeline_now;
     const uint64_t host0 = timeline_now();
-    one_request(b, 1, k, 1, 0, suffix);
+    one_request(b, mode, k, tl_ids(b, mode, k), 0, suffix);
     const uint64_t host1 = timeline_now();
     b->clock_ns = NULL;
     b->no_sync = false;
@@ -777,16 +818,18 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
     int k_first = -1, k_last = -1;
     /* One request recorded and dropped first: the first recording after
      * CUPTI starts showed ~5 ms of idle time the others did not. */
-    if (n_k > 0 && !tl_request(b, ks[0], suffix + (k_max - ks[0]) * b->F, &first))
+    if (n_k > 0 && !tl_request(b, 1, ks[0], suffix + (k_max - ks[0]) * b->F, &first))
         fprintf(stderr, "bench_gpu: -L: the first recording failed\n");
-    for (int ki = 0; ki < n_k; ki++) {
+    /* -H: each k's host-tier request after its resident one. */
+    for (int ri = 0; ri < (b->tier ? 2 * n_k : n_k); ri++) {
+        const int ki = b->tier ? ri / 2 : ri, mode = b->tier && ri % 2 ? 2 : 1;
         tl_row r;
-        if (!tl_request(b, ks[ki], suffix + (k_max - ks[ki]) * b->F, &r)) {
+        if (!tl_request(b, mode, ks[ki], suffix + (k_max - ks[ki]) * b->F, &r)) {
             printf("| %d | (no timeline) |\n", ks[ki]);
             continue;
         }
-        char what[16];
-        snprintf(what, sizeof what, "%d", ks[ki]);
+        char what[24];
+        snprintf(what, sizeof what, "%d%s", ks[ki], mode == 2 ? " tier" : "");
         tl_print(what, &r);
         printf("|   host, us from the call: fork %.1f, injection returned %.1f, forward returned "
                "%.1f (the last record ended at %.1f; the last copy to the host took %.1f), token "
@@ -796,6 +839,7 @@ static void run_timeline(bench *b, const char *cfg, const int *ks, int n_k) {
         for (int g = 0; g < TL_GAPS && r.gap[g] > 0; g++)
             printf(" %.1f (%d: %s -> %s);", r.gap[g], r.gap_at[g], r.gap_before[g], r.gap_after[g]);
         printf(" |\n");
+        if (mode == 2) continue;
         if (k_first < 0 || ks[ki] < k_first) k_first = ks[ki], first = r;
         if (ks[ki] > k_last) k_last = ks[ki], last = r;
     }
@@ -889,7 +933,7 @@ int main(int argc, char **argv) {
     b.Q = 30;
     b.mem_temp = b.mem_mass = 1.0f;
     int c;
-    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:O:g:M:R:a:B:pLih")) != -1) {
+    while ((c = getopt(argc, argv, "m:b:k:u:U:K:r:c:t:A:P:F:Q:o:T:O:g:M:R:a:B:pLiHh")) != -1) {
         switch (c) {
         case 'm': model_path = optarg; break;
         case 'b': be_name = optarg; break;
@@ -909,6 +953,7 @@ int main(int argc, char **argv) {
         case 'p': profile = true; break;
         case 'L': timeline = true; break;
         case 'i': interleave = true; break;
+        case 'H': b.tier = true; break;
         case 'g': gap_ms = atof(optarg); break;
         case 'R': b.recompute = atoi(optarg); break;
         case 'a': snprintf(as_arg, sizeof as_arg, "%s", optarg); break;
@@ -934,7 +979,10 @@ int main(int argc, char **argv) {
                 "                 [-c TTFT_CONFIGS] [-t THROUGHPUT_CONFIGS] [-A ARENA_GB]\n"
                 "                 [-P 60] [-F 25] [-Q 30] [-T THREADS] [-o CSV] [-p] [-L] [-i]\n"
                 "                 [-g GAP_MS] [-O OPTIONS] [-M TEMP,MASS] [-R M] [-B R] [-a "
-                "U,...]\n"
+                "U,...] [-H]\n"
+                "-H: a kv tier column: facts never seen, their bf16 records in pinned host\n"
+                "    memory, prefetched before the fork and injected with no values (the\n"
+                "    server's host tier; cuda); with -L, a timeline of such a request too\n"
                 "-a U,...: for each throughput configuration (-t), the admission of U kv\n"
                 "    requests at k = K in one step (fork + inject), one inject call a\n"
                 "    request against one call for all (engine_inject_batch), facts\n"
@@ -1028,10 +1076,24 @@ int main(int argc, char **argv) {
             b.pool_v[p][i] = ((float)(rng_next() >> 40) / (float)(1 << 24) - 0.5f) * 0.5f;
         }
     }
+    if (b.tier) { /* -H: the pool's records again, as a host tier holds them */
+        if (!b.be->ops->host_alloc) {
+            fprintf(stderr, "bench_gpu: -H: the %s backend has no host tier\n", be_name);
+            return 1;
+        }
+        b.tier_rec = calloc((size_t)b.n_pool, sizeof(void *));
+        b.tier_base = 1ull << 50;
+        for (int32_t p = 0; p < b.n_pool; p++) {
+            CHECK(b.be->ops->host_alloc(b.be, 2 * rec_n * sizeof(uint16_t), &b.tier_rec[p]),
+                  "host_alloc");
+            fact_kv_from_f32(KV_DTYPE_BF16, b.pool_k[p], b.tier_rec[p], rec_n);
+            fact_kv_from_f32(KV_DTYPE_BF16, b.pool_v[p], (uint16_t *)b.tier_rec[p] + rec_n, rec_n);
+        }
+    }
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
         fprintf(csv, "# ttft,config,k,prompt_tokens,prompt_ms,kv_ms,kv_fork_ms,kv_inject_ms,"
-                     "kv_prefill_ms,kv_cold_ms\n"
+                     "kv_prefill_ms,kv_cold_ms,kv_tier_ms\n"
                      "# throughput,config,k,users,prompt_batch_ms,kv_batch_ms,prompt_rps,kv_rps\n"
                      "# admission,config,k,requests,call_each_ms,one_call_ms\n");
 
@@ -1137,7 +1199,9 @@ int main(int argc, char **argv) {
     for (int32_t p = 0; p < b.n_pool; p++) {
         free(b.pool_k[p]);
         free(b.pool_v[p]);
+        if (b.tier_rec) b.be->ops->host_free(b.be, b.tier_rec[p]);
     }
+    free(b.tier_rec);
     free(b.pool_k);
     free(b.pool_v);
     free(b.prefix);
