@@ -22,8 +22,23 @@ struct record {
     std::vector<int32_t> pages;
     uint64_t stamp; /* the call that last used it */
     int32_t pins;   /* prefetches not yet injected or given up: not evictable */
+    /* A prefetch's record whose copy is not started yet: its host rows. */
+    bool queued;
+    const void *hk, *hv;
+    int32_t dtype;
+};
+
+struct queued_ref {
+    int32_t ri;
+    uint64_t id; /* still the record's: it was not dropped meanwhile */
 };
 } // namespace
+
+/* Staging of the host tier's copies: device memory taken as batches need
+ * it, at most a quarter of the arena's bytes and this much (pins hold at
+ * most half the arena, and a larger queue is staged and landed in parts). */
+#define STAGING_MAX_BYTES ((size_t)1 << 30)
+#define STAGING_MIN_BYTES ((size_t)64 << 20)
 
 struct cuda_arena {
     int32_t n_layers, n_kv_heads, head_dim, kv_dim;
@@ -42,13 +57,24 @@ struct cuda_arena {
     size_t staging_cap;
     int32_t *dpages; /* one record's page ids, device */
     size_t dpages_cap;
-    /* Prefetches: their copies run on `up`; ev_up follows the latest of
-     * them (a place makes its stream wait for it), ev_inj the latest
-     * injection (a copy into an evicted page waits for it). */
-    cudaStream_t up;
-    cudaEvent_t ev_up, ev_inj;
-    bool uploads_pending; /* copies queued since a place last waited for them */
     int64_t pinned_pages;
+    /* Prefetches queue their records (pages taken, pinned); a stage copies
+     * the queue on `up` into rec_staging, layer group by group (ev_group),
+     * and the caller lands each group on its own stream (a scatter kernel),
+     * the last one recording ev_free, after which the staging is reused. */
+    std::vector<queued_ref> queue;
+    cudaStream_t up;
+    cudaEvent_t ev_group[CUDA_ARENA_GROUPS], ev_free;
+    uint16_t *rec_staging;
+    size_t rec_staging_cap;   /* elements */
+    size_t staging_max;       /* bytes */
+    cuda_upload_token *dtoks; /* the staged batch's tokens, device */
+    size_t dtoks_cap;
+    std::vector<cuda_upload_token> toks; /* host */
+    int32_t landed;                      /* groups of the staged batch landed so far */
+    int32_t sent;                        /* groups whose copies are queued on `up` */
+    std::vector<int32_t> batch;          /* the staged batch's records, in staging order */
+    int32_t batch_tokens;
 };
 
 is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
@@ -75,13 +101,17 @@ is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_hea
                             (long long)n_pages, (size_t)n_pages * page_bytes,
                             cudaGetErrorString(e));
     }
-    if (cudaStreamCreateWithFlags(&a->up, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&a->ev_up, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&a->ev_inj, cudaEventDisableTiming) != cudaSuccess) {
+    bool made = cudaStreamCreateWithFlags(&a->up, cudaStreamNonBlocking) == cudaSuccess &&
+                cudaEventCreateWithFlags(&a->ev_free, cudaEventDisableTiming) == cudaSuccess;
+    for (int g = 0; g < CUDA_ARENA_GROUPS && made; g++)
+        made = cudaEventCreateWithFlags(&a->ev_group[g], cudaEventDisableTiming) == cudaSuccess;
+    if (!made) {
         cudaGetLastError();
         cuda_arena_free(a);
         return is_error_set(IS_ERR_INTERNAL, "cuda arena: cannot create its copy stream");
     }
+    a->landed = CUDA_ARENA_GROUPS;
+    a->staging_max = max_bytes / 4 < STAGING_MAX_BYTES ? max_bytes / 4 : STAGING_MAX_BYTES;
     a->free_pages.reserve((size_t)n_pages);
     for (int64_t p = n_pages - 1; p >= 0; p--) a->free_pages.push_back((int32_t)p);
     a->stats.pages_total = n_pages;
@@ -96,9 +126,12 @@ void cuda_arena_free(cuda_arena *a) {
         cudaStreamSynchronize(a->up);
         cudaStreamDestroy(a->up);
     }
-    if (a->ev_up) cudaEventDestroy(a->ev_up);
-    if (a->ev_inj) cudaEventDestroy(a->ev_inj);
+    for (cudaEvent_t e : a->ev_group)
+        if (e) cudaEventDestroy(e);
+    if (a->ev_free) cudaEventDestroy(a->ev_free);
     cudaFree(a->data);
+    cudaFree(a->rec_staging);
+    cudaFree(a->dtoks);
     cudaFree(a->staging);
     cudaFree(a->dpages);
     delete a;
@@ -118,11 +151,18 @@ void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out) {
     out->records = (int64_t)a->by_id.size();
 }
 
+/* Staging elements of a record (keys and values), its start kept 16-byte
+ * aligned for the scatter's vector loads. */
+static size_t staged_elems(const cuda_arena *a, int32_t n_tokens) {
+    return ((size_t)2 * a->n_layers * n_tokens * a->kv_dim + 127) & ~(size_t)127;
+}
+
 static void drop_record(cuda_arena *a, int32_t ri) {
     record &r = a->recs[(size_t)ri];
     for (int32_t p : r.pages) a->free_pages.push_back(p);
     a->pinned_pages -= r.pins > 0 ? (int64_t)r.pages.size() : 0;
     r.pins = 0;
+    r.queued = false;
     r.pages.clear();
     if (r.id) a->by_id.erase(r.id);
     r.id = 0;
@@ -182,12 +222,9 @@ static is_status fill(cuda_arena *a, cudaStream_t s, const backend_fact *f,
 is_status cuda_arena_place(cuda_arena *a, cudaStream_t s, const backend_fact *facts,
                            int32_t n_facts, int32_t *pages, int32_t *n_placed) {
     *n_placed = 0;
-    if (a->uploads_pending) {
-        /* This call may read a prefetched record, or rewrite the pages of
-         * one whose request gave it up: after its copy, either way. */
-        CUDA_CHECK(cudaStreamWaitEvent(s, a->ev_up, 0));
-        a->uploads_pending = false;
-    }
+    if (!a->queue.empty())
+        return is_error_set(IS_ERR_INTERNAL,
+                            "cuda arena: a place before its prefetches were staged");
     a->call++;
     /* Claim this call's resident records first, so room made for a miss
      * early in the list never evicts a hit later in it (whose values the
@@ -317,10 +354,11 @@ is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *p
     if (it != a->by_id.end()) {
         record &r = a->recs[(size_t)it->second];
         if (r.n_tokens == f->n_tokens) {
-            /* Pins hold at most half the pages, a resident record's as a
-             * miss's: under many queued requests, pins of resident records
-             * had filled the cache and a place found no room (a latched
-             * failure for every request of its step). */
+            /* A queued record's copy reads host memory its first caller
+             * holds: a pin-only caller, holding none, must not outlive it. */
+            if (r.queued && !f->k) return IS_OK;
+            /* Pins hold at most half the pages, hits as misses: the rest
+             * is what a place makes room in. */
             if (r.pins == 0 && a->pinned_pages + r.n_tokens > a->n_pages / 2) return IS_OK;
             if (r.pins++ == 0) a->pinned_pages += r.n_tokens;
             a->stats.prefetch_hits++;
@@ -328,19 +366,18 @@ is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *p
             return IS_OK;
         }
     }
-    /* The upload writes bf16 pages: an fp8 arena is filled by injections. */
+    /* The scatter writes bf16 pages: an fp8 arena is filled by injections. */
     if (!f->k || !f->v || a->fp8) return IS_OK;
     if (a->pinned_pages + f->n_tokens > a->n_pages / 2) return IS_OK; /* the place's half */
+    if (staged_elems(a, f->n_tokens) * 2 > a->staging_max) return IS_OK;
     if (it != a->by_id.end()) {
         if (a->recs[(size_t)it->second].pins > 0) return IS_OK; /* another length, in use */
         drop_record(a, it->second);
     }
-    /* Records of the latest place stay too (make_room spares its stamp). */
+    /* Records of the latest place stay too (make_room spares its stamp).
+     * The pages freed here may still be read by injections queued on the
+     * caller's stream: the scatter that rewrites them runs there after. */
     if (!make_room(a, (size_t)f->n_tokens)) return IS_OK;
-    /* Any free page may have been read by an injection still queued (an
-     * evicted record's, a transient one's): every such kernel was queued
-     * before the latest ev_inj record. */
-    CUDA_CHECK(cudaStreamWaitEvent(a->up, a->ev_inj, 0));
     if (a->free_recs.empty()) {
         a->recs.emplace_back();
         a->free_recs.push_back((int32_t)a->recs.size() - 1);
@@ -352,29 +389,15 @@ is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *p
     r.n_tokens = f->n_tokens;
     r.stamp = a->call;
     r.pins = 1;
+    r.queued = true;
+    r.hk = f->k;
+    r.hv = f->v;
+    r.dtype = f->dtype;
     r.pages.assign(a->free_pages.end() - f->n_tokens, a->free_pages.end());
     a->free_pages.resize(a->free_pages.size() - (size_t)f->n_tokens);
     a->by_id[f->id] = ri;
     a->pinned_pages += f->n_tokens;
-    is_status st = IS_OK;
-    cuda_upload_pages pg;
-    for (int32_t t0 = 0; t0 < f->n_tokens && st == IS_OK; t0 += CUDA_UPLOAD_MAX_TOKENS) {
-        const int32_t n =
-            f->n_tokens - t0 < CUDA_UPLOAD_MAX_TOKENS ? f->n_tokens - t0 : CUDA_UPLOAD_MAX_TOKENS;
-        for (int32_t j = 0; j < n; j++) pg.page[j] = r.pages[(size_t)(t0 + j)];
-        st = cuda_upload_record(a->up, (__nv_bfloat16 *)a->data, &pg, f->k, f->v, f->dtype, t0, n,
-                                f->n_tokens, a->n_layers, a->kv_dim);
-    }
-    if (st == IS_OK) {
-        cudaError_t e = cudaEventRecord(a->ev_up, a->up);
-        if (e != cudaSuccess)
-            st = cuda_status_from(e, "cudaEventRecord(ev_up)", __FILE__, __LINE__);
-    }
-    if (st != IS_OK) {
-        drop_record(a, ri);
-        return st;
-    }
-    a->uploads_pending = true;
+    a->queue.push_back({ri, f->id});
     a->stats.prefetch_misses++;
     a->stats.bytes_uploaded += (int64_t)2 * a->n_layers * f->n_tokens * a->kv_dim * 2;
     *pinned = true;
@@ -385,14 +408,153 @@ void cuda_arena_unpin(cuda_arena *a, uint64_t id) {
     auto it = a->by_id.find(id);
     if (it == a->by_id.end()) return;
     record &r = a->recs[(size_t)it->second];
-    if (r.pins > 0 && --r.pins == 0) a->pinned_pages -= r.n_tokens;
-}
-
-is_status cuda_arena_injected(cuda_arena *a, cudaStream_t s) {
-    CUDA_CHECK(cudaEventRecord(a->ev_inj, s));
-    return IS_OK;
+    if (r.pins > 0 && --r.pins == 0) {
+        a->pinned_pages -= r.n_tokens;
+        /* Given up before its copy started: its host rows are the caller's
+         * again, so the copy never will. */
+        if (r.queued) drop_record(a, it->second);
+    }
 }
 
 void cuda_arena_wait_uploads(cuda_arena *a) {
     if (a && a->up) cudaStreamSynchronize(a->up);
+}
+
+void cuda_arena_group(const cuda_arena *a, int32_t g, int32_t *l0, int32_t *l1) {
+    *l0 = (int32_t)((int64_t)a->n_layers * g / CUDA_ARENA_GROUPS);
+    *l1 = (int32_t)((int64_t)a->n_layers * (g + 1) / CUDA_ARENA_GROUPS);
+}
+
+static is_status grow_staging(cuda_arena *a, size_t elems, size_t n_toks) {
+    if (elems <= a->rec_staging_cap && n_toks <= a->dtoks_cap) return IS_OK;
+    /* The copies and scatters of the batch before may still use them. */
+    CUDA_CHECK(cudaStreamSynchronize(a->up));
+    CUDA_CHECK(cudaEventSynchronize(a->ev_free));
+    if (elems > a->rec_staging_cap) {
+        size_t cap = STAGING_MIN_BYTES / 2;
+        while (cap < elems) cap *= 2;
+        if (cap > a->staging_max / 2) cap = a->staging_max / 2;
+        if (cap < elems) cap = elems;
+        CUDA_CHECK(cudaFree(a->rec_staging));
+        a->rec_staging = NULL;
+        a->rec_staging_cap = 0;
+        CUDA_CHECK(cudaMalloc(&a->rec_staging, cap * 2));
+        a->rec_staging_cap = cap;
+    }
+    if (n_toks > a->dtoks_cap) {
+        size_t cap = n_toks < 4096 ? 4096 : 2 * n_toks;
+        CUDA_CHECK(cudaFree(a->dtoks));
+        a->dtoks = NULL;
+        a->dtoks_cap = 0;
+        CUDA_CHECK(cudaMalloc(&a->dtoks, cap * sizeof(cuda_upload_token)));
+        a->dtoks_cap = cap;
+    }
+    return IS_OK;
+}
+
+/* Queues the copies of groups [sent, last] of the staged batch on `up`:
+ * every record's layers of a group before any record's next group. */
+static is_status send_groups(cuda_arena *a, int32_t last) {
+    for (; a->sent <= last && a->sent < CUDA_ARENA_GROUPS; a->sent++) {
+        int32_t l0, l1;
+        cuda_arena_group(a, a->sent, &l0, &l1);
+        size_t off = 0;
+        for (int32_t ri : a->batch) {
+            const record &r = a->recs[(size_t)ri];
+            const size_t row = (size_t)r.n_tokens * a->kv_dim; /* a layer's elements */
+            const size_t half = (size_t)a->n_layers * row;
+            const size_t bytes = (size_t)(l1 - l0) * row * 2;
+            if (bytes) {
+                CUDA_CHECK(cudaMemcpyAsync(a->rec_staging + off + l0 * row,
+                                           (const uint16_t *)r.hk + l0 * row, bytes,
+                                           cudaMemcpyHostToDevice, a->up));
+                CUDA_CHECK(cudaMemcpyAsync(a->rec_staging + off + half + l0 * row,
+                                           (const uint16_t *)r.hv + l0 * row, bytes,
+                                           cudaMemcpyHostToDevice, a->up));
+            }
+            off += staged_elems(a, r.n_tokens);
+        }
+        CUDA_CHECK(cudaEventRecord(a->ev_group[a->sent], a->up));
+    }
+    return IS_OK;
+}
+
+/* Lays out the batch's records one after another in the staging and
+ * queues the copy of the first layer group. The later groups are queued
+ * once the forward has queued its own small uploads (cuda_arena_send): the
+ * copy engine takes host-to-device copies in the order they were queued,
+ * whatever their stream, so a forward whose inputs were queued behind the
+ * whole batch would wait for all of it before its first layer. */
+static is_status copy_batch(cuda_arena *a, std::vector<int32_t> &batch) {
+    a->toks.clear();
+    size_t at = 0;
+    for (int32_t ri : batch) {
+        const record &r = a->recs[(size_t)ri];
+        for (int32_t j = 0; j < r.n_tokens; j++)
+            a->toks.push_back({(int64_t)at, r.n_tokens, j, r.pages[(size_t)j], r.dtype == 1});
+        at += staged_elems(a, r.n_tokens);
+    }
+    is_status st = grow_staging(a, at, a->toks.size());
+    if (st != IS_OK) return st;
+    /* The batch before has landed (ev_free) before its staging is rewritten. */
+    CUDA_CHECK(cudaStreamWaitEvent(a->up, a->ev_free, 0));
+    CUDA_CHECK(cudaMemcpyAsync(a->dtoks, a->toks.data(), a->toks.size() * sizeof(cuda_upload_token),
+                               cudaMemcpyHostToDevice, a->up));
+    a->batch.swap(batch);
+    a->batch_tokens = (int32_t)a->toks.size();
+    a->landed = 0;
+    a->sent = 0;
+    return send_groups(a, 0);
+}
+
+is_status cuda_arena_send(cuda_arena *a) {
+    return a->landed < CUDA_ARENA_GROUPS ? send_groups(a, CUDA_ARENA_GROUPS - 1) : IS_OK;
+}
+
+is_status cuda_arena_stage(cuda_arena *a, cudaStream_t s, bool *staged) {
+    *staged = false;
+    if (a->landed < CUDA_ARENA_GROUPS)
+        return is_error_set(IS_ERR_INTERNAL, "cuda arena: a stage before the last one landed");
+    std::vector<int32_t> batch;
+    size_t elems = 0;
+    is_status st = IS_OK;
+    for (size_t q = 0; q < a->queue.size() && st == IS_OK; q++) {
+        const queued_ref &qr = a->queue[q];
+        record &r = a->recs[(size_t)qr.ri];
+        if (r.id != qr.id || !r.queued) continue; /* dropped meanwhile */
+        const size_t e = staged_elems(a, r.n_tokens);
+        if (!batch.empty() && (elems + e) * 2 > a->staging_max) {
+            /* What the staging cannot hold at once lands now, in parts. */
+            st = copy_batch(a, batch);
+            for (int32_t g = 0; g < CUDA_ARENA_GROUPS && st == IS_OK; g++)
+                st = cuda_arena_land(a, s, g);
+            batch.clear();
+            elems = 0;
+        }
+        r.queued = false;
+        batch.push_back(qr.ri);
+        elems += e;
+    }
+    a->queue.clear();
+    if (st == IS_OK && !batch.empty()) {
+        st = copy_batch(a, batch);
+        *staged = st == IS_OK;
+    }
+    return st;
+}
+
+is_status cuda_arena_land(cuda_arena *a, cudaStream_t s, int32_t g) {
+    if (a->landed != g || g >= CUDA_ARENA_GROUPS)
+        return is_error_set(IS_ERR_INTERNAL, "cuda arena: group %d landed out of order", (int)g);
+    int32_t l0, l1;
+    cuda_arena_group(a, g, &l0, &l1);
+    is_status sent = send_groups(a, g);
+    if (sent != IS_OK) return sent;
+    CUDA_CHECK(cudaStreamWaitEvent(s, a->ev_group[g], 0));
+    is_status st = cuda_upload_scatter(s, (__nv_bfloat16 *)a->data, a->rec_staging, a->dtoks,
+                                       a->batch_tokens, l0, l1, a->n_layers, a->kv_dim);
+    if (st != IS_OK) return st;
+    a->landed = g + 1;
+    if (a->landed == CUDA_ARENA_GROUPS) CUDA_CHECK(cudaEventRecord(a->ev_free, s));
+    return IS_OK;
 }

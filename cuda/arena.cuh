@@ -58,22 +58,42 @@ void cuda_arena_get_stats(const cuda_arena *a, cuda_arena_stats *out);
 
 /* The host tier's way in (upload.cuh): makes f's record resident and pins
  * it, or only pins it when it is resident already (f->k NULL: pin only).
- * A miss is copied from f's host memory by a kernel on the arena's own
- * stream, after the injections already queued on other streams have read
- * any pages it reuses (cuda_arena_injected); the next cuda_arena_place
- * makes its stream wait for the copies. Pinned records are never evicted,
- * and pins hold at most half the pages (a resident record's pin as a
- * miss's), so a place always has room.
- * *pinned: whether a pin was taken (false: the caller injects the values
- * itself). A failure (a launch) leaves no record and no pin. */
+ * A miss takes its pages at once and is queued; its copy starts at the
+ * next cuda_arena_stage, so f's host memory must stay until then (or until
+ * its pin is dropped: a queued record whose last pin goes is dropped too).
+ * Pinned records are never evicted, and pins hold at most half the pages,
+ * so a place always has room. *pinned: whether a pin was taken (false: the
+ * caller injects the values itself). */
 is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *pinned);
 
 /* Drops one pin of the record of this id (no-op if none). */
 void cuda_arena_unpin(cuda_arena *a, uint64_t id);
 
-/* After an injection kernel that reads the arena was queued on s: the
- * arena's own copies wait for it before they rewrite an evicted page. */
-is_status cuda_arena_injected(cuda_arena *a, cudaStream_t s);
+/* Layer groups of a staged batch: the copies of group g land in one step,
+ * layers [l0, l1) of it. */
+#define CUDA_ARENA_GROUPS 4
+void cuda_arena_group(const cuda_arena *a, int32_t g, int32_t *l0, int32_t *l1);
+
+/* Starts the copies of every queued prefetch: host -> staging on the
+ * arena's stream, a layer group after another (each group's copies of
+ * every record before the next group's), the first group's at once, the
+ * others at cuda_arena_send or when their group lands. *staged: the caller
+ * then lands groups 0 .. CUDA_ARENA_GROUPS - 1 in order on its stream s
+ * (before anything there reads or rewrites those records' pages, and
+ * before the next stage), each as late as the layers it holds allow: the
+ * copy of the later groups runs while earlier layers compute. A queue
+ * larger than the staging lands on s here, in parts, except its last part.
+ * Called before any cuda_arena_place (which refuses while records are
+ * queued). */
+is_status cuda_arena_stage(cuda_arena *a, cudaStream_t s, bool *staged);
+
+/* Queues the copies of the staged batch's later groups (stage queues the
+ * first one's): after the caller's forward has queued its own uploads,
+ * which would otherwise wait behind them. */
+is_status cuda_arena_send(cuda_arena *a);
+
+/* Group g of the staged batch into its pages, on s after its copy. */
+is_status cuda_arena_land(cuda_arena *a, cudaStream_t s, int32_t g);
 
 /* Waits (host) for every copy queued on the arena's stream, so the host
  * memory they read may be freed. */

@@ -72,6 +72,24 @@ typedef struct bf16_input {
     bool split, valid;
 } bf16_input;
 
+/* An injection whose facts' copies are still on their way
+ * (cuda_arena_stage): layer group g lands, and the injection's layers of it
+ * run, just before the first attention over those layers' caches, so the
+ * copy of the later groups runs while the earlier layers compute. Any op
+ * other than the forward's lands and injects the rest first. */
+typedef struct deferred_inject {
+    bool active;
+    int32_t next; /* the next group to land */
+    bool sent;    /* the later groups' copies queued (after the forward's first uploads) */
+    bool inject;  /* an injection waits on the groups (else they only land) */
+    float **kc;   /* host: the injection's key caches, to know an attention's layer */
+    int32_t kc_cap;
+    const void *dcaches; /* the injection's arguments (st_caches, st_inject) */
+    const int32_t *dp;
+    int32_t n, n_layers, n_kv_heads, head_dim, block_size, n_rot;
+    bool neox;
+} deferred_inject;
+
 typedef struct cuda_ctx {
     backend *be; /* the backend this is the context of (its fault injection state) */
     int32_t device;
@@ -100,6 +118,7 @@ typedef struct cuda_ctx {
     /* The arena and its pointer: the host tier's threads prefetch into it
      * (fact_prefetch) while the engine thread injects from it. */
     pthread_mutex_t arena_mu;
+    deferred_inject def; /* the engine thread's */
     float *inj_rows;     /* f32 cache injection: one layer's rows, [2][T][kv_dim] */
     size_t inj_rows_cap; /* floats */
     float *ypart;        /* split or stacked products before their sum or split: [2][T][rows] */
@@ -152,10 +171,15 @@ static void op_note(cuda_ctx *c, is_status st) {
     fprintf(stderr, "cuda backend: %s (further ops are skipped)\n", c->err_msg);
 }
 
+static is_status deferred_run(cuda_ctx *c, int32_t last);
+
 /* False once an op has failed (the stream's state is unknown from there),
  * or when this op is the injected fault (backend_fault_arm), which takes
- * the same path as a failing CUDA call. */
-static bool op_begin(cuda_ctx *c) {
+ * the same path as a failing CUDA call. forward: one of the forward's ops
+ * that neither read nor rewrite the injected facts' rows (everything but
+ * attention reads or writes other rows or other memory), which may run
+ * before a deferred injection's layers land; any other op lands them all. */
+static bool op_begin_as(cuda_ctx *c, bool forward) {
     if (c->err != IS_OK) return false;
     if (backend_fault_tick(c->be)) {
         op_note(c, is_error_set(IS_ERR_INTERNAL, "cuda backend: injected fault at op %lld",
@@ -167,7 +191,43 @@ static bool op_begin(cuda_ctx *c) {
         op_note(c, cuda_status_from(e, "cudaSetDevice", __FILE__, __LINE__));
         return false;
     }
+    if (!forward && c->def.active) {
+        is_status st = deferred_run(c, CUDA_ARENA_GROUPS - 1);
+        if (st != IS_OK) {
+            op_note(c, st);
+            return false;
+        }
+    }
     return true;
+}
+
+static bool op_begin(cuda_ctx *c) { return op_begin_as(c, false); }
+static bool op_begin_forward(cuda_ctx *c) { return op_begin_as(c, true); }
+
+/* Before an op over one layer's cache (it reads the injected rows, or a
+ * recomputation rewrites some): that layer's deferred group lands, with
+ * the groups before it, and their layers are injected. */
+static bool land_for(cuda_ctx *c, const float *k_cache) {
+    if (!c->def.active) return true;
+    int32_t layer = -1; /* not the injection's cache: everything lands */
+    for (int32_t l = 0; l < c->def.n_layers && layer < 0; l++)
+        if (c->def.kc[l] == k_cache) layer = l;
+    int32_t last = CUDA_ARENA_GROUPS - 1;
+    if (layer >= 0) {
+        pthread_mutex_lock(&c->arena_mu);
+        for (int32_t g = 0; g < CUDA_ARENA_GROUPS; g++) {
+            int32_t l0, l1;
+            cuda_arena_group(c->arena, g, &l0, &l1);
+            if (layer < l1) {
+                last = g;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&c->arena_mu);
+    }
+    const is_status st = deferred_run(c, last);
+    if (st != IS_OK) op_note(c, st);
+    return st == IS_OK;
 }
 
 /* Brackets an op with the profiler's events (profiler.cuh). */
@@ -444,7 +504,7 @@ static is_status get_rows_impl(cuda_ctx *c, float *out, const cuda_weight *emb,
 static void cu_get_rows(backend *be, float *out, const backend_weight *emb, const int32_t *tokens,
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_GET_ROWS);
     touch(c, out, (size_t)T * ((const cuda_weight *)emb)->base.shape.cols * sizeof(float));
     op_note(c, get_rows_impl(c, out, (const cuda_weight *)emb, tokens, T));
@@ -484,7 +544,7 @@ static void produced(cuda_ctx *c, const float *out, size_t n, bool split, is_sta
 static void norm_op(backend *be, float *out, float *x, const float *res, const backend_weight *g,
                     int32_t T, int32_t n, float eps) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_RMSNORM);
     const cuda_weight *gw = (const cuda_weight *)g;
     IS_ASSERT(!gw->bf16 && gw->base.shape.cols == n);
@@ -587,7 +647,7 @@ static is_status matmul_impl(cuda_ctx *c, float *y, const float *x, const cuda_w
 static void cu_matmul(backend *be, float *y, const float *x, const backend_weight *w,
                       const backend_weight *bias, int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_MATMUL);
     op_note(c, matmul_impl(c, y, x, (const cuda_weight *)w, (const cuda_weight *)bias, T));
 }
@@ -661,7 +721,7 @@ static void cu_matmul_n(backend *be, float *const *ys, const float *x,
                         const backend_weight *const *ws, const backend_weight *const *bs, int32_t n,
                         int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_MATMUL);
     op_note(c, matmul_n_impl(c, ys, x, (const cuda_weight *const *)ws,
                              (const cuda_weight *const *)bs, n, T));
@@ -721,7 +781,7 @@ static is_status matmul_swiglu_impl(cuda_ctx *c, float *out, float *up_scratch, 
 static void cu_matmul_swiglu(backend *be, float *out, float *up_scratch, const float *x,
                              const backend_weight *w_gate, const backend_weight *w_up, int32_t T) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_MATMUL);
     op_note(c, matmul_swiglu_impl(c, out, up_scratch, x, (const cuda_weight *)w_gate,
                                   (const cuda_weight *)w_up, T));
@@ -808,7 +868,7 @@ static is_status rope_impl(cuda_ctx *c, float *x, const int32_t *pos, int32_t T,
 static void cu_rope(backend *be, float *x, const int32_t *pos, int32_t T, int32_t n_heads,
                     int32_t head_dim, const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_ROPE);
     touch(c, x, (size_t)T * n_heads * head_dim * sizeof(float));
     op_note(c, rope_impl(c, x, pos, T, n_heads, head_dim, rp));
@@ -818,7 +878,7 @@ static void cu_kv_store(backend *be, float *k_cache, float *v_cache, const float
                         const int32_t *slots, int32_t T, int32_t n_kv_heads, int32_t head_dim,
                         int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
-    if (T <= 0 || !op_begin(c)) return;
+    if (T <= 0 || !op_begin_forward(c) || !land_for(c, k_cache)) return;
     OP_SPAN(c, CUDA_OP_KV_STORE);
     for (int32_t t = 0; t < T; t++) IS_ASSERT(slots[t] >= 0);
     const void *dslots;
@@ -895,7 +955,7 @@ static void cu_matmul_rope_store(backend *be, float *q, float *k, float *v, cons
                                  int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                                  const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
-    if (T <= 0 || !op_begin(c)) return;
+    if (T <= 0 || !op_begin_forward(c) || !land_for(c, k_cache)) return;
     OP_SPAN(c, CUDA_OP_MATMUL);
     const is_status st = matmul_rope_store_impl(
         c, q, k, v, x, (const cuda_weight *const *)w, (const cuda_weight *const *)b, k_cache,
@@ -908,7 +968,7 @@ static void cu_rope_store(backend *be, float *q, float *k, const float *v, float
                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                           const rope_params *rp) {
     cuda_ctx *c = ctx_of(be);
-    if (T <= 0 || !op_begin(c)) return;
+    if (T <= 0 || !op_begin_forward(c) || !land_for(c, k_cache)) return;
     OP_SPAN(c, CUDA_OP_ROPE);
     touch(c, q, (size_t)T * n_heads * head_dim * sizeof(float));
     const is_status st = rope_store_impl(c, q, k, v, k_cache, v_cache, pos, slots, T, n_heads,
@@ -1049,7 +1109,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
                          const float *v_cache, const attn_batch *b, int32_t n_heads,
                          int32_t n_kv_heads, int32_t head_dim, int32_t block_size) {
     cuda_ctx *c = ctx_of(be);
-    if (b->n_tokens <= 0 || !op_begin(c)) return;
+    if (b->n_tokens <= 0 || !op_begin_forward(c) || !land_for(c, k_cache)) return;
     OP_SPAN(c, CUDA_OP_ATTENTION);
     /* The CPU reference's preconditions, checked on the host arrays. */
     for (int32_t t = 0; t < b->n_tokens; t++) {
@@ -1067,11 +1127,19 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
         st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
                             n_heads, n_kv_heads, head_dim, block_size, kv_bf16(c));
     op_note(c, st);
+    if (c->def.active && !c->def.sent && st == IS_OK) {
+        /* The forward's first uploads are queued now: the batch's later
+         * groups may follow them on the copy engine (cuda_arena_send). */
+        c->def.sent = true;
+        pthread_mutex_lock(&c->arena_mu);
+        op_note(c, cuda_arena_send(c->arena));
+        pthread_mutex_unlock(&c->arena_mu);
+    }
 }
 
 static void cu_swiglu(backend *be, float *out, const float *gate, const float *up, int64_t n) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_SWIGLU);
     touch(c, out, (size_t)n * sizeof(float));
     bool split;
@@ -1083,7 +1151,7 @@ static void cu_swiglu(backend *be, float *out, const float *gate, const float *u
 
 static void cu_add(backend *be, float *x, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(be);
-    if (!op_begin(c)) return;
+    if (!op_begin_forward(c)) return;
     OP_SPAN(c, CUDA_OP_ADD);
     touch(c, x, (size_t)n * sizeof(float));
     op_note(c, cuda_add(c->stream, x, y, n));
@@ -1165,6 +1233,8 @@ static is_status inject_f32(cuda_ctx *c, float *const *k_cache, float *const *v_
  * Under arena_mu. */
 static is_status arena_ensure(cuda_ctx *c, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim) {
     if (cuda_arena_matches(c->arena, n_layers, n_kv_heads, head_dim, c->arena_fp8)) return IS_OK;
+    if (c->def.active) /* a prefetch of another shape while a batch lands */
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda arena: records of another shape");
     cuda_arena_free(c->arena);
     c->arena = NULL;
     size_t bytes = c->arena_bytes;
@@ -1174,6 +1244,61 @@ static is_status arena_ensure(cuda_ctx *c, int32_t n_layers, int32_t n_kv_heads,
         bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
     }
     return cuda_arena_create(bytes, n_layers, n_kv_heads, head_dim, c->arena_fp8, &c->arena);
+}
+
+/* Lands groups def.next .. last of the staged batch, each followed by the
+ * deferred injection's layers of it. Under arena_mu. */
+static is_status deferred_land_locked(cuda_ctx *c, int32_t last) {
+    deferred_inject *d = &c->def;
+    is_status st = IS_OK;
+    while (d->active && d->next <= last && st == IS_OK) {
+        const int32_t g = d->next;
+        st = cuda_arena_land(c->arena, c->stream, g);
+        if (st == IS_OK && d->inject) {
+            int32_t l0, l1;
+            cuda_arena_group(c->arena, g, &l0, &l1);
+            st = cuda_inject(c->stream, (void *const *)d->dcaches, cuda_arena_data(c->arena), false,
+                             d->dp, d->dp + d->n, d->dp + 2 * d->n, d->n, d->n_layers, l0, l1,
+                             d->n_kv_heads, d->head_dim, d->block_size, d->n_rot, d->neox,
+                             c->rope_dev, true);
+        }
+        d->next = g + 1;
+        if (d->next == CUDA_ARENA_GROUPS) d->active = false;
+    }
+    if (st != IS_OK) d->active = false;
+    return st;
+}
+
+static is_status deferred_run(cuda_ctx *c, int32_t last) {
+    pthread_mutex_lock(&c->arena_mu);
+    const is_status st = deferred_land_locked(c, last);
+    pthread_mutex_unlock(&c->arena_mu);
+    return st;
+}
+
+/* Keeps what the injection's launches need (its device arrays stay: only
+ * an injection rewrites them, and it lands this one first). */
+static is_status defer_inject(cuda_ctx *c, float *const *k_cache, const void *dcaches,
+                              const int32_t *dp, int32_t n, const backend_inject *in) {
+    deferred_inject *d = &c->def;
+    if (in->n_layers > d->kc_cap) {
+        float **kc = (float **)realloc(d->kc, (size_t)in->n_layers * sizeof *kc);
+        if (!kc) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+        d->kc = kc;
+        d->kc_cap = in->n_layers;
+    }
+    memcpy(d->kc, k_cache, (size_t)in->n_layers * sizeof *d->kc);
+    d->inject = true;
+    d->dcaches = dcaches;
+    d->dp = dp;
+    d->n = n;
+    d->n_layers = in->n_layers;
+    d->n_kv_heads = in->n_kv_heads;
+    d->head_dim = in->head_dim;
+    d->block_size = in->block_size;
+    d->n_rot = in->rope->n_rot;
+    d->neox = in->rope->layout == ROPE_LAYOUT_NEOX;
+    return IS_OK;
 }
 
 static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
@@ -1188,6 +1313,16 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     if (!kv_bf16(c)) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
     is_status st = arena_ensure(c, in->n_layers, in->n_kv_heads, in->head_dim);
     if (st != IS_OK) return st;
+    /* The prefetched records' copies start now (before the place, which
+     * may read them); they land group by group, deferred below. */
+    bool staged = false;
+    if ((st = cuda_arena_stage(c->arena, c->stream, &staged)) != IS_OK) return st;
+    deferred_inject *d = &c->def;
+    d->active = staged;
+    d->next = 0;
+    d->sent = false;
+    d->inject = false;
+    d->n_layers = 0;
     /* Host pack: [pages T][slots T][positions T], then the caches'
      * addresses. Positions are per token, so the facts of every sequence
      * of an engine_inject_batch are one list and one launch. */
@@ -1236,14 +1371,22 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
                                &dpack)) != IS_OK)
             break;
         const int32_t *dp = (const int32_t *)dpack;
-        st = cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena), c->arena_fp8,
-                         dp, dp + n, dp + 2 * n, (int32_t)n, in->n_layers, in->n_kv_heads,
-                         in->head_dim, in->block_size, rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX,
-                         c->rope_dev, kv_bf16(c));
-        if (st == IS_OK) st = cuda_arena_injected(c->arena, c->stream);
+        if (d->active && f0 == 0 && placed == in->n_facts) {
+            /* The whole list in one part: its layers go in as they land. */
+            st = defer_inject(c, k_cache, dcaches, dp, (int32_t)n, in);
+        } else {
+            if (d->active) st = deferred_land_locked(c, CUDA_ARENA_GROUPS - 1);
+            if (st == IS_OK)
+                st =
+                    cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena),
+                                c->arena_fp8, dp, dp + n, dp + 2 * n, (int32_t)n, in->n_layers, 0,
+                                in->n_layers, in->n_kv_heads, in->head_dim, in->block_size,
+                                rp->n_rot, rp->layout == ROPE_LAYOUT_NEOX, c->rope_dev, kv_bf16(c));
+        }
         f0 += placed;
         t0 += n;
     }
+    if (st != IS_OK) d->active = false; /* latched: recover drops the arena */
     return st;
 }
 
@@ -1269,12 +1412,12 @@ static bool cu_fact_resident(backend *be, uint64_t id, int32_t n_tokens) {
 
 /* ---- the host tier's ops (any thread) ------------------------------------ */
 
-/* Pinned and mapped: the upload kernel reads it over PCIe (upload.cuh). */
+/* Pinned: the copy engine reads it while the host goes on (upload.cuh). */
 static is_status cu_host_alloc(backend *be, size_t bytes, void **out) {
     cuda_ctx *c = ctx_of(be);
     void *p = NULL;
     cudaError_t e = cudaSetDevice(c->device);
-    if (e == cudaSuccess) e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+    if (e == cudaSuccess) e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return is_error_set(IS_ERR_NOMEM, "cuda backend: cannot pin %zu bytes of host memory: %s",
@@ -1374,6 +1517,7 @@ static is_status cu_recover(backend *be) {
         cuda_arena_free(c->arena); /* taken again at the next injection */
         c->arena = NULL;
     }
+    c->def.active = false;
     pthread_mutex_unlock(&c->arena_mu);
     for (dev_stage *st : {&c->st_tiles, &c->st_inject, &c->st_caches, &c->st_tokens, &c->st_rope,
                           &c->st_slots, &c->st_attn})
@@ -1400,6 +1544,7 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->inj_rows);
     free(c->tiles);
     cuda_arena_free(c->arena);
+    free(c->def.kc);
     pthread_mutex_destroy(&c->arena_mu);
     cudaFree(c->xbf.buf);
     cudaFree(c->gbf.buf);
@@ -1612,6 +1757,8 @@ extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     pthread_mutex_lock(&c->arena_mu);
     if (c->arena) {
         cudaSetDevice(c->device);
+        if (c->def.active && deferred_land_locked(c, CUDA_ARENA_GROUPS - 1) != IS_OK)
+            is_error_clear();             /* the arena goes anyway */
         cudaStreamSynchronize(c->stream); /* queued injections may read it */
         cuda_arena_free(c->arena);
         c->arena = NULL;

@@ -186,11 +186,12 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
  * kv_dim keys (rotated with its pair partner, as rope_kernel rotates: the
  * same table, the same expressions) and values. */
 template <typename CT>
-static __global__ void
-inject_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
-              const int32_t *slots, const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
-              int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox, const float *cs) {
-    const int32_t i = blockIdx.x, l = blockIdx.y;
+static __global__ void inject_kernel(void *const *caches, const __nv_bfloat16 *arena,
+                                     const int32_t *pages, const int32_t *slots, const int32_t *pos,
+                                     int32_t n_layers, int32_t l0, int32_t n_kv_heads,
+                                     int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
+                                     const float *cs) {
+    const int32_t i = blockIdx.x, l = l0 + (int32_t)blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos[i];
     const __nv_bfloat16 *kr =
         arena + (int64_t)pages[i] * 2 * n_layers * kv_dim + (int64_t)l * kv_dim;
@@ -244,8 +245,8 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
 static __global__ void __launch_bounds__(256)
     inject_bf16_kernel(void *const *caches, const __nv_bfloat16 *arena, const int32_t *pages,
                        const int32_t *slots, const int32_t *pos, int32_t n_tokens, int32_t n_layers,
-                       int32_t n_kv_heads, int32_t head_dim, int32_t block_size, bool neox,
-                       const float *cs) {
+                       int32_t l0, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                       bool neox, const float *cs) {
     /* Block (x: 256 of the layer's (token, head group, unit) triples, y:
      * layer); 32-bit index arithmetic (the host checks that it fits: the
      * 64-bit divisions of a grid-stride loop over every layer were most of
@@ -253,7 +254,7 @@ static __global__ void __launch_bounds__(256)
     const int32_t kv_dim = n_kv_heads * head_dim, half = head_dim / 2;
     const int32_t per_head = neox ? head_dim / 16 : head_dim / 8;
     const int32_t groups = (n_kv_heads + INJECT_HEADS - 1) / INJECT_HEADS;
-    const int32_t l = blockIdx.y, per_token = groups * per_head;
+    const int32_t l = l0 + (int32_t)blockIdx.y, per_token = groups * per_head;
     const int32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_tokens * per_token) return;
     const int32_t i = idx / per_token, rem = idx - i * per_token;
@@ -326,10 +327,10 @@ static __global__ void __launch_bounds__(256)
 template <typename CT>
 static __global__ void
 inject_fp8_kernel(void *const *caches, const uint8_t *arena, const int32_t *pages,
-                  const int32_t *slots, const int32_t *pos, int32_t n_layers, int32_t n_kv_heads,
-                  int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox, const float *cs,
-                  int64_t page_bytes, int64_t codes_bytes) {
-    const int32_t i = blockIdx.x, l = blockIdx.y;
+                  const int32_t *slots, const int32_t *pos, int32_t n_layers, int32_t l0,
+                  int32_t n_kv_heads, int32_t head_dim, int32_t block_size, int32_t n_rot,
+                  bool neox, const float *cs, int64_t page_bytes, int64_t codes_bytes) {
+    const int32_t i = blockIdx.x, l = l0 + (int32_t)blockIdx.y;
     const int32_t kv_dim = n_kv_heads * head_dim, half = n_rot / 2, p = pos[i];
     const uint8_t *page = arena + (int64_t)pages[i] * page_bytes;
     const uint8_t *kr = page + (int64_t)l * kv_dim, *vr = page + (int64_t)(n_layers + l) * kv_dim;
@@ -351,53 +352,57 @@ inject_fp8_kernel(void *const *caches, const uint8_t *arena, const int32_t *page
 
 is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena_v, bool arena_fp8,
                       const int32_t *pages, const int32_t *slots, const int32_t *pos,
-                      int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
-                      int32_t block_size, int32_t n_rot, bool neox, const float *cs, bool bf16) {
-    if (n_tokens <= 0 || n_layers <= 0) return IS_OK;
+                      int32_t n_tokens, int32_t n_layers, int32_t l0, int32_t l1,
+                      int32_t n_kv_heads, int32_t head_dim, int32_t block_size, int32_t n_rot,
+                      bool neox, const float *cs, bool bf16) {
+    if (n_tokens <= 0 || l1 <= l0) return IS_OK;
+    if (l0 < 0 || l1 > n_layers || l1 - l0 > 65535)
+        return is_error_set(IS_ERR_INVALID_ARG, "cuda inject: bad layers [%d, %d) of %d", (int)l0,
+                            (int)l1, (int)n_layers);
+    const unsigned nl = (unsigned)(l1 - l0);
     if (arena_fp8) {
         const int64_t page_bytes =
             (int64_t)cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, true);
         const int64_t codes_bytes =
             ((int64_t)2 * n_layers * n_kv_heads * head_dim + 15) & ~(int64_t)15;
-        const dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
+        const dim3 grid((unsigned)n_tokens, nl);
         const int32_t kv_dim = n_kv_heads * head_dim;
         const int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
         const uint8_t *a = (const uint8_t *)arena_v;
         if (bf16)
             inject_fp8_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(
-                caches, a, pages, slots, pos, n_layers, n_kv_heads, head_dim, block_size, n_rot,
+                caches, a, pages, slots, pos, n_layers, l0, n_kv_heads, head_dim, block_size, n_rot,
                 neox, cs, page_bytes, codes_bytes);
         else
             inject_fp8_kernel<float><<<grid, threads, 0, s>>>(
-                caches, a, pages, slots, pos, n_layers, n_kv_heads, head_dim, block_size, n_rot,
+                caches, a, pages, slots, pos, n_layers, l0, n_kv_heads, head_dim, block_size, n_rot,
                 neox, cs, page_bytes, codes_bytes);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
     const __nv_bfloat16 *arena = (const __nv_bfloat16 *)arena_v;
     const int64_t per_layer = (int64_t)n_tokens * n_kv_heads * head_dim / (neox ? 16 : 8);
-    if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2 &&
-        n_layers <= 65535) {
+    if (bf16 && n_rot == head_dim && head_dim % 16 == 0 && per_layer <= INT32_MAX / 2) {
         const int64_t groups = (n_kv_heads + INJECT_HEADS - 1) / INJECT_HEADS;
         const int64_t threads = (int64_t)n_tokens * groups * (neox ? head_dim / 16 : head_dim / 8);
-        const dim3 grid((unsigned)((threads + 255) / 256), (unsigned)n_layers);
+        const dim3 grid((unsigned)((threads + 255) / 256), nl);
         inject_bf16_kernel<<<grid, 256, 0, s>>>(caches, arena, pages, slots, pos, n_tokens,
-                                                n_layers, n_kv_heads, head_dim, block_size, neox,
-                                                cs);
+                                                n_layers, l0, n_kv_heads, head_dim, block_size,
+                                                neox, cs);
         CUDA_CHECK_LAUNCH();
         return IS_OK;
     }
-    dim3 grid((unsigned)n_tokens, (unsigned)n_layers);
+    dim3 grid((unsigned)n_tokens, nl);
     const int32_t kv_dim = n_kv_heads * head_dim;
     int threads = kv_dim >= 256 ? 256 : (kv_dim + 31) / 32 * 32;
     if (bf16)
         inject_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos,
-                                                              n_layers, n_kv_heads, head_dim,
+                                                              n_layers, l0, n_kv_heads, head_dim,
                                                               block_size, n_rot, neox, cs);
     else
         inject_kernel<float><<<grid, threads, 0, s>>>(caches, arena, pages, slots, pos, n_layers,
-                                                      n_kv_heads, head_dim, block_size, n_rot, neox,
-                                                      cs);
+                                                      l0, n_kv_heads, head_dim, block_size, n_rot,
+                                                      neox, cs);
     CUDA_CHECK_LAUNCH();
     return IS_OK;
 }

@@ -67,7 +67,7 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
                                   int32_t head_dim, int32_t block_size, int32_t n_rot, bool neox,
                                   const float *cs, bool bf16, bool pdl);
 
-/* Chunked RoPE + scatter, every layer and every token in one launch: token i
+/* Chunked RoPE + scatter, layers [l0, l1) and every token in one launch: token i
  * (page pages[i], slot slots[i], position pos[i]; device arrays) has its
  * arena keys rotated (cos/sin table cs as cuda_rope's) and written with its
  * values into layer l's caches, caches[l] (keys) and caches[n_layers + l]
@@ -77,8 +77,9 @@ is_status cuda_rope_store_stacked(cudaStream_t s, float *q, const float *part, i
  * dequantised in the same pass. */
 is_status cuda_inject(cudaStream_t s, void *const *caches, const void *arena, bool arena_fp8,
                       const int32_t *pages, const int32_t *slots, const int32_t *pos,
-                      int32_t n_tokens, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
-                      int32_t block_size, int32_t n_rot, bool neox, const float *cs, bool bf16);
+                      int32_t n_tokens, int32_t n_layers, int32_t l0, int32_t l1,
+                      int32_t n_kv_heads, int32_t head_dim, int32_t block_size, int32_t n_rot,
+                      bool neox, const float *cs, bool bf16);
 
 /* Fills arena pages (bf16, or fp8 when fp8) from a staged record: k, v f32
  * [n_layers][n_tokens][kv_dim] (device), token j into page pages[j] (device). */

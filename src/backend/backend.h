@@ -290,11 +290,14 @@ typedef struct backend_ops {
      * inject, copying its values (when f->k is not NULL) from host_alloc
      * memory asynchronously, and pins it (never evicted) until fact_unpin;
      * the inject that uses it waits for the copy on the device, not the
-     * host. f->k NULL: only pins a fact already resident. Returns false,
-     * nothing pinned, when it cannot (no room beside other pins, a cache
-     * of another shape or type, a failed backend): the caller injects the
-     * values itself. The memory must stay allocated until the fact is
-     * injected or host_free (which waits) frees it. */
+     * host (CUDA: the copy starts at the next inject, and each layer's
+     * rows land just before that layer first runs). f->k NULL: only pins a
+     * fact already resident (not one whose copy has not started). Returns
+     * false, nothing pinned, when it cannot (no room beside other pins, a
+     * cache of another shape or type, a failed backend): the caller
+     * injects the values itself. The memory must keep its contents until
+     * the fact is injected or its pin dropped, and stay allocated until
+     * host_wait or host_free (which waits). */
     bool (*fact_prefetch)(backend *be, const backend_fact_host *f);
     /* Drops one pin that fact_prefetch took (no-op if none). */
     void (*fact_unpin)(backend *be, uint64_t id);

@@ -1,8 +1,10 @@
 /* Fact-KV tiers on the GPU (label gpu; exits 77 without a CUDA device or
  * the model): a fact that misses the GPU fact cache and comes through the
- * host tier (its record file read into pinned memory, copied to the arena
- * by the upload kernel on the arena's own stream, injected with no values
- * on the host) gives bit for bit the logits of the same fact injected the
+ * host tier (its record file read into pinned memory, copied at the
+ * injection into a staging buffer by the copy engine, layer group by layer
+ * group, each group scattered into the arena and injected just before the
+ * query's forward reaches its layers; no values on the host) gives bit for
+ * bit the logits of the same fact injected the
  * way the arena was filled before (values widened to f32 on the host and
  * narrowed to bf16 on the device), and of the same fact resident. Bitwise,
  * because both paths must put the same bf16 bits in the arena: a bf16
@@ -10,7 +12,10 @@
  * exact), an f16 record's are rounded once from the same f16 value either
  * way; injection and the forward are then the same kernels on the same
  * inputs. Also: a fact whose arena pages another fact's copy reuses while
- * the first one's request is still queued keeps its request's logits.
+ * the first one's request is still queued keeps its request's logits; an
+ * op other than the forward's between the injection and the query lands
+ * the rest at once; a queue larger than the staging goes in parts; a
+ * queued copy whose pin is dropped never reads its host memory.
  *
  * The model: $IS_TEST_MODEL, else the default model. */
 #include <setjmp.h>
@@ -271,53 +276,124 @@ static void test_miss_f16(void **state) {
     miss_equals_widened(KV_DTYPE_F16);
 }
 
-/* A small cache (24 pages): fact 0 injected for request 1, fact 1 for
- * request 2, then fact 3 (12 pages) copied in over fact 0's pages while
- * request 1's query has not run yet: request 1 still sees fact 0. */
+/* A small cache (48 pages): fact 0 injected for request 1, fact 1 for
+ * request 2, others filling the cache, then fact 3 (12 pages) copied in
+ * over fact 0's pages while request 1's query has not run yet: request 1
+ * still sees fact 0. */
 static void test_evicted_pages_wait_for_injection(void **state) {
     (void)state;
     SKIP_WITHOUT_MODEL();
-    static const int f0[1] = {0}, f1[1] = {1}, f3[1] = {3};
+    static const int f0[1] = {0}, f1[1] = {1}, f3[1] = {3}, fill[3] = {1, 2, 3};
     const kv_dtype dt = KV_DTYPE_BF16;
     float *ref = malloc((size_t)g_vocab * sizeof(float));
     float *lg = malloc((size_t)g_vocab * sizeof(float));
-    drop_arena(24);
+    drop_arena(48);
     finish(start(f0, 1, dt, true), ref);
-    drop_arena(24);
+    drop_arena(48);
     prefetch(f0, 1, dt, true);
     int32_t d1 = start(f0, 1, dt, false);
     unpin(f0, 1, dt);
     prefetch(f1, 1, dt, true);
     int32_t d2 = start(f1, 1, dt, false);
     unpin(f1, 1, dt);
-    /* 24 - 5 - 9 = 10 pages free; fact 3 takes 12: fact 0 goes. */
+    /* 48 - 5 - 9 - (9 + 7 + 12) = 6 pages free; fact 3 takes 12: facts 0
+     * and 1 go (the least recently used), and fact 0's pages are rewritten
+     * when request 3's injection lands fact 3. */
+    engine_seq_close(g_e, start(fill, 3, KV_DTYPE_F16, true));
     prefetch(f3, 1, dt, true);
     const fact_kv *kv0 = tier_get(0, dt);
     assert_false(engine_fact_resident(g_e, kv0->content_id, kv0->meta.n_tokens));
     host_tier_release(g_ht, kv0);
+    int32_t d3 = start(f3, 1, dt, false);
     unpin(f3, 1, dt);
     finish(d1, lg);
     expect_bitwise(lg, ref, "request whose fact was evicted after its injection");
     engine_seq_close(g_e, d2);
-    /* The pins refuse past half the cache: the caller injects itself. */
+    engine_seq_close(g_e, d3);
+    /* The pins refuse past half the cache (24): the caller injects itself. */
     const fact_kv *kv1 = tier_get(1, dt), *kv2 = tier_get(2, dt), *kv3 = tier_get(3, dt);
     assert_true(engine_fact_prefetch(g_e, kv3->content_id, kv3->meta.n_tokens, 2, NULL, NULL));
-    assert_false(engine_fact_prefetch(g_e, kv2->content_id, kv2->meta.n_tokens, 2, kv2->k, kv2->v));
-    /* A resident record's pin counts too: fact 1 (resident, request 2's)
-     * is refused as well, so the pins never fill the cache. */
-    assert_true(engine_fact_resident(g_e, kv1->content_id, kv1->meta.n_tokens));
-    assert_false(engine_fact_prefetch(g_e, kv1->content_id, kv1->meta.n_tokens, 2, NULL, NULL));
+    assert_true(engine_fact_prefetch(g_e, kv2->content_id, kv2->meta.n_tokens, 2, kv2->k, kv2->v));
+    assert_false(engine_fact_prefetch(g_e, kv1->content_id, kv1->meta.n_tokens, 2, kv1->k, kv1->v));
+    engine_fact_unpin(g_e, kv2->content_id);
     engine_fact_unpin(g_e, kv3->content_id);
-    host_tier_release(g_ht, kv1);
     /* And memory the device cannot read is refused, never copied from. */
     void *plain = malloc((size_t)g_layers * kv2->meta.n_tokens * g_kv_dim * 2);
     assert_false(engine_fact_prefetch(g_e, kv2->content_id, kv2->meta.n_tokens, 2, plain, plain));
     free(plain);
+    host_tier_release(g_ht, kv1);
     host_tier_release(g_ht, kv2);
     host_tier_release(g_ht, kv3);
     assert_int_equal(engine_status(g_e), IS_OK);
     free(ref);
     free(lg);
+}
+
+/* The injection's layers land between the forward's layers; here an op
+ * that is not the forward's (a sync) comes first and lands them all. */
+static void test_other_op_lands_all(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODEL();
+    static const int all[N_FACTS] = {0, 1, 2, 3};
+    const kv_dtype dt = KV_DTYPE_BF16;
+    float *ref = malloc((size_t)g_vocab * sizeof(float));
+    float *lg = malloc((size_t)g_vocab * sizeof(float));
+    drop_arena(256);
+    finish(start(all, N_FACTS, dt, true), ref);
+    drop_arena(256);
+    prefetch(all, N_FACTS, dt, true);
+    int32_t d = start(all, N_FACTS, dt, false);
+    unpin(all, N_FACTS, dt);
+    g_be->ops->sync(g_be);
+    finish(d, lg);
+    expect_bitwise(lg, ref, "landed by another op");
+    free(ref);
+    free(lg);
+}
+
+/* An arena of 40 pages stages at most a quarter of them (10): facts 0 and
+ * 2 (5 + 7 tokens) are copied in two parts, the first landed at the
+ * injection, the second as the layers run. */
+static void test_queue_in_parts(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODEL();
+    static const int fs[2] = {0, 2};
+    const kv_dtype dt = KV_DTYPE_F16;
+    float *ref = malloc((size_t)g_vocab * sizeof(float));
+    float *lg = malloc((size_t)g_vocab * sizeof(float));
+    drop_arena(40);
+    finish(start(fs, 2, dt, true), ref);
+    drop_arena(40);
+    prefetch(fs, 2, dt, true);
+    int32_t d = start(fs, 2, dt, false);
+    unpin(fs, 2, dt);
+    finish(d, lg);
+    expect_bitwise(lg, ref, "staged in parts");
+    /* A record larger than the staging is refused: the caller injects it. */
+    const fact_kv *kv3 = tier_get(3, dt);
+    assert_false(engine_fact_prefetch(g_e, kv3->content_id, kv3->meta.n_tokens, 1, kv3->k, kv3->v));
+    host_tier_release(g_ht, kv3);
+    assert_int_equal(engine_status(g_e), IS_OK);
+    free(ref);
+    free(lg);
+}
+
+/* A queued record (copy not started) whose only pin goes is dropped, so
+ * its host memory is never read; a pin-only prefetch of a queued record is
+ * refused (its caller holds no host memory the copy could read). */
+static void test_queued_pin_dropped(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODEL();
+    const kv_dtype dt = KV_DTYPE_BF16;
+    drop_arena(256);
+    const fact_kv *kv = tier_get(1, dt);
+    assert_true(engine_fact_prefetch(g_e, kv->content_id, kv->meta.n_tokens, 2, kv->k, kv->v));
+    assert_true(engine_fact_resident(g_e, kv->content_id, kv->meta.n_tokens));
+    assert_false(engine_fact_prefetch(g_e, kv->content_id, kv->meta.n_tokens, 2, NULL, NULL));
+    engine_fact_unpin(g_e, kv->content_id);
+    assert_false(engine_fact_resident(g_e, kv->content_id, kv->meta.n_tokens));
+    host_tier_release(g_ht, kv);
+    assert_int_equal(engine_status(g_e), IS_OK);
 }
 
 int main(void) {
@@ -334,6 +410,9 @@ int main(void) {
         cmocka_unit_test(test_miss_bf16),
         cmocka_unit_test(test_miss_f16),
         cmocka_unit_test(test_evicted_pages_wait_for_injection),
+        cmocka_unit_test(test_other_op_lands_all),
+        cmocka_unit_test(test_queue_in_parts),
+        cmocka_unit_test(test_queued_pin_dropped),
     };
     return test_run_group(tests, setup, teardown);
 }
