@@ -5,20 +5,21 @@
  * [kv_dim] keys, then values, bf16) that must land in the fact arena's pages
  * before the layers that read them. Two ways to move them:
  *   zero-copy  a kernel reads the host rows over PCIe itself and writes
- *              them into the pages, one launch a record (the arena's way,
- *              upload.cuh; here a copy of its kernel without the f16 case);
- *   DMA        cudaMemcpyAsync into a device staging buffer (the copy
- *              engine, no SMs) in layer groups of G (every record's layers
- *              [g, g + G) before any record's next group), the order a
- *              layer-by-layer injection would need (the scatter into the
- *              pages, a device-to-device pass, is not timed);
+ *              them into the pages, one launch a record (the arena's way
+ *              before; kept here to compare);
+ *   DMA        the arena's way (upload.cuh): cudaMemcpyAsync into a device
+ *              staging buffer (the copy engine, no SMs) in layer groups of
+ *              G (every record's layers [g, g + G) before any record's next
+ *              group), the order a layer-by-layer injection needs (the
+ *              scatter into the pages, a device-to-device pass, is not
+ *              timed);
  * each alone, and each beside a stand-in for the forward pass (a kernel
  * that streams the weights' bytes from HBM, as a short prefill does), which
  * says how much the copy slows the forward and how much of the copy the
  * forward hides, with the host time the calls take.
  *
  *   bench_upload_gpu [-n records] [-t tokens] [-L layers] [-d kv_dim]
- *                    [-w weight_gb] [-G group] [-r runs]
+ *                    [-w weight_gb] [-G group] [-r runs] [-a bytes]
  */
 #include "bench_cuda.cuh"
 

@@ -28,6 +28,14 @@ struct record {
     int32_t dtype;
 };
 
+/* A record of the staged batch as its copies need it: taken when staged,
+ * since the record may be evicted (and its slot reused) before its later
+ * groups are copied, once its request has injected and unpinned it. */
+struct staged_rec {
+    const void *hk, *hv;
+    int32_t n_tokens;
+};
+
 struct queued_ref {
     int32_t ri;
     uint64_t id; /* still the record's: it was not dropped meanwhile */
@@ -35,8 +43,10 @@ struct queued_ref {
 } // namespace
 
 /* Staging of the host tier's copies: device memory taken as batches need
- * it, at most a quarter of the arena's bytes and this much (pins hold at
- * most half the arena, and a larger queue is staged and landed in parts). */
+ * it, by default at most the arena's bytes and this much. Pins hold at most
+ * half the arena, so a queue fits whole below that; a larger one is staged
+ * and landed in parts, all but the last before the forward starts (a cap
+ * that split a request's misses once cost the whole copy again). */
 #define STAGING_MAX_BYTES ((size_t)1 << 30)
 #define STAGING_MIN_BYTES ((size_t)64 << 20)
 
@@ -73,12 +83,12 @@ struct cuda_arena {
     std::vector<cuda_upload_token> toks; /* host */
     int32_t landed;                      /* groups of the staged batch landed so far */
     int32_t sent;                        /* groups whose copies are queued on `up` */
-    std::vector<int32_t> batch;          /* the staged batch's records, in staging order */
+    std::vector<staged_rec> batch;       /* the staged batch, in staging order */
     int32_t batch_tokens;
 };
 
-is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
-                            int32_t head_dim, bool fp8, cuda_arena **out) {
+is_status cuda_arena_create(size_t max_bytes, size_t staging_bytes, int32_t n_layers,
+                            int32_t n_kv_heads, int32_t head_dim, bool fp8, cuda_arena **out) {
     const size_t page_bytes = cuda_arena_page_bytes(n_layers, n_kv_heads, head_dim, fp8);
     const int64_t n_pages = (int64_t)(max_bytes / page_bytes);
     if (n_pages < 1 || n_pages > INT32_MAX)
@@ -111,7 +121,9 @@ is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_hea
         return is_error_set(IS_ERR_INTERNAL, "cuda arena: cannot create its copy stream");
     }
     a->landed = CUDA_ARENA_GROUPS;
-    a->staging_max = max_bytes / 4 < STAGING_MAX_BYTES ? max_bytes / 4 : STAGING_MAX_BYTES;
+    a->staging_max = staging_bytes                   ? staging_bytes
+                     : max_bytes < STAGING_MAX_BYTES ? max_bytes
+                                                     : STAGING_MAX_BYTES;
     a->free_pages.reserve((size_t)n_pages);
     for (int64_t p = n_pages - 1; p >= 0; p--) a->free_pages.push_back((int32_t)p);
     a->stats.pages_total = n_pages;
@@ -416,8 +428,15 @@ void cuda_arena_unpin(cuda_arena *a, uint64_t id) {
     }
 }
 
+static is_status send_groups(cuda_arena *a, int32_t last);
+
 void cuda_arena_wait_uploads(cuda_arena *a) {
-    if (a && a->up) cudaStreamSynchronize(a->up);
+    if (!a || !a->up) return;
+    /* A staged batch's later groups, not queued yet, would read the host
+     * memory after this returns (the caller's cue to reuse it). */
+    if (a->landed < CUDA_ARENA_GROUPS && send_groups(a, CUDA_ARENA_GROUPS - 1) != IS_OK)
+        is_error_clear(); /* its landing queues them again, and fails there */
+    cudaStreamSynchronize(a->up);
 }
 
 void cuda_arena_group(const cuda_arena *a, int32_t g, int32_t *l0, int32_t *l1) {
@@ -459,8 +478,7 @@ static is_status send_groups(cuda_arena *a, int32_t last) {
         int32_t l0, l1;
         cuda_arena_group(a, a->sent, &l0, &l1);
         size_t off = 0;
-        for (int32_t ri : a->batch) {
-            const record &r = a->recs[(size_t)ri];
+        for (const staged_rec &r : a->batch) {
             const size_t row = (size_t)r.n_tokens * a->kv_dim; /* a layer's elements */
             const size_t half = (size_t)a->n_layers * row;
             const size_t bytes = (size_t)(l1 - l0) * row * 2;
@@ -500,7 +518,11 @@ static is_status copy_batch(cuda_arena *a, std::vector<int32_t> &batch) {
     CUDA_CHECK(cudaStreamWaitEvent(a->up, a->ev_free, 0));
     CUDA_CHECK(cudaMemcpyAsync(a->dtoks, a->toks.data(), a->toks.size() * sizeof(cuda_upload_token),
                                cudaMemcpyHostToDevice, a->up));
-    a->batch.swap(batch);
+    a->batch.clear();
+    for (int32_t ri : batch) {
+        const record &r = a->recs[(size_t)ri];
+        a->batch.push_back({r.hk, r.hv, r.n_tokens});
+    }
     a->batch_tokens = (int32_t)a->toks.size();
     a->landed = 0;
     a->sent = 0;

@@ -32,10 +32,12 @@ extern "C" {
 typedef struct cuda_arena cuda_arena;
 
 /* An arena of at most max_bytes for records of this shape (the device
- * memory is taken at once), in bf16 or fp8 pages (kv.cuh). IS_ERR_NOMEM
- * when not even one page fits. */
-is_status cuda_arena_create(size_t max_bytes, int32_t n_layers, int32_t n_kv_heads,
-                            int32_t head_dim, bool fp8, cuda_arena **out);
+ * memory is taken at once), in bf16 or fp8 pages (kv.cuh), whose host-tier
+ * copies are staged in at most staging_bytes at a time (taken as needed; 0:
+ * the default, the arena's bytes up to 1 GiB). IS_ERR_NOMEM when not even
+ * one page fits. */
+is_status cuda_arena_create(size_t max_bytes, size_t staging_bytes, int32_t n_layers,
+                            int32_t n_kv_heads, int32_t head_dim, bool fp8, cuda_arena **out);
 void cuda_arena_free(cuda_arena *a);
 
 bool cuda_arena_matches(const cuda_arena *a, int32_t n_layers, int32_t n_kv_heads, int32_t head_dim,
@@ -95,8 +97,9 @@ is_status cuda_arena_send(cuda_arena *a);
 /* Group g of the staged batch into its pages, on s after its copy. */
 is_status cuda_arena_land(cuda_arena *a, cudaStream_t s, int32_t g);
 
-/* Waits (host) for every copy queued on the arena's stream, so the host
- * memory they read may be freed. */
+/* Queues the copies of a staged batch not queued yet, and waits (host) for
+ * every copy on the arena's stream, so the host memory they read may be
+ * reused or freed. */
 void cuda_arena_wait_uploads(cuda_arena *a);
 
 /* Whether the record of this id holds n_tokens tokens here: the next

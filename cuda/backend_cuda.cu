@@ -113,8 +113,9 @@ typedef struct cuda_ctx {
     float *partial;     /* flash split partial results */
     size_t partial_cap; /* floats */
     cuda_arena *arena;
-    size_t arena_bytes; /* requested capacity (0 = default) */
-    bool arena_fp8;     /* the arena's pages in fp8 e4m3 with scales (kv.cuh), else bf16 */
+    size_t arena_bytes;   /* requested capacity (0 = default) */
+    size_t staging_bytes; /* the arena's staging of host-tier copies (0 = default) */
+    bool arena_fp8;       /* the arena's pages in fp8 e4m3 with scales (kv.cuh), else bf16 */
     /* The arena and its pointer: the host tier's threads prefetch into it
      * (fact_prefetch) while the engine thread injects from it. */
     pthread_mutex_t arena_mu;
@@ -1243,7 +1244,8 @@ static is_status arena_ensure(cuda_ctx *c, int32_t n_layers, int32_t n_kv_heads,
         CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
         bytes = ARENA_DEFAULT_BYTES < free_b / 2 ? ARENA_DEFAULT_BYTES : free_b / 2;
     }
-    return cuda_arena_create(bytes, n_layers, n_kv_heads, head_dim, c->arena_fp8, &c->arena);
+    return cuda_arena_create(bytes, c->staging_bytes, n_layers, n_kv_heads, head_dim, c->arena_fp8,
+                             &c->arena);
 }
 
 /* Lands groups def.next .. last of the staged batch, each followed by the
@@ -1765,6 +1767,12 @@ extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
     }
     c->arena_bytes = bytes;
     pthread_mutex_unlock(&c->arena_mu);
+}
+
+extern "C" void backend_cuda_set_staging_bytes(backend *be, size_t bytes) {
+    cuda_ctx *c = ctx_of(be);
+    backend_cuda_set_arena_bytes(be, c->arena_bytes); /* drops the arena */
+    c->staging_bytes = bytes;
 }
 
 extern "C" void backend_cuda_set_arena_fp8(backend *be, bool fp8) {

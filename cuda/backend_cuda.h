@@ -72,6 +72,12 @@ void backend_cuda_options(backend *be, cuda_options *out);
  * changing it drops the arena and what it holds. */
 void backend_cuda_set_arena_bytes(backend *be, size_t bytes);
 
+/* The most device memory the arena stages host-tier copies in at a time
+ * (0: the default, the arena's bytes up to 1 GiB; a queue of copies larger
+ * than it goes in parts). Tests set it to reach the parts; it drops the
+ * arena as backend_cuda_set_arena_bytes does. */
+void backend_cuda_set_staging_bytes(backend *be, size_t bytes);
+
 /* The arena's element type: fp8 e4m3 with a scale per (token, layer, KV
  * head) (kv.cuh; half the bytes of bf16, so twice the facts resident), or
  * bf16 (the default). Injection dequantises in its one pass. Changing it

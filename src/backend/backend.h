@@ -282,7 +282,7 @@ typedef struct backend_ops {
     /* The fact-KV host tier (any thread, unlike the ops above; none ticks
      * or latches). Optional (NULL = none, and the caller keeps its records
      * in ordinary memory): host memory the device can read while the
-     * caller goes on (CUDA: pinned, mapped), and its release, which waits
+     * caller goes on (CUDA: pinned), and its release, which waits
      * for any copy still reading it. */
     is_status (*host_alloc)(backend *be, size_t bytes, void **out);
     void (*host_free)(backend *be, void *ptr);

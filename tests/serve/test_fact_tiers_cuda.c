@@ -351,8 +351,8 @@ static void test_other_op_lands_all(void **state) {
     free(lg);
 }
 
-/* An arena of 40 pages stages at most a quarter of them (10): facts 0 and
- * 2 (5 + 7 tokens) are copied in two parts, the first landed at the
+/* An arena of 40 pages staging at most 10 pages' bytes at a time: facts 0
+ * and 2 (5 + 7 tokens) are copied in two parts, the first landed at the
  * injection, the second as the layers run. */
 static void test_queue_in_parts(void **state) {
     (void)state;
@@ -363,6 +363,7 @@ static void test_queue_in_parts(void **state) {
     float *lg = malloc((size_t)g_vocab * sizeof(float));
     drop_arena(40);
     finish(start(fs, 2, dt, true), ref);
+    backend_cuda_set_staging_bytes(g_be, 10 * 2 * (size_t)g_layers * g_kv_dim * 2);
     drop_arena(40);
     prefetch(fs, 2, dt, true);
     int32_t d = start(fs, 2, dt, false);
@@ -373,7 +374,51 @@ static void test_queue_in_parts(void **state) {
     const fact_kv *kv3 = tier_get(3, dt);
     assert_false(engine_fact_prefetch(g_e, kv3->content_id, kv3->meta.n_tokens, 1, kv3->k, kv3->v));
     host_tier_release(g_ht, kv3);
+    backend_cuda_set_staging_bytes(g_be, 0);
     assert_int_equal(engine_status(g_e), IS_OK);
+    free(ref);
+    free(lg);
+}
+
+/* The host tier reuses an unheld record's memory once host_wait returns:
+ * an injection's later groups, whose copies start only as its forward
+ * runs, are copied before host_wait returns. Here the records' memory is
+ * overwritten between the injection and the query, as a reuse would. */
+static void test_host_wait_covers_staged(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODEL();
+    static const int all[N_FACTS] = {0, 1, 2, 3};
+    const kv_dtype dt = KV_DTYPE_BF16;
+    float *ref = malloc((size_t)g_vocab * sizeof(float));
+    float *lg = malloc((size_t)g_vocab * sizeof(float));
+    drop_arena(256);
+    finish(start(all, N_FACTS, dt, true), ref);
+    drop_arena(256);
+    prefetch(all, N_FACTS, dt, true);
+    int32_t d = start(all, N_FACTS, dt, false);
+    unpin(all, N_FACTS, dt);
+    engine_host_wait(g_e);
+    const fact_kv *kv[N_FACTS];
+    void *saved[N_FACTS];
+    size_t bytes[N_FACTS];
+    for (int f = 0; f < N_FACTS; f++) {
+        kv[f] = tier_get(f, dt);
+        bytes[f] = (size_t)g_layers * kv[f]->meta.n_tokens * g_kv_dim * 2;
+        saved[f] = malloc(2 * bytes[f]);
+        assert_non_null(saved[f]);
+        memcpy(saved[f], kv[f]->k, bytes[f]);
+        memcpy((char *)saved[f] + bytes[f], kv[f]->v, bytes[f]);
+        memset((void *)kv[f]->k, 0x7f, bytes[f]);
+        memset((void *)kv[f]->v, 0x7f, bytes[f]);
+    }
+    finish(d, lg);
+    for (int f = 0; f < N_FACTS; f++) { /* the tier's copy as it was, for the tests after */
+        memcpy((void *)kv[f]->k, saved[f], bytes[f]);
+        memcpy((void *)kv[f]->v, (char *)saved[f] + bytes[f], bytes[f]);
+        free(saved[f]);
+        host_tier_release(g_ht, kv[f]);
+    }
+    expect_bitwise(lg, ref, "records overwritten after host_wait");
     free(ref);
     free(lg);
 }
@@ -413,6 +458,7 @@ int main(void) {
         cmocka_unit_test(test_other_op_lands_all),
         cmocka_unit_test(test_queue_in_parts),
         cmocka_unit_test(test_queued_pin_dropped),
+        cmocka_unit_test(test_host_wait_covers_staged),
     };
     return test_run_group(tests, setup, teardown);
 }
