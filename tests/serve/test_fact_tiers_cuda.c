@@ -243,16 +243,29 @@ static void drop_arena(size_t pages) {
     backend_cuda_set_arena_bytes(g_be, pages * 2 * (size_t)g_layers * g_kv_dim * 2);
 }
 
+/* ref: the logits of facts fs injected the way without the host tier, in
+ * an emptied cache of `pages`, emptied again after. */
+static void widened_ref(const int *fs, int n, kv_dtype dtype, size_t pages, float *ref) {
+    drop_arena(pages);
+    finish(start(fs, n, dtype, true), ref);
+    drop_arena(pages);
+}
+
+/* A request with facts fs through the host tier (misses: copied from the
+ * pinned records), injected and unpinned, its query not run yet. */
+static int32_t start_tiered(const int *fs, int n, kv_dtype dtype) {
+    prefetch(fs, n, dtype, true);
+    int32_t d = start(fs, n, dtype, false);
+    unpin(fs, n, dtype);
+    return d;
+}
+
 static void miss_equals_widened(kv_dtype dtype) {
     static const int all[N_FACTS] = {0, 1, 2, 3};
     float *ref = malloc((size_t)g_vocab * sizeof(float));
     float *lg = malloc((size_t)g_vocab * sizeof(float));
-    drop_arena(256);
-    finish(start(all, N_FACTS, dtype, true), ref);
-    drop_arena(256);
-    prefetch(all, N_FACTS, dtype, true); /* misses: copied from the pinned records */
-    int32_t d = start(all, N_FACTS, dtype, false);
-    unpin(all, N_FACTS, dtype);
+    widened_ref(all, N_FACTS, dtype, 256, ref);
+    int32_t d = start_tiered(all, N_FACTS, dtype);
     finish(d, lg);
     expect_bitwise(lg, ref, "host tier miss");
     prefetch(all, N_FACTS, dtype, false); /* resident now: pinned only */
@@ -287,15 +300,9 @@ static void test_evicted_pages_wait_for_injection(void **state) {
     const kv_dtype dt = KV_DTYPE_BF16;
     float *ref = malloc((size_t)g_vocab * sizeof(float));
     float *lg = malloc((size_t)g_vocab * sizeof(float));
-    drop_arena(48);
-    finish(start(f0, 1, dt, true), ref);
-    drop_arena(48);
-    prefetch(f0, 1, dt, true);
-    int32_t d1 = start(f0, 1, dt, false);
-    unpin(f0, 1, dt);
-    prefetch(f1, 1, dt, true);
-    int32_t d2 = start(f1, 1, dt, false);
-    unpin(f1, 1, dt);
+    widened_ref(f0, 1, dt, 48, ref);
+    int32_t d1 = start_tiered(f0, 1, dt);
+    int32_t d2 = start_tiered(f1, 1, dt);
     /* 48 - 5 - 9 - (9 + 7 + 12) = 6 pages free; fact 3 takes 12: facts 0
      * and 1 go (the least recently used), and fact 0's pages are rewritten
      * when request 3's injection lands fact 3. */
@@ -329,26 +336,31 @@ static void test_evicted_pages_wait_for_injection(void **state) {
     free(lg);
 }
 
+/* Facts 0-3 (bf16) through the host tier give the widened path's logits
+ * bit for bit, with between() run after the injection and before the
+ * query, and after() once the query has run. */
+static void tiered_equals_widened(void (*between)(void), void (*after)(void), const char *what) {
+    static const int all[N_FACTS] = {0, 1, 2, 3};
+    float *ref = malloc((size_t)g_vocab * sizeof(float));
+    float *lg = malloc((size_t)g_vocab * sizeof(float));
+    widened_ref(all, N_FACTS, KV_DTYPE_BF16, 256, ref);
+    int32_t d = start_tiered(all, N_FACTS, KV_DTYPE_BF16);
+    between();
+    finish(d, lg);
+    if (after) after();
+    expect_bitwise(lg, ref, what);
+    free(ref);
+    free(lg);
+}
+
+static void sync_op(void) { g_be->ops->sync(g_be); }
+
 /* The injection's layers land between the forward's layers; here an op
  * that is not the forward's (a sync) comes first and lands them all. */
 static void test_other_op_lands_all(void **state) {
     (void)state;
     SKIP_WITHOUT_MODEL();
-    static const int all[N_FACTS] = {0, 1, 2, 3};
-    const kv_dtype dt = KV_DTYPE_BF16;
-    float *ref = malloc((size_t)g_vocab * sizeof(float));
-    float *lg = malloc((size_t)g_vocab * sizeof(float));
-    drop_arena(256);
-    finish(start(all, N_FACTS, dt, true), ref);
-    drop_arena(256);
-    prefetch(all, N_FACTS, dt, true);
-    int32_t d = start(all, N_FACTS, dt, false);
-    unpin(all, N_FACTS, dt);
-    g_be->ops->sync(g_be);
-    finish(d, lg);
-    expect_bitwise(lg, ref, "landed by another op");
-    free(ref);
-    free(lg);
+    tiered_equals_widened(sync_op, NULL, "landed by another op");
 }
 
 /* An arena of 40 pages staging at most 10 pages' bytes at a time: facts 0
@@ -361,13 +373,9 @@ static void test_queue_in_parts(void **state) {
     const kv_dtype dt = KV_DTYPE_F16;
     float *ref = malloc((size_t)g_vocab * sizeof(float));
     float *lg = malloc((size_t)g_vocab * sizeof(float));
-    drop_arena(40);
-    finish(start(fs, 2, dt, true), ref);
+    widened_ref(fs, 2, dt, 40, ref);
     backend_cuda_set_staging_bytes(g_be, 10 * 2 * (size_t)g_layers * g_kv_dim * 2);
-    drop_arena(40);
-    prefetch(fs, 2, dt, true);
-    int32_t d = start(fs, 2, dt, false);
-    unpin(fs, 2, dt);
+    int32_t d = start_tiered(fs, 2, dt);
     finish(d, lg);
     expect_bitwise(lg, ref, "staged in parts");
     /* A record larger than the staging is refused: the caller injects it. */
@@ -380,47 +388,44 @@ static void test_queue_in_parts(void **state) {
     free(lg);
 }
 
+/* The records' memory as it was before overwrite_records. */
+static const fact_kv *g_kv[N_FACTS];
+static void *g_saved[N_FACTS];
+
+/* host_wait, then the tier's copies of facts 0-3 overwritten, as a reuse
+ * of their memory would. */
+static void overwrite_records(void) {
+    engine_host_wait(g_e);
+    for (int f = 0; f < N_FACTS; f++) {
+        g_kv[f] = tier_get(f, KV_DTYPE_BF16);
+        const size_t bytes = (size_t)g_layers * g_kv[f]->meta.n_tokens * g_kv_dim * 2;
+        g_saved[f] = malloc(2 * bytes);
+        assert_non_null(g_saved[f]);
+        memcpy(g_saved[f], g_kv[f]->k, bytes);
+        memcpy((char *)g_saved[f] + bytes, g_kv[f]->v, bytes);
+        memset((void *)g_kv[f]->k, 0x7f, bytes);
+        memset((void *)g_kv[f]->v, 0x7f, bytes);
+    }
+}
+
+static void restore_records(void) { /* for the tests after */
+    for (int f = 0; f < N_FACTS; f++) {
+        const size_t bytes = (size_t)g_layers * g_kv[f]->meta.n_tokens * g_kv_dim * 2;
+        memcpy((void *)g_kv[f]->k, g_saved[f], bytes);
+        memcpy((void *)g_kv[f]->v, (char *)g_saved[f] + bytes, bytes);
+        free(g_saved[f]);
+        host_tier_release(g_ht, g_kv[f]);
+    }
+}
+
 /* The host tier reuses an unheld record's memory once host_wait returns:
  * an injection's later groups, whose copies start only as its forward
- * runs, are copied before host_wait returns. Here the records' memory is
- * overwritten between the injection and the query, as a reuse would. */
+ * runs, are copied before host_wait returns. */
 static void test_host_wait_covers_staged(void **state) {
     (void)state;
     SKIP_WITHOUT_MODEL();
-    static const int all[N_FACTS] = {0, 1, 2, 3};
-    const kv_dtype dt = KV_DTYPE_BF16;
-    float *ref = malloc((size_t)g_vocab * sizeof(float));
-    float *lg = malloc((size_t)g_vocab * sizeof(float));
-    drop_arena(256);
-    finish(start(all, N_FACTS, dt, true), ref);
-    drop_arena(256);
-    prefetch(all, N_FACTS, dt, true);
-    int32_t d = start(all, N_FACTS, dt, false);
-    unpin(all, N_FACTS, dt);
-    engine_host_wait(g_e);
-    const fact_kv *kv[N_FACTS];
-    void *saved[N_FACTS];
-    size_t bytes[N_FACTS];
-    for (int f = 0; f < N_FACTS; f++) {
-        kv[f] = tier_get(f, dt);
-        bytes[f] = (size_t)g_layers * kv[f]->meta.n_tokens * g_kv_dim * 2;
-        saved[f] = malloc(2 * bytes[f]);
-        assert_non_null(saved[f]);
-        memcpy(saved[f], kv[f]->k, bytes[f]);
-        memcpy((char *)saved[f] + bytes[f], kv[f]->v, bytes[f]);
-        memset((void *)kv[f]->k, 0x7f, bytes[f]);
-        memset((void *)kv[f]->v, 0x7f, bytes[f]);
-    }
-    finish(d, lg);
-    for (int f = 0; f < N_FACTS; f++) { /* the tier's copy as it was, for the tests after */
-        memcpy((void *)kv[f]->k, saved[f], bytes[f]);
-        memcpy((void *)kv[f]->v, (char *)saved[f] + bytes[f], bytes[f]);
-        free(saved[f]);
-        host_tier_release(g_ht, kv[f]);
-    }
-    expect_bitwise(lg, ref, "records overwritten after host_wait");
-    free(ref);
-    free(lg);
+    tiered_equals_widened(overwrite_records, restore_records,
+                          "records overwritten after host_wait");
 }
 
 /* A queued record (copy not started) whose only pin goes is dropped, so
