@@ -4,8 +4,8 @@
  * injection into a staging buffer by the copy engine, layer group by layer
  * group, each group scattered into the arena and injected just before the
  * query's forward reaches its layers; no values on the host) gives bit for
- * bit the logits of the same fact injected the
- * way the arena was filled before (values widened to f32 on the host and
+ * bit the logits of the same fact injected the way the arena was filled
+ * before (values widened to f32 on the host and
  * narrowed to bf16 on the device), and of the same fact resident. Bitwise,
  * because both paths must put the same bf16 bits in the arena: a bf16
  * record's values are bf16 already (widening to f32 and rounding back is
@@ -15,7 +15,9 @@
  * the first one's request is still queued keeps its request's logits; an
  * op other than the forward's between the injection and the query lands
  * the rest at once; a queue larger than the staging goes in parts; a
- * queued copy whose pin is dropped never reads its host memory.
+ * queued copy whose pin is dropped never reads its host memory; records
+ * overwritten once host_wait returns leave the request's logits as they
+ * were; pins, a resident record's too, refuse past half the cache.
  *
  * The model: $IS_TEST_MODEL, else the default model. */
 #include <setjmp.h>
