@@ -84,7 +84,6 @@ struct cuda_arena {
     int32_t landed;                      /* groups of the staged batch landed so far */
     int32_t sent;                        /* groups whose copies are queued on `up` */
     std::vector<staged_rec> batch;       /* the staged batch, in staging order */
-    int32_t batch_tokens;
 };
 
 is_status cuda_arena_create(size_t max_bytes, size_t staging_bytes, int32_t n_layers,
@@ -444,6 +443,13 @@ void cuda_arena_group(const cuda_arena *a, int32_t g, int32_t *l0, int32_t *l1) 
     *l1 = (int32_t)((int64_t)a->n_layers * (g + 1) / CUDA_ARENA_GROUPS);
 }
 
+int32_t cuda_arena_group_of(int32_t n_layers, int32_t l) {
+    /* The last g whose first layer, n_layers * g / GROUPS, is at most l. */
+    int32_t g = CUDA_ARENA_GROUPS - 1;
+    while (g > 0 && (int64_t)n_layers * g / CUDA_ARENA_GROUPS > l) g--;
+    return g;
+}
+
 static is_status grow_staging(cuda_arena *a, size_t elems, size_t n_toks) {
     if (elems <= a->rec_staging_cap && n_toks <= a->dtoks_cap) return IS_OK;
     /* The copies and scatters of the batch before may still use them. */
@@ -505,11 +511,13 @@ static is_status send_groups(cuda_arena *a, int32_t last) {
  * whole batch would wait for all of it before its first layer. */
 static is_status copy_batch(cuda_arena *a, std::vector<int32_t> &batch) {
     a->toks.clear();
+    a->batch.clear(); /* the batch before was all sent (it landed) */
     size_t at = 0;
     for (int32_t ri : batch) {
         const record &r = a->recs[(size_t)ri];
         for (int32_t j = 0; j < r.n_tokens; j++)
             a->toks.push_back({(int64_t)at, r.n_tokens, j, r.pages[(size_t)j], r.dtype == 1});
+        a->batch.push_back({r.hk, r.hv, r.n_tokens});
         at += staged_elems(a, r.n_tokens);
     }
     is_status st = grow_staging(a, at, a->toks.size());
@@ -518,12 +526,6 @@ static is_status copy_batch(cuda_arena *a, std::vector<int32_t> &batch) {
     CUDA_CHECK(cudaStreamWaitEvent(a->up, a->ev_free, 0));
     CUDA_CHECK(cudaMemcpyAsync(a->dtoks, a->toks.data(), a->toks.size() * sizeof(cuda_upload_token),
                                cudaMemcpyHostToDevice, a->up));
-    a->batch.clear();
-    for (int32_t ri : batch) {
-        const record &r = a->recs[(size_t)ri];
-        a->batch.push_back({r.hk, r.hv, r.n_tokens});
-    }
-    a->batch_tokens = (int32_t)a->toks.size();
     a->landed = 0;
     a->sent = 0;
     return send_groups(a, 0);
@@ -574,7 +576,7 @@ is_status cuda_arena_land(cuda_arena *a, cudaStream_t s, int32_t g) {
     if (sent != IS_OK) return sent;
     CUDA_CHECK(cudaStreamWaitEvent(s, a->ev_group[g], 0));
     is_status st = cuda_upload_scatter(s, (__nv_bfloat16 *)a->data, a->rec_staging, a->dtoks,
-                                       a->batch_tokens, l0, l1, a->n_layers, a->kv_dim);
+                                       (int32_t)a->toks.size(), l0, l1, a->n_layers, a->kv_dim);
     if (st != IS_OK) return st;
     a->landed = g + 1;
     if (a->landed == CUDA_ARENA_GROUPS) CUDA_CHECK(cudaEventRecord(a->ev_free, s));

@@ -75,6 +75,8 @@ void cuda_arena_unpin(cuda_arena *a, uint64_t id);
  * layers [l0, l1) of it. */
 #define CUDA_ARENA_GROUPS 4
 void cuda_arena_group(const cuda_arena *a, int32_t g, int32_t *l0, int32_t *l1);
+/* The group that holds layer l of n_layers. */
+int32_t cuda_arena_group_of(int32_t n_layers, int32_t l);
 
 /* Starts the copies of every queued prefetch: host -> staging on the
  * arena's stream, a layer group after another (each group's copies of

@@ -80,8 +80,6 @@ typedef struct bf16_input {
 typedef struct deferred_inject {
     bool active;
     int32_t next; /* the next group to land */
-    bool sent;    /* the later groups' copies queued (after the forward's first uploads) */
-    bool inject;  /* an injection waits on the groups (else they only land) */
     float **kc;   /* host: the injection's key caches, to know an attention's layer */
     int32_t kc_cap;
     const void *dcaches; /* the injection's arguments (st_caches, st_inject) */
@@ -210,22 +208,12 @@ static bool op_begin_forward(cuda_ctx *c) { return op_begin_as(c, true); }
  * the groups before it, and their layers are injected. */
 static bool land_for(cuda_ctx *c, const float *k_cache) {
     if (!c->def.active) return true;
-    int32_t layer = -1; /* not the injection's cache: everything lands */
-    for (int32_t l = 0; l < c->def.n_layers && layer < 0; l++)
-        if (c->def.kc[l] == k_cache) layer = l;
-    int32_t last = CUDA_ARENA_GROUPS - 1;
-    if (layer >= 0) {
-        pthread_mutex_lock(&c->arena_mu);
-        for (int32_t g = 0; g < CUDA_ARENA_GROUPS; g++) {
-            int32_t l0, l1;
-            cuda_arena_group(c->arena, g, &l0, &l1);
-            if (layer < l1) {
-                last = g;
-                break;
-            }
+    int32_t last = CUDA_ARENA_GROUPS - 1; /* not the injection's cache: everything lands */
+    for (int32_t l = 0; l < c->def.n_layers; l++)
+        if (c->def.kc[l] == k_cache) {
+            last = cuda_arena_group_of(c->def.n_layers, l);
+            break;
         }
-        pthread_mutex_unlock(&c->arena_mu);
-    }
     const is_status st = deferred_run(c, last);
     if (st != IS_OK) op_note(c, st);
     return st == IS_OK;
@@ -1128,10 +1116,10 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
         st = cuda_attention(c->stream, out, q, b->q_prefix, k_cache, v_cache, m, b->n_tokens,
                             n_heads, n_kv_heads, head_dim, block_size, kv_bf16(c));
     op_note(c, st);
-    if (c->def.active && !c->def.sent && st == IS_OK) {
+    if (c->def.active && st == IS_OK) {
         /* The forward's first uploads are queued now: the batch's later
-         * groups may follow them on the copy engine (cuda_arena_send). */
-        c->def.sent = true;
+         * groups may follow them on the copy engine (cuda_arena_send; once
+         * they are queued, a no-op). */
         pthread_mutex_lock(&c->arena_mu);
         op_note(c, cuda_arena_send(c->arena));
         pthread_mutex_unlock(&c->arena_mu);
@@ -1256,7 +1244,7 @@ static is_status deferred_land_locked(cuda_ctx *c, int32_t last) {
     while (d->active && d->next <= last && st == IS_OK) {
         const int32_t g = d->next;
         st = cuda_arena_land(c->arena, c->stream, g);
-        if (st == IS_OK && d->inject) {
+        if (st == IS_OK) {
             int32_t l0, l1;
             cuda_arena_group(c->arena, g, &l0, &l1);
             st = cuda_inject(c->stream, (void *const *)d->dcaches, cuda_arena_data(c->arena), false,
@@ -1290,7 +1278,8 @@ static is_status defer_inject(cuda_ctx *c, float *const *k_cache, const void *dc
         d->kc_cap = in->n_layers;
     }
     memcpy(d->kc, k_cache, (size_t)in->n_layers * sizeof *d->kc);
-    d->inject = true;
+    d->active = true;
+    d->next = 0;
     d->dcaches = dcaches;
     d->dp = dp;
     d->n = n;
@@ -1319,12 +1308,6 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
      * may read them); they land group by group, deferred below. */
     bool staged = false;
     if ((st = cuda_arena_stage(c->arena, c->stream, &staged)) != IS_OK) return st;
-    deferred_inject *d = &c->def;
-    d->active = staged;
-    d->next = 0;
-    d->sent = false;
-    d->inject = false;
-    d->n_layers = 0;
     /* Host pack: [pages T][slots T][positions T], then the caches'
      * addresses. Positions are per token, so the facts of every sequence
      * of an engine_inject_batch are one list and one launch. */
@@ -1373,11 +1356,13 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
                                &dpack)) != IS_OK)
             break;
         const int32_t *dp = (const int32_t *)dpack;
-        if (d->active && f0 == 0 && placed == in->n_facts) {
+        if (staged && f0 == 0 && placed == in->n_facts) {
             /* The whole list in one part: its layers go in as they land. */
             st = defer_inject(c, k_cache, dcaches, dp, (int32_t)n, in);
         } else {
-            if (d->active) st = deferred_land_locked(c, CUDA_ARENA_GROUPS - 1);
+            for (int32_t g = 0; staged && g < CUDA_ARENA_GROUPS && st == IS_OK; g++)
+                st = cuda_arena_land(c->arena, c->stream, g);
+            staged = false;
             if (st == IS_OK)
                 st =
                     cuda_inject(c->stream, (void *const *)dcaches, cuda_arena_data(c->arena),
@@ -1388,7 +1373,7 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
         f0 += placed;
         t0 += n;
     }
-    if (st != IS_OK) d->active = false; /* latched: recover drops the arena */
+    if (st != IS_OK) c->def.active = false; /* latched: recover drops the arena */
     return st;
 }
 

@@ -238,8 +238,7 @@ static __device__ __forceinline__ uint4 f32_to_bf16x8(const float *f) {
  * keys and values in each, so their loads are in flight together and the
  * unit's rotation table entries (32 bytes, f32, the same for every head and
  * layer of the token) are read once for them, not once a head (those reads
- * had been as many bytes from L2 as the keys' and values' from DRAM). Run
- * 92: 80.4-81.5 us at k = 50 against 82.8-83.2 before (other calls). */
+ * had been as many bytes from L2 as the keys' and values' from DRAM). */
 #define INJECT_HEADS 4
 
 static __global__ void __launch_bounds__(256)
