@@ -31,12 +31,7 @@
 #define XXH_P4 0x85EBCA77C2B2AE63ull
 #define XXH_P5 0x27D4EB2F165667C5ull
 
-typedef struct xxh64_state {
-    uint64_t v[4];      /* the four lane accumulators */
-    uint64_t total_len; /* bytes fed so far */
-    uint8_t mem[32];    /* a partial stripe */
-    uint32_t mem_size;  /* bytes of mem in use, < 32 */
-} xxh64_state;
+typedef struct fact_xxh64 xxh64_state; /* declared in fact_record.h for fact_record_sum */
 
 static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
@@ -461,6 +456,26 @@ static uint64_t record_checksum(const uint8_t *rec, size_t total) {
     return xxh64_digest(&s);
 }
 
+void fact_record_sum_init(fact_record_sum *s) {
+    xxh64_init(&s->h, 0);
+    s->fed = 0;
+}
+
+void fact_record_sum_feed(fact_record_sum *s, const void *rec, size_t from, size_t to) {
+    IS_ASSERT(from == s->fed && to >= from);
+    const uint8_t *b = rec;
+    /* record_checksum()'s bytes: all but the checksum field itself. */
+    if (from < OFF_CHECKSUM) {
+        const size_t end = to < OFF_CHECKSUM ? to : OFF_CHECKSUM;
+        xxh64_update(&s->h, b + from, end - from);
+        from = end;
+    }
+    if (from < FACT_RECORD_HEADER_BYTES)
+        from = to < FACT_RECORD_HEADER_BYTES ? to : FACT_RECORD_HEADER_BYTES;
+    if (to > from) xxh64_update(&s->h, b + from, to - from);
+    s->fed = to;
+}
+
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static void putf(uint8_t *p, float v) { memcpy(p, &v, 4); }
@@ -585,8 +600,11 @@ static bool all_zero(const uint8_t *p, size_t n) {
     return true;
 }
 
-is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
-                            const int32_t **tokens, const void **k, const void **v) {
+/* fact_record_parse's work; sum is the checksum of buf[len] when the caller
+ * took it as the bytes arrived, NULL to take it here. */
+static is_status parse(const void *buf, size_t len, const fact_record_sum *sum_of,
+                       fact_kv_meta *meta_out, const int32_t **tokens, const void **k,
+                       const void **v) {
     if (!buf && len > 0) return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is NULL");
     if ((uintptr_t)buf % 4 != 0)
         return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is not 4-byte aligned");
@@ -647,7 +665,8 @@ is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
     if (len != l.total)
         return is_error_set(IS_ERR_FORMAT, "fact record: %zu bytes, the header says %zu (%s)", len,
                             l.total, len < l.total ? "truncated" : "trailing bytes");
-    uint64_t sum = read64(b + OFF_CHECKSUM), want = record_checksum(b, l.total);
+    uint64_t sum = read64(b + OFF_CHECKSUM),
+             want = sum_of ? xxh64_digest(&sum_of->h) : record_checksum(b, l.total);
     if (sum != want)
         return is_error_set(IS_ERR_FORMAT,
                             "fact record: checksum mismatch (stored %016llx, computed %016llx): "
@@ -691,6 +710,21 @@ is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta_out,
     if (k) *k = b + l.k_off;
     if (v) *v = b + l.v_off;
     return IS_OK;
+}
+
+is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta, const int32_t **tokens,
+                            const void **k, const void **v) {
+    return parse(buf, len, NULL, meta, tokens, k, v);
+}
+
+is_status fact_record_parse_summed(const void *buf, size_t len, const fact_record_sum *s,
+                                   fact_kv_meta *meta, const int32_t **tokens, const void **k,
+                                   const void **v) {
+    if (!s || s->fed != len)
+        return is_error_set(IS_ERR_INVALID_ARG,
+                            "fact record: the checksum was taken over %zu bytes, not the %zu given",
+                            s ? s->fed : 0, len);
+    return parse(buf, len, s, meta, tokens, k, v);
 }
 
 uint64_t fact_record_content_id(const void *buf) {

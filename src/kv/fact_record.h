@@ -253,6 +253,32 @@ is_status fact_record_encode(const fact_kv_meta *meta, const int32_t *tokens, co
 is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta, const int32_t **tokens,
                             const void **k, const void **v);
 
+/* A record's checksum taken as its bytes arrive, so a reader hashes each
+ * piece while it is still in the CPU's cache instead of reading the whole
+ * record from memory a second time: fact_record_sum_init(), then
+ * fact_record_sum_feed() with rec (the record's first byte) and each range
+ * [from, to) of it in order, then fact_record_parse_summed(). The fields
+ * are private (XXH64's streaming state). */
+typedef struct fact_record_sum {
+    struct fact_xxh64 {
+        uint64_t v[4];      /* the four lane accumulators */
+        uint64_t total_len; /* bytes hashed so far */
+        uint8_t mem[32];    /* a partial stripe */
+        uint32_t mem_size;  /* bytes of mem in use, < 32 */
+    } h;
+    size_t fed; /* bytes of the record fed so far */
+} fact_record_sum;
+void fact_record_sum_init(fact_record_sum *s);
+/* Bytes [from, to) of the record at rec; from must be where the last feed
+ * ended (0 at first). */
+void fact_record_sum_feed(fact_record_sum *s, const void *rec, size_t from, size_t to);
+/* fact_record_parse() with the checksum taken from s, which must have been
+ * fed exactly buf[0, len) (IS_ERR_INVALID_ARG otherwise): every check is
+ * the same, only the hashing pass is gone. */
+is_status fact_record_parse_summed(const void *buf, size_t len, const fact_record_sum *s,
+                                   fact_kv_meta *meta, const int32_t **tokens, const void **k,
+                                   const void **v);
+
 /* The checksum stored in a record that fact_record_parse() accepted: XXH64
  * over every other byte, so two records with the same id have the same
  * contents (up to a 2^-64 collision), and never 0 (0 maps to 1). */

@@ -502,6 +502,51 @@ static void test_every_byte_flip_is_rejected(void **state) {
     }
 }
 
+/* Sums the record at b[len] fed in pieces of `piece` bytes. */
+static fact_record_sum sum_in_pieces(const uint8_t *b, size_t len, size_t piece) {
+    fact_record_sum s;
+    fact_record_sum_init(&s);
+    for (size_t at = 0; at < len; at += piece)
+        fact_record_sum_feed(&s, b, at, at + piece < len ? at + piece : len);
+    return s;
+}
+
+/* A checksum taken as the bytes arrive, in pieces that start and end inside
+ * and around the checksum field, accepts what fact_record_parse accepts and
+ * refuses every flipped byte; a sum over fewer bytes, or none, is refused. */
+static void test_summed_parse(void **state) {
+    sample s = sample_make(small_meta(KV_DTYPE_BF16, 2, 2, 4, 3));
+    void *buf;
+    size_t len;
+    assert_int_equal(fact_record_encode(&s.m, s.tokens, s.k, s.v, &buf, &len), IS_OK);
+    uint8_t *b = buf;
+    const size_t pieces[] = {1, 7, 32, 100, 121, 125, 129, len};
+    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) {
+        fact_record_sum sum = sum_in_pieces(b, len, pieces[i]);
+        fact_kv_meta m;
+        const void *k = NULL;
+        assert_int_equal(fact_record_parse_summed(b, len, &sum, &m, NULL, &k, NULL), IS_OK);
+        assert_int_equal(m.n_tokens, s.m.n_tokens);
+        const void *k_plain = NULL;
+        assert_int_equal(fact_record_parse(b, len, NULL, NULL, &k_plain, NULL), IS_OK);
+        assert_ptr_equal(k, k_plain);
+    }
+    for (size_t i = 0; i < len; i++) {
+        b[i] ^= 0x10;
+        fact_record_sum sum = sum_in_pieces(b, len, 13);
+        if (fact_record_parse_summed(b, len, &sum, NULL, NULL, NULL, NULL) != IS_ERR_FORMAT)
+            fail_msg("flipping byte %zu of %zu was accepted", i, len);
+        b[i] ^= 0x10;
+    }
+    fact_record_sum part = sum_in_pieces(b, len - 4, 64);
+    assert_int_equal(fact_record_parse_summed(b, len, &part, NULL, NULL, NULL, NULL),
+                     IS_ERR_INVALID_ARG);
+    assert_int_equal(fact_record_parse_summed(b, len, NULL, NULL, NULL, NULL, NULL),
+                     IS_ERR_INVALID_ARG);
+    free(buf);
+    sample_free(&s);
+}
+
 static void test_every_truncation_is_rejected(void **state) {
     sample s = sample_make(small_meta(KV_DTYPE_BF16, 2, 2, 4, 3));
     void *buf;
@@ -607,6 +652,7 @@ int main(void) {
         cmocka_unit_test(test_encode_refuses_bad_meta),
         cmocka_unit_test(test_every_byte_flip_is_rejected),
         cmocka_unit_test(test_every_truncation_is_rejected),
+        cmocka_unit_test(test_summed_parse),
         cmocka_unit_test(test_hostile_headers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
