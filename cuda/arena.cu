@@ -83,7 +83,8 @@ struct cuda_arena {
     std::vector<cuda_upload_token> toks; /* host */
     int32_t landed;                      /* groups of the staged batch landed so far */
     int32_t sent;                        /* groups whose copies are queued on `up` */
-    std::vector<staged_rec> batch;       /* the staged batch, in staging order */
+    bool unsent; /* wait_uploads could not queue them: the host rows are gone, never copy */
+    std::vector<staged_rec> batch; /* the staged batch, in staging order */
 };
 
 is_status cuda_arena_create(size_t max_bytes, size_t staging_bytes, int32_t n_layers,
@@ -366,8 +367,10 @@ is_status cuda_arena_prefetch(cuda_arena *a, const backend_fact_host *f, bool *p
         record &r = a->recs[(size_t)it->second];
         if (r.n_tokens == f->n_tokens) {
             /* A queued record's copy reads host memory its first caller
-             * holds: a pin-only caller, holding none, must not outlive it. */
-            if (r.queued && !f->k) return IS_OK;
+             * holds: a caller holding none (pin only) or other memory (a
+             * record of the same content under another id) must not
+             * outlive it, as the copy would read what replaced it. */
+            if (r.queued && (f->k != r.hk || f->v != r.hv)) return IS_OK;
             /* Pins hold at most half the pages, hits as misses: the rest
              * is what a place makes room in. */
             if (r.pins == 0 && a->pinned_pages + r.n_tokens > a->n_pages / 2) return IS_OK;
@@ -433,8 +436,13 @@ void cuda_arena_wait_uploads(cuda_arena *a) {
     if (!a || !a->up) return;
     /* A staged batch's later groups, not queued yet, would read the host
      * memory after this returns (the caller's cue to reuse it). */
-    if (a->landed < CUDA_ARENA_GROUPS && send_groups(a, CUDA_ARENA_GROUPS - 1) != IS_OK)
-        is_error_clear(); /* its landing queues them again, and fails there */
+    if (a->landed < CUDA_ARENA_GROUPS && send_groups(a, CUDA_ARENA_GROUPS - 1) != IS_OK) {
+        is_error_clear();
+        /* The caller reuses the rows once this returns: a later send
+         * would copy whatever replaced them. Landing fails instead. */
+        a->sent = CUDA_ARENA_GROUPS;
+        a->unsent = true;
+    }
     cudaStreamSynchronize(a->up);
 }
 
@@ -528,6 +536,8 @@ static is_status copy_batch(cuda_arena *a, std::vector<int32_t> &batch) {
                                cudaMemcpyHostToDevice, a->up));
     a->landed = 0;
     a->sent = 0;
+    a->unsent = false;
+    a->stats.staged_batches++;
     return send_groups(a, 0);
 }
 
@@ -570,6 +580,8 @@ is_status cuda_arena_stage(cuda_arena *a, cudaStream_t s, bool *staged) {
 is_status cuda_arena_land(cuda_arena *a, cudaStream_t s, int32_t g) {
     if (a->landed != g || g >= CUDA_ARENA_GROUPS)
         return is_error_set(IS_ERR_INTERNAL, "cuda arena: group %d landed out of order", (int)g);
+    if (a->unsent)
+        return is_error_set(IS_ERR_INTERNAL, "cuda arena: a staged batch's copies were not queued");
     int32_t l0, l1;
     cuda_arena_group(a, g, &l0, &l1);
     is_status sent = send_groups(a, g);

@@ -282,9 +282,15 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
     return IS_OK;
 }
 
+static is_status deferred_run(cuda_ctx *c, int32_t last);
+
 static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
+    /* A deferred injection still writes into its caches (ptr may be one):
+     * it lands now, not into whatever cudaMalloc puts there next. */
+    if (c->def.active && c->err == IS_OK && cudaSetDevice(c->device) == cudaSuccess)
+        op_note(c, deferred_run(c, CUDA_ARENA_GROUPS - 1));
     inputs_stale(c);
     /* cudaFree waits for the device; queued kernels may still use ptr. */
     cudaError_t e = cudaFree(ptr);
@@ -1121,7 +1127,7 @@ static void cu_attention(backend *be, float *out, const float *q, const float *k
          * groups may follow them on the copy engine (cuda_arena_send; once
          * they are queued, a no-op). */
         pthread_mutex_lock(&c->arena_mu);
-        op_note(c, cuda_arena_send(c->arena));
+        if (c->def.active) op_note(c, cuda_arena_send(c->arena));
         pthread_mutex_unlock(&c->arena_mu);
     }
 }
@@ -1756,8 +1762,10 @@ extern "C" void backend_cuda_set_arena_bytes(backend *be, size_t bytes) {
 
 extern "C" void backend_cuda_set_staging_bytes(backend *be, size_t bytes) {
     cuda_ctx *c = ctx_of(be);
-    backend_cuda_set_arena_bytes(be, c->arena_bytes); /* drops the arena */
+    pthread_mutex_lock(&c->arena_mu); /* a prefetch may make the arena again at once */
     c->staging_bytes = bytes;
+    pthread_mutex_unlock(&c->arena_mu);
+    backend_cuda_set_arena_bytes(be, c->arena_bytes); /* drops the arena */
 }
 
 extern "C" void backend_cuda_set_arena_fp8(backend *be, bool fp8) {

@@ -93,6 +93,8 @@ typedef struct cuda_arena_stats {
     int64_t bytes_uploaded;          /* host -> device for fills */
     int64_t records, pages_used, pages_total, page_bytes;
     int64_t prefetch_hits, prefetch_misses; /* host-tier prefetches: pinned resident, copied */
+    int64_t staged_batches; /* host-tier copies staged: one an injection, more for a queue the
+                               staging cannot hold at once */
 } cuda_arena_stats;
 /* Zeros when no arena exists yet. */
 void backend_cuda_arena_stats(backend *be, cuda_arena_stats *out);

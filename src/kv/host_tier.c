@@ -119,8 +119,12 @@ static void evict(host_tier *t, ht_entry *e) {
     free(e);
 }
 
-/* A block of class cls, or NULL when the bound leaves no room. Under mu. */
-static void *take_block(host_tier *t, int32_t cls) {
+/* A block of class cls, or NULL when the bound leaves no room. Under mu.
+ * *split: the class of an evicted record's block whose first 2^cls bytes
+ * are returned; its other halves are the caller's to free once it has
+ * quiesced (a device copy may still read them), else 0. */
+static void *take_block(host_tier *t, int32_t cls, int32_t *split) {
+    *split = 0;
     const size_t size = (size_t)1 << cls;
     void *b = pop_free(t, cls);
     if (b) return b;
@@ -168,8 +172,8 @@ static void *take_block(host_tier *t, int32_t cls) {
         evict(t, victim);
         t->reused = true;
         if (vc == cls) continue; /* it is on the free stack now */
-        (void)pop_free(t, vc);   /* take it back and split it */
-        for (int32_t c = vc - 1; c >= cls; c--) push_free(t, vb + ((size_t)1 << c), c);
+        (void)pop_free(t, vc);   /* take it back; its other halves go after the quiesce */
+        *split = vc;
         return vb;
     }
     /* Split a larger free block, if any. */
@@ -238,7 +242,8 @@ static void *load_alloc(void *ud, size_t len) {
     if (((size_t)1 << cls) < len) return NULL;
     pthread_mutex_lock(&l->t->mu);
     l->t->reused = false;
-    void *b = take_block(l->t, cls);
+    int32_t split = 0;
+    void *b = take_block(l->t, cls, &split);
     bool reused = l->t->reused;
     if (b) {
         l->e->block = b;
@@ -248,6 +253,12 @@ static void *load_alloc(void *ud, size_t len) {
     /* An evicted record may still be read by a device copy of a request
      * that gave it up: wait for those before the file overwrites it. */
     if (b && reused && l->t->al.quiesce) l->t->al.quiesce(l->t->al.ud);
+    if (split) { /* only now may another load take (and overwrite) the rest */
+        pthread_mutex_lock(&l->t->mu);
+        for (int32_t c = split - 1; c >= cls; c--)
+            push_free(l->t, (uint8_t *)b + ((size_t)1 << c), c);
+        pthread_mutex_unlock(&l->t->mu);
+    }
     return b;
 }
 

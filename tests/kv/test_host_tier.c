@@ -248,7 +248,8 @@ static void test_large_block_split(void **state) {
     (void)state;
     fixture f;
     open_fixture(&f, (size_t)1 << 20);
-    /* 1,000 tokens: about 260 KB, a 512 KiB block; two fill the bound. */
+    /* 1,000 tokens: about 132 KB, a 256 KiB block; the small ones below
+     * take the rest of the bound, then split the big ones' blocks. */
     put(f.rs, "big1", 1, 1000);
     put(f.rs, "big2", 2, 1000);
     const fact_kv *kv = NULL;
@@ -311,11 +312,84 @@ static void test_threads_read_once(void **state) {
     close_fixture(&f);
 }
 
+/* Another load that runs while an eviction's quiesce waits (as one on
+ * another thread may) must not be handed any of the evicted record's
+ * memory: a device copy may still read all of it, not only the part the
+ * evicting load takes. */
+typedef struct window {
+    mem_counter mc; /* first: t_alloc and t_free count in it */
+    host_tier *t;
+    const uint8_t *lo, *hi; /* the evicted record's block */
+    int entered;
+    const uint8_t *got; /* the block the load in the window was given */
+} window;
+
+static void window_quiesce(void *ud) {
+    window *w = ud;
+    w->mc.quiesces++;
+    if (w->entered++) return; /* the load below evicts too: no deeper */
+    const fact_kv *kv = NULL;
+    assert_int_equal(host_tier_get(w->t, "in_window", NULL, &kv, NULL), IS_OK);
+    assert_is(kv, 50, 5);
+    w->got = (const uint8_t *)kv->tokens - FACT_RECORD_HEADER_BYTES;
+    host_tier_release(w->t, kv);
+}
+
+static void test_evicted_block_kept_until_quiesced(void **state) {
+    (void)state;
+    fixture f;
+    open_fixture(&f, (size_t)1 << 20);
+    window w = {0};
+    host_tier_free(f.t);
+    host_tier_alloc al = {.alloc = t_alloc, .free = t_free, .quiesce = window_quiesce, .ud = &w};
+    assert_int_equal(host_tier_create(f.rs, (size_t)1 << 20, al, &f.t), IS_OK);
+    w.t = f.t;
+    /* Two 512 KiB records fill the bound; big1 is the least recently used. */
+    put(f.rs, "big1", 1, 2000); /* 264 KB */
+    put(f.rs, "big2", 2, 2000);
+    put(f.rs, "small", 3, 5);
+    put(f.rs, "in_window", 50, 5);
+    const fact_kv *kv = NULL;
+    assert_int_equal(host_tier_get(f.t, "big1", NULL, &kv, NULL), IS_OK);
+    w.lo = (const uint8_t *)kv->tokens - FACT_RECORD_HEADER_BYTES;
+    w.hi = w.lo + ((size_t)512 << 10);
+    host_tier_release(f.t, kv);
+    assert_int_equal(host_tier_get(f.t, "big2", NULL, &kv, NULL), IS_OK);
+    host_tier_release(f.t, kv);
+    /* "small" evicts big1 and takes the head of its block; in its quiesce,
+     * "in_window" must find room elsewhere (it evicts big2). */
+    assert_int_equal(host_tier_get(f.t, "small", NULL, &kv, NULL), IS_OK);
+    assert_is(kv, 3, 5);
+    assert_true(w.entered >= 1);
+    assert_non_null(w.got);
+    if (w.got >= w.lo && w.got < w.hi)
+        fail_msg("a load during the quiesce was given the evicted record's memory (+%td)",
+                 w.got - w.lo);
+    host_tier_release(f.t, kv);
+    /* After the quiesce the rest of big1's block is free again. */
+    for (int i = 0; i < 6; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "after%d", i);
+        put(f.rs, id, 60 + i, 5);
+        assert_int_equal(host_tier_get(f.t, id, NULL, &kv, NULL), IS_OK);
+        assert_is(kv, 60 + i, 5);
+        host_tier_release(f.t, kv);
+    }
+    assert_int_equal(w.mc.allocs, 1);
+    host_tier_free(f.t);
+    assert_int_equal(w.mc.frees, 1);
+    f.t = NULL;
+    close_fixture(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_disk_then_hit),       cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_eviction_keeps_held), cmocka_unit_test(test_large_block_split),
+        cmocka_unit_test(test_disk_then_hit),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_eviction_keeps_held),
+        cmocka_unit_test(test_large_block_split),
         cmocka_unit_test(test_threads_read_once),
+        cmocka_unit_test(test_evicted_block_kept_until_quiesced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

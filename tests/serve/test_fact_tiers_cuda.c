@@ -15,9 +15,11 @@
  * the first one's request is still queued keeps its request's logits; an
  * op other than the forward's between the injection and the query lands
  * the rest at once; a queue larger than the staging goes in parts; a
- * queued copy whose pin is dropped never reads its host memory; records
- * overwritten once host_wait returns leave the request's logits as they
- * were; pins, a resident record's too, refuse past half the cache.
+ * queued copy whose pin is dropped never reads its host memory, and a pin
+ * through other memory holding the same contents is refused while it is
+ * queued; a fork before the query copies landed rows; records overwritten
+ * once host_wait returns leave the request's logits as they were; pins, a
+ * resident record's too, refuse past half the cache.
  *
  * The model: $IS_TEST_MODEL, else the default model. */
 #include <setjmp.h>
@@ -294,7 +296,9 @@ static void test_miss_f16(void **state) {
 /* A small cache (48 pages): fact 0 injected for request 1, fact 1 for
  * request 2, others filling the cache, then fact 3 (12 pages) copied in
  * over fact 0's pages while request 1's query has not run yet: request 1
- * still sees fact 0. */
+ * still sees fact 0. Request 2's fork lands request 1's injection first,
+ * so what this holds is stream order: fact 3's copy and scatter come after
+ * that injection on the device. */
 static void test_evicted_pages_wait_for_injection(void **state) {
     (void)state;
     SKIP_WITHOUT_MODEL();
@@ -357,6 +361,28 @@ static void tiered_equals_widened(void (*between)(void), void (*after)(void), co
 
 static void sync_op(void) { g_be->ops->sync(g_be); }
 
+/* The injection's rows copied by an op that is not the forward's (a fork
+ * copies the trailing block, 21 + 33 = 54 tokens: 6 of them, with copy_2d)
+ * before any forward: a fork that ran before the deferred layers landed
+ * holds rows never injected, and its logits differ (sync_op's case cannot
+ * tell: the query lands whatever it was not given). */
+static void test_fork_lands_first(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODEL();
+    static const int all[N_FACTS] = {0, 1, 2, 3};
+    float *ref = malloc((size_t)g_vocab * sizeof(float));
+    float *lg = malloc((size_t)g_vocab * sizeof(float));
+    widened_ref(all, N_FACTS, KV_DTYPE_BF16, 256, ref);
+    int32_t d = start_tiered(all, N_FACTS, KV_DTYPE_BF16), d2;
+    assert_int_equal(engine_seq_open(g_e, &d2), IS_OK);
+    assert_int_equal(engine_seq_fork(g_e, d2, d, N_PREFIX + 5 + 9 + 7 + 12), IS_OK);
+    engine_seq_close(g_e, d);
+    finish(d2, lg);
+    expect_bitwise(lg, ref, "forked before the query");
+    free(ref);
+    free(lg);
+}
+
 /* The injection's layers land between the forward's layers; here an op
  * that is not the forward's (a sync) comes first and lands them all. */
 static void test_other_op_lands_all(void **state) {
@@ -380,6 +406,9 @@ static void test_queue_in_parts(void **state) {
     int32_t d = start_tiered(fs, 2, dt);
     finish(d, lg);
     expect_bitwise(lg, ref, "staged in parts");
+    cuda_arena_stats as;
+    backend_cuda_arena_stats(g_be, &as);
+    assert_int_equal(as.staged_batches, 2);
     /* A record larger than the staging is refused: the caller injects it. */
     const fact_kv *kv3 = tier_get(3, dt);
     assert_false(engine_fact_prefetch(g_e, kv3->content_id, kv3->meta.n_tokens, 1, kv3->k, kv3->v));
@@ -448,6 +477,35 @@ static void test_queued_pin_dropped(void **state) {
     assert_int_equal(engine_status(g_e), IS_OK);
 }
 
+/* A queued record's copy reads the memory of the holder that queued it.
+ * The same contents under another record id (same text, so the same
+ * content id) sit in other host-tier memory: a pin through that memory is
+ * refused while the copy is queued, since its holder could give the first
+ * memory up and the copy would then read whatever replaced it. A second
+ * pin through the same memory is taken. */
+static void test_queued_pin_other_memory(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODEL();
+    const kv_dtype dt = KV_DTYPE_BF16;
+    drop_arena(256);
+    const fact_kv *kv = tier_get(2, dt), *twin = NULL;
+    assert_int_equal(record_store_put(g_rs, "bf16_twin", &kv->meta, kv->tokens, kv->k, kv->v),
+                     IS_OK);
+    assert_int_equal(host_tier_get(g_ht, "bf16_twin", NULL, &twin, NULL), IS_OK);
+    assert_true(twin->content_id == kv->content_id);
+    assert_ptr_not_equal(twin->k, kv->k);
+    const int32_t n = kv->meta.n_tokens;
+    assert_true(engine_fact_prefetch(g_e, kv->content_id, n, 2, kv->k, kv->v));
+    assert_false(engine_fact_prefetch(g_e, twin->content_id, n, 2, twin->k, twin->v));
+    assert_true(engine_fact_prefetch(g_e, kv->content_id, n, 2, kv->k, kv->v));
+    engine_fact_unpin(g_e, kv->content_id);
+    engine_fact_unpin(g_e, kv->content_id);
+    assert_false(engine_fact_resident(g_e, kv->content_id, n)); /* dropped before its copy */
+    host_tier_release(g_ht, twin);
+    host_tier_release(g_ht, kv);
+    assert_int_equal(engine_status(g_e), IS_OK);
+}
+
 int main(void) {
     if (!backend_cuda_available()) {
         printf("no usable CUDA device: skipped\n");
@@ -463,8 +521,10 @@ int main(void) {
         cmocka_unit_test(test_miss_f16),
         cmocka_unit_test(test_evicted_pages_wait_for_injection),
         cmocka_unit_test(test_other_op_lands_all),
+        cmocka_unit_test(test_fork_lands_first),
         cmocka_unit_test(test_queue_in_parts),
         cmocka_unit_test(test_queued_pin_dropped),
+        cmocka_unit_test(test_queued_pin_other_memory),
         cmocka_unit_test(test_host_wait_covers_staged),
     };
     return test_run_group(tests, setup, teardown);
