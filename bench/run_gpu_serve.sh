@@ -17,7 +17,9 @@
 #                a miss read and widened per request (--host-cache-gb 0);
 #        tiered_host  the same with the pinned host tier (--host-cache-gb
 #                HOST_GB, default 8): a miss read into pinned memory and
-#                copied to the GPU at submit (the before/after pair);
+#                copied to the GPU in layer groups under the forward;
+#        tiered_churn  the same with a host tier smaller than the records
+#                (CHURN_GB, default 2): evictions from it under load;
 #        cold    the server started again on the same data (records on disk,
 #                the page cache dropped where the machine lets us), the
 #                first requests measured with nothing resident.
@@ -27,8 +29,8 @@
 # gpu_prepare.sh --no-model), .whl (the `gguf` wheel), locomo (a copy of
 # ../shared/data/locomo). Environment: USERS (10), FACTS (100), TIER_GB
 # (0.75), TIER_RUNS, TIER_N (200), SKIP_GPU_BENCH=1, GPU_BENCH_ARGS (bench_gpu's), STAGES ("hot tiered
-# olddefaults cold"; tiered_host and sessions are added by name: which of
-# the bench_load stages run; SESSION_RUNS, SESSION_N), HOST_GB (8), HOT_RUNS, HOT_N, COLD_RUNS, STAGE_S (each
+# olddefaults cold"; tiered_host, tiered_churn and sessions are added by name: which of
+# the bench_load stages run; SESSION_RUNS, SESSION_N), HOST_GB (8), CHURN_GB (2), HOT_RUNS, HOT_N, COLD_RUNS, STAGE_S (each
 # stage's time limit, s; default per stage), GPU_TESTS (ctest names of GPU
 # tests to build and run first, on the random-weight model when
 # IS_TEST_MODEL names it, e.g. "test_fact_tiers_cuda").
@@ -110,6 +112,11 @@ TIERED=(--fact-cache-gb "${TIER_GB:-0.75}" --runs "${TIER_RUNS:-100/50/kv/1,$K1K
         -n "${TIER_N:-200}")
 [[ $STAGES == *" tiered_host "* ]] && load tiered_host "${STAGE_S:-150}" "${TIERED[@]}" --host-cache-gb "${HOST_GB:-8}"
 [[ $STAGES == *" tiered "* ]] && load tiered "${STAGE_S:-150}" "${TIERED[@]}" --host-cache-gb 0
+# tiered_churn (by name): the host tier smaller than the records too (CHURN_GB, default 2, against
+# about 5 GB of f16 records), so disk reads keep evicting host-tier records under load and every
+# eviction waits for the GPU's copies from host memory (host_wait).
+[[ $STAGES == *" tiered_churn "* ]] && load tiered_churn "${STAGE_S:-150}" "${TIERED[@]}" \
+  --host-cache-gb "${CHURN_GB:-2}"
 # The old defaults beside (steps of 256 tokens, prompt chunks of 128, a 2 GiB
 # fact cache): what the same build serves with the settings it had before.
 [[ $STAGES == *" olddefaults "* ]] && load olddefaults 90 --step-tokens 256 --prefill-chunk 128 --fact-cache-gb 2 \
