@@ -282,8 +282,6 @@ static is_status cu_alloc(backend *be, size_t bytes, void **out) {
     return IS_OK;
 }
 
-static is_status deferred_run(cuda_ctx *c, int32_t last);
-
 static void cu_release(backend *be, void *ptr) {
     if (!ptr) return;
     cuda_ctx *c = ctx_of(be);
