@@ -263,7 +263,10 @@ typedef struct backend_ops {
      * backend back to a usable state and clears the latch, or says why it
      * cannot (a device lost for good: only a new process recovers). State
      * a failed op may have left half-written (resident fact records) is
-     * dropped; the engine's own state (weights, KV pool, sequences) stays. */
+     * dropped; the engine's own state (weights, KV pool, sequences) stays.
+     * Every pin fact_prefetch took before it is dropped with the records
+     * (the CUDA arena is freed): no fact_unpin is owed for them, and one
+     * sent would drop a pin taken since (the scheduler keeps an epoch). */
     is_status (*recover)(backend *be);
     /* Optional (NULL = no settings): sets `opt` to `value`. IS_OK, or
      * IS_ERR_UNSUPPORTED (nothing changed) for a setting this backend

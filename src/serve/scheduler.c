@@ -65,7 +65,8 @@ typedef struct req_fact {
      * pin on its GPU copy, held until its injection. */
     const fact_kv *ht_held;
     bool pinned;
-    uint8_t tier; /* FACT_TIER_*: where submit found it */
+    uint64_t pin_epoch; /* sched.pin_epoch when pinned: a recovery drops every pin */
+    uint8_t tier;       /* FACT_TIER_*: where submit found it */
     /* The stored fact (sched_request.fact_rows), for encoding its KV on demand: */
     char *tenant, *user, *id; /* all set, or all NULL */
     bool rec_pinned;          /* `record` is pinned in the record store */
@@ -142,6 +143,16 @@ struct sched {
     io_pool *io;                    /* takes a request's facts at once (tokens, records) */
     _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
     int32_t prefix_seq, n_prefix, prefix_blocks;
+    /* Pins on the backend's fact cache (engine_fact_prefetch): a recovery
+     * drops all of them (backend.h recover), so each pin carries the epoch
+     * it was taken in and one of an earlier epoch is neither trusted nor
+     * dropped. pin_lock, shared around a pin or an unpin, exclusive around
+     * engine_recover, keeps a pin from straddling a recovery; pin_epoch is
+     * written only by the engine thread, under it exclusive. */
+    pthread_rwlock_t pin_lock;
+    uint64_t pin_epoch;
+    int32_t n_submitting;     /* sched_submit calls inside (s->mu): sched_free waits for them */
+    pthread_cond_t submit_cv; /* n_submitting went to 0 */
 
     pthread_t thread;
     bool thread_started;
@@ -248,12 +259,37 @@ static void publish(sched *s, int64_t done, int64_t failed) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* ---- pins ----------------------------------------------------------------------------- */
+
+/* engine_fact_prefetch for f (any thread): true with the pin's epoch in f. */
+static bool fact_pin(sched *s, req_fact *f, uint64_t id, int32_t n_tokens, int32_t dtype,
+                     const void *k, const void *v) {
+    pthread_rwlock_rdlock(&s->pin_lock);
+    bool ok = engine_fact_prefetch(s->e, id, n_tokens, dtype, k, v);
+    if (ok) f->pin_epoch = s->pin_epoch;
+    pthread_rwlock_unlock(&s->pin_lock);
+    return ok;
+}
+
+/* Drops f's pin (any thread), unless a recovery dropped it already. */
+static void fact_unpin(sched *s, req_fact *f) {
+    if (!f->pinned) return;
+    pthread_rwlock_rdlock(&s->pin_lock);
+    if (f->pin_epoch == s->pin_epoch) engine_fact_unpin(s->e, f->content_id);
+    pthread_rwlock_unlock(&s->pin_lock);
+    f->pinned = false;
+}
+
+/* Whether f holds a pin the backend still keeps (engine thread: the only
+ * writer of pin_epoch). */
+static bool pin_live(const sched *s, const req_fact *f) {
+    return f->pinned && f->pin_epoch == s->pin_epoch;
+}
+
 /* ---- ending a request ------------------------------------------------------------------ */
 
 /* Gives back the records loaded ahead for a fact that did not use them. */
-static void drop_prefetch_fact(sched *s, req_fact *f) {
-    if (f->pinned) engine_fact_unpin(s->e, f->content_id);
-    f->pinned = false;
+static void drop_loaded(sched *s, req_fact *f) {
     if (f->ht_held) host_tier_release(s->ht, f->ht_held);
     f->ht_held = NULL;
     if (f->pre_held) record_store_release(memory_record_store(s->mem), f->pre_held);
@@ -262,6 +298,12 @@ static void drop_prefetch_fact(sched *s, req_fact *f) {
     f->pre_held = NULL;
     f->pre_buf = NULL;
     f->pre_bytes = 0;
+}
+
+/* Gives back the pin and the records loaded ahead for a fact. */
+static void drop_prefetch_fact(sched *s, req_fact *f) {
+    fact_unpin(s, f);
+    drop_loaded(s, f);
 }
 
 static void drop_prefetch(sched *s, sched_handle *h) {
@@ -345,7 +387,11 @@ static void fail_queued(sched *s, const char *msg) {
 
 /* One attempt to bring the backend back; true when it is (or was) fine. */
 static bool try_recover(sched *s) {
+    pthread_rwlock_wrlock(&s->pin_lock);
+    bool was_failed = engine_status(s->e) != IS_OK;
     is_status st = engine_recover(s->e);
+    if (st == IS_OK && was_failed) s->pin_epoch++; /* the backend dropped every pin */
+    pthread_rwlock_unlock(&s->pin_lock);
     pthread_mutex_lock(&s->mu);
     if (st == IS_OK) {
         s->failed = false;
@@ -585,7 +631,7 @@ static is_status append_toks(int32_t **dst, int32_t *n, const int32_t *src, int3
  * at submit (the host tier's path), not loaded ahead, and neither on the
  * GPU nor in the record store under a record of its text. */
 static bool fact_needs_kv(sched *s, const req_fact *f) {
-    if (!f->id || f->pinned || f->pre_held) return false;
+    if (!f->id || pin_live(s, f) || f->pre_held) return false;
     if (!f->record || !f->known) return true;
     /* The GPU first: a hash lookup, where the store may ask the disk. */
     return !engine_fact_resident(s->e, f->content_id, f->n_kv_tokens) &&
@@ -677,7 +723,7 @@ static void admission_free(sched *s, admission *a) {
  * the backend does not hold (without a host tier; with one a resident
  * fact is pinned at admission, which may fail, and then it is read). */
 static bool needs_late_load(sched *s, const sched_handle *h, const req_fact *f) {
-    if (h->mode != ASK_MODE_KV || !f->record || f->pre_held || f->pinned) return false;
+    if (h->mode != ASK_MODE_KV || !f->record || f->pre_held || pin_live(s, f)) return false;
     return !(f->known && engine_fact_resident(s->e, f->content_id, f->n_kv_tokens));
 }
 
@@ -767,6 +813,17 @@ static is_status add_recompute(sched *s, sched_handle *h, const engine_fact *inj
     return IS_OK;
 }
 
+/* Engine thread, host tier: a pin on f's resident record for this
+ * admission's injection, in place of any pin f had (one a recovery
+ * dropped, or on a record no longer resident). */
+static bool repin(sched *s, req_fact *f) {
+    req_fact old = {.pinned = f->pinned, .pin_epoch = f->pin_epoch, .content_id = f->content_id};
+    if (!fact_pin(s, f, f->content_id, f->n_kv_tokens, 0, NULL, NULL)) return false;
+    fact_unpin(s, &old);
+    f->pinned = true;
+    return true;
+}
+
 /* Starts an admitted request up to its injection: sampler, sequence,
  * prefix fork, the kv facts' records found (resident, pinned, loaded) into
  * a, the text facts and the tokens left to prefill. The caller injects a's
@@ -805,7 +862,7 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
         req_fact *f = &h->facts[i];
         bool ok = false;
         int32_t tier = FACT_TIER_DISK;
-        if (h->mode == ASK_MODE_KV && f->pinned &&
+        if (h->mode == ASK_MODE_KV && pin_live(s, f) &&
             engine_fact_resident(s->e, f->content_id, f->n_kv_tokens)) {
             /* Pinned at submit (resident, or its copy started then): the
              * injection waits for the copy on the GPU, not here. */
@@ -815,7 +872,7 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
             tier = f->tier;
             ok = true;
         } else if (h->mode == ASK_MODE_KV && f->record && f->known &&
-                   (s->ht ? engine_fact_prefetch(s->e, f->content_id, f->n_kv_tokens, 0, NULL, NULL)
+                   (s->ht ? repin(s, f)
                           : engine_fact_resident(s->e, f->content_id, f->n_kv_tokens))) {
             /* The GPU holds it: injected from there, its record not read.
              * With a host tier other threads copy into the GPU cache at any
@@ -825,8 +882,7 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
             ids[n_inj] = f->content_id;
             rec[n_inj++] = f->record;
             ok = true;
-            drop_prefetch_fact(s, f);
-            f->pinned = s->ht != NULL;
+            drop_loaded(s, f); /* with a host tier, f->pinned: repin's pin */
         } else if (h->mode == ASK_MODE_KV && f->pre_held) {
             /* Loaded and widened off the engine thread (at submit, or by the
              * late loads, which read what encode_on_demand just wrote): only
@@ -911,11 +967,7 @@ static is_status finish_start(sched *s, admission *a, is_status inject) {
     is_status st = inject;
     if (st == IS_OK && a->n_inj > 0 && s->p.recompute > 0)
         st = add_recompute(s, h, a->inj, a->n_inj);
-    for (int32_t i = 0; i < h->n_facts; i++)
-        if (h->facts[i].pinned) {
-            engine_fact_unpin(s->e, h->facts[i].content_id);
-            h->facts[i].pinned = false;
-        }
+    for (int32_t i = 0; i < h->n_facts; i++) fact_unpin(s, &h->facts[i]);
     /* Whether the backend kept them: the next request's submit skips their prefetch. */
     for (int32_t i = 0; inject == IS_OK && i < a->n_inj; i++)
         fact_index_set_resident(s->facts, a->rec[i],
@@ -1340,6 +1392,8 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     s->prefix_seq = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->submit_cv, NULL);
+    pthread_rwlock_init(&s->pin_lock, NULL);
     s->run = calloc((size_t)s->max_running, sizeof *s->run);
     s->rows = calloc((size_t)s->max_running, sizeof *s->rows);
     s->b_tok = malloc((size_t)p.step_tokens * sizeof *s->b_tok);
@@ -1389,6 +1443,9 @@ void sched_free(sched *s) {
         pthread_mutex_lock(&s->mu);
         s->stop = true;
         pthread_cond_broadcast(&s->cv);
+        /* Submits inside are refused now; they give back what they took
+         * (pins, host-tier views) through the tier, index and pool below. */
+        while (s->n_submitting > 0) pthread_cond_wait(&s->submit_cv, &s->mu);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
@@ -1398,6 +1455,8 @@ void sched_free(sched *s) {
     host_tier_free(s->ht); /* every request ended: no view or copy is left */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->submit_cv);
+    pthread_rwlock_destroy(&s->pin_lock);
     free(s->run);
     free(s->rows);
     free(s->b_tok);
@@ -1504,7 +1563,7 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
     fact_index_entry e;
     bool have = fact_index_get(s->facts, rf->record, &e);
     if (have && e.text_hash != rf->text_hash) return true; /* another text: prefilled */
-    if (have && e.resident && engine_fact_prefetch(s->e, e.content_id, e.n_tokens, 0, NULL, NULL)) {
+    if (have && e.resident && fact_pin(s, rf, e.content_id, e.n_tokens, 0, NULL, NULL)) {
         rf->known = rf->pinned = true;
         rf->content_id = e.content_id;
         rf->n_kv_tokens = e.n_tokens;
@@ -1528,8 +1587,8 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
         host_tier_release(s->ht, kv);
         return true;
     }
-    if (!engine_fact_prefetch(s->e, kv->content_id, kv->meta.n_tokens, (int32_t)kv->meta.dtype,
-                              kv->k, kv->v)) {
+    if (!fact_pin(s, rf, kv->content_id, kv->meta.n_tokens, (int32_t)kv->meta.dtype, kv->k,
+                  kv->v)) {
         host_tier_release(s->ht, kv);
         return false;
     }
@@ -1657,13 +1716,29 @@ static is_status prepare(sched *s, const sched_request *r, sched_handle *h) {
     return IS_OK;
 }
 
+/* A sched_submit is out (s->n_submitting); it keeps the error it set. */
+static void submit_leave(sched *s) {
+    pthread_mutex_lock(&s->mu);
+    if (--s->n_submitting == 0) pthread_cond_broadcast(&s->submit_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void *ud,
                        sched_handle **out) {
     if (!s || !r || !out) return is_error_set(IS_ERR_INVALID_ARG, "sched_submit: NULL argument");
     is_status st = check_request(s, r);
     if (st != IS_OK) return st;
+    pthread_mutex_lock(&s->mu);
+    bool stopping = s->stop;
+    if (!stopping) s->n_submitting++;
+    pthread_mutex_unlock(&s->mu);
+    if (stopping) return is_error_set(IS_ERR_CANCELLED, "scheduler: shutting down");
     sched_handle *h = calloc(1, sizeof *h);
-    if (!h) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (!h) {
+        st = is_error_set(IS_ERR_NOMEM, "out of memory");
+        submit_leave(s);
+        return st;
+    }
     pthread_mutexattr_t ra;
     pthread_mutexattr_init(&ra);
     pthread_mutexattr_settype(&ra, PTHREAD_MUTEX_RECURSIVE);
@@ -1702,9 +1777,9 @@ is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void
         drop_prefetch(s, h);
         unpin_records(s, h);
         handle_destroy(h);
-        return st;
     }
-    return IS_OK;
+    submit_leave(s); /* last: sched_free may free s once it is out */
+    return st;
 }
 
 void sched_cancel(sched_handle *h) {

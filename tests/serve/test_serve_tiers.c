@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,7 +78,10 @@ static struct {
     int64_t cap_tokens, used_tokens, pinned_tokens;
     uint64_t clock;
     int64_t copies, pin_hits, unpin_underflows, injected_unpinned, injected_missing, evictions;
-} g_fake = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    /* A gate a copy waits at (the host tier's view held) while `gate` is set. */
+    pthread_cond_t gate_cv;
+    bool gate, gate_entered;
+} g_fake = {.mu = PTHREAD_MUTEX_INITIALIZER, .gate_cv = PTHREAD_COND_INITIALIZER};
 
 static fake_rec *fake_find(uint64_t id) {
     for (int i = 0; i < FAKE_MAX; i++)
@@ -146,6 +150,11 @@ static void fake_host_wait(backend *be) { (void)be; }
 static bool fake_prefetch(backend *be, const backend_fact_host *f) {
     (void)be;
     pthread_mutex_lock(&g_fake.mu);
+    if (f->k && g_fake.gate) {
+        g_fake.gate_entered = true;
+        pthread_cond_broadcast(&g_fake.gate_cv);
+        while (g_fake.gate) pthread_cond_wait(&g_fake.gate_cv, &g_fake.mu);
+    }
     fake_rec *r = fake_find(f->id);
     bool pinned = false;
     if (r && r->n_tokens == f->n_tokens) {
@@ -216,6 +225,19 @@ static void fake_inject(backend *be, float *const *k_cache, float *const *v_cach
     free(fs);
 }
 
+/* As the GPU's recover does (cu_recover frees its arena): every record
+ * goes, pinned or not, and with them every pin. */
+static is_status fake_recover(backend *be) {
+    is_status st = g_fake.cpu->recover ? g_fake.cpu->recover(be) : IS_OK;
+    if (st != IS_OK) return st;
+    pthread_mutex_lock(&g_fake.mu);
+    for (int i = 0; i < FAKE_MAX; i++)
+        if (g_fake.recs[i].id) fake_drop(&g_fake.recs[i]);
+    g_fake.pinned_tokens = 0;
+    pthread_mutex_unlock(&g_fake.mu);
+    return IS_OK;
+}
+
 static void fake_install(backend *be, int64_t cap_tokens) {
     g_fake.cpu = be->ops;
     g_fake.ops = *be->ops;
@@ -226,6 +248,7 @@ static void fake_install(backend *be, int64_t cap_tokens) {
     g_fake.ops.fact_prefetch = fake_prefetch;
     g_fake.ops.fact_unpin = fake_unpin;
     g_fake.ops.host_wait = fake_host_wait;
+    g_fake.ops.recover = fake_recover;
     g_fake.cap_tokens = cap_tokens;
     be->ops = &g_fake.ops;
 }
@@ -417,6 +440,169 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     engine_free(e);
 }
 
+#ifndef TIERS_CUDA
+/* ---- exits and failures of the tiered path, over the stand-in ------------------------- */
+
+static const char *const k_fx_texts[N_FACTS] = {
+    "Melanie plays the clarinet and started as a child.",
+    "Caroline moved from Sweden four years ago.",
+    "Melanie is learning to bake sourdough bread.",
+};
+
+typedef struct tiers_fx {
+    engine *e;
+    memory *mem;
+    sched *s;
+    char rids[N_FACTS][RECORD_STORE_ID_MAX + 1];
+    sched_fact facts[N_FACTS];
+    chat_message msg[1];
+    sched_request rq; /* a kv chat over the N_FACTS facts */
+} tiers_fx;
+
+static void fx_open(tiers_fx *x, const char *name, int32_t max_running) {
+    memset(x, 0, sizeof *x);
+    x->e = test_engine_create(g_model, test_engine_params(1024, N_PAR + 2, 0));
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
+    memory_params mp = memory_default_params();
+    assert_int_equal(memory_open(dir, &mp, &x->mem, NULL), IS_OK);
+    ask_ctx *ac = NULL;
+    assert_int_equal(ask_ctx_create(x->e, memory_record_store(x->mem), KV_DTYPE_F16, &ac), IS_OK);
+    test_add_with_records(x->mem, ac, k_fx_texts, N_FACTS, NULL, x->rids);
+    ask_ctx_free(ac);
+    gpu_cache_pages(4096); /* empty, and room for everything */
+    sched_params sp = sched_default_params();
+    sp.record_dtype = KV_DTYPE_F16;
+    sp.host_tier_bytes = (int64_t)64 << 20;
+    if (max_running > 0) sp.max_running = max_running;
+    assert_int_equal(sched_create(x->e, x->mem, &sp, &x->s), IS_OK);
+    for (int i = 0; i < N_FACTS; i++) x->facts[i] = (sched_fact){k_fx_texts[i], x->rids[i]};
+    x->msg[0] = (chat_message){"user", "What does Melanie play, and where is Caroline from?"};
+    x->rq = test_sched_greedy(x->msg, 1, ASK_MODE_KV, MAX_TOKENS);
+    x->rq.facts = x->facts;
+    x->rq.n_facts = N_FACTS;
+}
+
+static void fx_close(tiers_fx *x) {
+    sched_free(x->s); /* NULL when a case freed it itself */
+    memory_close(x->mem);
+    engine_free(x->e);
+}
+
+/* A backend failure the backend recovers from at once keeps the queued
+ * requests; the recovery (as the GPU's) dropped the pins their submit
+ * took. A queued request must neither inject a fact without values on
+ * the strength of such a pin nor drop it later: the pin it would drop is
+ * another request's, taken on the same record after the recovery. */
+static void test_pins_after_recovery(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    tiers_fx x;
+    fx_open(&x, "mem_recover", 1); /* one request at a time: q runs while r waits */
+    test_coll c, q, r;
+    test_coll_run(x.s, &x.rq, &c); /* the facts resident in the cache, unpinned */
+    char ref[sizeof c.text];
+    snprintf(ref, sizeof ref, "%s", c.text);
+    /* A fact without a record, for an encode job that meets the fault. */
+    memory_add_req ar = {.tenant = "t",
+                         .user = "u",
+                         .text = "John works as a nurse.",
+                         .window = MEMORY_WINDOW_DEFAULT};
+    char fid[MEMORY_ID_SIZE];
+    assert_int_equal(memory_add(x.mem, &ar, fid), IS_OK);
+    int64_t under0 = g_fake.unpin_underflows, unpinned0 = g_fake.injected_unpinned,
+            missing0 = g_fake.injected_missing;
+    sched_hold_admission(x.s, true);
+    test_coll_submit(x.s, &x.rq, &q); /* pinned where they are, at submit */
+    backend_fault_arm(g_be, 1, false);
+    assert_int_equal(sched_encode(x.s, "t", "u", fid), IS_OK);
+    sched_health hl = {0};
+    for (int i = 0; i < 3000 && hl.recoveries == 0; i++) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        sched_get_health(x.s, &hl);
+    }
+    assert_int_equal(hl.recoveries, 1);
+    assert_true(hl.healthy);
+    test_coll_submit(x.s, &x.rq, &r); /* copied again from the host tier, and pinned */
+    sched_hold_admission(x.s, false);
+    test_coll_done(&q);
+    test_coll_done(&r);
+    assert_string_equal(q.text, ref);
+    assert_string_equal(r.text, ref);
+    fx_close(&x);
+    printf("  after the recovery: %lld unpin underflows, %lld injected unpinned\n",
+           (long long)(g_fake.unpin_underflows - under0),
+           (long long)(g_fake.injected_unpinned - unpinned0));
+    assert_int_equal(g_fake.unpin_underflows - under0, 0);
+    assert_int_equal(g_fake.injected_unpinned - unpinned0, 0);
+    assert_int_equal(g_fake.injected_missing - missing0, 0);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+}
+
+typedef struct submitter {
+    sched *s;
+    const sched_request *rq;
+    test_coll c;
+    is_status st;
+} submitter;
+
+static void *submit_thread(void *arg) {
+    submitter *t = arg;
+    test_coll_init(&t->c);
+    t->st = sched_submit(t->s, t->rq, test_coll_on_event, &t->c, &t->c.h);
+    return NULL;
+}
+
+static atomic_bool g_freed;
+
+static void *free_thread(void *arg) {
+    sched_free(arg);
+    atomic_store(&g_freed, true);
+    return NULL;
+}
+
+/* sched_free while a submit is taking its facts (its host-tier view held,
+ * its copy being started): the submit is refused (scheduler.h: "Submits
+ * racing with it are refused") and gives back what it took before the
+ * scheduler's tier, index and pool go. */
+static void test_free_racing_submit(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    tiers_fx x;
+    fx_open(&x, "mem_race", 0);
+    sched_request one = x.rq;
+    one.n_facts = 1; /* taken on the submitting thread itself */
+    pthread_mutex_lock(&g_fake.mu);
+    g_fake.gate = true;
+    g_fake.gate_entered = false;
+    pthread_mutex_unlock(&g_fake.mu);
+    static submitter t;
+    t = (submitter){.s = x.s, .rq = &one};
+    pthread_t th, fh;
+    assert_int_equal(pthread_create(&th, NULL, submit_thread, &t), 0);
+    pthread_mutex_lock(&g_fake.mu);
+    while (!g_fake.gate_entered) pthread_cond_wait(&g_fake.gate_cv, &g_fake.mu);
+    pthread_mutex_unlock(&g_fake.mu);
+    atomic_store(&g_freed, false);
+    assert_int_equal(pthread_create(&fh, NULL, free_thread, x.s), 0);
+    struct timespec ts = {0, 300000000};
+    nanosleep(&ts, NULL);
+    bool freed_early = atomic_load(&g_freed);
+    pthread_mutex_lock(&g_fake.mu);
+    g_fake.gate = false;
+    pthread_cond_broadcast(&g_fake.gate_cv);
+    pthread_mutex_unlock(&g_fake.mu);
+    pthread_join(th, NULL);
+    pthread_join(fh, NULL);
+    x.s = NULL;
+    assert_false(freed_early); /* it waited for the submit */
+    assert_int_equal(t.st, IS_ERR_CANCELLED);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+    fx_close(&x);
+}
+#endif
+
 int main(void) {
 #ifdef TIERS_CUDA
     if (!backend_cuda_available()) {
@@ -426,6 +612,10 @@ int main(void) {
 #endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_equals_ask_from_every_tier),
+#ifndef TIERS_CUDA
+        cmocka_unit_test(test_pins_after_recovery),
+        cmocka_unit_test(test_free_racing_submit),
+#endif
     };
     return test_run_group(tests, setup, teardown);
 }
