@@ -862,6 +862,36 @@ out:
 
 /* Opens <id>.fkv for reading: its descriptor and size (not empty), or the
  * error that names it. */
+/* A read found the file `name` (the one fstat'd as *read) corrupt: it goes
+ * to RECORD_STORE_CORRUPT_DIR unless a put has renamed another file over it
+ * since (puts rename under the mutex, so the check and the move cannot
+ * interleave with one). Best effort: a failed move leaves it where it was,
+ * and the read reports the corruption either way. */
+static void set_aside_corrupt(record_store *s, const char *id, const char *name,
+                              const struct stat *read) {
+    char to[RS_NAME_CAP + sizeof RECORD_STORE_CORRUPT_DIR + 1];
+    snprintf(to, sizeof to, "%s/%s", RECORD_STORE_CORRUPT_DIR, name);
+    struct stat now;
+    pthread_mutex_lock(&s->mu);
+    int rc = fstatat(s->dir_fd, name, &now, AT_SYMLINK_NOFOLLOW);
+    if (rc == 0 && now.st_dev == read->st_dev && now.st_ino == read->st_ino) {
+        rc = mkdirat(s->dir_fd, RECORD_STORE_CORRUPT_DIR, 0755);
+        if (rc != 0 && errno == EEXIST) rc = 0;
+        if (rc == 0) rc = renameat(s->dir_fd, name, s->dir_fd, to);
+        if (rc == 0) {
+            s->generation++;
+            rs_entry *e = cache_find(s, id);
+            if (e) cache_drop(s, e);
+            disk_gone(s, id);
+            s->stats.n_corrupt++;
+        }
+    } else {
+        rc = -1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == 0) (void)fsync(s->dir_fd);
+}
+
 static is_status open_record(record_store *s, const char *id, char name[RS_NAME_CAP], int *fd_out,
                              struct stat *sb) {
     final_name(name, id);
@@ -880,6 +910,7 @@ static is_status open_record(record_store *s, const char *id, char name[RS_NAME_
     }
     if (sb->st_size <= 0) {
         close(fd);
+        set_aside_corrupt(s, id, name, sb);
         return is_error_set(IS_ERR_FORMAT, "record store: %s/%s is empty (truncated record)",
                             s->dir, name);
     }
@@ -907,6 +938,7 @@ static is_status load_file(record_store *s, const char *id, rs_entry **out) {
         if (st == IS_ERR_FORMAT) {
             char why[400];
             snprintf(why, sizeof why, "%s", is_error_last());
+            set_aside_corrupt(s, id, name, &sb);
             return is_error_set(st, "record store: %s/%s: %s", s->dir, name, why);
         }
         return st;
@@ -1023,6 +1055,7 @@ is_status record_store_read_into(record_store *s, const char *id, const fact_kv_
     }
     fact_kv kv = {0};
     st = fact_record_parse_summed(p, n, &sum, &kv.meta, &kv.tokens, &kv.k, &kv.v);
+    if (st == IS_ERR_FORMAT) set_aside_corrupt(s, id, name, &sb);
     if (st == IS_OK && expected) st = fact_meta_check(&kv.meta, expected);
     if (st != IS_OK) {
         char why[400];

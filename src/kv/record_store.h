@@ -60,6 +60,7 @@ typedef struct record_store_stats {
     uint64_t disk_bytes;     /* bytes of the record files in the directory */
     uint64_t n_disk;         /* record files in the directory */
     uint64_t disk_evictions; /* record files deleted to stay within the cap */
+    uint64_t n_corrupt;      /* record files a read found corrupt, moved to corrupt/ */
 } record_store_stats;
 
 /* Opens (creating it, and its parents, if missing) the store in `dir` with a
@@ -113,7 +114,11 @@ is_status record_store_put_batch(record_store *s, int32_t n, const char *const *
  * IS_ERR_FORMAT (the file is corrupt or truncated; the message names it),
  * IS_ERR_MISMATCH (made for another model, dtype or RoPE setting),
  * IS_ERR_IO, IS_ERR_NOMEM. A bad record is never returned, never cached,
- * and nothing else in the store is touched; *out is unchanged on failure. */
+ * and nothing else in the store is touched, except that a corrupt file is
+ * moved to <dir>/corrupt/ (RECORD_STORE_CORRUPT_DIR): a record is derived
+ * from its fact's text, so the store then reads as without it and the fact
+ * is encoded again, where leaving the file would turn every later request
+ * for it into a text fallback. *out is unchanged on failure. */
 is_status record_store_get(record_store *s, const char *id, const fact_kv_meta *expected,
                            const fact_kv **out);
 
@@ -140,6 +145,10 @@ is_status record_store_delete(record_store *s, const char *id);
 /* Sub-directory of the store where records nothing refers to are set aside
  * (never deleted by recovery: only an operator removes them). */
 #define RECORD_STORE_ASIDE_DIR "orphans"
+
+/* Sub-directory where record files found corrupt by a read are kept (the
+ * latest of each id), for an operator to look at; nothing reads them. */
+#define RECORD_STORE_CORRUPT_DIR "corrupt"
 
 /* Moves the record of `id` out of the store into <dir>/orphans/ (created
  * if missing), keeping its file name, and drops it from the cache. The

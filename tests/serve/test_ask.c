@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kv/record_store.h"
 #include "serve/ask.h"
 #include "test_sched.h"
 #include "test_util.h"
@@ -123,14 +124,23 @@ static void test_bad_records_fail_cleanly(void **state) {
     }
     /* The engine's sequences were all given back. */
     assert_true(kv_cache_check(engine_kv(g_st.engine)));
-    /* The good record still serves, and the bad files are still there. */
+    /* The good record still serves; the corrupt and truncated files were
+     * moved to corrupt/ (the store then reads as without them), the other
+     * model's record, not damaged, is where it was. */
     const char *ids[] = {"good"}, *texts[] = {good.text};
     test_text out = {0};
     ask_request r =
         test_ask_greedy(ASK_MODE_KV, "Where did Caroline move from?", ids, texts, 1, MAX_TOKENS);
     assert_int_equal(ask_run(g_st.ask, &r, test_text_collect, &out, NULL), IS_OK);
     assert_true(out.n > 0);
-    snprintf(path, sizeof path, "%s/corrupt.fkv", g_dir);
+    const char *moved[] = {"corrupt", "truncated"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s.fkv", g_dir, moved[i]);
+        assert_int_not_equal(access(path, F_OK), 0);
+        snprintf(path, sizeof path, "%s/" RECORD_STORE_CORRUPT_DIR "/%s.fkv", g_dir, moved[i]);
+        assert_int_equal(access(path, F_OK), 0);
+    }
+    snprintf(path, sizeof path, "%s/other-model.fkv", g_dir);
     assert_int_equal(access(path, F_OK), 0);
     /* Re-encoding replaces a bad record. */
     assert_int_equal(ask_encode_fact(g_st.ask, &corrupt, 0, &did), IS_OK);

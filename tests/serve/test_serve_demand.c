@@ -17,6 +17,8 @@
  *     that first chat on, the other user's not yet;
  *   - B restarted without its record directory (a lost disk loses only
  *     cache) encodes them again and answers the same;
+ *   - (CPU) a damaged record file is set aside at its first read and its
+ *     fact encoded again by that chat, which answers the same;
  *   - B with a record cap of two records: the other user's chat evicts
  *     the first user's records (the least recently used), whose
  *     next chat encodes them again, answering the same; meanwhile they
@@ -44,6 +46,7 @@
 #include <unistd.h>
 
 #include "core/status.h"
+#include "kv/record_store.h"
 #include "serve/ask.h"
 #include "serve/http/app.h"
 #include "serve/scheduler.h"
@@ -413,6 +416,34 @@ static void test_kv_on_demand(void **state) {
     expect_facts(&bob_again, N_FACTS);
     assert_string_equal(bob_again.text, bob.text);
     http_app_stop(b);
+
+    /* A damaged record is set aside at its first read (kept in corrupt/)
+     * and its fact encoded again by the same chat, not prefilled as text
+     * from then on. (On the GPU the fact may still be resident there.) */
+    if (!ON_GPU) {
+        char path[800], aside[800];
+        snprintf(path, sizeof path, "%s/%s-v1.fkv", b_kv, again.ids[0]);
+        snprintf(aside, sizeof aside, "%s/" RECORD_STORE_CORRUPT_DIR "/%s-v1.fkv", b_kv,
+                 again.ids[0]);
+        size_t n = 0;
+        uint8_t *bytes = test_read_file(path, &n);
+        assert_non_null(bytes);
+        bytes[n / 2] ^= 0x40;
+        assert_true(test_write_file(path, bytes, n));
+        free(bytes);
+        b = start(b_dir, a_db, -1);
+        answer healed = chat(b, 0);
+        assert_int_equal(healed.text_facts, 0);
+        assert_int_equal(healed.encoded, 1);
+        assert_int_equal(healed.disk, N_FACTS - 1);
+        assert_string_equal(healed.text, first.text);
+        assert_int_equal(access(aside, F_OK), 0);
+        assert_true(metric(b, "inferscale_fact_kv_corrupt_total ") == 1);
+        answer after = chat(b, 0); /* the new record, from disk */
+        expect_facts(&after, 0);
+        assert_string_equal(after.text, first.text);
+        http_app_stop(b);
+    }
 
     /* Room for two records: each user's chat evicts the other's (the
      * least recently used; its own batch is spared), which are encoded

@@ -311,6 +311,10 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                       (unsigned long long)rs->hits, (unsigned long long)rs->misses);
             gauge(&b, "inferscale_fact_kv_cache_bytes", "Bytes of KV records in the host cache.",
                   "gauge", (double)rs->bytes_cached);
+            gauge(&b, "inferscale_fact_kv_corrupt_total",
+                  "KV record files found corrupt when read, moved to the record directory's "
+                  "corrupt/ (their facts are encoded again).",
+                  "counter", (double)rs->n_corrupt);
             if (rs->n_disk || rs->disk_evictions) {
                 gauge(&b, "inferscale_fact_kv_disk_bytes",
                       "Bytes of KV record files on this node's disk (serve --record-cache-gb).",
