@@ -909,8 +909,8 @@ static is_status open_record(record_store *s, const char *id, char name[RS_NAME_
                             strerror(err));
     }
     if (sb->st_size <= 0) {
+        set_aside_corrupt(s, id, name, sb); /* fd open: the inode cannot be reused yet */
         close(fd);
-        set_aside_corrupt(s, id, name, sb);
         return is_error_set(IS_ERR_FORMAT, "record store: %s/%s is empty (truncated record)",
                             s->dir, name);
     }
@@ -934,13 +934,16 @@ static is_status load_file(record_store *s, const char *id, rs_entry **out) {
                             strerror(err));
     is_status st = entry_create(s, id, base, len, true, out);
     if (st != IS_OK) {
-        munmap(base, len);
         if (st == IS_ERR_FORMAT) {
             char why[400];
             snprintf(why, sizeof why, "%s", is_error_last());
+            /* Still mapped: the file keeps its inode number, which a put
+             * renamed over it since could otherwise be given again. */
             set_aside_corrupt(s, id, name, &sb);
+            munmap(base, len);
             return is_error_set(st, "record store: %s/%s: %s", s->dir, name, why);
         }
+        munmap(base, len);
         return st;
     }
     return IS_OK;
@@ -1047,8 +1050,8 @@ is_status record_store_read_into(record_store *s, const char *id, const fact_kv_
         at += (size_t)r;
     }
     int err = errno;
-    close(fd);
     if (at < n) {
+        close(fd);
         release(ud, p);
         return is_error_set(IS_ERR_IO, "record store: cannot read %s/%s: %s", s->dir, name,
                             err ? strerror(err) : "short read");
@@ -1056,6 +1059,7 @@ is_status record_store_read_into(record_store *s, const char *id, const fact_kv_
     fact_kv kv = {0};
     st = fact_record_parse_summed(p, n, &sum, &kv.meta, &kv.tokens, &kv.k, &kv.v);
     if (st == IS_ERR_FORMAT) set_aside_corrupt(s, id, name, &sb);
+    close(fd); /* after the set-aside's inode check (see load_file) */
     if (st == IS_OK && expected) st = fact_meta_check(&kv.meta, expected);
     if (st != IS_OK) {
         char why[400];
@@ -1066,7 +1070,10 @@ is_status record_store_read_into(record_store *s, const char *id, const fact_kv_
     kv.content_id = fact_record_content_id(p);
     pthread_mutex_lock(&s->mu);
     s->stats.misses++;
-    if (disk_find(s, id)) disk_touch(s, id, n); /* not one evicted or deleted meanwhile */
+    /* Only a file still there: one deleted or set aside meanwhile (its
+     * entry kept by a pin) is not on disk, and one put since has its own size. */
+    rs_disk *d = disk_find(s, id);
+    if (d && d->on_disk) disk_touch(s, id, d->bytes);
     pthread_mutex_unlock(&s->mu);
     *out = kv;
     *buf = p;

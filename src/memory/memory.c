@@ -873,6 +873,32 @@ is_status memory_encode_one(memory *m, const char *tenant, const char *user, con
     return st;
 }
 
+static bool same_str(const char *a, const char *b) {
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+/* Whether two refs name one fact. */
+static bool same_ref(const memory_fact_ref *a, const memory_fact_ref *b) {
+    return strcmp(a->id, b->id) == 0 && same_str(a->tenant, b->tenant) &&
+           same_str(a->user, b->user);
+}
+
+/* The row of f, changed since it was read (its version moved on), gets the
+ * record rid encoded from f's text if it still has that text (and so the
+ * same context and window: updates change only text and metadata) and no
+ * record: a metadata update during the forward leaves the record good, and
+ * nothing queues the fact again. The writer lock is held. */
+static is_status set_kv_same_text(memory *m, const mem_fact *f, const char *rid) {
+    mem_fact now;
+    is_status st = mem_store_get(m->store, f->tenant, f->user, f->id, false, &now);
+    if (st != IS_OK) return st;
+    if (now.kv_record || strcmp(now.text, f->text) != 0)
+        st = is_error_set(IS_ERR_NOT_FOUND, "memory: fact %s changed while encoded", f->id);
+    else st = mem_store_set_kv(m->store, now.id, now.version, rid);
+    mem_fact_clear(&now);
+    return st;
+}
+
 is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
                               memory_encode_batch_fn fn, void *ud, is_status *status,
                               bool *encoded) {
@@ -885,8 +911,10 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     char(*rid)[RECORD_STORE_ID_MAX + 1] = calloc((size_t)n, sizeof *rid);
     is_status *jst = calloc((size_t)n, sizeof *jst), *set_st = calloc((size_t)n, sizeof *set_st);
     mem_store_kv_set *sets = calloc((size_t)n, sizeof *sets);
-    if (!f || !jobs || !row || !rid || !jst || !set_st || !sets) {
+    int32_t *same_as = calloc((size_t)n, sizeof *same_as); /* an earlier ref of the fact, or -1 */
+    if (!f || !jobs || !row || !rid || !jst || !set_st || !sets || !same_as) {
         free(f), free(jobs), free(row), free(rid), free(jst), free(set_st), free(sets);
+        free(same_as);
         is_status st = is_error_set(IS_ERR_NOMEM, "out of memory");
         for (int32_t i = 0; i < n; i++) status[i] = st, encoded[i] = false;
         return st;
@@ -896,6 +924,13 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     pthread_mutex_lock(&m->write_mu);
     for (int32_t i = 0; i < n; i++) {
         encoded[i] = false;
+        /* A fact queued twice (an add's job and an update's) is one job:
+         * two would write one record id twice, and the cleanup of a copy
+         * that failed would delete the record the other's row then names. */
+        same_as[i] = -1;
+        for (int32_t p = 0; p < i && same_as[i] < 0; p++)
+            if (same_ref(&refs[p], &refs[i])) same_as[i] = p;
+        if (same_as[i] >= 0) continue;
         status[i] = mem_store_get(m->store, refs[i].tenant, refs[i].user, refs[i].id, false, &f[i]);
         if (status[i] != IS_OK) continue;
         if (f[i].kv_record && record_store_contains(m->rs, f[i].kv_record)) continue;
@@ -908,13 +943,18 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
     }
     pthread_mutex_unlock(&m->write_mu);
 
+    /* Pinned until the rows name them: under a disk cap, the group commit
+     * of a later forward of this batch (or any put) would otherwise evict a
+     * record written by an earlier one before its row points to it. */
+    for (int32_t j = 0; j < nj; j++) record_store_pin(m->rs, rid[j]);
     /* The forward runs without the lock: writes of other facts go on. */
     if (nj > 0) fn(ud, m->rs, jobs, nj, jst);
 
     pthread_mutex_lock(&m->write_mu);
     /* The rows that get their new record, in one transaction (a group
-     * commit), each conditional on the version read: an update or delete
-     * since then wins, and the record it never named goes. */
+     * commit), each conditional on the version read: a delete or a text
+     * update since then wins, and the record it never named goes (a row
+     * whose version moved on with its text unchanged is set again). */
     int32_t ns = 0;
     for (int32_t j = 0; j < nj; j++) {
         int32_t i = row[j];
@@ -934,12 +974,15 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         step(m, MEMORY_STEP_KV_WRITTEN);
         if (!f[i].kv_record) {
             st = set_st[ns++];
+            if (st == IS_ERR_NOT_FOUND) st = set_kv_same_text(m, &f[i], rid[j]);
             if (st != IS_OK) record_drop(m, rid[j]);
         } else {
+            /* Named by the row still, for the text it was encoded from (a
+             * metadata update meanwhile changes neither). */
             mem_fact now;
             st = mem_store_get(m->store, f[i].tenant, f[i].user, f[i].id, false, &now);
-            bool same = st == IS_OK && now.version == f[i].version && now.kv_record &&
-                        strcmp(now.kv_record, rid[j]) == 0;
+            bool same = st == IS_OK && now.kv_record && strcmp(now.kv_record, rid[j]) == 0 &&
+                        strcmp(now.text, f[i].text) == 0;
             if (st == IS_OK) mem_fact_clear(&now);
             if (!same) {
                 record_drop(m, rid[j]);
@@ -951,6 +994,10 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         encoded[i] = st == IS_OK;
     }
     pthread_mutex_unlock(&m->write_mu);
+    for (int32_t j = 0; j < nj; j++) record_store_unpin(m->rs, rid[j]);
+    /* A copy gets its fact's outcome; the fact was encoded once. */
+    for (int32_t i = 0; i < n; i++)
+        if (same_as[i] >= 0) status[i] = status[same_as[i]], encoded[i] = false;
     is_status first = IS_OK;
     for (int32_t i = 0; i < n; i++) {
         if (first == IS_OK && status[i] != IS_OK && status[i] != IS_ERR_NOT_FOUND)
@@ -958,6 +1005,7 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         if (f[i].tenant) mem_fact_clear(&f[i]);
     }
     free(f), free(jobs), free(row), free(rid), free(jst), free(set_st), free(sets);
+    free(same_as);
     return first;
 }
 

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/status.h"
 #include "serve/encoder.h"
@@ -309,7 +310,7 @@ static void test_memory_encode_batch(void **state) {
     memory_fact_ref refs[N_FACTS];
     for (int i = 0; i < N_FACTS; i++) {
         memset(&refs[i], 0, sizeof refs[i]);
-        snprintf(refs[i].id, sizeof refs[i].id, "%s", ids[i]);
+        memcpy(refs[i].id, ids[i], sizeof refs[i].id);
         refs[i].tenant = (char *)"t";
         refs[i].user = (char *)r[i].user;
     }
@@ -389,11 +390,226 @@ static void test_run_for_request(void **state) {
     memory_close(m);
 }
 
+/* Sleeps at the first write of every put (the hook is asked in the thread
+ * that writes): a group's writes then start only after the next group's
+ * forward and narrowing, which run into the other set of sections. */
+static bool slow_first_write(record_store_step step, void *ud) {
+    record_store_step *prev = ud;
+    if (step == RECORD_STORE_STEP_WRITE && *prev != RECORD_STORE_STEP_WRITE) usleep(1500 * 1000);
+    *prev = step;
+    return true;
+}
+
+/* Writes beside the next forward: a group's sections stay untouched until
+ * its writes are done, however late they start. Each record is bit for bit
+ * the fact encoded alone (a section overwritten by the next group would
+ * also fail the record's checksum, taken before the write). */
+static void test_writes_beside_next_forward(void **state) {
+    SKIP_WITHOUT_MODEL();
+    enum { N = 6 };
+    ask_fact f[N_FACTS];
+    int32_t w[N_FACTS];
+    char ids[N_FACTS][16];
+    make_facts(f, w, ids);
+    record_store *rs, *ra;
+    ask_ctx *a, *aa;
+    open_ctx("overlap", &rs, &a);
+    open_ctx("overlap-ref", &ra, &aa);
+    for (int i = 0; i < N; i++) {
+        bool did;
+        assert_int_equal(ask_encode_fact(aa, &f[i], w[i], &did), IS_OK);
+    }
+    record_store_step prev = RECORD_STORE_STEP_COUNT_;
+    record_store_set_fault_hook(rs, slow_first_write, &prev);
+    is_status st[N];
+    bool did[N];
+    assert_int_equal(ask_encode_facts(a, f, w, N, 32, st, did), IS_OK);
+    record_store_set_fault_hook(rs, NULL, NULL);
+    assert_true(ask_ctx_encode_stats(a).n_forwards >= 2);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(st[i], IS_OK);
+        assert_true(did[i]);
+        double d = 0, sc = 0;
+        bool bits;
+        record_diff(ra, rs, ids[i], &d, &sc, &bits);
+        assert_true(bits);
+    }
+    ask_ctx_free(a), ask_ctx_free(aa);
+    record_store_close(rs), record_store_close(ra);
+}
+
+/* One fact queued twice in one batch (an add's job and an update's, or a
+ * scan's), the copies in different forwards, the later copy's write
+ * failing: whatever the copies report, a row that names a record has it,
+ * and a fact reported encoded has its record. */
+static void test_duplicate_refs(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/dups", g_dir);
+    memory_params mp = memory_default_params();
+    memory *m;
+    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
+    record_store *rs = memory_record_store(m);
+    ask_ctx *a;
+    assert_int_equal(ask_ctx_create(g_engine, rs, KV_DTYPE_F32, &a), IS_OK);
+    enum { N = 3, NR = 4 };
+    memory_add_req r[N];
+    char ids[N][MEMORY_ID_SIZE];
+    for (int i = 0; i < N; i++)
+        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = k_texts[i], .window = 0};
+    assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
+    const int which[NR] = {0, 1, 2, 0}; /* fact 0 first and last */
+    memory_fact_ref refs[NR];
+    for (int j = 0; j < NR; j++) {
+        refs[j] = (memory_fact_ref){.tenant = (char *)"t", .user = (char *)"u"};
+        snprintf(refs[j].id, sizeof refs[j].id, "%s", ids[which[j]]);
+    }
+    /* One fact a forward (at least one goes in each): fact 0's second copy
+     * is the fourth record file created. */
+    encoder_params ep = {a, 1};
+    int left = 4;
+    record_store_set_fault_hook(rs, fail_nth_create, &left);
+    is_status st[NR];
+    bool did[NR];
+    encoder_run(m, &ep, refs, NR, st, did);
+    record_store_set_fault_hook(rs, NULL, NULL);
+    for (int j = 0; j < NR; j++) {
+        mem_fact row;
+        assert_int_equal(memory_get(m, "t", "u", refs[j].id, &row), IS_OK);
+        if (did[j]) assert_non_null(row.kv_record);
+        if (row.kv_record && !record_store_contains(rs, row.kv_record))
+            fail_msg("ref %d (fact %d, reported %s, encoded %d): its row names %s, which is gone",
+                     j, which[j], is_status_to_string(st[j]), did[j], row.kv_record);
+        mem_fact_clear(&row);
+    }
+    assert_int_equal(memory_check(m, true), IS_OK);
+    ask_ctx_free(a);
+    memory_close(m);
+}
+
+/* The batch encoder, then (the writer lock is not held during the forward
+ * and the writes) fact 0 deleted, fact 1's text updated and fact 2's
+ * metadata updated, as HTTP requests would meanwhile. */
+typedef struct change_during {
+    encoder_params ep;
+    memory *m;
+    char (*ids)[MEMORY_ID_SIZE];
+} change_during;
+
+static is_status encode_then_change(void *ud, record_store *store, const memory_encode_job *jobs,
+                                    int32_t n, is_status *status) {
+    change_during *c = ud;
+    is_status st = encoder_batch_fn(&c->ep, store, jobs, n, status);
+    for (int32_t j = 0; j < n; j++) assert_true(record_store_contains(store, jobs[j].record_id));
+    assert_int_equal(memory_delete(c->m, "t", "u", c->ids[0]), IS_OK);
+    assert_int_equal(memory_update(c->m, "t", "u", c->ids[1], "A text of later.", NULL), IS_OK);
+    assert_int_equal(memory_update(c->m, "t", "u", c->ids[2], NULL, "{\"k\":\"v\"}"), IS_OK);
+    return st;
+}
+
+/* Facts deleted or updated while their records are written: a deleted
+ * fact and one whose text changed get no record, and none is left that no
+ * row names; one whose metadata alone changed keeps its record (nothing
+ * queues it again: a metadata update does not). */
+static void test_changed_while_encoded(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/changed", g_dir);
+    memory_params mp = memory_default_params();
+    memory *m;
+    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
+    record_store *rs = memory_record_store(m);
+    ask_ctx *a;
+    assert_int_equal(ask_ctx_create(g_engine, rs, KV_DTYPE_F32, &a), IS_OK);
+    enum { N = 4 };
+    memory_add_req r[N];
+    char ids[N][MEMORY_ID_SIZE];
+    for (int i = 0; i < N; i++)
+        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = k_texts[i], .window = 0};
+    assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
+    memory_fact_ref refs[N];
+    for (int i = 0; i < N; i++) {
+        refs[i] = (memory_fact_ref){.tenant = (char *)"t", .user = (char *)"u"};
+        memcpy(refs[i].id, ids[i], sizeof refs[i].id);
+    }
+    change_during c = {{a, 1}, m, ids};
+    is_status st[N];
+    bool did[N];
+    memory_encode_batch(m, refs, N, encode_then_change, &c, st, did);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(st[i], i < 2 ? IS_ERR_NOT_FOUND : IS_OK);
+        assert_int_equal(did[i], i >= 2);
+        char rid[80];
+        snprintf(rid, sizeof rid, "%s-v1", ids[i]);
+        assert_int_equal(record_store_contains(rs, rid), i >= 2);
+    }
+    /* The rows as the changes left them: fact 1 without KV yet. */
+    assert_int_equal(memory_check(m, false), IS_OK);
+    for (int i = 1; i < N; i++) {
+        mem_fact row;
+        assert_int_equal(memory_get(m, "t", "u", ids[i], &row), IS_OK);
+        assert_int_equal(row.kv_record != NULL, i >= 2);
+        if (i == 2) assert_int_equal(row.version, 2);
+        mem_fact_clear(&row);
+    }
+    ask_ctx_free(a);
+    memory_close(m);
+}
+
+/* A disk cap smaller than one call's records: a record written by one
+ * forward's group commit must not be evicted by the next group's before
+ * the row is pointed to it (the fact would be reported encoded, its row
+ * naming a record that is gone). */
+static void test_disk_cap_within_a_batch(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/capped", g_dir);
+    memory_params mp = memory_default_params();
+    memory *m;
+    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
+    record_store *rs = memory_record_store(m);
+    assert_int_equal(record_store_set_disk_cap(rs, 1), IS_OK);
+    ask_ctx *a;
+    assert_int_equal(ask_ctx_create(g_engine, rs, KV_DTYPE_F32, &a), IS_OK);
+    enum { N = 3 };
+    memory_add_req r[N];
+    char ids[N][MEMORY_ID_SIZE];
+    for (int i = 0; i < N; i++)
+        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = k_texts[i], .window = 0};
+    assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
+    memory_fact_ref refs[N];
+    for (int i = 0; i < N; i++) {
+        refs[i] = (memory_fact_ref){.tenant = (char *)"t", .user = (char *)"u"};
+        memcpy(refs[i].id, ids[i], sizeof refs[i].id);
+    }
+    encoder_params ep = {a, 1}; /* one fact a forward: three group commits */
+    is_status st[N];
+    bool did[N];
+    assert_int_equal(encoder_run(m, &ep, refs, N, st, did), IS_OK);
+    for (int i = 0; i < N; i++) {
+        assert_true(did[i]);
+        mem_fact row;
+        assert_int_equal(memory_get(m, "t", "u", ids[i], &row), IS_OK);
+        assert_non_null(row.kv_record);
+        if (!record_store_contains(rs, row.kv_record))
+            fail_msg("fact %d reported encoded; its record %s is gone", i, row.kv_record);
+        mem_fact_clear(&row);
+    }
+    ask_ctx_free(a);
+    memory_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batch_equals_alone), cmocka_unit_test(test_bad_fact_alone_fails),
-        cmocka_unit_test(test_failed_group_write), cmocka_unit_test(test_memory_encode_batch),
+        cmocka_unit_test(test_batch_equals_alone),
+        cmocka_unit_test(test_bad_fact_alone_fails),
+        cmocka_unit_test(test_failed_group_write),
+        cmocka_unit_test(test_memory_encode_batch),
         cmocka_unit_test(test_run_for_request),
+        cmocka_unit_test(test_writes_beside_next_forward),
+        cmocka_unit_test(test_duplicate_refs),
+        cmocka_unit_test(test_changed_while_encoded),
+        cmocka_unit_test(test_disk_cap_within_a_batch),
     };
     return test_run_group(tests, setup, teardown);
 }
