@@ -261,12 +261,12 @@ static void publish(sched *s, int64_t done, int64_t failed) {
 
 /* ---- pins ----------------------------------------------------------------------------- */
 
-/* engine_fact_prefetch for f (any thread): true with the pin's epoch in f. */
+/* engine_fact_prefetch for f (any thread): true with f pinned, in this epoch. */
 static bool fact_pin(sched *s, req_fact *f, uint64_t id, int32_t n_tokens, int32_t dtype,
                      const void *k, const void *v) {
     pthread_rwlock_rdlock(&s->pin_lock);
     bool ok = engine_fact_prefetch(s->e, id, n_tokens, dtype, k, v);
-    if (ok) f->pin_epoch = s->pin_epoch;
+    if (ok) f->pinned = true, f->pin_epoch = s->pin_epoch;
     pthread_rwlock_unlock(&s->pin_lock);
     return ok;
 }
@@ -820,7 +820,6 @@ static bool repin(sched *s, req_fact *f) {
     req_fact old = {.pinned = f->pinned, .pin_epoch = f->pin_epoch, .content_id = f->content_id};
     if (!fact_pin(s, f, f->content_id, f->n_kv_tokens, 0, NULL, NULL)) return false;
     fact_unpin(s, &old);
-    f->pinned = true;
     return true;
 }
 
@@ -1564,7 +1563,7 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
     bool have = fact_index_get(s->facts, rf->record, &e);
     if (have && e.text_hash != rf->text_hash) return true; /* another text: prefilled */
     if (have && e.resident && fact_pin(s, rf, e.content_id, e.n_tokens, 0, NULL, NULL)) {
-        rf->known = rf->pinned = true;
+        rf->known = true;
         rf->content_id = e.content_id;
         rf->n_kv_tokens = e.n_tokens;
         rf->tier = FACT_TIER_GPU;
@@ -1593,7 +1592,7 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
         return false;
     }
     rf->ht_held = kv;
-    rf->known = rf->pinned = true;
+    rf->known = true;
     rf->content_id = kv->content_id;
     rf->n_kv_tokens = kv->meta.n_tokens;
     rf->tier = from_disk ? FACT_TIER_DISK : FACT_TIER_HOST;

@@ -438,32 +438,45 @@ static void test_writes_beside_next_forward(void **state) {
     record_store_close(rs), record_store_close(ra);
 }
 
+/* A memory in g_dir/name with the first n of k_texts stored for tenant t,
+ * user u (no KV yet; their ids in ids), and an f32 ask context on its
+ * records (*a). */
+static memory *stored_facts(const char *name, int n, char (*ids)[MEMORY_ID_SIZE], ask_ctx **a) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
+    memory_params mp = memory_default_params();
+    memory *m;
+    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
+    assert_int_equal(ask_ctx_create(g_engine, memory_record_store(m), KV_DTYPE_F32, a), IS_OK);
+    memory_add_req r[N_FACTS];
+    assert_true(n <= N_FACTS);
+    for (int i = 0; i < n; i++)
+        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = k_texts[i], .window = 0};
+    assert_int_equal(memory_add_batch(m, r, n, ids, NULL), IS_OK);
+    return m;
+}
+
+/* The key of fact id of tenant t, user u. */
+static memory_fact_ref ref_of(const char id[MEMORY_ID_SIZE]) {
+    memory_fact_ref ref = {.tenant = (char *)"t", .user = (char *)"u"};
+    memcpy(ref.id, id, sizeof ref.id);
+    return ref;
+}
+
 /* One fact queued twice in one batch (an add's job and an update's, or a
  * scan's), the copies in different forwards, the later copy's write
  * failing: whatever the copies report, a row that names a record has it,
  * and a fact reported encoded has its record. */
 static void test_duplicate_refs(void **state) {
     SKIP_WITHOUT_MODEL();
-    char dir[256];
-    snprintf(dir, sizeof dir, "%s/dups", g_dir);
-    memory_params mp = memory_default_params();
-    memory *m;
-    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
-    record_store *rs = memory_record_store(m);
-    ask_ctx *a;
-    assert_int_equal(ask_ctx_create(g_engine, rs, KV_DTYPE_F32, &a), IS_OK);
     enum { N = 3, NR = 4 };
-    memory_add_req r[N];
     char ids[N][MEMORY_ID_SIZE];
-    for (int i = 0; i < N; i++)
-        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = k_texts[i], .window = 0};
-    assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
+    ask_ctx *a;
+    memory *m = stored_facts("dups", N, ids, &a);
+    record_store *rs = memory_record_store(m);
     const int which[NR] = {0, 1, 2, 0}; /* fact 0 first and last */
     memory_fact_ref refs[NR];
-    for (int j = 0; j < NR; j++) {
-        refs[j] = (memory_fact_ref){.tenant = (char *)"t", .user = (char *)"u"};
-        snprintf(refs[j].id, sizeof refs[j].id, "%s", ids[which[j]]);
-    }
+    for (int j = 0; j < NR; j++) refs[j] = ref_of(ids[which[j]]);
     /* One fact a forward (at least one goes in each): fact 0's second copy
      * is the fourth record file created. */
     encoder_params ep = {a, 1};
@@ -513,25 +526,13 @@ static is_status encode_then_change(void *ud, record_store *store, const memory_
  * queues it again: a metadata update does not). */
 static void test_changed_while_encoded(void **state) {
     SKIP_WITHOUT_MODEL();
-    char dir[256];
-    snprintf(dir, sizeof dir, "%s/changed", g_dir);
-    memory_params mp = memory_default_params();
-    memory *m;
-    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
-    record_store *rs = memory_record_store(m);
-    ask_ctx *a;
-    assert_int_equal(ask_ctx_create(g_engine, rs, KV_DTYPE_F32, &a), IS_OK);
     enum { N = 4 };
-    memory_add_req r[N];
     char ids[N][MEMORY_ID_SIZE];
-    for (int i = 0; i < N; i++)
-        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = k_texts[i], .window = 0};
-    assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
+    ask_ctx *a;
+    memory *m = stored_facts("changed", N, ids, &a);
+    record_store *rs = memory_record_store(m);
     memory_fact_ref refs[N];
-    for (int i = 0; i < N; i++) {
-        refs[i] = (memory_fact_ref){.tenant = (char *)"t", .user = (char *)"u"};
-        memcpy(refs[i].id, ids[i], sizeof refs[i].id);
-    }
+    for (int i = 0; i < N; i++) refs[i] = ref_of(ids[i]);
     change_during c = {{a, 1}, m, ids};
     is_status st[N];
     bool did[N];
@@ -562,26 +563,14 @@ static void test_changed_while_encoded(void **state) {
  * naming a record that is gone). */
 static void test_disk_cap_within_a_batch(void **state) {
     SKIP_WITHOUT_MODEL();
-    char dir[256];
-    snprintf(dir, sizeof dir, "%s/capped", g_dir);
-    memory_params mp = memory_default_params();
-    memory *m;
-    assert_int_equal(memory_open(dir, &mp, &m, NULL), IS_OK);
+    enum { N = 3 };
+    char ids[N][MEMORY_ID_SIZE];
+    ask_ctx *a;
+    memory *m = stored_facts("capped", N, ids, &a);
     record_store *rs = memory_record_store(m);
     assert_int_equal(record_store_set_disk_cap(rs, 1), IS_OK);
-    ask_ctx *a;
-    assert_int_equal(ask_ctx_create(g_engine, rs, KV_DTYPE_F32, &a), IS_OK);
-    enum { N = 3 };
-    memory_add_req r[N];
-    char ids[N][MEMORY_ID_SIZE];
-    for (int i = 0; i < N; i++)
-        r[i] = (memory_add_req){.tenant = "t", .user = "u", .text = k_texts[i], .window = 0};
-    assert_int_equal(memory_add_batch(m, r, N, ids, NULL), IS_OK);
     memory_fact_ref refs[N];
-    for (int i = 0; i < N; i++) {
-        refs[i] = (memory_fact_ref){.tenant = (char *)"t", .user = (char *)"u"};
-        memcpy(refs[i].id, ids[i], sizeof refs[i].id);
-    }
+    for (int i = 0; i < N; i++) refs[i] = ref_of(ids[i]);
     encoder_params ep = {a, 1}; /* one fact a forward: three group commits */
     is_status st[N];
     bool did[N];
