@@ -360,40 +360,73 @@ is_status fact_meta_validate(const fact_kv_meta *meta) {
     return IS_OK;
 }
 
+/* The fields fact_meta_check compares, in its order. */
+typedef enum meta_field {
+    MF_SAME,
+    MF_FINGERPRINT,
+    MF_DTYPE,
+    MF_N_LAYERS,
+    MF_N_KV_HEADS,
+    MF_HEAD_DIM,
+    MF_ROPE_LAYOUT,
+    MF_ROPE_N_ROT,
+    MF_ROPE_BASE,
+    MF_ROPE_SCALE,
+    MF_ROPE_FACTORS,
+} meta_field;
+
+static meta_field model_difference(const fact_kv_meta *r, const fact_kv_meta *e) {
+    if (strncmp(r->model_fingerprint, e->model_fingerprint, 16) != 0) return MF_FINGERPRINT;
+    if (r->dtype != e->dtype) return MF_DTYPE;
+    if (r->n_layers != e->n_layers) return MF_N_LAYERS;
+    if (r->n_kv_heads != e->n_kv_heads) return MF_N_KV_HEADS;
+    if (r->head_dim != e->head_dim) return MF_HEAD_DIM;
+    if (r->rope_layout != e->rope_layout) return MF_ROPE_LAYOUT;
+    if (r->rope_n_rot != e->rope_n_rot) return MF_ROPE_N_ROT;
+    if (r->rope_freq_base != e->rope_freq_base) return MF_ROPE_BASE;
+    if (r->rope_freq_scale != e->rope_freq_scale) return MF_ROPE_SCALE;
+    if (r->rope_factors_hash != e->rope_factors_hash) return MF_ROPE_FACTORS;
+    return MF_SAME;
+}
+
+bool fact_meta_same_model(const fact_kv_meta *r, const fact_kv_meta *e) {
+    return r && e && model_difference(r, e) == MF_SAME;
+}
+
 is_status fact_meta_check(const fact_kv_meta *r, const fact_kv_meta *e) {
     if (!r || !e) return is_error_set(IS_ERR_INVALID_ARG, "fact record: meta is NULL");
-    if (strncmp(r->model_fingerprint, e->model_fingerprint, 16) != 0)
+    const char *what = NULL;
+    long long rv = 0, ev = 0;
+    switch (model_difference(r, e)) {
+    case MF_SAME: return IS_OK;
+    case MF_FINGERPRINT:
         return is_error_set(IS_ERR_MISMATCH,
                             "fact record was made by model %.16s, serving model is %.16s",
                             r->model_fingerprint, e->model_fingerprint);
-    if (r->dtype != e->dtype)
+    case MF_DTYPE:
         return is_error_set(IS_ERR_MISMATCH, "fact record dtype is %s, expected %s",
                             kv_dtype_name(r->dtype), kv_dtype_name(e->dtype));
-#define SAME_INT(field, what)                                                                      \
-    if (r->field != e->field)                                                                      \
-        return is_error_set(IS_ERR_MISMATCH,                                                       \
-                            "fact record has " what " %lld, serving model has %lld",               \
-                            (long long)r->field, (long long)e->field);
-    SAME_INT(n_layers, "n_layers")
-    SAME_INT(n_kv_heads, "n_kv_heads")
-    SAME_INT(head_dim, "head_dim")
-    SAME_INT(rope_layout, "RoPE layout")
-    SAME_INT(rope_n_rot, "RoPE n_rot")
-#undef SAME_INT
-    if (r->rope_freq_base != e->rope_freq_base)
+    case MF_N_LAYERS: what = "n_layers", rv = r->n_layers, ev = e->n_layers; break;
+    case MF_N_KV_HEADS: what = "n_kv_heads", rv = r->n_kv_heads, ev = e->n_kv_heads; break;
+    case MF_HEAD_DIM: what = "head_dim", rv = r->head_dim, ev = e->head_dim; break;
+    case MF_ROPE_LAYOUT: what = "RoPE layout", rv = r->rope_layout, ev = e->rope_layout; break;
+    case MF_ROPE_N_ROT: what = "RoPE n_rot", rv = r->rope_n_rot, ev = e->rope_n_rot; break;
+    case MF_ROPE_BASE:
         return is_error_set(IS_ERR_MISMATCH,
                             "fact record has RoPE freq_base %.9g, serving model has %.9g",
                             r->rope_freq_base, e->rope_freq_base);
-    if (r->rope_freq_scale != e->rope_freq_scale)
+    case MF_ROPE_SCALE:
         return is_error_set(IS_ERR_MISMATCH,
                             "fact record has RoPE freq_scale %.9g, serving model has %.9g",
                             r->rope_freq_scale, e->rope_freq_scale);
-    if (r->rope_factors_hash != e->rope_factors_hash)
+    case MF_ROPE_FACTORS:
         return is_error_set(
             IS_ERR_MISMATCH,
             "fact record has RoPE frequency factors %016llx, serving model has %016llx",
             (unsigned long long)r->rope_factors_hash, (unsigned long long)e->rope_factors_hash);
-    return IS_OK;
+    }
+    return is_error_set(IS_ERR_MISMATCH, "fact record has %s %lld, serving model has %lld", what,
+                        rv, ev);
 }
 
 /* ---- layout ---------------------------------------------------------------------------- */
@@ -600,15 +633,8 @@ static bool all_zero(const uint8_t *p, size_t n) {
     return true;
 }
 
-/* fact_record_parse's work; sum is the checksum of buf[len] when the caller
- * took it as the bytes arrived, NULL to take it here. */
-static is_status parse(const void *buf, size_t len, const fact_record_sum *sum_of,
-                       fact_kv_meta *meta_out, const int32_t **tokens, const void **k,
-                       const void **v) {
-    if (!buf && len > 0) return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is NULL");
-    if ((uintptr_t)buf % 4 != 0)
-        return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is not 4-byte aligned");
-    const uint8_t *b = buf;
+/* The header's checks (every one that needs no byte past it) into *out. */
+static is_status parse_header(const uint8_t *b, size_t len, fact_kv_meta *out) {
     if (len < FACT_RECORD_HEADER_BYTES)
         return is_error_set(IS_ERR_FORMAT,
                             "fact record: %zu bytes, shorter than the %d-byte header (truncated)",
@@ -653,6 +679,22 @@ static is_status parse(const void *buf, size_t len, const fact_record_sum *sum_o
     if (!all_zero(b + OFF_RESERVED0, 4) ||
         !all_zero(b + OFF_RESERVED1, OFF_CHECKSUM - OFF_RESERVED1))
         return is_error_set(IS_ERR_FORMAT, "fact record: reserved header bytes are not zero");
+    *out = m;
+    return IS_OK;
+}
+
+/* fact_record_parse's work; sum is the checksum of buf[len] when the caller
+ * took it as the bytes arrived, NULL to take it here. */
+static is_status parse(const void *buf, size_t len, const fact_record_sum *sum_of,
+                       fact_kv_meta *meta_out, const int32_t **tokens, const void **k,
+                       const void **v) {
+    if (!buf && len > 0) return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is NULL");
+    if ((uintptr_t)buf % 4 != 0)
+        return is_error_set(IS_ERR_INVALID_ARG, "fact record: buffer is not 4-byte aligned");
+    const uint8_t *b = buf;
+    fact_kv_meta m;
+    is_status st = parse_header(b, len, &m);
+    if (st != IS_OK) return st;
 
     /* The fields are within the limits, so the layout's arithmetic cannot
      * overflow; the record must be exactly as long as they say. */
@@ -710,6 +752,11 @@ static is_status parse(const void *buf, size_t len, const fact_record_sum *sum_o
     if (k) *k = b + l.k_off;
     if (v) *v = b + l.v_off;
     return IS_OK;
+}
+
+is_status fact_record_parse_header(const void *buf, size_t len, fact_kv_meta *meta) {
+    if (!buf || !meta) return is_error_set(IS_ERR_INVALID_ARG, "fact record: NULL argument");
+    return parse_header(buf, len, meta);
 }
 
 is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta, const int32_t **tokens,

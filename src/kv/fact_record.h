@@ -204,6 +204,10 @@ is_status fact_meta_validate(const fact_kv_meta *meta);
  * abcdef0123456789". Floats compare exactly. */
 is_status fact_meta_check(const fact_kv_meta *record, const fact_kv_meta *expected);
 
+/* Whether fact_meta_check(r, e) would pass, setting no error message: a
+ * record of r is one the model of e can use. False for NULL. */
+bool fact_meta_same_model(const fact_kv_meta *r, const fact_kv_meta *e);
+
 /* ---- encoding and parsing ------------------------------------------------------ */
 
 /* The byte length of a record for `meta` into *len. IS_ERR_INVALID_ARG if
@@ -252,6 +256,14 @@ is_status fact_record_encode(const fact_kv_meta *meta, const int32_t *tokens, co
  * Never reads outside buf[len]. */
 is_status fact_record_parse(const void *buf, size_t len, fact_kv_meta *meta, const int32_t **tokens,
                             const void **k, const void **v);
+
+/* The meta of the record whose first len (>= FACT_RECORD_HEADER_BYTES)
+ * bytes are buf, from its header alone: every check fact_record_parse()
+ * makes of the header, none of the rest (length, checksum, payload), so a
+ * record that passes may still be refused as corrupt when read whole. For
+ * asking what a file is (its model, dtype, text) without reading it.
+ * IS_ERR_FORMAT, IS_ERR_INVALID_ARG (NULL); any alignment. */
+is_status fact_record_parse_header(const void *buf, size_t len, fact_kv_meta *meta);
 
 /* A record's checksum taken as its bytes arrive, so a reader hashes each
  * piece while it is still in the CPU's cache instead of reading the whole

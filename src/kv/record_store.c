@@ -79,6 +79,9 @@ struct record_store {
     size_t d_n_buckets, d_n;
     rs_disk *d_head, *d_tail;
     uint64_t batch_counter;
+    /* What record_store_contains counts (record_store_set_model). */
+    bool has_model;
+    fact_kv_meta model;
 };
 
 /* ---- ids and names ---------------------------------------------------------------- */
@@ -1149,13 +1152,40 @@ is_status record_store_set_aside(record_store *s, const char *id) {
     return IS_OK;
 }
 
+void record_store_set_model(record_store *s, const fact_kv_meta *model) {
+    pthread_mutex_lock(&s->mu);
+    s->has_model = model != NULL;
+    if (model) s->model = *model;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Whether the file of `id` exists and, if want is not NULL, its header
+ * names want's model: one read of the header, not of the record. */
+static bool file_holds(record_store *s, const char *id, const fact_kv_meta *want) {
+    char name[RS_NAME_CAP];
+    final_name(name, id);
+    if (!want) return faccessat(s->dir_fd, name, F_OK, 0) == 0;
+    int fd = openat(s->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    uint8_t head[FACT_RECORD_HEADER_BYTES];
+    ssize_t got = pread(fd, head, sizeof head, 0);
+    close(fd);
+    fact_kv_meta meta;
+    /* A header that does not parse is a corrupt file: a get sets it aside,
+     * so it is counted, to be read (and then encoded again) the usual way. */
+    if (got != (ssize_t)sizeof head || fact_record_parse_header(head, sizeof head, &meta) != IS_OK)
+        return true;
+    return fact_meta_same_model(&meta, want);
+}
+
 bool record_store_contains(record_store *s, const char *id) {
     if (!record_store_id_valid(id)) return false;
     pthread_mutex_lock(&s->mu);
-    bool found = cache_find(s, id) != NULL;
+    const rs_entry *e = cache_find(s, id);
+    bool cached = e != NULL, has_model = s->has_model;
+    bool usable = cached && (!has_model || fact_meta_same_model(&e->kv.meta, &s->model));
+    fact_kv_meta want = s->model;
     pthread_mutex_unlock(&s->mu);
-    if (found) return true;
-    char name[RS_NAME_CAP];
-    final_name(name, id);
-    return faccessat(s->dir_fd, name, F_OK, 0) == 0;
+    if (cached) return usable;
+    return file_holds(s, id, has_model ? &want : NULL);
 }

@@ -158,8 +158,18 @@ is_status record_store_delete(record_store *s, const char *id);
 is_status record_store_set_aside(record_store *s, const char *id);
 
 /* True if a record of `id` is cached or its file exists (a get may still
- * refuse it as corrupt). False for an invalid id. */
+ * refuse it as corrupt) and, once record_store_set_model has named the
+ * serving model, was made for it (the file's header is read, not the
+ * record): a record of another model or dtype is as good as none, so the
+ * writers that encode what is missing encode over it. False for an
+ * invalid id. */
 bool record_store_contains(record_store *s, const char *id);
+
+/* The model and dtype (fact_meta_for_model's fields; n_tokens, window and
+ * text_hash ignored) whose records record_store_contains counts; NULL:
+ * any record. A store serves one model at a time: ask_ctx_create names
+ * its engine's. Thread-safe. */
+void record_store_set_model(record_store *s, const fact_kv_meta *model);
 
 /* ---- the disk cap ---------------------------------------------------------------
  * Where the records are a cache of facts kept elsewhere (a serving node's

@@ -112,6 +112,13 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
         ask_ctx_free(a);
         return st;
     }
+    if (store) {
+        /* Records of another model or dtype count as missing, so what
+         * encodes the missing facts encodes over them. */
+        fact_kv_meta want;
+        fact_meta_for_model(m, dtype, &want);
+        record_store_set_model(store, &want);
+    }
     *out = a;
     return IS_OK;
 }

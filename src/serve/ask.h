@@ -30,7 +30,9 @@ bool ask_mode_parse(const char *s, ask_mode *out);
 typedef struct ask_ctx ask_ctx;
 
 /* Borrows the engine (needs max_seqs >= 2: the cached prefix plus one
- * request) and the record store. Prefills the serving prefix once. */
+ * request) and the record store (may be NULL), whose records of another
+ * model or dtype then count as missing (record_store_set_model). Prefills
+ * the serving prefix once. */
 is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out);
 void ask_ctx_free(ask_ctx *a);
 

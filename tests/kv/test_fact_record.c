@@ -430,6 +430,60 @@ static void test_meta_check_refuses_other_settings(void **state) {
     r.rope_freq_base = 1.0f;
     assert_int_equal(fact_meta_check(&r, &want), IS_ERR_MISMATCH);
     assert_non_null(strstr(is_error_last(), "dtype"));
+
+    /* fact_meta_same_model is the same test without a message. */
+    is_error_set(IS_ERR_IO, "earlier message");
+    for (int i = 0; i < 7; i++) assert_false(fact_meta_same_model(&variants[i], &want));
+    assert_false(fact_meta_same_model(&r, &want));
+    r = want;
+    r.n_tokens = 17;
+    r.window = -1;
+    r.text_hash = 42;
+    assert_true(fact_meta_same_model(&r, &want));
+    strcpy(r.model_fingerprint, "fedcba9876543210");
+    assert_false(fact_meta_same_model(&r, &want));
+    assert_false(fact_meta_same_model(NULL, &want));
+    assert_string_equal(is_error_last(), "earlier message");
+}
+
+/* The header alone: what fact_record_parse says of it, for any alignment,
+ * and nothing of the bytes after it. */
+static void test_header_parse(void **state) {
+    (void)state;
+    for (int dt = 0; dt < KV_DTYPE_COUNT; dt++) {
+        sample s = sample_make(small_meta((kv_dtype)dt, 2, 1, 2, 3));
+        void *buf;
+        size_t len;
+        assert_int_equal(fact_record_encode(&s.m, s.tokens, s.k, s.v, &buf, &len), IS_OK);
+        fact_kv_meta whole, head;
+        assert_int_equal(fact_record_parse(buf, len, &whole, NULL, NULL, NULL), IS_OK);
+        uint8_t *odd = malloc(FACT_RECORD_HEADER_BYTES + 1);
+        assert_non_null(odd);
+        memcpy(odd + 1, buf, FACT_RECORD_HEADER_BYTES);
+        assert_int_equal(fact_record_parse_header(odd + 1, FACT_RECORD_HEADER_BYTES, &head), IS_OK);
+        assert_meta_equal(&head, &whole);
+        /* A damaged payload is the full parse's to find. */
+        uint8_t *b = buf;
+        b[len - 1] ^= 0x80;
+        assert_int_equal(fact_record_parse(b, len, NULL, NULL, NULL, NULL), IS_ERR_FORMAT);
+        assert_int_equal(fact_record_parse_header(b, len, &head), IS_OK);
+        /* Short, or a header field out of its limits, is refused. */
+        assert_int_equal(fact_record_parse_header(b, FACT_RECORD_HEADER_BYTES - 1, &head),
+                         IS_ERR_FORMAT);
+        const size_t bad_at[] = {0, 4, 8, 12, 16, 35, 47, 76, 96};
+        for (size_t i = 0; i < sizeof bad_at / sizeof *bad_at; i++) {
+            memcpy(odd + 1, buf, FACT_RECORD_HEADER_BYTES);
+            odd[1 + bad_at[i]] ^= 0xff;
+            fact_kv_meta m = {.n_layers = -77};
+            if (fact_record_parse_header(odd + 1, FACT_RECORD_HEADER_BYTES, &m) != IS_ERR_FORMAT)
+                fail_msg("dtype %d: header byte %zu flipped was accepted", dt, bad_at[i]);
+            assert_int_equal(m.n_layers, -77);
+        }
+        assert_int_equal(fact_record_parse_header(NULL, 0, &head), IS_ERR_INVALID_ARG);
+        free(odd);
+        free(buf);
+        sample_free(&s);
+    }
 }
 
 static void test_encode_refuses_bad_meta(void **state) {
@@ -649,6 +703,7 @@ int main(void) {
         cmocka_unit_test(test_widening_every_value),
         cmocka_unit_test(test_layout_matches_documentation),
         cmocka_unit_test(test_meta_check_refuses_other_settings),
+        cmocka_unit_test(test_header_parse),
         cmocka_unit_test(test_encode_refuses_bad_meta),
         cmocka_unit_test(test_every_byte_flip_is_rejected),
         cmocka_unit_test(test_every_truncation_is_rejected),

@@ -369,6 +369,55 @@ static void test_get_refuses_other_model(void **state) {
     free(dir);
 }
 
+/* Once the store is told its serving model, a record of another counts
+ * as missing (so what encodes missing facts encodes over it), from the
+ * cache or from the file's header; a file whose header does not parse
+ * still counts (its read sets it aside, then it is missing). */
+static void test_contains_counts_serving_model(void **state) {
+    (void)state;
+    char *dir = make_tmp_dir();
+    record_store *s;
+    assert_int_equal(record_store_open(dir, 1 << 20, &s), IS_OK);
+    put_version(s, "f", 1);
+    put_version(s, "g", 2);
+    rec r;
+    rec_make(&r, 1);
+    fact_kv_meta f16 = r.m, other = r.m;
+    f16.dtype = KV_DTYPE_F16;
+    strcpy(other.model_fingerprint, "ffffffffffffffff");
+    for (int pass = 0; pass < 2; pass++) { /* cached, then from disk */
+        record_store_set_model(s, NULL);
+        assert_true(record_store_contains(s, "f"));
+        record_store_set_model(s, &r.m);
+        assert_true(record_store_contains(s, "f"));
+        assert_true(record_store_contains(s, "g"));
+        assert_false(record_store_contains(s, "h"));
+        record_store_set_model(s, &f16);
+        assert_false(record_store_contains(s, "f"));
+        record_store_set_model(s, &other);
+        assert_false(record_store_contains(s, "g"));
+        if (pass == 0) {
+            assert_get_version(s, "f", 1); /* cached */
+            record_store_close(s);
+            assert_int_equal(record_store_open(dir, 0, &s), IS_OK);
+        }
+    }
+    /* A header that does not parse. */
+    char path[600];
+    snprintf(path, sizeof path, "%s/f.fkv", dir);
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fputc('X', fp), 'X'); /* the magic */
+    fclose(fp);
+    assert_true(record_store_contains(s, "f"));
+    const fact_kv *kv = NULL;
+    assert_int_equal(record_store_get(s, "f", NULL, &kv), IS_ERR_FORMAT);
+    assert_false(record_store_contains(s, "f"));
+    record_store_close(s);
+    remove_tree(dir);
+    free(dir);
+}
+
 static void test_corrupt_file_refused_neighbours_load(void **state) {
     char *dir = make_tmp_dir();
     record_store *s;
@@ -946,6 +995,7 @@ int main(void) {
         cmocka_unit_test(test_reopen_sees_data),
         cmocka_unit_test(test_eviction_with_records_held),
         cmocka_unit_test(test_get_refuses_other_model),
+        cmocka_unit_test(test_contains_counts_serving_model),
         cmocka_unit_test(test_corrupt_file_refused_neighbours_load),
         cmocka_unit_test(test_leftover_tmp_and_half_written_file),
         cmocka_unit_test(test_crash_at_every_step),

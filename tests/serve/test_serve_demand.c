@@ -19,6 +19,8 @@
  *     cache) encodes them again and answers the same;
  *   - (CPU) a damaged record file is set aside at its first read and its
  *     fact encoded again by that chat, which answers the same;
+ *   - records of another dtype count as missing: the next chat encodes
+ *     over them (not kv_ready before it) and answers the same;
  *   - B with a record cap of two records: the other user's chat evicts
  *     the first user's records (the least recently used), whose
  *     next chat encodes them again, answering the same; meanwhile they
@@ -440,6 +442,44 @@ static void test_kv_on_demand(void **state) {
         assert_int_equal(access(aside, F_OK), 0);
         assert_true(metric(b, "inferscale_fact_kv_corrupt_total ") == 1);
         answer after = chat(b, 0); /* the new record, from disk */
+        expect_facts(&after, 0);
+        assert_string_equal(after.text, first.text);
+        http_app_stop(b);
+    }
+
+    /* Records of another dtype (a server started before with another
+     * --kv-dtype) count as missing: the chat encodes over them, where it
+     * used to prefill the facts as text at every request. A fresh server
+     * holds nothing on the GPU, so this runs on both backends. */
+    {
+        record_store *rs = NULL;
+        assert_int_equal(record_store_open(b_kv, 0, &rs), IS_OK);
+        for (int i = 0; i < N_FACTS; i++) {
+            char rid[MEMORY_ID_SIZE + 8];
+            snprintf(rid, sizeof rid, "%s-v1", again.ids[i]);
+            const fact_kv *kv = NULL;
+            assert_int_equal(record_store_get(rs, rid, NULL, &kv), IS_OK);
+            fact_kv_meta other = kv->meta;
+            other.dtype = other.dtype == KV_DTYPE_F32 ? KV_DTYPE_BF16 : KV_DTYPE_F32;
+            size_t n = (size_t)other.n_layers * other.n_tokens * fact_kv_row_elems(&other);
+            float *wide = malloc(n * sizeof *wide);
+            void *k = malloc(fact_kv_bytes(&other)), *v = malloc(fact_kv_bytes(&other));
+            assert_true(wide && k && v);
+            fact_kv_widen(&kv->meta, kv->k, wide);
+            fact_kv_narrow(&other, wide, k);
+            fact_kv_widen(&kv->meta, kv->v, wide);
+            fact_kv_narrow(&other, wide, v);
+            assert_int_equal(record_store_put(rs, rid, &other, kv->tokens, k, v), IS_OK);
+            record_store_release(rs, kv);
+            free(wide), free(k), free(v);
+        }
+        record_store_close(rs);
+        b = start(b_dir, a_db, -1);
+        assert_int_equal(kv_ready(b, 0), 0);
+        answer redone = chat(b, 0);
+        expect_facts(&redone, N_FACTS);
+        assert_string_equal(redone.text, first.text);
+        answer after = chat(b, 0); /* the server's dtype, from disk or the GPU */
         expect_facts(&after, 0);
         assert_string_equal(after.text, first.text);
         http_app_stop(b);
