@@ -14,6 +14,8 @@ tail -8 /tmp/bg_check.log
 cmake --build build-gpu -j "$(nproc)" --target bench_gpu bench_load bench_ingest bench_encode_host inferscale-cli > /tmp/bg_build2.log 2>&1
 st "bench targets rc $?"
 touch /tmp/build.done
+# BASE_TARGETS=none: no baseline (a short loan measures this tree alone: WHO=new).
+if [ "${BASE_TARGETS:-}" != none ]; then
 for i in $(seq 1 200); do [ -f /tmp/base.tar.gz ] && break; sleep 2; done
 rm -rf /tmp/base-src && mkdir -p /tmp/base-src && tar -xzf /tmp/base.tar.gz -C /tmp/base-src
 ROOT=/tmp/src/build-gpu/deps; LIBDIR=$ROOT/usr/lib/x86_64-linux-gnu
@@ -23,6 +25,7 @@ GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 cmake -S /tmp/base-src -B build-base "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DIS_CUDA=ON "${EXTRA[@]}" > /tmp/bg_base_cmake.log 2>&1 &&
   cmake --build build-base -j "$(nproc)" --target ${BASE_TARGETS:-bench_gpu} > /tmp/bg_base.log 2>&1
 st "base build rc $?"
+fi
 touch /tmp/base.done
 wait
 st "gen: $(tail -1 /tmp/gen.log)"
