@@ -276,12 +276,16 @@ int cmd_ingest(int argc, char **argv) {
         fprintf(stderr, "set aside %lld KV records no fact points to in %s/kv/orphans/\n",
                 (long long)rep.n_orphans, data);
     if (rep.repairs[0]) fprintf(stderr, "warning: %s (inferscale fsck lists them)\n", rep.repairs);
-    if (!no_kv && rep.n_missing_kv > 0) {
+    if (!no_kv) {
+        /* Also the facts whose records were made for another model or
+         * dtype (the open's count above sees only missing files). */
         progress_ctx pc = {"encoding stored facts", now_ms()};
         int64_t n_enc = 0;
         encoder_params enp = {sk->ask, 0};
         st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
-        fprintf(stderr, "encoded %lld stored facts that had no KV record\n", (long long)n_enc);
+        if (n_enc > 0 || st != IS_OK)
+            fprintf(stderr, "encoded %lld stored facts that had no %s KV record of this model\n",
+                    (long long)n_enc, kv_dtype_name(dtype));
         if (st != IS_OK) goto fail;
     } else if (rep.n_missing_kv > 0) {
         fprintf(stderr,

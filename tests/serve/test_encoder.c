@@ -588,6 +588,45 @@ static void test_disk_cap_within_a_batch(void **state) {
     memory_close(m);
 }
 
+/* Records made in another dtype (the same data directory under
+ * `--kv-dtype` bf16 after f32) are missing to an ask context of the new
+ * one: encode_missing lists and encodes them again, in the new dtype, once. */
+static void test_other_dtype_is_missing(void **state) {
+    SKIP_WITHOUT_MODEL();
+    enum { N = 3 };
+    char ids[N][MEMORY_ID_SIZE];
+    ask_ctx *a;
+    memory *m = stored_facts("redtype", N, ids, &a);
+    encoder_params ep = {a, 0};
+    int64_t n_enc = 0;
+    assert_int_equal(encoder_encode_missing(m, &ep, 0, NULL, NULL, &n_enc), IS_OK);
+    assert_int_equal(n_enc, N);
+    ask_ctx_free(a);
+    record_store *rs = memory_record_store(m);
+    assert_int_equal(ask_ctx_create(g_engine, rs, KV_DTYPE_BF16, &a), IS_OK);
+    memory_fact_ref *missing = NULL;
+    int64_t n_missing = 0;
+    assert_int_equal(memory_list_missing(m, &missing, &n_missing), IS_OK);
+    memory_fact_refs_free(missing, n_missing);
+    assert_int_equal(n_missing, N);
+    ep.ask = a;
+    for (int pass = 0; pass < 2; pass++) {
+        assert_int_equal(encoder_encode_missing(m, &ep, 0, NULL, NULL, &n_enc), IS_OK);
+        assert_int_equal(n_enc, pass == 0 ? N : 0);
+    }
+    for (int i = 0; i < N; i++) {
+        mem_fact row;
+        assert_int_equal(memory_get(m, "t", "u", ids[i], &row), IS_OK);
+        const fact_kv *kv = NULL;
+        assert_int_equal(record_store_get(rs, row.kv_record, NULL, &kv), IS_OK);
+        assert_int_equal(kv->meta.dtype, KV_DTYPE_BF16);
+        record_store_release(rs, kv);
+        mem_fact_clear(&row);
+    }
+    ask_ctx_free(a);
+    memory_close(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_equals_alone),
@@ -599,6 +638,7 @@ int main(void) {
         cmocka_unit_test(test_duplicate_refs),
         cmocka_unit_test(test_changed_while_encoded),
         cmocka_unit_test(test_disk_cap_within_a_batch),
+        cmocka_unit_test(test_other_dtype_is_missing),
     };
     return test_run_group(tests, setup, teardown);
 }
