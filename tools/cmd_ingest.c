@@ -276,18 +276,7 @@ int cmd_ingest(int argc, char **argv) {
         fprintf(stderr, "set aside %lld KV records no fact points to in %s/kv/orphans/\n",
                 (long long)rep.n_orphans, data);
     if (rep.repairs[0]) fprintf(stderr, "warning: %s (inferscale fsck lists them)\n", rep.repairs);
-    if (!no_kv) {
-        /* Also the facts whose records were made for another model or
-         * dtype (the open's count above sees only missing files). */
-        progress_ctx pc = {"encoding stored facts", now_ms()};
-        int64_t n_enc = 0;
-        encoder_params enp = {sk->ask, 0};
-        st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
-        if (n_enc > 0 || st != IS_OK)
-            fprintf(stderr, "encoded %lld stored facts that had no %s KV record of this model\n",
-                    (long long)n_enc, kv_dtype_name(dtype));
-        if (st != IS_OK) goto fail;
-    } else if (rep.n_missing_kv > 0) {
+    if (no_kv && rep.n_missing_kv > 0) {
         fprintf(stderr,
                 "note: %lld facts have no KV record yet (run ingest with a model to encode "
                 "them)\n",
@@ -330,15 +319,19 @@ int cmd_ingest(int argc, char **argv) {
         total.skipped += fs.skipped;
         total.failed += fs.failed;
     }
-    if (sk->ask && total.added > 0) {
+    if (sk->ask) {
         /* The facts were stored with their embeddings; their KV now, many
-         * facts a forward (serve/encoder.h). A fact whose encoding fails
-         * stays without KV, encoded by the next run. */
+         * facts a forward (serve/encoder.h): the ones just added, those an
+         * earlier run left without KV, and those whose records were made
+         * for another model or dtype. A fact whose encoding fails stays
+         * without KV, encoded by the next run. */
         progress_ctx pc = {"encoding KV", now_ms()};
         int64_t n_enc = 0;
         encoder_params enp = {sk->ask, 0};
         st = encoder_encode_missing(mem, &enp, INGEST_ENCODE_BATCH, on_progress, &pc, &n_enc);
-        fprintf(stderr, "encoded the KV of %lld facts\n", (long long)n_enc);
+        if (n_enc > 0 || st != IS_OK)
+            fprintf(stderr, "encoded the %s KV of %lld facts\n", kv_dtype_name(dtype),
+                    (long long)n_enc);
         if (st != IS_OK) goto fail;
     }
     double secs = (now_ms() - t0) / 1e3;

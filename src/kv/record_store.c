@@ -1166,7 +1166,9 @@ static bool file_holds(record_store *s, const char *id, const fact_kv_meta *want
     final_name(name, id);
     if (!want) return faccessat(s->dir_fd, name, F_OK, 0) == 0;
     int fd = openat(s->dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
+    /* Only a missing file is missing: a failed open (no descriptors left)
+     * is the read's to report, as for a header that does not parse. */
+    if (fd < 0) return errno != ENOENT;
     uint8_t head[FACT_RECORD_HEADER_BYTES];
     ssize_t got = pread(fd, head, sizeof head, 0);
     close(fd);

@@ -1147,8 +1147,10 @@ static is_status check_row(const mem_fact *f, void *ud) {
                                 "check: fact %s: record %s was made for another "
                                 "text",
                                 f->id, f->kv_record);
-        record_files_claim(c->files, f->kv_record);
     }
+    /* Named, so not an orphan, even if made for another model (encoded
+     * again when needed). */
+    if (f->kv_record) record_files_claim(c->files, f->kv_record);
     if (c->n == c->cap) {
         int64_t nc = c->cap ? c->cap * 2 : 64;
         mem_fact *nr = realloc(c->rows, (size_t)nc * sizeof *nr);

@@ -476,6 +476,33 @@ static void test_failures_leave_nothing(void **state) {
     memory_close(m);
 }
 
+/* A row naming a record made for another model (the store now serves
+ * another) has no KV to use, but the record is not an orphan. */
+static void test_check_other_model(void **state) {
+    (void)state;
+    fake_encoder fe = {0};
+    memory *m = open_fake(&fe, NULL);
+    char id[MEMORY_ID_SIZE];
+    assert_int_equal(add(m, "t", "u", "a fact with a record", NULL, id), IS_OK);
+    check_ok(m, true);
+    mem_fact f;
+    assert_int_equal(memory_get(m, "t", "u", id, &f), IS_OK);
+    record_store *rs = memory_record_store(m);
+    const fact_kv *kv = NULL;
+    assert_int_equal(record_store_get(rs, f.kv_record, NULL, &kv), IS_OK);
+    fact_kv_meta other = kv->meta;
+    record_store_release(rs, kv);
+    mem_fact_clear(&f);
+    other.dtype = other.dtype == KV_DTYPE_F32 ? KV_DTYPE_F16 : KV_DTYPE_F32;
+    record_store_set_model(rs, &other);
+    check_ok(m, false);
+    assert_int_equal(memory_check(m, true), IS_ERR_INTERNAL);
+    assert_non_null(strstr(is_error_last(), "has no KV record"));
+    record_store_set_model(rs, NULL);
+    check_ok(m, true);
+    memory_close(m);
+}
+
 static void test_reconcile(void **state) {
     fake_encoder fe = {0};
     memory *m = open_fake(&fe, NULL);
@@ -907,6 +934,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_isolation, setup, teardown),
         cmocka_unit_test_setup_teardown(test_search_filters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failures_leave_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_check_other_model, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
         cmocka_unit_test_setup_teardown(test_encode_one, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_refusals, setup, teardown),
