@@ -264,8 +264,9 @@ is_status memory_delete(memory *m, const char *tenant, const char *user, const c
  * transaction; the count into *n_deleted (may be NULL). */
 is_status memory_delete_all(memory *m, const mem_filter *f, int32_t *n_deleted);
 
-/* Encodes the facts that have no KV record (see memory_open_report), with
- * the encoder set. progress (may be NULL) is called after each fact.
+/* Encodes the facts that have no KV record (see memory_open_report; a
+ * record made for another model or dtype than the one the record store
+ * serves, record_store_set_model, counts as none), with the encoder set. progress (may be NULL) is called after each fact.
  * *n_encoded (may be NULL) counts them. IS_ERR_INVALID_ARG without an
  * encoder; stops at the first failure. */
 typedef void (*memory_progress_fn)(int64_t done, int64_t total, void *user_data);
@@ -317,8 +318,8 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
                               memory_encode_batch_fn fn, void *user_data, is_status *status,
                               bool *encoded);
 
-/* The facts that have no KV record now (what memory_encode_missing would
- * encode), for a caller that encodes them one at a time with
+/* The facts that have no KV record now, as memory_encode_missing counts
+ * them (what it would encode), for a caller that encodes them one at a time with
  * memory_encode_one (memory_fact_refs_free). */
 is_status memory_list_missing(memory *m, memory_fact_ref **out, int64_t *n);
 void memory_fact_refs_free(memory_fact_ref *r, int64_t n);
