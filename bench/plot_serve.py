@@ -2,6 +2,7 @@
 """Plots of the served path on the GPU (bench/run_gpu_serve.sh's results).
 
   python3 bench/plot_serve.py [--results bench/results] [--date 2026-12-05] [--out bench/results]
+                              [--machine H200]
 
 Reads gpu_serve_{hot,tiered_host or tiered}_DATE.csv (bench_load, client-measured) and
 gpu_serve_bench_gpu_DATE.csv (bench_gpu, in-process, same device call) and
@@ -54,6 +55,7 @@ def main():
     ap.add_argument("--results", default="bench/results")
     ap.add_argument("--date", default="2026-12-05")
     ap.add_argument("--out", default=None, help="folder for the PNGs (default: --results)")
+    ap.add_argument("--machine", default="H200", help="the GPU the results came from, for the titles")
     a = ap.parse_args()
     out = a.out or a.results
     path = lambda name: os.path.join(a.results, f"gpu_serve_{name}_{a.date}.csv")  # noqa: E731
@@ -75,7 +77,7 @@ def main():
     ax.set_xlabel("memory tokens a request")
     ax.set_ylabel("TTFT p50, ms (served: at the client)")
     ax.set_yscale("log")
-    ax.set_title("TTFT vs memory, Llama-3.1-8B shape, H200, one client")
+    ax.set_title(f"TTFT vs memory, Llama-3.1-8B shape, {a.machine}, one client")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -94,7 +96,7 @@ def main():
     ax.set_ylabel("requests/s, k = 50, max_tokens 1")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_title("Throughput vs clients, Llama-3.1-8B shape, H200")
+    ax.set_title(f"Throughput vs clients, Llama-3.1-8B shape, {a.machine}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -125,6 +125,12 @@ typedef struct cuda_ctx {
     dev_stage st_tokens, st_rope, st_slots, st_attn;
     int32_t *pack;   /* host: attention metadata being packed */
     size_t pack_cap; /* elements */
+    /* host: an injection list reordered (order_facts): its facts, then its
+     * slots and positions [2][T] */
+    backend_fact *ord_facts;
+    size_t ord_facts_cap; /* facts */
+    int32_t *ord_tok;
+    size_t ord_tok_cap; /* elements */
 
     /* cos/sin table, the CPU reference's: [rope_n_pos][n_rot/2][cos, sin]. */
     float *rope_host;
@@ -1296,6 +1302,65 @@ static is_status defer_inject(cuda_ctx *c, float *const *k_cache, const void *dc
     return IS_OK;
 }
 
+/* Whether a fact named without values (the arena holds it: the caller
+ * checked) comes after one that carries its values. */
+static bool valueless_after_valued(const backend_inject *in) {
+    bool valued = false;
+    for (int32_t f = 0; f < in->n_facts; f++) {
+        if (in->facts[f].k && in->facts[f].v) valued = true;
+        else if (valued) return true;
+    }
+    return false;
+}
+
+/* *out: in with the facts named without values first, each fact's slots and
+ * positions moving with it (the positions written out). Injection does not
+ * depend on the order. A list larger than the arena goes in parts, and each
+ * part's place claims every resident record of the rest of the list; only
+ * the claims of facts that carry their values can be given up for room, so
+ * with the others behind, a later part can find the arena full of claims
+ * and no room for its first fact. In front, they all go in the first part
+ * (they are resident together), and every later part carries its values. */
+static is_status order_facts(cuda_ctx *c, const backend_inject *in, int64_t total,
+                             backend_inject *out) {
+    if ((size_t)in->n_facts > c->ord_facts_cap) {
+        backend_fact *p =
+            (backend_fact *)realloc(c->ord_facts, (size_t)in->n_facts * sizeof(backend_fact));
+        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+        c->ord_facts = p;
+        c->ord_facts_cap = (size_t)in->n_facts;
+    }
+    if (2 * (size_t)total > c->ord_tok_cap) {
+        int32_t *p = (int32_t *)realloc(c->ord_tok, 2 * (size_t)total * sizeof(int32_t));
+        if (!p) return is_error_set(IS_ERR_NOMEM, "cuda backend: out of memory");
+        c->ord_tok = p;
+        c->ord_tok_cap = 2 * (size_t)total;
+    }
+    int32_t *slots = c->ord_tok, *pos = c->ord_tok + total;
+    int32_t n = 0;
+    int64_t t = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t t0 = 0;
+        for (int32_t f = 0; f < in->n_facts; f++) {
+            const backend_fact *x = &in->facts[f];
+            const bool valued = x->k && x->v;
+            if (valued == (pass == 1)) {
+                c->ord_facts[n++] = *x;
+                memcpy(slots + t, in->slots + t0, (size_t)x->n_tokens * sizeof(int32_t));
+                for (int32_t i = 0; i < x->n_tokens; i++)
+                    pos[t + i] = in->pos ? in->pos[t0 + i] : in->pos0 + (int32_t)(t0 + i);
+                t += x->n_tokens;
+            }
+            t0 += x->n_tokens;
+        }
+    }
+    *out = *in;
+    out->facts = c->ord_facts;
+    out->slots = slots;
+    out->pos = pos;
+    return IS_OK;
+}
+
 static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v_cache,
                              const backend_inject *in) {
     int64_t total = 0;
@@ -1308,6 +1373,11 @@ static is_status inject_impl(cuda_ctx *c, float *const *k_cache, float *const *v
     if (!kv_bf16(c)) return inject_f32(c, k_cache, v_cache, in, (int32_t)total);
     is_status st = arena_ensure(c, in->n_layers, in->n_kv_heads, in->head_dim);
     if (st != IS_OK) return st;
+    backend_inject ordered;
+    if (valueless_after_valued(in)) {
+        if ((st = order_facts(c, in, total, &ordered)) != IS_OK) return st;
+        in = &ordered;
+    }
     /* The prefetched records' copies start now (before the place, which
      * may read them); they land group by group, deferred below. */
     bool staged = false;
@@ -1543,6 +1613,8 @@ static void ctx_destroy(cuda_ctx *c) {
     cudaFree(c->rope_dev);
     free(c->rope_host);
     free(c->pack);
+    free(c->ord_facts);
+    free(c->ord_tok);
     cuda_profiler_free(c->prof);
     if (c->cublas) cublasDestroy(c->cublas);
     cudaFree(c->cublas_ws); /* after the handle that uses it */

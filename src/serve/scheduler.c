@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_BATCH_SEQS 64 /* sequences one engine batch may mix (engine.c) */
 /* Threads that take a request's facts beside the submitting one (tokenise
@@ -192,6 +193,16 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* SCHED_HOST_TIER_BYTES, or a quarter of the machine's memory where that
+ * is less: pinned pages cannot be swapped, and the rest of the machine
+ * (the page cache the record files are read through, the process's own
+ * heap) needs the remainder. */
+static int64_t host_tier_default(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    int64_t quarter = pages > 0 && size > 0 ? (int64_t)pages * size / 4 : 0;
+    return quarter < SCHED_HOST_TIER_BYTES ? quarter : SCHED_HOST_TIER_BYTES;
+}
+
 sched_params sched_default_params(void) {
     sched_params p = {
         .max_running = 32,
@@ -200,7 +211,7 @@ sched_params sched_default_params(void) {
         .prefill_chunk = 0,
         .record_dtype = KV_DTYPE_F16,
         .prefetch_bytes = SCHED_PREFETCH_MAX_BYTES,
-        .host_tier_bytes = SCHED_HOST_TIER_BYTES,
+        .host_tier_bytes = host_tier_default(),
     };
     return p;
 }

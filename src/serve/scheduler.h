@@ -88,15 +88,17 @@ typedef struct sched_params {
     int64_t host_tier_bytes; /* pinned host memory for records in their own dtype, where the
                                 backend has a host tier (CUDA, bf16 cache): a miss is read there
                                 from its file and copied to the GPU as soon as submit names it
-                                (default SCHED_HOST_TIER_BYTES; 0: off, the path above) */
+                                (default SCHED_HOST_TIER_BYTES or a quarter of the machine's
+                                memory, the less; 0: off, the path above) */
     int32_t recompute;       /* kv requests: the first tokens of every injected fact computed
                               again in the request's first prefill forward (engine_batch
                               .rewrite; default 0: none) */
 } sched_params;
 
-/* Off until the GPU tests of the host tier (test_fact_tiers_cuda) and its
- * served benchmark have run on a device: docs/notes/tiers.md. */
-#define SCHED_HOST_TIER_BYTES 0
+/* The host tier's default size, or a quarter of the machine's memory where
+ * that is less. Taken a chunk at a time as records come, so a server whose
+ * records fit the GPU cache pins little of it. */
+#define SCHED_HOST_TIER_BYTES ((int64_t)8 << 30)
 
 #define SCHED_PREFETCH_MAX_BYTES ((int64_t)4 << 30)
 

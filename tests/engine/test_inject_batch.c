@@ -18,8 +18,9 @@
  * cache, the bf16 cache injected from the fact arena in one launch (facts
  * the arena holds passed without values, as the server passes them), the
  * fp8 arena, and an arena too small for one call's facts (placed and
- * injected in parts), each against the per-sequence path on the same
- * backend.
+ * injected in parts, also where the facts it holds are passed without
+ * values behind facts it must fill), each against the per-sequence path on
+ * the same backend.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -208,6 +209,13 @@ static void test_batch_equals_one_by_one(void **state) {
     const uint64_t page = (uint64_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * 2;
     assert_int_equal(backend_set_option(g_be, BACKEND_OPT_FACT_CACHE_BYTES, 64 * page), IS_OK);
     check_batch_equals_one_by_one(false, "bf16 cache, arena smaller than one call");
+    /* The same from an empty arena, resident facts without values: the
+     * one-at-a-time injections leave five of the eight facts resident, most
+     * of the 64 pages, and the batched call names them without values
+     * after facts that miss. */
+    assert_int_equal(backend_set_option(g_be, BACKEND_OPT_FACT_CACHE_BYTES, 64 * page), IS_OK);
+    check_batch_equals_one_by_one(true, "bf16 cache, arena smaller than one call, resident facts "
+                                        "without values");
     assert_int_equal(backend_set_option(g_be, BACKEND_OPT_FACT_CACHE_BYTES, 0), IS_OK);
     assert_int_equal(backend_set_option(g_be, BACKEND_OPT_KV_COMPACT, 0), IS_OK);
 #else
