@@ -238,6 +238,7 @@ static enum MHD_Result send_health(http_req *r) {
         cJSON_AddNumberToObject(j, "encode_queued", ss.encode_queued);
         cJSON_AddNumberToObject(j, "kv_blocks_used", ss.kv_blocks_used);
         cJSON_AddNumberToObject(j, "kv_blocks_free", ss.kv_blocks_free);
+        cJSON_AddNumberToObject(j, "kv_blocks_reserved", ss.kv_blocks_reserved);
         cJSON *b = cJSON_AddObjectToObject(o, "backend");
         cJSON_AddBoolToObject(b, "healthy", hh.healthy);
         cJSON_AddNumberToObject(b, "failures", (double)hh.backend_failures);
