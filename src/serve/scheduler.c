@@ -114,6 +114,7 @@ struct sched_handle {
     int32_t *rw_pos; /* [n_rw] positions the first n_rw prompt tokens recompute (owned) */
     int32_t n_rw;
     int32_t reserve;       /* blocks the sequence will own at most */
+    int32_t bypassed;      /* younger requests admitted while this one waited (admit) */
     int32_t shared_blocks; /* prefix blocks shared by reference, not owned */
     sampler *smp;
     textout out;
@@ -212,6 +213,7 @@ sched_params sched_default_params(void) {
         .record_dtype = KV_DTYPE_F16,
         .prefetch_bytes = SCHED_PREFETCH_MAX_BYTES,
         .host_tier_bytes = host_tier_default(),
+        .max_bypass = SCHED_MAX_BYPASS,
     };
     return p;
 }
@@ -256,14 +258,18 @@ static void deliver(sched_handle *h, const sched_event *ev) {
 
 /* ---- stats ---------------------------------------------------------------------------- */
 
+static int32_t outstanding_blocks(sched *s);
+
 /* Publishes the pool and batch figures; called before any event that a
  * reader might use to look at them (a cancel's DONE: blocks already back). */
 static void publish(sched *s, int64_t done, int64_t failed) {
     int32_t free_blocks = kv_cache_free_blocks(engine_kv(s->e)), running = 0;
     for (int32_t i = 0; i < s->n_run; i++) running += s->run[i]->state != RS_ENDED;
+    int32_t reserved = outstanding_blocks(s);
     pthread_mutex_lock(&s->mu);
     s->st.kv_blocks_free = free_blocks;
     s->st.kv_blocks_used = s->n_blocks - free_blocks;
+    s->st.kv_blocks_reserved = reserved;
     s->st.running = running;
     s->st.requests_done += done;
     s->st.requests_failed += failed;
@@ -611,6 +617,7 @@ static int32_t outstanding_blocks(sched *s) {
     int32_t out = 0;
     for (int32_t i = 0; i < s->n_run; i++) {
         sched_handle *h = s->run[i];
+        if (h->seq < 0) continue; /* ended: its blocks are back */
         int32_t nb = 0;
         kv_seq_blocks(engine_kv(s->e), h->seq, &nb);
         int32_t owned = nb - h->shared_blocks;
@@ -1078,7 +1085,14 @@ static void inject_admitted(sched *s, admission *adm, int32_t n_adm) {
 /* Admits queued requests, oldest first, while a slot and the blocks for
  * the whole request are there, and injects their facts together. Until
  * that injection a started request is in the run list (its reservation
- * counts) in state RS_QUEUED. */
+ * counts) in state RS_QUEUED.
+ *
+ * A request that does not fit does not stop the ones behind it: one that
+ * fits is admitted past it, else a large max_tokens at the head holds
+ * every tenant's small requests while the pool sits nearly unused. Each
+ * admission past a waiting request counts against it; once one has been
+ * passed max_bypass times, nothing more is admitted past it, so the
+ * running requests drain until it fits. */
 static void admit(sched *s) {
     int32_t limit = s->max_running;
     /* An encode job waiting for a sequence gets the next one that frees. */
@@ -1088,22 +1102,28 @@ static void admit(sched *s) {
     while (s->n_run < limit) {
         int32_t avail = kv_cache_free_blocks(engine_kv(s->e)) - outstanding_blocks(s);
         pthread_mutex_lock(&s->mu);
-        sched_handle *h = s->q_head;
+        sched_handle *h = s->q_head, *prev = NULL;
         bool fits = false;
-        if (h) {
+        for (; h; prev = h, h = h->next) {
             reserve_for(s, h, h->est_prompt);
             fits = h->reserve <= avail;
             /* Nothing running and still no room: it never will be. */
-            if (fits || s->n_run == 0) {
-                s->q_head = h->next;
-                if (!s->q_head) s->q_tail = NULL;
-                s->n_queued--;
-                s->st.queued = s->n_queued;
+            if (fits || s->n_run == 0) break;
+            if (h->bypassed >= s->p.max_bypass) {
+                h = NULL;
+                break;
             }
+        }
+        if (h) {
+            for (sched_handle *o = s->q_head; o != h; o = o->next) o->bypassed++;
+            if (prev) prev->next = h->next;
+            else s->q_head = h->next;
+            if (s->q_tail == h) s->q_tail = prev;
+            s->n_queued--;
+            s->st.queued = s->n_queued;
         }
         pthread_mutex_unlock(&s->mu);
         if (!h) break;
-        if (!fits && s->n_run > 0) break;
         h->next = NULL;
         if (!fits) {
             char msg[160];
@@ -1379,7 +1399,7 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     if (p.prefill_chunk == 0)
         p.prefill_chunk = gpu ? SCHED_GPU_PREFILL_CHUNK : SCHED_CPU_PREFILL_CHUNK;
     if (p.max_running <= 0 || p.max_queued <= 0 || p.step_tokens <= 0 || p.prefill_chunk <= 0 ||
-        p.prefetch_bytes < 0 || p.host_tier_bytes < 0 || p.recompute < 0 ||
+        p.prefetch_bytes < 0 || p.host_tier_bytes < 0 || p.recompute < 0 || p.max_bypass < 0 ||
         (unsigned)p.record_dtype >= KV_DTYPE_COUNT)
         return is_error_set(IS_ERR_INVALID_ARG, "sched_create: parameters must be positive");
     kv_cache_params kp = kv_cache_get_params(engine_kv(e));

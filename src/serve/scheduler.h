@@ -10,9 +10,10 @@
  *   1. takes cancellations (a cancelled request frees its blocks at once);
  *   2. admits queued requests, oldest first, while a running slot is free
  *      and the KV pool has blocks for the request's whole prompt plus its
- *      max_tokens (admission stops, and requests wait in the queue, when
- *      blocks run short; a request that could never fit fails at submit
- *      with IS_ERR_CONTEXT_FULL);
+ *      max_tokens (a request that could never fit fails at submit with
+ *      IS_ERR_CONTEXT_FULL); one that does not fit yet waits, and younger
+ *      ones that fit are admitted past it up to max_bypass times, after
+ *      which admission stops until it fits;
  *      an admitted request forks the cached serving prefix (memory modes),
  *      encodes its facts that have no KV on this node (one batch), fetches
  *      its facts' KV records and injects them (kv mode);
@@ -93,7 +94,16 @@ typedef struct sched_params {
     int32_t recompute;       /* kv requests: the first tokens of every injected fact computed
                               again in the request's first prefill forward (engine_batch
                               .rewrite; default 0: none) */
+    int32_t max_bypass;      /* younger requests that may be admitted past a queued request
+                              whose reservation does not fit yet; past that count nothing more
+                              passes it until it fits (default SCHED_MAX_BYPASS; 0: strictly
+                              oldest first) */
 } sched_params;
+
+/* Enough to keep short requests flowing while the running answers free a
+ * long one's room; the bound on how many answers it may wait for beyond
+ * those admitted before it. */
+#define SCHED_MAX_BYPASS 16
 
 /* The host tier's default size, or a quarter of the machine's memory where
  * that is less. Taken a chunk at a time as records come, so a server whose
@@ -275,8 +285,11 @@ typedef struct sched_stats {
     int32_t encode_queued; /* encode jobs waiting */
     int32_t kv_blocks_used;
     int32_t kv_blocks_free;
-    int64_t steps;            /* engine steps run */
-    int64_t tokens_prefilled; /* tokens through the forward pass, prompt side */
+    int32_t kv_blocks_reserved; /* free blocks promised to running requests (prompt +
+                                   max_tokens not yet written): admission needs a request's
+                                   whole reservation within free minus these */
+    int64_t steps;              /* engine steps run */
+    int64_t tokens_prefilled;   /* tokens through the forward pass, prompt side */
     int64_t tokens_generated;
     int64_t last_batch_tokens; /* tokens in the latest step */
     int64_t facts_kv_hits;     /* facts injected from a ready record */

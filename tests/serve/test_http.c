@@ -29,9 +29,13 @@
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -106,6 +110,49 @@ static void expect_ok(resp *r) {
         fprintf(stderr, "expected 200, got %ld: %s\n", r->status, r->body ? r->body : "");
     assert_int_equal(r->status, 200);
     assert_non_null(r->json);
+}
+
+/* ---- raw sockets, for what libcurl does not do ------------------------------------- */
+
+/* Sends a POST with "Connection: close" on a new connection; the fd. */
+static int raw_post(int port, const char *path, const char *key, const char *body) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char head[512];
+    int hl = snprintf(head, sizeof head,
+                      "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s%s%s"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                      path, key ? "Authorization: Bearer " : "", key ? key : "", key ? "\r\n" : "",
+                      strlen(body));
+    assert_int_equal(send(fd, head, (size_t)hl, MSG_NOSIGNAL), hl);
+    assert_int_equal(send(fd, body, strlen(body), MSG_NOSIGNAL), (ssize_t)strlen(body));
+    return fd;
+}
+
+/* Reads until the server closes (or timeout_s pass) and closes fd: the
+ * status (0 if none came) and the body after the head (owned). */
+static char *raw_read_close(int fd, int timeout_s, long *status) {
+    size_t cap = 1 << 16, len = 0;
+    char *t = calloc(1, cap + 1);
+    assert_non_null(t);
+    time_t end = time(NULL) + timeout_s;
+    while (time(NULL) < end && len < cap) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 200) <= 0) continue;
+        ssize_t n = recv(fd, t + len, cap - len, 0);
+        if (n <= 0) break;
+        len += (size_t)n;
+    }
+    close(fd);
+    *status = 0;
+    sscanf(t, "HTTP/1.%*d %ld", status);
+    char *b = strstr(t, "\r\n\r\n");
+    char *body = strdup(b ? b + 4 : "");
+    free(t);
+    return body;
 }
 
 /* ---- helpers over the API ------------------------------------------------------------ */
@@ -1207,6 +1254,50 @@ static void test_disconnect_mid_stream(void **state) {
     assert_int_equal(health_sched("kv_blocks_used"), used0);
 }
 
+/* A client that shuts down its sending side once the request is sent
+ * (nc -N, some proxies) is still there to read: it gets the whole answer,
+ * the same as a client that keeps both sides open, never a cancel. */
+static void test_half_close(void **state) {
+    SKIP_WITHOUT_MODEL();
+    wait_idle();
+    char *body = chat_body(NULL, NULL, -1, "Write a poem about the sea.", 40, false);
+    resp ref = request("POST", "/v1/chat/completions", KEY_A, body);
+    expect_ok(&ref);
+    for (int stream = 0; stream < 2; stream++) {
+        char *b = stream ? chat_body(NULL, NULL, -1, "Write a poem about the sea.", 40, true)
+                         : strdup(body);
+        int fd = raw_post(g_port, "/v1/chat/completions", KEY_A, b);
+        free(b);
+        assert_int_equal(shutdown(fd, SHUT_WR), 0);
+        g_requests++;
+        long status;
+        char *got = raw_read_close(fd, 120, &status);
+        if (status != 200 || strstr(got, "abort") || strstr(got, "\"error\""))
+            fprintf(stderr, "half-close (stream %d): status %ld: %.600s\n", stream, status, got);
+        assert_int_equal(status, 200);
+        assert_null(strstr(got, "\"abort\""));
+        assert_null(strstr(got, "\"error\""));
+        if (!stream) {
+            cJSON *j = cJSON_Parse(got);
+            assert_non_null(j);
+            assert_string_equal(content_of(j), content_of(ref.json));
+            assert_int_equal(usage_of(j, "completion_tokens"),
+                             usage_of(ref.json, "completion_tokens"));
+            cJSON_Delete(j);
+        } else {
+            assert_non_null(strstr(got, "data: [DONE]"));
+            /* A real transfer is chunked: its end, then the last event. */
+            assert_true(strstr(got, "\"finish_reason\":\"length\"") ||
+                        strstr(got, "\"finish_reason\":\"stop\""));
+        }
+        free(got);
+    }
+    fprintf(stderr, "half-close: %d completion tokens, answered whole\n",
+            usage_of(ref.json, "completion_tokens"));
+    resp_free(&ref);
+    free(body);
+}
+
 /* Opens `n` streams that stay open (long answers), returns the multi handle. */
 static void test_in_flight_limit(void **state) {
     SKIP_WITHOUT_MODEL();
@@ -1365,6 +1456,93 @@ static void test_infer_fallback_reject(void **state) {
     assert_int_equal(test_remove_tree(dir), 0);
 }
 
+/* A stop with chats in flight: each is cancelled and answered as such,
+ * 503 shutting_down (a stream: its error event), never a 200 holding the
+ * text cut short, and the request log says so. */
+static void test_stop_with_chat_in_flight(void **state) {
+    SKIP_WITHOUT_MODEL();
+    char dir[] = "/tmp/test_http_stop_XXXXXX", data[512], logp[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(data, sizeof data, "%s/data", dir);
+    snprintf(logp, sizeof logp, "%s/requests.log", dir);
+    FILE *logf = fopen(logp, "w");
+    assert_non_null(logf);
+    http_app_params p = http_app_default_params();
+    p.model_path = IS_DEFAULT_MODEL;
+    p.data_dir = data;
+    p.embedder_dir = "none";
+    p.n_ctx = N_CTX;
+    p.kv_bytes = (size_t)256 << 20;
+    p.http.port = 0;
+    p.http.no_auth = true;
+    p.http.log = logf;
+    http_app *app = NULL;
+    assert_int_equal(http_app_start(&p, &app), IS_OK);
+    int port = http_app_port(app);
+    char *body = chat_body(NULL, NULL, -1, "Write a very long story about the sea.", 600, false);
+    char *sbody = chat_body(NULL, NULL, -1, "Write a very long story about the sea.", 600, true);
+    int fd = raw_post(port, "/v1/chat/completions", NULL, body);
+    int sfd = raw_post(port, "/v1/chat/completions", NULL, sbody);
+    free(body);
+    free(sbody);
+    /* Both decoding: a token of each has been generated. */
+    int saved_port = g_port, saved_n = g_requests;
+    g_port = port;
+    bool running = false;
+    for (int i = 0; i < 600 && !running; i++) {
+        running = health_sched("running") == 2 && metric("inferscale_tokens_generated_total") >= 2;
+        if (!running) usleep(50 * 1000);
+    }
+    g_port = saved_port;
+    g_requests = saved_n;
+    assert_true(running);
+    http_app_stop(app); /* the answers are written into the sockets before it closes them */
+    fclose(logf);
+    long st, sst;
+    char *got = raw_read_close(fd, 10, &st), *sgot = raw_read_close(sfd, 10, &sst);
+    fprintf(stderr, "stop: chat %ld %.200s\n      stream %ld ...%s\n", st, got, sst,
+            strlen(sgot) > 300 ? sgot + strlen(sgot) - 300 : sgot);
+    assert_int_equal(st, 503);
+    cJSON *j = cJSON_Parse(got);
+    assert_non_null(j);
+    assert_string_equal(
+        cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "code")),
+        "shutting_down");
+    assert_null(cJSON_GetObjectItem(j, "choices"));
+    cJSON_Delete(j);
+    /* The stream's head was sent long before: 200, then the error event
+     * in place of a finish_reason chunk. */
+    assert_int_equal(sst, 200);
+    assert_non_null(strstr(sgot, "\"code\":\"shutting_down\""));
+    assert_null(strstr(sgot, "\"finish_reason\":\"abort\""));
+    free(got);
+    free(sgot);
+    /* The log: the chat as a 503, neither chat with finish "abort". */
+    FILE *f = fopen(logp, "r");
+    assert_non_null(f);
+    char *line = NULL;
+    size_t cap = 0;
+    int chats = 0, refused = 0;
+    while (getline(&line, &cap, f) > 0) {
+        cJSON *l = cJSON_Parse(line);
+        if (!l) continue;
+        const char *path = cJSON_GetStringValue(cJSON_GetObjectItem(l, "path"));
+        if (path && strcmp(path, "/v1/chat/completions") == 0) {
+            chats++;
+            const char *fin = cJSON_GetStringValue(cJSON_GetObjectItem(l, "finish"));
+            assert_true(!fin || strcmp(fin, "abort") != 0);
+            if ((int)cJSON_GetNumberValue(cJSON_GetObjectItem(l, "status")) == 503) refused++;
+        }
+        cJSON_Delete(l);
+    }
+    free(line);
+    fclose(f);
+    fprintf(stderr, "stop: %d chats logged, %d of them 503\n", chats, refused);
+    assert_int_equal(chats, 2);
+    assert_int_equal(refused, 1);
+    assert_int_equal(test_remove_tree(dir), 0);
+}
+
 /* Mem0's platform routes (mem0.h) as the mem0ai clients call them; the
  * clients themselves are driven by test_mem0_client.py. */
 static void test_mem0_routes(void **state) {
@@ -1519,10 +1697,12 @@ int main(void) {
         cmocka_unit_test(test_chat_stream),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_disconnect_mid_stream),
+        cmocka_unit_test(test_half_close),
         cmocka_unit_test(test_in_flight_limit),
         cmocka_unit_test(test_infer_extraction),
         cmocka_unit_test(test_mem0_routes),
         cmocka_unit_test(test_infer_fallback_reject),
+        cmocka_unit_test(test_stop_with_chat_in_flight),
         cmocka_unit_test(test_log_and_clean_stop),
     };
     return test_run_group(tests, setup, teardown);

@@ -18,6 +18,9 @@
  *   - admission: a pool with room for two requests serves twelve; six kv
  *     requests queued while admission is held are admitted in one step,
  *     their facts injected in one call, each answer equal to ask_run's;
+ *     short requests behind one that does not fit yet are admitted past
+ *     it, at most max_bypass of them, and then it is admitted before the
+ *     rest;
  *   - submit errors (context, pool, queue full, bad parameters) give no
  *     event;
  *   - encode jobs: a fact stored without KV is encoded by sched_encode
@@ -618,6 +621,84 @@ static void test_admission_small_pool(void **state) {
     engine_free(e);
 }
 
+/* A long request runs; behind it wait H, whose reservation does not fit
+ * beside it, and eight short ones. The first short ones are admitted past
+ * H while it waits (before, one waiting request stopped all admission);
+ * after max_bypass of them nothing more passes H, so H is admitted once
+ * the running ones end, before the short ones still queued. The pool
+ * (after the prefix) holds the long request and two short ones, never H
+ * beside any other request, and after H only less than a short one. */
+static void test_admission_bypass(void **state) {
+    SKIP_WITHOUT_MODEL();
+    enum { N_SHORT = 8, MAX_BYPASS = 3 };
+    engine *probe = make_engine(512, 2, 0);
+    ask_ctx *ac;
+    assert_int_equal(ask_ctx_create(probe, NULL, KV_DTYPE_F32, &ac), IS_OK);
+    int32_t n_prefix, bs = kv_cache_get_params(engine_kv(probe)).block_size;
+    ask_ctx_prefix_seq(ac, &n_prefix);
+    chat_message mlong[] = {
+        {"user", "Count from one to two hundred in words, separated by commas."}};
+    chat_message mshort[] = {{"user", "Name a color."}};
+    int32_t *toks, n_long, n_short;
+    assert_int_equal(memory_prompt_chat_plain(ask_ctx_prompt(ac), mlong, 1, &toks, &n_long), IS_OK);
+    free(toks);
+    assert_int_equal(memory_prompt_chat_plain(ask_ctx_prompt(ac), mshort, 1, &toks, &n_short),
+                     IS_OK);
+    free(toks);
+    ask_ctx_free(ac);
+    engine_free(probe);
+    const int32_t max_a = 64, max_s = 4;
+    int32_t a = (n_long + max_a + bs - 1) / bs, sb = (n_short + max_s + bs - 1) / bs;
+    int32_t hb = a + sb + 1, max_h = hb * bs - n_long; /* H: exactly hb blocks */
+    int32_t room = a + 2 * sb, pool = (n_prefix + bs - 1) / bs + room;
+    engine *e = make_engine(512, N_SHORT + 3, pool);
+    sched_params sp = sched_default_params();
+    sp.max_bypass = MAX_BYPASS;
+    sched *s;
+    assert_int_equal(sched_create(e, NULL, &sp, &s), IS_OK);
+    sched_hold_admission(s, true);
+    test_coll ca, ch, cs[N_SHORT];
+    sched_request ra = test_sched_greedy(mlong, 1, ASK_MODE_OFF, max_a),
+                  rh = test_sched_greedy(mlong, 1, ASK_MODE_OFF, max_h),
+                  rs = test_sched_greedy(mshort, 1, ASK_MODE_OFF, max_s);
+    test_coll_submit(s, &ra, &ca);
+    test_coll_submit(s, &rh, &ch);
+    for (int i = 0; i < N_SHORT; i++) test_coll_submit(s, &rs, &cs[i]);
+    sched_hold_admission(s, false);
+    bool long_running_after_short = false;
+    for (int i = 0; i < N_SHORT; i++) {
+        test_coll_wait(&cs[i]);
+        if (i == 0) {
+            pthread_mutex_lock(&ca.mu);
+            long_running_after_short = ca.n_terminal == 0;
+            pthread_mutex_unlock(&ca.mu);
+        }
+    }
+    test_coll_wait(&ca);
+    test_coll_wait(&ch);
+    test_coll *all[N_SHORT + 2] = {&ca, &ch};
+    for (int i = 0; i < N_SHORT; i++) all[i + 2] = &cs[i];
+    for (int i = 0; i < N_SHORT + 2; i++) {
+        if (all[i]->kind != SCHED_EV_DONE) fail_msg("request %d failed: %s", i, all[i]->message);
+        assert_int_equal(all[i]->n_terminal, 1);
+        sched_release(all[i]->h);
+    }
+    double qh = ch.usage.queue_ms;
+    printf("  pool %d blocks after the prefix: long %d, H %d, short %d; H waited %.0f ms, "
+           "short ones",
+           (int)room, (int)a, (int)hb, (int)sb, qh);
+    for (int i = 0; i < N_SHORT; i++) printf(" %.0f", cs[i].usage.queue_ms);
+    printf(" ms\n");
+    /* Past H while it waited, and done while the long one still ran. */
+    assert_true(long_running_after_short);
+    for (int i = 0; i < MAX_BYPASS; i++) assert_true(cs[i].usage.queue_ms < qh);
+    /* Then H before the others: it waited for the long one, they for H. */
+    assert_true(qh >= ca.usage.total_ms * 0.5);
+    for (int i = MAX_BYPASS; i < N_SHORT; i++) assert_true(cs[i].usage.queue_ms > qh);
+    sched_free(s);
+    engine_free(e);
+}
+
 /* ---- submit errors ------------------------------------------------------------------------------ */
 
 static void test_submit_errors(void **state) {
@@ -965,6 +1046,7 @@ int main(void) {
         TIMED(test_stop_string),
         TIMED(test_cancel),
         TIMED(test_admission_small_pool),
+        TIMED(test_admission_bypass),
         TIMED(test_submit_errors),
         TIMED(test_encode_jobs),
         TIMED(test_shutdown_in_flight),

@@ -29,6 +29,15 @@
 
 #define WAIT_SLICE_MS 100
 
+/* Why a job was cancelled: only an extraction's closed object is a
+ * complete answer; any other cancel ended it before its answer was. */
+typedef enum job_cancel {
+    JOB_CANCEL_NONE,
+    JOB_CANCEL_OBJECT, /* the extraction's JSON object closed */
+    JOB_CANCEL_GONE,   /* the client hung up, or its response failed */
+    JOB_CANCEL_STOP,   /* the server stops */
+} job_cancel;
+
 struct chat_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -36,6 +45,7 @@ struct chat_job {
     http_server *srv;
     sched_handle *h; /* NULL once released */
     bool cancelled;
+    job_cancel cancel_why;
     /* Written by the engine thread. */
     char *text; /* whole reply so far (non-stream) or not yet sent (stream) */
     size_t len, cap;
@@ -168,9 +178,10 @@ is_status chat_job_submit(http_server *srv, const sched_request *req, bool stop_
     return IS_OK;
 }
 
-static void job_cancel_locked(chat_job *j) {
+static void job_cancel_locked(chat_job *j, job_cancel why) {
     if (!j->cancelled && j->h && !j->done) {
         j->cancelled = true;
+        j->cancel_why = why;
         sched_cancel(j->h);
     }
 }
@@ -190,7 +201,7 @@ static void timed_wait(chat_job *j) {
  * server stop or a closed extraction object. */
 static void wait_locked(chat_job *j, struct MHD_Connection *conn, bool for_text) {
     while (!j->done && !(for_text && j->len > 0)) {
-        if (j->stop_on_object && j->obj_closed) job_cancel_locked(j);
+        if (j->stop_on_object && j->obj_closed) job_cancel_locked(j, JOB_CANCEL_OBJECT);
         timed_wait(j);
         if (j->done || j->cancelled) continue;
         bool stop = atomic_load(&j->srv->stopping);
@@ -199,7 +210,7 @@ static void wait_locked(chat_job *j, struct MHD_Connection *conn, bool for_text)
         pthread_mutex_unlock(&j->mu);
         bool gone = !stop && http_conn_gone(conn);
         pthread_mutex_lock(&j->mu);
-        if (stop || gone) job_cancel_locked(j);
+        if (stop || gone) job_cancel_locked(j, stop ? JOB_CANCEL_STOP : JOB_CANCEL_GONE);
     }
 }
 
@@ -223,6 +234,15 @@ bool chat_job_failed(chat_job *j, is_status *st, const char **msg) {
     if (j->end == SCHED_EV_ERROR) {
         *st = j->err ? j->err : IS_ERR_INTERNAL;
         *msg = j->err_msg;
+        return true;
+    }
+    /* A DONE of reason abort is what the scheduler sends a cancelled
+     * request: its text stops wherever the cancel caught it. */
+    if (j->done && j->finish == IS_FINISH_ABORT && j->cancel_why != JOB_CANCEL_OBJECT) {
+        *st = IS_ERR_CANCELLED;
+        *msg = j->cancel_why == JOB_CANCEL_STOP || atomic_load(&j->srv->stopping)
+                   ? "the server is shutting down; the request was cancelled"
+                   : "the request was cancelled before its answer was complete";
         return true;
     }
     return false;
@@ -250,7 +270,7 @@ static const char *finish_name(is_finish_reason f) {
     case IS_FINISH_LENGTH: return "length";
     case IS_FINISH_EOG:
     case IS_FINISH_STOP: return "stop";
-    case IS_FINISH_ABORT: return "abort";
+    case IS_FINISH_ABORT: break; /* answered as an error (chat_job_failed) */
     }
     return "stop";
 }
@@ -385,7 +405,10 @@ static bool stream_end(chat_job *j) {
         cJSON_AddStringToObject(e, "message", msg && *msg ? msg : is_status_to_string(st));
         cJSON_AddStringToObject(e, "type", "server_error");
         cJSON_AddNullToObject(e, "param");
-        cJSON_AddStringToObject(e, "code", st == IS_ERR_CANCELLED ? "cancelled" : "internal_error");
+        cJSON_AddStringToObject(e, "code",
+                                st != IS_ERR_CANCELLED           ? "internal_error"
+                                : atomic_load(&j->srv->stopping) ? "shutting_down"
+                                                                 : "cancelled");
         if (!sse_event(j, o)) return false;
     } else {
         if (!sse_delta(j, NULL, NULL, 0, finish_name(j->finish))) return false;
@@ -421,9 +444,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         pthread_mutex_lock(&j->mu);
         wait_locked(j, j->conn, true);
         if (j->cancelled && !j->done) {
-            /* The client is gone or the server stops: nothing more to send. */
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
+            if (j->cancel_why != JOB_CANCEL_STOP) {
+                /* The client is gone: nothing more to send. */
+                pthread_mutex_unlock(&j->mu);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            /* A stop: the client is still there, so end with the error
+             * event; the cancel's DONE comes at the scheduler's next step. */
+            while (!j->done) timed_wait(j);
         }
         char *t = j->text;
         size_t n = j->len;
@@ -449,7 +477,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) {
     chat_job *j = cls;
     pthread_mutex_lock(&j->mu);
-    job_cancel_locked(j); /* no-op when done */
+    job_cancel_locked(j, JOB_CANCEL_GONE); /* no-op when done */
     pthread_mutex_unlock(&j->mu);
     chat_job_wait(j, NULL);
     if (!j->observed) observe(j);
@@ -465,8 +493,12 @@ static void note_usage(http_req *r, chat_job *j) {
     r->completion_tokens = j->usage.completion_tokens;
     r->injected_tokens = j->usage.injected_tokens;
     r->ttft_ms = j->usage.ttft_ms;
+    is_status st;
+    const char *msg;
     snprintf(r->finish, sizeof r->finish, "%s",
-             j->end == SCHED_EV_ERROR ? "error" : finish_name(j->finish));
+             !chat_job_failed(j, &st, &msg) ? finish_name(j->finish)
+             : st == IS_ERR_CANCELLED       ? "cancelled"
+                                            : "error");
 }
 
 void chat_job_on_completed(http_req *r, bool error) {
@@ -474,7 +506,7 @@ void chat_job_on_completed(http_req *r, bool error) {
     r->job = NULL;
     j->req = NULL; /* r is freed next; stream_read runs on this thread, never after */
     pthread_mutex_lock(&j->mu);
-    if (error) job_cancel_locked(j);
+    if (error) job_cancel_locked(j, JOB_CANCEL_GONE);
     note_usage(r, j);
     pthread_mutex_unlock(&j->mu);
     job_unref(j);
@@ -704,9 +736,11 @@ enum MHD_Result http_chat(http_req *r) {
                    : jst == IS_ERR_CANCELLED || jst == IS_ERR_BUSY ? 503
                                                                    : 500;
         res = http_send_error(r, code, NULL,
-                              jst == IS_ERR_CONTEXT_FULL ? "context_length_exceeded"
-                              : code == 503              ? "cancelled"
-                                                         : "internal_error",
+                              jst == IS_ERR_CONTEXT_FULL  ? "context_length_exceeded"
+                              : code != 503               ? "internal_error"
+                              : atomic_load(&s->stopping) ? "shutting_down"
+                              : jst == IS_ERR_CANCELLED   ? "cancelled"
+                                                          : "overloaded",
                               "%s", jmsg && *jmsg ? jmsg : is_status_to_string(jst));
         goto out;
     }

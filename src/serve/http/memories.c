@@ -199,6 +199,14 @@ static bool extract(http_req *r, const parse_mem_add *a, pending_fact **out, int
     size_t len;
     const char *reply = chat_job_text(job, &len);
     if (chat_job_failed(job, &jst, &jmsg)) {
+        /* Cut short by a hang-up or a stop: what the model wrote is not
+         * its answer, so neither its facts nor the fallback (the raw
+         * messages) are stored. */
+        if (jst == IS_ERR_CANCELLED) {
+            *res = http_send_status(r, is_error_set(jst, "%s", jmsg), "fact extraction");
+            chat_job_free(job);
+            return false;
+        }
         *res = http_send_error(
             r, jst == IS_ERR_CONTEXT_FULL ? 400 : 503,
             jst == IS_ERR_CONTEXT_FULL ? "messages" : NULL,

@@ -254,6 +254,9 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                   ss->kv_blocks_used);
             gauge(&b, "inferscale_kv_blocks_free", "KV cache blocks free.", "gauge",
                   ss->kv_blocks_free);
+            gauge(&b, "inferscale_kv_blocks_reserved",
+                  "Free KV cache blocks promised to running requests.", "gauge",
+                  ss->kv_blocks_reserved);
             gauge(&b, "inferscale_engine_steps_total", "Engine steps run.", "counter",
                   (double)ss->steps);
             gauge(&b, "inferscale_tokens_prefilled_total",

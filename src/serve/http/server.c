@@ -157,19 +157,29 @@ enum MHD_Result http_send_status(http_req *r, is_status st, const char *what) {
     case IS_ERR_CONTEXT_FULL:
         return http_send_error(r, 400, "messages", "context_length_exceeded", "%s: %s", what, msg);
     case IS_ERR_BUSY: return http_send_error(r, 503, NULL, "overloaded", "%s: %s", what, msg);
-    case IS_ERR_CANCELLED: return http_send_error(r, 503, NULL, "cancelled", "%s: %s", what, msg);
+    case IS_ERR_CANCELLED:
+        return http_send_error(r, 503, NULL,
+                               atomic_load(&r->srv->stopping) ? "shutting_down" : "cancelled",
+                               "%s: %s", what, msg);
     default: return http_send_error(r, 500, NULL, "internal_error", "%s: %s", what, msg);
     }
 }
+
+/* How long a stop waits for in-flight requests to be answered. */
+#define STOP_DRAIN_MS 5000
 
 bool http_conn_gone(struct MHD_Connection *c) {
     if (!c) return false;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return true;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    /* Not POLLRDHUP: a client may shut down its sending side once the
+     * request is sent (nc -N, some proxies) and still read the answer. A
+     * client that closed for good is seen here once its end resets, and
+     * by the failed write otherwise. */
+    struct pollfd p = {.fd = ci->connect_fd, .events = 0};
     if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 typedef struct args_acc {
@@ -228,6 +238,7 @@ static enum MHD_Result send_health(http_req *r) {
         cJSON_AddNumberToObject(j, "encode_queued", ss.encode_queued);
         cJSON_AddNumberToObject(j, "kv_blocks_used", ss.kv_blocks_used);
         cJSON_AddNumberToObject(j, "kv_blocks_free", ss.kv_blocks_free);
+        cJSON_AddNumberToObject(j, "kv_blocks_reserved", ss.kv_blocks_reserved);
         cJSON *b = cJSON_AddObjectToObject(o, "backend");
         cJSON_AddBoolToObject(b, "healthy", hh.healthy);
         cJSON_AddNumberToObject(b, "failures", (double)hh.backend_failures);
@@ -781,8 +792,17 @@ int http_server_port(const http_server *s) { return s ? s->port : 0; }
 void http_server_stop(http_server *s) {
     if (!s) return;
     /* Waiting handlers see the flag within 100 ms, cancel their requests
-     * and finish; then MHD joins their threads. */
+     * and answer 503 shutting_down. MHD_stop_daemon shuts every socket
+     * down at once, so give those answers a bounded moment to be written
+     * first (a slot is given back when its answer is queued; the write
+     * follows on the connection's thread). */
     atomic_store(&s->stopping, true);
+    bool waited = false;
+    for (int i = 0; i < STOP_DRAIN_MS / 10 && atomic_load(&s->in_flight) > 0; i++) {
+        waited = true;
+        usleep(10 * 1000);
+    }
+    if (waited) usleep(50 * 1000);
     MHD_stop_daemon(s->d);
     http_guard_free(s->guard);
     metrics_free(s->met);

@@ -21,10 +21,13 @@
  * scheduler's event callback has text for it. The model is reached only
  * through the scheduler (serve/scheduler.h); memory through the memory
  * service (memory/memory.h), both thread-safe. While waiting, a handler
- * polls its socket: a client that hangs up has its request cancelled
- * (sched_cancel), so its KV blocks are freed at the scheduler's next step;
- * the request-completed notification cancels too when a response ends
- * with an error.
+ * polls its socket: a client whose connection resets or errs has its
+ * request cancelled (sched_cancel), so its KV blocks are freed at the
+ * scheduler's next step; the request-completed notification cancels too
+ * when a response ends with an error (a failed write). A half-close (the
+ * client shut down only its sending side) is not a hang-up. A request
+ * cancelled before its answer is complete is answered 503 (cancelled, or
+ * shutting_down), a stream with an error event, never a 200.
  *
  * Tenancy: every API route needs "Authorization: Bearer KEY" (or "Token
  * KEY", the form of Mem0's clients); the key's
@@ -118,7 +121,8 @@ is_status http_server_start(const http_config *c, http_server **out);
 int http_server_port(const http_server *s);
 
 /* Stops accepting, cancels the requests still running (their clients get
- * an error event or a closed connection), waits for every connection
+ * a 503 shutting_down or an error event; waits up to 5 s for those to be
+ * written, after that a closed connection), waits for every connection
  * thread and frees the server. The scheduler must still be running (the
  * cancelled requests' final events come from it): free it after this.
  * NULL is a no-op. */
