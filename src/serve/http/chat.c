@@ -443,16 +443,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         pthread_mutex_lock(&j->mu);
         wait_locked(j, j->conn, true);
-        if (j->cancelled && !j->done) {
-            if (j->cancel_why != JOB_CANCEL_STOP) {
-                /* The client is gone: nothing more to send. */
-                pthread_mutex_unlock(&j->mu);
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            }
-            /* A stop: the client is still there, so end with the error
-             * event; the cancel's DONE comes at the scheduler's next step. */
+        /* Cancelled: end with the error event once the cancel's DONE comes
+         * (the scheduler's next step). A client still reading (a stop, a
+         * half-close) learns why; for one that is gone the write fails. */
+        if (j->cancelled && !j->done)
             while (!j->done) timed_wait(j);
-        }
         char *t = j->text;
         size_t n = j->len;
         bool done = j->done;

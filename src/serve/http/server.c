@@ -173,13 +173,15 @@ bool http_conn_gone(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return true;
-    /* Not POLLRDHUP: a client may shut down its sending side once the
-     * request is sent (nc -N, some proxies) and still read the answer. A
-     * client that closed for good is seen here once its end resets, and
-     * by the failed write otherwise. */
-    struct pollfd p = {.fd = ci->connect_fd, .events = 0};
+    /* POLLRDHUP: the client closed, or shut down its sending side. The two
+     * look the same until the server writes, and a non-streamed answer
+     * writes only at its end, so waiting for a failed write would keep an
+     * abandoned request decoding to max_tokens. A client that half-closes
+     * and still reads is rare (nc -N); it is told its request was
+     * cancelled (503), never given a cut answer as a whole one. */
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 typedef struct args_acc {

@@ -21,11 +21,11 @@
  * scheduler's event callback has text for it. The model is reached only
  * through the scheduler (serve/scheduler.h); memory through the memory
  * service (memory/memory.h), both thread-safe. While waiting, a handler
- * polls its socket: a client whose connection resets or errs has its
- * request cancelled (sched_cancel), so its KV blocks are freed at the
- * scheduler's next step; the request-completed notification cancels too
- * when a response ends with an error (a failed write). A half-close (the
- * client shut down only its sending side) is not a hang-up. A request
+ * polls its socket: a client that closed (or shut down its sending side:
+ * the two look alike until the server writes) has its request cancelled
+ * (sched_cancel), so its KV blocks are freed at the scheduler's next step;
+ * the request-completed notification cancels too when a response ends
+ * with an error (a failed write). A request
  * cancelled before its answer is complete is answered 503 (cancelled, or
  * shutting_down), a stream with an error event, never a 200.
  *
