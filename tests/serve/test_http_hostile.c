@@ -5,7 +5,8 @@
  * requests no well-behaved client library would send can be sent.
  *
  * One case per defect: ids cut short by a %00 (query string, path), ids
- * with control characters (query, JSON), clients without a key holding
+ * with control characters (query, JSON), "*" as an id (a wildcard only in
+ * filters), "\u0000", trailing data and repeated ids on the Mem0 routes, clients without a key holding
  * in-flight slots, one tenant starving another, idle connections locking
  * new ones out, slow headers and slow bodies never closed, idle kept-alive
  * connections, a 100 KB URL,
@@ -313,6 +314,204 @@ static void test_control_chars_in_ids(void **state) {
     raw_free(&r);
     tries++;
     matrix("control_chars_in_ids", tries, "400 json");
+}
+
+/* ---- "*" and the Mem0 routes' bodies ------------------------------------------------------ */
+
+/* One request that must be refused with a 400 JSON error. */
+static void expect_400(const char *method, const char *target, const char *key, const char *body) {
+    raw_resp r = raw_request(method, target, key, body);
+    if (!is_json_error(&r, 400, NULL))
+        fprintf(stderr, "%s %s %.200s\n", method, target, body ? body : "");
+    expect_json_error(&r, 400, NULL);
+    raw_free(&r);
+}
+
+/* The memories of tenant B whose user_id starts with prefix, listed
+ * through the one place "*" means every user: a filters object. */
+static int count_prefixed(const char *prefix) {
+    raw_resp r = raw_request("POST", "/v2/memories/", KEY_B, "{\"filters\":{\"user_id\":\"*\"}}");
+    assert_int_equal(r.status, 200);
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItem(r.json, "results")) {
+        const cJSON *u = cJSON_GetObjectItem(it, "user_id");
+        n += cJSON_IsString(u) && strncmp(u->valuestring, prefix, strlen(prefix)) == 0;
+    }
+    raw_free(&r);
+    return n;
+}
+
+/* A user named "*" would be one user when listed and every user of the
+ * tenant when deleted: "*" is refused as an id on every route. */
+static void test_star_refused_as_id(void **state) {
+    (void)state;
+    static const char *const adds[] = {
+        "{\"user_id\":\"*\",\"facts\":[\"star fact\"],\"infer\":false}",
+        "{\"user_id\":\"star-u\",\"agent_id\":\"*\",\"facts\":[\"star fact\"],\"infer\":false}",
+        "{\"user_id\":\"star-u\",\"run_id\":\"*\",\"facts\":[\"star fact\"],\"infer\":false}",
+        "{\"filters\":{\"user_id\":\"*\"},\"facts\":[\"star fact\"],\"infer\":false}",
+    };
+    int tries = 0;
+    for (size_t i = 0; i < sizeof adds / sizeof *adds; i++, tries += 2) {
+        expect_400("POST", "/v1/memories/", KEY_B, adds[i]);
+        expect_400("POST", "/v3/memories/add/", KEY_B, adds[i]);
+    }
+    assert_int_equal(count_prefixed("star-"), 0);
+    expect_400("GET", "/v1/memories/?user_id=*", KEY_B, NULL);
+    expect_400("POST", "/v1/memories/search/", KEY_B, "{\"query\":\"q\",\"user_id\":\"*\"}");
+    expect_400("POST", "/v2/memories/", KEY_B, "{\"user_id\":\"*\"}");
+    expect_400("POST", "/v3/memories/search/", KEY_B, "{\"query\":\"q\",\"agent_id\":\"*\"}");
+    tries += 4;
+    matrix("star_as_id", tries, "400 json, nothing stored");
+}
+
+static void test_star_delete_keeps_others(void **state) {
+    (void)state;
+    char id[80];
+    add_fact(KEY_B, "star-alice", "Alice grows tomatoes.", id);
+    add_fact(KEY_B, "star-alice", "Alice plays chess.", id);
+    add_fact(KEY_B, "star-bob", "Bob repairs bikes.", id);
+    static const char *const targets[] = {"/v1/memories/?user_id=*", "/v1/memories/?agent_id=*",
+                                          "/v1/memories/?run_id=%2A",
+                                          "/v1/memories/?user_id=star-bob&agent_id=*"};
+    for (size_t i = 0; i < sizeof targets / sizeof *targets; i++)
+        expect_400("DELETE", targets[i], KEY_B, NULL);
+    expect_400("DELETE", "/v2/entities/user/*/", KEY_B, NULL);
+    expect_400("DELETE", "/v2/entities/agent/*/", KEY_B, NULL);
+    expect_400("DELETE", "/v2/entities/run/%2A/", KEY_B, NULL);
+    assert_int_equal(count_memories(KEY_B, "star-alice"), 2);
+    assert_int_equal(count_memories(KEY_B, "star-bob"), 1);
+    matrix("star_as_id_in_deletes", 7, "400 json, every other user's memories kept");
+}
+
+/* Inside an explicit filters object "*" keeps its meaning: any value. */
+static void test_star_in_filters(void **state) {
+    (void)state;
+    char id[80];
+    add_fact(KEY_B, "star-carol", "Carol sails.", id);
+    assert_int_equal(count_prefixed("star-"), 4);
+    raw_resp r = raw_request("POST", "/v2/memories/search/", KEY_B,
+                             "{\"query\":\"Carol sails\",\"filters\":{\"user_id\":\"*\"}}");
+    assert_int_equal(r.status, 200);
+    assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(r.json, "results")) >= 1);
+    raw_free(&r);
+    r = raw_request("POST", "/v3/memories/add/", KEY_B,
+                    "{\"user_id\":\"star-carol\",\"agent_id\":\"star-bot\","
+                    "\"facts\":[\"Carol told the bot a secret.\"],\"infer\":false}");
+    assert_int_equal(r.status, 200);
+    raw_free(&r);
+    /* {"user_id":"*","agent_id":"star-bot"}: every user's memories with that agent. */
+    r = raw_request("DELETE",
+                    "/v1/memories/?filters=%7B%22user_id%22%3A%22*%22%2C%22agent_id%22%3A%22"
+                    "star-bot%22%7D",
+                    KEY_B, NULL);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(cJSON_GetObjectItem(r.json, "deleted")->valueint, 1);
+    raw_free(&r);
+    assert_int_equal(count_memories(KEY_B, "star-alice"), 2);
+    assert_int_equal(count_memories(KEY_B, "star-carol"), 1);
+}
+
+/* The text of memory id, as GET /v1/memories/{id}/ shows it (static). */
+static const char *memory_text(const char *key, const char *id) {
+    static char out[256];
+    char t[160];
+    snprintf(t, sizeof t, "/v1/memories/%s/", id);
+    raw_resp r = raw_request("GET", t, key, NULL);
+    assert_int_equal(r.status, 200);
+    const cJSON *m = cJSON_GetObjectItem(r.json, "memory");
+    snprintf(out, sizeof out, "%s", cJSON_IsString(m) ? m->valuestring : "");
+    raw_free(&r);
+    return out;
+}
+
+/* "\u0000" in a Mem0 route's body: "nulvictim\u0000attacker" must not name
+ * nulvictim, and a text must not be stored cut at the NUL. */
+static void test_nul_escape_mem0(void **state) {
+    (void)state;
+    char id[80], b[512];
+    add_fact(KEY_A, "nulvictim", "The victim likes tea.", id);
+    const char *bodies[][3] = {
+        {"POST", "/v1/memories/",
+         "{\"user_id\":\"nulvictim\\u0000attacker\",\"facts\":[\"planted\"],\"infer\":false}"},
+        {"POST", "/v3/memories/add/",
+         "{\"user_id\":\"nulvictim\\u0000attacker\",\"facts\":[\"planted\"],\"infer\":false}"},
+        {"POST", "/v1/memories/",
+         "{\"user_id\":\"nulvictim\",\"facts\":[\"hello\\u0000 secret tail\"],\"infer\":false}"},
+        {"POST", "/v3/memories/add/",
+         "{\"user_id\":\"nulvictim\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}],"
+         "\"infer\":false}"},
+        {"POST", "/v2/memories/", "{\"filters\":{\"user_id\":\"nulvictim\\u0000zzz\"}}"},
+        {"POST", "/v3/memories/", "{\"user_id\":\"nulvictim\\u0000zzz\"}"},
+        {"POST", "/v2/memories/search/",
+         "{\"query\":\"tea\",\"filters\":{\"user_id\":\"nulvictim\\u0000z\"}}"},
+        {"POST", "/v3/memories/search/", "{\"query\":\"tea\\u0000x\",\"user_id\":\"nulvictim\"}"},
+    };
+    int tries = 0;
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++, tries++)
+        expect_400(bodies[i][0], bodies[i][1], KEY_A, bodies[i][2]);
+    snprintf(b, sizeof b, "{\"memories\":[{\"memory_id\":\"%s\",\"text\":\"new\\u0000text\"}]}",
+             id);
+    expect_400("PUT", "/v1/batch/", KEY_A, b);
+    snprintf(b, sizeof b, "{\"memories\":[{\"memory_id\":\"%s\\u0000x\"}]}", id);
+    expect_400("DELETE", "/v1/batch/", KEY_A, b);
+    expect_400("DELETE", "/v1/memories/?filters=%7B%22user_id%22%3A%22nulvictim%5Cu0000x%22%7D",
+               KEY_A, NULL);
+    tries += 3;
+    assert_int_equal(count_memories(KEY_A, "nulvictim"), 1);
+    assert_string_equal(memory_text(KEY_A, id), "The victim likes tea.");
+    matrix("nul_escape_in_mem0_bodies", tries, "400 json, nothing stored, changed or deleted");
+}
+
+/* Data after the JSON object is a malformed body, not an ignored suffix. */
+static void test_trailing_data_mem0(void **state) {
+    (void)state;
+    char id[80], b[512];
+    add_fact(KEY_A, "trailuser", "The trail user hikes.", id);
+    expect_400("POST", "/v1/memories/", KEY_A,
+               "{\"user_id\":\"trailuser\",\"facts\":[\"trailing\"],\"infer\":false} }}garbage");
+    expect_400("POST", "/v3/memories/add/", KEY_A,
+               "{\"user_id\":\"trailuser\",\"facts\":[\"trailing\"],\"infer\":false}{}");
+    expect_400("POST", "/v2/memories/", KEY_A, "{\"filters\":{\"user_id\":\"trailuser\"}} x");
+    expect_400("POST", "/v2/memories/search/", KEY_A,
+               "{\"query\":\"hikes\",\"user_id\":\"trailuser\"}]");
+    snprintf(b, sizeof b, "{\"memories\":[{\"memory_id\":\"%s\",\"text\":\"changed\"}]} x", id);
+    expect_400("PUT", "/v1/batch/", KEY_A, b);
+    snprintf(b, sizeof b, "{\"memories\":[{\"memory_id\":\"%s\"}]}!", id);
+    expect_400("DELETE", "/v1/batch/", KEY_A, b);
+    expect_400("DELETE", "/v1/memories/?filters=%7B%22user_id%22%3A%22trailuser%22%7Dx", KEY_A,
+               NULL);
+    assert_int_equal(count_memories(KEY_A, "trailuser"), 1);
+    assert_string_equal(memory_text(KEY_A, id), "The trail user hikes.");
+    matrix("trailing_data_in_mem0_bodies", 7, "400 json, nothing stored, changed or deleted");
+}
+
+/* ?user_id=alice&user_id=bob is refused by GET; a DELETE must not take
+ * the last one. */
+static void test_repeated_query_id_delete(void **state) {
+    (void)state;
+    char id[80];
+    add_fact(KEY_A, "rep-alice", "Alice rows.", id);
+    add_fact(KEY_A, "rep-bob", "Bob rows too.", id);
+    expect_400("GET", "/v1/memories/?user_id=rep-alice&user_id=rep-bob", KEY_A, NULL);
+    expect_400("DELETE", "/v1/memories/?user_id=rep-alice&user_id=rep-bob", KEY_A, NULL);
+    expect_400("DELETE", "/v1/memories/?user_id=rep-alice&agent_id=a&agent_id=b", KEY_A, NULL);
+    expect_400("DELETE",
+               "/v1/memories/?filters=%7B%22user_id%22%3A%22rep-alice%22%7D"
+               "&filters=%7B%22user_id%22%3A%22rep-bob%22%7D",
+               KEY_A, NULL);
+    expect_400("POST", "/v2/memories/", KEY_A,
+               "{\"user_id\":\"rep-alice\",\"user_id\":\"rep-bob\"}");
+    assert_int_equal(count_memories(KEY_A, "rep-alice"), 1);
+    assert_int_equal(count_memories(KEY_A, "rep-bob"), 1);
+    raw_resp r =
+        raw_request("DELETE", "/v1/memories/?user_id=rep-bob&user_id=rep-bob", KEY_A, NULL);
+    assert_int_equal(r.status, 200);
+    raw_free(&r);
+    assert_int_equal(count_memories(KEY_A, "rep-alice"), 1);
+    assert_int_equal(count_memories(KEY_A, "rep-bob"), 0);
+    matrix("repeated_query_id", 5, "400 json, nothing deleted");
 }
 
 /* ---- slots ------------------------------------------------------------------------------ */
@@ -714,6 +913,12 @@ int main(void) {
         cmocka_unit_test(test_nul_in_query),
         cmocka_unit_test(test_nul_in_path),
         cmocka_unit_test(test_control_chars_in_ids),
+        cmocka_unit_test(test_star_refused_as_id),
+        cmocka_unit_test(test_star_delete_keeps_others),
+        cmocka_unit_test(test_star_in_filters),
+        cmocka_unit_test(test_nul_escape_mem0),
+        cmocka_unit_test(test_trailing_data_mem0),
+        cmocka_unit_test(test_repeated_query_id_delete),
         cmocka_unit_test(test_unauthenticated_hold),
         cmocka_unit_test(test_tenant_starvation),
         cmocka_unit_test(test_idle_connections),

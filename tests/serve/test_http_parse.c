@@ -263,6 +263,27 @@ static void test_ids_and_urls(void **state) {
     assert_int_equal(parse_id_check("user_id", "a\x7f", 2, &e), IS_ERR_INVALID_ARG);
     assert_int_equal(parse_id_check("user_id", "a\xc2\x85", 3, &e), IS_ERR_INVALID_ARG); /* C1 */
     assert_int_equal(parse_id_check("user_id", "a\xc3", 2, &e), IS_ERR_INVALID_ARG); /* cut UTF-8 */
+    /* "*" is a filter's wildcard, never a name; "**" and "a*" are names. */
+    assert_int_equal(parse_id_check("user_id", "*", 1, &e), IS_ERR_INVALID_ARG);
+    assert_string_equal(e.param, "user_id");
+    assert_int_equal(parse_id_check("agent_id", "*", 1, &e), IS_ERR_INVALID_ARG);
+    assert_int_equal(parse_id_check("user_id", "**", 2, &e), IS_OK);
+    assert_int_equal(parse_id_check("user_id", "a*", 2, &e), IS_OK);
+    parse_mem_add a;
+    assert_int_equal(parse_memory_add("{\"user_id\":\"*\",\"facts\":[\"x\"]}", 29, NULL, &a, &e),
+                     IS_ERR_INVALID_ARG);
+    parse_mem_add_free(&a);
+    parse_mem_search q;
+    const char *qs = "{\"query\":\"q\",\"filters\":{\"user_id\":\"*\"}}";
+    assert_int_equal(parse_memory_search(qs, strlen(qs), NULL, &q, &e), IS_ERR_INVALID_ARG);
+    parse_mem_search_free(&q);
+    /* The checked parser, as the Mem0 routes now use it. */
+    const char *nul = "{\"user_id\":\"v\\u0000x\"}", *trail = "{\"a\":1} x";
+    assert_null(parse_object(nul, strlen(nul), NULL, &e));
+    assert_null(parse_object(trail, strlen(trail), NULL, &e));
+    cJSON *o = parse_object("{\"a\":1} \n", 9, NULL, &e);
+    assert_non_null(o);
+    cJSON_Delete(o);
     char long_id[PARSE_MAX_ID + 2];
     memset(long_id, 'x', sizeof long_id);
     assert_int_equal(parse_id_check("user_id", long_id, PARSE_MAX_ID, &e), IS_OK);

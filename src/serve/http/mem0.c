@@ -103,19 +103,24 @@ static bool known_unsupported(const char *k) {
     return false;
 }
 
+/* The body under the checks of every other route (parse_object): a NUL,
+ * a "\u0000" escape or trailing data is a 400, never a string cut short or
+ * a request half read. An empty body reads as {}. */
 static cJSON *parse_body(http_req *r, enum MHD_Result *res) {
     if (!r->body || r->len == 0) return cJSON_CreateObject();
-    if (!utf8_valid(r->body, r->len)) {
-        *res = http_send_error(r, 400, NULL, "invalid_utf8", "the body is not valid UTF-8");
-        return NULL;
-    }
-    cJSON *o = cJSON_ParseWithLength(r->body, r->len);
-    if (!o || !cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        *res = http_send_error(r, 400, NULL, "invalid_json", "the body is not a JSON object");
-        return NULL;
-    }
+    parse_error pe;
+    cJSON *o = parse_object(r->body, r->len, NULL, &pe);
+    if (!o) *res = http_send_parse_error(r, &pe);
     return o;
+}
+
+/* An id given by the caller (body, query string, path) through the one
+ * check of parse_id_check; sends the 400 itself. */
+static bool id_ok(http_req *r, const char *name, const char *v, enum MHD_Result *res) {
+    parse_error pe;
+    if (parse_id_check(name, v, strlen(v), &pe) == IS_OK) return true;
+    *res = http_send_parse_error(r, &pe);
+    return false;
 }
 
 /* Python's repr of a dict (what httpx sends for a dict query parameter, as
@@ -159,6 +164,48 @@ static char *pyrepr_to_json(const char *s) {
     return o;
 }
 
+static bool is_id_key(const char *k) {
+    return strcmp(k, "user_id") == 0 || strcmp(k, "agent_id") == 0 || strcmp(k, "run_id") == 0;
+}
+
+static bool filter_id_ok(http_req *r, const char *k, const cJSON *v, enum MHD_Result *res) {
+    return !cJSON_IsString(v) || strcmp(v->valuestring, "*") == 0 ||
+           id_ok(r, k, v->valuestring, res);
+}
+
+/* The id values inside a filters object (an equality, an operator's value
+ * or list) through the id check, "*" excepted: here, and only here, it
+ * means any value. Sends the 400 itself. Depth past the filter parser's
+ * own limit is left to it. */
+static bool filter_ids_ok(http_req *r, const cJSON *o, int depth, enum MHD_Result *res) {
+    if (!cJSON_IsObject(o) || depth > 64) return true;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const char *k = it->string;
+        if (strcmp(k, "AND") == 0 || strcmp(k, "OR") == 0 || strcmp(k, "NOT") == 0) {
+            if (cJSON_IsObject(it) && !filter_ids_ok(r, it, depth + 1, res)) return false;
+            const cJSON *sub;
+            if (cJSON_IsArray(it)) cJSON_ArrayForEach(sub, it) {
+                    if (!filter_ids_ok(r, sub, depth + 1, res)) return false;
+                }
+            continue;
+        }
+        if (!is_id_key(k)) continue;
+        if (!cJSON_IsObject(it)) {
+            if (!filter_id_ok(r, k, it, res)) return false;
+            continue;
+        }
+        const cJSON *op, *v; /* {"in": [...]}, {"ne": "x"}, ... */
+        cJSON_ArrayForEach(op, it) {
+            if (!filter_id_ok(r, k, op, res)) return false;
+            if (cJSON_IsArray(op)) cJSON_ArrayForEach(v, op) {
+                    if (!filter_id_ok(r, k, v, res)) return false;
+                }
+        }
+    }
+    return true;
+}
+
 /* Builds the filter {"AND": [filters?, {"user_id": u}?, ...]} from a
  * filters object and top-level ids, parses it. Sends the error itself. */
 static mem_filter_expr *build_filter(http_req *r, const cJSON *filters, const char *user,
@@ -171,10 +218,21 @@ static mem_filter_expr *build_filter(http_req *r, const cJSON *filters, const ch
             *res = http_send_error(r, 400, "filters", "invalid_type", "filters must be an object");
             return NULL;
         }
+        if (!filter_ids_ok(r, filters, 0, res)) {
+            cJSON_Delete(and);
+            return NULL;
+        }
         if (filters->child) cJSON_AddItemToArray(and, cJSON_Duplicate(filters, true));
     }
     const char *names[3] = {"user_id", "agent_id", "run_id"};
     const char *vals[3] = {user, agent, run};
+    /* A top-level id is a name: the filter language would read "*" as any
+     * value, so it is refused here, the one place these become filters. */
+    for (int i = 0; i < 3; i++)
+        if (vals[i] && !id_ok(r, names[i], vals[i], res)) {
+            cJSON_Delete(and);
+            return NULL;
+        }
     for (int i = 0; i < 3; i++)
         if (vals[i]) {
             cJSON *o = cJSON_CreateObject();
@@ -357,6 +415,7 @@ enum MHD_Result http_mem0_add(http_req *r) {
                                           "filters.%s must be a string", f->string);
                     goto done;
                 }
+                if (!id_ok(r, f->string, f->valuestring, &res)) goto done;
                 if (idv[i] && strcmp(idv[i], f->valuestring) != 0) {
                     res = http_send_error(r, 400, f->string, "invalid_value",
                                           "%s is given twice with different values", f->string);
@@ -374,6 +433,7 @@ enum MHD_Result http_mem0_add(http_req *r) {
                 res = http_send_error(r, 400, k, "invalid_type", "%s must be a string", k);
                 goto done;
             }
+            if (!id_ok(r, k, it->valuestring, &res)) goto done;
             if (idv[i] && strcmp(idv[i], it->valuestring) != 0) {
                 res = http_send_error(r, 400, k, "invalid_value",
                                       "%s is given twice with different values", k);
@@ -453,6 +513,14 @@ static bool scope_field(http_req *r, const char *k, const cJSON *v, scope_args *
     if (cJSON_IsNull(v)) return true;
     if (!cJSON_IsString(v)) {
         *res = http_send_error(r, 400, k, "invalid_type", "%s must be a string", k);
+        return false;
+    }
+    if (!id_ok(r, k, v->valuestring, res)) return false;
+    /* A repeated key (?user_id=alice&user_id=bob, or twice in a body) must
+     * not silently become its last value: the delete would hit bob. */
+    if (*dst && strcmp(*dst, v->valuestring) != 0) {
+        *res = http_send_error(r, 400, k, "invalid_value",
+                               "'%s' is given twice with different values", k);
         return false;
     }
     *dst = v->valuestring;
@@ -727,16 +795,27 @@ enum MHD_Result http_mem0_delete_all(http_req *r) {
             goto done;
         }
         if (strcmp(k, "filters") == 0 || strcmp(k, "metadata") == 0) {
-            char *j = pyrepr_to_json(v);
-            cJSON *p = j ? cJSON_Parse(j) : NULL;
-            free(j);
-            if (!cJSON_IsObject(p)) {
-                cJSON_Delete(p);
-                res = http_send_error(r, 400, k, "invalid_value", "%s must be a JSON object", k);
+            cJSON **slot = k[0] == 'f' ? &filters : &metadata;
+            if (*slot) {
+                res = http_send_error(r, 400, k, "invalid_value", "'%s' is given twice", k);
                 goto done;
             }
-            cJSON_Delete(*(k[0] == 'f' ? &filters : &metadata));
-            *(k[0] == 'f' ? &filters : &metadata) = p;
+            char *j = pyrepr_to_json(v);
+            if (!j) {
+                res = http_send_error(r, 500, NULL, "out_of_memory", "out of memory");
+                goto done;
+            }
+            /* The body's rules: a "\u0000" would cut a filter value short
+             * and widen the delete. */
+            parse_error pe;
+            *slot = parse_object(j, strlen(j), k[0] == 'f' ? "'filters'" : "'metadata'", &pe);
+            free(j);
+            if (!*slot) {
+                snprintf(pe.param, sizeof pe.param, "%s", k);
+                snprintf(pe.code, sizeof pe.code, "invalid_value");
+                res = http_send_parse_error(r, &pe);
+                goto done;
+            }
             continue;
         }
         cJSON tmp = {.type = cJSON_String, .valuestring = (char *)v};
@@ -989,15 +1068,13 @@ static enum MHD_Result entity_delete(http_req *r, const char *type, const char *
     if (!field)
         return http_send_error(r, 400, "type", "invalid_value",
                                "entity type \"%.40s\" is not one of user, agent, run", type);
-    cJSON *f = cJSON_CreateObject();
-    cJSON_AddStringToObject(f, field, name);
-    char *txt = cJSON_PrintUnformatted(f);
-    cJSON_Delete(f);
-    mem_filter_expr *e = NULL;
-    is_status st = txt ? mem_filter_parse(txt, strlen(txt), &e) : IS_ERR_NOMEM;
-    free(txt);
+    enum MHD_Result res = MHD_YES;
+    mem_filter_expr *e =
+        build_filter(r, NULL, field[0] == 'u' ? name : NULL, field[0] == 'a' ? name : NULL,
+                     field[0] == 'r' ? name : NULL, NULL, true, &res);
+    if (!e) return res;
     int32_t n = 0;
-    if (st == IS_OK) st = delete_matching(r, e, &n);
+    is_status st = delete_matching(r, e, &n);
     mem_filter_expr_free(e);
     if (st != IS_OK) return http_send_status(r, st, "deleting the entity");
     if (n == 0)

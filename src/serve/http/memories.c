@@ -83,6 +83,11 @@ static void encode_later(http_req *r, const char *user, const char *id) {
  * match. Sends the 404 itself and returns false when there is none. */
 static bool find_owner(http_req *r, const char *id, const char *want, char **user,
                        enum MHD_Result *res) {
+    parse_error pe;
+    if (want && parse_id_check("user_id", want, strlen(want), &pe) != IS_OK) {
+        *res = http_send_parse_error(r, &pe);
+        return false;
+    }
     is_status st = mem_store_owner(memory_fact_store(r->srv->cfg.mem), r->tenant, id, user);
     if (st == IS_OK && want && strcmp(want, *user) != 0) {
         free(*user);

@@ -59,23 +59,22 @@ static bool has_escaped_nul(const char *s, size_t len) {
     return false;
 }
 
-/* The body as one JSON object, or NULL with err set. */
-static cJSON *parse_object(const char *body, size_t len, parse_error *err) {
+cJSON *parse_object(const char *body, size_t len, const char *what, parse_error *err) {
+    if (!what) what = "the request body";
     if (!body || len == 0) {
-        parse_fail(err, 400, NULL, "invalid_json",
-                   "the request body is empty: expected a JSON object");
+        parse_fail(err, 400, NULL, "invalid_json", "%s is empty: expected a JSON object", what);
         return NULL;
     }
     if (memchr(body, '\0', len)) {
-        parse_fail(err, 400, NULL, "invalid_json", "the request body contains a NUL byte");
+        parse_fail(err, 400, NULL, "invalid_json", "%s contains a NUL byte", what);
         return NULL;
     }
     if (!utf8_valid(body, len)) {
-        parse_fail(err, 400, NULL, "invalid_utf8", "the request body is not valid UTF-8");
+        parse_fail(err, 400, NULL, "invalid_utf8", "%s is not valid UTF-8", what);
         return NULL;
     }
     if (has_escaped_nul(body, len)) {
-        parse_fail(err, 400, NULL, "invalid_json", "\\u0000 is not allowed in strings");
+        parse_fail(err, 400, NULL, "invalid_json", "%s: \\u0000 is not allowed in strings", what);
         return NULL;
     }
     const char *end = NULL;
@@ -83,21 +82,22 @@ static cJSON *parse_object(const char *body, size_t len, parse_error *err) {
     if (!root) {
         size_t off = end && end >= body ? (size_t)(end - body) : 0;
         if (off > len) off = len;
-        parse_fail(err, 400, NULL, "invalid_json",
-                   "the request body is not valid JSON (error near byte %zu)", off);
+        parse_fail(err, 400, NULL, "invalid_json", "%s is not valid JSON (error near byte %zu)",
+                   what, off);
         return NULL;
     }
     for (const char *p = end; p && p < body + len; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             cJSON_Delete(root);
             parse_fail(err, 400, NULL, "invalid_json",
-                       "unexpected data after the JSON value (byte %zu)", (size_t)(p - body));
+                       "%s: unexpected data after the JSON value (byte %zu)", what,
+                       (size_t)(p - body));
             return NULL;
         }
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        parse_fail(err, 400, NULL, "invalid_json", "the request body must be a JSON object");
+        parse_fail(err, 400, NULL, "invalid_json", "%s must be a JSON object", what);
         return NULL;
     }
     return root;
@@ -233,6 +233,15 @@ static is_status parse_filters_obj(const cJSON *obj, const char *where, parse_fi
     is_status st;
     cJSON_ArrayForEach(it, obj) {
         const char *k = it->string;
+        bool id =
+            strcmp(k, "user_id") == 0 || strcmp(k, "agent_id") == 0 || strcmp(k, "run_id") == 0;
+        /* These filters hold one value per id (the search of one user's
+         * index), so "*" could only be read as a literal name. */
+        if (id && cJSON_IsString(it) && strcmp(it->valuestring, "*") == 0)
+            return parse_fail(err, 400, k, "invalid_value",
+                              "%s.%s must not be \"*\" here: these filters name one %s; "
+                              "POST /v2/memories/search/ takes {\"%s\": \"*\"}",
+                              where, k, k, k);
         if (strcmp(k, "user_id") == 0) st = set_id(&f->user_id, it, "user_id", err);
         else if (strcmp(k, "agent_id") == 0) st = set_id(&f->agent_id, it, "agent_id", err);
         else if (strcmp(k, "run_id") == 0) st = set_id(&f->run_id, it, "run_id", err);
@@ -394,7 +403,7 @@ is_status parse_chat_request(const char *body, size_t len, const parse_limits *l
     c->include_usage = true;
     c->k = lim.default_k;
     c->mode = PARSE_MODE_DEFAULT;
-    cJSON *root = parse_object(body, len, err);
+    cJSON *root = parse_object(body, len, NULL, err);
     if (!root) return IS_ERR_INVALID_ARG;
     is_status st;
     int64_t v;
@@ -535,7 +544,7 @@ is_status parse_memory_add(const char *body, size_t len, const parse_limits *lim
     parse_limits lim = lim_in ? *lim_in : parse_default_limits();
     memset(a, 0, sizeof *a);
     a->infer = true;
-    cJSON *root = parse_object(body, len, err);
+    cJSON *root = parse_object(body, len, NULL, err);
     if (!root) return IS_ERR_INVALID_ARG;
     static const char *const allowed[] = {"messages", "facts",    "user_id", "agent_id",
                                           "run_id",   "metadata", "infer",   NULL};
@@ -606,7 +615,7 @@ is_status parse_memory_search(const char *body, size_t len, const parse_limits *
     parse_limits lim = lim_in ? *lim_in : parse_default_limits();
     memset(s, 0, sizeof *s);
     s->top_k = lim.default_top_k;
-    cJSON *root = parse_object(body, len, err);
+    cJSON *root = parse_object(body, len, NULL, err);
     if (!root) return IS_ERR_INVALID_ARG;
     static const char *const allowed[] = {"query",    "top_k",  "limit",   "user_id",
                                           "agent_id", "run_id", "filters", NULL};
@@ -651,7 +660,7 @@ void parse_mem_update_free(parse_mem_update *u) {
 
 is_status parse_memory_update(const char *body, size_t len, parse_mem_update *u, parse_error *err) {
     memset(u, 0, sizeof *u);
-    cJSON *root = parse_object(body, len, err);
+    cJSON *root = parse_object(body, len, NULL, err);
     if (!root) return IS_ERR_INVALID_ARG;
     static const char *const allowed[] = {"text", "data", "memory", "metadata", "user_id", NULL};
     is_status st = only_fields(root, allowed, err);
@@ -730,23 +739,15 @@ is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
             st = set_id(slot, s, k, err);
             cJSON_Delete(s);
         } else if (strcmp(k, "metadata") == 0) {
-            /* Held to the rules of a body (parse_object): the whole value is
-             * one object and no string holds an escaped NUL, which would cut
-             * a key or value short and widen a delete filter. */
-            size_t vl = strlen(v);
-            const char *end = NULL;
-            cJSON *m =
-                has_escaped_nul(v, vl) ? NULL : cJSON_ParseWithLengthOpts(v, vl, &end, false);
-            for (const char *p = end; m && p && p < v + vl; p++) {
-                if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-                    cJSON_Delete(m);
-                    m = NULL;
+            /* Held to the rules of a body: an escaped NUL would cut a key or
+             * value short and widen a delete filter. */
+            cJSON *m = parse_object(v, vl0, "'metadata'", err);
+            if (!m) {
+                if (err) { /* a query value: the parameter is invalid, not the body */
+                    snprintf(err->param, sizeof err->param, "metadata");
+                    snprintf(err->code, sizeof err->code, "invalid_value");
                 }
-            }
-            if (!cJSON_IsObject(m)) {
-                cJSON_Delete(m);
-                st = parse_fail(err, 400, "metadata", "invalid_value",
-                                "'metadata' must be a JSON object of scalars");
+                st = IS_ERR_INVALID_ARG;
                 break;
             }
             const cJSON *it;
@@ -783,6 +784,14 @@ is_status parse_id_check(const char *name, const char *s, size_t len, parse_erro
                           PARSE_MAX_ID);
     if (!utf8_valid(s, len))
         return parse_fail(err, 400, name, "invalid_utf8", "'%s' is not valid UTF-8", name);
+    /* The filter language reads "*" as "any value": a user named "*" would
+     * be one user when listed and every user of the tenant when deleted. */
+    if (len == 1 && s[0] == '*')
+        return parse_fail(err, 400, name, "invalid_value",
+                          "'%s' must not be \"*\": ids are names, never wildcards; to match "
+                          "every one, give filters {\"%s\": \"*\"} (POST /v2/memories/, "
+                          "/v2/memories/search/, DELETE /v1/memories/?filters=)",
+                          name, strcmp(name, "user") == 0 ? "user_id" : name);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
         /* C1 controls (U+0080..U+009F) are 0xC2 0x80..0x9F in UTF-8. */

@@ -32,6 +32,8 @@
 
 #include "inferscale.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,6 +65,14 @@ typedef struct parse_limits {
 } parse_limits;
 
 parse_limits parse_default_limits(void);
+
+/* One JSON object under the rules above: valid UTF-8, no NUL byte, no
+ * "\u0000" escape, nothing after the object but whitespace. Every route
+ * that reads a JSON body or a JSON query value goes through it, so no
+ * route is handed a string that C cuts short. `what` names the input in
+ * messages (NULL: "the request body"). The object (free with
+ * cJSON_Delete), or NULL with *err set (400). */
+cJSON *parse_object(const char *body, size_t len, const char *what, parse_error *err);
 
 /* ---- filters --------------------------------------------------------------------- */
 
@@ -190,8 +200,10 @@ is_status parse_memory_query_n(const char *const *keys, const size_t *klens,
 /* The one check of every caller-chosen id (user_id, agent_id, run_id, chat's
  * "user"), wherever it comes from (JSON body, query string, path): 1 to
  * PARSE_MAX_ID bytes of valid UTF-8, no NUL, no control character (C0,
- * DEL, C1). `name` is the field's name for the message. IS_OK, or
- * IS_ERR_INVALID_ARG with *err set (400, code invalid_value). */
+ * DEL, C1), and not "*", which Mem0's filters read as "any value": only
+ * an explicit filters object may say "every user". `name` is the field's
+ * name for the message. IS_OK, or IS_ERR_INVALID_ARG with *err set (400,
+ * code invalid_value or invalid_utf8). */
 is_status parse_id_check(const char *name, const char *s, size_t len, parse_error *err);
 
 #define PARSE_MAX_URL 8192 /* bytes of a request target (path and query), raw */
