@@ -1,7 +1,10 @@
 #define _XOPEN_SOURCE 700
 #include "test_util.h"
 
+#include <arpa/inet.h>
 #include <ftw.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <math.h>
@@ -82,4 +85,16 @@ int test_group_result(int failures, size_t n) {
         return TEST_SKIP_CODE;
     }
     return failures;
+}
+
+int test_connect_loopback(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }

@@ -28,6 +28,9 @@ int test_remove_tree(const char *path);
 /* Whether a file (or anything) exists at path. */
 bool test_file_exists(const char *path);
 
+/* A TCP connection to 127.0.0.1:port (the server under test), or -1. */
+int test_connect_loopback(int port);
+
 /* Skipped cases, so that a program whose every case skipped tells ctest so.
  *
  * A case that cannot run here (no default model, no LoCoMo, no embedder)

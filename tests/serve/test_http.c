@@ -29,8 +29,6 @@
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,11 +114,8 @@ static void expect_ok(resp *r) {
 
 /* Sends a POST with "Connection: close" on a new connection; the fd. */
 static int raw_post(int port, const char *path, const char *key, const char *body) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = test_connect_loopback(port);
     assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     char head[512];
     int hl = snprintf(head, sizeof head,
                       "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s%s%s"
@@ -1400,6 +1395,20 @@ static void test_infer_extraction(void **state) {
     assert_int_equal(list_count(KEY_A, "user_id=hana", NULL, NULL), n);
 }
 
+/* A second server beside the suite's: the default model, no embedder, no
+ * keys, any free port, over its own data directory. */
+static http_app_params second_server(const char *data, size_t kv_bytes) {
+    http_app_params p = http_app_default_params();
+    p.model_path = IS_DEFAULT_MODEL;
+    p.data_dir = data;
+    p.embedder_dir = "none";
+    p.n_ctx = N_CTX;
+    p.kv_bytes = kv_bytes;
+    p.http.port = 0;
+    p.http.no_auth = true;
+    return p;
+}
+
 /* --infer-fallback reject: an infer=true add from which nothing usable is
  * extracted fails with 422 and stores nothing. A second server whose
  * extraction may write one token makes that certain (the reply cannot
@@ -1409,14 +1418,7 @@ static void test_infer_fallback_reject(void **state) {
     char dir[] = "/tmp/test_http_reject_XXXXXX", data[512];
     assert_non_null(mkdtemp(dir));
     snprintf(data, sizeof data, "%s/data", dir);
-    http_app_params p = http_app_default_params();
-    p.model_path = IS_DEFAULT_MODEL;
-    p.data_dir = data;
-    p.embedder_dir = "none";
-    p.n_ctx = N_CTX;
-    p.kv_bytes = (size_t)64 << 20;
-    p.http.port = 0;
-    p.http.no_auth = true;
+    http_app_params p = second_server(data, (size_t)64 << 20);
     p.http.quiet = true;
     p.http.limits.extract_max_tokens = 1;
     p.http.infer_fallback = HTTP_INFER_FALLBACK_REJECT;
@@ -1457,14 +1459,7 @@ static void test_stop_with_chat_in_flight(void **state) {
     snprintf(logp, sizeof logp, "%s/requests.log", dir);
     FILE *logf = fopen(logp, "w");
     assert_non_null(logf);
-    http_app_params p = http_app_default_params();
-    p.model_path = IS_DEFAULT_MODEL;
-    p.data_dir = data;
-    p.embedder_dir = "none";
-    p.n_ctx = N_CTX;
-    p.kv_bytes = (size_t)256 << 20;
-    p.http.port = 0;
-    p.http.no_auth = true;
+    http_app_params p = second_server(data, (size_t)256 << 20);
     p.http.log = logf;
     http_app *app = NULL;
     assert_int_equal(http_app_start(&p, &app), IS_OK);

@@ -27,10 +27,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,11 +67,8 @@ static void matrix(const char *name, int tries, const char *outcome) {
 /* ---- raw HTTP ----------------------------------------------------------------------- */
 
 static int conn_open(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = test_connect_loopback(g_port);
     assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     return fd;
 }
 

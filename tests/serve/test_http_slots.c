@@ -21,8 +21,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,11 +62,8 @@ static double now_s(void) {
  * keeps the connection and the client drops it). */
 static int request(int port, const char *method, const char *target, const char *key,
                    const char *body, bool close_hdr, size_t *body_len) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = test_connect_loopback(port);
     assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     char req[2048];
     size_t blen = body ? strlen(body) : 0;
     int n = snprintf(req, sizeof req,
