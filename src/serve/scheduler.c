@@ -29,6 +29,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -194,13 +195,30 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* SCHED_HOST_TIER_BYTES, or a quarter of the machine's memory where that
- * is less: pinned pages cannot be swapped, and the rest of the machine
- * (the page cache the record files are read through, the process's own
- * heap) needs the remainder. */
-static int64_t host_tier_default(void) {
+/* The memory this process may use: the machine's, or its control group's
+ * limit where that is less (a container sees the host's pages in sysconf). */
+static int64_t memory_available(void) {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    int64_t quarter = pages > 0 && size > 0 ? (int64_t)pages * size / 4 : 0;
+    int64_t mem = pages > 0 && size > 0 ? (int64_t)pages * size : 0;
+    static const char *const limits[] = {"/sys/fs/cgroup/memory.max",
+                                         "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
+        FILE *f = fopen(limits[i], "r");
+        if (!f) continue;
+        long long v = 0;
+        /* "max" (no limit) does not scan. */
+        if (fscanf(f, "%lld", &v) == 1 && v > 0 && v < mem) mem = v;
+        fclose(f);
+    }
+    return mem;
+}
+
+/* SCHED_HOST_TIER_BYTES, or a quarter of the memory this process may use
+ * where that is less: pinned pages cannot be swapped, and the rest (the
+ * page cache the record files are read through, the process's own heap)
+ * needs the remainder. */
+static int64_t host_tier_default(void) {
+    int64_t quarter = memory_available() / 4;
     return quarter < SCHED_HOST_TIER_BYTES ? quarter : SCHED_HOST_TIER_BYTES;
 }
 
@@ -1437,7 +1455,12 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
             ? IS_OK
             : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = fact_index_create(SCHED_FACT_INDEX_MAX, &s->facts);
-    if (st == IS_OK && mem && p.host_tier_bytes >= ((int64_t)1 << 20) && engine_host_tier(e)) {
+    /* The copy takes f16 and bf16 records (an fp8 fact cache is filled
+     * the ordinary way): for other dtypes a tier would hold records no
+     * copy reads, each read again by the ordinary path. */
+    const bool tier_dtype = p.record_dtype == KV_DTYPE_F16 || p.record_dtype == KV_DTYPE_BF16;
+    if (st == IS_OK && mem && p.host_tier_bytes >= ((int64_t)1 << 20) && tier_dtype &&
+        engine_host_tier(e)) {
         host_tier_alloc al = {
             .alloc = tier_alloc, .free = tier_free, .quiesce = tier_quiesce, .ud = e};
         st = host_tier_create(memory_record_store(mem), (size_t)p.host_tier_bytes, al, &s->ht);

@@ -87,10 +87,12 @@ typedef struct sched_params {
                                SCHED_PREFETCH_MAX_BYTES; 0: only read into the record store's
                                cache, the engine thread widens them) */
     int64_t host_tier_bytes; /* pinned host memory for records in their own dtype, where the
-                                backend has a host tier (CUDA, bf16 cache): a miss is read there
+                                backend has a host tier (CUDA, bf16 cache; f16 or bf16
+                                records): a miss is read there
                                 from its file and copied to the GPU as soon as submit names it
-                                (default SCHED_HOST_TIER_BYTES or a quarter of the machine's
-                                memory, the less; 0: off, the path above) */
+                                (default SCHED_HOST_TIER_BYTES or a quarter of the memory the
+                                process may use, the machine's or its control group's, the
+                                less; 0: off, the path above) */
     int32_t recompute;       /* kv requests: the first tokens of every injected fact computed
                               again in the request's first prefill forward (engine_batch
                               .rewrite; default 0: none) */
@@ -105,7 +107,7 @@ typedef struct sched_params {
  * those admitted before it. */
 #define SCHED_MAX_BYPASS 16
 
-/* The host tier's default size, or a quarter of the machine's memory where
+/* The host tier's default size, or a quarter of the process's memory where
  * that is less. Taken a chunk at a time as records come, so a server whose
  * records fit the GPU cache pins little of it. */
 #define SCHED_HOST_TIER_BYTES ((int64_t)8 << 30)

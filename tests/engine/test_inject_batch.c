@@ -210,8 +210,8 @@ static void test_batch_equals_one_by_one(void **state) {
     assert_int_equal(backend_set_option(g_be, BACKEND_OPT_FACT_CACHE_BYTES, 64 * page), IS_OK);
     check_batch_equals_one_by_one(false, "bf16 cache, arena smaller than one call");
     /* The same from an empty arena, resident facts without values: the
-     * one-at-a-time injections leave five of the eight facts resident, most
-     * of the 64 pages, and the batched call names them without values
+     * one-at-a-time injections leave four of the eight facts resident (52
+     * of the 64 pages), and the batched call names them without values
      * after facts that miss. */
     assert_int_equal(backend_set_option(g_be, BACKEND_OPT_FACT_CACHE_BYTES, 64 * page), IS_OK);
     check_batch_equals_one_by_one(true, "bf16 cache, arena smaller than one call, resident facts "

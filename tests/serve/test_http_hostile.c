@@ -361,23 +361,38 @@ static void test_star_refused_as_id(void **state) {
     matrix("star_as_id", tries, "400 json, nothing stored");
 }
 
+/* A path names one entity: "*" there is the name itself (which no id can
+ * be, so 404), never every entity. In a delete's query "*" is Mem0's
+ * documented wildcard (delete_all(run_id="*"): every memory with a run),
+ * unambiguous since no stored id is "*": it deletes only those. */
 static void test_star_delete_keeps_others(void **state) {
     (void)state;
     char id[80];
     add_fact(KEY_B, "star-alice", "Alice grows tomatoes.", id);
     add_fact(KEY_B, "star-alice", "Alice plays chess.", id);
     add_fact(KEY_B, "star-bob", "Bob repairs bikes.", id);
-    static const char *const targets[] = {"/v1/memories/?user_id=*", "/v1/memories/?agent_id=*",
-                                          "/v1/memories/?run_id=%2A",
-                                          "/v1/memories/?user_id=star-bob&agent_id=*"};
-    for (size_t i = 0; i < sizeof targets / sizeof *targets; i++)
-        expect_400("DELETE", targets[i], KEY_B, NULL);
-    expect_400("DELETE", "/v2/entities/user/*/", KEY_B, NULL);
-    expect_400("DELETE", "/v2/entities/agent/*/", KEY_B, NULL);
-    expect_400("DELETE", "/v2/entities/run/%2A/", KEY_B, NULL);
+    raw_resp r = raw_request("POST", "/v3/memories/add/", KEY_B,
+                             "{\"user_id\":\"star-dave\",\"run_id\":\"star-run\","
+                             "\"facts\":[\"Dave is on a trip.\"],\"infer\":false}");
+    assert_int_equal(r.status, 200);
+    raw_free(&r);
+    static const char *const paths[] = {"/v2/entities/user/*/", "/v2/entities/agent/*/",
+                                        "/v2/entities/run/%2A/"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        r = raw_request("DELETE", paths[i], KEY_B, NULL);
+        expect_json_error(&r, 404, NULL);
+        raw_free(&r);
+    }
+    expect_400("DELETE", "/v1/memories/?run_id=star-run&run_id=*", KEY_B, NULL);
+    r = raw_request("DELETE", "/v1/memories/?run_id=%2A", KEY_B, NULL);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(cJSON_GetObjectItem(r.json, "deleted")->valueint, 1);
+    raw_free(&r);
+    assert_int_equal(count_memories(KEY_B, "star-dave"), 0);
     assert_int_equal(count_memories(KEY_B, "star-alice"), 2);
     assert_int_equal(count_memories(KEY_B, "star-bob"), 1);
-    matrix("star_as_id_in_deletes", 7, "400 json, every other user's memories kept");
+    matrix("star_in_deletes", 5,
+           "path: 404, the name itself; query: Mem0's wildcard, only its matches deleted");
 }
 
 /* Inside an explicit filters object "*" keeps its meaning: any value. */
@@ -498,6 +513,13 @@ static void test_repeated_query_id_delete(void **state) {
                KEY_A, NULL);
     expect_400("POST", "/v2/memories/", KEY_A,
                "{\"user_id\":\"rep-alice\",\"user_id\":\"rep-bob\"}");
+    /* One memory's routes too: the first value is not taken silently. */
+    char t[200];
+    snprintf(t, sizeof t, "/v1/memories/%s/?user_id=rep-bob&user_id=rep-alice", id);
+    expect_400("GET", t, KEY_A, NULL);
+    expect_400("DELETE", t, KEY_A, NULL);
+    snprintf(t, sizeof t, "/v1/memories/%s/history/?user_id=rep-bob&user_id=rep-alice", id);
+    expect_400("GET", t, KEY_A, NULL);
     assert_int_equal(count_memories(KEY_A, "rep-alice"), 1);
     assert_int_equal(count_memories(KEY_A, "rep-bob"), 1);
     raw_resp r =
@@ -506,7 +528,7 @@ static void test_repeated_query_id_delete(void **state) {
     raw_free(&r);
     assert_int_equal(count_memories(KEY_A, "rep-alice"), 1);
     assert_int_equal(count_memories(KEY_A, "rep-bob"), 0);
-    matrix("repeated_query_id", 5, "400 json, nothing deleted");
+    matrix("repeated_query_id", 8, "400 json, nothing deleted");
 }
 
 /* ---- slots ------------------------------------------------------------------------------ */

@@ -206,11 +206,21 @@ static bool filter_ids_ok(http_req *r, const cJSON *o, int depth, enum MHD_Resul
     return true;
 }
 
+/* What a top-level id of "*" means to build_filter. No stored id is "*"
+ * (the id check refuses it), so the wildcard cannot be taken for a name. */
+typedef enum star_id {
+    STAR_REFUSED, /* a 400 pointing to filters */
+    STAR_ANY,     /* every value: Mem0's delete_all(user_id="*") */
+    STAR_NAME,    /* the name itself: a path names one entity, never all */
+} star_id;
+
 /* Builds the filter {"AND": [filters?, {"user_id": u}?, ...]} from a
- * filters object and top-level ids, parses it. Sends the error itself. */
+ * filters object and top-level ids, parses it. The filter language reads an
+ * equality with "*" as any value, so a "*" that names itself (STAR_NAME)
+ * goes in as {"in": ["*"]}. Sends the error itself. */
 static mem_filter_expr *build_filter(http_req *r, const cJSON *filters, const char *user,
                                      const char *agent, const char *run, const cJSON *metadata,
-                                     bool require_scope, enum MHD_Result *res) {
+                                     bool require_scope, star_id star, enum MHD_Result *res) {
     cJSON *and = cJSON_CreateArray();
     if (filters && !cJSON_IsNull(filters)) {
         if (!cJSON_IsObject(filters)) {
@@ -226,17 +236,22 @@ static mem_filter_expr *build_filter(http_req *r, const cJSON *filters, const ch
     }
     const char *names[3] = {"user_id", "agent_id", "run_id"};
     const char *vals[3] = {user, agent, run};
-    /* A top-level id is a name: the filter language would read "*" as any
-     * value, so it is refused here, the one place these become filters. */
-    for (int i = 0; i < 3; i++)
-        if (vals[i] && !id_ok(r, names[i], vals[i], res)) {
+    for (int i = 0; i < 3; i++) {
+        const bool is_star = vals[i] && strcmp(vals[i], "*") == 0;
+        if (vals[i] && !(is_star && star != STAR_REFUSED) && !id_ok(r, names[i], vals[i], res)) {
             cJSON_Delete(and);
             return NULL;
         }
+    }
     for (int i = 0; i < 3; i++)
         if (vals[i]) {
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, names[i], vals[i]);
+            if (star == STAR_NAME && strcmp(vals[i], "*") == 0) {
+                cJSON *in = cJSON_AddObjectToObject(o, names[i]);
+                cJSON_AddItemToObject(in, "in", cJSON_CreateStringArray(&vals[i], 1));
+            } else {
+                cJSON_AddStringToObject(o, names[i], vals[i]);
+            }
             cJSON_AddItemToArray(and, o);
         }
     if (metadata && !cJSON_IsNull(metadata)) {
@@ -598,7 +613,8 @@ static enum MHD_Result list_v2(http_req *r) {
             goto done;
         }
     }
-    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, &res)))
+    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, STAR_REFUSED,
+                           &res)))
         goto done;
     is_status st = collect(r, e, &fs);
     if (st != IS_OK) {
@@ -693,7 +709,8 @@ static enum MHD_Result search_v2(http_req *r) {
                           "ranks by BM25 alone)");
         goto done;
     }
-    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, &res)))
+    if (!(e = build_filter(r, a.filters, a.user, a.agent, a.run, a.metadata, true, STAR_REFUSED,
+                           &res)))
         goto done;
     is_status st = collect(r, e, &fs);
     if (st != IS_OK) {
@@ -818,6 +835,18 @@ enum MHD_Result http_mem0_delete_all(http_req *r) {
             }
             continue;
         }
+        if (is_id_key(k) && strcmp(v, "*") == 0) {
+            /* Mem0's documented wildcard: delete_all(user_id="*") is every
+             * user of the tenant (build_filter, STAR_ANY). */
+            const char **dst = k[0] == 'u' ? &a.user : k[0] == 'a' ? &a.agent : &a.run;
+            if (*dst && strcmp(*dst, "*") != 0) {
+                res = http_send_error(r, 400, k, "invalid_value",
+                                      "'%s' is given twice with different values", k);
+                goto done;
+            }
+            *dst = "*";
+            continue;
+        }
         cJSON tmp = {.type = cJSON_String, .valuestring = (char *)v};
         bool handled;
         if (!scope_field(r, k, &tmp, &a, &res, &handled)) goto done;
@@ -827,7 +856,8 @@ enum MHD_Result http_mem0_delete_all(http_req *r) {
             goto done;
         }
     }
-    if (!(e = build_filter(r, filters, a.user, a.agent, a.run, metadata, true, &res))) goto done;
+    if (!(e = build_filter(r, filters, a.user, a.agent, a.run, metadata, true, STAR_ANY, &res)))
+        goto done;
     int32_t n = 0;
     is_status st = delete_matching(r, e, &n);
     if (st != IS_OK) {
@@ -1071,7 +1101,7 @@ static enum MHD_Result entity_delete(http_req *r, const char *type, const char *
     enum MHD_Result res = MHD_YES;
     mem_filter_expr *e =
         build_filter(r, NULL, field[0] == 'u' ? name : NULL, field[0] == 'a' ? name : NULL,
-                     field[0] == 'r' ? name : NULL, NULL, true, &res);
+                     field[0] == 'r' ? name : NULL, NULL, true, STAR_NAME, &res);
     if (!e) return res;
     int32_t n = 0;
     is_status st = delete_matching(r, e, &n);

@@ -542,9 +542,34 @@ static enum MHD_Result search_memories(http_req *r) {
 
 /* ---- one memory ---------------------------------------------------------------------------- */
 
+/* The query's user_id (NULL if none) into *want; a second one with another
+ * value is a 400, as on the routes that list, rather than the first one
+ * silently. Sends the error itself. */
+static bool query_user(http_req *r, const char **want, enum MHD_Result *res) {
+    const char *keys[MAX_QUERY_ARGS], *vals[MAX_QUERY_ARGS];
+    int32_t nq = http_query_args(r->conn, keys, vals, MAX_QUERY_ARGS);
+    if (nq > MAX_QUERY_ARGS) {
+        *res = http_send_error(r, 400, NULL, "invalid_value", "too many query parameters");
+        return false;
+    }
+    *want = NULL;
+    for (int32_t i = 0; i < nq; i++) {
+        if (strcmp(keys[i], "user_id") != 0) continue;
+        const char *v = vals[i] ? vals[i] : "";
+        if (*want && strcmp(*want, v) != 0) {
+            *res = http_send_error(r, 400, "user_id", "invalid_value",
+                                   "'user_id' is given twice with different values");
+            return false;
+        }
+        *want = v;
+    }
+    return true;
+}
+
 static enum MHD_Result get_one(http_req *r, const char *id) {
     enum MHD_Result res;
-    const char *want = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "user_id");
+    const char *want;
+    if (!query_user(r, &want, &res)) return res;
     char *user = NULL;
     if (!find_owner(r, id, want, &user, &res)) return res;
     mem_fact f;
@@ -611,7 +636,8 @@ static enum MHD_Result delete_one(http_req *r, const char *id) {
             r, 400, "delete_linked", "unsupported_feature",
             "delete_linked is not supported by this server (InferScale): memories "
             "have no linked versions here; see the Mem0 feature table in the README");
-    const char *want = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "user_id");
+    const char *want;
+    if (!query_user(r, &want, &res)) return res;
     char *user = NULL;
     if (!find_owner(r, id, want, &user, &res)) return res;
     is_status st = memory_delete(r->srv->cfg.mem, r->tenant, user, id);
@@ -626,7 +652,8 @@ static enum MHD_Result delete_one(http_req *r, const char *id) {
 
 static enum MHD_Result history_one(http_req *r, const char *id) {
     enum MHD_Result res;
-    const char *want = MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, "user_id");
+    const char *want;
+    if (!query_user(r, &want, &res)) return res;
     char *user = NULL;
     if (!find_owner(r, id, want, &user, &res)) return res;
     mem_history *h = NULL;
