@@ -167,6 +167,8 @@ enum MHD_Result http_send_status(http_req *r, is_status st, const char *what) {
 
 /* How long a stop waits for in-flight requests to be answered. */
 #define STOP_DRAIN_MS 5000
+/* ... and how long without one of them answered before it stops waiting. */
+#define STOP_STALL_MS 1000
 
 bool http_conn_gone(struct MHD_Connection *c) {
     if (!c) return false;
@@ -800,9 +802,16 @@ void http_server_stop(http_server *s) {
      * follows on the connection's thread). */
     atomic_store(&s->stopping, true);
     bool waited = false;
-    for (int i = 0; i < STOP_DRAIN_MS / 10 && atomic_load(&s->in_flight) > 0; i++) {
+    /* A request that stops counting down for STOP_STALL_MS (a client that
+     * stalls its body, a stream whose client does not read) is not waited
+     * for: one such client must not hold every stop for the whole bound. */
+    int32_t last = atomic_load(&s->in_flight), still = 0;
+    for (int i = 0; i < STOP_DRAIN_MS / 10 && last > 0 && still < STOP_STALL_MS / 10; i++) {
         waited = true;
         usleep(10 * 1000);
+        int32_t now = atomic_load(&s->in_flight);
+        still = now < last ? 0 : still + 1;
+        last = now;
     }
     if (waited) usleep(50 * 1000);
     MHD_stop_daemon(s->d);
