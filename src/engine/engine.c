@@ -1324,11 +1324,8 @@ is_status engine_recover(engine *e) { return backend_recover(e->be); }
 
 bool engine_host_tier(engine *e) {
     const backend_ops *op = e->be->ops;
-    /* The tier feeds the fact cache of a compact cache; with an f32 cache
-     * every fact is injected from values the caller widens, and a tier
-     * would only hold records nobody copies. */
     return op->inject && op->host_alloc && op->host_free && op->fact_prefetch && op->fact_unpin &&
-           op->host_wait && e->kv_esize < sizeof(float);
+           op->host_wait;
 }
 
 is_status engine_host_alloc(engine *e, size_t bytes, void **out) {

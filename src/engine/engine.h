@@ -261,10 +261,9 @@ is_status engine_recover(engine *e);
 bool engine_fact_resident(engine *e, uint64_t cache_id, int32_t n_tokens);
 
 /* The fact-KV host tier (backend.h host_alloc, fact_prefetch): callable
- * from any thread. engine_host_tier: whether the backend has one for this
- * engine's cache (then host memory for records comes from engine_host_alloc
- * and facts are prefetched from it); the CPU has none, nor has an f32
- * cache. */
+ * from any thread. engine_host_tier: whether the backend has one (then
+ * host memory for records comes from engine_host_alloc and facts are
+ * prefetched from it); the CPU has none. */
 bool engine_host_tier(engine *e);
 is_status engine_host_alloc(engine *e, size_t bytes, void **out);
 void engine_host_free(engine *e, void *ptr);

@@ -166,6 +166,10 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         }
         sched_params sp = p->sched;
         sp.max_running = running;
+        /* The host tier fills the fact cache: with an f32 cache there is
+         * none, every fact is injected from values widened on the host, and
+         * a tier would pin records nothing copies. */
+        if (!compact || p->kv_cache_f32) sp.host_tier_bytes = 0;
         if ((st = sched_create(a->e, a->mem, &sp, &a->s)) != IS_OK) goto fail;
         /* Facts without KV here (a previous run's, another node's, records
          * evicted or lost) are encoded by the first request that needs
