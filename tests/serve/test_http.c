@@ -110,6 +110,24 @@ static void expect_ok(resp *r) {
     assert_non_null(r->json);
 }
 
+/* The request log at path, a JSON array of its lines; *bad (may be NULL)
+ * counts the lines that do not parse. */
+static cJSON *read_log(const char *path, int *bad) {
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    cJSON *all = cJSON_CreateArray();
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        cJSON *j = cJSON_Parse(line);
+        if (j) cJSON_AddItemToArray(all, j);
+        else if (bad) (*bad)++;
+    }
+    free(line);
+    fclose(f);
+    return all;
+}
+
 /* ---- raw sockets, for what libcurl does not do ------------------------------------- */
 
 /* Sends a POST with "Connection: close" on a new connection; the fd. */
@@ -1503,14 +1521,10 @@ static void test_stop_with_chat_in_flight(void **state) {
     free(got);
     free(sgot);
     /* The log: the chat as a 503, neither chat with finish "abort". */
-    FILE *f = fopen(logp, "r");
-    assert_non_null(f);
-    char *line = NULL;
-    size_t cap = 0;
+    cJSON *log = read_log(logp, NULL);
     int chats = 0, refused = 0;
-    while (getline(&line, &cap, f) > 0) {
-        cJSON *l = cJSON_Parse(line);
-        if (!l) continue;
+    const cJSON *l;
+    cJSON_ArrayForEach(l, log) {
         const char *path = cJSON_GetStringValue(cJSON_GetObjectItem(l, "path"));
         if (path && strcmp(path, "/v1/chat/completions") == 0) {
             chats++;
@@ -1518,10 +1532,8 @@ static void test_stop_with_chat_in_flight(void **state) {
             assert_true(!fin || strcmp(fin, "abort") != 0);
             if ((int)cJSON_GetNumberValue(cJSON_GetObjectItem(l, "status")) == 503) refused++;
         }
-        cJSON_Delete(l);
     }
-    free(line);
-    fclose(f);
+    cJSON_Delete(log);
     fprintf(stderr, "stop: %d chats logged, %d of them 503\n", chats, refused);
     assert_int_equal(chats, 2);
     assert_int_equal(refused, 1);
@@ -1620,24 +1632,15 @@ static void test_log_and_clean_stop(void **state) {
     http_app_stop(g_app); /* waits for every connection: all lines are written */
     g_app = NULL;
     fflush(g_logf);
-    FILE *f = fopen(g_log, "r");
-    assert_non_null(f);
-    char *line = NULL;
-    size_t cap = 0;
     int lines = 0, bad = 0;
-    while (getline(&line, &cap, f) > 0) {
-        cJSON *j = cJSON_Parse(line);
-        if (!j) {
-            bad++;
-            continue;
-        }
+    cJSON *log = read_log(g_log, &bad);
+    const cJSON *j;
+    cJSON_ArrayForEach(j, log) {
         if (cJSON_GetObjectItem(j, "status") && cJSON_GetObjectItem(j, "path") &&
             cJSON_GetObjectItem(j, "ms"))
             lines++;
-        cJSON_Delete(j);
     }
-    free(line);
-    fclose(f);
+    cJSON_Delete(log);
     fprintf(stderr, "log: %d request lines for %d requests\n", lines, g_requests);
     assert_int_equal(bad, 0);
     assert_int_equal(lines, g_requests);

@@ -530,8 +530,9 @@ static bool scope_field(http_req *r, const char *k, const cJSON *v, scope_args *
         *res = http_send_error(r, 400, k, "invalid_type", "%s must be a string", k);
         return false;
     }
-    if (!id_ok(r, k, v->valuestring, res)) return false;
-    /* A repeated key (?user_id=alice&user_id=bob, or twice in a body) must
+    /* The id itself is checked where it becomes a filter (build_filter),
+     * which also says what a "*" means there. A repeated key
+     * (?user_id=alice&user_id=bob, or twice in a body) must
      * not silently become its last value: the delete would hit bob. */
     if (*dst && strcmp(*dst, v->valuestring) != 0) {
         *res = http_send_error(r, 400, k, "invalid_value",
@@ -835,18 +836,6 @@ enum MHD_Result http_mem0_delete_all(http_req *r) {
             }
             continue;
         }
-        if (is_id_key(k) && strcmp(v, "*") == 0) {
-            /* Mem0's documented wildcard: delete_all(user_id="*") is every
-             * user of the tenant (build_filter, STAR_ANY). */
-            const char **dst = k[0] == 'u' ? &a.user : k[0] == 'a' ? &a.agent : &a.run;
-            if (*dst && strcmp(*dst, "*") != 0) {
-                res = http_send_error(r, 400, k, "invalid_value",
-                                      "'%s' is given twice with different values", k);
-                goto done;
-            }
-            *dst = "*";
-            continue;
-        }
         cJSON tmp = {.type = cJSON_String, .valuestring = (char *)v};
         bool handled;
         if (!scope_field(r, k, &tmp, &a, &res, &handled)) goto done;
@@ -856,6 +845,7 @@ enum MHD_Result http_mem0_delete_all(http_req *r) {
             goto done;
         }
     }
+    /* STAR_ANY: Mem0 documents delete_all(user_id="*") as every user. */
     if (!(e = build_filter(r, filters, a.user, a.agent, a.run, metadata, true, STAR_ANY, &res)))
         goto done;
     int32_t n = 0;
