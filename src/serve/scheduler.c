@@ -849,56 +849,6 @@ static is_status add_recompute(sched *s, sched_handle *h, const engine_fact *inj
     return IS_OK;
 }
 
-/* Whether every fact of h that waits in the host tier for room beside the
- * GPU's pins has its pin (engine thread, or under s->mu for a queued h). */
-static bool pins_ready(const sched *s, const sched_handle *h) {
-    for (int32_t i = 0; i < h->n_facts; i++)
-        if (h->facts[i].ht_held && !pin_live(s, &h->facts[i])) return false;
-    return true;
-}
-
-/* Engine thread: pins h's facts that wait in the host tier, in order,
- * starting their copies; false at the first that finds no room. */
-static bool pin_waiting(sched *s, sched_handle *h) {
-    for (int32_t i = 0; i < h->n_facts; i++) {
-        req_fact *f = &h->facts[i];
-        if (!f->ht_held || pin_live(s, f)) continue;
-        if (!fact_pin(s, f, f->content_id, f->n_kv_tokens, (int32_t)f->ht_held->meta.dtype,
-                      f->ht_held->k, f->ht_held->v))
-            return false;
-    }
-    return true;
-}
-
-/* Engine thread: gives back the pins of h's facts held in the host tier. */
-static void unpin_waiting(sched *s, sched_handle *h) {
-    for (int32_t i = 0; i < h->n_facts; i++)
-        if (h->facts[i].ht_held) fact_unpin(s, &h->facts[i]);
-}
-
-/* Engine thread, before admission: the pins the last step's injection
- * gave back go to the queued requests' waiting facts, oldest request
- * first, until one does not fit. That one also gets the pins of the
- * requests behind it that hold only some of theirs (taken at submit):
- * they could not start on them, and split that way the room would serve
- * no request. Queued requests stay valid without s->mu: only this thread
- * takes them off the queue. */
-static void pin_queued(sched *s) {
-    enum { LOOK_AHEAD = 64 };
-    sched_handle *w[LOOK_AHEAD];
-    int32_t n = 0;
-    pthread_mutex_lock(&s->mu);
-    for (sched_handle *h = s->q_head; h && n < LOOK_AHEAD; h = h->next)
-        if (!pins_ready(s, h)) w[n++] = h;
-    pthread_mutex_unlock(&s->mu);
-    for (int32_t i = 0; i < n; i++) {
-        if (pin_waiting(s, w[i])) continue;
-        for (int32_t j = i + 1; j < n; j++) unpin_waiting(s, w[j]);
-        pin_waiting(s, w[i]);
-        return;
-    }
-}
-
 /* Engine thread, host tier: a pin on f's resident record for this
  * admission's injection, in place of any pin f had (one a recovery
  * dropped, or on a record no longer resident). */
@@ -941,9 +891,6 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
     uint64_t *ids = a->ids = calloc((size_t)(n ? n : 1), sizeof *ids);
     const char **rec = a->rec = calloc((size_t)(n ? n : 1), sizeof *rec);
     if (!inj || !held || !bufs || !ids || !rec) st = is_error_set(IS_ERR_NOMEM, "out of memory");
-    /* A fact still without room beside the GPU's pins is read as any
-     * record is (late_loads). */
-    if (st == IS_OK && h->mode == ASK_MODE_KV) pin_waiting(s, h);
     if (st == IS_OK) late_loads(s, h);
     int32_t n_inj = 0, n_text_tokens = 0;
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
@@ -1168,26 +1115,16 @@ static void admit(sched *s) {
     int32_t limit = s->max_running;
     /* An encode job waiting for a sequence gets the next one that frees. */
     if (s->encode_starved && s->n_run > 0) return;
-    if (s->ht) pin_queued(s);
     admission adm[MAX_BATCH_SEQS];
     int32_t n_adm = 0;
     while (s->n_run < limit) {
         int32_t avail = kv_cache_free_blocks(engine_kv(s->e)) - outstanding_blocks(s);
         pthread_mutex_lock(&s->mu);
-        sched_handle *h = s->q_head, *prev = NULL, *unpinned = NULL, *unpinned_prev = NULL;
+        sched_handle *h = s->q_head, *prev = NULL;
         bool fits = false;
         for (; h; prev = h, h = h->next) {
             reserve_for(s, h, h->est_prompt);
             fits = h->reserve <= avail;
-            /* Facts still waiting for room beside the GPU's pins, which this
-             * step's injection gives back: a request behind it whose facts
-             * are pinned goes first, and it goes only as a step's first (its
-             * waiting facts then read from their records) or once passed
-             * max_bypass times. */
-            if (fits && h->bypassed < s->p.max_bypass && !pins_ready(s, h)) {
-                if (!unpinned) unpinned = h, unpinned_prev = prev;
-                continue;
-            }
             /* Nothing running and still no room: it never will be. */
             if (fits || s->n_run == 0) break;
             if (h->bypassed >= s->p.max_bypass) {
@@ -1195,7 +1132,6 @@ static void admit(sched *s) {
                 break;
             }
         }
-        if (!h && unpinned && n_adm == 0) h = unpinned, prev = unpinned_prev, fits = true;
         if (h) {
             for (sched_handle *o = s->q_head; o != h; o = o->next) o->bypassed++;
             if (prev) prev->next = h->next;
@@ -1672,10 +1608,10 @@ static void prefetch_fact(sched *s, req_fact *rf) {
  * got from the host tier (read from its file into pinned memory on a miss,
  * in the record's own dtype) and its copy to the GPU started at once on
  * the backend's own stream, pinned until its injection, which waits for
- * the copy on the GPU, or, with no room beside the GPU's pins, when
- * admission comes near (pin_queued). True when handled (the fact is held
- * in the tier, or it cannot be used and the engine thread will find so);
- * false: the ordinary path (no room in the tier). */
+ * the copy on the GPU. True when handled (the fact is pinned, or it cannot
+ * be used and the engine thread will find so); false: the ordinary path
+ * (no room in the tier or beside the GPU's pins, a dtype the copy does not
+ * take). */
 static bool prefetch_tiered(sched *s, req_fact *rf) {
     fact_index_entry e;
     bool have = fact_index_get(s->facts, rf->record, &e);
@@ -1704,11 +1640,11 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
         host_tier_release(s->ht, kv);
         return true;
     }
-    /* No room beside the GPU's pins: the view is kept and the pin taken
-     * later (pin_queued), when the requests ahead have injected theirs;
-     * widening it to f32 here instead is what a cache smaller than the
-     * queue's facts used to cost. */
-    fact_pin(s, rf, kv->content_id, kv->meta.n_tokens, (int32_t)kv->meta.dtype, kv->k, kv->v);
+    if (!fact_pin(s, rf, kv->content_id, kv->meta.n_tokens, (int32_t)kv->meta.dtype, kv->k,
+                  kv->v)) {
+        host_tier_release(s->ht, kv);
+        return false;
+    }
     rf->ht_held = kv;
     rf->known = true;
     rf->content_id = kv->content_id;
