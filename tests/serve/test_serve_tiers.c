@@ -15,9 +15,10 @@
  * way). As test_serve_tiers (CI), on the CPU backend with a stand-in for
  * the GPU's fact cache (the host-tier ops of backend.h over a small table
  * that evicts any unpinned record whenever it makes room, which the GPU's
- * spares for a while): the same sequence checks the scheduler's side of
- * the protocol: every fact injected without values was pinned, every pin
- * is dropped once, and the text is ask's.
+ * spares for a while, and whose pins hold at most half of it, as the
+ * GPU's do): the same sequence checks the scheduler's side of the
+ * protocol: every fact injected without values was pinned, every pin is
+ * dropped once, and the text is ask's.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -157,7 +158,11 @@ static bool fake_prefetch(backend *be, const backend_fact_host *f) {
     }
     fake_rec *r = fake_find(f->id);
     bool pinned = false;
-    if (r && r->n_tokens == f->n_tokens) {
+    /* A resident record's first pin counts against the half as a copy's
+     * does (the GPU arena's rule): else a request whose facts never fit
+     * there beside each other would find them pinned here once resident. */
+    if (r && r->n_tokens == f->n_tokens &&
+        (r->pins > 0 || g_fake.pinned_tokens + r->n_tokens <= g_fake.cap_tokens / 2)) {
         if (r->pins++ == 0) g_fake.pinned_tokens += r->n_tokens;
         r->stamp = ++g_fake.clock;
         g_fake.pin_hits++;
@@ -601,6 +606,41 @@ static void test_free_racing_submit(void **state) {
     assert_int_equal(g_fake.pinned_tokens, 0);
     fx_close(&x);
 }
+
+/* The stand-in emptied, with room for `pins` pinned tokens (half its
+ * pages; nothing may run). */
+static void fake_pin_room(int64_t pins) { gpu_cache_pages(2 * pins); }
+
+/* Requests whose facts never fit beside each other in the pins' half of
+ * the cache are served all the same (the facts without a pin read from
+ * their records), and every pin goes back. */
+static void test_facts_never_fit_beside_pins(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    tiers_fx x;
+    fx_open(&x, "mem_never_fit", 1);
+    test_coll c;
+    test_coll_run(x.s, &x.rq, &c);
+    char ref[sizeof c.text];
+    snprintf(ref, sizeof ref, "%s", c.text);
+    fake_pin_room(c.usage.injected_tokens / 2); /* half of one request's facts */
+    int64_t under0 = g_fake.unpin_underflows, unpinned0 = g_fake.injected_unpinned;
+    enum { N = 4 };
+    test_coll q[N];
+    sched_hold_admission(x.s, true);
+    for (int i = 0; i < N; i++) test_coll_submit(x.s, &x.rq, &q[i]);
+    sched_hold_admission(x.s, false);
+    for (int i = 0; i < N; i++) {
+        test_coll_done(&q[i]);
+        assert_string_equal(q[i].text, ref);
+        assert_int_equal(q[i].usage.facts_text, 0);
+        assert_true(q[i].usage.facts_disk > 0); /* some read from their records */
+    }
+    fx_close(&x);
+    assert_int_equal(g_fake.unpin_underflows - under0, 0);
+    assert_int_equal(g_fake.injected_unpinned - unpinned0, 0);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+}
 #endif
 
 int main(void) {
@@ -615,6 +655,7 @@ int main(void) {
 #ifndef TIERS_CUDA
         cmocka_unit_test(test_pins_after_recovery),
         cmocka_unit_test(test_free_racing_submit),
+        cmocka_unit_test(test_facts_never_fit_beside_pins),
 #endif
     };
     return test_run_group(tests, setup, teardown);
