@@ -607,10 +607,6 @@ static void test_free_racing_submit(void **state) {
     fx_close(&x);
 }
 
-/* The stand-in emptied, with room for `pins` pinned tokens (half its
- * pages; nothing may run). */
-static void fake_pin_room(int64_t pins) { gpu_cache_pages(2 * pins); }
-
 /* Requests whose facts never fit beside each other in the pins' half of
  * the cache are served all the same (the facts without a pin read from
  * their records), and every pin goes back. */
@@ -623,7 +619,7 @@ static void test_facts_never_fit_beside_pins(void **state) {
     test_coll_run(x.s, &x.rq, &c);
     char ref[sizeof c.text];
     snprintf(ref, sizeof ref, "%s", c.text);
-    fake_pin_room(c.usage.injected_tokens / 2); /* half of one request's facts */
+    gpu_cache_pages(c.usage.injected_tokens); /* pins: half of one request's facts */
     int64_t under0 = g_fake.unpin_underflows, unpinned0 = g_fake.injected_unpinned;
     enum { N = 4 };
     test_coll q[N];

@@ -125,8 +125,11 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         if ((st = backend_configure(a->be, p->backend_options, NULL, 0)) != IS_OK) goto fail;
         /* Serving runs the compact cache where the backend has one (CUDA's
          * bf16: injected facts stay resident in the GPU arena, keyed by
-         * record content ids, and attention is tiled); the CPU has none. */
-        bool compact = backend_set_option(a->be, BACKEND_OPT_KV_COMPACT, !p->kv_cache_f32) == IS_OK;
+         * record content ids, and attention is tiled); the CPU has none,
+         * and an f32 cache (asked for, or the only one) has no fact cache. */
+        bool fact_cache =
+            backend_set_option(a->be, BACKEND_OPT_KV_COMPACT, !p->kv_cache_f32) == IS_OK &&
+            !p->kv_cache_f32;
         char desc[512];
         if (backend_configure(a->be, NULL, desc, sizeof desc) == IS_OK && desc[0])
             fprintf(notes, "backend %s: %s\n", a->be->ops->name, desc);
@@ -147,7 +150,7 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         bool gpu = strcmp(a->be->ops->name, "cpu") != 0;
         if (gpu && ep.max_batch < SCHED_GPU_STEP_TOKENS) ep.max_batch = SCHED_GPU_STEP_TOKENS;
         if ((st = engine_create(a->m, ep, &a->e)) != IS_OK) goto fail;
-        if (compact && !p->kv_cache_f32) {
+        if (fact_cache) {
             size_t fc = p->fact_cache_bytes;
             if (fc == 0) {
                 size_t left = backend_free_bytes(a->be);
@@ -166,10 +169,10 @@ is_status http_app_start(const http_app_params *p, http_app **out) {
         }
         sched_params sp = p->sched;
         sp.max_running = running;
-        /* The host tier fills the fact cache: with an f32 cache there is
-         * none, every fact is injected from values widened on the host, and
-         * a tier would pin records nothing copies. */
-        if (!compact || p->kv_cache_f32) sp.host_tier_bytes = 0;
+        /* The host tier fills the fact cache: without one every fact is
+         * injected from values widened on the host, and a tier would pin
+         * records nothing copies. */
+        if (!fact_cache) sp.host_tier_bytes = 0;
         if ((st = sched_create(a->e, a->mem, &sp, &a->s)) != IS_OK) goto fail;
         /* Facts without KV here (a previous run's, another node's, records
          * evicted or lost) are encoded by the first request that needs
