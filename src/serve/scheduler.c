@@ -145,6 +145,10 @@ struct sched {
     host_tier *ht;                  /* pinned records (NULL: the backend has no host tier) */
     io_pool *io;                    /* takes a request's facts at once (tokens, records) */
     _Atomic int64_t prefetch_bytes; /* held by loaded records of queued requests */
+    /* Queued requests with facts waiting for a GPU pin (counted again at
+     * each admission): while there are any, a submit pins nothing, so
+     * the room goes in queue order (pin_queued). */
+    _Atomic int32_t n_waiting;
     int32_t prefix_seq, n_prefix, prefix_blocks;
     /* Pins on the backend's fact cache (engine_fact_prefetch): a recovery
      * drops all of them (backend.h recover), so each pin carries the epoch
@@ -849,6 +853,76 @@ static is_status add_recompute(sched *s, sched_handle *h, const engine_fact *inj
     return IS_OK;
 }
 
+/* Whether every fact of h that waits in the host tier for room beside the
+ * GPU's pins has its pin (engine thread, or under s->mu for a queued h). */
+static bool pins_ready(const sched *s, const sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++)
+        if (h->facts[i].ht_held && !pin_live(s, &h->facts[i])) return false;
+    return true;
+}
+
+/* On the submitting thread, after prepare: whether a fact of h waits in
+ * the host tier for its pin (its epoch is not needed: nothing it pinned
+ * can have been dropped by a recovery it has not seen yet, and if one
+ * was, the next count at admission puts it right). */
+static bool submit_waits(const sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++)
+        if (h->facts[i].ht_held && !h->facts[i].pinned) return true;
+    return false;
+}
+
+/* Engine thread: counts the queued requests whose facts wait (s->n_waiting). */
+static void count_waiting(sched *s) {
+    int32_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (sched_handle *h = s->q_head; h; h = h->next) n += !pins_ready(s, h);
+    atomic_store(&s->n_waiting, n);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Engine thread: pins h's facts that wait in the host tier, in order,
+ * starting their copies; false at the first that finds no room. */
+static bool pin_waiting(sched *s, sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++) {
+        req_fact *f = &h->facts[i];
+        if (!f->ht_held || pin_live(s, f)) continue;
+        if (!fact_pin(s, f, f->content_id, f->n_kv_tokens, (int32_t)f->ht_held->meta.dtype,
+                      f->ht_held->k, f->ht_held->v))
+            return false;
+    }
+    return true;
+}
+
+/* Engine thread: gives back the pins of h's facts held in the host tier. */
+static void unpin_waiting(sched *s, sched_handle *h) {
+    for (int32_t i = 0; i < h->n_facts; i++)
+        if (h->facts[i].ht_held) fact_unpin(s, &h->facts[i]);
+}
+
+/* Engine thread, before admission: the pins the last step's injection
+ * gave back go to the queued requests' waiting facts, oldest request
+ * first, until one does not fit. That one also gets the pins of the
+ * requests behind it that hold only some of theirs (taken at submit):
+ * they could not start on them, and split that way the room would serve
+ * no request. Queued requests stay valid without s->mu: only this thread
+ * takes them off the queue. */
+static void pin_queued(sched *s) {
+    enum { LOOK_AHEAD = 64 };
+    sched_handle *w[LOOK_AHEAD];
+    int32_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (sched_handle *h = s->q_head; h && n < LOOK_AHEAD; h = h->next)
+        if (!pins_ready(s, h)) w[n++] = h;
+    atomic_store(&s->n_waiting, n);
+    pthread_mutex_unlock(&s->mu);
+    for (int32_t i = 0; i < n; i++) {
+        if (pin_waiting(s, w[i])) continue;
+        for (int32_t j = i + 1; j < n; j++) unpin_waiting(s, w[j]);
+        pin_waiting(s, w[i]);
+        return;
+    }
+}
+
 /* Engine thread, host tier: a pin on f's resident record for this
  * admission's injection, in place of any pin f had (one a recovery
  * dropped, or on a record no longer resident). */
@@ -891,6 +965,9 @@ static is_status start_request(sched *s, sched_handle *h, admission *a, int64_t 
     uint64_t *ids = a->ids = calloc((size_t)(n ? n : 1), sizeof *ids);
     const char **rec = a->rec = calloc((size_t)(n ? n : 1), sizeof *rec);
     if (!inj || !held || !bufs || !ids || !rec) st = is_error_set(IS_ERR_NOMEM, "out of memory");
+    /* A fact still without room beside the GPU's pins is read as any
+     * record is (late_loads). */
+    if (st == IS_OK && h->mode == ASK_MODE_KV) pin_waiting(s, h);
     if (st == IS_OK) late_loads(s, h);
     int32_t n_inj = 0, n_text_tokens = 0;
     for (int32_t i = 0; st == IS_OK && i < n; i++) {
@@ -1115,16 +1192,26 @@ static void admit(sched *s) {
     int32_t limit = s->max_running;
     /* An encode job waiting for a sequence gets the next one that frees. */
     if (s->encode_starved && s->n_run > 0) return;
+    if (s->ht) pin_queued(s);
     admission adm[MAX_BATCH_SEQS];
     int32_t n_adm = 0;
     while (s->n_run < limit) {
         int32_t avail = kv_cache_free_blocks(engine_kv(s->e)) - outstanding_blocks(s);
         pthread_mutex_lock(&s->mu);
-        sched_handle *h = s->q_head, *prev = NULL;
+        sched_handle *h = s->q_head, *prev = NULL, *unpinned = NULL, *unpinned_prev = NULL;
         bool fits = false;
         for (; h; prev = h, h = h->next) {
             reserve_for(s, h, h->est_prompt);
             fits = h->reserve <= avail;
+            /* Facts still waiting for room beside the GPU's pins, which this
+             * step's injection gives back: a request behind it whose facts
+             * are pinned goes first, and it goes only as a step's first (its
+             * waiting facts then read from their records) or once passed
+             * max_bypass times. */
+            if (fits && h->bypassed < s->p.max_bypass && !pins_ready(s, h)) {
+                if (!unpinned) unpinned = h, unpinned_prev = prev;
+                continue;
+            }
             /* Nothing running and still no room: it never will be. */
             if (fits || s->n_run == 0) break;
             if (h->bypassed >= s->p.max_bypass) {
@@ -1132,6 +1219,7 @@ static void admit(sched *s) {
                 break;
             }
         }
+        if (!h && unpinned && n_adm == 0) h = unpinned, prev = unpinned_prev, fits = true;
         if (h) {
             for (sched_handle *o = s->q_head; o != h; o = o->next) o->bypassed++;
             if (prev) prev->next = h->next;
@@ -1189,6 +1277,7 @@ static void admit(sched *s) {
         n_adm++;
     }
     inject_admitted(s, adm, n_adm);
+    if (s->ht) count_waiting(s);
 }
 
 /* ---- a step -------------------------------------------------------------------------- */
@@ -1608,15 +1697,18 @@ static void prefetch_fact(sched *s, req_fact *rf) {
  * got from the host tier (read from its file into pinned memory on a miss,
  * in the record's own dtype) and its copy to the GPU started at once on
  * the backend's own stream, pinned until its injection, which waits for
- * the copy on the GPU. True when handled (the fact is pinned, or it cannot
- * be used and the engine thread will find so); false: the ordinary path
- * (no room in the tier or beside the GPU's pins, a dtype the copy does not
- * take). */
+ * the copy on the GPU, or, with no room beside the GPU's pins, when
+ * admission comes near (pin_queued). True when handled (the fact is held
+ * in the tier, or it cannot be used and the engine thread will find so);
+ * false: the ordinary path (no room in the tier). */
 static bool prefetch_tiered(sched *s, req_fact *rf) {
     fact_index_entry e;
     bool have = fact_index_get(s->facts, rf->record, &e);
     if (have && e.text_hash != rf->text_hash) return true; /* another text: prefilled */
-    if (have && e.resident && fact_pin(s, rf, e.content_id, e.n_tokens, 0, NULL, NULL)) {
+    /* Behind a request that waits for room, even a resident fact waits in
+     * the tier (its view kept, in case it is evicted before its turn). */
+    bool wait = atomic_load(&s->n_waiting) > 0;
+    if (have && e.resident && !wait && fact_pin(s, rf, e.content_id, e.n_tokens, 0, NULL, NULL)) {
         rf->known = true;
         rf->content_id = e.content_id;
         rf->n_kv_tokens = e.n_tokens;
@@ -1640,11 +1732,12 @@ static bool prefetch_tiered(sched *s, req_fact *rf) {
         host_tier_release(s->ht, kv);
         return true;
     }
-    if (!fact_pin(s, rf, kv->content_id, kv->meta.n_tokens, (int32_t)kv->meta.dtype, kv->k,
-                  kv->v)) {
-        host_tier_release(s->ht, kv);
-        return false;
-    }
+    /* No room beside the GPU's pins: the view is kept and the pin taken
+     * later (pin_queued), when the requests ahead have injected theirs;
+     * widening it to f32 here instead is what a cache smaller than the
+     * queue's facts used to cost. */
+    if (!wait)
+        fact_pin(s, rf, kv->content_id, kv->meta.n_tokens, (int32_t)kv->meta.dtype, kv->k, kv->v);
     rf->ht_held = kv;
     rf->known = true;
     rf->content_id = kv->content_id;
@@ -1822,6 +1915,7 @@ is_status sched_submit(sched *s, const sched_request *r, sched_event_fn fn, void
             s->q_tail = h;
             s->n_queued++;
             s->st.queued = s->n_queued;
+            if (submit_waits(h)) atomic_fetch_add(&s->n_waiting, 1);
             pthread_cond_signal(&s->cv);
         }
         pthread_mutex_unlock(&s->mu);

@@ -79,6 +79,7 @@ static struct {
     int64_t cap_tokens, used_tokens, pinned_tokens;
     uint64_t clock;
     int64_t copies, pin_hits, unpin_underflows, injected_unpinned, injected_missing, evictions;
+    int64_t injected_values; /* facts given with their values: not pinned beforehand */
     /* A gate a copy waits at (the host tier's view held) while `gate` is set. */
     pthread_cond_t gate_cv;
     bool gate, gate_entered;
@@ -208,6 +209,7 @@ static void fake_inject(backend *be, float *const *k_cache, float *const *v_cach
     for (int32_t i = 0; i < in->n_facts; i++) {
         fs[i] = in->facts[i];
         if (fs[i].k) {
+            g_fake.injected_values++;
             fake_rec *r = fs[i].id ? fake_find(fs[i].id) : NULL;
             if (fs[i].id && !r) fake_put(fs[i].id, fs[i].n_tokens, 0, fs[i].k, fs[i].v, true);
             continue;
@@ -393,12 +395,19 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     printf("  chat, facts from the host tier: \"%s\"\n", c.text);
     assert_string_equal(c.text, ref[0].s);
     expect_tiers(&c, 0, N_FACTS, 0);
-    /* 4. Many at once over a cache that holds two requests' facts, not
-     * three, and pins one's: copies, pins, refusals and evictions of
-     * several queued requests overlap. */
+    /* 4. Many queued at once over a cache that holds two requests' facts,
+     * not three, and pins one's: copies, pins, refusals and evictions of
+     * several queued requests overlap. The facts that find no room beside
+     * the pins at submit wait in the host tier for the pins the requests
+     * ahead give back; none is widened and passed with its values. */
     gpu_cache_pages(2 * (int64_t)most);
+#ifndef TIERS_CUDA
+    int64_t values0 = g_fake.injected_values;
+#endif
     test_coll par[N_PAR];
+    sched_hold_admission(s, true);
     for (int i = 0; i < N_PAR; i++) test_coll_submit(s, &rq[i % N_SETS], &par[i]);
+    sched_hold_admission(s, false);
     int64_t served = 0;
     for (int i = 0; i < N_PAR; i++) {
         test_coll_done(&par[i]);
@@ -412,6 +421,9 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
     assert_int_equal(st.facts_gpu + st.facts_host + st.facts_disk, (int64_t)(N_PAR + 3) * N_FACTS);
     assert_int_equal(st.facts_text, 0);
 #ifndef TIERS_CUDA
+    printf("  queued together: %lld facts passed with their values\n",
+           (long long)(g_fake.injected_values - values0));
+    assert_int_equal(g_fake.injected_values - values0, 0);
     /* 5. One after the other over a stand-in cache that holds only the
      * largest request's facts: the largest, after another, must evict
      * (whether the burst above evicted depends on how its requests
@@ -545,6 +557,119 @@ static void test_pins_after_recovery(void **state) {
     assert_int_equal(g_fake.pinned_tokens, 0);
 }
 
+/* Pins in queue order, one request behind another that waits: A (one fact)
+ * is pinned at submit; C (one fact) then finds no room beside it and waits
+ * in the host tier; B (a resident fact that fits beside A, and a fact that
+ * does not) comes behind C. B must not pin its resident fact at submit: it
+ * would hold that room while it waits for its other fact, so that once A
+ * has gone C still could not be pinned, and would be read and widened to
+ * f32. Sizes are chosen from the facts' tokens so that the stand-in
+ * cache's pins (half of it) hold C alone, or B alone, but not both. */
+static void test_pins_in_queue_order(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    enum { N_TEXTS = 6 };
+    static const char *const texts[N_TEXTS] = {
+        "Melanie plays the clarinet and started as a child.",
+        "Caroline moved from Sweden four years ago.",
+        "Melanie is learning to bake sourdough bread every weekend with her two kids and "
+        "her neighbour Anna, who taught her how to feed the starter.",
+        "Caroline has a guinea pig named Oscar.",
+        "John works as a nurse in Lisbon.",
+        "Melanie ran a charity race.",
+    };
+    engine *e = test_engine_create(g_model, test_engine_params(1024, N_PAR + 2, 0));
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/mem_order", g_dir);
+    memory_params mp = memory_default_params();
+    memory *mem = NULL;
+    assert_int_equal(memory_open(dir, &mp, &mem, NULL), IS_OK);
+    ask_ctx *ac = NULL;
+    assert_int_equal(ask_ctx_create(e, memory_record_store(mem), KV_DTYPE_F16, &ac), IS_OK);
+    char rids[N_TEXTS][RECORD_STORE_ID_MAX + 1];
+    test_add_with_records(mem, ac, texts, N_TEXTS, NULL, rids);
+    const char *q = "What do they do?";
+    /* Each fact's tokens, to build the requests from. */
+    int32_t len[N_TEXTS];
+    int order[N_TEXTS];
+    for (int i = 0; i < N_TEXTS; i++) {
+        const char *id = rids[i];
+        ask_request ar = test_ask_greedy(ASK_MODE_KV, q, &id, &texts[i], 1, 1);
+        static test_text t;
+        memset(&t, 0, sizeof t);
+        ask_timing tm;
+        assert_int_equal(ask_run(ac, &ar, test_text_collect, &t, &tm), IS_OK);
+        len[i] = tm.n_memory_tokens;
+        order[i] = i;
+    }
+    for (int i = 1; i < N_TEXTS; i++) /* shortest first */
+        for (int j = i; j > 0 && len[order[j]] < len[order[j - 1]]; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    int sh = order[0], s2 = order[1], s3 = order[2], c4 = order[N_TEXTS - 2];
+    int32_t pin_room = len[c4];
+    if (len[sh] + len[s3] > pin_room) pin_room = len[sh] + len[s3];
+    if (len[s2] + len[sh] > pin_room) pin_room = len[s2] + len[sh];
+    assert_true(len[s2] + len[c4] > pin_room);            /* C waits behind A */
+    assert_true(len[s2] + len[sh] + len[s3] > pin_room);  /* B's second fact does not fit */
+    assert_true(len[c4] + len[sh] > pin_room);            /* C and B's first do not fit */
+    const char *ta[1] = {texts[s2]}, *tb[2] = {texts[sh], texts[s3]}, *tc[1] = {texts[c4]};
+    const char *ia[1] = {rids[s2]}, *ib[2] = {rids[sh], rids[s3]}, *ic[1] = {rids[c4]};
+    const char *const *rt[3] = {ta, tb, tc}, *const *ri[3] = {ia, ib, ic};
+    int32_t nf[3] = {1, 2, 1};
+    static test_text ref[3];
+    for (int r = 0; r < 3; r++) {
+        memset(&ref[r], 0, sizeof ref[r]);
+        ask_request ar = test_ask_greedy(ASK_MODE_KV, q, ri[r], rt[r], nf[r], MAX_TOKENS);
+        ask_timing tm;
+        assert_int_equal(ask_run(ac, &ar, test_text_collect, &ref[r], &tm), IS_OK);
+    }
+    ask_ctx_free(ac);
+
+    gpu_cache_pages(2 * (int64_t)pin_room);
+    sched_params sp = sched_default_params();
+    sp.record_dtype = KV_DTYPE_F16;
+    sp.host_tier_bytes = (int64_t)64 << 20;
+    sched *s = NULL;
+    assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
+    chat_message msg[1] = {{"user", q}};
+    sched_fact fa[1] = {{ta[0], ia[0]}}, fb[2] = {{tb[0], ib[0]}, {tb[1], ib[1]}},
+               fc[1] = {{tc[0], ic[0]}};
+    sched_fact *fs[3] = {fa, fb, fc};
+    sched_request rq[3];
+    for (int r = 0; r < 3; r++) {
+        rq[r] = test_sched_greedy(msg, 1, ASK_MODE_KV, MAX_TOKENS);
+        rq[r].facts = fs[r];
+        rq[r].n_facts = nf[r];
+    }
+    test_coll c[3];
+    /* B's first fact resident, unpinned. */
+    sched_request b1 = rq[1];
+    b1.n_facts = 1;
+    test_coll_run(s, &b1, &c[1]);
+    int64_t values0 = g_fake.injected_values;
+    sched_hold_admission(s, true);
+    test_coll_submit(s, &rq[0], &c[0]); /* A: copied, pinned */
+    test_coll_submit(s, &rq[2], &c[2]); /* C: no room for its first fact */
+    test_coll_submit(s, &rq[1], &c[1]); /* B: one resident, one not, behind C */
+    sched_hold_admission(s, false);
+    for (int r = 0; r < 3; r++) {
+        test_coll_done(&c[r]);
+        assert_string_equal(c[r].text, ref[r].s);
+        assert_int_equal(c[r].usage.facts_text, 0);
+    }
+    printf("  queue order: %lld facts passed with their values\n",
+           (long long)(g_fake.injected_values - values0));
+    assert_int_equal(g_fake.injected_values - values0, 0);
+    sched_free(s);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+    assert_int_equal(g_fake.unpin_underflows, 0);
+    memory_close(mem);
+    engine_free(e);
+}
+
 typedef struct submitter {
     sched *s;
     const sched_request *rq;
@@ -649,6 +774,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_equals_ask_from_every_tier),
 #ifndef TIERS_CUDA
+        cmocka_unit_test(test_pins_in_queue_order),
         cmocka_unit_test(test_pins_after_recovery),
         cmocka_unit_test(test_free_racing_submit),
         cmocka_unit_test(test_facts_never_fit_beside_pins),
