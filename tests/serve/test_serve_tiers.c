@@ -466,17 +466,23 @@ static const char *const k_fx_texts[N_FACTS] = {
     "Melanie is learning to bake sourdough bread.",
 };
 
+#define FX_MAX_FACTS 4
+
 typedef struct tiers_fx {
     engine *e;
     memory *mem;
     sched *s;
-    char rids[N_FACTS][RECORD_STORE_ID_MAX + 1];
-    sched_fact facts[N_FACTS];
+    char rids[FX_MAX_FACTS][RECORD_STORE_ID_MAX + 1];
+    sched_fact facts[FX_MAX_FACTS];
     chat_message msg[1];
-    sched_request rq; /* a kv chat over the N_FACTS facts */
+    sched_request rq; /* a kv chat over all the facts */
 } tiers_fx;
 
-static void fx_open(tiers_fx *x, const char *name, int32_t max_running) {
+/* A scheduler over the stand-in (empty, room for everything) and a memory
+ * holding texts[0..n) with their records. */
+static void fx_open_texts(tiers_fx *x, const char *name, int32_t max_running,
+                          const char *const *texts, int n) {
+    assert_true(n <= FX_MAX_FACTS);
     memset(x, 0, sizeof *x);
     x->e = test_engine_create(g_model, test_engine_params(1024, N_PAR + 2, 0));
     char dir[400];
@@ -485,7 +491,7 @@ static void fx_open(tiers_fx *x, const char *name, int32_t max_running) {
     assert_int_equal(memory_open(dir, &mp, &x->mem, NULL), IS_OK);
     ask_ctx *ac = NULL;
     assert_int_equal(ask_ctx_create(x->e, memory_record_store(x->mem), KV_DTYPE_F16, &ac), IS_OK);
-    test_add_with_records(x->mem, ac, k_fx_texts, N_FACTS, NULL, x->rids);
+    test_add_with_records(x->mem, ac, texts, n, NULL, x->rids);
     ask_ctx_free(ac);
     gpu_cache_pages(4096); /* empty, and room for everything */
     sched_params sp = sched_default_params();
@@ -493,11 +499,15 @@ static void fx_open(tiers_fx *x, const char *name, int32_t max_running) {
     sp.host_tier_bytes = (int64_t)64 << 20;
     if (max_running > 0) sp.max_running = max_running;
     assert_int_equal(sched_create(x->e, x->mem, &sp, &x->s), IS_OK);
-    for (int i = 0; i < N_FACTS; i++) x->facts[i] = (sched_fact){k_fx_texts[i], x->rids[i]};
+    for (int i = 0; i < n; i++) x->facts[i] = (sched_fact){texts[i], x->rids[i]};
     x->msg[0] = (chat_message){"user", "What does Melanie play, and where is Caroline from?"};
     x->rq = test_sched_greedy(x->msg, 1, ASK_MODE_KV, MAX_TOKENS);
     x->rq.facts = x->facts;
-    x->rq.n_facts = N_FACTS;
+    x->rq.n_facts = n;
+}
+
+static void fx_open(tiers_fx *x, const char *name, int32_t max_running) {
+    fx_open_texts(x, name, max_running, k_fx_texts, N_FACTS);
 }
 
 static void fx_close(tiers_fx *x) {
@@ -762,6 +772,224 @@ static void test_facts_never_fit_beside_pins(void **state) {
     assert_int_equal(g_fake.injected_unpinned - unpinned0, 0);
     assert_int_equal(g_fake.pinned_tokens, 0);
 }
+
+/* One long fact and three short ones, for requests of one or two facts
+ * whose pins fit beside each other or not by their lengths. */
+static const char *const k_len_texts[FX_MAX_FACTS] = {
+    "Caroline's grandmother, who lived in a small fishing village in Sweden, taught her to knit.",
+    "John works as a nurse in Lisbon.",
+    "John adopted a dog called Max.",
+    "Melanie ran a charity race last Saturday.",
+};
+
+typedef struct len_fx {
+    tiers_fx x;
+    sched_request one[FX_MAX_FACTS]; /* a request over fact i alone */
+    sched_request two;               /* over facts 2 and 3 */
+    char ref_one[FX_MAX_FACTS][sizeof((test_coll *)0)->text], ref_two[sizeof((test_coll *)0)->text];
+    int32_t len[FX_MAX_FACTS]; /* each fact's record tokens */
+} len_fx;
+
+/* The requests run once each, alone: their texts, their facts' lengths. */
+static void len_fx_open(len_fx *f, const char *name, int32_t max_running) {
+    fx_open_texts(&f->x, name, max_running, k_len_texts, FX_MAX_FACTS);
+    test_coll c;
+    for (int i = 0; i < FX_MAX_FACTS; i++) {
+        f->one[i] = f->x.rq;
+        f->one[i].facts = f->x.facts + i;
+        f->one[i].n_facts = 1;
+        test_coll_run(f->x.s, &f->one[i], &c);
+        snprintf(f->ref_one[i], sizeof f->ref_one[i], "%s", c.text);
+        f->len[i] = c.usage.injected_tokens;
+    }
+    f->two = f->x.rq;
+    f->two.facts = f->x.facts + 2;
+    f->two.n_facts = 2;
+    test_coll_run(f->x.s, &f->two, &c);
+    snprintf(f->ref_two, sizeof f->ref_two, "%s", c.text);
+    printf("  fact lengths: %d %d %d %d\n", (int)f->len[0], (int)f->len[1], (int)f->len[2],
+           (int)f->len[3]);
+}
+
+static int32_t imax(int32_t a, int32_t b) { return a > b ? a : b; }
+static int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
+
+/* Two requests queued behind a third whose pins leave no room for either
+ * get theirs once its injection gave them back, before the next
+ * admission, and are admitted together (one injection), none passing its
+ * facts with their values. */
+static void test_waiting_facts_pinned_before_admission(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    len_fx f;
+    len_fx_open(&f, "mem_pin_queued", 0);
+    /* A (the long fact) pinned at submit; B and C (the short facts 2, 3)
+     * find no room beside it, and fit together once it is gone. */
+    const int32_t a = f.len[0], b = f.len[2], c = f.len[3];
+    const int32_t room = imax(a, b + c);
+    assert_true(room < a + imin(b, c));
+    fake_pin_room(room);
+    int64_t values0 = g_fake.injected_values;
+    sched_stats st0;
+    sched_get_stats(f.x.s, &st0);
+    test_coll q[3];
+    sched_hold_admission(f.x.s, true);
+    test_coll_submit(f.x.s, &f.one[0], &q[0]);
+    test_coll_submit(f.x.s, &f.one[2], &q[1]);
+    test_coll_submit(f.x.s, &f.one[3], &q[2]);
+    sched_hold_admission(f.x.s, false);
+    const char *ref[3] = {f.ref_one[0], f.ref_one[2], f.ref_one[3]};
+    for (int i = 0; i < 3; i++) {
+        test_coll_done(&q[i]);
+        assert_string_equal(q[i].text, ref[i]);
+    }
+    sched_stats st;
+    sched_get_stats(f.x.s, &st);
+    printf("  %lld injections for 3 requests, %lld facts passed with their values\n",
+           (long long)(st.inject_calls - st0.inject_calls),
+           (long long)(g_fake.injected_values - values0));
+    assert_int_equal(g_fake.injected_values - values0, 0);
+    assert_int_equal(st.inject_calls - st0.inject_calls, 2);
+    fx_close(&f.x);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+}
+
+/* The oldest request waiting for room beside the pins gets the pins that
+ * a younger one holds of only some of its facts (taken at submit): H (the
+ * long fact) finds no room beside A's pin and B's partial pins, and would
+ * find none after A's injection either while B kept them. Nothing passes
+ * its facts with their values. */
+static void test_oldest_waiting_gets_partial_pins(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    len_fx f;
+    len_fx_open(&f, "mem_pin_steal", 0);
+    const int32_t a = f.len[1], h = f.len[0], b1 = f.len[2], b2 = f.len[3];
+    /* A pinned at submit, H not beside it, one of B's two beside A but not
+     * both; once A's pin is back H fits only without B's, and B after H. */
+    const int32_t room = imax(h, imax(a + imin(b1, b2), b1 + b2));
+    assert_true(room < imin(a + h, imin(a + b1 + b2, h + imin(b1, b2))));
+    fake_pin_room(room);
+    int64_t values0 = g_fake.injected_values;
+    test_coll q[3];
+    sched_hold_admission(f.x.s, true);
+    test_coll_submit(f.x.s, &f.one[1], &q[0]);
+    test_coll_submit(f.x.s, &f.one[0], &q[1]);
+    test_coll_submit(f.x.s, &f.two, &q[2]);
+    pthread_mutex_lock(&g_fake.mu);
+    int64_t pinned = g_fake.pinned_tokens;
+    pthread_mutex_unlock(&g_fake.mu);
+    assert_true(pinned > a && pinned < a + b1 + b2); /* A's, and some of B's */
+    sched_hold_admission(f.x.s, false);
+    const char *ref[3] = {f.ref_one[1], f.ref_one[0], f.ref_two};
+    for (int i = 0; i < 3; i++) {
+        test_coll_done(&q[i]);
+        assert_string_equal(q[i].text, ref[i]);
+    }
+    printf("  %lld facts passed with their values\n",
+           (long long)(g_fake.injected_values - values0));
+    assert_int_equal(g_fake.injected_values - values0, 0);
+    fx_close(&f.x);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+}
+
+static int64_t fake_pinned(void) {
+    pthread_mutex_lock(&g_fake.mu);
+    int64_t n = g_fake.pinned_tokens;
+    pthread_mutex_unlock(&g_fake.mu);
+    return n;
+}
+
+/* Waits (polling) until the stand-in holds `want` pinned tokens. */
+static void wait_pinned(int64_t want) {
+    for (int i = 0; i < 10000 && fake_pinned() != want; i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(fake_pinned(), want);
+}
+
+/* One request at a time: A (the long fact) runs, pinned at submit and
+ * unpinned by its injection; B and C queued behind it find no room beside
+ * A's pin at submit and are pinned while they still wait (no slot). The
+ * returned A is still running. */
+static void start_pinned_waiters(len_fx *f, sched_request *a_rq, test_coll *a, test_coll *b,
+                                 test_coll *c) {
+    const int32_t la = f->len[0], lb = f->len[2], lc = f->len[3];
+    const int32_t room = imax(la, lb + lc);
+    assert_true(room < la + imin(lb, lc));
+    fake_pin_room(room);
+    *a_rq = f->one[0];
+    a_rq->max_tokens = 200; /* runs while the others are pinned and cancelled */
+    sched_hold_admission(f->x.s, true);
+    test_coll_submit(f->x.s, a_rq, a);
+    test_coll_submit(f->x.s, &f->one[2], b);
+    test_coll_submit(f->x.s, &f->one[3], c);
+    assert_int_equal(fake_pinned(), la);
+    sched_hold_admission(f->x.s, false);
+    wait_pinned(lb + lc);
+}
+
+/* Requests cancelled while they wait, holding pins they got in the queue,
+ * give them back at once. */
+static void test_cancel_pinned_waiting(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    len_fx f;
+    len_fx_open(&f, "mem_pin_cancel", 1);
+    int64_t under0 = g_fake.unpin_underflows;
+    sched_request a_rq;
+    test_coll a, b, c;
+    start_pinned_waiters(&f, &a_rq, &a, &b, &c);
+    sched_cancel(b.h);
+    sched_cancel(c.h);
+    test_coll_done(&b);
+    test_coll_done(&c);
+    assert_int_equal(b.finish, IS_FINISH_ABORT);
+    assert_int_equal(c.finish, IS_FINISH_ABORT);
+    pthread_mutex_lock(&a.mu);
+    bool a_running = a.n_terminal == 0;
+    pthread_mutex_unlock(&a.mu);
+    assert_int_equal(fake_pinned(), 0);
+    sched_cancel(a.h);
+    test_coll_done(&a);
+    assert_true(a_running); /* the pins went back with the cancels, not with A */
+    fx_close(&f.x);
+    assert_int_equal(g_fake.unpin_underflows - under0, 0);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+}
+
+/* Pins taken in the queue and dropped by a recovery (A's step meets the
+ * fault) are taken again, not trusted nor given back: B and C inject
+ * without values only what is pinned, and no unpin drops another's. */
+static void test_recovery_drops_waiting_pins(void **state) {
+    (void)state;
+    if (!g_model) TEST_SKIP(TEST_NEEDS_MODEL);
+    len_fx f;
+    len_fx_open(&f, "mem_pin_recover", 1);
+    int64_t under0 = g_fake.unpin_underflows, unpinned0 = g_fake.injected_unpinned,
+            missing0 = g_fake.injected_missing, values0 = g_fake.injected_values;
+    sched_request a_rq;
+    test_coll a, b, c;
+    start_pinned_waiters(&f, &a_rq, &a, &b, &c);
+    backend_fault_arm(g_be, 1, false);
+    test_coll_wait(&a);
+    assert_int_equal(a.kind, SCHED_EV_ERROR); /* the fault was A's */
+    sched_release(a.h);
+    test_coll_done(&b);
+    test_coll_done(&c);
+    assert_string_equal(b.text, f.ref_one[2]);
+    assert_string_equal(c.text, f.ref_one[3]);
+    sched_health hl;
+    sched_get_health(f.x.s, &hl);
+    assert_int_equal(hl.recoveries, 1);
+    fx_close(&f.x);
+    assert_int_equal(g_fake.unpin_underflows - under0, 0);
+    assert_int_equal(g_fake.injected_unpinned - unpinned0, 0);
+    assert_int_equal(g_fake.injected_missing - missing0, 0);
+    assert_int_equal(g_fake.injected_values - values0, 0);
+    assert_int_equal(g_fake.pinned_tokens, 0);
+}
 #endif
 
 int main(void) {
@@ -778,6 +1006,10 @@ int main(void) {
         cmocka_unit_test(test_pins_after_recovery),
         cmocka_unit_test(test_free_racing_submit),
         cmocka_unit_test(test_facts_never_fit_beside_pins),
+        cmocka_unit_test(test_waiting_facts_pinned_before_admission),
+        cmocka_unit_test(test_oldest_waiting_gets_partial_pins),
+        cmocka_unit_test(test_cancel_pinned_waiting),
+        cmocka_unit_test(test_recovery_drops_waiting_pins),
 #endif
     };
     return test_run_group(tests, setup, teardown);
