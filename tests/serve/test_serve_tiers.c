@@ -458,6 +458,10 @@ static void test_chat_equals_ask_from_every_tier(void **state) {
 }
 
 #ifndef TIERS_CUDA
+/* The stand-in emptied, with room for `pins` pinned tokens (half its
+ * pages; nothing may run). */
+static void fake_pin_room(int64_t pins) { gpu_cache_pages(2 * pins); }
+
 /* ---- exits and failures of the tiered path, over the stand-in ------------------------- */
 
 static const char *const k_fx_texts[N_FACTS] = {
@@ -754,7 +758,7 @@ static void test_facts_never_fit_beside_pins(void **state) {
     test_coll_run(x.s, &x.rq, &c);
     char ref[sizeof c.text];
     snprintf(ref, sizeof ref, "%s", c.text);
-    gpu_cache_pages(c.usage.injected_tokens); /* pins: half of one request's facts */
+    fake_pin_room(c.usage.injected_tokens / 2); /* half of one request's facts */
     int64_t under0 = g_fake.unpin_underflows, unpinned0 = g_fake.injected_unpinned;
     enum { N = 4 };
     test_coll q[N];
