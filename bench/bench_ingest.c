@@ -24,6 +24,9 @@
 #include "core/threads.h"
 #include "memory/locomo.h"
 #include "serve/ask.h"
+#ifdef IS_HAVE_CUDA
+#include "backend_cuda.h"
+#endif
 #include "bench_util.h"
 
 #include <errno.h>
@@ -73,6 +76,8 @@ static void usage(FILE *f) {
             "  -t, --threads N      CPU threads (default: all cores)\n"
             "      --kv-mem MIB     KV cache pool (default 2048)\n"
             "      --dir DIR        where the record stores go (default: a temporary directory)\n"
+            "  -p, --profile        after the table, one encoding of the last batch size with the\n"
+            "                       CUDA backend's op profiler on: GPU ms per kind of op\n"
             "  -h, --help           this help\n");
 }
 
@@ -106,6 +111,82 @@ static bool parse_int(const char *s, const char *what, long lo, long hi, int32_t
     return true;
 }
 
+/* Encodes facts[0..n) B at a time into a fresh record store under dir
+ * (removed after), as the server's encoder does; false with the error
+ * printed if any fact was not encoded. */
+static bool encode_all(engine *e, const char *dir, kv_dtype dtype, const ask_fact *facts,
+                       const int32_t *win, int32_t n, int32_t B, int32_t step_tokens,
+                       ask_encode_stats *out) {
+    record_store *rs = NULL;
+    ask_ctx *a = NULL;
+    if (record_store_open(dir, 64 << 20, &rs) != IS_OK ||
+        ask_ctx_create(e, rs, dtype, &a) != IS_OK) {
+        fprintf(stderr, "error: %s\n", is_error_last());
+        record_store_close(rs);
+        return false;
+    }
+    is_status *st = calloc((size_t)B, sizeof *st);
+    bool *did = calloc((size_t)B, sizeof *did);
+    bool ok = st && did;
+    for (int32_t i = 0; i < n && ok; i += B) {
+        int32_t nb = n - i < B ? n - i : B;
+        /* One forward for the B facts unless step_tokens limits a forward. */
+        ok = ask_encode_facts(a, facts + i, win + i, nb, step_tokens, st, did) == IS_OK;
+    }
+    *out = ask_ctx_encode_stats(a);
+    free(st);
+    free(did);
+    ask_ctx_free(a);
+    record_store_close(rs);
+    if (!ok || out->n_facts != n) {
+        fprintf(stderr, "error: batch %d encoded %lld of %d facts: %s\n", (int)B,
+                (long long)out->n_facts, (int)n, is_error_last());
+        return false;
+    }
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return true;
+}
+
+#ifdef IS_HAVE_CUDA
+/* -p: the last batch size's encoding once more (warm) with the op profiler
+ * on, live (as it runs) and held (the GPU alone: its ops queued behind a
+ * spin, so span - busy is no longer the host's pace): where a forward's
+ * GPU time goes, beside bench_gpu -p's prompt forward of as many tokens. */
+static bool profile_encoding(engine *e, backend *be, const char *root, kv_dtype dtype,
+                             const ask_fact *facts, const int32_t *win, int32_t n, int32_t B,
+                             int32_t step_tokens) {
+    printf("\n### Op profile: GPU ms per kind of op, one encoding of %d facts, %d a call\n\n",
+           (int)n, (int)B);
+    printf("| run | wall | GPU span | GPU busy | ops | forwards | tokens |");
+    for (int o = 0; o < CUDA_OP_N; o++) printf(" %s |", cuda_op_kind_name((cuda_op_kind)o));
+    printf("\n|---|---:|---:|---:|---:|---:|---:|");
+    for (int o = 0; o < CUDA_OP_N; o++) printf("---:|");
+    printf("\n");
+    for (int held = 0; held < 2; held++) {
+        char d[512];
+        snprintf(d, sizeof d, "%s/profile-%d", root, held);
+        ask_encode_stats es;
+        cuda_op_profile pr;
+        if (backend_cuda_profile_begin(be, held ? 300.0 : 0.0) != IS_OK ||
+            !encode_all(e, d, dtype, facts, win, n, B, step_tokens, &es) ||
+            backend_cuda_profile_end(be, &pr) != IS_OK) {
+            fprintf(stderr, "error: profile: %s\n", is_error_last());
+            return false;
+        }
+        int64_t n_ops = 0;
+        for (int o = 0; o < CUDA_OP_N; o++) n_ops += pr.count[o];
+        printf("| %s | %.2f | %.2f | %.2f | %lld | %lld | %lld |", held ? "GPU alone" : "live",
+               pr.wall_ms, pr.span_ms, pr.busy_ms, (long long)n_ops, (long long)es.n_forwards,
+               (long long)es.n_tokens);
+        for (int o = 0; o < CUDA_OP_N; o++) printf(" %.3f |", pr.gpu_ms[o]);
+        printf("\n");
+        if (pr.dropped) printf("(%lld ops past the profiler's limit)\n", (long long)pr.dropped);
+    }
+    fflush(stdout);
+    return true;
+}
+#endif
+
 int main(int argc, char **argv) {
     const char *model_path = IS_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
     const char *locomo = IS_SOURCE_DIR "/../shared/data/locomo/26.json";
@@ -114,6 +195,7 @@ int main(int argc, char **argv) {
     int32_t batches[MAX_BATCHES] = {1, 8, 32, 64};
     int n_batches = 4;
     kv_dtype dtype = KV_DTYPE_F16;
+    bool profile = false;
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
         {"backend", required_argument, 0, 'B'},
@@ -127,11 +209,12 @@ int main(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},
         {"kv-mem", required_argument, 0, 'V'},
         {"dir", required_argument, 0, 'D'},
+        {"profile", no_argument, 0, 'p'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int ch;
-    while ((ch = getopt_long(argc, argv, "m:n:b:r:s:w:t:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "m:n:b:r:s:w:t:ph", longopts, NULL)) != -1) {
         bool ok = true;
         switch (ch) {
         case 'm': model_path = optarg; break;
@@ -145,6 +228,7 @@ int main(int argc, char **argv) {
         case 't': ok = parse_int(optarg, "--threads", 1, 1024, &threads); break;
         case 'V': ok = parse_int(optarg, "--kv-mem", 16, 1 << 20, &kv_mib); break;
         case 'D': dir_opt = optarg; break;
+        case 'p': profile = true; break;
         case 'd':
             if (strcmp(optarg, "f16") == 0) dtype = KV_DTYPE_F16;
             else if (strcmp(optarg, "bf16") == 0) dtype = KV_DTYPE_BF16;
@@ -228,37 +312,13 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps; r++) {
             char d[512];
             snprintf(d, sizeof d, "%s/b%d-r%d", root, (int)B, r);
-            record_store *rs = NULL;
-            ask_ctx *a = NULL;
-            if (record_store_open(d, 64 << 20, &rs) != IS_OK ||
-                ask_ctx_create(e, rs, dtype, &a) != IS_OK) {
-                record_store_close(rs);
-                goto fail;
-            }
-            is_status *st = calloc((size_t)B, sizeof *st);
-            bool *did = calloc((size_t)B, sizeof *did);
+            ask_encode_stats es;
             double t0 = bench_now_ms(), c0 = cpu_ms();
-            bool ok = true;
-            for (int32_t i = 0; i < n_facts && ok; i += B) {
-                int32_t nb = n_facts - i < B ? n_facts - i : B;
-                /* One forward for the B facts unless -s limits a forward's tokens. */
-                ok = ask_encode_facts(a, facts + i, win + i, nb, step_tokens, st, did) == IS_OK;
-            }
+            if (!encode_all(e, d, dtype, facts, win, n_facts, B, step_tokens, &es)) goto fail;
             wall[r] = bench_now_ms() - t0;
             cpu[r] = (cpu_ms() - c0) / n_facts;
-            ask_encode_stats es = ask_ctx_encode_stats(a);
             fwd[r] = es.forward_ms, cvt[r] = es.convert_ms, wr[r] = es.write_ms;
             tpf = es.n_forwards ? (double)es.n_tokens / es.n_forwards : 0;
-            free(st);
-            free(did);
-            ask_ctx_free(a);
-            record_store_close(rs);
-            if (!ok || es.n_facts != n_facts) {
-                fprintf(stderr, "error: batch %d encoded %lld of %d facts: %s\n", (int)B,
-                        (long long)es.n_facts, (int)n_facts, is_error_last());
-                goto fail;
-            }
-            nftw(d, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         }
         double w = bench_median(wall, reps), rate = n_facts / (w / 1e3);
         if (bi == 0) base = rate;
@@ -266,6 +326,18 @@ int main(int argc, char **argv) {
                bench_median(fwd, reps), bench_median(cvt, reps), bench_median(wr, reps), tpf,
                rate / base, bench_median(cpu, reps));
         fflush(stdout);
+    }
+    if (profile) {
+#ifdef IS_HAVE_CUDA
+        int32_t B = batches[n_batches - 1];
+        if (strcmp(be->ops->name, "cuda") != 0)
+            printf("\n(-p: the op profiler is the CUDA backend's)\n");
+        else if (!profile_encoding(e, be, root, dtype, facts, win, n_facts < B ? n_facts : B, B,
+                                   step_tokens))
+            goto fail;
+#else
+        printf("\n(-p: this build has no CUDA backend)\n");
+#endif
     }
     rc = 0;
     goto out;
