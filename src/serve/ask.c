@@ -38,6 +38,10 @@ struct ask_ctx {
     uint8_t *sections[2];
     size_t sections_bytes[2];
     int cur;
+    /* Where the engine is used (ask_ctx_create_beside), or NULL: here. */
+    ask_engine_runner runner;
+    void *runner_ud;
+    bool owns_prefix; /* prefix_seq is this context's own, closed with it */
 };
 
 static double now_ms(void) {
@@ -104,6 +108,7 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
     is_status st = a->logits ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = memory_prompt_create(m, NULL, &a->mp);
     if (st == IS_OK) st = engine_seq_open(e, &a->prefix_seq);
+    a->owns_prefix = st == IS_OK;
     if (st == IS_OK) {
         const int32_t *pre = memory_prompt_prefix(a->mp, &a->n_prefix);
         st = feed(a, a->prefix_seq, pre, a->n_prefix, NULL, NULL, NULL, NULL);
@@ -121,6 +126,35 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
     }
     *out = a;
     return IS_OK;
+}
+
+is_status ask_ctx_create_beside(ask_ctx *base, ask_engine_runner runner, void *user_data,
+                                ask_ctx **out) {
+    ask_ctx *a = calloc(1, sizeof *a);
+    if (!a) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    a->e = base->e;
+    a->store = base->store;
+    a->dtype = base->dtype;
+    a->prefix_seq = base->prefix_seq;
+    a->n_prefix = base->n_prefix;
+    a->runner = runner;
+    a->runner_ud = user_data;
+    const model *m = engine_model(a->e);
+    a->logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
+    is_status st = a->logits ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
+    if (st == IS_OK) st = memory_prompt_create(m, NULL, &a->mp);
+    if (st != IS_OK) {
+        ask_ctx_free(a);
+        return st;
+    }
+    *out = a;
+    return IS_OK;
+}
+
+/* fn(arg) where the engine may be used: through the context's runner, or
+ * here. */
+static is_status on_engine(ask_ctx *a, ask_engine_fn fn, void *arg) {
+    return a->runner ? a->runner(a->runner_ud, fn, arg) : fn(arg);
 }
 
 static void cap_release(ask_ctx *a) {
@@ -155,7 +189,7 @@ static is_status cap_reserve(ask_ctx *a, size_t bytes) {
 
 void ask_ctx_free(ask_ctx *a) {
     if (!a) return;
-    if (a->prefix_seq >= 0) engine_seq_close(a->e, a->prefix_seq);
+    if (a->owns_prefix) engine_seq_close(a->e, a->prefix_seq);
     memory_prompt_free(a->mp);
     free(a->logits);
     cap_release(a);
@@ -240,10 +274,13 @@ static is_status take_rows(ask_ctx *a, enc_item *it, const void *ck, const void 
 }
 
 /* One forward over the facts it[g[0..n)] (each in a sequence of its own,
- * forked from the serving prefix unless its window is < 0): the batch
- * holds every context first, then every fact, so the facts' rows are one
- * captured range. The rows are taken into each item's k and v. */
-static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_t n) {
+ * forked from the serving prefix unless its window is < 0), on the
+ * engine's thread: the batch holds every context first, then every fact,
+ * so the facts' rows are one captured range (a->cap_k, a->cap_v; each
+ * item's cap_off says where its rows start). *ms and *n_tokens: what it
+ * took. */
+static is_status encode_forward(ask_ctx *a, enc_item *it, const int32_t *g, int32_t n, double *ms,
+                                int32_t *n_tokens) {
     const model_config *c = &engine_model(a->e)->cfg;
     int32_t n_ctx = 0, n_fact = 0;
     for (int32_t j = 0; j < n; j++) {
@@ -259,7 +296,6 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
     int32_t *seqs = malloc((size_t)total * sizeof *seqs);
     is_status st =
         toks && seqs ? cap_reserve(a, cap_bytes) : is_error_set(IS_ERR_NOMEM, "out of memory");
-    const void *ck = a->cap_k, *cv = a->cap_v;
     int32_t at = 0, off = 0;
     for (int32_t j = 0; st == IS_OK && j < n; j++) {
         enc_item *e = &it[g[j]];
@@ -285,49 +321,96 @@ static is_status encode_group(ask_ctx *a, enc_item *it, const int32_t *g, int32_
         int32_t next;
         st = engine_decode_greedy(a->e, &b, &next);
     }
-    double t1 = now_ms();
-    if (st == IS_OK) {
-        /* Every fact's sections, one after another (each at a multiple of
-         * 64 bytes, as the conversions like it). */
-        fact_kv_meta meta;
-        fact_meta_for_model(engine_model(a->e), a->dtype, &meta);
-        size_t need = 0;
-        for (int32_t j = 0; j < n; j++) {
-            meta.n_tokens = it[g[j]].n_fact;
-            need += 2 * ((fact_kv_bytes(&meta) + 63) & ~(size_t)63);
-        }
-        int c = a->cur;
-        if (need > a->sections_bytes[c]) {
-            free(a->sections[c]);
-            a->sections[c] = aligned_alloc(64, need);
-            a->sections_bytes[c] = a->sections[c] ? need : 0;
-        }
-        if (!a->sections[c]) st = is_error_set(IS_ERR_NOMEM, "out of memory");
-        for (size_t at_b = 0, j = 0; st == IS_OK && j < (size_t)n; j++) {
-            meta.n_tokens = it[g[j]].n_fact;
-            size_t b = (fact_kv_bytes(&meta) + 63) & ~(size_t)63;
-            it[g[j]].k = a->sections[c] + at_b;
-            it[g[j]].v = a->sections[c] + at_b + b;
-            at_b += 2 * b;
-        }
-    }
-    if (st == IS_OK) {
-        /* Every fact's rows are megabytes (and fp8's are quantised here):
-         * the facts are cut out in parallel. */
-        int fail = 0;
-        threads_attach();
-#pragma omp parallel for schedule(dynamic) reduction(| : fail) if (n > 1)
-        for (int32_t j = 0; j < n; j++) fail |= take_rows(a, &it[g[j]], ck, cv, n_fact) != IS_OK;
-        if (fail) st = is_error_set(IS_ERR_NOMEM, "out of memory");
-    }
-    if (st == IS_OK) {
-        a->enc.forward_ms += t1 - t0;
-        a->enc.convert_ms += now_ms() - t1;
-        a->enc.n_forwards++;
-        a->enc.n_tokens += total;
-    }
     free(toks);
     free(seqs);
+    *ms = now_ms() - t0;
+    *n_tokens = total;
+    return st;
+}
+
+/* Cuts the facts it[g[0..n)]'s rows out of the last forward's capture into
+ * their record sections (any thread: no engine). */
+static is_status cut_rows(ask_ctx *a, enc_item *it, const int32_t *g, int32_t n) {
+    int32_t n_fact = 0;
+    for (int32_t j = 0; j < n; j++) n_fact += it[g[j]].n_fact;
+    double t1 = now_ms();
+    /* Every fact's sections, one after another (each at a multiple of 64
+     * bytes, as the conversions like it). */
+    fact_kv_meta meta;
+    fact_meta_for_model(engine_model(a->e), a->dtype, &meta);
+    size_t need = 0;
+    for (int32_t j = 0; j < n; j++) {
+        meta.n_tokens = it[g[j]].n_fact;
+        need += 2 * ((fact_kv_bytes(&meta) + 63) & ~(size_t)63);
+    }
+    int c = a->cur;
+    if (need > a->sections_bytes[c]) {
+        free(a->sections[c]);
+        a->sections[c] = aligned_alloc(64, need);
+        a->sections_bytes[c] = a->sections[c] ? need : 0;
+    }
+    if (!a->sections[c]) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    for (size_t at_b = 0, j = 0; j < (size_t)n; j++) {
+        meta.n_tokens = it[g[j]].n_fact;
+        size_t b = (fact_kv_bytes(&meta) + 63) & ~(size_t)63;
+        it[g[j]].k = a->sections[c] + at_b;
+        it[g[j]].v = a->sections[c] + at_b + b;
+        at_b += 2 * b;
+    }
+    /* Every fact's rows are megabytes (and fp8's are quantised here): the
+     * facts are cut out in parallel. */
+    int fail = 0;
+    const void *ck = a->cap_k, *cv = a->cap_v;
+    threads_attach();
+#pragma omp parallel for schedule(dynamic) reduction(| : fail) if (n > 1)
+    for (int32_t j = 0; j < n; j++) fail |= take_rows(a, &it[g[j]], ck, cv, n_fact) != IS_OK;
+    if (fail) return is_error_set(IS_ERR_NOMEM, "out of memory");
+    a->enc.convert_ms += now_ms() - t1;
+    return IS_OK;
+}
+
+/* The next group of an encoding, chosen and run on the engine's thread (it
+ * takes the engine's free sequences): as many facts of it[i..n) still to
+ * do as fit max_tokens (at least one) and the free sequences, at most
+ * limit, each forked from the serving prefix, one forward over them, their
+ * sequences closed again. Its members into g[0..*ng). */
+typedef struct group_job {
+    ask_ctx *a;
+    enc_item *it;
+    const int32_t *window;
+    int32_t i, n, limit, max_tokens;
+    int32_t *g;
+    int32_t ng;
+    double ms;
+    int32_t n_tokens;
+} group_job;
+
+static is_status group_forward(void *arg) {
+    group_job *q = arg;
+    ask_ctx *a = q->a;
+    enc_item *it = q->it;
+    int32_t ng = 0, tokens = 0;
+    for (int32_t j = q->i; j < q->n && ng < q->limit; j++) {
+        if (!it[j].todo) continue;
+        int32_t t = it[j].n_ctx + it[j].n_fact;
+        if (ng > 0 && tokens + t > q->max_tokens) break;
+        int32_t seq;
+        if (engine_seq_open(a->e, &seq) != IS_OK) break;
+        it[j].seq = seq;
+        q->g[ng++] = j;
+        tokens += t;
+    }
+    is_status st = ng > 0 ? IS_OK : is_error_set(IS_ERR_CONTEXT_FULL, "encode: no free sequence");
+    /* The serving prefix is shared from the cached sequence, not recomputed. */
+    for (int32_t j = 0; st == IS_OK && j < ng; j++)
+        if (q->window[q->g[j]] >= 0)
+            st = engine_seq_fork(a->e, it[q->g[j]].seq, a->prefix_seq, a->n_prefix);
+    if (st == IS_OK) st = encode_forward(a, it, q->g, ng, &q->ms, &q->n_tokens);
+    for (int32_t j = 0; j < ng; j++) {
+        engine_seq_close(a->e, it[q->g[j]].seq);
+        it[q->g[j]].seq = -1;
+    }
+    q->ng = ng;
     return st;
 }
 
@@ -493,27 +576,21 @@ is_status ask_encode_facts(ask_ctx *a, const ask_fact *f, const int32_t *window,
             i++;
             continue;
         }
-        int32_t ng = 0, tokens = 0;
-        for (int32_t j = i; j < n && ng < limit; j++) {
-            if (!it[j].todo) continue;
-            int32_t t = it[j].n_ctx + it[j].n_fact;
-            if (ng > 0 && tokens + t > max_tokens) break;
-            int32_t seq;
-            if (engine_seq_open(a->e, &seq) != IS_OK) break;
-            it[j].seq = seq;
-            g[ng++] = j;
-            tokens += t;
-        }
-        is_status st =
-            ng > 0 ? IS_OK : is_error_set(IS_ERR_CONTEXT_FULL, "encode: no free sequence");
-        /* The serving prefix is shared from the cached sequence, not recomputed. */
-        for (int32_t j = 0; st == IS_OK && j < ng; j++)
-            if (window[g[j]] >= 0)
-                st = engine_seq_fork(a->e, it[g[j]].seq, a->prefix_seq, a->n_prefix);
-        if (st == IS_OK) st = encode_group(a, it, g, ng);
-        for (int32_t j = 0; j < ng; j++) {
-            engine_seq_close(a->e, it[g[j]].seq);
-            it[g[j]].seq = -1;
+        group_job q = {.a = a,
+                       .it = it,
+                       .window = window,
+                       .i = i,
+                       .n = n,
+                       .limit = limit,
+                       .max_tokens = max_tokens,
+                       .g = g};
+        is_status st = on_engine(a, group_forward, &q);
+        int32_t ng = q.ng;
+        if (st == IS_OK) st = cut_rows(a, it, g, ng);
+        if (st == IS_OK) {
+            a->enc.forward_ms += q.ms;
+            a->enc.n_forwards++;
+            a->enc.n_tokens += q.n_tokens;
         }
         if (st == IS_ERR_CONTEXT_FULL && ng > 1) {
             limit = ng / 2;

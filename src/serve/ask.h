@@ -34,6 +34,21 @@ typedef struct ask_ctx ask_ctx;
  * model or dtype then count as missing (record_store_set_model). Prefills
  * the serving prefix once. */
 is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out);
+
+/* Runs fn(arg) on the thread that owns the engine and returns its status,
+ * with its error message set on the calling thread. */
+typedef is_status (*ask_engine_fn)(void *arg);
+typedef is_status (*ask_engine_runner)(void *user_data, ask_engine_fn fn, void *arg);
+
+/* A context for encodings (ask_encode_facts) on a thread other than the
+ * engine's: base's engine, record store, dtype and serving prefix (base
+ * must outlive it), and buffers of its own; every use of the engine goes
+ * through runner(user_data, ...), so the facts' tokenisation, record reads
+ * and writes stay on the calling thread and only the forwards take the
+ * engine's. Nothing else of base's may run at once on another thread
+ * except through the same engine thread. */
+is_status ask_ctx_create_beside(ask_ctx *base, ask_engine_runner runner, void *user_data,
+                                ask_ctx **out);
 void ask_ctx_free(ask_ctx *a);
 
 const memory_prompt *ask_ctx_prompt(const ask_ctx *a);

@@ -182,8 +182,24 @@ struct sched {
     sched_handle **rows;  /* owner of each logits row */
     float *logits;        /* [max_running][n_vocab] */
     int32_t *greedy;      /* [max_running]: a step's choices when every row is greedy */
-    int64_t steps_waited; /* steps since an encode job could have run */
-    bool encode_starved;  /* a job waits for a sequence: hold admission */
+    int64_t steps_waited; /* steps since the encoder's forward could have run */
+    /* The encoder's forward found no free sequence while requests ran:
+     * admission holds back until one frees (written by the encoder). */
+    _Atomic bool encode_starved;
+
+    /* Encode jobs run on a thread of their own (enc_main): the rows read,
+     * the facts tokenised, the records written and the rows pointed to
+     * them there, so none of that holds a step; only each group's forward
+     * comes to the engine thread, as a call it runs between steps
+     * (run_call). */
+    pthread_t enc_thread;
+    bool enc_started;
+    pthread_cond_t enc_cv;    /* (s->mu) a job, a recovery or the stop */
+    ask_ctx *enc_ask;         /* the encoder's, beside s->ask */
+    struct engine_call *call; /* (s->mu) the encoder's forward, waiting for the engine thread */
+    pthread_cond_t call_cv;   /* (s->mu) a call done */
+    bool enc_busy;            /* encoder thread: a call of its batch ran while requests ran */
+    is_status enc_backend;    /* encoder thread: the backend failed in a call of its batch */
 
     /* Backend failures (s->mu): while failed, submits are refused and the
      * engine thread only tries to recover, every SCHED_RECOVER_EVERY_MS. */
@@ -435,6 +451,7 @@ static bool try_recover(sched *s) {
     if (st == IS_OK) {
         s->failed = false;
         s->n_recoveries++;
+        pthread_cond_signal(&s->enc_cv); /* encode jobs waited for it */
     } else {
         s->recover_at = now_ms() + SCHED_RECOVER_EVERY_MS;
     }
@@ -497,7 +514,7 @@ static is_status job_push(sched *s, sched_job *j, bool front) {
     }
     s->n_jobs++;
     s->st.encode_queued = s->n_jobs;
-    pthread_cond_signal(&s->cv);
+    pthread_cond_signal(&s->enc_cv);
     pthread_mutex_unlock(&s->mu);
     return IS_OK;
 }
@@ -510,6 +527,7 @@ static sched_job *job_pop(sched *s) {
         if (!s->j_head) s->j_tail = NULL;
         s->n_jobs--;
         s->st.encode_queued = s->n_jobs;
+        s->st.encode_running = 1;
     }
     pthread_mutex_unlock(&s->mu);
     return j;
@@ -531,13 +549,79 @@ static sched_job *job_new(job_kind kind, const char *tenant, const char *user, c
     return j;
 }
 
-/* Runs the next encode job. idle: no request is running, so a shortage of
- * sequences or blocks is final; otherwise the job goes back to the front
- * and admission holds back until it can run. */
-static void run_job(sched *s, bool idle) {
-    if (s->failed) return; /* written by this thread only: it waits for the recovery */
-    sched_job *j = job_pop(s);
+/* An encoder's use of the engine (ask_engine_runner), run on the engine
+ * thread by run_call. */
+typedef struct engine_call {
+    ask_engine_fn fn;
+    void *arg;
+    is_status st;
+    is_status backend; /* the engine's status after it */
+    bool busy;         /* requests were running when it ran */
+    bool done;
+    char msg[512];
+} engine_call;
+
+/* ask_engine_runner of the encoder's ask context, on the encoder thread:
+ * hands fn to the engine thread and waits for it. */
+static is_status run_on_engine(void *ud, ask_engine_fn fn, void *arg) {
+    sched *s = ud;
+    engine_call c = {.fn = fn, .arg = arg};
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return is_error_set(IS_ERR_CANCELLED, "scheduler: shutting down");
+    }
+    s->call = &c;
+    pthread_cond_signal(&s->cv);
+    while (!c.done) pthread_cond_wait(&s->call_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    s->enc_busy |= c.busy;
+    if (c.backend != IS_OK && s->enc_backend == IS_OK) s->enc_backend = c.backend;
+    return c.st == IS_OK ? IS_OK : is_error_set(c.st, "%s", c.msg);
+}
+
+/* Ends the call taken from s->call with st. */
+static void call_done(sched *s, engine_call *c, is_status st, const char *msg) {
+    c->st = st;
+    if (st != IS_OK) snprintf(c->msg, sizeof c->msg, "%s", msg);
+    pthread_mutex_lock(&s->mu);
+    c->done = true;
+    pthread_cond_broadcast(&s->call_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Runs the encoder's waiting call, if any (engine thread). A backend
+ * failure in it is handled here, as one in a step is. */
+static void run_call(sched *s) {
+    pthread_mutex_lock(&s->mu);
+    engine_call *c = s->call;
+    s->call = NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!c) return;
+    s->steps_waited = 0;
+    c->busy = s->n_run > 0;
+    is_status st = c->fn(c->arg);
+    c->backend = engine_status(s->e);
+    char msg[sizeof c->msg];
+    snprintf(msg, sizeof msg, "%s", st != IS_OK ? is_error_last() : "");
+    if (c->backend != IS_OK) backend_failed(s, c->backend);
+    call_done(s, c, st, msg);
+}
+
+/* Runs the next encode job (encoder thread). */
+static void run_job_taken(sched *s, sched_job *j);
+
+static void run_job(sched *s) {
+    sched_job *j = job_pop(s); /* counted running from here (job_pop) */
     if (!j) return;
+    run_job_taken(s, j);
+    pthread_mutex_lock(&s->mu);
+    s->st.encode_running = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The job j, then those that join its batch. */
+static void run_job_taken(sched *s, sched_job *j) {
     if (j->kind == JOB_MISSING) {
         memory_fact_ref *refs = NULL;
         int64_t n = 0;
@@ -553,16 +637,12 @@ static void run_job(sched *s, bool idle) {
             pthread_mutex_unlock(&s->mu);
         }
         job_free(j);
-        s->steps_waited = 0;
         return;
     }
-    /* The jobs behind it join its batch: one forward and one group commit
-     * for the facts waiting (serve/encoder.h), as many as the free
-     * sequences take, so a batch is about one forward and a request that
-     * comes meanwhile waits for no more. */
-    int32_t cap = s->max_running - s->n_run;
-    if (cap > ENCODER_MAX_FACTS) cap = ENCODER_MAX_FACTS;
-    if (cap < 1) cap = 1;
+    /* The jobs behind it join its batch: forwards of one step's tokens and
+     * one group commit each for the facts waiting (serve/encoder.h); the
+     * engine thread runs one forward between its steps, so a request that
+     * comes meanwhile waits for one forward at most. */
     sched_job *batch[ENCODER_MAX_FACTS];
     memory_fact_ref refs[ENCODER_MAX_FACTS];
     is_status sts[ENCODER_MAX_FACTS];
@@ -570,7 +650,7 @@ static void run_job(sched *s, bool idle) {
     int32_t nb = 0;
     batch[nb++] = j;
     pthread_mutex_lock(&s->mu);
-    while (nb < cap && s->j_head && s->j_head->kind == JOB_ONE) {
+    while (nb < ENCODER_MAX_FACTS && s->j_head && s->j_head->kind == JOB_ONE) {
         sched_job *h = s->j_head;
         s->j_head = h->next;
         if (!s->j_head) s->j_tail = NULL;
@@ -578,6 +658,7 @@ static void run_job(sched *s, bool idle) {
         batch[nb++] = h;
     }
     s->st.encode_queued = s->n_jobs;
+    s->st.encode_running = nb;
     pthread_mutex_unlock(&s->mu);
     for (int32_t i = 0; i < nb; i++) {
         memset(&refs[i], 0, sizeof refs[i]);
@@ -585,14 +666,17 @@ static void run_job(sched *s, bool idle) {
         refs[i].tenant = batch[i]->tenant;
         refs[i].user = batch[i]->user;
     }
+    s->enc_busy = false;
+    s->enc_backend = IS_OK;
     /* A forward of one step's tokens at most, as a step of requests is. */
-    encoder_params ep = {s->ask, s->p.step_tokens};
-    is_status st = encoder_run(s->mem, &ep, refs, nb, sts, did);
-    if (st != IS_OK && engine_status(s->e) != IS_OK) {
-        /* Not the facts' fault: they run again once the backend is back. A
-         * job the backend fails every time would run forever, so after a
-         * few it is dropped like any failed job (the fact stays, prefilled
-         * as text, and is encoded at the next start). */
+    encoder_params ep = {s->enc_ask, s->p.step_tokens};
+    encoder_run(s->mem, &ep, refs, nb, sts, did);
+    if (s->enc_backend != IS_OK) {
+        /* Not the facts' fault (the engine thread has failed the running
+         * requests): they run again once the backend is back. A job the
+         * backend fails every time would run forever, so after a few it
+         * is dropped like any failed job (the fact stays, prefilled as
+         * text, and is encoded at the next start). */
         for (int32_t i = nb - 1; i >= 0; i--) {
             if (sts[i] == IS_OK || sts[i] == IS_ERR_NOT_FOUND) {
                 if (sts[i] == IS_OK && did[i]) {
@@ -610,26 +694,38 @@ static void run_job(sched *s, bool idle) {
                 job_free(batch[i]);
             }
         }
-        backend_failed(s, engine_status(s->e));
         return;
     }
     bool starved = false;
     for (int32_t i = nb - 1; i >= 0; i--) {
-        if (sts[i] == IS_ERR_CONTEXT_FULL && !idle) {
-            /* No free sequence or blocks while requests run: wait for them. */
+        if (sts[i] == IS_ERR_CONTEXT_FULL && s->enc_busy) {
+            /* No free sequence or blocks while requests ran: wait for them. */
             starved = true;
-            job_push(s, batch[i], true);
+            job_push(s, batch[i], true); /* stopping: dropped */
             continue;
         }
         pthread_mutex_lock(&s->mu);
         if (sts[i] == IS_OK && did[i]) s->st.facts_encoded++;
-        else if (sts[i] != IS_OK && sts[i] != IS_ERR_NOT_FOUND)
-            s->st.encode_failures++; /* not found: deleted */
+        else if (sts[i] != IS_OK && sts[i] != IS_ERR_NOT_FOUND && sts[i] != IS_ERR_CANCELLED)
+            s->st.encode_failures++; /* not found: deleted; cancelled: stopping */
         pthread_mutex_unlock(&s->mu);
         job_free(batch[i]);
     }
     s->encode_starved = starved;
-    if (!starved) s->steps_waited = 0;
+}
+
+static void *enc_main(void *arg) {
+    sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        /* A failed backend: the jobs wait for the recovery. */
+        while (!s->stop && (!s->j_head || s->failed)) pthread_cond_wait(&s->enc_cv, &s->mu);
+        bool stop = s->stop;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        run_job(s);
+    }
+    return NULL;
 }
 
 /* ---- admission -------------------------------------------------------------------------- */
@@ -1431,7 +1527,10 @@ static void shutdown_all(sched *s) {
     s->j_head = s->j_tail = NULL;
     s->n_jobs = 0;
     s->st.encode_queued = 0;
+    engine_call *c = s->call;
+    s->call = NULL;
     pthread_mutex_unlock(&s->mu);
+    if (c) call_done(s, c, IS_ERR_CANCELLED, "scheduler: shutting down");
     while (q) {
         sched_handle *h = q;
         q = h->next;
@@ -1462,23 +1561,23 @@ static void *engine_main(void *arg) {
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         }
         bool failed = s->failed;
-        while (!s->stop && !failed && (!s->q_head || s->hold) && s->n_run == 0 && !s->j_head)
+        while (!s->stop && !failed && (!s->q_head || s->hold) && s->n_run == 0 && !s->call)
             pthread_cond_wait(&s->cv, &s->mu);
-        bool stop = s->stop, jobs = s->j_head != NULL, hold = s->hold;
+        bool stop = s->stop, call = s->call != NULL, hold = s->hold;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
         if (failed && !try_recover(s)) continue;
         reap_cancelled(s);
         if (!hold) admit(s);
         if (s->n_run == 0) {
-            if (jobs) run_job(s, true);
+            if (call) run_call(s);
             continue;
         }
         step(s);
-        if (jobs && s->mem) {
-            /* Requests keep coming: a job still gets a turn now and then. */
-            if (++s->steps_waited >= SCHED_ENCODE_EVERY || s->encode_starved)
-                run_job(s, s->n_run == 0);
+        if (call) {
+            /* Requests keep coming: the encoder's forward still gets a turn
+             * now and then. */
+            if (++s->steps_waited >= SCHED_ENCODE_EVERY || s->encode_starved) run_call(s);
         }
     }
     shutdown_all(s);
@@ -1530,6 +1629,8 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->submit_cv, NULL);
+    pthread_cond_init(&s->enc_cv, NULL);
+    pthread_cond_init(&s->call_cv, NULL);
     pthread_rwlock_init(&s->pin_lock, NULL);
     s->run = calloc((size_t)s->max_running, sizeof *s->run);
     s->rows = calloc((size_t)s->max_running, sizeof *s->rows);
@@ -1571,6 +1672,12 @@ is_status sched_create(engine *e, memory *mem, const sched_params *pp, sched **o
             st = is_error_set(IS_ERR_INTERNAL, "sched_create: cannot start the engine thread");
         else s->thread_started = true;
     }
+    if (st == IS_OK && mem) st = ask_ctx_create_beside(s->ask, run_on_engine, s, &s->enc_ask);
+    if (st == IS_OK && mem) {
+        if (pthread_create(&s->enc_thread, NULL, enc_main, s) != 0)
+            st = is_error_set(IS_ERR_INTERNAL, "sched_create: cannot start the encoder thread");
+        else s->enc_started = true;
+    }
     if (st != IS_OK) {
         sched_free(s);
         return st;
@@ -1585,12 +1692,15 @@ void sched_free(sched *s) {
         pthread_mutex_lock(&s->mu);
         s->stop = true;
         pthread_cond_broadcast(&s->cv);
+        pthread_cond_broadcast(&s->enc_cv);
         /* Submits inside are refused now; they give back what they took
          * (pins, host-tier views) through the tier, index and pool below. */
         while (s->n_submitting > 0) pthread_cond_wait(&s->submit_cv, &s->mu);
         pthread_mutex_unlock(&s->mu);
-        pthread_join(s->thread, NULL);
+        pthread_join(s->thread, NULL); /* it ends the encoder's waiting call */
     }
+    if (s->enc_started) pthread_join(s->enc_thread, NULL);
+    ask_ctx_free(s->enc_ask);
     ask_ctx_free(s->ask);
     fact_index_free(s->facts);
     io_pool_free(s->io);
@@ -1598,6 +1708,8 @@ void sched_free(sched *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->submit_cv);
+    pthread_cond_destroy(&s->enc_cv);
+    pthread_cond_destroy(&s->call_cv);
     pthread_rwlock_destroy(&s->pin_lock);
     free(s->run);
     free(s->rows);

@@ -282,9 +282,10 @@ bool sched_fact_kv_here(sched *s, const char *record);
 
 /* A snapshot for /metrics and /health. */
 typedef struct sched_stats {
-    int32_t queued;        /* requests waiting */
-    int32_t running;       /* requests in the batch */
-    int32_t encode_queued; /* encode jobs waiting */
+    int32_t queued;         /* requests waiting */
+    int32_t running;        /* requests in the batch */
+    int32_t encode_queued;  /* encode jobs waiting */
+    int32_t encode_running; /* encode jobs taken from the queue, not yet done */
     int32_t kv_blocks_used;
     int32_t kv_blocks_free;
     int32_t kv_blocks_reserved; /* free blocks promised to running requests (prompt +

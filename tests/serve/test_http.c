@@ -248,7 +248,7 @@ static double metric(const char *line) {
 static void wait_idle(void) {
     for (int i = 0; i < 600; i++) {
         if (health_sched("running") == 0 && health_sched("queued") == 0 &&
-            health_sched("encode_queued") == 0)
+            health_sched("encode_queued") == 0 && health_sched("encode_running") == 0)
             return;
         usleep(50 * 1000);
     }

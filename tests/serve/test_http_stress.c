@@ -220,7 +220,8 @@ static void wait_idle(int port) {
         const cJSON *s = cJSON_GetObjectItem(r.json, "scheduler");
         int busy = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "running")) +
                    (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "queued")) +
-                   (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "encode_queued"));
+                   (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "encode_queued")) +
+                   (int)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "encode_running"));
         bool idle = s && busy == 0;
         test_resp_free(&r);
         if (idle) return;

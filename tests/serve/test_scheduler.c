@@ -25,6 +25,7 @@
  *     event;
  *   - encode jobs: a fact stored without KV is encoded by sched_encode
  *     (also while requests run) and then injected; sched_encode_missing;
+ *     a request is answered while an encoding's record write is stalled;
  *   - shutdown with requests in flight: exactly one terminal event each.
  */
 #include <setjmp.h>
@@ -909,6 +910,79 @@ static void test_encode_jobs(void **state) {
     memory_close(mem);
 }
 
+/* The record writes of an encoding hold up no request: they run off the
+ * engine thread, so a request submitted while a write is stalled is
+ * answered before the write goes on. The stall is the record store's
+ * fault hook, entered at the first write and held until the request has
+ * been answered or 20 s have passed; a write that went on first fails the
+ * test (the request waited for it). */
+typedef struct stalled_write {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, release, went_on;
+} stalled_write;
+
+static bool stall_first_write(record_store_step step, void *ud) {
+    stalled_write *w = ud;
+    if (step != RECORD_STORE_STEP_WRITE) return true;
+    pthread_mutex_lock(&w->mu);
+    if (!w->entered) {
+        w->entered = true;
+        pthread_cond_broadcast(&w->cv);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 20;
+        while (!w->release)
+            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0) break;
+        w->went_on = true;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return true;
+}
+
+static void test_encode_writes_hold_no_request(void **state) {
+    SKIP_WITHOUT_MODEL();
+    engine *e = make_engine(1024, 4, 0);
+    memory *mem = open_memory();
+    stalled_write w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    record_store_set_fault_hook(memory_record_store(mem), stall_first_write, &w);
+    sched_params sp = sched_default_params();
+    sched *s;
+    assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
+    memory_add_req ar = {.tenant = "t",
+                         .user = "u",
+                         .text = "Jolene's favourite board game is Catan.",
+                         .window = MEMORY_WINDOW_DEFAULT};
+    char id[MEMORY_ID_SIZE];
+    assert_int_equal(memory_add(mem, &ar, id), IS_OK);
+    assert_int_equal(sched_encode(s, "t", "u", id), IS_OK);
+    pthread_mutex_lock(&w.mu);
+    while (!w.entered) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    /* The encoding's forward is done and its write stalled: a request now. */
+    chat_message m[] = {{"user", "Say hello."}};
+    sched_request r = test_sched_greedy(m, 1, ASK_MODE_OFF, 2);
+    test_coll c;
+    double t0 = now_s();
+    test_coll_run(s, &r, &c);
+    pthread_mutex_lock(&w.mu);
+    bool went_on = w.went_on;
+    w.release = true;
+    pthread_cond_broadcast(&w.cv);
+    pthread_mutex_unlock(&w.mu);
+    printf("  answered in %.3f s while the record write was stalled\n", now_s() - t0);
+    assert_false(went_on);
+    assert_int_equal(c.kind, SCHED_EV_DONE);
+    wait_encoded(s, 1);
+    mem_fact f;
+    assert_int_equal(memory_get(mem, "t", "u", id, &f), IS_OK);
+    assert_non_null(f.kv_record);
+    mem_fact_clear(&f);
+    sched_free(s);
+    engine_free(e);
+    memory_close(mem);
+}
+
 /* ---- shutdown --------------------------------------------------------------------------------- */
 
 static void test_shutdown_in_flight(void **state) {
@@ -1049,6 +1123,7 @@ int main(void) {
         TIMED(test_admission_bypass),
         TIMED(test_submit_errors),
         TIMED(test_encode_jobs),
+        TIMED(test_encode_writes_hold_no_request),
         TIMED(test_shutdown_in_flight),
     };
     /* SCHED_TEST=test_cancel (a cmocka filter): one test, e.g. under valgrind. */

@@ -250,6 +250,8 @@ char *metrics_render(metrics *m, const metrics_live *live, size_t *len) {
                   "gauge", (double)ss->last_batch_tokens);
             gauge(&b, "inferscale_encode_queue_depth", "Fact KV encodings waiting.", "gauge",
                   ss->encode_queued);
+            gauge(&b, "inferscale_encodes_running", "Fact KV encodings taken, not yet done.",
+                  "gauge", ss->encode_running);
             gauge(&b, "inferscale_kv_blocks_used", "KV cache blocks in use.", "gauge",
                   ss->kv_blocks_used);
             gauge(&b, "inferscale_kv_blocks_free", "KV cache blocks free.", "gauge",

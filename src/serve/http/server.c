@@ -240,6 +240,7 @@ static enum MHD_Result send_health(http_req *r) {
         cJSON_AddNumberToObject(j, "queued", ss.queued);
         cJSON_AddNumberToObject(j, "running", ss.running);
         cJSON_AddNumberToObject(j, "encode_queued", ss.encode_queued);
+        cJSON_AddNumberToObject(j, "encode_running", ss.encode_running);
         cJSON_AddNumberToObject(j, "kv_blocks_used", ss.kv_blocks_used);
         cJSON_AddNumberToObject(j, "kv_blocks_free", ss.kv_blocks_free);
         cJSON_AddNumberToObject(j, "kv_blocks_reserved", ss.kv_blocks_reserved);
