@@ -80,6 +80,7 @@
 #define MAX_LEVELS        16
 #define OPT_COLD_SESSIONS 0x1300 /* long options without a short one */
 #define OPT_RECOMPUTE     0x1301
+#define OPT_ADDS_DURING   0x1302
 #define MAX_RUNS          128
 #define MAX_CONVS         64
 #define ERR_LEN           200
@@ -132,6 +133,7 @@ typedef struct opts {
     bool warmup;
     int32_t ingest_clients; /* concurrent clients adding the users' facts */
     bool ingest_only;       /* measure the ingestion, run no chat */
+    double adds_during;     /* > 0: a client adds new facts at this rate during every run */
     bool cold_sessions;     /* restart the server without its KV records before each run */
 } opts;
 
@@ -414,6 +416,60 @@ static int64_t add_memories(int port, user *users, int32_t n_users, int32_t clie
         fprintf(stderr, "memory: %lld users already had their facts (reused --data)\n",
                 (long long)kept);
     return failed ? -1 : added;
+}
+
+/* --adds-during: one client adding facts at a steady rate while a run's
+ * chat clients run (the users' conversations' observations, 8 a request,
+ * each request under a new user of its own, so the measured users'
+ * memories do not change), so that the run measures serving beside
+ * ingestion. */
+typedef struct bg_adder {
+    pthread_t th;
+    int port;
+    const user *users;
+    int32_t n_users;
+    int32_t run;
+    double rate; /* facts/s */
+    atomic_bool stop;
+    int64_t added;
+    int32_t errors;
+} bg_adder;
+
+#define BG_ADD_FACTS 8
+
+static void *bg_add_main(void *arg) {
+    bg_adder *a = arg;
+    buf b = {0};
+    const double t0 = bench_now_ms();
+    for (int32_t i = 0; !atomic_load(&a->stop);) {
+        /* Request i is due once i * 8 facts have been added at the rate. */
+        double due = t0 + 1e3 * i * BG_ADD_FACTS / a->rate, now = bench_now_ms();
+        if (due > now) {
+            usleep((useconds_t)((due - now < 50 ? due - now : 50) * 1e3));
+            continue;
+        }
+        const locomo_conv *c = a->users[i % a->n_users].conv->c;
+        cJSON *o = cJSON_CreateObject();
+        cJSON *facts = cJSON_AddArrayToObject(o, "facts");
+        for (int32_t j = 0; j < BG_ADD_FACTS; j++)
+            cJSON_AddItemToArray(
+                facts, cJSON_CreateString(c->facts[(i * BG_ADD_FACTS + j) % c->n_facts].text));
+        char uid[48];
+        snprintf(uid, sizeof uid, "bg-%d-%d", (int)a->run, (int)i);
+        cJSON_AddStringToObject(o, "user_id", uid);
+        cJSON_AddBoolToObject(o, "infer", false);
+        char *body = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        b.len = 0;
+        long st = body ? http_do(NULL, a->port, "POST", "/v1/memories/", body, &b) : 0;
+        free(body);
+        i++;
+        if (st == 200) a->added += BG_ADD_FACTS;
+        else if (a->errors++ == 0)
+            fprintf(stderr, "error: background add: HTTP %ld: %.200s\n", st, b.p ? b.p : "");
+    }
+    free(b.p);
+    return NULL;
 }
 
 /* Waits until every user's facts report kv_ready. /metrics is polled
@@ -786,7 +842,8 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
                                            "inferscale_engine_steps_total",
                                            "inferscale_tokens_prefilled_total",
                                            "inferscale_inject_calls_total",
-                                           "inferscale_inject_requests_total"};
+                                           "inferscale_inject_requests_total",
+                                           "inferscale_facts_encoded_total"};
     enum { N_COUNTERS = sizeof counters / sizeof counters[0] };
     double c0[N_COUNTERS] = {0}, c1[N_COUNTERS] = {0};
     if (get_metrics(port, &mb))
@@ -801,6 +858,15 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
         fprintf(stderr, "error: could only start %d of %d client threads\n", started, clients);
         atomic_store(&r.next, n_requests); /* the ones started end at once */
     }
+    static int32_t n_runs_so_far;
+    bg_adder bg = {.port = port,
+                   .users = users,
+                   .n_users = o->users,
+                   .run = n_runs_so_far++,
+                   .rate = o->adds_during};
+    atomic_init(&bg.stop, false);
+    bool bg_started = o->adds_during > 0 && pthread_create(&bg.th, NULL, bg_add_main, &bg) == 0;
+    if (o->adds_during > 0 && !bg_started) fprintf(stderr, "error: no background adding client\n");
     pthread_mutex_lock(&r.mu);
     while (r.ready < started) pthread_cond_wait(&r.cv, &r.mu);
     r.deadline_ms = bench_now_ms() + o->time_limit_s * 1e3; /* published by the mutex */
@@ -810,6 +876,10 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double t0 = bench_now_ms();
     for (int32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
     double wall_s = (bench_now_ms() - t0) / 1e3;
+    if (bg_started) {
+        atomic_store(&bg.stop, true);
+        pthread_join(bg.th, NULL);
+    }
     pthread_mutex_destroy(&r.mu);
     pthread_cond_destroy(&r.cv);
 
@@ -820,6 +890,12 @@ static bool run_one(const opts *o, int port, const user *users, const double *zi
     double hit0 = c0[0], miss0 = c0[1], hit1 = c1[0], miss1 = c1[1];
     double steps = c1[2] - c0[2], prefilled = c1[3] - c0[3];
     double inj_calls = c1[4] - c0[4], inj_reqs = c1[5] - c0[5];
+    if (bg_started)
+        fprintf(stderr,
+                "adds during: k %d, %d clients: %lld facts added (%.1f/s, %d errors), %.0f "
+                "encoded (%.1f/s) while the run's requests ran\n",
+                (int)o->k, (int)clients, (long long)bg.added, bg.added / wall_s, bg.errors,
+                c1[6] - c0[6], (c1[6] - c0[6]) / wall_s);
     if (steps > 0)
         fprintf(stderr,
                 "engine: k %d, %d clients: %.0f steps, %.0f prompt tokens a step, %.2f steps a "
@@ -1035,6 +1111,10 @@ static void usage(FILE *f) {
         "      --ingest-clients N   concurrent clients adding the users' facts (default 1); the\n"
         "                           line 'ingestion:' gives facts/s stored and with KV encoded\n"
         "      --ingest-only        stop after the ingestion (no chat runs)\n"
+        "      --adds-during R      during every run one more client adds R new facts a second\n"
+        "                           (8 a request, under users of its own): serving beside\n"
+        "                           ingestion; the line 'adds during:' gives facts/s added and\n"
+        "                           encoded\n"
         "      --cold-sessions      before each run, restart the server without its KV records "
         "(the\n"
         "                           facts stay), so a user's first request of the run is the first "
@@ -1263,6 +1343,7 @@ int main(int argc, char **argv) {
         {"host-cache-gb", required_argument, 0, 'H'},
         {"ingest-clients", required_argument, 0, 'I'},
         {"ingest-only", no_argument, 0, 'Y'},
+        {"adds-during", required_argument, 0, OPT_ADDS_DURING},
         {"cuda-opt", required_argument, 0, 'Z'},
         {0, 0, 0, 0},
     };
@@ -1302,6 +1383,9 @@ int main(int argc, char **argv) {
         case 'W': o.warmup = false; break;
         case 'I': ok = parse_int(optarg, "--ingest-clients", 1, 1024, &o.ingest_clients); break;
         case 'Y': o.ingest_only = true; break;
+        case OPT_ADDS_DURING:
+            ok = parse_double(optarg, "--adds-during", 0.1, 1e6, &o.adds_during);
+            break;
         case OPT_COLD_SESSIONS: o.cold_sessions = true; break;
         case 'D': o.data_dir = optarg; break;
         case 'L': o.log_path = optarg; break;
