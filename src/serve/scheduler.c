@@ -668,8 +668,15 @@ static void run_job_taken(sched *s, sched_job *j) {
     }
     s->enc_busy = false;
     s->enc_backend = IS_OK;
-    /* A forward of one step's tokens at most, as a step of requests is. */
-    encoder_params ep = {s->enc_ask, s->p.step_tokens};
+    /* A forward of one step's tokens at most, as a step of requests is;
+     * while requests run, a shorter one, since each holds their next step
+     * for as long as it takes. */
+    pthread_mutex_lock(&s->mu);
+    bool serving = s->st.running > 0 || s->st.queued > 0;
+    pthread_mutex_unlock(&s->mu);
+    int32_t tokens = s->p.step_tokens;
+    if (serving && tokens > SCHED_ENCODE_BUSY_TOKENS) tokens = SCHED_ENCODE_BUSY_TOKENS;
+    encoder_params ep = {s->enc_ask, tokens};
     encoder_run(s->mem, &ep, refs, nb, sts, did);
     if (s->enc_backend != IS_OK) {
         /* Not the facts' fault (the engine thread has failed the running

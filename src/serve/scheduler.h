@@ -216,10 +216,11 @@ typedef struct sched_event {
 
 typedef void (*sched_event_fn)(const sched_event *ev, void *user_data);
 
-#define SCHED_ENCODE_EVERY     8    /* steps an encode job waits at most for an idle engine */
-#define SCHED_MAX_STOP         16   /* stop strings per request */
-#define SCHED_MAX_FACTS        1024 /* facts per request */
-#define SCHED_RECOVER_EVERY_MS 1000 /* between attempts to recover a failed backend */
+#define SCHED_ENCODE_EVERY       8    /* steps an encode job waits at most for an idle engine */
+#define SCHED_ENCODE_BUSY_TOKENS 512  /* most tokens of an encoding forward while requests run */
+#define SCHED_MAX_STOP           16   /* stop strings per request */
+#define SCHED_MAX_FACTS          1024 /* facts per request */
+#define SCHED_RECOVER_EVERY_MS   1000 /* between attempts to recover a failed backend */
 
 typedef struct sched_handle sched_handle;
 
