@@ -3,7 +3,8 @@
  * serving engine.
  *
  * A fact added through the API is stored at once (text, embedding) and
- * its KV encoded later on the engine thread, where the forward runs. One
+ * its KV encoded later: in the server on the scheduler's encoder thread,
+ * whose forwards run on the engine thread (ask_ctx_create_beside). One
  * fact a forward leaves the GPU idle between small products and pays a
  * durable write per record; so the facts waiting (from every concurrent
  * add request, and the many facts of one request) are taken together:

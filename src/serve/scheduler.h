@@ -24,8 +24,15 @@
  *   4. runs the batch, samples for every request whose prompt is complete,
  *      emits text (stop strings held back), finishes requests (EOG, length,
  *      stop string, context end) and frees their sequences at once;
- *   5. when no request is running, runs one queued encode job (also
- *      between steps once a job has waited SCHED_ENCODE_EVERY steps).
+ *   5. when no request is running, runs the encoder's waiting forward
+ *      (also between steps once it has waited SCHED_ENCODE_EVERY steps).
+ *
+ * Encode jobs run on a thread of their own, the encoder: it reads the
+ * facts' rows, tokenises them, writes their records and points the rows to
+ * them, and hands only each forward (serve/ask.h ask_ctx_create_beside) to
+ * the engine thread, so no record write or commit ever holds a step. While
+ * requests run or wait, its forwards take at most SCHED_ENCODE_BUSY_TOKENS
+ * tokens, since each holds the running requests' next step.
  *
  * Admission reserves: a running request may still need the blocks for
  * the rest of its prompt and max_tokens; a new one is admitted only if the
@@ -122,7 +129,8 @@ typedef struct sched_params {
 
 sched_params sched_default_params(void);
 
-/* Starts the engine thread. Borrows the engine (its max_seqs bounds
+/* Starts the engine thread (and, with a memory service, the encoder
+ * thread). Borrows the engine (its max_seqs bounds
  * max_running + 1: one sequence holds the serving prefix; max_running is
  * also capped at step_tokens and at 64, the most sequences one engine
  * batch may mix) and the memory service (records are read from and encode
@@ -261,10 +269,11 @@ void sched_cancel(sched_handle *h);
 void sched_release(sched_handle *h);
 
 /* Queues the KV encoding of a stored fact that has no record yet (HTTP
- * add returns before it). The engine thread runs it with
- * memory_encode_one() when no request is running, or between steps once
- * it has waited SCHED_ENCODE_EVERY steps, so a steady stream of requests does
- * not starve it. A fact deleted meanwhile is skipped; one updated is
+ * add returns before it). The encoder thread runs it, with the jobs queued
+ * behind it, through encoder_run; their forwards run on the engine thread
+ * when no request is running, or between steps once one has waited
+ * SCHED_ENCODE_EVERY steps, so a steady stream of requests does not starve
+ * it. A fact deleted meanwhile is skipped; one updated is
  * encoded in its new text. Never blocks. IS_ERR_INVALID_ARG (no memory
  * service, NULL or empty ids), IS_ERR_NOMEM, IS_ERR_CANCELLED (shutting
  * down). */
