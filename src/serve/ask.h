@@ -45,8 +45,8 @@ typedef is_status (*ask_engine_runner)(void *user_data, ask_engine_fn fn, void *
  * must outlive it), and buffers of its own; every use of the engine goes
  * through runner(user_data, ...), so the facts' tokenisation, record reads
  * and writes stay on the calling thread and only the forwards take the
- * engine's. Nothing else of base's may run at once on another thread
- * except through the same engine thread. */
+ * engine's. Each context is used by one thread at a time: base by the
+ * engine's, this one by its caller. */
 is_status ask_ctx_create_beside(ask_ctx *base, ask_engine_runner runner, void *user_data,
                                 ask_ctx **out);
 void ask_ctx_free(ask_ctx *a);
