@@ -983,6 +983,100 @@ static void test_encode_writes_hold_no_request(void **state) {
     memory_close(mem);
 }
 
+/* An encode job and a request's KV on demand on the same fact at once:
+ * they run on two threads now (the encoder's, the engine's), so both read
+ * the row before either wrote its record and both write the same record
+ * id. The job's write is stalled until the request, which encodes the fact
+ * itself, has been answered (its record written and named by the row),
+ * then fails (a full disk): the failed job must not delete the record the
+ * row now names. */
+typedef struct failing_write {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, release;
+} failing_write;
+
+static bool stall_then_fail_first_write(record_store_step step, void *ud) {
+    failing_write *w = ud;
+    if (step != RECORD_STORE_STEP_WRITE) return true;
+    pthread_mutex_lock(&w->mu);
+    bool first = !w->entered;
+    if (first) {
+        w->entered = true;
+        pthread_cond_broadcast(&w->cv);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 20;
+        while (!w->release)
+            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0) break;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return !first;
+}
+
+static void test_encode_job_beside_demand(void **state) {
+    SKIP_WITHOUT_MODEL();
+    engine *e = make_engine(1024, 4, 0);
+    memory *mem = open_memory();
+    record_store *rs = memory_record_store(mem);
+    failing_write w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    record_store_set_fault_hook(rs, stall_then_fail_first_write, &w);
+    sched_params sp = sched_default_params();
+    sched *s;
+    assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
+    const char *text = "Jolene's favourite board game is Catan.";
+    memory_add_req ar = {.tenant = "t", .user = "u", .text = text, .window = MEMORY_WINDOW_DEFAULT};
+    char id[MEMORY_ID_SIZE];
+    assert_int_equal(memory_add(mem, &ar, id), IS_OK);
+    assert_int_equal(sched_encode(s, "t", "u", id), IS_OK);
+    pthread_mutex_lock(&w.mu);
+    while (!w.entered) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    /* The job read the row and its write is stalled: a kv request with the
+     * fact's row encodes it on demand. */
+    chat_message m[] = {{"user", "What is Jolene's favourite board game?"}};
+    sched_fact sf = {text, NULL};
+    memory_fact_ref row = {.tenant = "t", .user = "u"};
+    snprintf(row.id, sizeof row.id, "%s", id);
+    sched_request r = test_sched_greedy(m, 1, ASK_MODE_KV, 2);
+    r.facts = &sf;
+    r.n_facts = 1;
+    r.fact_rows = &row;
+    test_coll c;
+    test_coll_run(s, &r, &c);
+    assert_int_equal(c.usage.facts_encoded, 1);
+    mem_fact f;
+    assert_int_equal(memory_get(mem, "t", "u", id, &f), IS_OK);
+    assert_non_null(f.kv_record);
+    char rid[RECORD_STORE_ID_MAX + 1];
+    snprintf(rid, sizeof rid, "%s", f.kv_record);
+    mem_fact_clear(&f);
+    assert_true(record_store_contains(rs, rid));
+    /* Now the job's write fails. */
+    pthread_mutex_lock(&w.mu);
+    w.release = true;
+    pthread_cond_broadcast(&w.cv);
+    pthread_mutex_unlock(&w.mu);
+    sched_stats st;
+    for (int i = 0; i < 2000; i++) {
+        sched_get_stats(s, &st);
+        if (st.encode_queued == 0 && st.encode_running == 0) break;
+        usleep(10000);
+    }
+    assert_int_equal(st.encode_running, 0);
+    assert_int_equal(memory_get(mem, "t", "u", id, &f), IS_OK);
+    printf("  row names %s; record %s\n", f.kv_record ? f.kv_record : "(none)",
+           f.kv_record && record_store_contains(rs, f.kv_record) ? "present" : "gone");
+    /* The row names a record that exists. */
+    assert_non_null(f.kv_record);
+    assert_true(record_store_contains(rs, f.kv_record));
+    mem_fact_clear(&f);
+    assert_int_equal(memory_check(mem, true), IS_OK);
+    sched_free(s);
+    engine_free(e);
+    memory_close(mem);
+}
+
 /* ---- shutdown --------------------------------------------------------------------------------- */
 
 static void test_shutdown_in_flight(void **state) {
@@ -1124,6 +1218,7 @@ int main(void) {
         TIMED(test_submit_errors),
         TIMED(test_encode_jobs),
         TIMED(test_encode_writes_hold_no_request),
+        TIMED(test_encode_job_beside_demand),
         TIMED(test_shutdown_in_flight),
     };
     /* SCHED_TEST=test_cancel (a cmocka filter): one test, e.g. under valgrind. */
