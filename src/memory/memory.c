@@ -39,8 +39,13 @@ struct memory {
     memory_change_fn change; /* another node changed a fact (store watch) */
     void *change_ud;
     pthread_mutex_t write_mu; /* one write at a time, encode to index */
-    pthread_mutex_t emb_mu;   /* the embedder keeps work buffers */
-    bool wrote_before;        /* the store holds a trace of a write (see memory_open) */
+    /* (write_mu) The record ids memory_encode_batch calls are writing,
+     * from their rows' read to their commit: two of them may encode one
+     * fact at once (the scheduler's encoder thread and a request's KV on
+     * demand on its engine thread), under one record id. */
+    struct encode_batch_reg *encoding;
+    pthread_mutex_t emb_mu; /* the embedder keeps work buffers */
+    bool wrote_before;      /* the store holds a trace of a write (see memory_open) */
 };
 
 memory_params memory_default_params(void) {
@@ -899,6 +904,32 @@ static is_status set_kv_same_text(memory *m, const mem_fact *f, const char *rid)
     return st;
 }
 
+/* A memory_encode_batch call's record ids, while it runs (m->encoding). */
+typedef struct encode_batch_reg {
+    char (*rid)[RECORD_STORE_ID_MAX + 1];
+    int32_t n;
+    struct encode_batch_reg *next;
+} encode_batch_reg;
+
+/* Drops the record rid that the batch self wrote, or began to, for the
+ * fact f and could not name in its row (write_mu held): unless another
+ * batch is writing that id too (it names or drops it at its own commit)
+ * or, with unless_named, the row names it now (another batch's, which got
+ * there first). */
+static void record_drop_unclaimed(memory *m, const encode_batch_reg *self, const mem_fact *f,
+                                  const char *rid, bool unless_named) {
+    for (const encode_batch_reg *r = m->encoding; r; r = r->next)
+        for (int32_t j = 0; r != self && j < r->n; j++)
+            if (strcmp(r->rid[j], rid) == 0) return;
+    mem_fact now;
+    if (unless_named && mem_store_get(m->store, f->tenant, f->user, f->id, false, &now) == IS_OK) {
+        bool named = now.kv_record && strcmp(now.kv_record, rid) == 0;
+        mem_fact_clear(&now);
+        if (named) return;
+    }
+    record_drop(m, rid);
+}
+
 is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
                               memory_encode_batch_fn fn, void *ud, is_status *status,
                               bool *encoded) {
@@ -941,6 +972,8 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
                                        f[i].n_context, f[i].kv_window};
         row[nj++] = i;
     }
+    encode_batch_reg reg = {rid, nj, m->encoding};
+    m->encoding = &reg;
     pthread_mutex_unlock(&m->write_mu);
 
     /* Pinned until the rows name them: under a disk cap, the group commit
@@ -967,7 +1000,8 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         int32_t i = row[j];
         is_status st = jst[j];
         if (st != IS_OK) {
-            if (!f[i].kv_record) record_drop(m, rid[j]); /* a put can fail after its rename */
+            /* A put can fail after its rename. */
+            if (!f[i].kv_record) record_drop_unclaimed(m, &reg, &f[i], rid[j], true);
             status[i] = st;
             continue;
         }
@@ -975,7 +1009,7 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         if (!f[i].kv_record) {
             st = set_st[ns++];
             if (st == IS_ERR_NOT_FOUND) st = set_kv_same_text(m, &f[i], rid[j]);
-            if (st != IS_OK) record_drop(m, rid[j]);
+            if (st != IS_OK) record_drop_unclaimed(m, &reg, &f[i], rid[j], true);
         } else {
             /* Named by the row still, for the text it was encoded from (a
              * metadata update meanwhile changes neither). */
@@ -985,7 +1019,7 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
                         strcmp(now.text, f[i].text) == 0;
             if (st == IS_OK) mem_fact_clear(&now);
             if (!same) {
-                record_drop(m, rid[j]);
+                record_drop_unclaimed(m, &reg, &f[i], rid[j], false);
                 st = is_error_set(IS_ERR_NOT_FOUND, "memory: fact %s changed while encoded",
                                   f[i].id);
             }
@@ -993,6 +1027,11 @@ is_status memory_encode_batch(memory *m, const memory_fact_ref *refs, int32_t n,
         status[i] = st;
         encoded[i] = st == IS_OK;
     }
+    for (encode_batch_reg **r = &m->encoding; *r; r = &(*r)->next)
+        if (*r == &reg) {
+            *r = reg.next;
+            break;
+        }
     pthread_mutex_unlock(&m->write_mu);
     for (int32_t j = 0; j < nj; j++) record_store_unpin(m->rs, rid[j]);
     /* A copy gets its fact's outcome; the fact was encoded once. */
