@@ -637,6 +637,7 @@ static void run_job_taken(sched *s, sched_job *j) {
             pthread_mutex_unlock(&s->mu);
         }
         job_free(j);
+        s->encode_starved = false;
         return;
     }
     /* The jobs behind it join its batch: forwards of one step's tokens and
@@ -679,6 +680,7 @@ static void run_job_taken(sched *s, sched_job *j) {
     encoder_params ep = {s->enc_ask, tokens};
     encoder_run(s->mem, &ep, refs, nb, sts, did);
     if (s->enc_backend != IS_OK) {
+        s->encode_starved = false; /* the running requests were failed: nothing to wait for */
         /* Not the facts' fault (the engine thread has failed the running
          * requests): they run again once the backend is back. A job the
          * backend fails every time would run forever, so after a few it
