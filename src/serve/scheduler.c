@@ -608,9 +608,9 @@ static void run_call(sched *s) {
     call_done(s, c, st, msg);
 }
 
-/* Runs the next encode job (encoder thread). */
 static void run_job_taken(sched *s, sched_job *j);
 
+/* Runs the next encode job (encoder thread). */
 static void run_job(sched *s) {
     sched_job *j = job_pop(s); /* counted running from here (job_pop) */
     if (!j) return;
