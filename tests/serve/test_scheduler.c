@@ -910,15 +910,13 @@ static void test_encode_jobs(void **state) {
     memory_close(mem);
 }
 
-/* The record writes of an encoding hold up no request: they run off the
- * engine thread, so a request submitted while a write is stalled is
- * answered before the write goes on. The stall is the record store's
- * fault hook, entered at the first write and held until the request has
- * been answered or 20 s have passed; a write that went on first fails the
- * test (the request waited for it). */
+/* The record store's fault hook for the two tests below: the first write
+ * is held until the test releases it or 20 s have passed (went_on), then
+ * goes on, or with `fail` fails (a full disk). */
 typedef struct stalled_write {
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    bool fail;
     bool entered, release, went_on;
 } stalled_write;
 
@@ -926,7 +924,8 @@ static bool stall_first_write(record_store_step step, void *ud) {
     stalled_write *w = ud;
     if (step != RECORD_STORE_STEP_WRITE) return true;
     pthread_mutex_lock(&w->mu);
-    if (!w->entered) {
+    bool first = !w->entered;
+    if (first) {
         w->entered = true;
         pthread_cond_broadcast(&w->cv);
         struct timespec until;
@@ -937,9 +936,30 @@ static bool stall_first_write(record_store_step step, void *ud) {
         w->went_on = true;
     }
     pthread_mutex_unlock(&w->mu);
-    return true;
+    return !(first && w->fail);
 }
 
+/* Waits until the hook holds the first write. */
+static void wait_stalled(stalled_write *w) {
+    pthread_mutex_lock(&w->mu);
+    while (!w->entered) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Lets the held write go on (or fail); true if it had already gone on. */
+static bool release_stalled(stalled_write *w) {
+    pthread_mutex_lock(&w->mu);
+    bool went_on = w->went_on;
+    w->release = true;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return went_on;
+}
+
+/* The record writes of an encoding hold up no request: they run off the
+ * engine thread, so a request submitted while a write is held is answered
+ * before the write goes on; a write that went on first fails the test (the
+ * request waited for it). */
 static void test_encode_writes_hold_no_request(void **state) {
     SKIP_WITHOUT_MODEL();
     engine *e = make_engine(1024, 4, 0);
@@ -956,20 +976,14 @@ static void test_encode_writes_hold_no_request(void **state) {
     char id[MEMORY_ID_SIZE];
     assert_int_equal(memory_add(mem, &ar, id), IS_OK);
     assert_int_equal(sched_encode(s, "t", "u", id), IS_OK);
-    pthread_mutex_lock(&w.mu);
-    while (!w.entered) pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
+    wait_stalled(&w);
     /* The encoding's forward is done and its write stalled: a request now. */
     chat_message m[] = {{"user", "Say hello."}};
     sched_request r = test_sched_greedy(m, 1, ASK_MODE_OFF, 2);
     test_coll c;
     double t0 = now_s();
     test_coll_run(s, &r, &c);
-    pthread_mutex_lock(&w.mu);
-    bool went_on = w.went_on;
-    w.release = true;
-    pthread_cond_broadcast(&w.cv);
-    pthread_mutex_unlock(&w.mu);
+    bool went_on = release_stalled(&w);
     printf("  answered in %.3f s while the record write was stalled\n", now_s() - t0);
     assert_false(went_on);
     assert_int_equal(c.kind, SCHED_EV_DONE);
@@ -990,37 +1004,14 @@ static void test_encode_writes_hold_no_request(void **state) {
  * itself, has been answered (its record written and named by the row),
  * then fails (a full disk): the failed job must not delete the record the
  * row now names. */
-typedef struct failing_write {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool entered, release;
-} failing_write;
-
-static bool stall_then_fail_first_write(record_store_step step, void *ud) {
-    failing_write *w = ud;
-    if (step != RECORD_STORE_STEP_WRITE) return true;
-    pthread_mutex_lock(&w->mu);
-    bool first = !w->entered;
-    if (first) {
-        w->entered = true;
-        pthread_cond_broadcast(&w->cv);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 20;
-        while (!w->release)
-            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0) break;
-    }
-    pthread_mutex_unlock(&w->mu);
-    return !first;
-}
-
 static void test_encode_job_beside_demand(void **state) {
     SKIP_WITHOUT_MODEL();
     engine *e = make_engine(1024, 4, 0);
     memory *mem = open_memory();
     record_store *rs = memory_record_store(mem);
-    failing_write w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    record_store_set_fault_hook(rs, stall_then_fail_first_write, &w);
+    stalled_write w = {
+        .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .fail = true};
+    record_store_set_fault_hook(rs, stall_first_write, &w);
     sched_params sp = sched_default_params();
     sched *s;
     assert_int_equal(sched_create(e, mem, &sp, &s), IS_OK);
@@ -1029,9 +1020,7 @@ static void test_encode_job_beside_demand(void **state) {
     char id[MEMORY_ID_SIZE];
     assert_int_equal(memory_add(mem, &ar, id), IS_OK);
     assert_int_equal(sched_encode(s, "t", "u", id), IS_OK);
-    pthread_mutex_lock(&w.mu);
-    while (!w.entered) pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
+    wait_stalled(&w);
     /* The job read the row and its write is stalled: a kv request with the
      * fact's row encodes it on demand. */
     chat_message m[] = {{"user", "What is Jolene's favourite board game?"}};
@@ -1053,10 +1042,7 @@ static void test_encode_job_beside_demand(void **state) {
     mem_fact_clear(&f);
     assert_true(record_store_contains(rs, rid));
     /* Now the job's write fails. */
-    pthread_mutex_lock(&w.mu);
-    w.release = true;
-    pthread_cond_broadcast(&w.cv);
-    pthread_mutex_unlock(&w.mu);
+    release_stalled(&w);
     sched_stats st;
     for (int i = 0; i < 2000; i++) {
         sched_get_stats(s, &st);
