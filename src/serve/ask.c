@@ -96,7 +96,9 @@ static is_status feed_choose(ask_ctx *a, int32_t seq, const int32_t *toks, int32
     return st;
 }
 
-is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out) {
+/* A context on e, store and dtype with its own buffers and prompt
+ * builder, no serving prefix yet (freed on failure). */
+static is_status ctx_new(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out) {
     ask_ctx *a = calloc(1, sizeof *a);
     if (!a) return is_error_set(IS_ERR_NOMEM, "out of memory");
     a->e = e;
@@ -107,7 +109,19 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
     a->logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
     is_status st = a->logits ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
     if (st == IS_OK) st = memory_prompt_create(m, NULL, &a->mp);
-    if (st == IS_OK) st = engine_seq_open(e, &a->prefix_seq);
+    if (st != IS_OK) {
+        ask_ctx_free(a);
+        return st;
+    }
+    *out = a;
+    return IS_OK;
+}
+
+is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx **out) {
+    ask_ctx *a = NULL;
+    is_status st = ctx_new(e, store, dtype, &a);
+    if (st != IS_OK) return st;
+    st = engine_seq_open(e, &a->prefix_seq);
     a->owns_prefix = st == IS_OK;
     if (st == IS_OK) {
         const int32_t *pre = memory_prompt_prefix(a->mp, &a->n_prefix);
@@ -121,7 +135,7 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
         /* Records of another model or dtype count as missing, so what
          * encodes the missing facts encodes over them. */
         fact_kv_meta want;
-        fact_meta_for_model(m, dtype, &want);
+        fact_meta_for_model(engine_model(e), dtype, &want);
         record_store_set_model(store, &want);
     }
     *out = a;
@@ -130,23 +144,13 @@ is_status ask_ctx_create(engine *e, record_store *store, kv_dtype dtype, ask_ctx
 
 is_status ask_ctx_create_beside(ask_ctx *base, ask_engine_runner runner, void *user_data,
                                 ask_ctx **out) {
-    ask_ctx *a = calloc(1, sizeof *a);
-    if (!a) return is_error_set(IS_ERR_NOMEM, "out of memory");
-    a->e = base->e;
-    a->store = base->store;
-    a->dtype = base->dtype;
+    ask_ctx *a = NULL;
+    is_status st = ctx_new(base->e, base->store, base->dtype, &a);
+    if (st != IS_OK) return st;
     a->prefix_seq = base->prefix_seq;
     a->n_prefix = base->n_prefix;
     a->runner = runner;
     a->runner_ud = user_data;
-    const model *m = engine_model(a->e);
-    a->logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
-    is_status st = a->logits ? IS_OK : is_error_set(IS_ERR_NOMEM, "out of memory");
-    if (st == IS_OK) st = memory_prompt_create(m, NULL, &a->mp);
-    if (st != IS_OK) {
-        ask_ctx_free(a);
-        return st;
-    }
     *out = a;
     return IS_OK;
 }
