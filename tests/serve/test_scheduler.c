@@ -998,7 +998,7 @@ static void test_encode_writes_hold_no_request(void **state) {
 }
 
 /* An encode job and a request's KV on demand on the same fact at once:
- * they run on two threads now (the encoder's, the engine's), so both read
+ * they run on two threads (the encoder's, the engine's), so both read
  * the row before either wrote its record and both write the same record
  * id. The job's write is stalled until the request, which encodes the fact
  * itself, has been answered (its record written and named by the row),
